@@ -1,0 +1,191 @@
+//! Durations in human form: `"200ms"`, `"30s"`, `"1m30s"`, `"7d"`.
+//!
+//! The one duration syntax of the family: configuration files, the retry and
+//! breaker configuration structs and the dead-letter CLI all read it here.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A duration string was not readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurationParseError {
+    input: String,
+    reason: &'static str,
+}
+
+impl fmt::Display for DurationParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot read {:?} as a duration: {} (write e.g. \"200ms\", \"30s\", \"1m30s\", \"7d\")",
+            self.input, self.reason
+        )
+    }
+}
+
+impl std::error::Error for DurationParseError {}
+
+/// Parses a duration in human form.
+///
+/// A duration is one or more `<number><unit>` parts, added together; the number
+/// may have a decimal fraction. Units: `ns`, `us`, `ms`, `s`, `m`, `h`, `d`.
+/// A bare `0` is zero. Overflow is an error, never a wrap.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_classify::duration::parse_duration;
+///
+/// assert_eq!(parse_duration("200ms").unwrap(), Duration::from_millis(200));
+/// assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+/// assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+/// assert!(parse_duration("30").is_err());
+/// ```
+pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
+    let error = |reason| DurationParseError {
+        input: input.to_owned(),
+        reason,
+    };
+    let text = input.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return Err(error("it is empty"));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| error("a number must be followed by a unit"))?;
+        if number_len == 0 {
+            return Err(error("expected a number"));
+        }
+        let (number, after) = rest.split_at(number_len);
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let nanos_per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60 * 1_000_000_000,
+            "h" => 3_600 * 1_000_000_000,
+            "d" => 86_400 * 1_000_000_000,
+            "" => return Err(error("a number must be followed by a unit")),
+            _ => return Err(error("unknown unit; use ns, us, ms, s, m, h or d")),
+        };
+        let part = scaled_nanos(number, nanos_per_unit).ok_or_else(|| error("not a number"))?;
+        total = nanos_to_duration(part)
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(|| error("too large"))?;
+        rest = after;
+    }
+    Ok(total)
+}
+
+/// `number × nanos_per_unit`, where `number` is `digits[.digits]`; `None` when
+/// it is not a number or overflows.
+fn scaled_nanos(number: &str, nanos_per_unit: u128) -> Option<u128> {
+    let (whole, fraction) = match number.split_once('.') {
+        Some((whole, fraction)) => (whole, fraction),
+        None => (number, ""),
+    };
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return None;
+    }
+    let mut nanos: u128 = 0;
+    for digit in whole.bytes() {
+        nanos = nanos
+            .checked_mul(10)?
+            .checked_add(u128::from(digit - b'0'))?;
+    }
+    nanos = nanos.checked_mul(nanos_per_unit)?;
+    // Digits past nanosecond precision cannot change the result.
+    let mut scale = nanos_per_unit;
+    for digit in fraction.bytes().take(30) {
+        scale /= 10;
+        nanos = nanos.checked_add(u128::from(digit - b'0') * scale)?;
+    }
+    Some(nanos)
+}
+
+fn nanos_to_duration(nanos: u128) -> Option<Duration> {
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+/// Writes `duration` in the form [`parse_duration`] reads, choosing the largest
+/// unit that keeps it exact (`"90s"`, `"200ms"`, `"2h"`).
+pub fn format_duration(duration: Duration) -> String {
+    let nanos = duration.as_nanos();
+    if nanos == 0 {
+        return "0".to_owned();
+    }
+    const UNITS: [(u128, &str); 7] = [
+        (86_400_000_000_000, "d"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+        (1, "ns"),
+    ];
+    let (size, unit) = UNITS
+        .iter()
+        .find(|(size, _)| nanos % size == 0)
+        .copied()
+        .unwrap_or((1, "ns"));
+    format!("{}{unit}", nanos / size)
+}
+
+/// `#[serde(with = "tower_classify::duration::serde")]` for `Duration` fields
+/// written in human form.
+#[cfg(feature = "serde")]
+pub mod serde {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Reads a human-form duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// Writes a human-form duration.
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::format_duration(*duration))
+    }
+
+    /// The same for `Option<Duration>`.
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        /// Reads an optional human-form duration.
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            let text = <Option<std::borrow::Cow<'de, str>>>::deserialize(deserializer)?;
+            text.map(|text| super::super::parse_duration(&text).map_err(serde::de::Error::custom))
+                .transpose()
+        }
+
+        /// Writes an optional human-form duration.
+        pub fn serialize<S: Serializer>(
+            duration: &Option<Duration>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            match duration {
+                Some(duration) => {
+                    serializer.serialize_str(&super::super::format_duration(*duration))
+                }
+                None => serializer.serialize_none(),
+            }
+        }
+    }
+}

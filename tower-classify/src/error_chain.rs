@@ -1,0 +1,194 @@
+//! Classifying errors by walking their `source()` chain.
+
+use std::error::Error;
+use std::io;
+
+use crate::classify::Classify;
+use crate::error::Classified;
+use crate::outcome::{Failure, FailureKind, Outcome};
+
+/// Views an error value as `&dyn Error`, so classifiers can walk its chain.
+///
+/// `Box<dyn Error + Send + Sync>` (tower's `BoxError`) does not implement
+/// [`Error`], and coherence forbids one blanket impl covering both it and every
+/// `E: Error`. So this trait is implemented for the boxed trait objects that
+/// middleware returns and for the concrete errors services commonly return.
+/// For an error type of your own, the impl is one line:
+///
+/// ```
+/// use std::error::Error;
+/// use tower_classify::AsDynError;
+///
+/// #[derive(Debug)]
+/// struct MyError;
+/// # impl std::fmt::Display for MyError {
+/// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("mine") }
+/// # }
+/// impl Error for MyError {}
+///
+/// impl AsDynError for MyError {
+///     fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+///         self
+///     }
+/// }
+/// ```
+pub trait AsDynError {
+    /// This error as a trait object.
+    fn as_dyn_error(&self) -> &(dyn Error + 'static);
+}
+
+macro_rules! as_dyn_error {
+    ($($(#[$attr:meta])* $ty:ty => |$e:ident| $body:expr;)*) => {$(
+        $(#[$attr])*
+        impl AsDynError for $ty {
+            fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+                let $e = self;
+                $body
+            }
+        }
+    )*};
+}
+
+as_dyn_error! {
+    Box<dyn Error + Send + Sync + 'static> => |e| &**e;
+    Box<dyn Error + Send + 'static> => |e| &**e;
+    Box<dyn Error + 'static> => |e| &**e;
+    dyn Error + Send + Sync + 'static => |e| e;
+    dyn Error + Send + 'static => |e| e;
+    dyn Error + 'static => |e| e;
+    io::Error => |e| e;
+    tower::timeout::error::Elapsed => |e| e;
+    tokio::time::error::Elapsed => |e| e;
+    Classified => |e| e;
+    crate::error::ConfigError => |e| e;
+    #[cfg(feature = "hyper")]
+    hyper::Error => |e| e;
+}
+
+impl AsDynError for std::convert::Infallible {
+    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+        match *self {}
+    }
+}
+
+/// Classifies errors by what they are, not by what they print.
+///
+/// It walks the error and its [`source`](Error::source) chain:
+///
+/// 1. The first [`Classified`] found decides (the family's own errors, such as
+///    an open circuit, carry one).
+/// 2. Otherwise the *deepest* recognised error decides, because a root cause is
+///    the most precise answer (a client error wrapping a connection reset is a
+///    connection failure):
+///    - `tower::timeout::error::Elapsed`, `tokio::time::error::Elapsed` and
+///      `io::ErrorKind::TimedOut` are [`Timeout`](FailureKind::Timeout);
+///    - `io::ErrorKind::InvalidData` and `InvalidInput` are
+///      [`Rejected`](FailureKind::Rejected) (a malformed message will not
+///      improve by being sent again);
+///    - every other `io::Error` is [`Connection`](FailureKind::Connection);
+///    - with the `hyper` feature, `hyper::Error`: timeouts are `Timeout`,
+///      parse and user errors `Rejected`, a cancelled request `Ignored`, the
+///      rest `Connection`.
+/// 3. An error nothing recognises is [`Rejected`](FailureKind::Rejected) by
+///    default: unknown errors fail fast rather than being retried blindly.
+///    Change that with [`unknown_as`](Self::unknown_as).
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChainClassifier {
+    unknown: Outcome,
+}
+
+impl Default for ErrorChainClassifier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ErrorChainClassifier {
+    /// The classifier with the defaults above.
+    pub const fn new() -> Self {
+        ErrorChainClassifier {
+            unknown: Outcome::failure(FailureKind::Rejected),
+        }
+    }
+
+    /// What an error that nothing recognises means (default: rejected).
+    pub const fn unknown_as(mut self, outcome: Outcome) -> Self {
+        self.unknown = outcome;
+        self
+    }
+
+    /// Classifies one error and its chain.
+    pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        let mut deepest = None;
+        let mut current = Some(error);
+        while let Some(err) = current {
+            if let Some(classified) = err.downcast_ref::<Classified>() {
+                return Outcome::Failure(classified.failure());
+            }
+            if let Some(outcome) = recognise(err) {
+                deepest = Some(outcome);
+            }
+            // `io::Error::source` skips the error it wraps and returns *that*
+            // error's source, so look at the wrapped error explicitly.
+            current = match err.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+                Some(inner) => Some(inner as &(dyn Error + 'static)),
+                None => err.source(),
+            };
+        }
+        deepest.unwrap_or(self.unknown)
+    }
+}
+
+fn recognise(err: &(dyn Error + 'static)) -> Option<Outcome> {
+    if err.is::<tower::timeout::error::Elapsed>() || err.is::<tokio::time::error::Elapsed>() {
+        return Some(Outcome::failure(FailureKind::Timeout));
+    }
+    if let Some(io) = err.downcast_ref::<io::Error>() {
+        return Some(Outcome::failure(io_kind(io.kind())));
+    }
+    #[cfg(feature = "hyper")]
+    if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
+        return Some(hyper_outcome(hyper));
+    }
+    None
+}
+
+fn io_kind(kind: io::ErrorKind) -> FailureKind {
+    match kind {
+        io::ErrorKind::TimedOut => FailureKind::Timeout,
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => FailureKind::Rejected,
+        _ => FailureKind::Connection,
+    }
+}
+
+#[cfg(feature = "hyper")]
+fn hyper_outcome(err: &hyper::Error) -> Outcome {
+    if err.is_timeout() {
+        Outcome::failure(FailureKind::Timeout)
+    } else if err.is_canceled() {
+        Outcome::Ignored
+    } else if err.is_parse() || err.is_user() || err.is_parse_status() {
+        Outcome::failure(FailureKind::Rejected)
+    } else {
+        Outcome::failure(FailureKind::Connection)
+    }
+}
+
+impl<Res, E> Classify<Res, E> for ErrorChainClassifier
+where
+    E: AsDynError,
+{
+    /// Any response is a success; errors are classified by their chain.
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Success,
+            Err(err) => self.classify_error(err.as_dyn_error()),
+        }
+    }
+}
+
+impl From<Classified> for Failure {
+    fn from(classified: Classified) -> Self {
+        classified.failure()
+    }
+}

@@ -1,0 +1,232 @@
+//! `backoff_from`: reading the wait an API states in its response.
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use serde_json::Value;
+
+use super::instant::{epoch_ms, parse_rfc3339, relative, wait_until};
+use super::json_path::JsonPath;
+use super::parse_http_date;
+use crate::error::ConfigError;
+
+/// How a stated wait is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum WaitUnit {
+    /// A relative wait in seconds.
+    Seconds,
+    /// A relative wait in milliseconds.
+    Ms,
+    /// A relative wait in minutes.
+    Minutes,
+    /// An absolute instant in seconds since the Unix epoch.
+    EpochS,
+    /// An absolute instant in milliseconds since the Unix epoch.
+    EpochMs,
+    /// An absolute instant as an RFC 3339 timestamp.
+    Rfc3339,
+}
+
+impl WaitUnit {
+    /// Reads `value` (a JSON number, or a string holding one or a timestamp)
+    /// as a wait. Absolute instants are measured from `base` (the response's
+    /// `Date`, or the local clock); an instant in the past is zero. `None` when
+    /// the value is missing, negative or unreadable.
+    pub fn wait(self, value: &Value, base: SystemTime) -> Option<Duration> {
+        if self == WaitUnit::Rfc3339 {
+            let at = parse_rfc3339(value.as_str()?)?;
+            return Some(wait_until(at, epoch_ms(base)));
+        }
+        let number = match value {
+            Value::Number(number) => number.as_f64()?,
+            Value::String(text) => text.trim().parse::<f64>().ok()?,
+            _ => return None,
+        };
+        match self {
+            WaitUnit::Seconds => relative(number, 1_000.0),
+            WaitUnit::Ms => relative(number, 1.0),
+            WaitUnit::Minutes => relative(number, 60_000.0),
+            WaitUnit::EpochS | WaitUnit::EpochMs => {
+                if !number.is_finite() {
+                    return None;
+                }
+                let scale = if self == WaitUnit::EpochS {
+                    1_000.0
+                } else {
+                    1.0
+                };
+                // `as` saturates, so an absurd instant is a very long wait.
+                let at = (number * scale).ceil() as i128;
+                Some(wait_until(at, epoch_ms(base)))
+            }
+            WaitUnit::Rfc3339 => unreachable!("handled above"),
+        }
+    }
+}
+
+/// Where a response states how long to wait.
+///
+/// A missing or unreadable value reads as no hint, so the next source in line
+/// (`Retry-After`, then the computed backoff) decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackoffFrom {
+    /// A header value.
+    Header {
+        /// The header.
+        name: http::HeaderName,
+        /// How the value is written.
+        unit: WaitUnit,
+    },
+    /// A JSON-valued header, at a path.
+    HeaderJson {
+        /// The header.
+        name: http::HeaderName,
+        /// Where in the header's JSON the value is.
+        path: JsonPath,
+        /// How the value is written.
+        unit: WaitUnit,
+    },
+    /// A value in the JSON body.
+    Body {
+        /// Where in the body the value is.
+        path: JsonPath,
+        /// How the value is written.
+        unit: WaitUnit,
+    },
+    /// A leaky-bucket cost report in the JSON body: wait
+    /// `ceil((requested − available) / restore_rate)` seconds.
+    CostBucket {
+        /// The cost the request asked for.
+        requested: JsonPath,
+        /// The cost currently available.
+        available: JsonPath,
+        /// Cost restored per second.
+        restore_rate: JsonPath,
+    },
+}
+
+impl BackoffFrom {
+    /// Reads from a header; a bad header name is refused naming `backoff_from.name`.
+    pub fn header(name: &str, unit: WaitUnit) -> Result<Self, ConfigError> {
+        Ok(BackoffFrom::Header {
+            name: header_name(name)?,
+            unit,
+        })
+    }
+
+    /// Reads from a JSON-valued header at `path`.
+    pub fn header_json(name: &str, path: &str, unit: WaitUnit) -> Result<Self, ConfigError> {
+        Ok(BackoffFrom::HeaderJson {
+            name: header_name(name)?,
+            path: JsonPath::parse("backoff_from.path", path)?,
+            unit,
+        })
+    }
+
+    /// Reads from the JSON body at `path`.
+    pub fn body(path: &str, unit: WaitUnit) -> Result<Self, ConfigError> {
+        Ok(BackoffFrom::Body {
+            path: JsonPath::parse("backoff_from.path", path)?,
+            unit,
+        })
+    }
+
+    /// Reads a leaky-bucket cost report from the JSON body.
+    pub fn cost_bucket(
+        requested: &str,
+        available: &str,
+        restore_rate: &str,
+    ) -> Result<Self, ConfigError> {
+        Ok(BackoffFrom::CostBucket {
+            requested: JsonPath::parse("backoff_from.requested", requested)?,
+            available: JsonPath::parse("backoff_from.available", available)?,
+            restore_rate: JsonPath::parse("backoff_from.restore_rate", restore_rate)?,
+        })
+    }
+
+    /// `true` when this reader needs the response body.
+    pub fn needs_body(&self) -> bool {
+        matches!(
+            self,
+            BackoffFrom::Body { .. } | BackoffFrom::CostBucket { .. }
+        )
+    }
+
+    /// The wait this response states, if it states one readably. Absolute
+    /// instants are measured from the response's `Date` header when present,
+    /// else from `now`.
+    pub fn read(
+        &self,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+        now: SystemTime,
+    ) -> Option<Duration> {
+        let base = headers
+            .get(http::header::DATE)
+            .and_then(|date| parse_http_date(date.as_bytes()))
+            .unwrap_or(now);
+        match self {
+            BackoffFrom::Header { name, unit } => {
+                let text = headers.get(name)?.to_str().ok()?;
+                unit.wait(&Value::String(text.to_owned()), base)
+            }
+            BackoffFrom::HeaderJson { name, path, unit } => {
+                let document: Value = serde_json::from_slice(headers.get(name)?.as_bytes()).ok()?;
+                unit.wait(path.first(&document)?, base)
+            }
+            BackoffFrom::Body { path, unit } => {
+                let document: Value = serde_json::from_slice(body?).ok()?;
+                unit.wait(path.first(&document)?, base)
+            }
+            BackoffFrom::CostBucket {
+                requested,
+                available,
+                restore_rate,
+            } => {
+                let document: Value = serde_json::from_slice(body?).ok()?;
+                let number = |path: &JsonPath| path.first(&document)?.as_f64();
+                cost_bucket_wait(
+                    number(requested)?,
+                    number(available)?,
+                    number(restore_rate)?,
+                )
+            }
+        }
+    }
+}
+
+/// The leaky-bucket wait: `ceil((requested − available) / restore_rate)`
+/// seconds, zero when enough is available, `None` when the report makes no
+/// sense (a rate that is not positive, a value that is not finite).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_classify::hint::cost_bucket_wait;
+///
+/// assert_eq!(cost_bucket_wait(1000.0, 250.0, 50.0), Some(Duration::from_secs(15)));
+/// assert_eq!(cost_bucket_wait(100.0, 250.0, 50.0), Some(Duration::ZERO));
+/// assert_eq!(cost_bucket_wait(100.0, 0.0, 0.0), None);
+/// ```
+pub fn cost_bucket_wait(requested: f64, available: f64, restore_rate: f64) -> Option<Duration> {
+    if !(requested.is_finite() && available.is_finite() && restore_rate.is_finite())
+        || restore_rate <= 0.0
+    {
+        return None;
+    }
+    let missing = requested - available;
+    if missing <= 0.0 {
+        return Some(Duration::ZERO);
+    }
+    relative((missing / restore_rate).ceil(), 1_000.0)
+}
+
+fn header_name(name: &str) -> Result<http::HeaderName, ConfigError> {
+    http::HeaderName::try_from(name).map_err(|_| {
+        ConfigError::new(
+            "backoff_from.name",
+            format!("{name:?} is not a header name"),
+        )
+    })
+}

@@ -1,0 +1,115 @@
+//! The small JSONPath subset that response rules and `backoff_from` use.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::error::ConfigError;
+
+/// A parsed JSONPath of the subset APIs' error documents need: `$` followed by
+/// `.name`, `['name']`, `[index]`, `.*` or `[*]` steps.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_classify::hint::JsonPath;
+///
+/// let path = JsonPath::parse("body_path", "$.errors[*].extensions.code").unwrap();
+/// let doc = json!({"errors": [{"extensions": {"code": "THROTTLED"}}]});
+/// assert_eq!(path.select(&doc), vec![&json!("THROTTLED")]);
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct JsonPath {
+    text: String,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Key(String),
+    Index(usize),
+    Wildcard,
+}
+
+impl JsonPath {
+    /// Parses `text`; an error names `field`.
+    pub fn parse(field: &'static str, text: &str) -> Result<Self, ConfigError> {
+        let error = |reason: &str| ConfigError::new(field, format!("JSONPath {text:?}: {reason}"));
+        let mut rest = text
+            .strip_prefix('$')
+            .ok_or_else(|| error("must start with `$`"))?;
+        let mut steps = Vec::new();
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix(".*") {
+                steps.push(Step::Wildcard);
+                rest = after;
+            } else if let Some(after) = rest.strip_prefix('.') {
+                let end = after.find(['.', '[']).unwrap_or(after.len());
+                if end == 0 {
+                    return Err(error("empty name after `.`"));
+                }
+                steps.push(Step::Key(after[..end].to_owned()));
+                rest = &after[end..];
+            } else if let Some(after) = rest.strip_prefix('[') {
+                let end = after.find(']').ok_or_else(|| error("unclosed `[`"))?;
+                let inside = after[..end].trim();
+                steps.push(if inside == "*" {
+                    Step::Wildcard
+                } else if let Some(quoted) = inside
+                    .strip_prefix('\'')
+                    .and_then(|s| s.strip_suffix('\''))
+                    .or_else(|| inside.strip_prefix('"').and_then(|s| s.strip_suffix('"')))
+                {
+                    Step::Key(quoted.to_owned())
+                } else {
+                    Step::Index(
+                        inside.parse().map_err(|_| {
+                            error("expected an index, `*` or a quoted name in `[]`")
+                        })?,
+                    )
+                });
+                rest = &after[end + 1..];
+            } else {
+                return Err(error("expected `.` or `[`"));
+            }
+        }
+        Ok(JsonPath {
+            text: text.to_owned(),
+            steps,
+        })
+    }
+
+    /// Every value the path selects in `document`, in document order.
+    pub fn select<'a>(&self, document: &'a Value) -> Vec<&'a Value> {
+        let mut current = vec![document];
+        for step in &self.steps {
+            let mut next = Vec::new();
+            for value in current {
+                match (step, value) {
+                    (Step::Key(key), Value::Object(map)) => next.extend(map.get(key)),
+                    (Step::Index(index), Value::Array(items)) => next.extend(items.get(*index)),
+                    (Step::Wildcard, Value::Array(items)) => next.extend(items.iter()),
+                    (Step::Wildcard, Value::Object(map)) => next.extend(map.values()),
+                    _ => {}
+                }
+            }
+            current = next;
+        }
+        current
+    }
+
+    /// The first value the path selects, if any.
+    pub fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
+        self.select(document).into_iter().next()
+    }
+
+    /// The path as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for JsonPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}

@@ -1,0 +1,22 @@
+//! Delay hints: what a response says about when to try again.
+//!
+//! A hint found here replaces a retry layer's computed backoff for that one
+//! attempt. Every parser is total: garbage, negative, overflowing or absurd
+//! values never panic and never overflow a [`Duration`](std::time::Duration);
+//! they read as "no hint" (or, for gRPC pushback, "do not retry"), and a
+//! retry layer's `max_wait` refuses waits that are merely absurd.
+//!
+//! The order a response rule reads them in is the seeds': the rule's
+//! [`BackoffFrom`] reader, then its fixed `backoff`, then `Retry-After`, then the
+//! retry layer's own backoff. A source that is missing or unreadable falls
+//! through to the next.
+
+mod backoff_from;
+mod instant;
+mod json_path;
+mod retry_after;
+
+pub use self::backoff_from::{cost_bucket_wait, BackoffFrom, WaitUnit};
+pub use self::json_path::JsonPath;
+pub(crate) use self::retry_after::parse_http_date;
+pub use self::retry_after::{parse_grpc_pushback, parse_retry_after};

@@ -1,0 +1,92 @@
+//! `Retry-After` and `grpc-retry-pushback-ms`.
+
+use std::time::{Duration, SystemTime};
+
+use crate::outcome::RetryHint;
+
+/// Reads an HTTP `Retry-After` value ([RFC 9110 §10.2.3]).
+///
+/// - *delay-seconds* (`120`): that many seconds. A number too large for a
+///   `u64` saturates to `u64::MAX` seconds rather than failing, so an absurd
+///   value still reads as "far too long" and a retry layer's `max_wait` refuses it.
+/// - *HTTP-date* (`Wed, 21 Oct 2026 07:28:00 GMT`): the time from the
+///   response's `Date` header (`date`, when present and readable) to that date,
+///   so a skewed local clock does not change the wait. Without a usable `Date`
+///   header it is measured from `now`. A date in the past means "now" (zero).
+///
+/// Anything else (empty, negative, fractional, garbage) is `None`: the caller
+/// falls back to its own backoff. The function never panics and never overflows.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_classify::hint::parse_retry_after;
+///
+/// let now = SystemTime::now();
+/// assert_eq!(parse_retry_after(b"120", None, now), Some(Duration::from_secs(120)));
+/// assert_eq!(
+///     parse_retry_after(
+///         b"Wed, 21 Oct 2026 07:28:30 GMT",
+///         Some(b"Wed, 21 Oct 2026 07:28:00 GMT"),
+///         now,
+///     ),
+///     Some(Duration::from_secs(30)),
+/// );
+/// assert_eq!(parse_retry_after(b"-1", None, now), None);
+/// ```
+///
+/// [RFC 9110 §10.2.3]: https://www.rfc-editor.org/rfc/rfc9110#section-10.2.3
+pub fn parse_retry_after(value: &[u8], date: Option<&[u8]>, now: SystemTime) -> Option<Duration> {
+    let value = trim_ascii(value);
+    if value.is_empty() {
+        return None;
+    }
+    if value.iter().all(u8::is_ascii_digit) {
+        return Some(Duration::from_secs(saturating_decimal(value)));
+    }
+    let retry_at = parse_http_date(value)?;
+    let base = date
+        .and_then(|d| parse_http_date(trim_ascii(d)))
+        .unwrap_or(now);
+    Some(retry_at.duration_since(base).unwrap_or(Duration::ZERO))
+}
+
+/// Reads gRPC's `grpc-retry-pushback-ms` trailer value ([gRFC A6]).
+///
+/// A non-negative integer is a wait in milliseconds (saturating, never
+/// overflowing). A negative or unreadable value means the server asks the
+/// client not to retry at all: [`RetryHint::DoNotRetry`].
+///
+/// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+pub fn parse_grpc_pushback(value: &[u8]) -> RetryHint {
+    let value = trim_ascii(value);
+    if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
+        RetryHint::After(Duration::from_millis(saturating_decimal(value)))
+    } else {
+        RetryHint::DoNotRetry
+    }
+}
+
+/// An HTTP-date (IMF-fixdate, RFC 850 or asctime form) as a `SystemTime`.
+pub(crate) fn parse_http_date(value: &[u8]) -> Option<SystemTime> {
+    let text = std::str::from_utf8(value).ok()?;
+    httpdate::parse_http_date(text).ok()
+}
+
+/// The value of a run of ASCII digits, saturating at `u64::MAX`.
+pub(crate) fn saturating_decimal(digits: &[u8]) -> u64 {
+    digits.iter().fold(0u64, |acc, d| {
+        acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    })
+}
+
+pub(crate) fn trim_ascii(value: &[u8]) -> &[u8] {
+    let start = value
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
+    &value[start..end]
+}

@@ -1,0 +1,240 @@
+//! The HTTP response classifier.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{header, Response, StatusCode};
+
+use super::rules::ResponseRule;
+use crate::classify::Classify;
+use crate::error::ConfigError;
+use crate::error_chain::{AsDynError, ErrorChainClassifier};
+use crate::hint::parse_retry_after;
+use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
+
+/// Classifies HTTP responses by status, and errors by their chain.
+///
+/// | response | outcome |
+/// |---|---|
+/// | 1xx, 2xx, 3xx | success |
+/// | 408 Request Timeout | [`Timeout`](FailureKind::Timeout) |
+/// | 429 Too Many Requests | [`RateLimited`](FailureKind::RateLimited) |
+/// | any other 4xx | [`Rejected`](FailureKind::Rejected): never retried, never trips a breaker |
+/// | 5xx (and any status ≥ 500) | [`ServerError`](FailureKind::ServerError) |
+/// | an error (no response) | the [`ErrorChainClassifier`]: timeouts, connection failures, … |
+///
+/// A failing response that carries `Retry-After` (delay-seconds or an
+/// HTTP-date, measured against the response's `Date` header) gets that wait as
+/// its [hint](RetryHint::After).
+///
+/// [Response rules](ResponseRule) are checked first: they turn responses an API
+/// uses to signal throttling (a 400 with `error.code: 17`, a 200 with
+/// `THROTTLED` in its body) into [`RateLimited`](FailureKind::RateLimited).
+///
+/// [`retryable_statuses`](Self::retryable_statuses) narrows which failing
+/// statuses are transient; Google Cloud Workflows' `default_retry`, for
+/// example, retries 429, 502, 503 and 504 but not 500.
+///
+/// Cloning is cheap: the rules are shared through an `Arc`.
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tower_classify::{BoxError, Classify, FailureKind, HttpClassifier, Outcome};
+///
+/// let classifier = HttpClassifier::new();
+/// let unavailable = Response::builder().status(503).header("retry-after", "2").body(()).unwrap();
+/// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&unavailable));
+/// assert_eq!(outcome.as_failure().unwrap().kind, FailureKind::ServerError);
+///
+/// let not_found = Response::builder().status(StatusCode::NOT_FOUND).body(()).unwrap();
+/// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&not_found));
+/// assert_eq!(outcome, Outcome::failure(FailureKind::Rejected));
+/// ```
+#[derive(Clone, Default)]
+pub struct HttpClassifier {
+    rules: Arc<[ResponseRule]>,
+    retryable: Option<StatusSet>,
+    errors: ErrorChainClassifier,
+}
+
+impl HttpClassifier {
+    /// The classifier with the defaults in the table above.
+    pub fn new() -> Self {
+        HttpClassifier {
+            rules: Arc::new([]),
+            retryable: None,
+            errors: ErrorChainClassifier::new(),
+        }
+    }
+
+    /// Makes only `statuses` transient: any other status ≥ 400 is
+    /// [`Rejected`](FailureKind::Rejected). Statuses in the set keep their kind
+    /// (429 rate limited, 408 timeout, others server error), and a status below
+    /// 400 in the set is a server error.
+    pub fn retryable_statuses(mut self, statuses: StatusSet) -> Self {
+        self.retryable = Some(statuses);
+        self
+    }
+
+    /// Adds response rules, checked in order before the status table.
+    pub fn with_rules(mut self, rules: impl IntoIterator<Item = ResponseRule>) -> Self {
+        let mut all = self.rules.to_vec();
+        all.extend(rules);
+        self.rules = all.into();
+        self
+    }
+
+    /// Uses `errors` for calls that produced no response.
+    pub fn with_error_classifier(mut self, errors: ErrorChainClassifier) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// Classifies a response's parts, measuring HTTP-date hints against `now`
+    /// when the response has no `Date` header. `body` is the buffered body, if
+    /// there is one, for body rules.
+    pub fn classify_parts(
+        &self,
+        status: StatusCode,
+        headers: &http::HeaderMap,
+        body: Option<&[u8]>,
+        now: SystemTime,
+    ) -> Outcome {
+        for rule in self.rules.iter() {
+            if let Some(failure) = rule.check(status, headers, body, now) {
+                // A rule's own wait (`backoff_from`) comes before `Retry-After`.
+                let hint = failure.hint.or_else(|| retry_after(headers, now));
+                return Outcome::Failure(Failure { hint, ..failure });
+            }
+        }
+        let kind = match self.status_kind(status) {
+            Some(kind) => kind,
+            None => return Outcome::Success,
+        };
+        let failure = Failure::new(kind);
+        Outcome::Failure(match retry_after(headers, now) {
+            Some(hint) if kind != FailureKind::Rejected => failure.with_hint(hint),
+            _ => failure,
+        })
+    }
+
+    fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
+        let code = status.as_u16();
+        if let Some(retryable) = &self.retryable {
+            if retryable.contains(status) {
+                return Some(match code {
+                    429 => FailureKind::RateLimited,
+                    408 => FailureKind::Timeout,
+                    _ => FailureKind::ServerError,
+                });
+            }
+            return (code >= 400).then_some(FailureKind::Rejected);
+        }
+        match code {
+            408 => Some(FailureKind::Timeout),
+            429 => Some(FailureKind::RateLimited),
+            500.. => Some(FailureKind::ServerError),
+            400..=499 => Some(FailureKind::Rejected),
+            _ => None,
+        }
+    }
+}
+
+fn retry_after(headers: &http::HeaderMap, now: SystemTime) -> Option<RetryHint> {
+    let value = headers.get(header::RETRY_AFTER)?;
+    let date = headers.get(header::DATE).map(|d| d.as_bytes());
+    parse_retry_after(value.as_bytes(), date, now).map(RetryHint::After)
+}
+
+impl<B, E> Classify<Response<B>, E> for HttpClassifier
+where
+    B: 'static,
+    E: AsDynError,
+{
+    fn classify(&self, result: Result<&Response<B>, &E>) -> Outcome {
+        match result {
+            Ok(response) => self.classify_parts(
+                response.status(),
+                response.headers(),
+                super::buffered_body(response.body()),
+                SystemTime::now(),
+            ),
+            Err(err) => self.errors.classify_error(err.as_dyn_error()),
+        }
+    }
+}
+
+impl fmt::Debug for HttpClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpClassifier")
+            .field("rules", &self.rules.len())
+            .field("retryable", &self.retryable)
+            .field("errors", &self.errors)
+            .finish()
+    }
+}
+
+/// A set of HTTP status codes (100–999), stored as a bitmap.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StatusSet {
+    bits: [u64; 16],
+}
+
+impl StatusSet {
+    /// The empty set.
+    pub const EMPTY: StatusSet = StatusSet { bits: [0; 16] };
+
+    /// The set of `codes`. A code outside 100–999 is refused naming `field`.
+    pub fn from_codes(
+        field: &'static str,
+        codes: impl IntoIterator<Item = u16>,
+    ) -> Result<Self, ConfigError> {
+        let mut set = StatusSet::EMPTY;
+        for code in codes {
+            let status = StatusCode::from_u16(code).map_err(|_| {
+                ConfigError::new(field, format!("{code} is not an HTTP status (100–999)"))
+            })?;
+            set = set.with(status);
+        }
+        Ok(set)
+    }
+
+    /// The set with `status` added.
+    pub const fn with(mut self, status: StatusCode) -> Self {
+        let code = status.as_u16() as usize;
+        self.bits[code / 64] |= 1 << (code % 64);
+        self
+    }
+
+    /// `true` when `status` is in the set.
+    pub const fn contains(&self, status: StatusCode) -> bool {
+        let code = status.as_u16() as usize;
+        self.bits[code / 64] & (1 << (code % 64)) != 0
+    }
+
+    /// `true` when the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|word| *word == 0)
+    }
+
+    /// The codes in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        (100u16..1000).filter(move |code| {
+            let code = *code as usize;
+            self.bits[code / 64] & (1 << (code % 64)) != 0
+        })
+    }
+}
+
+impl fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<StatusCode> for StatusSet {
+    fn from_iter<I: IntoIterator<Item = StatusCode>>(iter: I) -> Self {
+        iter.into_iter().fold(StatusSet::EMPTY, StatusSet::with)
+    }
+}

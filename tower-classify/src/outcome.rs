@@ -1,0 +1,184 @@
+//! The result of classifying one call.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What one call's result means to a resilience layer.
+///
+/// Every layer of the family asks the same [`Classify`](crate::Classify) value
+/// and reads the answer the same way: a retry layer retries
+/// [transient](FailureKind::is_transient) failures, a circuit breaker counts them,
+/// a dead-letter layer stores whatever is still a failure when the call ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The call did what was asked.
+    Success,
+    /// The call failed; the [`Failure`] says how.
+    Failure(Failure),
+    /// The result says nothing about the dependency's health, for example
+    /// a call the client itself cancelled. It counts neither way.
+    Ignored,
+}
+
+impl Outcome {
+    /// A failure of `kind` with no delay hint.
+    pub const fn failure(kind: FailureKind) -> Self {
+        Outcome::Failure(Failure::new(kind))
+    }
+
+    /// The failure, if this outcome is one.
+    pub const fn as_failure(&self) -> Option<&Failure> {
+        match self {
+            Outcome::Failure(failure) => Some(failure),
+            _ => None,
+        }
+    }
+
+    /// `true` for [`Outcome::Success`].
+    pub const fn is_success(&self) -> bool {
+        matches!(self, Outcome::Success)
+    }
+
+    /// `true` when this is a failure that a retry may fix: a
+    /// [transient](FailureKind::is_transient) kind whose hint does not forbid it.
+    pub fn is_retryable(&self) -> bool {
+        self.as_failure().is_some_and(Failure::is_retryable)
+    }
+}
+
+/// A failed call: what kind of failure, and what the server said about waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// What failed.
+    pub kind: FailureKind,
+    /// What the other side (or a load-shedding layer) said about trying again.
+    pub hint: Option<RetryHint>,
+}
+
+impl Failure {
+    /// A failure of `kind` with no hint.
+    pub const fn new(kind: FailureKind) -> Self {
+        Failure { kind, hint: None }
+    }
+
+    /// The same failure carrying `hint`.
+    pub const fn with_hint(mut self, hint: RetryHint) -> Self {
+        self.hint = Some(hint);
+        self
+    }
+
+    /// The same failure carrying `hint` when there is one, unchanged otherwise.
+    pub const fn with_hint_opt(mut self, hint: Option<RetryHint>) -> Self {
+        if hint.is_some() {
+            self.hint = hint;
+        }
+        self
+    }
+
+    /// The wait the hint asks for, if it asks for one.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self.hint {
+            Some(RetryHint::After(wait)) => Some(wait),
+            _ => None,
+        }
+    }
+
+    /// `true` when a retry may fix this failure: the kind is
+    /// [transient](FailureKind::is_transient) and no hint said
+    /// [`RetryHint::DoNotRetry`].
+    pub fn is_retryable(&self) -> bool {
+        self.kind.is_transient() && self.hint != Some(RetryHint::DoNotRetry)
+    }
+}
+
+impl From<FailureKind> for Failure {
+    fn from(kind: FailureKind) -> Self {
+        Failure::new(kind)
+    }
+}
+
+/// The kinds of failure the whole family agrees on.
+///
+/// The first four are *transient*: a retry may fix them and a circuit breaker
+/// counts them. The others are not: retrying a [`Rejected`](FailureKind::Rejected)
+/// request cannot help and says nothing about the dependency's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The server failed: HTTP 5xx, gRPC `INTERNAL`/`UNKNOWN`/`DATA_LOSS`.
+    ServerError,
+    /// The server asked the client to slow down: HTTP 429, gRPC
+    /// `RESOURCE_EXHAUSTED`, or a [response rule](crate::http::ResponseRule).
+    RateLimited,
+    /// The call took too long: HTTP 408, `tower::timeout::error::Elapsed`,
+    /// `io::ErrorKind::TimedOut`, gRPC `DEADLINE_EXCEEDED`.
+    Timeout,
+    /// No usable response: refused, reset or aborted connections, other I/O
+    /// errors, gRPC `UNAVAILABLE`.
+    Connection,
+    /// The request itself is wrong: other 4xx, authentication, validation, parse
+    /// errors. Never retried and never trips a breaker.
+    Rejected,
+    /// The input can never be processed; a dead-letter layer stores it at once.
+    Poison,
+    /// A local load-shedding layer refused the call before it reached the
+    /// dependency (an open circuit, an exhausted retry budget). It is evidence
+    /// about *this* process, not about the dependency: breakers do not count it,
+    /// and a retry layer does not retry it except by waiting out its hint once.
+    Shed,
+}
+
+impl FailureKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [FailureKind; 7] = [
+        FailureKind::ServerError,
+        FailureKind::RateLimited,
+        FailureKind::Timeout,
+        FailureKind::Connection,
+        FailureKind::Rejected,
+        FailureKind::Poison,
+        FailureKind::Shed,
+    ];
+
+    /// `true` for the kinds a retry may fix and a breaker counts:
+    /// server error, rate limited, timeout and connection.
+    pub const fn is_transient(self) -> bool {
+        matches!(
+            self,
+            FailureKind::ServerError
+                | FailureKind::RateLimited
+                | FailureKind::Timeout
+                | FailureKind::Connection
+        )
+    }
+
+    /// A short, stable name for logs and metric labels (`server_error`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::ServerError => "server_error",
+            FailureKind::RateLimited => "rate_limited",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Connection => "connection",
+            FailureKind::Rejected => "rejected",
+            FailureKind::Poison => "poison",
+            FailureKind::Shed => "shed",
+        }
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the other side said about trying again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryHint {
+    /// Wait this long before the next attempt (`Retry-After`,
+    /// `grpc-retry-pushback-ms`, a `backoff_from` reader). It replaces the
+    /// computed backoff for that attempt.
+    After(Duration),
+    /// Do not retry at all (a negative or unreadable gRPC pushback).
+    DoNotRetry,
+}

@@ -1,0 +1,157 @@
+//! [`RetryOn`]: the set of transient failure classes a policy acts on.
+
+use std::fmt;
+
+use crate::error::ConfigError;
+use crate::outcome::FailureKind;
+
+/// A non-empty set of the transient failure classes: `http_5xx`,
+/// `rate_limited`, `connection` and `timeout`.
+///
+/// The default is all four. An empty set is a configuration error, not "retry
+/// nothing": a policy that retries nothing should say `max_retries: 0`.
+///
+/// ```
+/// use tower_classify::{FailureKind, RetryOn};
+///
+/// let set = RetryOn::from_names(["rate_limited", "timeout"]).unwrap();
+/// assert!(set.contains(FailureKind::Timeout));
+/// assert!(!set.contains(FailureKind::ServerError));
+///
+/// let err = RetryOn::from_names(Vec::<&str>::new()).unwrap_err();
+/// assert_eq!(err.field(), "retry_on");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryOn {
+    bits: u8,
+}
+
+/// The four classes with their configuration names, in a fixed order.
+const CLASSES: [(FailureKind, &str); 4] = [
+    (FailureKind::ServerError, "http_5xx"),
+    (FailureKind::RateLimited, "rate_limited"),
+    (FailureKind::Connection, "connection"),
+    (FailureKind::Timeout, "timeout"),
+];
+
+impl RetryOn {
+    /// All four transient classes.
+    pub const ALL: RetryOn = RetryOn { bits: 0b1111 };
+
+    /// The set of `kinds`.
+    ///
+    /// Fails when `kinds` is empty or holds a kind that is not transient
+    /// (retrying a rejected request cannot help).
+    pub fn new(kinds: impl IntoIterator<Item = FailureKind>) -> Result<Self, ConfigError> {
+        let mut bits = 0;
+        for kind in kinds {
+            bits |= Self::bit(kind).ok_or_else(|| {
+                ConfigError::new(
+                    "retry_on",
+                    format!(
+                        "`{kind}` is not a transient class; expected one of {}",
+                        Self::expected()
+                    ),
+                )
+            })?;
+        }
+        Self::from_bits(bits)
+    }
+
+    /// The set named by `names` (`http_5xx`, `rate_limited`, `connection`,
+    /// `timeout`; `server_error` is accepted for `http_5xx`).
+    pub fn from_names<I>(names: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut bits = 0;
+        for name in names {
+            let name = name.as_ref();
+            let kind = Self::kind_named(name).ok_or_else(|| {
+                ConfigError::new(
+                    "retry_on",
+                    format!(
+                        "unknown class `{name}`; expected one of {}",
+                        Self::expected()
+                    ),
+                )
+            })?;
+            bits |= Self::bit(kind).expect("kind_named returns transient kinds");
+        }
+        Self::from_bits(bits)
+    }
+
+    /// `true` when `kind` is in the set.
+    pub const fn contains(&self, kind: FailureKind) -> bool {
+        match Self::bit(kind) {
+            Some(bit) => self.bits & bit != 0,
+            None => false,
+        }
+    }
+
+    /// The kinds in the set.
+    pub fn iter(&self) -> impl Iterator<Item = FailureKind> + '_ {
+        CLASSES
+            .iter()
+            .map(|(kind, _)| *kind)
+            .filter(move |kind| self.contains(*kind))
+    }
+
+    /// The configuration name of a transient `kind` (`http_5xx`, …).
+    pub fn name_of(kind: FailureKind) -> Option<&'static str> {
+        CLASSES.iter().find(|(k, _)| *k == kind).map(|(_, n)| *n)
+    }
+
+    fn kind_named(name: &str) -> Option<FailureKind> {
+        if name == "server_error" {
+            return Some(FailureKind::ServerError);
+        }
+        CLASSES.iter().find(|(_, n)| *n == name).map(|(k, _)| *k)
+    }
+
+    fn from_bits(bits: u8) -> Result<Self, ConfigError> {
+        if bits == 0 {
+            return Err(ConfigError::new(
+                "retry_on",
+                format!(
+                    "must name at least one class; expected some of {}",
+                    Self::expected()
+                ),
+            ));
+        }
+        Ok(RetryOn { bits })
+    }
+
+    const fn bit(kind: FailureKind) -> Option<u8> {
+        match kind {
+            FailureKind::ServerError => Some(1),
+            FailureKind::RateLimited => Some(2),
+            FailureKind::Connection => Some(4),
+            FailureKind::Timeout => Some(8),
+            _ => None,
+        }
+    }
+
+    fn expected() -> String {
+        CLASSES
+            .iter()
+            .map(|(_, name)| format!("`{name}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl Default for RetryOn {
+    fn default() -> Self {
+        RetryOn::ALL
+    }
+}
+
+impl fmt::Debug for RetryOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries(self.iter().filter_map(RetryOn::name_of))
+            .finish()
+    }
+}
