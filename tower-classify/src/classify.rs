@@ -76,17 +76,19 @@ impl<F> fmt::Debug for ClassifyFn<F> {
     }
 }
 
-/// Combinators for every [`Classify`] implementation.
-pub trait ClassifyExt<Res, E>: Classify<Res, E> + Sized {
+/// Combinators for classifiers.
+///
+/// Implemented by every classifier in this crate and by the combinators
+/// themselves. The trait has no type parameters, so calls need no annotations;
+/// a classifier of your own gets the combinators with an empty impl:
+/// `impl ClassifyExt for MyClassifier {}`.
+pub trait ClassifyExt: Sized {
     /// Asks `self` first; where `self` answers [`Outcome::Success`], asks `other`.
     ///
     /// Use it to put a narrow classifier in front of a general one, for example
     /// one that recognises an application's own "try later" payload in front of
     /// the HTTP status classifier: the first failure found wins.
-    fn or<C>(self, other: C) -> Or<Self, C>
-    where
-        C: Classify<Res, E>,
-    {
+    fn or<C>(self, other: C) -> Or<Self, C> {
         Or {
             first: self,
             second: other,
@@ -115,7 +117,9 @@ pub trait ClassifyExt<Res, E>: Classify<Res, E> + Sized {
     }
 }
 
-impl<C, Res, E> ClassifyExt<Res, E> for C where C: Classify<Res, E> {}
+impl<F> ClassifyExt for ClassifyFn<F> {}
+impl<A, B> ClassifyExt for Or<A, B> {}
+impl<C, F> ClassifyExt for Map<C, F> {}
 
 /// The classifier returned by [`ClassifyExt::or`].
 #[derive(Debug, Clone, Copy)]

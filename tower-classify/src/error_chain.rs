@@ -192,3 +192,5 @@ impl From<Classified> for Failure {
         classified.failure()
     }
 }
+
+impl crate::classify::ClassifyExt for ErrorChainClassifier {}

@@ -106,3 +106,5 @@ where
         }
     }
 }
+
+impl crate::classify::ClassifyExt for GrpcClassifier {}

@@ -102,6 +102,8 @@ mod error_chain;
 mod outcome;
 mod retry_on;
 
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod duration;
 #[cfg(feature = "http")]
 pub mod grpc;

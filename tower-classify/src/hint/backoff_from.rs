@@ -219,7 +219,10 @@ pub fn cost_bucket_wait(requested: f64, available: f64, restore_rate: f64) -> Op
     if missing <= 0.0 {
         return Some(Duration::ZERO);
     }
-    relative((missing / restore_rate).ceil(), 1_000.0)
+    // Finite inputs can still divide to infinity; `as` saturates, so such a
+    // report reads as the longest wait rather than as no hint.
+    let seconds = (missing / restore_rate).ceil();
+    Some(Duration::from_millis((seconds * 1_000.0) as u64))
 }
 
 fn header_name(name: &str) -> Result<http::HeaderName, ConfigError> {

@@ -5,7 +5,7 @@ mod rules;
 mod status;
 
 pub use self::idempotency::{Idempotency, IDEMPOTENCY_KEY};
-pub use self::rules::ResponseRule;
+pub use self::rules::{ResponseRule, ResponseRuleBuilder};
 pub use self::status::{HttpClassifier, StatusSet};
 
 /// The bytes of a response body that is already buffered in memory.

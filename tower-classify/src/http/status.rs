@@ -238,3 +238,5 @@ impl FromIterator<StatusCode> for StatusSet {
         iter.into_iter().fold(StatusSet::EMPTY, StatusSet::with)
     }
 }
+
+impl crate::classify::ClassifyExt for HttpClassifier {}

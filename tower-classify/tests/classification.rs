@@ -1,0 +1,361 @@
+//! Every status and error rule of the classification table, one row each.
+
+use std::error::Error;
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use http::{HeaderMap, Response};
+use tower_classify::{
+    classify_fn, BoxError, Classified, Classify, ClassifyExt, ErrorChainClassifier, Failure,
+    FailureKind, GrpcClassifier, HttpClassifier, Outcome, RetryHint, RetryOn,
+};
+
+fn response(status: u16) -> Response<()> {
+    Response::builder().status(status).body(()).unwrap()
+}
+
+fn classify_status(classifier: &HttpClassifier, status: u16) -> Outcome {
+    Classify::<_, BoxError>::classify(classifier, Ok(&response(status)))
+}
+
+fn classify_error(error: BoxError) -> Outcome {
+    Classify::<Response<()>, _>::classify(&HttpClassifier::new(), Err(&error))
+}
+
+const fn fail(kind: FailureKind) -> Outcome {
+    Outcome::failure(kind)
+}
+
+#[test]
+fn http_status_table() {
+    use FailureKind::*;
+    let rows: &[(u16, Outcome, &str)] = &[
+        (200, Outcome::Success, "2xx succeeds"),
+        (204, Outcome::Success, "2xx succeeds"),
+        (304, Outcome::Success, "3xx is not a failure"),
+        (101, Outcome::Success, "1xx is not a failure"),
+        (500, fail(ServerError), ">= 500 is a server error"),
+        (502, fail(ServerError), ">= 500 is a server error"),
+        (503, fail(ServerError), ">= 500 is a server error"),
+        (504, fail(ServerError), ">= 500 is a server error"),
+        (599, fail(ServerError), ">= 500 is a server error"),
+        (429, fail(RateLimited), "429 is rate limited"),
+        (408, fail(Timeout), "408 is a timeout"),
+        (400, fail(Rejected), "other 4xx are rejected"),
+        (401, fail(Rejected), "auth is rejected"),
+        (403, fail(Rejected), "auth is rejected"),
+        (404, fail(Rejected), "other 4xx are rejected"),
+        (409, fail(Rejected), "other 4xx are rejected"),
+        (422, fail(Rejected), "validation is rejected"),
+    ];
+    let classifier = HttpClassifier::new();
+    for (status, expected, rule) in rows {
+        assert_eq!(
+            classify_status(&classifier, *status),
+            *expected,
+            "status {status}: {rule}"
+        );
+    }
+}
+
+#[test]
+fn transient_kinds_are_exactly_the_four() {
+    use FailureKind::*;
+    for kind in FailureKind::ALL {
+        let expected = matches!(kind, ServerError | RateLimited | Timeout | Connection);
+        assert_eq!(kind.is_transient(), expected, "{kind}");
+        assert_eq!(fail(kind).is_retryable(), expected, "{kind}");
+    }
+}
+
+#[derive(Debug)]
+struct Wrapper(BoxError);
+
+impl fmt::Display for Wrapper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("client error")
+    }
+}
+
+impl Error for Wrapper {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+#[derive(Debug)]
+struct Opaque;
+
+impl fmt::Display for Opaque {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("something odd")
+    }
+}
+
+impl Error for Opaque {}
+
+#[tokio::test]
+async fn error_chain_table() {
+    use FailureKind::*;
+    let tokio_elapsed = tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
+        .await
+        .unwrap_err();
+    let rows: Vec<(BoxError, Outcome, &str)> = vec![
+        (
+            tower::timeout::error::Elapsed::new().into(),
+            fail(Timeout),
+            "tower's Elapsed is a timeout",
+        ),
+        (
+            tokio_elapsed.into(),
+            fail(Timeout),
+            "tokio's Elapsed is a timeout",
+        ),
+        (
+            io::Error::from(io::ErrorKind::TimedOut).into(),
+            fail(Timeout),
+            "io TimedOut is a timeout",
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionRefused).into(),
+            fail(Connection),
+            "refused is a connection failure",
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionReset).into(),
+            fail(Connection),
+            "reset is a connection failure",
+        ),
+        (
+            io::Error::from(io::ErrorKind::BrokenPipe).into(),
+            fail(Connection),
+            "other I/O errors are connection failures",
+        ),
+        (
+            io::Error::from(io::ErrorKind::UnexpectedEof).into(),
+            fail(Connection),
+            "a response cut short is a connection failure",
+        ),
+        (
+            io::Error::from(io::ErrorKind::InvalidData).into(),
+            fail(Rejected),
+            "malformed data is rejected",
+        ),
+        (
+            Box::new(Wrapper(
+                io::Error::from(io::ErrorKind::ConnectionReset).into(),
+            )),
+            fail(Connection),
+            "the chain is walked through source()",
+        ),
+        (
+            io::Error::other(tower::timeout::error::Elapsed::new()).into(),
+            fail(Timeout),
+            "the deepest recognised error wins, also inside io::Error",
+        ),
+        (Box::new(Opaque), fail(Rejected), "unknown errors fail fast"),
+        (
+            Box::new(Wrapper(Box::new(Classified::shed(
+                "circuit open",
+                Some(Duration::from_secs(3)),
+            )))),
+            Outcome::Failure(
+                Failure::new(Shed).with_hint(RetryHint::After(Duration::from_secs(3))),
+            ),
+            "a Classified error anywhere in the chain decides",
+        ),
+    ];
+    for (error, expected, rule) in rows {
+        assert_eq!(classify_error(error), expected, "{rule}");
+    }
+}
+
+#[test]
+fn unknown_errors_can_be_made_transient() {
+    let classifier = ErrorChainClassifier::new().unknown_as(fail(FailureKind::Connection));
+    assert_eq!(
+        classifier.classify_error(&Opaque),
+        fail(FailureKind::Connection)
+    );
+}
+
+#[test]
+fn retry_after_is_carried_on_failures_only() {
+    let classifier = HttpClassifier::new();
+    let with_header = |status: u16| {
+        let response = Response::builder()
+            .status(status)
+            .header("retry-after", "7")
+            .body(())
+            .unwrap();
+        Classify::<_, BoxError>::classify(&classifier, Ok(&response))
+    };
+    let hinted = |kind| {
+        Outcome::Failure(Failure::new(kind).with_hint(RetryHint::After(Duration::from_secs(7))))
+    };
+    assert_eq!(with_header(503), hinted(FailureKind::ServerError));
+    assert_eq!(with_header(429), hinted(FailureKind::RateLimited));
+    assert_eq!(with_header(200), Outcome::Success);
+    assert_eq!(with_header(400), fail(FailureKind::Rejected));
+}
+
+#[test]
+fn retryable_statuses_narrow_the_table() {
+    // Google Cloud Workflows' default_retry: 429, 502, 503, 504.
+    let set =
+        tower_classify::http::StatusSet::from_codes("retryable_statuses", [429, 502, 503, 504])
+            .unwrap();
+    let classifier = HttpClassifier::new().retryable_statuses(set);
+    assert_eq!(
+        classify_status(&classifier, 500),
+        fail(FailureKind::Rejected)
+    );
+    assert_eq!(
+        classify_status(&classifier, 502),
+        fail(FailureKind::ServerError)
+    );
+    assert_eq!(
+        classify_status(&classifier, 429),
+        fail(FailureKind::RateLimited)
+    );
+    assert_eq!(
+        classify_status(&classifier, 408),
+        fail(FailureKind::Rejected)
+    );
+    assert_eq!(classify_status(&classifier, 200), Outcome::Success);
+    let err =
+        tower_classify::http::StatusSet::from_codes("retryable_statuses", [1000]).unwrap_err();
+    assert_eq!(err.field(), "retryable_statuses");
+}
+
+fn grpc_response(code: &str, pushback: Option<&str>) -> Response<()> {
+    let mut builder = Response::builder().status(200).header("grpc-status", code);
+    if let Some(pushback) = pushback {
+        builder = builder.header("grpc-retry-pushback-ms", pushback);
+    }
+    builder.body(()).unwrap()
+}
+
+#[test]
+fn grpc_status_table() {
+    use FailureKind::*;
+    let rows: &[(&str, Outcome, &str)] = &[
+        ("0", Outcome::Success, "OK"),
+        ("1", Outcome::Ignored, "CANCELLED counts neither way"),
+        ("2", fail(ServerError), "UNKNOWN"),
+        ("3", fail(Rejected), "INVALID_ARGUMENT"),
+        ("4", fail(Timeout), "DEADLINE_EXCEEDED"),
+        ("5", fail(Rejected), "NOT_FOUND"),
+        ("7", fail(Rejected), "PERMISSION_DENIED"),
+        ("8", fail(RateLimited), "RESOURCE_EXHAUSTED"),
+        ("12", fail(Rejected), "UNIMPLEMENTED"),
+        ("13", fail(ServerError), "INTERNAL"),
+        ("14", fail(ServerError), "UNAVAILABLE"),
+        ("15", fail(ServerError), "DATA_LOSS"),
+        ("16", fail(Rejected), "UNAUTHENTICATED"),
+        ("99", fail(ServerError), "unknown codes are UNKNOWN"),
+    ];
+    let classifier = GrpcClassifier::new();
+    for (code, expected, rule) in rows {
+        let outcome =
+            Classify::<_, BoxError>::classify(&classifier, Ok(&grpc_response(code, None)));
+        assert_eq!(outcome, *expected, "grpc-status {code}: {rule}");
+    }
+}
+
+#[test]
+fn grpc_pushback_and_http_fallback() {
+    let classifier = GrpcClassifier::new();
+    let classify =
+        |response: &Response<()>| Classify::<_, BoxError>::classify(&classifier, Ok(response));
+    let unavailable = |pushback| classify(&grpc_response("14", Some(pushback)));
+    assert_eq!(
+        unavailable("250").as_failure().unwrap().hint,
+        Some(RetryHint::After(Duration::from_millis(250)))
+    );
+    for refused in ["-1", "soon", ""] {
+        let outcome = unavailable(refused);
+        assert_eq!(
+            outcome.as_failure().unwrap().hint,
+            Some(RetryHint::DoNotRetry),
+            "{refused:?}"
+        );
+        assert!(
+            !outcome.is_retryable(),
+            "{refused:?}: pushback forbids the retry"
+        );
+    }
+    // No grpc-status header: a 200 waits for trailers, anything else is HTTP.
+    assert_eq!(classify(&response(200)), Outcome::Success);
+    assert_eq!(classify(&response(503)), fail(FailureKind::ServerError));
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", "8".parse().unwrap());
+    assert_eq!(
+        classifier.classify_trailers(&trailers),
+        Some(fail(FailureKind::RateLimited))
+    );
+    trailers.insert("grpc-status", "x".parse().unwrap());
+    assert_eq!(classifier.classify_trailers(&trailers), None);
+}
+
+#[test]
+fn combinators() {
+    let classifier = HttpClassifier::new();
+    // retry_on keeps only the named transient classes transient.
+    let only_rate_limits = classifier
+        .clone()
+        .retry_on(RetryOn::from_names(["rate_limited"]).unwrap());
+    let classify = |c: &dyn Fn(&Response<()>) -> Outcome, status| c(&response(status));
+    let narrowed = |r: &Response<()>| Classify::<_, BoxError>::classify(&only_rate_limits, Ok(r));
+    assert_eq!(classify(&narrowed, 503), fail(FailureKind::Rejected));
+    assert_eq!(classify(&narrowed, 429), fail(FailureKind::RateLimited));
+    assert_eq!(classify(&narrowed, 200), Outcome::Success);
+
+    // `or`: the first failure found wins.
+    let teapot = classify_fn(|result: Result<&Response<()>, &BoxError>| match result {
+        Ok(r) if r.status() == 200 && r.headers().contains_key("x-poison") => {
+            fail(FailureKind::Poison)
+        }
+        _ => Outcome::Success,
+    });
+    let combined = teapot.or(classifier.clone());
+    let poisoned = Response::builder()
+        .header("x-poison", "1")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&combined, Ok(&poisoned)),
+        fail(FailureKind::Poison)
+    );
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&combined, Ok(&response(503))),
+        fail(FailureKind::ServerError)
+    );
+
+    // `map` rewrites every outcome.
+    let ignore_rejections = classifier.map(|outcome: Outcome| match outcome {
+        Outcome::Failure(f) if f.kind == FailureKind::Rejected => Outcome::Ignored,
+        other => other,
+    });
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&ignore_rejections, Ok(&response(404))),
+        Outcome::Ignored
+    );
+}
+
+#[test]
+fn retry_on_set_rules() {
+    assert_eq!(RetryOn::default(), RetryOn::ALL);
+    let err = RetryOn::from_names(Vec::<String>::new()).unwrap_err();
+    assert_eq!(err.field(), "retry_on");
+    let err = RetryOn::from_names(["http_4xx"]).unwrap_err();
+    assert!(err.to_string().contains("http_4xx"), "{err}");
+    let err = RetryOn::new([FailureKind::Rejected]).unwrap_err();
+    assert!(err.to_string().contains("rejected"), "{err}");
+    let set = RetryOn::from_names(["server_error", "timeout"]).unwrap();
+    assert_eq!(
+        set.iter().collect::<Vec<_>>(),
+        [FailureKind::ServerError, FailureKind::Timeout]
+    );
+}
