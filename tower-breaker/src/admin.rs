@@ -1,0 +1,131 @@
+//! The admin handle: list, reset and force breakers from code.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::keyed::Registry;
+use crate::state::State;
+
+/// An operator's handle on a layer's breakers: list them, reset one or all,
+/// force one open or closed.
+///
+/// Get it from [`CircuitBreakerLayer::pair`](crate::CircuitBreakerLayer::pair)
+/// or any layer's `handle()`. It is cheap to clone and shares the breakers'
+/// live state. With the `admin` feature, [`router`](Self::router) serves it as
+/// JSON behind a bearer token.
+///
+/// ```
+/// use tower_breaker::{CircuitBreakerLayer, State};
+/// use tower_classify::ErrorChainClassifier;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (layer, handle) = CircuitBreakerLayer::pair(ErrorChainClassifier::new());
+/// assert!(handle.force_open("default"));
+/// assert_eq!(handle.get("default").unwrap().state, State::ForcedOpen);
+/// assert_eq!(handle.reset_all(), 1);
+/// assert_eq!(handle.list()[0].state, State::Closed);
+/// # drop(layer);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BreakerHandle {
+    registry: Arc<Registry>,
+}
+
+impl fmt::Debug for BreakerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerHandle")
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+/// One breaker as the admin handle reports it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BreakerSnapshot {
+    /// The key (the layer's name for an unkeyed breaker).
+    pub key: String,
+    /// The current state.
+    pub state: State,
+    /// How long it has been in that state.
+    pub time_in_state: Duration,
+    /// For [`State::Open`]: how long until a probe is admitted.
+    pub remaining_open: Option<Duration>,
+    /// Counted failures in a row (consecutive-failures policy).
+    pub consecutive_failures: u32,
+    /// Calls in the sliding window (failure-rate policy).
+    pub window_calls: u32,
+    /// Counted failures in the sliding window (failure-rate policy).
+    pub window_failures: u32,
+    /// Counted failures recorded since the breaker was created.
+    pub failures: u64,
+    /// Calls refused since the breaker was created.
+    pub rejected: u64,
+    /// Times it opened since the breaker was created.
+    pub opened: u64,
+    /// Probes admitted and not yet finished (half-open only).
+    pub probes_in_flight: u32,
+}
+
+// Lifetime totals (`failures`, `rejected`, `opened`) are not cleared by a
+// reset: like metrics counters, they only grow, so rates stay meaningful.
+// Successes are not counted at all: a shared counter written on every call
+// would cost the closed path a contended atomic write.
+
+impl BreakerHandle {
+    pub(crate) fn new(registry: Arc<Registry>) -> Self {
+        BreakerHandle { registry }
+    }
+
+    /// Every breaker, sorted by key.
+    pub fn list(&self) -> Vec<BreakerSnapshot> {
+        let mut list: Vec<_> = self.registry.all().iter().map(|b| b.snapshot()).collect();
+        list.sort_by(|a, b| a.key.cmp(&b.key));
+        list
+    }
+
+    /// The breaker for `key`, if there is one.
+    pub fn get(&self, key: &str) -> Option<BreakerSnapshot> {
+        self.registry.get(key).map(|b| b.snapshot())
+    }
+
+    /// Closes the breaker for `key` and clears its failure counts (also
+    /// ending a forced state). `false` if there is no such breaker.
+    pub fn reset(&self, key: &str) -> bool {
+        self.apply(key, State::Closed)
+    }
+
+    /// Resets every breaker; returns how many.
+    pub fn reset_all(&self) -> usize {
+        let all = self.registry.all();
+        for breaker in &all {
+            breaker.force(State::Closed);
+        }
+        all.len()
+    }
+
+    /// Opens the breaker for `key` until a [`reset`](Self::reset): every call
+    /// fails fast. `false` if there is no such breaker.
+    pub fn force_open(&self, key: &str) -> bool {
+        self.apply(key, State::ForcedOpen)
+    }
+
+    /// Closes the breaker for `key` until a [`reset`](Self::reset): every call
+    /// passes and nothing trips it. `false` if there is no such breaker.
+    pub fn force_closed(&self, key: &str) -> bool {
+        self.apply(key, State::ForcedClosed)
+    }
+
+    fn apply(&self, key: &str, to: State) -> bool {
+        match self.registry.get(key) {
+            Some(breaker) => {
+                breaker.force(to);
+                true
+            }
+            None => false,
+        }
+    }
+}

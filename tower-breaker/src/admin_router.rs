@@ -1,0 +1,206 @@
+//! The admin handle over HTTP: an axum router behind a bearer token.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State as Extract};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tower_classify::ConfigError;
+
+use crate::admin::{BreakerHandle, BreakerSnapshot};
+
+/// The shortest token [`BreakerHandle::router`] accepts.
+const MIN_TOKEN_LEN: usize = 16;
+
+impl BreakerHandle {
+    /// An axum router serving this handle as JSON. Every request, to every
+    /// path, must carry `Authorization: Bearer <token>`; the token is
+    /// compared in constant time, and anything else is answered `401`.
+    /// Tokens shorter than 16 bytes are refused.
+    ///
+    /// | method | path | body | does |
+    /// |---|---|---|---|
+    /// | `GET` | `/breakers` | | list every breaker |
+    /// | `GET` | `/breakers/one?key=K` | | one breaker, `404` if unknown |
+    /// | `POST` | `/breakers/reset` | `{"key": K}` or `{}` | reset one, or all |
+    /// | `POST` | `/breakers/force-open` | `{"key": K}` | force open |
+    /// | `POST` | `/breakers/force-closed` | `{"key": K}` | force closed |
+    ///
+    /// Keys travel in the query or the body, not the path, because keys such
+    /// as routes contain `/`. Mount it with `Router::nest` under a path of
+    /// your choice, on a listener only operators reach.
+    ///
+    /// ```
+    /// use tower_breaker::CircuitBreakerLayer;
+    /// use tower_classify::HttpClassifier;
+    ///
+    /// let (layer, handle) = CircuitBreakerLayer::pair(HttpClassifier::new());
+    /// let admin: axum::Router = handle.router("a-long-random-operator-token")?;
+    /// # drop((layer, admin));
+    /// # Ok::<(), tower_classify::ConfigError>(())
+    /// ```
+    pub fn router(&self, token: impl Into<String>) -> Result<Router, ConfigError> {
+        let token = token.into();
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(ConfigError::new(
+                "admin.token",
+                format!("must be at least {MIN_TOKEN_LEN} bytes"),
+            ));
+        }
+        let token: Arc<[u8]> = Arc::from(token.into_bytes());
+        Ok(Router::new()
+            .route("/breakers", get(list))
+            .route("/breakers/one", get(one))
+            .route("/breakers/reset", post(reset))
+            .route("/breakers/force-open", post(force_open))
+            .route("/breakers/force-closed", post(force_closed))
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .with_state(self.clone())
+            // `layer`, not `route_layer`: the fallback is guarded too, so an
+            // unauthenticated caller cannot even probe which paths exist.
+            .layer(middleware::from_fn_with_state(token, authorize)))
+    }
+}
+
+async fn authorize(Extract(token): Extract<Arc<[u8]>>, request: Request, next: Next) -> Response {
+    if bearer(request.headers()).is_some_and(|given| constant_time_eq(given, &token)) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(json!({"code": "UNAUTHORIZED"})),
+        )
+            .into_response()
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
+}
+
+/// Compares without an early exit, so the time taken does not reveal how
+/// much of a guess was right. The length is not secret: it is checked first.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn snapshot_json(s: &BreakerSnapshot) -> Value {
+    json!({
+        "key": s.key,
+        "state": s.state.as_str(),
+        "time_in_state_ms": s.time_in_state.as_millis() as u64,
+        "remaining_open_ms": s.remaining_open.map(|d| d.as_millis() as u64),
+        "consecutive_failures": s.consecutive_failures,
+        "window_calls": s.window_calls,
+        "window_failures": s.window_failures,
+        "failures": s.failures,
+        "rejected": s.rejected,
+        "opened": s.opened,
+        "probes_in_flight": s.probes_in_flight,
+    })
+}
+
+async fn list(Extract(handle): Extract<BreakerHandle>) -> Json<Value> {
+    let breakers: Vec<Value> = handle.list().iter().map(snapshot_json).collect();
+    Json(json!({ "breakers": breakers }))
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    key: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct KeyBody {
+    key: Option<String>,
+}
+
+fn not_found(key: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"code": "UNKNOWN_BREAKER", "key": key})),
+    )
+        .into_response()
+}
+
+fn missing_key() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"})),
+    )
+        .into_response()
+}
+
+async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQuery>) -> Response {
+    match handle.get(&query.key) {
+        Some(snapshot) => Json(snapshot_json(&snapshot)).into_response(),
+        None => not_found(&query.key),
+    }
+}
+
+async fn reset(Extract(handle): Extract<BreakerHandle>, body: Option<Json<KeyBody>>) -> Response {
+    match body.and_then(|Json(body)| body.key) {
+        Some(key) if handle.reset(&key) => Json(json!({"reset": [key]})).into_response(),
+        Some(key) => not_found(&key),
+        None => Json(json!({"reset_all": handle.reset_all()})).into_response(),
+    }
+}
+
+async fn force_open(
+    Extract(handle): Extract<BreakerHandle>,
+    body: Option<Json<KeyBody>>,
+) -> Response {
+    match body.and_then(|Json(body)| body.key) {
+        Some(key) if handle.force_open(&key) => Json(json!({"forced_open": key})).into_response(),
+        Some(key) => not_found(&key),
+        None => missing_key(),
+    }
+}
+
+async fn force_closed(
+    Extract(handle): Extract<BreakerHandle>,
+    body: Option<Json<KeyBody>>,
+) -> Response {
+    match body.and_then(|Json(body)| body.key) {
+        Some(key) if handle.force_closed(&key) => {
+            Json(json!({"forced_closed": key})).into_response()
+        }
+        Some(key) => not_found(&key),
+        None => missing_key(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_tokens() {
+        assert!(constant_time_eq(b"abcdef", b"abcdef"));
+        assert!(!constant_time_eq(b"abcdef", b"abcdeg"));
+        assert!(!constant_time_eq(b"abcdef", b"abcde"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, "bEaReR tok".parse().unwrap());
+        assert_eq!(bearer(&headers), Some(&b"tok"[..]));
+        headers.insert(header::AUTHORIZATION, "Basic tok".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+    }
+}

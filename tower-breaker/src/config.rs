@@ -1,0 +1,209 @@
+//! Configuration from files.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tower_classify::ConfigError;
+
+use crate::layer::Builder;
+use crate::policy::{Policy, Window};
+use crate::state::Mode;
+
+/// A breaker's settings as they appear in a configuration file. Unknown keys
+/// are refused; durations are written in human form (`"30s"`, `"1m30s"`).
+///
+/// ```
+/// use tower_breaker::BreakerConfig;
+/// use tower_classify::ErrorChainClassifier;
+///
+/// let config: BreakerConfig = serde_json::from_str(r#"{
+///     "failure_rate": { "rate": 0.5, "minimum_calls": 20, "window": { "length": "60s" } },
+///     "recovery_timeout": "10s",
+///     "max_recovery_timeout": "5m"
+/// }"#).unwrap();
+/// let layer = config.builder()?.build(ErrorChainClassifier::new())?;
+/// # drop(layer);
+/// # Ok::<(), tower_classify::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BreakerConfig {
+    /// See [`Builder::name`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// See [`Builder::mode`].
+    #[serde(default)]
+    pub mode: Mode,
+    /// Consecutive failures that open the breaker (default 5). Exclusive with
+    /// `failure_rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    /// A failure-rate policy instead of consecutive failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_rate: Option<FailureRateConfig>,
+    /// See [`Builder::recovery_timeout`] (default `"30s"`).
+    #[serde(
+        default = "default_recovery_timeout",
+        with = "tower_classify::duration::serde"
+    )]
+    pub recovery_timeout: Duration,
+    /// See [`Builder::max_recovery_timeout`].
+    #[serde(
+        default,
+        with = "tower_classify::duration::serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_recovery_timeout: Option<Duration>,
+    /// See [`Builder::recovery_multiplier`] (default 2).
+    #[serde(default = "default_multiplier")]
+    pub recovery_multiplier: f64,
+    /// See [`Builder::recovery_jitter`] (default 0).
+    #[serde(default)]
+    pub recovery_jitter: f64,
+    /// See [`Builder::probes`] (default 1).
+    #[serde(default = "default_probes")]
+    pub probes: u32,
+    /// See [`Builder::slow_call_threshold`].
+    #[serde(
+        default,
+        with = "tower_classify::duration::serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slow_call_threshold: Option<Duration>,
+    /// See [`Builder::pending_when_open`].
+    #[serde(default)]
+    pub pending_when_open: bool,
+    /// See [`Builder::max_breakers`] (default 1 000).
+    #[serde(default = "default_max_breakers")]
+    pub max_breakers: usize,
+}
+
+/// The `failure_rate` table of a [`BreakerConfig`].
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct FailureRateConfig {
+    /// The failure share that opens the breaker, in `(0, 1]`.
+    pub rate: f64,
+    /// Calls the window must hold before a decision.
+    pub minimum_calls: u32,
+    /// The window.
+    pub window: WindowConfig,
+}
+
+/// The `window` table: `{ "calls": 100 }` for the last 100 calls, or
+/// `{ "length": "60s" }` (optionally `"buckets": 10`) for the last minute.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct WindowConfig {
+    /// A count window of this many calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
+    /// A time window this long.
+    #[serde(
+        default,
+        with = "tower_classify::duration::serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub length: Option<Duration>,
+    /// Buckets of a time window (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<u32>,
+}
+
+fn default_recovery_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_multiplier() -> f64 {
+    2.0
+}
+fn default_probes() -> u32 {
+    1
+}
+fn default_max_breakers() -> usize {
+    1_000
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            name: None,
+            mode: Mode::default(),
+            failure_threshold: None,
+            failure_rate: None,
+            recovery_timeout: default_recovery_timeout(),
+            max_recovery_timeout: None,
+            recovery_multiplier: default_multiplier(),
+            recovery_jitter: 0.0,
+            probes: default_probes(),
+            slow_call_threshold: None,
+            pending_when_open: false,
+            max_breakers: default_max_breakers(),
+        }
+    }
+}
+
+impl WindowConfig {
+    fn window(&self) -> Result<Window, ConfigError> {
+        match (self.calls, self.length) {
+            (Some(calls), None) if self.buckets.is_none() => Ok(Window::Count(calls)),
+            (Some(_), None) => Err(ConfigError::new(
+                "buckets",
+                "only a time window (`length`) has buckets",
+            )),
+            (None, Some(length)) => Ok(Window::Time {
+                length,
+                buckets: self.buckets.unwrap_or(10),
+            }),
+            _ => Err(ConfigError::new(
+                "calls",
+                "set exactly one of `calls` (a count window) or `length` (a time window)",
+            )),
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// A [`Builder`] with these settings, for adding what files cannot hold (a
+    /// state-change callback) before [`build`](Builder::build), which checks
+    /// every value again.
+    pub fn builder(&self) -> Result<Builder, ConfigError> {
+        let mut builder = Builder::new()
+            .mode(self.mode)
+            .recovery_timeout(self.recovery_timeout)
+            .recovery_multiplier(self.recovery_multiplier)
+            .recovery_jitter(self.recovery_jitter)
+            .probes(self.probes)
+            .pending_when_open(self.pending_when_open)
+            .max_breakers(self.max_breakers);
+        if let Some(name) = &self.name {
+            builder = builder.name(name.as_str());
+        }
+        builder = match (self.failure_threshold, &self.failure_rate) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "failure_rate",
+                    "set either `failure_threshold` or `failure_rate`, not both",
+                ))
+            }
+            (Some(threshold), None) => builder.failure_threshold(threshold),
+            (None, Some(rate)) => {
+                let window = rate
+                    .window
+                    .window()
+                    .map_err(|e| e.within("window").within("failure_rate"))?;
+                builder.policy(Policy::failure_rate(rate.rate, rate.minimum_calls, window))
+            }
+            (None, None) => builder,
+        };
+        if let Some(max) = self.max_recovery_timeout {
+            builder = builder.max_recovery_timeout(max);
+        }
+        if let Some(slow) = self.slow_call_threshold {
+            builder = builder.slow_call_threshold(slow);
+        }
+        Ok(builder)
+    }
+}

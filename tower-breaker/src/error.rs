@@ -1,0 +1,69 @@
+//! Error types.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_classify::Classified;
+
+/// The breaker refused a call: the circuit is open (or half-open with every
+/// probe slot taken). The inner service was not called.
+///
+/// Returned boxed, as tower middleware errors are; downcast to read it:
+///
+/// ```
+/// # use tower_breaker::CircuitOpen;
+/// # fn handle(err: tower_classify::BoxError) {
+/// if let Some(open) = err.downcast_ref::<CircuitOpen>() {
+///     println!("try again in {:?}", open.remaining());
+/// }
+/// # }
+/// ```
+///
+/// Its [`source`](std::error::Error::source) is a
+/// [`tower_classify::Classified`] of kind
+/// [`Shed`](tower_classify::FailureKind::Shed) carrying the remaining open time
+/// as its hint, so any layer that classifies with
+/// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
+/// outside the breaker, a dead-letter layer) recognises it without depending on
+/// this crate: a retry layer does not spin on an open circuit.
+#[derive(Debug)]
+pub struct CircuitOpen {
+    key: Arc<str>,
+    remaining: Option<Duration>,
+    classified: Classified,
+}
+
+impl CircuitOpen {
+    pub(crate) fn new(key: Arc<str>, remaining: Option<Duration>) -> Self {
+        CircuitOpen {
+            key,
+            remaining,
+            classified: Classified::shed("circuit open", remaining),
+        }
+    }
+
+    /// How long the circuit stays open, when that is known. `None` while the
+    /// breaker is half-open with every probe slot taken (it closes when the
+    /// probes succeed) or forced open by an operator.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.remaining
+    }
+
+    /// The breaker's key: the key of a keyed breaker, else the layer's name.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("circuit open")
+    }
+}
+
+impl std::error::Error for CircuitOpen {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.classified)
+    }
+}

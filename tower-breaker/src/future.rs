@@ -1,0 +1,141 @@
+//! Future types.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_classify::{BoxError, Classify};
+
+use crate::error::CircuitOpen;
+use crate::state::Permit;
+
+#[cfg(feature = "http")]
+pub use crate::http::HttpResponseFuture;
+
+pin_project! {
+    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) and
+    /// [`KeyedCircuitBreaker`](crate::KeyedCircuitBreaker).
+    ///
+    /// When the inner future completes, its result is classified and recorded.
+    /// Dropping it first records nothing; if it was a half-open probe, its
+    /// slot is given back so another call can probe.
+    pub struct ResponseFuture<F, C> {
+        #[pin]
+        state: ResponseState<F>,
+        recorder: Option<Recorder<C>>,
+    }
+}
+
+pin_project! {
+    #[project = ResponseStateProj]
+    enum ResponseState<F> {
+        Called {
+            #[pin]
+            future: F,
+        },
+        Rejected {
+            error: Option<CircuitOpen>,
+        },
+    }
+}
+
+impl<F, C> ResponseFuture<F, C> {
+    pub(crate) fn called(future: F, recorder: Option<Recorder<C>>) -> Self {
+        ResponseFuture {
+            state: ResponseState::Called { future },
+            recorder,
+        }
+    }
+
+    pub(crate) fn rejected(error: CircuitOpen) -> Self {
+        ResponseFuture {
+            state: ResponseState::Rejected { error: Some(error) },
+            recorder: None,
+        }
+    }
+}
+
+impl<F, C, T, E> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    C: Classify<T, E>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.state.project() {
+            ResponseStateProj::Called { future } => {
+                let result = ready!(future.poll(cx));
+                if let Some(recorder) = this.recorder.take() {
+                    recorder.record(result.as_ref());
+                }
+                Poll::Ready(result.map_err(Into::into))
+            }
+            ResponseStateProj::Rejected { error } => Poll::Ready(Err(error
+                .take()
+                .expect("ResponseFuture polled after completion")
+                .into())),
+        }
+    }
+}
+
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            ResponseState::Called { .. } => "called",
+            ResponseState::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("recorder", &self.recorder)
+            .finish()
+    }
+}
+
+/// Records one admitted call's result: the permit, the classifier, and the
+/// start time when a slow-call threshold needs it.
+pub(crate) struct Recorder<C> {
+    permit: Permit,
+    classifier: C,
+    started: Option<Instant>,
+}
+
+impl<C> fmt::Debug for Recorder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("permit", &self.permit)
+            .field("started", &self.started)
+            .finish()
+    }
+}
+
+impl<C> Recorder<C> {
+    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
+        // The clock is read only when a slow-call threshold needs it, keeping
+        // the default closed path free of clock reads.
+        let started = permit
+            .breaker()
+            .settings
+            .slow_call_threshold
+            .map(|_| Instant::now());
+        Recorder {
+            permit,
+            classifier,
+            started,
+        }
+    }
+
+    pub(crate) fn record<T, E>(self, result: Result<&T, &E>)
+    where
+        C: Classify<T, E>,
+    {
+        let outcome = self.classifier.classify(result);
+        let elapsed = self.started.map(|started| started.elapsed());
+        self.permit.complete(outcome, elapsed);
+    }
+}

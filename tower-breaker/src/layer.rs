@@ -1,0 +1,293 @@
+//! [`CircuitBreakerLayer`] and its [`Builder`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_classify::ConfigError;
+use tower_layer::Layer;
+
+use crate::admin::BreakerHandle;
+use crate::keyed::{KeyedCircuitBreakerLayer, Registry};
+use crate::policy::{Policy, Window};
+use crate::service::CircuitBreaker;
+use crate::state::{Breaker, Mode, Settings, StateChange, MAX_PROBES};
+
+/// Wraps services in a [`CircuitBreaker`] that all share one breaker.
+///
+/// The breaker's state lives behind an `Arc` created *with the layer*: every
+/// service the layer wraps, and every clone of those services, reads and
+/// updates the same state. That is what makes it work under
+/// `axum::Router::layer`, which clones the service for each request.
+///
+/// `C` is the [`Classify`](tower_classify::Classify) value deciding what a
+/// result means; it is cloned into each response future, so keep it cheap to
+/// clone (the classifiers of `tower-classify` are `Copy` or share their
+/// configuration through an `Arc`).
+#[derive(Clone)]
+pub struct CircuitBreakerLayer<C> {
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) classifier: C,
+}
+
+impl<C: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreakerLayer")
+            .field("breaker", &self.breaker)
+            .field("settings", &self.breaker.settings)
+            .field("classifier", &self.classifier)
+            .finish()
+    }
+}
+
+impl<C> CircuitBreakerLayer<C> {
+    /// A breaker with the defaults: open after 5 consecutive transient
+    /// failures, stay open 30 s, then admit one probe.
+    pub fn new(classifier: C) -> Self {
+        Builder::new()
+            .build(classifier)
+            .expect("the default configuration is valid")
+    }
+
+    /// A breaker with the defaults and its [admin handle](BreakerHandle),
+    /// in the style of tower-http's `pair()` constructors.
+    pub fn pair(classifier: C) -> (Self, BreakerHandle) {
+        let layer = Self::new(classifier);
+        let handle = layer.handle();
+        (layer, handle)
+    }
+
+    /// The admin handle of this layer's breaker: list, reset, force.
+    pub fn handle(&self) -> BreakerHandle {
+        BreakerHandle::new(Arc::clone(&self.registry))
+    }
+}
+
+impl CircuitBreakerLayer<()> {
+    /// A [`Builder`] for every other setting; the classifier is given to
+    /// [`Builder::build`].
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+}
+
+impl<S, C: Clone> Layer<S> for CircuitBreakerLayer<C> {
+    type Service = CircuitBreaker<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CircuitBreaker::new(inner, Arc::clone(&self.breaker), self.classifier.clone())
+    }
+}
+
+/// Configures a [`CircuitBreakerLayer`] or a
+/// [`KeyedCircuitBreakerLayer`]. Every setting has a documented default;
+/// [`build`](Self::build) refuses invalid values with a [`ConfigError`] that
+/// names the field.
+#[derive(Clone)]
+pub struct Builder {
+    settings: Settings,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Builder {
+    /// The defaults.
+    pub fn new() -> Self {
+        Builder {
+            settings: Settings {
+                name: Arc::from("default"),
+                policy: Policy::default(),
+                recovery_timeout: Duration::from_secs(30),
+                max_recovery_timeout: None,
+                recovery_multiplier: 2.0,
+                recovery_jitter: 0.0,
+                probes: 1,
+                slow_call_threshold: None,
+                mode: Mode::Enforce,
+                pending_when_open: false,
+                on_state_change: None,
+                max_breakers: 1_000,
+            },
+        }
+    }
+
+    /// The breaker's name in logs, metrics labels (`breaker="…"`) and the
+    /// admin handle (default `"default"`). Keyed breakers use their keys.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.settings.name = name.into();
+        self
+    }
+
+    /// When the breaker opens (default: 5 consecutive failures).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.settings.policy = policy;
+        self
+    }
+
+    /// Open after `threshold` consecutive transient failures (default 5).
+    pub fn failure_threshold(self, threshold: u32) -> Self {
+        self.policy(Policy::consecutive_failures(threshold))
+    }
+
+    /// Open when the share of failures over `window` reaches `rate`, once the
+    /// window holds at least `minimum_calls` calls.
+    pub fn failure_rate(self, rate: f64, minimum_calls: u32, window: Window) -> Self {
+        self.policy(Policy::failure_rate(rate, minimum_calls, window))
+    }
+
+    /// How long the breaker stays open before admitting a probe (default 30 s).
+    pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.recovery_timeout = timeout;
+        self
+    }
+
+    /// Grow the open time on every reopen in a row (a probe failed again):
+    /// `recovery_timeout × multiplier^n`, capped at `max`. Off by default:
+    /// every open lasts `recovery_timeout`.
+    pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
+        self.settings.max_recovery_timeout = Some(max);
+        self
+    }
+
+    /// The growth factor of [`max_recovery_timeout`](Self::max_recovery_timeout)
+    /// (default 2).
+    pub fn recovery_multiplier(mut self, multiplier: f64) -> Self {
+        self.settings.recovery_multiplier = multiplier;
+        self
+    }
+
+    /// Shorten each open time by a random share of up to `jitter` (in
+    /// `[0, 1)`, default 0), so processes that opened together do not all
+    /// probe at the same moment.
+    pub fn recovery_jitter(mut self, jitter: f64) -> Self {
+        self.settings.recovery_jitter = jitter;
+        self
+    }
+
+    /// Probe calls admitted when half-open (default 1). All must succeed to
+    /// close the breaker; one failure reopens it.
+    pub fn probes(mut self, probes: u32) -> Self {
+        self.settings.probes = probes;
+        self
+    }
+
+    /// Count a success slower than `threshold` as a failure (off by default).
+    pub fn slow_call_threshold(mut self, threshold: Duration) -> Self {
+        self.settings.slow_call_threshold = Some(threshold);
+        self
+    }
+
+    /// Enforce, only measure, or do nothing (default [`Mode::Enforce`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.settings.mode = mode;
+        self
+    }
+
+    /// While open, make `poll_ready` return `Pending` (until the recovery
+    /// timeout ends or the state changes) instead of failing calls. For
+    /// balancers, which then route around this endpoint. Off by default
+    /// (tower's load-shed pattern: ready, then fail fast in `call`).
+    /// Ignored by keyed breakers, whose key is known only in `call`.
+    pub fn pending_when_open(mut self, yes: bool) -> Self {
+        self.settings.pending_when_open = yes;
+        self
+    }
+
+    /// Called on every state change, after it happened, on the thread that
+    /// made it. Keep it short: it runs inside a service call.
+    pub fn on_state_change<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&StateChange<'_>) + Send + Sync + 'static,
+    {
+        self.settings.on_state_change = Some(Arc::new(callback));
+        self
+    }
+
+    /// The most breakers a keyed layer keeps (default 1 000); see
+    /// [`KeyedCircuitBreakerLayer`] for the eviction order.
+    pub fn max_breakers(mut self, max: usize) -> Self {
+        self.settings.max_breakers = max;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.settings;
+        s.policy.validate()?;
+        if s.probes == 0 || s.probes > MAX_PROBES {
+            return Err(ConfigError::new(
+                "probes",
+                format!("must be 1 to {MAX_PROBES}, got {}", s.probes),
+            ));
+        }
+        if let Some(max) = s.max_recovery_timeout {
+            if max < s.recovery_timeout {
+                return Err(ConfigError::new(
+                    "max_recovery_timeout",
+                    "must not be shorter than recovery_timeout",
+                ));
+            }
+        }
+        if !(s.recovery_multiplier >= 1.0 && s.recovery_multiplier.is_finite()) {
+            return Err(ConfigError::new(
+                "recovery_multiplier",
+                format!(
+                    "must be a finite number of at least 1, got {}",
+                    s.recovery_multiplier
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&s.recovery_jitter) {
+            return Err(ConfigError::new(
+                "recovery_jitter",
+                format!("must be in [0, 1), got {}", s.recovery_jitter),
+            ));
+        }
+        if s.max_breakers == 0 {
+            return Err(ConfigError::new("max_breakers", "must be at least 1"));
+        }
+        if s.name.is_empty() {
+            return Err(ConfigError::new("name", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// A [`CircuitBreakerLayer`] classifying results with `classifier`.
+    pub fn build<C>(self, classifier: C) -> Result<CircuitBreakerLayer<C>, ConfigError> {
+        self.validate()?;
+        let settings = Arc::new(self.settings);
+        let (registry, breaker) = Registry::single(settings);
+        Ok(CircuitBreakerLayer {
+            breaker,
+            registry: Arc::new(registry),
+            classifier,
+        })
+    }
+
+    /// A [`KeyedCircuitBreakerLayer`]: one breaker per key that `key_fn`
+    /// computes from the request.
+    pub fn build_keyed<C, F>(
+        self,
+        classifier: C,
+        key_fn: F,
+    ) -> Result<KeyedCircuitBreakerLayer<C, F>, ConfigError> {
+        self.validate()?;
+        Ok(KeyedCircuitBreakerLayer::from_parts(
+            Arc::new(Registry::new(Arc::new(self.settings))),
+            classifier,
+            key_fn,
+        ))
+    }
+}

@@ -1,0 +1,442 @@
+//! When a closed breaker opens: trip policies and their sliding windows.
+
+use std::time::Duration;
+
+use tower_classify::ConfigError;
+
+use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// When a closed breaker opens.
+///
+/// Only *counted* failures feed a policy: the transient kinds of
+/// [`tower_classify::FailureKind::is_transient`] (server error, rate limited,
+/// timeout, connection), plus successes slower than a configured
+/// [slow-call threshold](crate::Builder::slow_call_threshold). Rejected, poison
+/// and shed failures and [`Outcome::Ignored`](tower_classify::Outcome::Ignored)
+/// say nothing about the dependency's health and never count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Open after `threshold` counted failures in a row; any success resets the
+    /// count. The seeds' policy, and the default (5).
+    ConsecutiveFailures {
+        /// Failures in a row that open the breaker.
+        threshold: u32,
+    },
+    /// Open when, over a sliding window, at least `minimum_calls` calls were
+    /// recorded and the share of counted failures among them reaches `rate`.
+    FailureRate {
+        /// The failure share that opens the breaker, in `(0, 1]`.
+        rate: f64,
+        /// No decision is taken on fewer calls than this: two failures out of
+        /// three calls at startup are not an outage.
+        minimum_calls: u32,
+        /// Which calls the rate is measured over.
+        window: Window,
+    },
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::consecutive_failures(5)
+    }
+}
+
+impl Policy {
+    /// Open after `threshold` counted failures in a row.
+    pub const fn consecutive_failures(threshold: u32) -> Self {
+        Policy::ConsecutiveFailures { threshold }
+    }
+
+    /// Open when the failure share over `window` reaches `rate`, once at least
+    /// `minimum_calls` calls were recorded in it.
+    pub const fn failure_rate(rate: f64, minimum_calls: u32, window: Window) -> Self {
+        Policy::FailureRate {
+            rate,
+            minimum_calls,
+            window,
+        }
+    }
+
+    /// Refuses values that could never trip, or always would.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Policy::ConsecutiveFailures { threshold } => {
+                if threshold == 0 {
+                    return Err(ConfigError::new("failure_threshold", "must be at least 1"));
+                }
+            }
+            Policy::FailureRate {
+                rate,
+                minimum_calls,
+                window,
+            } => {
+                if !(rate > 0.0 && rate <= 1.0) {
+                    return Err(ConfigError::new(
+                        "failure_rate.rate",
+                        format!("must be in (0, 1], got {rate}"),
+                    ));
+                }
+                if minimum_calls == 0 {
+                    return Err(ConfigError::new(
+                        "failure_rate.minimum_calls",
+                        "must be at least 1",
+                    ));
+                }
+                window.validate().map_err(|e| e.within("failure_rate"))?;
+                if let Window::Count(size) = window {
+                    if minimum_calls > size {
+                        return Err(ConfigError::new(
+                            "failure_rate.minimum_calls",
+                            format!(
+                                "{minimum_calls} can never be reached in a window of {size} calls"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The calls a [`Policy::FailureRate`] is measured over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// The last `n` calls (at most 65 536).
+    Count(u32),
+    /// The calls of the last `length`, kept in `buckets` equal buckets (at most
+    /// 1 024); a whole bucket ages out at once, so the window is exact to one
+    /// bucket's length.
+    Time {
+        /// How far back the window reaches.
+        length: Duration,
+        /// How many buckets `length` is cut into.
+        buckets: u32,
+    },
+}
+
+const MAX_COUNT_WINDOW: u32 = 65_536;
+const MAX_BUCKETS: u32 = 1_024;
+
+impl Window {
+    /// The last `n` calls.
+    pub const fn count(n: u32) -> Self {
+        Window::Count(n)
+    }
+
+    /// The calls of the last `length`, in ten buckets.
+    pub const fn time(length: Duration) -> Self {
+        Window::Time {
+            length,
+            buckets: 10,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Window::Count(n) if n == 0 || n > MAX_COUNT_WINDOW => Err(ConfigError::new(
+                "window",
+                format!("a count window holds 1 to {MAX_COUNT_WINDOW} calls, got {n}"),
+            )),
+            Window::Time { buckets, .. } if buckets == 0 || buckets > MAX_BUCKETS => {
+                Err(ConfigError::new(
+                    "window.buckets",
+                    format!("must be 1 to {MAX_BUCKETS}, got {buckets}"),
+                ))
+            }
+            Window::Time { length, buckets }
+                if length < Duration::from_millis(u64::from(buckets)) =>
+            {
+                Err(ConfigError::new(
+                    "window.length",
+                    "must be at least one millisecond per bucket",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The calls and counted failures a window holds right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Tally {
+    pub(crate) calls: u32,
+    pub(crate) failures: u32,
+}
+
+/// A window's live counters. Lock-free: recording a call is a few atomic
+/// operations, so the closed path never takes a lock even under the rate policy.
+#[derive(Debug)]
+pub(crate) enum WindowState {
+    Count(CountWindow),
+    Time(TimeWindow),
+}
+
+impl WindowState {
+    pub(crate) fn new(window: Window) -> Self {
+        match window {
+            Window::Count(n) => WindowState::Count(CountWindow::new(n)),
+            Window::Time { length, buckets } => WindowState::Time(TimeWindow::new(length, buckets)),
+        }
+    }
+
+    /// Records one call at `now` (time since the breaker's base instant).
+    pub(crate) fn record(&self, failed: bool, now: Duration) -> Tally {
+        match self {
+            WindowState::Count(w) => w.record(failed),
+            WindowState::Time(w) => w.record(failed, now),
+        }
+    }
+
+    pub(crate) fn tally(&self, now: Duration) -> Tally {
+        match self {
+            WindowState::Count(w) => w.tally(),
+            WindowState::Time(w) => w.tally(now),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        match self {
+            WindowState::Count(w) => w.reset(),
+            WindowState::Time(w) => w.reset(),
+        }
+    }
+
+    pub(crate) fn needs_clock(&self) -> bool {
+        matches!(self, WindowState::Time(_))
+    }
+}
+
+const EMPTY: u8 = 0;
+const SUCCESS: u8 = 1;
+const FAILURE: u8 = 2;
+
+/// A ring of the last `n` results. Each slot is swapped, so every result is
+/// added to and later removed from the failure count exactly once.
+#[derive(Debug)]
+pub(crate) struct CountWindow {
+    slots: Box<[AtomicU8]>,
+    next: AtomicU64,
+    failures: AtomicU32,
+}
+
+impl CountWindow {
+    fn new(n: u32) -> Self {
+        CountWindow {
+            slots: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
+            next: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    fn record(&self, failed: bool) -> Tally {
+        let n = self.slots.len() as u64;
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        let value = if failed { FAILURE } else { SUCCESS };
+        let old = self.slots[(index % n) as usize].swap(value, Ordering::AcqRel);
+        let failures = match (old == FAILURE, failed) {
+            (false, true) => self.failures.fetch_add(1, Ordering::AcqRel) + 1,
+            // A reset may have zeroed the count after this slot was read:
+            // saturate rather than wrap.
+            (true, false) => self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                    Some(f.saturating_sub(1))
+                })
+                .map_or(0, |f| f.saturating_sub(1)),
+            _ => self.failures.load(Ordering::Acquire),
+        };
+        Tally {
+            calls: (index + 1).min(n) as u32,
+            failures,
+        }
+    }
+
+    fn tally(&self) -> Tally {
+        let n = self.slots.len() as u64;
+        Tally {
+            calls: self.next.load(Ordering::Acquire).min(n) as u32,
+            failures: self.failures.load(Ordering::Acquire),
+        }
+    }
+
+    fn reset(&self) {
+        self.next.store(0, Ordering::Release);
+        for slot in self.slots.iter() {
+            slot.store(EMPTY, Ordering::Release);
+        }
+        self.failures.store(0, Ordering::Release);
+    }
+}
+
+/// Buckets of `length / buckets` each. A bucket is one `u64` holding the
+/// bucket's sequence number (24 bits), its calls and its failures (20 bits
+/// each, saturating), updated by compare-and-swap so a bucket that rolls over
+/// never mixes counts of two periods. A sequence number repeats only after
+/// 2^24 buckets; a slot left untouched that long is read as stale-but-valid,
+/// an error bounded by one bucket's counts after months of silence.
+#[derive(Debug)]
+pub(crate) struct TimeWindow {
+    bucket_nanos: u64,
+    buckets: Box<[AtomicU64]>,
+}
+
+const SEQ_BITS: u32 = 24;
+const COUNT_BITS: u32 = 20;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+/// Marks a bucket never written, so sequence number 0 is not read as current.
+const UNUSED: u64 = u64::MAX;
+
+fn pack(seq: u64, calls: u64, failures: u64) -> u64 {
+    ((seq & SEQ_MASK) << (2 * COUNT_BITS)) | (calls << COUNT_BITS) | failures
+}
+
+fn unpack(bucket: u64) -> (u64, u64, u64) {
+    (
+        bucket >> (2 * COUNT_BITS),
+        (bucket >> COUNT_BITS) & COUNT_MAX,
+        bucket & COUNT_MAX,
+    )
+}
+
+impl TimeWindow {
+    fn new(length: Duration, buckets: u32) -> Self {
+        let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
+        TimeWindow {
+            bucket_nanos: bucket_nanos as u64,
+            buckets: (0..buckets).map(|_| AtomicU64::new(UNUSED)).collect(),
+        }
+    }
+
+    fn sequence(&self, now: Duration) -> u64 {
+        (now.as_nanos() / u128::from(self.bucket_nanos)).min(u128::from(u64::MAX >> 1)) as u64
+    }
+
+    fn record(&self, failed: bool, now: Duration) -> Tally {
+        let seq = self.sequence(now);
+        let slot = &self.buckets[(seq % self.buckets.len() as u64) as usize];
+        let mut current = slot.load(Ordering::Acquire);
+        loop {
+            let (calls, failures) = match unpack(current) {
+                (s, calls, failures) if current != UNUSED && s == seq & SEQ_MASK => {
+                    (calls, failures)
+                }
+                _ => (0, 0),
+            };
+            let next = pack(
+                seq,
+                (calls + 1).min(COUNT_MAX),
+                (failures + u64::from(failed)).min(COUNT_MAX),
+            );
+            match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        self.tally_at(seq)
+    }
+
+    fn tally(&self, now: Duration) -> Tally {
+        self.tally_at(self.sequence(now))
+    }
+
+    fn tally_at(&self, seq: u64) -> Tally {
+        let n = self.buckets.len() as u64;
+        let mut tally = Tally::default();
+        for age in 0..n.min(seq + 1) {
+            let expected = seq - age;
+            let bucket = self.buckets[(expected % n) as usize].load(Ordering::Acquire);
+            let (s, calls, failures) = unpack(bucket);
+            if bucket != UNUSED && s == expected & SEQ_MASK {
+                tally.calls = tally.calls.saturating_add(calls as u32);
+                tally.failures = tally.failures.saturating_add(failures as u32);
+            }
+        }
+        tally
+    }
+
+    fn reset(&self) {
+        for bucket in self.buckets.iter() {
+            bucket.store(UNUSED, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(all(test, not(breaker_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_window_forgets_the_oldest_call() {
+        let w = CountWindow::new(3);
+        w.record(true);
+        w.record(true);
+        assert_eq!(
+            w.record(false),
+            Tally {
+                calls: 3,
+                failures: 2
+            }
+        );
+        // The first failure leaves the window.
+        assert_eq!(
+            w.record(false),
+            Tally {
+                calls: 3,
+                failures: 1
+            }
+        );
+        w.reset();
+        assert_eq!(w.tally(), Tally::default());
+    }
+
+    #[test]
+    fn time_window_ages_out_whole_buckets() {
+        let w = TimeWindow::new(Duration::from_secs(10), 10);
+        w.record(true, Duration::from_millis(500));
+        w.record(false, Duration::from_millis(1500));
+        assert_eq!(
+            w.tally(Duration::from_millis(9_900)),
+            Tally {
+                calls: 2,
+                failures: 1
+            }
+        );
+        // At 10.5 s the bucket of 0–1 s has left the window.
+        assert_eq!(
+            w.tally(Duration::from_millis(10_500)),
+            Tally {
+                calls: 1,
+                failures: 0
+            }
+        );
+        // A slot reused for a later period starts from zero.
+        assert_eq!(
+            w.record(true, Duration::from_millis(10_600)),
+            Tally {
+                calls: 2,
+                failures: 1
+            }
+        );
+        assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let err = Policy::consecutive_failures(0).validate().unwrap_err();
+        assert_eq!(err.field(), "failure_threshold");
+        let err = Policy::failure_rate(1.5, 10, Window::count(10))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), "failure_rate.rate");
+        let err = Policy::failure_rate(0.5, 20, Window::count(10))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), "failure_rate.minimum_calls");
+        let err = Policy::failure_rate(0.5, 5, Window::count(0))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), "failure_rate.window");
+    }
+}

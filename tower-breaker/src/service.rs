@@ -1,0 +1,179 @@
+//! [`CircuitBreaker`], the service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::sync::futures::OwnedNotified;
+use tokio::time::Sleep;
+use tower_classify::{BoxError, Classify};
+use tower_service::Service;
+
+use crate::error::CircuitOpen;
+use crate::future::{Recorder, ResponseFuture};
+use crate::state::{Breaker, Permit, Readiness, State};
+
+/// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
+///
+/// `poll_ready` forwards the inner service's readiness; `call` fails at once
+/// with [`CircuitOpen`] when the breaker refuses the call, without touching
+/// the inner service (tower's load-shed pattern). With
+/// [`pending_when_open`](crate::Builder::pending_when_open), `poll_ready`
+/// instead returns `Pending` while the breaker is open.
+///
+/// Clones share the breaker; a clone does not inherit a pending wait.
+pub struct CircuitBreaker<S, C> {
+    inner: S,
+    breaker: Arc<Breaker>,
+    classifier: C,
+    waiting: Option<Wait>,
+}
+
+/// What `poll_ready` waits on in pending mode: the next state change, and
+/// the end of the open period when it is known.
+struct Wait {
+    changed: Pin<Box<OwnedNotified>>,
+    until: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S, C> CircuitBreaker<S, C> {
+    pub(crate) fn new(inner: S, breaker: Arc<Breaker>, classifier: C) -> Self {
+        CircuitBreaker {
+            inner,
+            breaker,
+            classifier,
+            waiting: None,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the breaker.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The breaker's current state.
+    pub fn state(&self) -> State {
+        self.breaker.state()
+    }
+
+    /// Admits or refuses one call. `Ok(None)` in disabled mode.
+    pub(crate) fn admit(&self) -> Result<Option<Permit>, CircuitOpen> {
+        if self.breaker.disabled {
+            return Ok(None);
+        }
+        self.breaker.admit().map(Some)
+    }
+
+    #[cfg(feature = "http")]
+    pub(crate) fn classifier(&self) -> &C {
+        &self.classifier
+    }
+
+    #[cfg(feature = "http")]
+    pub(crate) fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Pending mode: `Ready` once the breaker would admit a call.
+    pub(crate) fn poll_breaker(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.breaker.settings.pending_when_open {
+            return Poll::Ready(());
+        }
+        loop {
+            if let Some(wait) = &mut self.waiting {
+                let changed = wait.changed.as_mut().poll(cx).is_ready();
+                let elapsed = wait
+                    .until
+                    .as_mut()
+                    .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
+                if !changed && !elapsed {
+                    return Poll::Pending;
+                }
+                self.waiting = None;
+            }
+            if self.breaker.readiness() == Readiness::Ready {
+                return Poll::Ready(());
+            }
+            let Some(notify) = self.breaker.change_notifier() else {
+                return Poll::Ready(());
+            };
+            // Register for the next change *before* looking again, so a
+            // change between the two looks is not missed.
+            let mut changed = Box::pin(Arc::clone(notify).notified_owned());
+            changed.as_mut().enable();
+            self.waiting = match self.breaker.readiness() {
+                Readiness::Ready => return Poll::Ready(()),
+                Readiness::Until(at) => Some(Wait {
+                    changed,
+                    until: Some(Box::pin(tokio::time::sleep_until(at))),
+                }),
+                Readiness::Change => Some(Wait {
+                    changed,
+                    until: None,
+                }),
+            };
+        }
+    }
+}
+
+impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
+    fn clone(&self) -> Self {
+        CircuitBreaker {
+            inner: self.inner.clone(),
+            breaker: Arc::clone(&self.breaker),
+            classifier: self.classifier.clone(),
+            waiting: None,
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for CircuitBreaker<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("inner", &self.inner)
+            .field("breaker", &self.breaker)
+            .field("classifier", &self.classifier)
+            .field("waiting", &self.waiting.is_some())
+            .finish()
+    }
+}
+
+impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error> + Clone,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.poll_breaker(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        match self.admit() {
+            Ok(permit) => {
+                let recorder = permit.map(|p| Recorder::new(p, self.classifier.clone()));
+                ResponseFuture::called(self.inner.call(req), recorder)
+            }
+            Err(open) => ResponseFuture::rejected(open),
+        }
+    }
+}

@@ -1,0 +1,718 @@
+//! The state machine: closed → open → half-open → closed or open again.
+//!
+//! # Why one word
+//!
+//! The state, the half-open probe slots claimed so far, the probe successes and
+//! an *epoch* (bumped on every transition) share one `AtomicU64`. So:
+//!
+//! - the closed path is one atomic load on entry (is it closed?) and, under the
+//!   default policy, one on completion (is the failure count already zero?);
+//! - claiming a probe slot is a compare-and-swap on that word, so across every
+//!   clone of the service exactly `probes` calls are admitted per half-open
+//!   period, and the transition open → half-open and the first claim are the
+//!   same CAS (no window where the state is half-open with slots unclaimed by
+//!   the caller that opened it);
+//! - a result carries the epoch it was admitted in, and only counts where that
+//!   epoch is still current: a slow call admitted while closed cannot close a
+//!   later half-open breaker, nor can a stale probe reopen a fresh one.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::CircuitOpen;
+use crate::policy::{Policy, Tally, WindowState};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use tower_classify::Outcome;
+
+/// A breaker's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Calls pass; counted failures are measured against the [`Policy`].
+    Closed,
+    /// Calls fail at once with [`CircuitOpen`] until the recovery timeout ends.
+    Open,
+    /// The recovery timeout ended: the configured number of probe calls pass,
+    /// everything else still fails fast. Probe successes close the breaker; a
+    /// probe failure reopens it.
+    HalfOpen,
+    /// Opened by an operator: every call fails fast until a reset.
+    ForcedOpen,
+    /// Closed by an operator: every call passes and nothing trips it until a reset.
+    ForcedClosed,
+}
+
+impl State {
+    /// A short, stable name for logs, JSON and metric labels (`half_open`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+            State::ForcedOpen => "forced_open",
+            State::ForcedClosed => "forced_closed",
+        }
+    }
+
+    /// The value of the `tower_breaker_state` gauge: 0 closed, 1 open,
+    /// 2 half-open, 3 forced open, 4 forced closed.
+    pub const fn gauge_value(self) -> f64 {
+        match self {
+            State::Closed => 0.0,
+            State::Open => 1.0,
+            State::HalfOpen => 2.0,
+            State::ForcedOpen => 3.0,
+            State::ForcedClosed => 4.0,
+        }
+    }
+
+    /// `true` when this state refuses calls it has no probe slot for: open,
+    /// half-open and forced open. Keyed eviction spares these.
+    pub const fn is_open(self) -> bool {
+        matches!(self, State::Open | State::HalfOpen | State::ForcedOpen)
+    }
+
+    const fn code(self) -> u64 {
+        match self {
+            State::Closed => 0,
+            State::Open => 1,
+            State::HalfOpen => 2,
+            State::ForcedOpen => 3,
+            State::ForcedClosed => 4,
+        }
+    }
+
+    const fn from_code(code: u64) -> State {
+        match code {
+            1 => State::Open,
+            2 => State::HalfOpen,
+            3 => State::ForcedOpen,
+            4 => State::ForcedClosed,
+            _ => State::Closed,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether the breaker rejects calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Mode {
+    /// Open means calls fail fast (the default).
+    #[default]
+    Enforce,
+    /// Everything is measured, every state change is logged and reported, the
+    /// `tower_breaker_would_reject_total` counter counts what *would* have been
+    /// rejected, but every call passes. Roll a breaker out in this mode first.
+    MetricsOnly,
+    /// The layer is a pass-through: nothing is recorded, nothing rejected.
+    Disabled,
+}
+
+/// One state change, as given to the
+/// [state-change callback](crate::Builder::on_state_change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateChange<'a> {
+    /// The breaker's key (its [name](crate::Builder::name) when not keyed).
+    pub key: &'a str,
+    /// The state left.
+    pub from: State,
+    /// The state entered.
+    pub to: State,
+    /// For [`State::Open`]: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+pub(crate) type Callback = Arc<dyn Fn(&StateChange<'_>) + Send + Sync>;
+
+/// Everything configured, shared by every breaker a layer creates.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) name: Arc<str>,
+    pub(crate) policy: Policy,
+    pub(crate) recovery_timeout: Duration,
+    pub(crate) max_recovery_timeout: Option<Duration>,
+    pub(crate) recovery_multiplier: f64,
+    pub(crate) recovery_jitter: f64,
+    pub(crate) probes: u32,
+    pub(crate) slow_call_threshold: Option<Duration>,
+    pub(crate) mode: Mode,
+    pub(crate) pending_when_open: bool,
+    pub(crate) on_state_change: Option<Callback>,
+    pub(crate) max_breakers: usize,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("recovery_timeout", &self.recovery_timeout)
+            .field("max_recovery_timeout", &self.max_recovery_timeout)
+            .field("recovery_multiplier", &self.recovery_multiplier)
+            .field("recovery_jitter", &self.recovery_jitter)
+            .field("probes", &self.probes)
+            .field("slow_call_threshold", &self.slow_call_threshold)
+            .field("mode", &self.mode)
+            .field("pending_when_open", &self.pending_when_open)
+            .field("on_state_change", &self.on_state_change.is_some())
+            .field("max_breakers", &self.max_breakers)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// How long the breaker stays open after its `streak`-th reopen in a row
+    /// (0 for an open from closed): the recovery timeout, grown exponentially
+    /// when a maximum is configured, capped, then jittered downwards.
+    pub(crate) fn open_duration(&self, streak: u32) -> Duration {
+        let mut wait = self.recovery_timeout;
+        if let Some(max) = self.max_recovery_timeout {
+            let grown = self.recovery_timeout.as_secs_f64()
+                * self.recovery_multiplier.powi(streak.min(1_000) as i32);
+            wait = if grown.is_finite() && grown < max.as_secs_f64() {
+                Duration::from_secs_f64(grown)
+            } else {
+                max
+            };
+        }
+        if self.recovery_jitter > 0.0 {
+            // Downwards only, so the cap stays a cap; it spreads the probes of
+            // many processes that opened together.
+            wait = wait.mul_f64(1.0 - self.recovery_jitter * fastrand::f64());
+        }
+        wait
+    }
+}
+
+// Layout of the state word, low bits first.
+const STATE_BITS: u32 = 3;
+const SLOT_BITS: u32 = 16;
+const CLAIMED_SHIFT: u32 = STATE_BITS;
+const SUCCEEDED_SHIFT: u32 = STATE_BITS + SLOT_BITS;
+const EPOCH_SHIFT: u32 = STATE_BITS + 2 * SLOT_BITS;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const EPOCH_MASK: u64 = (1 << (64 - EPOCH_SHIFT)) - 1;
+/// The most probe slots a half-open breaker can have.
+pub(crate) const MAX_PROBES: u32 = SLOT_MASK as u32;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Word(u64);
+
+impl Word {
+    const fn new(state: State, epoch: u64, claimed: u64, succeeded: u64) -> Word {
+        Word(
+            state.code()
+                | (claimed & SLOT_MASK) << CLAIMED_SHIFT
+                | (succeeded & SLOT_MASK) << SUCCEEDED_SHIFT
+                | (epoch & EPOCH_MASK) << EPOCH_SHIFT,
+        )
+    }
+    const fn state(self) -> State {
+        State::from_code(self.0 & STATE_MASK)
+    }
+    const fn epoch(self) -> u64 {
+        self.0 >> EPOCH_SHIFT
+    }
+    const fn claimed(self) -> u64 {
+        (self.0 >> CLAIMED_SHIFT) & SLOT_MASK
+    }
+    const fn succeeded(self) -> u64 {
+        (self.0 >> SUCCEEDED_SHIFT) & SLOT_MASK
+    }
+    /// The first word of the next state: a new epoch, no slots in use.
+    const fn next(self, state: State) -> Word {
+        Word::new(state, self.epoch() + 1, 0, 0)
+    }
+    const fn with_slots(self, claimed: u64, succeeded: u64) -> Word {
+        Word::new(self.state(), self.epoch(), claimed, succeeded)
+    }
+}
+
+/// What one result means to the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Success,
+    Failure,
+    /// Says nothing about the dependency: not counted, and a probe slot it
+    /// held is given back.
+    Neutral,
+}
+
+impl Verdict {
+    pub(crate) fn of(outcome: Outcome, elapsed: Option<Duration>, slow: Option<Duration>) -> Self {
+        match outcome {
+            Outcome::Success => match (elapsed, slow) {
+                (Some(elapsed), Some(slow)) if elapsed >= slow => Verdict::Failure,
+                _ => Verdict::Success,
+            },
+            Outcome::Failure(failure) if failure.kind.is_transient() => Verdict::Failure,
+            _ => Verdict::Neutral,
+        }
+    }
+}
+
+/// What `poll_ready` should wait for in [pending mode](crate::Builder::pending_when_open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    Ready,
+    Until(Instant),
+    Change,
+}
+
+/// One breaker's live state. Every clone of a service (and, for a plain
+/// breaker, the layer it came from) holds the same `Arc<Breaker>`.
+pub(crate) struct Breaker {
+    pub(crate) key: Arc<str>,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) disabled: bool,
+    base: Instant,
+    word: AtomicU64,
+    /// Nanoseconds after `base` when the open period ends.
+    open_until: AtomicU64,
+    /// Nanoseconds after `base` of the last state change.
+    since: AtomicU64,
+    consecutive: AtomicU32,
+    open_streak: AtomicU32,
+    window: Option<WindowState>,
+    failures: AtomicU64,
+    rejected: AtomicU64,
+    opened: AtomicU64,
+    changed: Option<Arc<Notify>>,
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Breaker")
+            .field("key", &self.key)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Breaker {
+    pub(crate) fn new(key: Arc<str>, settings: Arc<Settings>) -> Self {
+        let window = match settings.policy {
+            Policy::FailureRate { window, .. } => Some(WindowState::new(window)),
+            Policy::ConsecutiveFailures { .. } => None,
+        };
+        let breaker = Breaker {
+            key,
+            disabled: settings.mode == Mode::Disabled,
+            changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
+            settings,
+            base: Instant::now(),
+            word: AtomicU64::new(Word::new(State::Closed, 0, 0, 0).0),
+            open_until: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+            consecutive: AtomicU32::new(0),
+            open_streak: AtomicU32::new(0),
+            window,
+            failures: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+        };
+        breaker.gauge(State::Closed);
+        breaker
+    }
+
+    fn load(&self) -> Word {
+        Word(self.word.load(Ordering::Acquire))
+    }
+
+    fn cas(&self, current: Word, next: Word) -> Result<(), Word> {
+        self.word
+            .compare_exchange(current.0, next.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(Word)
+    }
+
+    fn offset(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.base)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.load().state()
+    }
+
+    /// Admits a call or refuses it. The closed path is one atomic load.
+    #[inline]
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        let word = self.load();
+        if word.state() == State::Closed {
+            return Ok(self.permit(word.epoch(), false));
+        }
+        self.admit_slow(word)
+    }
+
+    fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
+        Permit {
+            breaker: Arc::clone(self),
+            epoch,
+            probe,
+            done: false,
+        }
+    }
+
+    #[cold]
+    fn admit_slow(self: &Arc<Self>, mut word: Word) -> Result<Permit, CircuitOpen> {
+        let now = Instant::now();
+        loop {
+            match word.state() {
+                State::Closed | State::ForcedClosed => return Ok(self.permit(word.epoch(), false)),
+                State::ForcedOpen => return self.refuse(word, None),
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    let at = self.offset(now);
+                    if at < until {
+                        return self.refuse(word, Some(Duration::from_nanos(until - at)));
+                    }
+                    // Recovery timeout over: this caller turns the breaker
+                    // half-open and takes the first probe slot in one CAS.
+                    let next = word.next(State::HalfOpen).with_slots(1, 0);
+                    match self.cas(word, next) {
+                        Ok(()) => {
+                            self.changed(State::Open, State::HalfOpen, now, None);
+                            return Ok(self.permit(next.epoch(), true));
+                        }
+                        Err(actual) => word = actual,
+                    }
+                }
+                State::HalfOpen => {
+                    if word.claimed() >= u64::from(self.settings.probes) {
+                        return self.refuse(word, None);
+                    }
+                    let next = word.with_slots(word.claimed() + 1, word.succeeded());
+                    match self.cas(word, next) {
+                        Ok(()) => return Ok(self.permit(word.epoch(), true)),
+                        Err(actual) => word = actual,
+                    }
+                }
+            }
+        }
+    }
+
+    fn refuse(
+        self: &Arc<Self>,
+        word: Word,
+        remaining: Option<Duration>,
+    ) -> Result<Permit, CircuitOpen> {
+        if self.settings.mode == Mode::MetricsOnly {
+            // Admitted, but as an ordinary call: it cannot decide a probe.
+            metrics::counter!("tower_breaker_would_reject_total", "breaker" => self.key.to_string())
+                .increment(1);
+            return Ok(self.permit(word.epoch(), false));
+        }
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("tower_breaker_rejected_total", "breaker" => self.key.to_string())
+            .increment(1);
+        Err(CircuitOpen::new(Arc::clone(&self.key), remaining))
+    }
+
+    /// What a `poll_ready` in pending mode waits for.
+    pub(crate) fn readiness(&self) -> Readiness {
+        if self.settings.mode != Mode::Enforce {
+            return Readiness::Ready;
+        }
+        let word = self.load();
+        match word.state() {
+            State::Closed | State::ForcedClosed => Readiness::Ready,
+            State::Open => {
+                let until = self.open_until.load(Ordering::Acquire);
+                if self.offset(Instant::now()) >= until {
+                    Readiness::Ready
+                } else {
+                    Readiness::Until(self.base + Duration::from_nanos(until))
+                }
+            }
+            State::HalfOpen if word.claimed() < u64::from(self.settings.probes) => Readiness::Ready,
+            State::HalfOpen | State::ForcedOpen => Readiness::Change,
+        }
+    }
+
+    pub(crate) fn change_notifier(&self) -> Option<&Arc<Notify>> {
+        self.changed.as_ref()
+    }
+
+    fn record(&self, epoch: u64, probe: bool, verdict: Verdict) {
+        if probe {
+            self.record_probe(epoch, verdict);
+        } else {
+            self.record_closed(epoch, verdict);
+        }
+    }
+
+    fn record_closed(&self, epoch: u64, verdict: Verdict) {
+        match verdict {
+            Verdict::Neutral => {}
+            Verdict::Success => match &self.window {
+                // Load first: a store on every success would bounce the cache
+                // line between cores even when the count is already zero.
+                None => {
+                    if self.consecutive.load(Ordering::Relaxed) != 0 {
+                        self.consecutive.store(0, Ordering::Relaxed);
+                    }
+                }
+                Some(window) => {
+                    window.record(false, self.window_now(window));
+                }
+            },
+            Verdict::Failure => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let word = self.load();
+                if word.epoch() != epoch || word.state() != State::Closed {
+                    // Admitted in an earlier period, or the breaker is forced
+                    // closed: it does not count towards opening.
+                    return;
+                }
+                let trip = match (self.settings.policy, &self.window) {
+                    (Policy::ConsecutiveFailures { threshold }, _) => {
+                        self.consecutive.fetch_add(1, Ordering::AcqRel) + 1 >= threshold
+                    }
+                    (
+                        Policy::FailureRate {
+                            rate,
+                            minimum_calls,
+                            ..
+                        },
+                        Some(window),
+                    ) => {
+                        let Tally { calls, failures } =
+                            window.record(true, self.window_now(window));
+                        calls >= minimum_calls && f64::from(failures) >= rate * f64::from(calls)
+                    }
+                    // `Breaker::new` gives every rate policy a window.
+                    (Policy::FailureRate { .. }, None) => false,
+                };
+                if trip {
+                    self.open(word, Instant::now());
+                }
+            }
+        }
+    }
+
+    fn window_now(&self, window: &WindowState) -> Duration {
+        if window.needs_clock() {
+            Duration::from_nanos(self.offset(Instant::now()))
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn record_probe(&self, epoch: u64, verdict: Verdict) {
+        if verdict == Verdict::Failure {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut word = self.load();
+        loop {
+            if word.epoch() != epoch || word.state() != State::HalfOpen {
+                return;
+            }
+            let next = match verdict {
+                Verdict::Failure => {
+                    if self.open(word, Instant::now()) {
+                        return;
+                    }
+                    word = self.load();
+                    continue;
+                }
+                Verdict::Success => {
+                    let succeeded = word.succeeded() + 1;
+                    if succeeded >= u64::from(self.settings.probes) {
+                        word.next(State::Closed)
+                    } else {
+                        word.with_slots(word.claimed(), succeeded)
+                    }
+                }
+                Verdict::Neutral => {
+                    word.with_slots(word.claimed().saturating_sub(1), word.succeeded())
+                }
+            };
+            match self.cas(word, next) {
+                Ok(()) => {
+                    if next.state() == State::Closed {
+                        self.clear_counts();
+                        self.changed(State::HalfOpen, State::Closed, Instant::now(), None);
+                    }
+                    return;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Opens the breaker from `from` (closed or half-open). `false` when the
+    /// word changed under us.
+    fn open(&self, from: Word, now: Instant) -> bool {
+        let streak = match from.state() {
+            State::HalfOpen => self.open_streak.load(Ordering::Acquire).saturating_add(1),
+            _ => 0,
+        };
+        let wait = self.settings.open_duration(streak);
+        // Written before the CAS so no reader ever sees `Open` with the last
+        // period's (past) deadline. A writer that then loses the CAS differs
+        // from the winner only by the moments between them.
+        let until = self
+            .offset(now)
+            .saturating_add(wait.as_nanos().min(u128::from(u64::MAX)) as u64);
+        self.open_until.store(until, Ordering::Release);
+        if self.cas(from, from.next(State::Open)).is_err() {
+            return false;
+        }
+        self.open_streak.store(streak, Ordering::Release);
+        self.changed(from.state(), State::Open, now, Some(wait));
+        true
+    }
+
+    fn clear_counts(&self) {
+        self.consecutive.store(0, Ordering::Release);
+        self.open_streak.store(0, Ordering::Release);
+        if let Some(window) = &self.window {
+            window.reset();
+        }
+    }
+
+    /// An operator's transition: reset (to closed), force open, force closed.
+    pub(crate) fn force(&self, to: State) {
+        let now = Instant::now();
+        let mut word = self.load();
+        loop {
+            match self.cas(word, word.next(to)) {
+                Ok(()) => break,
+                Err(actual) => word = actual,
+            }
+        }
+        if to != State::ForcedOpen {
+            self.clear_counts();
+        }
+        self.changed(word.state(), to, now, None);
+    }
+
+    fn changed(&self, from: State, to: State, now: Instant, open_for: Option<Duration>) {
+        self.since.store(self.offset(now), Ordering::Release);
+        if to == State::Open {
+            self.opened.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("tower_breaker_opened_total", "breaker" => self.key.to_string())
+                .increment(1);
+        }
+        self.gauge(to);
+        let key = &*self.key;
+        match to {
+            State::Open | State::ForcedOpen => tracing::warn!(
+                breaker = key,
+                from = from.as_str(),
+                to = to.as_str(),
+                open_for = ?open_for,
+                "circuit breaker opened"
+            ),
+            _ => tracing::info!(
+                breaker = key,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state changed"
+            ),
+        }
+        if let Some(callback) = &self.settings.on_state_change {
+            callback(&StateChange {
+                key,
+                from,
+                to,
+                open_for,
+            });
+        }
+        if let Some(notify) = &self.changed {
+            notify.notify_waiters();
+        }
+    }
+
+    fn gauge(&self, state: State) {
+        metrics::gauge!("tower_breaker_state", "breaker" => self.key.to_string())
+            .set(state.gauge_value());
+    }
+
+    pub(crate) fn snapshot(&self) -> crate::admin::BreakerSnapshot {
+        let now = Instant::now();
+        let at = self.offset(now);
+        let word = self.load();
+        let state = word.state();
+        let remaining_open = (state == State::Open).then(|| {
+            Duration::from_nanos(self.open_until.load(Ordering::Acquire).saturating_sub(at))
+        });
+        let tally = match &self.window {
+            Some(window) => window.tally(Duration::from_nanos(at)),
+            None => Tally::default(),
+        };
+        crate::admin::BreakerSnapshot {
+            key: self.key.to_string(),
+            state,
+            time_in_state: Duration::from_nanos(
+                at.saturating_sub(self.since.load(Ordering::Acquire)),
+            ),
+            remaining_open,
+            consecutive_failures: self.consecutive.load(Ordering::Acquire),
+            window_calls: tally.calls,
+            window_failures: tally.failures,
+            failures: self.failures.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            opened: self.opened.load(Ordering::Relaxed),
+            probes_in_flight: if state == State::HalfOpen {
+                (word.claimed() - word.succeeded().min(word.claimed())) as u32
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// The right to make one call, taken in [`Breaker::admit`]. Completing it
+/// records the result; dropping an uncompleted probe permit gives its slot
+/// back, so a cancelled probe cannot wedge the breaker half-open.
+pub(crate) struct Permit {
+    breaker: Arc<Breaker>,
+    epoch: u64,
+    probe: bool,
+    done: bool,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("key", &self.breaker.key)
+            .field("probe", &self.probe)
+            .finish()
+    }
+}
+
+impl Permit {
+    pub(crate) fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    pub(crate) fn complete(mut self, outcome: Outcome, elapsed: Option<Duration>) {
+        self.done = true;
+        let verdict = Verdict::of(outcome, elapsed, self.breaker.settings.slow_call_threshold);
+        self.breaker.record(self.epoch, self.probe, verdict);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.done && self.probe {
+            self.breaker.record_probe(self.epoch, Verdict::Neutral);
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! The breaker's behaviour, in paused time against `tower-test` mocks.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio_test::{assert_pending, assert_ready_ok};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_breaker::{CircuitBreakerLayer, CircuitOpen, Mode, State, Window};
+use tower_classify::{BoxError, Classified, ErrorChainClassifier, FailureKind, HttpClassifier};
+use tower_test::mock;
+
+type Handle = mock::Handle<u32, &'static str>;
+
+fn refused() -> io::Error {
+    io::Error::from(io::ErrorKind::ConnectionRefused)
+}
+
+/// One call that reaches the mock and fails with a refused connection.
+async fn fail<S>(svc: &mut mock::Spawn<S>, handle: &mut Handle, id: u32) -> BoxError
+where
+    S: Service<u32, Response = &'static str, Error = BoxError>,
+{
+    assert_ready_ok!(svc.poll_ready());
+    let future = svc.call(id);
+    let (req, send) = handle
+        .next_request()
+        .await
+        .expect("call reached the service");
+    assert_eq!(req, id);
+    send.send_error(refused());
+    future.await.unwrap_err()
+}
+
+/// One call that reaches the mock and succeeds.
+async fn succeed<S>(svc: &mut mock::Spawn<S>, handle: &mut Handle, id: u32)
+where
+    S: Service<u32, Response = &'static str, Error = BoxError>,
+{
+    assert_ready_ok!(svc.poll_ready());
+    let future = svc.call(id);
+    let (req, send) = handle
+        .next_request()
+        .await
+        .expect("call reached the service");
+    assert_eq!(req, id);
+    send.send_response("ok");
+    assert_eq!(future.await.unwrap(), "ok");
+}
+
+/// One call that must be refused without reaching the mock.
+fn rejected<S>(svc: &mut mock::Spawn<S>, handle: &mut Handle) -> CircuitOpen
+where
+    S: Service<u32, Response = &'static str, Error = BoxError>,
+{
+    assert_ready_ok!(svc.poll_ready());
+    let err = svc
+        .call(999)
+        .now_or_never()
+        .expect("a refused call is ready at once")
+        .unwrap_err();
+    assert_pending!(handle.poll_request());
+    *err.downcast::<CircuitOpen>().expect("a CircuitOpen error")
+}
+
+fn state_of(layer_handle: &tower_breaker::BreakerHandle) -> State {
+    layer_handle.get("default").unwrap().state
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_after_exactly_five_consecutive_transient_failures() {
+    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..4 {
+        let err = fail(&mut svc, &mut handle, id).await;
+        assert!(
+            err.is::<io::Error>(),
+            "the dependency's own error passes through"
+        );
+        assert_eq!(state_of(&admin), State::Closed, "after {} failures", id + 1);
+    }
+    fail(&mut svc, &mut handle, 4).await;
+    assert_eq!(state_of(&admin), State::Open);
+    let open = rejected(&mut svc, &mut handle);
+    assert_eq!(open.remaining(), Some(Duration::from_secs(30)));
+    assert_eq!(admin.get("default").unwrap().opened, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn four_failures_then_a_success_does_not_open() {
+    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..4 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    succeed(&mut svc, &mut handle, 4).await;
+    for id in 5..9 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    assert_eq!(
+        state_of(&admin),
+        State::Closed,
+        "4 + success + 4 is not 5 in a row"
+    );
+    fail(&mut svc, &mut handle, 9).await;
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_and_non_transient_failures_never_trip_it() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .build(HttpClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer::<u32, http::Response<()>, _>(layer);
+    let mut respond = async |status: u16| {
+        assert_ready_ok!(svc.poll_ready());
+        let future = svc.call(0);
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_response(http::Response::builder().status(status).body(()).unwrap());
+        future.await.unwrap().status()
+    };
+    for status in [400, 401, 403, 404, 409, 422].repeat(10) {
+        assert_eq!(respond(status).await, status);
+    }
+    assert_eq!(
+        state_of(&admin),
+        State::Closed,
+        "4xx say nothing about health"
+    );
+    // The same breaker does open on server errors.
+    respond(503).await;
+    respond(500).await;
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejected_poison_and_shed_errors_never_trip_it() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer::<u32, &'static str, _>(layer);
+    for id in 0..20 {
+        assert_ready_ok!(svc.poll_ready());
+        let future = svc.call(id);
+        let (_, send) = handle.next_request().await.unwrap();
+        match id % 3 {
+            0 => send.send_error(io::Error::from(io::ErrorKind::InvalidData)),
+            1 => send.send_error(Classified::new(FailureKind::Poison, "bad message")),
+            _ => send.send_error(Classified::shed("budget exhausted", None)),
+        }
+        future.await.unwrap_err();
+    }
+    assert_eq!(state_of(&admin), State::Closed);
+    assert_eq!(admin.get("default").unwrap().failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_calls_never_reach_the_service_and_fail_in_well_under_a_millisecond() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    // Timed on a shared machine: the median and the mean are robust to the
+    // scheduler taking the core away once; a refusal costs nanoseconds.
+    let mut times = Vec::with_capacity(1_000);
+    for _ in 0..1_000 {
+        assert_ready_ok!(svc.poll_ready());
+        let started = std::time::Instant::now();
+        let result = svc.call(7).now_or_never();
+        times.push(started.elapsed());
+        let err = result.expect("ready at once").unwrap_err();
+        assert!(err.is::<CircuitOpen>());
+    }
+    times.sort();
+    let mean = times.iter().sum::<Duration>() / 1_000;
+    assert!(
+        times[500] < Duration::from_micros(100),
+        "median {:?}",
+        times[500]
+    );
+    assert!(mean < Duration::from_millis(1), "mean {mean:?}");
+    assert_pending!(handle.poll_request());
+    assert_eq!(admin.get("default").unwrap().rejected, 1_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(12))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_ready_ok!(svc.poll_ready());
+    let err: BoxError = svc.call(1).await.unwrap_err();
+    // What a retry layer outside the breaker sees, knowing nothing of this crate.
+    let outcome = ErrorChainClassifier::new().classify_error(&*err);
+    let failure = outcome.as_failure().unwrap();
+    assert_eq!(failure.kind, FailureKind::Shed);
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(10)));
+    assert!(!outcome.is_retryable());
+    assert_eq!(err.to_string(), "circuit open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_one_probe_is_admitted_when_100_clones_call_concurrently() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::ZERO)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let svc = layer.layer(service_fn({
+        let (calls, gate) = (Arc::clone(&calls), Arc::clone(&gate));
+        move |_: ()| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            let gate = Arc::clone(&gate);
+            async move {
+                if n == 0 {
+                    return Err::<&str, BoxError>(refused().into());
+                }
+                // The probe stays in flight until the test has counted.
+                let _permit = gate.acquire().await.unwrap();
+                Ok("ok")
+            }
+        }
+    }));
+    svc.clone().oneshot(()).await.unwrap_err();
+    assert_eq!(state_of(&admin), State::Open);
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let mut svc = svc.clone();
+        let barrier = Arc::clone(&barrier);
+        tasks.spawn(async move {
+            barrier.wait().await;
+            svc.ready().await?.call(()).await
+        });
+    }
+    let mut refused_calls = 0;
+    while refused_calls < 99 {
+        let result = tokio::time::timeout(Duration::from_secs(10), tasks.join_next())
+            .await
+            .expect("refusals come at once")
+            .unwrap()
+            .unwrap();
+        let err = result.expect_err("only the probe may succeed, and it is held");
+        assert!(err.is::<CircuitOpen>());
+        refused_calls += 1;
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one trip call + exactly one probe"
+    );
+    assert_eq!(admin.get("default").unwrap().probes_in_flight, 1);
+    gate.add_permits(1);
+    let probe = tokio::time::timeout(Duration::from_secs(10), tasks.join_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(probe.unwrap(), "ok");
+    assert_eq!(state_of(&admin), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_releases_its_slot() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(1))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+
+    assert_ready_ok!(svc.poll_ready());
+    let probe = svc.call(1);
+    let (req, _send) = handle.next_request().await.unwrap();
+    assert_eq!(req, 1);
+    assert_eq!(state_of(&admin), State::HalfOpen);
+    let busy = rejected(&mut svc, &mut handle);
+    assert_eq!(busy.remaining(), None, "half-open and busy: no known wait");
+
+    drop(probe);
+    assert_eq!(admin.get("default").unwrap().probes_in_flight, 0);
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn probe_success_closes_and_probe_failure_reopens() {
+    let changes = Arc::new(Mutex::new(Vec::new()));
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .on_state_change({
+            let changes = Arc::clone(&changes);
+            move |change| changes.lock().unwrap().push((change.from, change.to))
+        })
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+
+    tokio::time::advance(Duration::from_millis(29_999)).await;
+    rejected(&mut svc, &mut handle);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    fail(&mut svc, &mut handle, 1).await;
+    assert_eq!(state_of(&admin), State::Open, "a failed probe reopens");
+    assert_eq!(
+        rejected(&mut svc, &mut handle).remaining(),
+        Some(Duration::from_secs(30))
+    );
+
+    tokio::time::advance(Duration::from_secs(30)).await;
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed, "a successful probe closes");
+    succeed(&mut svc, &mut handle, 3).await;
+
+    use State::*;
+    assert_eq!(
+        *changes.lock().unwrap(),
+        [
+            (Closed, Open),
+            (Open, HalfOpen),
+            (HalfOpen, Open),
+            (Open, HalfOpen),
+            (HalfOpen, Closed)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_probes_must_all_succeed() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(1))
+        .probes(2)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_ready_ok!(svc.poll_ready());
+    let first = svc.call(1);
+    assert_ready_ok!(svc.poll_ready());
+    let second = svc.call(2);
+    let (_, send1) = handle.next_request().await.unwrap();
+    let (_, send2) = handle.next_request().await.unwrap();
+    rejected(&mut svc, &mut handle);
+    send1.send_response("ok");
+    first.await.unwrap();
+    assert_eq!(
+        state_of(&admin),
+        State::HalfOpen,
+        "one of two probes is not enough"
+    );
+    send2.send_response("ok");
+    second.await.unwrap();
+    assert_eq!(state_of(&admin), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_time_grows_while_probes_keep_failing_and_is_capped() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(10))
+        .max_recovery_timeout(Duration::from_secs(100))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    let mut waits = Vec::new();
+    for id in 1..6 {
+        let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
+        waits.push(wait.as_secs());
+        tokio::time::advance(wait).await;
+        fail(&mut svc, &mut handle, id).await;
+    }
+    assert_eq!(waits, [10, 20, 40, 80, 100]);
+    // A success resets the growth.
+    tokio::time::advance(Duration::from_secs(100)).await;
+    succeed(&mut svc, &mut handle, 10).await;
+    fail(&mut svc, &mut handle, 11).await;
+    assert_eq!(
+        rejected(&mut svc, &mut handle).remaining(),
+        Some(Duration::from_secs(10))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn jitter_only_shortens_the_open_time() {
+    for _ in 0..20 {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(10))
+            .recovery_jitter(0.5)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let (mut svc, mut handle) = mock::spawn_layer(layer);
+        fail(&mut svc, &mut handle, 0).await;
+        let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
+        assert!(
+            wait <= Duration::from_secs(10) && wait >= Duration::from_secs(5),
+            "{wait:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_rate_respects_the_minimum_number_of_calls() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 10, Window::count(20))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..9 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    assert_eq!(
+        state_of(&admin),
+        State::Closed,
+        "9 of 9 failed, but 9 < minimum 10"
+    );
+    fail(&mut svc, &mut handle, 9).await;
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_rate_opens_at_the_configured_share() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 10, Window::count(20))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..6 {
+        succeed(&mut svc, &mut handle, id).await;
+    }
+    for id in 6..11 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!((snapshot.window_calls, snapshot.window_failures), (11, 5));
+    assert_eq!(snapshot.state, State::Closed, "5 of 11 is under half");
+    fail(&mut svc, &mut handle, 11).await;
+    assert_eq!(state_of(&admin), State::Open, "6 of 12 is half");
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_window_forgets_old_calls() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..3 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    fail(&mut svc, &mut handle, 3).await;
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!(snapshot.window_calls, 1, "the first three left the window");
+    assert_eq!(snapshot.state, State::Closed);
+    for id in 4..7 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_successes_count_as_failures_when_configured() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .slow_call_threshold(Duration::from_secs(1))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    let mut call = async |delay: Duration| {
+        assert_ready_ok!(svc.poll_ready());
+        let future = svc.call(0);
+        let (_, send) = handle.next_request().await.unwrap();
+        tokio::time::advance(delay).await;
+        send.send_response("ok");
+        future.await.unwrap();
+    };
+    call(Duration::from_secs(2)).await;
+    call(Duration::from_millis(10)).await;
+    call(Duration::from_secs(2)).await;
+    assert_eq!(
+        state_of(&admin),
+        State::Closed,
+        "a fast success broke the run"
+    );
+    call(Duration::from_secs(1)).await;
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_only_mode_measures_but_never_rejects() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .mode(Mode::MetricsOnly)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    assert_eq!(state_of(&admin), State::Open, "the state is still tracked");
+    for id in 1..5 {
+        succeed(&mut svc, &mut handle, id).await;
+    }
+    assert_eq!(admin.get("default").unwrap().rejected, 0);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    succeed(&mut svc, &mut handle, 5).await;
+    assert_eq!(
+        state_of(&admin),
+        State::Closed,
+        "the probe logic runs as in enforce mode"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn disabled_mode_is_a_pass_through() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .mode(Mode::Disabled)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..10 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!((snapshot.state, snapshot.failures), (State::Closed, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pending_mode_waits_in_poll_ready_until_the_recovery_timeout() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(10))
+        .pending_when_open(true)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    assert_pending!(svc.poll_ready());
+    tokio::time::advance(Duration::from_secs(9)).await;
+    assert!(!svc.is_woken());
+    assert_pending!(svc.poll_ready());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(svc.is_woken(), "the end of the open period wakes the task");
+    assert_ready_ok!(svc.poll_ready());
+
+    // Half-open with the one slot taken: a clone waits for the probe's result.
+    let probe = svc.call(1);
+    let (_, send) = handle.next_request().await.unwrap();
+    let mut other = mock::Spawn::new(svc.get_ref().clone());
+    assert_pending!(other.poll_ready());
+    send.send_response("ok");
+    probe.await.unwrap();
+    assert!(other.is_woken(), "the state change wakes the waiting clone");
+    assert_ready_ok!(other.poll_ready());
+}
