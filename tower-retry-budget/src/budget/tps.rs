@@ -1,0 +1,287 @@
+//! A Finagle-style budget: retries as a percentage of recent requests.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::retry::budget::Budget;
+use tower_classify::ConfigError;
+
+/// The ring of committed windows: ten full windows of `ttl / 10` plus the one
+/// being written, so the budget always sees between `ttl` and `ttl + ttl/10`
+/// of history.
+const SLOTS: usize = 11;
+const WINDOWS_PER_TTL: u32 = 10;
+
+/// What one retry costs, in budget units. Deposits are `retry_percent × UNIT`,
+/// so a percentage keeps six decimal places instead of being truncated to the
+/// reciprocal of a whole number (tower issue 857: tower's `TpsBudget` turns
+/// 0.6 into `1 / 0.6 as isize = 1`, i.e. 100 %).
+const UNIT: i64 = 1_000_000;
+
+/// Finagle's retry budget: retries may add `retry_percent` of the requests
+/// deposited in the last `ttl`, plus `min_per_sec` retries per second.
+///
+/// The defaults (`TpsBudget::default()`) are Finagle's and tower's: a 10 s
+/// ttl, a floor of 10 retries per second and 20 %.
+///
+/// Unlike tower's `TpsBudget` it has no fractional-percent truncation: 0.6
+/// allows 60 retries per 100 requests, not 100. And it takes no lock: the time
+/// window is rotated by whichever caller first wins a compare-and-swap on the
+/// window's generation, and deposits and withdrawals are single atomic adds.
+/// Under concurrent withdrawals the balance may go briefly negative by at most
+/// the number of callers racing (a check and a subtraction are not one step),
+/// the same tolerance tower's implementation has.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_budget::budget::{Budget, TpsBudget};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let budget = TpsBudget::new(Duration::from_secs(10), 0, 0.6).unwrap();
+/// for _ in 0..100 {
+///     budget.deposit();
+/// }
+/// let retries = (0..100).filter(|_| budget.withdraw()).count();
+/// assert_eq!(retries, 60);
+/// # }
+/// ```
+pub struct TpsBudget {
+    start: Instant,
+    window_nanos: u64,
+    /// The window index the writer currently accumulates.
+    generation: AtomicU64,
+    writer: AtomicI64,
+    slots: [AtomicI64; SLOTS],
+    reserve: i64,
+    deposit_amount: i64,
+    ttl: Duration,
+    min_per_sec: u32,
+    retry_percent: f64,
+}
+
+impl TpsBudget {
+    /// A budget over `ttl` (1–60 s) allowing `retry_percent` (0–1000, where
+    /// 0.2 is 20 %) of deposited requests as retries, plus `min_per_sec`
+    /// retries per second whatever the traffic. Errors name the field.
+    pub fn new(ttl: Duration, min_per_sec: u32, retry_percent: f64) -> Result<Self, ConfigError> {
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(60) {
+            return Err(ConfigError::new(
+                "ttl",
+                format!("{ttl:?} must be between 1s and 60s"),
+            ));
+        }
+        if !(retry_percent.is_finite() && (0.0..=1000.0).contains(&retry_percent)) {
+            return Err(ConfigError::new(
+                "retry_percent",
+                format!("{retry_percent} must be between 0 and 1000 (0.2 is 20 %)"),
+            ));
+        }
+        let reserve = (f64::from(min_per_sec) * ttl.as_secs_f64() * UNIT as f64) as i64;
+        let window_nanos = (ttl / WINDOWS_PER_TTL).as_nanos() as u64;
+        Ok(TpsBudget {
+            start: Instant::now(),
+            window_nanos,
+            generation: AtomicU64::new(0),
+            writer: AtomicI64::new(0),
+            slots: Default::default(),
+            reserve,
+            deposit_amount: (retry_percent * UNIT as f64).round() as i64,
+            ttl,
+            min_per_sec,
+            retry_percent,
+        })
+    }
+
+    /// The retries that could be withdrawn now (fractional).
+    pub fn available(&self) -> f64 {
+        self.rotate();
+        self.balance() as f64 / UNIT as f64
+    }
+
+    /// The time window.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The floor, in retries per second.
+    pub fn min_per_sec(&self) -> u32 {
+        self.min_per_sec
+    }
+
+    /// The fraction of requests that may be retried (0.2 is 20 %).
+    pub fn retry_percent(&self) -> f64 {
+        self.retry_percent
+    }
+
+    fn current_generation(&self) -> u64 {
+        let elapsed = Instant::now().saturating_duration_since(self.start);
+        (elapsed.as_nanos() / u128::from(self.window_nanos)) as u64
+    }
+
+    /// Moves the writer's total into the ring when a window has passed.
+    /// Exactly one caller wins the compare-and-swap and rotates; the others go
+    /// on writing into `writer`, which is at worst attributed to the
+    /// neighbouring window.
+    fn rotate(&self) {
+        let now = self.current_generation();
+        let mut seen = self.generation.load(Ordering::Acquire);
+        loop {
+            if now <= seen {
+                return;
+            }
+            match self.generation.compare_exchange_weak(
+                seen,
+                now,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => seen = actual,
+            }
+        }
+        let committed = self.writer.swap(0, Ordering::AcqRel);
+        let passed = now - seen;
+        if passed < SLOTS as u64 {
+            self.slots[(seen % SLOTS as u64) as usize].store(committed, Ordering::Release);
+            for generation in seen + 1..=now {
+                self.slots[(generation % SLOTS as u64) as usize].store(0, Ordering::Release);
+            }
+        } else {
+            for slot in &self.slots {
+                slot.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    fn balance(&self) -> i64 {
+        self.slots
+            .iter()
+            .map(|slot| slot.load(Ordering::Acquire))
+            .fold(self.writer.load(Ordering::Acquire), i64::saturating_add)
+            .saturating_add(self.reserve)
+    }
+}
+
+impl Budget for TpsBudget {
+    fn deposit(&self) {
+        self.rotate();
+        self.writer.fetch_add(self.deposit_amount, Ordering::AcqRel);
+    }
+
+    fn withdraw(&self) -> bool {
+        self.rotate();
+        if self.balance() >= UNIT {
+            self.writer.fetch_sub(UNIT, Ordering::AcqRel);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Default for TpsBudget {
+    /// 10 s ttl, 10 retries per second, 20 %.
+    fn default() -> Self {
+        TpsBudget::new(Duration::from_secs(10), 10, 0.2).expect("valid defaults")
+    }
+}
+
+impl fmt::Debug for TpsBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TpsBudget")
+            .field("ttl", &self.ttl)
+            .field("min_per_sec", &self.min_per_sec)
+            .field("retry_percent", &self.retry_percent)
+            .field("balance", &(self.balance() as f64 / UNIT as f64))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time;
+
+    fn withdrawals(budget: &impl Budget, max: usize) -> usize {
+        (0..max).take_while(|_| budget.withdraw()).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fractional_percent_is_honoured_not_truncated() {
+        for (percent, expected) in [(0.6, 600), (0.006, 6), (1.5, 1500), (0.2, 200), (0.0, 0)] {
+            let ours = TpsBudget::new(Duration::from_secs(10), 0, percent).unwrap();
+            for _ in 0..1000 {
+                ours.deposit();
+            }
+            assert_eq!(withdrawals(&ours, 5000), expected, "percent {percent}");
+        }
+    }
+
+    /// The same experiment against tower's `TpsBudget` shows issue 857: 0.6
+    /// behaves as 1.0 there.
+    #[tokio::test(start_paused = true)]
+    async fn towers_budget_truncates_where_ours_does_not() {
+        let towers = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 0, 0.6);
+        let ours = TpsBudget::new(Duration::from_secs(10), 0, 0.6).unwrap();
+        for _ in 0..1000 {
+            towers.deposit();
+            ours.deposit();
+        }
+        assert_eq!(withdrawals(&towers, 5000), 1000);
+        assert_eq!(withdrawals(&ours, 5000), 600);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn floor_allows_min_per_sec_times_ttl() {
+        let budget = TpsBudget::new(Duration::from_secs(2), 5, 0.2).unwrap();
+        assert_eq!(withdrawals(&budget, 100), 10);
+        // Withdrawals are paid back once they leave the window.
+        time::advance(Duration::from_millis(2300)).await;
+        assert_eq!(withdrawals(&budget, 100), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deposits_expire_after_ttl() {
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        budget.deposit();
+        budget.deposit();
+        time::advance(Duration::from_millis(900)).await;
+        assert!(budget.withdraw(), "900 ms later the deposits still count");
+        time::advance(Duration::from_millis(1200)).await;
+        assert!(!budget.withdraw(), "past the ttl they are gone");
+        budget.deposit();
+        time::advance(Duration::from_secs(30)).await;
+        assert!(!budget.withdraw(), "a long gap clears every slot");
+    }
+
+    #[test]
+    fn invalid_settings_name_the_field() {
+        let ttl = TpsBudget::new(Duration::from_millis(500), 1, 0.2).unwrap_err();
+        assert_eq!(ttl.field(), "ttl");
+        let pct = TpsBudget::new(Duration::from_secs(10), 1, -0.1).unwrap_err();
+        assert_eq!(pct.field(), "retry_percent");
+        let nan = TpsBudget::new(Duration::from_secs(10), 1, f64::NAN).unwrap_err();
+        assert_eq!(nan.field(), "retry_percent");
+    }
+
+    #[test]
+    fn concurrent_use_loses_no_deposit() {
+        let budget = std::sync::Arc::new(TpsBudget::new(Duration::from_secs(60), 0, 1.0).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let budget = budget.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        budget.deposit();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(budget.available().round() as i64, 40_000);
+    }
+}

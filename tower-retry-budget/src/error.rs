@@ -1,0 +1,294 @@
+//! Error types.
+//!
+//! The retry layer's error type is [`BoxError`](tower_classify::BoxError), like
+//! every tower middleware that can fail on its own. When it gives up it usually
+//! returns the last attempt's own result unchanged (the response, or the inner
+//! service's error). It returns one of the errors here only when it ends the
+//! loop for a reason of its own; downcast to tell them apart:
+//!
+//! ```
+//! # use tower_classify::BoxError;
+//! use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
+//!
+//! fn describe(err: &BoxError) -> &'static str {
+//!     if err.is::<BudgetExhausted>() {
+//!         "retry budget spent: the dependency is failing for many callers"
+//!     } else if err.is::<WaitTooLong>() {
+//!         "the server asked us to come back much later"
+//!     } else if err.is::<DeadlineExceeded>() {
+//!         "out of time"
+//!     } else {
+//!         "the last attempt's own error"
+//!     }
+//! }
+//! # let _ = describe;
+//! ```
+//!
+//! # What other layers see
+//!
+//! Each error returns a [`Classified`] from [`Error::source`], so a circuit
+//! breaker or dead-letter layer *outside* the retry layer classifies it through
+//! `tower-classify` without depending on this crate:
+//!
+//! | error | kind | hint |
+//! |---|---|---|
+//! | [`BudgetExhausted`] | the last failure's kind (e.g. `server_error`) | `DoNotRetry` |
+//! | [`WaitTooLong`] | the last failure's kind (e.g. `rate_limited`) | `DoNotRetry` |
+//! | [`DeadlineExceeded`] | `timeout` | `DoNotRetry` |
+//!
+//! A retry that gave up because the budget is spent is **not** `Shed`: the
+//! budget ran out *because the dependency kept failing*, so a breaker outside
+//! should count it as the failure it is. `Shed` would tell the breaker "this
+//! says nothing about the dependency", and a breaker outside a retry layer
+//! would then never open during exactly the outage the budget detected. The
+//! `DoNotRetry` hint is what keeps an outer retry layer from retrying it (the
+//! retry storm the budget exists to prevent). The original error, if the last
+//! attempt ended in one, is the `Classified`'s own source.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+use tower_classify::duration::format_duration;
+use tower_classify::{BoxError, Classified, Failure, RetryHint};
+
+fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) -> Classified {
+    let classified = Classified::new(failure.with_hint(RetryHint::DoNotRetry), message);
+    match cause {
+        Some(cause) => classified.with_source(cause),
+        None => classified,
+    }
+}
+
+/// The retry budget was spent: the layer returned at once instead of retrying.
+#[derive(Debug)]
+pub struct BudgetExhausted {
+    attempts: u32,
+    classified: Classified,
+}
+
+impl BudgetExhausted {
+    pub(crate) fn new(attempts: u32, last: Failure, cause: Option<BoxError>) -> Self {
+        BudgetExhausted {
+            attempts,
+            classified: given_up(last, "retry budget exhausted", cause),
+        }
+    }
+
+    /// The attempts made before giving up.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
+    pub fn last_failure(&self) -> Failure {
+        self.classified.failure()
+    }
+}
+
+impl fmt::Display for BudgetExhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "retry budget exhausted after {} attempt{} ({})",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.last_failure().kind
+        )
+    }
+}
+
+impl Error for BudgetExhausted {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
+/// Why a wait was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitLimit {
+    /// The wait is longer than `max_wait`.
+    MaxWait,
+    /// The wait would end past the loop's deadline.
+    Deadline,
+}
+
+/// The server asked for a wait (`Retry-After`, gRPC pushback, a response rule)
+/// longer than `max_wait` or past the deadline: the layer returned at once
+/// rather than sleep.
+#[derive(Debug)]
+pub struct WaitTooLong {
+    wait: Duration,
+    limit: Duration,
+    reason: WaitLimit,
+    attempts: u32,
+    classified: Classified,
+}
+
+impl WaitTooLong {
+    pub(crate) fn new(
+        wait: Duration,
+        limit: Duration,
+        reason: WaitLimit,
+        attempts: u32,
+        last: Failure,
+        cause: Option<BoxError>,
+    ) -> Self {
+        WaitTooLong {
+            wait,
+            limit,
+            reason,
+            attempts,
+            classified: given_up(last, "server asked for a wait that is too long", cause),
+        }
+    }
+
+    /// The wait the server asked for.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The limit it broke: `max_wait`, or the time left before the deadline.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// Which limit it broke.
+    pub fn reason(&self) -> WaitLimit {
+        self.reason
+    }
+
+    /// The attempts made before giving up.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
+    pub fn last_failure(&self) -> Failure {
+        self.classified.failure()
+    }
+}
+
+impl fmt::Display for WaitTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wait = format_duration(self.wait);
+        let limit = format_duration(self.limit);
+        match self.reason {
+            WaitLimit::MaxWait => write!(
+                f,
+                "server asked to wait {wait}, longer than max_wait {limit}"
+            ),
+            WaitLimit::Deadline => write!(
+                f,
+                "server asked to wait {wait}, but only {limit} is left before the retry deadline"
+            ),
+        }
+    }
+}
+
+impl Error for WaitTooLong {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
+/// The deadline for the whole loop passed while an attempt was in flight or
+/// the service was not yet ready for the next one.
+#[derive(Debug)]
+pub struct DeadlineExceeded {
+    deadline: Duration,
+    attempts: u32,
+    classified: Classified,
+}
+
+impl DeadlineExceeded {
+    pub(crate) fn new(deadline: Duration, attempts: u32) -> Self {
+        DeadlineExceeded {
+            deadline,
+            attempts,
+            classified: given_up(
+                Failure::new(tower_classify::FailureKind::Timeout),
+                "retry deadline exceeded",
+                None,
+            ),
+        }
+    }
+
+    /// The deadline, measured from the first attempt.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The attempts started, including the one cut short.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+}
+
+impl fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "retry deadline of {} exceeded after {} attempt{}",
+            format_duration(self.deadline),
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" }
+        )
+    }
+}
+
+impl Error for DeadlineExceeded {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_classify::{ErrorChainClassifier, FailureKind};
+
+    #[test]
+    fn outer_layers_see_the_last_failure_not_shed_and_do_not_retry() {
+        let cause: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+        let err = BudgetExhausted::new(2, Failure::new(FailureKind::Connection), Some(cause));
+        let outcome = ErrorChainClassifier::new().classify_error(&err);
+        let failure = outcome.as_failure().unwrap();
+        assert_eq!(failure.kind, FailureKind::Connection);
+        assert_eq!(failure.hint, Some(RetryHint::DoNotRetry));
+        assert!(!outcome.is_retryable());
+        assert!(err
+            .source()
+            .unwrap()
+            .source()
+            .unwrap()
+            .is::<std::io::Error>());
+        assert_eq!(
+            err.to_string(),
+            "retry budget exhausted after 2 attempts (connection)"
+        );
+    }
+
+    #[test]
+    fn wait_too_long_names_the_wait() {
+        let err = WaitTooLong::new(
+            Duration::from_secs(7200),
+            Duration::from_secs(3600),
+            WaitLimit::MaxWait,
+            1,
+            Failure::new(FailureKind::RateLimited),
+            None,
+        );
+        assert_eq!(
+            err.to_string(),
+            "server asked to wait 2h, longer than max_wait 1h"
+        );
+        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3);
+        assert_eq!(
+            deadline.to_string(),
+            "retry deadline of 4s exceeded after 3 attempts"
+        );
+        let outcome = ErrorChainClassifier::new().classify_error(&deadline);
+        assert_eq!(outcome.as_failure().unwrap().kind, FailureKind::Timeout);
+    }
+}

@@ -1,0 +1,439 @@
+//! Future types
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, Timeout};
+use tower_classify::duration::format_duration;
+use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome, RetryHint};
+use tower_service::Service;
+
+use crate::backoff::BackoffIter;
+use crate::error::{BudgetExhausted, DeadlineExceeded, WaitLimit, WaitTooLong};
+use crate::policy::{is_shed, Policy, RetryEvent};
+use crate::replay::Replay;
+
+pin_project! {
+    /// The response future of [`Retry`](crate::Retry).
+    ///
+    /// Dropping it drops the attempt in flight and any pending sleep at once:
+    /// nothing keeps running, no task is spawned and no timer stays registered.
+    pub struct ResponseFuture<S, Req, C, R>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        service: S,
+        // The copy to send as the next attempt, made before the previous one
+        // consumed its request; `None` when no further attempt may be made.
+        replay: Option<Req>,
+        policy: Arc<Policy<C, R>>,
+        attempts: u32,
+        deadline: Option<Instant>,
+        // Created on the first retry: the success path needs no random
+        // generator and no timer.
+        backoff: Option<BackoffIter>,
+        sleep: Option<Pin<Box<Sleep>>>,
+        waited_for_shed: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt without a time limit.
+        Called { #[pin] future: F },
+        // An attempt bounded by the attempt timeout or the loop deadline,
+        // whichever comes first (`by_deadline` says which).
+        Limited { #[pin] future: Timeout<F>, by_deadline: bool },
+        // Sleeping before the next attempt (`sleep` holds the timer).
+        Waiting,
+        // Driving the service ready for the next attempt.
+        Readying,
+        Done,
+    }
+}
+
+const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// How an attempt ended, before the error is boxed.
+enum AttemptError<E> {
+    Inner(E),
+    TimedOut,
+}
+
+impl<E: Into<BoxError>> AttemptError<E> {
+    fn into_box(self) -> BoxError {
+        match self {
+            AttemptError::Inner(err) => err.into(),
+            AttemptError::TimedOut => Box::new(tower::timeout::error::Elapsed::new()),
+        }
+    }
+}
+
+/// What to do with an attempt's result.
+enum Decision {
+    /// Hand the result back as it is.
+    Return,
+    /// Sleep this long, then make the next attempt.
+    Retry(Duration),
+    /// Stop with [`BudgetExhausted`].
+    Budget(Failure),
+    /// Stop with [`WaitTooLong`].
+    TooLong {
+        wait: Duration,
+        limit: Duration,
+        reason: WaitLimit,
+        failure: Failure,
+    },
+}
+
+fn give_up(reason: &'static str, attempts: u32, failure: &Failure) {
+    metrics::counter!("tower_retry_giveups_total", "reason" => reason).increment(1);
+    tracing::info!(
+        attempts,
+        class = failure.kind.as_str(),
+        reason,
+        "giving up retrying"
+    );
+}
+
+fn start<F: Future>(
+    future: F,
+    attempt_timeout: Option<Duration>,
+    deadline: Option<Instant>,
+) -> State<F> {
+    let attempt_end = attempt_timeout.and_then(|t| Instant::now().checked_add(t));
+    match (attempt_end, deadline) {
+        (None, None) => State::Called { future },
+        (Some(end), Some(deadline)) if deadline <= end => State::Limited {
+            future: tokio::time::timeout_at(deadline, future),
+            by_deadline: true,
+        },
+        (Some(end), _) => State::Limited {
+            future: tokio::time::timeout_at(end, future),
+            by_deadline: false,
+        },
+        (None, Some(deadline)) => State::Limited {
+            future: tokio::time::timeout_at(deadline, future),
+            by_deadline: true,
+        },
+    }
+}
+
+impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn new(
+        future: S::Future,
+        service: S,
+        replay: Option<Req>,
+        policy: Arc<Policy<C, R>>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        ResponseFuture {
+            state: start(future, policy.attempt_timeout, deadline),
+            service,
+            replay,
+            policy,
+            attempts: 1,
+            deadline,
+            backoff: None,
+            sleep: None,
+            waited_for_shed: false,
+        }
+    }
+}
+
+impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+{
+    fn deadline_exceeded(policy: &Policy<C, R>, attempts: u32) -> BoxError {
+        let deadline = policy.deadline.unwrap_or_default();
+        metrics::counter!("tower_retry_giveups_total", "reason" => "deadline").increment(1);
+        tracing::info!(attempts, deadline = %format_duration(deadline), "retry deadline exceeded");
+        Box::new(DeadlineExceeded::new(deadline, attempts))
+    }
+}
+
+/// Decides what follows an attempt. Free of the future's pinning so it reads
+/// as the policy it is.
+#[allow(clippy::too_many_arguments)]
+fn decide<C, R>(
+    policy: &Policy<C, R>,
+    outcome: Outcome,
+    attempts: u32,
+    replayable: bool,
+    deadline: Option<Instant>,
+    backoff: &mut Option<BackoffIter>,
+    waited_for_shed: &mut bool,
+) -> Decision {
+    let failure = match outcome {
+        Outcome::Failure(failure) => failure,
+        Outcome::Success | Outcome::Ignored => return Decision::Return,
+    };
+    // A load-shedding refusal below us (a breaker's open circuit): never
+    // retried at once; its hint may be waited out once.
+    let shed = is_shed(failure.kind);
+    if shed {
+        let fits = match failure.hint {
+            Some(RetryHint::After(wait)) if !*waited_for_shed && wait <= policy.max_wait => {
+                deadline.is_none_or(|d| Instant::now().checked_add(wait).is_some_and(|end| end < d))
+            }
+            _ => false,
+        };
+        if !fits {
+            give_up("shed", attempts, &failure);
+            return Decision::Return;
+        }
+    } else if !policy.retry_if.allows(&failure) {
+        return Decision::Return;
+    }
+    if attempts > policy.max_retries {
+        give_up("attempts", attempts, &failure);
+        return Decision::Return;
+    }
+    if !replayable {
+        tracing::debug!(
+            attempts,
+            class = failure.kind.as_str(),
+            "request cannot be replayed; not retrying"
+        );
+        return Decision::Return;
+    }
+    let computed = backoff
+        .get_or_insert_with(|| policy.backoff.iter())
+        .next()
+        .unwrap_or_default();
+    let hinted = failure.retry_after();
+    let wait = hinted.unwrap_or(computed);
+    if let Some(wait) = hinted {
+        if wait > policy.max_wait {
+            give_up("wait_too_long", attempts, &failure);
+            return Decision::TooLong {
+                wait,
+                limit: policy.max_wait,
+                reason: WaitLimit::MaxWait,
+                failure,
+            };
+        }
+    }
+    if let Some(deadline) = deadline {
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        if wait >= left {
+            if hinted.is_some() && !shed {
+                give_up("wait_too_long", attempts, &failure);
+                return Decision::TooLong {
+                    wait,
+                    limit: left,
+                    reason: WaitLimit::Deadline,
+                    failure,
+                };
+            }
+            // A computed sleep that would cross the deadline is not started.
+            give_up("deadline", attempts, &failure);
+            return Decision::Return;
+        }
+    }
+    if let Some(budget) = &policy.budget {
+        if !budget.withdraw() {
+            metrics::counter!("tower_retry_budget_exhausted_total").increment(1);
+            give_up("budget", attempts, &failure);
+            return Decision::Budget(failure);
+        }
+    }
+    if shed {
+        *waited_for_shed = true;
+    }
+    Decision::Retry(wait)
+}
+
+impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+    R: Replay<Req>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let result = match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    ready!(future.poll(cx)).map_err(AttemptError::Inner)
+                }
+                StateProj::Limited {
+                    future,
+                    by_deadline,
+                } => match ready!(future.poll(cx)) {
+                    Ok(result) => result.map_err(AttemptError::Inner),
+                    Err(_) if *by_deadline => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(Self::deadline_exceeded(
+                            this.policy,
+                            *this.attempts,
+                        )));
+                    }
+                    Err(_) => Err(AttemptError::TimedOut),
+                },
+                StateProj::Waiting => {
+                    let sleep = this.sleep.as_mut().expect("a sleep is set while waiting");
+                    ready!(sleep.as_mut().poll(cx));
+                    // The same timer now guards readiness against the deadline.
+                    if let Some(deadline) = *this.deadline {
+                        sleep.as_mut().reset(deadline);
+                    }
+                    this.state.set(State::Readying);
+                    continue;
+                }
+                StateProj::Readying => {
+                    match this.service.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(err)) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(err.into()));
+                        }
+                        Poll::Pending => {
+                            if this.deadline.is_some() {
+                                if let Some(sleep) = this.sleep.as_mut() {
+                                    if sleep.as_mut().poll(cx).is_ready() {
+                                        this.state.set(State::Done);
+                                        return Poll::Ready(Err(Self::deadline_exceeded(
+                                            this.policy,
+                                            *this.attempts,
+                                        )));
+                                    }
+                                }
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                    let request = this
+                        .replay
+                        .take()
+                        .expect("a replay is made before every retry");
+                    *this.attempts += 1;
+                    // The copy for the retry after this one, before `call`
+                    // consumes the request.
+                    if *this.attempts <= this.policy.max_retries {
+                        *this.replay = this.policy.replay.replay(&request, *this.attempts);
+                    }
+                    let future = this.service.call(request);
+                    this.state
+                        .set(start(future, this.policy.attempt_timeout, *this.deadline));
+                    continue;
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+
+            let outcome = match &result {
+                Ok(response) => this.policy.classifier.classify(Ok(response)),
+                Err(AttemptError::Inner(err)) => this.policy.classifier.classify(Err(err)),
+                Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
+            };
+            let decision = decide(
+                this.policy,
+                outcome,
+                *this.attempts,
+                this.replay.is_some(),
+                *this.deadline,
+                this.backoff,
+                this.waited_for_shed,
+            );
+            let attempts = *this.attempts;
+            match decision {
+                Decision::Return => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(result.map_err(AttemptError::into_box));
+                }
+                Decision::Budget(failure) => {
+                    this.state.set(State::Done);
+                    let cause = result.err().map(AttemptError::into_box);
+                    return Poll::Ready(Err(Box::new(BudgetExhausted::new(
+                        attempts, failure, cause,
+                    ))));
+                }
+                Decision::TooLong {
+                    wait,
+                    limit,
+                    reason,
+                    failure,
+                } => {
+                    this.state.set(State::Done);
+                    let cause = result.err().map(AttemptError::into_box);
+                    return Poll::Ready(Err(Box::new(WaitTooLong::new(
+                        wait, limit, reason, attempts, failure, cause,
+                    ))));
+                }
+                Decision::Retry(wait) => {
+                    let failure = outcome
+                        .as_failure()
+                        .copied()
+                        .unwrap_or(Failure::new(FailureKind::ServerError));
+                    let event = RetryEvent {
+                        attempt: attempts + 1,
+                        failure,
+                        wait,
+                    };
+                    metrics::counter!("tower_retry_retries_total", "class" => failure.kind.as_str())
+                        .increment(1);
+                    metrics::histogram!("tower_retry_sleep_seconds").record(wait.as_secs_f64());
+                    tracing::debug!(
+                        attempt = event.attempt,
+                        class = failure.kind.as_str(),
+                        wait = %format_duration(wait),
+                        "retrying"
+                    );
+                    if let Some(on_retry) = &this.policy.on_retry {
+                        on_retry(&event);
+                    }
+                    // The failed result is dropped here; the sleep starts now.
+                    drop(result);
+                    // No sleep: go straight to readiness, with the timer
+                    // (if any) guarding the deadline.
+                    let timer_end = if wait.is_zero() {
+                        *this.deadline
+                    } else {
+                        // A wait past the end of `Instant` is as good as forever.
+                        let now = Instant::now();
+                        Some(now.checked_add(wait).unwrap_or_else(|| now + FOREVER))
+                    };
+                    if let Some(end) = timer_end {
+                        match this.sleep.as_mut() {
+                            Some(sleep) => sleep.as_mut().reset(end),
+                            None => *this.sleep = Some(Box::pin(tokio::time::sleep_until(end))),
+                        }
+                    }
+                    if wait.is_zero() {
+                        this.state.set(State::Readying);
+                    } else {
+                        this.state.set(State::Waiting);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("attempts", &self.attempts)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}

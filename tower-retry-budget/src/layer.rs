@@ -1,0 +1,399 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_classify::{ConfigError, ErrorChainClassifier, Failure, RetryOn};
+use tower_layer::Layer;
+
+use crate::backoff::Backoff;
+use crate::budget::{Budget, TpsBudget};
+use crate::policy::{OnRetry, Policy, RetryEvent, RetryIf};
+use crate::replay::CloneRequest;
+use crate::service::Retry;
+
+/// The most retries a policy may ask for (seed 000: "values above 16 are refused").
+pub const MAX_RETRIES_LIMIT: u32 = 16;
+
+/// Retries failed calls of the service it wraps; see the [crate docs](crate).
+///
+/// Built by [`RetryLayer::builder`], [`RetryLayer::http`] or a
+/// [preset](crate::policy). All settings, the classifier and the retry budget
+/// live behind one `Arc`: every clone of the layer and every service it makes
+/// share them, so the budget counts the traffic of all of them together.
+pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest> {
+    policy: Arc<Policy<C, R>>,
+}
+
+impl<C, R> Clone for RetryLayer<C, R> {
+    fn clone(&self) -> Self {
+        RetryLayer {
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryLayer<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl RetryLayer {
+    /// A builder for any `Clone` request, classifying errors by their chain
+    /// ([`ErrorChainClassifier`]: timeouts and I/O errors are transient; any
+    /// response is a success).
+    pub fn builder() -> RetryBuilder<ErrorChainClassifier, CloneRequest> {
+        RetryBuilder::new(ErrorChainClassifier::new(), CloneRequest)
+    }
+}
+
+#[cfg(feature = "http")]
+impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
+    /// A builder for `http::Request`s: the [`HttpClassifier`](tower_classify::HttpClassifier)
+    /// (5xx, 429, 408, `Retry-After`, connection errors and timeouts) and
+    /// [`HttpReplay`](crate::replay::HttpReplay) (idempotent methods only).
+    pub fn http() -> RetryBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
+        RetryBuilder::new(
+            tower_classify::HttpClassifier::new(),
+            crate::replay::HttpReplay::new(),
+        )
+    }
+}
+
+impl<C, R> RetryLayer<C, R> {
+    /// The maximum number of retries after the first attempt.
+    pub fn max_retries(&self) -> u32 {
+        self.policy.max_retries
+    }
+
+    /// The deadline for the whole loop, if any.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.policy.deadline
+    }
+
+    /// The per-attempt timeout, if any.
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        self.policy.attempt_timeout
+    }
+
+    /// The backoff.
+    pub fn backoff(&self) -> Backoff {
+        self.policy.backoff
+    }
+}
+
+impl<S, C, R> Layer<S> for RetryLayer<C, R> {
+    type Service = Retry<S, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Retry::from_policy(inner, Arc::clone(&self.policy))
+    }
+}
+
+#[derive(Clone)]
+enum Attempts {
+    Retries(u32),
+    Total(u32),
+}
+
+#[derive(Clone)]
+enum Deadline {
+    None,
+    Fixed(Duration),
+    /// Seed 000: `timeout × (max_retries + 1)`, resolved in `build`.
+    FromAttemptTimeout(Duration),
+}
+
+#[derive(Clone)]
+enum BudgetChoice {
+    Default,
+    None,
+    Shared(Arc<dyn Budget + Send + Sync>),
+}
+
+/// Builds a [`RetryLayer`]. Every setting has a documented default;
+/// [`build`](Self::build) checks them and names the field it refuses.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_retries`](Self::max_retries) | 3 |
+/// | [`backoff`](Self::backoff) | exponential, 1 s, ×2, at most 60 s, full jitter |
+/// | [`deadline`](Self::deadline) | none |
+/// | [`attempt_timeout`](Self::attempt_timeout) | none |
+/// | [`max_wait`](Self::max_wait) | 1 h |
+/// | [`retry_on`](Self::retry_on) | all transient classes |
+/// | [`budget`](Self::budget) | a [`TpsBudget::default`] (10 s, 10/s, 20 %) per `build` |
+pub struct RetryBuilder<C, R> {
+    classifier: C,
+    replay: R,
+    attempts: Attempts,
+    backoff: Backoff,
+    deadline: Deadline,
+    attempt_timeout: Option<Duration>,
+    max_wait: Duration,
+    retry_if: RetryIf,
+    budget: BudgetChoice,
+    on_retry: Option<OnRetry>,
+}
+
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBuilder")
+            .field("classifier", &self.classifier)
+            .field("replay", &self.replay)
+            .field("backoff", &self.backoff)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("max_wait", &self.max_wait)
+            .field("retry_if", &self.retry_if)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, R> RetryBuilder<C, R> {
+    /// A builder with `classifier` and `replay` and the defaults above.
+    pub fn new(classifier: C, replay: R) -> Self {
+        RetryBuilder {
+            classifier,
+            replay,
+            attempts: Attempts::Retries(3),
+            backoff: Backoff::default(),
+            deadline: Deadline::None,
+            attempt_timeout: None,
+            max_wait: Duration::from_secs(3600),
+            retry_if: RetryIf::Classes(RetryOn::ALL),
+            budget: BudgetChoice::Default,
+            on_retry: None,
+        }
+    }
+
+    /// Uses `classifier` to decide what a result means.
+    pub fn classifier<C2>(self, classifier: C2) -> RetryBuilder<C2, R> {
+        RetryBuilder {
+            classifier,
+            replay: self.replay,
+            attempts: self.attempts,
+            backoff: self.backoff,
+            deadline: self.deadline,
+            attempt_timeout: self.attempt_timeout,
+            max_wait: self.max_wait,
+            retry_if: self.retry_if,
+            budget: self.budget,
+            on_retry: self.on_retry,
+        }
+    }
+
+    /// Uses `replay` to copy requests for retries.
+    pub fn replay<R2>(self, replay: R2) -> RetryBuilder<C, R2> {
+        RetryBuilder {
+            classifier: self.classifier,
+            replay,
+            attempts: self.attempts,
+            backoff: self.backoff,
+            deadline: self.deadline,
+            attempt_timeout: self.attempt_timeout,
+            max_wait: self.max_wait,
+            retry_if: self.retry_if,
+            budget: self.budget,
+            on_retry: self.on_retry,
+        }
+    }
+
+    /// Retries after the first attempt (0–16; default 3).
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.attempts = Attempts::Retries(retries);
+        self
+    }
+
+    /// Total attempts including the first (1–17; 1 = no retry). The same
+    /// setting as [`max_retries`](Self::max_retries), counted the other way.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = Attempts::Total(attempts);
+        self
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// One deadline for the whole loop, measured from the first attempt:
+    /// attempts and sleeps together never pass it. A sleep that would cross
+    /// it is not started; the last result is returned at once.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Deadline::Fixed(deadline);
+        self
+    }
+
+    /// A timeout for each attempt; an attempt that takes longer fails as a
+    /// [`Timeout`](tower_classify::FailureKind::Timeout) (a
+    /// `tower::timeout::error::Elapsed` error) and may be retried.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Seed 000's rule in one call: each attempt gets `timeout`, and the whole
+    /// loop gets `timeout × (max_retries + 1)`, backoff included.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_budget::RetryLayer;
+    ///
+    /// let layer = RetryLayer::builder()
+    ///     .max_retries(3)
+    ///     .deadline_from_timeout(Duration::from_secs(2))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.attempt_timeout(), Some(Duration::from_secs(2)));
+    /// assert_eq!(layer.deadline(), Some(Duration::from_secs(8)));
+    /// ```
+    pub fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self.deadline = Deadline::FromAttemptTimeout(timeout);
+        self
+    }
+
+    /// The longest server-requested wait the layer honours (default 1 h). A
+    /// longer `Retry-After` ends the loop at once with
+    /// [`WaitTooLong`](crate::error::WaitTooLong).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Retries only retryable failures of these classes (default: all four).
+    pub fn retry_on(mut self, classes: RetryOn) -> Self {
+        self.retry_if = RetryIf::Classes(classes);
+        self
+    }
+
+    /// Retries the failures `predicate` accepts, instead of the class set.
+    /// A [`DoNotRetry`](tower_classify::RetryHint::DoNotRetry) hint still wins.
+    pub fn retry_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&Failure) -> bool + Send + Sync + 'static,
+    {
+        self.retry_if = RetryIf::Predicate(Arc::new(predicate));
+        self
+    }
+
+    /// Limits retries with `budget`, shared by every clone of the layer.
+    pub fn budget<B>(mut self, budget: B) -> Self
+    where
+        B: Budget + Send + Sync + 'static,
+    {
+        self.budget = BudgetChoice::Shared(Arc::new(budget));
+        self
+    }
+
+    /// Limits retries with a budget shared with other layers.
+    pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.budget = BudgetChoice::Shared(budget);
+        self
+    }
+
+    /// No budget: only `max_retries` limits retries. Prefer a budget; see
+    /// [`budget`](crate::budget) for why.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = BudgetChoice::None;
+        self
+    }
+
+    /// Calls `callback` before every retry's sleep.
+    pub fn on_retry<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&RetryEvent) + Send + Sync + 'static,
+    {
+        self.on_retry = Some(Arc::new(callback));
+        self
+    }
+
+    fn resolve_retries(&self) -> Result<u32, ConfigError> {
+        match self.attempts {
+            Attempts::Retries(n) if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
+                "max_retries",
+                format!("{n} is above the limit of {MAX_RETRIES_LIMIT}"),
+            )),
+            Attempts::Retries(n) => Ok(n),
+            Attempts::Total(n) if n == 0 || n > MAX_RETRIES_LIMIT + 1 => Err(ConfigError::new(
+                "max_attempts",
+                format!(
+                    "{n} must be between 1 (no retry) and {}",
+                    MAX_RETRIES_LIMIT + 1
+                ),
+            )),
+            Attempts::Total(n) => Ok(n - 1),
+        }
+    }
+
+    fn resolve_deadline(&self, max_retries: u32) -> Result<Option<Duration>, ConfigError> {
+        if self.attempt_timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "attempt_timeout",
+                "must be more than zero",
+            ));
+        }
+        let deadline = match self.deadline {
+            Deadline::None => None,
+            Deadline::Fixed(d) => Some(d),
+            Deadline::FromAttemptTimeout(t) => Some(t.saturating_mul(max_retries + 1)),
+        };
+        if deadline == Some(Duration::ZERO) {
+            return Err(ConfigError::new("deadline", "must be more than zero"));
+        }
+        Ok(deadline)
+    }
+
+    /// Checks the settings as [`build`](Self::build) does, without building.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let max_retries = self.resolve_retries()?;
+        self.backoff.validate().map_err(|e| e.within("backoff"))?;
+        self.resolve_deadline(max_retries).map(drop)
+    }
+
+    /// Checks the settings and builds the layer. Errors name the field.
+    pub fn build(self) -> Result<RetryLayer<C, R>, ConfigError> {
+        let max_retries = self.resolve_retries()?;
+        self.backoff.validate().map_err(|e| e.within("backoff"))?;
+        let deadline = self.resolve_deadline(max_retries)?;
+        let budget = match self.budget {
+            BudgetChoice::Default => Some(Arc::new(TpsBudget::default()) as Arc<_>),
+            BudgetChoice::None => None,
+            BudgetChoice::Shared(budget) => Some(budget),
+        };
+        Ok(RetryLayer {
+            policy: Arc::new(Policy {
+                classifier: self.classifier,
+                replay: self.replay,
+                retry_if: self.retry_if,
+                max_retries,
+                backoff: self.backoff,
+                deadline,
+                attempt_timeout: self.attempt_timeout,
+                max_wait: self.max_wait,
+                budget,
+                on_retry: self.on_retry,
+            }),
+        })
+    }
+}
+
+#[cfg(feature = "http")]
+impl<C> RetryBuilder<C, crate::replay::HttpReplay> {
+    /// Retries POST and PATCH too (default `false`: they get exactly one
+    /// attempt unless they carry an `Idempotency-Key` header).
+    pub fn retry_non_idempotent(mut self, yes: bool) -> Self {
+        self.replay = self.replay.retry_non_idempotent(yes);
+        self
+    }
+
+    /// Marks each retry with `name: N`, N the attempts sent before it
+    /// (e.g. `grpc-previous-rpc-attempts`).
+    pub fn attempt_header(mut self, name: http::HeaderName) -> Self {
+        self.replay = self.replay.attempt_header(name);
+        self
+    }
+}

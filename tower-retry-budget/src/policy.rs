@@ -1,0 +1,169 @@
+//! What is retried, how often and for how long: the settings every clone of
+//! a [`RetryLayer`](crate::RetryLayer) shares, and the presets.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_classify::{Failure, FailureKind, RetryHint, RetryOn};
+
+use crate::backoff::Backoff;
+use crate::budget::Budget;
+
+/// One retry about to happen, as passed to an
+/// [`on_retry`](crate::RetryBuilder::on_retry) callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryEvent {
+    /// The attempt about to be made (2 for the first retry).
+    pub attempt: u32,
+    /// Why the previous attempt failed.
+    pub failure: Failure,
+    /// How long the layer sleeps before it.
+    pub wait: Duration,
+}
+
+/// Which failures are retried.
+#[derive(Clone)]
+pub(crate) enum RetryIf {
+    /// Retryable failures ([`Failure::is_retryable`]) of these classes.
+    Classes(RetryOn),
+    /// A caller's predicate; a `DoNotRetry` hint still wins.
+    Predicate(Arc<dyn Fn(&Failure) -> bool + Send + Sync>),
+}
+
+impl RetryIf {
+    pub(crate) fn allows(&self, failure: &Failure) -> bool {
+        if failure.hint == Some(RetryHint::DoNotRetry) {
+            return false;
+        }
+        match self {
+            RetryIf::Classes(classes) => failure.is_retryable() && classes.contains(failure.kind),
+            RetryIf::Predicate(predicate) => predicate(failure),
+        }
+    }
+}
+
+impl fmt::Debug for RetryIf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryIf::Classes(classes) => classes.fmt(f),
+            RetryIf::Predicate(_) => f.write_str("<predicate>"),
+        }
+    }
+}
+
+pub(crate) type OnRetry = Arc<dyn Fn(&RetryEvent) + Send + Sync>;
+
+/// The resolved settings, behind one `Arc` shared by every clone.
+pub(crate) struct Policy<C, R> {
+    pub(crate) classifier: C,
+    pub(crate) replay: R,
+    pub(crate) retry_if: RetryIf,
+    pub(crate) max_retries: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) max_wait: Duration,
+    pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
+    pub(crate) on_retry: Option<OnRetry>,
+}
+
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("classifier", &self.classifier)
+            .field("replay", &self.replay)
+            .field("retry_if", &self.retry_if)
+            .field("max_retries", &self.max_retries)
+            .field("backoff", &self.backoff)
+            .field("deadline", &self.deadline)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("max_wait", &self.max_wait)
+            .field("budget", &self.budget.is_some())
+            .field("on_retry", &self.on_retry.is_some())
+            .finish()
+    }
+}
+
+/// `true` for the kinds the layer may wait out once without a classifier's
+/// blessing: a local load-shedding refusal below the retry layer.
+pub(crate) fn is_shed(kind: FailureKind) -> bool {
+    kind == FailureKind::Shed
+}
+
+#[cfg(feature = "http")]
+pub use self::presets::{default_retry, default_retry_non_idempotent};
+
+#[cfg(feature = "http")]
+mod presets {
+    use std::time::Duration;
+
+    use http::StatusCode;
+    use tower_classify::http::StatusSet;
+    use tower_classify::{FailureKind, HttpClassifier, RetryOn};
+
+    use crate::backoff::{Backoff, Jitter};
+    use crate::layer::RetryBuilder;
+    use crate::replay::HttpReplay;
+
+    /// Google's HTTP backoff: 1 s, ×1.25, at most 60 s, no jitter.
+    const GOOGLE_BACKOFF: Backoff = Backoff::exponential(Duration::from_secs(1))
+        .with_multiplier(1.25)
+        .with_max_delay(Duration::from_secs(60))
+        .with_jitter(Jitter::None);
+
+    fn statuses(codes: &[StatusCode]) -> StatusSet {
+        codes.iter().copied().collect()
+    }
+
+    /// Google Cloud Workflows' `http.default_retry` (seed 001): HTTP 429, 502,
+    /// 503 and 504, connection errors and timeouts; 5 retries; backoff 1 s
+    /// initial, multiplier 1.25, at most 60 s.
+    ///
+    /// Idempotency rules stay on: POST and PATCH are retried only with an
+    /// `Idempotency-Key` header. Google's delays are stated without jitter, so
+    /// the preset has none; add it with `.backoff(...)` if many clients share
+    /// a dependency. Every setting can be changed before `build()`.
+    ///
+    /// ```
+    /// use tower_retry_budget::policy::default_retry;
+    /// let layer = default_retry().build().unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn default_retry() -> RetryBuilder<HttpClassifier, HttpReplay> {
+        let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::GATEWAY_TIMEOUT,
+        ]));
+        RetryBuilder::new(classifier, HttpReplay::new())
+            .max_retries(5)
+            .backoff(GOOGLE_BACKOFF)
+    }
+
+    /// Google Cloud Workflows' `http.default_retry_non_idempotent` (seed 001):
+    /// HTTP 429 and 503 and connection failures only (no timeouts: a timed-out
+    /// call may have been applied); 5 retries; the same backoff.
+    ///
+    /// This is the policy Google gives *non-idempotent* steps, so it retries
+    /// POST and PATCH too (`retry_non_idempotent(true)`): the failures it
+    /// retries are those where the server did not act on the request.
+    pub fn default_retry_non_idempotent() -> RetryBuilder<HttpClassifier, HttpReplay> {
+        let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ]));
+        let classes = RetryOn::new([
+            FailureKind::ServerError,
+            FailureKind::RateLimited,
+            FailureKind::Connection,
+        ])
+        .expect("a non-empty set of transient kinds");
+        RetryBuilder::new(classifier, HttpReplay::new().retry_non_idempotent(true))
+            .max_retries(5)
+            .backoff(GOOGLE_BACKOFF)
+            .retry_on(classes)
+    }
+}

@@ -1,0 +1,111 @@
+//! Which requests may be sent again, and how to copy them.
+//!
+//! A retry needs a second copy of the request, made before the first attempt
+//! consumes it. A [`Replay`] makes that copy, or refuses: a request it refuses
+//! gets exactly one attempt.
+//!
+//! - [`CloneRequest`] (the default): any `Req: Clone`, always replayable.
+//! - [`HttpReplay`] (feature `http`): `http::Request<B>` following
+//!   [`Idempotency`](tower_classify::http::Idempotency) (POST and PATCH only
+//!   with an `Idempotency-Key` header or `retry_non_idempotent(true)`), with a
+//!   body that can be copied ([`TryCloneBody`](crate::body::TryCloneBody):
+//!   buffered bodies, or [`ReplayBody`](crate::body::ReplayBody) for streaming
+//!   ones), optionally marking each retry with an attempt-number header.
+
+/// Makes the copy of a request that a retry sends.
+pub trait Replay<Req> {
+    /// A copy of `request` to send as attempt `previous_attempts + 1`, or
+    /// `None` when the request must not be sent again.
+    fn replay(&self, request: &Req, previous_attempts: u32) -> Option<Req>;
+}
+
+/// Replays any `Clone` request by cloning it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CloneRequest;
+
+impl<Req: Clone> Replay<Req> for CloneRequest {
+    #[inline]
+    fn replay(&self, request: &Req, _previous_attempts: u32) -> Option<Req> {
+        Some(request.clone())
+    }
+}
+
+#[cfg(feature = "http")]
+pub use self::http_replay::HttpReplay;
+
+#[cfg(feature = "http")]
+mod http_replay {
+    use http::{HeaderName, HeaderValue, Request};
+    use tower_classify::http::Idempotency;
+
+    use super::Replay;
+    use crate::body::TryCloneBody;
+
+    /// Replays `http::Request`s that are idempotent and whose body can be copied.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_retry_budget::replay::{HttpReplay, Replay};
+    ///
+    /// let replay = HttpReplay::new().attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"));
+    /// let get = Request::get("/").body(String::new()).unwrap();
+    /// let again = replay.replay(&get, 1).unwrap();
+    /// assert_eq!(again.headers()["grpc-previous-rpc-attempts"], "1");
+    ///
+    /// let post = Request::post("/").body(String::from("pay")).unwrap();
+    /// assert!(replay.replay(&post, 1).is_none(), "POST gets one attempt");
+    /// ```
+    #[derive(Debug, Clone, Default)]
+    pub struct HttpReplay {
+        idempotency: Idempotency,
+        attempt_header: Option<HeaderName>,
+    }
+
+    impl HttpReplay {
+        /// RFC 9110 idempotency, no attempt header.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Replays POST and PATCH too (default `false`). Only for endpoints
+        /// that deduplicate.
+        pub fn retry_non_idempotent(mut self, yes: bool) -> Self {
+            self.idempotency = self.idempotency.retry_non_idempotent(yes);
+            self
+        }
+
+        /// Uses `idempotency` to decide which requests may be replayed.
+        pub fn idempotency(mut self, idempotency: Idempotency) -> Self {
+            self.idempotency = idempotency;
+            self
+        }
+
+        /// Marks every retry with `name: N`, N being the number of attempts
+        /// sent before it (gRPC's `grpc-previous-rpc-attempts`), so servers
+        /// can tell retries from fresh load.
+        pub fn attempt_header(mut self, name: HeaderName) -> Self {
+            self.attempt_header = Some(name);
+            self
+        }
+    }
+
+    impl<B: TryCloneBody> Replay<Request<B>> for HttpReplay {
+        fn replay(&self, request: &Request<B>, previous_attempts: u32) -> Option<Request<B>> {
+            if !self.idempotency.is_idempotent(request) {
+                return None;
+            }
+            let body = request.body().try_clone_body()?;
+            let mut copy = Request::new(body);
+            *copy.method_mut() = request.method().clone();
+            *copy.uri_mut() = request.uri().clone();
+            *copy.version_mut() = request.version();
+            *copy.headers_mut() = request.headers().clone();
+            *copy.extensions_mut() = request.extensions().clone();
+            if let Some(name) = &self.attempt_header {
+                copy.headers_mut()
+                    .insert(name.clone(), HeaderValue::from(previous_attempts));
+            }
+            Some(copy)
+        }
+    }
+}

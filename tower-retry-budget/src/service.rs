@@ -1,0 +1,98 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower_classify::{BoxError, Classify};
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+use crate::policy::Policy;
+use crate::replay::Replay;
+
+/// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
+///
+/// Clones share the layer's settings and budget. Each call clones the inner
+/// service once, for the retries: the clone is driven ready again
+/// (`poll_ready`) before every retry, as the `Service` contract requires.
+pub struct Retry<S, C, R> {
+    inner: S,
+    policy: Arc<Policy<C, R>>,
+}
+
+impl<S, C, R> Retry<S, C, R> {
+    pub(crate) fn from_policy(inner: S, policy: Arc<Policy<C, R>>) -> Self {
+        Retry { inner, policy }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming `self`.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C, R> Clone for Retry<S, C, R> {
+    fn clone(&self) -> Self {
+        Retry {
+            inner: self.inner.clone(),
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: fmt::Debug, R: fmt::Debug> fmt::Debug for Retry<S, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+    R: Replay<Req>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, C, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let policy = &self.policy;
+        if let Some(budget) = &policy.budget {
+            budget.deposit();
+        }
+        // The copy for the first retry is made now: the call consumes `request`.
+        let replay = if policy.max_retries > 0 {
+            policy.replay.replay(&request, 1)
+        } else {
+            None
+        };
+        let deadline = policy
+            .deadline
+            .and_then(|deadline| Instant::now().checked_add(deadline));
+        // The service made ready by `poll_ready` takes this call and goes with
+        // the future for the retries; a fresh clone stays here.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let future = service.call(request);
+        ResponseFuture::new(future, service, replay, Arc::clone(policy), deadline)
+    }
+}
