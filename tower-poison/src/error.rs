@@ -1,0 +1,153 @@
+//! Error types
+
+use std::error::Error;
+use std::fmt;
+
+use tower_classify::{BoxError, Classified, FailureKind};
+
+use crate::action::Action;
+use crate::entry::EntryId;
+use crate::store::StoreError;
+
+/// The dead-letter store could not keep an entry, so the call fails with this
+/// error instead of losing the entry silently.
+///
+/// [`source`](Error::source) is the [`StoreError`]; the call's own error, when
+/// there was one, is kept in [`original`](Self::original). A queue consumer
+/// should *not* acknowledge a message whose call ended in this error: the
+/// message was neither processed nor dead-lettered.
+#[derive(Debug)]
+pub struct StoreFailed {
+    entry_id: EntryId,
+    store: StoreError,
+    original: Option<BoxError>,
+}
+
+impl StoreFailed {
+    pub(crate) fn new(entry_id: EntryId, store: StoreError, original: Option<BoxError>) -> Self {
+        StoreFailed {
+            entry_id,
+            store,
+            original,
+        }
+    }
+
+    /// The id of the entry that was not stored.
+    pub fn entry_id(&self) -> EntryId {
+        self.entry_id
+    }
+
+    /// The store's error.
+    pub fn store_error(&self) -> &StoreError {
+        &self.store
+    }
+
+    /// The call's own error, if the call failed with one (a response
+    /// classified as a failure has none).
+    pub fn original(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
+        self.original.as_deref()
+    }
+
+    /// Consumes `self`, returning the call's own error.
+    pub fn into_original(self) -> Option<BoxError> {
+        self.original
+    }
+}
+
+impl fmt::Display for StoreFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dead-letter store failed to keep entry {}",
+            self.entry_id
+        )?;
+        if let Some(original) = &self.original {
+            write!(f, " for a call that failed with: {original}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error for StoreFailed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.store)
+    }
+}
+
+/// A message that had already failed the poison limit was diverted: the inner
+/// service was not called.
+///
+/// What happened to it is [`action`](Self::action): with
+/// [`Action::Dlq`] it is in the store ([`entry_id`](Self::entry_id)), with
+/// [`Action::Drop`] it was discarded; either way a queue consumer should
+/// acknowledge it so the queue stops redelivering it. With [`Action::Fail`]
+/// nothing was kept, and the consumer decides.
+///
+/// Its [`source`](Error::source) is a [`Classified`] of kind
+/// [`Poison`](FailureKind::Poison), so classifiers in outer layers see a
+/// poison outcome and do not retry it.
+#[derive(Debug)]
+pub struct PoisonMessage {
+    message_id: String,
+    attempts: u32,
+    action: Action,
+    entry_id: Option<EntryId>,
+    classified: Classified,
+}
+
+impl PoisonMessage {
+    pub(crate) fn new(
+        message_id: String,
+        attempts: u32,
+        action: Action,
+        entry_id: Option<EntryId>,
+    ) -> Self {
+        PoisonMessage {
+            message_id,
+            attempts,
+            action,
+            entry_id,
+            classified: Classified::new(FailureKind::Poison, "poison message"),
+        }
+    }
+
+    /// The message's id.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// How many deliveries of it failed.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// What was done with it.
+    pub fn action(&self) -> Action {
+        self.action
+    }
+
+    /// The dead-letter entry, when it was stored.
+    pub fn entry_id(&self) -> Option<EntryId> {
+        self.entry_id
+    }
+}
+
+impl fmt::Display for PoisonMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "poison message {:?} diverted after {} failed deliveries",
+            self.message_id, self.attempts
+        )?;
+        match self.entry_id {
+            Some(id) => write!(f, " (dead-letter entry {id})"),
+            None => write!(f, " ({})", self.action),
+        }
+    }
+}
+
+impl Error for PoisonMessage {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}

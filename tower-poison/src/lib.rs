@@ -1,0 +1,161 @@
+//! Dead letters for tower: keep every call that finally failed, detect poison
+//! messages, and let an operator inspect, replay and purge them.
+//!
+//! A retry layer handles transient faults and a circuit breaker sustained
+//! outages, but some input will never succeed: a malformed payload, a deleted
+//! account, a decommissioned endpoint. Without a dead-letter queue those calls
+//! disappear, and nobody knows until a customer complains. [`DeadLetterLayer`]
+//! writes each of them to a [`DeadLetterStore`](store::DeadLetterStore) (by
+//! default a durable [`RedbStore`](store::RedbStore) file), with the request,
+//! the error chain, the failure kind and the attempt count, so it can be
+//! inspected and replayed once the cause is fixed.
+//!
+//! # What happens to a call
+//!
+//! The layer classifies each call's result with a
+//! [`Classify`](tower_classify::Classify) value (default
+//! [`HttpClassifier`](tower_classify::HttpClassifier)), the same one the retry
+//! and breaker layers of the family use:
+//!
+//! - success (or an ignored result): returned as is;
+//! - a failure: an entry is built (headers [redacted](Redactor), body up to a
+//!   limit) and the [`Action`] applies — [`Dlq`](Action::Dlq) stores it before
+//!   the call returns, [`Drop`](Action::Drop) counts it and logs it once per key,
+//!   [`Fail`](Action::Fail) stores nothing. The caller always gets the call's
+//!   own result back: the inner error unchanged (boxed), or the failing
+//!   response;
+//! - a store that cannot write turns the call into a [`StoreFailed`] error:
+//!   an entry is never lost silently.
+//!
+//! # Layer order
+//!
+//! Put the dead-letter layer *outermost*, outside the retry layer:
+//!
+//! ```text
+//! DeadLetter → CircuitBreaker → Retry → (per-attempt Timeout) → CountAttempts → service
+//! ```
+//!
+//! There it sees each call's *final* outcome: a transient failure the retry
+//! layer fixed never reaches the store, and one it gave up on is stored once,
+//! with the number of attempts made (counted by [`CountAttemptsLayer`] below
+//! the retry layer). A [`Poison`](tower_classify::FailureKind::Poison) failure
+//! is not retried, so it is stored on its first failure. The breaker sits
+//! inside, so its `CircuitOpen` refusals are dead-lettered too, as
+//! [`Shed`](tower_classify::FailureKind::Shed) entries that are worth
+//! replaying once the dependency is back.
+//!
+//! Inside the retry layer (`Retry → DeadLetter → service`) the layer would see
+//! every *attempt* and store a call once per failed try, including the tries a
+//! retry later fixed: use that order only when every failure must be audited.
+//!
+//! # Poison messages
+//!
+//! A queue consumer sees the same message again after a failure.
+//! [`PoisonPolicy`] counts failures per message id across deliveries; after
+//! `max_attempts` the next delivery goes to the store instead of the inner
+//! service, and the caller gets a [`PoisonMessage`] error telling it to
+//! acknowledge the message. [`describe_fn`] describes queue messages.
+//!
+//! # Operating the store
+//!
+//! From code: [`DeadLetterStore`](store::DeadLetterStore) (`list`, `get`,
+//! `remove`, `purge`, `depth`, `oldest_age`, `stats`) and [`replay`].
+//! From a shell, with the `cli` feature: the `tower-poison` binary
+//! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
+//!
+//! # Observability
+//!
+//! A `tracing` event per dead-lettered call (`warn`, with the entry id, label,
+//! kind and attempts); the `metrics` counter
+//! `tower_poison_dead_lettered_total{action, label}` and the gauge
+//! `tower_poison_dlq_depth{label}`.
+//!
+//! # Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
+//! use tower_poison::DeadLetterLayer;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = RedbStore::open(dir.path().join("dead-letters.redb")).unwrap();
+//!
+//! let mut service = ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(store.clone()).label("orders"))
+//!     .service_fn(|_request: Request<_>| async {
+//!         // The order service rejects this payload.
+//!         let response = Response::builder()
+//!             .status(StatusCode::UNPROCESSABLE_ENTITY)
+//!             .body(Bytes::new())
+//!             .unwrap();
+//!         Ok::<_, std::io::Error>(response)
+//!     });
+//!
+//! let request = Request::post("http://orders.internal/orders")
+//!     .header("authorization", "Bearer secret")
+//!     .body(Full::new(Bytes::from(r#"{"sku":42}"#)))
+//!     .unwrap();
+//! let response = service.ready().await.unwrap().call(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//!
+//! let page = store.list(ListQuery::new()).await.unwrap();
+//! let entry = &page.entries[0];
+//! assert_eq!(entry.label, "orders");
+//! assert_eq!(entry.body, r#"{"sku":42}"#);
+//! assert_eq!(entry.error, ["HTTP 422 Unprocessable Entity"]);
+//! assert_eq!(entry.headers[0].value, "[redacted]");
+//! # }
+//! ```
+//!
+//! # Features
+//!
+//! - `redb` (default): [`RedbStore`](store::RedbStore).
+//! - `cli`: the `tower-poison` operator binary (`clap`, a hyper client). It
+//!   is off by default so that services using the layer do not compile a
+//!   command-line parser and an HTTP client; install the tool with
+//!   `cargo install tower-poison --features cli`.
+
+#![warn(
+    missing_debug_implementations,
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod action;
+mod attempts;
+mod capture;
+mod entry;
+pub mod error;
+mod future;
+mod layer;
+mod poison;
+mod redact;
+mod service;
+
+pub mod replay;
+pub mod store;
+
+pub use self::action::Action;
+pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
+pub use self::capture::{
+    describe_fn, CaptureRequest, CapturedBody, DescribeFn, DescribeResponse, HttpCapture,
+    RequestRecord, DEFAULT_BODY_LIMIT,
+};
+pub use self::entry::{
+    error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, StoredHeader,
+};
+pub use self::error::{PoisonMessage, StoreFailed};
+pub use self::future::ResponseFuture;
+pub use self::layer::DeadLetterLayer;
+pub use self::poison::PoisonPolicy;
+pub use self::redact::{Redactor, REDACTED};
+pub use self::replay::replay;
+pub use self::service::DeadLetter;

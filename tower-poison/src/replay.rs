@@ -1,0 +1,213 @@
+//! Sending dead-letter entries through a service again.
+//!
+//! [`replay`] sends one entry: when the service succeeds (as the classifier
+//! sees it) the entry is removed; when it fails the entry stays, with its
+//! attempt count, last failure time, error and kind updated. [`http_request`]
+//! turns an HTTP entry back into a request for a given destination; the
+//! `tower-poison replay` command uses both.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{Method, Request, Uri};
+use http_body_util::Full;
+use tower_classify::{BoxError, Classify, FailureKind, Outcome};
+use tower_service::Service;
+
+use crate::entry::{error_chain, DeadLetterEntry, EntryId};
+use crate::redact::REDACTED;
+use crate::store::{DeadLetterStore, StoreError};
+
+/// What [`replay`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The service succeeded; the entry was removed.
+    Delivered,
+    /// The service failed again; the entry was kept and updated.
+    Failed {
+        /// The entry's attempt count now.
+        attempts: u32,
+        /// How the new failure was classified.
+        kind: FailureKind,
+        /// The new failure, in one line.
+        error: String,
+    },
+    /// There is no entry with that id.
+    NotFound,
+}
+
+/// A replay could not be carried out (as opposed to a replayed call that
+/// failed, which is [`ReplayOutcome::Failed`]).
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The store failed; the entry is unchanged.
+    Store(StoreError),
+    /// The entry cannot be turned into a request (a truncated body, an
+    /// unreadable method or URI).
+    Request(BoxError),
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Store(_) => f.write_str("dead-letter store failed during replay"),
+            ReplayError::Request(error) => write!(f, "entry cannot be replayed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplayError::Store(error) => Some(error),
+            ReplayError::Request(error) => Some(&**error),
+        }
+    }
+}
+
+impl From<StoreError> for ReplayError {
+    fn from(error: StoreError) -> Self {
+        ReplayError::Store(error)
+    }
+}
+
+/// Sends entry `id` through `service` once.
+///
+/// `to_request` builds the request from the entry (for HTTP,
+/// [`http_request`]); `classifier` decides whether the response is a success,
+/// exactly as in the layer. The service's errors are boxed before they are
+/// classified, so an [`HttpClassifier`](tower_classify::HttpClassifier) or
+/// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) works as is.
+///
+/// ```
+/// # tokio_test::block_on(async {
+/// use std::time::SystemTime;
+/// use tower_classify::ErrorChainClassifier;
+/// use tower_poison::replay::{replay, ReplayOutcome};
+/// use tower_poison::store::{DeadLetterStore, MemoryStore};
+/// # use tower_poison::{DeadLetterEntry, EntryId};
+/// # use tower_classify::FailureKind;
+/// # let now = SystemTime::now();
+/// # let entry = DeadLetterEntry {
+/// #     id: EntryId::generate(now), label: "jobs".into(), message_id: None, method: None,
+/// #     uri: None, headers: vec![], body: "payload".into(), body_truncated: false,
+/// #     error: vec!["boom".into()], kind: FailureKind::ServerError, attempts: 1,
+/// #     first_failed_at: now, last_failed_at: now,
+/// # };
+///
+/// let store = MemoryStore::new(100);
+/// let id = entry.id;
+/// store.put(entry).await.unwrap();
+///
+/// // The job handler works now: the entry is delivered and removed.
+/// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
+///     Ok::<_, std::io::Error>(body.len())
+/// });
+/// let outcome = replay(&store, id, &mut handler, &ErrorChainClassifier::new(), |entry| {
+///     Ok(entry.body.clone())
+/// })
+/// .await
+/// .unwrap();
+/// assert_eq!(outcome, ReplayOutcome::Delivered);
+/// assert_eq!(store.depth().await.unwrap(), 0);
+/// # });
+/// ```
+pub async fn replay<St, S, Req, C, F>(
+    store: &St,
+    id: EntryId,
+    service: &mut S,
+    classifier: &C,
+    to_request: F,
+) -> Result<ReplayOutcome, ReplayError>
+where
+    St: DeadLetterStore,
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, BoxError>,
+    F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
+{
+    let Some(mut entry) = store.get(id).await? else {
+        return Ok(ReplayOutcome::NotFound);
+    };
+    let request = to_request(&entry).map_err(ReplayError::Request)?;
+    let result = match poll_fn(|cx| service.poll_ready(cx)).await {
+        Ok(()) => service.call(request).await.map_err(Into::into),
+        Err(error) => Err(error.into()),
+    };
+    let failure = match classifier.classify(result.as_ref()) {
+        Outcome::Failure(failure) => failure,
+        Outcome::Success | Outcome::Ignored => {
+            store.remove(id).await?;
+            return Ok(ReplayOutcome::Delivered);
+        }
+    };
+    entry.attempts = entry.attempts.saturating_add(1);
+    entry.last_failed_at = SystemTime::now();
+    entry.kind = failure.kind;
+    entry.error = match &result {
+        Err(error) => error_chain(&**error),
+        Ok(_) => vec![format!("replay response classified as {}", failure.kind)],
+    };
+    let outcome = ReplayOutcome::Failed {
+        attempts: entry.attempts,
+        kind: entry.kind,
+        error: entry.error_text(),
+    };
+    store.put(entry).await?;
+    Ok(outcome)
+}
+
+/// Rebuilds an HTTP entry as a request to `destination`.
+///
+/// The request keeps the entry's method, path and query, headers and body;
+/// its scheme and authority come from `destination` (and a path there, other
+/// than `/`, is put in front of the entry's path). Redacted headers are
+/// *left out* rather than sent as `[redacted]`; add credentials with
+/// `extra_headers`. `Host`, `Content-Length`, `Transfer-Encoding` and
+/// `Connection` are left for the client to set.
+///
+/// An entry whose body was truncated is refused: sending part of a body would
+/// be a different request.
+pub fn http_request(
+    entry: &DeadLetterEntry,
+    destination: &Uri,
+    extra_headers: &[(HeaderName, HeaderValue)],
+) -> Result<Request<Full<Bytes>>, BoxError> {
+    if entry.body_truncated {
+        return Err(format!(
+            "entry {} has a truncated body ({} bytes kept)",
+            entry.id,
+            entry.body.len()
+        )
+        .into());
+    }
+    let method = match &entry.method {
+        Some(method) => Method::from_bytes(method.as_bytes())?,
+        None => Method::POST,
+    };
+    let original: Uri = entry.uri.as_deref().unwrap_or("/").parse()?;
+    let path_and_query = original.path_and_query().map_or("/", |pq| pq.as_str());
+    let prefix = destination.path().trim_end_matches('/');
+    let mut parts = destination.clone().into_parts();
+    parts.path_and_query = Some(format!("{prefix}{path_and_query}").parse()?);
+    let uri = Uri::from_parts(parts)?;
+
+    let mut builder = Request::builder().method(method).uri(uri);
+    for header in &entry.headers {
+        if header.value == REDACTED {
+            continue;
+        }
+        let name = HeaderName::from_bytes(header.name.as_bytes())?;
+        if [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION].contains(&name) {
+            continue;
+        }
+        builder = builder.header(name, HeaderValue::from_str(&header.value)?);
+    }
+    for (name, value) in extra_headers {
+        builder = builder.header(name, value);
+    }
+    Ok(builder.body(Full::new(entry.body.clone()))?)
+}

@@ -1,0 +1,359 @@
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use tower_classify::{BoxError, Classify, FailureKind, Outcome};
+use tower_service::Service;
+
+use crate::action::Action;
+use crate::capture::{CaptureRequest, DescribeResponse, RequestRecord};
+use crate::entry::{error_chain, DeadLetterEntry, EntryId};
+use crate::error::{PoisonMessage, StoreFailed};
+use crate::future::ResponseFuture;
+use crate::poison::PoisonCounters;
+use crate::redact::Redactor;
+use crate::store::{DeadLetterStore, StoreError};
+
+/// Writes calls that finally failed to a dead-letter store.
+///
+/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer); see the crate docs
+/// for what it does on each outcome.
+///
+/// # Errors
+///
+/// The service's error type is [`BoxError`], as for tower's own middleware.
+/// The inner service's error is returned *unchanged* inside it (never
+/// wrapped), so `downcast_ref::<YourError>()` and error-chain classifiers see
+/// exactly what the inner service returned. The layer adds two errors of its
+/// own: [`StoreFailed`] when an entry could not be written (the call fails
+/// rather than lose the entry) and [`PoisonMessage`] when poison detection
+/// diverted a message.
+///
+/// # Clones
+///
+/// The request is captured before the inner service is called, so the
+/// service that was driven to readiness is moved into the response future
+/// and a clone takes its place (the pattern tower's docs recommend for
+/// middleware that must await before calling). The inner service must be
+/// `Clone`, and clones must be able to share readiness (true of tower's
+/// `Buffer`, hyper clients and axum routers).
+pub struct DeadLetter<S, St, C, Cap> {
+    inner: S,
+    shared: Arc<Shared<St, C, Cap>>,
+}
+
+pub(crate) struct Shared<St, C, Cap> {
+    pub(crate) store: St,
+    pub(crate) classifier: C,
+    pub(crate) capture: Cap,
+    pub(crate) label: Arc<str>,
+    pub(crate) action: Action,
+    pub(crate) redactor: Redactor,
+    pub(crate) poison: Option<Arc<PoisonCounters>>,
+    pub(crate) drops: Arc<DropLog>,
+}
+
+/// The keys a `drop` action has already logged, so each is logged once.
+///
+/// Bounded: past `CAPACITY` keys it starts over, logging each key once more,
+/// rather than growing with an unbounded key set.
+#[derive(Debug, Default)]
+pub(crate) struct DropLog {
+    seen: Mutex<HashSet<String>>,
+}
+
+impl DropLog {
+    const CAPACITY: usize = 4096;
+
+    /// `true` the first time `key` is seen.
+    fn first_time(&self, key: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(key) {
+            return false;
+        }
+        if seen.len() >= Self::CAPACITY {
+            seen.clear();
+        }
+        seen.insert(key.to_owned());
+        true
+    }
+}
+
+impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St, C, Cap>>) -> Self {
+        DeadLetter { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The store entries are written to.
+    pub fn store(&self) -> &St {
+        &self.shared.store
+    }
+}
+
+impl<S: Clone, St, C, Cap> Clone for DeadLetter<S, St, C, Cap> {
+    fn clone(&self) -> Self {
+        DeadLetter {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, Cap> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadLetter")
+            .field("inner", &self.inner)
+            .field("store", &self.shared.store)
+            .field("label", &self.shared.label)
+            .field("action", &self.shared.action)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req, St, C, Cap> Service<Req> for DeadLetter<S, St, C, Cap>
+where
+    Cap: CaptureRequest<Req> + DescribeResponse<S::Response> + Send + Sync + 'static,
+    Cap::Request: Send + 'static,
+    S: Service<Cap::Request> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError> + Send,
+    St: DeadLetterStore,
+    C: Classify<S::Response, S::Error> + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let captured = shared.capture.capture(request);
+        ResponseFuture::new(async move {
+            let (request, record) = captured.await?;
+            if let Some(diverted) = shared.divert_if_poison(&record).await {
+                return Err(diverted);
+            }
+            let result = inner.call(request).await;
+            let failure = match shared.classifier.classify(result.as_ref()) {
+                Outcome::Failure(failure) => failure,
+                Outcome::Success | Outcome::Ignored => {
+                    if let (Some(poison), Some(id)) = (&shared.poison, &record.message_id) {
+                        poison.clear(id);
+                    }
+                    return result.map_err(Into::into);
+                }
+            };
+            let (result, error) = match result {
+                Ok(response) => {
+                    let text = shared.capture.describe_response(&response);
+                    (Ok(response), vec![text])
+                }
+                Err(error) => {
+                    let error: BoxError = error.into();
+                    let chain = error_chain(&*error);
+                    (Err(error), chain)
+                }
+            };
+            shared.on_failure(record, failure.kind, error, result).await
+        })
+    }
+}
+
+impl<St, C, Cap> Shared<St, C, Cap>
+where
+    St: DeadLetterStore,
+{
+    /// A message over the poison limit is not called again: it is disposed
+    /// of by the action and the caller gets [`PoisonMessage`].
+    async fn divert_if_poison(&self, record: &RequestRecord) -> Option<BoxError> {
+        let poison = self.poison.as_ref()?;
+        let id = record.message_id.as_deref()?;
+        let count = poison.exceeded(id)?;
+        let entry = self.entry(
+            record.clone(),
+            FailureKind::Poison,
+            count.error.clone(),
+            count.failures,
+            count.first,
+            count.last,
+        );
+        let entry_id = entry.id;
+        Some(match self.dispose(entry, id).await {
+            Ok(()) => {
+                if self.action != Action::Fail {
+                    poison.clear(id);
+                }
+                let stored = (self.action == Action::Dlq).then_some(entry_id);
+                PoisonMessage::new(id.to_owned(), count.failures, self.action, stored).into()
+            }
+            Err(store) => StoreFailed::new(entry_id, store, None).into(),
+        })
+    }
+
+    /// A call failed: count it towards poison detection, or dispose of it.
+    async fn on_failure<T>(
+        &self,
+        record: RequestRecord,
+        kind: FailureKind,
+        error: Vec<String>,
+        result: Result<T, BoxError>,
+    ) -> Result<T, BoxError> {
+        let now = SystemTime::now();
+        let counted = match (&self.poison, &record.message_id) {
+            (Some(poison), Some(id)) => Some((poison, id.clone())),
+            _ => None,
+        };
+        if let Some((poison, id)) = &counted {
+            if kind != FailureKind::Poison {
+                // Under the limit the queue's redelivery is the retry.
+                poison.record_failure(id, kind, error, now);
+                return result;
+            }
+        }
+        let (attempts, first) = match counted.as_ref().and_then(|(p, id)| p.get(id)) {
+            Some(previous) => (previous.failures + 1, previous.first),
+            None => {
+                let counter = record.attempts.as_ref();
+                let attempts = counter.map_or(1, |c| c.attempts().max(1));
+                let first = counter.and_then(|c| c.first_done()).unwrap_or(now);
+                (attempts, first.min(now))
+            }
+        };
+        let key = match &record.message_id {
+            Some(id) => id.clone(),
+            None => format!("{}/{}", self.label, kind),
+        };
+        let entry = self.entry(record, kind, error, attempts, first, now);
+        let entry_id = entry.id;
+        match self.dispose(entry, &key).await {
+            Ok(()) => {
+                if let Some((poison, id)) = counted {
+                    poison.clear(&id);
+                }
+                result
+            }
+            Err(store) => Err(StoreFailed::new(entry_id, store, result.err()).into()),
+        }
+    }
+
+    fn entry(
+        &self,
+        record: RequestRecord,
+        kind: FailureKind,
+        error: Vec<String>,
+        attempts: u32,
+        first_failed_at: SystemTime,
+        last_failed_at: SystemTime,
+    ) -> DeadLetterEntry {
+        let mut headers = record.headers;
+        self.redactor.redact(&mut headers);
+        DeadLetterEntry {
+            id: EntryId::generate(SystemTime::now()),
+            label: self.label.to_string(),
+            message_id: record.message_id,
+            method: record.method,
+            uri: record.uri,
+            headers,
+            body: record.body,
+            body_truncated: record.body_truncated,
+            error,
+            kind,
+            attempts,
+            first_failed_at,
+            last_failed_at,
+        }
+    }
+
+    /// Applies the action to `entry`.
+    async fn dispose(&self, entry: DeadLetterEntry, key: &str) -> Result<(), StoreError> {
+        let action = self.action;
+        let label = &*self.label;
+        match action {
+            Action::Dlq => {
+                let (id, kind, attempts) = (entry.id, entry.kind, entry.attempts);
+                let uri = entry.uri.clone().unwrap_or_default();
+                if let Err(error) = self.store.put(entry).await {
+                    tracing::error!(
+                        entry_id = %id, label, kind = kind.as_str(), error = %error,
+                        "dead-letter store failed to keep a failed call"
+                    );
+                    return Err(error);
+                }
+                metrics::counter!(
+                    "tower_poison_dead_lettered_total",
+                    "action" => action.as_str(),
+                    "label" => label.to_owned()
+                )
+                .increment(1);
+                if let Ok(depth) = self.store.depth().await {
+                    metrics::gauge!("tower_poison_dlq_depth", "label" => label.to_owned())
+                        .set(depth as f64);
+                }
+                tracing::warn!(
+                    entry_id = %id, label, kind = kind.as_str(), attempts, uri,
+                    "dead-lettered a failed call"
+                );
+            }
+            Action::Drop => {
+                metrics::counter!(
+                    "tower_poison_dead_lettered_total",
+                    "action" => action.as_str(),
+                    "label" => label.to_owned()
+                )
+                .increment(1);
+                if self.drops.first_time(key) {
+                    tracing::warn!(
+                        label,
+                        key,
+                        kind = entry.kind.as_str(),
+                        "dropped a failed call (logged once per key)"
+                    );
+                } else {
+                    tracing::debug!(
+                        label,
+                        key,
+                        kind = entry.kind.as_str(),
+                        "dropped a failed call"
+                    );
+                }
+            }
+            Action::Fail => {
+                metrics::counter!(
+                    "tower_poison_dead_lettered_total",
+                    "action" => action.as_str(),
+                    "label" => label.to_owned()
+                )
+                .increment(1);
+                tracing::debug!(
+                    label,
+                    kind = entry.kind.as_str(),
+                    "failed call propagated, not stored"
+                );
+            }
+        }
+        Ok(())
+    }
+}
