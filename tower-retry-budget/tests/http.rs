@@ -1,0 +1,419 @@
+//! HTTP: idempotency, `Retry-After`, presets, attempt headers and replayable bodies.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_classify::BoxError;
+use tower_retry_budget::backoff::{Backoff, Jitter};
+use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+use tower_retry_budget::policy::{default_retry, default_retry_non_idempotent};
+use tower_retry_budget::RetryLayer;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// What the server saw: one entry per call, with its time and request.
+#[derive(Debug)]
+struct Seen {
+    at: Instant,
+    method: http::Method,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+/// A server that answers the n-th call (0-based) with `respond(n)`, after
+/// reading the whole request body.
+fn server<B>(
+    respond: impl Fn(usize) -> Result<Response<()>, BoxError> + Clone + Send + Sync + 'static,
+) -> (
+    impl Service<Request<B>, Response = Response<()>, Error = BoxError, Future = impl Send> + Clone,
+    Log,
+)
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let log: Log = Arc::default();
+    let seen = log.clone();
+    let service = tower::service_fn(move |request: Request<B>| {
+        let seen = seen.clone();
+        let respond = respond.clone();
+        async move {
+            let at = Instant::now();
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await.map_err(Into::into)?.to_bytes();
+            let n = {
+                let mut seen = seen.lock().unwrap();
+                seen.push(Seen {
+                    at,
+                    method: parts.method,
+                    headers: parts.headers,
+                    body,
+                });
+                seen.len() - 1
+            };
+            respond(n)
+        }
+    });
+    (service, log)
+}
+
+fn status(code: u16) -> Result<Response<()>, BoxError> {
+    Ok(Response::builder().status(code).body(()).unwrap())
+}
+
+fn unavailable_then_ok(
+    failures: usize,
+) -> impl Fn(usize) -> Result<Response<()>, BoxError> + Clone {
+    move |n| status(if n < failures { 503 } else { 200 })
+}
+
+fn fast() -> Backoff {
+    Backoff::fixed(Duration::from_millis(10)).with_jitter(Jitter::None)
+}
+
+fn gaps(log: &Log) -> Vec<Duration> {
+    let log = log.lock().unwrap();
+    log.windows(2).map(|w| w[1].at - w[0].at).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_retried_post_with_idempotency_key_is() {
+    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+
+    let (inner, log) = server::<String>(unavailable_then_ok(usize::MAX));
+    let post = Request::post("/pay").body("€10".to_owned()).unwrap();
+    let response = layer.layer(inner).oneshot(post).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the response comes back as is"
+    );
+    assert_eq!(log.lock().unwrap().len(), 1, "POST: exactly one attempt");
+
+    let (inner, log) = server::<String>(unavailable_then_ok(2));
+    let keyed = Request::post("/pay")
+        .header("idempotency-key", "k-42")
+        .body("€10".to_owned())
+        .unwrap();
+    let response = layer.layer(inner).oneshot(keyed).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 3);
+    assert!(log
+        .iter()
+        .all(|seen| seen.method == http::Method::POST && seen.body == "€10"));
+    assert!(log
+        .iter()
+        .all(|seen| seen.headers["idempotency-key"] == "k-42"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_is_retried_only_when_opted_in() {
+    let (inner, log) = server::<String>(unavailable_then_ok(1));
+    let layer = RetryLayer::http()
+        .backoff(fast())
+        .retry_non_idempotent(true)
+        .build()
+        .unwrap();
+    let patch = Request::patch("/doc").body("x".to_owned()).unwrap();
+    assert_eq!(
+        layer.layer(inner).oneshot(patch).await.unwrap().status(),
+        200
+    );
+    assert_eq!(log.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_seconds_overrides_the_backoff() {
+    let (inner, log) = server::<String>(|n| {
+        if n == 0 {
+            Ok(Response::builder()
+                .status(503)
+                .header("retry-after", "3")
+                .body(())
+                .unwrap())
+        } else {
+            status(200)
+        }
+    });
+    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+    let get = Request::get("/").body(String::new()).unwrap();
+    assert_eq!(layer.layer(inner).oneshot(get).await.unwrap().status(), 200);
+    assert_eq!(gaps(&log), [S(3)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_http_date_overrides_the_backoff() {
+    // Measured against the response's own `Date`, so the local clock (here
+    // paused and far from 2026) does not matter.
+    let (inner, log) = server::<String>(|n| {
+        if n == 0 {
+            Ok(Response::builder()
+                .status(429)
+                .header("date", "Wed, 21 Oct 2026 07:28:00 GMT")
+                .header("retry-after", "Wed, 21 Oct 2026 07:28:05 GMT")
+                .body(())
+                .unwrap())
+        } else {
+            status(200)
+        }
+    });
+    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+    let get = Request::get("/").body(String::new()).unwrap();
+    assert_eq!(layer.layer(inner).oneshot(get).await.unwrap().status(), 200);
+    assert_eq!(gaps(&log), [S(5)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_above_max_wait_fails_at_once_naming_the_wait() {
+    let (inner, log) = server::<String>(|_| {
+        Ok(Response::builder()
+            .status(429)
+            .header("retry-after", "86400")
+            .body(())
+            .unwrap())
+    });
+    let layer = RetryLayer::http().build().unwrap();
+    let start = Instant::now();
+    let err = layer
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(log.lock().unwrap().len(), 1);
+    assert_eq!(
+        err.to_string(),
+        "server asked to wait 1d, longer than max_wait 1h"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempt_header_marks_retries() {
+    let (inner, log) = server::<String>(unavailable_then_ok(2));
+    let layer = RetryLayer::http()
+        .backoff(fast())
+        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .build()
+        .unwrap();
+    layer
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    let marks: Vec<Option<String>> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|seen| {
+            seen.headers
+                .get("grpc-previous-rpc-attempts")
+                .map(|v| v.to_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(marks, [None, Some("1".into()), Some("2".into())]);
+}
+
+/// Seed 001: `default_retry` retries 429, 502, 503, 504, connection errors and
+/// timeouts, 5 times, 1 s × 1.25 up to 60 s.
+#[tokio::test(start_paused = true)]
+async fn google_default_retry_preset() {
+    let layer = default_retry().build().unwrap();
+    assert_eq!(layer.max_retries(), 5);
+    let backoff = layer.backoff();
+    assert_eq!(
+        (
+            backoff.initial_delay(),
+            backoff.multiplier(),
+            backoff.max_delay()
+        ),
+        (S(1), 1.25, S(60))
+    );
+
+    for (code, attempts) in [
+        (429, 6),
+        (502, 6),
+        (503, 6),
+        (504, 6),
+        (500, 1),
+        (408, 1),
+        (404, 1),
+    ] {
+        let (inner, log) = server::<String>(move |_| status(code));
+        layer
+            .layer(inner)
+            .oneshot(Request::get("/").body(String::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(log.lock().unwrap().len(), attempts, "status {code}");
+        if attempts == 6 {
+            let millis: Vec<u128> = gaps(&log).iter().map(Duration::as_millis).collect();
+            // 1 s × 1.25ⁿ; tokio's timer rounds each sleep up to the millisecond.
+            assert_eq!(millis, [1000, 1250, 1563, 1954, 2442]);
+        }
+    }
+    // Connection errors and timeouts.
+    for error in [
+        BoxError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        BoxError::from(tower::timeout::error::Elapsed::new()),
+    ] {
+        let error = Arc::new(Mutex::new(Some(error)));
+        let (inner, log) = server::<String>(move |_| match error.lock().unwrap().take() {
+            Some(err) => Err(err),
+            None => status(200),
+        });
+        let response = layer
+            .layer(inner)
+            .oneshot(Request::get("/").body(String::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(log.lock().unwrap().len(), 2);
+    }
+}
+
+/// Seed 001: `default_retry_non_idempotent` retries 429, 503 and connection
+/// failures only, POST included.
+#[tokio::test(start_paused = true)]
+async fn google_default_retry_non_idempotent_preset() {
+    let layer = default_retry_non_idempotent().build().unwrap();
+    for (code, attempts) in [(429, 6), (503, 6), (502, 1), (504, 1), (500, 1)] {
+        let (inner, log) = server::<String>(move |_| status(code));
+        layer
+            .layer(inner)
+            .oneshot(Request::post("/").body(String::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(log.lock().unwrap().len(), attempts, "status {code}");
+    }
+    let (inner, log) = server::<String>(|_| Err(tower::timeout::error::Elapsed::new().into()));
+    layer
+        .layer(inner)
+        .oneshot(Request::post("/").body(String::new()).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "a timed-out POST may have been applied"
+    );
+    let (inner, log) = server::<String>(|_| {
+        Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
+    });
+    layer
+        .layer(inner)
+        .oneshot(Request::post("/").body(String::new()).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(log.lock().unwrap().len(), 6);
+}
+
+/// A streaming body: frames yielded one per poll.
+struct Chunks(VecDeque<Frame<Bytes>>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+fn chunks(parts: &[&'static str]) -> Chunks {
+    Chunks(
+        parts
+            .iter()
+            .map(|p| Frame::data(Bytes::from_static(p.as_bytes())))
+            .collect(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_body_is_sent_exactly_once_and_whole() {
+    let (inner, log) = server::<ReplayBody<Chunks>>(unavailable_then_ok(usize::MAX));
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(16))
+        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .service(inner);
+    let put = Request::put("/blob")
+        .body(chunks(&["0123456789", "abcdefghij", "ABCDEFGHIJ"]))
+        .unwrap();
+    let response = service.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), 503);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 1, "too big to replay: one attempt");
+    assert_eq!(
+        log[0].body, "0123456789abcdefghijABCDEFGHIJ",
+        "never truncated"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_within_the_limit_is_replayed_whole() {
+    let (inner, log) = server::<ReplayBody<Chunks>>(unavailable_then_ok(2));
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(16))
+        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .service(inner);
+    let put = Request::put("/blob")
+        .body(chunks(&["01234567", "89abcdef"]))
+        .unwrap();
+    assert_eq!(service.oneshot(put).await.unwrap().status(), 200);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 3);
+    assert!(log.iter().all(|seen| seen.body == "0123456789abcdef"));
+}
+
+#[tokio::test]
+async fn replay_body_keeps_trailers() {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    let body = Chunks(VecDeque::from([
+        Frame::data(Bytes::from_static(b"hi")),
+        Frame::trailers(trailers.clone()),
+    ]));
+    let buffered = ReplayBody::buffer(body, 100).await.unwrap();
+    assert!(buffered.is_buffered());
+    let copy = tower_retry_budget::body::TryCloneBody::try_clone_body(&buffered).unwrap();
+    for body in [buffered, copy] {
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "hi");
+    }
+}
+
+/// The layer stacks where axum and tonic need it: `Send + Sync + 'static`
+/// services with `Send` futures.
+#[test]
+fn services_and_futures_are_send() {
+    fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+    fn assert_send<T: Send>(_: &T) {}
+    let (inner, _) = server::<ReplayBody<http_body_util::Full<Bytes>>>(|_| status(200));
+    let mut service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(1024))
+        .layer(RetryLayer::http().build().unwrap())
+        .service(inner);
+    assert_send_sync(&service);
+    let future = service.call(
+        Request::get("/")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap(),
+    );
+    assert_send(&future);
+}

@@ -1,0 +1,144 @@
+//! The metrics the layer emits through the `metrics` facade.
+//!
+//! One test in its own binary: it installs a global recorder.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use tower::{Layer, ServiceExt};
+use tower_classify::BoxError;
+use tower_retry_budget::backoff::{Backoff, Jitter};
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::RetryLayer;
+
+/// Every value recorded, by `name{label=value,…}`.
+#[derive(Default)]
+struct Capture {
+    values: Mutex<BTreeMap<String, Vec<f64>>>,
+}
+
+struct Handle {
+    capture: Arc<Capture>,
+    key: String,
+}
+
+impl CounterFn for Handle {
+    fn increment(&self, value: u64) {
+        let mut values = self.capture.values.lock().unwrap();
+        let entry = values.entry(self.key.clone()).or_default();
+        match entry.first_mut() {
+            Some(total) => *total += value as f64,
+            None => entry.push(value as f64),
+        }
+    }
+
+    fn absolute(&self, value: u64) {
+        self.capture
+            .values
+            .lock()
+            .unwrap()
+            .insert(self.key.clone(), vec![value as f64]);
+    }
+}
+
+impl HistogramFn for Handle {
+    fn record(&self, value: f64) {
+        let mut values = self.capture.values.lock().unwrap();
+        values.entry(self.key.clone()).or_default().push(value);
+    }
+}
+
+struct CaptureRecorder(Arc<Capture>);
+
+impl CaptureRecorder {
+    fn handle(&self, key: &Key) -> Arc<Handle> {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        let key = if labels.is_empty() {
+            key.name().to_owned()
+        } else {
+            format!("{}{{{}}}", key.name(), labels.join(","))
+        };
+        Arc::new(Handle {
+            capture: self.0.clone(),
+            key,
+        })
+    }
+}
+
+impl Recorder for CaptureRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.handle(key))
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.handle(key))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_give_ups_budget_and_sleeps_are_counted() {
+    let capture = Arc::new(Capture::default());
+    metrics::set_global_recorder(CaptureRecorder(capture.clone())).unwrap();
+
+    // Fails twice (a 429-like rate limit, then a reset), then answers.
+    let calls = Arc::new(Mutex::new(0));
+    let counter = calls.clone();
+    let flaky = tower::service_fn(move |_: ()| {
+        let n = {
+            let mut n = counter.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        async move {
+            match n {
+                1 => Err::<(), BoxError>(Box::new(tower_classify::Classified::new(
+                    tower_classify::FailureKind::RateLimited,
+                    "slow down",
+                ))),
+                2 => Err(io::Error::from(io::ErrorKind::ConnectionReset).into()),
+                _ => Ok(()),
+            }
+        }
+    });
+    let layer = RetryLayer::builder()
+        .backoff(Backoff::fixed(Duration::from_millis(250)).with_jitter(Jitter::None))
+        .no_budget()
+        .build()
+        .unwrap();
+    layer.layer(flaky).oneshot(()).await.unwrap();
+
+    // An empty budget: the first retry is refused.
+    let outage = tower::service_fn(|_: ()| async {
+        Err::<(), BoxError>(io::Error::from(io::ErrorKind::ConnectionReset).into())
+    });
+    let layer = RetryLayer::builder()
+        .budget(TpsBudget::new(Duration::from_secs(1), 0, 0.0).unwrap())
+        .build()
+        .unwrap();
+    layer.layer(outage).oneshot(()).await.unwrap_err();
+
+    let values = capture.values.lock().unwrap();
+    let get = |key: &str| values.get(key).cloned().unwrap_or_default();
+    assert_eq!(get("tower_retry_retries_total{class=rate_limited}"), [1.0]);
+    assert_eq!(get("tower_retry_retries_total{class=connection}"), [1.0]);
+    assert_eq!(get("tower_retry_sleep_seconds"), [0.25, 0.25]);
+    assert_eq!(get("tower_retry_budget_exhausted_total"), [1.0]);
+    assert_eq!(get("tower_retry_giveups_total{reason=budget}"), [1.0]);
+}

@@ -1,0 +1,638 @@
+//! The retry loop on paused time: backoff, deadline, hints, shed errors,
+//! readiness and cancellation, for any `Clone` request.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_test::{assert_pending, assert_ready_ok, task};
+use tower::{Layer, Service, ServiceExt};
+use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
+use tower_retry_budget::backoff::{Backoff, Jitter};
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::error::{DeadlineExceeded, WaitLimit, WaitTooLong};
+use tower_retry_budget::{RetryEvent, RetryLayer};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+type Script = Arc<dyn Fn(u32) -> Result<&'static str, BoxError> + Send + Sync>;
+
+/// A service whose n-th call (0-based) takes `latency` and then answers
+/// `script(n)`. It records when each call started and counts its live clones.
+#[derive(Clone)]
+struct Scripted {
+    script: Script,
+    latency: Duration,
+    calls: Arc<Mutex<Vec<Instant>>>,
+    live: Arc<()>,
+}
+
+impl Scripted {
+    fn new(script: impl Fn(u32) -> Result<&'static str, BoxError> + Send + Sync + 'static) -> Self {
+        Scripted {
+            script: Arc::new(script),
+            latency: Duration::ZERO,
+            calls: Arc::default(),
+            live: Arc::new(()),
+        }
+    }
+
+    fn latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    fn count(&self) -> usize {
+        self.calls.lock().unwrap().len()
+    }
+
+    /// Time between consecutive call starts.
+    fn gaps(&self) -> Vec<Duration> {
+        let calls = self.calls.lock().unwrap();
+        calls.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+}
+
+impl Service<&'static str> for Scripted {
+    type Response = &'static str;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<&'static str, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: &'static str) -> Self::Future {
+        let n = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(Instant::now());
+            calls.len() as u32 - 1
+        };
+        let answer = (self.script)(n);
+        let latency = self.latency;
+        Box::pin(async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            answer
+        })
+    }
+}
+
+fn reset() -> BoxError {
+    io::Error::from(io::ErrorKind::ConnectionReset).into()
+}
+
+fn always_reset() -> Scripted {
+    Scripted::new(|_| Err(reset()))
+}
+
+fn no_jitter(backoff: Backoff) -> Backoff {
+    backoff.with_jitter(Jitter::None)
+}
+
+async fn call<S>(service: S) -> Result<&'static str, BoxError>
+where
+    S: Service<&'static str, Response = &'static str, Error = BoxError>,
+{
+    service.oneshot("req").await
+}
+
+#[tokio::test(start_paused = true)]
+async fn exact_backoff_sequence_without_jitter() {
+    let inner = always_reset();
+    let layer = RetryLayer::builder()
+        .max_retries(7)
+        .backoff(no_jitter(Backoff::exponential(S(1))).with_max_delay(S(60)))
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    // Seed 001: 1, 2, 4, 8, 16, 32, 60 (capped), … seconds.
+    assert_eq!(inner.gaps(), [1, 2, 4, 8, 16, 32, 60].map(S));
+    assert_eq!(start.elapsed(), S(123));
+    // Retries exhausted: the last error comes back as it is.
+    assert_eq!(
+        err.downcast_ref::<io::Error>().unwrap().kind(),
+        io::ErrorKind::ConnectionReset
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn linear_and_fixed_sequences() {
+    let inner = always_reset();
+    let layer = RetryLayer::builder()
+        .max_retries(4)
+        .backoff(no_jitter(Backoff::linear(MS(100))).with_max_delay(MS(250)))
+        .no_budget()
+        .build()
+        .unwrap();
+    call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.gaps(), [100, 200, 250, 250].map(MS));
+
+    let inner = always_reset();
+    let layer = RetryLayer::builder()
+        .max_attempts(3)
+        .backoff(no_jitter(Backoff::fixed(MS(700))))
+        .no_budget()
+        .build()
+        .unwrap();
+    call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.gaps(), [700, 700].map(MS));
+}
+
+/// Every jitter kind, end to end: the sleeps the layer really takes stay in
+/// the kind's bounds around the un-jittered delay.
+#[tokio::test(start_paused = true)]
+async fn jitter_bounds_for_every_kind_on_paused_time() {
+    let base = Backoff::exponential(MS(100)).with_max_delay(S(1));
+    let unjittered: Vec<Duration> = (1..=8).map(|n| base.delay(n)).collect();
+    type Bounds = fn(Duration) -> (Duration, Duration);
+    let cases: [(Jitter, Bounds); 5] = [
+        (Jitter::None, |d| (d, d)),
+        (Jitter::Full, |d| (Duration::ZERO, d)),
+        (Jitter::Equal, |d| (d / 2, d)),
+        (Jitter::HALF_TO_ONE_AND_A_HALF, |d| (d / 2, d.mul_f64(1.5))),
+        (Jitter::HALF_TO_FULL, |d| (d / 2, d)),
+    ];
+    for (jitter, bounds) in cases {
+        for _ in 0..20 {
+            let inner = always_reset();
+            let layer = RetryLayer::builder()
+                .max_retries(8)
+                .backoff(base.with_jitter(jitter))
+                .no_budget()
+                .build()
+                .unwrap();
+            call(layer.layer(inner.clone())).await.unwrap_err();
+            for (gap, d) in inner.gaps().into_iter().zip(&unjittered) {
+                let (low, high) = bounds(*d);
+                // Paused time resolves timers to the millisecond.
+                assert!(
+                    low.saturating_sub(MS(1)) <= gap && gap <= high + MS(1),
+                    "{jitter}: slept {gap:?} for a delay of {d:?}"
+                );
+            }
+        }
+    }
+    // Decorrelated: within [initial, 3 × previous], capped.
+    for _ in 0..20 {
+        let inner = always_reset();
+        let layer = RetryLayer::builder()
+            .max_retries(8)
+            .backoff(base.with_jitter(Jitter::Decorrelated))
+            .no_budget()
+            .build()
+            .unwrap();
+        call(layer.layer(inner.clone())).await.unwrap_err();
+        let mut previous = MS(100);
+        for gap in inner.gaps() {
+            assert!(
+                gap >= MS(100) && gap <= S(1) + MS(1),
+                "decorrelated slept {gap:?}"
+            );
+            assert!(gap <= previous * 3 + MS(1), "{gap:?} > 3 × {previous:?}");
+            previous = gap;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_that_would_cross_the_deadline_is_not_started() {
+    // Attempts take 300 ms; sleeps are 400 ms; the deadline is 2 s.
+    // 0–0.3 attempt, 0.7–1.0 attempt, 1.4–1.7 attempt, and a sleep to 2.1
+    // would cross the deadline: the last error is returned at 1.7 s.
+    let inner = always_reset().latency(MS(300));
+    let layer = RetryLayer::builder()
+        .max_retries(10)
+        .backoff(no_jitter(Backoff::fixed(MS(400))))
+        .deadline(S(2))
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(start.elapsed(), MS(1700));
+    assert_eq!(inner.count(), 3);
+    assert!(err.is::<io::Error>(), "the last attempt's own error: {err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_is_never_crossed() {
+    for latency in [0, 90, 250, 600, 1100] {
+        for delay in [0, 50, 333, 800] {
+            for deadline in [500, 1000, 2500] {
+                let inner = always_reset().latency(MS(latency));
+                let layer = RetryLayer::builder()
+                    .max_retries(16)
+                    .backoff(Backoff::exponential(MS(delay)).with_jitter(Jitter::Full))
+                    .deadline(MS(deadline))
+                    .no_budget()
+                    .build()
+                    .unwrap();
+                let start = Instant::now();
+                let result = call(layer.layer(inner.clone())).await;
+                let elapsed = start.elapsed();
+                assert!(
+                    elapsed <= MS(deadline),
+                    "latency {latency} delay {delay} deadline {deadline}: took {elapsed:?}"
+                );
+                let err = result.unwrap_err();
+                if latency >= deadline {
+                    assert!(err.is::<DeadlineExceeded>(), "{err}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_in_flight_is_cut_at_the_deadline() {
+    let inner = always_reset().latency(S(5));
+    let layer = RetryLayer::builder()
+        .deadline(S(2))
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(start.elapsed(), S(2));
+    let deadline = err.downcast_ref::<DeadlineExceeded>().unwrap();
+    assert_eq!(deadline.attempts(), 1);
+    assert_eq!(
+        err.to_string(),
+        "retry deadline of 2s exceeded after 1 attempt"
+    );
+}
+
+/// Seed 000: `timeout × (max_retries + 1)` in one call.
+#[tokio::test(start_paused = true)]
+async fn seed_000_deadline_in_one_call() {
+    let hang = Scripted::new(|_| Err(reset())).latency(S(3600));
+    let layer = RetryLayer::builder()
+        .max_retries(2)
+        .backoff(Backoff::none())
+        .deadline_from_timeout(S(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    assert_eq!(layer.deadline(), Some(S(3)));
+    let start = Instant::now();
+    let err = call(layer.layer(hang.clone())).await.unwrap_err();
+    assert_eq!(start.elapsed(), S(3));
+    assert_eq!(hang.count(), 3, "each timed-out attempt was retried");
+    assert!(err.is::<DeadlineExceeded>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_timeout_is_a_retryable_timeout() {
+    // The first attempt hangs for a minute; the second answers at once.
+    let calls = Arc::new(AtomicU32::new(0));
+    let service = tower::service_fn(move |_: &'static str| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                tokio::time::sleep(S(60)).await;
+            }
+            Ok::<_, BoxError>("fast")
+        }
+    });
+    let layer = RetryLayer::builder()
+        .backoff(no_jitter(Backoff::fixed(MS(100))))
+        .attempt_timeout(S(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    assert_eq!(call(layer.layer(service)).await.unwrap(), "fast");
+    assert_eq!(start.elapsed(), MS(1100));
+
+    // When every attempt times out, the caller gets tower's `Elapsed`.
+    let hang = always_reset().latency(S(60));
+    let layer = RetryLayer::builder()
+        .max_retries(1)
+        .backoff(Backoff::none())
+        .attempt_timeout(S(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    let err = call(layer.layer(hang.clone())).await.unwrap_err();
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    assert_eq!(hang.count(), 2);
+}
+
+fn hinted(kind: FailureKind, hint: RetryHint) -> BoxError {
+    Box::new(Classified::new(
+        Failure::new(kind).with_hint(hint),
+        "hinted",
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_replaces_the_backoff_for_that_attempt() {
+    let inner = Scripted::new(|n| match n {
+        0 => Err(hinted(FailureKind::RateLimited, RetryHint::After(S(7)))),
+        1 => Err(reset()),
+        _ => Ok("done"),
+    });
+    let layer = RetryLayer::builder()
+        .backoff(no_jitter(Backoff::exponential(MS(100))))
+        .no_budget()
+        .build()
+        .unwrap();
+    assert_eq!(call(layer.layer(inner.clone())).await.unwrap(), "done");
+    // The hint replaced retry 1's 100 ms; retry 2 uses the sequence's 200 ms.
+    assert_eq!(inner.gaps(), [S(7), MS(200)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_above_max_wait_fails_at_once_naming_the_wait() {
+    let inner = Scripted::new(|_| Err(hinted(FailureKind::RateLimited, RetryHint::After(S(7200)))));
+    let layer = RetryLayer::builder().no_budget().build().unwrap();
+    let start = Instant::now();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(inner.count(), 1);
+    let too_long = err.downcast_ref::<WaitTooLong>().unwrap();
+    assert_eq!(too_long.wait(), S(7200));
+    assert_eq!(too_long.reason(), WaitLimit::MaxWait);
+    assert_eq!(
+        err.to_string(),
+        "server asked to wait 2h, longer than max_wait 1h"
+    );
+
+    // A smaller max_wait, a smaller hint.
+    let inner = Scripted::new(|_| Err(hinted(FailureKind::ServerError, RetryHint::After(S(90)))));
+    let layer = RetryLayer::builder()
+        .max_wait(S(60))
+        .no_budget()
+        .build()
+        .unwrap();
+    let err = call(layer.layer(inner)).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "server asked to wait 90s, longer than max_wait 1m"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_past_the_deadline_fails_at_once_naming_the_wait() {
+    let inner = Scripted::new(|_| Err(hinted(FailureKind::RateLimited, RetryHint::After(S(30)))));
+    let layer = RetryLayer::builder()
+        .deadline(S(10))
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = call(layer.layer(inner)).await.unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let too_long = err.downcast_ref::<WaitTooLong>().unwrap();
+    assert_eq!(too_long.reason(), WaitLimit::Deadline);
+    assert_eq!(too_long.wait(), S(30));
+    assert!(err.to_string().contains("wait 30s"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn do_not_retry_stops() {
+    let inner = Scripted::new(|_| Err(hinted(FailureKind::ServerError, RetryHint::DoNotRetry)));
+    let layer = RetryLayer::builder().no_budget().build().unwrap();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.count(), 1);
+    assert!(err.is::<Classified>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejected_failures_are_not_retried() {
+    let inner = Scripted::new(|_| Err(io::Error::from(io::ErrorKind::InvalidData).into()));
+    let layer = RetryLayer::builder().no_budget().build().unwrap();
+    call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.count(), 1);
+}
+
+/// A breaker's `CircuitOpen` below the retry layer is a `Shed` failure: never
+/// retried at once, its hint waited out once if it fits.
+#[tokio::test(start_paused = true)]
+async fn shed_errors_are_waited_out_once_or_returned() {
+    fn open(remaining: Option<Duration>) -> BoxError {
+        Box::new(Classified::shed("circuit open", remaining))
+    }
+    let layer = RetryLayer::builder()
+        .max_retries(5)
+        .backoff(Backoff::none())
+        .deadline(S(10))
+        .no_budget()
+        .build()
+        .unwrap();
+
+    // Opens for 3 s, then answers: one wait of exactly 3 s.
+    let inner = Scripted::new(|n| {
+        if n == 0 {
+            Err(open(Some(S(3))))
+        } else {
+            Ok("closed")
+        }
+    });
+    let start = Instant::now();
+    assert_eq!(call(layer.layer(inner.clone())).await.unwrap(), "closed");
+    assert_eq!(start.elapsed(), S(3));
+
+    // Still open after the wait: returned, not spun on.
+    let inner = Scripted::new(|_| Err(open(Some(S(2)))));
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.count(), 2);
+    assert_eq!(err.to_string(), "circuit open");
+
+    // No hint, or a hint past the deadline: returned at once.
+    for remaining in [None, Some(S(30))] {
+        let inner = Scripted::new(move |_| Err(open(remaining)));
+        let start = Instant::now();
+        call(layer.layer(inner.clone())).await.unwrap_err();
+        assert_eq!(inner.count(), 1, "{remaining:?}");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+}
+
+/// A retry layer outside another never retries the inner one's give-up: the
+/// `DoNotRetry` hint stops the storm from compounding.
+#[tokio::test(start_paused = true)]
+async fn an_outer_retry_does_not_retry_an_inner_budget_exhaustion() {
+    let inner = always_reset();
+    let empty = TpsBudget::new(S(1), 0, 0.0).unwrap();
+    let inner_layer = RetryLayer::builder()
+        .budget(empty)
+        .backoff(Backoff::none())
+        .build()
+        .unwrap();
+    let outer_layer = RetryLayer::builder()
+        .max_retries(3)
+        .backoff(Backoff::none())
+        .no_budget()
+        .build()
+        .unwrap();
+    let service = outer_layer.layer(inner_layer.layer(inner.clone()));
+    let err = call(service).await.unwrap_err();
+    assert!(
+        err.is::<tower_retry_budget::error::BudgetExhausted>(),
+        "{err}"
+    );
+    assert_eq!(inner.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn custom_predicates_and_class_sets() {
+    let inner = always_reset();
+    let layer = RetryLayer::builder()
+        .retry_if(|failure| failure.kind == FailureKind::RateLimited)
+        .no_budget()
+        .build()
+        .unwrap();
+    call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(
+        inner.count(),
+        1,
+        "connection failures are not in the predicate"
+    );
+
+    let inner = always_reset();
+    let layer = RetryLayer::builder()
+        .retry_on(tower_classify::RetryOn::from_names(["timeout"]).unwrap())
+        .no_budget()
+        .build()
+        .unwrap();
+    call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(inner.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_retry_sees_every_retry() {
+    let events = Arc::new(Mutex::new(Vec::<RetryEvent>::new()));
+    let seen = events.clone();
+    let inner = Scripted::new(|n| if n < 2 { Err(reset()) } else { Ok("ok") });
+    let layer = RetryLayer::builder()
+        .backoff(no_jitter(Backoff::exponential(MS(10))))
+        .on_retry(move |event| seen.lock().unwrap().push(*event))
+        .no_budget()
+        .build()
+        .unwrap();
+    call(layer.layer(inner)).await.unwrap();
+    let events = events.lock().unwrap();
+    let summary: Vec<_> = events
+        .iter()
+        .map(|e| (e.attempt, e.failure.kind, e.wait))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (2, FailureKind::Connection, MS(10)),
+            (3, FailureKind::Connection, MS(20))
+        ]
+    );
+}
+
+/// Before each retry the clone used for it is driven ready again: the mock
+/// refuses to be called without `poll_ready`, and holds the retry until
+/// `allow` lets it through.
+#[tokio::test]
+async fn readiness_is_polled_again_before_each_retry() {
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    let layer = RetryLayer::builder()
+        .backoff(Backoff::none())
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(mock);
+
+    handle.allow(1);
+    let mut ready = task::spawn(service.ready());
+    assert_ready_ok!(ready.poll());
+    drop(ready);
+    let mut response = task::spawn(service.call("hello"));
+    assert_pending!(response.poll());
+    let (request, send) = handle.next_request().await.unwrap();
+    assert_eq!(request, "hello");
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+
+    // The retry waits for readiness: no allowance, no second call.
+    assert_pending!(response.poll());
+    assert!(handle.poll_request().is_pending());
+
+    handle.allow(1);
+    assert!(response.is_woken(), "readiness wakes the retry");
+    assert_pending!(response.poll());
+    let (request, send) = handle.next_request().await.unwrap();
+    assert_eq!(request, "hello");
+    send.send_response("world");
+    assert_eq!(assert_ready_ok!(response.poll()), "world");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_future_leaves_nothing_running() {
+    let inner = always_reset();
+    let live_before = Arc::strong_count(&inner.live);
+    let layer = RetryLayer::builder()
+        .backoff(no_jitter(Backoff::fixed(S(10))))
+        .deadline(S(60))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(inner.clone());
+    let mut response = task::spawn(service.call("req"));
+    // The first attempt fails at once; the future is now sleeping 10 s.
+    assert_pending!(response.poll());
+    assert_eq!(inner.count(), 1);
+    assert!(
+        Arc::strong_count(&inner.live) > live_before + 1,
+        "the future holds a clone"
+    );
+    drop(response);
+
+    // Everything the future owned (the service clone, the request copy and
+    // the boxed `Sleep`, which deregisters its timer on drop) is gone...
+    assert_eq!(Arc::strong_count(&inner.live), live_before + 1);
+    // ...and nothing calls the service when the sleep would have ended.
+    tokio::time::advance(S(120)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(inner.count(), 1);
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        0,
+        "no task was spawned to keep sleeping"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_needs_one_attempt_and_no_timer() {
+    let inner = Scripted::new(|_| Ok("ok"));
+    let layer = RetryLayer::builder().build().unwrap();
+    assert_eq!(call(layer.layer(inner.clone())).await.unwrap(), "ok");
+    assert_eq!(inner.count(), 1);
+}
+
+/// Clones of a layer and of its services share one budget.
+#[tokio::test(start_paused = true)]
+async fn clones_share_the_budget() {
+    let budget = Arc::new(TpsBudget::new(S(10), 0, 0.5).unwrap());
+    let layer = RetryLayer::builder()
+        .max_retries(1)
+        .backoff(Backoff::none())
+        .shared_budget(budget.clone())
+        .build()
+        .unwrap();
+    let inner = always_reset();
+    let a = layer.clone().layer(inner.clone());
+    let b = layer.layer(inner.clone());
+    for i in 0..10 {
+        let service = if i % 2 == 0 { a.clone() } else { b.clone() };
+        call(service).await.unwrap_err();
+    }
+    // 10 deposits at 50 % allow 5 retries in total, whichever clone asks.
+    assert_eq!(inner.count(), 15);
+}
