@@ -1,0 +1,85 @@
+//! Configuration from files: unknown keys refused, errors name the field.
+#![cfg(feature = "serde")]
+
+use std::time::Duration;
+
+use tower_breaker::{BreakerConfig, Mode};
+use tower_classify::ErrorChainClassifier;
+
+fn parse(json: &str) -> Result<BreakerConfig, serde_json::Error> {
+    serde_json::from_str(json)
+}
+
+#[test]
+fn defaults_and_human_durations() {
+    let config = parse("{}").unwrap();
+    assert_eq!(config, BreakerConfig::default());
+    assert_eq!(config.recovery_timeout, Duration::from_secs(30));
+    let config = parse(
+        r#"{"mode": "metrics_only", "failure_threshold": 3, "recovery_timeout": "1m30s",
+            "slow_call_threshold": "250ms", "probes": 2}"#,
+    )
+    .unwrap();
+    assert_eq!(config.mode, Mode::MetricsOnly);
+    assert_eq!(config.recovery_timeout, Duration::from_secs(90));
+    assert_eq!(config.slow_call_threshold, Some(Duration::from_millis(250)));
+    config
+        .builder()
+        .unwrap()
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let err = parse(r#"{"failure_treshold": 3}"#).unwrap_err();
+    assert!(err.to_string().contains("failure_treshold"), "{err}");
+    let err = parse(r#"{"failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {"calls": 10, "size": 3}}}"#)
+        .unwrap_err();
+    assert!(err.to_string().contains("size"), "{err}");
+    let err = parse(r#"{"recovery_timeout": "30"}"#).unwrap_err();
+    assert!(err.to_string().contains("unit"), "{err}");
+}
+
+#[test]
+fn invalid_values_name_their_field() {
+    let field = |json: &str| {
+        let config = parse(json).unwrap();
+        match config.builder() {
+            Err(err) => err.field().to_owned(),
+            Ok(builder) => builder
+                .build(ErrorChainClassifier::new())
+                .unwrap_err()
+                .field()
+                .to_owned(),
+        }
+    };
+    assert_eq!(field(r#"{"failure_threshold": 0}"#), "failure_threshold");
+    assert_eq!(field(r#"{"probes": 0}"#), "probes");
+    assert_eq!(field(r#"{"recovery_jitter": 1.5}"#), "recovery_jitter");
+    assert_eq!(
+        field(r#"{"recovery_timeout": "1m", "max_recovery_timeout": "10s"}"#),
+        "max_recovery_timeout"
+    );
+    assert_eq!(
+        field(
+            r#"{"failure_threshold": 3, "failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {"calls": 10}}}"#
+        ),
+        "failure_rate"
+    );
+    assert_eq!(
+        field(r#"{"failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {}}}"#),
+        "failure_rate.window.calls"
+    );
+    assert_eq!(
+        field(r#"{"failure_rate": {"rate": 0, "minimum_calls": 5, "window": {"length": "1m"}}}"#),
+        "failure_rate.rate"
+    );
+    assert_eq!(
+        field(
+            r#"{"failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {"length": "1m", "buckets": 0}}}"#
+        ),
+        "failure_rate.window.buckets"
+    );
+    assert_eq!(field(r#"{"max_breakers": 0}"#), "max_breakers");
+}

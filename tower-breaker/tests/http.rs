@@ -1,0 +1,56 @@
+//! The `http` variant answers `503 CIRCUIT_OPEN` with `Retry-After`.
+#![cfg(feature = "http")]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{service_fn, Layer, ServiceExt};
+use tower_breaker::CircuitBreakerLayer;
+use tower_classify::HttpClassifier;
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .recovery_timeout(Duration::from_secs(20))
+        .build(HttpClassifier::new())
+        .unwrap()
+        .into_http();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer.layer(service_fn({
+        let calls = Arc::clone(&calls);
+        move |_: Request<()>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(502)
+                        .body(String::from("bad gateway"))
+                        .unwrap(),
+                )
+            }
+        }
+    }));
+    for _ in 0..2 {
+        let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "passed through");
+        assert_eq!(response.body(), "bad gateway");
+    }
+    tokio::time::advance(Duration::from_millis(4_500)).await;
+
+    let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the dependency was not called"
+    );
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "16", "15.5 s rounded up");
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+    assert_eq!(body["code"], "CIRCUIT_OPEN");
+    assert_eq!(body["retry_after_secs"], 16);
+}

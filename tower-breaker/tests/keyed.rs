@@ -1,0 +1,156 @@
+//! Keyed breakers: one breaker per key, a bounded map, closed-first eviction.
+
+use std::future::{ready, Ready};
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use futures_util::FutureExt;
+use tower::{service_fn, Layer, Service};
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
+use tower_classify::{BoxError, ErrorChainClassifier};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+/// A request: the dependency it goes to, and whether that dependency fails.
+type Req = (&'static str, bool);
+
+fn keyed(max: usize) -> (impl Service<Req, Error = BoxError>, BreakerHandle) {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .max_breakers(max)
+        .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
+        .unwrap();
+    let handle = layer.handle();
+    let inner = service_fn(|(_, fails): Req| -> Ready<Result<(), io::Error>> {
+        ready(if fails {
+            Err(io::Error::from(io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(())
+        })
+    });
+    (layer.layer(inner), handle)
+}
+
+fn call(svc: &mut impl Service<Req, Error = BoxError>, req: Req) -> Result<(), BoxError> {
+    svc.call(req).now_or_never().expect("immediate").map(drop)
+}
+
+fn keys(handle: &BreakerHandle) -> Vec<(String, State)> {
+    handle
+        .list()
+        .into_iter()
+        .map(|b| (b.key, b.state))
+        .collect()
+}
+
+#[test]
+fn each_key_has_its_own_breaker() {
+    let (mut svc, handle) = keyed(10);
+    call(&mut svc, ("ai-api", true)).unwrap_err();
+    let err = call(&mut svc, ("ai-api", false)).unwrap_err();
+    assert_eq!(err.downcast_ref::<CircuitOpen>().unwrap().key(), "ai-api");
+    call(&mut svc, ("crm-api", false)).unwrap();
+    assert_eq!(
+        keys(&handle),
+        [
+            ("ai-api".to_owned(), State::Open),
+            ("crm-api".to_owned(), State::Closed)
+        ]
+    );
+}
+
+#[test]
+fn eviction_prefers_a_closed_victim_over_an_older_open_one() {
+    let (mut svc, handle) = keyed(2);
+    call(&mut svc, ("down", true)).unwrap_err(); // oldest, open
+    call(&mut svc, ("healthy", false)).unwrap(); // newer, closed
+    call(&mut svc, ("new", false)).unwrap(); // map full: evict
+    assert_eq!(
+        keys(&handle),
+        [
+            ("down".to_owned(), State::Open),
+            ("new".to_owned(), State::Closed)
+        ],
+        "the closed breaker went although the open one was used less recently"
+    );
+    // The open breaker kept its state: the broken dependency stays shed.
+    assert!(call(&mut svc, ("down", false))
+        .unwrap_err()
+        .is::<CircuitOpen>());
+}
+
+#[test]
+fn among_closed_breakers_the_least_recently_used_goes() {
+    let (mut svc, handle) = keyed(2);
+    call(&mut svc, ("a", false)).unwrap();
+    call(&mut svc, ("b", false)).unwrap();
+    call(&mut svc, ("a", false)).unwrap(); // `a` is now the most recent
+    call(&mut svc, ("c", false)).unwrap();
+    let names: Vec<_> = keys(&handle).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, ["a", "c"]);
+}
+
+/// Collects WARN events' messages.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        struct Message<'a>(&'a mut String);
+        impl Visit for Message<'_> {
+            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write;
+                let _ = write!(self.0, "{}={value:?} ", field.name());
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut text = String::new();
+            event.record(&mut Message(&mut text));
+            self.0.lock().unwrap().push(text);
+        }
+    }
+}
+
+#[test]
+fn when_every_breaker_is_open_plain_lru_applies_with_a_warning() {
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let (mut svc, handle) = keyed(2);
+        call(&mut svc, ("first", true)).unwrap_err();
+        call(&mut svc, ("second", true)).unwrap_err();
+        let opened = warnings.0.lock().unwrap().len();
+        assert_eq!(opened, 2, "each opening is a warning too");
+
+        call(&mut svc, ("third", false)).unwrap();
+        assert_eq!(
+            keys(&handle),
+            [
+                ("second".to_owned(), State::Open),
+                ("third".to_owned(), State::Closed)
+            ],
+            "the least recently used open breaker was evicted"
+        );
+        let warnings = warnings.0.lock().unwrap();
+        assert_eq!(warnings.len(), 3);
+        assert!(
+            warnings[2].contains("every circuit breaker is open") && warnings[2].contains("first"),
+            "{}",
+            warnings[2]
+        );
+    });
+}
+
+#[test]
+fn without_pressure_no_eviction_warning_is_logged() {
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let (mut svc, _handle) = keyed(2);
+        call(&mut svc, ("open", true)).unwrap_err();
+        call(&mut svc, ("closed", false)).unwrap();
+        call(&mut svc, ("new", false)).unwrap();
+        let warnings = warnings.0.lock().unwrap();
+        assert_eq!(warnings.len(), 1, "only the opening: {warnings:?}");
+    });
+}
