@@ -1,0 +1,127 @@
+//! Durable enqueue throughput: entries per second acknowledged by the store.
+//!
+//! Every `put` measured here returns only after its entry is durable (redb
+//! commit with `Durability::Immediate`), the same rule the layer relies on.
+//! Each iteration enqueues `CONCURRENCY` entries from as many tasks at once,
+//! as a busy service's failing calls would, so group commit has something to
+//! batch:
+//!
+//! - `redb_group_commit`: the default store (up to 256 entries per commit);
+//! - `redb_commit_per_entry`: `max_batch(1)`, one commit (one fsync) each;
+//! - `memory`: the in-memory store, for reference;
+//! - `layer_redb_group_commit`: the same through `DeadLetterLayer` over a
+//!   failing service (capture, classify, redact, store).
+//!
+//! Run (see the crate README):
+//! `cargo bench -p tower-poison --bench enqueue --no-run`, then the printed
+//! binary with `--bench --warm-up-time 1 --measurement-time 3`.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use http::{Request, Response};
+use http_body_util::Full;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_classify::{BoxError, FailureKind};
+use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
+use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer, EntryId, StoredHeader};
+
+const CONCURRENCY: usize = 64;
+
+fn entry() -> DeadLetterEntry {
+    let now = SystemTime::now();
+    DeadLetterEntry {
+        id: EntryId::generate(now),
+        label: "orders".into(),
+        message_id: None,
+        method: Some("POST".into()),
+        uri: Some("http://orders.internal/orders".into()),
+        headers: vec![StoredHeader {
+            name: "content-type".into(),
+            value: "application/json".into(),
+        }],
+        body: Bytes::from(vec![b'x'; 1024]),
+        body_truncated: false,
+        error: vec!["HTTP 503 Service Unavailable".into()],
+        kind: FailureKind::ServerError,
+        attempts: 3,
+        first_failed_at: now,
+        last_failed_at: now,
+    }
+}
+
+async fn enqueue_concurrently<St: DeadLetterStore>(store: &St) {
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.put(entry()).await.unwrap() })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // On the build disk, not a tmpfs: fsync must cost what it costs.
+    let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+
+    let mut group = c.benchmark_group("enqueue");
+    group.throughput(Throughput::Elements(CONCURRENCY as u64));
+    group.sample_size(10);
+
+    let _guard = runtime.enter();
+    let grouped = RedbStore::open(dir.path().join("grouped.redb")).unwrap();
+    group.bench_function("redb_group_commit", |b| {
+        b.iter(|| runtime.block_on(enqueue_concurrently(&grouped)))
+    });
+    let single = RedbStore::builder()
+        .max_batch(1)
+        .open(dir.path().join("single.redb"))
+        .unwrap();
+    group.bench_function("redb_commit_per_entry", |b| {
+        b.iter(|| runtime.block_on(enqueue_concurrently(&single)))
+    });
+    let memory = MemoryStore::new(usize::MAX);
+    group.bench_function("memory", |b| {
+        b.iter(|| runtime.block_on(enqueue_concurrently(&memory)))
+    });
+
+    let layered = RedbStore::open(dir.path().join("layer.redb")).unwrap();
+    let service = DeadLetterLayer::new(layered).layer(service_fn(
+        |_req: Request<CapturedBody<Full<Bytes>>>| async {
+            Ok::<_, BoxError>(Response::builder().status(503).body(Bytes::new()).unwrap())
+        },
+    ));
+    group.bench_function("layer_redb_group_commit", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let calls: Vec<_> = (0..CONCURRENCY)
+                    .map(|_| {
+                        let mut service = service.clone();
+                        tokio::spawn(async move {
+                            let req = Request::post("http://orders.internal/orders")
+                                .header("authorization", "Bearer secret")
+                                .body(Full::new(Bytes::from(vec![b'x'; 1024])))
+                                .unwrap();
+                            service.ready().await.unwrap().call(req).await.unwrap()
+                        })
+                    })
+                    .collect();
+                for call in calls {
+                    call.await.unwrap();
+                }
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,533 @@
+//! `tower-poison`: inspect, replay and purge a dead-letter store.
+//!
+//! ```text
+//! tower-poison --store dlq.redb list [--kind poison] [--label orders] [--limit 50]
+//! tower-poison --store dlq.redb show ID
+//! tower-poison --store dlq.redb stats
+//! tower-poison --store dlq.redb replay ID --to http://orders.internal:8080
+//! tower-poison --store dlq.redb replay --all --to http://orders.internal:8080 --rate 5
+//! tower-poison --store dlq.redb purge --older-than 7d --yes
+//! ```
+//!
+//! Every command prints a table for people by default and JSON with `--json`.
+//! Exit status: 0 on success, 1 on an error (the store cannot be opened, an
+//! entry does not exist), 2 on a usage error, 3 when `replay` left entries
+//! that failed again.
+
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use clap::{Args, Parser, Subcommand};
+use http::header::{HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use tower_classify::duration::{format_duration, parse_duration};
+use tower_classify::{BoxError, FailureKind, HttpClassifier};
+use tower_poison::replay::{http_request, replay, ReplayOutcome};
+use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
+use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
+use tower_service::Service;
+
+/// Inspect, replay and purge a tower-poison dead-letter store (a redb file).
+///
+/// The store is locked while a service has it open: stop the service (or
+/// point at a copy) first.
+#[derive(Debug, Parser)]
+#[command(name = "tower-poison", version)]
+struct Cli {
+    /// The dead-letter store file (redb).
+    #[arg(long, global = true, env = "TOWER_POISON_STORE", value_name = "PATH")]
+    store: Option<PathBuf>,
+
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List entries, oldest first.
+    List(ListArgs),
+    /// Show one entry in full.
+    Show {
+        /// The entry id (32 hex digits, as `list` prints it).
+        id: EntryId,
+    },
+    /// Depth, oldest age and counts by failure kind.
+    Stats,
+    /// Send entries to a URL again: delivered entries are removed, failed
+    /// ones kept with their attempt count raised.
+    Replay(ReplayArgs),
+    /// Remove entries (all, or those older than an age). Without `--yes` it
+    /// only reports what it would remove.
+    Purge {
+        /// Only entries whose first failure is older than this (`7d`, `12h`).
+        #[arg(long, value_parser = parse_age, value_name = "AGE")]
+        older_than: Option<Duration>,
+        /// Really remove them.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    /// Only entries of this failure kind (server_error, rate_limited,
+    /// timeout, connection, rejected, poison, shed).
+    #[arg(long, value_parser = parse_kind)]
+    kind: Option<FailureKind>,
+    /// Only entries with this label.
+    #[arg(long)]
+    label: Option<String>,
+    /// At most this many entries.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Start after this id (the `next` of a previous page).
+    #[arg(long)]
+    after: Option<EntryId>,
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The entry to replay.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    id: Option<EntryId>,
+    /// Replay every entry (filtered by --kind and --label).
+    #[arg(long)]
+    all: bool,
+    /// Where to send them: scheme, host and port (and an optional path
+    /// prefix); each entry keeps its own method, path, query and body.
+    #[arg(long, value_name = "URL")]
+    to: Uri,
+    /// At most this many requests per second.
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    /// Give up on one request after this long.
+    #[arg(long, value_parser = parse_age, default_value = "30s")]
+    timeout: Duration,
+    /// An extra header for every request, such as fresh credentials for the
+    /// redacted ones (`--header 'authorization: Bearer …'`).
+    #[arg(long = "header", value_parser = parse_header, value_name = "NAME: VALUE")]
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// With --all: only entries of this kind.
+    #[arg(long, value_parser = parse_kind)]
+    kind: Option<FailureKind>,
+    /// With --all: only entries with this label.
+    #[arg(long)]
+    label: Option<String>,
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn parse_kind(text: &str) -> Result<FailureKind, String> {
+    kind_from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+        format!(
+            "unknown failure kind {text:?}; expected one of {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("expected `NAME: VALUE`, got {text:?}"))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|e| e.to_string())?;
+    let value = HeaderValue::from_str(value.trim()).map_err(|e| e.to_string())?;
+    Ok((name, value))
+}
+
+/// An error for the operator, printed with its causes.
+struct Failure(BoxError);
+
+impl<E: Into<BoxError>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Failure(error.into())
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(Failure(error)) => {
+            let chain = tower_poison::error_chain(&*error);
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let Some(path) = cli.store else {
+        return Err("no store given: pass --store PATH (or set TOWER_POISON_STORE)".into());
+    };
+    if !path.exists() {
+        return Err(format!("dead-letter store {} does not exist", path.display()).into());
+    }
+    let store = RedbStore::open(&path)?;
+    let now = SystemTime::now();
+    match cli.command {
+        Command::List(args) => list(&store, args, cli.json, now).await,
+        Command::Show { id } => show(&store, id, cli.json, now).await,
+        Command::Stats => stats(&store, cli.json, now).await,
+        Command::Replay(args) => replay_command(&store, args, cli.json).await,
+        Command::Purge { older_than, yes } => purge(&store, older_than, yes, cli.json, now).await,
+    }
+}
+
+async fn list(
+    store: &RedbStore,
+    args: ListArgs,
+    json: bool,
+    now: SystemTime,
+) -> Result<ExitCode, Failure> {
+    let mut query = ListQuery::new().limit(args.limit);
+    query.after = args.after;
+    query.kind = args.kind;
+    query.label = args.label;
+    let page = store.list(query).await?;
+    if json {
+        let out = json!({
+            "entries": page.entries,
+            "next": page.next.map(|id| id.to_string()),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = page
+        .entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.id.to_string(),
+                format_duration(round_secs(e.age(now))),
+                e.kind.to_string(),
+                e.attempts.to_string(),
+                e.label.clone(),
+                e.method.clone().unwrap_or_default(),
+                clip(e.uri.as_deref().unwrap_or(""), 48),
+                clip(&e.error_text(), 60),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID", "AGE", "KIND", "ATTEMPTS", "LABEL", "METHOD", "URI", "ERROR",
+        ],
+        &rows,
+    );
+    match page.next {
+        Some(next) => println!("more: --after {next}"),
+        None => println!("{} entries", rows.len()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(
+    store: &RedbStore,
+    id: EntryId,
+    json: bool,
+    now: SystemTime,
+) -> Result<ExitCode, Failure> {
+    let Some(e) = store.get(id).await? else {
+        return Err(format!("no entry {id}").into());
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&e)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_entry(&e, now);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
+    let field = |name: &str, value: &str| println!("{name:<16}{value}");
+    field("id", &e.id.to_string());
+    field("label", &e.label);
+    if let Some(message_id) = &e.message_id {
+        field("message id", message_id);
+    }
+    field("kind", e.kind.as_str());
+    field("attempts", &e.attempts.to_string());
+    field(
+        "first failed",
+        &format!(
+            "{} ({} ago)",
+            httpdate::fmt_http_date(e.first_failed_at),
+            format_duration(round_secs(e.age(now)))
+        ),
+    );
+    field("last failed", &httpdate::fmt_http_date(e.last_failed_at));
+    field("method", e.method.as_deref().unwrap_or("-"));
+    field("uri", e.uri.as_deref().unwrap_or("-"));
+    println!("error");
+    for (depth, message) in e.error.iter().enumerate() {
+        println!("  {}{message}", "  ".repeat(depth));
+    }
+    println!("headers");
+    for header in &e.headers {
+        println!("  {}: {}", header.name, header.value);
+    }
+    let note = if e.body_truncated { " (truncated)" } else { "" };
+    println!("body ({} bytes{note})", e.body.len());
+    match std::str::from_utf8(&e.body) {
+        Ok(text) => println!("{text}"),
+        Err(_) => println!("{:02x?}", &e.body[..]),
+    }
+}
+
+async fn stats(store: &RedbStore, json: bool, now: SystemTime) -> Result<ExitCode, Failure> {
+    let stats = store.stats(now).await?;
+    if json {
+        let out = json!({
+            "depth": stats.depth,
+            "oldest_age_seconds": stats.oldest_age.map(|a| a.as_secs()),
+            "by_kind": stats.by_kind,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<16}{}", "depth", stats.depth);
+    println!(
+        "{:<16}{}",
+        "oldest age",
+        stats
+            .oldest_age
+            .map_or("-".to_owned(), |a| format_duration(round_secs(a)))
+    );
+    let rows: Vec<Vec<String>> = stats
+        .by_kind
+        .iter()
+        .map(|(kind, count)| vec![kind.clone(), count.to_string()])
+        .collect();
+    if !rows.is_empty() {
+        println!();
+        print_table(&["KIND", "ENTRIES"], &rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The HTTP client with a per-request timeout, as a `Service`.
+#[derive(Clone)]
+struct ReplayClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl Service<Request<Full<Bytes>>> for ReplayClient {
+    type Response = Response<Incoming>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        let call = self.client.request(request);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, call).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(elapsed) => Err(elapsed.into()),
+            }
+        })
+    }
+}
+
+async fn replay_command(
+    store: &RedbStore,
+    args: ReplayArgs,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    if args.to.scheme().is_none() || args.to.authority().is_none() {
+        return Err(format!(
+            "--to {} must be an absolute URL (http://host:port)",
+            args.to
+        )
+        .into());
+    }
+    if !(args.rate > 0.0 && args.rate.is_finite()) {
+        return Err("--rate must be a positive number of requests per second".into());
+    }
+    let ids = match args.id {
+        Some(id) => vec![id],
+        None => {
+            let mut ids = Vec::new();
+            let mut query = ListQuery::new().limit(1000);
+            query.kind = args.kind;
+            query.label = args.label.clone();
+            loop {
+                let page = store.list(query.clone()).await?;
+                ids.extend(page.entries.iter().map(|e| e.id));
+                match page.next {
+                    Some(next) => query = query.after(next),
+                    None => break,
+                }
+            }
+            ids
+        }
+    };
+    let mut client = ReplayClient {
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        timeout: args.timeout,
+    };
+    let classifier = HttpClassifier::new();
+    let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let mut results = Vec::new();
+    let (mut delivered, mut failed) = (0, 0);
+    for id in ids {
+        pace.tick().await;
+        let result = replay(store, id, &mut client, &classifier, |e| {
+            http_request(e, &args.to, &args.headers)
+        })
+        .await;
+        let (status, detail) = match result {
+            Ok(ReplayOutcome::Delivered) => {
+                delivered += 1;
+                ("delivered", json!({}))
+            }
+            Ok(ReplayOutcome::Failed {
+                attempts,
+                kind,
+                error,
+            }) => {
+                failed += 1;
+                (
+                    "failed",
+                    json!({"attempts": attempts, "kind": kind.as_str(), "error": error}),
+                )
+            }
+            Ok(ReplayOutcome::NotFound) => {
+                failed += 1;
+                ("not_found", json!({}))
+            }
+            Err(error) => {
+                failed += 1;
+                let text = tower_poison::error_chain(&error).join(": ");
+                ("error", json!({ "error": text }))
+            }
+        };
+        if !json {
+            let extra = match (detail.get("error"), detail.get("attempts")) {
+                (Some(error), Some(attempts)) => {
+                    format!(" (attempts {attempts}: {})", error.as_str().unwrap_or(""))
+                }
+                (Some(error), None) => format!(" ({})", error.as_str().unwrap_or("")),
+                _ => String::new(),
+            };
+            println!("{id} {status}{extra}");
+        }
+        let mut row = json!({"id": id.to_string(), "result": status});
+        if let (Some(row), Some(detail)) = (row.as_object_mut(), detail.as_object()) {
+            row.extend(detail.clone());
+        }
+        results.push(row);
+    }
+    if json {
+        let out = json!({"delivered": delivered, "failed": failed, "results": results});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{delivered} delivered, {failed} failed");
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+async fn purge(
+    store: &RedbStore,
+    older_than: Option<Duration>,
+    yes: bool,
+    json: bool,
+    now: SystemTime,
+) -> Result<ExitCode, Failure> {
+    let filter = match older_than {
+        Some(age) => PurgeFilter::older_than(age, now),
+        None => PurgeFilter::all(),
+    };
+    let (count, done) = if yes {
+        (store.purge(filter).await?, true)
+    } else {
+        let mut matching = 0u64;
+        let mut query = ListQuery::new().limit(1000);
+        query.failed_before = filter.failed_before;
+        loop {
+            let page = store.list(query.clone()).await?;
+            matching += page.entries.len() as u64;
+            match page.next {
+                Some(next) => query = query.after(next),
+                None => break,
+            }
+        }
+        (matching, false)
+    };
+    if json {
+        let out =
+            json!({"purged": if done { count } else { 0 }, "matching": count, "dry_run": !done});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else if done {
+        println!("purged {count} entries");
+    } else {
+        println!("would purge {count} entries; run again with --yes to remove them");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn round_secs(duration: Duration) -> Duration {
+    Duration::from_secs(duration.as_secs())
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut clipped: String = text.chars().take(max - 1).collect();
+    clipped.push('…');
+    clipped
+}
+
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

@@ -1,0 +1,323 @@
+//! The operator CLI, run as a real binary against a store the layer filled,
+//! replaying to a real HTTP server on 127.0.0.1.
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_classify::BoxError;
+use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
+use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tower-poison");
+
+/// Fills a store through the layer: three calls fail with 503, 404 and 429.
+async fn populate(path: &Path) {
+    let store = RedbStore::open(path).unwrap();
+    let mut service = DeadLetterLayer::new(store)
+        .label("orders")
+        .layer(service_fn(
+            |req: Request<CapturedBody<Full<Bytes>>>| async move {
+                let status = match req.uri().path() {
+                    "/orders" => 503,
+                    "/orders/missing" => 404,
+                    _ => 429,
+                };
+                Ok::<_, BoxError>(
+                    Response::builder()
+                        .status(status)
+                        .body(Bytes::new())
+                        .unwrap(),
+                )
+            },
+        ));
+    for (method, path, body) in [
+        ("POST", "/orders", r#"{"sku":1}"#),
+        ("PUT", "/orders/missing", r#"{"sku":2}"#),
+        ("POST", "/orders/slow", r#"{"sku":3}"#),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://orders.internal{path}"))
+            .header("authorization", "Bearer secret-token")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        service.ready().await.unwrap().call(req).await.unwrap();
+    }
+    // Dropping the service closes the store, so the CLI can open it.
+}
+
+async fn cli(store: &Path, args: &[&str]) -> Output {
+    let mut command = std::process::Command::new(BIN);
+    command.arg("--store").arg(store).args(args);
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+async fn entries(store: &Path) -> Vec<DeadLetterEntry> {
+    let listed = json(&cli(store, &["list", "--json"]).await);
+    serde_json::from_value(listed["entries"].clone()).unwrap()
+}
+
+/// Requests the replay target received: (method, path, authorization, body).
+type Seen = Arc<Mutex<Vec<(String, String, Option<String>, Bytes)>>>;
+
+/// A server that answers 200, except 500 for paths ending in `/slow`.
+async fn server() -> (String, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let record = record.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let record = record.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await.unwrap().to_bytes();
+                        let auth = parts
+                            .headers
+                            .get("authorization")
+                            .map(|v| v.to_str().unwrap().to_owned());
+                        let path = parts.uri.path().to_owned();
+                        let status = if path.ends_with("/slow") {
+                            StatusCode::INTERNAL_SERVER_ERROR
+                        } else {
+                            StatusCode::OK
+                        };
+                        record
+                            .lock()
+                            .unwrap()
+                            .push((parts.method.to_string(), path, auth, body));
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+fn store_path() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_and_stats_read_what_the_layer_stored() {
+    let (_dir, store) = store_path();
+    populate(&store).await;
+
+    // list: a table for people, JSON for scripts.
+    let table = cli(&store, &["list"]).await;
+    assert!(table.status.success());
+    let text = stdout(&table);
+    let header = text.lines().next().unwrap();
+    assert!(header.starts_with("ID") && header.contains("KIND") && header.contains("ERROR"));
+    assert!(
+        text.contains("server_error") && text.contains("rejected") && text.contains("rate_limited")
+    );
+    assert!(text.contains("HTTP 503 Service Unavailable"));
+    assert!(text.contains("3 entries"));
+
+    let all = entries(&store).await;
+    assert_eq!(all.len(), 3);
+    let rejected = json(&cli(&store, &["list", "--json", "--kind", "rejected"]).await);
+    assert_eq!(rejected["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        rejected["entries"][0]["uri"],
+        "http://orders.internal/orders/missing"
+    );
+    let paged = json(&cli(&store, &["list", "--json", "--limit", "2"]).await);
+    assert_eq!(paged["entries"].as_array().unwrap().len(), 2);
+    let next = paged["next"].as_str().unwrap();
+    let rest = json(&cli(&store, &["list", "--json", "--after", next]).await);
+    assert_eq!(rest["entries"].as_array().unwrap().len(), 1);
+
+    // show: every field, secrets redacted.
+    let id = all[0].id.to_string();
+    let shown = cli(&store, &["show", &id]).await;
+    assert!(shown.status.success());
+    let text = stdout(&shown);
+    assert!(text.contains(&id));
+    assert!(text.contains("authorization: [redacted]"));
+    assert!(!text.contains("secret-token"));
+    assert!(text.contains(r#"{"sku":1}"#));
+    let shown: DeadLetterEntry =
+        serde_json::from_value(json(&cli(&store, &["show", &id, "--json"]).await)).unwrap();
+    assert_eq!(shown, all[0]);
+
+    // stats.
+    let stats = json(&cli(&store, &["stats", "--json"]).await);
+    assert_eq!(stats["depth"], 3);
+    assert_eq!(stats["by_kind"]["server_error"], 1);
+    assert_eq!(stats["by_kind"]["rejected"], 1);
+    assert_eq!(stats["by_kind"]["rate_limited"], 1);
+    assert!(stats["oldest_age_seconds"].as_u64().unwrap() < 60);
+    let text = stdout(&cli(&store, &["stats"]).await);
+    assert!(text.contains("depth") && text.contains("oldest age"));
+
+    // Errors are reported, with a non-zero status.
+    let missing = cli(&store, &["show", "0000000000000000000000000000abcd"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no entry"));
+    let bad_id = cli(&store, &["show", "nope"]).await;
+    assert_eq!(bad_id.status.code(), Some(2));
+    let no_store = cli(&store.with_extension("missing"), &["stats"]).await;
+    assert_eq!(no_store.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_store.stderr).contains("does not exist"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
+    let (_dir, store) = store_path();
+    populate(&store).await;
+    let (url, seen) = server().await;
+    let all = entries(&store).await;
+    let first = all
+        .iter()
+        .find(|e| e.uri.as_deref() == Some("http://orders.internal/orders"))
+        .unwrap();
+
+    // One entry, with fresh credentials for the redacted header.
+    let one = cli(
+        &store,
+        &[
+            "replay",
+            &first.id.to_string(),
+            "--to",
+            &url,
+            "--header",
+            "authorization: Bearer fresh",
+        ],
+    )
+    .await;
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert!(stdout(&one).contains("delivered"));
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].0, "POST");
+        assert_eq!(seen[0].1, "/orders");
+        assert_eq!(seen[0].2.as_deref(), Some("Bearer fresh"));
+        assert_eq!(seen[0].3, r#"{"sku":1}"#);
+    }
+    assert_eq!(entries(&store).await.len(), 2);
+
+    // The rest, rate-limited: /orders/slow still fails and is kept.
+    let started = Instant::now();
+    let rest = cli(
+        &store,
+        &["replay", "--all", "--to", &url, "--rate", "10", "--json"],
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(rest.status.code(), Some(3), "a failed replay is reported");
+    let report: Value = serde_json::from_slice(&rest.stdout).unwrap();
+    assert_eq!(report["delivered"], 1);
+    assert_eq!(report["failed"], 1);
+    // Two requests at 10/s: the second waits for the next 100 ms slot.
+    assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert!(
+            seen[1..].iter().all(|(_, _, auth, _)| auth.is_none()),
+            "redacted header sent"
+        );
+    }
+    let left = entries(&store).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        left[0].uri.as_deref(),
+        Some("http://orders.internal/orders/slow")
+    );
+    assert_eq!(left[0].attempts, 2);
+    assert_eq!(left[0].kind.as_str(), "server_error");
+    assert!(left[0].last_failed_at > left[0].first_failed_at);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
+    let (_dir, store) = store_path();
+    populate(&store).await;
+    // One more entry that first failed ten days ago.
+    let old_id = {
+        let opened = RedbStore::open(&store).unwrap();
+        let mut old = entries_of(&opened).await.remove(0);
+        old.id = tower_poison::EntryId::generate(std::time::SystemTime::now());
+        old.first_failed_at -= Duration::from_secs(10 * 86_400);
+        old.uri = Some("http://orders.internal/orders/old".into());
+        opened.put(old.clone()).await.unwrap();
+        old.id
+    };
+
+    let dry = cli(&store, &["purge", "--older-than", "7d"]).await;
+    assert!(dry.status.success());
+    assert!(
+        stdout(&dry).contains("would purge 1 entries"),
+        "{}",
+        stdout(&dry)
+    );
+    assert_eq!(entries(&store).await.len(), 4);
+
+    let aged = json(&cli(&store, &["purge", "--older-than", "7d", "--yes", "--json"]).await);
+    assert_eq!(aged["purged"], 1);
+    let left = entries(&store).await;
+    assert_eq!(left.len(), 3);
+    assert!(left.iter().all(|e| e.id != old_id));
+
+    let bad = cli(&store, &["purge", "--older-than", "7", "--yes"]).await;
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unit"));
+
+    let dry = cli(&store, &["purge"]).await;
+    assert!(stdout(&dry).contains("would purge 3 entries"));
+    let purged = cli(&store, &["purge", "--yes"]).await;
+    assert!(stdout(&purged).contains("purged 3 entries"));
+    assert_eq!(json(&cli(&store, &["stats", "--json"]).await)["depth"], 0);
+}
+
+async fn entries_of(store: &RedbStore) -> Vec<DeadLetterEntry> {
+    store.list(ListQuery::new()).await.unwrap().entries
+}
