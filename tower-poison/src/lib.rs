@@ -59,7 +59,7 @@
 //! # Operating the store
 //!
 //! From code: [`DeadLetterStore`](store::DeadLetterStore) (`list`, `get`,
-//! `remove`, `purge`, `depth`, `oldest_age`, `stats`) and [`replay`].
+//! `remove`, `purge`, `depth`, `oldest_age`, `stats`) and [`replay()`](crate::replay()).
 //! From a shell, with the `cli` feature: the `tower-poison` binary
 //! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
 //!
@@ -73,6 +73,8 @@
 //! # Example
 //!
 //! ```
+//! # #[cfg(not(feature = "redb"))] fn main() {}
+//! # #[cfg(feature = "redb")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! use bytes::Bytes;

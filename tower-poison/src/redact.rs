@@ -15,7 +15,7 @@ pub const REDACTED: &str = "[redacted]";
 /// Always redacted: `Authorization`, `Proxy-Authorization`, `Cookie`,
 /// `Set-Cookie` and `X-Api-Key`. Add more with [`with_header`](Self::with_header).
 /// The header is kept (with its name) so an operator can see a credential was
-/// sent; [replay](crate::replay) drops redacted headers rather than sending the
+/// sent; [replay](mod@crate::replay) drops redacted headers rather than sending the
 /// placeholder.
 ///
 /// ```

@@ -1,6 +1,6 @@
 //! Dead-letter stores: where entries are kept until an operator acts on them.
 //!
-//! [`DeadLetterStore`] is the interface the layer, [replay](crate::replay)
+//! [`DeadLetterStore`] is the interface the layer, [replay](mod@crate::replay)
 //! and the CLI use. Two implementations ship here:
 //!
 //! - [`RedbStore`] (feature `redb`, on by default): the default, an embedded
@@ -38,7 +38,7 @@ pub use self::redb::{RedbStore, RedbStoreBuilder};
 /// share their state between clones.
 ///
 /// [`put`](Self::put) is an upsert keyed by [`DeadLetterEntry::id`]:
-/// [replay](crate::replay) uses it to update a failed entry in place. It must
+/// [replay](mod@crate::replay) uses it to update a failed entry in place. It must
 /// return only once the entry is as durable as the store promises; an error
 /// means the entry was *not* kept.
 pub trait DeadLetterStore: Clone + Send + Sync + 'static {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -56,6 +57,10 @@ pub struct RedbStore {
 
 struct Inner {
     db: Arc<Database>,
+    /// The number of entries, kept up to date by every committed write so
+    /// `depth` (read after every dead-lettered call for the gauge) needs no
+    /// transaction. Exact, because redb's file lock keeps other processes out.
+    depth: Arc<AtomicU64>,
     path: PathBuf,
     writer: Option<mpsc::Sender<Put>>,
     thread: Option<JoinHandle<()>>,
@@ -106,20 +111,27 @@ impl RedbStoreBuilder {
         })?;
         // Create the table up front so readers never see a missing table.
         let txn = db.begin_write().map_err(backend)?;
-        txn.open_table(ENTRIES).map_err(backend)?;
+        let depth = txn
+            .open_table(ENTRIES)
+            .map_err(backend)?
+            .len()
+            .map_err(backend)?;
         txn.commit().map_err(backend)?;
 
         let db = Arc::new(db);
+        let depth = Arc::new(AtomicU64::new(depth));
+        let thread_depth = Arc::clone(&depth);
         let (writer, queue) = mpsc::channel();
         let thread_db = Arc::clone(&db);
         let max_batch = self.max_batch;
         let thread = std::thread::Builder::new()
             .name("tower-poison-redb".into())
-            .spawn(move || write_loop(&thread_db, &queue, max_batch))
+            .spawn(move || write_loop(&thread_db, &queue, max_batch, &thread_depth))
             .map_err(|e| StoreError::backend("cannot start the dead-letter writer thread", e))?;
         Ok(RedbStore {
             inner: Arc::new(Inner {
                 db,
+                depth,
                 path,
                 writer: Some(writer),
                 thread: Some(thread),
@@ -171,7 +183,7 @@ fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
 
 /// The writer thread: take what is queued (up to `max_batch`), commit it in
 /// one durable transaction, then acknowledge every entry of the batch.
-fn write_loop(db: &Database, queue: &mpsc::Receiver<Put>, max_batch: usize) {
+fn write_loop(db: &Database, queue: &mpsc::Receiver<Put>, max_batch: usize, depth: &AtomicU64) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -181,9 +193,12 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Put>, max_batch: usize) {
             }
         }
         let result = write_batch(db, &batch);
+        if let Ok(added) = &result {
+            depth.fetch_add(*added, Ordering::Relaxed);
+        }
         for put in batch {
             let ack = match &result {
-                Ok(()) => Ok(()),
+                Ok(_) => Ok(()),
                 Err(error) => Err(StoreError::new(error.kind(), error_text(error))),
             };
             // The caller may have gone away (its call was cancelled); the
@@ -197,19 +212,24 @@ fn error_text(error: &StoreError) -> String {
     crate::entry::error_chain(error).join(": ")
 }
 
-fn write_batch(db: &Database, batch: &[Put]) -> Result<(), StoreError> {
+/// Writes `batch` in one durable transaction; returns how many entries are new
+/// (the others replaced an entry with the same id).
+fn write_batch(db: &Database, batch: &[Put]) -> Result<u64, StoreError> {
     let mut txn = db.begin_write().map_err(backend)?;
     txn.set_durability(Durability::Immediate)
         .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+    let mut added = 0;
     {
         let mut table = txn.open_table(ENTRIES).map_err(backend)?;
         for put in batch {
-            table
+            let replaced = table
                 .insert(put.key, put.value.as_slice())
                 .map_err(backend)?;
+            added += u64::from(replaced.is_none());
         }
     }
-    txn.commit().map_err(backend)
+    txn.commit().map_err(backend)?;
+    Ok(added)
 }
 
 impl DeadLetterStore for RedbStore {
@@ -278,6 +298,7 @@ impl DeadLetterStore for RedbStore {
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
+        let depth = Arc::clone(&self.inner.depth);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let removed = {
@@ -286,12 +307,16 @@ impl DeadLetterStore for RedbStore {
                 removed
             };
             txn.commit().map_err(backend)?;
+            if removed {
+                depth.fetch_sub(1, Ordering::Relaxed);
+            }
             Ok(removed)
         })
         .await
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
+        let depth = Arc::clone(&self.inner.depth);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let mut removed = 0;
@@ -310,18 +335,14 @@ impl DeadLetterStore for RedbStore {
                     .map_err(backend)?;
             }
             txn.commit().map_err(backend)?;
+            depth.fetch_sub(removed, Ordering::Relaxed);
             Ok(removed)
         })
         .await
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        self.blocking(|db| {
-            let txn = db.begin_read().map_err(backend)?;
-            let table = txn.open_table(ENTRIES).map_err(backend)?;
-            table.len().map_err(backend)
-        })
-        .await
+        Ok(self.inner.depth.load(Ordering::Relaxed))
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
