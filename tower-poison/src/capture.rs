@@ -437,4 +437,39 @@ mod tests {
         assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdefghijklmnop");
         assert_eq!(pulled.load(Ordering::SeqCst), 4);
     }
+
+    proptest::proptest! {
+        /// For any chunking and any limit: the record holds exactly the first
+        /// `limit` bytes, the flag says whether there were more, capture pulls
+        /// at most one frame past the limit, and the inner service still gets
+        /// every byte in order.
+        #[test]
+        fn capture_keeps_a_prefix_and_passes_everything_on(
+            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..12),
+            limit in 0usize..200,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let whole: Vec<u8> = chunks.concat();
+            let pulled = Arc::new(AtomicUsize::new(0));
+            let body = Chunks {
+                chunks: chunks.iter().map(|c| Bytes::from(c.clone())).collect(),
+                pulled: pulled.clone(),
+            };
+            let (body, prefix, truncated) = runtime.block_on(read_prefix(body, limit)).unwrap();
+            proptest::prop_assert_eq!(&prefix[..], &whole[..whole.len().min(limit)]);
+            proptest::prop_assert_eq!(truncated, whole.len() > limit);
+            // Frames pulled while capturing: those that fit in the limit, plus
+            // at most the one that crossed it.
+            let mut fit = 0;
+            let mut seen = 0;
+            for chunk in &chunks {
+                if seen > limit { break; }
+                seen += chunk.len();
+                fit += 1;
+            }
+            proptest::prop_assert!(pulled.load(Ordering::SeqCst) <= fit);
+            let passed = runtime.block_on(body.collect()).unwrap().to_bytes();
+            proptest::prop_assert_eq!(&passed[..], &whole[..]);
+        }
+    }
 }

@@ -48,6 +48,34 @@
 //! every *attempt* and store a call once per failed try, including the tries a
 //! retry later fixed: use that order only when every failure must be audited.
 //!
+//! # With axum
+//!
+//! The layer's error type is `BoxError` (it fails a call when its store cannot
+//! write), and `axum::Router::layer` wants infallible services, so put axum's
+//! `HandleErrorLayer` in front of it. The router's routes accept the
+//! [`CapturedBody`] the layer hands on.
+//!
+//! ```rust,ignore
+//! use axum::{error_handling::HandleErrorLayer, http::StatusCode, BoxError, Router};
+//! use tower::ServiceBuilder;
+//!
+//! let app = Router::new().route("/orders", post(create_order)).layer(
+//!     ServiceBuilder::new()
+//!         .layer(HandleErrorLayer::new(|error: BoxError| async move {
+//!             // `StoreFailed`: the failed request could not be kept.
+//!             (StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+//!         }))
+//!         .layer(DeadLetterLayer::new(store).label("orders-api")),
+//! );
+//! ```
+//!
+//! A server's handlers answer failures with 4xx/5xx responses, not errors;
+//! the classifier decides which of those are stored (by default 5xx, 408,
+//! 429 and other 4xx: narrow it with
+//! [`HttpClassifier::retryable_statuses`](tower_classify::HttpClassifier::retryable_statuses)
+//! or a [`map`](tower_classify::ClassifyExt::map) that turns `Rejected` into
+//! success if client mistakes are not worth keeping).
+//!
 //! # Poison messages
 //!
 //! A queue consumer sees the same message again after a failure.

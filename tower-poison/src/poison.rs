@@ -214,4 +214,43 @@ mod tests {
         assert!(counters.get("m-9998").is_some());
         assert!(counters.get("m-5").is_none());
     }
+
+    proptest::proptest! {
+        /// Against a model: whatever the sequence of failures and successes,
+        /// the map never holds more than `capacity` ids, and an id it still
+        /// holds has exactly the failures counted since it was last cleared.
+        #[test]
+        fn counts_match_a_model_and_stay_bounded(
+            ops in proptest::collection::vec((0u8..20, proptest::bool::ANY), 0..300),
+            capacity in 1usize..8,
+        ) {
+            let policy = PoisonPolicy::new(3).unwrap().capacity(capacity).unwrap();
+            let counters = PoisonCounters::new(policy);
+            let mut model: HashMap<String, u32> = HashMap::new();
+            let now = SystemTime::now();
+            for (id, fails) in ops {
+                let id = format!("m-{id}");
+                if fails {
+                    let count = counters.record_failure(&id, FailureKind::Connection, Vec::new(), now);
+                    let expected = model.get(&id).map_or(1, |n| n + 1);
+                    // A forgotten id starts again at one.
+                    proptest::prop_assert!(count.failures == expected || count.failures == 1);
+                    model.insert(id.clone(), count.failures);
+                } else {
+                    counters.clear(&id);
+                    model.remove(&id);
+                }
+                let (live, order) = counters.tracked();
+                proptest::prop_assert!(live <= capacity);
+                proptest::prop_assert!(order <= 2 * capacity + 1);
+                if let Some(count) = counters.get(&id) {
+                    proptest::prop_assert_eq!(Some(&count.failures), model.get(&id));
+                    proptest::prop_assert_eq!(
+                        counters.exceeded(&id).is_some(),
+                        count.failures >= 3
+                    );
+                }
+            }
+        }
+    }
 }

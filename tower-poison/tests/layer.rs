@@ -678,3 +678,94 @@ async fn readiness_is_the_inner_services() {
     let response = call.await.unwrap().unwrap();
     assert_eq!(response.into_body(), "ok");
 }
+
+/// Collects `(level, message, key field)` of every tracing event.
+#[derive(Clone, Default)]
+struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String, String)>>>);
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String, String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+                match field.name() {
+                    "message" => self.0 = format!("{value:?}"),
+                    "key" | "entry_id" => self.1 = format!("{value:?}"),
+                    _ => {}
+                }
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "key" {
+                    self.1 = value.to_owned();
+                }
+            }
+        }
+        let mut fields = Fields(String::new(), String::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields.0, fields.1));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn dlq_logs_every_entry_and_drop_logs_once_per_key() {
+    let events = Events::default();
+    tracing::subscriber::with_default(events.clone(), || {
+        run(async {
+            let store = MemoryStore::new(100);
+            let mut dlq = DeadLetterLayer::new(store.clone()).layer_service(failing_http_service());
+            for _ in 0..2 {
+                dlq.ready()
+                    .await
+                    .unwrap()
+                    .call(request("{}"))
+                    .await
+                    .unwrap_err();
+            }
+
+            let consumer =
+                service_fn(|_message: Message| async { Err::<(), _>(std::io::Error::other("no")) });
+            let mut dropping = DeadLetterLayer::new(store.clone())
+                .action(Action::Drop)
+                .classifier(ErrorChainClassifier::new())
+                .capture(describe_fn(describe))
+                .layer_service(consumer);
+            for id in ["a", "a", "a", "b"] {
+                let message = Message {
+                    id: id.into(),
+                    payload: Bytes::new(),
+                };
+                dropping.call(message).await.unwrap_err();
+            }
+        });
+    });
+    let events = events.0.lock().unwrap();
+    let warned = |text: &str| {
+        events
+            .iter()
+            .filter(|(level, message, _)| *level == tracing::Level::WARN && message.contains(text))
+            .map(|(.., key)| key.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(warned("dead-lettered a failed call").len(), 2);
+    assert_eq!(warned("dropped a failed call"), ["a", "b"]);
+    let quiet = events
+        .iter()
+        .filter(|(level, message, _)| {
+            *level == tracing::Level::DEBUG && message.contains("dropped")
+        })
+        .count();
+    assert_eq!(quiet, 2, "repeats of key a are logged at debug");
+}
