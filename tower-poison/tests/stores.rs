@@ -296,31 +296,27 @@ async fn acknowledged_entries_survive_sigkill() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reading = acked.clone();
     let reader = std::thread::spawn(move || {
-        let mut acked = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             if let Some(id) = line.strip_prefix("ACK ") {
-                acked.push(id.parse::<EntryId>().unwrap());
+                reading.lock().unwrap().push(id.parse::<EntryId>().unwrap());
             }
         }
-        acked
     });
-    // Let it acknowledge a good number of entries, then kill it mid-stream.
+    // Let it acknowledge a good number of entries, then kill it mid-stream
+    // (its writers never pause, so a commit is always in flight).
     let started = std::time::Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if (bytes > 0 && started.elapsed() > Duration::from_millis(700))
-            || started.elapsed() > Duration::from_secs(20)
-        {
-            break;
-        }
+    while acked.lock().unwrap().len() < 200 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
     }
     // `Child::kill` sends SIGKILL on Unix: no destructor, no flush runs.
     child.kill().unwrap();
     child.wait().unwrap();
-    let acked = reader.join().unwrap();
+    reader.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
     assert!(
         acked.len() >= 10,
         "only {} entries acknowledged",
