@@ -1,6 +1,6 @@
 //! Error types.
 //!
-//! The retry layer's error type is [`BoxError`](tower_classify::BoxError), like
+//! The retry layer's error type is [`BoxError`], like
 //! every tower middleware that can fail on its own. When it gives up it usually
 //! returns the last attempt's own result unchanged (the response, or the inner
 //! service's error). It returns one of the errors here only when it ends the

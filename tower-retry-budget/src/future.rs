@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, Timeout};
+use tokio::time::{Instant, Sleep};
 use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome, RetryHint};
 use tower_service::Service;
@@ -37,9 +37,14 @@ pin_project! {
         attempts: u32,
         deadline: Option<Instant>,
         // Created on the first retry: the success path needs no random
-        // generator and no timer.
+        // generator.
         backoff: Option<BackoffIter>,
-        sleep: Option<Pin<Box<Sleep>>>,
+        // One timer, reused: the attempt's limit while `Called`, the backoff
+        // while `Waiting`, the deadline while `Readying`. Boxed so that the
+        // future stays small and a call without limits allocates nothing.
+        timer: Option<Pin<Box<Sleep>>>,
+        // What the timer enforces while an attempt is in flight.
+        limit: Limit,
         waited_for_shed: bool,
     }
 }
@@ -47,17 +52,24 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        // An attempt without a time limit.
+        // An attempt in flight, bounded by the timer when `limit` says so.
         Called { #[pin] future: F },
-        // An attempt bounded by the attempt timeout or the loop deadline,
-        // whichever comes first (`by_deadline` says which).
-        Limited { #[pin] future: Timeout<F>, by_deadline: bool },
-        // Sleeping before the next attempt (`sleep` holds the timer).
+        // Sleeping before the next attempt.
         Waiting,
         // Driving the service ready for the next attempt.
         Readying,
         Done,
     }
+}
+
+/// Which limit the timer enforces on the attempt in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    None,
+    /// The per-attempt timeout: the attempt fails as a timeout.
+    AttemptTimeout,
+    /// The loop's deadline: the whole call ends.
+    Deadline,
 }
 
 const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
@@ -104,26 +116,31 @@ fn give_up(reason: &'static str, attempts: u32, failure: &Failure) {
     );
 }
 
-fn start<F: Future>(
-    future: F,
+/// Arms `timer` for an attempt starting now and says what it enforces.
+#[inline]
+fn arm_attempt(
+    timer: &mut Option<Pin<Box<Sleep>>>,
     attempt_timeout: Option<Duration>,
     deadline: Option<Instant>,
-) -> State<F> {
+) -> Limit {
+    if attempt_timeout.is_none() && deadline.is_none() {
+        return Limit::None;
+    }
     let attempt_end = attempt_timeout.and_then(|t| Instant::now().checked_add(t));
-    match (attempt_end, deadline) {
-        (None, None) => State::Called { future },
-        (Some(end), Some(deadline)) if deadline <= end => State::Limited {
-            future: tokio::time::timeout_at(deadline, future),
-            by_deadline: true,
-        },
-        (Some(end), _) => State::Limited {
-            future: tokio::time::timeout_at(end, future),
-            by_deadline: false,
-        },
-        (None, Some(deadline)) => State::Limited {
-            future: tokio::time::timeout_at(deadline, future),
-            by_deadline: true,
-        },
+    let (end, limit) = match (attempt_end, deadline) {
+        (None, None) => return Limit::None,
+        (Some(end), Some(deadline)) if deadline <= end => (deadline, Limit::Deadline),
+        (Some(end), _) => (end, Limit::AttemptTimeout),
+        (None, Some(deadline)) => (deadline, Limit::Deadline),
+    };
+    arm(timer, end);
+    limit
+}
+
+fn arm(timer: &mut Option<Pin<Box<Sleep>>>, end: Instant) {
+    match timer {
+        Some(sleep) => sleep.as_mut().reset(end),
+        None => *timer = Some(Box::pin(tokio::time::sleep_until(end))),
     }
 }
 
@@ -138,15 +155,18 @@ where
         policy: Arc<Policy<C, R>>,
         deadline: Option<Instant>,
     ) -> Self {
+        let mut timer = None;
+        let limit = arm_attempt(&mut timer, policy.attempt_timeout, deadline);
         ResponseFuture {
-            state: start(future, policy.attempt_timeout, deadline),
+            state: State::Called { future },
             service,
             replay,
             policy,
             attempts: 1,
             deadline,
             backoff: None,
-            sleep: None,
+            timer,
+            limit,
             waited_for_shed: false,
         }
     }
@@ -166,7 +186,7 @@ where
 
 /// Decides what follows an attempt. Free of the future's pinning so it reads
 /// as the policy it is.
-#[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn decide<C, R>(
     policy: &Policy<C, R>,
     outcome: Outcome,
@@ -270,29 +290,30 @@ where
         let mut this = self.project();
         loop {
             let result = match this.state.as_mut().project() {
-                StateProj::Called { future } => {
-                    ready!(future.poll(cx)).map_err(AttemptError::Inner)
-                }
-                StateProj::Limited {
-                    future,
-                    by_deadline,
-                } => match ready!(future.poll(cx)) {
-                    Ok(result) => result.map_err(AttemptError::Inner),
-                    Err(_) if *by_deadline => {
+                StateProj::Called { future } => match future.poll(cx) {
+                    Poll::Ready(result) => result.map_err(AttemptError::Inner),
+                    // As `tokio::time::Timeout` does: the attempt first, then its limit.
+                    Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
+                    Poll::Pending => {
+                        let timer = this.timer.as_mut().expect("a timer is armed for a limit");
+                        ready!(timer.as_mut().poll(cx));
+                        // The attempt is abandoned: drop it now.
                         this.state.set(State::Done);
-                        return Poll::Ready(Err(Self::deadline_exceeded(
-                            this.policy,
-                            *this.attempts,
-                        )));
+                        if *this.limit == Limit::Deadline {
+                            return Poll::Ready(Err(Self::deadline_exceeded(
+                                this.policy,
+                                *this.attempts,
+                            )));
+                        }
+                        Err(AttemptError::TimedOut)
                     }
-                    Err(_) => Err(AttemptError::TimedOut),
                 },
                 StateProj::Waiting => {
-                    let sleep = this.sleep.as_mut().expect("a sleep is set while waiting");
-                    ready!(sleep.as_mut().poll(cx));
+                    let timer = this.timer.as_mut().expect("a timer is armed while waiting");
+                    ready!(timer.as_mut().poll(cx));
                     // The same timer now guards readiness against the deadline.
                     if let Some(deadline) = *this.deadline {
-                        sleep.as_mut().reset(deadline);
+                        timer.as_mut().reset(deadline);
                     }
                     this.state.set(State::Readying);
                     continue;
@@ -306,8 +327,8 @@ where
                         }
                         Poll::Pending => {
                             if this.deadline.is_some() {
-                                if let Some(sleep) = this.sleep.as_mut() {
-                                    if sleep.as_mut().poll(cx).is_ready() {
+                                if let Some(timer) = this.timer.as_mut() {
+                                    if timer.as_mut().poll(cx).is_ready() {
                                         this.state.set(State::Done);
                                         return Poll::Ready(Err(Self::deadline_exceeded(
                                             this.policy,
@@ -330,8 +351,9 @@ where
                         *this.replay = this.policy.replay.replay(&request, *this.attempts);
                     }
                     let future = this.service.call(request);
-                    this.state
-                        .set(start(future, this.policy.attempt_timeout, *this.deadline));
+                    *this.limit =
+                        arm_attempt(this.timer, this.policy.attempt_timeout, *this.deadline);
+                    this.state.set(State::Called { future });
                     continue;
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -342,6 +364,11 @@ where
                 Err(AttemptError::Inner(err)) => this.policy.classifier.classify(Err(err)),
                 Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
             };
+            // The success path: nothing to decide.
+            if !matches!(outcome, Outcome::Failure(_)) {
+                this.state.set(State::Done);
+                return Poll::Ready(result.map_err(AttemptError::into_box));
+            }
             let decision = decide(
                 this.policy,
                 outcome,
@@ -410,10 +437,7 @@ where
                         Some(now.checked_add(wait).unwrap_or_else(|| now + FOREVER))
                     };
                     if let Some(end) = timer_end {
-                        match this.sleep.as_mut() {
-                            Some(sleep) => sleep.as_mut().reset(end),
-                            None => *this.sleep = Some(Box::pin(tokio::time::sleep_until(end))),
-                        }
+                        arm(this.timer, end);
                     }
                     if wait.is_zero() {
                         this.state.set(State::Readying);

@@ -105,7 +105,7 @@
 //!
 //! `max_retries` bounds one request, not the fleet: during an outage every
 //! request retries, and 3 retries quadruple the load on a service that is
-//! already failing. A [budget](budget) caps retries at a fraction of recent
+//! already failing. A [budget] caps retries at a fraction of recent
 //! traffic (20 % plus 10/s by default) and is shared by every clone of the
 //! layer, so a full outage costs at most 1.2× the normal load. Every layer
 //! built without [`no_budget`](RetryBuilder::no_budget) gets one.
