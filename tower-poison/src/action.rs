@@ -19,7 +19,10 @@ use tower_classify::ConfigError;
 ///
 /// The names are the configuration names of a queue consumer's poison policy
 /// (`action: dlq | drop | fail`); [`FromStr`] reads them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Store the entry, then return the call's result. A store that cannot
     /// write turns the call into a [`StoreFailed`](crate::error::StoreFailed)

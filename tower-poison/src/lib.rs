@@ -91,6 +91,13 @@
 //! From a shell, with the `cli` feature: the `tower-poison` binary
 //! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
 //!
+//! # Configuration
+//!
+//! [`config::DeadLetterConfig`] reads the layer's settings from a file
+//! (`label`, `action`, `body_limit`, `redact_headers`, `message_id_header`,
+//! `poison.max_attempts`, and the shared HTTP `classifier`); every invalid value
+//! is a [`ConfigError`](tower_classify::ConfigError) naming the field.
+//!
 //! # Observability
 //!
 //! A `tracing` event per dead-lettered call (`warn`, with the entry id, label,
@@ -162,6 +169,7 @@
 mod action;
 mod attempts;
 mod capture;
+pub mod config;
 mod entry;
 pub mod error;
 mod future;

@@ -1,0 +1,125 @@
+//! Logging: a `warn` event per dead-lettered call, and `drop` logs once per
+//! key. In its own test binary because tracing caches per-callsite interest
+//! process-wide: another test hitting the same callsites on another thread at
+//! the same moment can race with this test's thread-local subscriber.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_classify::{BoxError, ErrorChainClassifier};
+use tower_poison::store::MemoryStore;
+use tower_poison::{describe_fn, Action, CapturedBody, DeadLetterLayer, RequestRecord};
+
+#[derive(Debug, Clone)]
+struct Message {
+    id: String,
+}
+
+fn describe(message: &Message) -> RequestRecord {
+    RequestRecord {
+        message_id: Some(message.id.clone()),
+        ..RequestRecord::default()
+    }
+}
+
+fn run<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// Collects `(level, message, key field)` of every tracing event.
+#[derive(Clone, Default)]
+struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String, String)>>>);
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String, String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+                match field.name() {
+                    "message" => self.0 = format!("{value:?}"),
+                    "key" | "entry_id" => self.1 = format!("{value:?}"),
+                    _ => {}
+                }
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "key" {
+                    self.1 = value.to_owned();
+                }
+            }
+        }
+        let mut fields = Fields(String::new(), String::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields.0, fields.1));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn dlq_logs_every_entry_and_drop_logs_once_per_key() {
+    let events = Events::default();
+    tracing::subscriber::with_default(events.clone(), || {
+        run(async {
+            let store = MemoryStore::new(100);
+            let mut dlq = DeadLetterLayer::new(store.clone()).layer(service_fn(
+                |_req: Request<CapturedBody<Full<Bytes>>>| async {
+                    Ok::<_, BoxError>(Response::builder().status(500).body(Bytes::new()).unwrap())
+                },
+            ));
+            for _ in 0..2 {
+                let req = Request::post("http://x/")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                dlq.ready().await.unwrap().call(req).await.unwrap();
+            }
+
+            let consumer =
+                service_fn(|_message: Message| async { Err::<(), _>(std::io::Error::other("no")) });
+            let mut dropping = DeadLetterLayer::new(store.clone())
+                .action(Action::Drop)
+                .classifier(ErrorChainClassifier::new())
+                .capture(describe_fn(describe))
+                .layer(consumer);
+            for id in ["a", "a", "a", "b"] {
+                let message = Message { id: id.into() };
+                dropping.call(message).await.unwrap_err();
+            }
+        });
+    });
+    let events = events.0.lock().unwrap();
+    let warned = |text: &str| {
+        events
+            .iter()
+            .filter(|(level, message, _)| *level == tracing::Level::WARN && message.contains(text))
+            .map(|(.., key)| key.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(warned("dead-lettered a failed call").len(), 2);
+    assert_eq!(warned("dropped a failed call"), ["a", "b"]);
+    let quiet = events
+        .iter()
+        .filter(|(level, message, _)| {
+            *level == tracing::Level::DEBUG && message.contains("dropped")
+        })
+        .count();
+    assert_eq!(quiet, 2, "repeats of key a are logged at debug");
+}
