@@ -220,7 +220,7 @@ async fn list(
         .map(|e| {
             vec![
                 e.id.to_string(),
-                format_duration(round_secs(e.age(now))),
+                age(e.age(now)),
                 e.kind.to_string(),
                 e.attempts.to_string(),
                 e.label.clone(),
@@ -274,7 +274,7 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
         &format!(
             "{} ({} ago)",
             httpdate::fmt_http_date(e.first_failed_at),
-            format_duration(round_secs(e.age(now)))
+            age(e.age(now))
         ),
     );
     field("last failed", &httpdate::fmt_http_date(e.last_failed_at));
@@ -311,9 +311,7 @@ async fn stats(store: &RedbStore, json: bool, now: SystemTime) -> Result<ExitCod
     println!(
         "{:<16}{}",
         "oldest age",
-        stats
-            .oldest_age
-            .map_or("-".to_owned(), |a| format_duration(round_secs(a)))
+        stats.oldest_age.map_or("-".to_owned(), age)
     );
     let rows: Vec<Vec<String>> = stats
         .by_kind
@@ -498,8 +496,12 @@ async fn purge(
     Ok(ExitCode::SUCCESS)
 }
 
-fn round_secs(duration: Duration) -> Duration {
-    Duration::from_secs(duration.as_secs())
+/// An age for people: whole seconds (`"3d2h"`, `"0s"`).
+fn age(duration: Duration) -> String {
+    match duration.as_secs() {
+        0 => "0s".to_owned(),
+        secs => format_duration(Duration::from_secs(secs)),
+    }
 }
 
 fn clip(text: &str, max: usize) -> String {
