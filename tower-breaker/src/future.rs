@@ -36,13 +36,16 @@ pin_project! {
             #[pin]
             future: F,
         },
+        // Boxed at once: the caller gets a `BoxError` anyway, and keeping the
+        // large error out of line keeps the common (called) future small.
         Rejected {
-            error: Option<CircuitOpen>,
+            error: Option<BoxError>,
         },
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
+    #[inline]
     pub(crate) fn called(future: F, recorder: Option<Recorder<C>>) -> Self {
         ResponseFuture {
             state: ResponseState::Called { future },
@@ -52,7 +55,9 @@ impl<F, C> ResponseFuture<F, C> {
 
     pub(crate) fn rejected(error: CircuitOpen) -> Self {
         ResponseFuture {
-            state: ResponseState::Rejected { error: Some(error) },
+            state: ResponseState::Rejected {
+                error: Some(Box::new(error)),
+            },
             recorder: None,
         }
     }
@@ -66,20 +71,23 @@ where
 {
     type Output = Result<T, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
             ResponseStateProj::Called { future } => {
                 let result = ready!(future.poll(cx));
-                if let Some(recorder) = this.recorder.take() {
+                // Recorded in place, then dropped: moving the recorder out
+                // first costs a copy the closed path can do without.
+                if let Some(recorder) = this.recorder.as_mut() {
                     recorder.record(result.as_ref());
                 }
+                *this.recorder = None;
                 Poll::Ready(result.map_err(Into::into))
             }
             ResponseStateProj::Rejected { error } => Poll::Ready(Err(error
                 .take()
-                .expect("ResponseFuture polled after completion")
-                .into())),
+                .expect("ResponseFuture polled after completion"))),
         }
     }
 }
@@ -115,14 +123,11 @@ impl<C> fmt::Debug for Recorder<C> {
 }
 
 impl<C> Recorder<C> {
+    #[inline]
     pub(crate) fn new(permit: Permit, classifier: C) -> Self {
         // The clock is read only when a slow-call threshold needs it, keeping
         // the default closed path free of clock reads.
-        let started = permit
-            .breaker()
-            .settings
-            .slow_call_threshold
-            .map(|_| Instant::now());
+        let started = permit.breaker().slow_call_threshold.map(|_| Instant::now());
         Recorder {
             permit,
             classifier,
@@ -130,7 +135,8 @@ impl<C> Recorder<C> {
         }
     }
 
-    pub(crate) fn record<T, E>(self, result: Result<&T, &E>)
+    #[inline]
+    pub(crate) fn record<T, E>(&mut self, result: Result<&T, &E>)
     where
         C: Classify<T, E>,
     {

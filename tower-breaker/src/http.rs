@@ -215,9 +215,10 @@ where
         match this.state.project() {
             HttpStateProj::Called { future } => {
                 let result = ready!(future.poll(cx));
-                if let Some(recorder) = this.recorder.take() {
+                if let Some(recorder) = this.recorder.as_mut() {
                     recorder.record(result.as_ref());
                 }
+                *this.recorder = None;
                 Poll::Ready(result)
             }
             HttpStateProj::Rejected { response } => Poll::Ready(Ok(response

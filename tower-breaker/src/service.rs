@@ -69,6 +69,7 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 
     /// Admits or refuses one call. `Ok(None)` in disabled mode.
+    #[inline]
     pub(crate) fn admit(&self) -> Result<Option<Permit>, CircuitOpen> {
         if self.breaker.disabled {
             return Ok(None);
@@ -87,8 +88,9 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 
     /// Pending mode: `Ready` once the breaker would admit a call.
+    #[inline]
     pub(crate) fn poll_breaker(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.breaker.settings.pending_when_open {
+        if !self.breaker.pending_when_open {
             return Poll::Ready(());
         }
         loop {
@@ -160,6 +162,7 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S::Future, C>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         if self.poll_breaker(cx).is_pending() {
             return Poll::Pending;
@@ -167,6 +170,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         match self.admit() {
             Ok(permit) => {

@@ -252,6 +252,7 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
+    #[inline]
     pub(crate) fn of(outcome: Outcome, elapsed: Option<Duration>, slow: Option<Duration>) -> Self {
         match outcome {
             Outcome::Success => match (elapsed, slow) {
@@ -274,10 +275,18 @@ pub(crate) enum Readiness {
 
 /// One breaker's live state. Every clone of a service (and, for a plain
 /// breaker, the layer it came from) holds the same `Arc<Breaker>`.
+///
+/// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
+/// reference counts: every call clones the `Arc` (a write), and without the
+/// gap that write would evict the state word every other core reads.
+#[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
     pub(crate) settings: Arc<Settings>,
     pub(crate) disabled: bool,
+    /// Copied out of `settings` so the hot path reads one allocation.
+    pub(crate) slow_call_threshold: Option<Duration>,
+    pub(crate) pending_when_open: bool,
     base: Instant,
     word: AtomicU64,
     /// Nanoseconds after `base` when the open period ends.
@@ -311,6 +320,8 @@ impl Breaker {
         let breaker = Breaker {
             key,
             disabled: settings.mode == Mode::Disabled,
+            slow_call_threshold: settings.slow_call_threshold,
+            pending_when_open: settings.pending_when_open,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
             base: Instant::now(),
@@ -328,6 +339,7 @@ impl Breaker {
         breaker
     }
 
+    #[inline]
     fn load(&self) -> Word {
         Word(self.word.load(Ordering::Acquire))
     }
@@ -359,9 +371,10 @@ impl Breaker {
         self.admit_slow(word)
     }
 
+    #[inline]
     fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
         Permit {
-            breaker: Arc::clone(self),
+            breaker: Some(spare::take(self)),
             epoch,
             probe,
             done: false,
@@ -448,6 +461,7 @@ impl Breaker {
         self.changed.as_ref()
     }
 
+    #[inline]
     fn record(&self, epoch: u64, probe: bool, verdict: Verdict) {
         if probe {
             self.record_probe(epoch, verdict);
@@ -456,6 +470,7 @@ impl Breaker {
         }
     }
 
+    #[inline]
     fn record_closed(&self, epoch: u64, verdict: Verdict) {
         match verdict {
             Verdict::Neutral => {}
@@ -682,7 +697,8 @@ impl Breaker {
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
 pub(crate) struct Permit {
-    breaker: Arc<Breaker>,
+    /// Always `Some` until dropped, when it goes back to the thread's spare.
+    breaker: Option<Arc<Breaker>>,
     epoch: u64,
     probe: bool,
     done: bool,
@@ -691,28 +707,100 @@ pub(crate) struct Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("key", &self.breaker.key)
+            .field("key", &self.breaker().key)
             .field("probe", &self.probe)
             .finish()
     }
 }
 
 impl Permit {
+    #[inline]
     pub(crate) fn breaker(&self) -> &Breaker {
-        &self.breaker
+        self.breaker
+            .as_deref()
+            .expect("a permit holds its breaker until dropped")
     }
 
-    pub(crate) fn complete(mut self, outcome: Outcome, elapsed: Option<Duration>) {
+    #[inline]
+    pub(crate) fn complete(&mut self, outcome: Outcome, elapsed: Option<Duration>) {
+        if self.done {
+            return;
+        }
         self.done = true;
-        let verdict = Verdict::of(outcome, elapsed, self.breaker.settings.slow_call_threshold);
-        self.breaker.record(self.epoch, self.probe, verdict);
+        let breaker = self.breaker();
+        let verdict = Verdict::of(outcome, elapsed, breaker.slow_call_threshold);
+        breaker.record(self.epoch, self.probe, verdict);
     }
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
-        if !self.done && self.probe {
-            self.breaker.record_probe(self.epoch, Verdict::Neutral);
+        if let Some(breaker) = self.breaker.take() {
+            if !self.done && self.probe {
+                breaker.record_probe(self.epoch, Verdict::Neutral);
+            }
+            spare::put(breaker);
         }
+    }
+}
+
+/// One spare `Arc<Breaker>` per thread.
+///
+/// A response future must own a reference to its breaker, and cloning an
+/// `Arc` and dropping it again are two atomic read-modify-writes on a cache
+/// line that every core calling through the breaker writes: most of the cost
+/// of the closed path, and under contention nearly all of it. So a finished
+/// permit parks its reference here and the next call on this thread through
+/// the same breaker takes it back: no reference-count traffic in the steady
+/// state. The price: a thread may keep one breaker (and its settings) alive
+/// after its layer is dropped, until that thread calls through another
+/// breaker or exits.
+#[cfg(not(breaker_loom))]
+mod spare {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::Breaker;
+
+    thread_local! {
+        static SPARE: Cell<Option<Arc<Breaker>>> = const { Cell::new(None) };
+    }
+
+    #[inline]
+    pub(super) fn take(breaker: &Arc<Breaker>) -> Arc<Breaker> {
+        SPARE
+            .try_with(|spare| match spare.take() {
+                Some(parked) if Arc::ptr_eq(&parked, breaker) => parked,
+                other => {
+                    spare.set(other);
+                    Arc::clone(breaker)
+                }
+            })
+            .unwrap_or_else(|_| Arc::clone(breaker))
+    }
+
+    #[inline]
+    pub(super) fn put(breaker: Arc<Breaker>) {
+        // If the thread is exiting the closure is not run and `breaker` is
+        // simply dropped with it.
+        let _ = SPARE.try_with(move |spare| drop(spare.replace(Some(breaker))));
+    }
+}
+
+/// Under loom every reference is counted plainly: a thread-local cache
+/// would hide interleavings from the model.
+#[cfg(breaker_loom)]
+mod spare {
+    use std::sync::Arc;
+
+    use super::Breaker;
+
+    pub(super) fn take(breaker: &Arc<Breaker>) -> Arc<Breaker> {
+        Arc::clone(breaker)
+    }
+
+    pub(super) fn put(breaker: Arc<Breaker>) {
+        drop(breaker);
     }
 }
