@@ -417,3 +417,50 @@ fn services_and_futures_are_send() {
     );
     assert_send(&future);
 }
+
+/// gRPC: `grpc-retry-pushback-ms` replaces the backoff; a negative pushback
+/// means "do not retry".
+#[tokio::test(start_paused = true)]
+async fn grpc_pushback_is_a_hint() {
+    fn unavailable(pushback: &'static str) -> Result<Response<()>, BoxError> {
+        Ok(Response::builder()
+            .header("grpc-status", "14")
+            .header("grpc-retry-pushback-ms", pushback)
+            .body(())
+            .unwrap())
+    }
+    let layer = RetryLayer::http()
+        .classifier(tower_classify::GrpcClassifier::new())
+        .backoff(fast())
+        .build()
+        .unwrap();
+
+    let (inner, log) = server::<String>(|n| {
+        if n == 0 {
+            unavailable("2500")
+        } else {
+            status(200)
+        }
+    });
+    let response = layer
+        .layer(inner)
+        .oneshot(
+            Request::post("/pkg.Svc/Get")
+                .header("idempotency-key", "1")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(gaps(&log), [Duration::from_millis(2500)]);
+
+    let (inner, log) = server::<String>(|_| unavailable("-1"));
+    let response = layer
+        .layer(inner)
+        .oneshot(Request::get("/pkg.Svc/Get").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(log.lock().unwrap().len(), 1);
+}

@@ -636,3 +636,28 @@ async fn clones_share_the_budget() {
     // 10 deposits at 50 % allow 5 retries in total, whichever clone asks.
     assert_eq!(inner.count(), 15);
 }
+
+/// A service that never becomes ready again cannot hold the call past the
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn waiting_for_readiness_respects_the_deadline() {
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    let layer = RetryLayer::builder()
+        .backoff(no_jitter(Backoff::fixed(MS(100))))
+        .deadline(S(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(mock);
+    handle.allow(1);
+    service.ready().await.unwrap();
+    let start = Instant::now();
+    let response = tokio::spawn(service.call("hello"));
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+    // No further allowance: the retry waits for readiness until the deadline.
+    let err = response.await.unwrap().unwrap_err();
+    assert_eq!(start.elapsed(), S(1));
+    assert!(err.is::<DeadlineExceeded>(), "{err}");
+    assert!(handle.poll_request().is_pending());
+}
