@@ -661,3 +661,46 @@ async fn waiting_for_readiness_respects_the_deadline() {
     assert!(err.is::<DeadlineExceeded>(), "{err}");
     assert!(handle.poll_request().is_pending());
 }
+
+#[test]
+fn invalid_builder_settings_name_the_field() {
+    let field = |result: Result<_, tower_classify::ConfigError>| {
+        result.map(drop).unwrap_err().field().to_owned()
+    };
+    assert_eq!(
+        field(RetryLayer::builder().max_retries(17).build()),
+        "max_retries"
+    );
+    assert_eq!(
+        field(RetryLayer::builder().max_attempts(0).build()),
+        "max_attempts"
+    );
+    assert_eq!(
+        field(
+            RetryLayer::builder()
+                .backoff(Backoff::exponential(S(1)).with_multiplier(0.9))
+                .build()
+        ),
+        "backoff.multiplier"
+    );
+    assert_eq!(
+        field(RetryLayer::builder().deadline(Duration::ZERO).build()),
+        "deadline"
+    );
+    assert_eq!(
+        RetryLayer::builder()
+            .max_retries(16)
+            .build()
+            .unwrap()
+            .max_retries(),
+        16
+    );
+    assert_eq!(
+        RetryLayer::builder()
+            .max_attempts(17)
+            .build()
+            .unwrap()
+            .max_retries(),
+        16
+    );
+}
