@@ -182,7 +182,10 @@ impl<B> DescribeResponse<Response<B>> for HttpCapture {
 }
 
 /// Reads frames until more than `limit` bytes or the end of the body.
-async fn read_prefix<B>(body: B, limit: usize) -> Result<(CapturedBody<B>, Bytes, bool), BoxError>
+pub(crate) async fn read_prefix<B>(
+    body: B,
+    limit: usize,
+) -> Result<(CapturedBody<B>, Bytes, bool), BoxError>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -251,6 +254,15 @@ impl<B> CapturedBody<B> {
             rest: None,
         }
     }
+
+    /// `body` as it is, nothing read from it yet.
+    pub fn streaming(body: B) -> Self {
+        CapturedBody {
+            frames: VecDeque::new(),
+            trailers: None,
+            rest: Some(Box::pin(body)),
+        }
+    }
 }
 
 impl<B> fmt::Debug for CapturedBody<B> {
@@ -297,13 +309,17 @@ where
 
     fn size_hint(&self) -> SizeHint {
         let buffered: usize = self.frames.iter().map(Bytes::len).sum();
-        let mut hint = match &self.rest {
+        let rest = match &self.rest {
             Some(rest) => rest.size_hint(),
             None => SizeHint::with_exact(0),
         };
-        hint.set_lower(hint.lower() + buffered as u64);
-        if let Some(upper) = hint.upper() {
-            hint.set_upper(upper + buffered as u64);
+        // Build a fresh hint: raising the lower bound of `rest`'s hint before
+        // its upper bound would trip `SizeHint`'s `lower <= upper` assertion
+        // whenever `rest` is exact (a `Full` body is).
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(buffered as u64));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(buffered as u64));
         }
         hint
     }
@@ -406,6 +422,22 @@ mod tests {
             pulled: pulled.clone(),
         };
         (body, pulled)
+    }
+
+    #[tokio::test]
+    async fn size_hint_of_a_buffered_exact_body_is_exact() {
+        // A `Full` body's hint is exact; once its bytes are buffered here, the
+        // hint must still hold `lower <= upper` (http-body asserts it).
+        let (body, _, _) = read_prefix(Full::new(Bytes::from("hello")), 10)
+            .await
+            .unwrap();
+        let hint = body.size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (5, Some(5)));
+        let (body, _, truncated) = read_prefix(Full::new(Bytes::from("hello world")), 4)
+            .await
+            .unwrap();
+        assert!(truncated);
+        assert_eq!(body.size_hint().exact(), Some(11));
     }
 
     #[tokio::test]
