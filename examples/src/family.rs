@@ -1,0 +1,141 @@
+//! The demo's resilient stack, built from the whole family:
+//!
+//! ```text
+//! DeadLetter → CircuitBreaker → ReplayBody → Retry (+ budget) → CountAttempts → HTTP client
+//! ```
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use tower::retry::budget::Budget;
+use tower::{BoxError, ServiceBuilder};
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
+use tower_classify::HttpClassifier;
+use tower_poison::store::{DeadLetterStore, RedbStore};
+use tower_poison::{CapturedBody, CountAttemptsLayer, DeadLetterLayer};
+use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::{Backoff, Jitter, RetryLayer};
+
+use crate::client::{http_client_for, HttpService};
+
+/// What the demo reads back from the family's layers after the run.
+#[derive(Debug, Clone)]
+pub struct FamilyHandles {
+    breaker: BreakerHandle,
+    budget: Arc<CountingBudget>,
+    store: RedbStore,
+}
+
+/// The family's own figures for the comparison table.
+#[derive(Debug, Clone, Copy)]
+pub struct FamilySummary {
+    /// Times the breaker opened.
+    pub breaker_opens: u64,
+    /// Calls the open breaker refused without touching the upstream.
+    pub breaker_rejections: u64,
+    /// Retries the budget refused.
+    pub budget_refusals: u64,
+    /// Entries in the dead-letter store.
+    pub dead_letters: u64,
+}
+
+impl FamilyHandles {
+    /// Reads the figures.
+    pub async fn summary(&self) -> Result<FamilySummary, BoxError> {
+        let breakers = self.breaker.list();
+        Ok(FamilySummary {
+            breaker_opens: breakers.iter().map(|b| b.opened).sum(),
+            breaker_rejections: breakers.iter().map(|b| b.rejected).sum(),
+            budget_refusals: self.budget.refused.load(Ordering::Relaxed),
+            dead_letters: self.store.depth().await?,
+        })
+    }
+
+    /// The dead-letter store.
+    pub fn store(&self) -> &RedbStore {
+        &self.store
+    }
+
+    /// The breaker's admin handle.
+    pub fn breaker(&self) -> &BreakerHandle {
+        &self.breaker
+    }
+}
+
+/// A retry budget that counts the retries it refuses, for the report.
+#[derive(Debug)]
+pub struct CountingBudget {
+    inner: TpsBudget,
+    refused: AtomicU64,
+}
+
+impl Budget for CountingBudget {
+    fn deposit(&self) {
+        self.inner.deposit();
+    }
+
+    fn withdraw(&self) -> bool {
+        let granted = self.inner.withdraw();
+        if !granted {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        granted
+    }
+}
+
+/// The body the HTTP client sees under the dead-letter and replay layers.
+type StackBody = ReplayBody<CapturedBody<Full<Bytes>>>;
+
+/// Builds the family's stack over a fresh HTTP client, dead-lettering into a
+/// redb file at `dead_letters`.
+pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles), BoxError> {
+    let classifier = HttpClassifier::new();
+    let store = RedbStore::open(dead_letters)?;
+
+    // Finagle's defaults: retries may add 20 % to recent traffic, plus 10/s.
+    let budget = Arc::new(CountingBudget {
+        inner: TpsBudget::new(Duration::from_secs(10), 10, 20.0)?,
+        refused: AtomicU64::new(0),
+    });
+    let retry = RetryLayer::http()
+        .classifier(classifier.clone())
+        .max_retries(3)
+        .backoff(
+            Backoff::exponential(Duration::from_millis(50))
+                .with_max_delay(Duration::from_secs(2))
+                .with_jitter(Jitter::Full),
+        )
+        .deadline(Duration::from_secs(5))
+        .shared_budget(budget.clone())
+        .build()?;
+
+    // The demo's phases last seconds, so the breaker probes after 1 s rather
+    // than the production default of 30 s.
+    let breaker = CircuitBreakerLayer::builder()
+        .name("upstream")
+        .failure_threshold(5)
+        .recovery_timeout(Duration::from_secs(1))
+        .build(classifier.clone())?;
+    let breaker_handle = breaker.handle();
+
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()).label("demo-upstream"))
+        .layer(breaker)
+        .layer(ReplayBodyLayer::new(64 * 1024))
+        .layer(retry)
+        .layer(CountAttemptsLayer::new())
+        .service(http_client_for::<StackBody>());
+    Ok((
+        HttpService::new(stack),
+        FamilyHandles {
+            breaker: breaker_handle,
+            budget,
+            store,
+        },
+    ))
+}
