@@ -99,7 +99,7 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
 
     // Finagle's defaults: retries may add 20 % to recent traffic, plus 10/s.
     let budget = Arc::new(CountingBudget {
-        inner: TpsBudget::new(Duration::from_secs(10), 10, 20.0)?,
+        inner: TpsBudget::new(Duration::from_secs(10), 10, 0.2)?,
         refused: AtomicU64::new(0),
     });
     let retry = RetryLayer::http()
