@@ -70,14 +70,16 @@ pub fn write_svg(
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(line.label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
         .border_style(BLACK.mix(0.4))
         .background_style(WHITE.mix(0.9))
-        // Between the two lines during the outage, where the chart is empty.
-        .position(SeriesLabelPosition::Coordinate(520, 250))
+        // Between the storm and the budgeted line, where the chart is empty.
+        .position(SeriesLabelPosition::Coordinate(560, 150))
         .draw()?;
     root.present()?;
     Ok(())

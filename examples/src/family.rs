@@ -1,7 +1,8 @@
-//! The demo's resilient stack, built from the whole family:
+//! The demo's resilient stacks, built from the family:
 //!
 //! ```text
-//! DeadLetter → CircuitBreaker → ReplayBody → Retry (+ budget) → CountAttempts → HTTP client
+//! full family:    DeadLetter → CircuitBreaker → ReplayBody → Retry (+ budget) → CountAttempts → HTTP client
+//! budget only:                                  ReplayBody → Retry (+ budget) → HTTP client
 //! ```
 
 use std::path::Path;
@@ -51,7 +52,7 @@ impl FamilyHandles {
         Ok(FamilySummary {
             breaker_opens: breakers.iter().map(|b| b.opened).sum(),
             breaker_rejections: breakers.iter().map(|b| b.rejected).sum(),
-            budget_refusals: self.budget.refused.load(Ordering::Relaxed),
+            budget_refusals: self.budget.refused(),
             dead_letters: self.store.depth().await?,
         })
     }
@@ -74,6 +75,13 @@ pub struct CountingBudget {
     refused: AtomicU64,
 }
 
+impl CountingBudget {
+    /// Retries refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
 impl Budget for CountingBudget {
     fn deposit(&self) {
         self.inner.deposit();
@@ -91,19 +99,23 @@ impl Budget for CountingBudget {
 /// The body the HTTP client sees under the dead-letter and replay layers.
 type StackBody = ReplayBody<CapturedBody<Full<Bytes>>>;
 
-/// Builds the family's stack over a fresh HTTP client, dead-lettering into a
-/// redb file at `dead_letters`.
-pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles), BoxError> {
-    let classifier = HttpClassifier::new();
-    let store = RedbStore::open(dead_letters)?;
-
+/// The retry layer both stacks use, with a 20 % budget that counts refusals.
+fn budgeted_retry(
+    classifier: HttpClassifier,
+) -> Result<
+    (
+        RetryLayer<HttpClassifier, tower_retry_budget::replay::HttpReplay>,
+        Arc<CountingBudget>,
+    ),
+    BoxError,
+> {
     // Finagle's defaults: retries may add 20 % to recent traffic, plus 10/s.
     let budget = Arc::new(CountingBudget {
         inner: TpsBudget::new(Duration::from_secs(10), 10, 0.2)?,
         refused: AtomicU64::new(0),
     });
     let retry = RetryLayer::http()
-        .classifier(classifier.clone())
+        .classifier(classifier)
         .max_retries(3)
         .backoff(
             Backoff::exponential(Duration::from_millis(50))
@@ -113,6 +125,27 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
         .deadline(Duration::from_secs(5))
         .shared_budget(budget.clone())
         .build()?;
+    Ok((retry, budget))
+}
+
+/// Retry with a budget and nothing else: what the budget alone does to an
+/// outage. Returns the stack and the number of retries the budget refused.
+pub fn budget_only_stack() -> Result<(HttpService, Arc<CountingBudget>), BoxError> {
+    let (retry, budget) = budgeted_retry(HttpClassifier::new())?;
+    let stack = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(64 * 1024))
+        .layer(retry)
+        .service(http_client_for::<ReplayBody<Full<Bytes>>>());
+    Ok((HttpService::new(stack), budget))
+}
+
+/// Builds the family's stack over a fresh HTTP client, dead-lettering into a
+/// redb file at `dead_letters`.
+pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles), BoxError> {
+    let classifier = HttpClassifier::new();
+    let store = RedbStore::open(dead_letters)?;
+
+    let (retry, budget) = budgeted_retry(classifier.clone())?;
 
     // The demo's phases last seconds, so the breaker probes after 1 s rather
     // than the production default of 30 s.

@@ -10,4 +10,5 @@ pub mod client;
 pub mod family;
 pub mod load;
 pub mod naive;
+pub mod scripted;
 pub mod upstream;

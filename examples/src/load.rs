@@ -1,14 +1,15 @@
 //! Concurrent clients driving a stack through a [`Schedule`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use indicatif::ProgressBar;
-use tokio::sync::Mutex;
-use tokio::time::Instant;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior};
 use tower::ServiceExt;
 use tower_classify::{ErrorChainClassifier, FailureKind, Outcome};
 
@@ -16,12 +17,18 @@ use crate::client::HttpService;
 use crate::upstream::{Phase, Schedule, POISON_HEADER};
 
 /// How the clients behave.
+///
+/// Arrivals are *open-loop*: each client sends one request every `interval`
+/// whether or not its earlier requests have finished, as independent users
+/// do. A closed-loop client (the next request only after the previous one)
+/// would slow down when retries slow its calls, and would hide the retry storm
+/// the demo is about.
 #[derive(Debug, Clone)]
 pub struct LoadPlan {
     /// Concurrent clients.
     pub clients: usize,
-    /// Pause between one client's requests.
-    pub think: Duration,
+    /// Time between one client's requests.
+    pub interval: Duration,
     /// In the poison phase, one request in this many is a poison request.
     pub poison_every: u64,
 }
@@ -77,9 +84,9 @@ pub async fn drive(
 ) -> LoadReport {
     let report = Arc::new(Mutex::new(LoadReport::default()));
     let end = schedule.total();
-    let sequence = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut clients = Vec::with_capacity(plan.clients);
-    for _ in 0..plan.clients {
+    let sequence = Arc::new(AtomicU64::new(0));
+    let mut clients = JoinSet::new();
+    for client in 0..plan.clients {
         let (stack, url, schedule, report, plan, sequence, progress) = (
             stack.clone(),
             url.clone(),
@@ -89,54 +96,71 @@ pub async fn drive(
             sequence.clone(),
             progress.clone(),
         );
-        clients.push(tokio::spawn(async move {
-            let errors = ErrorChainClassifier::new();
-            let mut local = LoadReport::default();
-            while started.elapsed() < end {
-                let phase = schedule.phase_at(started.elapsed());
-                let n = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        clients.spawn(async move {
+            // Spread the clients' first requests over one interval.
+            let offset = plan.interval * client as u32 / plan.clients.max(1) as u32;
+            let mut ticks = tokio::time::interval_at(started + offset, plan.interval);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut requests = JoinSet::new();
+            loop {
+                ticks.tick().await;
+                let elapsed = started.elapsed();
+                if elapsed >= end {
+                    break;
+                }
+                let phase = schedule.phase_at(elapsed);
+                let n = sequence.fetch_add(1, Ordering::Relaxed);
                 let poison = phase == Phase::Poison && n % plan.poison_every == 0;
                 let request = build_request(&url, n, poison);
-                let begun = Instant::now();
-                let result = stack.clone().oneshot(request).await;
-                local.latencies.push(begun.elapsed());
-                local.started_in[Phase::ALL.iter().position(|p| *p == phase).expect("listed")] +=
-                    1;
-                local.poison_sent += u64::from(poison);
-                match result {
-                    Ok(response) if response.status().is_success() => local.succeeded += 1,
-                    Ok(_) => local.failed += 1,
-                    Err(error) => {
-                        local.failed += 1;
-                        if let Outcome::Failure(f) = errors.classify_error(&*error) {
-                            local.shed += u64::from(f.kind == FailureKind::Shed);
-                        }
+                let (stack, report, progress) = (stack.clone(), report.clone(), progress.clone());
+                requests.spawn(async move {
+                    let begun = Instant::now();
+                    let result = stack.oneshot(request).await;
+                    let latency = begun.elapsed();
+                    let mut report = report.lock().expect("no panics while locked");
+                    report.record(phase, poison, latency, result);
+                    drop(report);
+                    if let Some(progress) = progress {
+                        progress.inc(1);
                     }
-                }
-                if let Some(progress) = &progress {
-                    progress.inc(1);
-                }
-                tokio::time::sleep(plan.think).await;
+                });
             }
-            let mut report = report.lock().await;
-            for (sum, add) in report.started_in.iter_mut().zip(local.started_in) {
-                *sum += add;
-            }
-            report.succeeded += local.succeeded;
-            report.failed += local.failed;
-            report.shed += local.shed;
-            report.poison_sent += local.poison_sent;
-            report.latencies.extend(local.latencies);
-        }));
+            while requests.join_next().await.is_some() {}
+        });
     }
-    for client in clients {
-        client.await.expect("client task");
+    while let Some(joined) = clients.join_next().await {
+        joined.expect("client task");
     }
     let mut report = Arc::try_unwrap(report)
         .expect("all clients finished")
-        .into_inner();
+        .into_inner()
+        .expect("no panics while locked");
     report.latencies.sort_unstable();
     report
+}
+
+impl LoadReport {
+    fn record(
+        &mut self,
+        phase: Phase,
+        poison: bool,
+        latency: Duration,
+        result: Result<crate::client::HttpResponse, tower::BoxError>,
+    ) {
+        self.latencies.push(latency);
+        self.started_in[Phase::ALL.iter().position(|p| *p == phase).expect("listed")] += 1;
+        self.poison_sent += u64::from(poison);
+        match result {
+            Ok(response) if response.status().is_success() => self.succeeded += 1,
+            Ok(_) => self.failed += 1,
+            Err(error) => {
+                self.failed += 1;
+                if let Outcome::Failure(f) = ErrorChainClassifier::new().classify_error(&*error) {
+                    self.shed += u64::from(f.kind == FailureKind::Shed);
+                }
+            }
+        }
+    }
 }
 
 /// A GET for ordinary traffic; a poison request is a POST carrying an

@@ -204,7 +204,11 @@ impl FlakyUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let length = schedule.total().min(Duration::from_secs(3_600));
-        let stats = Arc::new(UpstreamStats::new(started, Duration::from_millis(250), length));
+        let stats = Arc::new(UpstreamStats::new(
+            started,
+            Duration::from_millis(250),
+            length,
+        ));
         let state = AppState {
             schedule: Arc::new(schedule),
             stats: stats.clone(),

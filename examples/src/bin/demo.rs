@@ -1,6 +1,6 @@
-//! The demo: naive retry vs the tower resilience family, side by side, against
-//! a flaky upstream that goes healthy → full outage → throttled → recovered →
-//! poison input.
+//! The demo: naive retry, retry with a budget, and the whole tower resilience
+//! family, side by side, each against its own copy of a flaky upstream that
+//! goes healthy → full outage → throttled → recovered → poison input.
 //!
 //! ```sh
 //! cargo run --release -p examples --bin demo
@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 use examples::chart::{self, Series};
 use examples::client::http_client;
-use examples::family::family_stack;
+use examples::family::{budget_only_stack, family_stack};
 use examples::load::{drive, LoadPlan, LoadReport};
 use examples::naive::naive_stack;
 use examples::upstream::{FlakyUpstream, Phase, Schedule};
@@ -29,11 +29,12 @@ struct Args {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     duration: Duration,
     /// Concurrent clients per stack.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 16)]
     clients: usize,
-    /// Pause between one client's requests (e.g. "20ms").
-    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
-    think: Duration,
+    /// Time between one client's requests (e.g. "25ms"); clients do not wait
+    /// for an answer before sending the next request, as real users don't.
+    #[arg(long, default_value = "25ms", value_parser = parse_duration)]
+    interval: Duration,
     /// Where to write the chart of upstream load over time (SVG).
     #[arg(long, default_value = "target/demo/upstream-load.svg")]
     chart: PathBuf,
@@ -68,9 +69,11 @@ async fn main() -> Result<(), tower::BoxError> {
     let schedule = Arc::new(Schedule::demo(args.duration));
     let started = Instant::now();
     let naive_upstream = FlakyUpstream::start((*schedule).clone(), started).await?;
+    let budget_upstream = FlakyUpstream::start((*schedule).clone(), started).await?;
     let family_upstream = FlakyUpstream::start((*schedule).clone(), started).await?;
 
     let naive = naive_stack(http_client(), NAIVE_RETRIES, NAIVE_PAUSE);
+    let (budget_only, budget) = budget_only_stack()?;
     let (family, handles) = family_stack(&args.dead_letters)?;
 
     println!(
@@ -109,12 +112,34 @@ async fn main() -> Result<(), tower::BoxError> {
 
     let plan = LoadPlan {
         clients: args.clients,
-        think: args.think,
+        interval: args.interval,
         poison_every: 10,
     };
-    let (naive_report, family_report) = tokio::join!(
-        drive(naive, naive_upstream.url(), schedule.clone(), plan.clone(), started, None),
-        drive(family, family_upstream.url(), schedule.clone(), plan, started, None),
+    let (naive_report, budget_report, family_report) = tokio::join!(
+        drive(
+            naive,
+            naive_upstream.url(),
+            schedule.clone(),
+            plan.clone(),
+            started,
+            None
+        ),
+        drive(
+            budget_only,
+            budget_upstream.url(),
+            schedule.clone(),
+            plan.clone(),
+            started,
+            None
+        ),
+        drive(
+            family,
+            family_upstream.url(),
+            schedule.clone(),
+            plan,
+            started,
+            None
+        ),
     );
     if let Some(ticker) = ticker {
         let _ = ticker.await;
@@ -124,9 +149,23 @@ async fn main() -> Result<(), tower::BoxError> {
     }
 
     let family_summary = handles.summary().await?;
-    let naive_row = Row::new(&naive_report, &naive_upstream, &schedule);
-    let family_row = Row::new(&family_report, &family_upstream, &schedule);
-    print_table(&naive_row, &family_row, &family_summary);
+    let naive_row = Row::new(&naive_report, &naive_upstream);
+    let budget_row = Row {
+        budget_refusals: Some(budget.refused()),
+        ..Row::new(&budget_report, &budget_upstream)
+    };
+    let family_row = Row {
+        breaker_opens: Some(family_summary.breaker_opens),
+        breaker_rejections: Some(family_summary.breaker_rejections),
+        budget_refusals: Some(family_summary.budget_refusals),
+        dead_letters: Some(family_summary.dead_letters),
+        ..Row::new(&family_report, &family_upstream)
+    };
+    print_table(&[
+        ("naive retry", &naive_row),
+        ("retry + budget", &budget_row),
+        ("tower family", &family_row),
+    ]);
 
     chart::write_svg(
         &args.chart,
@@ -137,6 +176,11 @@ async fn main() -> Result<(), tower::BoxError> {
                 label: "naive retry",
                 rates: &naive_upstream.stats().rate_series(),
                 color: RGBColor(214, 39, 40),
+            },
+            Series {
+                label: "retry + budget",
+                rates: &budget_upstream.stats().rate_series(),
+                color: RGBColor(255, 127, 14),
             },
             Series {
                 label: "tower family",
@@ -152,12 +196,15 @@ async fn main() -> Result<(), tower::BoxError> {
         args.dead_letters.display()
     );
 
+    // Budget refusals under the full family are rare: the breaker opens
+    // after five failures and stops the retries before the budget must.
     let family_ok = family_row.outage_amplification <= 1.3;
     let naive_storm = naive_row.outage_amplification >= 3.0;
     println!(
-        "\noutage amplification: tower family {:.2} (goal ≤ 1.3: {}), naive retry {:.2} (≥ 3: {})",
+        "\noutage amplification: tower family {:.2} (goal ≤ 1.3: {}), retry + budget {:.2}, naive retry {:.2} (≥ 3: {})",
         family_row.outage_amplification,
         verdict(family_ok),
+        budget_row.outage_amplification,
         naive_row.outage_amplification,
         verdict(naive_storm),
     );
@@ -175,19 +222,22 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
-/// One stack's figures.
+/// One stack's figures; the layer-specific ones only where the stack has the layer.
 struct Row {
     requests: u64,
     succeeded: u64,
     upstream: u64,
     outage_amplification: f64,
-    success_rate: f64,
     p50: Duration,
     p99: Duration,
+    breaker_opens: Option<u64>,
+    breaker_rejections: Option<u64>,
+    budget_refusals: Option<u64>,
+    dead_letters: Option<u64>,
 }
 
 impl Row {
-    fn new(report: &LoadReport, upstream: &FlakyUpstream, _schedule: &Schedule) -> Self {
+    fn new(report: &LoadReport, upstream: &FlakyUpstream) -> Self {
         let outage_requests = report.started_during(Phase::Outage).max(1);
         Row {
             requests: report.requests(),
@@ -195,75 +245,58 @@ impl Row {
             upstream: upstream.stats().total(),
             outage_amplification: upstream.stats().in_phase(Phase::Outage) as f64
                 / outage_requests as f64,
-            success_rate: report.succeeded as f64 / report.requests().max(1) as f64,
             p50: report.latency_quantile(0.5),
             p99: report.latency_quantile(0.99),
+            breaker_opens: None,
+            breaker_rejections: None,
+            budget_refusals: None,
+            dead_letters: None,
         }
     }
 }
 
-fn print_table(naive: &Row, family: &Row, summary: &examples::family::FamilySummary) {
-    let line = |label: &str, a: String, b: String| println!("{label:<34}{a:>16}{b:>16}");
+fn print_table(columns: &[(&str, &Row)]) {
+    type Cell = fn(&Row) -> String;
+    let rows: [(&str, Cell); 12] = [
+        ("client requests", |r| r.requests.to_string()),
+        ("requests that reached the upstream", |r| {
+            r.upstream.to_string()
+        }),
+        ("amplification during the outage", |r| {
+            format!("{:.2}", r.outage_amplification)
+        }),
+        ("amplification overall", |r| {
+            format!("{:.2}", r.upstream as f64 / r.requests.max(1) as f64)
+        }),
+        ("successful requests", |r| r.succeeded.to_string()),
+        ("success rate", |r| {
+            format!(
+                "{:.1} %",
+                r.succeeded as f64 * 100.0 / r.requests.max(1) as f64
+            )
+        }),
+        ("latency p50", |r| format!("{:.1?}", r.p50)),
+        ("latency p99", |r| format!("{:.1?}", r.p99)),
+        ("breaker opens", |r| show(r.breaker_opens)),
+        ("calls refused while open", |r| show(r.breaker_rejections)),
+        ("retries refused by the budget", |r| show(r.budget_refusals)),
+        ("dead letters stored", |r| show(r.dead_letters)),
+    ];
     println!();
-    line("", "naive retry".into(), "tower family".into());
-    line(
-        "client requests",
-        naive.requests.to_string(),
-        family.requests.to_string(),
-    );
-    line(
-        "requests that reached the upstream",
-        naive.upstream.to_string(),
-        family.upstream.to_string(),
-    );
-    line(
-        "amplification during the outage",
-        format!("{:.2}", naive.outage_amplification),
-        format!("{:.2}", family.outage_amplification),
-    );
-    line(
-        "amplification overall",
-        format!("{:.2}", naive.upstream as f64 / naive.requests.max(1) as f64),
-        format!("{:.2}", family.upstream as f64 / family.requests.max(1) as f64),
-    );
-    line(
-        "successful requests",
-        naive.succeeded.to_string(),
-        family.succeeded.to_string(),
-    );
-    line(
-        "success rate",
-        format!("{:.1} %", naive.success_rate * 100.0),
-        format!("{:.1} %", family.success_rate * 100.0),
-    );
-    line(
-        "latency p50",
-        format!("{:.1?}", naive.p50),
-        format!("{:.1?}", family.p50),
-    );
-    line(
-        "latency p99",
-        format!("{:.1?}", naive.p99),
-        format!("{:.1?}", family.p99),
-    );
-    line(
-        "breaker opens",
-        "-".into(),
-        summary.breaker_opens.to_string(),
-    );
-    line(
-        "calls refused while open",
-        "-".into(),
-        summary.breaker_rejections.to_string(),
-    );
-    line(
-        "retries refused by the budget",
-        "-".into(),
-        summary.budget_refusals.to_string(),
-    );
-    line(
-        "dead letters stored",
-        "-".into(),
-        summary.dead_letters.to_string(),
-    );
+    print!("{:<36}", "");
+    for (name, _) in columns {
+        print!("{name:>16}");
+    }
+    println!();
+    for (label, cell) in rows {
+        print!("{label:<36}");
+        for (_, row) in columns {
+            print!("{:>16}", cell(row));
+        }
+        println!();
+    }
+}
+
+fn show(value: Option<u64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
