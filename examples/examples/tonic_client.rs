@@ -1,0 +1,333 @@
+//! A tonic gRPC client `Channel` wrapped in a circuit breaker and retry.
+//!
+//! ```sh
+//! cargo run -p examples --example tonic_client
+//! ```
+//!
+//! A Greeter server runs in this process on 127.0.0.1. It answers
+//! `UNAVAILABLE` to its first two calls (a server still warming up), then
+//! works; later it goes down for good. The client sees:
+//!
+//! 1. a call that succeeds on its third attempt: the retry layer hid the blip;
+//! 2. an `INVALID_ARGUMENT` that is *not* retried (it will never succeed);
+//! 3. during the outage, two calls that fail after their retries, after which
+//!    the breaker opens and the next call fails at once without reaching the
+//!    server.
+//!
+//! The stack, outermost first:
+//!
+//! ```text
+//! shed errors → UNAVAILABLE → CircuitBreaker → ReplayBody → Retry → Channel
+//! ```
+//!
+//! # Why retry *below* the generated client, on the `Channel`
+//!
+//! There are two places a tower layer can wrap a tonic client:
+//!
+//! - **Around the `Channel`** (what this example does): the generated
+//!   `GreeterClient` takes any `GrpcService`, so it takes our stack. The
+//!   layers see `http::Request<tonic::body::Body>` and
+//!   `http::Response<tonic::body::Body>`: `GrpcClassifier` reads `grpc-status`
+//!   (and `grpc-retry-pushback-ms`) from the response, one stack serves every
+//!   method of every client built on it, and the breaker guards the whole
+//!   connection.
+//! - Around a closure calling the generated client, with the request message
+//!   as the request type. That works for one method at a time and needs a
+//!   classifier over `tonic::Status`; it is simpler only when you want to
+//!   retry a single call.
+//!
+//! Below the client, a request's body is the encoded message as a stream that
+//! can be read once. The retry layer must send it again, so
+//! `ReplayBodyLayer` reads it into memory first (gRPC unary messages are small;
+//! a body above the limit is sent once and not retried, never truncated), and
+//! a `map_request` under the retry layer turns the replayable body back into
+//! the `tonic::body::Body` the `Channel` takes.
+//!
+//! Every gRPC call is an HTTP POST, which the HTTP replay rules never retry by
+//! default. gRPC decides per *method* whether a call is safe to repeat (its own
+//! retry policy is configured per method, too): `SayHello` is, so this client
+//! opts in with `retry_non_idempotent(true)`. Do not do that on a client whose
+//! methods create things, or put the stack on a client per method.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::HeaderName;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use tonic::{Code, Request, Response, Status};
+use tower::{BoxError, ServiceBuilder};
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
+use tower_classify::GrpcClassifier;
+use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+use tower_retry_budget::{Backoff, RetryLayer};
+
+/// The code `build.rs` generated from `proto/greeter.proto`.
+pub mod greeter {
+    tonic::include_proto!("greeter");
+}
+
+use greeter::greeter_client::GreeterClient;
+use greeter::greeter_server::{Greeter, GreeterServer};
+use greeter::{HelloReply, HelloRequest};
+
+/// A Greeter that fails its first `warm_up` calls with `UNAVAILABLE`, and every
+/// call while `down` is set.
+#[derive(Debug, Default)]
+struct FlakyGreeter {
+    calls: AtomicU32,
+    warm_up: u32,
+    down: AtomicBool,
+    /// The `grpc-previous-rpc-attempts` header of every call, as received.
+    previous_attempts: Mutex<Vec<Option<String>>>,
+}
+
+#[tonic::async_trait]
+impl Greeter for FlakyGreeter {
+    async fn say_hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let previous = request
+            .metadata()
+            .get("grpc-previous-rpc-attempts")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.previous_attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(previous);
+        if call <= self.warm_up {
+            return Err(Status::unavailable("warming up"));
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("down for maintenance"));
+        }
+        let name = request.into_inner().name;
+        if name.is_empty() {
+            return Err(Status::invalid_argument("name must not be empty"));
+        }
+        Ok(Response::new(HelloReply {
+            message: format!("hello, {name}"),
+            served_by_call: call,
+        }))
+    }
+}
+
+/// The client type: the generated client over our stack. Naming it is rarely
+/// needed (`GreeterClient::new(stack)` infers it); `impl GrpcService` hides it
+/// in a function signature.
+type Client = GreeterClient<
+    tower::util::BoxCloneSyncService<
+        http::Request<tonic::body::Body>,
+        http::Response<tonic::body::Body>,
+        BoxError,
+    >,
+>;
+
+/// Wraps `channel` in the breaker and the retry layer.
+fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxError> {
+    // One classifier for both layers, so they agree on what a failure is:
+    // UNAVAILABLE, UNKNOWN, INTERNAL, DATA_LOSS → server error,
+    // RESOURCE_EXHAUSTED → rate limited, DEADLINE_EXCEEDED → timeout (all
+    // retried and counted by the breaker); INVALID_ARGUMENT, NOT_FOUND, … →
+    // rejected (never retried, never trip the breaker).
+    let classifier = GrpcClassifier::new();
+
+    let retry = RetryLayer::http()
+        .classifier(classifier.clone())
+        // gRPC calls are POSTs; `SayHello` is safe to repeat (see the top).
+        .retry_non_idempotent(true)
+        // Tells the server "this is a retry, N attempts went before it", as
+        // gRPC's own retry does, so a loaded server can shed retries first.
+        .attempt_header(HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .max_retries(3)
+        .backoff(Backoff::exponential(Duration::from_millis(20)))
+        // One deadline for the attempts and the sleeps together.
+        .deadline(Duration::from_secs(2))
+        .build()?;
+
+    // The breaker is *outside* the retry loop: it counts calls that still
+    // failed after their retries, and once open it saves each caller the whole
+    // loop (4 attempts and 3 sleeps), not one attempt. Short timings so the
+    // example runs in a second; production defaults are 5 failures and 30 s.
+    let breaker = CircuitBreakerLayer::builder()
+        .name("greeter")
+        .failure_threshold(2)
+        .recovery_timeout(Duration::from_secs(30))
+        .build(classifier)?;
+    let handle = breaker.handle();
+
+    let stack = ServiceBuilder::new()
+        // tonic turns a service error it does not know into `UNKNOWN`. A
+        // refusal by our own layers means "not now, try later", which gRPC
+        // spells `UNAVAILABLE`; a boxed `Status` is passed on by tonic as is.
+        .map_err(shed_as_unavailable)
+        .layer(breaker)
+        // Buffers the encoded request (up to 64 KiB) so it can be sent again.
+        .layer(ReplayBodyLayer::new(64 * 1024))
+        .layer(retry)
+        // The retry layer's classifier takes `BoxError`; tonic's transport
+        // error is one once boxed.
+        .map_err(BoxError::from)
+        // Back to the body type the `Channel` takes.
+        .map_request(|request: http::Request<ReplayBody<tonic::body::Body>>| {
+            request.map(tonic::body::Body::new)
+        })
+        .service(channel);
+    let stack = tower::util::BoxCloneSyncService::new(stack);
+    Ok((GreeterClient::new(stack), handle))
+}
+
+fn shed_as_unavailable(error: BoxError) -> BoxError {
+    match error.downcast_ref::<CircuitOpen>() {
+        Some(open) => {
+            let wait = open.remaining().unwrap_or_default();
+            Box::new(Status::unavailable(format!(
+                "circuit open (client side), retry in {}s",
+                wait.as_secs().max(1)
+            )))
+        }
+        None => error,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn say_hello(client: &mut Client, name: &str) -> Result<HelloReply, Status> {
+    let request = HelloRequest {
+        name: name.to_owned(),
+    };
+    client.say_hello(request).await.map(Response::into_inner)
+}
+
+#[tokio::main]
+async fn main() -> Result<ExitCode, BoxError> {
+    // The server, on a free port of 127.0.0.1.
+    let greeter = Arc::new(FlakyGreeter {
+        warm_up: 2,
+        ..FlakyGreeter::default()
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(GreeterServer::from_arc(greeter.clone()))
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let (mut client, breaker) = resilient_client(channel)?;
+    let calls = || greeter.calls.load(Ordering::SeqCst);
+    let mut ok = true;
+    let mut check = |what: &str, good: bool| {
+        if !good {
+            eprintln!("UNEXPECTED: {what}");
+            ok = false;
+        }
+    };
+
+    println!("gRPC server on {addr}: UNAVAILABLE for its first 2 calls, then up\n");
+
+    // 1. A blip: the retry layer hides it.
+    let started = Instant::now();
+    let reply = say_hello(&mut client, "ada").await;
+    let attempts = calls();
+    match &reply {
+        Ok(reply) => println!(
+            "1. SayHello(ada) → OK {:?} after {attempts} attempts in {} (server call #{})",
+            reply.message,
+            ms(started.elapsed()),
+            reply.served_by_call
+        ),
+        Err(status) => println!(
+            "1. SayHello(ada) → {:?}: {}",
+            status.code(),
+            status.message()
+        ),
+    }
+    let headers = greeter
+        .previous_attempts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    println!("   grpc-previous-rpc-attempts seen by the server: {headers:?}");
+    check("the first call succeeds after retries", reply.is_ok());
+    check("three attempts reached the server", attempts == 3);
+    check(
+        "retries are marked with grpc-previous-rpc-attempts",
+        headers == [None, Some("1".into()), Some("2".into())],
+    );
+
+    // 2. A permanent error: retrying it would only repeat it.
+    let before = calls();
+    let reply = say_hello(&mut client, "").await;
+    let code = reply.as_ref().err().map(Status::code);
+    println!(
+        "2. SayHello(\"\") → {:?} after {} attempt (INVALID_ARGUMENT is rejected: not retried, not counted by the breaker)",
+        code.unwrap_or(Code::Ok),
+        calls() - before
+    );
+    check(
+        "INVALID_ARGUMENT is not retried",
+        code == Some(Code::InvalidArgument) && calls() - before == 1,
+    );
+
+    // 3. An outage: each call fails after its retries; the breaker counts
+    //    those calls and opens after two of them.
+    greeter.down.store(true, Ordering::SeqCst);
+    println!("\n   -- the server goes down: every call now answers UNAVAILABLE --");
+    for n in 3..=5 {
+        let before = calls();
+        let started = Instant::now();
+        let reply = say_hello(&mut client, "grace").await;
+        let reached = calls() - before;
+        let state = breaker.list()[0].state;
+        match reply {
+            Ok(reply) => println!("{n}. SayHello(grace) → OK {:?}", reply.message),
+            Err(status) => println!(
+                "{n}. SayHello(grace) → {:?} \"{}\" in {}; {reached} attempt(s) reached the server; breaker now {state:?}",
+                status.code(),
+                status.message(),
+                ms(started.elapsed()),
+            ),
+        }
+        if n < 5 {
+            check("an outage call makes 4 attempts", reached == 4);
+        } else {
+            check(
+                "once open, the breaker fails the call without reaching the server",
+                reached == 0 && state == State::Open,
+            );
+        }
+    }
+
+    let snapshot = &breaker.list()[0];
+    println!(
+        "\nbreaker {:?}: {:?}, opened {} time(s), refused {} call(s); the server saw {} calls in all",
+        snapshot.key,
+        snapshot.state,
+        snapshot.opened,
+        snapshot.rejected,
+        calls()
+    );
+
+    let _ = stop.send(());
+    let _ = server.await;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
