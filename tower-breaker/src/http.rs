@@ -123,8 +123,7 @@ where
     type Future = HttpResponseFuture<S::Future, C, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        ready!(self.inner.poll_breaker(cx));
-        self.inner.inner_mut().poll_ready(cx)
+        self.inner.poll_ready_with(cx, S::poll_ready)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {

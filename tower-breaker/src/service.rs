@@ -23,12 +23,22 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// [`pending_when_open`](crate::Builder::pending_when_open), `poll_ready`
 /// instead returns `Pending` while the breaker is open.
 ///
-/// Clones share the breaker; a clone does not inherit a pending wait.
+/// While the breaker refuses calls, `poll_ready` does not wait for the inner
+/// service at all: a dependency that is down often has a client that is not
+/// ready either (a full buffer, a saturated concurrency limit), and the point
+/// of an open circuit is not to wait for it. The call that follows is then
+/// refused, even if the circuit half-opened in between, because the inner
+/// service was not made ready for it.
+///
+/// Clones share the breaker; a clone inherits neither a pending wait nor a
+/// refusal decided by `poll_ready`.
 pub struct CircuitBreaker<S, C> {
     inner: S,
     breaker: Arc<Breaker>,
     classifier: C,
     waiting: Option<Wait>,
+    /// `poll_ready` saw the circuit refusing and did not poll `inner`.
+    refuse_next: bool,
 }
 
 /// What `poll_ready` waits on in pending mode: the next state change, and
@@ -45,6 +55,7 @@ impl<S, C> CircuitBreaker<S, C> {
             breaker,
             classifier,
             waiting: None,
+            refuse_next: false,
         }
     }
 
@@ -70,11 +81,36 @@ impl<S, C> CircuitBreaker<S, C> {
 
     /// Admits or refuses one call. `Ok(None)` in disabled mode.
     #[inline]
-    pub(crate) fn admit(&self) -> Result<Option<Permit>, CircuitOpen> {
+    pub(crate) fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
+        if self.refuse_next {
+            self.refuse_next = false;
+            let remaining = self.breaker.refusing().flatten();
+            return Err(self.breaker.rejection(remaining));
+        }
         if self.breaker.disabled {
             return Ok(None);
         }
         self.breaker.admit().map(Some)
+    }
+
+    /// `poll_ready` for both service flavours: the breaker first (pending
+    /// mode, or a refusal that makes the inner service's readiness moot),
+    /// then the inner service.
+    #[inline]
+    pub(crate) fn poll_ready_with<E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll_inner: impl FnOnce(&mut S, &mut Context<'_>) -> Poll<Result<(), E>>,
+    ) -> Poll<Result<(), E>> {
+        if self.poll_breaker(cx).is_pending() {
+            return Poll::Pending;
+        }
+        if !self.breaker.disabled && self.breaker.refusing().is_some() {
+            self.refuse_next = true;
+            return Poll::Ready(Ok(()));
+        }
+        self.refuse_next = false;
+        poll_inner(&mut self.inner, cx)
     }
 
     #[cfg(feature = "http")]
@@ -137,6 +173,7 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
             breaker: Arc::clone(&self.breaker),
             classifier: self.classifier.clone(),
             waiting: None,
+            refuse_next: false,
         }
     }
 }
@@ -164,10 +201,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.poll_breaker(cx).is_pending() {
-            return Poll::Pending;
-        }
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.poll_ready_with(cx, |inner, cx| inner.poll_ready(cx).map_err(Into::into))
     }
 
     #[inline]

@@ -430,10 +430,35 @@ impl Breaker {
                 .increment(1);
             return Ok(self.permit(word.epoch(), false));
         }
+        Err(self.rejection(remaining))
+    }
+
+    /// Counts and builds one refusal.
+    pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("tower_breaker_rejected_total", "breaker" => self.key.to_string())
             .increment(1);
-        Err(CircuitOpen::new(Arc::clone(&self.key), remaining))
+        CircuitOpen::new(Arc::clone(&self.key), remaining)
+    }
+
+    /// `Some(remaining open time)` when a call arriving now would be refused
+    /// (enforce mode only); `None` when it would be admitted. Closed: one load.
+    #[inline]
+    pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
+        let word = self.load();
+        if word.state() == State::Closed || self.settings.mode != Mode::Enforce {
+            return None;
+        }
+        match word.state() {
+            State::Open => {
+                let until = self.open_until.load(Ordering::Acquire);
+                let at = self.offset(Instant::now());
+                (at < until).then(|| Some(Duration::from_nanos(until - at)))
+            }
+            State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => Some(None),
+            State::ForcedOpen => Some(None),
+            _ => None,
+        }
     }
 
     /// What a `poll_ready` in pending mode waits for.

@@ -587,3 +587,43 @@ async fn pending_mode_waits_in_poll_ready_until_the_recovery_timeout() {
     assert!(other.is_woken(), "the state change wakes the waiting clone");
     assert_ready_ok!(other.poll_ready());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_does_not_wait_for_an_unready_service() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(5))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    // The dependency's client stops being ready (a full buffer, say).
+    handle.allow(0);
+    assert_ready_ok!(
+        svc.poll_ready(),
+        "open: no need to wait for the inner service"
+    );
+    let err = svc.call(1).await.unwrap_err();
+    assert!(err.is::<CircuitOpen>());
+
+    // Half-opening between poll_ready and call must not call an unready inner
+    // service: that call is refused too.
+    assert_ready_ok!(svc.poll_ready());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let err = svc.call(2).await.unwrap_err();
+    assert!(err.is::<CircuitOpen>());
+    assert_pending!(handle.poll_request());
+
+    // Now the probe may go, once the inner service is ready again.
+    assert_pending!(
+        svc.poll_ready(),
+        "half-open with a free slot: inner readiness counts"
+    );
+    handle.allow(1);
+    assert_ready_ok!(svc.poll_ready());
+    let probe = svc.call(3);
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req, 3);
+    send.send_response("ok");
+    probe.await.unwrap();
+}

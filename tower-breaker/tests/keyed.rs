@@ -2,14 +2,13 @@
 
 use std::future::{ready, Ready};
 use std::io;
-use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
 use tower::{service_fn, Layer, Service};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, SubscriberExt};
+
+mod support;
 
 /// A request: the dependency it goes to, and whether that dependency fails.
 type Req = (&'static str, bool);
@@ -90,67 +89,43 @@ fn among_closed_breakers_the_least_recently_used_goes() {
     assert_eq!(names, ["a", "c"]);
 }
 
-/// Collects WARN events' messages.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        struct Message<'a>(&'a mut String);
-        impl Visit for Message<'_> {
-            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-                use std::fmt::Write;
-                let _ = write!(self.0, "{}={value:?} ", field.name());
-            }
-        }
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut text = String::new();
-            event.record(&mut Message(&mut text));
-            self.0.lock().unwrap().push(text);
-        }
-    }
-}
-
 #[test]
 fn when_every_breaker_is_open_plain_lru_applies_with_a_warning() {
-    let warnings = Warnings::default();
-    let subscriber = tracing_subscriber::registry().with(warnings.clone());
-    tracing::subscriber::with_default(subscriber, || {
-        let (mut svc, handle) = keyed(2);
-        call(&mut svc, ("first", true)).unwrap_err();
-        call(&mut svc, ("second", true)).unwrap_err();
-        let opened = warnings.0.lock().unwrap().len();
-        assert_eq!(opened, 2, "each opening is a warning too");
+    support::capture();
+    let (mut svc, handle) = keyed(2);
+    call(&mut svc, ("first", true)).unwrap_err();
+    call(&mut svc, ("second", true)).unwrap_err();
+    assert_eq!(
+        support::warnings().len(),
+        2,
+        "each opening is a warning too"
+    );
 
-        call(&mut svc, ("third", false)).unwrap();
-        assert_eq!(
-            keys(&handle),
-            [
-                ("second".to_owned(), State::Open),
-                ("third".to_owned(), State::Closed)
-            ],
-            "the least recently used open breaker was evicted"
-        );
-        let warnings = warnings.0.lock().unwrap();
-        assert_eq!(warnings.len(), 3);
-        assert!(
-            warnings[2].contains("every circuit breaker is open") && warnings[2].contains("first"),
-            "{}",
-            warnings[2]
-        );
-    });
+    call(&mut svc, ("third", false)).unwrap();
+    assert_eq!(
+        keys(&handle),
+        [
+            ("second".to_owned(), State::Open),
+            ("third".to_owned(), State::Closed)
+        ],
+        "the least recently used open breaker was evicted"
+    );
+    let warnings = support::warnings();
+    assert_eq!(warnings.len(), 3);
+    assert!(
+        warnings[2].contains("every circuit breaker is open") && warnings[2].contains("first"),
+        "{}",
+        warnings[2]
+    );
 }
 
 #[test]
 fn without_pressure_no_eviction_warning_is_logged() {
-    let warnings = Warnings::default();
-    let subscriber = tracing_subscriber::registry().with(warnings.clone());
-    tracing::subscriber::with_default(subscriber, || {
-        let (mut svc, _handle) = keyed(2);
-        call(&mut svc, ("open", true)).unwrap_err();
-        call(&mut svc, ("closed", false)).unwrap();
-        call(&mut svc, ("new", false)).unwrap();
-        let warnings = warnings.0.lock().unwrap();
-        assert_eq!(warnings.len(), 1, "only the opening: {warnings:?}");
-    });
+    support::capture();
+    let (mut svc, _handle) = keyed(2);
+    call(&mut svc, ("open", true)).unwrap_err();
+    call(&mut svc, ("closed", false)).unwrap();
+    call(&mut svc, ("new", false)).unwrap();
+    let warnings = support::warnings();
+    assert_eq!(warnings.len(), 1, "only the opening: {warnings:?}");
 }

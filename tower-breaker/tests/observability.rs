@@ -10,8 +10,8 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, Share
 use tower::{service_fn, Layer, Service};
 use tower_breaker::{CircuitBreakerLayer, Mode};
 use tower_classify::{BoxError, ErrorChainClassifier};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, SubscriberExt};
+
+mod support;
 
 /// Metric values by `name{label=value,…}`.
 #[derive(Clone, Default)]
@@ -87,32 +87,6 @@ impl Recorder for Store {
     }
 }
 
-/// `(level, message)` of every event.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(tracing::Level, String)>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        struct Fields<'a>(&'a mut String);
-        impl Visit for Fields<'_> {
-            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-                use std::fmt::Write;
-                let _ = write!(self.0, "{}={value:?} ", field.name());
-            }
-            fn record_str(&mut self, field: &Field, value: &str) {
-                use std::fmt::Write;
-                let _ = write!(self.0, "{}={value} ", field.name());
-            }
-        }
-        let mut text = String::new();
-        event.record(&mut Fields(&mut text));
-        self.0
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), text));
-    }
-}
-
 fn call(svc: &mut impl Service<bool, Error = BoxError>, fails: bool) -> Result<(), BoxError> {
     svc.call(fails).now_or_never().unwrap().map(drop)
 }
@@ -137,9 +111,8 @@ fn service(mode: Mode) -> impl Service<bool, Error = BoxError> {
 #[test]
 fn state_gauge_and_open_and_rejection_counters() {
     let store = Store::default();
-    let events = Events::default();
-    let subscriber = tracing_subscriber::registry().with(events.clone());
-    tracing::subscriber::with_default(subscriber, || {
+    support::capture();
+    {
         metrics::with_local_recorder(&store, || {
             let mut svc = service(Mode::Enforce);
             let state = "tower_breaker_state{breaker=payments}";
@@ -163,8 +136,8 @@ fn state_gauge_and_open_and_rejection_counters() {
             probe.now_or_never().unwrap().unwrap(); // half-open → closed
             assert_eq!(store.get(state), Some(0.0));
         });
-    });
-    let events = events.0.lock().unwrap();
+    }
+    let events = support::events();
     let changes: Vec<_> = events
         .iter()
         .filter(|(_, text)| text.contains("circuit breaker"))
@@ -190,6 +163,7 @@ fn state_gauge_and_open_and_rejection_counters() {
 #[test]
 fn metrics_only_mode_counts_would_be_rejections() {
     let store = Store::default();
+    support::capture();
     metrics::with_local_recorder(&store, || {
         let mut svc = service(Mode::MetricsOnly);
         call(&mut svc, true).unwrap_err();
