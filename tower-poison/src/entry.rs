@@ -250,7 +250,7 @@ mod time_serde {
 
 /// A body is stored as text when it is UTF-8 (the common JSON case, readable
 /// in `show --json`), and as hex otherwise.
-mod body_serde {
+pub(crate) mod body_serde {
     use super::*;
 
     #[derive(Serialize, Deserialize)]
@@ -260,7 +260,7 @@ mod body_serde {
         Hex(String),
     }
 
-    pub(super) fn serialize<S: Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
         match std::str::from_utf8(body) {
             Ok(text) => Stored::Utf8(text.to_owned()),
             Err(_) => Stored::Hex(body.iter().map(|b| format!("{b:02x}")).collect()),
@@ -268,7 +268,7 @@ mod body_serde {
         .serialize(serializer)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Bytes, D::Error> {
         match Stored::deserialize(deserializer)? {

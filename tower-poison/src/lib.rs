@@ -178,6 +178,7 @@ mod poison;
 mod redact;
 mod service;
 
+pub mod idempotency;
 pub mod replay;
 pub mod store;
 

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! tower-poison --store dlq.redb list [--kind poison] [--label orders] [--limit 50]
+//! tower-poison --store redis://redis.internal:6379 --stream orders:dlq list
 //! tower-poison --store dlq.redb show ID
 //! tower-poison --store dlq.redb stats
 //! tower-poison --store dlq.redb replay ID --to http://orders.internal:8080
@@ -40,16 +41,35 @@ use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
 use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
 use tower_service::Service;
 
-/// Inspect, replay and purge a tower-poison dead-letter store (a redb file).
+/// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
+/// a Redis stream.
 ///
-/// The store is locked while a service has it open: stop the service (or
-/// point at a copy) first.
+/// A redb file is locked while a service has it open: stop the service (or
+/// point at a copy) first. A Redis stream is shared: the CLI reads it while
+/// every node keeps writing.
 #[derive(Debug, Parser)]
 #[command(name = "tower-poison", version)]
 struct Cli {
-    /// The dead-letter store file (redb).
-    #[arg(long, global = true, env = "TOWER_POISON_STORE", value_name = "PATH")]
-    store: Option<PathBuf>,
+    /// The dead-letter store: a redb file, or a Redis server
+    /// (`redis://host:port/db`, with the `redis` feature) holding the stream
+    /// named by --stream.
+    #[arg(
+        long,
+        global = true,
+        env = "TOWER_POISON_STORE",
+        value_name = "PATH|URL"
+    )]
+    store: Option<String>,
+
+    /// With a redis:// store: the stream (one per queue).
+    #[arg(
+        long,
+        global = true,
+        env = "TOWER_POISON_STREAM",
+        value_name = "NAME",
+        default_value = "tower-poison:dead-letters"
+    )]
+    stream: String,
 
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -178,25 +198,54 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Failure> {
-    let Some(path) = cli.store else {
-        return Err("no store given: pass --store PATH (or set TOWER_POISON_STORE)".into());
+    let Some(location) = cli.store.clone() else {
+        return Err(
+            "no store given: pass --store PATH or --store redis://HOST:PORT (or set TOWER_POISON_STORE)"
+                .into(),
+        );
     };
+    if location.starts_with("redis://")
+        || location.starts_with("rediss://")
+        || location.starts_with("redis+unix://")
+    {
+        return run_redis(cli, &location).await;
+    }
+    let path = PathBuf::from(location);
     if !path.exists() {
         return Err(format!("dead-letter store {} does not exist", path.display()).into());
     }
     let store = RedbStore::open(&path)?;
+    dispatch(&store, cli).await
+}
+
+#[cfg(feature = "redis")]
+async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
+    let store = tower_poison::store::RedisDeadLetterStore::connect(url, cli.stream.clone()).await?;
+    dispatch(&store, cli).await
+}
+
+#[cfg(not(feature = "redis"))]
+async fn run_redis(_cli: Cli, url: &str) -> Result<ExitCode, Failure> {
+    Err(format!(
+        "{url} is a Redis store, and this tower-poison was built without the `redis` feature \
+         (cargo install tower-poison --features cli,redis)"
+    )
+    .into())
+}
+
+async fn dispatch(store: &impl DeadLetterStore, cli: Cli) -> Result<ExitCode, Failure> {
     let now = SystemTime::now();
     match cli.command {
-        Command::List(args) => list(&store, args, cli.json, now).await,
-        Command::Show { id } => show(&store, id, cli.json, now).await,
-        Command::Stats => stats(&store, cli.json, now).await,
-        Command::Replay(args) => replay_command(&store, args, cli.json).await,
-        Command::Purge { older_than, yes } => purge(&store, older_than, yes, cli.json, now).await,
+        Command::List(args) => list(store, args, cli.json, now).await,
+        Command::Show { id } => show(store, id, cli.json, now).await,
+        Command::Stats => stats(store, cli.json, now).await,
+        Command::Replay(args) => replay_command(store, args, cli.json).await,
+        Command::Purge { older_than, yes } => purge(store, older_than, yes, cli.json, now).await,
     }
 }
 
 async fn list(
-    store: &RedbStore,
+    store: &impl DeadLetterStore,
     args: ListArgs,
     json: bool,
     now: SystemTime,
@@ -244,7 +293,7 @@ async fn list(
 }
 
 async fn show(
-    store: &RedbStore,
+    store: &impl DeadLetterStore,
     id: EntryId,
     json: bool,
     now: SystemTime,
@@ -296,7 +345,11 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     }
 }
 
-async fn stats(store: &RedbStore, json: bool, now: SystemTime) -> Result<ExitCode, Failure> {
+async fn stats(
+    store: &impl DeadLetterStore,
+    json: bool,
+    now: SystemTime,
+) -> Result<ExitCode, Failure> {
     let stats = store.stats(now).await?;
     if json {
         let out = json!({
@@ -354,7 +407,7 @@ impl Service<Request<Full<Bytes>>> for ReplayClient {
 }
 
 async fn replay_command(
-    store: &RedbStore,
+    store: &impl DeadLetterStore,
     args: ReplayArgs,
     json: bool,
 ) -> Result<ExitCode, Failure> {
@@ -458,7 +511,7 @@ async fn replay_command(
 }
 
 async fn purge(
-    store: &RedbStore,
+    store: &impl DeadLetterStore,
     older_than: Option<Duration>,
     yes: bool,
     json: bool,

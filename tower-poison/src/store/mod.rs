@@ -1,7 +1,7 @@
 //! Dead-letter stores: where entries are kept until an operator acts on them.
 //!
 //! [`DeadLetterStore`] is the interface the layer, [replay](mod@crate::replay)
-//! and the CLI use. Two implementations ship here:
+//! and the CLI use. Three implementations ship here:
 //!
 //! - [`RedbStore`] (feature `redb`, on by default): the default, an embedded
 //!   durable store in one file. An entry is acknowledged only after the
@@ -11,7 +11,8 @@
 //!   afford to lose their dead letters on restart. When full it refuses new
 //!   entries (the call fails) rather than evicting old ones.
 //!
-//! A store for a fleet of nodes (one shared backend) implements the same trait.
+//! - [`RedisDeadLetterStore`] (feature `redis`): for a fleet of nodes, one
+//!   Redis stream per queue that every node writes and the CLI reads.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -26,10 +27,14 @@ use crate::entry::{DeadLetterEntry, EntryId};
 mod memory;
 #[cfg(feature = "redb")]
 mod redb;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 
 pub use self::memory::MemoryStore;
 #[cfg(feature = "redb")]
 pub use self::redb::{RedbStore, RedbStoreBuilder};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisConnectOptions, RedisDeadLetterStore, RedisDeadLetterStoreBuilder};
 
 /// A place to keep dead-letter entries.
 ///
@@ -255,6 +260,19 @@ impl StoreError {
     ) -> Self {
         StoreError {
             kind: StoreErrorKind::Backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A stored value that could not be decoded, because of `source`.
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+    pub(crate) fn corrupt(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn Error + Send + Sync>>,
+    ) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Corrupt,
             message: message.into(),
             source: Some(source.into()),
         }

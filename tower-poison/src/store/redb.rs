@@ -174,11 +174,8 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
 }
 
 fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
-    DeadLetterEntry::from_bytes(bytes).map_err(|e| {
-        let mut error = StoreError::backend("cannot decode a stored dead-letter entry", e);
-        error.kind = StoreErrorKind::Corrupt;
-        error
-    })
+    DeadLetterEntry::from_bytes(bytes)
+        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
 /// The writer thread: take what is queued (up to `max_batch`), commit it in

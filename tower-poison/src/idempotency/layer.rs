@@ -1,0 +1,127 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use tower_classify::HttpClassifier;
+use tower_layer::Layer;
+
+use super::service::{Config, IdempotencyGuard, ScopeFn};
+
+/// Applies [`IdempotencyGuard`] to an HTTP service: the first response for an
+/// `Idempotency-Key` is stored and replayed for repeats.
+///
+/// Defaults: a 24 h TTL for stored responses, a 5 min in-flight TTL (a claim
+/// whose node crashed lapses after it), responses up to 1 MiB stored, the
+/// fingerprint hashing up to 1 MiB of request body, only non-idempotent
+/// methods guarded (POST, PATCH and extension methods), no client scope,
+/// [`HttpClassifier`] deciding which responses release the key.
+///
+/// Clones of the layer and the services it makes share the store.
+#[derive(Clone)]
+pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
+    store: St,
+    classifier: C,
+    config: Config,
+}
+
+impl<St> IdempotencyGuardLayer<St> {
+    /// A guard keeping its keys in `store`, with the defaults above.
+    pub fn new(store: St) -> Self {
+        IdempotencyGuardLayer {
+            store,
+            classifier: HttpClassifier::new(),
+            config: Config::default(),
+        }
+    }
+}
+
+impl<St, C> IdempotencyGuardLayer<St, C> {
+    /// Keeps a stored response for `ttl` (default 24 h): repeats within it
+    /// are replayed, later ones run again.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// Lets an unfinished claim lapse after `ttl` (default 5 min), for a node
+    /// that crashed while holding it. Make it longer than the slowest guarded
+    /// request: a request still running when it lapses can be run twice.
+    pub fn in_flight_ttl(mut self, ttl: Duration) -> Self {
+        self.config.in_flight_ttl = ttl;
+        self
+    }
+
+    /// Stores responses whose body is at most `limit` bytes (default 1 MiB).
+    /// A larger response is passed on but not stored, and its key is
+    /// released (a repeat runs again), logged at `warn`.
+    pub fn response_body_limit(mut self, limit: usize) -> Self {
+        self.config.response_body_limit = limit;
+        self
+    }
+
+    /// Hashes at most `limit` bytes of the request body into the fingerprint
+    /// (default 1 MiB); a longer body is marked as such in it.
+    pub fn fingerprint_body_limit(mut self, limit: usize) -> Self {
+        self.config.fingerprint_body_limit = limit;
+        self
+    }
+
+    /// Also guards idempotent methods (GET, PUT, DELETE, …) that carry a key
+    /// (default `false`: by RFC 9110 repeating them is already safe).
+    pub fn all_methods(mut self, yes: bool) -> Self {
+        self.config.all_methods = yes;
+        self
+    }
+
+    /// Scopes keys by a client identity read from the request (an API key id,
+    /// an authenticated tenant), so two clients choosing the same key do not
+    /// see each other's responses. `None` puts the request in the shared,
+    /// unscoped key space.
+    pub fn scope_by<F>(mut self, identity: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.scope = Some(ScopeFn(Arc::new(identity)));
+        self
+    }
+
+    /// Uses `classifier` to decide which responses release the key instead of
+    /// being stored: those it classifies as a transient failure (5xx, 429,
+    /// 408) or a shed.
+    pub fn classifier<C2>(self, classifier: C2) -> IdempotencyGuardLayer<St, C2> {
+        IdempotencyGuardLayer {
+            store: self.store,
+            classifier,
+            config: self.config,
+        }
+    }
+
+    /// The store keys are kept in.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+}
+
+impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {
+    type Service = IdempotencyGuard<S, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyGuard::new(
+            inner,
+            self.store.clone(),
+            self.classifier.clone(),
+            self.config.clone(),
+        )
+    }
+}
+
+impl<St: fmt::Debug, C: fmt::Debug> fmt::Debug for IdempotencyGuardLayer<St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyGuardLayer")
+            .field("store", &self.store)
+            .field("classifier", &self.classifier)
+            .field("config", &self.config)
+            .finish()
+    }
+}

@@ -1,0 +1,154 @@
+//! Redis for the tests: the shared server named by `TOWER_POISON_REDIS_URL`
+//! (default `redis://127.0.0.1:6379`), and private `redis-server` processes
+//! for the restart test.
+//!
+//! Without a server a Redis test prints why it is skipped and passes, unless
+//! `TOWER_POISON_REQUIRE_REDIS=1` (as in CI), which turns the absence into a
+//! failure.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const URL_VAR: &str = "TOWER_POISON_REDIS_URL";
+pub const REQUIRE_VAR: &str = "TOWER_POISON_REQUIRE_REDIS";
+
+pub fn redis_url() -> String {
+    std::env::var(URL_VAR).unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+pub fn required() -> bool {
+    std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1")
+}
+
+/// Skips the calling test (prints why), or fails it when Redis is required.
+pub fn skip(reason: &str) {
+    if required() {
+        panic!("{reason}; {REQUIRE_VAR}=1 makes this a failure");
+    }
+    eprintln!("SKIPPED: {reason} (start redis-server, or set {URL_VAR}; {REQUIRE_VAR}=1 makes this a failure)");
+}
+
+/// The shared server's URL when it answers `PING`.
+pub async fn shared_redis() -> Option<String> {
+    let url = redis_url();
+    let answered = async {
+        let client = redis::Client::open(url.as_str()).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let pong: String = redis::cmd("PING").query_async(&mut connection).await.ok()?;
+        (pong == "PONG").then_some(())
+    };
+    match tokio::time::timeout(Duration::from_secs(3), answered).await {
+        Ok(Some(())) => Some(url),
+        _ => {
+            skip(&format!("no Redis server answers at {url}"));
+            None
+        }
+    }
+}
+
+/// A name no other test (or earlier run) uses, so tests run in parallel on
+/// one server.
+pub fn unique(name: &str) -> String {
+    format!(
+        "tower-poison-test:{name}:{}:{:016x}",
+        std::process::id(),
+        fastrand::u64(..)
+    )
+}
+
+/// The `redis-server` binary on `PATH`.
+pub fn redis_server_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    let found = std::env::split_paths(&path)
+        .map(|dir| dir.join("redis-server"))
+        .find(|candidate| candidate.is_file());
+    if found.is_none() {
+        skip("no redis-server binary on PATH (apt-get install redis-server)");
+    }
+    found
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A private `redis-server` with persistence on (append-only file, fsync on
+/// every write), in `dir`, on `port`. Killed (SIGKILL) when dropped.
+pub struct RedisProcess {
+    child: Option<Child>,
+    pub port: u16,
+}
+
+impl RedisProcess {
+    pub fn start(binary: &Path, dir: &Path, port: u16) -> Self {
+        let child = Command::new(binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--save", "", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let process = RedisProcess {
+            child: Some(child),
+            port,
+        };
+        process.wait_until_up();
+        process
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_until_up(&self) {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if ping(self.port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "redis-server on port {} did not answer within 10 s",
+            self.port
+        );
+    }
+
+    /// SIGKILL: no shutdown, no final flush, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `true` when a server on `port` answers `PING` (spoken raw, so the check
+/// needs nothing but a socket).
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
