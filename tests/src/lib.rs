@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request as AxumRequest, State};
@@ -38,13 +38,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
-use tower_poison::store::DeadLetterStore;
-use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
+use tower_poison::store::{DeadLetterStore, ListQuery};
+use tower_poison::{CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer};
 use tower_retry_budget::body::ReplayBodyLayer;
 use tower_retry_budget::replay::HttpReplay;
-use tower_retry_budget::RetryLayer;
+use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
 /// The request type every stack takes.
 pub type HttpRequest = Request<Full<Bytes>>;
@@ -345,4 +345,64 @@ pub fn request(
         .header(REQUEST_ID, id)
         .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
         .expect("a valid request")
+}
+
+/// A retry layer for HTTP with `max_retries` retries 20 ms apart (no jitter,
+/// so counts and waits are exact), a 5 s deadline for the whole loop and the
+/// default retry budget.
+pub fn retry(max_retries: u32) -> RetryLayer<HttpClassifier, HttpReplay> {
+    RetryLayer::http()
+        .max_retries(max_retries)
+        .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
+        .deadline(Duration::from_secs(5))
+        .build()
+        .expect("valid retry settings")
+}
+
+/// The name of the breaker [`breaker`] builds.
+pub const BREAKER: &str = "upstream";
+
+/// A breaker named [`BREAKER`] that opens after `threshold` consecutive
+/// transient failures and admits one probe after `recovery`, with its admin
+/// handle.
+pub fn breaker(
+    threshold: u32,
+    recovery: Duration,
+) -> (CircuitBreakerLayer<HttpClassifier>, BreakerHandle) {
+    let layer = CircuitBreakerLayer::builder()
+        .name(BREAKER)
+        .failure_threshold(threshold)
+        .recovery_timeout(recovery)
+        .build(HttpClassifier::new())
+        .expect("valid breaker settings");
+    let handle = layer.handle();
+    (layer, handle)
+}
+
+/// A dead-letter layer over `store`, labelled `upstream`.
+pub fn dead_letters<St: DeadLetterStore>(store: &St) -> DeadLetterLayer<St> {
+    DeadLetterLayer::new(store.clone()).label("upstream")
+}
+
+/// Every entry in `store`, in id order (all pages).
+pub async fn entries<St: DeadLetterStore>(store: &St) -> Vec<DeadLetterEntry> {
+    let mut all = Vec::new();
+    let mut query = ListQuery::new().limit(1000);
+    loop {
+        let page = store.list(query.clone()).await.expect("list entries");
+        all.extend(page.entries);
+        match page.next {
+            Some(next) => query = query.after(next),
+            None => return all,
+        }
+    }
+}
+
+/// The stored value of header `name` (lowercase) of `entry`.
+pub fn stored_header<'a>(entry: &'a DeadLetterEntry, name: &str) -> Option<&'a str> {
+    entry
+        .headers
+        .iter()
+        .find(|h| h.name == name)
+        .map(|h| h.value.as_str())
 }

@@ -14,67 +14,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::header::AUTHORIZATION;
 use http::{HeaderValue, Method, Request};
-use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
+use tower_breaker::{CircuitOpen, State};
 use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome};
-use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore, RedbStore};
+use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::{DeadLetterEntry, DeadLetterLayer, REDACTED};
-use tower_retry_budget::replay::HttpReplay;
-use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
-use integration_tests::{client, default_order, request, send, Reply, Upstream, REQUEST_ID};
-
-/// A retry layer with `max_retries` retries 20 ms apart (no jitter, so
-/// counts and waits are exact), a 5 s deadline and the default budget.
-fn retry(max_retries: u32) -> RetryLayer<HttpClassifier, HttpReplay> {
-    RetryLayer::http()
-        .max_retries(max_retries)
-        .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
-        .deadline(Duration::from_secs(5))
-        .build()
-        .expect("valid retry settings")
-}
-
-/// A breaker named `upstream` opening after `threshold` consecutive transient
-/// failures and probing after `recovery`.
-fn breaker(
-    threshold: u32,
-    recovery: Duration,
-) -> (CircuitBreakerLayer<HttpClassifier>, BreakerHandle) {
-    let layer = CircuitBreakerLayer::builder()
-        .name("upstream")
-        .failure_threshold(threshold)
-        .recovery_timeout(recovery)
-        .build(HttpClassifier::new())
-        .expect("valid breaker settings");
-    let handle = layer.handle();
-    (layer, handle)
-}
-
-fn dead_letters(store: &MemoryStore) -> DeadLetterLayer<MemoryStore> {
-    DeadLetterLayer::new(store.clone()).label("upstream")
-}
-
-async fn entries<St: DeadLetterStore>(store: &St) -> Vec<DeadLetterEntry> {
-    let mut all = Vec::new();
-    let mut query = ListQuery::new().limit(1000);
-    loop {
-        let page = store.list(query.clone()).await.expect("list");
-        all.extend(page.entries);
-        match page.next {
-            Some(next) => query = query.after(next),
-            None => return all,
-        }
-    }
-}
-
-fn header<'a>(entry: &'a DeadLetterEntry, name: &str) -> Option<&'a str> {
-    entry
-        .headers
-        .iter()
-        .find(|h| h.name == name)
-        .map(|h| h.value.as_str())
-}
+use integration_tests::{
+    breaker, client, dead_letters, default_order, entries, request, retry, send, stored_header,
+    Reply, Upstream, BREAKER, REQUEST_ID,
+};
 
 /// Seed 000/002: a GET that meets two 503s is retried and succeeds; the
 /// upstream sees exactly three attempts of the same request; nothing is
@@ -108,7 +57,7 @@ async fn get_retried_on_503_then_succeeds() {
         0,
         "a call retries fixed is not a dead letter"
     );
-    let snapshot = handle.get("upstream").expect("the breaker");
+    let snapshot = handle.get(BREAKER).expect("the breaker");
     assert_eq!(snapshot.state, State::Closed);
     assert_eq!(
         snapshot.failures, 0,
@@ -151,7 +100,7 @@ async fn post_not_retried_and_dead_lettered() {
     assert!(!entry.body_truncated);
     assert_eq!(entry.kind, FailureKind::ServerError);
     assert_eq!(entry.attempts, 1);
-    assert_eq!(header(entry, REQUEST_ID), Some("post-1"));
+    assert_eq!(stored_header(entry, REQUEST_ID), Some("post-1"));
 }
 
 /// Seed 000: the same POST carrying an `Idempotency-Key` is retried, and every
@@ -313,7 +262,7 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
         assert_eq!(response.status(), 503);
         assert_eq!(upstream.requests(), 3 * (i + 1));
     }
-    let snapshot = handle.get("upstream").unwrap();
+    let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Open);
     assert_eq!(snapshot.opened, 1);
     let before = upstream.requests();
@@ -346,10 +295,7 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
         per_call < Duration::from_millis(1),
         "{per_call:?} per refused call"
     );
-    assert_eq!(
-        handle.get("upstream").unwrap().rejected,
-        u64::from(OPEN_CALLS)
-    );
+    assert_eq!(handle.get(BREAKER).unwrap().rejected, u64::from(OPEN_CALLS));
 
     let stored = entries(&store).await;
     let server_errors = stored.iter().filter(|e| e.kind == FailureKind::ServerError);
@@ -378,7 +324,7 @@ async fn recovery_probe_closes_the_breaker() {
         let response = send(&stack, get(&format!("open-{i}"))).await.unwrap();
         assert_eq!(response.status(), 503);
     }
-    assert_eq!(handle.get("upstream").unwrap().state, State::Open);
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
     assert_eq!(upstream.requests(), 4);
     let error = send(&stack, get("refused")).await.unwrap_err();
     assert!(error.is::<CircuitOpen>(), "{error}");
@@ -390,7 +336,7 @@ async fn recovery_probe_closes_the_breaker() {
     let response = send(&stack, get("probe-1")).await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(upstream.requests(), 6, "one probe call, two attempts");
-    let snapshot = handle.get("upstream").unwrap();
+    let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Open);
     assert_eq!(snapshot.opened, 2);
     assert!(send(&stack, get("refused-2"))
@@ -404,7 +350,7 @@ async fn recovery_probe_closes_the_breaker() {
     let response = send(&stack, get("probe-2")).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(upstream.requests(), 7);
-    assert_eq!(handle.get("upstream").unwrap().state, State::Closed);
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
     for i in 0..5 {
         let response = send(&stack, get(&format!("after-{i}"))).await.unwrap();
         assert_eq!(response.status(), 200);
@@ -448,7 +394,7 @@ async fn poison_request_dead_lettered_and_replayable() {
         1,
         "a rejected request is never retried"
     );
-    let snapshot = handle.get("upstream").unwrap();
+    let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(
         snapshot.state,
         State::Closed,
@@ -469,10 +415,13 @@ async fn poison_request_dead_lettered_and_replayable() {
         .unwrap()
         .ends_with("/orders?source=test"));
     assert_eq!(entry.body, body);
-    assert_eq!(header(entry, "authorization"), Some(REDACTED));
-    assert_eq!(header(entry, "cookie"), Some(REDACTED));
-    assert_eq!(header(entry, "content-type"), Some("application/json"));
-    assert_eq!(header(entry, REQUEST_ID), Some("order-7"));
+    assert_eq!(stored_header(entry, "authorization"), Some(REDACTED));
+    assert_eq!(stored_header(entry, "cookie"), Some(REDACTED));
+    assert_eq!(
+        stored_header(entry, "content-type"),
+        Some("application/json")
+    );
+    assert_eq!(stored_header(entry, REQUEST_ID), Some("order-7"));
     let stored_text = format!("{entry:?}");
     assert!(!stored_text.contains("secret-token") && !stored_text.contains("session=abc"));
     let id = entry.id;

@@ -1,0 +1,142 @@
+//! The other common layer order (Polly's, Resilience4j's), outermost first:
+//!
+//! ```text
+//! DeadLetter → ReplayBody → Retry → CircuitBreaker → CountAttempts → client
+//! ```
+//!
+//! Every attempt is recorded by the breaker, so it opens sooner; the retry
+//! layer then meets the breaker's `CircuitOpen` (a `Shed` failure through
+//! `tower-classify`, the crates do not know each other) and must not spin on
+//! it: it returns it at once, or waits the remaining open time out once when
+//! that fits inside its deadline. Either way the upstream sees a bounded,
+//! exact number of attempts.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use tower_breaker::{CircuitOpen, State};
+use tower_classify::FailureKind;
+use tower_poison::store::{DeadLetterStore, MemoryStore};
+
+use integration_tests::{
+    breaker, dead_letters, entries, request, retry, retry_outside_breaker, send, Reply, Upstream,
+    BREAKER,
+};
+
+/// The breaker opens after two attempts of the first call; the third attempt
+/// meets `CircuitOpen` with 30 s to go, which does not fit the retry loop's
+/// 5 s deadline, so the retry layer gives up at once instead of using its
+/// four remaining retries. Later calls are refused before any attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(2, Duration::from_secs(30));
+    let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
+
+    let started = Instant::now();
+    let error = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "first", ""),
+    )
+    .await
+    .expect_err("the breaker opened during the retry loop");
+    let elapsed = started.elapsed();
+
+    let open = error
+        .downcast_ref::<CircuitOpen>()
+        .unwrap_or_else(|| panic!("expected CircuitOpen, got {error}"));
+    assert!(open.remaining().unwrap() > Duration::from_secs(20));
+    assert_eq!(
+        upstream.requests(),
+        2,
+        "two attempts opened the breaker; no more"
+    );
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "gave up after {elapsed:?}"
+    );
+    let snapshot = handle.get(BREAKER).unwrap();
+    assert_eq!(snapshot.state, State::Open);
+    assert_eq!(
+        snapshot.failures, 2,
+        "every attempt is recorded in this order"
+    );
+    assert_eq!(snapshot.rejected, 1);
+
+    // Later calls: refused before reaching the upstream, not retried.
+    for i in 0..20 {
+        let error = send(
+            &stack,
+            request(&upstream, Method::GET, "/items", &format!("later-{i}"), ""),
+        )
+        .await
+        .expect_err("still open");
+        assert!(error.is::<CircuitOpen>(), "{error}");
+    }
+    assert_eq!(upstream.requests(), 2);
+    assert_eq!(
+        handle.get(BREAKER).unwrap().rejected,
+        21,
+        "one refusal per call: the retry layer did not retry CircuitOpen"
+    );
+
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 21);
+    assert!(stored.iter().all(|e| e.kind == FailureKind::Shed));
+}
+
+/// With a 200 ms recovery timeout, the open time fits inside the deadline:
+/// the retry layer waits it out once, the half-open probe fails (the
+/// upstream is still down), and the layer gives up on the next
+/// `CircuitOpen` rather than waiting again. The whole call costs the
+/// upstream exactly three attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_outside_breaker_waits_out_a_short_open_once() {
+    let recovery = Duration::from_millis(200);
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(2, recovery);
+    let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
+
+    let started = Instant::now();
+    let result = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "first", ""),
+    )
+    .await;
+    let elapsed = started.elapsed();
+
+    let log = upstream.log();
+    assert_eq!(
+        log.len(),
+        3,
+        "two attempts open the breaker, one probe after the wait"
+    );
+    assert!(
+        log[2].at - log[1].at >= recovery - Duration::from_millis(50),
+        "the probe came {:?} after the opening attempt",
+        log[2].at - log[1].at
+    );
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    let error = result.expect_err("the probe failed and the breaker reopened");
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    let snapshot = handle.get(BREAKER).unwrap();
+    assert_eq!(snapshot.state, State::Open);
+    assert_eq!(snapshot.opened, 2);
+    assert_eq!(store.depth().await.unwrap(), 1);
+
+    // Once the upstream is back, the same wait-out turns into a success.
+    upstream.always(Reply::ok());
+    let response = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "second", ""),
+    )
+    .await
+    .expect("the probe succeeds after the wait");
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.requests(), 4);
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+}
