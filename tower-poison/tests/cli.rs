@@ -321,3 +321,168 @@ async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
 async fn entries_of(store: &RedbStore) -> Vec<DeadLetterEntry> {
     store.list(ListQuery::new()).await.unwrap().entries
 }
+
+#[cfg(feature = "redis")]
+mod support;
+
+/// Two tower stacks ("two nodes") sharing one Redis: a repeat sent to the
+/// second node is replayed from the response the first node stored, and the
+/// dead letters both nodes wrote are listed together by the CLI.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::util::BoxCloneService;
+    use tower_poison::idempotency::store::RedisIdempotencyStore;
+    use tower_poison::idempotency::IdempotencyGuardLayer;
+    use tower_poison::store::RedisDeadLetterStore;
+
+    type Node =
+        BoxCloneService<Request<Full<Bytes>>, Response<CapturedBody<Full<Bytes>>>, BoxError>;
+
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let stream = support::unique("fleet-dlq");
+    let prefix = format!("{}:", support::unique("fleet-idem"));
+
+    // Each node has its own connections; only Redis is shared. The guard
+    // sits outermost, the dead-letter layer inside it.
+    let node = |name: &'static str, calls: Arc<AtomicUsize>| {
+        let (url, stream, prefix) = (url.clone(), stream.clone(), prefix.clone());
+        async move {
+            let keys = RedisIdempotencyStore::connect(&url, prefix).await.unwrap();
+            let dead_letters = RedisDeadLetterStore::connect(&url, stream).await.unwrap();
+            let handler = service_fn(
+                move |req: Request<CapturedBody<CapturedBody<Full<Bytes>>>>| {
+                    let calls = calls.clone();
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        let (status, body) = match req.uri().path() {
+                            "/orders" => (StatusCode::CREATED, format!("order created by {name}")),
+                            _ => (
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "database down".to_owned(),
+                            ),
+                        };
+                        Ok::<_, BoxError>(
+                            Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::from(body)))
+                                .unwrap(),
+                        )
+                    }
+                },
+            );
+            let stack = IdempotencyGuardLayer::new(keys).layer(
+                DeadLetterLayer::new(dead_letters)
+                    .label(name)
+                    .layer(handler),
+            );
+            Node::new(stack)
+        }
+    };
+    let (calls_1, calls_2) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let node_1 = node("node-1", calls_1.clone()).await;
+    let node_2 = node("node-2", calls_2.clone()).await;
+    let request = |path: &str, key: &str| {
+        Request::post(format!("http://orders.internal{path}"))
+            .header("idempotency-key", key)
+            .header("authorization", "Bearer secret")
+            .body(Full::new(Bytes::from_static(br#"{"sku":7}"#)))
+            .unwrap()
+    };
+
+    let first = node_1
+        .clone()
+        .oneshot(request("/orders", "order-7"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    // The client retries; the load balancer sends the repeat to node 2.
+    let repeat = node_2
+        .clone()
+        .oneshot(request("/orders", "order-7"))
+        .await
+        .unwrap();
+    assert_eq!(repeat.status(), StatusCode::CREATED);
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    let body = repeat.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "order created by node-1");
+    assert_eq!(
+        calls_2.load(Ordering::SeqCst),
+        0,
+        "node 2 did not run it again"
+    );
+
+    // Each node fails one call: both go to the one stream.
+    for (node, key) in [(&node_1, "broken-1"), (&node_2, "broken-2")] {
+        let failed = node.clone().oneshot(request("/broken", key)).await.unwrap();
+        assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    let run = |args: Vec<String>| {
+        let mut command = std::process::Command::new(BIN);
+        command.args(args);
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    let base = vec![
+        "--store".to_owned(),
+        url.clone(),
+        "--stream".to_owned(),
+        stream.clone(),
+    ];
+    let listed = run([base.clone(), vec!["list".into(), "--json".into()]].concat())
+        .await
+        .unwrap();
+    let listed: Vec<DeadLetterEntry> =
+        serde_json::from_value(json(&listed)["entries"].clone()).unwrap();
+    let labels: BTreeSet<&str> = listed.iter().map(|e| e.label.as_str()).collect();
+    assert_eq!(labels, BTreeSet::from(["node-1", "node-2"]));
+    assert_eq!(listed.len(), 2);
+    assert!(listed
+        .iter()
+        .all(|e| e.uri.as_deref() == Some("http://orders.internal/broken")));
+    assert!(listed.iter().all(|e| e
+        .headers
+        .iter()
+        .any(|h| h.name == "authorization" && h.value == "[redacted]")));
+    let stats = run([base.clone(), vec!["stats".into(), "--json".into()]].concat())
+        .await
+        .unwrap();
+    assert_eq!(json(&stats)["depth"], 2);
+    let table = run([base, vec!["list".into()]].concat()).await.unwrap();
+    let table = stdout(&table);
+    assert!(
+        table.contains("node-1") && table.contains("node-2"),
+        "{table}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_cli_names_an_unreachable_redis() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(["--store", &format!("redis://127.0.0.1:{port}"), "stats"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot connect to redis at redis://127.0.0.1:{port}"
+        )),
+        "{stderr}"
+    );
+}

@@ -1,1 +1,364 @@
-//! Redis backends.
+//! The Redis dead-letter store (a stream per queue), and both Redis stores
+//! through a Redis restart: persistence keeps what was acknowledged, and a
+//! call made while Redis is down fails with a clear error.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tower::{service_fn, Layer, ServiceExt};
+use tower_classify::{BoxError, FailureKind};
+use tower_poison::idempotency::store::RedisIdempotencyStore;
+use tower_poison::idempotency::IdempotencyGuardLayer;
+use tower_poison::store::{
+    DeadLetterStore, ListQuery, PurgeFilter, RedisConnectOptions, RedisDeadLetterStore,
+    StoreErrorKind,
+};
+use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer, EntryId, StoreFailed};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
+    DeadLetterEntry {
+        id: EntryId::generate(SystemTime::now()),
+        label: label.into(),
+        message_id: None,
+        method: Some("POST".into()),
+        uri: Some("http://example.internal/orders".into()),
+        headers: Vec::new(),
+        body: Bytes::from_static(b"{\"sku\":42}"),
+        body_truncated: false,
+        error: vec!["upstream failed".into()],
+        kind,
+        attempts: 3,
+        first_failed_at: whole_millis(first_failed_at),
+        last_failed_at: whole_millis(SystemTime::now()),
+    }
+}
+
+fn whole_millis(time: SystemTime) -> SystemTime {
+    let since = time.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
+}
+
+async fn shared_store(name: &str) -> Option<RedisDeadLetterStore> {
+    let url = support::shared_redis().await?;
+    Some(
+        RedisDeadLetterStore::connect(&url, support::unique(name))
+            .await
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn redis_store_pages_filters_and_purges_by_age() {
+    let Some(store) = shared_store("paging").await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let mut old_ids = HashSet::new();
+    let mut written = Vec::new();
+    for i in 0..10u32 {
+        let kind = if i % 2 == 0 {
+            FailureKind::ServerError
+        } else {
+            FailureKind::Poison
+        };
+        let first = if i < 4 {
+            now - DAY * 10
+        } else {
+            now - Duration::from_secs(3_600 * u64::from(i))
+        };
+        let e = entry(if i < 7 { "orders" } else { "billing" }, kind, first);
+        if i < 4 {
+            old_ids.insert(e.id);
+        }
+        written.push(e.clone());
+        store.put(e).await.unwrap();
+    }
+    assert_eq!(store.depth().await.unwrap(), 10, "XLEN");
+    for e in &written {
+        assert_eq!(store.get(e.id).await.unwrap().as_ref(), Some(e));
+    }
+
+    // Paging 3 at a time: every entry once, in write order.
+    let mut seen = Vec::new();
+    let mut query = ListQuery::new().limit(3);
+    loop {
+        let page = store.list(query.clone()).await.unwrap();
+        assert!(page.entries.len() <= 3);
+        seen.extend(page.entries.iter().map(|e| e.id));
+        match page.next {
+            Some(next) => query = query.after(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, written.iter().map(|e| e.id).collect::<Vec<_>>());
+
+    let poison = store
+        .list(ListQuery::new().kind(FailureKind::Poison))
+        .await
+        .unwrap();
+    assert_eq!(poison.entries.len(), 5);
+    let billing = store.list(ListQuery::new().label("billing")).await.unwrap();
+    assert_eq!(billing.entries.len(), 3);
+    let stats = store.stats(now).await.unwrap();
+    assert_eq!((stats.depth, stats.by_kind["poison"]), (10, 5));
+    let oldest = store.oldest_age(now).await.unwrap().unwrap();
+    assert!(oldest >= DAY * 10 - Duration::from_secs(1));
+
+    // Purge by age removes exactly the four old entries.
+    let purged = store
+        .purge(PurgeFilter::older_than(DAY * 7, now))
+        .await
+        .unwrap();
+    assert_eq!(purged, 4);
+    assert_eq!(store.depth().await.unwrap(), 6);
+    for id in &old_ids {
+        assert_eq!(store.get(*id).await.unwrap(), None);
+    }
+    assert!(store.oldest_age(now).await.unwrap().unwrap() < DAY);
+
+    let first = store.list(ListQuery::new().limit(1)).await.unwrap().entries[0].id;
+    assert!(store.remove(first).await.unwrap());
+    assert!(!store.remove(first).await.unwrap());
+    assert_eq!(store.get(first).await.unwrap(), None);
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 5);
+    assert_eq!(store.depth().await.unwrap(), 0);
+}
+
+/// `put` of an existing id (a failed replay updating its entry) keeps one
+/// entry, moved to the end; a page cursor whose entry went away still
+/// resumes.
+#[tokio::test]
+async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
+    let Some(store) = shared_store("upsert").await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let a = entry("orders", FailureKind::Timeout, now);
+    let b = entry("orders", FailureKind::Timeout, now);
+    store.put(a.clone()).await.unwrap();
+    store.put(b.clone()).await.unwrap();
+    let mut updated = a.clone();
+    updated.attempts = 9;
+    store.put(updated.clone()).await.unwrap();
+    // A retried put (same arguments twice) still leaves one entry.
+    store.put(updated.clone()).await.unwrap();
+    assert_eq!(store.depth().await.unwrap(), 2);
+    assert_eq!(store.get(a.id).await.unwrap().unwrap().attempts, 9);
+    let listed: Vec<EntryId> = store
+        .list(ListQuery::new())
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(listed, [b.id, a.id], "listed in write order");
+
+    // Resume after an entry that was removed meanwhile.
+    let c = entry("orders", FailureKind::Timeout, SystemTime::now());
+    store.put(c.clone()).await.unwrap();
+    assert!(store.remove(b.id).await.unwrap());
+    let page = store.list(ListQuery::new().after(b.id)).await.unwrap();
+    let ids: Vec<EntryId> = page.entries.iter().map(|e| e.id).collect();
+    assert!(ids.contains(&c.id), "{ids:?}");
+}
+
+#[tokio::test]
+async fn redis_store_with_max_len_drops_the_oldest_and_their_index() {
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let store = RedisDeadLetterStore::builder()
+        .max_len(3)
+        .connect(&url, support::unique("maxlen"))
+        .await
+        .unwrap();
+    let written: Vec<DeadLetterEntry> = (0..5)
+        .map(|_| entry("orders", FailureKind::ServerError, SystemTime::now()))
+        .collect();
+    for e in &written {
+        store.put(e.clone()).await.unwrap();
+    }
+    assert_eq!(store.depth().await.unwrap(), 3);
+    for e in &written[..2] {
+        assert_eq!(store.get(e.id).await.unwrap(), None, "trimmed");
+        assert!(!store.remove(e.id).await.unwrap());
+    }
+    for e in &written[2..] {
+        assert!(store.get(e.id).await.unwrap().is_some());
+    }
+    let mut connection = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let indexed: u64 = redis::cmd("HLEN")
+        .arg(format!("{}:index", store.stream()))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(indexed, 3, "the index follows the trimmed stream");
+}
+
+type Body = CapturedBody<Full<Bytes>>;
+
+fn failing_order(
+    request: Request<Body>,
+) -> std::future::Ready<Result<Response<Full<Bytes>>, BoxError>> {
+    let status = if request.uri().path() == "/ok" {
+        StatusCode::CREATED
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    std::future::ready(Ok(Response::builder()
+        .status(status)
+        .body(Full::new(Bytes::from_static(b"created")))
+        .unwrap()))
+}
+
+fn order(path: &str, n: usize) -> Request<Full<Bytes>> {
+    Request::post(format!("http://orders.internal{path}"))
+        .header("idempotency-key", format!("restart-{n}"))
+        .body(Full::new(Bytes::from(format!("{{\"n\":{n}}}"))))
+        .unwrap()
+}
+
+/// Restarts a persistent Redis (its own process, append-only file with fsync
+/// always) under both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outage_fail_clearly() {
+    let Some(binary) = support::redis_server_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let mut server = support::RedisProcess::start(&binary, dir.path(), port);
+    let url = server.url();
+    let options = RedisConnectOptions::new()
+        .connection_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_secs(1));
+
+    let dead_letters = RedisDeadLetterStore::builder()
+        .options(options.clone())
+        .connect(&url, "orders:dlq")
+        .await
+        .unwrap();
+    let keys = RedisIdempotencyStore::builder()
+        .options(options)
+        .connect(&url, "orders:idem:")
+        .await
+        .unwrap();
+    let dlq = DeadLetterLayer::new(dead_letters.clone())
+        .label("orders")
+        .layer(service_fn(failing_order));
+    let guarded = IdempotencyGuardLayer::new(keys.clone()).layer(service_fn(failing_order));
+
+    // Before: 20 failed calls acknowledged (the layer returned their own
+    // 502, so each entry was written), and one stored idempotent response.
+    let mut acknowledged = Vec::new();
+    for n in 0..20 {
+        let response = dlq.clone().oneshot(order("/orders", n)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        acknowledged.push(n);
+    }
+    let created = guarded.clone().oneshot(order("/ok", 100)).await.unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert_eq!(dead_letters.depth().await.unwrap(), 20);
+
+    // Redis dies (SIGKILL: no shutdown save).
+    server.kill();
+    let error = dlq
+        .clone()
+        .oneshot(order("/orders", 999))
+        .await
+        .expect_err("a failed call whose entry cannot be kept is an error");
+    let failed = error
+        .downcast_ref::<StoreFailed>()
+        .expect("the dead-letter layer's StoreFailed");
+    assert_eq!(failed.store_error().kind(), StoreErrorKind::Backend);
+    let chain = tower_poison::error_chain(&*error).join(": ");
+    assert!(
+        chain.contains("redis dead-letter store orders:dlq at redis://127.0.0.1")
+            && chain.contains("failed to keep entry"),
+        "a clear error: {chain}"
+    );
+    eprintln!("while Redis is down: {chain}");
+    // The guard refuses rather than run a request unguarded.
+    let refused = guarded.clone().oneshot(order("/ok", 101)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("idempotency_store_unavailable"));
+
+    // Redis comes back from its append-only file, on the same port.
+    let _server = support::RedisProcess::start(&binary, dir.path(), port);
+    // The connection manager reconnects in the background; the first
+    // command after the outage may still see the old, broken connection.
+    let mut depth = None;
+    for _ in 0..50 {
+        if let Ok(d) = dead_letters.depth().await {
+            depth = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        depth,
+        Some(20),
+        "every acknowledged entry is back, nothing else"
+    );
+    let entries = dead_letters
+        .list(ListQuery::new().limit(100))
+        .await
+        .unwrap()
+        .entries;
+    let bodies: HashSet<String> = entries
+        .iter()
+        .map(|e| String::from_utf8(e.body.to_vec()).unwrap())
+        .collect();
+    for n in acknowledged {
+        assert!(bodies.contains(&format!("{{\"n\":{n}}}")), "entry {n} lost");
+    }
+    // The stored idempotent response survived too: the repeat is replayed.
+    let mut repeat = None;
+    for _ in 0..50 {
+        let response = guarded.clone().oneshot(order("/ok", 100)).await.unwrap();
+        if response.status() != StatusCode::SERVICE_UNAVAILABLE {
+            repeat = Some(response);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let repeat = repeat.expect("the guard answers again after the restart");
+    assert_eq!(repeat.status(), StatusCode::CREATED);
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    // And the store takes writes again.
+    let response = dlq.clone().oneshot(order("/orders", 1000)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(dead_letters.depth().await.unwrap(), 21);
+}
+
+/// A call made before Redis was ever reachable: connecting fails with a
+/// clear error naming the server (and never its password).
+#[tokio::test]
+async fn connecting_to_an_absent_redis_names_it_without_the_password() {
+    let port = support::free_port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}");
+    let error = RedisDeadLetterStore::connect(&url, "dlq")
+        .await
+        .unwrap_err();
+    let text = tower_poison::error_chain(&error).join(": ");
+    assert!(
+        text.contains(&format!(
+            "cannot connect to redis at redis://[redacted]@127.0.0.1:{port}"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"));
+}
