@@ -63,6 +63,7 @@ pub struct Reply {
     status: StatusCode,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
+    delay: Duration,
 }
 
 impl Reply {
@@ -72,6 +73,7 @@ impl Reply {
             status: StatusCode::from_u16(status).expect("a valid status code"),
             headers: Vec::new(),
             body: Bytes::new(),
+            delay: Duration::ZERO,
         }
     }
 
@@ -92,6 +94,12 @@ impl Reply {
     /// Sets the body.
     pub fn body(mut self, body: impl Into<Bytes>) -> Self {
         self.body = body.into();
+        self
+    }
+
+    /// Answers only after `delay` (the request is logged on arrival).
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
         self
     }
 
@@ -248,12 +256,18 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, request: AxumRequest) 
         headers: parts.headers,
         body,
     };
-    let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
-    let reply = match shared.script.pop_front() {
-        Some(reply) => reply,
-        None => (shared.responder)(&seen, &shared.log),
+    let reply = {
+        let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let reply = match shared.script.pop_front() {
+            Some(reply) => reply,
+            None => (shared.responder)(&seen, &shared.log),
+        };
+        shared.log.push(seen);
+        reply
     };
-    shared.log.push(seen);
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
     reply.into_response()
 }
 

@@ -1,0 +1,390 @@
+//! The failure modes between the layers, end to end over real sockets:
+//! refused connections, slow attempts, a spent retry budget, bodies too large
+//! to replay, cancelled calls, dropped probes and per-host breakers. Each
+//! test checks what crosses a crate boundary: how one layer's outcome is
+//! classified by the next through `tower-classify`.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::Full;
+use tower::ServiceBuilder;
+use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
+use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome};
+use tower_poison::replay::{http_request, ReplayError};
+use tower_poison::store::{DeadLetterStore, MemoryStore};
+use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
+use tower_retry_budget::body::ReplayBodyLayer;
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::error::BudgetExhausted;
+use tower_retry_budget::{Backoff, Jitter, RetryLayer};
+
+use integration_tests::{
+    breaker, client, dead_letters, default_order, entries, request, retry, send, HttpService,
+    Reply, Upstream, BREAKER, REPLAY_LIMIT, REQUEST_ID,
+};
+
+fn classify_error(error: &tower::BoxError) -> Option<FailureKind> {
+    match ErrorChainClassifier::new().classify_error(&**error) {
+        Outcome::Failure(failure) => Some(failure.kind),
+        _ => None,
+    }
+}
+
+/// Nothing listens on the port: hyper-util's connect error is classified as
+/// a connection failure (through the error chain, across crates), retried,
+/// counted once by the breaker outside the loop, and dead-lettered with the
+/// real number of attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused_retried_then_dead_lettered() {
+    let closed = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    };
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(3, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(2));
+
+    let req = Request::get(format!("http://{closed}/items"))
+        .header(REQUEST_ID, "refused-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let error = send(&stack, req).await.expect_err("nothing listens");
+
+    assert_eq!(
+        classify_error(&error),
+        Some(FailureKind::Connection),
+        "{error}"
+    );
+    assert_eq!(handle.get(BREAKER).unwrap().failures, 1);
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].kind, FailureKind::Connection);
+    assert_eq!(stored[0].attempts, 3);
+    assert!(stored[0].last_failed_at >= stored[0].first_failed_at);
+}
+
+fn timed_retry(
+    attempt_timeout: Duration,
+) -> RetryLayer<HttpClassifier, tower_retry_budget::replay::HttpReplay> {
+    RetryLayer::http()
+        .max_retries(2)
+        .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
+        .attempt_timeout(attempt_timeout)
+        .deadline(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// The first attempt hangs; the per-attempt timeout abandons it and the
+/// retry succeeds, long before the slow answer would have come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_attempt_timed_out_and_retried() {
+    let upstream = Upstream::start().await;
+    upstream.script([Reply::ok().after(Duration::from_secs(3))]);
+    let store = MemoryStore::new(100);
+    let (breaker, _handle) = breaker(3, Duration::from_secs(30));
+    let stack = default_order(
+        dead_letters(&store),
+        breaker,
+        timed_retry(Duration::from_millis(150)),
+    );
+
+    let started = Instant::now();
+    let response = send(
+        &stack,
+        request(&upstream, Method::GET, "/slow", "slow-1", ""),
+    )
+    .await
+    .expect("the retry succeeds");
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.requests(), 2);
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(150), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "waited for the slow answer: {elapsed:?}"
+    );
+    assert_eq!(store.depth().await.unwrap(), 0);
+}
+
+/// Every attempt hangs: each is timed out, and the call is dead-lettered as
+/// a timeout after all its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upstream_dead_lettered_as_timeout() {
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::ok().after(Duration::from_secs(3)));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(3, Duration::from_secs(30));
+    let stack = default_order(
+        dead_letters(&store),
+        breaker,
+        timed_retry(Duration::from_millis(100)),
+    );
+
+    let started = Instant::now();
+    let error = send(
+        &stack,
+        request(&upstream, Method::GET, "/slow", "slow-2", ""),
+    )
+    .await
+    .expect_err("every attempt times out");
+
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        classify_error(&error),
+        Some(FailureKind::Timeout),
+        "{error}"
+    );
+    assert_eq!(upstream.requests(), 3);
+    assert_eq!(handle.get(BREAKER).unwrap().failures, 1);
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].kind, FailureKind::Timeout);
+    assert_eq!(stored[0].attempts, 3);
+}
+
+/// A spent retry budget ends the loop with `BudgetExhausted`; the breaker
+/// outside counts it as the server error it is (not as load shedding), so it
+/// still opens during the outage that spent the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_exhausted_still_opens_the_breaker() {
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(2, Duration::from_secs(30));
+    // No floor and no share of traffic: not a single retry is affordable.
+    let retry = RetryLayer::http()
+        .max_retries(3)
+        .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
+        .deadline(Duration::from_secs(5))
+        .budget(TpsBudget::new(Duration::from_secs(10), 0, 0.0).unwrap())
+        .build()
+        .unwrap();
+    let stack = default_order(dead_letters(&store), breaker, retry);
+
+    for i in 0..2 {
+        let error = send(
+            &stack,
+            request(&upstream, Method::GET, "/items", &format!("b-{i}"), ""),
+        )
+        .await
+        .expect_err("the budget refuses the retry");
+        let spent = error
+            .downcast_ref::<BudgetExhausted>()
+            .unwrap_or_else(|| panic!("expected BudgetExhausted, got {error}"));
+        assert_eq!(spent.attempts(), 1);
+        assert_eq!(spent.last_failure().kind, FailureKind::ServerError);
+    }
+    assert_eq!(upstream.requests(), 2, "no retry was sent");
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
+    let error = send(&stack, request(&upstream, Method::GET, "/items", "b-2", ""))
+        .await
+        .unwrap_err();
+    assert!(error.is::<CircuitOpen>(), "{error}");
+
+    let kinds: Vec<FailureKind> = entries(&store).await.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            FailureKind::ServerError,
+            FailureKind::ServerError,
+            FailureKind::Shed
+        ]
+    );
+}
+
+/// A body larger than the replay limit is sent once, whole, even though the
+/// request may be retried (it carries an `Idempotency-Key`); the dead-letter
+/// entry keeps a truncated prefix, which replay refuses to send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
+    // The body below must be larger than both limits.
+    const { assert!(DEFAULT_BODY_LIMIT < 100 * 1024 && REPLAY_LIMIT < 100 * 1024) };
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, _handle) = breaker(3, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(3));
+
+    let body: String = (0..100 * 1024)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let mut req = request(&upstream, Method::POST, "/upload", "big-1", &body);
+    req.headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static("big-1"));
+    let response = send(&stack, req).await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    let log = upstream.log();
+    assert_eq!(log.len(), 1, "a body too large to buffer is not retried");
+    assert_eq!(log[0].body, body, "and is sent whole, never truncated");
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 1);
+    let entry = &stored[0];
+    assert!(entry.body_truncated);
+    assert_eq!(entry.body.len(), DEFAULT_BODY_LIMIT);
+    assert_eq!(entry.body, body.as_bytes()[..DEFAULT_BODY_LIMIT]);
+
+    let mut replayer = client::<Full<Bytes>>();
+    let destination = upstream.base();
+    let result = tower_poison::replay(
+        &store,
+        entry.id,
+        &mut replayer,
+        &HttpClassifier::new(),
+        |e| http_request(e, &destination, &[]),
+    )
+    .await;
+    assert!(matches!(result, Err(ReplayError::Request(_))), "{result:?}");
+    assert_eq!(upstream.requests(), 1, "nothing was sent");
+    assert_eq!(store.depth().await.unwrap(), 1, "the entry is kept");
+}
+
+/// Dropping a call while it sleeps before a retry (here: `Retry-After: 1`)
+/// cancels the retry: the upstream never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_call_cancels_its_pending_retry() {
+    let upstream = Upstream::start().await;
+    upstream.script([Reply::status(503).header("retry-after", "1")]);
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(3, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(3));
+
+    let call = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "dropped", ""),
+    );
+    let outcome = tokio::time::timeout(Duration::from_millis(300), call).await;
+    assert!(outcome.is_err(), "the call was still waiting to retry");
+    assert_eq!(upstream.requests(), 1);
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(upstream.requests(), 1, "the cancelled retry was never sent");
+    let snapshot = handle.get(BREAKER).unwrap();
+    assert_eq!(snapshot.state, State::Closed);
+    assert_eq!(snapshot.failures, 0, "a cancelled call is no failure");
+}
+
+/// A half-open probe whose caller gives up (its future is dropped) gives its
+/// slot back: the next call is admitted as the probe and closes the breaker,
+/// instead of the breaker refusing everything forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_probe_gives_its_slot_back() {
+    let recovery = Duration::from_millis(200);
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(1, recovery);
+    let stack = default_order(dead_letters(&store), breaker, retry(0));
+
+    let response = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "open", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
+
+    // The probe hangs and its caller gives up.
+    upstream.always(Reply::ok().after(Duration::from_secs(3)));
+    tokio::time::sleep(recovery + Duration::from_millis(100)).await;
+    let probe = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "probe", ""),
+    );
+    assert!(tokio::time::timeout(Duration::from_millis(200), probe)
+        .await
+        .is_err());
+    assert_eq!(upstream.requests(), 2, "the probe reached the upstream");
+    assert_eq!(handle.get(BREAKER).unwrap().probes_in_flight, 0);
+
+    // The upstream answers quickly again: the next call is the new probe.
+    upstream.always(Reply::ok());
+    let response = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "probe-2", ""),
+    )
+    .await
+    .expect("the slot was given back");
+    assert_eq!(response.status(), 200);
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+    assert_eq!(upstream.requests(), 3);
+}
+
+/// One breaker per upstream host: an outage of one upstream opens its own
+/// breaker and leaves calls to the healthy one flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_breakers_isolate_a_failing_host() {
+    let down = Upstream::start().await;
+    down.always(Reply::status(503));
+    let up = Upstream::start().await;
+    let store = MemoryStore::new(100);
+    let breaker = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .recovery_timeout(Duration::from_secs(30))
+        .build_keyed(HttpClassifier::new(), |req: &Request<_>| {
+            req.uri()
+                .authority()
+                .map_or_else(String::new, |a| a.to_string())
+        })
+        .unwrap();
+    let handle = breaker.handle();
+    let stack = HttpService::new(
+        ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(store.clone()))
+            .layer(breaker)
+            .layer(ReplayBodyLayer::new(REPLAY_LIMIT))
+            .layer(retry(1))
+            .layer(CountAttemptsLayer::new())
+            .service(client()),
+    );
+
+    for i in 0..4 {
+        let result = send(
+            &stack,
+            request(&down, Method::GET, "/x", &format!("d-{i}"), ""),
+        )
+        .await;
+        if i < 2 {
+            assert_eq!(result.unwrap().status(), 503);
+        } else {
+            assert!(result.unwrap_err().is::<CircuitOpen>());
+        }
+        let response = send(
+            &stack,
+            request(&up, Method::GET, "/x", &format!("u-{i}"), ""),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(
+        down.requests(),
+        4,
+        "two calls of two attempts, then refused"
+    );
+    assert_eq!(up.requests(), 4);
+    let down_key = down.base().authority().unwrap().to_string();
+    let up_key = up.base().authority().unwrap().to_string();
+    assert_eq!(handle.get(&down_key).unwrap().state, State::Open);
+    assert_eq!(handle.get(&up_key).unwrap().state, State::Closed);
+    assert_eq!(handle.list().len(), 2);
+    let kinds: Vec<FailureKind> = entries(&store).await.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            FailureKind::ServerError,
+            FailureKind::ServerError,
+            FailureKind::Shed,
+            FailureKind::Shed
+        ]
+    );
+}
