@@ -17,7 +17,7 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! shed errors → UNAVAILABLE → CircuitBreaker → ReplayBody → Retry → Channel
+//! our errors as Status → CircuitBreaker → ReplayBody → Retry → Channel
 //! ```
 //!
 //! # Why retry *below* the generated client, on the `Channel`
@@ -63,6 +63,7 @@ use tower::{BoxError, ServiceBuilder};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::GrpcClassifier;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
 use tower_retry_budget::{Backoff, RetryLayer};
 
 /// The code `build.rs` generated from `proto/greeter.proto`.
@@ -153,8 +154,9 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
 
     // The breaker is *outside* the retry loop: it counts calls that still
     // failed after their retries, and once open it saves each caller the whole
-    // loop (4 attempts and 3 sleeps), not one attempt. Short timings so the
-    // example runs in a second; production defaults are 5 failures and 30 s.
+    // loop (4 attempts and 3 sleeps), not one attempt. It opens after 2 such
+    // calls here so the example is short (the default is 5); it stays open
+    // 30 s (the default) before it lets a probe through.
     let breaker = CircuitBreakerLayer::builder()
         .name("greeter")
         .failure_threshold(2)
@@ -163,10 +165,10 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     let handle = breaker.handle();
 
     let stack = ServiceBuilder::new()
-        // tonic turns a service error it does not know into `UNKNOWN`. A
-        // refusal by our own layers means "not now, try later", which gRPC
-        // spells `UNAVAILABLE`; a boxed `Status` is passed on by tonic as is.
-        .map_err(shed_as_unavailable)
+        // tonic turns a service error it does not know into `UNKNOWN`; a
+        // boxed `Status` it passes on as is. So give our layers' own errors
+        // the gRPC codes that say what they mean.
+        .map_err(family_error_as_status)
         .layer(breaker)
         // Buffers the encoded request (up to 64 KiB) so it can be sent again.
         .layer(ReplayBodyLayer::new(64 * 1024))
@@ -183,17 +185,25 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     Ok((GreeterClient::new(stack), handle))
 }
 
-fn shed_as_unavailable(error: BoxError) -> BoxError {
-    match error.downcast_ref::<CircuitOpen>() {
-        Some(open) => {
-            let wait = open.remaining().unwrap_or_default();
-            Box::new(Status::unavailable(format!(
-                "circuit open (client side), retry in {}s",
-                wait.as_secs().max(1)
-            )))
-        }
-        None => error,
-    }
+/// The family's errors as gRPC statuses: an open circuit, a spent budget and
+/// a too-long server wait mean "not now, try later" (`UNAVAILABLE`, which
+/// callers' own retry policies treat as transient); a retry loop out of time
+/// is `DEADLINE_EXCEEDED`. Anything else (a transport error) is left to tonic.
+fn family_error_as_status(error: BoxError) -> BoxError {
+    let status = if let Some(open) = error.downcast_ref::<CircuitOpen>() {
+        let wait = open.remaining().unwrap_or_default();
+        Status::unavailable(format!(
+            "circuit open (client side), retry in {}s",
+            wait.as_secs().max(1)
+        ))
+    } else if error.is::<BudgetExhausted>() || error.is::<WaitTooLong>() {
+        Status::unavailable(error.to_string())
+    } else if error.is::<DeadlineExceeded>() {
+        Status::deadline_exceeded(error.to_string())
+    } else {
+        return error;
+    };
+    Box::new(status)
 }
 
 fn ms(d: Duration) -> String {
