@@ -1,5 +1,6 @@
-//! Dead letters for tower: keep every call that finally failed, detect poison
-//! messages, and let an operator inspect, replay and purge them.
+//! Dead letters and idempotency for tower: keep every call that finally
+//! failed, detect poison messages, let an operator inspect, replay and purge
+//! them, and run each keyed request once, replaying its response to repeats.
 //!
 //! A retry layer handles transient faults and a circuit breaker sustained
 //! outages, but some input will never succeed: a malformed payload, a deleted
@@ -91,6 +92,34 @@
 //! From a shell, with the `cli` feature: the `tower-poison` binary
 //! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
 //!
+//! # Idempotency
+//!
+//! [`idempotency`] holds the other half of "never twice, never lost": the
+//! server-side [`IdempotencyGuardLayer`](idempotency::IdempotencyGuardLayer)
+//! stores the first response for each `Idempotency-Key` and replays it to
+//! repeats (409 while the first is in flight, 422 for a key reused with
+//! another payload, 400 for a key over 255 characters; transient failures
+//! release the key), and the client-side
+//! [`IdempotencyKeyLayer`](idempotency::IdempotencyKeyLayer) gives each
+//! logical call one key that all its retries carry. On a server the guard
+//! goes outermost, before the dead-letter layer (the
+//! [module docs](idempotency#layer-order-on-a-server) say why):
+//!
+//! ```text
+//! IdempotencyGuard → DeadLetter → handlers
+//! ```
+//!
+//! # Fleets of nodes: Redis
+//!
+//! With the `redis` feature,
+//! [`RedisDeadLetterStore`](store::RedisDeadLetterStore) keeps one queue (a
+//! Redis stream) for every node and the CLI (`--store redis://…`), and
+//! [`RedisIdempotencyStore`](idempotency::store::RedisIdempotencyStore)
+//! shares idempotency keys, so a repeat that lands on another node is
+//! replayed from the first node's response. While Redis is down, a
+//! dead-lettered call fails with [`StoreFailed`] and the guard answers 503:
+//! nothing acknowledged is lost and nothing runs unguarded.
+//!
 //! # Configuration
 //!
 //! [`config::DeadLetterConfig`] reads the layer's settings from a file
@@ -103,7 +132,9 @@
 //! A `tracing` event per dead-lettered call (`warn`, with the entry id, label,
 //! kind and attempts); the `metrics` counter
 //! `tower_poison_dead_lettered_total{action, label}` and the gauge
-//! `tower_poison_dlq_depth{label}`.
+//! `tower_poison_dlq_depth{label}`. The idempotency guard counts
+//! `tower_poison_idempotency_total{outcome}` and logs store failures at
+//! `error`.
 //!
 //! # Example
 //!
@@ -152,6 +183,9 @@
 //! # Features
 //!
 //! - `redb` (default): [`RedbStore`](store::RedbStore).
+//! - `redis`: [`RedisDeadLetterStore`](store::RedisDeadLetterStore) and
+//!   [`RedisIdempotencyStore`](idempotency::store::RedisIdempotencyStore)
+//!   (the `redis` crate, tokio, a reconnecting connection manager).
 //! - `cli`: the `tower-poison` operator binary (`clap`, a hyper client). It
 //!   is off by default so that services using the layer do not compile a
 //!   command-line parser and an HTTP client; install the tool with

@@ -37,6 +37,36 @@ pub use self::memory::MemoryIdempotencyStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisIdempotencyStore, RedisIdempotencyStoreBuilder};
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_response_comes_back_byte_for_byte_without_hop_by_hop_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_static("b=2"));
+        headers.insert("x-raw", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.insert("connection", HeaderValue::from_static("close"));
+        let body = Bytes::from_static(b"\x00\xff{}");
+        let stored = StoredResponse::new(StatusCode::ACCEPTED, &headers, body.clone());
+        // Through the JSON a Redis store keeps.
+        let json = serde_json::to_vec(&stored).unwrap();
+        let stored: StoredResponse = serde_json::from_slice(&json).unwrap();
+        let response = stored.to_response(|b| b);
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        assert_eq!(*response.body(), body);
+        let set_cookie: Vec<_> = response.headers().get_all("set-cookie").iter().collect();
+        assert_eq!(set_cookie, ["a=1", "b=2"]);
+        assert_eq!(response.headers()["x-raw"].as_bytes(), b"caf\xe9");
+        assert!(!response.headers().contains_key("transfer-encoding"));
+        assert!(!response.headers().contains_key("connection"));
+        assert_eq!(response.headers().len(), 4);
+    }
+}
+
 /// Where the idempotency guard keeps its keys.
 ///
 /// Every method is asynchronous and returns a `Send` future. Implementations
@@ -144,12 +174,15 @@ pub struct StoredResponseHeader {
 }
 
 impl StoredResponse {
-    /// Keeps `status`, `headers` and `body`.
+    /// Keeps `status`, `headers` and `body`. Hop-by-hop headers
+    /// (`connection`, `transfer-encoding`, …) describe one connection, not
+    /// the response, and are left out.
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
         StoredResponse {
             status: status.as_u16(),
             headers: headers
                 .iter()
+                .filter(|(name, _)| !is_hop_by_hop(name))
                 .map(|(name, value)| StoredResponseHeader {
                     name: name.as_str().to_owned(),
                     value: Bytes::copy_from_slice(value.as_bytes()),
@@ -176,6 +209,20 @@ impl StoredResponse {
         }
         response
     }
+}
+
+/// RFC 9110 §7.6.1's connection-specific headers.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }
 
 /// What a store keeps under a key. Redis keeps its JSON; the in-flight form
