@@ -388,3 +388,48 @@ async fn keyed_breakers_isolate_a_failing_host() {
         ]
     );
 }
+
+/// Half-open admits exactly one probe across every clone of the stack, even
+/// when many callers arrive at once: the others fail fast while the probe is
+/// in flight, and the probe's success closes the breaker for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_admits_exactly_one_probe_under_concurrency() {
+    let recovery = Duration::from_millis(200);
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, handle) = breaker(1, recovery);
+    let stack = default_order(dead_letters(&store), breaker, retry(0));
+    let response = send(
+        &stack,
+        request(&upstream, Method::GET, "/items", "open", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 503);
+
+    // The probe takes a while, so every concurrent caller arrives while it
+    // is in flight.
+    upstream.always(Reply::ok().after(Duration::from_millis(500)));
+    tokio::time::sleep(recovery + Duration::from_millis(100)).await;
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let stack = stack.clone();
+            let req = request(&upstream, Method::GET, "/items", &format!("c-{i}"), "");
+            tokio::spawn(async move { send(&stack, req).await })
+        })
+        .collect();
+    let (mut succeeded, mut refused) = (0, 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(response) if response.status() == 200 => succeeded += 1,
+            Err(error) if error.is::<CircuitOpen>() => refused += 1,
+            Ok(response) => panic!("unexpected {}", response.status()),
+            Err(error) => panic!("unexpected error {error}"),
+        }
+    }
+
+    assert_eq!((succeeded, refused), (1, 19));
+    assert_eq!(upstream.requests(), 2, "the opening call and one probe");
+    assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+}

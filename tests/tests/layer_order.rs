@@ -11,16 +11,22 @@
 //! that fits inside its deadline. Either way the upstream sees a bounded,
 //! exact number of attempts.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::Method;
-use tower_breaker::{CircuitOpen, State};
-use tower_classify::FailureKind;
+use axum::Router;
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
+use tower::ServiceBuilder;
+use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
+use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 
 use integration_tests::{
-    breaker, dead_letters, entries, request, retry, retry_outside_breaker, send, Reply, Upstream,
-    BREAKER,
+    breaker, dead_letters, default_order, entries, request, retry, retry_outside_breaker, send,
+    Reply, Upstream, BREAKER, REQUEST_ID,
 };
 
 /// The breaker opens after two attempts of the first call; the third attempt
@@ -139,4 +145,84 @@ async fn retry_outside_breaker_waits_out_a_short_open_once() {
     assert_eq!(response.status(), 200);
     assert_eq!(upstream.requests(), 4);
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+}
+
+/// Across processes: a server protects its handler with the breaker's HTTP
+/// variant, which answers `503 CIRCUIT_OPEN` with `Retry-After` while open; a
+/// client calling it through the family's stack honours that `Retry-After`
+/// (instead of hammering the open circuit with its quick backoff), and its
+/// retry lands after the server's recovery timeout, where the server's probe
+/// succeeds and closes the server's breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_retry_honours_a_server_breakers_retry_after() {
+    // The server: a handler that fails twice, behind the HTTP breaker.
+    let handled = Arc::new(AtomicUsize::new(0));
+    let arrivals = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let server_breaker = CircuitBreakerLayer::builder()
+        .name("handler")
+        .failure_threshold(2)
+        .recovery_timeout(Duration::from_millis(900))
+        .build(HttpClassifier::new())
+        .unwrap()
+        .into_http();
+    let server_handle = server_breaker.handle();
+    let counter = handled.clone();
+    let app = Router::new()
+        .fallback(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::OK
+                }
+            }
+        })
+        .layer(
+            ServiceBuilder::new()
+                .map_request({
+                    let arrivals = arrivals.clone();
+                    move |req: Request<axum::body::Body>| {
+                        arrivals.lock().unwrap().push(Instant::now());
+                        req
+                    }
+                })
+                .layer(server_breaker),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    // The client: the documented order, 20 ms backoff.
+    let store = MemoryStore::new(100);
+    let (client_breaker, client_handle) = breaker(5, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), client_breaker, retry(3));
+    let req = Request::get(format!("http://{addr}/orders"))
+        .header(REQUEST_ID, "cross-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = send(&stack, req).await.expect("the call succeeds");
+
+    assert_eq!(response.status(), 200);
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(
+        arrivals.len(),
+        4,
+        "two failures, one refusal, one successful probe"
+    );
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        3,
+        "the refusal never reached the handler"
+    );
+    let waited = arrivals[3] - arrivals[2];
+    assert!(
+        waited >= Duration::from_secs(1),
+        "the client retried {waited:?} after a `Retry-After: 1`"
+    );
+    let server = server_handle.get("handler").unwrap();
+    assert_eq!(server.state, State::Closed);
+    assert_eq!(server.rejected, 1);
+    assert_eq!(client_handle.get(BREAKER).unwrap().failures, 0);
+    assert_eq!(store.depth().await.unwrap(), 0);
 }
