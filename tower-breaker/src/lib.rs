@@ -170,11 +170,25 @@
 //! | `tower_breaker_rejected_total` | counter | calls refused |
 //! | `tower_breaker_would_reject_total` | counter | calls a [`Mode::MetricsOnly`] breaker let through |
 //!
+//! # Readiness
+//!
+//! `poll_ready` forwards the inner service's readiness while the breaker
+//! admits calls. While it refuses them, `poll_ready` is ready at once without
+//! polling the inner service (whose client is often not ready during an
+//! outage either) and the next `call` fails fast — tower's load-shed pattern.
+//! With [`pending_when_open`](Builder::pending_when_open), `poll_ready`
+//! instead stays `Pending` until the breaker would admit a call, so a
+//! balancer routes around it.
+//!
 //! # Cost
 //!
 //! The closed path takes no lock: one atomic load on entry and, under the
-//! default policy, one on completion. See `benches/closed_path.rs` and the
-//! README for measurements against other breakers.
+//! default policy, one on completion. A finished call parks its `Arc` to the
+//! breaker in a one-slot thread-local for the next call, so the steady state
+//! does no reference counting either (the price: a thread may keep one
+//! breaker alive after its layer is dropped, until it calls through another
+//! breaker or exits). `benches/closed_path.rs` compares it with other breakers;
+//! the README has the numbers.
 //!
 //! # Features
 //!

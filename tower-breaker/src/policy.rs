@@ -422,6 +422,54 @@ mod tests {
         assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
     }
 
+    proptest::proptest! {
+        /// The lock-free ring agrees with a plain queue of the last `n` results.
+        #[test]
+        fn count_window_matches_a_queue(
+            n in 1u32..20,
+            results in proptest::collection::vec(proptest::bool::ANY, 0..100),
+        ) {
+            let window = CountWindow::new(n);
+            let mut queue = std::collections::VecDeque::new();
+            for failed in results {
+                queue.push_back(failed);
+                if queue.len() > n as usize {
+                    queue.pop_front();
+                }
+                let expected = Tally {
+                    calls: queue.len() as u32,
+                    failures: queue.iter().filter(|f| **f).count() as u32,
+                };
+                proptest::prop_assert_eq!(window.record(failed), expected);
+            }
+        }
+
+        /// The bucketed time window agrees with a list of timestamped results
+        /// filtered to the buckets still inside the window.
+        #[test]
+        fn time_window_matches_a_list(
+            steps in proptest::collection::vec((0u64..1_500, proptest::bool::ANY), 0..80),
+        ) {
+            let window = TimeWindow::new(Duration::from_secs(10), 10);
+            let mut now = 0u64;
+            let mut all: Vec<(u64, bool)> = Vec::new();
+            for (advance_ms, failed) in steps {
+                now += advance_ms;
+                all.push((now / 1_000, failed));
+                let bucket = now / 1_000;
+                let live: Vec<_> = all.iter().filter(|(b, _)| bucket - b < 10).collect();
+                let expected = Tally {
+                    calls: live.len() as u32,
+                    failures: live.iter().filter(|(_, f)| *f).count() as u32,
+                };
+                proptest::prop_assert_eq!(
+                    window.record(failed, Duration::from_millis(now)),
+                    expected
+                );
+            }
+        }
+    }
+
     #[test]
     fn validation_names_the_field() {
         let err = Policy::consecutive_failures(0).validate().unwrap_err();

@@ -627,3 +627,18 @@ async fn an_open_circuit_does_not_wait_for_an_unready_service() {
     send.send_response("ok");
     probe.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn services_wrapped_by_one_layer_share_one_breaker() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut first, mut first_handle) = mock::spawn_layer(layer.clone());
+    let (mut second, mut second_handle) = mock::spawn_layer(layer);
+    fail(&mut first, &mut first_handle, 0).await;
+    fail(&mut second, &mut second_handle, 1).await;
+    // Two failures across the two services open the one breaker for both.
+    rejected(&mut first, &mut first_handle);
+    rejected(&mut second, &mut second_handle);
+}
