@@ -20,8 +20,8 @@ use std::time::Duration;
 use http::Method;
 use tower_breaker::{CircuitOpen, State};
 use tower_classify::FailureKind;
-use tower_poison::store::{DeadLetterStore, RedbStore};
-use tower_poison::DeadLetterEntry;
+use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
+use tower_poison::{DeadLetterEntry, StoreFailed};
 
 use integration_tests::{
     breaker, dead_letters, default_order, entries, request, retry, send, stored_header,
@@ -264,4 +264,44 @@ async fn nothing_lost_under_mixed_failures() {
         assert_eq!(entry.kind, FailureKind::Shed, "{id}");
     }
     assert_eq!(reopened.depth().await.unwrap(), failed as u64);
+}
+
+/// The other half of "nothing lost": when the store cannot keep an entry (a
+/// full bounded store here), the call fails loudly with `StoreFailed` instead
+/// of the failure disappearing, so the caller (a queue consumer) knows not to
+/// acknowledge it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_store_fails_calls_loudly() {
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(500));
+    let store = MemoryStore::new(2);
+    let (breaker, _handle) = breaker(100, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(0));
+
+    let mut outcomes = Vec::new();
+    for n in 0..4 {
+        let req = request(&upstream, Method::POST, "/work", &format!("full-{n}"), "{}");
+        outcomes.push(send(&stack, req).await);
+    }
+
+    for outcome in &outcomes[..2] {
+        assert_eq!(outcome.as_ref().unwrap().status(), 500);
+    }
+    for outcome in &outcomes[2..] {
+        let error = outcome.as_ref().expect_err("the entry could not be kept");
+        let failed = error
+            .downcast_ref::<StoreFailed>()
+            .unwrap_or_else(|| panic!("expected StoreFailed, got {error}"));
+        assert!(
+            failed.original().is_none(),
+            "the call failed with a response"
+        );
+    }
+    let kept: Vec<String> = entries(&store)
+        .await
+        .iter()
+        .map(|e| stored_header(e, REQUEST_ID).unwrap().to_owned())
+        .collect();
+    assert_eq!(kept, ["full-0", "full-1"]);
+    assert_eq!(upstream.requests(), 4);
 }

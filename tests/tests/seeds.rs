@@ -238,6 +238,7 @@ async fn retry_after_beyond_the_deadline_fails_at_once() {
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].kind, FailureKind::RateLimited);
+    assert_eq!(stored[0].attempts, 1);
 }
 
 /// Seed 000/004: a sustained outage opens the breaker; from then on calls
@@ -300,7 +301,16 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
     let stored = entries(&store).await;
     let server_errors = stored.iter().filter(|e| e.kind == FailureKind::ServerError);
     assert_eq!(server_errors.clone().count(), 3);
-    assert!(server_errors.clone().all(|e| e.attempts == 3));
+    for entry in server_errors.clone() {
+        assert_eq!(entry.attempts, 3);
+        // The first failure is the first attempt's, two 20 ms backoffs
+        // before the last (stored with millisecond resolution).
+        let span = entry
+            .last_failed_at
+            .duration_since(entry.first_failed_at)
+            .expect("first failure before the last");
+        assert!(span >= Duration::from_millis(39), "{span:?}");
+    }
     let shed = stored
         .iter()
         .filter(|e| e.kind == FailureKind::Shed)
