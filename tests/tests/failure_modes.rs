@@ -4,11 +4,14 @@
 //! test checks what crosses a crate boundary: how one layer's outcome is
 //! classified by the next through `tower-classify`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
+use tokio::io::AsyncReadExt;
 use tower::ServiceBuilder;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome};
@@ -432,4 +435,61 @@ async fn half_open_admits_exactly_one_probe_under_concurrency() {
     assert_eq!((succeeded, refused), (1, 19));
     assert_eq!(upstream.requests(), 2, "the opening call and one probe");
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+}
+
+/// The upstream reads the request and hangs up without answering (status 0,
+/// "no response"): hyper's incomplete-message error is classified as a
+/// connection failure, so a GET is retried and a POST is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hang_up_without_response_is_a_connection_failure() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                // Read the request head, then close without a word.
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                drop(socket);
+            });
+        }
+    });
+    let store = MemoryStore::new(100);
+    let (breaker, _handle) = breaker(10, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(2));
+
+    let get = Request::get(format!("http://{addr}/items"))
+        .header(REQUEST_ID, "hangup-get")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let error = send(&stack, get).await.expect_err("no response");
+    assert_eq!(
+        classify_error(&error),
+        Some(FailureKind::Connection),
+        "{error}"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 3, "a GET is retried");
+
+    let post = Request::post(format!("http://{addr}/orders"))
+        .header(REQUEST_ID, "hangup-post")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let error = send(&stack, post).await.expect_err("no response");
+    assert_eq!(
+        classify_error(&error),
+        Some(FailureKind::Connection),
+        "{error}"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "a POST is not");
+
+    let stored = entries(&store).await;
+    let summary: Vec<(FailureKind, u32)> = stored.iter().map(|e| (e.kind, e.attempts)).collect();
+    assert_eq!(
+        summary,
+        [(FailureKind::Connection, 3), (FailureKind::Connection, 1)]
+    );
 }
