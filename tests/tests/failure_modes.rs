@@ -493,3 +493,41 @@ async fn hang_up_without_response_is_a_connection_failure() {
         [(FailureKind::Connection, 3), (FailureKind::Connection, 1)]
     );
 }
+
+/// At the limits exactly: a body of `REPLAY_LIMIT` bytes is buffered and
+/// retried, and kept whole in the dead-letter entry (`DEFAULT_BODY_LIMIT`);
+/// one byte more is sent once and stored truncated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_limits_are_inclusive() {
+    const { assert!(REPLAY_LIMIT == DEFAULT_BODY_LIMIT) };
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(100);
+    let (breaker, _handle) = breaker(100, Duration::from_secs(30));
+    let stack = default_order(dead_letters(&store), breaker, retry(1));
+
+    for (id, len) in [("at-limit", REPLAY_LIMIT), ("over-limit", REPLAY_LIMIT + 1)] {
+        let body = "x".repeat(len);
+        let mut req = request(&upstream, Method::PUT, "/blob", id, &body);
+        req.headers_mut()
+            .insert("content-type", http::HeaderValue::from_static("text/plain"));
+        let response = send(&stack, req).await.unwrap();
+        assert_eq!(response.status(), 503);
+        let sent: Vec<_> = upstream
+            .log()
+            .into_iter()
+            .filter(|s| s.request_id() == Some(id))
+            .collect();
+        assert!(sent.iter().all(|s| s.body.len() == len), "{id}: sent whole");
+        let expected_attempts = if len <= REPLAY_LIMIT { 2 } else { 1 };
+        assert_eq!(sent.len(), expected_attempts, "{id}");
+    }
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 2);
+    assert!(!stored[0].body_truncated);
+    assert_eq!(stored[0].body.len(), REPLAY_LIMIT);
+    assert_eq!(stored[0].attempts, 2);
+    assert!(stored[1].body_truncated);
+    assert_eq!(stored[1].body.len(), DEFAULT_BODY_LIMIT);
+    assert_eq!(stored[1].attempts, 1);
+}
