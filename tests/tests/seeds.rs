@@ -19,6 +19,8 @@ use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::{DeadLetterEntry, DeadLetterLayer, REDACTED};
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
 use integration_tests::{
     breaker, client, dead_letters, default_order, entries, request, retry, send, stored_header,
@@ -499,4 +501,64 @@ async fn poison_request_dead_lettered_and_replayable() {
     assert_eq!(delivered.header("content-type"), Some("application/json"));
     assert_eq!(delivered.header("idempotency-key"), Some("order-7"));
     assert_eq!(delivered.request_id(), Some("order-7"));
+}
+
+/// Seed 000/001: retries must not multiply the load of a service that is
+/// down. With a Finagle-style budget (20 % of requests, a floor of 1 retry/s
+/// over 10 s) shared by every clone, 100 calls during a full outage, each
+/// allowed 3 retries, cost the upstream at most 100 + 20 + 10 attempts
+/// instead of 400. (The breaker is set not to open, to isolate the budget.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_budget_caps_amplification_during_an_outage() {
+    let upstream = Upstream::start().await;
+    upstream.always(Reply::status(503));
+    let store = MemoryStore::new(1000);
+    let (breaker, _handle) = breaker(1000, Duration::from_secs(30));
+    let retry = RetryLayer::http()
+        .max_retries(3)
+        .backoff(Backoff::fixed(Duration::from_millis(5)).with_jitter(Jitter::None))
+        .deadline(Duration::from_secs(5))
+        .budget(TpsBudget::new(Duration::from_secs(10), 1, 0.2).unwrap())
+        .build()
+        .unwrap();
+    let stack = default_order(dead_letters(&store), breaker, retry);
+
+    const CLIENTS: usize = 10;
+    const CALLS_EACH: usize = 10;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (stack, upstream) = (stack.clone(), upstream.clone());
+            tokio::spawn(async move {
+                for i in 0..CALLS_EACH {
+                    let req = request(&upstream, Method::GET, "/items", &format!("{c}-{i}"), "");
+                    // Either the last 503, or `BudgetExhausted`: both fail.
+                    let failed = match send(&stack, req).await {
+                        Ok(response) => !response.status().is_success(),
+                        Err(_) => true,
+                    };
+                    assert!(failed);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    let calls = CLIENTS * CALLS_EACH;
+    let attempts = upstream.requests();
+    // The floor's reserve (10 retries) is spent in any case.
+    assert!(
+        attempts >= calls + 10,
+        "{attempts} attempts for {calls} calls"
+    );
+    assert!(
+        attempts <= calls + calls / 5 + 10,
+        "{attempts} attempts for {calls} calls"
+    );
+    assert_eq!(
+        store.depth().await.unwrap(),
+        calls as u64,
+        "every call dead-lettered"
+    );
 }
