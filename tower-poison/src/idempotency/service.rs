@@ -433,6 +433,27 @@ mod tests {
         assert_eq!(parse_key(&binary), Err(Rejection::KeyInvalid));
     }
 
+    proptest::proptest! {
+        /// Any visible-ASCII key of 1 to 255 characters is taken as it is;
+        /// any longer one is refused as too long.
+        #[test]
+        fn keys_are_accepted_exactly_up_to_the_limit(key in "[!-~]{1,400}") {
+            let value = HeaderValue::from_str(&key).unwrap();
+            let quoted = key.len() >= 2 && key.starts_with('"') && key.ends_with('"');
+            let inner = if quoted { &key[1..key.len() - 1] } else { &key[..] };
+            match parse_key(&value) {
+                Ok(parsed) => {
+                    proptest::prop_assert_eq!(parsed, inner);
+                    proptest::prop_assert!(parsed.len() <= MAX_KEY_LEN);
+                }
+                Err(Rejection::KeyTooLong) => proptest::prop_assert!(inner.len() > MAX_KEY_LEN),
+                Err(other) => {
+                    proptest::prop_assert!(inner.is_empty(), "{other:?} for {key:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn scoped_keys_cannot_collide_across_identities() {
         assert_ne!(scoped(Some("a:b"), "c"), scoped(Some("a"), "b:c"));

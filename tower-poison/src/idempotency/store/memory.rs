@@ -200,6 +200,144 @@ mod tests {
         )
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Claim(u8),
+        Complete(u8, usize),
+        Release(u8, usize),
+        Advance(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..5).prop_map(Op::Claim),
+            (0u8..5, 0usize..64).prop_map(|(k, t)| Op::Complete(k, t)),
+            (0u8..5, 0usize..64).prop_map(|(k, t)| Op::Release(k, t)),
+            (0u64..250).prop_map(Op::Advance),
+        ]
+    }
+
+    /// The reference: slots in claim order, the oldest evicted first when
+    /// full, an expired slot dropped when its key is met.
+    #[derive(Debug)]
+    struct ModelSlot {
+        key: u8,
+        owner: Option<usize>,
+        expires: u64,
+    }
+
+    proptest::proptest! {
+        /// Any sequence of claims, completions, releases (by owners and by
+        /// strangers) and clock moves: the store answers as the model does,
+        /// never holds more than its capacity, and never lets two claims hold
+        /// a key at once.
+        #[test]
+        fn the_store_behaves_like_a_fifo_map_with_expiry(
+            capacity in 1usize..5,
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            const IN_FLIGHT_MS: u64 = 100;
+            const TTL_MS: u64 = 300;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let store = MemoryIdempotencyStore::new(capacity);
+                let mut model: Vec<ModelSlot> = Vec::new();
+                let mut tokens: Vec<(u8, ClaimToken)> = Vec::new();
+                let mut now = 0u64;
+                let key = |k: u8| format!("k{k}");
+                // Drops `k`'s slot if expired; its index if live.
+                fn live(model: &mut Vec<ModelSlot>, k: u8, now: u64) -> Option<usize> {
+                    let i = model.iter().position(|s| s.key == k)?;
+                    if model[i].expires <= now {
+                        model.remove(i);
+                        return None;
+                    }
+                    Some(i)
+                }
+                for op in ops {
+                    match op {
+                        Op::Claim(k) => {
+                            let got = store
+                                .claim(&key(k), "f", Duration::from_millis(IN_FLIGHT_MS))
+                                .await
+                                .unwrap();
+                            match live(&mut model, k, now) {
+                                Some(i) => {
+                                    let in_flight = model[i].owner.is_some();
+                                    proptest::prop_assert_eq!(
+                                        matches!(got, Claim::InFlight { .. }), in_flight
+                                    );
+                                    proptest::prop_assert_eq!(
+                                        matches!(got, Claim::Completed { .. }), !in_flight
+                                    );
+                                }
+                                None => {
+                                    let Claim::Acquired(token) = got else {
+                                        return Err(proptest::test_runner::TestCaseError::fail(
+                                            format!("{k} should be free"),
+                                        ));
+                                    };
+                                    while model.len() >= capacity {
+                                        model.remove(0);
+                                    }
+                                    model.push(ModelSlot {
+                                        key: k,
+                                        owner: Some(tokens.len()),
+                                        expires: now + IN_FLIGHT_MS,
+                                    });
+                                    tokens.push((k, token));
+                                }
+                            }
+                        }
+                        Op::Complete(k, t) | Op::Release(k, t) if tokens.is_empty() => {
+                            let _ = (k, t);
+                        }
+                        Op::Complete(k, t) => {
+                            let t = t % tokens.len();
+                            let done = store
+                                .complete(&key(k), &tokens[t].1, response(), Duration::from_millis(TTL_MS))
+                                .await
+                                .unwrap();
+                            let expected = match live(&mut model, k, now) {
+                                Some(i) if model[i].owner == Some(t) => {
+                                    model[i].owner = None;
+                                    model[i].expires = now + TTL_MS;
+                                    true
+                                }
+                                _ => false,
+                            };
+                            proptest::prop_assert_eq!(done, expected);
+                        }
+                        Op::Release(k, t) => {
+                            let t = t % tokens.len();
+                            let done = store.release(&key(k), &tokens[t].1).await.unwrap();
+                            let expected = match live(&mut model, k, now) {
+                                Some(i) if model[i].owner == Some(t) => {
+                                    model.remove(i);
+                                    true
+                                }
+                                _ => false,
+                            };
+                            proptest::prop_assert_eq!(done, expected);
+                        }
+                        Op::Advance(ms) => {
+                            tokio::time::advance(Duration::from_millis(ms)).await;
+                            now += ms;
+                        }
+                    }
+                    proptest::prop_assert!(store.len() <= capacity);
+                    proptest::prop_assert_eq!(store.len(), model.len());
+                }
+                Ok(())
+            })?;
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn released_keys_do_not_grow_the_order_queue() {
         let store = MemoryIdempotencyStore::new(10);
