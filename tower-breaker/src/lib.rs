@@ -183,12 +183,11 @@
 //! # Cost
 //!
 //! The closed path takes no lock: one atomic load on entry and, under the
-//! default policy, one on completion. A finished call parks its `Arc` to the
-//! breaker in a one-slot thread-local for the next call, so the steady state
-//! does no reference counting either (the price: a thread may keep one
-//! breaker alive after its layer is dropped, until it calls through another
-//! breaker or exits). `benches/closed_path.rs` compares it with other breakers;
-//! the README has the numbers.
+//! default policy, one on completion, plus the reference count of the `Arc`
+//! each response future holds (the breaker's state sits two cache lines away
+//! from that count, so other cores' clones do not evict it).
+//! `benches/closed_path.rs` compares it with other breakers; the README has
+//! the numbers.
 //!
 //! # Features
 //!

@@ -374,7 +374,7 @@ impl Breaker {
     #[inline]
     fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
         Permit {
-            breaker: Some(spare::take(self)),
+            breaker: Arc::clone(self),
             bits: epoch << 2 | u64::from(probe) << 1,
         }
     }
@@ -720,8 +720,7 @@ impl Breaker {
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
 pub(crate) struct Permit {
-    /// Always `Some` until dropped, when it goes back to the thread's spare.
-    breaker: Option<Arc<Breaker>>,
+    breaker: Arc<Breaker>,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.
@@ -744,9 +743,7 @@ impl Permit {
 
     #[inline]
     pub(crate) fn breaker(&self) -> &Breaker {
-        self.breaker
-            .as_deref()
-            .expect("a permit holds its breaker until dropped")
+        &self.breaker
     }
 
     fn epoch(&self) -> u64 {
@@ -772,71 +769,8 @@ impl Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        if let Some(breaker) = self.breaker.take() {
-            if self.bits & (Self::DONE | Self::PROBE) == Self::PROBE {
-                breaker.record_probe(self.epoch(), Verdict::Neutral);
-            }
-            spare::put(breaker);
+        if self.bits & (Self::DONE | Self::PROBE) == Self::PROBE {
+            self.breaker.record_probe(self.epoch(), Verdict::Neutral);
         }
-    }
-}
-
-/// One spare `Arc<Breaker>` per thread.
-///
-/// A response future must own a reference to its breaker, and cloning an
-/// `Arc` and dropping it again are two atomic read-modify-writes on a cache
-/// line that every core calling through the breaker writes: most of the cost
-/// of the closed path, and under contention nearly all of it. So a finished
-/// permit parks its reference here and the next call on this thread through
-/// the same breaker takes it back: no reference-count traffic in the steady
-/// state. The price: a thread may keep one breaker (and its settings) alive
-/// after its layer is dropped, until that thread calls through another
-/// breaker or exits.
-#[cfg(not(breaker_loom))]
-mod spare {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::Breaker;
-
-    thread_local! {
-        static SPARE: Cell<Option<Arc<Breaker>>> = const { Cell::new(None) };
-    }
-
-    #[inline]
-    pub(super) fn take(breaker: &Arc<Breaker>) -> Arc<Breaker> {
-        SPARE
-            .try_with(|spare| match spare.take() {
-                Some(parked) if Arc::ptr_eq(&parked, breaker) => parked,
-                other => {
-                    spare.set(other);
-                    Arc::clone(breaker)
-                }
-            })
-            .unwrap_or_else(|_| Arc::clone(breaker))
-    }
-
-    #[inline]
-    pub(super) fn put(breaker: Arc<Breaker>) {
-        // If the thread is exiting the closure is not run and `breaker` is
-        // simply dropped with it.
-        let _ = SPARE.try_with(move |spare| drop(spare.replace(Some(breaker))));
-    }
-}
-
-/// Under loom every reference is counted plainly: a thread-local cache
-/// would hide interleavings from the model.
-#[cfg(breaker_loom)]
-mod spare {
-    use std::sync::Arc;
-
-    use super::Breaker;
-
-    pub(super) fn take(breaker: &Arc<Breaker>) -> Arc<Breaker> {
-        Arc::clone(breaker)
-    }
-
-    pub(super) fn put(breaker: Arc<Breaker>) {
-        drop(breaker);
     }
 }
