@@ -789,3 +789,112 @@ mod redis_store {
         );
     }
 }
+
+// ===== Over the wire =====
+
+/// The guard in a real hyper server on 127.0.0.1: a replay and a 409 as a
+/// client sees them (the guard's answers are responses, so the connection
+/// stays usable).
+#[tokio::test]
+async fn a_real_server_replays_and_answers_409_over_http() {
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(memory()), &orders);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = service.clone();
+            tokio::spawn(async move {
+                let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (parts, body) = req.into_parts();
+                    let service = service.clone();
+                    async move {
+                        // The test stack takes `Full` bodies: collect first.
+                        // The error is a `String` because with `BoxError` the
+                        // compiler cannot prove the spawned connection `Send`
+                        // (a higher-ranked `From` bound, rust-lang/rust#102211).
+                        let body = match body.collect().await {
+                            Ok(collected) => collected.to_bytes(),
+                            Err(error) => return Err::<Response<Body>, _>(error.to_string()),
+                        };
+                        let request = Request::from_parts(parts, Full::new(body));
+                        let response = match service.oneshot(request).await {
+                            Ok(response) => response,
+                            Err(error) => return Err(error.to_string()),
+                        };
+                        Ok(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), hyper_service)
+                    .await;
+            });
+        }
+    });
+
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (mut client, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = |path: &str, key: &str| {
+        Request::post(path)
+            .header("host", "orders.internal")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(b"{\"sku\":3}")))
+            .unwrap()
+    };
+
+    let first = client
+        .send_request(request("/orders", "wire-1"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.into_body().collect().await.unwrap().to_bytes();
+    let repeat = client
+        .send_request(request("/orders", "wire-1"))
+        .await
+        .unwrap();
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        repeat.headers()["content-length"],
+        first_body.len().to_string()
+    );
+    assert_eq!(
+        repeat.into_body().collect().await.unwrap().to_bytes(),
+        first_body
+    );
+
+    // Hold one request in flight on a second connection; the repeat on the
+    // first connection gets a 409 with its JSON body, and the connection
+    // still serves the next request.
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (mut other, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let slow = tokio::spawn(other.send_request(request("/slow", "wire-2")));
+    while orders.calls("/slow") == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let busy = client
+        .send_request(request("/slow", "wire-2"))
+        .await
+        .unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    let json: Value =
+        serde_json::from_slice(&busy.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(json["error"], "idempotency_key_in_use");
+    orders.gate.add_permits(1);
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    let next = client
+        .send_request(request("/orders", "wire-3"))
+        .await
+        .unwrap();
+    assert_eq!(next.status(), StatusCode::CREATED);
+    assert_eq!(orders.calls("/orders"), 2);
+}
