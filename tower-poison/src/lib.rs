@@ -124,8 +124,10 @@
 //!
 //! [`config::DeadLetterConfig`] reads the layer's settings from a file
 //! (`label`, `action`, `body_limit`, `redact_headers`, `message_id_header`,
-//! `poison.max_attempts`, and the shared HTTP `classifier`); every invalid value
-//! is a [`ConfigError`](tower_classify::ConfigError) naming the field.
+//! `poison.max_attempts`, and the shared HTTP `classifier`), and
+//! [`config::IdempotencyConfig`] the guard's (`ttl`, `in_flight_ttl`, body
+//! limits, `all_methods`, `classifier`); every invalid value is a
+//! [`ConfigError`](tower_classify::ConfigError) naming the field.
 //!
 //! # Observability
 //!
