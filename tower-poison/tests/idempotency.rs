@@ -558,6 +558,55 @@ async fn a_store_that_cannot_answer_refuses_the_request_with_503() {
     assert_eq!(orders.calls("/orders"), 0, "never run unguarded");
 }
 
+/// A store that claims but cannot keep a response (it went down mid-call).
+#[derive(Clone)]
+struct CannotComplete(MemoryIdempotencyStore);
+
+impl IdempotencyStore for CannotComplete {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(key, fingerprint, ttl).await
+    }
+
+    async fn complete(
+        &self,
+        _: &str,
+        _: &ClaimToken,
+        _: StoredResponse,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Backend, "connection reset"))
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+}
+
+/// The request was applied but its response could not be stored: the client
+/// still gets the response, and the key stays claimed (repeats get 409 until
+/// the in-flight TTL) rather than being released for a second application.
+#[tokio::test(start_paused = true)]
+async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_held() {
+    let orders = Orders::default();
+    let layer =
+        IdempotencyGuardLayer::new(CannotComplete(memory())).in_flight_ttl(Duration::from_secs(60));
+    let service = guarded(layer, &orders);
+    let first = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let repeat = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(repeat.status(), StatusCode::CONFLICT);
+    assert_eq!(orders.calls("/orders"), 1, "not applied twice");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let later = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(later.status(), StatusCode::CREATED, "the claim lapsed");
+    assert_eq!(orders.calls("/orders"), 2);
+}
+
 // ===== The client side =====
 
 /// Each logical call gets one key; every retry of it (the retry layer sits
