@@ -431,6 +431,46 @@ async fn large_responses_are_passed_on_but_not_stored<St: IdempotencyStore>(stor
     assert_eq!(orders.calls("/big"), 2);
 }
 
+/// Many copies of one request at once, through two stacks sharing the store
+/// (two nodes): exactly one runs, every other gets 409, and once it is done
+/// every repeat is a replay.
+async fn concurrent_repeats_run_once<St: IdempotencyStore>(node_1: St, node_2: St) {
+    let orders = Orders::default();
+    let nodes = [
+        guarded(IdempotencyGuardLayer::new(node_1), &orders),
+        guarded(IdempotencyGuardLayer::new(node_2), &orders),
+    ];
+    let calls: Vec<_> = (0..20)
+        .map(|i| tokio::spawn(nodes[i % 2].clone().oneshot(post("/slow", "k-race", "{}"))))
+        .collect();
+    // The one that runs waits at the gate; every other copy must be
+    // answered meanwhile.
+    let started = tokio::time::Instant::now();
+    while calls.iter().filter(|c| c.is_finished()).count() < 19 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "copies still waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut running = None;
+    for call in calls {
+        if call.is_finished() {
+            let response = call.await.unwrap().unwrap();
+            assert_eq!(response.status(), StatusCode::CONFLICT);
+        } else {
+            assert!(running.replace(call).is_none(), "only one runs");
+        }
+    }
+    orders.gate.add_permits(1);
+    let ran = running.unwrap().await.unwrap().unwrap();
+    assert_eq!(ran.status(), StatusCode::CREATED);
+    assert_eq!(orders.calls("/slow"), 1, "the request ran once");
+    for node in &nodes {
+        assert!(replayed(&send(node, post("/slow", "k-race", "{}")).await));
+    }
+}
+
 // ===== In-memory store (paused time) =====
 
 fn memory() -> MemoryIdempotencyStore {
@@ -494,6 +534,12 @@ async fn memory_idempotent_methods_and_unkeyed_requests_pass_through() {
 #[tokio::test(start_paused = true)]
 async fn memory_large_responses_are_passed_on_but_not_stored() {
     large_responses_are_passed_on_but_not_stored(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_concurrent_repeats_run_once() {
+    let store = memory();
+    concurrent_repeats_run_once(store.clone(), store).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -810,6 +856,18 @@ mod redis_store {
             return;
         };
         large_responses_are_passed_on_but_not_stored(store).await;
+    }
+
+    /// Two connections (two nodes) with the same prefix race for one key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_concurrent_repeats_run_once_across_two_nodes() {
+        let Some(node_1) = redis("race").await else {
+            return;
+        };
+        let node_2 = RedisIdempotencyStore::connect(&support::redis_url(), node_1.prefix())
+            .await
+            .unwrap();
+        concurrent_repeats_run_once(node_1, node_2).await;
     }
 
     /// Keys carry the TTL in Redis itself (`PX`): nothing needs sweeping.
