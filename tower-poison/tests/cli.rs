@@ -453,12 +453,36 @@ async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
         .await
         .unwrap();
     assert_eq!(json(&stats)["depth"], 2);
-    let table = run([base, vec!["list".into()]].concat()).await.unwrap();
+    let table = run([base.clone(), vec!["list".into()]].concat())
+        .await
+        .unwrap();
     let table = stdout(&table);
     assert!(
         table.contains("node-1") && table.contains("node-2"),
         "{table}"
     );
+
+    // Once the database is back, the operator replays the shared queue.
+    let (target, seen) = server().await;
+    let replayed = run([
+        base.clone(),
+        vec!["replay".into(), "--all".into(), "--to".into(), target],
+        vec!["--rate".into(), "100".into(), "--json".into()],
+    ]
+    .concat())
+    .await
+    .unwrap();
+    let replayed = json(&replayed);
+    assert_eq!(replayed["delivered"], 2, "{replayed}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|(method, path, _, body)| method == "POST"
+        && path == "/broken"
+        && body == &br#"{"sku":7}"#[..]));
+    let stats = run([base, vec!["stats".into(), "--json".into()]].concat())
+        .await
+        .unwrap();
+    assert_eq!(json(&stats)["depth"], 0, "delivered entries are removed");
 }
 
 #[cfg(feature = "redis")]
