@@ -1,4 +1,5 @@
-//! A hyper-util HTTP client as a tower `Service` with buffered bodies.
+//! A hyper-util HTTP client as a tower `Service` with buffered bodies, for the
+//! examples, the demo and the integration tests.
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -9,10 +10,11 @@ use hyper_util::rt::TokioExecutor;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-/// The request type every stack in the examples takes.
+/// The request type every stack in the examples and the tests takes.
 pub type HttpRequest = Request<Full<Bytes>>;
-/// The response type every stack in the examples returns: the body is read to
-/// the end, so classifiers' body rules can see it and latency includes it.
+/// The response type every stack in the examples and the tests returns: the
+/// body is read to the end, so classifiers' body rules can see it and latency
+/// includes it.
 pub type HttpResponse = Response<Bytes>;
 /// A cloneable HTTP client service.
 pub type HttpService = BoxCloneSyncService<HttpRequest, HttpResponse, BoxError>;

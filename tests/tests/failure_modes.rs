@@ -23,9 +23,11 @@ use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::error::BudgetExhausted;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
+use examples::client::{http_client_for, HttpService};
+use examples::scripted::{Reply, ScriptedServer};
 use integration_tests::{
-    breaker, client, dead_letters, default_order, entries, request, retry, send, HttpService,
-    Reply, Upstream, BREAKER, REPLAY_LIMIT, REQUEST_ID,
+    breaker, dead_letters, default_order, entries, request, retry, send, BREAKER, REPLAY_LIMIT,
+    REQUEST_ID,
 };
 
 fn classify_error(error: &tower::BoxError) -> Option<FailureKind> {
@@ -84,8 +86,8 @@ fn timed_retry(
 /// retry succeeds, long before the slow answer would have come.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_attempt_timed_out_and_retried() {
-    let upstream = Upstream::start().await;
-    upstream.script([Reply::ok().after(Duration::from_secs(3))]);
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.script([Reply::ok("ok").after(Duration::from_secs(3))]);
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(
@@ -103,7 +105,7 @@ async fn slow_attempt_timed_out_and_retried() {
     .expect("the retry succeeds");
 
     assert_eq!(response.status(), 200);
-    assert_eq!(upstream.requests(), 2);
+    assert_eq!(upstream.hits(), 2);
     let elapsed = started.elapsed();
     assert!(elapsed >= Duration::from_millis(150), "{elapsed:?}");
     assert!(
@@ -117,8 +119,8 @@ async fn slow_attempt_timed_out_and_retried() {
 /// a timeout after all its attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_upstream_dead_lettered_as_timeout() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::ok().after(Duration::from_secs(3)));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::ok("ok").after(Duration::from_secs(3)));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(
@@ -145,7 +147,7 @@ async fn slow_upstream_dead_lettered_as_timeout() {
         Some(FailureKind::Timeout),
         "{error}"
     );
-    assert_eq!(upstream.requests(), 3);
+    assert_eq!(upstream.hits(), 3);
     assert_eq!(handle.get(BREAKER).unwrap().failures, 1);
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
@@ -158,8 +160,8 @@ async fn slow_upstream_dead_lettered_as_timeout() {
 /// still opens during the outage that spent the budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budget_exhausted_still_opens_the_breaker() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, Duration::from_secs(30));
     // No floor and no share of traffic: not a single retry is affordable.
@@ -185,7 +187,7 @@ async fn budget_exhausted_still_opens_the_breaker() {
         assert_eq!(spent.attempts(), 1);
         assert_eq!(spent.last_failure().kind, FailureKind::ServerError);
     }
-    assert_eq!(upstream.requests(), 2, "no retry was sent");
+    assert_eq!(upstream.hits(), 2, "no retry was sent");
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
     let error = send(&stack, request(&upstream, Method::GET, "/items", "b-2", ""))
         .await
@@ -210,8 +212,8 @@ async fn budget_exhausted_still_opens_the_breaker() {
 async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
     // The body below must be larger than both limits.
     const { assert!(DEFAULT_BODY_LIMIT < 100 * 1024 && REPLAY_LIMIT < 100 * 1024) };
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(3));
@@ -225,7 +227,7 @@ async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
     let response = send(&stack, req).await.unwrap();
 
     assert_eq!(response.status(), 503);
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 1, "a body too large to buffer is not retried");
     assert_eq!(log[0].body, body, "and is sent whole, never truncated");
     let stored = entries(&store).await;
@@ -235,8 +237,8 @@ async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
     assert_eq!(entry.body.len(), DEFAULT_BODY_LIMIT);
     assert_eq!(entry.body, body.as_bytes()[..DEFAULT_BODY_LIMIT]);
 
-    let mut replayer = client::<Full<Bytes>>();
-    let destination = upstream.base();
+    let mut replayer = http_client_for::<Full<Bytes>>();
+    let destination = upstream.uri();
     let result = tower_poison::replay(
         &store,
         entry.id,
@@ -246,7 +248,7 @@ async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
     )
     .await;
     assert!(matches!(result, Err(ReplayError::Request(_))), "{result:?}");
-    assert_eq!(upstream.requests(), 1, "nothing was sent");
+    assert_eq!(upstream.hits(), 1, "nothing was sent");
     assert_eq!(store.depth().await.unwrap(), 1, "the entry is kept");
 }
 
@@ -254,7 +256,7 @@ async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
 /// cancels the retry: the upstream never sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_call_cancels_its_pending_retry() {
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     upstream.script([Reply::status(503).header("retry-after", "1")]);
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(3, Duration::from_secs(30));
@@ -266,10 +268,10 @@ async fn dropped_call_cancels_its_pending_retry() {
     );
     let outcome = tokio::time::timeout(Duration::from_millis(300), call).await;
     assert!(outcome.is_err(), "the call was still waiting to retry");
-    assert_eq!(upstream.requests(), 1);
+    assert_eq!(upstream.hits(), 1);
 
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(upstream.requests(), 1, "the cancelled retry was never sent");
+    assert_eq!(upstream.hits(), 1, "the cancelled retry was never sent");
     let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Closed);
     assert_eq!(snapshot.failures, 0, "a cancelled call is no failure");
@@ -281,8 +283,8 @@ async fn dropped_call_cancels_its_pending_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_probe_gives_its_slot_back() {
     let recovery = Duration::from_millis(200);
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(1, recovery);
     let stack = default_order(dead_letters(&store), breaker, retry(0));
@@ -297,7 +299,7 @@ async fn dropped_probe_gives_its_slot_back() {
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
 
     // The probe hangs and its caller gives up.
-    upstream.always(Reply::ok().after(Duration::from_secs(3)));
+    upstream.otherwise(Reply::ok("ok").after(Duration::from_secs(3)));
     tokio::time::sleep(recovery + Duration::from_millis(100)).await;
     let probe = send(
         &stack,
@@ -306,11 +308,11 @@ async fn dropped_probe_gives_its_slot_back() {
     assert!(tokio::time::timeout(Duration::from_millis(200), probe)
         .await
         .is_err());
-    assert_eq!(upstream.requests(), 2, "the probe reached the upstream");
+    assert_eq!(upstream.hits(), 2, "the probe reached the upstream");
     assert_eq!(handle.get(BREAKER).unwrap().probes_in_flight, 0);
 
     // The upstream answers quickly again: the next call is the new probe.
-    upstream.always(Reply::ok());
+    upstream.otherwise(Reply::ok("ok"));
     let response = send(
         &stack,
         request(&upstream, Method::GET, "/items", "probe-2", ""),
@@ -319,16 +321,16 @@ async fn dropped_probe_gives_its_slot_back() {
     .expect("the slot was given back");
     assert_eq!(response.status(), 200);
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
-    assert_eq!(upstream.requests(), 3);
+    assert_eq!(upstream.hits(), 3);
 }
 
 /// One breaker per upstream host: an outage of one upstream opens its own
 /// breaker and leaves calls to the healthy one flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_breakers_isolate_a_failing_host() {
-    let down = Upstream::start().await;
-    down.always(Reply::status(503));
-    let up = Upstream::start().await;
+    let down = ScriptedServer::start().await.unwrap();
+    down.otherwise(Reply::status(503));
+    let up = ScriptedServer::start().await.unwrap();
     let store = MemoryStore::new(100);
     let breaker = CircuitBreakerLayer::builder()
         .failure_threshold(2)
@@ -347,7 +349,7 @@ async fn keyed_breakers_isolate_a_failing_host() {
             .layer(ReplayBodyLayer::new(REPLAY_LIMIT))
             .layer(retry(1))
             .layer(CountAttemptsLayer::new())
-            .service(client()),
+            .service(http_client_for()),
     );
 
     for i in 0..4 {
@@ -369,14 +371,10 @@ async fn keyed_breakers_isolate_a_failing_host() {
         .unwrap();
         assert_eq!(response.status(), 200);
     }
-    assert_eq!(
-        down.requests(),
-        4,
-        "two calls of two attempts, then refused"
-    );
-    assert_eq!(up.requests(), 4);
-    let down_key = down.base().authority().unwrap().to_string();
-    let up_key = up.base().authority().unwrap().to_string();
+    assert_eq!(down.hits(), 4, "two calls of two attempts, then refused");
+    assert_eq!(up.hits(), 4);
+    let down_key = down.uri().authority().unwrap().to_string();
+    let up_key = up.uri().authority().unwrap().to_string();
     assert_eq!(handle.get(&down_key).unwrap().state, State::Open);
     assert_eq!(handle.get(&up_key).unwrap().state, State::Closed);
     assert_eq!(handle.list().len(), 2);
@@ -398,8 +396,8 @@ async fn keyed_breakers_isolate_a_failing_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_admits_exactly_one_probe_under_concurrency() {
     let recovery = Duration::from_millis(200);
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(1, recovery);
     let stack = default_order(dead_letters(&store), breaker, retry(0));
@@ -413,7 +411,7 @@ async fn half_open_admits_exactly_one_probe_under_concurrency() {
 
     // The probe takes a while, so every concurrent caller arrives while it
     // is in flight.
-    upstream.always(Reply::ok().after(Duration::from_millis(500)));
+    upstream.otherwise(Reply::ok("ok").after(Duration::from_millis(500)));
     tokio::time::sleep(recovery + Duration::from_millis(100)).await;
     let calls: Vec<_> = (0..20)
         .map(|i| {
@@ -433,7 +431,7 @@ async fn half_open_admits_exactly_one_probe_under_concurrency() {
     }
 
     assert_eq!((succeeded, refused), (1, 19));
-    assert_eq!(upstream.requests(), 2, "the opening call and one probe");
+    assert_eq!(upstream.hits(), 2, "the opening call and one probe");
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
 }
 
@@ -500,8 +498,8 @@ async fn hang_up_without_response_is_a_connection_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_limits_are_inclusive() {
     const { assert!(REPLAY_LIMIT == DEFAULT_BODY_LIMIT) };
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(100, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(1));
@@ -514,9 +512,9 @@ async fn body_limits_are_inclusive() {
         let response = send(&stack, req).await.unwrap();
         assert_eq!(response.status(), 503);
         let sent: Vec<_> = upstream
-            .log()
+            .received()
             .into_iter()
-            .filter(|s| s.request_id() == Some(id))
+            .filter(|s| s.header(REQUEST_ID) == Some(id))
             .collect();
         assert!(sent.iter().all(|s| s.body.len() == len), "{id}: sent whole");
         let expected_attempts = if len <= REPLAY_LIMIT { 2 } else { 1 };

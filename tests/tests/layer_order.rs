@@ -24,9 +24,10 @@ use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 
+use examples::scripted::{Reply, ScriptedServer};
 use integration_tests::{
     breaker, dead_letters, default_order, entries, request, retry, retry_outside_breaker, send,
-    Reply, Upstream, BREAKER, REQUEST_ID,
+    BREAKER, REQUEST_ID,
 };
 
 /// The breaker opens after two attempts of the first call; the third attempt
@@ -35,8 +36,8 @@ use integration_tests::{
 /// four remaining retries. Later calls are refused before any attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, Duration::from_secs(30));
     let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
@@ -55,7 +56,7 @@ async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
         .unwrap_or_else(|| panic!("expected CircuitOpen, got {error}"));
     assert!(open.remaining().unwrap() > Duration::from_secs(20));
     assert_eq!(
-        upstream.requests(),
+        upstream.hits(),
         2,
         "two attempts opened the breaker; no more"
     );
@@ -81,7 +82,7 @@ async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
         .expect_err("still open");
         assert!(error.is::<CircuitOpen>(), "{error}");
     }
-    assert_eq!(upstream.requests(), 2);
+    assert_eq!(upstream.hits(), 2);
     assert_eq!(
         handle.get(BREAKER).unwrap().rejected,
         21,
@@ -101,8 +102,8 @@ async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_outside_breaker_waits_out_a_short_open_once() {
     let recovery = Duration::from_millis(200);
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, recovery);
     let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
@@ -115,7 +116,7 @@ async fn retry_outside_breaker_waits_out_a_short_open_once() {
     .await;
     let elapsed = started.elapsed();
 
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(
         log.len(),
         3,
@@ -135,7 +136,7 @@ async fn retry_outside_breaker_waits_out_a_short_open_once() {
     assert_eq!(store.depth().await.unwrap(), 1);
 
     // Once the upstream is back, the same wait-out turns into a success.
-    upstream.always(Reply::ok());
+    upstream.otherwise(Reply::ok("ok"));
     let response = send(
         &stack,
         request(&upstream, Method::GET, "/items", "second", ""),
@@ -143,7 +144,7 @@ async fn retry_outside_breaker_waits_out_a_short_open_once() {
     .await
     .expect("the probe succeeds after the wait");
     assert_eq!(response.status(), 200);
-    assert_eq!(upstream.requests(), 4);
+    assert_eq!(upstream.hits(), 4);
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
 }
 

@@ -23,9 +23,11 @@ use tower_classify::FailureKind;
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::{DeadLetterEntry, StoreFailed};
 
+use examples::client::HttpService;
+use examples::scripted::{Reply, ScriptedServer};
 use integration_tests::{
-    breaker, dead_letters, default_order, entries, request, retry, send, stored_header,
-    HttpService, Reply, Upstream, BREAKER, REQUEST_ID,
+    breaker, dead_letters, default_order, entries, request, retry, send, stored_header, BREAKER,
+    REQUEST_ID,
 };
 
 /// Requests per wave.
@@ -76,7 +78,7 @@ enum Ended {
 /// Sends every request of a wave at once and waits for all of them.
 async fn wave(
     stack: &HttpService,
-    upstream: &Upstream,
+    upstream: &ScriptedServer,
     prefix: &str,
     results: &mut HashMap<String, Ended>,
 ) {
@@ -111,15 +113,20 @@ async fn nothing_lost_under_mixed_failures() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dead-letters.redb");
     let store = RedbStore::open(&path).unwrap();
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     upstream.respond_with(|seen, earlier| {
-        let n: usize = seen.uri.trim_start_matches("/work/").parse().unwrap();
+        let n: usize = seen
+            .uri
+            .path()
+            .trim_start_matches("/work/")
+            .parse()
+            .unwrap();
         match behaviour(n) {
-            Behaviour::Healthy => Reply::ok(),
+            Behaviour::Healthy => Reply::ok("ok"),
             Behaviour::Flaky => {
-                let id = seen.request_id();
-                if earlier.iter().any(|e| e.request_id() == id) {
-                    Reply::ok()
+                let id = seen.header(REQUEST_ID);
+                if earlier.iter().any(|e| e.header(REQUEST_ID) == id) {
+                    Reply::ok("ok")
                 } else {
                     Reply::status(503)
                 }
@@ -136,7 +143,7 @@ async fn nothing_lost_under_mixed_failures() {
 
     // Wave 1: mixed failures.
     wave(&stack, &upstream, "mixed", &mut results).await;
-    let mixed_attempts = upstream.requests();
+    let mixed_attempts = upstream.hits();
     let expected_attempts: usize = (0..WAVE)
         .map(|n| match (behaviour(n), method(n) == Method::POST) {
             (Behaviour::Flaky, false) => 2,
@@ -148,16 +155,16 @@ async fn nothing_lost_under_mixed_failures() {
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
 
     // Wave 2: a full outage opens the breaker.
-    upstream.always(Reply::status(503));
+    upstream.otherwise(Reply::status(503));
     wave(&stack, &upstream, "outage", &mut results).await;
-    let outage_attempts = upstream.requests() - mixed_attempts;
+    let outage_attempts = upstream.hits() - mixed_attempts;
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
 
     // Wave 3: the upstream is back, the breaker still open: all refused.
-    upstream.always(Reply::ok());
+    upstream.otherwise(Reply::ok("ok"));
     wave(&stack, &upstream, "open", &mut results).await;
     assert_eq!(
-        upstream.requests(),
+        upstream.hits(),
         mixed_attempts + outage_attempts,
         "no request reached the upstream through the open breaker"
     );
@@ -272,8 +279,8 @@ async fn nothing_lost_under_mixed_failures() {
 /// acknowledge it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_store_fails_calls_loudly() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(500));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(500));
     let store = MemoryStore::new(2);
     let (breaker, _handle) = breaker(100, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(0));
@@ -303,5 +310,5 @@ async fn full_store_fails_calls_loudly() {
         .map(|e| stored_header(e, REQUEST_ID).unwrap().to_owned())
         .collect();
     assert_eq!(kept, ["full-0", "full-1"]);
-    assert_eq!(upstream.requests(), 4);
+    assert_eq!(upstream.hits(), 4);
 }

@@ -22,9 +22,11 @@ use tower_poison::{DeadLetterEntry, DeadLetterLayer, REDACTED};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
+use examples::client::http_client_for;
+use examples::scripted::{Reply, ScriptedServer};
 use integration_tests::{
-    breaker, client, dead_letters, default_order, entries, request, retry, send, stored_header,
-    Reply, Upstream, BREAKER, REQUEST_ID,
+    breaker, dead_letters, default_order, entries, request, retry, send, stored_header, BREAKER,
+    REQUEST_ID,
 };
 
 /// Seed 000/002: a GET that meets two 503s is retried and succeeds; the
@@ -32,7 +34,7 @@ use integration_tests::{
 /// dead-lettered and the breaker (outside the retry loop) saw one success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_retried_on_503_then_succeeds() {
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     upstream.script([Reply::status(503), Reply::status(503)]);
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(3, Duration::from_secs(30));
@@ -47,12 +49,12 @@ async fn get_retried_on_503_then_succeeds() {
 
     assert_eq!(response.status(), 200);
     assert_eq!(response.body().as_ref(), b"ok");
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 3, "two failed attempts and the successful one");
     for seen in &log {
         assert_eq!(seen.method, Method::GET);
         assert_eq!(seen.uri, "/items/1");
-        assert_eq!(seen.request_id(), Some("get-1"));
+        assert_eq!(seen.header(REQUEST_ID), Some("get-1"));
     }
     assert_eq!(
         store.depth().await.unwrap(),
@@ -72,8 +74,8 @@ async fn get_retried_on_503_then_succeeds() {
 /// body, one attempt recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_not_retried_and_dead_lettered() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(3));
@@ -87,7 +89,7 @@ async fn post_not_retried_and_dead_lettered() {
     .expect("the failing response comes back as a response");
 
     assert_eq!(response.status(), 503);
-    assert_eq!(upstream.requests(), 1, "a POST is never sent twice");
+    assert_eq!(upstream.hits(), 1, "a POST is never sent twice");
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
     let entry = &stored[0];
@@ -109,7 +111,7 @@ async fn post_not_retried_and_dead_lettered() {
 /// attempt carries the same key and the whole body (replayed, not consumed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_with_idempotency_key_retried() {
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     upstream.script([Reply::status(503), Reply::status(502)]);
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
@@ -124,7 +126,7 @@ async fn post_with_idempotency_key_retried() {
     let response = send(&stack, req).await.expect("the call succeeds");
 
     assert_eq!(response.status(), 200);
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 3, "two failures, then the success");
     for seen in &log {
         assert_eq!(seen.method, Method::POST);
@@ -141,7 +143,7 @@ async fn post_with_idempotency_key_retried() {
 /// reaches the upstream no earlier than one second after the 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_seconds_respected() {
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     upstream.script([Reply::status(429).header("retry-after", "1")]);
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
@@ -156,7 +158,7 @@ async fn retry_after_seconds_respected() {
     .expect("the call succeeds");
 
     assert_eq!(response.status(), 200);
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 2);
     let gap = log[1].at - log[0].at;
     assert!(
@@ -178,7 +180,7 @@ async fn retry_after_seconds_respected() {
 /// retry waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_http_date_measured_against_date_header() {
-    let upstream = Upstream::start().await;
+    let upstream = ScriptedServer::start().await.unwrap();
     let skewed = SystemTime::now() - Duration::from_secs(3600);
     upstream.script([Reply::status(503)
         .header("date", httpdate::fmt_http_date(skewed))
@@ -198,7 +200,7 @@ async fn retry_after_http_date_measured_against_date_header() {
     .expect("the call succeeds");
 
     assert_eq!(response.status(), 200);
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 2);
     let gap = log[1].at - log[0].at;
     assert!(
@@ -213,8 +215,8 @@ async fn retry_after_http_date_measured_against_date_header() {
 /// rate limited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_beyond_the_deadline_fails_at_once() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(429).header("retry-after", "30"));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(429).header("retry-after", "30"));
     let store = MemoryStore::new(100);
     let (breaker, _handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(3));
@@ -236,7 +238,7 @@ async fn retry_after_beyond_the_deadline_fails_at_once() {
         .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
         .unwrap_or_else(|| panic!("expected WaitTooLong, got {error}"));
     assert_eq!(wait.wait(), Duration::from_secs(30));
-    assert_eq!(upstream.requests(), 1);
+    assert_eq!(upstream.hits(), 1);
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].kind, FailureKind::RateLimited);
@@ -248,8 +250,8 @@ async fn retry_after_beyond_the_deadline_fails_at_once() {
 /// refusal is dead-lettered as `shed` (worth replaying later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(1000);
     let (breaker, handle) = breaker(3, Duration::from_secs(30));
     let stack = default_order(dead_letters(&store), breaker, retry(2));
@@ -263,12 +265,12 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
         .await
         .expect("the last 503 comes back as a response");
         assert_eq!(response.status(), 503);
-        assert_eq!(upstream.requests(), 3 * (i + 1));
+        assert_eq!(upstream.hits(), 3 * (i + 1));
     }
     let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Open);
     assert_eq!(snapshot.opened, 1);
-    let before = upstream.requests();
+    let before = upstream.hits();
     assert_eq!(before, 9);
 
     // Open: calls fail fast and the upstream sees nothing.
@@ -288,7 +290,7 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
     }
     let per_call = started.elapsed() / OPEN_CALLS;
     assert_eq!(
-        upstream.requests(),
+        upstream.hits(),
         before,
         "no call reached the upstream while open"
     );
@@ -325,8 +327,8 @@ async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_probe_closes_the_breaker() {
     let recovery = Duration::from_millis(200);
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, recovery);
     let stack = default_order(dead_letters(&store), breaker, retry(1));
@@ -337,17 +339,17 @@ async fn recovery_probe_closes_the_breaker() {
         assert_eq!(response.status(), 503);
     }
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
-    assert_eq!(upstream.requests(), 4);
+    assert_eq!(upstream.hits(), 4);
     let error = send(&stack, get("refused")).await.unwrap_err();
     assert!(error.is::<CircuitOpen>(), "{error}");
-    assert_eq!(upstream.requests(), 4);
+    assert_eq!(upstream.hits(), 4);
 
     // Still down at the first probe: the probe (with its retry) fails and
     // the breaker opens again.
     tokio::time::sleep(recovery + Duration::from_millis(100)).await;
     let response = send(&stack, get("probe-1")).await.unwrap();
     assert_eq!(response.status(), 503);
-    assert_eq!(upstream.requests(), 6, "one probe call, two attempts");
+    assert_eq!(upstream.hits(), 6, "one probe call, two attempts");
     let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Open);
     assert_eq!(snapshot.opened, 2);
@@ -357,17 +359,17 @@ async fn recovery_probe_closes_the_breaker() {
         .is::<CircuitOpen>());
 
     // Fixed: the next probe succeeds and closes the breaker.
-    upstream.always(Reply::ok());
+    upstream.otherwise(Reply::ok("ok"));
     tokio::time::sleep(recovery + Duration::from_millis(100)).await;
     let response = send(&stack, get("probe-2")).await.unwrap();
     assert_eq!(response.status(), 200);
-    assert_eq!(upstream.requests(), 7);
+    assert_eq!(upstream.hits(), 7);
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
     for i in 0..5 {
         let response = send(&stack, get(&format!("after-{i}"))).await.unwrap();
         assert_eq!(response.status(), 200);
     }
-    assert_eq!(upstream.requests(), 12);
+    assert_eq!(upstream.hits(), 12);
 }
 
 /// Seed 002/004: a request the upstream rejects (422) is not retried even
@@ -380,8 +382,8 @@ async fn recovery_probe_closes_the_breaker() {
 async fn poison_request_dead_lettered_and_replayable() {
     let dir = tempfile::tempdir().unwrap();
     let store = RedbStore::open(dir.path().join("dead-letters.redb")).unwrap();
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(422).body("quantity must be positive"));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(422).body("quantity must be positive"));
     let (breaker, handle) = breaker(1, Duration::from_secs(30));
     let stack = default_order(
         DeadLetterLayer::new(store.clone()).label("orders"),
@@ -390,7 +392,7 @@ async fn poison_request_dead_lettered_and_replayable() {
     );
 
     let body = r#"{"order":7,"quantity":-1}"#;
-    let req = Request::post(upstream.url("/orders?source=test"))
+    let req = Request::post(format!("{}/orders?source=test", upstream.url()))
         .header(REQUEST_ID, "order-7")
         .header("idempotency-key", "order-7")
         .header(AUTHORIZATION, "Bearer secret-token")
@@ -401,11 +403,7 @@ async fn poison_request_dead_lettered_and_replayable() {
     let response = send(&stack, req).await.unwrap();
 
     assert_eq!(response.status(), 422);
-    assert_eq!(
-        upstream.requests(),
-        1,
-        "a rejected request is never retried"
-    );
+    assert_eq!(upstream.hits(), 1, "a rejected request is never retried");
     let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(
         snapshot.state,
@@ -440,12 +438,12 @@ async fn poison_request_dead_lettered_and_replayable() {
 
     // Replay from code (as an operator would after a deploy) through a plain
     // client, with fresh credentials.
-    let mut replayer = client::<http_body_util::Full<bytes::Bytes>>();
+    let mut replayer = http_client_for::<http_body_util::Full<bytes::Bytes>>();
     let fresh = [(
         AUTHORIZATION,
         HeaderValue::from_static("Bearer fresh-token"),
     )];
-    let destination = upstream.base();
+    let destination = upstream.uri();
     let to_request = |e: &DeadLetterEntry| http_request(e, &destination, &fresh);
 
     // Still rejected: the entry stays, its attempts counted.
@@ -466,10 +464,10 @@ async fn poison_request_dead_lettered_and_replayable() {
         other => panic!("expected a failed replay, got {other:?}"),
     }
     assert_eq!(store.depth().await.unwrap(), 1);
-    assert_eq!(upstream.requests(), 2);
+    assert_eq!(upstream.hits(), 2);
 
     // Fixed: delivered and removed.
-    upstream.always(Reply::status(201).body("created"));
+    upstream.otherwise(Reply::status(201).body("created"));
     let outcome = tower_poison::replay(
         &store,
         id,
@@ -483,7 +481,7 @@ async fn poison_request_dead_lettered_and_replayable() {
     assert_eq!(store.depth().await.unwrap(), 0);
     assert!(store.get(id).await.unwrap().is_none());
 
-    let log = upstream.log();
+    let log = upstream.received();
     assert_eq!(log.len(), 3);
     let delivered = &log[2];
     assert_eq!(delivered.method, Method::POST);
@@ -500,7 +498,7 @@ async fn poison_request_dead_lettered_and_replayable() {
     );
     assert_eq!(delivered.header("content-type"), Some("application/json"));
     assert_eq!(delivered.header("idempotency-key"), Some("order-7"));
-    assert_eq!(delivered.request_id(), Some("order-7"));
+    assert_eq!(delivered.header(REQUEST_ID), Some("order-7"));
 }
 
 /// Seed 000/001: retries must not multiply the load of a service that is
@@ -510,8 +508,8 @@ async fn poison_request_dead_lettered_and_replayable() {
 /// instead of 400. (The breaker is set not to open, to isolate the budget.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_budget_caps_amplification_during_an_outage() {
-    let upstream = Upstream::start().await;
-    upstream.always(Reply::status(503));
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(1000);
     let (breaker, _handle) = breaker(1000, Duration::from_secs(30));
     let retry = RetryLayer::http()
@@ -546,7 +544,7 @@ async fn retry_budget_caps_amplification_during_an_outage() {
     }
 
     let calls = CLIENTS * CALLS_EACH;
-    let attempts = upstream.requests();
+    let attempts = upstream.hits();
     // The floor's reserve (10 retries) is spent in any case.
     assert!(
         attempts >= calls + 10,
