@@ -111,14 +111,13 @@
 //! ```
 
 mod client;
-mod future;
 mod layer;
 mod rejection;
 mod service;
 pub mod store;
 
 pub use self::client::{IdempotencyKeyLayer, SetIdempotencyKey};
-pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyGuardLayer;
 pub use self::rejection::Rejection;
 pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED, MAX_KEY_LEN};
+pub use crate::future::ResponseFuture;

@@ -12,10 +12,10 @@ use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
 use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::rejection::Rejection;
 use super::store::{Claim, ClaimToken, IdempotencyStore, StoredResponse};
 use crate::capture::{read_prefix, CapturedBody};
+use crate::future::ResponseFuture;
 
 /// The header a replayed response carries.
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
