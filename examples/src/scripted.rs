@@ -185,14 +185,7 @@ impl ScriptedServer {
             received: Vec::new(),
         }));
         let app = Router::new().fallback(answer).with_state(script.clone());
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let shutdown = serve_until_dropped(listener, app);
         Ok(ScriptedServer {
             addr,
             script,
@@ -294,4 +287,18 @@ async fn answer(State(script): State<Arc<Mutex<Script>>>, request: Request) -> R
         tokio::time::sleep(reply.delay).await;
     }
     reply.into_response()
+}
+
+/// Serves `app` on `listener` in a background task until the returned sender
+/// is dropped: a test server lives exactly as long as its handle.
+pub(crate) fn serve_until_dropped(listener: TcpListener, app: Router) -> oneshot::Sender<()> {
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    shutdown
 }

@@ -14,6 +14,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::scripted::serve_until_dropped;
+
 /// What the upstream does during one stretch of time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -217,14 +219,7 @@ impl FlakyUpstream {
             .route("/{*path}", any(handle))
             .route("/", any(handle))
             .with_state(state);
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let shutdown = serve_until_dropped(listener, app);
         Ok(FlakyUpstream {
             addr,
             stats,
