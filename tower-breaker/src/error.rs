@@ -50,6 +50,13 @@ impl CircuitOpen {
         self.remaining
     }
 
+    /// The classification this refusal carries: a
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure whose hint is the
+    /// remaining open time.
+    pub fn failure(&self) -> tower_classify::Failure {
+        self.classified.failure()
+    }
+
     /// The breaker's key: the key of a keyed breaker, else the layer's name.
     pub fn key(&self) -> &str {
         &self.key

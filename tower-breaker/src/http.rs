@@ -162,6 +162,9 @@ fn open_response<B: From<String>>(open: &CircuitOpen) -> Response<B> {
     };
     let mut response = Response::new(B::from(body));
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    // Layers around this one (a dead-letter layer, a client breaker) classify
+    // the answer as the shed load it is, not as a server error.
+    response.extensions_mut().insert(open.failure());
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
-use tower_classify::HttpClassifier;
+use tower_classify::{BoxError, Classify, FailureKind, HttpClassifier};
 
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
@@ -53,4 +53,10 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
     assert_eq!(body["code"], "CIRCUIT_OPEN");
     assert_eq!(body["retry_after_secs"], 16);
+
+    // Layers around it see the answer as shed load, not as a server error.
+    let outcome = Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&response));
+    let failure = outcome.as_failure().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::Shed);
+    assert_eq!(failure.retry_after(), Some(Duration::from_millis(15_500)));
 }

@@ -37,7 +37,8 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// non-200 HTTP status without `grpc-status` is classified as HTTP.
 ///
 /// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value
-/// is a wait, a negative or unreadable one means "do not retry".
+/// is a wait, a negative or unreadable one means "do not retry". A [`Failure`]
+/// in the response's extensions decides, as for [`HttpClassifier`].
 #[derive(Debug, Clone, Default)]
 pub struct GrpcClassifier {
     http: HttpClassifier,
@@ -92,16 +93,22 @@ where
 {
     fn classify(&self, result: Result<&Response<B>, &E>) -> Outcome {
         match result {
-            Ok(response) => match self.classify_trailers(response.headers()) {
-                Some(outcome) => outcome,
-                None if response.status() == http::StatusCode::OK => Outcome::Success,
-                None => self.http.classify_parts(
-                    response.status(),
-                    response.headers(),
-                    None,
-                    SystemTime::now(),
-                ),
-            },
+            Ok(response) => {
+                // As for HTTP: a layer that answered on its own says what it means.
+                if let Some(failure) = response.extensions().get::<Failure>() {
+                    return Outcome::Failure(*failure);
+                }
+                match self.classify_trailers(response.headers()) {
+                    Some(outcome) => outcome,
+                    None if response.status() == http::StatusCode::OK => Outcome::Success,
+                    None => self.http.classify_parts(
+                        response.status(),
+                        response.headers(),
+                        None,
+                        SystemTime::now(),
+                    ),
+                }
+            }
             Err(err) => self.errors.classify_error(err.as_dyn_error()),
         }
     }

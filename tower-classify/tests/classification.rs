@@ -201,6 +201,30 @@ fn retry_after_is_carried_on_failures_only() {
 }
 
 #[test]
+fn a_failure_in_the_response_extensions_decides() {
+    // A layer that answered on its own (a breaker's 503) says what it means.
+    let mut response = response(503);
+    let shed = Failure::new(FailureKind::Shed).with_hint(RetryHint::After(Duration::from_secs(4)));
+    response.extensions_mut().insert(shed);
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&response)),
+        Outcome::Failure(shed)
+    );
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&response)),
+        Outcome::Failure(shed)
+    );
+    let mut success = self::response(200);
+    success
+        .extensions_mut()
+        .insert(Failure::new(FailureKind::Poison));
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&success)),
+        fail(FailureKind::Poison)
+    );
+}
+
+#[test]
 fn retryable_statuses_narrow_the_table() {
     // Google Cloud Workflows' default_retry: 429, 502, 503, 504.
     let set =

@@ -36,6 +36,13 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// statuses are transient; Google Cloud Workflows' `default_retry`, for
 /// example, retries 429, 502, 503 and 504 but not 500.
 ///
+/// A response carrying a [`Failure`] in its extensions is classified as that
+/// failure, whatever its status. This is how a layer that answers on its own
+/// keeps its meaning for the layers around it: the breaker's HTTP variant
+/// answers an open circuit with `503` (so that a server still replies), and
+/// attaches a [`Shed`](FailureKind::Shed) failure so that a dead-letter layer
+/// or a client breaker outside it does not count it as a server error.
+///
 /// Cloning is cheap: the rules are shared through an `Arc`.
 ///
 /// ```
@@ -154,12 +161,17 @@ where
 {
     fn classify(&self, result: Result<&Response<B>, &E>) -> Outcome {
         match result {
-            Ok(response) => self.classify_parts(
-                response.status(),
-                response.headers(),
-                super::buffered_body(response.body()),
-                SystemTime::now(),
-            ),
+            // A layer that answered on its own says what its answer stands
+            // for (see the type's docs).
+            Ok(response) => match response.extensions().get::<Failure>() {
+                Some(failure) => Outcome::Failure(*failure),
+                None => self.classify_parts(
+                    response.status(),
+                    response.headers(),
+                    super::buffered_body(response.body()),
+                    SystemTime::now(),
+                ),
+            },
             Err(err) => self.errors.classify_error(err.as_dyn_error()),
         }
     }
