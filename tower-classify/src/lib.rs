@@ -85,6 +85,8 @@
 //! - `http` (default): [`HttpClassifier`], [`GrpcClassifier`], [`hint`],
 //!   [`http::Idempotency`].
 //! - `hyper`: recognise `hyper::Error` in error chains.
+//! - `tower-http`: [`tower_http::TowerHttpClassifier`], an adapter from
+//!   tower-http's `ClassifyResponse`.
 //! - `serde`: [`config`] types that deserialize from configuration files.
 
 #![warn(
@@ -111,6 +113,8 @@ pub mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "tower-http")]
+pub mod tower_http;
 
 pub use self::classify::{
     classify_fn, Classify, ClassifyExt, ClassifyFn, Map, MapOutcome, Or, RetryOnFilter,
