@@ -20,29 +20,25 @@ use crate::service::{DeadLetter, DropLog, Shared};
 ///
 /// Clones of the layer, and every service it makes, share the poison counts
 /// and the drop log.
+#[derive(Clone)]
 pub struct DeadLetterLayer<St, C = HttpClassifier, Cap = HttpCapture> {
-    store: St,
-    classifier: C,
-    capture: Cap,
-    label: Arc<str>,
-    action: Action,
-    redactor: Redactor,
-    poison: Option<Arc<PoisonCounters>>,
-    drops: Arc<DropLog>,
+    shared: Shared<St, C, Cap>,
 }
 
 impl<St> DeadLetterLayer<St> {
     /// A layer writing to `store` with the HTTP defaults.
     pub fn new(store: St) -> Self {
         DeadLetterLayer {
-            store,
-            classifier: HttpClassifier::new(),
-            capture: HttpCapture::new(),
-            label: Arc::from("default"),
-            action: Action::Dlq,
-            redactor: Redactor::new(),
-            poison: None,
-            drops: Arc::new(DropLog::default()),
+            shared: Shared {
+                store,
+                classifier: HttpClassifier::new(),
+                capture: HttpCapture::new(),
+                label: Arc::from("default"),
+                action: Action::Dlq,
+                redactor: Redactor::new(),
+                poison: None,
+                drops: Arc::new(DropLog::default()),
+            },
         }
     }
 }
@@ -50,13 +46,13 @@ impl<St> DeadLetterLayer<St> {
 impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// Keeps at most `limit` bytes of each request body (default 64 KiB).
     pub fn body_limit(mut self, limit: usize) -> Self {
-        self.capture = self.capture.body_limit(limit);
+        self.shared.capture = self.shared.capture.body_limit(limit);
         self
     }
 
     /// Reads the message id for poison detection from header `name`.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
-        self.capture = self.capture.message_id_header(name);
+        self.shared.capture = self.shared.capture.message_id_header(name);
         self
     }
 }
@@ -64,60 +60,84 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
 impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// Names the service or route in every entry (and metric label).
     pub fn label(mut self, label: impl Into<Arc<str>>) -> Self {
-        self.label = label.into();
+        self.shared.label = label.into();
         self
     }
 
     /// What to do with a call that finally failed (default [`Action::Dlq`]).
     pub fn action(mut self, action: Action) -> Self {
-        self.action = action;
+        self.shared.action = action;
         self
     }
 
     /// Also redacts header `name` (the built-in list is always redacted).
     pub fn redact_header(mut self, name: HeaderName) -> Self {
-        self.redactor = self.redactor.with_header(name);
+        self.shared.redactor = self.shared.redactor.with_header(name);
         self
     }
 
     /// Turns on poison-message detection (see [`PoisonPolicy`]).
     pub fn poison(mut self, policy: PoisonPolicy) -> Self {
-        self.poison = Some(Arc::new(PoisonCounters::new(policy)));
+        self.shared.poison = Some(Arc::new(PoisonCounters::new(policy)));
         self
     }
 
     /// Uses `classifier` to decide which results are failures.
     pub fn classifier<C2>(self, classifier: C2) -> DeadLetterLayer<St, C2, Cap> {
+        let Shared {
+            store,
+            capture,
+            label,
+            action,
+            redactor,
+            poison,
+            drops,
+            ..
+        } = self.shared;
         DeadLetterLayer {
-            store: self.store,
-            classifier,
-            capture: self.capture,
-            label: self.label,
-            action: self.action,
-            redactor: self.redactor,
-            poison: self.poison,
-            drops: self.drops,
+            shared: Shared {
+                store,
+                classifier,
+                capture,
+                label,
+                action,
+                redactor,
+                poison,
+                drops,
+            },
         }
     }
 
     /// Uses `capture` to describe requests, for example
     /// [`describe_fn`](crate::describe_fn) for queue messages.
     pub fn capture<Cap2>(self, capture: Cap2) -> DeadLetterLayer<St, C, Cap2> {
+        let Shared {
+            store,
+            classifier,
+            label,
+            action,
+            redactor,
+            poison,
+            drops,
+            ..
+        } = self.shared;
         DeadLetterLayer {
-            store: self.store,
-            classifier: self.classifier,
-            capture,
-            label: self.label,
-            action: self.action,
-            redactor: self.redactor,
-            poison: self.poison,
-            drops: self.drops,
+            shared: Shared {
+                store,
+                classifier,
+                capture,
+                label,
+                action,
+                redactor,
+                poison,
+                drops,
+            },
         }
     }
 
     /// The store entries are written to.
     pub fn store(&self) -> &St {
-        &self.store
+        &self.shared.store
     }
 }
 
@@ -130,47 +150,20 @@ where
     type Service = DeadLetter<S, St, C, Cap>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DeadLetter::from_shared(
-            inner,
-            Arc::new(Shared {
-                store: self.store.clone(),
-                classifier: self.classifier.clone(),
-                capture: self.capture.clone(),
-                label: self.label.clone(),
-                action: self.action,
-                redactor: self.redactor.clone(),
-                poison: self.poison.clone(),
-                drops: self.drops.clone(),
-            }),
-        )
-    }
-}
-
-impl<St: Clone, C: Clone, Cap: Clone> Clone for DeadLetterLayer<St, C, Cap> {
-    fn clone(&self) -> Self {
-        DeadLetterLayer {
-            store: self.store.clone(),
-            classifier: self.classifier.clone(),
-            capture: self.capture.clone(),
-            label: self.label.clone(),
-            action: self.action,
-            redactor: self.redactor.clone(),
-            poison: self.poison.clone(),
-            drops: self.drops.clone(),
-        }
+        DeadLetter::from_shared(inner, Arc::new(self.shared.clone()))
     }
 }
 
 impl<St: fmt::Debug, C: fmt::Debug, Cap: fmt::Debug> fmt::Debug for DeadLetterLayer<St, C, Cap> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetterLayer")
-            .field("store", &self.store)
-            .field("classifier", &self.classifier)
-            .field("capture", &self.capture)
-            .field("label", &self.label)
-            .field("action", &self.action)
-            .field("redactor", &self.redactor)
-            .field("poison", &self.poison.is_some())
+            .field("store", &self.shared.store)
+            .field("classifier", &self.shared.classifier)
+            .field("capture", &self.shared.capture)
+            .field("label", &self.shared.label)
+            .field("action", &self.shared.action)
+            .field("redactor", &self.shared.redactor)
+            .field("poison", &self.shared.poison.is_some())
             .finish()
     }
 }

@@ -44,6 +44,9 @@ pub struct DeadLetter<S, St, C, Cap> {
     shared: Arc<Shared<St, C, Cap>>,
 }
 
+/// The layer's settings; the layer holds one and each service it makes shares
+/// a copy through an `Arc`.
+#[derive(Clone)]
 pub(crate) struct Shared<St, C, Cap> {
     pub(crate) store: St,
     pub(crate) classifier: C,
