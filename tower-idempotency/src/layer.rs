@@ -1,0 +1,150 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use tower_classify::HttpClassifier;
+use tower_layer::Layer;
+
+use crate::service::{Config, IdempotencyGuard, ScopeFn};
+
+/// Applies [`IdempotencyGuard`] to an HTTP service: each `Idempotency-Key`
+/// runs its request at most once, and repeats get the stored response.
+///
+/// Defaults: a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
+/// whose node crashed lapses after it), responses up to 1 MiB stored, the
+/// fingerprint hashing up to 1 MiB of request body, only non-idempotent
+/// methods guarded (POST, PATCH and extension methods), no client scope,
+/// transient answers stored like any other, [`HttpClassifier`] recognising
+/// refusals made below the guard before the handler ran.
+///
+/// Clones of the layer and the services it makes share the store.
+#[derive(Clone)]
+pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
+    store: St,
+    classifier: C,
+    config: Config,
+}
+
+impl<St> IdempotencyGuardLayer<St> {
+    /// A guard keeping its keys in `store`, with the defaults above.
+    pub fn new(store: St) -> Self {
+        IdempotencyGuardLayer {
+            store,
+            classifier: HttpClassifier::new(),
+            config: Config::default(),
+        }
+    }
+}
+
+impl<St, C> IdempotencyGuardLayer<St, C> {
+    /// Keeps a completed key for `ttl` (default 24 h): repeats within it
+    /// are replayed (or refused, when the response was not kept), later ones
+    /// run again. Values above [`MAX_TTL`](crate::store::MAX_TTL) are cut
+    /// to it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// Lets an unfinished claim lapse after `ttl` (default 5 min), for a node
+    /// that crashed while holding it. Make it longer than the slowest guarded
+    /// request: a request still running when it lapses can be run twice.
+    /// A claim whose reply was lost (the store timed out after taking it)
+    /// also holds its key until then, answering repeats with 409.
+    pub fn in_flight_ttl(mut self, ttl: Duration) -> Self {
+        self.config.in_flight_ttl = ttl;
+        self
+    }
+
+    /// Stores responses whose body is at most `limit` bytes (default 1 MiB).
+    /// A larger response is passed on whole but not stored: its key is
+    /// recorded as [not kept](crate::store::NotKept::TooLarge) and repeats
+    /// get 409, never a second run.
+    pub fn response_body_limit(mut self, limit: usize) -> Self {
+        self.config.response_body_limit = limit;
+        self
+    }
+
+    /// Hashes at most `limit` bytes of the request body into the fingerprint
+    /// (default 1 MiB); a longer body is marked as such in it.
+    pub fn fingerprint_body_limit(mut self, limit: usize) -> Self {
+        self.config.fingerprint_body_limit = limit;
+        self
+    }
+
+    /// Also guards idempotent methods (GET, PUT, DELETE, …) that carry a key
+    /// (default `false`: by RFC 9110 repeating them is already safe).
+    pub fn all_methods(mut self, yes: bool) -> Self {
+        self.config.all_methods = yes;
+        self
+    }
+
+    /// Frees the key when the handler answers with a transient failure (what
+    /// the classifier calls one: 5xx, 429, 408, or an error such as a lost
+    /// connection), so the client's retry runs the request again. Default
+    /// `false`: such answers are stored and replayed like any other.
+    ///
+    /// **A risk**: a handler that failed *after* a side effect (the order
+    /// was written, then the reply failed) runs again on the retry. Turn it
+    /// on only for handlers whose transient failures happen before any side
+    /// effect, or that are idempotent themselves.
+    pub fn release_on_transient(mut self, yes: bool) -> Self {
+        self.config.release_on_transient = yes;
+        self
+    }
+
+    /// Scopes keys by a client identity read from the request (an API key id,
+    /// an authenticated tenant), so two clients choosing the same key do not
+    /// see each other's responses. `None` puts the request in the shared,
+    /// unscoped key space, which no scoped key can reach (and the other way
+    /// round).
+    pub fn scope_by<F>(mut self, identity: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.scope = Some(ScopeFn(Arc::new(identity)));
+        self
+    }
+
+    /// Uses `classifier` to recognise outcomes: a
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure (a refusal made
+    /// below the guard before the handler ran) frees the key, and with
+    /// [`release_on_transient`](Self::release_on_transient) so does a
+    /// transient failure.
+    pub fn classifier<C2>(self, classifier: C2) -> IdempotencyGuardLayer<St, C2> {
+        IdempotencyGuardLayer {
+            store: self.store,
+            classifier,
+            config: self.config,
+        }
+    }
+
+    /// The store keys are kept in.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+}
+
+impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {
+    type Service = IdempotencyGuard<S, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyGuard::new(
+            inner,
+            self.store.clone(),
+            self.classifier.clone(),
+            self.config.clone(),
+        )
+    }
+}
+
+impl<St: fmt::Debug, C: fmt::Debug> fmt::Debug for IdempotencyGuardLayer<St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyGuardLayer")
+            .field("store", &self.store)
+            .field("classifier", &self.classifier)
+            .field("config", &self.config)
+            .finish()
+    }
+}

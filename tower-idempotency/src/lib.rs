@@ -1,0 +1,29 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_debug_implementations,
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+mod client;
+pub mod config;
+mod error;
+pub mod future;
+mod key;
+mod layer;
+mod rejection;
+mod service;
+pub mod store;
+
+pub use self::body::GuardBody;
+pub use self::client::{IdempotencyKeyLayer, SetIdempotencyKey};
+pub use self::error::{StoreError, StoreErrorKind};
+pub use self::future::ResponseFuture;
+pub use self::key::MAX_KEY_LEN;
+pub use self::layer::IdempotencyGuardLayer;
+pub use self::rejection::Rejection;
+pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED};

@@ -1,0 +1,158 @@
+//! The guard's own answers: HTTP responses, not errors.
+//!
+//! An error from a server's service makes hyper close the connection without
+//! answering, so a client could not tell "repeat while in flight" from a
+//! network failure and would retry blindly. Each problem is a response with
+//! the status draft-ietf-httpapi-idempotency-key-header gives it and an
+//! RFC 9457 problem details body (`application/problem+json`) naming it.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::store::NotKept;
+
+/// Why the guard answered a request itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// 400: the `Idempotency-Key` is longer than 255 characters.
+    KeyTooLong,
+    /// 400: the `Idempotency-Key` is empty or not visible ASCII.
+    KeyInvalid,
+    /// 400: the request body failed while the guard read it for the
+    /// fingerprint; the request was not run.
+    BodyUnreadable,
+    /// 409: a request with the same key is still being processed. Retry
+    /// later (`Retry-After: 1`).
+    InFlight,
+    /// 409: a request with the same key was processed, but its response was
+    /// not kept (the reason says why). It is not run again: whether to
+    /// repeat the operation under a new key is the client's decision.
+    NotKept(NotKept),
+    /// 422: the key was used before for a different request (method, path,
+    /// query or body).
+    Mismatch,
+    /// 503: the idempotency store did not answer; the request was not run.
+    StoreUnavailable,
+    /// 503: the idempotency store is full of requests still in flight; the
+    /// request was not run.
+    StoreFull,
+}
+
+impl Rejection {
+    /// The status of the response.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Rejection::KeyTooLong | Rejection::KeyInvalid | Rejection::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Rejection::InFlight | Rejection::NotKept(_) => StatusCode::CONFLICT,
+            Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Rejection::StoreUnavailable | Rejection::StoreFull => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable code in the body's `code` field (also the metric label).
+    pub const fn code(self) -> &'static str {
+        match self {
+            Rejection::KeyTooLong => "idempotency_key_too_long",
+            Rejection::KeyInvalid => "idempotency_key_invalid",
+            Rejection::BodyUnreadable => "idempotency_body_unreadable",
+            Rejection::InFlight => "idempotency_key_in_use",
+            Rejection::NotKept(_) => "idempotency_response_not_kept",
+            Rejection::Mismatch => "idempotency_key_reused",
+            Rejection::StoreUnavailable => "idempotency_store_unavailable",
+            Rejection::StoreFull => "idempotency_store_full",
+        }
+    }
+
+    /// The problem's short `title`.
+    pub const fn title(self) -> &'static str {
+        match self {
+            Rejection::KeyTooLong => "Idempotency-Key is too long",
+            Rejection::KeyInvalid => "Idempotency-Key is invalid",
+            Rejection::BodyUnreadable => "Request body could not be read",
+            Rejection::InFlight => "A request is outstanding for this Idempotency-Key",
+            Rejection::NotKept(_) => "The response for this Idempotency-Key was not kept",
+            Rejection::Mismatch => "Idempotency-Key is already used",
+            Rejection::StoreUnavailable => "Idempotency store unavailable",
+            Rejection::StoreFull => "Idempotency store full",
+        }
+    }
+
+    /// The human-readable `detail`.
+    pub const fn detail(self) -> &'static str {
+        match self {
+            Rejection::KeyTooLong => "The Idempotency-Key header is longer than 255 characters.",
+            Rejection::KeyInvalid => {
+                "The Idempotency-Key header must be 1 to 255 visible ASCII characters."
+            }
+            Rejection::BodyUnreadable => {
+                "The request body failed before the server could read it; the request was not processed."
+            }
+            Rejection::InFlight => {
+                "A request with this Idempotency-Key is still being processed; retry later."
+            }
+            Rejection::NotKept(NotKept::TooLarge) => {
+                "The request was processed, but its response was too large to keep for replay; it will not be processed again."
+            }
+            Rejection::NotKept(NotKept::Cancelled) => {
+                "The request was cancelled while it was being processed, so it may have taken effect; it will not be processed again."
+            }
+            Rejection::NotKept(NotKept::ServiceError) => {
+                "Processing the request failed after it started, so it may have taken effect; it will not be processed again."
+            }
+            Rejection::NotKept(NotKept::BodyFailed) => {
+                "The request was processed, but its response failed while it was sent; it will not be processed again."
+            }
+            Rejection::Mismatch => {
+                "This Idempotency-Key was already used for a different request (method, path, query or body); an Idempotency-Key must not be reused across different payloads."
+            }
+            Rejection::StoreUnavailable => {
+                "The idempotency store is unavailable; the request was not processed, retry later."
+            }
+            Rejection::StoreFull => {
+                "The idempotency store is full of requests still being processed; the request was not processed, retry later."
+            }
+        }
+    }
+
+    /// Whether retrying the same request later is the right move: `true`
+    /// for an outstanding request and for a store that is unavailable or
+    /// full, which answer with `Retry-After: 1`.
+    pub const fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Rejection::InFlight | Rejection::StoreUnavailable | Rejection::StoreFull
+        )
+    }
+
+    /// The response: the status, `content-type: application/problem+json`,
+    /// a body `{"type", "title", "status", "detail", "code"}` (and `reason`
+    /// for [`NotKept`](Rejection::NotKept)), and `retry-after: 1` where
+    /// [retrying](Self::is_retryable) the same request is the right move.
+    pub fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
+        let mut json = serde_json::json!({
+            "type": "https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.Rejection.html",
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": self.detail(),
+            "code": self.code(),
+        });
+        if let Rejection::NotKept(reason) = self {
+            json["reason"] = reason.as_str().into();
+        }
+        let mut response = Response::new(body(Bytes::from(json.to_string())));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if self.is_retryable() {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

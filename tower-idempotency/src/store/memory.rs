@@ -1,0 +1,690 @@
+//! The in-memory idempotency store: bounded by entries and bytes, evicting
+//! only completed records.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record,
+};
+use crate::error::{StoreError, StoreErrorKind};
+
+/// The bytes a record costs besides its key, fingerprint and response: the
+/// map's slot, the record's fields and the queue entry that orders it. An
+/// estimate on 64-bit targets, so that a flood of tiny records is bounded
+/// by `max_bytes` too.
+const RECORD_OVERHEAD: usize = 192;
+/// The bytes a stored header costs besides its name and value.
+const HEADER_OVERHEAD: usize = 64;
+
+/// An idempotency store in one process's memory.
+///
+/// It is bounded twice: at most `max_entries` keys and at most `max_bytes`
+/// bytes (64 MiB unless [set](Self::with_max_bytes)), counting each record's
+/// key, fingerprint, stored response (body and headers) and a fixed
+/// per-record overhead. To make room it evicts **completed** records, the
+/// oldest completed first; a claim whose request is still running is never
+/// evicted (evicting it would let a repeat run concurrently with the
+/// original). When only claims in flight are left, a new claim fails with
+/// [`StoreErrorKind::Full`] and the guard answers `503` with `Retry-After`.
+/// A response that cannot fit even then is recorded as
+/// [`NotKept::TooLarge`]: the key stays completed, repeats get `409`.
+///
+/// A repeat that arrives after its key was evicted runs again: size the
+/// store for the repeats you expect within the TTL.
+///
+/// Keys expire after their TTL on tokio's clock ([`tokio::time::Instant`]),
+/// so tests can move time with `tokio::time::pause`/`advance`. Expired
+/// records are dropped when met, and expired completed records first in
+/// line for eviction as the store is used.
+///
+/// Clones share the same keys. Keys are not shared between processes: use
+/// [`RedisIdempotencyStore`](super::RedisIdempotencyStore) for a fleet.
+///
+/// ```
+/// use tower_idempotency::store::MemoryIdempotencyStore;
+///
+/// let store = MemoryIdempotencyStore::new(100_000).with_max_bytes(256 << 20);
+/// assert_eq!((store.len(), store.bytes()), (0, 0));
+/// assert_eq!(store.max_bytes(), 256 << 20);
+/// ```
+#[derive(Clone)]
+pub struct MemoryIdempotencyStore {
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    slots: HashMap<Arc<str>, Slot>,
+    /// Completed keys in completion order, with the sequence number of the
+    /// record: the eviction order. A key released, completed again or
+    /// dropped since leaves a stale pair, skipped when met.
+    completed: VecDeque<(Arc<str>, u64)>,
+    /// Keys in flight in claim order, to drop lapsed claims when full.
+    in_flight: VecDeque<(Arc<str>, u64)>,
+    bytes: usize,
+    next_seq: u64,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+struct Slot {
+    record: Record,
+    expires_at: Instant,
+    seq: u64,
+    size: usize,
+}
+
+impl MemoryIdempotencyStore {
+    /// An empty store holding at most `max_entries` keys (at least one) and
+    /// 64 MiB.
+    pub fn new(max_entries: usize) -> Self {
+        MemoryIdempotencyStore {
+            state: Arc::new(Mutex::new(State {
+                slots: HashMap::new(),
+                completed: VecDeque::new(),
+                in_flight: VecDeque::new(),
+                bytes: 0,
+                next_seq: 0,
+                max_entries: max_entries.max(1),
+                max_bytes: 64 << 20,
+            })),
+        }
+    }
+
+    /// Holds at most `max_bytes` bytes of records (default 64 MiB). It
+    /// applies to every clone.
+    pub fn with_max_bytes(self, max_bytes: usize) -> Self {
+        self.lock().max_bytes = max_bytes;
+        self
+    }
+
+    /// The most keys the store holds.
+    pub fn max_entries(&self) -> usize {
+        self.lock().max_entries
+    }
+
+    /// The most bytes the store holds.
+    pub fn max_bytes(&self) -> usize {
+        self.lock().max_bytes
+    }
+
+    /// How many keys are held now (expired ones not yet dropped included).
+    pub fn len(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// `true` when no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes the records held now count for.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock, so a poisoned lock still
+        // guards consistent data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl fmt::Debug for MemoryIdempotencyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("MemoryIdempotencyStore")
+            .field("len", &state.slots.len())
+            .field("bytes", &state.bytes)
+            .field("max_entries", &state.max_entries)
+            .field("max_bytes", &state.max_bytes)
+            .finish()
+    }
+}
+
+/// What `record` under `key` counts for.
+fn size(key: &str, record: &Record) -> usize {
+    let fields = match record {
+        Record::InFlight { token, fingerprint } => token.len() + fingerprint.len(),
+        Record::Completed {
+            fingerprint,
+            completion,
+        } => {
+            fingerprint.len()
+                + match completion {
+                    Completion::Response(response) => {
+                        response.len_bytes() + response.headers.len() * HEADER_OVERHEAD
+                    }
+                    Completion::NotKept(_) => 0,
+                }
+        }
+    };
+    RECORD_OVERHEAD + key.len() + fields
+}
+
+/// `now + ttl`, never overflowing the clock.
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    now.checked_add(bounded(ttl))
+        .or_else(|| now.checked_add(YEAR))
+        .unwrap_or(now)
+}
+
+impl State {
+    fn remove(&mut self, key: &str) -> Option<Slot> {
+        let slot = self.slots.remove(key)?;
+        self.bytes -= slot.size;
+        Some(slot)
+    }
+
+    /// The live slot for `key`, dropping it if it has expired.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Slot> {
+        if self
+            .slots
+            .get(key)
+            .is_some_and(|slot| slot.expires_at <= now)
+        {
+            self.remove(key);
+        }
+        self.slots.get_mut(key)
+    }
+
+    fn is_current(&self, key: &str, seq: u64) -> bool {
+        self.slots.get(key).is_some_and(|slot| slot.seq == seq)
+    }
+
+    /// Drops expired completed records from the front of the eviction
+    /// order (each pair is popped once, so this is amortised O(1)).
+    fn sweep(&mut self, now: Instant) {
+        while let Some((key, seq)) = self.completed.front() {
+            let expired = match self.slots.get(&**key) {
+                Some(slot) if slot.seq == *seq => slot.expires_at <= now,
+                _ => true,
+            };
+            if !expired {
+                return;
+            }
+            let (key, seq) = self.completed.pop_front().expect("a front pair");
+            if self.is_current(&key, seq) {
+                self.remove(&key);
+            }
+        }
+    }
+
+    /// Evicts until `entries` more keys and `bytes` more bytes fit: the
+    /// oldest completed records first, then claims that lapsed. `false` when
+    /// only live claims are left and they do not leave the room.
+    fn make_room(&mut self, entries: usize, bytes: usize, now: Instant) -> bool {
+        loop {
+            if self.slots.len() + entries <= self.max_entries
+                && self.bytes.saturating_add(bytes) <= self.max_bytes
+            {
+                return true;
+            }
+            if let Some((key, seq)) = self.completed.pop_front() {
+                if self.is_current(&key, seq) {
+                    self.remove(&key);
+                    metrics::counter!("tower_idempotency_evicted_total").increment(1);
+                }
+                continue;
+            }
+            let Some((key, seq)) = self.in_flight.front() else {
+                return false;
+            };
+            match self.slots.get(&**key) {
+                Some(slot) if slot.seq == *seq && slot.expires_at > now => return false,
+                Some(slot) if slot.seq == *seq => {
+                    let key = Arc::clone(key);
+                    self.in_flight.pop_front();
+                    self.remove(&key);
+                }
+                _ => {
+                    self.in_flight.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Drops stale pairs from the queues once they outnumber the live keys,
+    /// so released keys do not make them grow without bound.
+    fn compact(&mut self) {
+        if self.completed.len() + self.in_flight.len() > 2 * self.slots.len() + 64 {
+            let slots = &self.slots;
+            let current = |(key, seq): &(Arc<str>, u64)| {
+                slots.get(&**key).is_some_and(|slot| slot.seq == *seq)
+            };
+            self.completed.retain(current);
+            self.in_flight.retain(current);
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+}
+
+impl IdempotencyStore for MemoryIdempotencyStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        in_flight_ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.sweep(now);
+        if let Some(slot) = state.live(key, now) {
+            return Ok(slot.record.clone().into_claim());
+        }
+        let claim = ClaimToken::new(fingerprint);
+        let record = Record::in_flight(&claim);
+        let size = size(key, &record);
+        if !state.make_room(1, size, now) {
+            return Err(StoreError::new(
+                StoreErrorKind::Full,
+                format!(
+                    "the in-memory idempotency store is full ({} keys, {} bytes) of requests still in flight",
+                    state.slots.len(),
+                    state.bytes
+                ),
+            ));
+        }
+        let key: Arc<str> = Arc::from(key);
+        let seq = state.next_seq();
+        state.bytes += size;
+        state.slots.insert(
+            Arc::clone(&key),
+            Slot {
+                record,
+                expires_at: expiry(now, in_flight_ttl),
+                seq,
+                size,
+            },
+        );
+        state.in_flight.push_back((key, seq));
+        state.compact();
+        Ok(Claim::Acquired(claim))
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        completion: Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let claimed = match state.live(key, now) {
+            Some(slot) if slot.record.is_held_by(claim) => std::mem::take(&mut slot.size),
+            _ => return Ok(false),
+        };
+        // The claim's own bytes are given back before making room for its
+        // outcome; the claim itself is live, so it is never the one evicted.
+        state.bytes -= claimed;
+        let mut record = Record::completed(claim, completion);
+        let mut record_size = size(key, &record);
+        if !state.make_room(0, record_size, now) {
+            tracing::warn!(
+                key,
+                bytes = record_size,
+                max_bytes = state.max_bytes,
+                "response does not fit in the idempotency store; recorded as not kept"
+            );
+            record = Record::completed(claim, Completion::NotKept(NotKept::TooLarge));
+            record_size = size(key, &record);
+        }
+        let seq = state.next_seq();
+        let key = state
+            .slots
+            .get_key_value(key)
+            .map(|(key, _)| Arc::clone(key))
+            .expect("a live claim is never evicted");
+        let slot = state.slots.get_mut(&key).expect("just found");
+        slot.record = record;
+        slot.size = record_size;
+        slot.seq = seq;
+        slot.expires_at = expiry(now, ttl);
+        state.bytes += record_size;
+        state.completed.push_back((key, seq));
+        state.compact();
+        Ok(true)
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        match state.live(key, now) {
+            Some(slot) if slot.record.is_held_by(claim) => {
+                state.remove(key);
+                state.compact();
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoredResponse;
+
+    const TTL: Duration = Duration::from_secs(60);
+
+    fn response(body: usize) -> Completion {
+        Completion::Response(StoredResponse::new(
+            http::StatusCode::CREATED,
+            &http::HeaderMap::new(),
+            vec![b'r'; body].into(),
+        ))
+    }
+
+    async fn acquire(store: &MemoryIdempotencyStore, key: &str) -> ClaimToken {
+        match store.claim(key, "f", TTL).await.unwrap() {
+            Claim::Acquired(claim) => claim,
+            other => panic!("{key} should be free, found {other:?}"),
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Claim(u8),
+        Complete(u8, usize),
+        Release(u8, usize),
+        Advance(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..6).prop_map(Op::Claim),
+            (0u8..6, 0usize..64).prop_map(|(k, t)| Op::Complete(k, t)),
+            (0u8..6, 0usize..64).prop_map(|(k, t)| Op::Release(k, t)),
+            (0u64..250).prop_map(Op::Advance),
+        ]
+    }
+
+    /// The reference: a list of records, each in flight (with its owner) or
+    /// completed, ordered by when it reached its state.
+    #[derive(Debug)]
+    struct ModelSlot {
+        key: u8,
+        owner: Option<usize>,
+        expires: u64,
+        order: u64,
+    }
+
+    #[derive(Debug, Default)]
+    struct Model {
+        slots: Vec<ModelSlot>,
+        order: u64,
+    }
+
+    impl Model {
+        /// Drops `k`'s slot if expired; its index if live.
+        fn live(&mut self, k: u8, now: u64) -> Option<usize> {
+            let i = self.slots.iter().position(|s| s.key == k)?;
+            if self.slots[i].expires <= now {
+                self.slots.remove(i);
+                return None;
+            }
+            Some(i)
+        }
+
+        fn oldest(&self, in_flight: bool) -> Option<usize> {
+            (0..self.slots.len())
+                .filter(|&i| self.slots[i].owner.is_some() == in_flight)
+                .min_by_key(|&i| self.slots[i].order)
+        }
+
+        /// Room for one more: the oldest completed record goes first, then
+        /// the oldest claim if it lapsed; never a live claim.
+        fn make_room(&mut self, capacity: usize, now: u64) -> bool {
+            while self.slots.len() >= capacity {
+                if let Some(i) = self.oldest(false) {
+                    self.slots.remove(i);
+                } else if let Some(i) = self.oldest(true).filter(|&i| self.slots[i].expires <= now) {
+                    self.slots.remove(i);
+                } else {
+                    return false;
+                }
+            }
+            true
+        }
+
+        fn next_order(&mut self) -> u64 {
+            self.order += 1;
+            self.order
+        }
+    }
+
+    proptest::proptest! {
+        /// Any sequence of claims, completions, releases (by owners and by
+        /// strangers) and clock moves: the store answers as the model does,
+        /// never holds more than its capacity, never evicts a live claim
+        /// (a full store of claims refuses instead), and never lets two
+        /// claims hold a key at once.
+        #[test]
+        fn the_store_evicts_only_completed_records_oldest_first(
+            capacity in 1usize..5,
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            const IN_FLIGHT_MS: u64 = 100;
+            const TTL_MS: u64 = 300;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let store = MemoryIdempotencyStore::new(capacity).with_max_bytes(usize::MAX);
+                let mut model = Model::default();
+                let mut tokens: Vec<(u8, ClaimToken)> = Vec::new();
+                let mut now = 0u64;
+                let key = |k: u8| format!("k{k}");
+                for op in ops {
+                    match op {
+                        Op::Claim(k) => {
+                            let got = store
+                                .claim(&key(k), "f", Duration::from_millis(IN_FLIGHT_MS))
+                                .await;
+                            // Expired completed records go first.
+                            model.slots.retain(|s| s.owner.is_some() || s.expires > now);
+                            match model.live(k, now) {
+                                Some(i) => {
+                                    let in_flight = model.slots[i].owner.is_some();
+                                    let got = got.unwrap();
+                                    proptest::prop_assert_eq!(
+                                        matches!(got, Claim::InFlight { .. }), in_flight
+                                    );
+                                    proptest::prop_assert_eq!(
+                                        matches!(got, Claim::Completed { .. }), !in_flight
+                                    );
+                                }
+                                None if !model.make_room(capacity, now) => {
+                                    let error = got.expect_err("a store full of live claims refuses");
+                                    proptest::prop_assert_eq!(error.kind(), StoreErrorKind::Full);
+                                }
+                                None => {
+                                    let Ok(Claim::Acquired(token)) = got else {
+                                        return Err(proptest::test_runner::TestCaseError::fail(
+                                            format!("{k} should be free: {got:?}"),
+                                        ));
+                                    };
+                                    let order = model.next_order();
+                                    model.slots.push(ModelSlot {
+                                        key: k,
+                                        owner: Some(tokens.len()),
+                                        expires: now + IN_FLIGHT_MS,
+                                        order,
+                                    });
+                                    tokens.push((k, token));
+                                }
+                            }
+                        }
+                        Op::Complete(_, _) | Op::Release(_, _) if tokens.is_empty() => {}
+                        Op::Complete(k, t) => {
+                            let t = t % tokens.len();
+                            let done = store
+                                .complete(&key(k), &tokens[t].1, response(2), Duration::from_millis(TTL_MS))
+                                .await
+                                .unwrap();
+                            let expected = match model.live(k, now) {
+                                Some(i) if model.slots[i].owner == Some(t) => {
+                                    let order = model.next_order();
+                                    let slot = &mut model.slots[i];
+                                    slot.owner = None;
+                                    slot.expires = now + TTL_MS;
+                                    slot.order = order;
+                                    true
+                                }
+                                _ => false,
+                            };
+                            proptest::prop_assert_eq!(done, expected);
+                        }
+                        Op::Release(k, t) => {
+                            let t = t % tokens.len();
+                            let done = store.release(&key(k), &tokens[t].1).await.unwrap();
+                            let expected = match model.live(k, now) {
+                                Some(i) if model.slots[i].owner == Some(t) => {
+                                    model.slots.remove(i);
+                                    true
+                                }
+                                _ => false,
+                            };
+                            proptest::prop_assert_eq!(done, expected);
+                        }
+                        Op::Advance(ms) => {
+                            tokio::time::advance(Duration::from_millis(ms)).await;
+                            now += ms;
+                        }
+                    }
+                    proptest::prop_assert!(store.len() <= capacity);
+                    proptest::prop_assert_eq!(store.len(), model.slots.len());
+                    let state = store.lock();
+                    let counted: usize = state.slots.values().map(|s| s.size).sum();
+                    proptest::prop_assert_eq!(state.bytes, counted);
+                }
+                Ok(())
+            })?;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn released_keys_do_not_grow_the_queues() {
+        let store = MemoryIdempotencyStore::new(10);
+        for _ in 0..10_000 {
+            let claim = acquire(&store, "k").await;
+            assert!(store.release("k", &claim).await.unwrap());
+        }
+        let state = store.lock();
+        assert!(state.in_flight.len() + state.completed.len() <= 64 + 1);
+        assert_eq!((state.slots.len(), state.bytes), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_owner_completes_or_releases() {
+        let store = MemoryIdempotencyStore::new(10);
+        let claim = acquire(&store, "k").await;
+        let stranger = ClaimToken::new("f");
+        assert!(!store.release("k", &stranger).await.unwrap());
+        assert!(!store.complete("k", &stranger, response(2), TTL).await.unwrap());
+        assert!(store.complete("k", &claim, response(2), TTL).await.unwrap());
+        // Completed: the owner can no longer release it.
+        assert!(!store.release("k", &claim).await.unwrap());
+        assert!(matches!(
+            store.claim("k", "f", TTL).await.unwrap(),
+            Claim::Completed { .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapsed_claim_cannot_be_completed() {
+        let store = MemoryIdempotencyStore::new(10);
+        let claim = acquire(&store, "k").await;
+        tokio::time::advance(TTL).await;
+        assert!(!store.complete("k", &claim, response(2), TTL).await.unwrap());
+        acquire(&store, "k").await;
+    }
+
+    /// Bytes bound the store as well as entries: completed records are
+    /// evicted oldest first to make room for a large response.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_bound_the_store_and_evict_completed_records() {
+        let store = MemoryIdempotencyStore::new(1000).with_max_bytes(10_000);
+        for key in ["a", "b", "c"] {
+            let claim = acquire(&store, key).await;
+            assert!(store.complete(key, &claim, response(3000), TTL).await.unwrap());
+        }
+        assert!(store.bytes() <= 10_000);
+        assert_eq!(store.len(), 3);
+        // A fourth 3000-byte response does not fit beside three: "a", the
+        // oldest, goes.
+        let claim = acquire(&store, "d").await;
+        assert!(store.complete("d", &claim, response(3000), TTL).await.unwrap());
+        assert!(store.bytes() <= 10_000, "{} bytes", store.bytes());
+        acquire(&store, "a").await;
+        assert!(matches!(
+            store.claim("b", "f", TTL).await.unwrap(),
+            Claim::Completed { .. }
+        ));
+    }
+
+    /// A response larger than the whole store is recorded as not kept: the
+    /// key stays completed (a repeat is refused, not run again).
+    #[tokio::test(start_paused = true)]
+    async fn a_response_larger_than_the_store_is_recorded_as_not_kept() {
+        let store = MemoryIdempotencyStore::new(10).with_max_bytes(4096);
+        let claim = acquire(&store, "big").await;
+        assert!(store.complete("big", &claim, response(8192), TTL).await.unwrap());
+        let Claim::Completed { completion, .. } = store.claim("big", "f", TTL).await.unwrap()
+        else {
+            panic!("the key stays completed");
+        };
+        assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
+        assert!(store.bytes() <= 4096);
+    }
+
+    /// A store full of live claims refuses a new one rather than evict any.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_full_of_claims_in_flight_refuses_new_keys() {
+        let store = MemoryIdempotencyStore::new(2);
+        let a = acquire(&store, "a").await;
+        let _b = acquire(&store, "b").await;
+        let error = store.claim("c", "f", TTL).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Full);
+        assert!(matches!(
+            store.claim("a", "f", TTL).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+        // Once one completes, it can be evicted to make room.
+        assert!(store.complete("a", &a, response(2), TTL).await.unwrap());
+        acquire(&store, "c").await;
+        assert!(matches!(
+            store.claim("b", "f", TTL).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+    }
+
+    /// No configured TTL overflows the clock.
+    #[tokio::test(start_paused = true)]
+    async fn any_ttl_is_safe() {
+        let store = MemoryIdempotencyStore::new(10);
+        let claim = match store.claim("k", "f", Duration::MAX).await.unwrap() {
+            Claim::Acquired(claim) => claim,
+            other => panic!("{other:?}"),
+        };
+        assert!(store.complete("k", &claim, response(2), Duration::MAX).await.unwrap());
+        tokio::time::advance(Duration::from_secs(10 * 365 * 24 * 3600)).await;
+        assert!(matches!(
+            store.claim("k", "f", Duration::ZERO).await.unwrap(),
+            Claim::Completed { .. }
+        ));
+    }
+}

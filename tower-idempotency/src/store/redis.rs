@@ -1,0 +1,320 @@
+//! The idempotency store for fleets of nodes, on Redis.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, RedisError, Script};
+
+use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
+use crate::error::StoreError;
+
+/// An idempotency store every node of a fleet shares, on Redis.
+///
+/// Each key is one Redis string, `PREFIX{KEY}`, holding a small JSON record.
+/// The idempotency key (already namespaced by the guard) is the key's
+/// [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
+/// so the scripts below run on Redis Cluster: everything about one key is in
+/// one slot, and keys spread over the slots. (A prefix that itself contains
+/// `{` would make *its* tag the key's, putting every key in one slot.)
+///
+/// - **claim**: `SET key {in flight, owner token, fingerprint} NX PX
+///   in_flight_ttl`, in a script that returns the existing record when the
+///   key is taken, so a claim is one round trip and two nodes can never both
+///   hold a key;
+/// - **complete**: a Lua script replaces the record with the outcome (the
+///   response, or why it was not kept) and sets its TTL (`PX ttl`, 24 h by
+///   default) *only if* the key still holds this caller's in-flight record: a
+///   claim that lapsed and was taken over by another node is not overwritten;
+/// - **release**: a Lua script deletes the key, again only for its owner.
+///
+/// Every key expires: an in-flight claim after the in-flight TTL (its node
+/// crashed), a completed one after the TTL; TTLs are cut to
+/// [`MAX_TTL`](super::MAX_TTL). A record is at most
+/// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes)
+/// (default 2 MiB, room for a 1 MiB binary body in its text form); a
+/// response over it is recorded as [`NotKept::TooLarge`].
+///
+/// ```no_run
+/// # async fn example() -> Result<(), tower_idempotency::StoreError> {
+/// use tower_idempotency::store::RedisIdempotencyStore;
+/// use tower_idempotency::IdempotencyGuardLayer;
+///
+/// let store = RedisIdempotencyStore::connect("redis://127.0.0.1:6379", "orders:idem:").await?;
+/// let guard = IdempotencyGuardLayer::new(store);
+/// # let _ = guard;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisIdempotencyStore {
+    connection: ConnectionManager,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    prefix: String,
+    url: String,
+    max_record_bytes: usize,
+}
+
+/// Configures and connects a [`RedisIdempotencyStore`].
+#[derive(Debug, Clone)]
+pub struct RedisIdempotencyStoreBuilder {
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    max_record_bytes: usize,
+}
+
+impl Default for RedisIdempotencyStoreBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RedisIdempotencyStoreBuilder {
+    /// The defaults: 1 s to connect, 5 s for a reply, records up to 2 MiB.
+    pub const fn new() -> Self {
+        RedisIdempotencyStoreBuilder {
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            max_record_bytes: 2 << 20,
+        }
+    }
+
+    /// Gives up on connecting after `timeout` (default 1 s), so a call made
+    /// while Redis is down gets a `503` instead of hanging.
+    pub const fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Gives up on a command's reply after `timeout` (default 5 s).
+    pub const fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Records larger than `bytes` (default 2 MiB) are not written; the key
+    /// is completed as [`NotKept::TooLarge`] instead.
+    pub const fn max_record_bytes(mut self, bytes: usize) -> Self {
+        self.max_record_bytes = bytes;
+        self
+    }
+
+    /// Connects to `url` (`redis://host:port/db`), failing if Redis does not
+    /// answer now; every key is stored under `prefix`. The connection
+    /// reconnects in the background after an outage.
+    pub async fn connect(
+        self,
+        url: &str,
+        prefix: impl Into<String>,
+    ) -> Result<RedisIdempotencyStore, StoreError> {
+        let shown = redact_url(url);
+        let client = Client::open(url)
+            .map_err(|e| StoreError::backend(format!("invalid redis url {shown:?}"), e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        let connection = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| StoreError::backend(format!("cannot connect to redis at {shown}"), e))?;
+        Ok(RedisIdempotencyStore {
+            connection,
+            shared: Arc::new(Shared {
+                prefix: prefix.into(),
+                url: shown,
+                max_record_bytes: self.max_record_bytes,
+            }),
+        })
+    }
+}
+
+/// `url` without its password, for messages and logs.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://[redacted]@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// KEYS = key; ARGV = in-flight record, in-flight TTL (ms). Returns nil when
+/// claimed, else the record already there.
+const CLAIM: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+return redis.call('GET', KEYS[1])
+";
+
+/// KEYS = key; ARGV = the owner's in-flight record, completed record, TTL
+/// (ms). Returns 1 when recorded.
+const COMPLETE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// KEYS = key; ARGV = the owner's in-flight record. Returns 1 when released.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
+static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+
+impl RedisIdempotencyStore {
+    /// Connects to `url` (`redis://host:port/db`) with the default options;
+    /// every key is stored under `prefix` (such as `"orders:idem:"`).
+    pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, StoreError> {
+        RedisIdempotencyStoreBuilder::new()
+            .connect(url, prefix)
+            .await
+    }
+
+    /// A builder for other settings.
+    pub const fn builder() -> RedisIdempotencyStoreBuilder {
+        RedisIdempotencyStoreBuilder::new()
+    }
+
+    /// The prefix of every key.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The Redis key holding the record of `key` (as the guard names it,
+    /// namespace included).
+    pub fn redis_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.shared.prefix)
+    }
+
+    fn failed(&self, what: &str, error: RedisError) -> StoreError {
+        StoreError::backend(
+            format!(
+                "redis idempotency store at {} failed to {what}",
+                self.shared.url
+            ),
+            error,
+        )
+    }
+}
+
+fn encode(record: &Record) -> Vec<u8> {
+    // Plain data with string keys always serializes.
+    serde_json::to_vec(record).expect("an idempotency record serializes")
+}
+
+/// Milliseconds for `PX`: at least 1 (`PX 0` is an error in Redis), at most
+/// [`MAX_TTL`](super::MAX_TTL), so the expiry never overflows.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(bounded(duration).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+impl IdempotencyStore for RedisIdempotencyStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        in_flight_ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let claim = ClaimToken::new(fingerprint);
+        let existing: Option<Vec<u8>> = CLAIM_SCRIPT
+            .key(self.redis_key(key))
+            .arg(encode(&Record::in_flight(&claim)))
+            .arg(millis(in_flight_ttl))
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("claim a key", e))?;
+        match existing {
+            None => Ok(Claim::Acquired(claim)),
+            Some(bytes) => serde_json::from_slice::<Record>(&bytes)
+                .map(Record::into_claim)
+                .map_err(|e| {
+                    StoreError::corrupt(
+                        format!("cannot decode the idempotency record of key {key:?}"),
+                        e,
+                    )
+                }),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        completion: Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut completed = encode(&Record::completed(claim, completion));
+        if completed.len() > self.shared.max_record_bytes {
+            tracing::warn!(
+                key,
+                bytes = completed.len(),
+                max_record_bytes = self.shared.max_record_bytes,
+                "response too large for the redis idempotency store; recorded as not kept"
+            );
+            let not_kept = Completion::NotKept(NotKept::TooLarge);
+            completed = encode(&Record::completed(claim, not_kept));
+        }
+        let stored: u64 = COMPLETE_SCRIPT
+            .key(self.redis_key(key))
+            .arg(encode(&Record::in_flight(claim)))
+            .arg(completed)
+            .arg(millis(ttl))
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("record an outcome", e))?;
+        Ok(stored == 1)
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        let released: u64 = RELEASE_SCRIPT
+            .key(self.redis_key(key))
+            .arg(encode(&Record::in_flight(claim)))
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("release a key", e))?;
+        Ok(released == 1)
+    }
+}
+
+impl fmt::Debug for RedisIdempotencyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisIdempotencyStore")
+            .field("url", &self.shared.url)
+            .field("prefix", &self.shared.prefix)
+            .field("max_record_bytes", &self.shared.max_record_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_milliseconds_never_overflow_or_reach_zero() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), super::super::MAX_TTL.as_millis() as u64);
+    }
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        assert_eq!(
+            redact_url("redis://:hunter2@cache:6379/0"),
+            "redis://[redacted]@cache:6379/0"
+        );
+        assert_eq!(redact_url("redis://cache:6379"), "redis://cache:6379");
+    }
+}
