@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 5] = [
     "axum_server",
+    "idempotent_orders",
     "tonic_client",
     "http_client",
     "queue_consumer",

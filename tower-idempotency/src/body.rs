@@ -268,7 +268,10 @@ mod tests {
     async fn a_longer_body_is_read_only_past_the_limit_and_handed_on_whole() {
         let body = Chunks::new(&["abcd", "efgh", "ijkl", "mnop"]);
         let (body, prefix, ending) = read_ahead(body, 6).await;
-        assert_eq!((prefix.as_ref(), ending), (&b"abcdef"[..], Ending::OverLimit));
+        assert_eq!(
+            (prefix.as_ref(), ending),
+            (&b"abcdef"[..], Ending::OverLimit)
+        );
         // Two frames were read (8 bytes, past the limit), two are left.
         assert_eq!(body.read.len(), 2);
         assert!(matches!(&body.rest, Rest::Boxed { body } if body.frames.len() == 2));

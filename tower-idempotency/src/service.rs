@@ -181,9 +181,7 @@ where
         let key = match key::parse(header) {
             Ok(key) => key.to_owned(),
             Err(rejection) => {
-                return ResponseFuture::guarded(Box::pin(std::future::ready(Ok(reject(
-                    rejection,
-                )))))
+                return ResponseFuture::guarded(Box::pin(std::future::ready(Ok(reject(rejection)))))
             }
         };
         let (parts, body) = request.into_parts();
@@ -253,7 +251,8 @@ where
     };
     let token = match claim {
         Claim::Acquired(token) => token,
-        Claim::InFlight { fingerprint: other } | Claim::Completed {
+        Claim::InFlight { fingerprint: other }
+        | Claim::Completed {
             fingerprint: other, ..
         } if other != fingerprint => return Ok(reject(Rejection::Mismatch)),
         Claim::InFlight { .. } => return Ok(reject(Rejection::InFlight)),

@@ -27,8 +27,6 @@
 //! assert_eq!(err.field(), "poison.max_attempts");
 //! ```
 
-use std::time::Duration;
-
 use http::header::HeaderName;
 use serde::{Deserialize, Serialize};
 use tower_classify::config::HttpClassifierConfig;
@@ -36,7 +34,6 @@ use tower_classify::{ConfigError, HttpClassifier};
 
 use crate::action::Action;
 use crate::capture::DEFAULT_BODY_LIMIT;
-use crate::idempotency::IdempotencyGuardLayer;
 use crate::layer::DeadLetterLayer;
 use crate::poison::PoisonPolicy;
 
@@ -127,86 +124,6 @@ impl DeadLetterConfig {
     }
 }
 
-/// The configuration of an [`IdempotencyGuardLayer`].
-///
-/// ```
-/// use tower_poison::config::IdempotencyConfig;
-/// use tower_poison::idempotency::store::MemoryIdempotencyStore;
-///
-/// let config: IdempotencyConfig = serde_json::from_str(r#"{
-///     "ttl": "24h",
-///     "in_flight_ttl": "2m",
-///     "response_body_limit": 262144,
-///     "classifier": { "retryable_statuses": [429, 502, 503, 504] }
-/// }"#).unwrap();
-/// let guard = config.build(MemoryIdempotencyStore::new(100_000)).unwrap();
-/// # let _ = guard;
-///
-/// let bad: IdempotencyConfig = serde_json::from_str(r#"{ "in_flight_ttl": "0s" }"#).unwrap();
-/// assert_eq!(bad.build(MemoryIdempotencyStore::new(1)).unwrap_err().field(), "in_flight_ttl");
-/// ```
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IdempotencyConfig {
-    /// How long a stored response is replayed (default `24h`).
-    #[serde(with = "tower_classify::duration::serde")]
-    pub ttl: Duration,
-    /// How long an unfinished claim holds its key (default `5m`).
-    #[serde(with = "tower_classify::duration::serde")]
-    pub in_flight_ttl: Duration,
-    /// The largest response body stored for replay (default 1 MiB).
-    pub response_body_limit: usize,
-    /// Request body bytes hashed into the fingerprint (default 1 MiB).
-    pub fingerprint_body_limit: usize,
-    /// Guard idempotent methods too (default `false`).
-    pub all_methods: bool,
-    /// Which responses release the key (transient failures, the shared HTTP
-    /// classifier configuration).
-    pub classifier: HttpClassifierConfig,
-}
-
-impl Default for IdempotencyConfig {
-    fn default() -> Self {
-        IdempotencyConfig {
-            ttl: Duration::from_secs(24 * 3600),
-            in_flight_ttl: Duration::from_secs(300),
-            response_body_limit: 1024 * 1024,
-            fingerprint_body_limit: 1024 * 1024,
-            all_methods: false,
-            classifier: HttpClassifierConfig::default(),
-        }
-    }
-}
-
-impl IdempotencyConfig {
-    /// Checks the configuration and builds the guard keeping keys in `store`.
-    pub fn build<St>(
-        &self,
-        store: St,
-    ) -> Result<IdempotencyGuardLayer<St, HttpClassifier>, ConfigError> {
-        let classifier = self
-            .classifier
-            .build()
-            .map_err(|e| e.within("classifier"))?;
-        if self.ttl.is_zero() {
-            return Err(ConfigError::new("ttl", "must be longer than zero"));
-        }
-        if self.in_flight_ttl.is_zero() {
-            return Err(ConfigError::new(
-                "in_flight_ttl",
-                "must be longer than zero (and than the slowest guarded request)",
-            ));
-        }
-        Ok(IdempotencyGuardLayer::new(store)
-            .classifier(classifier)
-            .ttl(self.ttl)
-            .in_flight_ttl(self.in_flight_ttl)
-            .response_body_limit(self.response_body_limit)
-            .fingerprint_body_limit(self.fingerprint_body_limit)
-            .all_methods(self.all_methods))
-    }
-}
-
 fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
     HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| ConfigError::new("name", format!("{name:?} is not a valid header name")))
@@ -249,38 +166,6 @@ mod tests {
             field(r#"{"classifier": {"retryable_statuses": []}}"#),
             "classifier.retryable_statuses"
         );
-    }
-
-    #[test]
-    fn idempotency_config_defaults_match_the_layer_and_errors_name_the_field() {
-        use crate::idempotency::store::MemoryIdempotencyStore;
-        let field = |json: &str| {
-            let config: IdempotencyConfig = serde_json::from_str(json).unwrap();
-            config
-                .build(MemoryIdempotencyStore::new(1))
-                .unwrap_err()
-                .field()
-                .to_owned()
-        };
-        let defaults: IdempotencyConfig = serde_json::from_str("{}").unwrap();
-        assert_eq!(defaults, IdempotencyConfig::default());
-        let built = format!(
-            "{:?}",
-            defaults.build(MemoryIdempotencyStore::new(1)).unwrap()
-        );
-        let layer = format!(
-            "{:?}",
-            IdempotencyGuardLayer::new(MemoryIdempotencyStore::new(1))
-        );
-        assert_eq!(built, layer, "the defaults are the layer's");
-        assert_eq!(field(r#"{"ttl": "0s"}"#), "ttl");
-        assert_eq!(field(r#"{"in_flight_ttl": "0ms"}"#), "in_flight_ttl");
-        assert_eq!(
-            field(r#"{"classifier": {"retryable_statuses": []}}"#),
-            "classifier.retryable_statuses"
-        );
-        let err = serde_json::from_str::<IdempotencyConfig>(r#"{"tll": "1h"}"#).unwrap_err();
-        assert!(err.to_string().contains("tll"), "{err}");
     }
 
     #[test]

@@ -7,20 +7,13 @@ use std::task::{Context, Poll};
 
 use tower_classify::BoxError;
 
-/// Response future of [`DeadLetter`](crate::DeadLetter) and
-/// [`IdempotencyGuard`](crate::idempotency::IdempotencyGuard).
+/// Response future of [`DeadLetter`](crate::DeadLetter).
 ///
 /// A dead-letter call has up to three asynchronous steps (capture the request,
-/// call the inner service, write the entry), a guarded call five (read the
-/// request body, claim the key, call the inner service, read the response
-/// body, complete the key), and the stores' futures are not nameable (stores
-/// return `impl Future`), so the steps run in one boxed future. The box is one
-/// allocation per call, small next to the store I/O it replaces a state
-/// machine for.
-///
-/// Dropping a guarded call's future before it finishes (the client went away,
-/// a timeout above it) releases the key the call holds, so a cancelled request
-/// does not lock its key until the in-flight TTL.
+/// call the inner service, write the entry), and the stores' futures are not
+/// nameable (stores return `impl Future`), so the steps run in one boxed
+/// future. The box is one allocation per call, small next to the store I/O it
+/// replaces a state machine for.
 pub struct ResponseFuture<T> {
     inner: Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>,
 }

@@ -1,6 +1,5 @@
-//! Dead letters and idempotency for tower: keep every call that finally
-//! failed, detect poison messages, let an operator inspect, replay and purge
-//! them, and run each keyed request once, replaying its response to repeats.
+//! Dead letters for tower: keep every call that finally failed, detect poison
+//! messages, and let an operator inspect, replay and purge them.
 //!
 //! A retry layer handles transient faults and a circuit breaker sustained
 //! outages, but some input will never succeed: a malformed payload, a deleted
@@ -94,16 +93,9 @@
 //!
 //! # Idempotency
 //!
-//! [`idempotency`] holds the other half of "never twice, never lost": the
-//! server-side [`IdempotencyGuardLayer`](idempotency::IdempotencyGuardLayer)
-//! stores the first response for each `Idempotency-Key` and replays it to
-//! repeats (409 while the first is in flight, 422 for a key reused with
-//! another payload, 400 for a key over 255 characters; transient failures
-//! release the key), and the client-side
-//! [`IdempotencyKeyLayer`](idempotency::IdempotencyKeyLayer) gives each
-//! logical call one key that all its retries carry. On a server the guard
-//! goes outermost, before the dead-letter layer (the
-//! [module docs](idempotency#layer-order-on-a-server) say why):
+//! The server-side idempotency guard lives in its own crate,
+//! `tower-idempotency`. On a server it goes outermost, in front of the
+//! dead-letter layer, so its answers to repeats never become dead letters:
 //!
 //! ```text
 //! IdempotencyGuard → DeadLetter → handlers
@@ -113,20 +105,16 @@
 //!
 //! With the `redis` feature,
 //! [`RedisDeadLetterStore`](store::RedisDeadLetterStore) keeps one queue (a
-//! Redis stream) for every node and the CLI (`--store redis://…`), and
-//! [`RedisIdempotencyStore`](idempotency::store::RedisIdempotencyStore)
-//! shares idempotency keys, so a repeat that lands on another node is
-//! replayed from the first node's response. While Redis is down, a
-//! dead-lettered call fails with [`StoreFailed`] and the guard answers 503:
-//! nothing acknowledged is lost and nothing runs unguarded.
+//! Redis stream) for every node and the CLI (`--store redis://…`). While
+//! Redis is down, a dead-lettered call fails with [`StoreFailed`]: nothing
+//! acknowledged is lost.
 //!
 //! # Configuration
 //!
 //! [`config::DeadLetterConfig`] reads the layer's settings from a file
 //! (`label`, `action`, `body_limit`, `redact_headers`, `message_id_header`,
-//! `poison.max_attempts`, and the shared HTTP `classifier`), and
-//! [`config::IdempotencyConfig`] the guard's (`ttl`, `in_flight_ttl`, body
-//! limits, `all_methods`, `classifier`); every invalid value is a
+//! `poison.max_attempts`, and the shared HTTP `classifier`); every invalid
+//! value is a
 //! [`ConfigError`](tower_classify::ConfigError) naming the field.
 //!
 //! # Observability
@@ -134,9 +122,7 @@
 //! A `tracing` event per dead-lettered call (`warn`, with the entry id, label,
 //! kind and attempts); the `metrics` counter
 //! `tower_poison_dead_lettered_total{action, label}` and the gauge
-//! `tower_poison_dlq_depth{label}`. The idempotency guard counts
-//! `tower_poison_idempotency_total{outcome}` and logs store failures at
-//! `error`.
+//! `tower_poison_dlq_depth{label}`.
 //!
 //! # Example
 //!
@@ -185,9 +171,8 @@
 //! # Features
 //!
 //! - `redb` (default): [`RedbStore`](store::RedbStore).
-//! - `redis`: [`RedisDeadLetterStore`](store::RedisDeadLetterStore) and
-//!   [`RedisIdempotencyStore`](idempotency::store::RedisIdempotencyStore)
-//!   (the `redis` crate, tokio, a reconnecting connection manager).
+//! - `redis`: [`RedisDeadLetterStore`](store::RedisDeadLetterStore) (the
+//!   `redis` crate, tokio, a reconnecting connection manager).
 //! - `cli`: the `tower-poison` operator binary (`clap`, a hyper client). It
 //!   is off by default so that services using the layer do not compile a
 //!   command-line parser and an HTTP client; install the tool with
@@ -214,7 +199,6 @@ mod poison;
 mod redact;
 mod service;
 
-pub mod idempotency;
 pub mod replay;
 pub mod store;
 

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{
-    bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record,
-};
+use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
 use crate::error::{StoreError, StoreErrorKind};
 
 /// The bytes a record costs besides its key, fingerprint and response: the
@@ -449,7 +447,8 @@ mod tests {
             while self.slots.len() >= capacity {
                 if let Some(i) = self.oldest(false) {
                     self.slots.remove(i);
-                } else if let Some(i) = self.oldest(true).filter(|&i| self.slots[i].expires <= now) {
+                } else if let Some(i) = self.oldest(true).filter(|&i| self.slots[i].expires <= now)
+                {
                     self.slots.remove(i);
                 } else {
                     return false;
@@ -594,7 +593,10 @@ mod tests {
         let claim = acquire(&store, "k").await;
         let stranger = ClaimToken::new("f");
         assert!(!store.release("k", &stranger).await.unwrap());
-        assert!(!store.complete("k", &stranger, response(2), TTL).await.unwrap());
+        assert!(!store
+            .complete("k", &stranger, response(2), TTL)
+            .await
+            .unwrap());
         assert!(store.complete("k", &claim, response(2), TTL).await.unwrap());
         // Completed: the owner can no longer release it.
         assert!(!store.release("k", &claim).await.unwrap());
@@ -620,14 +622,20 @@ mod tests {
         let store = MemoryIdempotencyStore::new(1000).with_max_bytes(10_000);
         for key in ["a", "b", "c"] {
             let claim = acquire(&store, key).await;
-            assert!(store.complete(key, &claim, response(3000), TTL).await.unwrap());
+            assert!(store
+                .complete(key, &claim, response(3000), TTL)
+                .await
+                .unwrap());
         }
         assert!(store.bytes() <= 10_000);
         assert_eq!(store.len(), 3);
         // A fourth 3000-byte response does not fit beside three: "a", the
         // oldest, goes.
         let claim = acquire(&store, "d").await;
-        assert!(store.complete("d", &claim, response(3000), TTL).await.unwrap());
+        assert!(store
+            .complete("d", &claim, response(3000), TTL)
+            .await
+            .unwrap());
         assert!(store.bytes() <= 10_000, "{} bytes", store.bytes());
         acquire(&store, "a").await;
         assert!(matches!(
@@ -642,7 +650,10 @@ mod tests {
     async fn a_response_larger_than_the_store_is_recorded_as_not_kept() {
         let store = MemoryIdempotencyStore::new(10).with_max_bytes(4096);
         let claim = acquire(&store, "big").await;
-        assert!(store.complete("big", &claim, response(8192), TTL).await.unwrap());
+        assert!(store
+            .complete("big", &claim, response(8192), TTL)
+            .await
+            .unwrap());
         let Claim::Completed { completion, .. } = store.claim("big", "f", TTL).await.unwrap()
         else {
             panic!("the key stays completed");
@@ -680,7 +691,10 @@ mod tests {
             Claim::Acquired(claim) => claim,
             other => panic!("{other:?}"),
         };
-        assert!(store.complete("k", &claim, response(2), Duration::MAX).await.unwrap());
+        assert!(store
+            .complete("k", &claim, response(2), Duration::MAX)
+            .await
+            .unwrap());
         tokio::time::advance(Duration::from_secs(10 * 365 * 24 * 3600)).await;
         assert!(matches!(
             store.claim("k", "f", Duration::ZERO).await.unwrap(),

@@ -344,7 +344,10 @@ mod bytes_text {
         Hex(String),
     }
 
-    pub(super) fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        bytes: &Bytes,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match std::str::from_utf8(bytes) {
             Ok(text) => Text::Utf8(text),
             Err(_) => {
@@ -360,7 +363,9 @@ mod bytes_text {
         .serialize(serializer)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Bytes, D::Error> {
         match OwnedText::deserialize(deserializer)? {
             OwnedText::Utf8(text) => Ok(Bytes::from(text)),
             OwnedText::Hex(hex) => {

@@ -306,7 +306,10 @@ mod tests {
     fn ttl_milliseconds_never_overflow_or_reach_zero() {
         assert_eq!(millis(Duration::ZERO), 1);
         assert_eq!(millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(millis(Duration::MAX), super::super::MAX_TTL.as_millis() as u64);
+        assert_eq!(
+            millis(Duration::MAX),
+            super::super::MAX_TTL.as_millis() as u64
+        );
     }
 
     #[test]

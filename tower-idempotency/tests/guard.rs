@@ -1,0 +1,516 @@
+//! The guard's rules on the in-memory store (paused time), the store's
+//! bounds under a flood of keys, store failures, the client key layer, and
+//! the guard in real servers on 127.0.0.1 (hyper, and axum's
+//! `Router::layer`).
+
+mod rules;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_classify::BoxError;
+use tower_idempotency::store::{
+    Claim, ClaimToken, Completion, IdempotencyStore, MemoryIdempotencyStore,
+};
+use tower_idempotency::{IdempotencyGuardLayer, IdempotencyKeyLayer, StoreError, StoreErrorKind};
+
+use rules::*;
+
+fn memory() -> MemoryIdempotencyStore {
+    MemoryIdempotencyStore::new(1000)
+}
+
+async fn paused_wait(duration: Duration) {
+    tokio::time::advance(duration).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_replays_the_first_response() {
+    replays_the_first_response(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_conflicts_while_in_flight() {
+    conflicts_while_in_flight(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_refuses_a_reused_key_for_another_request() {
+    refuses_a_reused_key_for_another_request(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_refuses_a_key_over_255_characters() {
+    refuses_a_key_over_255_characters(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_transient_answers_and_errors_run_once() {
+    transient_answers_and_errors_run_once(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_release_on_transient_is_an_opt_in() {
+    release_on_transient_is_an_opt_in(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_shed_refusals_free_the_key() {
+    shed_refusals_free_the_key(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_keys_expire_after_the_ttl() {
+    keys_expire_after_the_ttl(memory(), Duration::from_secs(24 * 3600), paused_wait).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_in_flight_claims_lapse() {
+    in_flight_claims_lapse(memory(), Duration::from_secs(300), paused_wait).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_call_dropped_in_the_handler_runs_once() {
+    a_call_dropped_in_the_handler_runs_once(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_call_dropped_in_the_response_body_runs_once() {
+    a_call_dropped_in_the_response_body_runs_once(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_an_over_limit_response_runs_once() {
+    an_over_limit_response_runs_once(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_scopes_keys_by_client() {
+    scopes_keys_by_client(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_idempotent_methods_and_unkeyed_requests_pass_through() {
+    idempotent_methods_and_unkeyed_requests_pass_through(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_concurrent_repeats_run_once() {
+    let store = memory();
+    concurrent_repeats_run_once(store.clone(), store).await;
+}
+
+/// 100 requests in flight, then 10× the store's capacity in new keys: no
+/// claim is evicted (each in-flight key still answers 409 to its duplicate),
+/// and every one of the 100 runs once.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_new_keys_never_evicts_a_claim_in_flight() {
+    const CAPACITY: usize = 200;
+    let store = MemoryIdempotencyStore::new(CAPACITY);
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
+    let in_flight: Vec<_> = (0..100)
+        .map(|i| {
+            let key = format!("slow-{i}");
+            tokio::spawn(service.clone().oneshot(post("/slow", &key, "{}")))
+        })
+        .collect();
+    eventually(|| orders.calls("/slow") == 100).await;
+
+    for i in 0..10 * CAPACITY {
+        let response = send(&service, post("/orders", &format!("flood-{i}"), "{}")).await;
+        assert_eq!(response.status(), StatusCode::CREATED, "flood key {i}");
+        assert!(store.len() <= CAPACITY);
+    }
+    for i in 0..100 {
+        let duplicate = send(&service, post("/slow", &format!("slow-{i}"), "{}")).await;
+        assert_eq!(
+            rejection(duplicate).await,
+            (StatusCode::CONFLICT, "idempotency_key_in_use".to_owned()),
+            "slow-{i} was evicted while in flight"
+        );
+    }
+    orders.gate.add_permits(100);
+    for call in in_flight {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
+    assert_eq!(orders.calls("/slow"), 100, "no request ran twice");
+    assert_eq!(orders.calls("/orders"), 10 * CAPACITY);
+}
+
+/// When every record left is a claim in flight, a new key is refused with
+/// 503 and `Retry-After` (not run), and the claims are kept.
+#[tokio::test(start_paused = true)]
+async fn a_store_full_of_claims_in_flight_answers_503() {
+    let store = MemoryIdempotencyStore::new(3);
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let in_flight: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(
+                service
+                    .clone()
+                    .oneshot(post("/slow", &format!("s{i}"), "{}")),
+            )
+        })
+        .collect();
+    eventually(|| orders.calls("/slow") == 3).await;
+    let refused = send(&service, post("/orders", "one-more", "{}")).await;
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(
+        rejection(refused).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency_store_full".to_owned()
+        )
+    );
+    assert_eq!(orders.calls("/orders"), 0, "not run unguarded");
+    orders.gate.add_permits(3);
+    for call in in_flight {
+        call.await.unwrap().unwrap();
+    }
+    // Completed records can be evicted: the next key gets in.
+    let admitted = send(&service, post("/orders", "one-more", "{}")).await;
+    assert_eq!(admitted.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_answer_refuses_the_request_with_503() {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(BrokenStore), &orders);
+    let response = send(&service, post("/orders", "k", "{}")).await;
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(
+        rejection(response).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency_store_unavailable".to_owned()
+        )
+    );
+    assert_eq!(orders.calls("/orders"), 0, "never run unguarded");
+}
+
+/// A store that claims but cannot record an outcome (it went down mid-call).
+#[derive(Clone)]
+struct CannotComplete(MemoryIdempotencyStore);
+
+impl IdempotencyStore for CannotComplete {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(key, fingerprint, ttl).await
+    }
+
+    async fn complete(
+        &self,
+        _: &str,
+        _: &ClaimToken,
+        _: Completion,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Backend, "connection reset"))
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+}
+
+/// The request was applied but its response could not be stored: the client
+/// still gets the response, and the key stays claimed (repeats get 409 until
+/// the in-flight TTL) rather than being released for a second application.
+#[tokio::test(start_paused = true)]
+async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_held() {
+    let orders = Orders::default();
+    let layer =
+        IdempotencyGuardLayer::new(CannotComplete(memory())).in_flight_ttl(Duration::from_secs(60));
+    let service = guarded(layer, &orders);
+    let first = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let repeat = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(repeat.status(), StatusCode::CONFLICT);
+    assert_eq!(orders.calls("/orders"), 1, "not applied twice");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let later = send(&service, post("/orders", "k-lost", "{}")).await;
+    assert_eq!(later.status(), StatusCode::CREATED, "the claim lapsed");
+    assert_eq!(orders.calls("/orders"), 2);
+}
+
+/// A request body that fails while the guard reads it for the fingerprint:
+/// 400, nothing run, the key not taken.
+#[tokio::test(start_paused = true)]
+async fn a_request_body_that_fails_is_refused_with_400_and_the_key_stays_free() {
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::StreamBody;
+
+    let store = memory();
+    let calls = Arc::new(Mutex::new(0));
+    let counted = calls.clone();
+    let service = IdempotencyGuardLayer::new(store.clone()).layer(service_fn(
+        move |_req: Request<tower_idempotency::GuardBody<BoxBody<Bytes, BoxError>>>| {
+            *counted.lock().unwrap() += 1;
+            async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::from("ok")))) }
+        },
+    ));
+    let failing = StreamBody::new(futures_iter(vec![
+        Ok(http_body::Frame::data(Bytes::from("abc"))),
+        Err::<http_body::Frame<Bytes>, BoxError>("upload reset".into()),
+    ]));
+    let request = Request::post("/orders")
+        .header("idempotency-key", "k-upload")
+        .body(BoxBody::new(failing))
+        .unwrap();
+    let response = service.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["code"], "idempotency_body_unreadable");
+    assert_eq!(*calls.lock().unwrap(), 0);
+    assert!(store.is_empty(), "the key was never taken");
+}
+
+/// A stream of the given items, without a futures dependency.
+fn futures_iter<T: Unpin>(items: Vec<T>) -> IterStream<T> {
+    IterStream(items.into_iter())
+}
+
+struct IterStream<T>(std::vec::IntoIter<T>);
+
+impl<T: Unpin> futures_core::Stream for IterStream<T> {
+    type Item = T;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        std::task::Poll::Ready(self.0.next())
+    }
+}
+
+// ===== The client side =====
+
+/// Each logical call gets one key; every retry of it (the retry layer sits
+/// inside) carries the same key; a key the caller set is kept.
+#[tokio::test]
+async fn the_client_layer_gives_each_logical_call_one_key_for_all_its_retries() {
+    use tower::retry::{Policy, RetryLayer};
+
+    #[derive(Clone)]
+    struct ThreeTries(usize);
+
+    impl Policy<Request<Bytes>, StatusCode, BoxError> for ThreeTries {
+        type Future = std::future::Ready<()>;
+
+        fn retry(
+            &mut self,
+            _: &mut Request<Bytes>,
+            result: &mut Result<StatusCode, BoxError>,
+        ) -> Option<Self::Future> {
+            let failed = matches!(result, Ok(status) if status.is_server_error());
+            (failed && self.0 > 1).then(|| {
+                self.0 -= 1;
+                std::future::ready(())
+            })
+        }
+
+        fn clone_request(&mut self, req: &Request<Bytes>) -> Option<Request<Bytes>> {
+            let mut clone = Request::new(req.body().clone());
+            *clone.method_mut() = req.method().clone();
+            *clone.uri_mut() = req.uri().clone();
+            *clone.headers_mut() = req.headers().clone();
+            Some(clone)
+        }
+    }
+
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let record = seen.clone();
+    let upstream = service_fn(move |req: Request<Bytes>| {
+        let record = record.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let mut seen = record.lock().unwrap();
+            seen.push(key);
+            // Every call fails twice, then works.
+            let status = if seen.len().is_multiple_of(3) {
+                StatusCode::CREATED
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            Ok::<_, BoxError>(status)
+        }
+    });
+    let mut client = tower::ServiceBuilder::new()
+        .layer(IdempotencyKeyLayer::new())
+        .layer(RetryLayer::new(ThreeTries(3)))
+        .service(upstream);
+    let call = |key: Option<&str>| {
+        let mut builder = Request::post("http://orders.internal/orders");
+        if let Some(key) = key {
+            builder = builder.header("idempotency-key", key);
+        }
+        builder.body(Bytes::from_static(b"{}")).unwrap()
+    };
+    for request in [call(None), call(None), call(Some("mine"))] {
+        let status = client.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 9);
+    let keys: Vec<&str> = seen.iter().map(|k| k.as_deref().unwrap()).collect();
+    assert!(
+        keys[0..3].iter().all(|k| *k == keys[0]),
+        "one key per call: {keys:?}"
+    );
+    assert!(keys[3..6].iter().all(|k| *k == keys[3]));
+    assert_ne!(keys[0], keys[3], "each logical call has its own key");
+    assert_eq!(keys[0].len(), 32);
+    assert!(
+        keys[6..9].iter().all(|k| *k == "mine"),
+        "the caller's key is kept"
+    );
+
+    // GET is idempotent: no key unless asked for.
+    let mut plain = IdempotencyKeyLayer::new().layer(service_fn(|req: Request<()>| async move {
+        Ok::<_, BoxError>(req.headers().contains_key("idempotency-key"))
+    }));
+    let get = Request::get("/orders").body(()).unwrap();
+    assert!(!plain.ready().await.unwrap().call(get).await.unwrap());
+    let mut all = IdempotencyKeyLayer::new()
+        .all_methods(true)
+        .layer(service_fn(|req: Request<()>| async move {
+            Ok::<_, BoxError>(req.headers().contains_key("idempotency-key"))
+        }));
+    let get = Request::get("/orders").body(()).unwrap();
+    assert!(all.ready().await.unwrap().call(get).await.unwrap());
+}
+
+// ===== Over the wire =====
+
+/// A POST over a real HTTP/1.1 connection.
+async fn post_over(
+    client: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    key: &str,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let request = Request::post(path)
+        .header("host", "orders.internal")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(b"{\"sku\":3}")))
+        .unwrap();
+    let response = client.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+async fn connect(
+    address: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (client, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// The guard under axum's `Router::layer` (no `HandleErrorLayer`: its error
+/// is the router's `Infallible`), served on 127.0.0.1: a replay, a 409 while
+/// in flight on a connection that stays usable, a 503 from a broken store.
+#[tokio::test]
+async fn axum_router_layer_serves_replays_and_refusals_over_http() {
+    use axum::routing::post as route_post;
+    use axum::Router;
+
+    let created = Arc::new(Mutex::new(0usize));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (count, wait) = (created.clone(), gate.clone());
+    let app = Router::new()
+        .route(
+            "/orders",
+            route_post(move |body: String| {
+                let (count, wait) = (count.clone(), wait.clone());
+                async move {
+                    let n = {
+                        let mut created = count.lock().unwrap();
+                        *created += 1;
+                        *created
+                    };
+                    if body.contains("slow") {
+                        wait.acquire().await.unwrap().forget();
+                    }
+                    (StatusCode::CREATED, format!("order {n}"))
+                }
+            }),
+        )
+        .layer(IdempotencyGuardLayer::new(memory()));
+    let broken = Router::new()
+        .route("/orders", route_post(|| async { StatusCode::CREATED }))
+        .layer(IdempotencyGuardLayer::new(BrokenStore));
+    let app = Router::new().merge(app).nest("/broken", broken);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut client = connect(address).await;
+    let (status, _, first) = post_over(&mut client, "/orders", "wire-1").await;
+    assert_eq!((status, &first[..]), (StatusCode::CREATED, &b"order 1"[..]));
+    let (status, headers, repeat) = post_over(&mut client, "/orders", "wire-1").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["content-length"], first.len().to_string());
+    assert_eq!(repeat, first);
+
+    // A request held in flight on a second connection; its repeat on the
+    // first gets a 409 problem, and the connection serves the next request.
+    let mut other = connect(address).await;
+    let slow = tokio::spawn(async move {
+        let request = Request::post("/orders")
+            .header("host", "orders.internal")
+            .header("idempotency-key", "wire-2")
+            .body(Full::new(Bytes::from_static(b"slow")))
+            .unwrap();
+        other.send_request(request).await.unwrap().status()
+    });
+    while *created.lock().unwrap() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let request = Request::post("/orders")
+        .header("host", "orders.internal")
+        .header("idempotency-key", "wire-2")
+        .body(Full::new(Bytes::from_static(b"slow")))
+        .unwrap();
+    let busy = client.send_request(request).await.unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert_eq!(busy.headers()["content-type"], "application/problem+json");
+    let json: Value =
+        serde_json::from_slice(&busy.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(json["code"], "idempotency_key_in_use");
+    gate.add_permits(1);
+    assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+    let (status, _, _) = post_over(&mut client, "/orders", "wire-3").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(*created.lock().unwrap(), 3);
+
+    let (status, headers, body) = post_over(&mut client, "/broken/orders", "wire-4").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "1");
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["code"], "idempotency_store_unavailable");
+}
