@@ -48,10 +48,11 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     }
 
     /// Lets an unfinished claim lapse after `ttl` (default 5 min), for a node
-    /// that crashed while holding it. Make it longer than the slowest guarded
-    /// request: a request still running when it lapses can be run twice.
-    /// A claim whose reply was lost (the store timed out after taking it)
-    /// also holds its key until then, answering repeats with 409.
+    /// that crashed while holding it. While a request runs, the guard extends
+    /// its claim every third of this TTL, so a request slower than the TTL
+    /// keeps its key; only a claim nobody extends lapses. A claim whose reply
+    /// was lost (the store timed out after taking it) also holds its key
+    /// until then, answering repeats with 409.
     pub fn in_flight_ttl(mut self, ttl: Duration) -> Self {
         self.config.in_flight_ttl = ttl;
         self

@@ -1,4 +1,6 @@
 use std::fmt;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,7 +18,9 @@ use crate::error::{chain, StoreErrorKind};
 use crate::future::ResponseFuture;
 use crate::key;
 use crate::rejection::Rejection;
-use crate::store::{Claim, ClaimToken, Completion, IdempotencyStore, NotKept, StoredResponse};
+use crate::store::{
+    bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, StoredResponse,
+};
 
 /// The header a replayed response carries.
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
@@ -277,7 +281,9 @@ where
     // records the key as not kept, never frees it.
     let held = Held::new(shared.store.clone(), key, token, config.ttl);
 
-    let result = inner.call(Request::from_parts(parts, body)).await;
+    let in_flight_ttl = config.in_flight_ttl;
+    let call = inner.call(Request::from_parts(parts, body));
+    let result = held.renewing(call, in_flight_ttl).await;
     let release = match Classify::<_, S::Error>::classify(&shared.classifier, result.as_ref()) {
         // Refused below the guard before the handler ran (an open breaker,
         // a load shedder): nothing happened, the client may try again.
@@ -302,7 +308,8 @@ where
         return Ok(response.map(GuardBody::new));
     }
     let (parts, body) = response.into_parts();
-    let (body, recorded, ending) = read_ahead(body, config.response_body_limit).await;
+    let read = read_ahead(body, config.response_body_limit);
+    let (body, recorded, ending) = held.renewing(read, in_flight_ttl).await;
     let completion = match ending {
         Ending::Whole => {
             Completion::Response(StoredResponse::new(parts.status, &parts.headers, recorded))
@@ -348,6 +355,47 @@ impl<St: IdempotencyStore> Held<St> {
 
     fn key(&self) -> &str {
         self.held.as_ref().map_or("", |(_, key, _)| key)
+    }
+
+    /// Runs `future` while extending the claim every third of
+    /// `in_flight_ttl`, so that a request slower than the TTL keeps its key
+    /// (a repeat gets 409, never a second run). Each extension is spawned,
+    /// so the call is never held up by the store.
+    async fn renewing<F: Future>(&self, future: F, in_flight_ttl: Duration) -> F::Output {
+        let period = bounded(in_flight_ttl) / 3;
+        let mut future = pin!(future);
+        let mut renew = pin!(tokio::time::sleep(period));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(output) = future.as_mut().poll(cx) {
+                return Poll::Ready(output);
+            }
+            while renew.as_mut().poll(cx).is_ready() {
+                self.extend_in_background(in_flight_ttl);
+                renew.as_mut().reset(tokio::time::Instant::now() + period);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn extend_in_background(&self, in_flight_ttl: Duration) {
+        let Some((store, key, claim)) = self.held.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            match store.extend(&key, &claim, in_flight_ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key,
+                    "idempotency claim lapsed while its request ran; a repeat may run it again"
+                ),
+                Err(error) => tracing::warn!(
+                    key,
+                    error = chain(&error),
+                    "idempotency store failed to extend a claim; it lapses after the in-flight TTL"
+                ),
+            }
+        });
     }
 
     async fn release(mut self) {

@@ -75,6 +75,11 @@ async fn memory_in_flight_claims_lapse() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn memory_a_request_slower_than_the_in_flight_ttl_keeps_its_key() {
+    a_request_slower_than_the_in_flight_ttl_keeps_its_key(memory(), Duration::from_secs(60)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn memory_a_call_dropped_in_the_handler_runs_once() {
     a_call_dropped_in_the_handler_runs_once(memory()).await;
 }
@@ -217,6 +222,15 @@ impl IdempotencyStore for CannotComplete {
         _: Duration,
     ) -> Result<bool, StoreError> {
         Err(StoreError::new(StoreErrorKind::Backend, "connection reset"))
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.extend(key, claim, ttl).await
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {

@@ -95,6 +95,7 @@ on_redis! {
     redis_shed_refusals_free_the_key => |store| shed_refusals_free_the_key(store);
     redis_keys_expire_after_the_ttl => |store| keys_expire_after_the_ttl(store, Duration::from_millis(1000), real_wait);
     redis_in_flight_claims_lapse => |store| in_flight_claims_lapse(store, Duration::from_millis(1000), real_wait);
+    redis_a_request_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_request_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_millis(300));
     redis_a_call_dropped_in_the_handler_runs_once => |store| a_call_dropped_in_the_handler_runs_once(store);
     redis_a_call_dropped_in_the_response_body_runs_once => |store| a_call_dropped_in_the_response_body_runs_once(store);
     redis_an_over_limit_response_runs_once => |store| an_over_limit_response_runs_once(store);

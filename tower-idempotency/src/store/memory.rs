@@ -354,6 +354,23 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         Ok(true)
     }
 
+    async fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        in_flight_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        match state.live(key, now) {
+            Some(slot) if slot.record.is_held_by(claim) => {
+                slot.expires_at = expiry(now, in_flight_ttl);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();

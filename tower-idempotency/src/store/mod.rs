@@ -10,8 +10,9 @@
 //!  absent ────────────▶ in flight ─────────────────────▶ completed ──▶ absent
 //!    ▲                     │     (a response, or "not kept")     (TTL)
 //!    └─────────────────────┘
-//!     release (owner only: refused before the handler ran),
-//!     or the in-flight TTL runs out (the owner's node crashed)
+//!     release (owner only: refused before the handler ran), or the
+//!     in-flight TTL runs out (the owner's node crashed and stopped
+//!     extending its claim)
 //! ```
 //!
 //! Two implementations ship here:
@@ -81,6 +82,18 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
         claim: &ClaimToken,
         completion: Completion,
         ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Pushes the lapse of `claim` to `in_flight_ttl` from now, only if the
+    /// claim is still the one in the store. Returns whether it was extended.
+    /// The guard calls it every third of the in-flight TTL while its request
+    /// runs, so a request slower than the TTL keeps its key; only a claim
+    /// whose node stopped renewing it (crashed) lapses.
+    fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        in_flight_ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives the key up so the request can be tried again, only if `claim`

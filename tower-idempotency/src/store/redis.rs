@@ -27,6 +27,8 @@ use crate::error::StoreError;
 ///   response, or why it was not kept) and sets its TTL (`PX ttl`, 24 h by
 ///   default) *only if* the key still holds this caller's in-flight record: a
 ///   claim that lapsed and was taken over by another node is not overwritten;
+/// - **extend**: while the request runs, a Lua script pushes the claim's
+///   lapse back (`PEXPIRE`), again only for its owner;
 /// - **release**: a Lua script deletes the key, again only for its owner.
 ///
 /// Every key expires: an in-flight claim after the in-flight TTL (its node
@@ -161,6 +163,13 @@ end
 return 0
 ";
 
+/// KEYS = key; ARGV = the owner's in-flight record, in-flight TTL (ms).
+/// Returns 1 when extended.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+";
+
 /// KEYS = key; ARGV = the owner's in-flight record. Returns 1 when released.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -169,6 +178,7 @@ return 0
 
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
 static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
+static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
 impl RedisIdempotencyStore {
@@ -275,6 +285,22 @@ impl IdempotencyStore for RedisIdempotencyStore {
             .await
             .map_err(|e| self.failed("record an outcome", e))?;
         Ok(stored == 1)
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        in_flight_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let extended: u64 = EXTEND_SCRIPT
+            .key(self.redis_key(key))
+            .arg(encode(&Record::in_flight(claim)))
+            .arg(millis(in_flight_ttl))
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("extend a claim", e))?;
+        Ok(extended == 1)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {

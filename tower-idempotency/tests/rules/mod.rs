@@ -95,6 +95,11 @@ impl Orders {
                 self.gate.acquire().await?.forget();
                 (201, format!("slow order {n}"))
             }
+            "/sleepy" => {
+                let millis = String::from_utf8_lossy(&body).parse::<u64>()?;
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+                (201, format!("sleepy order {n}"))
+            }
             "/flaky" if n == 1 => (503, "try again".to_owned()),
             "/throttled" if n == 1 => (429, "slow down".to_owned()),
             "/error" if n == 1 => return Err("the order table is gone".into()),
@@ -488,6 +493,37 @@ where
         .unwrap());
 }
 
+/// A request that runs for three in-flight TTLs keeps its key all along:
+/// the guard extends the claim while it runs, so a repeat in the middle is
+/// refused with 409 and the handler runs once.
+pub async fn a_request_slower_than_the_in_flight_ttl_keeps_its_key<St: IdempotencyStore>(
+    store: St,
+    in_flight_ttl: Duration,
+) {
+    let orders = Orders::default();
+    let layer = IdempotencyGuardLayer::new(store).in_flight_ttl(in_flight_ttl);
+    let service = guarded(layer, &orders);
+    let millis = (3 * in_flight_ttl).as_millis().to_string();
+    let body: &'static str = Box::leak(millis.into_boxed_str());
+    let first = tokio::spawn(service.clone().oneshot(post("/sleepy", "k-sleepy", body)));
+    eventually(|| orders.calls("/sleepy") == 1).await;
+    for _ in 0..2 {
+        tokio::time::sleep(in_flight_ttl).await;
+        let repeat = send(&service, post("/sleepy", "k-sleepy", body)).await;
+        assert_eq!(
+            rejection(repeat).await,
+            (StatusCode::CONFLICT, "idempotency_key_in_use".to_owned()),
+            "the claim lapsed while its request ran"
+        );
+    }
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(replayed(
+        &send(&service, post("/sleepy", "k-sleepy", body)).await
+    ));
+    assert_eq!(orders.calls("/sleepy"), 1, "the handler ran once");
+}
+
 /// The client goes away while the handler runs: the handler may have acted,
 /// so the key is recorded as cancelled and a repeat is refused, not run.
 pub async fn a_call_dropped_in_the_handler_runs_once<St: IdempotencyStore>(store: St) {
@@ -678,6 +714,15 @@ impl IdempotencyStore for BrokenStore {
         _: &str,
         _: &ClaimToken,
         _: Completion,
+        _: Duration,
+    ) -> Result<bool, tower_idempotency::StoreError> {
+        unreachable!("never claimed")
+    }
+
+    async fn extend(
+        &self,
+        _: &str,
+        _: &ClaimToken,
         _: Duration,
     ) -> Result<bool, tower_idempotency::StoreError> {
         unreachable!("never claimed")
