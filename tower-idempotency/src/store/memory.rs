@@ -41,7 +41,7 @@ const HEADER_OVERHEAD: usize = 64;
 /// line for eviction as the store is used.
 ///
 /// Clones share the same keys. Keys are not shared between processes: use
-/// [`RedisIdempotencyStore`](super::RedisIdempotencyStore) for a fleet.
+/// `RedisIdempotencyStore` (feature `redis`) for a fleet.
 ///
 /// ```
 /// use tower_idempotency::store::MemoryIdempotencyStore;

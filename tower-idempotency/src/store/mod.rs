@@ -19,7 +19,7 @@
 //!
 //! - [`MemoryIdempotencyStore`]: one process, bounded by entries and bytes,
 //!   evicting only completed records (oldest first), never a claim in flight.
-//! - [`RedisIdempotencyStore`] (feature `redis`): shared by every node of a
+//! - `RedisIdempotencyStore` (feature `redis`): shared by every node of a
 //!   fleet; the claim is `SET NX PX`, completion and release are Lua scripts
 //!   that act only while the caller still owns the claim.
 //!
