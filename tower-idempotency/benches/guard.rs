@@ -3,7 +3,8 @@
 //! through a clone of the service on a current-thread runtime, the way axum
 //! and hyper drive it:
 //!
-//! - `passthrough`: a POST without `Idempotency-Key`;
+//! - `bare`: the handler alone, no guard;
+//! - `passthrough`: a POST without `Idempotency-Key` through the guard;
 //! - `memory_first_call`: a new key each time (claim, call, store the
 //!   response) with the in-memory store;
 //! - `memory_replay`: a repeat answered from the in-memory store;
@@ -27,21 +28,29 @@ use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
 
 type Guarded = BoxCloneService<Request<Full<Bytes>>, Response<GuardBody<Full<Bytes>>>, BoxError>;
 
-/// The guard over an order handler that reads the request and answers 201
-/// with a 256-byte body.
+/// An order handler that reads the request and answers 201 with a 256-byte
+/// body.
+async fn create_order<B>(req: Request<B>) -> Result<Response<Full<Bytes>>, BoxError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map_err(Into::into)?
+        .to_bytes();
+    Ok(Response::builder()
+        .status(201)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(vec![b'r'; 256 + body.len() % 2])))
+        .unwrap())
+}
+
+/// The guard over the order handler.
 fn guarded<St: IdempotencyStore>(layer: IdempotencyGuardLayer<St>) -> Guarded {
-    BoxCloneService::new(layer.layer(service_fn(
-        |req: Request<GuardBody<Full<Bytes>>>| async move {
-            let body = req.into_body().collect().await?.to_bytes();
-            Ok::<_, BoxError>(
-                Response::builder()
-                    .status(201)
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(vec![b'r'; 256 + body.len() % 2])))
-                    .unwrap(),
-            )
-        },
-    )))
+    BoxCloneService::new(layer.layer(service_fn(create_order::<GuardBody<Full<Bytes>>>)))
 }
 
 fn request(key: Option<String>) -> Request<Full<Bytes>> {
@@ -69,6 +78,15 @@ fn bench(c: &mut Criterion) {
     let new_key = || Some(format!("bench-{}", fresh.fetch_add(1, Ordering::Relaxed)));
 
     let mut group = c.benchmark_group("idempotency");
+    let bare = BoxCloneService::new(service_fn(create_order::<Full<Bytes>>));
+    group.bench_function("bare", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let response = bare.clone().oneshot(request(None)).await.unwrap();
+                response.into_body().collect().await.unwrap();
+            })
+        })
+    });
     // Large enough that the first-call bench never fills it.
     let memory = guarded(IdempotencyGuardLayer::new(
         MemoryIdempotencyStore::new(10_000_000).with_max_bytes(usize::MAX),

@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -279,7 +280,7 @@ where
     count("claimed");
     // From here on the handler may run: dropping `held` (a cancelled call)
     // records the key as not kept, never frees it.
-    let held = Held::new(shared.store.clone(), key, token, config.ttl);
+    let mut held = Held::new(shared.store.clone(), key, token, config.ttl);
 
     let in_flight_ttl = config.in_flight_ttl;
     let call = inner.call(Request::from_parts(parts, body));
@@ -343,6 +344,10 @@ fn count(outcome: &'static str) {
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
     ttl: Duration,
+    /// Set once the key is completed or released, so that an extension
+    /// spawned just before does not report the claim as lapsed. Made with
+    /// the first extension: most calls finish before one is due.
+    settled: Option<Arc<AtomicBool>>,
 }
 
 impl<St: IdempotencyStore> Held<St> {
@@ -350,6 +355,7 @@ impl<St: IdempotencyStore> Held<St> {
         Held {
             held: Some((store, key, claim)),
             ttl,
+            settled: None,
         }
     }
 
@@ -360,31 +366,38 @@ impl<St: IdempotencyStore> Held<St> {
     /// Runs `future` while extending the claim every third of
     /// `in_flight_ttl`, so that a request slower than the TTL keeps its key
     /// (a repeat gets 409, never a second run). Each extension is spawned,
-    /// so the call is never held up by the store.
-    async fn renewing<F: Future>(&self, future: F, in_flight_ttl: Duration) -> F::Output {
+    /// so the call is never held up by the store; the timer is only made
+    /// once `future` has to wait.
+    async fn renewing<F: Future>(&mut self, future: F, in_flight_ttl: Duration) -> F::Output {
         let period = bounded(in_flight_ttl) / 3;
         let mut future = pin!(future);
-        let mut renew = pin!(tokio::time::sleep(period));
+        let mut renew = pin!(None::<tokio::time::Sleep>);
         std::future::poll_fn(|cx| {
             if let Poll::Ready(output) = future.as_mut().poll(cx) {
                 return Poll::Ready(output);
             }
-            while renew.as_mut().poll(cx).is_ready() {
+            if renew.is_none() {
+                renew.set(Some(tokio::time::sleep(period)));
+            }
+            let mut timer = renew.as_mut().as_pin_mut().expect("just set");
+            while timer.as_mut().poll(cx).is_ready() {
                 self.extend_in_background(in_flight_ttl);
-                renew.as_mut().reset(tokio::time::Instant::now() + period);
+                timer.as_mut().reset(tokio::time::Instant::now() + period);
             }
             Poll::Pending
         })
         .await
     }
 
-    fn extend_in_background(&self, in_flight_ttl: Duration) {
+    fn extend_in_background(&mut self, in_flight_ttl: Duration) {
         let Some((store, key, claim)) = self.held.clone() else {
             return;
         };
+        let settled = Arc::clone(self.settled.get_or_insert_with(Arc::default));
         tokio::spawn(async move {
             match store.extend(&key, &claim, in_flight_ttl).await {
                 Ok(true) => {}
+                Ok(false) if settled.load(Ordering::Acquire) => {}
                 Ok(false) => tracing::warn!(
                     key,
                     "idempotency claim lapsed while its request ran; a repeat may run it again"
@@ -398,8 +411,15 @@ impl<St: IdempotencyStore> Held<St> {
         });
     }
 
+    fn settle(&mut self) -> Option<(St, String, ClaimToken)> {
+        if let Some(settled) = &self.settled {
+            settled.store(true, Ordering::Release);
+        }
+        self.held.take()
+    }
+
     async fn release(mut self) {
-        let Some((store, key, claim)) = self.held.take() else {
+        let Some((store, key, claim)) = self.settle() else {
             return;
         };
         match store.release(&key, &claim).await {
@@ -412,9 +432,20 @@ impl<St: IdempotencyStore> Held<St> {
         }
     }
 
+    /// Records `completion`. The write runs in its own task: if the caller
+    /// goes away while it is under way, it still lands (the handler ran; a
+    /// write cut short would leave the claim to lapse and a repeat to run
+    /// again).
     async fn complete(mut self, completion: Completion) {
-        if let Some((store, key, claim)) = self.held.take() {
-            complete(store, key, claim, completion, self.ttl).await;
+        let Some((store, key, claim)) = self.settle() else {
+            return;
+        };
+        let write = complete(store, key, claim, completion, self.ttl);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let _ = runtime.spawn(write).await;
+            }
+            Err(_) => write.await,
         }
     }
 }
@@ -457,7 +488,7 @@ async fn complete<St: IdempotencyStore>(
 
 impl<St: IdempotencyStore> Drop for Held<St> {
     fn drop(&mut self) {
-        let Some((store, key, claim)) = self.held.take() else {
+        let Some((store, key, claim)) = self.settle() else {
             return;
         };
         let cancelled = Completion::NotKept(NotKept::Cancelled);

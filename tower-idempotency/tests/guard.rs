@@ -258,6 +258,70 @@ async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_he
     assert_eq!(orders.calls("/orders"), 2);
 }
 
+/// A store whose completion write takes a second (a slow network), telling
+/// when one has started.
+#[derive(Clone)]
+struct SlowComplete(MemoryIdempotencyStore, Arc<tokio::sync::Notify>);
+
+impl IdempotencyStore for SlowComplete {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(key, fingerprint, ttl).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        completion: Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.1.notify_one();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.complete(key, claim, completion, ttl).await
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.extend(key, claim, ttl).await
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+}
+
+/// The client goes away while the response is being written to the store:
+/// the write still lands, so once the in-flight TTL has passed the repeat is
+/// the stored response, not a second run.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_its_response_is_written_still_records_it() {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let store = SlowComplete(memory(), started.clone());
+    let orders = Orders::default();
+    let layer = IdempotencyGuardLayer::new(store).in_flight_ttl(Duration::from_secs(60));
+    let service = guarded(layer, &orders);
+    let first = tokio::spawn(service.clone().oneshot(post("/orders", "k-write", "{}")));
+    started.notified().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let repeat = send(&service, post("/orders", "k-write", "{}")).await;
+    assert!(
+        replayed(&repeat),
+        "the response written after the drop is replayed"
+    );
+    assert_eq!(orders.calls("/orders"), 1, "the handler ran once");
+}
+
 /// A request body that fails while the guard reads it for the fingerprint:
 /// 400, nothing run, the key not taken.
 #[tokio::test(start_paused = true)]
