@@ -10,6 +10,7 @@ use tower_classify::config::HttpClassifierConfig;
 use tower_classify::{ConfigError, HttpClassifier};
 
 use crate::layer::IdempotencyGuardLayer;
+use crate::service::Config;
 
 /// The configuration of an [`IdempotencyGuardLayer`].
 ///
@@ -55,14 +56,16 @@ pub struct IdempotencyConfig {
 }
 
 impl Default for IdempotencyConfig {
+    /// The layer's own defaults.
     fn default() -> Self {
+        let layer = Config::default();
         IdempotencyConfig {
-            ttl: Duration::from_secs(24 * 3600),
-            in_flight_ttl: Duration::from_secs(300),
-            response_body_limit: 1024 * 1024,
-            fingerprint_body_limit: 1024 * 1024,
-            all_methods: false,
-            release_on_transient: false,
+            ttl: layer.ttl,
+            in_flight_ttl: layer.in_flight_ttl,
+            response_body_limit: layer.response_body_limit,
+            fingerprint_body_limit: layer.fingerprint_body_limit,
+            all_methods: layer.all_methods,
+            release_on_transient: layer.release_on_transient,
             classifier: HttpClassifierConfig::default(),
         }
     }
