@@ -55,6 +55,19 @@ impl<B> GuardBody<B> {
         }
     }
 
+    /// A whole body of `bytes`, ended by `trailers`.
+    pub(crate) fn replay(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
+        GuardBody {
+            trailers,
+            ..Self::full(bytes)
+        }
+    }
+
+    /// The trailers read ahead with the whole body, if it had any.
+    pub(crate) fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
+    }
+
     /// A whole body of `bytes`.
     pub fn full(bytes: Bytes) -> Self {
         let read_len = bytes.len() as u64;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tower_classify::config::HttpClassifierConfig;
 use tower_classify::{ConfigError, HttpClassifier};
 
-use crate::layer::IdempotencyGuardLayer;
+use crate::layer::{IdempotencyGuardLayer, MIN_TTL};
 use crate::service::Config;
 
 /// The configuration of an [`IdempotencyGuardLayer`].
@@ -50,6 +50,9 @@ pub struct IdempotencyConfig {
     /// Free the key on a transient answer (default `false`; see
     /// [`IdempotencyGuardLayer::release_on_transient`] for the risk).
     pub release_on_transient: bool,
+    /// Free the key on a refusal made before the handler ran (default
+    /// `true`; see [`IdempotencyGuardLayer::release_on_shed`]).
+    pub release_on_shed: bool,
     /// What counts as a transient or shed answer (the shared HTTP classifier
     /// configuration).
     pub classifier: HttpClassifierConfig,
@@ -66,6 +69,7 @@ impl Default for IdempotencyConfig {
             fingerprint_body_limit: layer.fingerprint_body_limit,
             all_methods: layer.all_methods,
             release_on_transient: layer.release_on_transient,
+            release_on_shed: layer.release_on_shed,
             classifier: HttpClassifierConfig::default(),
         }
     }
@@ -81,13 +85,16 @@ impl IdempotencyConfig {
             .classifier
             .build()
             .map_err(|e| e.within("classifier"))?;
-        if self.ttl.is_zero() {
-            return Err(ConfigError::new("ttl", "must be longer than zero"));
+        if self.ttl < MIN_TTL {
+            return Err(ConfigError::new(
+                "ttl",
+                format!("must be at least {MIN_TTL:?}"),
+            ));
         }
-        if self.in_flight_ttl.is_zero() {
+        if self.in_flight_ttl < MIN_TTL {
             return Err(ConfigError::new(
                 "in_flight_ttl",
-                "must be longer than zero (and than the slowest guarded request)",
+                format!("must be at least {MIN_TTL:?}"),
             ));
         }
         Ok(IdempotencyGuardLayer::new(store)
@@ -97,7 +104,8 @@ impl IdempotencyConfig {
             .response_body_limit(self.response_body_limit)
             .fingerprint_body_limit(self.fingerprint_body_limit)
             .all_methods(self.all_methods)
-            .release_on_transient(self.release_on_transient))
+            .release_on_transient(self.release_on_transient)
+            .release_on_shed(self.release_on_shed))
     }
 }
 
@@ -124,6 +132,7 @@ mod tests {
         assert_eq!(built, layer, "the defaults are the layer's");
         assert_eq!(field(r#"{"ttl": "0s"}"#), "ttl");
         assert_eq!(field(r#"{"in_flight_ttl": "0ms"}"#), "in_flight_ttl");
+        assert_eq!(field(r#"{"in_flight_ttl": "99ms"}"#), "in_flight_ttl");
         assert_eq!(
             field(r#"{"classifier": {"retryable_statuses": []}}"#),
             "classifier.retryable_statuses"

@@ -11,6 +11,11 @@ use crate::service::{Config, IdempotencyGuard, ScopeFn};
 /// Applies [`IdempotencyGuard`] to an HTTP service: each `Idempotency-Key`
 /// runs its request at most once, and repeats get the stored response.
 ///
+/// The shortest [`ttl`](IdempotencyGuardLayer::ttl) and
+/// [`in_flight_ttl`](IdempotencyGuardLayer::in_flight_ttl) the guard uses;
+/// shorter ones (zero would let a repeat run again at once) are raised to it.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
 /// Defaults: a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
 /// whose node crashed lapses after it), responses up to 1 MiB stored, the
 /// fingerprint hashing up to 1 MiB of request body, only non-idempotent
@@ -41,9 +46,9 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// Keeps a completed key for `ttl` (default 24 h): repeats within it
     /// are replayed (or refused, when the response was not kept), later ones
     /// run again. Values above [`MAX_TTL`](crate::store::MAX_TTL) are cut
-    /// to it.
+    /// to it, values below [`MIN_TTL`] raised to it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.config.ttl = ttl;
+        self.config.ttl = ttl.max(MIN_TTL);
         self
     }
 
@@ -52,9 +57,10 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// its claim every third of this TTL, so a request slower than the TTL
     /// keeps its key; only a claim nobody extends lapses. A claim whose reply
     /// was lost (the store timed out after taking it) also holds its key
-    /// until then, answering repeats with 409.
+    /// until then, answering repeats with 409. Values below [`MIN_TTL`] are
+    /// raised to it.
     pub fn in_flight_ttl(mut self, ttl: Duration) -> Self {
-        self.config.in_flight_ttl = ttl;
+        self.config.in_flight_ttl = ttl.max(MIN_TTL);
         self
     }
 
@@ -95,6 +101,25 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
         self
     }
 
+    /// Frees the key when the outcome is a
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure (default `true`):
+    /// a refusal made between the guard and the handler, before the handler
+    /// ran — an open circuit breaker, an exhausted budget, a load shedder
+    /// (the family's own refusals carry that classification). The client's
+    /// retry then runs the request once the dependency is back, instead of
+    /// being answered the stored refusal for the whole TTL.
+    ///
+    /// The guard cannot see whether the handler ran; it trusts the
+    /// classification. A handler that acts and *then* passes on a
+    /// downstream's shed refusal as its own result (the error itself, or a
+    /// response still carrying the `Failure` extension) would have its key
+    /// freed after its side effect: map such a refusal to an error or
+    /// response of your own, or turn this off.
+    pub fn release_on_shed(mut self, yes: bool) -> Self {
+        self.config.release_on_shed = yes;
+        self
+    }
+
     /// Scopes keys by a client identity read from the request (an API key id,
     /// an authenticated tenant), so two clients choosing the same key do not
     /// see each other's responses. `None` puts the request in the shared,
@@ -109,8 +134,8 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     }
 
     /// Uses `classifier` to recognise outcomes: a
-    /// [`Shed`](tower_classify::FailureKind::Shed) failure (a refusal made
-    /// below the guard before the handler ran) frees the key, and with
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure frees the key (see
+    /// [`release_on_shed`](Self::release_on_shed)), and with
     /// [`release_on_transient`](Self::release_on_transient) so does a
     /// transient failure.
     pub fn classifier<C2>(self, classifier: C2) -> IdempotencyGuardLayer<St, C2> {

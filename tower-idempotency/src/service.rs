@@ -42,6 +42,7 @@ pub(crate) struct Config {
     pub(crate) fingerprint_body_limit: usize,
     pub(crate) all_methods: bool,
     pub(crate) release_on_transient: bool,
+    pub(crate) release_on_shed: bool,
     pub(crate) scope: Option<ScopeFn>,
 }
 
@@ -54,6 +55,7 @@ impl Default for Config {
             fingerprint_body_limit: 1024 * 1024,
             all_methods: false,
             release_on_transient: false,
+            release_on_shed: true,
             scope: None,
         }
     }
@@ -68,6 +70,7 @@ impl fmt::Debug for Config {
             .field("fingerprint_body_limit", &self.fingerprint_body_limit)
             .field("all_methods", &self.all_methods)
             .field("release_on_transient", &self.release_on_transient)
+            .field("release_on_shed", &self.release_on_shed)
             .field("scoped", &self.scope.is_some())
             .finish()
     }
@@ -270,7 +273,8 @@ where
             ..
         } => {
             count("replayed");
-            let mut replay = response.to_response(GuardBody::full);
+            let trailers = response.trailer_map();
+            let mut replay = response.to_response(|body| GuardBody::replay(body, trailers));
             replay
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -288,7 +292,7 @@ where
     let release = match Classify::<_, S::Error>::classify(&shared.classifier, result.as_ref()) {
         // Refused below the guard before the handler ran (an open breaker,
         // a load shedder): nothing happened, the client may try again.
-        Outcome::Failure(failure) if failure.kind == FailureKind::Shed => true,
+        Outcome::Failure(failure) if failure.kind == FailureKind::Shed => config.release_on_shed,
         Outcome::Failure(failure) => config.release_on_transient && failure.kind.is_transient(),
         Outcome::Success | Outcome::Ignored => false,
     };
@@ -313,7 +317,11 @@ where
     let (body, recorded, ending) = held.renewing(read, in_flight_ttl).await;
     let completion = match ending {
         Ending::Whole => {
-            Completion::Response(StoredResponse::new(parts.status, &parts.headers, recorded))
+            let stored = StoredResponse::new(parts.status, &parts.headers, recorded);
+            Completion::Response(match body.trailers() {
+                Some(trailers) => stored.with_trailers(trailers),
+                None => stored,
+            })
         }
         Ending::OverLimit => {
             tracing::warn!(
@@ -418,18 +426,25 @@ impl<St: IdempotencyStore> Held<St> {
         self.held.take()
     }
 
+    /// Frees the key. Like [`complete`](Self::complete), the write runs in
+    /// its own task, so a caller going away does not leave the key held
+    /// until the in-flight TTL.
     async fn release(mut self) {
         let Some((store, key, claim)) = self.settle() else {
             return;
         };
-        match store.release(&key, &claim).await {
-            Ok(_) => count("released"),
-            Err(error) => tracing::error!(
-                key,
-                error = chain(&error),
-                "idempotency store failed to release a key; it lapses after the in-flight TTL"
-            ),
-        }
+        detached(async move {
+            match store.release(&key, &claim).await {
+                Ok(true) => count("released"),
+                Ok(false) => count("lapsed"),
+                Err(error) => tracing::error!(
+                    key,
+                    error = chain(&error),
+                    "idempotency store failed to release a key; it lapses after the in-flight TTL"
+                ),
+            }
+        })
+        .await;
     }
 
     /// Records `completion`. The write runs in its own task: if the caller
@@ -440,13 +455,21 @@ impl<St: IdempotencyStore> Held<St> {
         let Some((store, key, claim)) = self.settle() else {
             return;
         };
-        let write = complete(store, key, claim, completion, self.ttl);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let _ = runtime.spawn(write).await;
-            }
-            Err(_) => write.await,
+        detached(complete(store, key, claim, completion, self.ttl)).await;
+    }
+}
+
+/// Runs `write` in a task of its own and waits for it, so that it finishes
+/// even if the caller is dropped; inline outside a tokio runtime.
+async fn detached<F>(write: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let _ = runtime.spawn(write).await;
         }
+        Err(_) => write.await,
     }
 }
 

@@ -65,6 +65,11 @@ async fn memory_shed_refusals_free_the_key() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn memory_trailers_are_replayed() {
+    trailers_are_replayed(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn memory_keys_expire_after_the_ttl() {
     keys_expire_after_the_ttl(memory(), Duration::from_secs(24 * 3600), paused_wait).await;
 }

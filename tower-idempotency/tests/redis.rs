@@ -93,9 +93,10 @@ on_redis! {
     redis_transient_answers_and_errors_run_once => |store| transient_answers_and_errors_run_once(store);
     redis_release_on_transient_is_an_opt_in => |store| release_on_transient_is_an_opt_in(store);
     redis_shed_refusals_free_the_key => |store| shed_refusals_free_the_key(store);
-    redis_keys_expire_after_the_ttl => |store| keys_expire_after_the_ttl(store, Duration::from_millis(1000), real_wait);
-    redis_in_flight_claims_lapse => |store| in_flight_claims_lapse(store, Duration::from_millis(1000), real_wait);
-    redis_a_request_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_request_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_millis(300));
+    redis_trailers_are_replayed => |store| trailers_are_replayed(store);
+    redis_keys_expire_after_the_ttl => |store| keys_expire_after_the_ttl(store, Duration::from_secs(2), real_wait);
+    redis_in_flight_claims_lapse => |store| in_flight_claims_lapse(store, Duration::from_secs(2), real_wait);
+    redis_a_request_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_request_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
     redis_a_call_dropped_in_the_handler_runs_once => |store| a_call_dropped_in_the_handler_runs_once(store);
     redis_a_call_dropped_in_the_response_body_runs_once => |store| a_call_dropped_in_the_response_body_runs_once(store);
     redis_an_over_limit_response_runs_once => |store| an_over_limit_response_runs_once(store);
@@ -139,9 +140,10 @@ async fn a_duplicate_on_node_b_is_replayed_from_node_a() {
     );
 }
 
-/// Keys are `PREFIX{namespaced key}` (the idempotency key is the cluster
-/// hash tag), carry their TTL in Redis itself (`PX`), and any configured
-/// TTL is cut to a value Redis accepts.
+/// Keys are `PREFIX{hash}namespaced-key` (a hash of the idempotency key is
+/// the cluster hash tag, so a `}` a client sends cannot cut it short), carry
+/// their TTL in Redis itself (`PX`), and any configured TTL is cut to a
+/// value Redis accepts.
 #[tokio::test]
 async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
     let Some(store) = redis("layout").await else {
@@ -150,8 +152,24 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
     send(&service, post("/orders", "k-pttl", "{}")).await;
-    let key = format!("{}{{u:k-pttl}}", store.prefix());
-    assert_eq!(store.redis_key("u:k-pttl"), key);
+    let key = store.redis_key("u:k-pttl");
+    let tag = key
+        .strip_prefix(store.prefix())
+        .and_then(|rest| rest.strip_suffix("u:k-pttl"))
+        .expect("PREFIX{tag}KEY");
+    assert!(
+        tag.len() == 18
+            && tag.starts_with('{')
+            && tag.ends_with('}')
+            && tag[1..17].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{key}"
+    );
+    let braces = store.redis_key("u:a}b{c");
+    assert_eq!(&braces[store.prefix().len() + 17..], "}u:a}b{c");
+    assert_ne!(
+        braces[..store.prefix().len() + 18],
+        key[..store.prefix().len() + 18]
+    );
     let mut connection = raw_connection().await;
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
@@ -172,11 +190,11 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
     if slot >= 0 {
         let tag_slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
-            .arg("u:k-pttl")
+            .arg(&tag[1..17])
             .query_async(&mut connection)
             .await
             .unwrap();
-        assert_eq!(slot, tag_slot, "the slot is the idempotency key's");
+        assert_eq!(slot, tag_slot, "the slot is the tag's");
     }
 
     // The longest TTLs are accepted (cut, never overflowing `PX`).
@@ -219,6 +237,48 @@ async fn a_record_over_the_size_cap_is_recorded_as_not_kept() {
         panic!("the key is completed");
     };
     assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
+}
+
+/// A record that is not the store's (garbage, or larger than anything it
+/// writes) is a corrupt store: the guard answers 503 and runs nothing, and
+/// never panics.
+#[tokio::test]
+async fn a_corrupt_record_answers_503_without_running_the_handler() {
+    let Some(store) = redis("corrupt").await else {
+        return;
+    };
+    let mut connection = raw_connection().await;
+    let huge = format!(
+        r#"{{"state":"completed","fingerprint":"{}"}}"#,
+        "f".repeat(5 << 20)
+    );
+    for (key, value) in [
+        ("u:k-garbage", "not json at all".to_owned()),
+        ("u:k-huge", huge),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(store.redis_key(key))
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    for key in ["k-garbage", "k-huge"] {
+        let response = send(&service, post("/orders", key, "{}")).await;
+        assert_eq!(
+            rejection(response).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "idempotency_store_unavailable".to_owned()
+            ),
+            "{key}"
+        );
+    }
+    assert_eq!(orders.calls("/orders"), 0);
 }
 
 /// A private `redis-server` (no persistence), killed when dropped.

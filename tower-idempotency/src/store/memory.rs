@@ -61,9 +61,14 @@ struct State {
     /// record: the eviction order. A key released, completed again or
     /// dropped since leaves a stale pair, skipped when met.
     completed: VecDeque<(Arc<str>, u64)>,
-    /// Keys in flight in claim order, to drop lapsed claims when full.
+    /// Keys in flight in the order they were claimed or last extended (the
+    /// order they lapse in), to drop lapsed claims when full.
     in_flight: VecDeque<(Arc<str>, u64)>,
     bytes: usize,
+    /// How many of the records are claims in flight, and their bytes: what
+    /// no eviction can free.
+    claims: usize,
+    claim_bytes: usize,
     next_seq: u64,
     max_entries: usize,
     max_bytes: usize,
@@ -86,6 +91,8 @@ impl MemoryIdempotencyStore {
                 completed: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 bytes: 0,
+                claims: 0,
+                claim_bytes: 0,
                 next_seq: 0,
                 max_entries: max_entries.max(1),
                 max_bytes: 64 << 20,
@@ -176,6 +183,10 @@ impl State {
     fn remove(&mut self, key: &str) -> Option<Slot> {
         let slot = self.slots.remove(key)?;
         self.bytes -= slot.size;
+        if matches!(slot.record, Record::InFlight { .. }) {
+            self.claims -= 1;
+            self.claim_bytes -= slot.size;
+        }
         Some(slot)
     }
 
@@ -213,28 +224,22 @@ impl State {
         }
     }
 
-    /// Evicts until `entries` more keys and `bytes` more bytes fit: the
-    /// oldest completed records first, then claims that lapsed. `false` when
-    /// only live claims are left and they do not leave the room.
+    fn fits(&self, entries: usize, bytes: usize) -> bool {
+        self.slots.len() + entries <= self.max_entries
+            && self.bytes.saturating_add(bytes) <= self.max_bytes
+    }
+
+    /// Makes room for `entries` more keys and `bytes` more bytes: claims
+    /// that lapsed go first, then completed records, oldest first. `false`
+    /// (and nothing evicted) when the claims still in flight leave no room
+    /// even with every completed record gone.
     fn make_room(&mut self, entries: usize, bytes: usize, now: Instant) -> bool {
-        loop {
-            if self.slots.len() + entries <= self.max_entries
-                && self.bytes.saturating_add(bytes) <= self.max_bytes
-            {
-                return true;
-            }
-            if let Some((key, seq)) = self.completed.pop_front() {
-                if self.is_current(&key, seq) {
-                    self.remove(&key);
-                    metrics::counter!("tower_idempotency_evicted_total").increment(1);
-                }
-                continue;
-            }
-            let Some((key, seq)) = self.in_flight.front() else {
-                return false;
-            };
+        if self.fits(entries, bytes) {
+            return true;
+        }
+        while let Some((key, seq)) = self.in_flight.front() {
             match self.slots.get(&**key) {
-                Some(slot) if slot.seq == *seq && slot.expires_at > now => return false,
+                Some(slot) if slot.seq == *seq && slot.expires_at > now => break,
                 Some(slot) if slot.seq == *seq => {
                     let key = Arc::clone(key);
                     self.in_flight.pop_front();
@@ -245,6 +250,21 @@ impl State {
                 }
             }
         }
+        if self.claims + entries > self.max_entries
+            || self.claim_bytes.saturating_add(bytes) > self.max_bytes
+        {
+            return false;
+        }
+        while !self.fits(entries, bytes) {
+            let Some((key, seq)) = self.completed.pop_front() else {
+                return false;
+            };
+            if self.is_current(&key, seq) {
+                self.remove(&key);
+                metrics::counter!("tower_idempotency_evicted_total").increment(1);
+            }
+        }
+        true
     }
 
     /// Drops stale pairs from the queues once they outnumber the live keys,
@@ -295,6 +315,8 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         let key: Arc<str> = Arc::from(key);
         let seq = state.next_seq();
         state.bytes += size;
+        state.claims += 1;
+        state.claim_bytes += size;
         state.slots.insert(
             Arc::clone(&key),
             Slot {
@@ -319,12 +341,18 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         let now = Instant::now();
         let mut state = self.lock();
         let claimed = match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => std::mem::take(&mut slot.size),
+            Some(slot) if slot.record.is_held_by(claim) => {
+                // The claim becomes a completed record that counts for
+                // nothing until its outcome is sized; it is in neither
+                // eviction queue, so making room never evicts it.
+                slot.record = Record::completed(claim, Completion::NotKept(NotKept::TooLarge));
+                std::mem::take(&mut slot.size)
+            }
             _ => return Ok(false),
         };
-        // The claim's own bytes are given back before making room for its
-        // outcome; the claim itself is live, so it is never the one evicted.
         state.bytes -= claimed;
+        state.claims -= 1;
+        state.claim_bytes -= claimed;
         let mut record = Record::completed(claim, completion);
         let mut record_size = size(key, &record);
         if !state.make_room(0, record_size, now) {
@@ -362,13 +390,24 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        match state.live(key, now) {
+        let seq = state.next_seq();
+        let key = match state.live(key, now) {
             Some(slot) if slot.record.is_held_by(claim) => {
                 slot.expires_at = expiry(now, in_flight_ttl);
-                Ok(true)
+                slot.seq = seq;
+                key
             }
-            _ => Ok(false),
-        }
+            _ => return Ok(false),
+        };
+        // Back of the line: the claims ahead of it lapse first.
+        let key = state
+            .slots
+            .get_key_value(key)
+            .map(|(key, _)| Arc::clone(key))
+            .expect("just extended");
+        state.in_flight.push_back((key, seq));
+        state.compact();
+        Ok(true)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
@@ -411,6 +450,7 @@ mod tests {
     enum Op {
         Claim(u8),
         Complete(u8, usize),
+        Extend(u8, usize),
         Release(u8, usize),
         Advance(u64),
     }
@@ -420,6 +460,7 @@ mod tests {
         prop_oneof![
             (0u8..6).prop_map(Op::Claim),
             (0u8..6, 0usize..64).prop_map(|(k, t)| Op::Complete(k, t)),
+            (0u8..6, 0usize..64).prop_map(|(k, t)| Op::Extend(k, t)),
             (0u8..6, 0usize..64).prop_map(|(k, t)| Op::Release(k, t)),
             (0u64..250).prop_map(Op::Advance),
         ]
@@ -460,16 +501,20 @@ mod tests {
 
         /// Room for one more: the oldest completed record goes first, then
         /// the oldest claim if it lapsed; never a live claim.
+        /// Room for one more: lapsed claims go first, then the oldest
+        /// completed records, unless the live claims alone fill the store
+        /// (then nothing is evicted).
         fn make_room(&mut self, capacity: usize, now: u64) -> bool {
+            if self.slots.len() < capacity {
+                return true;
+            }
+            self.slots.retain(|s| s.owner.is_none() || s.expires > now);
+            if self.slots.iter().filter(|s| s.owner.is_some()).count() >= capacity {
+                return false;
+            }
             while self.slots.len() >= capacity {
-                if let Some(i) = self.oldest(false) {
-                    self.slots.remove(i);
-                } else if let Some(i) = self.oldest(true).filter(|&i| self.slots[i].expires <= now)
-                {
-                    self.slots.remove(i);
-                } else {
-                    return false;
-                }
+                let i = self.oldest(false).expect("a completed record");
+                self.slots.remove(i);
             }
             true
         }
@@ -544,7 +589,26 @@ mod tests {
                                 }
                             }
                         }
-                        Op::Complete(_, _) | Op::Release(_, _) if tokens.is_empty() => {}
+                        Op::Complete(_, _) | Op::Extend(_, _) | Op::Release(_, _)
+                            if tokens.is_empty() => {}
+                        Op::Extend(k, t) => {
+                            let t = t % tokens.len();
+                            let done = store
+                                .extend(&key(k), &tokens[t].1, Duration::from_millis(IN_FLIGHT_MS))
+                                .await
+                                .unwrap();
+                            let expected = match model.live(k, now) {
+                                Some(i) if model.slots[i].owner == Some(t) => {
+                                    let order = model.next_order();
+                                    let slot = &mut model.slots[i];
+                                    slot.expires = now + IN_FLIGHT_MS;
+                                    slot.order = order;
+                                    true
+                                }
+                                _ => false,
+                            };
+                            proptest::prop_assert_eq!(done, expected);
+                        }
                         Op::Complete(k, t) => {
                             let t = t % tokens.len();
                             let done = store
@@ -586,6 +650,14 @@ mod tests {
                     let state = store.lock();
                     let counted: usize = state.slots.values().map(|s| s.size).sum();
                     proptest::prop_assert_eq!(state.bytes, counted);
+                    let claims: Vec<usize> = state
+                        .slots
+                        .values()
+                        .filter(|s| matches!(s.record, Record::InFlight { .. }))
+                        .map(|s| s.size)
+                        .collect();
+                    proptest::prop_assert_eq!(state.claims, claims.len());
+                    proptest::prop_assert_eq!(state.claim_bytes, claims.iter().sum::<usize>());
                 }
                 Ok(())
             })?;
@@ -677,6 +749,61 @@ mod tests {
         };
         assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
         assert!(store.bytes() <= 4096);
+    }
+
+    /// A response that cannot fit beside the claims in flight, even with
+    /// every completed record gone, evicts nothing: it is recorded as not
+    /// kept and the completed records stay.
+    #[tokio::test(start_paused = true)]
+    async fn a_response_that_cannot_fit_evicts_nothing() {
+        let store = MemoryIdempotencyStore::new(1000).with_max_bytes(8192);
+        for key in ["a", "b"] {
+            let claim = acquire(&store, key).await;
+            assert!(store
+                .complete(key, &claim, response(1000), TTL)
+                .await
+                .unwrap());
+        }
+        let big = acquire(&store, "big").await;
+        assert!(store
+            .complete("big", &big, response(8000), TTL)
+            .await
+            .unwrap());
+        for key in ["a", "b"] {
+            assert!(
+                matches!(
+                    store.claim(key, "f", TTL).await.unwrap(),
+                    Claim::Completed {
+                        completion: Completion::Response(_),
+                        ..
+                    }
+                ),
+                "{key} was evicted for nothing"
+            );
+        }
+        let Claim::Completed { completion, .. } = store.claim("big", "f", TTL).await.unwrap()
+        else {
+            panic!("the key stays completed");
+        };
+        assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
+    }
+
+    /// A claim extended while older claims lapsed: the lapsed ones make
+    /// room, the extended one stays.
+    #[tokio::test(start_paused = true)]
+    async fn lapsed_claims_make_room_and_extended_ones_stay() {
+        let store = MemoryIdempotencyStore::new(2);
+        let first = acquire(&store, "first").await;
+        let _second = acquire(&store, "second").await;
+        tokio::time::advance(TTL / 2).await;
+        assert!(store.extend("first", &first, TTL).await.unwrap());
+        tokio::time::advance(TTL / 2).await;
+        // "second" lapsed; "first" was extended and is still in flight.
+        acquire(&store, "third").await;
+        assert!(matches!(
+            store.claim("first", "f", TTL).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
     }
 
     /// A store full of live claims refuses a new one rather than evict any.

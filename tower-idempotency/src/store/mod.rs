@@ -207,6 +207,9 @@ pub struct StoredResponse {
     /// The whole body.
     #[serde(with = "bytes_text")]
     pub body: Bytes,
+    /// The trailers that ended the body (gRPC's `grpc-status`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trailers: Vec<StoredResponseHeader>,
 }
 
 /// One header of a [`StoredResponse`], byte for byte.
@@ -226,45 +229,71 @@ impl StoredResponse {
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
         StoredResponse {
             status: status.as_u16(),
-            headers: headers
-                .iter()
-                .filter(|(name, _)| !is_hop_by_hop(name))
-                .map(|(name, value)| StoredResponseHeader {
-                    name: name.as_str().to_owned(),
-                    value: Bytes::copy_from_slice(value.as_bytes()),
-                })
-                .collect(),
+            headers: stored_headers(headers),
             body,
+            trailers: Vec::new(),
         }
     }
 
+    /// The same response, ended by `trailers`.
+    pub fn with_trailers(mut self, trailers: &HeaderMap) -> Self {
+        self.trailers = stored_headers(trailers);
+        self
+    }
+
     /// The response again, with body type `B`. A header that no longer
-    /// parses (the store was edited by hand) is skipped.
+    /// parses (the store was edited by hand) is skipped, and so is any past
+    /// the most a header map holds: a hostile record never panics.
     pub fn to_response<B>(&self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut response = Response::new(body(self.body.clone()));
         *response.status_mut() =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let headers = response.headers_mut();
-        for header in &self.headers {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(header.name.as_bytes()),
-                HeaderValue::from_bytes(&header.value),
-            ) {
-                headers.append(name, value);
-            }
-        }
+        *response.headers_mut() = header_map(&self.headers);
         response
     }
 
-    /// The bytes this response occupies: body, header names and values.
+    /// The trailers, if the body was ended by any (skipped as headers are
+    /// in [`to_response`](Self::to_response)).
+    pub fn trailer_map(&self) -> Option<HeaderMap> {
+        (!self.trailers.is_empty()).then(|| header_map(&self.trailers))
+    }
+
+    /// The bytes this response occupies: body, header and trailer names and
+    /// values.
     pub fn len_bytes(&self) -> usize {
-        self.body.len()
-            + self
-                .headers
-                .iter()
+        let fields = |list: &[StoredResponseHeader]| {
+            list.iter()
                 .map(|h| h.name.len() + h.value.len())
                 .sum::<usize>()
+        };
+        self.body.len() + fields(&self.headers) + fields(&self.trailers)
     }
+}
+
+fn stored_headers(headers: &HeaderMap) -> Vec<StoredResponseHeader> {
+    headers
+        .iter()
+        .filter(|(name, _)| !is_hop_by_hop(name))
+        .map(|(name, value)| StoredResponseHeader {
+            name: name.as_str().to_owned(),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+        })
+        .collect()
+}
+
+fn header_map(list: &[StoredResponseHeader]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for header in list {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(header.name.as_bytes()),
+            HeaderValue::from_bytes(&header.value),
+        ) {
+            if headers.try_append(name, value).is_err() {
+                break;
+            }
+        }
+    }
+    headers
 }
 
 /// RFC 9110 §7.6.1's connection-specific headers.
@@ -438,6 +467,40 @@ mod tests {
         assert_eq!(response.headers().len(), 4);
     }
 
+    /// A record with more headers than a header map can hold (a tampered
+    /// store) is replayed with what fits, never a panic; trailers survive
+    /// the JSON form.
+    #[test]
+    fn hostile_records_never_panic_and_trailers_round_trip() {
+        let headers = (0..40_000)
+            .map(|i| StoredResponseHeader {
+                name: format!("x-h{i}"),
+                value: Bytes::from_static(b"v"),
+            })
+            .collect();
+        let hostile = StoredResponse {
+            status: 1000,
+            headers,
+            body: Bytes::new(),
+            trailers: Vec::new(),
+        };
+        let response = hostile.to_response(|b| b);
+        assert!(response.headers().len() < 40_000);
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let stored = StoredResponse::new(StatusCode::OK, &HeaderMap::new(), "x".into())
+            .with_trailers(&trailers);
+        let json = serde_json::to_string(&stored).unwrap();
+        let back: StoredResponse = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.trailer_map(), Some(trailers));
+        let plain = StoredResponse::new(StatusCode::OK, &HeaderMap::new(), "x".into());
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("trailers"), "{json}");
+        assert_eq!(plain.trailer_map(), None);
+    }
+
     proptest::proptest! {
         /// Any bytes survive the JSON text form; garbage in a record never
         /// panics the decoder.
@@ -446,7 +509,12 @@ mod tests {
             body in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
             garbage in "\\PC{0,40}",
         ) {
-            let stored = StoredResponse { status: 200, headers: Vec::new(), body: Bytes::from(body) };
+            let stored = StoredResponse {
+                status: 200,
+                headers: Vec::new(),
+                body: Bytes::from(body),
+                trailers: Vec::new(),
+            };
             let json = serde_json::to_string(&stored).unwrap();
             let back: StoredResponse = serde_json::from_str(&json).unwrap();
             proptest::prop_assert_eq!(back, stored);

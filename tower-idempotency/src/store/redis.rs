@@ -12,12 +12,14 @@ use crate::error::StoreError;
 
 /// An idempotency store every node of a fleet shares, on Redis.
 ///
-/// Each key is one Redis string, `PREFIX{KEY}`, holding a small JSON record.
-/// The idempotency key (already namespaced by the guard) is the key's
-/// [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
+/// Each key is one Redis string, `PREFIX{TAG}KEY` (see
+/// [`redis_key`](Self::redis_key)), holding a small JSON record. `TAG`, a
+/// hash of the idempotency key (already namespaced by the guard), is the
+/// key's [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
 /// so the scripts below run on Redis Cluster: everything about one key is in
-/// one slot, and keys spread over the slots. (A prefix that itself contains
-/// `{` would make *its* tag the key's, putting every key in one slot.)
+/// one slot, and keys spread evenly over the slots whatever clients send. (A
+/// prefix that itself contains `{` would make *its* tag the key's, putting
+/// every key in one slot.)
 ///
 /// - **claim**: `SET key {in flight, owner token, fingerprint} NX PX
 ///   in_flight_ttl`, in a script that returns the existing record when the
@@ -201,9 +203,22 @@ impl RedisIdempotencyStore {
     }
 
     /// The Redis key holding the record of `key` (as the guard names it,
-    /// namespace included).
+    /// namespace included): `PREFIX{TAG}KEY`, where the hash tag `TAG` is 16
+    /// hex digits of the key's SHA-256. A tag of the key itself could be cut
+    /// short by a `}` in it, piling keys a client chose onto one slot.
     pub fn redis_key(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.shared.prefix)
+        use sha2::{Digest, Sha256};
+        use std::fmt::Write;
+        let digest = Sha256::digest(key.as_bytes());
+        let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
+        redis_key.push_str(&self.shared.prefix);
+        redis_key.push('{');
+        for byte in &digest[..8] {
+            let _ = write!(redis_key, "{byte:02x}");
+        }
+        redis_key.push('}');
+        redis_key.push_str(key);
+        redis_key
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
@@ -247,6 +262,17 @@ impl IdempotencyStore for RedisIdempotencyStore {
             .map_err(|e| self.failed("claim a key", e))?;
         match existing {
             None => Ok(Claim::Acquired(claim)),
+            // Larger than anything this store writes: not ours to decode.
+            Some(bytes) if bytes.len() > self.shared.max_record_bytes.max(4096) => {
+                Err(StoreError::new(
+                    crate::StoreErrorKind::Corrupt,
+                    format!(
+                        "the idempotency record of key {key:?} is {} bytes, over the {}-byte cap",
+                        bytes.len(),
+                        self.shared.max_record_bytes
+                    ),
+                ))
+            }
             Some(bytes) => serde_json::from_slice::<Record>(&bytes)
                 .map(Record::into_claim)
                 .map_err(|e| {

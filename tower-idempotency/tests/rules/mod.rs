@@ -31,6 +31,9 @@ pub type Guarded = BoxCloneService<Request<Full<Bytes>>, Response<GuardBody<Orde
 #[derive(Clone)]
 pub struct Orders {
     calls: Arc<Mutex<HashMap<String, usize>>>,
+    /// Paths refused once as a layer below the guard would (an open
+    /// breaker): before the handler, which does not count the call.
+    refused: Arc<Mutex<HashMap<String, usize>>>,
     /// `/slow` waits for a permit, so a test can hold a request in flight;
     /// `/trickle`'s body waits for one after its first chunk.
     pub gate: Arc<Semaphore>,
@@ -40,6 +43,7 @@ impl Default for Orders {
     fn default() -> Self {
         Orders {
             calls: Arc::default(),
+            refused: Arc::default(),
             gate: Arc::new(Semaphore::new(0)),
         }
     }
@@ -50,6 +54,7 @@ impl Default for Orders {
 pub struct OrderBody {
     chunks: Vec<Bytes>,
     gate: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    trailers: Option<http::HeaderMap>,
 }
 
 impl Body for OrderBody {
@@ -67,7 +72,7 @@ impl Body for OrderBody {
             }
         }
         if self.chunks.is_empty() {
-            return Poll::Ready(None);
+            return Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))));
         }
         Poll::Ready(Some(Ok(Frame::data(self.chunks.remove(0)))))
     }
@@ -78,8 +83,35 @@ impl Orders {
         self.calls.lock().unwrap().get(path).copied().unwrap_or(0)
     }
 
+    pub fn refused(&self, path: &str) -> usize {
+        self.refused.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
     async fn handle(self, request: Request<InBody>) -> Result<Response<OrderBody>, BoxError> {
         let path = request.uri().path().to_owned();
+        if path.starts_with("/shed") {
+            let first = {
+                let mut refused = self.refused.lock().unwrap();
+                let n = refused.entry(path.clone()).or_default();
+                *n += 1;
+                *n == 1
+            };
+            if first && path == "/shed" {
+                return Err(Classified::shed("circuit open", None).into());
+            }
+            if first {
+                let mut response = Response::new(OrderBody {
+                    chunks: vec![Bytes::from("circuit open")],
+                    gate: None,
+                    trailers: None,
+                });
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                response
+                    .extensions_mut()
+                    .insert(Failure::new(FailureKind::Shed));
+                return Ok(response);
+            }
+        }
         // The guard read the body for its fingerprint; the handler still
         // gets all of it.
         let body = request.into_body().collect().await?.to_bytes();
@@ -106,20 +138,6 @@ impl Orders {
             "/reset" if n == 1 => {
                 return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into())
             }
-            "/shed" if n == 1 => {
-                return Err(Classified::shed("circuit open", None).into());
-            }
-            "/shed-response" if n == 1 => {
-                let mut response = Response::new(OrderBody {
-                    chunks: vec![Bytes::from("circuit open")],
-                    gate: None,
-                });
-                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                response
-                    .extensions_mut()
-                    .insert(Failure::new(FailureKind::Shed));
-                return Ok(response);
-            }
             "/invalid" => (400, "unknown sku".to_owned()),
             "/big" => (201, "x".repeat(2048)),
             "/trickle" => {
@@ -141,7 +159,17 @@ impl Orders {
         } else {
             vec![bytes]
         };
-        let mut response = Response::new(OrderBody { chunks, gate });
+        let trailers = (path == "/grpc").then(|| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            trailers.insert("grpc-message", format!("order {n}").parse().unwrap());
+            trailers
+        });
+        let mut response = Response::new(OrderBody {
+            chunks,
+            gate,
+            trailers,
+        });
         *response.status_mut() = StatusCode::from_u16(status).unwrap();
         let headers = response.headers_mut();
         headers.insert("x-order-number", n.into());
@@ -404,14 +432,16 @@ pub async fn release_on_transient_is_an_opt_in<St: IdempotencyStore>(store: St) 
 }
 
 /// A refusal made below the guard before the handler ran (an open breaker,
-/// as an error or as its 503 response) frees the key.
+/// as an error or as its 503 response) frees the key: the retry runs, once.
+/// With `release_on_shed(false)` the refusal is stored like any answer.
 pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
     let orders = Orders::default();
-    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
     let error = service.clone().oneshot(post("/shed", "k-shed", "{}")).await;
     assert!(error.is_err());
     let retry = send(&service, post("/shed", "k-shed", "{}")).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!((orders.refused("/shed"), orders.calls("/shed")), (2, 1));
 
     let refused = send(&service, post("/shed-response", "k-shed-2", "{}")).await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -420,6 +450,38 @@ pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
     assert!(replayed(
         &send(&service, post("/shed-response", "k-shed-2", "{}")).await
     ));
+    assert_eq!(orders.calls("/shed-response"), 1);
+
+    let kept = Orders::default();
+    let service = guarded(
+        IdempotencyGuardLayer::new(store).release_on_shed(false),
+        &kept,
+    );
+    let refused = send(&service, post("/shed-response", "k-shed-3", "{}")).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let repeat = send(&service, post("/shed-response", "k-shed-3", "{}")).await;
+    assert!(replayed(&repeat), "the refusal is the stored answer");
+    assert_eq!(repeat.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        (kept.refused("/shed-response"), kept.calls("/shed-response")),
+        (1, 0)
+    );
+}
+
+/// A response ended by trailers (gRPC's `grpc-status`) is replayed with
+/// them.
+pub async fn trailers_are_replayed<St: IdempotencyStore>(store: St) {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let first = send(&service, post("/grpc", "k-grpc", "{}")).await;
+    let first = first.into_body().collect().await.unwrap();
+    let trailers = first.trailers().cloned().expect("the handler's trailers");
+    let repeat = send(&service, post("/grpc", "k-grpc", "{}")).await;
+    assert!(replayed(&repeat));
+    let repeat = repeat.into_body().collect().await.unwrap();
+    assert_eq!(repeat.trailers(), Some(&trailers));
+    assert_eq!(repeat.to_bytes(), first.to_bytes());
+    assert_eq!(orders.calls("/grpc"), 1);
 }
 
 /// `wait` lets the TTL pass: paused time for the memory store, a real (short)
