@@ -455,7 +455,7 @@ impl<St: IdempotencyStore> Held<St> {
         let Some((store, key, claim)) = self.settle() else {
             return;
         };
-        detached(complete(store, key, claim, completion, self.ttl)).await;
+        detached(record_outcome(store, key, claim, completion, self.ttl)).await;
     }
 }
 
@@ -473,7 +473,8 @@ where
     }
 }
 
-async fn complete<St: IdempotencyStore>(
+/// Writes what a guarded call came to, and counts and logs how that went.
+async fn record_outcome<St: IdempotencyStore>(
     store: St,
     key: String,
     claim: ClaimToken,
@@ -518,7 +519,7 @@ impl<St: IdempotencyStore> Drop for Held<St> {
         // Outside a runtime (it is shutting down) the claim stays in flight
         // and lapses after the in-flight TTL.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(complete(store, key, claim, cancelled, self.ttl));
+            runtime.spawn(record_outcome(store, key, claim, cancelled, self.ttl));
         }
     }
 }
