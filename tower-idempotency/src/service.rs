@@ -459,12 +459,21 @@ impl<St: IdempotencyStore> Held<St> {
     }
 }
 
-/// Runs `write` in a task of its own and waits for it, so that it finishes
-/// even if the caller is dropped; inline outside a tokio runtime.
+/// Runs `write` to the end even if the caller is dropped meanwhile: polled
+/// once here (a write to an in-memory store is done then, with no task to
+/// spawn), then, if it has to wait, in a task of its own that the caller
+/// awaits; inline outside a tokio runtime.
 async fn detached<F>(write: F)
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let mut write = Box::pin(write);
+    if std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx)))
+        .await
+        .is_ready()
+    {
+        return;
+    }
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             let _ = runtime.spawn(write).await;
