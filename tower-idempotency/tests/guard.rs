@@ -205,11 +205,20 @@ async fn a_store_that_cannot_answer_refuses_the_request_with_503() {
     assert_eq!(orders.calls("/orders"), 0, "never run unguarded");
 }
 
-/// A store that claims but cannot record an outcome (it went down mid-call).
+/// The memory store with a fault in its completion write.
 #[derive(Clone)]
-struct CannotComplete(MemoryIdempotencyStore);
+struct FaultyCompletion(MemoryIdempotencyStore, Fault);
 
-impl IdempotencyStore for CannotComplete {
+#[derive(Clone)]
+enum Fault {
+    /// The store went down mid-call: the write fails.
+    Fails,
+    /// The write takes a second (a slow network); `Notify` tells when one
+    /// has started.
+    Slow(Arc<tokio::sync::Notify>),
+}
+
+impl IdempotencyStore for FaultyCompletion {
     async fn claim(
         &self,
         key: &str,
@@ -221,12 +230,19 @@ impl IdempotencyStore for CannotComplete {
 
     async fn complete(
         &self,
-        _: &str,
-        _: &ClaimToken,
-        _: Completion,
-        _: Duration,
+        key: &str,
+        claim: &ClaimToken,
+        completion: Completion,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        Err(StoreError::new(StoreErrorKind::Backend, "connection reset"))
+        match &self.1 {
+            Fault::Fails => Err(StoreError::new(StoreErrorKind::Backend, "connection reset")),
+            Fault::Slow(started) => {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.0.complete(key, claim, completion, ttl).await
+            }
+        }
     }
 
     async fn extend(
@@ -249,8 +265,8 @@ impl IdempotencyStore for CannotComplete {
 #[tokio::test(start_paused = true)]
 async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_held() {
     let orders = Orders::default();
-    let layer =
-        IdempotencyGuardLayer::new(CannotComplete(memory())).in_flight_ttl(Duration::from_secs(60));
+    let layer = IdempotencyGuardLayer::new(FaultyCompletion(memory(), Fault::Fails))
+        .in_flight_ttl(Duration::from_secs(60));
     let service = guarded(layer, &orders);
     let first = send(&service, post("/orders", "k-lost", "{}")).await;
     assert_eq!(first.status(), StatusCode::CREATED);
@@ -263,54 +279,13 @@ async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_he
     assert_eq!(orders.calls("/orders"), 2);
 }
 
-/// A store whose completion write takes a second (a slow network), telling
-/// when one has started.
-#[derive(Clone)]
-struct SlowComplete(MemoryIdempotencyStore, Arc<tokio::sync::Notify>);
-
-impl IdempotencyStore for SlowComplete {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.0.claim(key, fingerprint, ttl).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        claim: &ClaimToken,
-        completion: Completion,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.1.notify_one();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.0.complete(key, claim, completion, ttl).await
-    }
-
-    async fn extend(
-        &self,
-        key: &str,
-        claim: &ClaimToken,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.extend(key, claim, ttl).await
-    }
-
-    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
-        self.0.release(key, claim).await
-    }
-}
-
 /// The client goes away while the response is being written to the store:
 /// the write still lands, so once the in-flight TTL has passed the repeat is
 /// the stored response, not a second run.
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_its_response_is_written_still_records_it() {
     let started = Arc::new(tokio::sync::Notify::new());
-    let store = SlowComplete(memory(), started.clone());
+    let store = FaultyCompletion(memory(), Fault::Slow(started.clone()));
     let orders = Orders::default();
     let layer = IdempotencyGuardLayer::new(store).in_flight_ttl(Duration::from_secs(60));
     let service = guarded(layer, &orders);
