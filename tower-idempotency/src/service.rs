@@ -182,22 +182,21 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let config = &self.shared.config;
         let guarded = config.all_methods || !Idempotency::method_is_idempotent(request.method());
-        let header = request.headers().get(IDEMPOTENCY_KEY).filter(|_| guarded);
-        let Some(header) = header else {
+        if !guarded || !request.headers().contains_key(IDEMPOTENCY_KEY) {
             return ResponseFuture::passthrough(self.inner.call(request.map(GuardBody::new)));
-        };
-        let key = match key::parse(header) {
-            Ok(key) => key.to_owned(),
+        }
+        let (parts, body) = request.into_parts();
+        let key = match key::parse(&parts.headers[IDEMPOTENCY_KEY]) {
+            Ok(key) => key,
             Err(rejection) => {
                 return ResponseFuture::guarded(Box::pin(std::future::ready(Ok(reject(rejection)))))
             }
         };
-        let (parts, body) = request.into_parts();
         let identity = config
             .scope
             .as_ref()
             .and_then(|ScopeFn(identity)| identity(&parts));
-        let key = key::namespaced(identity.as_deref(), &key);
+        let key = key::namespaced(identity.as_deref(), key);
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
