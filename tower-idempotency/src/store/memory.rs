@@ -439,6 +439,22 @@ mod tests {
         ))
     }
 
+    /// Completes `key` with a response of `body` bytes; it must be held.
+    async fn finish(store: &MemoryIdempotencyStore, key: &str, claim: &ClaimToken, body: usize) {
+        assert!(store
+            .complete(key, claim, response(body), TTL)
+            .await
+            .unwrap());
+    }
+
+    /// What `key` came to; it must be completed.
+    async fn completion_of(store: &MemoryIdempotencyStore, key: &str) -> Completion {
+        match store.claim(key, "f", TTL).await.unwrap() {
+            Claim::Completed { completion, .. } => completion,
+            other => panic!("{key} should be completed, found {other:?}"),
+        }
+    }
+
     async fn acquire(store: &MemoryIdempotencyStore, key: &str) -> ClaimToken {
         match store.claim(key, "f", TTL).await.unwrap() {
             Claim::Acquired(claim) => claim,
@@ -711,20 +727,14 @@ mod tests {
         let store = MemoryIdempotencyStore::new(1000).with_max_bytes(10_000);
         for key in ["a", "b", "c"] {
             let claim = acquire(&store, key).await;
-            assert!(store
-                .complete(key, &claim, response(3000), TTL)
-                .await
-                .unwrap());
+            finish(&store, key, &claim, 3000).await;
         }
         assert!(store.bytes() <= 10_000);
         assert_eq!(store.len(), 3);
         // A fourth 3000-byte response does not fit beside three: "a", the
         // oldest, goes.
         let claim = acquire(&store, "d").await;
-        assert!(store
-            .complete("d", &claim, response(3000), TTL)
-            .await
-            .unwrap());
+        finish(&store, "d", &claim, 3000).await;
         assert!(store.bytes() <= 10_000, "{} bytes", store.bytes());
         acquire(&store, "a").await;
         assert!(matches!(
@@ -739,15 +749,12 @@ mod tests {
     async fn a_response_larger_than_the_store_is_recorded_as_not_kept() {
         let store = MemoryIdempotencyStore::new(10).with_max_bytes(4096);
         let claim = acquire(&store, "big").await;
-        assert!(store
-            .complete("big", &claim, response(8192), TTL)
-            .await
-            .unwrap());
-        let Claim::Completed { completion, .. } = store.claim("big", "f", TTL).await.unwrap()
-        else {
-            panic!("the key stays completed");
-        };
-        assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
+        finish(&store, "big", &claim, 8192).await;
+        assert_eq!(
+            completion_of(&store, "big").await,
+            Completion::NotKept(NotKept::TooLarge),
+            "the key stays completed"
+        );
         assert!(store.bytes() <= 4096);
     }
 
@@ -759,33 +766,22 @@ mod tests {
         let store = MemoryIdempotencyStore::new(1000).with_max_bytes(8192);
         for key in ["a", "b"] {
             let claim = acquire(&store, key).await;
-            assert!(store
-                .complete(key, &claim, response(1000), TTL)
-                .await
-                .unwrap());
+            finish(&store, key, &claim, 1000).await;
         }
         let big = acquire(&store, "big").await;
-        assert!(store
-            .complete("big", &big, response(8000), TTL)
-            .await
-            .unwrap());
+        finish(&store, "big", &big, 8000).await;
         for key in ["a", "b"] {
-            assert!(
-                matches!(
-                    store.claim(key, "f", TTL).await.unwrap(),
-                    Claim::Completed {
-                        completion: Completion::Response(_),
-                        ..
-                    }
-                ),
+            assert_eq!(
+                completion_of(&store, key).await,
+                response(1000),
                 "{key} was evicted for nothing"
             );
         }
-        let Claim::Completed { completion, .. } = store.claim("big", "f", TTL).await.unwrap()
-        else {
-            panic!("the key stays completed");
-        };
-        assert_eq!(completion, Completion::NotKept(NotKept::TooLarge));
+        assert_eq!(
+            completion_of(&store, "big").await,
+            Completion::NotKept(NotKept::TooLarge),
+            "the key stays completed"
+        );
     }
 
     /// A claim extended while older claims lapsed: the lapsed ones make
