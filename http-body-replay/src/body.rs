@@ -1,0 +1,466 @@
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::error::{ReplayError, ReplayErrorKind};
+
+/// A body that streams the original to whichever copy reads it first, while
+/// recording what it reads, so that other copies can read it again.
+///
+/// See the [crate docs](crate) for the rules. Clones are cheap (one `Arc`)
+/// and share one recording.
+pub struct ReplayBody<B> {
+    inner: Inner<B>,
+}
+
+enum Inner<B> {
+    /// Records as it goes; every clone shares the recording.
+    Recording(Reader<B>),
+    /// Declared larger than the limit: the original, read once, recorded
+    /// never.
+    Once(Pin<Box<B>>),
+    /// A clone of a `Once` body: fails when first read, then ends.
+    Unreadable,
+    /// Has failed; nothing more comes.
+    Spent,
+}
+
+/// One copy's position in the shared recording.
+struct Reader<B> {
+    shared: Arc<Shared<B>>,
+    /// Tells this copy's waker apart in the waiting list.
+    id: usize,
+    /// The next recorded data frame to yield.
+    frame: usize,
+    /// Bytes yielded so far.
+    yielded: u64,
+    trailers_yielded: bool,
+    /// Yielded its end (or an error): nothing more comes.
+    finished: bool,
+}
+
+struct Shared<B> {
+    limit: usize,
+    next_id: AtomicUsize,
+    state: Mutex<State<B>>,
+}
+
+struct State<B> {
+    /// `None` once it ended or failed.
+    original: Option<Pin<Box<B>>>,
+    /// Every data frame read from the original, until the limit is passed;
+    /// then empty for good.
+    recorded: Vec<Bytes>,
+    frames_read: usize,
+    bytes_read: u64,
+    trailers: Option<HeaderMap>,
+    ended: bool,
+    failed: bool,
+    /// More than `limit` bytes were read: the recording was released.
+    released: bool,
+    /// Copies waiting for the original to move. The original keeps only
+    /// the waker of the copy that polled it last, so every step forward
+    /// (and every copy going away) wakes the others.
+    waiting: Vec<(usize, Waker)>,
+}
+
+impl<B> State<B> {
+    fn wake_others(&mut self, id: usize) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        for (waiter, waker) in std::mem::take(&mut self.waiting) {
+            if waiter != id {
+                waker.wake();
+            }
+        }
+    }
+
+    fn wait(&mut self, id: usize, waker: &Waker) {
+        match self.waiting.iter_mut().find(|(waiter, _)| *waiter == id) {
+            Some((_, registered)) => registered.clone_from(waker),
+            None => self.waiting.push((id, waker.clone())),
+        }
+    }
+}
+
+impl<B: Body> ReplayBody<B> {
+    /// Wraps `body`, recording up to `limit` bytes of it.
+    ///
+    /// A body whose size hint already says it is longer than `limit` (its
+    /// `Content-Length`) records nothing and cannot be replayed.
+    pub fn new(body: B, limit: usize) -> Self {
+        if body.size_hint().lower() > limit as u64 {
+            return ReplayBody {
+                inner: Inner::Once(Box::pin(body)),
+            };
+        }
+        let ended = body.is_end_stream();
+        let shared = Arc::new(Shared {
+            limit,
+            next_id: AtomicUsize::new(1),
+            state: Mutex::new(State {
+                original: (!ended).then(|| Box::pin(body)),
+                recorded: Vec::new(),
+                frames_read: 0,
+                bytes_read: 0,
+                trailers: None,
+                ended,
+                failed: false,
+                released: false,
+                waiting: Vec::new(),
+            }),
+        });
+        ReplayBody {
+            inner: Inner::Recording(Reader::new(shared, 0)),
+        }
+    }
+}
+
+impl<B> ReplayBody<B> {
+    /// `true` while a fresh clone would yield the whole body: nothing
+    /// recorded has been released and the original has not failed.
+    ///
+    /// Once `false`, it stays `false`. Ask it *after* the attempt that read
+    /// the body: a copy made earlier is only a promise.
+    pub fn can_replay(&self) -> bool {
+        match &self.inner {
+            Inner::Recording(reader) => {
+                let state = reader.shared.lock();
+                !state.released && !state.failed
+            }
+            Inner::Once(_) | Inner::Unreadable | Inner::Spent => false,
+        }
+    }
+
+    /// The recording limit this body was made with, `None` when it was
+    /// declared too large to record.
+    pub fn limit(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Recording(reader) => Some(reader.shared.limit),
+            Inner::Once(_) | Inner::Unreadable | Inner::Spent => None,
+        }
+    }
+
+    /// What has been read from the original so far, for a record of the
+    /// request (a dead-letter entry, a log).
+    pub fn recording(&self) -> Recording {
+        match &self.inner {
+            Inner::Recording(reader) => {
+                let state = reader.shared.lock();
+                Recording {
+                    data: state.recorded.clone(),
+                    bytes_read: state.bytes_read,
+                    trailers: state.trailers.clone(),
+                    complete: state.ended && !state.released,
+                    released: state.released,
+                }
+            }
+            Inner::Once(_) | Inner::Unreadable | Inner::Spent => Recording {
+                data: Vec::new(),
+                bytes_read: 0,
+                trailers: None,
+                complete: false,
+                released: true,
+            },
+        }
+    }
+}
+
+/// A snapshot of what a [`ReplayBody`] has read; see
+/// [`ReplayBody::recording`].
+#[derive(Debug, Clone)]
+pub struct Recording {
+    data: Vec<Bytes>,
+    bytes_read: u64,
+    trailers: Option<HeaderMap>,
+    complete: bool,
+    released: bool,
+}
+
+impl Recording {
+    /// The recorded data frames, in order (refcounted, not copied). Empty
+    /// once the recording was released.
+    pub fn data(&self) -> &[Bytes] {
+        &self.data
+    }
+
+    /// The recorded trailers, if the original has sent them.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
+    }
+
+    /// Bytes read from the original so far, recorded or not.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// `true` when the original has ended and all of it is recorded.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// `true` when the body outgrew the limit and nothing is kept.
+    pub fn is_released(&self) -> bool {
+        self.released
+    }
+}
+
+impl<B> Clone for ReplayBody<B> {
+    /// A copy that starts from the first byte.
+    fn clone(&self) -> Self {
+        let inner = match &self.inner {
+            Inner::Recording(reader) => {
+                let id = reader.shared.next_id.fetch_add(1, Ordering::Relaxed);
+                Inner::Recording(Reader::new(Arc::clone(&reader.shared), id))
+            }
+            Inner::Once(_) | Inner::Unreadable | Inner::Spent => Inner::Unreadable,
+        };
+        ReplayBody { inner }
+    }
+}
+
+impl<B> Shared<B> {
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        // A panic in the original's `poll_frame` poisons the lock; the state
+        // itself is only ever updated whole, so it is still sound to read.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<B> Reader<B> {
+    fn new(shared: Arc<Shared<B>>, id: usize) -> Self {
+        Reader {
+            shared,
+            id,
+            frame: 0,
+            yielded: 0,
+            trailers_yielded: false,
+            finished: false,
+        }
+    }
+
+    fn fail(&mut self, error: ReplayError) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
+        self.finished = true;
+        Poll::Ready(Some(Err(error)))
+    }
+}
+
+impl<B> Reader<B>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut state = shared.lock();
+        if self.frame < state.frames_read {
+            // Behind the reader in front: replay.
+            if state.released {
+                return self.fail(ReplayError::new(ReplayErrorKind::NotReplayable));
+            }
+            let data = state.recorded[self.frame].clone();
+            self.frame += 1;
+            self.yielded += data.len() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if !self.trailers_yielded {
+            if let Some(trailers) = &state.trailers {
+                self.trailers_yielded = true;
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
+            }
+        }
+        if state.failed {
+            return self.fail(ReplayError::new(ReplayErrorKind::BodyFailedEarlier));
+        }
+        let polled = match state.original.as_mut() {
+            Some(original) if !original.is_end_stream() => original.as_mut().poll_frame(cx),
+            _ => Poll::Ready(None),
+        };
+        match polled {
+            Poll::Pending => {
+                state.wait(self.id, cx.waker());
+                Poll::Pending
+            }
+            Poll::Ready(None) => {
+                state.ended = true;
+                state.original = None;
+                state.wake_others(self.id);
+                self.finished = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(error))) => {
+                state.failed = true;
+                state.original = None;
+                state.wake_others(self.id);
+                self.fail(ReplayError::body(error.into()))
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                let frame = match frame.into_data() {
+                    Ok(mut data) => {
+                        let data = data.copy_to_bytes(data.remaining());
+                        state.frames_read += 1;
+                        state.bytes_read += data.len() as u64;
+                        if !state.released {
+                            if state.bytes_read > shared.limit as u64 {
+                                state.released = true;
+                                state.recorded = Vec::new();
+                            } else {
+                                state.recorded.push(data.clone());
+                            }
+                        }
+                        self.frame = state.frames_read;
+                        self.yielded += data.len() as u64;
+                        Frame::data(data)
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => {
+                            state.trailers = Some(trailers.clone());
+                            self.trailers_yielded = true;
+                            Frame::trailers(trailers)
+                        }
+                        // `Frame` has only data and trailers; a future kind
+                        // is passed on without being recorded.
+                        Err(frame) => {
+                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+                        }
+                    },
+                };
+                state.wake_others(self.id);
+                Poll::Ready(Some(Ok(frame)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.finished {
+            return true;
+        }
+        let state = self.shared.lock();
+        let at_end = state.ended
+            || (!state.failed
+                && state
+                    .original
+                    .as_ref()
+                    .is_some_and(|original| original.is_end_stream()));
+        at_end
+            && self.frame >= state.frames_read
+            && (self.trailers_yielded || state.trailers.is_none())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.finished {
+            return SizeHint::with_exact(0);
+        }
+        let state = self.shared.lock();
+        let recorded = state.bytes_read.saturating_sub(self.yielded);
+        let original = match &state.original {
+            Some(original) => original.size_hint(),
+            None => SizeHint::with_exact(0),
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(original.lower().saturating_add(recorded));
+        if let Some(upper) = original.upper() {
+            hint.set_upper(upper.saturating_add(recorded));
+        }
+        hint
+    }
+}
+
+impl<B> Drop for Reader<B> {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        // This copy may have been the one the original would wake: hand
+        // the turn to the others.
+        if !state.waiting.is_empty() {
+            state.waiting.retain(|(waiter, _)| *waiter != self.id);
+            state.wake_others(self.id);
+        }
+    }
+}
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = ReplayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
+        match &mut self.get_mut().inner {
+            Inner::Recording(reader) => reader.poll_frame(cx),
+            Inner::Once(original) => original.as_mut().poll_frame(cx).map(|frame| {
+                frame.map(|frame| {
+                    frame
+                        .map(|frame| {
+                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+                        })
+                        .map_err(|error| ReplayError::body(error.into()))
+                })
+            }),
+            inner @ Inner::Unreadable => {
+                // Fail once, then end, as a recording copy does.
+                *inner = Inner::Spent;
+                Poll::Ready(Some(Err(ReplayError::new(ReplayErrorKind::NotReplayable))))
+            }
+            Inner::Spent => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Recording(reader) => reader.is_end_stream(),
+            Inner::Once(original) => original.is_end_stream(),
+            Inner::Unreadable => false,
+            Inner::Spent => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Recording(reader) => reader.size_hint(),
+            Inner::Once(original) => original.size_hint(),
+            Inner::Unreadable => SizeHint::default(),
+            Inner::Spent => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl<B> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Recording(reader) => {
+                let state = reader.shared.lock();
+                f.debug_struct("ReplayBody")
+                    .field("limit", &reader.shared.limit)
+                    .field("bytes_read", &state.bytes_read)
+                    .field("released", &state.released)
+                    .field("ended", &state.ended)
+                    .field("yielded", &reader.yielded)
+                    .finish()
+            }
+            Inner::Once(_) | Inner::Unreadable | Inner::Spent => f
+                .debug_struct("ReplayBody")
+                .field("limit", &"exceeded by the size hint")
+                .finish(),
+        }
+    }
+}
