@@ -1,15 +1,25 @@
 //! Replayable `http::Request` bodies.
 //!
-//! A streaming body (hyper's `Incoming`, axum's `Body`) can be read only once,
-//! so a request carrying one cannot be retried as it is. [`ReplayBodyLayer`]
-//! reads each request body into memory **up to a byte limit** and hands the
-//! service below a [`ReplayBody`]:
+//! A streaming body (hyper's `Incoming`, axum's `Body`, tonic's) can be read
+//! only once, so a request carrying one cannot be retried as it is.
+//! [`ReplayBodyLayer`] wraps each request body in a [`ReplayBody`] (from
+//! [`http_body_replay`]) and reads **nothing ahead**:
 //!
-//! - a body that ends within the limit is kept whole (data and trailers) and
-//!   can be copied for every retry;
-//! - a bigger body is *not* truncated: the chunks already read are sent first,
-//!   followed by the rest of the stream, and the request is sent exactly once
-//!   (its [`TryCloneBody`] returns `None`, so the retry layer does not retry it).
+//! - the first attempt receives each frame as the client sends it, while the
+//!   body records it (refcounted `Bytes`) up to a byte limit;
+//! - a retry replays the recording, then continues the original where the
+//!   previous attempt stopped;
+//! - a body that grows past the limit stops being recorded: the attempt
+//!   reading it carries on, and its result, whatever it is, goes back to the
+//!   caller as it is; a `Content-Length` above the limit records nothing.
+//!
+//! The retry layer asks the body whether it can be replayed *after* the
+//! attempt ([`TryCloneBody::can_replay`]), so whether a request is retried
+//! depends on what the attempt actually read, not on a guess made before.
+//!
+//! A [`DeadLetterLayer`](https://docs.rs/tower-poison) above the retry layer
+//! already hands the services below it a `ReplayBody`; the retry layer
+//! replays that one, and no `ReplayBodyLayer` is needed.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -44,26 +54,30 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::future::{poll_fn, Future};
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, Request};
-use http_body::{Body, Frame, SizeHint};
-use tower_classify::BoxError;
+use bytes::Bytes;
+use http::Request;
+use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
+pub use http_body_replay::{ReplayBody, ReplayError, ReplayErrorKind};
+
 /// A request body whose copies can be sent again.
 ///
-/// Implemented for bodies already in memory and for [`ReplayBody`]. `None`
-/// means "this body cannot be sent twice": the request gets one attempt.
+/// Implemented for bodies already in memory and for [`ReplayBody`].
 pub trait TryCloneBody: Sized {
-    /// A copy of the whole body, not yet read.
+    /// A copy of the whole body, not yet read; `None` when this body cannot
+    /// be sent twice (the request then gets one attempt).
     fn try_clone_body(&self) -> Option<Self>;
+
+    /// Whether a copy made earlier can still be sent whole. Asked after an
+    /// attempt, before a retry: a [`ReplayBody`] that outgrew its limit
+    /// during the attempt says `false`. In-memory bodies always can.
+    fn can_replay(&self) -> bool {
+        true
+    }
 }
 
 macro_rules! clone_body {
@@ -78,7 +92,7 @@ macro_rules! clone_body {
 
 clone_body!((), Bytes, String, Vec<u8>, &'static str);
 
-impl<D: Buf + Clone> TryCloneBody for http_body_util::Full<D> {
+impl<D: bytes::Buf + Clone> TryCloneBody for http_body_util::Full<D> {
     fn try_clone_body(&self) -> Option<Self> {
         Some(self.clone())
     }
@@ -90,229 +104,27 @@ impl<D> TryCloneBody for http_body_util::Empty<D> {
     }
 }
 
-/// A request body read into memory up to a limit; see the [module docs](self).
-pub struct ReplayBody<B> {
-    kind: Kind<B>,
-}
-
-enum Kind<B> {
-    /// The whole body; `next` is what `poll_frame` yields next.
-    Buffered {
-        data: Bytes,
-        trailers: Option<HeaderMap>,
-        next: Next,
-    },
-    /// More than the limit: the chunks read so far, then the rest, once.
-    Streaming {
-        prefix: VecDeque<Bytes>,
-        rest: Pin<Box<B>>,
-    },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Next {
-    Data,
-    Trailers,
-    End,
-}
-
-impl<B> ReplayBody<B> {
-    /// A replayable body of `data`.
-    pub fn buffered(data: impl Into<Bytes>) -> Self {
-        ReplayBody {
-            kind: Kind::Buffered {
-                data: data.into(),
-                trailers: None,
-                next: Next::Data,
-            },
-        }
-    }
-
-    /// `true` when the whole body is in memory, so it can be replayed.
-    pub fn is_buffered(&self) -> bool {
-        matches!(self.kind, Kind::Buffered { .. })
-    }
-}
-
-impl<B> ReplayBody<B>
-where
-    B: Body,
-{
-    /// Reads `body` into memory if it is at most `limit` bytes long.
-    ///
-    /// A body longer than that is returned as a one-shot stream of what was
-    /// read followed by the rest: nothing is dropped. A body whose size hint
-    /// already says it is longer is not read at all.
-    pub async fn buffer(body: B, limit: usize) -> Result<Self, B::Error> {
-        let mut body = Box::pin(body);
-        let mut chunks = VecDeque::new();
-        if body.size_hint().lower() > limit as u64 {
-            return Ok(Self::streaming(chunks, body));
-        }
-        let mut len = 0usize;
-        let mut trailers = None;
-        while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            match frame?.into_data() {
-                Ok(mut data) => {
-                    let bytes = data.copy_to_bytes(data.remaining());
-                    len = len.saturating_add(bytes.len());
-                    chunks.push_back(bytes);
-                    if len > limit {
-                        return Ok(Self::streaming(chunks, body));
-                    }
-                }
-                Err(frame) => {
-                    if let Ok(map) = frame.into_trailers() {
-                        trailers = Some(map);
-                    }
-                }
-            }
-        }
-        let data = match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.pop_front().unwrap_or_default(),
-            _ => {
-                let mut all = BytesMut::with_capacity(len);
-                chunks.iter().for_each(|chunk| all.extend_from_slice(chunk));
-                all.freeze()
-            }
-        };
-        Ok(ReplayBody {
-            kind: Kind::Buffered {
-                data,
-                trailers,
-                next: Next::Data,
-            },
-        })
-    }
-
-    fn streaming(prefix: VecDeque<Bytes>, rest: Pin<Box<B>>) -> Self {
-        ReplayBody {
-            kind: Kind::Streaming { prefix, rest },
-        }
-    }
-}
-
 impl<B> TryCloneBody for ReplayBody<B> {
     fn try_clone_body(&self) -> Option<Self> {
-        match &self.kind {
-            Kind::Buffered { data, trailers, .. } => Some(ReplayBody {
-                kind: Kind::Buffered {
-                    data: data.clone(),
-                    trailers: trailers.clone(),
-                    next: Next::Data,
-                },
-            }),
-            Kind::Streaming { .. } => None,
-        }
+        // Cheap (one `Arc`): the copy is made before the attempt reads the
+        // body and only becomes a retry if `can_replay` still holds then.
+        self.can_replay().then(|| self.clone())
+    }
+
+    fn can_replay(&self) -> bool {
+        ReplayBody::can_replay(self)
     }
 }
 
-impl<B> Body for ReplayBody<B>
-where
-    B: Body,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match &mut self.get_mut().kind {
-            Kind::Buffered {
-                data,
-                trailers,
-                next,
-            } => {
-                if *next == Next::Data {
-                    *next = Next::Trailers;
-                    if !data.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
-                    }
-                }
-                if *next == Next::Trailers {
-                    *next = Next::End;
-                    if let Some(trailers) = trailers.clone() {
-                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                    }
-                }
-                Poll::Ready(None)
-            }
-            Kind::Streaming { prefix, rest } => {
-                if let Some(chunk) = prefix.pop_front() {
-                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
-                }
-                rest.as_mut().poll_frame(cx).map(|frame| {
-                    frame.map(|frame| {
-                        frame.map(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
-                    })
-                })
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Buffered {
-                next,
-                data,
-                trailers,
-            } => match next {
-                Next::Data => data.is_empty() && trailers.is_none(),
-                Next::Trailers => trailers.is_none(),
-                Next::End => true,
-            },
-            Kind::Streaming { prefix, rest } => prefix.is_empty() && rest.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Buffered { data, next, .. } => SizeHint::with_exact(if *next == Next::Data {
-                data.len() as u64
-            } else {
-                0
-            }),
-            Kind::Streaming { prefix, rest } => {
-                let buffered: u64 = prefix.iter().map(|c| c.len() as u64).sum();
-                let rest = rest.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(rest.lower().saturating_add(buffered));
-                if let Some(upper) = rest.upper() {
-                    hint.set_upper(upper.saturating_add(buffered));
-                }
-                hint
-            }
-        }
-    }
-}
-
-impl<B> fmt::Debug for ReplayBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::Buffered { data, trailers, .. } => f
-                .debug_struct("ReplayBody::Buffered")
-                .field("len", &data.len())
-                .field("trailers", &trailers.is_some())
-                .finish(),
-            Kind::Streaming { prefix, .. } => f
-                .debug_struct("ReplayBody::Streaming")
-                .field("prefix_chunks", &prefix.len())
-                .finish(),
-        }
-    }
-}
-
-/// Buffers request bodies up to `limit` bytes so the retry layer below can
-/// replay them; see the [module docs](self).
+/// Wraps request bodies in a [`ReplayBody`] recording up to `limit` bytes,
+/// so the retry layer below can replay them; see the [module docs](self).
 #[derive(Debug, Clone, Copy)]
 pub struct ReplayBodyLayer {
     limit: usize,
 }
 
 impl ReplayBodyLayer {
-    /// Buffers bodies of at most `limit` bytes.
+    /// Records (and so replays) bodies of at most `limit` bytes.
     pub const fn new(limit: usize) -> Self {
         ReplayBodyLayer { limit }
     }
@@ -355,34 +167,22 @@ impl<S> ReplayBodyService<S> {
 
 impl<S, B> Service<Request<B>> for ReplayBodyService<S>
 where
-    S: Service<Request<ReplayBody<B>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Error: Into<BoxError>,
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body,
 {
     type Response = S::Response;
-    type Error = BoxError;
-    // Boxed: reading a body already costs far more than one allocation, and a
-    // hand-written state machine here would only hide that.
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Error = S::Error;
+    type Future = S::Future;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The readied service goes with the request; a fresh clone stays.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.limit;
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let body = ReplayBody::buffer(body, limit).await.map_err(Into::into)?;
-            inner
-                .call(Request::from_parts(parts, body))
-                .await
-                .map_err(Into::into)
-        })
+        self.inner
+            .call(request.map(|body| ReplayBody::new(body, limit)))
     }
 }

@@ -373,7 +373,9 @@ where
                 this.policy,
                 outcome,
                 *this.attempts,
-                this.replay.is_some(),
+                this.replay
+                    .as_ref()
+                    .is_some_and(|copy| this.policy.replay.can_replay(copy)),
                 *this.deadline,
                 this.backoff,
                 this.waited_for_shed,

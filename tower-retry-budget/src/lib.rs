@@ -15,7 +15,8 @@
 //!   rule) longer than `max_wait` (1 h) or past the deadline:
 //!   [`WaitTooLong`](error::WaitTooLong), naming the wait;
 //! - when the request cannot be sent twice: POST and PATCH without an
-//!   `Idempotency-Key` header, or a body too large to buffer ([`body`]).
+//!   `Idempotency-Key` header, or a streamed body that outgrew its recording
+//!   limit ([`body`]).
 //!
 //! A server's hint replaces the computed backoff for that attempt. Before every
 //! retry the inner service is driven ready again, and dropping the response

@@ -9,14 +9,23 @@
 //!   [`Idempotency`](tower_classify::http::Idempotency) (POST and PATCH only
 //!   with an `Idempotency-Key` header or `retry_non_idempotent(true)`), with a
 //!   body that can be copied ([`TryCloneBody`](crate::body::TryCloneBody):
-//!   buffered bodies, or [`ReplayBody`](crate::body::ReplayBody) for streaming
-//!   ones), optionally marking each retry with an attempt-number header.
+//!   in-memory bodies, or [`ReplayBody`](crate::body::ReplayBody) for
+//!   streaming ones, which is asked again after each attempt), optionally
+//!   marking each retry with an attempt-number header.
 
 /// Makes the copy of a request that a retry sends.
 pub trait Replay<Req> {
     /// A copy of `request` to send as attempt `previous_attempts + 1`, or
     /// `None` when the request must not be sent again.
     fn replay(&self, request: &Req, previous_attempts: u32) -> Option<Req>;
+
+    /// Whether `copy`, made by [`replay`](Self::replay) before the previous
+    /// attempt ran, can still be sent. Asked before each retry: a streamed
+    /// body that outgrew its recording during the attempt cannot.
+    fn can_replay(&self, copy: &Req) -> bool {
+        let _ = copy;
+        true
+    }
 }
 
 /// Replays any `Clone` request by cloning it.
@@ -106,6 +115,10 @@ mod http_replay {
                     .insert(name.clone(), HeaderValue::from(previous_attempts));
             }
             Some(copy)
+        }
+
+        fn can_replay(&self, copy: &Request<B>) -> bool {
+            copy.body().can_replay()
         }
     }
 }

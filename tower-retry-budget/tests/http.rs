@@ -380,21 +380,37 @@ async fn a_body_within_the_limit_is_replayed_whole() {
     assert!(log.iter().all(|seen| seen.body == "0123456789abcdef"));
 }
 
-#[tokio::test]
-async fn replay_body_keeps_trailers() {
+#[tokio::test(start_paused = true)]
+async fn a_retry_replays_the_trailers_too() {
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let inner = tower::service_fn(move |req: Request<ReplayBody<Chunks>>| {
+        let log = log.clone();
+        async move {
+            let collected = req.into_body().collect().await?;
+            let mut log = log.lock().unwrap();
+            log.push((collected.trailers().cloned(), collected.to_bytes()));
+            let status = if log.len() == 1 { 503 } else { 200 };
+            Ok::<_, BoxError>(Response::builder().status(status).body(()).unwrap())
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(100))
+        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .service(inner);
     let body = Chunks(VecDeque::from([
         Frame::data(Bytes::from_static(b"hi")),
         Frame::trailers(trailers.clone()),
     ]));
-    let buffered = ReplayBody::buffer(body, 100).await.unwrap();
-    assert!(buffered.is_buffered());
-    let copy = tower_retry_budget::body::TryCloneBody::try_clone_body(&buffered).unwrap();
-    for body in [buffered, copy] {
-        let collected = body.collect().await.unwrap();
-        assert_eq!(collected.trailers(), Some(&trailers));
-        assert_eq!(collected.to_bytes(), "hi");
+    let put = Request::put("/").body(body).unwrap();
+    assert_eq!(service.oneshot(put).await.unwrap().status(), 200);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (got, bytes) in seen.iter() {
+        assert_eq!(got.as_ref(), Some(&trailers));
+        assert_eq!(bytes, "hi");
     }
 }
 
@@ -463,4 +479,62 @@ async fn grpc_pushback_is_a_hint() {
         .unwrap();
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(log.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_a_partial_read_sends_every_byte() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    // Attempt 1 reads one frame and fails; later attempts read everything.
+    let inner = tower::service_fn(move |req: Request<ReplayBody<Chunks>>| {
+        let log = log.clone();
+        async move {
+            let mut body = req.into_body();
+            let first = log.lock().unwrap().is_empty();
+            if first {
+                let frame = body.frame().await.unwrap()?;
+                log.lock().unwrap().push(frame.into_data().unwrap());
+                return Ok::<_, BoxError>(status(503)?);
+            }
+            let bytes = body.collect().await?.to_bytes();
+            log.lock().unwrap().push(bytes);
+            status(200)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(64))
+        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .service(inner);
+    let put = Request::put("/").body(chunks(&["ab", "cd", "ef"])).unwrap();
+    assert_eq!(service.oneshot(put).await.unwrap().status(), 200);
+    assert_eq!(*seen.lock().unwrap(), ["ab", "abcdef"]);
+}
+
+#[tokio::test]
+async fn the_inner_service_is_called_before_the_body_arrives() {
+    let (mut upload, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
+    let (called_tx, called_rx) = tokio::sync::oneshot::channel();
+    let called_tx = Arc::new(Mutex::new(Some(called_tx)));
+    let inner = tower::service_fn(move |req: Request<ReplayBody<_>>| {
+        let called_tx = called_tx.clone();
+        async move {
+            if let Some(tx) = called_tx.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            // Echo: the response is the first frame, read after the call.
+            let mut body = req.into_body();
+            let frame = body.frame().await.unwrap()?.into_data().unwrap();
+            Ok::<_, BoxError>(Response::new(frame))
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(1024))
+        .layer(RetryLayer::http().build().unwrap())
+        .service(inner);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(body).unwrap()));
+    // Not one byte sent yet, and the service below already runs.
+    called_rx.await.unwrap();
+    upload.send_data(Bytes::from("first")).await.unwrap();
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.into_body(), "first");
 }
