@@ -16,19 +16,7 @@ use crate::error::{ReplayError, ReplayErrorKind};
 /// See the [crate docs](crate) for the rules. Clones are cheap (one `Arc`)
 /// and share one recording.
 pub struct ReplayBody<B> {
-    inner: Inner<B>,
-}
-
-enum Inner<B> {
-    /// Records as it goes; every clone shares the recording.
-    Recording(Reader<B>),
-    /// Declared larger than the limit: the original, read once, recorded
-    /// never.
-    Once(Pin<Box<B>>),
-    /// A clone of a `Once` body: fails when first read, then ends.
-    Unreadable,
-    /// Has failed; nothing more comes.
-    Spent,
+    reader: Reader<B>,
 }
 
 /// One copy's position in the shared recording.
@@ -54,16 +42,18 @@ struct Shared<B> {
 struct State<B> {
     /// `None` once it ended or failed.
     original: Option<Pin<Box<B>>>,
-    /// Every data frame read from the original, until the limit is passed;
-    /// then empty for good.
+    /// Every data frame read from the original while `recording`.
     recorded: Vec<Bytes>,
+    /// Still recording: off from the start for a body declared larger than
+    /// the limit, and for good once more than `limit` bytes were read.
+    recording: bool,
+    /// Some bytes were read and not kept: no copy can start over.
+    lost: bool,
     frames_read: usize,
     bytes_read: u64,
     trailers: Option<HeaderMap>,
     ended: bool,
     failed: bool,
-    /// More than `limit` bytes were read: the recording was released.
-    released: bool,
     /// Copies waiting for the original to move. The original keeps only
     /// the waker of the copy that polled it last, so every step forward
     /// (and every copy going away) wakes the others.
@@ -96,11 +86,7 @@ impl<B: Body> ReplayBody<B> {
     /// A body whose size hint already says it is longer than `limit` (its
     /// `Content-Length`) records nothing and cannot be replayed.
     pub fn new(body: B, limit: usize) -> Self {
-        if body.size_hint().lower() > limit as u64 {
-            return ReplayBody {
-                inner: Inner::Once(Box::pin(body)),
-            };
-        }
+        let recording = body.size_hint().lower() <= limit as u64;
         let ended = body.is_end_stream();
         let shared = Arc::new(Shared {
             limit,
@@ -108,67 +94,50 @@ impl<B: Body> ReplayBody<B> {
             state: Mutex::new(State {
                 original: (!ended).then(|| Box::pin(body)),
                 recorded: Vec::new(),
+                recording,
+                lost: false,
                 frames_read: 0,
                 bytes_read: 0,
                 trailers: None,
                 ended,
                 failed: false,
-                released: false,
                 waiting: Vec::new(),
             }),
         });
         ReplayBody {
-            inner: Inner::Recording(Reader::new(shared, 0)),
+            reader: Reader::new(shared, 0),
         }
     }
 }
 
 impl<B> ReplayBody<B> {
-    /// `true` while a fresh clone would yield the whole body: nothing
-    /// recorded has been released and the original has not failed.
+    /// `true` while a fresh clone would yield the whole body: no byte read
+    /// from the original was dropped, and the original has not failed.
     ///
     /// Once `false`, it stays `false`. Ask it *after* the attempt that read
-    /// the body: a copy made earlier is only a promise.
+    /// the body: a copy made earlier is only a promise. A body declared
+    /// larger than the limit can still be replayed until its first byte is
+    /// read (a connection refused before sending anything).
     pub fn can_replay(&self) -> bool {
-        match &self.inner {
-            Inner::Recording(reader) => {
-                let state = reader.shared.lock();
-                !state.released && !state.failed
-            }
-            Inner::Once(_) | Inner::Unreadable | Inner::Spent => false,
-        }
+        let state = self.reader.shared.lock();
+        !state.lost && !state.failed
     }
 
-    /// The recording limit this body was made with, `None` when it was
-    /// declared too large to record.
-    pub fn limit(&self) -> Option<usize> {
-        match &self.inner {
-            Inner::Recording(reader) => Some(reader.shared.limit),
-            Inner::Once(_) | Inner::Unreadable | Inner::Spent => None,
-        }
+    /// The recording limit this body was made with.
+    pub fn limit(&self) -> usize {
+        self.reader.shared.limit
     }
 
     /// What has been read from the original so far, for a record of the
     /// request (a dead-letter entry, a log).
     pub fn recording(&self) -> Recording {
-        match &self.inner {
-            Inner::Recording(reader) => {
-                let state = reader.shared.lock();
-                Recording {
-                    data: state.recorded.clone(),
-                    bytes_read: state.bytes_read,
-                    trailers: state.trailers.clone(),
-                    complete: state.ended && !state.released,
-                    released: state.released,
-                }
-            }
-            Inner::Once(_) | Inner::Unreadable | Inner::Spent => Recording {
-                data: Vec::new(),
-                bytes_read: 0,
-                trailers: None,
-                complete: false,
-                released: true,
-            },
+        let state = self.reader.shared.lock();
+        Recording {
+            data: state.recorded.clone(),
+            bytes_read: state.bytes_read,
+            trailers: state.trailers.clone(),
+            complete: state.ended && state.recording,
+            released: !state.recording,
         }
     }
 }
@@ -206,7 +175,8 @@ impl Recording {
         self.complete
     }
 
-    /// `true` when the body outgrew the limit and nothing is kept.
+    /// `true` when the body outgrew the limit (or was declared larger than
+    /// it) and nothing is kept.
     pub fn is_released(&self) -> bool {
         self.released
     }
@@ -215,14 +185,11 @@ impl Recording {
 impl<B> Clone for ReplayBody<B> {
     /// A copy that starts from the first byte.
     fn clone(&self) -> Self {
-        let inner = match &self.inner {
-            Inner::Recording(reader) => {
-                let id = reader.shared.next_id.fetch_add(1, Ordering::Relaxed);
-                Inner::Recording(Reader::new(Arc::clone(&reader.shared), id))
-            }
-            Inner::Once(_) | Inner::Unreadable | Inner::Spent => Inner::Unreadable,
-        };
-        ReplayBody { inner }
+        let shared = &self.reader.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        ReplayBody {
+            reader: Reader::new(Arc::clone(shared), id),
+        }
     }
 }
 
@@ -270,7 +237,7 @@ where
         let mut state = shared.lock();
         if self.frame < state.frames_read {
             // Behind the reader in front: replay.
-            if state.released {
+            if !state.recording {
                 return self.fail(ReplayError::new(ReplayErrorKind::NotReplayable));
             }
             let data = state.recorded[self.frame].clone();
@@ -315,13 +282,14 @@ where
                         let data = data.copy_to_bytes(data.remaining());
                         state.frames_read += 1;
                         state.bytes_read += data.len() as u64;
-                        if !state.released {
-                            if state.bytes_read > shared.limit as u64 {
-                                state.released = true;
-                                state.recorded = Vec::new();
-                            } else {
-                                state.recorded.push(data.clone());
-                            }
+                        if state.recording && state.bytes_read > shared.limit as u64 {
+                            state.recording = false;
+                            state.recorded = Vec::new();
+                        }
+                        if state.recording {
+                            state.recorded.push(data.clone());
+                        } else {
+                            state.lost = true;
                         }
                         self.frame = state.frames_read;
                         self.yielded += data.len() as u64;
@@ -405,62 +373,28 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
-        match &mut self.get_mut().inner {
-            Inner::Recording(reader) => reader.poll_frame(cx),
-            Inner::Once(original) => original.as_mut().poll_frame(cx).map(|frame| {
-                frame.map(|frame| {
-                    frame
-                        .map(|frame| {
-                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
-                        })
-                        .map_err(|error| ReplayError::body(error.into()))
-                })
-            }),
-            inner @ Inner::Unreadable => {
-                // Fail once, then end, as a recording copy does.
-                *inner = Inner::Spent;
-                Poll::Ready(Some(Err(ReplayError::new(ReplayErrorKind::NotReplayable))))
-            }
-            Inner::Spent => Poll::Ready(None),
-        }
+        self.get_mut().reader.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Recording(reader) => reader.is_end_stream(),
-            Inner::Once(original) => original.is_end_stream(),
-            Inner::Unreadable => false,
-            Inner::Spent => true,
-        }
+        self.reader.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Recording(reader) => reader.size_hint(),
-            Inner::Once(original) => original.size_hint(),
-            Inner::Unreadable => SizeHint::default(),
-            Inner::Spent => SizeHint::with_exact(0),
-        }
+        self.reader.size_hint()
     }
 }
 
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
-            Inner::Recording(reader) => {
-                let state = reader.shared.lock();
-                f.debug_struct("ReplayBody")
-                    .field("limit", &reader.shared.limit)
-                    .field("bytes_read", &state.bytes_read)
-                    .field("released", &state.released)
-                    .field("ended", &state.ended)
-                    .field("yielded", &reader.yielded)
-                    .finish()
-            }
-            Inner::Once(_) | Inner::Unreadable | Inner::Spent => f
-                .debug_struct("ReplayBody")
-                .field("limit", &"exceeded by the size hint")
-                .finish(),
-        }
+        let reader = &self.reader;
+        let state = reader.shared.lock();
+        f.debug_struct("ReplayBody")
+            .field("limit", &reader.shared.limit)
+            .field("bytes_read", &state.bytes_read)
+            .field("recording", &state.recording)
+            .field("ended", &state.ended)
+            .field("yielded", &reader.yielded)
+            .finish()
     }
 }

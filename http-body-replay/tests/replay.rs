@@ -167,13 +167,24 @@ async fn past_the_limit_the_recording_is_released_and_the_reader_carries_on() {
 #[tokio::test]
 async fn a_declared_length_above_the_limit_records_nothing() {
     let body = ReplayBody::new(Full::new(Bytes::from("0123456789")), 4);
-    assert!(!body.can_replay());
-    assert_eq!(body.limit(), None);
+    assert!(body.recording().is_released(), "nothing will be kept");
     let copy = body.clone();
     assert_eq!(body.size_hint().exact(), Some(10));
     assert_eq!(read_all(body).await.0, "0123456789");
+    assert!(!copy.can_replay());
+    assert!(copy.recording().data().is_empty());
     let error = copy.collect().await.unwrap_err();
     assert_eq!(error.kind(), ReplayErrorKind::NotReplayable);
+}
+
+#[tokio::test]
+async fn a_large_body_can_be_sent_again_until_its_first_byte_is_read() {
+    // A connection refused before anything was sent: nothing was lost.
+    let body = ReplayBody::new(Full::new(Bytes::from("0123456789")), 4);
+    let retry = body.clone();
+    drop(body);
+    assert!(retry.can_replay());
+    assert_eq!(read_all(retry).await.0, "0123456789");
 }
 
 #[tokio::test]
@@ -355,4 +366,11 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+#[test]
+fn a_replay_body_is_send_and_sync_when_its_original_is_send() {
+    fn send_sync<T: Send + Sync>() {}
+    // `Channel` holds a receiver that is `Send` but not `Sync`.
+    send_sync::<ReplayBody<Channel<Bytes, BoxError>>>();
 }
