@@ -33,8 +33,9 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// tonic for every error it returns before the body) carries it. A response
 /// whose status arrives in trailers looks successful here, because the trailers
 /// come only at the end of the body; classify them with
-/// [`classify_trailers`](Self::classify_trailers) where the body ends. A
-/// non-200 HTTP status without `grpc-status` is classified as HTTP.
+/// [`classify_end_of_stream`](Self::classify_end_of_stream) where the body
+/// ends (`tower-breaker`'s gRPC layer does). A non-200 HTTP status without
+/// `grpc-status` is classified as HTTP.
 ///
 /// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value
 /// is a wait, a negative or unreadable one means "do not retry". A [`Failure`]
@@ -63,27 +64,78 @@ impl GrpcClassifier {
         }
     }
 
-    /// Classifies a header map holding `grpc-status` (response headers of a
-    /// trailers-only response, or trailers). `None` when it has no readable
-    /// `grpc-status`.
-    pub fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
-        let code = trailers
+    /// The `grpc-status` code in `headers` (response headers of a
+    /// trailers-only response, or trailers). `None` when it is absent or not a
+    /// number.
+    pub fn status_code(headers: &HeaderMap) -> Option<u32> {
+        headers
             .get(GRPC_STATUS)?
             .to_str()
             .ok()?
             .trim()
             .parse::<u32>()
-            .ok()?;
-        Some(match Self::code_outcome(code) {
-            Outcome::Failure(failure) => {
-                let hint = trailers
-                    .get(GRPC_RETRY_PUSHBACK_MS)
-                    .map(|value| parse_grpc_pushback(value.as_bytes()));
-                Outcome::Failure(Failure { hint, ..failure })
-            }
-            other => other,
-        })
+            .ok()
     }
+
+    /// Classifies a header map holding `grpc-status` (response headers of a
+    /// trailers-only response, or trailers). `None` when it has no readable
+    /// `grpc-status`.
+    pub fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
+        status_outcome(trailers)
+    }
+
+    /// The outcome of a gRPC call whose response body has *ended*, from the
+    /// trailers it ended with (`None`: it ended without any).
+    ///
+    /// A readable `grpc-status` decides, as in
+    /// [`classify_trailers`](Self::classify_trailers), hint included. A body
+    /// that ended without one broke the protocol (a `200` stream must end with
+    /// `grpc-status` in its trailers): it is [`MISSING_STATUS`], `UNKNOWN`,
+    /// as tonic reports it to the caller, so a
+    /// [`ServerError`](FailureKind::ServerError).
+    ///
+    /// It needs no classifier value: a body wrapper that sees the trailers long
+    /// after the head was classified can call it as it is.
+    ///
+    /// ```
+    /// use http::HeaderMap;
+    /// use tower_classify::{FailureKind, GrpcClassifier, Outcome};
+    ///
+    /// let mut trailers = HeaderMap::new();
+    /// trailers.insert("grpc-status", "0".parse().unwrap());
+    /// assert_eq!(GrpcClassifier::classify_end_of_stream(Some(&trailers)), Outcome::Success);
+    ///
+    /// trailers.insert("grpc-status", "14".parse().unwrap());
+    /// let unavailable = GrpcClassifier::classify_end_of_stream(Some(&trailers));
+    /// assert!(unavailable.is_retryable());
+    ///
+    /// let missing = GrpcClassifier::classify_end_of_stream(None);
+    /// assert_eq!(missing, Outcome::failure(FailureKind::ServerError));
+    /// ```
+    pub fn classify_end_of_stream(trailers: Option<&HeaderMap>) -> Outcome {
+        trailers
+            .and_then(status_outcome)
+            .unwrap_or(Self::code_outcome(MISSING_STATUS))
+    }
+}
+
+/// The gRPC status of a response body that ended without `grpc-status`:
+/// `UNKNOWN` (2), the code tonic reports for it. See
+/// [`GrpcClassifier::classify_end_of_stream`].
+pub const MISSING_STATUS: u32 = 2;
+
+/// `grpc-status` and `grpc-retry-pushback-ms` of `headers`, classified.
+fn status_outcome(headers: &HeaderMap) -> Option<Outcome> {
+    let code = GrpcClassifier::status_code(headers)?;
+    Some(match GrpcClassifier::code_outcome(code) {
+        Outcome::Failure(failure) => {
+            let hint = headers
+                .get(GRPC_RETRY_PUSHBACK_MS)
+                .map(|value| parse_grpc_pushback(value.as_bytes()));
+            Outcome::Failure(Failure { hint, ..failure })
+        }
+        other => other,
+    })
 }
 
 impl<B, E> Classify<Response<B>, E> for GrpcClassifier

@@ -32,7 +32,9 @@
 //! - [`HttpClassifier`]: HTTP status codes, `Retry-After`, [response
 //!   rules](http::ResponseRule) for APIs that signal throttling without a 429,
 //!   and errors through the error chain.
-//! - [`GrpcClassifier`]: `grpc-status` and `grpc-retry-pushback-ms`.
+//! - [`GrpcClassifier`]: `grpc-status` and `grpc-retry-pushback-ms`, in the
+//!   response headers or, once a streamed body has ended, in its trailers
+//!   ([`GrpcClassifier::classify_end_of_stream`]).
 //! - [`ErrorChainClassifier`]: walks an error's `source()` chain for
 //!   `tower::timeout::error::Elapsed`, `io::Error` kinds, `hyper::Error` (with the
 //!   `hyper` feature) and the family's own [`Classified`] errors.

@@ -324,6 +324,55 @@ fn grpc_pushback_and_http_fallback() {
 }
 
 #[test]
+fn grpc_end_of_stream_reads_trailers_and_fails_a_missing_status() {
+    let end = GrpcClassifier::classify_end_of_stream;
+    let trailers = |pairs: &[(&'static str, &str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    };
+    assert_eq!(
+        end(Some(&trailers(&[("grpc-status", "0")]))),
+        Outcome::Success
+    );
+    assert_eq!(
+        end(Some(&trailers(&[("grpc-status", "1")]))),
+        Outcome::Ignored
+    );
+    assert_eq!(
+        end(Some(&trailers(&[("grpc-status", "3")]))),
+        fail(FailureKind::Rejected)
+    );
+    // The same pushback rule as for a trailers-only head.
+    let unavailable = end(Some(&trailers(&[
+        ("grpc-status", "14"),
+        ("grpc-retry-pushback-ms", "750"),
+    ])));
+    assert_eq!(
+        unavailable.as_failure().unwrap().kind,
+        FailureKind::ServerError
+    );
+    assert_eq!(
+        unavailable.as_failure().unwrap().retry_after(),
+        Some(Duration::from_millis(750))
+    );
+    // No status where the body ended: UNKNOWN, a server error.
+    let missing = GrpcClassifier::code_outcome(tower_classify::grpc::MISSING_STATUS);
+    assert_eq!(missing, fail(FailureKind::ServerError));
+    assert_eq!(end(None), missing);
+    assert_eq!(end(Some(&HeaderMap::new())), missing);
+    assert_eq!(end(Some(&trailers(&[("grpc-status", "ok")]))), missing);
+
+    assert_eq!(
+        GrpcClassifier::status_code(&trailers(&[("grpc-status", " 14 ")])),
+        Some(14)
+    );
+    assert_eq!(GrpcClassifier::status_code(&HeaderMap::new()), None);
+}
+
+#[test]
 fn combinators() {
     let classifier = HttpClassifier::new();
     // retry_on keeps only the named transient classes transient.
