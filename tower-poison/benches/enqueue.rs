@@ -25,7 +25,7 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
-use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer, EntryId, StoredHeader};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoredHeader};
 
 const CONCURRENCY: usize = 64;
 
@@ -43,6 +43,7 @@ fn entry() -> DeadLetterEntry {
         }],
         body: Bytes::from(vec![b'x'; 1024]),
         body_truncated: false,
+        body_len: None,
         error: vec!["HTTP 503 Service Unavailable".into()],
         kind: FailureKind::ServerError,
         attempts: 3,
@@ -95,7 +96,7 @@ fn bench(c: &mut Criterion) {
 
     let layered = RedbStore::open(dir.path().join("layer.redb")).unwrap();
     let service = DeadLetterLayer::new(layered).layer(service_fn(
-        |_req: Request<CapturedBody<Full<Bytes>>>| async {
+        |_req: Request<ReplayBody<Full<Bytes>>>| async {
             Ok::<_, BoxError>(Response::builder().status(503).body(Bytes::new()).unwrap())
         },
     ));

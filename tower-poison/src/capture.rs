@@ -1,18 +1,16 @@
-//! Describing a request for a dead-letter entry, before the inner service
-//! consumes it.
+//! Describing a request for a dead-letter entry, without reading its body
+//! ahead of the inner service.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderName;
-use http::{HeaderMap, Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http::{HeaderMap, Method, Request, Response, Uri};
+use http_body::Body;
+use http_body_replay::ReplayBody;
 use http_body_util::BodyExt;
-use tower_classify::BoxError;
 
 use crate::attempts::AttemptCounter;
 use crate::entry::StoredHeader;
@@ -33,8 +31,11 @@ pub struct RequestRecord {
     pub headers: Vec<StoredHeader>,
     /// The body, at most the body limit.
     pub body: Bytes,
-    /// `true` when the body was longer than what [`body`](Self::body) holds.
+    /// `true` when [`body`](Self::body) is not the whole body.
     pub body_truncated: bool,
+    /// The whole body's length when it is not kept whole and the length is
+    /// known (the bytes read of a body too large to capture).
+    pub body_len: Option<u64>,
     /// Counts the attempts a retry layer below makes (see
     /// [`CountAttemptsLayer`](crate::CountAttemptsLayer)).
     pub attempts: Option<AttemptCounter>,
@@ -44,21 +45,22 @@ pub struct RequestRecord {
 /// request for the inner service.
 ///
 /// The layer needs the request's data *after* the inner service has
-/// consumed the request, so it captures it first. Implementations:
+/// consumed the request, so it keeps what it needs first, without waiting
+/// for anything. Implementations:
 ///
-/// - [`HttpCapture`] for `http::Request<B>` (the default): buffers the body up
-///   to a limit and hands the inner service the whole body as a
-///   [`CapturedBody`].
+/// - [`HttpCapture`] for `http::Request<B>` (the default): keeps the head and
+///   hands the inner service the body as a [`ReplayBody`], which records it as
+///   the service reads it; the record reads that recording only if the call
+///   fails.
 /// - [`describe_fn`] for any other request type, such as a queue message: a
 ///   closure describes the message, which passes through unchanged.
 pub trait CaptureRequest<Req> {
     /// The request the inner service receives.
     type Request;
-    /// Resolves to the request for the inner service and its record.
-    type Future: Future<Output = Result<(Self::Request, RequestRecord), BoxError>> + Send + 'static;
 
-    /// Captures `request`.
-    fn capture(&self, request: Req) -> Self::Future;
+    /// Captures `request`: the request to hand on, and what is kept to
+    /// describe it should the call fail.
+    fn capture(&self, request: Req) -> (Self::Request, PendingRecord);
 }
 
 /// Describes a response that was classified as a failure, for the entry's
@@ -68,22 +70,181 @@ pub trait DescribeResponse<Res> {
     fn describe_response(&self, response: &Res) -> String;
 }
 
+/// What a capture keeps while the call runs; turned into a
+/// [`RequestRecord`] only if the call fails.
+pub struct PendingRecord {
+    message_id: Option<String>,
+    kept: Kept,
+}
+
+enum Kept {
+    /// Described up front (a queue message).
+    Record(RequestRecord),
+    /// An HTTP request's head and the shared recording of its body.
+    Http {
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: Box<dyn RecordedBody>,
+        attempts: AttemptCounter,
+    },
+}
+
+/// A request body's recording, whatever the original body's type.
+trait RecordedBody: Send + Sync {
+    /// The recorded bytes once the body has been read to its end, or as
+    /// far as it can be within `wait`.
+    fn finish(
+        &self,
+        wait: Duration,
+    ) -> std::pin::Pin<Box<dyn Future<Output = BodyRecord> + Send + '_>>;
+}
+
+/// What a dead-letter entry says about a body.
+struct BodyRecord {
+    body: Bytes,
+    truncated: bool,
+    len: Option<u64>,
+}
+
+impl<B> RecordedBody for ReplayBody<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<tower_classify::BoxError>,
+{
+    fn finish(
+        &self,
+        wait: Duration,
+    ) -> std::pin::Pin<Box<dyn Future<Output = BodyRecord> + Send + '_>> {
+        Box::pin(async move {
+            // The service may have failed before reading the body to its end
+            // (a refused connection, a handler that answered early): read the
+            // rest through a copy, within the limit and `wait`, so the entry
+            // can be replayed. The copy stops the moment the body outgrows
+            // the limit.
+            let recording = self.recording();
+            if !recording.is_complete() && !recording.is_released() && self.can_replay() {
+                let copy = self.clone();
+                let _ = tokio::time::timeout(wait, async move {
+                    let mut copy = copy;
+                    while let Some(Ok(_)) = copy.frame().await {}
+                })
+                .await;
+            }
+            let recording = self.recording();
+            if recording.is_released() {
+                return BodyRecord {
+                    body: Bytes::new(),
+                    truncated: true,
+                    len: Some(recording.bytes_read()),
+                };
+            }
+            let body = match recording.data() {
+                [] => Bytes::new(),
+                [one] => one.clone(),
+                frames => {
+                    let mut all = BytesMut::with_capacity(recording.bytes_read() as usize);
+                    frames.iter().for_each(|frame| all.extend_from_slice(frame));
+                    all.freeze()
+                }
+            };
+            let truncated = !recording.is_complete();
+            BodyRecord {
+                len: truncated.then_some(recording.bytes_read()),
+                body,
+                truncated,
+            }
+        })
+    }
+}
+
+impl PendingRecord {
+    /// A record made up front (by a [`describe_fn`] closure).
+    pub fn ready(record: RequestRecord) -> Self {
+        PendingRecord {
+            message_id: record.message_id.clone(),
+            kept: Kept::Record(record),
+        }
+    }
+
+    /// The message id poison detection counts by.
+    pub fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    /// The record, reading what the body's recording holds.
+    pub(crate) async fn finish(self, wait: Duration) -> RequestRecord {
+        match self.kept {
+            Kept::Record(record) => record,
+            Kept::Http {
+                method,
+                uri,
+                headers,
+                body,
+                attempts,
+            } => {
+                let BodyRecord {
+                    body,
+                    truncated,
+                    len,
+                } = body.finish(wait).await;
+                RequestRecord {
+                    message_id: self.message_id,
+                    method: Some(method.to_string()),
+                    uri: Some(uri.to_string()),
+                    headers: headers
+                        .iter()
+                        .map(|(name, value)| StoredHeader {
+                            name: name.as_str().to_owned(),
+                            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                        })
+                        .collect(),
+                    body,
+                    body_truncated: truncated,
+                    body_len: len,
+                    attempts: Some(attempts),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for PendingRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingRecord")
+            .field("message_id", &self.message_id)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The default body limit of [`HttpCapture`]: 64 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
+/// How long a failed call's entry waits for the rest of a body the service
+/// did not read to its end.
+pub const BODY_WAIT: Duration = Duration::from_secs(1);
+
 /// Captures `http::Request<B>`: method, URI, headers and the body up to a
-/// byte limit.
+/// byte limit, **without reading anything ahead**.
 ///
-/// The body is read *before* the inner service is called, at most
-/// [`body_limit`](Self::body_limit) bytes plus the frame that crossed it, and
-/// never more: a larger body is recorded as its first `body_limit` bytes with
-/// [`body_truncated`](RequestRecord::body_truncated) set. Either way the inner
-/// service receives the *whole* body as a [`CapturedBody`]: the frames read
-/// so far, then the rest of the original stream. Reading first means an entry
-/// has its body even when the call fails before the inner service reads
-/// anything (a refused connection).
+/// The inner service receives the body as a [`ReplayBody`]: each frame
+/// reaches it as the client sends it, and is recorded on the way (the same
+/// refcounted bytes, no copy) up to [`body_limit`](Self::body_limit). The
+/// recording is read only if the call fails:
 ///
-/// The inner service therefore sees `Request<CapturedBody<B>>`. axum's
+/// - a body within the limit is stored whole; if the service stopped
+///   reading early (a refused connection), the rest is read then, for at
+///   most [`BODY_WAIT`];
+/// - a larger body is not stored at all: the entry says it was not
+///   captured and how many bytes were read
+///   ([`body_len`](RequestRecord::body_len)), and the call is never held up.
+///
+/// A retry layer below replays the same `ReplayBody` (it needs no
+/// `ReplayBodyLayer` of its own), so a request's bytes are held once
+/// whatever the number of attempts.
+///
+/// The inner service therefore sees `Request<ReplayBody<B>>`. axum's
 /// `Router` and tower-http services accept any body; a client with a fixed
 /// body type can box it (`http_body_util::combinators::UnsyncBoxBody`).
 #[derive(Clone)]
@@ -107,7 +268,7 @@ impl HttpCapture {
         }
     }
 
-    /// Keeps at most `limit` bytes of each body.
+    /// Records (and so keeps and replays) at most `limit` bytes of each body.
     pub const fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
         self
@@ -132,196 +293,39 @@ impl fmt::Debug for HttpCapture {
 
 impl<B> CaptureRequest<Request<B>> for HttpCapture
 where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<tower_classify::BoxError>,
 {
-    type Request = Request<CapturedBody<B>>;
-    type Future =
-        Pin<Box<dyn Future<Output = Result<(Self::Request, RequestRecord), BoxError>> + Send>>;
+    type Request = Request<ReplayBody<B>>;
 
-    fn capture(&self, request: Request<B>) -> Self::Future {
+    fn capture(&self, request: Request<B>) -> (Self::Request, PendingRecord) {
         let (mut parts, body) = request.into_parts();
         let attempts = AttemptCounter::new();
         parts.extensions.insert(attempts.clone());
-        let headers = parts
-            .headers
-            .iter()
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            })
-            .collect();
         let message_id = self
             .message_id_header
             .as_ref()
             .and_then(|name| parts.headers.get(name))
             .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
-        let mut record = RequestRecord {
+        let body = ReplayBody::new(body, self.body_limit);
+        let pending = PendingRecord {
             message_id,
-            method: Some(parts.method.to_string()),
-            uri: Some(parts.uri.to_string()),
-            headers,
-            body: Bytes::new(),
-            body_truncated: false,
-            attempts: Some(attempts),
+            kept: Kept::Http {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                headers: parts.headers.clone(),
+                body: Box::new(body.clone()),
+                attempts,
+            },
         };
-        let limit = self.body_limit;
-        Box::pin(async move {
-            let (body, prefix, truncated) = read_prefix(body, limit).await?;
-            record.body = prefix;
-            record.body_truncated = truncated;
-            Ok((Request::from_parts(parts, body), record))
-        })
+        (Request::from_parts(parts, body), pending)
     }
 }
 
 impl<B> DescribeResponse<Response<B>> for HttpCapture {
     fn describe_response(&self, response: &Response<B>) -> String {
         format!("HTTP {}", response.status())
-    }
-}
-
-/// Reads frames until more than `limit` bytes or the end of the body.
-pub(crate) async fn read_prefix<B>(
-    body: B,
-    limit: usize,
-) -> Result<(CapturedBody<B>, Bytes, bool), BoxError>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let mut rest = Box::pin(body);
-    let mut frames = VecDeque::new();
-    let mut trailers = None;
-    let mut total = 0usize;
-    let mut ended = false;
-    while total <= limit {
-        if rest.is_end_stream() {
-            ended = true;
-            break;
-        }
-        match rest.frame().await {
-            None => {
-                ended = true;
-                break;
-            }
-            Some(Err(error)) => return Err(error.into()),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    total += data.len();
-                    frames.push_back(data);
-                }
-                Err(frame) => {
-                    if let Ok(map) = frame.into_trailers() {
-                        trailers = Some(map);
-                    }
-                }
-            },
-        }
-    }
-    let truncated = total > limit;
-    let mut prefix = BytesMut::with_capacity(total.min(limit));
-    for data in &frames {
-        let room = limit - prefix.len();
-        prefix.extend_from_slice(&data[..data.len().min(room)]);
-        if prefix.len() == limit {
-            break;
-        }
-    }
-    let body = CapturedBody {
-        frames,
-        trailers,
-        rest: (!ended).then_some(rest),
-    };
-    Ok((body, prefix.freeze(), truncated))
-}
-
-/// The body the inner service receives from [`HttpCapture`]: the frames read
-/// while capturing, then the rest of the original body.
-#[derive(Clone)]
-pub struct CapturedBody<B> {
-    frames: VecDeque<Bytes>,
-    trailers: Option<HeaderMap>,
-    rest: Option<Pin<Box<B>>>,
-}
-
-impl<B> CapturedBody<B> {
-    /// A body of `bytes` alone (no stream behind it).
-    pub fn full(bytes: Bytes) -> Self {
-        CapturedBody {
-            frames: VecDeque::from([bytes]),
-            trailers: None,
-            rest: None,
-        }
-    }
-
-    /// `body` as it is, nothing read from it yet.
-    pub fn streaming(body: B) -> Self {
-        CapturedBody {
-            frames: VecDeque::new(),
-            trailers: None,
-            rest: Some(Box::pin(body)),
-        }
-    }
-}
-
-impl<B> fmt::Debug for CapturedBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CapturedBody")
-            .field("buffered_frames", &self.frames.len())
-            .field("streaming", &self.rest.is_some())
-            .finish()
-    }
-}
-
-impl<B> Body for CapturedBody<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        // `Pin<Box<B>>` is `Unpin`, so the whole body is.
-        let this = self.get_mut();
-        if let Some(data) = this.frames.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(rest) = this.rest.as_mut() {
-            match rest.as_mut().poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(frame)) => return Poll::Ready(Some(frame.map_err(Into::into))),
-                Poll::Ready(None) => this.rest = None,
-            }
-        }
-        Poll::Ready(this.trailers.take().map(|map| Ok(Frame::trailers(map))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
-            && self.trailers.is_none()
-            && self.rest.as_ref().is_none_or(|rest| rest.is_end_stream())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let buffered: usize = self.frames.iter().map(Bytes::len).sum();
-        let rest = match &self.rest {
-            Some(rest) => rest.size_hint(),
-            None => SizeHint::with_exact(0),
-        };
-        // Build a fresh hint: raising the lower bound of `rest`'s hint before
-        // its upper bound would trip `SizeHint`'s `lower <= upper` assertion
-        // whenever `rest` is exact (a `Full` body is).
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(buffered as u64));
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper.saturating_add(buffered as u64));
-        }
-        hint
     }
 }
 
@@ -361,11 +365,10 @@ where
     Req: Send + 'static,
 {
     type Request = Req;
-    type Future = std::future::Ready<Result<(Req, RequestRecord), BoxError>>;
 
-    fn capture(&self, request: Req) -> Self::Future {
+    fn capture(&self, request: Req) -> (Req, PendingRecord) {
         let record = (self.f)(&request);
-        std::future::ready(Ok((request, record)))
+        (request, PendingRecord::ready(record))
     }
 }
 
@@ -380,128 +383,5 @@ impl<F> fmt::Debug for DescribeFn<F> {
         f.debug_struct("DescribeFn")
             .field("f", &std::any::type_name::<F>())
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::{BodyExt, Full};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    /// A streamed body that counts how many frames were pulled from it.
-    struct Chunks {
-        chunks: VecDeque<Bytes>,
-        pulled: Arc<AtomicUsize>,
-    }
-
-    impl Body for Chunks {
-        type Data = Bytes;
-        type Error = BoxError;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-            let this = self.get_mut();
-            Poll::Ready(this.chunks.pop_front().map(|c| {
-                this.pulled.fetch_add(1, Ordering::SeqCst);
-                Ok(Frame::data(c))
-            }))
-        }
-    }
-
-    fn chunked(chunks: &[&'static str]) -> (Chunks, Arc<AtomicUsize>) {
-        let pulled = Arc::new(AtomicUsize::new(0));
-        let body = Chunks {
-            chunks: chunks
-                .iter()
-                .map(|c| Bytes::from_static(c.as_bytes()))
-                .collect(),
-            pulled: pulled.clone(),
-        };
-        (body, pulled)
-    }
-
-    #[tokio::test]
-    async fn size_hint_of_a_buffered_exact_body_is_exact() {
-        // A `Full` body's hint is exact; once its bytes are buffered here, the
-        // hint must still hold `lower <= upper` (http-body asserts it).
-        let (body, _, _) = read_prefix(Full::new(Bytes::from("hello")), 10)
-            .await
-            .unwrap();
-        let hint = body.size_hint();
-        assert_eq!((hint.lower(), hint.upper()), (5, Some(5)));
-        let (body, _, truncated) = read_prefix(Full::new(Bytes::from("hello world")), 4)
-            .await
-            .unwrap();
-        assert!(truncated);
-        assert_eq!(body.size_hint().exact(), Some(11));
-    }
-
-    #[tokio::test]
-    async fn small_body_is_kept_whole_and_passed_on() {
-        let (body, prefix, truncated) = read_prefix(Full::new(Bytes::from("hello")), 10)
-            .await
-            .unwrap();
-        assert_eq!(prefix, "hello");
-        assert!(!truncated);
-        assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
-    }
-
-    #[tokio::test]
-    async fn body_of_exactly_the_limit_is_not_truncated() {
-        let (body, _) = chunked(&["abc", "def"]);
-        let (_, prefix, truncated) = read_prefix(body, 6).await.unwrap();
-        assert_eq!(prefix, "abcdef");
-        assert!(!truncated);
-    }
-
-    #[tokio::test]
-    async fn large_streamed_body_is_cut_not_buffered_past_the_limit_and_passed_on_whole() {
-        let (body, pulled) = chunked(&["abcd", "efgh", "ijkl", "mnop"]);
-        let (body, prefix, truncated) = read_prefix(body, 6).await.unwrap();
-        assert_eq!(prefix, "abcdef");
-        assert!(truncated);
-        // Capture stopped at the frame that crossed the limit.
-        assert_eq!(pulled.load(Ordering::SeqCst), 2);
-        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdefghijklmnop");
-        assert_eq!(pulled.load(Ordering::SeqCst), 4);
-    }
-
-    proptest::proptest! {
-        /// For any chunking and any limit: the record holds exactly the first
-        /// `limit` bytes, the flag says whether there were more, capture pulls
-        /// at most one frame past the limit, and the inner service still gets
-        /// every byte in order.
-        #[test]
-        fn capture_keeps_a_prefix_and_passes_everything_on(
-            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..12),
-            limit in 0usize..200,
-        ) {
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let whole: Vec<u8> = chunks.concat();
-            let pulled = Arc::new(AtomicUsize::new(0));
-            let body = Chunks {
-                chunks: chunks.iter().map(|c| Bytes::from(c.clone())).collect(),
-                pulled: pulled.clone(),
-            };
-            let (body, prefix, truncated) = runtime.block_on(read_prefix(body, limit)).unwrap();
-            proptest::prop_assert_eq!(&prefix[..], &whole[..whole.len().min(limit)]);
-            proptest::prop_assert_eq!(truncated, whole.len() > limit);
-            // Frames pulled while capturing: those that fit in the limit, plus
-            // at most the one that crossed it.
-            let mut fit = 0;
-            let mut seen = 0;
-            for chunk in &chunks {
-                if seen > limit { break; }
-                seen += chunk.len();
-                fit += 1;
-            }
-            proptest::prop_assert!(pulled.load(Ordering::SeqCst) <= fit);
-            let passed = runtime.block_on(body.collect()).unwrap().to_bytes();
-            proptest::prop_assert_eq!(&passed[..], &whole[..]);
-        }
     }
 }

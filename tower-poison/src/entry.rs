@@ -113,9 +113,10 @@ pub struct StoredHeader {
 /// A failed call as a dead-letter store keeps it.
 ///
 /// Headers are redacted before an entry is built (see
-/// [`Redactor`](crate::Redactor)); the body holds at most the layer's body
-/// limit, with [`body_truncated`](Self::body_truncated) set when the request
-/// was longer. A truncated entry cannot be replayed.
+/// [`Redactor`](crate::Redactor)); the body is kept whole when it is within
+/// the layer's body limit, and not at all when it is larger
+/// ([`body_truncated`](Self::body_truncated) set, its length in
+/// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetterEntry {
     /// The entry's identifier.
@@ -137,9 +138,14 @@ pub struct DeadLetterEntry {
     /// The request body, up to the layer's limit.
     #[serde(with = "body_serde")]
     pub body: Bytes,
-    /// `true` when the request body was longer than the limit and only its
-    /// first bytes are kept.
+    /// `true` when [`body`](Self::body) is not the whole request body: the
+    /// body was larger than the layer's limit (nothing of it is kept), or
+    /// it ended early.
     pub body_truncated: bool,
+    /// The request body's length when it is not kept whole, as far as it
+    /// was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_len: Option<u64>,
     /// The error and its `source()` chain, outermost first, one message per
     /// level. A response classified as a failure is described in one line.
     pub error: Vec<String>,
@@ -306,6 +312,7 @@ mod tests {
             }],
             body: Bytes::from_static(body),
             body_truncated: false,
+            body_len: None,
             error: vec!["outer".into(), "inner".into()],
             kind: FailureKind::ServerError,
             attempts: 3,

@@ -18,8 +18,9 @@
 //! and breaker layers of the family use:
 //!
 //! - success (or an ignored result): returned as is;
-//! - a failure: an entry is built (headers [redacted](Redactor), body up to a
-//!   limit) and the [`Action`] applies — [`Dlq`](Action::Dlq) stores it before
+//! - a failure: an entry is built (headers [redacted](Redactor), the body
+//!   recorded while it streamed to the service, if within a limit) and the
+//!   [`Action`] applies — [`Dlq`](Action::Dlq) stores it before
 //!   the call returns, [`Drop`](Action::Drop) counts it and logs it once per key,
 //!   [`Fail`](Action::Fail) stores nothing. The caller always gets the call's
 //!   own result back: the inner error unchanged (boxed), or the failing
@@ -53,7 +54,7 @@
 //! The layer's error type is `BoxError` (it fails a call when its store cannot
 //! write), and `axum::Router::layer` wants infallible services, so put axum's
 //! `HandleErrorLayer` in front of it. The router's routes accept the
-//! [`CapturedBody`] the layer hands on.
+//! [`ReplayBody`] the layer hands on (it streams: nothing is read ahead).
 //!
 //! ```rust,ignore
 //! use axum::{error_handling::HandleErrorLayer, http::StatusCode, BoxError, Router};
@@ -205,8 +206,8 @@ pub mod store;
 pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
 pub use self::capture::{
-    describe_fn, CaptureRequest, CapturedBody, DescribeFn, DescribeResponse, HttpCapture,
-    RequestRecord, DEFAULT_BODY_LIMIT,
+    describe_fn, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture, PendingRecord,
+    RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
 };
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, StoredHeader,
@@ -218,3 +219,4 @@ pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
 pub use self::replay::replay;
 pub use self::service::DeadLetter;
+pub use http_body_replay::ReplayBody;

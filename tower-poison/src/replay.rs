@@ -93,7 +93,7 @@ impl From<StoreError> for ReplayError {
 /// # let now = SystemTime::now();
 /// # let entry = DeadLetterEntry {
 /// #     id: EntryId::generate(now), label: "jobs".into(), message_id: None, method: None,
-/// #     uri: None, headers: vec![], body: "payload".into(), body_truncated: false,
+/// #     uri: None, headers: vec![], body: "payload".into(), body_truncated: false, body_len: None,
 /// #     error: vec!["boom".into()], kind: FailureKind::ServerError, attempts: 1,
 /// #     first_failed_at: now, last_failed_at: now,
 /// # };

@@ -8,11 +8,11 @@ use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::action::Action;
-use crate::capture::{CaptureRequest, DescribeResponse, RequestRecord};
+use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
 use crate::error::{PoisonMessage, StoreFailed};
 use crate::future::ResponseFuture;
-use crate::poison::PoisonCounters;
+use crate::poison::{FailureCount, PoisonCounters};
 use crate::redact::Redactor;
 use crate::store::{DeadLetterStore, StoreError};
 
@@ -31,14 +31,13 @@ use crate::store::{DeadLetterStore, StoreError};
 /// rather than lose the entry) and [`PoisonMessage`] when poison detection
 /// diverted a message.
 ///
-/// # Clones
+/// # Bodies
 ///
-/// The request is captured before the inner service is called, so the
-/// service that was driven to readiness is moved into the response future
-/// and a clone takes its place (the pattern tower's docs recommend for
-/// middleware that must await before calling). The inner service must be
-/// `Clone`, and clones must be able to share readiness (true of tower's
-/// `Buffer`, hyper clients and axum routers).
+/// Nothing is read before the inner service is called: it receives the
+/// request at once, its body streaming as a
+/// [`ReplayBody`](http_body_replay::ReplayBody) that records it on the way
+/// (see [`HttpCapture`](crate::HttpCapture)). The recording is read only when
+/// the call failed.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
@@ -133,8 +132,7 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
 impl<S, Req, St, C, Cap> Service<Req> for DeadLetter<S, St, C, Cap>
 where
     Cap: CaptureRequest<Req> + DescribeResponse<S::Response> + Send + Sync + 'static,
-    Cap::Request: Send + 'static,
-    S: Service<Cap::Request> + Clone + Send + 'static,
+    S: Service<Cap::Request>,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
     S::Error: Into<BoxError> + Send,
@@ -150,20 +148,21 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        let captured = shared.capture.capture(request);
+        // Nothing is awaited before the inner service is called: the body
+        // streams through, recorded on the way, and is read back only if the
+        // call fails.
+        let (request, pending) = shared.capture.capture(request);
+        if let Some(count) = shared.poison_count(&pending) {
+            return ResponseFuture::new(async move { Err(shared.divert(pending, count).await) });
+        }
+        let call = self.inner.call(request);
         ResponseFuture::new(async move {
-            let (request, record) = captured.await?;
-            if let Some(diverted) = shared.divert_if_poison(&record).await {
-                return Err(diverted);
-            }
-            let result = inner.call(request).await;
+            let result = call.await;
             let failure = match shared.classifier.classify(result.as_ref()) {
                 Outcome::Failure(failure) => failure,
                 Outcome::Success | Outcome::Ignored => {
-                    if let (Some(poison), Some(id)) = (&shared.poison, &record.message_id) {
+                    if let (Some(poison), Some(id)) = (&shared.poison, pending.message_id()) {
                         poison.clear(id);
                     }
                     return result.map_err(Into::into);
@@ -180,6 +179,7 @@ where
                     (Err(error), chain)
                 }
             };
+            let record = pending.finish(BODY_WAIT).await;
             shared.on_failure(record, failure.kind, error, result).await
         })
     }
@@ -189,14 +189,18 @@ impl<St, C, Cap> Shared<St, C, Cap>
 where
     St: DeadLetterStore,
 {
+    /// The failure count of a message over the poison limit.
+    fn poison_count(&self, pending: &PendingRecord) -> Option<FailureCount> {
+        self.poison.as_ref()?.exceeded(pending.message_id()?)
+    }
+
     /// A message over the poison limit is not called again: it is disposed
     /// of by the action and the caller gets [`PoisonMessage`].
-    async fn divert_if_poison(&self, record: &RequestRecord) -> Option<BoxError> {
-        let poison = self.poison.as_ref()?;
-        let id = record.message_id.as_deref()?;
-        let count = poison.exceeded(id)?;
+    async fn divert(&self, pending: PendingRecord, count: FailureCount) -> BoxError {
+        let record = pending.finish(BODY_WAIT).await;
+        let id = record.message_id.clone().unwrap_or_default();
         let entry = self.entry(
-            record.clone(),
+            record,
             FailureKind::Poison,
             count.error.clone(),
             count.failures,
@@ -204,16 +208,18 @@ where
             count.last,
         );
         let entry_id = entry.id;
-        Some(match self.dispose(entry, id).await {
+        match self.dispose(entry, &id).await {
             Ok(()) => {
                 if self.action != Action::Fail {
-                    poison.clear(id);
+                    if let Some(poison) = &self.poison {
+                        poison.clear(&id);
+                    }
                 }
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
-                PoisonMessage::new(id.to_owned(), count.failures, self.action, stored).into()
+                PoisonMessage::new(id, count.failures, self.action, stored).into()
             }
             Err(store) => StoreFailed::new(entry_id, store, None).into(),
-        })
+        }
     }
 
     /// A call failed: count it towards poison detection, or dispose of it.
@@ -282,6 +288,7 @@ where
             headers,
             body: record.body,
             body_truncated: record.body_truncated,
+            body_len: record.body_len,
             error,
             kind,
             attempts,

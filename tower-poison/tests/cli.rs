@@ -16,7 +16,7 @@ use serde_json::Value;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::BoxError;
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
-use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-poison");
 
@@ -26,7 +26,7 @@ async fn populate(path: &Path) {
     let mut service = DeadLetterLayer::new(store)
         .label("orders")
         .layer(service_fn(
-            |req: Request<CapturedBody<Full<Bytes>>>| async move {
+            |req: Request<ReplayBody<Full<Bytes>>>| async move {
                 let status = match req.uri().path() {
                     "/orders" => 503,
                     "/orders/missing" => 404,
@@ -347,7 +347,7 @@ async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
         let (url, stream) = (url.clone(), stream.clone());
         async move {
             let dead_letters = RedisDeadLetterStore::connect(&url, stream).await.unwrap();
-            let handler = service_fn(move |req: Request<CapturedBody<Full<Bytes>>>| {
+            let handler = service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
                 let calls = calls.clone();
                 async move {
                     calls.fetch_add(1, Ordering::SeqCst);

@@ -20,11 +20,11 @@ use tower_classify::{
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore, PurgeFilter, StoreError};
 use tower_poison::store::{Page, StoreErrorKind};
 use tower_poison::{
-    describe_fn, Action, CapturedBody, CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer,
-    EntryId, PoisonMessage, PoisonPolicy, RequestRecord, StoreFailed, REDACTED,
+    describe_fn, Action, CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer, EntryId,
+    PoisonMessage, PoisonPolicy, ReplayBody, RequestRecord, StoreFailed, REDACTED,
 };
 
-type Body = CapturedBody<Full<Bytes>>;
+type Body = ReplayBody<Full<Bytes>>;
 
 /// An error with a cause, like a client error wrapping an I/O error.
 #[derive(Debug)]
@@ -509,7 +509,7 @@ async fn success_resets_a_message_count() {
 }
 
 #[tokio::test]
-async fn body_over_the_limit_is_cut_and_flagged_but_sent_whole() {
+async fn a_body_over_the_limit_is_sent_whole_and_not_captured() {
     let store = MemoryStore::new(100);
     let seen = Arc::new(std::sync::Mutex::new(Bytes::new()));
     let inner_seen = seen.clone();
@@ -541,8 +541,9 @@ async fn body_over_the_limit_is_cut_and_flagged_but_sent_whole() {
     );
 
     let entry = all(&store).await.remove(0);
-    assert_eq!(entry.body, "01234567");
+    assert_eq!(entry.body, "", "not captured");
     assert!(entry.body_truncated);
+    assert_eq!(entry.body_len, Some(1000));
     assert_eq!(entry.error, ["HTTP 500 Internal Server Error"]);
     assert_eq!(entry.kind, FailureKind::ServerError);
     assert_eq!(entry.attempts, 1);

@@ -12,7 +12,7 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, ErrorChainClassifier};
 use tower_poison::store::MemoryStore;
-use tower_poison::{describe_fn, Action, CapturedBody, DeadLetterLayer, RequestRecord};
+use tower_poison::{describe_fn, Action, DeadLetterLayer, ReplayBody, RequestRecord};
 
 #[derive(Debug, Clone)]
 struct Message {
@@ -81,7 +81,7 @@ fn dlq_logs_every_entry_and_drop_logs_once_per_key() {
         run(async {
             let store = MemoryStore::new(100);
             let mut dlq = DeadLetterLayer::new(store.clone()).layer(service_fn(
-                |_req: Request<CapturedBody<Full<Bytes>>>| async {
+                |_req: Request<ReplayBody<Full<Bytes>>>| async {
                     Ok::<_, BoxError>(Response::builder().status(500).body(Bytes::new()).unwrap())
                 },
             ));

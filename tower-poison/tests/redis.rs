@@ -16,7 +16,7 @@ use tower_poison::store::{
     DeadLetterStore, ListQuery, PurgeFilter, RedisConnectOptions, RedisDeadLetterStore,
     StoreErrorKind,
 };
-use tower_poison::{CapturedBody, DeadLetterEntry, DeadLetterLayer, EntryId, StoreFailed};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -30,6 +30,7 @@ fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLet
         headers: Vec::new(),
         body: Bytes::from_static(b"{\"sku\":42}"),
         body_truncated: false,
+        body_len: None,
         error: vec!["upstream failed".into()],
         kind,
         attempts: 3,
@@ -205,7 +206,7 @@ async fn redis_store_with_max_len_drops_the_oldest_and_their_index() {
     assert_eq!(indexed, 3, "the index follows the trimmed stream");
 }
 
-type Body = CapturedBody<Full<Bytes>>;
+type Body = ReplayBody<Full<Bytes>>;
 
 fn failing_order(
     _request: Request<Body>,

@@ -36,6 +36,7 @@ fn entry() -> DeadLetterEntry {
         ],
         body: Bytes::from_static(b"{\"qty\":2}"),
         body_truncated: false,
+        body_len: None,
         error: vec!["HTTP 503 Service Unavailable".into()],
         kind: FailureKind::ServerError,
         attempts: 2,

@@ -26,6 +26,7 @@ fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLet
         }],
         body: Bytes::from_static(b"{\"sku\":42}"),
         body_truncated: false,
+        body_len: None,
         error: vec!["upstream failed".into(), "connection reset".into()],
         kind,
         attempts: 3,

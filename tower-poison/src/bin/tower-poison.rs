@@ -337,8 +337,12 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     for header in &e.headers {
         println!("  {}: {}", header.name, header.value);
     }
-    let note = if e.body_truncated { " (truncated)" } else { "" };
-    println!("body ({} bytes{note})", e.body.len());
+    match (e.body_truncated, e.body_len) {
+        (true, Some(len)) if e.body.is_empty() => println!("body not captured ({len} bytes)"),
+        (true, Some(len)) => println!("body ({} of {len} bytes, truncated)", e.body.len()),
+        (true, None) => println!("body ({} bytes, truncated)", e.body.len()),
+        (false, _) => println!("body ({} bytes)", e.body.len()),
+    }
     match std::str::from_utf8(&e.body) {
         Ok(text) => println!("{text}"),
         Err(_) => println!("{:02x?}", &e.body[..]),
