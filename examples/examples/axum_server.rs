@@ -16,7 +16,7 @@
 //! The stack the handler calls the inventory through, outermost first:
 //!
 //! ```text
-//! HandleError → DeadLetter → CircuitBreaker → ReplayBody → Retry → CountAttempts → hyper client
+//! HandleError → DeadLetter → CircuitBreaker → Retry → CountAttempts → hyper client
 //! ```
 //!
 //! - **`HandleErrorLayer` outermost**: the layers below fail calls on their
@@ -32,9 +32,10 @@
 //!   refused (worth replaying once the inventory is back).
 //! - **`CircuitBreaker` outside the retry loop**: it counts one failure per
 //!   call that failed *after* its retries, and once open it answers at once,
-//!   saving every caller the whole retry loop.
-//! - **`ReplayBody` above `Retry`**: the retry layer sends a request again, so
-//!   its body must be replayable; this layer buffers it (up to a limit).
+//!   saving every caller the whole retry loop. The dead-letter layer hands
+//!   the layers below a `ReplayBody`: it streams each frame to the client as
+//!   it arrives and records it (up to a limit), and the retry layer replays
+//!   that recording, so no `ReplayBodyLayer` is needed.
 //! - **`CountAttempts` under `Retry`**: counts the attempts the retry layer
 //!   makes, for the dead-letter entry.
 //!
@@ -65,8 +66,7 @@ use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::HttpClassifier;
 use tower_poison::replay::{http_request, replay, ReplayOutcome};
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
-use tower_poison::{CapturedBody, CountAttemptsLayer, DeadLetterLayer, StoreFailed};
-use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+use tower_poison::{CountAttemptsLayer, DeadLetterLayer, ReplayBody, StoreFailed};
 use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
 use tower_retry_budget::{Backoff, RetryLayer};
 
@@ -128,8 +128,8 @@ async fn error_response(error: BoxError) -> Response {
     }
 }
 
-/// The body the hyper client sees under the dead-letter and replay layers.
-type StackBody = ReplayBody<CapturedBody<Full<Bytes>>>;
+/// The body the hyper client sees under the dead-letter layer.
+type StackBody = ReplayBody<Full<Bytes>>;
 
 fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
     // One classifier, cloned into every layer: they agree that 5xx, 429,
@@ -162,7 +162,6 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
                 .label("inventory"),
         )
         .layer(breaker)
-        .layer(ReplayBodyLayer::new(64 * 1024))
         .layer(retry)
         .layer(CountAttemptsLayer::new())
         .service(http_client_for::<StackBody>());

@@ -1,8 +1,14 @@
 //! The demo's resilient stacks, built from the family:
 //!
 //! ```text
-//! full family:    DeadLetter → CircuitBreaker → ReplayBody → Retry (+ budget) → CountAttempts → HTTP client
-//! budget only:                                  ReplayBody → Retry (+ budget) → HTTP client
+//! full family:    DeadLetter → CircuitBreaker → Retry (+ budget) → CountAttempts → HTTP client
+//! budget only:                      ReplayBody → Retry (+ budget) → HTTP client
+//! ```
+//!
+//! The dead-letter layer hands the layers below it a `ReplayBody`, which the
+//! retry layer replays; the budget-only stack wraps the body itself.
+//!
+//! ```text
 //! ```
 
 use std::path::Path;
@@ -17,7 +23,7 @@ use tower::{BoxError, ServiceBuilder};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, RedbStore};
-use tower_poison::{CapturedBody, CountAttemptsLayer, DeadLetterLayer};
+use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
@@ -96,8 +102,8 @@ impl Budget for CountingBudget {
     }
 }
 
-/// The body the HTTP client sees under the dead-letter and replay layers.
-type StackBody = ReplayBody<CapturedBody<Full<Bytes>>>;
+/// The body the HTTP client sees under the dead-letter layer.
+type StackBody = ReplayBody<Full<Bytes>>;
 
 /// The retry layer both stacks use, with a 20 % budget that counts refusals.
 fn budgeted_retry(
@@ -159,7 +165,6 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     let stack = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()).label("demo-upstream"))
         .layer(breaker)
-        .layer(ReplayBodyLayer::new(64 * 1024))
         .layer(retry)
         .layer(CountAttemptsLayer::new())
         .service(http_client_for::<StackBody>());

@@ -37,7 +37,6 @@ use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery};
 use tower_poison::{CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer};
-use tower_retry_budget::body::ReplayBodyLayer;
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
@@ -45,14 +44,18 @@ use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 /// caller's results and the dead-letter store can be matched up.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// The largest request body the stacks buffer for replay.
+/// The largest request body the stacks record for replay (the dead-letter
+/// layer's default body limit).
 pub const REPLAY_LIMIT: usize = 64 * 1024;
 
 /// The documented order, outermost first:
 ///
 /// ```text
-/// DeadLetter → CircuitBreaker → ReplayBody → Retry → CountAttempts → client
+/// DeadLetter → CircuitBreaker → Retry → CountAttempts → client
 /// ```
+///
+/// The dead-letter layer hands the layers below it a `ReplayBody` that
+/// streams and records the request body once; the retry layer replays it.
 pub fn default_order<St>(
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,
@@ -64,7 +67,6 @@ where
     let stack = ServiceBuilder::new()
         .layer(dead_letter)
         .layer(breaker)
-        .layer(ReplayBodyLayer::new(REPLAY_LIMIT))
         .layer(retry)
         .layer(CountAttemptsLayer::new())
         .service(http_client_for());
@@ -74,7 +76,7 @@ where
 /// The other order (Polly's, Resilience4j's), outermost first:
 ///
 /// ```text
-/// DeadLetter → ReplayBody → Retry → CircuitBreaker → CountAttempts → client
+/// DeadLetter → Retry → CircuitBreaker → CountAttempts → client
 /// ```
 pub fn retry_outside_breaker<St>(
     dead_letter: DeadLetterLayer<St>,
@@ -86,7 +88,6 @@ where
 {
     let stack = ServiceBuilder::new()
         .layer(dead_letter)
-        .layer(ReplayBodyLayer::new(REPLAY_LIMIT))
         .layer(retry)
         .layer(breaker)
         .layer(CountAttemptsLayer::new())

@@ -18,7 +18,6 @@ use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome}
 use tower_poison::replay::{http_request, ReplayError};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
-use tower_retry_budget::body::ReplayBodyLayer;
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::error::BudgetExhausted;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
@@ -346,7 +345,6 @@ async fn keyed_breakers_isolate_a_failing_host() {
         ServiceBuilder::new()
             .layer(DeadLetterLayer::new(store.clone()))
             .layer(breaker)
-            .layer(ReplayBodyLayer::new(REPLAY_LIMIT))
             .layer(retry(1))
             .layer(CountAttemptsLayer::new())
             .service(http_client_for()),
@@ -492,9 +490,10 @@ async fn hang_up_without_response_is_a_connection_failure() {
     );
 }
 
-/// At the limits exactly: a body of `REPLAY_LIMIT` bytes is buffered and
+/// At the limits exactly: a body of `REPLAY_LIMIT` bytes is recorded and
 /// retried, and kept whole in the dead-letter entry (`DEFAULT_BODY_LIMIT`);
-/// one byte more is sent once and stored truncated.
+/// one byte more is sent once, whole, and stored as not captured (its length
+/// only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_limits_are_inclusive() {
     const { assert!(REPLAY_LIMIT == DEFAULT_BODY_LIMIT) };
@@ -526,6 +525,7 @@ async fn body_limits_are_inclusive() {
     assert_eq!(stored[0].body.len(), REPLAY_LIMIT);
     assert_eq!(stored[0].attempts, 2);
     assert!(stored[1].body_truncated);
-    assert_eq!(stored[1].body.len(), DEFAULT_BODY_LIMIT);
+    assert!(stored[1].body.is_empty());
+    assert_eq!(stored[1].body_len, Some(DEFAULT_BODY_LIMIT as u64 + 1));
     assert_eq!(stored[1].attempts, 1);
 }
