@@ -538,3 +538,81 @@ async fn the_inner_service_is_called_before_the_body_arrives() {
     let response = call.await.unwrap().unwrap();
     assert_eq!(response.into_body(), "first");
 }
+
+proptest::proptest! {
+    /// Random bodies, random chunking, attempt 1 failing after reading a
+    /// random number of bytes: every later attempt receives exactly the
+    /// original bytes and trailers. A body that attempt 1 read past the
+    /// limit is sent once, intact, and its failure comes back as it is.
+    #[test]
+    fn every_retry_sends_the_original_body_exactly(
+        chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..48), 0..12),
+        with_trailers in proptest::bool::ANY,
+        first_reads in 0usize..700,
+        limit in 0usize..700,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let whole: Vec<u8> = chunks.concat();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", whole.len().into());
+        let mut frames: VecDeque<_> = chunks.iter().map(|c| Frame::data(Bytes::from(c.clone()))).collect();
+        if with_trailers {
+            frames.push_back(Frame::trailers(trailers.clone()));
+        }
+        let seen: Arc<Mutex<Vec<(Vec<u8>, Option<http::HeaderMap>, bool)>>> = Arc::default();
+        let log = seen.clone();
+        // Attempt 1 reads `first_reads` bytes (at least), then fails; every
+        // later attempt reads everything, then fails.
+        let inner = tower::service_fn(move |req: Request<ReplayBody<Chunks>>| {
+            let log = log.clone();
+            async move {
+                let first = log.lock().unwrap().is_empty();
+                let mut body = req.into_body();
+                let mut read = Vec::new();
+                let mut got_trailers = None;
+                let mut ended = false;
+                while !first || read.len() < first_reads {
+                    match body.frame().await {
+                        None => { ended = true; break; }
+                        Some(frame) => match frame?.into_data() {
+                            Ok(data) => read.extend_from_slice(&data),
+                            Err(frame) => got_trailers = frame.into_trailers().ok(),
+                        },
+                    }
+                }
+                log.lock().unwrap().push((read, got_trailers, ended));
+                status(503)
+            }
+        });
+        let service = ServiceBuilder::new()
+            .layer(ReplayBodyLayer::new(limit))
+            .layer(RetryLayer::http().max_retries(2).backoff(fast()).no_budget().build().unwrap())
+            .service(inner);
+        let response = runtime
+            .block_on(service.oneshot(Request::put("/").body(Chunks(frames)).unwrap()))
+            .unwrap();
+        proptest::prop_assert_eq!(response.status(), 503);
+        let seen = seen.lock().unwrap();
+        let (first, _, _) = &seen[0];
+        proptest::prop_assert_eq!(&first[..], &whole[..first.len()]);
+        for (bytes, got_trailers, ended) in &seen[1..] {
+            proptest::prop_assert!(*ended);
+            proptest::prop_assert_eq!(bytes, &whole);
+            proptest::prop_assert_eq!(got_trailers.as_ref(), with_trailers.then_some(&trailers));
+        }
+        // Attempts stop at the first one that read past the limit.
+        let read_past = |read: usize| whole.len() > limit && read > limit;
+        let expected = if read_past(first.len()) {
+            1
+        } else if whole.len() > limit {
+            2
+        } else {
+            3
+        };
+        proptest::prop_assert_eq!(seen.len(), expected);
+    }
+}

@@ -1,0 +1,119 @@
+//! What the streaming replay body costs a request that succeeds, side by side
+//! in one run: the same body (1 KiB in one frame; 64 KiB in 16 frames of
+//! 4 KiB) sent through `Retry`
+//!
+//! - `plain`: as it is (a body type that clones itself, so `Retry` can copy
+//!   it without any wrapper);
+//! - `replay body`: wrapped by `ReplayBodyLayer`, recording every frame.
+//!
+//! Each call is driven the way axum and tonic drive a service: the service
+//! is cloned, `ready().await`, `call().await`, and the service below reads
+//! the body to its end, all on a current-thread runtime.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_classify::BoxError;
+use tower_retry_budget::body::{ReplayBodyLayer, TryCloneBody};
+use tower_retry_budget::RetryLayer;
+
+/// A body of frames already in memory, sent one by one.
+#[derive(Clone)]
+struct Frames(VecDeque<Bytes>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|data| Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.iter().map(|b| b.len() as u64).sum())
+    }
+}
+
+impl TryCloneBody for Frames {
+    fn try_clone_body(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// Reads the request body to its end and answers 200.
+async fn read_body<B>(request: Request<B>) -> Result<Response<()>, BoxError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(request.into_body());
+    let mut len = 0;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(Into::into)?.into_data() {
+            len += bytes::Buf::remaining(&data);
+        }
+    }
+    black_box(len);
+    Ok(Response::new(()))
+}
+
+async fn send<S>(service: &S, body: Frames)
+where
+    S: Service<Request<Frames>, Response = Response<()>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let request = Request::put("/upload").body(body).unwrap();
+    let response = service.clone().ready().await.unwrap().call(request).await;
+    black_box(response.unwrap());
+}
+
+fn bodies(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("replay_body");
+    let retry = RetryLayer::http().build().unwrap();
+    for (name, frames, frame_len) in [("1 KiB", 1, 1024), ("64 KiB", 16, 4096)] {
+        let body = Frames(
+            (0..frames)
+                .map(|i| Bytes::from(vec![i as u8; frame_len]))
+                .collect(),
+        );
+        group.throughput(Throughput::Bytes((frames * frame_len) as u64));
+
+        let plain = ServiceBuilder::new()
+            .layer(retry.clone())
+            .service(tower::service_fn(read_body::<Frames>));
+        group.bench_with_input(BenchmarkId::new("plain", name), &body, |b, body| {
+            b.iter(|| runtime.block_on(send(&plain, body.clone())));
+        });
+
+        let replayed = ServiceBuilder::new()
+            .layer(ReplayBodyLayer::new(64 * 1024))
+            .layer(retry.clone())
+            .service(tower::service_fn(read_body));
+        group.bench_with_input(BenchmarkId::new("replay body", name), &body, |b, body| {
+            b.iter(|| runtime.block_on(send(&replayed, body.clone())));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bodies);
+criterion_main!(benches);
