@@ -539,6 +539,9 @@ async fn the_inner_service_is_called_before_the_body_arrives() {
     assert_eq!(response.into_body(), "first");
 }
 
+/// What one attempt read: its bytes, its trailers, whether it reached the end.
+type Attempt = (Vec<u8>, Option<http::HeaderMap>, bool);
+
 proptest::proptest! {
     /// Random bodies, random chunking, attempt 1 failing after reading a
     /// random number of bytes: every later attempt receives exactly the
@@ -563,7 +566,7 @@ proptest::proptest! {
         if with_trailers {
             frames.push_back(Frame::trailers(trailers.clone()));
         }
-        let seen: Arc<Mutex<Vec<(Vec<u8>, Option<http::HeaderMap>, bool)>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
         let log = seen.clone();
         // Attempt 1 reads `first_reads` bytes (at least), then fails; every
         // later attempt reads everything, then fails.
