@@ -4,14 +4,18 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+#[cfg(feature = "grpc")]
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
-use tower_classify::{BoxError, Classify};
+use tower_classify::{BoxError, Classify, Outcome};
 
 use crate::error::CircuitOpen;
 use crate::state::Permit;
 
+#[cfg(feature = "grpc")]
+pub use crate::grpc::GrpcResponseFuture;
 #[cfg(feature = "http")]
 pub use crate::http::HttpResponseFuture;
 
@@ -31,7 +35,7 @@ pin_project! {
 
 pin_project! {
     #[project = ResponseStateProj]
-    enum ResponseState<F> {
+    pub(crate) enum ResponseState<F> {
         Called {
             #[pin]
             future: F,
@@ -141,7 +145,60 @@ impl<C> Recorder<C> {
         C: Classify<T, E>,
     {
         let outcome = self.classifier.classify(result);
+        self.complete(outcome);
+    }
+
+    /// What the classifier says of `result`, recording nothing.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn classify<T, E>(&self, result: Result<&T, &E>) -> Outcome
+    where
+        C: Classify<T, E>,
+    {
+        self.classifier.classify(result)
+    }
+
+    /// Records `outcome`, timed from the call's start to now.
+    #[inline]
+    pub(crate) fn complete(&mut self, outcome: Outcome) {
         let elapsed = self.started.map(|started| started.elapsed());
         self.permit.complete(outcome, elapsed);
+    }
+
+    /// Keeps the permit, timed up to now, for an outcome known only later
+    /// (gRPC trailers); the classifier is not needed any more.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn defer(self) -> Deferred {
+        Deferred {
+            elapsed: self.started.map(|started| started.elapsed()),
+            permit: self.permit,
+        }
+    }
+}
+
+/// A call's permit whose outcome comes after its response: recorded with
+/// [`complete`](Self::complete), or dropped unrecorded like a dropped
+/// response future (a probe's slot is given back).
+#[cfg(feature = "grpc")]
+pub(crate) struct Deferred {
+    permit: Permit,
+    /// The call's duration up to its response head; `None` without a
+    /// slow-call threshold.
+    elapsed: Option<Duration>,
+}
+
+#[cfg(feature = "grpc")]
+impl Deferred {
+    pub(crate) fn complete(mut self, outcome: Outcome) {
+        self.permit.complete(outcome, self.elapsed);
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deferred")
+            .field("permit", &self.permit)
+            .field("elapsed", &self.elapsed)
+            .finish()
     }
 }

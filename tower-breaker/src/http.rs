@@ -32,6 +32,11 @@ use crate::service::CircuitBreaker;
 /// type stays the inner service's, so it stacks under `axum::Router::layer`
 /// as is.
 ///
+/// It judges each call by its response head and returns the inner body as it
+/// is; a gRPC status that arrives in the trailers is not seen. For a gRPC
+/// client, use [`into_grpc`](CircuitBreakerLayer::into_grpc) (feature `grpc`),
+/// which reads them.
+///
 /// ```
 /// use axum::{routing::get, Router};
 /// use tower_breaker::CircuitBreakerLayer;

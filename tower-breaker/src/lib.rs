@@ -145,6 +145,54 @@
 //! With the `http` feature, [`HttpCircuitBreakerLayer`] answers that `503`
 //! itself (with a `CIRCUIT_OPEN` body), so no `HandleErrorLayer` is needed.
 //!
+//! # gRPC: failures in trailers
+//!
+//! A gRPC server answers most failures with a `200` head and reports the
+//! status in the *trailers*, at the end of the body; only a "trailers-only"
+//! response (an error before any message) puts `grpc-status` in the head. A
+//! breaker that classifies the head sees a server answering `UNAVAILABLE` to
+//! every call succeed every time. With the `grpc` feature,
+//! [`into_grpc`](CircuitBreakerLayer::into_grpc) makes a
+//! [`GrpcCircuitBreakerLayer`] whose responses are `Response<GrpcBody<B>>`:
+//!
+//! - The classifier judges the head, as before. When it calls the head a
+//!   success, the status is `200`, the content type `application/grpc…` and
+//!   the head has no `grpc-status`, the outcome is still open: the
+//!   [`GrpcBody`] keeps the call's permit (and a half-open probe's slot) until
+//!   the body ends, then records the trailers' `grpc-status` through
+//!   [`GrpcClassifier::classify_end_of_stream`](tower_classify::GrpcClassifier::classify_end_of_stream):
+//!   `0` is a success, `14 UNAVAILABLE` a server error that counts towards
+//!   opening, `grpc-retry-pushback-ms` is read as in a head.
+//! - A body that ends without `grpc-status` broke the protocol: it counts as
+//!   `UNKNOWN`, a server error, the status tonic reports for it. A body error
+//!   (a reset stream) counts as a connection failure.
+//! - A body dropped before its end (the caller cancelled, or read only the
+//!   first messages of a stream) records nothing, and a probe's slot is given
+//!   back: the rule for a dropped response future.
+//! - Everything else is settled by the head as in [`CircuitBreakerLayer`]: a
+//!   trailers-only response, any other status, any other content type. Its
+//!   body is passed through with nothing left to do.
+//!
+//! The body forwards every frame as it arrives and reads nothing ahead, so
+//! server streams keep streaming; `size_hint` and `is_end_stream` are the
+//! inner body's. A slow-call threshold times the call up to its response
+//! head, so a long server stream is not a slow call.
+//!
+//! It is a separate layer rather than the default because the wrapper changes
+//! the response type, and most HTTP stacks need neither the type change nor
+//! the per-frame check. The plain [`CircuitBreakerLayer`] and the `503`-answering
+//! [`HttpCircuitBreakerLayer`] keep deciding on the head and return the inner
+//! body as it is. Put a breaker around a tonic `Channel` with `into_grpc()`:
+//! the generated client takes the wrapped channel as its `GrpcService`, and an
+//! open circuit reaches the caller as a `tonic::Status` (code `UNKNOWN`, as
+//! tonic converts any service error) whose `source()` is the [`CircuitOpen`].
+//!
+//! Retries still decide on the head: once a response has started, gRPC does
+//! not retry it (gRFC A6), so a failure that arrives in the trailers reaches
+//! the breaker, not a retry layer.
+//!
+//! [`GrpcCircuitBreakerLayer`] has a runnable example.
+//!
 //! # Keyed breakers
 //!
 //! [`KeyedCircuitBreakerLayer`] keeps one breaker per key (a host, a route, a
@@ -192,6 +240,8 @@
 //! # Features
 //!
 //! - `http`: [`HttpCircuitBreakerLayer`].
+//! - `grpc`: [`GrpcCircuitBreakerLayer`], gRPC failures reported in trailers
+//!   (implies `http`).
 //! - `serde`: [`BreakerConfig`], configuration from files.
 //! - `admin`: [`BreakerHandle::router`], an axum router over the admin handle.
 
@@ -211,6 +261,8 @@ mod admin_router;
 mod config;
 mod error;
 pub mod future;
+#[cfg(feature = "grpc")]
+mod grpc;
 #[cfg(feature = "http")]
 mod http;
 mod keyed;
@@ -224,6 +276,8 @@ pub use self::admin::{BreakerHandle, BreakerSnapshot};
 #[cfg(feature = "serde")]
 pub use self::config::{BreakerConfig, FailureRateConfig, WindowConfig};
 pub use self::error::CircuitOpen;
+#[cfg(feature = "grpc")]
+pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
 pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
