@@ -1,6 +1,6 @@
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -36,8 +36,17 @@ struct Reader<B> {
 struct Shared<B> {
     limit: usize,
     next_id: AtomicUsize,
+    /// `LOST` and `FAILED`, set under the lock and read without it, so that
+    /// asking whether a body can be replayed costs no lock.
+    flags: AtomicU8,
+    /// Set under the lock when a copy waits; lets a copy going away skip
+    /// the lock when nobody waits (the common case).
+    has_waiters: AtomicBool,
     state: Mutex<State<B>>,
 }
+
+const LOST: u8 = 1;
+const FAILED: u8 = 2;
 
 struct State<B> {
     /// `None` once it ended or failed.
@@ -61,10 +70,11 @@ struct State<B> {
 }
 
 impl<B> State<B> {
-    fn wake_others(&mut self, id: usize) {
+    fn wake_others(&mut self, id: usize, has_waiters: &AtomicBool) {
         if self.waiting.is_empty() {
             return;
         }
+        has_waiters.store(false, Ordering::Relaxed);
         for (waiter, waker) in std::mem::take(&mut self.waiting) {
             if waiter != id {
                 waker.wake();
@@ -72,7 +82,8 @@ impl<B> State<B> {
         }
     }
 
-    fn wait(&mut self, id: usize, waker: &Waker) {
+    fn wait(&mut self, id: usize, waker: &Waker, has_waiters: &AtomicBool) {
+        has_waiters.store(true, Ordering::Relaxed);
         match self.waiting.iter_mut().find(|(waiter, _)| *waiter == id) {
             Some((_, registered)) => registered.clone_from(waker),
             None => self.waiting.push((id, waker.clone())),
@@ -91,6 +102,8 @@ impl<B: Body> ReplayBody<B> {
         let shared = Arc::new(Shared {
             limit,
             next_id: AtomicUsize::new(1),
+            flags: AtomicU8::new(0),
+            has_waiters: AtomicBool::new(false),
             state: Mutex::new(State {
                 original: (!ended).then(|| Box::pin(body)),
                 recorded: Vec::new(),
@@ -119,8 +132,7 @@ impl<B> ReplayBody<B> {
     /// larger than the limit can still be replayed until its first byte is
     /// read (a connection refused before sending anything).
     pub fn can_replay(&self) -> bool {
-        let state = self.reader.shared.lock();
-        !state.lost && !state.failed
+        self.reader.shared.flags.load(Ordering::Acquire) == 0
     }
 
     /// The recording limit this body was made with.
@@ -214,11 +226,6 @@ impl<B> Reader<B> {
             finished: false,
         }
     }
-
-    fn fail(&mut self, error: ReplayError) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
-        self.finished = true;
-        Poll::Ready(Some(Err(error)))
-    }
 }
 
 impl<B> Reader<B>
@@ -233,12 +240,15 @@ where
         if self.finished {
             return Poll::Ready(None);
         }
-        let shared = Arc::clone(&self.shared);
+        // A borrow of one field, so the others stay free to update: no
+        // `Arc` clone per frame.
+        let shared = &*self.shared;
         let mut state = shared.lock();
         if self.frame < state.frames_read {
             // Behind the reader in front: replay.
             if !state.recording {
-                return self.fail(ReplayError::new(ReplayErrorKind::NotReplayable));
+                self.finished = true;
+                return Poll::Ready(Some(Err(ReplayError::new(ReplayErrorKind::NotReplayable))));
             }
             let data = state.recorded[self.frame].clone();
             self.frame += 1;
@@ -252,7 +262,10 @@ where
             }
         }
         if state.failed {
-            return self.fail(ReplayError::new(ReplayErrorKind::BodyFailedEarlier));
+            self.finished = true;
+            return Poll::Ready(Some(Err(ReplayError::new(
+                ReplayErrorKind::BodyFailedEarlier,
+            ))));
         }
         let polled = match state.original.as_mut() {
             Some(original) if !original.is_end_stream() => original.as_mut().poll_frame(cx),
@@ -260,21 +273,23 @@ where
         };
         match polled {
             Poll::Pending => {
-                state.wait(self.id, cx.waker());
+                state.wait(self.id, cx.waker(), &shared.has_waiters);
                 Poll::Pending
             }
             Poll::Ready(None) => {
                 state.ended = true;
                 state.original = None;
-                state.wake_others(self.id);
+                state.wake_others(self.id, &shared.has_waiters);
                 self.finished = true;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
                 state.failed = true;
+                shared.flags.fetch_or(FAILED, Ordering::Release);
                 state.original = None;
-                state.wake_others(self.id);
-                self.fail(ReplayError::body(error.into()))
+                state.wake_others(self.id, &shared.has_waiters);
+                self.finished = true;
+                Poll::Ready(Some(Err(ReplayError::body(error.into()))))
             }
             Poll::Ready(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
@@ -288,8 +303,9 @@ where
                         }
                         if state.recording {
                             state.recorded.push(data.clone());
-                        } else {
+                        } else if !state.lost {
                             state.lost = true;
+                            shared.flags.fetch_or(LOST, Ordering::Release);
                         }
                         self.frame = state.frames_read;
                         self.yielded += data.len() as u64;
@@ -308,7 +324,7 @@ where
                         }
                     },
                 };
-                state.wake_others(self.id);
+                state.wake_others(self.id, &shared.has_waiters);
                 Poll::Ready(Some(Ok(frame)))
             }
         }
@@ -351,13 +367,19 @@ where
 
 impl<B> Drop for Reader<B> {
     fn drop(&mut self) {
-        let mut state = self.shared.lock();
+        // Nobody waits in the common case: skip the lock. A copy that waits
+        // set the flag under the lock before this copy's last poll took it,
+        // or it polled the original after this copy and holds the wake-up
+        // itself; Relaxed is enough either way.
+        if !self.shared.has_waiters.load(Ordering::Relaxed) {
+            return;
+        }
+        let shared = &self.shared;
+        let mut state = shared.lock();
         // This copy may have been the one the original would wake: hand
         // the turn to the others.
-        if !state.waiting.is_empty() {
-            state.waiting.retain(|(waiter, _)| *waiter != self.id);
-            state.wake_others(self.id);
-        }
+        state.waiting.retain(|(waiter, _)| *waiter != self.id);
+        state.wake_others(self.id, &shared.has_waiters);
     }
 }
 
