@@ -12,6 +12,8 @@ use crate::outcome::{Failure, FailureKind, Outcome};
 
 /// The `grpc-status` header or trailer.
 pub const GRPC_STATUS: &str = "grpc-status";
+/// The `grpc-message` header or trailer.
+pub const GRPC_MESSAGE: &str = "grpc-message";
 /// The `grpc-retry-pushback-ms` trailer ([gRFC A6]).
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
@@ -75,6 +77,42 @@ impl GrpcClassifier {
             .trim()
             .parse::<u32>()
             .ok()
+    }
+
+    /// `true` for a `200` gRPC response (`content-type: application/grpc…`)
+    /// without `grpc-status` in its head: its status comes in the trailers,
+    /// at the end of the body. A trailers-only response, any other status
+    /// and any other content type are settled by the head.
+    pub fn status_in_trailers<B>(response: &Response<B>) -> bool {
+        response.status() == http::StatusCode::OK
+            && !response.headers().contains_key(GRPC_STATUS)
+            && response
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+    }
+
+    /// The `grpc-message` of `headers` (trailers), percent-decoded as the
+    /// gRPC protocol encodes it; `None` when absent.
+    pub fn status_message(headers: &HeaderMap) -> Option<String> {
+        let raw = headers.get(GRPC_MESSAGE)?.as_bytes();
+        let hex = |byte: &u8| (*byte as char).to_digit(16);
+        let mut decoded = Vec::with_capacity(raw.len());
+        let mut i = 0;
+        while i < raw.len() {
+            if raw[i] == b'%' {
+                if let (Some(high), Some(low)) =
+                    (raw.get(i + 1).and_then(hex), raw.get(i + 2).and_then(hex))
+                {
+                    decoded.push((high * 16 + low) as u8);
+                    i += 3;
+                    continue;
+                }
+            }
+            decoded.push(raw[i]);
+            i += 1;
+        }
+        Some(String::from_utf8_lossy(&decoded).into_owned())
     }
 
     /// Classifies a header map holding `grpc-status` (response headers of a

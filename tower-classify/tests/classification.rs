@@ -432,3 +432,45 @@ fn retry_on_set_rules() {
         [FailureKind::ServerError, FailureKind::Timeout]
     );
 }
+
+#[test]
+fn a_grpc_status_is_awaited_in_trailers_only_for_a_200_grpc_head_without_one() {
+    let grpc = || http::Response::builder().header("content-type", "application/grpc+proto");
+    assert!(GrpcClassifier::status_in_trailers(
+        &grpc().body(()).unwrap()
+    ));
+    let trailers_only = grpc().header("grpc-status", "14").body(()).unwrap();
+    assert!(!GrpcClassifier::status_in_trailers(&trailers_only));
+    let not_ok = grpc().status(503).body(()).unwrap();
+    assert!(!GrpcClassifier::status_in_trailers(&not_ok));
+    let json = http::Response::builder()
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    assert!(!GrpcClassifier::status_in_trailers(&json));
+}
+
+#[test]
+fn grpc_messages_are_percent_decoded() {
+    let mut trailers = http::HeaderMap::new();
+    assert_eq!(GrpcClassifier::status_message(&trailers), None);
+    trailers.insert(
+        "grpc-message",
+        "no%20backend%3A %E2%9C%93 100%".parse().unwrap(),
+    );
+    assert_eq!(
+        GrpcClassifier::status_message(&trailers).as_deref(),
+        Some("no backend: ✓ 100%")
+    );
+}
+
+proptest::proptest! {
+    /// Any bytes a server sends as `grpc-message` decode without a panic.
+    #[test]
+    fn any_grpc_message_decodes(raw in proptest::collection::vec(0x20u8..0x7f, 0..64)) {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-message", http::HeaderValue::from_bytes(&raw).unwrap());
+        let decoded = GrpcClassifier::status_message(&trailers).unwrap();
+        proptest::prop_assert!(decoded.len() <= raw.len() * 3);
+    }
+}
