@@ -6,10 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use http::{header, Response, StatusCode};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tower_classify::grpc::GRPC_STATUS;
 use tower_classify::{BoxError, Classify, FailureKind, GrpcClassifier, Outcome};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -256,7 +255,7 @@ where
     C: Classify<Response<B>, E>,
 {
     let outcome = recorder.classify::<_, E>(Ok(&response));
-    if !(outcome.is_success() && status_in_trailers(&response)) {
+    if !(outcome.is_success() && GrpcClassifier::status_in_trailers(&response)) {
         recorder.complete(outcome);
         return response.map(GrpcBody::settled);
     }
@@ -270,18 +269,6 @@ where
         inner: body,
         awaiting: Some(deferred),
     })
-}
-
-/// A `200` gRPC response without `grpc-status` in its head: its status comes
-/// in the trailers. A trailers-only response, any other status and any other
-/// content type are settled by the head.
-fn status_in_trailers<B>(response: &Response<B>) -> bool {
-    response.status() == StatusCode::OK
-        && !response.headers().contains_key(GRPC_STATUS)
-        && response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 pin_project! {
