@@ -195,6 +195,7 @@ pub mod config;
 mod entry;
 pub mod error;
 mod future;
+mod grpc;
 mod layer;
 mod poison;
 mod redact;
@@ -214,6 +215,7 @@ pub use self::entry::{
 };
 pub use self::error::{PoisonMessage, StoreFailed};
 pub use self::future::ResponseFuture;
+pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
 pub use self::layer::DeadLetterLayer;
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};

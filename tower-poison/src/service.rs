@@ -107,6 +107,10 @@ impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
     pub fn store(&self) -> &St {
         &self.shared.store
     }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared<St, C, Cap>> {
+        &self.shared
+    }
 }
 
 impl<S: Clone, St, C, Cap> Clone for DeadLetter<S, St, C, Cap> {
@@ -159,28 +163,7 @@ where
         let call = self.inner.call(request);
         ResponseFuture::new(async move {
             let result = call.await;
-            let failure = match shared.classifier.classify(result.as_ref()) {
-                Outcome::Failure(failure) => failure,
-                Outcome::Success | Outcome::Ignored => {
-                    if let (Some(poison), Some(id)) = (&shared.poison, pending.message_id()) {
-                        poison.clear(id);
-                    }
-                    return result.map_err(Into::into);
-                }
-            };
-            let (result, error) = match result {
-                Ok(response) => {
-                    let text = shared.capture.describe_response(&response);
-                    (Ok(response), vec![text])
-                }
-                Err(error) => {
-                    let error: BoxError = error.into();
-                    let chain = error_chain(&*error);
-                    (Err(error), chain)
-                }
-            };
-            let record = pending.finish(BODY_WAIT).await;
-            shared.on_failure(record, failure.kind, error, result).await
+            shared.settle(result, pending).await
         })
     }
 }
@@ -189,14 +172,59 @@ impl<St, C, Cap> Shared<St, C, Cap>
 where
     St: DeadLetterStore,
 {
+    /// Classifies a call's result and, if it failed, disposes of it.
+    pub(crate) async fn settle<Res, E>(
+        &self,
+        result: Result<Res, E>,
+        pending: PendingRecord,
+    ) -> Result<Res, BoxError>
+    where
+        C: Classify<Res, E>,
+        Cap: DescribeResponse<Res>,
+        E: Into<BoxError>,
+    {
+        let failure = match self.classifier.classify(result.as_ref()) {
+            Outcome::Failure(failure) => failure,
+            Outcome::Success | Outcome::Ignored => {
+                self.succeeded(&pending);
+                return result.map_err(Into::into);
+            }
+        };
+        let (result, error) = match result {
+            Ok(response) => {
+                let text = self.capture.describe_response(&response);
+                (Ok(response), vec![text])
+            }
+            Err(error) => {
+                let error: BoxError = error.into();
+                let chain = error_chain(&*error);
+                (Err(error), chain)
+            }
+        };
+        let record = pending.finish(BODY_WAIT).await;
+        self.on_failure(record, failure.kind, error, result).await
+    }
+
+    /// A call succeeded: its message's failure count starts over.
+    pub(crate) fn succeeded(&self, pending: &PendingRecord) {
+        if let (Some(poison), Some(id)) = (&self.poison, pending.message_id()) {
+            poison.clear(id);
+        }
+    }
+}
+
+impl<St, C, Cap> Shared<St, C, Cap>
+where
+    St: DeadLetterStore,
+{
     /// The failure count of a message over the poison limit.
-    fn poison_count(&self, pending: &PendingRecord) -> Option<FailureCount> {
+    pub(crate) fn poison_count(&self, pending: &PendingRecord) -> Option<FailureCount> {
         self.poison.as_ref()?.exceeded(pending.message_id()?)
     }
 
     /// A message over the poison limit is not called again: it is disposed
     /// of by the action and the caller gets [`PoisonMessage`].
-    async fn divert(&self, pending: PendingRecord, count: FailureCount) -> BoxError {
+    pub(crate) async fn divert(&self, pending: PendingRecord, count: FailureCount) -> BoxError {
         let record = pending.finish(BODY_WAIT).await;
         let id = record.message_id.clone().unwrap_or_default();
         let entry = self.entry(
@@ -223,7 +251,7 @@ where
     }
 
     /// A call failed: count it towards poison detection, or dispose of it.
-    async fn on_failure<T>(
+    pub(crate) async fn on_failure<T>(
         &self,
         record: RequestRecord,
         kind: FailureKind,

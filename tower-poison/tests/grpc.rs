@@ -1,0 +1,189 @@
+//! gRPC calls that fail in their trailers are dead-lettered at the end of
+//! the body, with the trailers' status.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::channel::Channel;
+use http_body_util::{BodyExt, Full};
+use tower::{service_fn, Layer, ServiceExt};
+use tower_classify::{BoxError, FailureKind, GrpcClassifier};
+use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoreFailed};
+
+type Upload = ReplayBody<Full<Bytes>>;
+
+fn trailers(status: &'static str) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert("grpc-status", status.parse().unwrap());
+    map
+}
+
+/// A gRPC response body: one message, then its trailers.
+type Answer = http_body_util::combinators::WithTrailers<
+    Full<Bytes>,
+    std::future::Ready<Option<Result<HeaderMap, Infallible>>>,
+>;
+
+/// A gRPC answer: `200`, one message, then `trailers` (or none).
+fn answer(end: Option<HeaderMap>) -> Response<Answer> {
+    let body = Full::new(Bytes::from_static(b"\0\0\0\0\x02hi"))
+        .with_trailers(std::future::ready(end.map(Ok)));
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .body(body)
+        .unwrap()
+}
+
+fn call_request() -> Request<Full<Bytes>> {
+    Request::post("http://greeter/greeter.Greeter/SayHello")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x05hello")))
+        .unwrap()
+}
+
+async fn entries(store: &MemoryStore) -> Vec<DeadLetterEntry> {
+    store.list(ListQuery::default()).await.unwrap().entries
+}
+
+fn layer(store: &MemoryStore) -> tower_poison::GrpcDeadLetterLayer<MemoryStore, GrpcClassifier> {
+    DeadLetterLayer::new(store.clone())
+        .classifier(GrpcClassifier::new())
+        .into_grpc()
+}
+
+#[tokio::test]
+async fn a_failure_in_the_trailers_is_stored_with_its_status_before_the_caller_sees_them() {
+    let store = MemoryStore::new(10);
+    let service = layer(&store).layer(service_fn(|_: Request<Upload>| async {
+        let mut end = trailers("14");
+        end.insert("grpc-message", "backend%20down".parse().unwrap());
+        Ok::<_, BoxError>(answer(Some(end)))
+    }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.body().awaits_trailers());
+    assert!(entries(&store).await.is_empty(), "not known before the end");
+    let mut body = response.into_body();
+    body.frame().await.unwrap().unwrap();
+    let last = body.frame().await.unwrap().unwrap();
+    assert!(last.is_trailers());
+    // By the time the trailers are handed on, the entry is written.
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(entry.error, ["grpc-status 14: backend down"]);
+    assert_eq!(entry.kind, FailureKind::ServerError);
+    assert_eq!(
+        entry.uri.as_deref(),
+        Some("http://greeter/greeter.Greeter/SayHello")
+    );
+    assert_eq!(entry.body, &b"\0\0\0\0\x05hello"[..], "the request message");
+}
+
+#[tokio::test]
+async fn ok_trailers_store_nothing_and_trailers_only_errors_are_settled_by_the_head() {
+    let store = MemoryStore::new(10);
+    let service = layer(&store).layer(service_fn(|req: Request<Upload>| async move {
+        if req.uri().path().ends_with("Fail") {
+            // Trailers-only: the status is in the head.
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "3");
+            return Ok::<_, BoxError>(response.body(Full::new(Bytes::new())).unwrap().map(|b| {
+                b.with_trailers(std::future::ready(None::<Result<HeaderMap, Infallible>>))
+            }));
+        }
+        Ok(answer(Some(trailers("0"))))
+    }));
+    let response = service.clone().oneshot(call_request()).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers(), Some(&trailers("0")));
+    assert!(entries(&store).await.is_empty());
+
+    let request = Request::post("/greeter.Greeter/Fail")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert!(!response.body().awaits_trailers());
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(entry.kind, FailureKind::Rejected);
+}
+
+#[tokio::test]
+async fn a_body_that_ends_without_a_status_is_stored_as_unknown() {
+    let store = MemoryStore::new(10);
+    let service = layer(&store).layer(service_fn(|_: Request<Upload>| async {
+        Ok::<_, BoxError>(answer(None))
+    }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(
+        entry.error,
+        ["the response body ended without a grpc-status"]
+    );
+    assert_eq!(entry.kind, FailureKind::ServerError);
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_write_turns_the_trailers_into_an_error() {
+    let full = MemoryStore::new(0);
+    let service = layer(&full).layer(service_fn(|_: Request<Upload>| async {
+        Ok::<_, BoxError>(answer(Some(trailers("13"))))
+    }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    let error = response.into_body().collect().await.unwrap_err();
+    assert!(error.is::<StoreFailed>(), "{error}");
+}
+
+#[tokio::test]
+async fn a_reset_stream_is_stored_and_its_error_handed_on() {
+    let store = MemoryStore::new(10);
+    let service = layer(&store).layer(service_fn(|_: Request<Upload>| async {
+        let (mut sender, body) = Channel::<Bytes, BoxError>::new(2);
+        sender
+            .send_data(Bytes::from_static(b"\0\0\0\0\x01x"))
+            .await
+            .unwrap();
+        sender.abort("stream reset by peer".into());
+        let response = Response::builder().header("content-type", "application/grpc");
+        Ok::<_, BoxError>(response.body(body).unwrap())
+    }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    let error = response.into_body().collect().await.unwrap_err();
+    assert_eq!(error.to_string(), "stream reset by peer");
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(entry.kind, FailureKind::Connection);
+    assert_eq!(entry.error, ["stream reset by peer"]);
+}
+
+#[tokio::test]
+async fn a_body_dropped_before_its_end_stores_nothing_and_frames_pass_as_they_arrive() {
+    let store = MemoryStore::new(10);
+    let (mut sender, body) = Channel::<Bytes, BoxError>::new(1);
+    let body = std::sync::Mutex::new(Some(body));
+    let service = layer(&store).layer(service_fn(move |_: Request<Upload>| {
+        let body = body.lock().unwrap().take().unwrap();
+        async move {
+            let response = Response::builder().header("content-type", "application/grpc");
+            Ok::<_, BoxError>(response.body(body).unwrap())
+        }
+    }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    let mut body = response.into_body();
+    sender
+        .send_data(Bytes::from_static(b"first"))
+        .await
+        .unwrap();
+    let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first frame is handed on before the second is sent")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "first");
+    // The caller cancels.
+    drop(body);
+    let _ = sender.send_trailers(trailers("14")).await;
+    assert!(entries(&store).await.is_empty());
+}
