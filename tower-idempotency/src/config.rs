@@ -43,8 +43,6 @@ pub struct IdempotencyConfig {
     pub in_flight_ttl: Duration,
     /// The largest response body stored for replay (default 1 MiB).
     pub response_body_limit: usize,
-    /// Request body bytes hashed into the fingerprint (default 1 MiB).
-    pub fingerprint_body_limit: usize,
     /// Guard idempotent methods too (default `false`).
     pub all_methods: bool,
     /// Free the key on a transient answer (default `false`; see
@@ -66,7 +64,6 @@ impl Default for IdempotencyConfig {
             ttl: layer.ttl,
             in_flight_ttl: layer.in_flight_ttl,
             response_body_limit: layer.response_body_limit,
-            fingerprint_body_limit: layer.fingerprint_body_limit,
             all_methods: layer.all_methods,
             release_on_transient: layer.release_on_transient,
             release_on_shed: layer.release_on_shed,
@@ -102,7 +99,6 @@ impl IdempotencyConfig {
             .ttl(self.ttl)
             .in_flight_ttl(self.in_flight_ttl)
             .response_body_limit(self.response_body_limit)
-            .fingerprint_body_limit(self.fingerprint_body_limit)
             .all_methods(self.all_methods)
             .release_on_transient(self.release_on_transient)
             .release_on_shed(self.release_on_shed))
@@ -139,5 +135,10 @@ mod tests {
         );
         let err = serde_json::from_str::<IdempotencyConfig>(r#"{"tll": "1h"}"#).unwrap_err();
         assert!(err.to_string().contains("tll"), "{err}");
+        // The guard reads no request body ahead any more, so there is no
+        // fingerprint limit to set: a configuration naming one is told so.
+        let gone = r#"{"fingerprint_body_limit": 1024}"#;
+        let err = serde_json::from_str::<IdempotencyConfig>(gone).unwrap_err();
+        assert!(err.to_string().contains("fingerprint_body_limit"), "{err}");
     }
 }

@@ -18,15 +18,18 @@ pin_project! {
     /// Response future of [`IdempotencyGuard`](crate::IdempotencyGuard).
     ///
     /// A request the guard does not guard (no key, or an idempotent method)
-    /// is the inner service's future, unboxed. A guarded call has up to five
-    /// asynchronous steps (read the request body, claim the key, call the
-    /// service, read the response body, record the outcome) and the stores'
-    /// futures are not nameable (stores return `impl Future`), so they run
-    /// in one boxed future: one allocation next to the store I/O it drives.
+    /// is the inner service's future, unboxed. A guarded call has several
+    /// asynchronous steps (claim the key, then call the service, or compare
+    /// a repeat's body with the first request's) and the stores' futures are
+    /// not nameable (stores return `impl Future`), so they run in one boxed
+    /// future: one allocation next to the store I/O it drives. It resolves
+    /// as soon as the handler answers; the response body streams and records
+    /// the outcome when it ends.
     ///
-    /// Dropping a guarded call's future after the service was called records
-    /// the key as [`NotKept::Cancelled`](crate::store::NotKept::Cancelled):
-    /// the handler may have run, so a repeat is refused, never run again.
+    /// Dropping a guarded call's future after the service was called, or
+    /// its response body before the end, records the key as
+    /// [`NotKept::Cancelled`](crate::store::NotKept::Cancelled): the handler
+    /// may have run, so a repeat is refused, never run again.
     pub struct ResponseFuture<F, ResB, E> {
         #[pin]
         kind: Kind<F, ResB, E>,

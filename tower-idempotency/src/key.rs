@@ -38,23 +38,125 @@ pub(crate) fn namespaced(identity: Option<&str>, key: &str) -> String {
     }
 }
 
-/// What makes two requests "the same": method, path and query, and the
-/// SHA-256 of the body (of its first bytes when it was longer than the
-/// fingerprint limit, marked `+`). Stable across processes and versions, so
-/// nodes sharing a store agree.
-pub(crate) fn fingerprint(method: &Method, uri: &Uri, body: &[u8], truncated: bool) -> String {
-    use std::fmt::Write;
-    let digest = Sha256::digest(body);
+/// The head of a request's fingerprint: its method, path and query
+/// (`POST /orders?a=1`). The host is left out, so two nodes behind one name
+/// agree.
+pub(crate) fn head(method: &Method, uri: &Uri) -> String {
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut text = String::with_capacity(method.as_str().len() + path.len() + 80);
-    let _ = write!(text, "{method} {path} sha256:");
-    for byte in digest {
-        let _ = write!(text, "{byte:02x}");
-    }
-    if truncated {
-        text.push('+');
+    let mut head = String::with_capacity(method.as_str().len() + 1 + path.len());
+    head.push_str(method.as_str());
+    head.push(' ');
+    head.push_str(path);
+    head
+}
+
+/// The longest body part, `body=complete;len={20 digits};sha256={64}`.
+const BODY_PART_LEN: usize = 1 + 14 + 4 + 20 + 8 + 64;
+
+/// What the handler read of a request body: the SHA-256 of the bytes, how
+/// many there were, and whether they were the whole body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BodyPart {
+    pub(crate) sha256: [u8; 32],
+    pub(crate) len: u64,
+    /// The handler read to the end of the body: a repeat must be exactly
+    /// these bytes. Otherwise only its first `len` bytes are compared.
+    pub(crate) complete: bool,
+}
+
+/// A request's fingerprint, the string a store keeps with its key:
+///
+/// ```text
+/// {method} {path-and-query} body=complete;len={n};sha256={hex}   the handler read the whole body, n bytes
+/// {method} {path-and-query} body=partial;len={n};sha256={hex}    it answered after reading the first n bytes
+/// {method} {path-and-query} body=unknown                         not known yet (a claim in flight)
+/// ```
+///
+/// `{hex}` is the lowercase SHA-256 of the bytes read, `{n}` a decimal
+/// count. A path and query never contain a space, so the body part is what
+/// follows the last one. The form is part of what nodes sharing a store
+/// agree on: changing it makes a fleet in the middle of an upgrade answer
+/// 422 to some repeats.
+pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(head.len() + BODY_PART_LEN);
+    text.push_str(head);
+    match body {
+        None => text.push_str(" body=unknown"),
+        Some(part) => {
+            let kind = if part.complete { "complete" } else { "partial" };
+            let _ = write!(text, " body={kind};len={};sha256=", part.len);
+            for byte in part.sha256 {
+                let _ = write!(text, "{byte:02x}");
+            }
+        }
     }
     text
+}
+
+/// The head and the body part of a stored fingerprint. A body part that is
+/// unknown, or not in the form above (a record written before it, or by
+/// hand), is `None`: only heads are compared then.
+pub(crate) fn parse_fingerprint(fingerprint: &str) -> (&str, Option<BodyPart>) {
+    let Some((head, body)) = fingerprint.rsplit_once(' ') else {
+        return (fingerprint, None);
+    };
+    (head, parse_body_part(body))
+}
+
+fn parse_body_part(text: &str) -> Option<BodyPart> {
+    let rest = text.strip_prefix("body=")?;
+    let (kind, rest) = rest.split_once(";len=")?;
+    let complete = match kind {
+        "complete" => true,
+        "partial" => false,
+        _ => return None,
+    };
+    let (len, hex) = rest.split_once(";sha256=")?;
+    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) || hex.len() != 64 {
+        return None;
+    }
+    let mut sha256 = [0u8; 32];
+    for (byte, pair) in sha256.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).ok()?;
+        if !pair.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(BodyPart {
+        sha256,
+        len: len.parse().ok()?,
+        complete,
+    })
+}
+
+/// A running SHA-256 of body bytes, and how many there were.
+#[derive(Clone, Default)]
+pub(crate) struct BodyHasher {
+    sha: Sha256,
+    len: u64,
+}
+
+impl BodyHasher {
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        self.sha.update(bytes);
+        self.len = self.len.saturating_add(bytes.len() as u64);
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The body part of the bytes hashed so far; `complete` when they were
+    /// the whole body.
+    pub(crate) fn part(&self, complete: bool) -> BodyPart {
+        BodyPart {
+            sha256: self.sha.clone().finalize().into(),
+            len: self.len,
+            complete,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -123,24 +225,82 @@ mod tests {
         assert_ne!(namespaced(Some("a:b"), "c"), namespaced(Some("a"), "b:c"));
     }
 
+    fn complete(method: &Method, uri: &str, body: &[u8]) -> String {
+        let mut hasher = BodyHasher::default();
+        hasher.update(body);
+        fingerprint(
+            &head(method, &uri.parse().unwrap()),
+            Some(&hasher.part(true)),
+        )
+    }
+
     #[test]
     fn fingerprints_differ_by_method_path_query_and_body() {
-        let uri: Uri = "http://x/orders?a=1".parse().unwrap();
-        let base = fingerprint(&Method::POST, &uri, b"{}", false);
-        assert_eq!(base, fingerprint(&Method::POST, &uri, b"{}", false));
-        assert_ne!(base, fingerprint(&Method::PATCH, &uri, b"{}", false));
-        assert_ne!(
-            base,
-            fingerprint(&Method::POST, &"/orders?a=2".parse().unwrap(), b"{}", false)
-        );
-        assert_ne!(base, fingerprint(&Method::POST, &uri, b"{ }", false));
-        assert_ne!(base, fingerprint(&Method::POST, &uri, b"{}", true));
+        let base = complete(&Method::POST, "http://x/orders?a=1", b"{}");
+        assert_eq!(base, complete(&Method::POST, "http://x/orders?a=1", b"{}"));
+        assert_ne!(base, complete(&Method::PATCH, "http://x/orders?a=1", b"{}"));
+        assert_ne!(base, complete(&Method::POST, "/orders?a=2", b"{}"));
+        assert_ne!(base, complete(&Method::POST, "/orders?a=1", b"{ }"));
         // The host is not part of it: two nodes behind one name agree.
-        let other_host: Uri = "http://y/orders?a=1".parse().unwrap();
-        assert_eq!(base, fingerprint(&Method::POST, &other_host, b"{}", false));
+        assert_eq!(base, complete(&Method::POST, "http://y/orders?a=1", b"{}"));
+    }
+
+    /// The exact strings nodes sharing a store write and compare: this test
+    /// failing means a fleet in the middle of an upgrade would disagree.
+    #[test]
+    fn the_fingerprint_form_is_pinned() {
+        let uri: Uri = "http://x/orders?a=1".parse().unwrap();
+        let head = head(&Method::POST, &uri);
+        assert_eq!(head, "POST /orders?a=1");
+        let mut hasher = BodyHasher::default();
+        hasher.update(b"{");
+        hasher.update(b"}");
         assert_eq!(
-            base,
-            "POST /orders?a=1 sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+            fingerprint(&head, Some(&hasher.part(true))),
+            "POST /orders?a=1 body=complete;len=2;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
+        assert_eq!(
+            fingerprint(&head, Some(&hasher.part(false))),
+            "POST /orders?a=1 body=partial;len=2;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert_eq!(fingerprint(&head, None), "POST /orders?a=1 body=unknown");
+        let empty = head_of("/", &Method::POST);
+        assert_eq!(
+            fingerprint(&empty, Some(&BodyHasher::default().part(true))),
+            "POST / body=complete;len=0;sha256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    fn head_of(uri: &str, method: &Method) -> String {
+        head(method, &uri.parse().unwrap())
+    }
+
+    #[test]
+    fn stored_fingerprints_parse_back_and_unknown_forms_compare_heads_only() {
+        let mut hasher = BodyHasher::default();
+        hasher.update(b"abc");
+        for complete in [true, false] {
+            let part = hasher.part(complete);
+            let text = fingerprint("POST /orders", Some(&part));
+            assert_eq!(parse_fingerprint(&text), ("POST /orders", Some(part)));
+        }
+        assert_eq!(
+            parse_fingerprint("POST /orders body=unknown"),
+            ("POST /orders", None)
+        );
+        // The form before body parts had a length, and garbage: heads only.
+        let legacy =
+            "POST /orders sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a";
+        assert_eq!(parse_fingerprint(legacy), ("POST /orders", None));
+        for hostile in [
+            "POST /orders body=complete;len=;sha256=00",
+            "POST /orders body=complete;len=-1;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+            "POST /orders body=partial;len=1;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaffZZ",
+            "POST /orders body=complete;len=99999999999999999999999;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+            "POST /orders body=whole;len=1;sha256=44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+        ] {
+            assert_eq!(parse_fingerprint(hostile), ("POST /orders", None), "{hostile}");
+        }
+        assert_eq!(parse_fingerprint("nospace"), ("nospace", None));
     }
 }

@@ -17,9 +17,8 @@ use crate::service::{Config, IdempotencyGuard, ScopeFn};
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// Defaults: a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
-/// whose node crashed lapses after it), responses up to 1 MiB stored, the
-/// fingerprint hashing up to 1 MiB of request body, only non-idempotent
-/// methods guarded (POST, PATCH and extension methods), no client scope,
+/// whose node crashed lapses after it), responses up to 1 MiB stored, only
+/// non-idempotent methods guarded (POST, PATCH and extension methods), no client scope,
 /// transient answers stored like any other, [`HttpClassifier`] recognising
 /// refusals made below the guard before the handler ran.
 ///
@@ -53,9 +52,10 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     }
 
     /// Lets an unfinished claim lapse after `ttl` (default 5 min), for a node
-    /// that crashed while holding it. While a request runs, the guard extends
-    /// its claim every third of this TTL, so a request slower than the TTL
-    /// keeps its key; only a claim nobody extends lapses. A claim whose reply
+    /// that crashed while holding it. While a request runs and until its
+    /// response body ends, the guard extends its claim every third of this
+    /// TTL, so a request or a response stream slower than the TTL keeps its
+    /// key; only a claim nobody extends lapses. A claim whose reply
     /// was lost (the store timed out after taking it) also holds its key
     /// until then, answering repeats with 409. Values below [`MIN_TTL`] are
     /// raised to it.
@@ -65,18 +65,14 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     }
 
     /// Stores responses whose body is at most `limit` bytes (default 1 MiB).
-    /// A larger response is passed on whole but not stored: its key is
-    /// recorded as [not kept](crate::store::NotKept::TooLarge) and repeats
-    /// get 409, never a second run.
+    /// The body streams to the client as it comes while the guard keeps a
+    /// reference to each chunk; once it passes `limit` (or at once, when its
+    /// `Content-Length` says it will) the guard lets go of the chunks and
+    /// records the key as [not kept](crate::store::NotKept::TooLarge):
+    /// the response still reaches the client whole, and repeats get 409,
+    /// never a second run.
     pub fn response_body_limit(mut self, limit: usize) -> Self {
         self.config.response_body_limit = limit;
-        self
-    }
-
-    /// Hashes at most `limit` bytes of the request body into the fingerprint
-    /// (default 1 MiB); a longer body is marked as such in it.
-    pub fn fingerprint_body_limit(mut self, limit: usize) -> Self {
-        self.config.fingerprint_body_limit = limit;
         self
     }
 

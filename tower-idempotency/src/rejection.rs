@@ -20,8 +20,9 @@ pub enum Rejection {
     KeyTooLong,
     /// 400: the `Idempotency-Key` is empty or not visible ASCII.
     KeyInvalid,
-    /// 400: the request body failed while the guard read it for the
-    /// fingerprint; the request was not run.
+    /// 400: the body of a repeat failed while the guard read it to compare
+    /// it with the first request's; nothing was run. (The body of a first
+    /// request is read by the handler, which sees its failure itself.)
     BodyUnreadable,
     /// 409: a request with the same key is still being processed. Retry
     /// later (`Retry-After: 1`).
@@ -31,7 +32,7 @@ pub enum Rejection {
     /// repeat the operation under a new key is the client's decision.
     NotKept(NotKept),
     /// 422: the key was used before for a different request (method, path,
-    /// query or body).
+    /// query, or the body as far as the first request's handler read it).
     Mismatch,
     /// 503: the idempotency store did not answer; the request was not run.
     StoreUnavailable,
@@ -89,7 +90,7 @@ impl Rejection {
                 "The Idempotency-Key header must be 1 to 255 visible ASCII characters."
             }
             Rejection::BodyUnreadable => {
-                "The request body failed before the server could read it; the request was not processed."
+                "The request body failed before the server could compare it with the first request's; the request was not processed."
             }
             Rejection::InFlight => {
                 "A request with this Idempotency-Key is still being processed; retry later."
@@ -98,7 +99,7 @@ impl Rejection {
                 "The request was processed, but its response was too large to keep for replay; it will not be processed again."
             }
             Rejection::NotKept(NotKept::Cancelled) => {
-                "The request was cancelled while it was being processed, so it may have taken effect; it will not be processed again."
+                "The request was cancelled before its response was complete, so it may have taken effect; it will not be processed again."
             }
             Rejection::NotKept(NotKept::ServiceError) => {
                 "Processing the request failed after it started, so it may have taken effect; it will not be processed again."

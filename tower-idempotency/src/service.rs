@@ -1,9 +1,9 @@
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +14,7 @@ use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
 use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
-use crate::body::{read_ahead, Ending, GuardBody};
+use crate::body::{compare, Compared, GuardBody, Recorder, RequestHash};
 use crate::error::{chain, StoreErrorKind};
 use crate::future::ResponseFuture;
 use crate::key;
@@ -39,7 +39,6 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) in_flight_ttl: Duration,
     pub(crate) response_body_limit: usize,
-    pub(crate) fingerprint_body_limit: usize,
     pub(crate) all_methods: bool,
     pub(crate) release_on_transient: bool,
     pub(crate) release_on_shed: bool,
@@ -52,7 +51,6 @@ impl Default for Config {
             ttl: Duration::from_secs(24 * 3600),
             in_flight_ttl: Duration::from_secs(300),
             response_body_limit: 1024 * 1024,
-            fingerprint_body_limit: 1024 * 1024,
             all_methods: false,
             release_on_transient: false,
             release_on_shed: true,
@@ -67,7 +65,6 @@ impl fmt::Debug for Config {
             .field("ttl", &self.ttl)
             .field("in_flight_ttl", &self.in_flight_ttl)
             .field("response_body_limit", &self.response_body_limit)
-            .field("fingerprint_body_limit", &self.fingerprint_body_limit)
             .field("all_methods", &self.all_methods)
             .field("release_on_transient", &self.release_on_transient)
             .field("release_on_shed", &self.release_on_shed)
@@ -83,10 +80,11 @@ impl fmt::Debug for Config {
 /// [crate docs](crate) for the rules.
 ///
 /// It takes `Request<B>` and hands the inner service `Request<GuardBody<B>>`
-/// (the body with the bytes read for the fingerprint put back in front); it
-/// returns `Response<GuardBody<ResB>>` (the inner response's body, a stored
-/// body, or the guard's own answer). Its error is the inner service's: the
-/// guard's own refusals, store failures included, are responses.
+/// (the original body, hashed for the fingerprint as the handler reads it);
+/// it returns `Response<GuardBody<ResB>>` (the inner response's body,
+/// streamed as it comes and recorded for repeats, a stored body, or the
+/// guard's own answer). Its error is the inner service's: the guard's own
+/// refusals, store failures included, are responses.
 ///
 /// # Clones
 ///
@@ -221,21 +219,11 @@ where
     C: Classify<Response<ResB>, S::Error>,
 {
     let config = &shared.config;
-    let (body, prefix, ending) = read_ahead(body, config.fingerprint_body_limit).await;
-    if ending == Ending::Failed {
-        return Ok(reject(Rejection::BodyUnreadable));
-    }
-    let fingerprint = key::fingerprint(
-        &parts.method,
-        &parts.uri,
-        &prefix,
-        ending == Ending::OverLimit,
-    );
-    drop(prefix);
-
+    // The body part is not known until the handler has read the body.
+    let head = key::head(&parts.method, &parts.uri);
     let claim = match shared
         .store
-        .claim(&key, &fingerprint, config.in_flight_ttl)
+        .claim(&key, &key::fingerprint(&head, None), config.in_flight_ttl)
         .await
     {
         Ok(claim) => claim,
@@ -258,36 +246,24 @@ where
     };
     let token = match claim {
         Claim::Acquired(token) => token,
-        Claim::InFlight { fingerprint: other }
-        | Claim::Completed {
-            fingerprint: other, ..
-        } if other != fingerprint => return Ok(reject(Rejection::Mismatch)),
+        // The first request's handler may still be reading its body: only
+        // the heads can be compared.
+        Claim::InFlight { fingerprint } if key::parse_fingerprint(&fingerprint).0 != head => {
+            return Ok(reject(Rejection::Mismatch))
+        }
         Claim::InFlight { .. } => return Ok(reject(Rejection::InFlight)),
         Claim::Completed {
-            completion: Completion::NotKept(reason),
-            ..
-        } => return Ok(reject(Rejection::NotKept(reason))),
-        Claim::Completed {
-            completion: Completion::Response(response),
-            ..
-        } => {
-            count("replayed");
-            let trailers = response.trailer_map();
-            let mut replay = response.to_response(|body| GuardBody::replay(body, trailers));
-            replay
-                .headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            return Ok(replay);
-        }
+            fingerprint,
+            completion,
+        } => return Ok(repeat(&key, &head, &fingerprint, completion, body).await),
     };
     count("claimed");
     // From here on the handler may run: dropping `held` (a cancelled call)
     // records the key as not kept, never frees it.
-    let mut held = Held::new(shared.store.clone(), key, token, config.ttl);
-
-    let in_flight_ttl = config.in_flight_ttl;
-    let call = inner.call(Request::from_parts(parts, body));
-    let result = held.renewing(call, in_flight_ttl).await;
+    let hash = Arc::new(RequestHash::new(body.is_end_stream()));
+    let held = Held::new(&shared, key, token, head, Arc::clone(&hash));
+    let body = GuardBody::hashed(body, hash);
+    let result = inner.call(Request::from_parts(parts, body)).await;
     let release = match Classify::<_, S::Error>::classify(&shared.classifier, result.as_ref()) {
         // Refused below the guard before the handler ran (an open breaker,
         // a load shedder): nothing happened, the client may try again.
@@ -312,28 +288,86 @@ where
         return Ok(response.map(GuardBody::new));
     }
     let (parts, body) = response.into_parts();
-    let read = read_ahead(body, config.response_body_limit);
-    let (body, recorded, ending) = held.renewing(read, in_flight_ttl).await;
-    let completion = match ending {
-        Ending::Whole => {
-            let stored = StoredResponse::new(parts.status, &parts.headers, recorded);
-            Completion::Response(match body.trailers() {
-                Some(trailers) => stored.with_trailers(trailers),
-                None => stored,
-            })
+    let limit = config.response_body_limit;
+    if body.is_end_stream() {
+        // Nothing to stream (204, an empty body): recorded at once.
+        let stored = StoredResponse::new(parts.status, &parts.headers, Bytes::new());
+        held.complete(Completion::Response(stored)).await;
+        return Ok(Response::from_parts(parts, GuardBody::new(body)));
+    }
+    if declared_len(&parts.headers, &body) > limit as u64 {
+        tracing::warn!(
+            key = held.key(),
+            limit,
+            "response too large to store for replay; repeats of its key get 409"
+        );
+        held.complete(Completion::NotKept(NotKept::TooLarge)).await;
+        return Ok(Response::from_parts(parts, GuardBody::new(body)));
+    }
+    let recorder = Recorder::new(Box::new(held), &parts, limit);
+    Ok(Response::from_parts(
+        parts,
+        GuardBody::recorded(body, recorder),
+    ))
+}
+
+/// The least a response body will be: its `Content-Length`, or what the body
+/// says of itself.
+fn declared_len<B: Body>(headers: &http::HeaderMap, body: &B) -> u64 {
+    let header = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    header.max(body.size_hint().lower())
+}
+
+/// The answer to a repeat of a completed key: its stored response, or the
+/// refusal naming why it was not kept, once the repeat is known to be the
+/// same request. The handler is not called, so the guard reads the repeat's
+/// body itself, as far as the first request's handler read its own.
+async fn repeat<B, ResB>(
+    key: &str,
+    head: &str,
+    stored: &str,
+    completion: Completion,
+    body: B,
+) -> Response<GuardBody<ResB>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (stored_head, part) = key::parse_fingerprint(stored);
+    if stored_head != head {
+        return reject(Rejection::Mismatch);
+    }
+    // No body part: the record predates this form; the heads decide.
+    if let Some(part) = part {
+        match compare(body, part).await {
+            Compared::Same => {}
+            Compared::Different => return reject(Rejection::Mismatch),
+            Compared::Failed(error) => {
+                tracing::debug!(
+                    key,
+                    error = chain(&*error),
+                    "the body of a repeat failed while compared with the first request's"
+                );
+                return reject(Rejection::BodyUnreadable);
+            }
         }
-        Ending::OverLimit => {
-            tracing::warn!(
-                key = held.key(),
-                limit = config.response_body_limit,
-                "response too large to store for replay; repeats of its key get 409"
-            );
-            Completion::NotKept(NotKept::TooLarge)
+    }
+    match completion {
+        Completion::NotKept(reason) => reject(Rejection::NotKept(reason)),
+        Completion::Response(response) => {
+            count("replayed");
+            let trailers = response.trailer_map();
+            let mut replay = response.to_response(|body| GuardBody::replay(body, trailers));
+            replay
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            replay
         }
-        Ending::Failed => Completion::NotKept(NotKept::BodyFailed),
-    };
-    held.complete(completion).await;
-    Ok(Response::from_parts(parts, body))
+    }
 }
 
 fn reject<B>(rejection: Rejection) -> Response<GuardBody<B>> {
@@ -345,24 +379,61 @@ fn count(outcome: &'static str) {
     metrics::counter!("tower_idempotency_total", "outcome" => outcome).increment(1);
 }
 
-/// A key this call holds, from the moment the service may run. Dropped
-/// without [`complete`](Self::complete) or [`release`](Self::release) (the
-/// call was cancelled), it records [`NotKept::Cancelled`] in a spawned task.
+/// A key this call holds, from the moment the service may run until its
+/// outcome is written: through the handler, then inside the response body
+/// until it ends. Dropped without [`complete`](Self::complete) or
+/// [`release`](Self::release) (the call or its response body was dropped),
+/// it records [`NotKept::Cancelled`] in a spawned task.
+///
+/// A keeper task extends the claim every third of the in-flight TTL while it
+/// is held, so a request or a response stream slower than the TTL keeps its
+/// key (a repeat gets 409, never a second run) even while nobody polls it.
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
+    /// The fingerprint's head; the body part is read from `body` when the
+    /// outcome is written.
+    head: String,
+    body: Arc<RequestHash>,
     ttl: Duration,
-    /// Set once the key is completed or released, so that an extension
-    /// spawned just before does not report the claim as lapsed. Made with
-    /// the first extension: most calls finish before one is due.
-    settled: Option<Arc<AtomicBool>>,
+    keeper: Option<Keeper>,
+}
+
+struct Keeper {
+    task: tokio::task::JoinHandle<()>,
+    /// Set once the key is completed or released, so that an extension that
+    /// raced with it does not report the claim as lapsed.
+    settled: Arc<AtomicBool>,
 }
 
 impl<St: IdempotencyStore> Held<St> {
-    fn new(store: St, key: String, claim: ClaimToken, ttl: Duration) -> Self {
+    fn new<C>(
+        shared: &Shared<St, C>,
+        key: String,
+        claim: ClaimToken,
+        head: String,
+        body: Arc<RequestHash>,
+    ) -> Self {
+        let store = shared.store.clone();
+        let in_flight_ttl = shared.config.in_flight_ttl;
+        // Outside a runtime nothing extends the claim: it lapses after the
+        // in-flight TTL.
+        let keeper = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            let settled = Arc::new(AtomicBool::new(false));
+            let task = runtime.spawn(keep(
+                store.clone(),
+                key.clone(),
+                claim.clone(),
+                in_flight_ttl,
+                Arc::clone(&settled),
+            ));
+            Keeper { task, settled }
+        });
         Held {
             held: Some((store, key, claim)),
-            ttl,
-            settled: None,
+            head,
+            body,
+            ttl: shared.config.ttl,
+            keeper,
         }
     }
 
@@ -370,69 +441,28 @@ impl<St: IdempotencyStore> Held<St> {
         self.held.as_ref().map_or("", |(_, key, _)| key)
     }
 
-    /// Runs `future` while extending the claim every third of
-    /// `in_flight_ttl`, so that a request slower than the TTL keeps its key
-    /// (a repeat gets 409, never a second run). Each extension is spawned,
-    /// so the call is never held up by the store; the timer is only made
-    /// once `future` has to wait.
-    async fn renewing<F: Future>(&mut self, future: F, in_flight_ttl: Duration) -> F::Output {
-        let period = bounded(in_flight_ttl) / 3;
-        let mut future = pin!(future);
-        let mut renew = pin!(None::<tokio::time::Sleep>);
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(output) = future.as_mut().poll(cx) {
-                return Poll::Ready(output);
-            }
-            if renew.is_none() {
-                renew.set(Some(tokio::time::sleep(period)));
-            }
-            let mut timer = renew.as_mut().as_pin_mut().expect("just set");
-            while timer.as_mut().poll(cx).is_ready() {
-                self.extend_in_background(in_flight_ttl);
-                timer.as_mut().reset(tokio::time::Instant::now() + period);
-            }
-            Poll::Pending
-        })
-        .await
-    }
-
-    fn extend_in_background(&mut self, in_flight_ttl: Duration) {
-        let Some((store, key, claim)) = self.held.clone() else {
-            return;
-        };
-        let settled = Arc::clone(self.settled.get_or_insert_with(Arc::default));
-        tokio::spawn(async move {
-            match store.extend(&key, &claim, in_flight_ttl).await {
-                Ok(true) => {}
-                Ok(false) if settled.load(Ordering::Acquire) => {}
-                Ok(false) => tracing::warn!(
-                    key,
-                    "idempotency claim lapsed while its request ran; a repeat may run it again"
-                ),
-                Err(error) => tracing::warn!(
-                    key,
-                    error = chain(&error),
-                    "idempotency store failed to extend a claim; it lapses after the in-flight TTL"
-                ),
-            }
-        });
-    }
-
     fn settle(&mut self) -> Option<(St, String, ClaimToken)> {
-        if let Some(settled) = &self.settled {
-            settled.store(true, Ordering::Release);
+        if let Some(keeper) = self.keeper.take() {
+            keeper.settled.store(true, Ordering::Release);
+            keeper.task.abort();
         }
         self.held.take()
     }
 
-    /// Frees the key. Like [`complete`](Self::complete), the write runs in
-    /// its own task, so a caller going away does not leave the key held
-    /// until the in-flight TTL.
-    async fn release(mut self) {
+    /// The request's fingerprint, its body part as far as the handler has
+    /// read the body.
+    fn fingerprint(&self) -> String {
+        key::fingerprint(&self.head, Some(&self.body.part()))
+    }
+
+    /// Frees the key. Like [`complete`](Self::complete), the write runs to
+    /// its end even if the caller goes away, so a dropped call does not
+    /// leave the key held until the in-flight TTL.
+    fn release(mut self) -> Write {
         let Some((store, key, claim)) = self.settle() else {
-            return;
+            return Write::done();
         };
-        detached(async move {
+        Write::new(async move {
             match store.release(&key, &claim).await {
                 Ok(true) => count("released"),
                 Ok(false) => count("lapsed"),
@@ -443,41 +473,158 @@ impl<St: IdempotencyStore> Held<St> {
                 ),
             }
         })
-        .await;
     }
 
-    /// Records `completion`. The write runs in its own task: if the caller
-    /// goes away while it is under way, it still lands (the handler ran; a
-    /// write cut short would leave the claim to lapse and a repeat to run
-    /// again).
-    async fn complete(mut self, completion: Completion) {
+    /// Records `completion` with the request's fingerprint. The write runs
+    /// to its end even if the caller goes away while it is under way (the
+    /// handler ran; a write cut short would leave the claim to lapse and a
+    /// repeat to run again).
+    fn complete(mut self, completion: Completion) -> Write {
+        let fingerprint = self.fingerprint();
         let Some((store, key, claim)) = self.settle() else {
-            return;
+            return Write::done();
         };
-        detached(record_outcome(store, key, claim, completion, self.ttl)).await;
+        Write::new(record_outcome(
+            store,
+            key,
+            claim,
+            fingerprint,
+            completion,
+            self.ttl,
+        ))
     }
 }
 
-/// Runs `write` to the end even if the caller is dropped meanwhile: polled
-/// once here (a write to an in-memory store is done then, with no task to
-/// spawn), then, if it has to wait, in a task of its own that the caller
-/// awaits; inline outside a tokio runtime.
-async fn detached<F>(write: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let mut write = Box::pin(write);
-    if std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx)))
-        .await
-        .is_ready()
-    {
-        return;
+impl<St: IdempotencyStore> crate::body::Outcome for Held<St> {
+    fn key(&self) -> &str {
+        Held::key(self)
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            let _ = runtime.spawn(write).await;
+
+    fn record(self: Box<Self>, completion: Completion) -> Write {
+        (*self).complete(completion)
+    }
+}
+
+impl<St: IdempotencyStore> Drop for Held<St> {
+    fn drop(&mut self) {
+        if self.held.is_none() {
+            return;
         }
-        Err(_) => write.await,
+        let fingerprint = self.fingerprint();
+        let Some((store, key, claim)) = self.settle() else {
+            return;
+        };
+        let cancelled = Completion::NotKept(NotKept::Cancelled);
+        // Outside a runtime (it is shutting down) the claim stays in flight
+        // and lapses after the in-flight TTL.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(record_outcome(
+                store,
+                key,
+                claim,
+                fingerprint,
+                cancelled,
+                self.ttl,
+            ));
+        }
+    }
+}
+
+/// Extends `claim` every third of `in_flight_ttl` until aborted, or until
+/// the claim is found gone.
+async fn keep<St: IdempotencyStore>(
+    store: St,
+    key: String,
+    claim: ClaimToken,
+    in_flight_ttl: Duration,
+    settled: Arc<AtomicBool>,
+) {
+    let period = bounded(in_flight_ttl) / 3;
+    loop {
+        tokio::time::sleep(period).await;
+        match store.extend(&key, &claim, in_flight_ttl).await {
+            Ok(true) => {}
+            Ok(false) => {
+                if !settled.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        key,
+                        "idempotency claim lapsed while its request ran; a repeat may run it again"
+                    );
+                }
+                return;
+            }
+            Err(error) => tracing::warn!(
+                key,
+                error = chain(&error),
+                "idempotency store failed to extend a claim; it lapses after the in-flight TTL unless a later extension lands"
+            ),
+        }
+    }
+}
+
+/// A store write that runs to its end even if whoever waits for it goes
+/// away: polled in place first (a write to an in-memory store is done then,
+/// with no task to spawn), then, if it has to wait, in a task of its own
+/// that this future waits for; in place outside a tokio runtime.
+pub(crate) struct Write {
+    state: WriteState,
+}
+
+enum WriteState {
+    /// Polled only through `&mut`, so the mutex is never locked: it only
+    /// makes the write `Sync`, and with it the bodies that hold one.
+    Here(Mutex<Pin<Box<dyn Future<Output = ()> + Send>>>),
+    Spawned(tokio::task::JoinHandle<()>),
+    Done,
+}
+
+impl Write {
+    pub(crate) fn new(write: impl Future<Output = ()> + Send + 'static) -> Self {
+        Write {
+            state: WriteState::Here(Mutex::new(Box::pin(write))),
+        }
+    }
+
+    pub(crate) fn done() -> Self {
+        Write {
+            state: WriteState::Done,
+        }
+    }
+}
+
+impl Future for Write {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.state {
+                WriteState::Here(write) => {
+                    let write = write.get_mut().unwrap_or_else(PoisonError::into_inner);
+                    if write.as_mut().poll(cx).is_ready() {
+                        self.state = WriteState::Done;
+                        return Poll::Ready(());
+                    }
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        return Poll::Pending;
+                    };
+                    let WriteState::Here(write) =
+                        std::mem::replace(&mut self.state, WriteState::Done)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    let write = write.into_inner().unwrap_or_else(PoisonError::into_inner);
+                    self.state = WriteState::Spawned(runtime.spawn(write));
+                }
+                WriteState::Spawned(task) => {
+                    // A write that panicked, or was dropped with the runtime,
+                    // is over too.
+                    let _ = ready!(Pin::new(task).poll(cx));
+                    self.state = WriteState::Done;
+                    return Poll::Ready(());
+                }
+                WriteState::Done => return Poll::Ready(()),
+            }
+        }
     }
 }
 
@@ -486,6 +633,7 @@ async fn record_outcome<St: IdempotencyStore>(
     store: St,
     key: String,
     claim: ClaimToken,
+    fingerprint: String,
     completion: Completion,
     ttl: Duration,
 ) {
@@ -493,7 +641,10 @@ async fn record_outcome<St: IdempotencyStore>(
         Completion::Response(_) => "stored",
         Completion::NotKept(reason) => reason.as_str(),
     };
-    match store.complete(&key, &claim, completion, ttl).await {
+    match store
+        .complete(&key, &claim, &fingerprint, completion, ttl)
+        .await
+    {
         Ok(true) => count(outcome),
         Ok(false) => {
             // The claim lapsed (in-flight TTL): another request may own the
@@ -514,20 +665,6 @@ async fn record_outcome<St: IdempotencyStore>(
                 error = chain(&error),
                 "idempotency store failed to record an outcome; the key stays in flight until the in-flight TTL"
             );
-        }
-    }
-}
-
-impl<St: IdempotencyStore> Drop for Held<St> {
-    fn drop(&mut self) {
-        let Some((store, key, claim)) = self.settle() else {
-            return;
-        };
-        let cancelled = Completion::NotKept(NotKept::Cancelled);
-        // Outside a runtime (it is shutting down) the claim stays in flight
-        // and lapses after the in-flight TTL.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(record_outcome(store, key, claim, cancelled, self.ttl));
         }
     }
 }

@@ -89,6 +89,9 @@ on_redis! {
     redis_replays_the_first_response => |store| replays_the_first_response(store);
     redis_conflicts_while_in_flight => |store| conflicts_while_in_flight(store);
     redis_refuses_a_reused_key_for_another_request => |store| refuses_a_reused_key_for_another_request(store);
+    redis_the_body_counts_as_far_as_the_handler_read_it => |store| the_body_counts_as_far_as_the_handler_read_it(store);
+    redis_a_streamed_response_is_recorded_when_it_ends => |store| a_streamed_response_is_recorded_when_it_ends(store);
+    redis_a_response_body_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_response_body_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
     redis_refuses_a_key_over_255_characters => |store| refuses_a_key_over_255_characters(store);
     redis_transient_answers_and_errors_run_once => |store| transient_answers_and_errors_run_once(store);
     redis_release_on_transient_is_an_opt_in => |store| release_on_transient_is_an_opt_in(store);
@@ -151,7 +154,7 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
     };
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
-    send(&service, post("/orders", "k-pttl", "{}")).await;
+    call(&service, post("/orders", "k-pttl", "{}")).await;
     let key = store.redis_key("u:k-pttl");
     let tag = key
         .strip_prefix(store.prefix())
@@ -204,7 +207,7 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
             .in_flight_ttl(Duration::MAX),
         &orders,
     );
-    let response = send(&forever, post("/orders", "k-forever", "{}")).await;
+    let response = call(&forever, post("/orders", "k-forever", "{}")).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert!(replayed(
         &send(&forever, post("/orders", "k-forever", "{}")).await
@@ -327,7 +330,7 @@ async fn redis_down_answers_503_and_never_runs_the_handler() {
     let store = store.expect("the private redis-server answers");
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store), &orders);
-    let before = send(&service, post("/orders", "k-before", "{}")).await;
+    let before = call(&service, post("/orders", "k-before", "{}")).await;
     assert_eq!(before.status(), StatusCode::CREATED);
 
     let _ = server.0.kill();

@@ -335,6 +335,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         &self,
         key: &str,
         claim: &ClaimToken,
+        fingerprint: &str,
         completion: Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
@@ -345,7 +346,8 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 // The claim becomes a completed record that counts for
                 // nothing until its outcome is sized; it is in neither
                 // eviction queue, so making room never evicts it.
-                slot.record = Record::completed(claim, Completion::NotKept(NotKept::TooLarge));
+                slot.record =
+                    Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
                 std::mem::take(&mut slot.size)
             }
             _ => return Ok(false),
@@ -353,7 +355,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         state.bytes -= claimed;
         state.claims -= 1;
         state.claim_bytes -= claimed;
-        let mut record = Record::completed(claim, completion);
+        let mut record = Record::completed(fingerprint, completion);
         let mut record_size = size(key, &record);
         if !state.make_room(0, record_size, now) {
             tracing::warn!(
@@ -362,7 +364,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 max_bytes = state.max_bytes,
                 "response does not fit in the idempotency store; recorded as not kept"
             );
-            record = Record::completed(claim, Completion::NotKept(NotKept::TooLarge));
+            record = Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
             record_size = size(key, &record);
         }
         let seq = state.next_seq();
@@ -430,6 +432,8 @@ mod tests {
     use crate::store::StoredResponse;
 
     const TTL: Duration = Duration::from_secs(60);
+    /// The fingerprint completions are recorded with; claims use `"f"`.
+    const DONE: &str = "f done";
 
     fn response(body: usize) -> Completion {
         Completion::Response(StoredResponse::new(
@@ -442,7 +446,7 @@ mod tests {
     /// Completes `key` with a response of `body` bytes; it must be held.
     async fn finish(store: &MemoryIdempotencyStore, key: &str, claim: &ClaimToken, body: usize) {
         assert!(store
-            .complete(key, claim, response(body), TTL)
+            .complete(key, claim, DONE, response(body), TTL)
             .await
             .unwrap());
     }
@@ -628,7 +632,7 @@ mod tests {
                         Op::Complete(k, t) => {
                             let t = t % tokens.len();
                             let done = store
-                                .complete(&key(k), &tokens[t].1, response(2), Duration::from_millis(TTL_MS))
+                                .complete(&key(k), &tokens[t].1, DONE, response(2), Duration::from_millis(TTL_MS))
                                 .await
                                 .unwrap();
                             let expected = match model.live(k, now) {
@@ -699,10 +703,13 @@ mod tests {
         let stranger = ClaimToken::new("f");
         assert!(!store.release("k", &stranger).await.unwrap());
         assert!(!store
-            .complete("k", &stranger, response(2), TTL)
+            .complete("k", &stranger, DONE, response(2), TTL)
             .await
             .unwrap());
-        assert!(store.complete("k", &claim, response(2), TTL).await.unwrap());
+        assert!(store
+            .complete("k", &claim, DONE, response(2), TTL)
+            .await
+            .unwrap());
         // Completed: the owner can no longer release it.
         assert!(!store.release("k", &claim).await.unwrap());
         assert!(matches!(
@@ -711,12 +718,38 @@ mod tests {
         ));
     }
 
+    /// The completed record carries the fingerprint given to `complete`
+    /// (the body part the guard learned while the handler ran), not the
+    /// claim's; its size counts it.
+    #[tokio::test(start_paused = true)]
+    async fn a_completed_record_carries_the_final_fingerprint() {
+        let store = MemoryIdempotencyStore::new(10);
+        let claim = acquire(&store, "k").await;
+        let claimed = store.bytes();
+        let long = "f".repeat(500);
+        assert!(store
+            .complete("k", &claim, &long, response(0), TTL)
+            .await
+            .unwrap());
+        match store.claim("k", "other", TTL).await.unwrap() {
+            Claim::Completed { fingerprint, .. } => assert_eq!(fingerprint, long),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            store.bytes(),
+            claimed - "f".len() - claim.token().len() + long.len()
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lapsed_claim_cannot_be_completed() {
         let store = MemoryIdempotencyStore::new(10);
         let claim = acquire(&store, "k").await;
         tokio::time::advance(TTL).await;
-        assert!(!store.complete("k", &claim, response(2), TTL).await.unwrap());
+        assert!(!store
+            .complete("k", &claim, DONE, response(2), TTL)
+            .await
+            .unwrap());
         acquire(&store, "k").await;
     }
 
@@ -815,7 +848,10 @@ mod tests {
             Claim::InFlight { .. }
         ));
         // Once one completes, it can be evicted to make room.
-        assert!(store.complete("a", &a, response(2), TTL).await.unwrap());
+        assert!(store
+            .complete("a", &a, DONE, response(2), TTL)
+            .await
+            .unwrap());
         acquire(&store, "c").await;
         assert!(matches!(
             store.claim("b", "f", TTL).await.unwrap(),
@@ -832,7 +868,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(store
-            .complete("k", &claim, response(2), Duration::MAX)
+            .complete("k", &claim, DONE, response(2), Duration::MAX)
             .await
             .unwrap());
         tokio::time::advance(Duration::from_secs(10 * 365 * 24 * 3600)).await;

@@ -57,7 +57,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// it unguarded.
 pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// Claims `key` for a request whose fingerprint is `fingerprint`, unless
-    /// the key is already in flight or completed. A claim not completed or
+    /// the key is already in flight or completed. The guard claims before the
+    /// handler reads the request body, so this fingerprint's body part is
+    /// still unknown; [`complete`](Self::complete) brings the final one. A claim not completed or
     /// released within `in_flight_ttl` lapses (its owner crashed).
     ///
     /// A store at its bound may evict completed records to make room, never
@@ -74,12 +76,18 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// `ttl`, only if the claim is still the one in the store (it has not
     /// lapsed or been taken over). Returns whether it was recorded.
     ///
+    /// `fingerprint` replaces the claim's in the completed record: it covers
+    /// the request body as far as the handler read it, which the guard only
+    /// knows once the handler is done. Later claims of the key report it in
+    /// [`Claim::Completed`].
+    ///
     /// A store that cannot keep a response (over its size cap) records
     /// [`NotKept::TooLarge`] in its place: the key stays completed.
     fn complete(
         &self,
         key: &str,
         claim: &ClaimToken,
+        fingerprint: &str,
         completion: Completion,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -87,8 +95,9 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// Pushes the lapse of `claim` to `in_flight_ttl` from now, only if the
     /// claim is still the one in the store. Returns whether it was extended.
     /// The guard calls it every third of the in-flight TTL while its request
-    /// runs, so a request slower than the TTL keeps its key; only a claim
-    /// whose node stopped renewing it (crashed) lapses.
+    /// runs and its response streams, so a request slower than the TTL keeps
+    /// its key; only a claim whose node stopped renewing it (crashed)
+    /// lapses.
     fn extend(
         &self,
         key: &str,
@@ -120,7 +129,7 @@ pub enum Claim {
     },
     /// A request with this key finished.
     Completed {
-        /// That request's fingerprint.
+        /// That request's fingerprint, as it was when it finished.
         fingerprint: String,
         /// What it came to.
         completion: Completion,
@@ -148,11 +157,12 @@ pub enum NotKept {
     /// or the store's size cap.
     TooLarge,
     /// The call was dropped before its response was complete (the client
-    /// went away, a timeout above the guard): the handler may have run.
+    /// went away, a timeout above the guard), or the response body was
+    /// dropped before its end: the handler may have run.
     Cancelled,
     /// The service returned an error instead of a response.
     ServiceError,
-    /// The response body failed while it was being read for the store.
+    /// The response body failed while it streamed.
     BodyFailed,
 }
 
@@ -169,8 +179,8 @@ impl NotKept {
     }
 }
 
-/// Proof of holding a key: a random owner token and the request's
-/// fingerprint.
+/// Proof of holding a key: a random owner token and the fingerprint the key
+/// was claimed with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimToken {
     token: String,
@@ -191,7 +201,7 @@ impl ClaimToken {
         &self.token
     }
 
-    /// The fingerprint of the request holding the key.
+    /// The fingerprint the key was claimed with.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
     }
@@ -334,9 +344,9 @@ impl Record {
         }
     }
 
-    pub(crate) fn completed(claim: &ClaimToken, completion: Completion) -> Self {
+    pub(crate) fn completed(fingerprint: &str, completion: Completion) -> Self {
         Record::Completed {
-            fingerprint: claim.fingerprint.clone(),
+            fingerprint: fingerprint.to_owned(),
             completion,
         }
     }

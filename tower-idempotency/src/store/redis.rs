@@ -26,11 +26,13 @@ use crate::error::StoreError;
 ///   key is taken, so a claim is one round trip and two nodes can never both
 ///   hold a key;
 /// - **complete**: a Lua script replaces the record with the outcome (the
-///   response, or why it was not kept) and sets its TTL (`PX ttl`, 24 h by
-///   default) *only if* the key still holds this caller's in-flight record: a
-///   claim that lapsed and was taken over by another node is not overwritten;
-/// - **extend**: while the request runs, a Lua script pushes the claim's
-///   lapse back (`PEXPIRE`), again only for its owner;
+///   response, or why it was not kept) and the request's final fingerprint,
+///   and sets its TTL (`PX ttl`, 24 h by default) *only if* the key still
+///   holds this caller's in-flight record: a claim that lapsed and was taken
+///   over by another node is not overwritten;
+/// - **extend**: while the request runs and its response streams, a Lua
+///   script pushes the claim's lapse back (`PEXPIRE`), again only for its
+///   owner;
 /// - **release**: a Lua script deletes the key, again only for its owner.
 ///
 /// Every key expires: an in-flight claim after the in-flight TTL (its node
@@ -155,7 +157,8 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false en
 return redis.call('GET', KEYS[1])
 ";
 
-/// KEYS = key; ARGV = the owner's in-flight record, completed record, TTL
+/// KEYS = key; ARGV = the owner's in-flight record (as claimed, with the
+/// claim's fingerprint), completed record (with the final fingerprint), TTL
 /// (ms). Returns 1 when recorded.
 const COMPLETE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -288,10 +291,11 @@ impl IdempotencyStore for RedisIdempotencyStore {
         &self,
         key: &str,
         claim: &ClaimToken,
+        fingerprint: &str,
         completion: Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut completed = encode(&Record::completed(claim, completion));
+        let mut completed = encode(&Record::completed(fingerprint, completion));
         if completed.len() > self.shared.max_record_bytes {
             tracing::warn!(
                 key,
@@ -300,7 +304,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
                 "response too large for the redis idempotency store; recorded as not kept"
             );
             let not_kept = Completion::NotKept(NotKept::TooLarge);
-            completed = encode(&Record::completed(claim, not_kept));
+            completed = encode(&Record::completed(fingerprint, not_kept));
         }
         let stored: u64 = COMPLETE_SCRIPT
             .key(self.redis_key(key))

@@ -1,10 +1,13 @@
 //! The guard's rules, written once for any store: `tests/guard.rs` runs them
 //! on the in-memory store (paused time), `tests/redis.rs` on Redis (real,
 //! short TTLs).
+//!
+//! Request bodies arrive in chunks ([`Chunks`]) that report no length, as a
+//! streamed upload does, so the guard learns a body only by reading it.
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneService;
@@ -23,8 +26,39 @@ use tower_classify::{BoxError, Classified, Failure, FailureKind};
 use tower_idempotency::store::{Claim, ClaimToken, Completion, IdempotencyStore, StoredResponse};
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
 
-pub type InBody = GuardBody<Full<Bytes>>;
-pub type Guarded = BoxCloneService<Request<Full<Bytes>>, Response<GuardBody<OrderBody>>, BoxError>;
+pub type InBody = GuardBody<Chunks>;
+pub type Guarded = BoxCloneService<Request<Chunks>, Response<GuardBody<OrderBody>>, BoxError>;
+
+/// A request body of the given chunks, one frame each, with no declared
+/// length.
+pub struct Chunks(VecDeque<Bytes>);
+
+impl Chunks {
+    pub fn new(chunks: &[&'static str]) -> Self {
+        Chunks(
+            chunks
+                .iter()
+                .map(|c| Bytes::from_static(c.as_bytes()))
+                .collect(),
+        )
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// The service behind the guard: an order API whose behaviour depends on the
 /// path, counting how often each path was really called.
@@ -35,7 +69,8 @@ pub struct Orders {
     /// breaker): before the handler, which does not count the call.
     refused: Arc<Mutex<HashMap<String, usize>>>,
     /// `/slow` waits for a permit, so a test can hold a request in flight;
-    /// `/trickle`'s body waits for one after its first chunk.
+    /// the bodies of `/trickle` and `/flood` wait for one before their last
+    /// chunk.
     pub gate: Arc<Semaphore>,
 }
 
@@ -49,8 +84,8 @@ impl Default for Orders {
     }
 }
 
-/// The order API's response body: whole, or a first chunk and then a second
-/// one once the gate opens (a response the client reads slowly).
+/// The order API's response body: whole, or chunks whose last one comes
+/// once the gate opens (a response the handler is still producing).
 pub struct OrderBody {
     chunks: Vec<Bytes>,
     gate: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
@@ -112,15 +147,21 @@ impl Orders {
                 return Ok(response);
             }
         }
-        // The guard read the body for its fingerprint; the handler still
-        // gets all of it.
-        let body = request.into_body().collect().await?.to_bytes();
-        let n = {
-            let mut calls = self.calls.lock().unwrap();
-            let n = calls.entry(path.clone()).or_default();
-            *n += 1;
-            *n
-        };
+        let mut body = request.into_body();
+        if path == "/peek" {
+            // Answers from the first chunk alone, leaving the rest unread.
+            let first = body.frame().await.transpose()?;
+            let first = first.and_then(|f| f.into_data().ok()).unwrap_or_default();
+            let n = self.count(&path);
+            return Ok(whole(format!(
+                "peeked order {n} for {}",
+                String::from_utf8_lossy(&first)
+            )));
+        }
+        // The guard hashes the body as it is read; the handler gets all of
+        // it.
+        let body = body.collect().await?.to_bytes();
+        let n = self.count(&path);
         let mut gate = None;
         let (status, text) = match path.as_str() {
             "/slow" => {
@@ -140,13 +181,17 @@ impl Orders {
             }
             "/invalid" => (400, "unknown sku".to_owned()),
             "/big" => (201, "x".repeat(2048)),
-            "/trickle" => {
+            "/trickle" | "/flood" => {
                 let gate_source = self.gate.clone();
                 gate = Some(Box::pin(async move {
                     gate_source.acquire().await.unwrap().forget();
                 })
                     as Pin<Box<dyn Future<Output = ()> + Send>>);
-                (201, format!("trickled order {n}"))
+                if path == "/flood" {
+                    (201, "y".repeat(1800))
+                } else {
+                    (201, format!("trickled order {n}"))
+                }
             }
             _ => (
                 201,
@@ -154,10 +199,15 @@ impl Orders {
             ),
         };
         let bytes = Bytes::from(text);
-        let chunks = if gate.is_some() {
-            vec![bytes.slice(..4), bytes.slice(4..)]
-        } else {
-            vec![bytes]
+        let chunks = match path.as_str() {
+            // Three chunks of 600: past a 1024-byte limit before the last.
+            "/flood" => vec![
+                bytes.slice(..600),
+                bytes.slice(600..1200),
+                bytes.slice(1200..),
+            ],
+            "/trickle" => vec![bytes.slice(..4), bytes.slice(4..)],
+            _ => vec![bytes],
         };
         let trailers = (path == "/grpc").then(|| {
             let mut trailers = http::HeaderMap::new();
@@ -179,24 +229,53 @@ impl Orders {
     }
 }
 
+impl Orders {
+    fn count(&self, path: &str) -> usize {
+        let mut calls = self.calls.lock().unwrap();
+        let n = calls.entry(path.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+}
+
+fn whole(text: String) -> Response<OrderBody> {
+    let mut response = Response::new(OrderBody {
+        chunks: vec![Bytes::from(text)],
+        gate: None,
+        trailers: None,
+    });
+    *response.status_mut() = StatusCode::CREATED;
+    response
+}
+
 pub fn guarded<St: IdempotencyStore>(layer: IdempotencyGuardLayer<St>, orders: &Orders) -> Guarded {
     let orders = orders.clone();
     let service = layer.layer(service_fn(move |req| orders.clone().handle(req)));
     BoxCloneService::new(service)
 }
 
-pub fn post(path: &str, key: &str, body: &'static str) -> Request<Full<Bytes>> {
+pub fn post(path: &str, key: &str, body: &'static str) -> Request<Chunks> {
+    post_chunks(path, key, &[body])
+}
+
+/// A POST whose body arrives in `chunks`.
+pub fn post_chunks(path: &str, key: &str, chunks: &[&'static str]) -> Request<Chunks> {
     Request::post(format!("http://orders.internal{path}"))
         .header("idempotency-key", key)
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .body(Chunks::new(chunks))
         .unwrap()
 }
 
-pub async fn send(
-    service: &Guarded,
-    request: Request<Full<Bytes>>,
-) -> Response<GuardBody<OrderBody>> {
+pub async fn send(service: &Guarded, request: Request<Chunks>) -> Response<GuardBody<OrderBody>> {
     service.clone().oneshot(request).await.unwrap()
+}
+
+/// Sends `request` and reads the whole response, as a client does: a
+/// guarded response is recorded when its body ends, so a repeat sent after
+/// this returns finds it.
+pub async fn call(service: &Guarded, request: Request<Chunks>) -> Response<Bytes> {
+    let (parts, body) = send(service, request).await.into_parts();
+    Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
 }
 
 pub async fn text(response: Response<GuardBody<OrderBody>>) -> (StatusCode, String) {
@@ -246,7 +325,7 @@ pub async fn eventually(mut done: impl FnMut() -> bool) {
 
 /// A repeat of a key whose request ran but whose response was not kept:
 /// 409 with the reason, and the handler is not called again.
-pub async fn assert_not_kept(service: &Guarded, request: Request<Full<Bytes>>, reason: &str) {
+pub async fn assert_not_kept(service: &Guarded, request: Request<Chunks>, reason: &str) {
     let response = send(service, request).await;
     assert!(response.headers().get("retry-after").is_none());
     let (status, json) = problem(response).await;
@@ -310,7 +389,7 @@ pub async fn conflicts_while_in_flight<St: IdempotencyStore>(store: St) {
 pub async fn refuses_a_reused_key_for_another_request<St: IdempotencyStore>(store: St) {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store), &orders);
-    let first = send(&service, post("/orders", "k-reuse", r#"{"sku":1}"#)).await;
+    let first = call(&service, post("/orders", "k-reuse", r#"{"sku":1}"#)).await;
     assert_eq!(first.status(), StatusCode::CREATED);
 
     let mismatch = (
@@ -328,13 +407,109 @@ pub async fn refuses_a_reused_key_for_another_request<St: IdempotencyStore>(stor
     assert_eq!(orders.calls("/orders"), 1);
     assert_eq!(orders.calls("/orders/2"), 0);
 
-    // A mismatch is refused while the first is in flight too.
+    // While the first is in flight its handler may still be reading its
+    // body: another path is refused, another body is told to wait.
     let slow = tokio::spawn(service.clone().oneshot(post("/slow", "k-reuse-busy", "a")));
     eventually(|| orders.calls("/slow") == 1).await;
-    let during = send(&service, post("/slow", "k-reuse-busy", "b")).await;
+    let during = send(&service, post("/slow?again", "k-reuse-busy", "a")).await;
     assert_eq!(rejection(during).await, mismatch);
+    let during = send(&service, post("/slow", "k-reuse-busy", "b")).await;
+    assert_eq!(
+        rejection(during).await,
+        (StatusCode::CONFLICT, "idempotency_key_in_use".to_owned())
+    );
     orders.gate.add_permits(1);
-    slow.await.unwrap().unwrap();
+    text(slow.await.unwrap().unwrap()).await;
+    // Once it is done its body is known: another body is refused.
+    let after = send(&service, post("/slow", "k-reuse-busy", "b")).await;
+    assert_eq!(rejection(after).await, mismatch);
+    assert!(replayed(
+        &send(&service, post("/slow", "k-reuse-busy", "a")).await
+    ));
+    assert_eq!(orders.calls("/slow"), 1);
+}
+
+/// The fingerprint covers the body as far as the handler read it. A body in
+/// other chunks is the same body; a longer or shorter one is not. A handler
+/// that answered from the first chunk alone saw only that: repeats that
+/// start with the same bytes are the same request, whatever follows.
+pub async fn the_body_counts_as_far_as_the_handler_read_it<St: IdempotencyStore>(store: St) {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let mismatch = (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused".to_owned(),
+    );
+
+    let first = send(&service, post_chunks("/orders", "k-whole", &["ab", "cd"])).await;
+    assert_eq!(text(first).await.1, "order 1 for abcd");
+    for chunks in [&["abcd"][..], &["a", "bc", "d"], &["", "abcd", ""]] {
+        let repeat = send(&service, post_chunks("/orders", "k-whole", chunks)).await;
+        assert!(replayed(&repeat), "{chunks:?} is the same body");
+    }
+    for chunks in [&["abcde"][..], &["ab", "cd", "e"], &["abc"], &["abdc"], &[]] {
+        let repeat = send(&service, post_chunks("/orders", "k-whole", chunks)).await;
+        assert_eq!(rejection(repeat).await, mismatch, "{chunks:?}");
+    }
+    assert_eq!(orders.calls("/orders"), 1);
+
+    let first = send(&service, post_chunks("/peek", "k-peek", &["abc", "def"])).await;
+    assert_eq!(text(first).await.1, "peeked order 1 for abc");
+    for chunks in [
+        &["abc", "def"][..],
+        &["abc", "xyz"],
+        &["abc"],
+        &["abcdef"],
+        &["a", "bc"],
+    ] {
+        let repeat = send(&service, post_chunks("/peek", "k-peek", chunks)).await;
+        assert!(replayed(&repeat), "{chunks:?} starts with what was read");
+        assert_eq!(text(repeat).await.1, "peeked order 1 for abc");
+    }
+    for chunks in [&["abd", "def"][..], &["ab"], &[]] {
+        let repeat = send(&service, post_chunks("/peek", "k-peek", chunks)).await;
+        assert_eq!(rejection(repeat).await, mismatch, "{chunks:?}");
+    }
+    assert_eq!(orders.calls("/peek"), 1);
+}
+
+/// A streamed response reaches the client as it comes, and is recorded when
+/// it ends: a repeat meanwhile is told the key is in use, a repeat after is
+/// the stored response, a repeat with another body is refused.
+pub async fn a_streamed_response_is_recorded_when_it_ends<St: IdempotencyStore>(store: St) {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let first = send(&service, post("/trickle", "k-stream", "{}")).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let mut body = first.into_body();
+    let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(
+        chunk, "tric",
+        "the first chunk, while the handler holds the rest"
+    );
+    let during = send(&service, post("/trickle", "k-stream", "{}")).await;
+    assert_eq!(
+        rejection(during).await,
+        (StatusCode::CONFLICT, "idempotency_key_in_use".to_owned())
+    );
+    orders.gate.add_permits(1);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "kled order 1");
+    let repeat = send(&service, post("/trickle", "k-stream", "{}")).await;
+    assert!(
+        replayed(&repeat),
+        "recorded by the time the client saw the end"
+    );
+    assert_eq!(text(repeat).await.1, "trickled order 1");
+    let other = send(&service, post("/trickle", "k-stream", "{ }")).await;
+    assert_eq!(
+        rejection(other).await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused".to_owned()
+        )
+    );
+    assert_eq!(orders.calls("/trickle"), 1);
 }
 
 pub async fn refuses_a_key_over_255_characters<St: IdempotencyStore>(store: St) {
@@ -352,7 +527,7 @@ pub async fn refuses_a_key_over_255_characters<St: IdempotencyStore>(store: St) 
     assert_eq!(orders.calls("/orders"), 0, "the request did not run");
 
     let longest = "k".repeat(255);
-    let response = send(&service, post("/orders", &longest, "{}")).await;
+    let response = call(&service, post("/orders", &longest, "{}")).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert!(replayed(
         &send(&service, post("/orders", &longest, "{}")).await
@@ -371,7 +546,7 @@ pub async fn transient_answers_and_errors_run_once<St: IdempotencyStore>(store: 
         ("/invalid", StatusCode::BAD_REQUEST),
     ] {
         let key = format!("k-once{path}");
-        let first = send(&service, post(path, &key, "{}")).await;
+        let first = call(&service, post(path, &key, "{}")).await;
         assert_eq!(first.status(), transient);
         let repeat = send(&service, post(path, &key, "{}")).await;
         assert!(replayed(&repeat), "{path}: the stored answer is replayed");
@@ -400,9 +575,9 @@ pub async fn release_on_transient_is_an_opt_in<St: IdempotencyStore>(store: St) 
     let service = guarded(layer, &orders);
     for path in ["/flaky", "/throttled"] {
         let key = format!("k-release{path}");
-        let first = send(&service, post(path, &key, "{}")).await;
+        let first = call(&service, post(path, &key, "{}")).await;
         assert!(first.status().is_server_error() || first.status() == 429);
-        let retry = send(&service, post(path, &key, "{}")).await;
+        let retry = call(&service, post(path, &key, "{}")).await;
         assert!(!replayed(&retry));
         assert_eq!(retry.status(), StatusCode::CREATED);
         assert!(replayed(&send(&service, post(path, &key, "{}")).await));
@@ -414,7 +589,7 @@ pub async fn release_on_transient_is_an_opt_in<St: IdempotencyStore>(store: St) 
         .oneshot(post("/reset", "k-release-reset", "{}"))
         .await;
     assert!(error.is_err());
-    let retry = send(&service, post("/reset", "k-release-reset", "{}")).await;
+    let retry = call(&service, post("/reset", "k-release-reset", "{}")).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(orders.calls("/reset"), 2);
     let error = service
@@ -439,13 +614,13 @@ pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
     let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
     let error = service.clone().oneshot(post("/shed", "k-shed", "{}")).await;
     assert!(error.is_err());
-    let retry = send(&service, post("/shed", "k-shed", "{}")).await;
+    let retry = call(&service, post("/shed", "k-shed", "{}")).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!((orders.refused("/shed"), orders.calls("/shed")), (2, 1));
 
-    let refused = send(&service, post("/shed-response", "k-shed-2", "{}")).await;
+    let refused = call(&service, post("/shed-response", "k-shed-2", "{}")).await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let retry = send(&service, post("/shed-response", "k-shed-2", "{}")).await;
+    let retry = call(&service, post("/shed-response", "k-shed-2", "{}")).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert!(replayed(
         &send(&service, post("/shed-response", "k-shed-2", "{}")).await
@@ -457,7 +632,7 @@ pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
         IdempotencyGuardLayer::new(store).release_on_shed(false),
         &kept,
     );
-    let refused = send(&service, post("/shed-response", "k-shed-3", "{}")).await;
+    let refused = call(&service, post("/shed-response", "k-shed-3", "{}")).await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     let repeat = send(&service, post("/shed-response", "k-shed-3", "{}")).await;
     assert!(replayed(&repeat), "the refusal is the stored answer");
@@ -494,7 +669,7 @@ where
 {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store).ttl(ttl), &orders);
-    send(&service, post("/orders", "k-ttl", "{}")).await;
+    call(&service, post("/orders", "k-ttl", "{}")).await;
     wait(ttl / 2).await;
     assert!(replayed(
         &send(&service, post("/orders", "k-ttl", "{}")).await
@@ -545,14 +720,25 @@ where
         panic!("the lapsed claim can be taken over");
     };
     let day = Duration::from_secs(86_400);
+    let done = "POST /orders body=complete;len=0;sha256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
     assert!(!store
-        .complete("u:k-lapse", &abandoned, stored(), day)
+        .complete("u:k-lapse", &abandoned, done, stored(), day)
         .await
         .unwrap());
     assert!(store
-        .complete("u:k-lapse", &claim, stored(), day)
+        .complete("u:k-lapse", &claim, done, stored(), day)
         .await
         .unwrap());
+    // The completed record carries the fingerprint it was completed with,
+    // not the one it was claimed with.
+    let Claim::Completed { fingerprint, .. } = store
+        .claim("u:k-lapse", fingerprint, in_flight_ttl)
+        .await
+        .unwrap()
+    else {
+        panic!("the key is completed");
+    };
+    assert_eq!(fingerprint, done);
 }
 
 /// A request that runs for three in-flight TTLs keeps its key all along:
@@ -578,8 +764,8 @@ pub async fn a_request_slower_than_the_in_flight_ttl_keeps_its_key<St: Idempoten
             "the claim lapsed while its request ran"
         );
     }
-    let first = first.await.unwrap().unwrap();
-    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = text(first.await.unwrap().unwrap()).await;
+    assert_eq!(first.0, StatusCode::CREATED);
     assert!(replayed(
         &send(&service, post("/sleepy", "k-sleepy", body)).await
     ));
@@ -614,19 +800,16 @@ pub async fn a_call_dropped_in_the_handler_runs_once<St: IdempotencyStore>(store
     assert_eq!(orders.calls("/slow"), 1, "the handler ran once");
 }
 
-/// The client goes away while the guard reads the response body (after the
-/// handler answered): a repeat is refused, the handler ran once.
+/// The client goes away in the middle of the response body (after the
+/// handler answered, before the body's end): a repeat is refused as
+/// cancelled, the handler ran once.
 pub async fn a_call_dropped_in_the_response_body_runs_once<St: IdempotencyStore>(store: St) {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store), &orders);
-    let first = tokio::spawn(service.clone().oneshot(post("/trickle", "k-trickle", "{}")));
-    eventually(|| orders.calls("/trickle") == 1).await;
-    // Let the guard start reading the body and stall on its second chunk.
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let first = send(&service, post("/trickle", "k-trickle", "{}")).await;
+    let mut body = first.into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
     orders.gate.add_permits(10);
     let mut reason = None;
     let started = tokio::time::Instant::now();
@@ -654,6 +837,52 @@ pub async fn an_over_limit_response_runs_once<St: IdempotencyStore>(store: St) {
     assert_eq!(text(response).await.1.len(), 2048, "passed on whole");
     assert_not_kept(&service, post("/big", "k-big", "{}"), "too_large").await;
     assert_eq!(orders.calls("/big"), 1);
+
+    // A streamed one is recorded as too large the moment it passes the
+    // limit, while it still streams.
+    let first = send(&service, post("/flood", "k-flood", "{}")).await;
+    let mut body = first.into_body();
+    for _ in 0..2 {
+        let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(chunk.len(), 600);
+    }
+    assert_not_kept(&service, post("/flood", "k-flood", "{}"), "too_large").await;
+    orders.gate.add_permits(1);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest.len(), 600, "passed on whole");
+    assert_not_kept(&service, post("/flood", "k-flood", "{}"), "too_large").await;
+    assert_eq!(orders.calls("/flood"), 1);
+}
+
+/// A response body that streams for three in-flight TTLs while the client
+/// does not read it keeps its key all along: repeats are refused with 409,
+/// never run; once it ends it is replayed.
+pub async fn a_response_body_slower_than_the_in_flight_ttl_keeps_its_key<St: IdempotencyStore>(
+    store: St,
+    in_flight_ttl: Duration,
+) {
+    let orders = Orders::default();
+    let layer = IdempotencyGuardLayer::new(store).in_flight_ttl(in_flight_ttl);
+    let service = guarded(layer, &orders);
+    let first = send(&service, post("/trickle", "k-slow-body", "{}")).await;
+    let mut body = first.into_body();
+    body.frame().await.unwrap().unwrap();
+    for _ in 0..3 {
+        // Nobody polls the body meanwhile.
+        tokio::time::sleep(in_flight_ttl).await;
+        let repeat = send(&service, post("/trickle", "k-slow-body", "{}")).await;
+        assert_eq!(
+            rejection(repeat).await,
+            (StatusCode::CONFLICT, "idempotency_key_in_use".to_owned()),
+            "the claim lapsed while its response streamed"
+        );
+    }
+    orders.gate.add_permits(1);
+    body.collect().await.unwrap();
+    assert!(replayed(
+        &send(&service, post("/trickle", "k-slow-body", "{}")).await
+    ));
+    assert_eq!(orders.calls("/trickle"), 1, "the handler ran once");
 }
 
 pub async fn scopes_keys_by_client<St: IdempotencyStore>(store: St) {
@@ -676,14 +905,14 @@ pub async fn scopes_keys_by_client<St: IdempotencyStore>(store: St) {
         request
     };
     assert!(!replayed(
-        &send(&service, from(Some("tenant-a"), "order-1")).await
+        &call(&service, from(Some("tenant-a"), "order-1")).await
     ));
     assert!(
-        !replayed(&send(&service, from(Some("bob"), "order-1")).await),
+        !replayed(&call(&service, from(Some("bob"), "order-1")).await),
         "bob does not see tenant-a's order"
     );
     assert!(replayed(
-        &send(&service, from(Some("tenant-a"), "order-1")).await
+        &call(&service, from(Some("tenant-a"), "order-1")).await
     ));
     assert_eq!(orders.calls("/orders"), 2);
 
@@ -691,7 +920,7 @@ pub async fn scopes_keys_by_client<St: IdempotencyStore>(store: St) {
     // (in the old `{len}:{id}:{key}` form and in the new one). Each is a key
     // of the unscoped space: run as a new request, never tenant-a's answer.
     for spelled in ["8:tenant-a:order-1", "s:8:tenant-a:order-1"] {
-        let response = send(&service, from(None, spelled)).await;
+        let response = call(&service, from(None, spelled)).await;
         assert!(!replayed(&response), "{spelled} reached tenant-a's record");
         assert_ne!(response.headers()["set-cookie"], "session=order-1");
     }
@@ -746,8 +975,8 @@ pub async fn concurrent_repeats_run_once<St: IdempotencyStore>(node_1: St, node_
         }
     }
     orders.gate.add_permits(1);
-    let ran = running.unwrap().await.unwrap().unwrap();
-    assert_eq!(ran.status(), StatusCode::CREATED);
+    let ran = text(running.unwrap().await.unwrap().unwrap()).await;
+    assert_eq!(ran.0, StatusCode::CREATED);
     assert_eq!(orders.calls("/slow"), 1, "the request ran once");
     for node in &nodes {
         assert!(replayed(&send(node, post("/slow", "k-race", "{}")).await));
@@ -775,6 +1004,7 @@ impl IdempotencyStore for BrokenStore {
         &self,
         _: &str,
         _: &ClaimToken,
+        _: &str,
         _: Completion,
         _: Duration,
     ) -> Result<bool, tower_idempotency::StoreError> {
