@@ -1,15 +1,19 @@
 //! The guard's rules on the in-memory store (paused time), the store's
-//! bounds under a flood of keys, store failures, the client key layer, and
-//! the guard in real servers on 127.0.0.1 (hyper, and axum's
-//! `Router::layer`).
+//! bounds under a flood of keys, store failures, streaming in both
+//! directions (a full-duplex echo, a response seen before its end), the
+//! client key layer, and the guard in real servers on 127.0.0.1 (hyper over
+//! HTTP/1.1 and HTTP/2, and axum's `Router::layer`).
 
 mod rules;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::channel::{Channel, Sender};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -17,7 +21,9 @@ use tower_classify::BoxError;
 use tower_idempotency::store::{
     Claim, ClaimToken, Completion, IdempotencyStore, MemoryIdempotencyStore,
 };
-use tower_idempotency::{IdempotencyGuardLayer, IdempotencyKeyLayer, StoreError, StoreErrorKind};
+use tower_idempotency::{
+    GuardBody, IdempotencyGuardLayer, IdempotencyKeyLayer, StoreError, StoreErrorKind,
+};
 
 use rules::*;
 
@@ -450,6 +456,218 @@ impl<T: Unpin> futures_core::Stream for IterStream<T> {
     }
 }
 
+// ===== Streaming =====
+
+/// What [`echo`] answers.
+type Echoed = Result<Response<Channel<Bytes>>, BoxError>;
+
+/// A handler that answers at once and streams its reply: `echo: {message}`
+/// for each request frame, sent the moment the frame arrives, then a
+/// trailer with the count once the request ends. It reads the request frame
+/// by frame, as a gRPC bidirectional stream does; `calls` counts its runs.
+fn echo<B>(
+    calls: &Arc<AtomicUsize>,
+) -> impl Service<
+    Request<B>,
+    Response = Response<Channel<Bytes>>,
+    Error = BoxError,
+    Future = std::future::Ready<Echoed>,
+> + Clone
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send,
+{
+    let calls = Arc::clone(calls);
+    service_fn(move |request: Request<B>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let (mut reply, body) = Channel::new(1);
+        let mut messages = Box::pin(request.into_body());
+        tokio::spawn(async move {
+            let mut count = 0;
+            while let Some(Ok(frame)) = messages.frame().await {
+                // HTTP/2 may end the stream with an empty DATA frame.
+                if let Some(message) = frame.into_data().ok().filter(|m| !m.is_empty()) {
+                    count += 1;
+                    let echoed = [&b"echo: "[..], &message].concat();
+                    if reply.send_data(Bytes::from(echoed)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-echoed", count.into());
+            let _ = reply.send_trailers(trailers).await;
+        });
+        std::future::ready(Ok(Response::new(body)))
+    })
+}
+
+/// A request body whose frames were all sent already.
+fn sent(messages: &[&'static str]) -> Channel<Bytes> {
+    let (mut sender, body) = Channel::new(messages.len().max(1));
+    for message in messages {
+        sender
+            .try_send(http_body::Frame::data(Bytes::from_static(
+                message.as_bytes(),
+            )))
+            .unwrap();
+    }
+    body
+}
+
+/// The next data frame of `body`, failing instead of hanging.
+async fn next_data<B>(body: &mut B) -> Bytes
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the next frame never came")
+        .expect("a frame, not the end")
+        .unwrap();
+    frame.into_data().expect("a data frame")
+}
+
+async fn send_message(sender: &mut Sender<Bytes>, message: &'static str) {
+    sender
+        .send_data(Bytes::from_static(message.as_bytes()))
+        .await
+        .unwrap();
+}
+
+/// The client reads the echo of message 1 before it sends message 2: the
+/// guard hands the handler each request frame as it arrives and the client
+/// each reply frame as it is sent. Once the exchange is over a repeat with
+/// the same messages is replayed, trailers included; other messages get 422.
+#[tokio::test(start_paused = true)]
+async fn a_guarded_full_duplex_echo_completes() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = IdempotencyGuardLayer::new(memory()).layer(echo(&calls));
+    let chat = |body: Channel<Bytes>| {
+        Request::post("/chat")
+            .header("idempotency-key", "k-chat")
+            .body(body)
+            .unwrap()
+    };
+    let (mut messages, body) = Channel::new(1);
+    let first = tokio::time::timeout(Duration::from_secs(10), service.clone().oneshot(chat(body)))
+        .await
+        .expect("the reply's head comes before the request's body")
+        .unwrap();
+    let mut replies = first.into_body();
+    send_message(&mut messages, "one").await;
+    assert_eq!(next_data(&mut replies).await, "echo: one");
+    send_message(&mut messages, "two").await;
+    assert_eq!(next_data(&mut replies).await, "echo: two");
+    drop(messages);
+    let rest = replies.collect().await.unwrap();
+    assert_eq!(rest.trailers().unwrap()["x-echoed"], "2");
+    assert!(rest.to_bytes().is_empty());
+
+    let repeat = service
+        .clone()
+        .oneshot(chat(sent(&["one", "two"])))
+        .await
+        .unwrap();
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    let repeat = repeat.into_body().collect().await.unwrap();
+    assert_eq!(repeat.trailers().unwrap()["x-echoed"], "2");
+    assert_eq!(repeat.to_bytes(), "echo: oneecho: two");
+    // The same bytes in other frames are the same body.
+    let regrouped = service
+        .clone()
+        .oneshot(chat(sent(&["on", "etwo"])))
+        .await
+        .unwrap();
+    assert_eq!(regrouped.headers()["idempotent-replayed"], "true");
+    let other = service
+        .clone()
+        .oneshot(chat(sent(&["one", "three"])))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+/// A response the handler is still producing reaches the client chunk by
+/// chunk: the client has the first one while the handler holds back the
+/// rest. A repeat meanwhile is told the key is in use.
+#[tokio::test(start_paused = true)]
+async fn a_streamed_response_reaches_the_client_before_its_end() {
+    let feed: Arc<Mutex<Option<Sender<Bytes>>>> = Arc::default();
+    let handler_feed = Arc::clone(&feed);
+    let service = IdempotencyGuardLayer::new(memory()).layer(service_fn(
+        move |_: Request<GuardBody<Full<Bytes>>>| {
+            let (mut events, body) = Channel::new(1);
+            events
+                .try_send(http_body::Frame::data(Bytes::from("event 1\n")))
+                .unwrap();
+            *handler_feed.lock().unwrap() = Some(events);
+            std::future::ready(Ok::<_, BoxError>(Response::new(body)))
+        },
+    ));
+    let request = || {
+        Request::post("/events")
+            .header("idempotency-key", "k-events")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let response = service.clone().oneshot(request()).await.unwrap();
+    let mut events = response.into_body();
+    assert_eq!(next_data(&mut events).await, "event 1\n");
+    assert!(!events.is_end_stream());
+    let busy = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+
+    let mut handler = feed
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the handler holds the rest");
+    send_message(&mut handler, "event 2\n").await;
+    assert_eq!(next_data(&mut events).await, "event 2\n");
+    drop(handler);
+    assert!(events.frame().await.is_none());
+    let repeat = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    let replayed = repeat.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(replayed, "event 1\nevent 2\n");
+}
+
+/// A response whose `Content-Length` is over the limit is recorded as too
+/// large as soon as the handler answers, before a byte of it is read; it
+/// still reaches the client whole.
+#[tokio::test(start_paused = true)]
+async fn a_content_length_over_the_limit_is_not_kept_from_the_start() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let layer = IdempotencyGuardLayer::new(memory()).response_body_limit(1024);
+    let service = layer.layer(service_fn(move |_: Request<GuardBody<Full<Bytes>>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let response = Response::builder()
+            .header("content-length", "2048")
+            .body(Full::new(Bytes::from(vec![b'z'; 2048])))
+            .unwrap();
+        std::future::ready(Ok::<_, BoxError>(response))
+    }));
+    let request = || {
+        Request::post("/export")
+            .header("idempotency-key", "k-export")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    let repeat = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(repeat.status(), StatusCode::CONFLICT);
+    let json: Value =
+        serde_json::from_slice(&repeat.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(json["reason"], "too_large");
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 2048);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 // ===== The client side =====
 
 /// Each logical call gets one key; every retry of it (the retry layer sits
@@ -668,4 +886,73 @@ async fn axum_router_layer_serves_replays_and_refusals_over_http() {
     assert_eq!(headers["retry-after"], "1");
     let json: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["code"], "idempotency_store_unavailable");
+}
+
+/// The guard on an HTTP/2 server, with a key: the client reads the echo of
+/// message 1 before it sends message 2, over a real connection on
+/// 127.0.0.1. A guard that read the request body before calling the
+/// handler, or the response body before answering, would leave both sides
+/// waiting here. The repeat is replayed from the store.
+#[tokio::test]
+async fn http2_full_duplex_echo_completes_through_the_guard() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = IdempotencyGuardLayer::new(memory()).layer(echo(&calls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(
+                    TokioIo::new(stream),
+                    TowerToHyperService::new(service.clone()),
+                );
+            tokio::spawn(connection);
+        }
+    });
+
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (mut client, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let chat = |body: Channel<Bytes>| {
+        Request::post(format!("http://{address}/chat"))
+            .header("idempotency-key", "k-h2-chat")
+            .body(body)
+            .unwrap()
+    };
+
+    let (mut messages, body) = Channel::new(1);
+    let reply = tokio::time::timeout(Duration::from_secs(10), client.send_request(chat(body)))
+        .await
+        .expect("the reply's head comes before the request's body")
+        .unwrap();
+    assert_eq!(reply.version(), http::Version::HTTP_2);
+    let mut replies = reply.into_body();
+    send_message(&mut messages, "one").await;
+    assert_eq!(next_data(&mut replies).await, "echo: one");
+    send_message(&mut messages, "two").await;
+    assert_eq!(next_data(&mut replies).await, "echo: two");
+    drop(messages);
+    let rest = tokio::time::timeout(Duration::from_secs(10), replies.collect())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rest.trailers().unwrap()["x-echoed"], "2");
+    assert!(rest.to_bytes().is_empty());
+
+    let repeat = client
+        .send_request(chat(sent(&["one", "two"])))
+        .await
+        .unwrap();
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    let repeat = repeat.into_body().collect().await.unwrap();
+    assert_eq!(repeat.trailers().unwrap()["x-echoed"], "2");
+    assert_eq!(repeat.to_bytes(), "echo: oneecho: two");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
 }
