@@ -5,9 +5,11 @@
 //!
 //! - `bare`: the handler alone, no guard;
 //! - `passthrough`: a POST without `Idempotency-Key` through the guard;
-//! - `memory_first_call`: a new key each time (claim, call, store the
-//!   response) with the in-memory store;
-//! - `memory_replay`: a repeat answered from the in-memory store;
+//! - `memory_first_call`: a new key each time (claim, call with the request
+//!   body hashed as it is read, record the response as it is read) with the
+//!   in-memory store;
+//! - `memory_replay`: a repeat, its body compared with the first's, answered
+//!   from the in-memory store;
 //! - `redis_first_call` / `redis_replay`: the same on the Redis store at
 //!   `TOWER_IDEMPOTENCY_REDIS_URL` (default `redis://127.0.0.1:6379`; skipped
 //!   when none answers). Every Redis step is a round trip, on loopback here.
