@@ -10,7 +10,11 @@
 //!
 //! 1. a call that succeeds on its third attempt: the retry layer hid the blip;
 //! 2. an `INVALID_ARGUMENT` that is *not* retried (it will never succeed);
-//! 3. during the outage, two calls that fail after their retries, after which
+//! 3. a bidirectional streaming `Chat` whose first attempt the server
+//!    refuses (`UNAVAILABLE`): the retry replays the names already sent and
+//!    carries on with the live stream, and the client sends each name only
+//!    after the reply to the previous one came back (nothing is read ahead);
+//! 4. during the outage, two calls that fail after their retries, after which
 //!    the breaker opens and the next call fails at once without reaching the
 //!    server.
 //!
@@ -36,12 +40,18 @@
 //!   classifier over `tonic::Status`; it is simpler only when you want to
 //!   retry a single call.
 //!
-//! Below the client, a request's body is the encoded message as a stream that
-//! can be read once. The retry layer must send it again, so
-//! `ReplayBodyLayer` reads it into memory first (gRPC unary messages are small;
-//! a body above the limit is sent once and not retried, never truncated), and
-//! a `map_request` under the retry layer turns the replayable body back into
-//! the `tonic::body::Body` the `Channel` takes.
+//! Below the client, a request's body is the encoded messages as a stream that
+//! can be read once. The retry layer must send it again, so `ReplayBodyLayer`
+//! wraps it in a `ReplayBody`: each message goes to the server as the client
+//! sends it and is recorded on the way (up to 64 KiB; a longer stream is sent
+//! once and not retried, never truncated). A retry replays the recording,
+//! then continues the live stream. A `map_request` under the retry layer
+//! turns the body back into the `tonic::body::Body` the `Channel` takes.
+//!
+//! The retry layer decides on the response *head*, as gRPC's own retry does
+//! (gRFC A6: once the server has started a response, the call is committed).
+//! A status that arrives in the trailers of a started stream goes back to
+//! the caller as it is.
 //!
 //! Every gRPC call is an HTTP POST, which the HTTP replay rules never retry by
 //! default. gRPC decides per *method* whether a call is safe to repeat (its own
@@ -58,7 +68,7 @@ use http::HeaderName;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tower::{BoxError, ServiceBuilder};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::GrpcClassifier;
@@ -84,7 +94,13 @@ struct FlakyGreeter {
     down: AtomicBool,
     /// The `grpc-previous-rpc-attempts` header of every call, as received.
     previous_attempts: Mutex<Vec<Option<String>>>,
+    /// `Chat` calls so far; the first is refused.
+    chats: AtomicU32,
 }
+
+/// The replies of a `Chat` call.
+type ChatStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<HelloReply, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Greeter for FlakyGreeter {
@@ -116,6 +132,26 @@ impl Greeter for FlakyGreeter {
             message: format!("hello, {name}"),
             served_by_call: call,
         }))
+    }
+
+    type ChatStream = ChatStream;
+
+    async fn chat(
+        &self,
+        request: Request<Streaming<HelloRequest>>,
+    ) -> Result<Response<ChatStream>, Status> {
+        let call = self.chats.fetch_add(1, Ordering::SeqCst) + 1;
+        if call == 1 {
+            return Err(Status::unavailable("warming up"));
+        }
+        let names = request.into_inner();
+        let replies = futures_util::StreamExt::map(names, move |name| {
+            name.map(|name| HelloReply {
+                message: format!("hello, {}", name.name),
+                served_by_call: call,
+            })
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 }
 
@@ -170,7 +206,8 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
         // the gRPC codes that say what they mean.
         .map_err(family_error_as_status)
         .layer(breaker)
-        // Buffers the encoded request (up to 64 KiB) so it can be sent again.
+        // Records the encoded request stream (up to 64 KiB) as it is sent, so
+        // it can be sent again; nothing is read ahead.
         .layer(ReplayBodyLayer::new(64 * 1024))
         .layer(retry)
         // The retry layer's classifier takes `BoxError`; tonic's transport
@@ -294,11 +331,53 @@ async fn main() -> Result<ExitCode, BoxError> {
         code == Some(Code::InvalidArgument) && calls() - before == 1,
     );
 
-    // 3. An outage: each call fails after its retries; the breaker counts
+    // 3. A bidirectional stream, refused once: retried, and still streaming.
+    let (names, outbox) = tokio::sync::mpsc::channel::<HelloRequest>(1);
+    let outbox = futures_util::stream::unfold(outbox, |mut outbox| async move {
+        outbox.recv().await.map(|name| (name, outbox))
+    });
+    names
+        .send(HelloRequest {
+            name: "alan".into(),
+        })
+        .await?;
+    let mut replies = client.chat(outbox).await?.into_inner();
+    let mut chat = Vec::new();
+    for next in ["barbara", "edsger", ""] {
+        // The next name goes out only once the previous reply is back: a
+        // layer that read the request stream ahead would wait here for ever.
+        let reply = tokio::time::timeout(Duration::from_secs(5), replies.message())
+            .await
+            .map_err(|_| "no reply to a streamed name: the stream was held back")??;
+        let Some(reply) = reply else { break };
+        chat.push((reply.message, reply.served_by_call));
+        if next.is_empty() {
+            break;
+        }
+        names.send(HelloRequest { name: next.into() }).await?;
+    }
+    drop(names);
+    let chats = greeter.chats.load(Ordering::SeqCst);
+    println!(
+        "3. Chat(alan, barbara, edsger) → {:?} on attempt {chats}, one reply per name as it was sent",
+        chat.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>()
+    );
+    check(
+        "the refused chat is retried and each name answered as it streams",
+        chats == 2
+            && chat
+                == [
+                    ("hello, alan".to_owned(), 2),
+                    ("hello, barbara".to_owned(), 2),
+                    ("hello, edsger".to_owned(), 2),
+                ],
+    );
+
+    // 4. An outage: each call fails after its retries; the breaker counts
     //    those calls and opens after two of them.
     greeter.down.store(true, Ordering::SeqCst);
     println!("\n   -- the server goes down: every call now answers UNAVAILABLE --");
-    for n in 3..=5 {
+    for n in 4..=6 {
         let before = calls();
         let started = Instant::now();
         let reply = say_hello(&mut client, "grace").await;
@@ -313,7 +392,7 @@ async fn main() -> Result<ExitCode, BoxError> {
                 ms(started.elapsed()),
             ),
         }
-        if n < 5 {
+        if n < 6 {
             check("an outage call makes 4 attempts", reached == 4);
         } else {
             check(
