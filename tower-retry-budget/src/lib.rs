@@ -18,6 +18,12 @@
 //!   `Idempotency-Key` header, or a streamed body that outgrew its recording
 //!   limit ([`body`]).
 //!
+//! The decision is made on the response *head*: once a response has
+//! started, the call is committed (gRPC's own rule, gRFC A6), and a failure
+//! that a gRPC server reports in the trailers of a started stream goes back
+//! to the caller as it is. Request bodies stream ([`body`]): nothing is read
+//! before the first attempt.
+//!
 //! A server's hint replaces the computed backoff for that attempt. Before every
 //! retry the inner service is driven ready again, and dropping the response
 //! future cancels a pending sleep at once.
