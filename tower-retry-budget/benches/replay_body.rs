@@ -9,6 +9,11 @@
 //! Each call is driven the way axum and tonic drive a service: the service
 //! is cloned, `ready().await`, `call().await`, and the service below reads
 //! the body to its end, all on a current-thread runtime.
+//!
+//! Two groups: `replay_body`, where the service below is in memory (the
+//! worst case: nothing else costs anything), and `replay_body_loopback`,
+//! where it is a hyper client sending the body over HTTP/1.1 to a hyper
+//! server on 127.0.0.1 in the same runtime (what a client pays).
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -115,5 +120,89 @@ fn bodies(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bodies);
+/// A hyper server on 127.0.0.1 that reads each body to its end and answers
+/// 200, on the current runtime.
+async fn sink() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service =
+                hyper::service::service_fn(|request: Request<hyper::body::Incoming>| async {
+                    read_body(request)
+                        .await
+                        .map(|r| r.map(|()| http_body_util::Empty::<Bytes>::new()))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    addr
+}
+
+/// A pooled hyper client whose responses' bodies are read to the end.
+fn client<B>(
+) -> impl Service<Request<B>, Response = Response<()>, Error = BoxError, Future = impl Send> + Clone
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<B>();
+    ServiceBuilder::new()
+        .map_err(BoxError::from)
+        .service(client)
+        .and_then(|response: Response<hyper::body::Incoming>| async move {
+            let (parts, body) = response.into_parts();
+            body.collect().await?;
+            Ok::<_, BoxError>(Response::from_parts(parts, ()))
+        })
+}
+
+fn loopback(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = runtime.block_on(sink());
+    let uri: http::Uri = format!("http://{addr}/upload").parse().unwrap();
+    let mut group = c.benchmark_group("replay_body_loopback");
+    let retry = RetryLayer::http().build().unwrap();
+    for (name, frames, frame_len) in [("1 KiB", 1, 1024), ("64 KiB", 16, 4096)] {
+        let body = Frames(
+            (0..frames)
+                .map(|i| Bytes::from(vec![i as u8; frame_len]))
+                .collect(),
+        );
+        group.throughput(Throughput::Bytes((frames * frame_len) as u64));
+        let plain = ServiceBuilder::new()
+            .layer(retry.clone())
+            .service(client::<Frames>());
+        group.bench_with_input(BenchmarkId::new("plain", name), &body, |b, body| {
+            b.iter(|| runtime.block_on(send_to(&plain, &uri, body.clone())));
+        });
+        let replayed = ServiceBuilder::new()
+            .layer(ReplayBodyLayer::new(64 * 1024))
+            .layer(retry.clone())
+            .service(client());
+        group.bench_with_input(BenchmarkId::new("replay body", name), &body, |b, body| {
+            b.iter(|| runtime.block_on(send_to(&replayed, &uri, body.clone())));
+        });
+    }
+    group.finish();
+}
+
+async fn send_to<S>(service: &S, uri: &http::Uri, body: Frames)
+where
+    S: Service<Request<Frames>, Response = Response<()>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let request = Request::put(uri.clone()).body(body).unwrap();
+    let response = service.clone().ready().await.unwrap().call(request).await;
+    black_box(response.unwrap());
+}
+
+criterion_group!(benches, bodies, loopback);
 criterion_main!(benches);
