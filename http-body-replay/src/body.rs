@@ -42,6 +42,8 @@ struct Shared<B> {
     /// Set under the lock when a copy waits; lets a copy going away skip
     /// the lock when nobody waits (the common case).
     has_waiters: AtomicBool,
+    /// Copies alive, this one included.
+    copies: AtomicUsize,
     state: Mutex<State<B>>,
 }
 
@@ -104,6 +106,7 @@ impl<B: Body> ReplayBody<B> {
             next_id: AtomicUsize::new(1),
             flags: AtomicU8::new(0),
             has_waiters: AtomicBool::new(false),
+            copies: AtomicUsize::new(1),
             state: Mutex::new(State {
                 original: (!ended).then(|| Box::pin(body)),
                 recorded: Vec::new(),
@@ -133,6 +136,13 @@ impl<B> ReplayBody<B> {
     /// read (a connection refused before sending anything).
     pub fn can_replay(&self) -> bool {
         self.reader.shared.flags.load(Ordering::Acquire) == 0
+    }
+
+    /// How many copies of this body exist, this one included. A copy that
+    /// is the only one left can read on without taking frames another copy
+    /// still needs.
+    pub fn copies(&self) -> usize {
+        self.reader.shared.copies.load(Ordering::Acquire)
     }
 
     /// The recording limit this body was made with.
@@ -199,6 +209,7 @@ impl<B> Clone for ReplayBody<B> {
     fn clone(&self) -> Self {
         let shared = &self.reader.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        shared.copies.fetch_add(1, Ordering::Relaxed);
         ReplayBody {
             reader: Reader::new(Arc::clone(shared), id),
         }
@@ -367,6 +378,7 @@ where
 
 impl<B> Drop for Reader<B> {
     fn drop(&mut self) {
+        self.shared.copies.fetch_sub(1, Ordering::Release);
         // Nobody waits in the common case: skip the lock. A copy that waits
         // set the flag under the lock before this copy's last poll took it,
         // or it polled the original after this copy and holds the wake-up

@@ -374,3 +374,13 @@ fn a_replay_body_is_send_and_sync_when_its_original_is_send() {
     // `Channel` holds a receiver that is `Send` but not `Sync`.
     send_sync::<ReplayBody<Channel<Bytes, BoxError>>>();
 }
+
+#[test]
+fn copies_counts_the_copies_alive() {
+    let body = ReplayBody::new(Full::new(Bytes::from("x")), 8);
+    assert_eq!(body.copies(), 1);
+    let copy = body.clone();
+    assert_eq!((body.copies(), copy.copies()), (2, 2));
+    drop(copy);
+    assert_eq!(body.copies(), 1);
+}

@@ -260,6 +260,20 @@ where
     }
 }
 
+type Write = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+/// `write`, spawned on the current tokio runtime so that it finishes even if
+/// its awaiter is dropped; as it is outside one.
+fn detach(write: Write) -> Write {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let task = runtime.spawn(write);
+            Box::pin(async move { task.await.unwrap_or_else(|join| Err(join.into())) })
+        }
+        Err(_) => write,
+    }
+}
+
 /// The outcome of a body that ended with `trailers`, and its description.
 fn ending(trailers: Option<&HeaderMap>) -> (Outcome, Vec<String>) {
     let outcome = GrpcClassifier::classify_end_of_stream(trailers);
@@ -354,6 +368,15 @@ where
         };
         let mut write = end.settle(outcome, error, result);
         // A success, or a store that answers at once, costs no extra poll.
+        if let Poll::Ready(written) = write.as_mut().poll(cx) {
+            return Poll::Ready(match written {
+                Ok(()) => held,
+                Err(error) => Some(Err(error)),
+            });
+        }
+        // A write that waits runs in a task of its own: a caller dropping
+        // the body now must not cut the entry short.
+        let mut write = detach(write);
         if let Poll::Ready(written) = write.as_mut().poll(cx) {
             return Poll::Ready(match written {
                 Ok(()) => held,

@@ -161,3 +161,52 @@ async fn one_copy_of_the_body_serves_every_attempt_and_the_entry() {
         assert_eq!(attempt.as_ptr(), payload.as_ptr());
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_service_still_reading_the_body_keeps_every_frame_and_is_not_waited_for() {
+    let store = MemoryStore::new(10);
+    let (mut upload, body) = Channel::<Bytes, std::io::Error>::new(1);
+    let (rest_tx, rest_rx) = tokio::sync::oneshot::channel();
+    let rest_tx = Arc::new(Mutex::new(Some(rest_tx)));
+    // Answers 503 after the first frame, and goes on reading the upload (an
+    // HTTP/2 client still sending after an early error status).
+    let service = DeadLetterLayer::new(store.clone())
+        .body_limit(8)
+        .layer(service_fn(
+            move |req: Request<ReplayBody<Channel<Bytes, std::io::Error>>>| {
+                let rest_tx = rest_tx.clone();
+                async move {
+                    let mut body = req.into_body();
+                    let first = body.frame().await.unwrap()?.into_data().unwrap();
+                    tokio::spawn(async move {
+                        let rest = body
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .map_err(|e| e.to_string());
+                        let _ = rest_tx.lock().unwrap().take().unwrap().send((first, rest));
+                    });
+                    Ok::<_, BoxError>(status(StatusCode::SERVICE_UNAVAILABLE))
+                }
+            },
+        ));
+    upload.send_data(Bytes::from("12345")).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let call = tokio::spawn(service.oneshot(Request::post("/").body(body).unwrap()));
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "no wait for a body still being read"
+    );
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(entry.body, "12345");
+    assert!(entry.body_truncated);
+    // The frame that takes the body past the limit goes to the service.
+    upload.send_data(Bytes::from("6789012345")).await.unwrap();
+    drop(upload);
+    let (first, rest) = rest_rx.await.unwrap();
+    assert_eq!(first, "12345");
+    assert_eq!(rest.unwrap(), "6789012345");
+}

@@ -187,3 +187,68 @@ async fn a_body_dropped_before_its_end_stores_nothing_and_frames_pass_as_they_ar
     let _ = sender.send_trailers(trailers("14")).await;
     assert!(entries(&store).await.is_empty());
 }
+
+/// A store whose writes take a while.
+#[derive(Debug, Clone)]
+struct SlowStore(MemoryStore);
+
+impl DeadLetterStore for SlowStore {
+    async fn put(&self, entry: DeadLetterEntry) -> Result<(), tower_poison::store::StoreError> {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.0.put(entry).await
+    }
+    async fn get(
+        &self,
+        id: tower_poison::EntryId,
+    ) -> Result<Option<DeadLetterEntry>, tower_poison::store::StoreError> {
+        self.0.get(id).await
+    }
+    async fn list(
+        &self,
+        query: ListQuery,
+    ) -> Result<tower_poison::store::Page, tower_poison::store::StoreError> {
+        self.0.list(query).await
+    }
+    async fn remove(
+        &self,
+        id: tower_poison::EntryId,
+    ) -> Result<bool, tower_poison::store::StoreError> {
+        self.0.remove(id).await
+    }
+    async fn purge(
+        &self,
+        filter: tower_poison::store::PurgeFilter,
+    ) -> Result<u64, tower_poison::store::StoreError> {
+        self.0.purge(filter).await
+    }
+    async fn depth(&self) -> Result<u64, tower_poison::store::StoreError> {
+        self.0.depth().await
+    }
+    async fn oldest_age(
+        &self,
+        now: std::time::SystemTime,
+    ) -> Result<Option<Duration>, tower_poison::store::StoreError> {
+        self.0.oldest_age(now).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_dropped_while_its_entry_is_written_still_keeps_the_entry() {
+    let store = MemoryStore::new(10);
+    let service = DeadLetterLayer::new(SlowStore(store.clone()))
+        .classifier(GrpcClassifier::new())
+        .into_grpc()
+        .layer(service_fn(|_: Request<Upload>| async {
+            Ok::<_, BoxError>(answer(Some(trailers("14"))))
+        }));
+    let response = service.oneshot(call_request()).await.unwrap();
+    let mut body = response.into_body();
+    body.frame().await.unwrap().unwrap();
+    // The trailers arrive; the entry's write waits on the store; the caller
+    // goes away.
+    let waiting = tokio::time::timeout(Duration::from_millis(1), body.frame()).await;
+    assert!(waiting.is_err(), "the trailers wait for the entry");
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(entries(&store).await.len(), 1);
+}
