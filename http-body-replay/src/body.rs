@@ -36,8 +36,10 @@ struct Reader<B> {
 struct Shared<B> {
     limit: usize,
     next_id: AtomicUsize,
-    /// `LOST` and `FAILED`, set under the lock and read without it, so that
-    /// asking whether a body can be replayed costs no lock.
+    /// `LOST` (some bytes were read and not kept: no copy can start over)
+    /// and `FAILED` (the original failed). Set under the lock and also read
+    /// without it, so that asking whether a body can be replayed costs no
+    /// lock.
     flags: AtomicU8,
     /// Set under the lock when a copy waits; lets a copy going away skip
     /// the lock when nobody waits (the common case).
@@ -58,13 +60,10 @@ struct State<B> {
     /// Still recording: off from the start for a body declared larger than
     /// the limit, and for good once more than `limit` bytes were read.
     recording: bool,
-    /// Some bytes were read and not kept: no copy can start over.
-    lost: bool,
     frames_read: usize,
     bytes_read: u64,
     trailers: Option<HeaderMap>,
     ended: bool,
-    failed: bool,
     /// Copies waiting for the original to move. The original keeps only
     /// the waker of the copy that polled it last, so every step forward
     /// (and every copy going away) wakes the others.
@@ -97,7 +96,8 @@ impl<B: Body> ReplayBody<B> {
     /// Wraps `body`, recording up to `limit` bytes of it.
     ///
     /// A body whose size hint already says it is longer than `limit` (its
-    /// `Content-Length`) records nothing and cannot be replayed.
+    /// `Content-Length`) records nothing: it can be sent again only until
+    /// its first byte is read.
     pub fn new(body: B, limit: usize) -> Self {
         let recording = body.size_hint().lower() <= limit as u64;
         let ended = body.is_end_stream();
@@ -111,12 +111,10 @@ impl<B: Body> ReplayBody<B> {
                 original: (!ended).then(|| Box::pin(body)),
                 recorded: Vec::new(),
                 recording,
-                lost: false,
                 frames_read: 0,
                 bytes_read: 0,
                 trailers: None,
                 ended,
-                failed: false,
                 waiting: Vec::new(),
             }),
         });
@@ -217,6 +215,10 @@ impl<B> Clone for ReplayBody<B> {
 }
 
 impl<B> Shared<B> {
+    fn failed(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & FAILED != 0
+    }
+
     fn lock(&self) -> MutexGuard<'_, State<B>> {
         // A panic in the original's `poll_frame` poisons the lock; the state
         // itself is only ever updated whole, so it is still sound to read.
@@ -272,7 +274,7 @@ where
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
             }
         }
-        if state.failed {
+        if shared.failed() {
             self.finished = true;
             return Poll::Ready(Some(Err(ReplayError::new(
                 ReplayErrorKind::BodyFailedEarlier,
@@ -295,7 +297,6 @@ where
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
-                state.failed = true;
                 shared.flags.fetch_or(FAILED, Ordering::Release);
                 state.original = None;
                 state.wake_others(self.id, &shared.has_waiters);
@@ -314,8 +315,9 @@ where
                         }
                         if state.recording {
                             state.recorded.push(data.clone());
-                        } else if !state.lost {
-                            state.lost = true;
+                        } else if shared.flags.load(Ordering::Relaxed) & LOST == 0 {
+                            // Once, not a read-modify-write on every frame
+                            // of a large body.
                             shared.flags.fetch_or(LOST, Ordering::Release);
                         }
                         self.frame = state.frames_read;
@@ -347,7 +349,7 @@ where
         }
         let state = self.shared.lock();
         let at_end = state.ended
-            || (!state.failed
+            || (!self.shared.failed()
                 && state
                     .original
                     .as_ref()
