@@ -119,25 +119,21 @@ where
     ) -> std::pin::Pin<Box<dyn Future<Output = BodyRecord> + Send + '_>> {
         Box::pin(async move {
             // The service may have failed before reading the body to its end
-            // (a refused connection, a handler that answered early) and let
-            // it go: read the rest through a copy, within the limit and
-            // `wait`, so the entry can be replayed. The copy stops the moment the body outgrows
-            // the limit.
-            // Only when no other copy is left: a service still reading the
-            // body (an upload going on after an early error status) must not
-            // have frames taken from under it, nor wait for this.
+            // (a refused connection, a handler that answered early): read the
+            // rest through a copy, within `wait`, so the entry can be
+            // replayed; the copy stops recording at the limit like any
+            // other. Only when no other copy is left: a service still
+            // reading the body (an upload going on after an early error
+            // status) must not have frames taken from under it, nor wait.
             let recording = self.recording();
             if !recording.is_complete()
                 && !recording.is_released()
                 && self.can_replay()
                 && self.copies() == 1
             {
-                let copy = self.clone();
-                let _ = tokio::time::timeout(wait, async move {
-                    let mut copy = copy;
-                    while let Some(Ok(_)) = copy.frame().await {}
-                })
-                .await;
+                let mut copy = self.clone();
+                let drain = async { while let Some(Ok(_)) = copy.frame().await {} };
+                let _ = tokio::time::timeout(wait, drain).await;
             }
             let recording = self.recording();
             if recording.is_released() {

@@ -274,6 +274,15 @@ fn detach(write: Write) -> Write {
     }
 }
 
+/// What the caller gets once the entry is written: the frame held back, or
+/// the store's failure.
+fn after_write<D>(written: Result<(), BoxError>, held: Held<D>) -> Held<D> {
+    match written {
+        Ok(()) => held,
+        Err(error) => Some(Err(error)),
+    }
+}
+
 /// The outcome of a body that ended with `trailers`, and its description.
 fn ending(trailers: Option<&HeaderMap>) -> (Outcome, Vec<String>) {
     let outcome = GrpcClassifier::classify_end_of_stream(trailers);
@@ -328,18 +337,15 @@ where
     type Error = BoxError;
 
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
-        let mut this = self.project();
+        let mut this = self.as_mut().project();
         if let Some((write, held)) = this.writing.as_mut() {
             let written = ready!(write.as_mut().poll(cx));
             let held = held.take();
             *this.writing = None;
-            return Poll::Ready(match written {
-                Ok(()) => held,
-                Err(error) => Some(Err(error)),
-            });
+            return Poll::Ready(after_write(written, held));
         }
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         let Some(end) = this.end.take() else {
@@ -367,24 +373,14 @@ where
             }
         };
         let mut write = end.settle(outcome, error, result);
-        // A success, or a store that answers at once, costs no extra poll.
+        // A success, or a store that answers at once, costs no task.
         if let Poll::Ready(written) = write.as_mut().poll(cx) {
-            return Poll::Ready(match written {
-                Ok(()) => held,
-                Err(error) => Some(Err(error)),
-            });
+            return Poll::Ready(after_write(written, held));
         }
-        // A write that waits runs in a task of its own: a caller dropping
-        // the body now must not cut the entry short.
-        let mut write = detach(write);
-        if let Poll::Ready(written) = write.as_mut().poll(cx) {
-            return Poll::Ready(match written {
-                Ok(()) => held,
-                Err(error) => Some(Err(error)),
-            });
-        }
-        *this.writing = Some((write, held));
-        Poll::Pending
+        // A write that waits runs in a task of its own, polled from here on:
+        // a caller dropping the body now must not cut the entry short.
+        *this.writing = Some((detach(write), held));
+        self.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
