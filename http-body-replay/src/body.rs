@@ -54,9 +54,9 @@ const FAILED: u8 = 2;
 
 struct State<B> {
     /// `None` once it ended or failed.
-    original: Option<Pin<Box<B>>>,
+    original: Option<B>,
     /// Every data frame read from the original while `recording`.
-    recorded: Vec<Bytes>,
+    recorded: Recorded,
     /// Still recording: off from the start for a body declared larger than
     /// the limit, and for good once more than `limit` bytes were read.
     recording: bool,
@@ -92,12 +92,56 @@ impl<B> State<B> {
     }
 }
 
-impl<B: Body> ReplayBody<B> {
+/// The recorded data frames, in order. Most request bodies are one frame,
+/// so the first is kept inline and a list is allocated only for a second.
+#[derive(Default)]
+struct Recorded {
+    first: Option<Bytes>,
+    rest: Vec<Bytes>,
+}
+
+/// The most slots reserved ahead for a body's frames (2 KiB of `Bytes`).
+const MAX_RESERVED_FRAMES: u64 = 64;
+
+impl Recorded {
+    /// Records `data`; `still_to_come` tells the original's lower size hint
+    /// after it, so that a body of many like-sized frames grows its list
+    /// once, not once per doubling.
+    fn push(&mut self, data: Bytes, still_to_come: impl FnOnce() -> u64) {
+        if self.first.is_none() {
+            self.first = Some(data);
+            return;
+        }
+        if self.rest.capacity() == 0 {
+            let frames = still_to_come().div_ceil(data.len().max(1) as u64) + 1;
+            self.rest.reserve(frames.min(MAX_RESERVED_FRAMES) as usize);
+        }
+        self.rest.push(data);
+    }
+
+    /// Frame `index`, which must have been recorded.
+    fn get(&self, index: usize) -> &Bytes {
+        match index.checked_sub(1) {
+            None => self.first.as_ref().expect("frame 0 is recorded"),
+            Some(index) => &self.rest[index],
+        }
+    }
+
+    fn to_vec(&self) -> Vec<Bytes> {
+        self.first.iter().chain(&self.rest).cloned().collect()
+    }
+}
+
+impl<B: Body + Unpin> ReplayBody<B> {
     /// Wraps `body`, recording up to `limit` bytes of it.
     ///
     /// A body whose size hint already says it is longer than `limit` (its
     /// `Content-Length`) records nothing: it can be sent again only until
     /// its first byte is read.
+    ///
+    /// `B` must be `Unpin`, as the bodies of hyper, axum, tonic and reqwest
+    /// are, so that the shared recording holds it without a box of its own;
+    /// wrap a body that is not as `Box::pin(body)`.
     pub fn new(body: B, limit: usize) -> Self {
         let recording = body.size_hint().lower() <= limit as u64;
         let ended = body.is_end_stream();
@@ -108,8 +152,8 @@ impl<B: Body> ReplayBody<B> {
             has_waiters: AtomicBool::new(false),
             copies: AtomicUsize::new(1),
             state: Mutex::new(State {
-                original: (!ended).then(|| Box::pin(body)),
-                recorded: Vec::new(),
+                original: (!ended).then_some(body),
+                recorded: Recorded::default(),
                 recording,
                 frames_read: 0,
                 bytes_read: 0,
@@ -153,7 +197,7 @@ impl<B> ReplayBody<B> {
     pub fn recording(&self) -> Recording {
         let state = self.reader.shared.lock();
         Recording {
-            data: state.recorded.clone(),
+            data: state.recorded.to_vec(),
             bytes_read: state.bytes_read,
             trailers: state.trailers.clone(),
             complete: state.ended && state.recording,
@@ -243,7 +287,7 @@ impl<B> Reader<B> {
 
 impl<B> Reader<B>
 where
-    B: Body,
+    B: Body + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     fn poll_frame(
@@ -263,7 +307,7 @@ where
                 self.finished = true;
                 return Poll::Ready(Some(Err(ReplayError::new(ReplayErrorKind::NotReplayable))));
             }
-            let data = state.recorded[self.frame].clone();
+            let data = state.recorded.get(self.frame).clone();
             self.frame += 1;
             self.yielded += data.len() as u64;
             return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -281,7 +325,7 @@ where
             ))));
         }
         let polled = match state.original.as_mut() {
-            Some(original) if !original.is_end_stream() => original.as_mut().poll_frame(cx),
+            Some(original) if !original.is_end_stream() => Pin::new(original).poll_frame(cx),
             _ => Poll::Ready(None),
         };
         match polled {
@@ -304,39 +348,36 @@ where
                 Poll::Ready(Some(Err(ReplayError::body(error.into()))))
             }
             Poll::Ready(Some(Ok(frame))) => {
-                let frame = match frame.into_data() {
-                    Ok(mut data) => {
-                        let data = data.copy_to_bytes(data.remaining());
-                        state.frames_read += 1;
-                        state.bytes_read += data.len() as u64;
-                        if state.recording && state.bytes_read > shared.limit as u64 {
-                            state.recording = false;
-                            state.recorded = Vec::new();
-                        }
-                        if state.recording {
-                            state.recorded.push(data.clone());
-                        } else if shared.flags.load(Ordering::Relaxed) & LOST == 0 {
-                            // Once, not a read-modify-write on every frame
-                            // of a large body.
-                            shared.flags.fetch_or(LOST, Ordering::Release);
-                        }
-                        self.frame = state.frames_read;
-                        self.yielded += data.len() as u64;
-                        Frame::data(data)
+                // In place, so that the frame is not taken apart and built
+                // again; a kind of frame other than data and trailers is
+                // passed on without being recorded.
+                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                if let Some(data) = frame.data_ref() {
+                    state.frames_read += 1;
+                    state.bytes_read += data.len() as u64;
+                    if state.recording && state.bytes_read > shared.limit as u64 {
+                        state.recording = false;
+                        state.recorded = Recorded::default();
                     }
-                    Err(frame) => match frame.into_trailers() {
-                        Ok(trailers) => {
-                            state.trailers = Some(trailers.clone());
-                            self.trailers_yielded = true;
-                            Frame::trailers(trailers)
-                        }
-                        // `Frame` has only data and trailers; a future kind
-                        // is passed on without being recorded.
-                        Err(frame) => {
-                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
-                        }
-                    },
-                };
+                    if state.recording {
+                        let state = &mut *state;
+                        state.recorded.push(data.clone(), || {
+                            state
+                                .original
+                                .as_ref()
+                                .map_or(0, |original| original.size_hint().lower())
+                        });
+                    } else if shared.flags.load(Ordering::Relaxed) & LOST == 0 {
+                        // Once, not a read-modify-write on every frame of a
+                        // large body.
+                        shared.flags.fetch_or(LOST, Ordering::Release);
+                    }
+                    self.frame = state.frames_read;
+                    self.yielded += data.len() as u64;
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    state.trailers = Some(trailers.clone());
+                    self.trailers_yielded = true;
+                }
                 state.wake_others(self.id, &shared.has_waiters);
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -399,7 +440,7 @@ impl<B> Drop for Reader<B> {
 
 impl<B> Body for ReplayBody<B>
 where
-    B: Body,
+    B: Body + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Data = Bytes;

@@ -109,7 +109,7 @@ struct BodyRecord {
 
 impl<B> RecordedBody for ReplayBody<B>
 where
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<tower_classify::BoxError>,
 {
@@ -296,7 +296,7 @@ impl fmt::Debug for HttpCapture {
 
 impl<B> CaptureRequest<Request<B>> for HttpCapture
 where
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<tower_classify::BoxError>,
 {

@@ -168,7 +168,7 @@ impl<S> ReplayBodyService<S> {
 impl<S, B> Service<Request<B>> for ReplayBodyService<S>
 where
     S: Service<Request<ReplayBody<B>>>,
-    B: Body,
+    B: Body + Unpin,
 {
     type Response = S::Response;
     type Error = S::Error;
