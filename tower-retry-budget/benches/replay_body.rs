@@ -14,6 +14,11 @@
 //! worst case: nothing else costs anything), and `replay_body_loopback`,
 //! where it is a hyper client sending the body over HTTP/1.1 to a hyper
 //! server on 127.0.0.1 in the same runtime (what a client pays).
+//!
+//! On this shared machine wall-clock ratios move by more than the cost being
+//! measured, so `count_instructions.sh` beside this file also runs each case
+//! a fixed number of times under callgrind (`REPLAY_BODY_COUNT=...`, see
+//! [`count`]) and reports instructions per request, which repeat exactly.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -21,7 +26,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -205,4 +210,76 @@ where
 }
 
 criterion_group!(benches, bodies, loopback);
-criterion_main!(benches);
+
+/// `REPLAY_BODY_COUNT=<memory|loopback>,<plain|replay>,<1|64>,<calls>`: makes
+/// that many calls of one case and exits, for an instruction count.
+fn count(spec: &str) {
+    let parts: Vec<&str> = spec.split(',').collect();
+    let [place, body_kind, kib, calls] = parts[..] else {
+        panic!("REPLAY_BODY_COUNT is place,body,KiB,calls: {spec:?}");
+    };
+    let calls: usize = calls.parse().expect("calls is a number");
+    let (frames, frame_len) = match kib {
+        "1" => (1, 1024),
+        "64" => (16, 4096),
+        other => panic!("KiB is 1 or 64, not {other}"),
+    };
+    let body = Frames(
+        (0..frames)
+            .map(|i| Bytes::from(vec![i as u8; frame_len]))
+            .collect(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let retry = RetryLayer::http().build().unwrap();
+    let addr = runtime.block_on(sink());
+    let uri: http::Uri = format!("http://{addr}/upload").parse().unwrap();
+    match (place, body_kind) {
+        ("memory", "plain") => {
+            let service = ServiceBuilder::new()
+                .layer(retry)
+                .service(tower::service_fn(read_body::<Frames>));
+            for _ in 0..calls {
+                runtime.block_on(send(&service, body.clone()));
+            }
+        }
+        ("memory", "replay") => {
+            let service = ServiceBuilder::new()
+                .layer(ReplayBodyLayer::new(64 * 1024))
+                .layer(retry)
+                .service(tower::service_fn(read_body));
+            for _ in 0..calls {
+                runtime.block_on(send(&service, body.clone()));
+            }
+        }
+        ("loopback", "plain") => {
+            let service = ServiceBuilder::new()
+                .layer(retry)
+                .service(client::<Frames>());
+            for _ in 0..calls {
+                runtime.block_on(send_to(&service, &uri, body.clone()));
+            }
+        }
+        ("loopback", "replay") => {
+            let service = ServiceBuilder::new()
+                .layer(ReplayBodyLayer::new(64 * 1024))
+                .layer(retry)
+                .service(client());
+            for _ in 0..calls {
+                runtime.block_on(send_to(&service, &uri, body.clone()));
+            }
+        }
+        _ => panic!("place is memory or loopback, body is plain or replay: {spec:?}"),
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("REPLAY_BODY_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
