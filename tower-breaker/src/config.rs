@@ -64,6 +64,12 @@ pub struct BreakerConfig {
     /// See [`Builder::probes`] (default 1).
     #[serde(default = "default_probes")]
     pub probes: u32,
+    /// See [`Builder::probe_timeout`] (default `"60s"`).
+    #[serde(
+        default = "default_probe_timeout",
+        with = "tower_classify::duration::serde"
+    )]
+    pub probe_timeout: Duration,
     /// See [`Builder::slow_call_threshold`].
     #[serde(
         default,
@@ -119,6 +125,9 @@ fn default_recovery_timeout() -> Duration {
 fn default_multiplier() -> f64 {
     2.0
 }
+fn default_probe_timeout() -> Duration {
+    Duration::from_secs(60)
+}
 fn default_probes() -> u32 {
     1
 }
@@ -138,6 +147,7 @@ impl Default for BreakerConfig {
             recovery_multiplier: default_multiplier(),
             recovery_jitter: 0.0,
             probes: default_probes(),
+            probe_timeout: default_probe_timeout(),
             slow_call_threshold: None,
             pending_when_open: false,
             max_breakers: default_max_breakers(),
@@ -176,6 +186,7 @@ impl BreakerConfig {
             .recovery_multiplier(self.recovery_multiplier)
             .recovery_jitter(self.recovery_jitter)
             .probes(self.probes)
+            .probe_timeout(self.probe_timeout)
             .pending_when_open(self.pending_when_open)
             .max_breakers(self.max_breakers);
         if let Some(name) = &self.name {

@@ -115,6 +115,7 @@ impl Builder {
                 recovery_multiplier: 2.0,
                 recovery_jitter: 0.0,
                 probes: 1,
+                probe_timeout: Duration::from_secs(60),
                 slow_call_threshold: None,
                 mode: Mode::Enforce,
                 pending_when_open: false,
@@ -177,10 +178,27 @@ impl Builder {
         self
     }
 
-    /// Probe calls admitted when half-open (default 1). All must succeed to
-    /// close the breaker; one failure reopens it.
+    /// Probe calls admitted when half-open (default 1, at most 4 095). They
+    /// are judged together, as Resilience4j's
+    /// `permittedNumberOfCallsInHalfOpenState`: under
+    /// [`failure_threshold`](Self::failure_threshold) every probe must
+    /// succeed and one failure reopens the breaker; under
+    /// [`failure_rate`](Self::failure_rate) the breaker reopens once the
+    /// probes' own failure share reaches the rate, and closes when all of
+    /// them answered below it.
     pub fn probes(mut self, probes: u32) -> Self {
         self.settings.probes = probes;
+        self
+    }
+
+    /// How long a half-open breaker waits for its probes once every slot is
+    /// taken (default 60 s). Past it, the slots are reclaimed and the breaker
+    /// reopens, as if the probes had failed: a probe hung with no timeout
+    /// below it cannot hold the only slot for good. Like Resilience4j's
+    /// `maxWaitDurationInHalfOpenState`, but on by default; pass
+    /// `Duration::MAX` to wait for ever.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.probe_timeout = timeout;
         self
     }
 
@@ -230,6 +248,12 @@ impl Builder {
             return Err(ConfigError::new(
                 "probes",
                 format!("must be 1 to {MAX_PROBES}, got {}", s.probes),
+            ));
+        }
+        if s.probe_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "probe_timeout",
+                "must be longer than zero",
             ));
         }
         if let Some(max) = s.max_recovery_timeout {

@@ -3,7 +3,8 @@
 //! # Why one word
 //!
 //! The state, the half-open probe slots claimed so far, the probe successes and
-//! an *epoch* (bumped on every transition) share one `AtomicU64`. So:
+//! failures, and an *epoch* (bumped on every transition) share one `AtomicU64`.
+//! So:
 //!
 //! - the closed path is one atomic load on entry (is it closed?) and, under the
 //!   default policy, one on completion (is the failure count already zero?);
@@ -146,6 +147,7 @@ pub(crate) struct Settings {
     pub(crate) recovery_multiplier: f64,
     pub(crate) recovery_jitter: f64,
     pub(crate) probes: u32,
+    pub(crate) probe_timeout: Duration,
     pub(crate) slow_call_threshold: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) pending_when_open: bool,
@@ -163,6 +165,7 @@ impl fmt::Debug for Settings {
             .field("recovery_multiplier", &self.recovery_multiplier)
             .field("recovery_jitter", &self.recovery_jitter)
             .field("probes", &self.probes)
+            .field("probe_timeout", &self.probe_timeout)
             .field("slow_call_threshold", &self.slow_call_threshold)
             .field("mode", &self.mode)
             .field("pending_when_open", &self.pending_when_open)
@@ -198,10 +201,11 @@ impl Settings {
 
 // Layout of the state word, low bits first.
 const STATE_BITS: u32 = 3;
-const SLOT_BITS: u32 = 16;
+const SLOT_BITS: u32 = 12;
 const CLAIMED_SHIFT: u32 = STATE_BITS;
 const SUCCEEDED_SHIFT: u32 = STATE_BITS + SLOT_BITS;
-const EPOCH_SHIFT: u32 = STATE_BITS + 2 * SLOT_BITS;
+const FAILED_SHIFT: u32 = STATE_BITS + 2 * SLOT_BITS;
+const EPOCH_SHIFT: u32 = STATE_BITS + 3 * SLOT_BITS;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 const EPOCH_MASK: u64 = (1 << (64 - EPOCH_SHIFT)) - 1;
@@ -212,11 +216,12 @@ pub(crate) const MAX_PROBES: u32 = SLOT_MASK as u32;
 struct Word(u64);
 
 impl Word {
-    const fn new(state: State, epoch: u64, claimed: u64, succeeded: u64) -> Word {
+    const fn new(state: State, epoch: u64, slots: Slots) -> Word {
         Word(
             state.code()
-                | (claimed & SLOT_MASK) << CLAIMED_SHIFT
-                | (succeeded & SLOT_MASK) << SUCCEEDED_SHIFT
+                | (slots.claimed & SLOT_MASK) << CLAIMED_SHIFT
+                | (slots.succeeded & SLOT_MASK) << SUCCEEDED_SHIFT
+                | (slots.failed & SLOT_MASK) << FAILED_SHIFT
                 | (epoch & EPOCH_MASK) << EPOCH_SHIFT,
         )
     }
@@ -229,16 +234,36 @@ impl Word {
     const fn claimed(self) -> u64 {
         (self.0 >> CLAIMED_SHIFT) & SLOT_MASK
     }
-    const fn succeeded(self) -> u64 {
-        (self.0 >> SUCCEEDED_SHIFT) & SLOT_MASK
+    const fn slots(self) -> Slots {
+        Slots {
+            claimed: self.claimed(),
+            succeeded: (self.0 >> SUCCEEDED_SHIFT) & SLOT_MASK,
+            failed: (self.0 >> FAILED_SHIFT) & SLOT_MASK,
+        }
     }
     /// The first word of the next state: a new epoch, no slots in use.
     const fn next(self, state: State) -> Word {
-        Word::new(state, self.epoch() + 1, 0, 0)
+        Word::new(state, self.epoch() + 1, Slots::NONE)
     }
-    const fn with_slots(self, claimed: u64, succeeded: u64) -> Word {
-        Word::new(self.state(), self.epoch(), claimed, succeeded)
+    const fn with_slots(self, slots: Slots) -> Word {
+        Word::new(self.state(), self.epoch(), slots)
     }
+}
+
+/// A half-open period's probe slots: claimed, and of those, answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Slots {
+    claimed: u64,
+    succeeded: u64,
+    failed: u64,
+}
+
+impl Slots {
+    const NONE: Slots = Slots {
+        claimed: 0,
+        succeeded: 0,
+        failed: 0,
+    };
 }
 
 /// What one result means to the breaker.
@@ -291,6 +316,9 @@ pub(crate) struct Breaker {
     word: AtomicU64,
     /// Nanoseconds after `base` when the open period ends.
     open_until: AtomicU64,
+    /// Nanoseconds after `base` when the probes of the half-open period
+    /// must have answered; past it, their slots are reclaimed.
+    probes_due: AtomicU64,
     /// Nanoseconds after `base` of the last state change.
     since: AtomicU64,
     consecutive: AtomicU32,
@@ -325,8 +353,9 @@ impl Breaker {
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
             base: Instant::now(),
-            word: AtomicU64::new(Word::new(State::Closed, 0, 0, 0).0),
+            word: AtomicU64::new(Word::new(State::Closed, 0, Slots::NONE).0),
             open_until: AtomicU64::new(0),
+            probes_due: AtomicU64::new(0),
             since: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             open_streak: AtomicU32::new(0),
@@ -394,7 +423,16 @@ impl Breaker {
                     }
                     // Recovery timeout over: this caller turns the breaker
                     // half-open and takes the first probe slot in one CAS.
-                    let next = word.next(State::HalfOpen).with_slots(1, 0);
+                    // The probes' deadline is written first, as `open_until`
+                    // is, so no reader sees a half-open period without one.
+                    self.probes_due.store(
+                        self.deadline_after(now, self.settings.probe_timeout),
+                        Ordering::Release,
+                    );
+                    let next = word.next(State::HalfOpen).with_slots(Slots {
+                        claimed: 1,
+                        ..Slots::NONE
+                    });
                     match self.cas(word, next) {
                         Ok(()) => {
                             self.changed(State::Open, State::HalfOpen, now, None);
@@ -405,9 +443,16 @@ impl Breaker {
                 }
                 State::HalfOpen => {
                     if word.claimed() >= u64::from(self.settings.probes) {
+                        if self.lapse_probes(word, now) {
+                            word = self.load();
+                            continue;
+                        }
                         return self.refuse(word, None);
                     }
-                    let next = word.with_slots(word.claimed() + 1, word.succeeded());
+                    let next = word.with_slots(Slots {
+                        claimed: word.claimed() + 1,
+                        ..word.slots()
+                    });
                     match self.cas(word, next) {
                         Ok(()) => return Ok(self.permit(word.epoch(), true)),
                         Err(actual) => word = actual,
@@ -447,37 +492,90 @@ impl Breaker {
         if word.state() == State::Closed || self.settings.mode != Mode::Enforce {
             return None;
         }
-        match word.state() {
-            State::Open => {
-                let until = self.open_until.load(Ordering::Acquire);
-                let at = self.offset(Instant::now());
-                (at < until).then(|| Some(Duration::from_nanos(until - at)))
-            }
-            State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => Some(None),
-            State::ForcedOpen => Some(None),
-            _ => None,
+        self.refusing_slow(word)
+    }
+
+    #[cold]
+    fn refusing_slow(&self, mut word: Word) -> Option<Option<Duration>> {
+        let now = Instant::now();
+        loop {
+            return match word.state() {
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    let at = self.offset(now);
+                    (at < until).then(|| Some(Duration::from_nanos(until - at)))
+                }
+                State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => {
+                    if self.lapse_probes(word, now) {
+                        word = self.load();
+                        continue;
+                    }
+                    Some(None)
+                }
+                State::ForcedOpen => Some(None),
+                State::Closed | State::HalfOpen | State::ForcedClosed => None,
+            };
         }
     }
 
-    /// What a `poll_ready` in pending mode waits for.
+    /// What a `poll_ready` in pending mode waits for. Reclaims the slots of
+    /// probes that are overdue, so a waiter woken by their deadline finds
+    /// the breaker open again rather than spinning.
     pub(crate) fn readiness(&self) -> Readiness {
         if self.settings.mode != Mode::Enforce {
             return Readiness::Ready;
         }
-        let word = self.load();
-        match word.state() {
-            State::Closed | State::ForcedClosed => Readiness::Ready,
-            State::Open => {
-                let until = self.open_until.load(Ordering::Acquire);
-                if self.offset(Instant::now()) >= until {
-                    Readiness::Ready
-                } else {
-                    Readiness::Until(self.base + Duration::from_nanos(until))
+        let now = Instant::now();
+        loop {
+            let word = self.load();
+            return match word.state() {
+                State::Closed | State::ForcedClosed => Readiness::Ready,
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    if self.offset(now) >= until {
+                        Readiness::Ready
+                    } else {
+                        Readiness::Until(self.base + Duration::from_nanos(until))
+                    }
                 }
-            }
-            State::HalfOpen if word.claimed() < u64::from(self.settings.probes) => Readiness::Ready,
-            State::HalfOpen | State::ForcedOpen => Readiness::Change,
+                State::HalfOpen if word.claimed() < u64::from(self.settings.probes) => {
+                    Readiness::Ready
+                }
+                State::HalfOpen => {
+                    if self.lapse_probes(word, now) {
+                        continue;
+                    }
+                    let due = self.probes_due.load(Ordering::Acquire);
+                    Readiness::Until(self.base + Duration::from_nanos(due))
+                }
+                State::ForcedOpen => Readiness::Change,
+            };
         }
+    }
+
+    /// Reopens a half-open breaker whose probes have all been admitted and
+    /// not all answered by their deadline: a probe hung with no timeout
+    /// below it must not hold the slots for good. Their late results carry
+    /// the old epoch and count for nothing. `true` when it reopened (or the
+    /// word moved on meanwhile: look again).
+    fn lapse_probes(&self, word: Word, now: Instant) -> bool {
+        if self.offset(now) < self.probes_due.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.open(word, now) {
+            tracing::warn!(
+                breaker = &*self.key,
+                probe_timeout = ?self.settings.probe_timeout,
+                "half-open probes did not answer in time; reopening"
+            );
+        }
+        true
+    }
+
+    /// Nanoseconds after `base` of `now + wait`, saturating.
+    fn deadline_after(&self, now: Instant, wait: Duration) -> u64 {
+        self.offset(now)
+            .saturating_add(wait.as_nanos().min(u128::from(u64::MAX)) as u64)
     }
 
     pub(crate) fn change_notifier(&self) -> Option<&Arc<Notify>> {
@@ -495,51 +593,72 @@ impl Breaker {
 
     #[inline]
     fn record_closed(&self, epoch: u64, verdict: Verdict) {
-        match verdict {
-            Verdict::Neutral => {}
-            Verdict::Success => match &self.window {
-                // Load first: a store on every success would bounce the cache
-                // line between cores even when the count is already zero.
-                None => {
-                    if self.consecutive.load(Ordering::Relaxed) != 0 {
-                        self.consecutive.store(0, Ordering::Relaxed);
-                    }
-                }
-                Some(window) => {
-                    window.record(false, self.window_now(window));
-                }
-            },
+        let failed = match verdict {
+            Verdict::Neutral => return,
+            Verdict::Success => false,
             Verdict::Failure => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                let word = self.load();
-                if word.epoch() != epoch || word.state() != State::Closed {
-                    // Admitted in an earlier period, or the breaker is forced
-                    // closed: it does not count towards opening.
+                true
+            }
+        };
+        let trip = match &self.window {
+            None if !failed => {
+                // Load first: a store on every success would bounce the
+                // cache line between cores even when the count is already
+                // zero.
+                if self.consecutive.load(Ordering::Relaxed) != 0 {
+                    self.consecutive.store(0, Ordering::Relaxed);
+                }
+                return;
+            }
+            None => {
+                if !self.counts(epoch) {
                     return;
                 }
-                let trip = match (self.settings.policy, &self.window) {
-                    (Policy::ConsecutiveFailures { threshold }, _) => {
-                        self.consecutive.fetch_add(1, Ordering::AcqRel) + 1 >= threshold
-                    }
-                    (
-                        Policy::FailureRate {
-                            rate,
-                            minimum_calls,
-                            ..
-                        },
-                        Some(window),
-                    ) => {
-                        let Tally { calls, failures } =
-                            window.record(true, self.window_now(window));
-                        calls >= minimum_calls && f64::from(failures) >= rate * f64::from(calls)
-                    }
+                let threshold = match self.settings.policy {
+                    Policy::ConsecutiveFailures { threshold } => threshold,
                     // `Breaker::new` gives every rate policy a window.
-                    (Policy::FailureRate { .. }, None) => false,
+                    Policy::FailureRate { .. } => return,
                 };
-                if trip {
-                    self.open(word, Instant::now());
-                }
+                self.consecutive.fetch_add(1, Ordering::AcqRel) + 1 >= threshold
             }
+            // A success can tip the rate too: the call that reaches the
+            // minimum may be one.
+            Some(window) => {
+                if !self.counts(epoch) {
+                    return;
+                }
+                self.rate_reached(window.record(failed, self.window_now(window)))
+            }
+        };
+        if trip {
+            let word = self.load();
+            if word.epoch() == epoch && word.state() == State::Closed {
+                self.open(word, Instant::now());
+            }
+        }
+    }
+
+    /// Whether a result admitted in `epoch` counts towards opening: not when
+    /// it was admitted in an earlier period (the counts were reset when the
+    /// breaker opened), nor while the breaker is forced closed.
+    #[inline]
+    fn counts(&self, epoch: u64) -> bool {
+        let word = self.load();
+        word.epoch() == epoch && word.state() == State::Closed
+    }
+
+    /// The rate policy's test: enough calls, and a failure share at or above
+    /// the rate. Dividing (rather than multiplying the rate) keeps a share
+    /// exactly at the rate exact: 3 of 10 is 0.3.
+    fn rate_reached(&self, Tally { calls, failures }: Tally) -> bool {
+        match self.settings.policy {
+            Policy::FailureRate {
+                rate,
+                minimum_calls,
+                ..
+            } => calls >= minimum_calls && f64::from(failures) / f64::from(calls) >= rate,
+            Policy::ConsecutiveFailures { .. } => false,
         }
     }
 
@@ -551,40 +670,55 @@ impl Breaker {
         }
     }
 
+    /// Records a probe's result. The probes of one half-open period are
+    /// judged together: under the consecutive-failures policy one failure
+    /// reopens; under the rate policy the probes' own failure share is held
+    /// against the rate, and the breaker reopens as soon as it is reached
+    /// (more answers cannot lower it) and closes when every probe answered
+    /// below it.
     fn record_probe(&self, epoch: u64, verdict: Verdict) {
         if verdict == Verdict::Failure {
             self.failures.fetch_add(1, Ordering::Relaxed);
         }
+        let probes = u64::from(self.settings.probes);
         let mut word = self.load();
         loop {
             if word.epoch() != epoch || word.state() != State::HalfOpen {
                 return;
             }
-            let next = match verdict {
-                Verdict::Failure => {
-                    if self.open(word, Instant::now()) {
-                        return;
-                    }
-                    word = self.load();
-                    continue;
+            let mut slots = word.slots();
+            match verdict {
+                Verdict::Success => slots.succeeded += 1,
+                Verdict::Failure => slots.failed += 1,
+                // Says nothing: the slot goes back for another caller.
+                Verdict::Neutral => slots.claimed = slots.claimed.saturating_sub(1),
+            }
+            let reopen = verdict == Verdict::Failure
+                && match self.settings.policy {
+                    Policy::ConsecutiveFailures { .. } => true,
+                    Policy::FailureRate { rate, .. } => slots.failed as f64 / probes as f64 >= rate,
+                };
+            if reopen {
+                if self.open(word, Instant::now()) {
+                    return;
                 }
-                Verdict::Success => {
-                    let succeeded = word.succeeded() + 1;
-                    if succeeded >= u64::from(self.settings.probes) {
-                        word.next(State::Closed)
-                    } else {
-                        word.with_slots(word.claimed(), succeeded)
-                    }
-                }
-                Verdict::Neutral => {
-                    word.with_slots(word.claimed().saturating_sub(1), word.succeeded())
-                }
+                word = self.load();
+                continue;
+            }
+            let next = if slots.succeeded + slots.failed >= probes {
+                word.next(State::Closed)
+            } else {
+                word.with_slots(slots)
             };
             match self.cas(word, next) {
                 Ok(()) => {
                     if next.state() == State::Closed {
-                        self.clear_counts();
+                        // The counts were reset when the breaker opened.
                         self.changed(State::HalfOpen, State::Closed, Instant::now(), None);
+                    } else if verdict == Verdict::Neutral {
+                        // A slot is free again: callers parked in a pending
+                        // `poll_ready` may take it.
+                        self.wake_waiters();
                     }
                     return;
                 }
@@ -604,21 +738,23 @@ impl Breaker {
         // Written before the CAS so no reader ever sees `Open` with the last
         // period's (past) deadline. A writer that then loses the CAS differs
         // from the winner only by the moments between them.
-        let until = self
-            .offset(now)
-            .saturating_add(wait.as_nanos().min(u128::from(u64::MAX)) as u64);
-        self.open_until.store(until, Ordering::Release);
+        self.open_until
+            .store(self.deadline_after(now, wait), Ordering::Release);
         if self.cas(from, from.next(State::Open)).is_err() {
             return false;
         }
         self.open_streak.store(streak, Ordering::Release);
+        // Reset now, not when the breaker closes again: results of the old
+        // period no longer count (their epoch is gone), so the counts are
+        // clean the moment a probe closes it, with no window in which a new
+        // failure meets stale counts.
+        self.clear_counts();
         self.changed(from.state(), State::Open, now, Some(wait));
         true
     }
 
     fn clear_counts(&self) {
         self.consecutive.store(0, Ordering::Release);
-        self.open_streak.store(0, Ordering::Release);
         if let Some(window) = &self.window {
             window.reset();
         }
@@ -636,6 +772,7 @@ impl Breaker {
         }
         if to != State::ForcedOpen {
             self.clear_counts();
+            self.open_streak.store(0, Ordering::Release);
         }
         self.changed(word.state(), to, now, None);
     }
@@ -672,6 +809,12 @@ impl Breaker {
                 open_for,
             });
         }
+        self.wake_waiters();
+    }
+
+    /// Wakes every `poll_ready` parked in pending mode: after each state
+    /// change and each probe slot given back.
+    fn wake_waiters(&self) {
         if let Some(notify) = &self.changed {
             notify.notify_waiters();
         }
@@ -708,7 +851,8 @@ impl Breaker {
             rejected: self.rejected.load(Ordering::Relaxed),
             opened: self.opened.load(Ordering::Relaxed),
             probes_in_flight: if state == State::HalfOpen {
-                (word.claimed() - word.succeeded().min(word.claimed())) as u32
+                let slots = word.slots();
+                slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32
             } else {
                 0
             },

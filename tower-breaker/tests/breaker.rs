@@ -642,3 +642,256 @@ async fn services_wrapped_by_one_layer_share_one_breaker() {
     rejected(&mut first, &mut first_handle);
     rejected(&mut second, &mut second_handle);
 }
+
+// ===== Semantics the peers' suites rely on (Resilience4j, tower-resilience)
+
+#[tokio::test(start_paused = true)]
+async fn item_1_a_success_that_reaches_the_minimum_calls_trips_the_rate() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    fail(&mut svc, &mut handle, 1).await;
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed, "3 calls < minimum 4");
+    succeed(&mut svc, &mut handle, 3).await;
+    assert_eq!(
+        state_of(&admin),
+        State::Open,
+        "the fourth call, a success, makes 2 of 4: at the rate"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_1_a_failure_share_exactly_at_the_rate_opens() {
+    // 0.3 × 10 is 3.0000000000000004 in floating point: a multiplication
+    // would leave 3 failures of 10 under a 0.3 rate.
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.3, 10, Window::count(10))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..7 {
+        succeed(&mut svc, &mut handle, id).await;
+    }
+    fail(&mut svc, &mut handle, 7).await;
+    fail(&mut svc, &mut handle, 8).await;
+    assert_eq!(state_of(&admin), State::Closed);
+    fail(&mut svc, &mut handle, 9).await;
+    assert_eq!(state_of(&admin), State::Open, "3 of 10 is 0.3");
+}
+
+/// A breaker in pending mode, opened once and half-open with its one probe
+/// slot taken by `probe`; `other` is a clone parked in `poll_ready`.
+async fn half_open_with_a_parked_clone() -> (
+    mock::Spawn<tower_breaker::CircuitBreaker<mock::Mock<u32, &'static str>, ErrorChainClassifier>>,
+    Handle,
+    tower_breaker::BreakerHandle,
+) {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(1))
+        .probe_timeout(Duration::from_secs(5))
+        .pending_when_open(true)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    (svc, handle, admin)
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_2_a_dropped_probe_wakes_the_callers_parked_in_poll_ready() {
+    let (mut svc, mut handle, _admin) = half_open_with_a_parked_clone().await;
+    assert_ready_ok!(svc.poll_ready());
+    let probe = svc.call(1);
+    handle.next_request().await.unwrap();
+    let mut other = mock::Spawn::new(svc.get_ref().clone());
+    assert_pending!(other.poll_ready());
+    drop(probe);
+    assert!(other.is_woken(), "the freed slot wakes the parked clone");
+    assert_ready_ok!(other.poll_ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_2_a_neutral_probe_wakes_the_callers_parked_in_poll_ready() {
+    let (mut svc, mut handle, admin) = half_open_with_a_parked_clone().await;
+    assert_ready_ok!(svc.poll_ready());
+    let probe = svc.call(1);
+    let (_, send) = handle.next_request().await.unwrap();
+    let mut other = mock::Spawn::new(svc.get_ref().clone());
+    assert_pending!(other.poll_ready());
+    // A rejected request says nothing about the dependency.
+    send.send_error(Classified::new(FailureKind::Rejected, "bad request"));
+    probe.await.unwrap_err();
+    assert_eq!(state_of(&admin), State::HalfOpen);
+    assert!(
+        other.is_woken(),
+        "the slot given back wakes the parked clone"
+    );
+    assert_ready_ok!(other.poll_ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_3_a_hung_probe_is_reclaimed_after_the_probe_timeout() {
+    let (mut svc, mut handle, admin) = half_open_with_a_parked_clone().await;
+    assert_ready_ok!(svc.poll_ready());
+    let mut hung = svc.call(1);
+    let (_, late_answer) = handle.next_request().await.unwrap();
+    let mut other = mock::Spawn::new(svc.get_ref().clone());
+    assert_pending!(other.poll_ready());
+
+    tokio::time::advance(Duration::from_millis(4_999)).await;
+    assert!(!other.is_woken());
+    assert_eq!(state_of(&admin), State::HalfOpen);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(
+        other.is_woken(),
+        "the probes' deadline wakes the parked clone"
+    );
+    assert_pending!(other.poll_ready(), "reopened: it waits out the open time");
+    assert_eq!(state_of(&admin), State::Open, "the slot is reclaimed");
+
+    // The hung probe's late success belongs to the lapsed period.
+    late_answer.send_response("ok");
+    assert_eq!((&mut hung).await.unwrap(), "ok");
+    assert_eq!(state_of(&admin), State::Open);
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(other.is_woken());
+    assert_ready_ok!(other.poll_ready());
+    let probe = other.call(2);
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_response("ok");
+    probe.await.unwrap();
+    assert_eq!(state_of(&admin), State::Closed, "a new probe decides");
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_3_without_pending_mode_the_next_call_reclaims_an_overdue_probe() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(1))
+        .probe_timeout(Duration::from_secs(5))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_ready_ok!(svc.poll_ready());
+    let _hung = svc.call(1);
+    handle.next_request().await.unwrap();
+    assert_eq!(rejected(&mut svc, &mut handle).remaining(), None);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        rejected(&mut svc, &mut handle).remaining(),
+        Some(Duration::from_secs(1)),
+        "reopened for a recovery timeout"
+    );
+    assert_eq!(state_of(&admin), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_4_counts_are_reset_when_the_breaker_opens() {
+    for rate in [false, true] {
+        let builder = CircuitBreakerLayer::builder().recovery_timeout(Duration::from_secs(1));
+        let builder = if rate {
+            builder.failure_rate(0.5, 5, Window::count(10))
+        } else {
+            builder.failure_threshold(5)
+        };
+        let layer = builder.build(ErrorChainClassifier::new()).unwrap();
+        let admin = layer.handle();
+        let (mut svc, mut handle) = mock::spawn_layer(layer);
+        for id in 0..5 {
+            fail(&mut svc, &mut handle, id).await;
+        }
+        let open = admin.get("default").unwrap();
+        assert_eq!(open.state, State::Open);
+        assert_eq!(
+            (
+                open.consecutive_failures,
+                open.window_calls,
+                open.window_failures
+            ),
+            (0, 0, 0),
+            "rate policy: {rate}"
+        );
+        // Closed again by a probe: one failure is one failure, not the sixth.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        succeed(&mut svc, &mut handle, 10).await;
+        fail(&mut svc, &mut handle, 11).await;
+        let closed = admin.get("default").unwrap();
+        assert_eq!(closed.state, State::Closed);
+        assert_eq!(
+            closed.consecutive_failures + closed.window_failures,
+            1,
+            "rate policy: {rate}"
+        );
+    }
+}
+
+/// Opens a breaker with `probes` probe slots under a 50 % rate, waits out the
+/// open time, admits every probe, and answers them in order: `true` is a
+/// success.
+async fn probe_round(answers: &[bool]) -> State {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 2, Window::count(10))
+        .recovery_timeout(Duration::from_secs(1))
+        .probes(answers.len() as u32)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    fail(&mut svc, &mut handle, 1).await;
+    assert_eq!(state_of(&admin), State::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut probes = Vec::new();
+    for id in 0..answers.len() as u32 {
+        assert_ready_ok!(svc.poll_ready());
+        let future = svc.call(100 + id);
+        let (_, send) = handle.next_request().await.unwrap();
+        probes.push((future, send));
+    }
+    rejected(&mut svc, &mut handle);
+    for ((future, send), ok) in probes.into_iter().zip(answers) {
+        if state_of(&admin) != State::HalfOpen {
+            break;
+        }
+        if *ok {
+            send.send_response("ok");
+        } else {
+            send.send_error(refused());
+        }
+        let _ = future.await;
+    }
+    state_of(&admin)
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_5_probes_are_judged_by_their_failure_rate() {
+    assert_eq!(
+        probe_round(&[true, false, true, true]).await,
+        State::Closed,
+        "1 of 4 probes failed: under the 50 % rate"
+    );
+    assert_eq!(
+        probe_round(&[false, true, false, true]).await,
+        State::Open,
+        "2 of 4 failed: at the rate, reopened at once"
+    );
+    assert_eq!(
+        probe_round(&[false]).await,
+        State::Open,
+        "one probe, failed"
+    );
+    assert_eq!(probe_round(&[true]).await, State::Closed, "one probe, fine");
+}
