@@ -1,6 +1,5 @@
 //! A Finagle-style budget: retries as a percentage of recent requests.
 
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,8 +29,10 @@ const UNIT: i64 = 1_000_000;
 /// Unlike tower's `TpsBudget` it has no fractional-percent truncation: 0.6
 /// allows 60 retries per 100 requests, not 100. And it takes no lock: the time
 /// window is rotated by whichever caller first wins a compare-and-swap on the
-/// window's generation, and deposits and withdrawals are single atomic adds
-/// (most deposits do not even read the clock; see [`Budget::deposit`]).
+/// window's generation, and deposits and withdrawals are single atomic adds.
+/// Every deposit is credited to the window it was made in (it reads the clock
+/// and compares it with the window's end), so each one counts for one `ttl`,
+/// however far apart deposits come.
 /// Under concurrent withdrawals the balance may go briefly negative by at most
 /// the number of callers racing (a check and a subtraction are not one step),
 /// the same tolerance tower's implementation has.
@@ -54,6 +55,9 @@ pub struct TpsBudget {
     window_nanos: u64,
     /// The window index the writer currently accumulates.
     generation: AtomicU64,
+    /// Nanoseconds after `start` when that window ends: a deposit before it
+    /// needs no rotation, and one comparison tells.
+    window_end: AtomicU64,
     writer: AtomicI64,
     slots: [AtomicI64; SLOTS],
     reserve: i64,
@@ -86,6 +90,7 @@ impl TpsBudget {
             start: Instant::now(),
             window_nanos,
             generation: AtomicU64::new(0),
+            window_end: AtomicU64::new(window_nanos),
             writer: AtomicI64::new(0),
             slots: Default::default(),
             reserve,
@@ -117,19 +122,27 @@ impl TpsBudget {
         self.retry_percent
     }
 
-    fn current_generation(&self) -> u64 {
+    fn elapsed_nanos(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.start);
-        // u64 nanoseconds last 584 years; a u128 division would cost more
-        // than the rest of a deposit.
-        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX) / self.window_nanos
+        // u64 nanoseconds last 584 years.
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Moves the writer's total into the ring when a window has passed.
     /// Exactly one caller wins the compare-and-swap and rotates; the others go
     /// on writing into `writer`, which is at worst attributed to the
     /// neighbouring window.
+    #[inline]
     fn rotate(&self) {
-        let now = self.current_generation();
+        let elapsed = self.elapsed_nanos();
+        if elapsed < self.window_end.load(Ordering::Acquire) {
+            return;
+        }
+        self.rotate_to(elapsed / self.window_nanos);
+    }
+
+    #[cold]
+    fn rotate_to(&self, now: u64) {
         let mut seen = self.generation.load(Ordering::Acquire);
         loop {
             if now <= seen {
@@ -145,6 +158,10 @@ impl TpsBudget {
                 Err(actual) => seen = actual,
             }
         }
+        self.window_end.store(
+            now.saturating_add(1).saturating_mul(self.window_nanos),
+            Ordering::Release,
+        );
         let committed = self.writer.swap(0, Ordering::AcqRel);
         let passed = now - seen;
         if passed < SLOTS as u64 {
@@ -168,32 +185,12 @@ impl TpsBudget {
     }
 }
 
-/// A deposit reads the clock on one call in this many, per thread.
-const CLOCK_EVERY: u32 = 8;
-
-thread_local! {
-    static DEPOSITS: Cell<u32> = const { Cell::new(0) };
-}
-
 impl Budget for TpsBudget {
-    /// Adds one request's share.
-    ///
-    /// Reading the clock is the most expensive part of a deposit, so a deposit
-    /// rotates the window on one call in 8 per thread; the others
-    /// add to the window being written. Skipping a rotation can only credit a
-    /// deposit to an *earlier* window than its own, so it may expire early,
-    /// never late: the budget errs towards fewer retries, by at most the time
-    /// between two clock reads (negligible at any rate where deposits matter
-    /// more than the `min_per_sec` floor). Withdrawals always read the clock.
+    /// Adds one request's share to the window of now: a clock read, one
+    /// comparison with the window's end (a rotation once per `ttl / 10`),
+    /// and one atomic add.
     fn deposit(&self) {
-        let read_clock = DEPOSITS.with(|count| {
-            let n = count.get().wrapping_add(1);
-            count.set(n);
-            n % CLOCK_EVERY == 0
-        });
-        if read_clock {
-            self.rotate();
-        }
+        self.rotate();
         self.writer.fetch_add(self.deposit_amount, Ordering::AcqRel);
     }
 
@@ -281,6 +278,83 @@ mod tests {
         budget.deposit();
         time::advance(Duration::from_secs(30)).await;
         assert!(!budget.withdraw(), "a long gap clears every slot");
+    }
+
+    // tower's own `TpsBudget` tests (tower/src/retry/budget/tps_budget.rs),
+    // against this budget.
+
+    #[test]
+    fn tps_empty() {
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        assert!(!budget.withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tps_leaky() {
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        budget.deposit();
+        time::advance(Duration::from_secs(3)).await;
+        assert!(!budget.withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tps_slots() {
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 0.5).unwrap();
+        budget.deposit();
+        budget.deposit();
+        time::advance(Duration::from_millis(901)).await;
+        assert!(budget.withdraw(), "900 ms later the deposits still count");
+
+        time::advance(Duration::from_millis(2001)).await;
+        budget.deposit();
+        time::advance(Duration::from_millis(301)).await;
+        budget.deposit();
+        time::advance(Duration::from_millis(801)).await;
+        budget.deposit();
+        assert!(
+            budget.withdraw(),
+            "the first deposit expired; the second and third make one retry"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tps_reserve() {
+        let budget = TpsBudget::new(Duration::from_secs(1), 5, 1.0).unwrap();
+        assert_eq!(withdrawals(&budget, 10), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn item_8_every_deposit_counts_for_one_ttl_whatever_the_gaps() {
+        // One deposit a second, each worth a whole retry, over a 5 s ttl
+        // (windows of 500 ms, so a deposit counts for 5 to 5.5 s): 600 ms
+        // after each deposit, exactly the last five count.
+        let budget = TpsBudget::new(Duration::from_secs(5), 0, 1.0).unwrap();
+        for second in 0..20 {
+            budget.deposit();
+            time::advance(Duration::from_millis(600)).await;
+            let expected = (second + 1).min(5) as f64;
+            assert!(
+                (budget.available() - expected).abs() < 1e-9,
+                "after {second} s: {} available, {expected} expected",
+                budget.available()
+            );
+            time::advance(Duration::from_millis(400)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn item_8_budgets_do_not_share_their_accounting() {
+        // Deposits into one budget must not change when another is rotated.
+        let quiet = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        let busy = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        for _ in 0..7 {
+            busy.deposit();
+        }
+        time::advance(Duration::from_millis(500)).await;
+        quiet.deposit();
+        time::advance(Duration::from_millis(700)).await;
+        assert!(quiet.withdraw(), "its deposit is 700 ms old");
+        assert!(!busy.withdraw(), "its deposits are 1.2 s old");
     }
 
     #[test]
