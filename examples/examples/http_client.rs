@@ -49,6 +49,7 @@ use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::error::BudgetExhausted;
 use tower_retry_budget::{Backoff, RetryEvent, RetryLayer};
+use tower_retry_budget::{RetryStopped, StopReason};
 
 /// A request body that can be read only once, like a file being uploaded or
 /// hyper's `Incoming`.
@@ -238,6 +239,16 @@ async fn main() -> Result<ExitCode, BoxError> {
             let request =
                 Request::get(format!("{}/{name}/{n}", server.url())).body(one_shot(&[]))?;
             match client.clone().oneshot(request).await {
+                // A spent budget hands the upstream's 503 back at once,
+                // marked with why retrying stopped.
+                Ok(response)
+                    if response
+                        .extensions()
+                        .get::<RetryStopped>()
+                        .is_some_and(|stopped| stopped.reason == StopReason::Budget) =>
+                {
+                    refused += 1
+                }
                 Err(error) if error.is::<BudgetExhausted>() => refused += 1,
                 Err(error) => return Err(error),
                 Ok(_) => {}
@@ -246,7 +257,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         total_requests += REQUESTS;
         let sent = server.hits() - before;
         println!(
-            "   {name:<8} {REQUESTS} requests → {sent} attempts reached the server ({} retries); {refused} requests ended with BudgetExhausted",
+            "   {name:<8} {REQUESTS} requests → {sent} attempts reached the server ({} retries); {refused} requests stopped on the spent budget",
             sent - REQUESTS
         );
         if name == "billing" {

@@ -19,8 +19,7 @@ use tower_poison::replay::{http_request, ReplayError};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
 use tower_retry_budget::budget::TpsBudget;
-use tower_retry_budget::error::BudgetExhausted;
-use tower_retry_budget::{Backoff, Jitter, RetryLayer};
+use tower_retry_budget::{Backoff, Jitter, RetryLayer, RetryStopped, StopReason};
 
 use examples::client::{http_client_for, HttpService};
 use examples::scripted::{Reply, ScriptedServer};
@@ -154,9 +153,10 @@ async fn slow_upstream_dead_lettered_as_timeout() {
     assert_eq!(stored[0].attempts, 3);
 }
 
-/// A spent retry budget ends the loop with `BudgetExhausted`; the breaker
-/// outside counts it as the server error it is (not as load shedding), so it
-/// still opens during the outage that spent the budget.
+/// A spent retry budget ends the loop at once and hands the upstream's 503
+/// back, marked `RetryStopped { reason: Budget }`; the breaker outside counts
+/// it as the server error it is (not as load shedding), so it still opens
+/// during the outage that spent the budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budget_exhausted_still_opens_the_breaker() {
     let upstream = ScriptedServer::start().await.unwrap();
@@ -174,17 +174,18 @@ async fn budget_exhausted_still_opens_the_breaker() {
     let stack = default_order(dead_letters(&store), breaker, retry);
 
     for i in 0..2 {
-        let error = send(
+        let response = send(
             &stack,
             request(&upstream, Method::GET, "/items", &format!("b-{i}"), ""),
         )
         .await
-        .expect_err("the budget refuses the retry");
-        let spent = error
-            .downcast_ref::<BudgetExhausted>()
-            .unwrap_or_else(|| panic!("expected BudgetExhausted, got {error}"));
-        assert_eq!(spent.attempts(), 1);
-        assert_eq!(spent.last_failure().kind, FailureKind::ServerError);
+        .expect("the upstream's own 503");
+        assert_eq!(response.status(), 503);
+        let stopped = response
+            .extensions()
+            .get::<RetryStopped>()
+            .expect("marked with why retrying stopped");
+        assert_eq!((stopped.reason, stopped.attempts), (StopReason::Budget, 1));
     }
     assert_eq!(upstream.hits(), 2, "no retry was sent");
     assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);

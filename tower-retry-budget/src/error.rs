@@ -45,6 +45,7 @@
 //! retry storm the budget exists to prevent). The original error, if the last
 //! attempt ended in one, is the `Classified`'s own source.
 
+use std::any::Any;
 use std::error::Error;
 use std::fmt;
 use std::time::Duration;
@@ -60,7 +61,50 @@ fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) ->
     }
 }
 
+/// What an error kept of the response it replaced: for `http::Response`s
+/// (with [`HttpReplay`](crate::replay::HttpReplay)), its
+/// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions.
+pub struct ResponseHead(Box<dyn Any + Send + Sync>);
+
+impl ResponseHead {
+    /// Keeps `head`.
+    pub fn new<T: Any + Send + Sync>(head: T) -> Self {
+        ResponseHead(Box::new(head))
+    }
+
+    /// The head, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+
+    /// The head of an `http::Response`.
+    #[cfg(feature = "http")]
+    pub fn parts(&self) -> Option<&http::response::Parts> {
+        self.downcast_ref()
+    }
+}
+
+impl fmt::Debug for ResponseHead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        #[cfg(feature = "http")]
+        if let Some(parts) = self.parts() {
+            return f
+                .debug_struct("ResponseHead")
+                .field("status", &parts.status)
+                .field("headers", &parts.headers)
+                .finish();
+        }
+        f.write_str("ResponseHead(..)")
+    }
+}
+
 /// The retry budget was spent: the layer returned at once instead of retrying.
+///
+/// Only for a last attempt that ended in an error: a failed *response* is
+/// handed back as it is, marked with a
+/// [`RetryStopped`](crate::RetryStopped) of reason
+/// [`Budget`](crate::StopReason::Budget), so the caller keeps the
+/// upstream's status, `Retry-After` and body.
 #[derive(Debug)]
 pub struct BudgetExhausted {
     attempts: u32,
@@ -116,6 +160,10 @@ pub enum WaitLimit {
 /// The server asked for a wait (`Retry-After`, gRPC pushback, a response rule)
 /// longer than `max_wait` or past the deadline: the layer returned at once
 /// rather than sleep.
+///
+/// When the last attempt answered with a response, the error keeps its head
+/// ([`response_head`](Self::response_head)); when it failed with an error,
+/// that error is the source of the [`Classified`] source.
 #[derive(Debug)]
 pub struct WaitTooLong {
     wait: Duration,
@@ -123,6 +171,7 @@ pub struct WaitTooLong {
     reason: WaitLimit,
     attempts: u32,
     classified: Classified,
+    head: Option<ResponseHead>,
 }
 
 impl WaitTooLong {
@@ -133,6 +182,7 @@ impl WaitTooLong {
         attempts: u32,
         last: Failure,
         cause: Option<BoxError>,
+        head: Option<ResponseHead>,
     ) -> Self {
         WaitTooLong {
             wait,
@@ -140,7 +190,15 @@ impl WaitTooLong {
             reason,
             attempts,
             classified: given_up(last, "server asked for a wait that is too long", cause),
+            head,
         }
+    }
+
+    /// The head of the response that asked for the wait, when the
+    /// [`Replay`](crate::replay::Replay) strategy keeps one
+    /// ([`HttpReplay`](crate::replay::HttpReplay) does).
+    pub fn response_head(&self) -> Option<&ResponseHead> {
+        self.head.as_ref()
     }
 
     /// The wait the server asked for.
@@ -194,24 +252,61 @@ impl Error for WaitTooLong {
 
 /// The deadline for the whole loop passed while an attempt was in flight or
 /// the service was not yet ready for the next one.
+///
+/// The failure that led to the retry cut short is kept: its error is the
+/// source of the [`Classified`] source, and a response's head is
+/// [`response_head`](Self::response_head).
 #[derive(Debug)]
 pub struct DeadlineExceeded {
     deadline: Duration,
     attempts: u32,
     classified: Classified,
+    previous: Option<Failure>,
+    head: Option<ResponseHead>,
+}
+
+/// The failure of the attempt before the one in flight, kept for the error
+/// that may end the loop.
+#[derive(Debug)]
+pub(crate) struct PreviousFailure {
+    pub(crate) failure: Failure,
+    pub(crate) error: Option<BoxError>,
+    pub(crate) head: Option<ResponseHead>,
 }
 
 impl DeadlineExceeded {
-    pub(crate) fn new(deadline: Duration, attempts: u32) -> Self {
+    pub(crate) fn new(
+        deadline: Duration,
+        attempts: u32,
+        previous: Option<PreviousFailure>,
+    ) -> Self {
+        let (failure, cause, head) = match previous {
+            Some(previous) => (Some(previous.failure), previous.error, previous.head),
+            None => (None, None, None),
+        };
         DeadlineExceeded {
             deadline,
             attempts,
             classified: given_up(
                 Failure::new(tower_classify::FailureKind::Timeout),
                 "retry deadline exceeded",
-                None,
+                cause,
             ),
+            previous: failure,
+            head,
         }
+    }
+
+    /// How the attempt before the one cut short failed; `None` when the
+    /// first attempt ran out of time.
+    pub fn previous_failure(&self) -> Option<Failure> {
+        self.previous
+    }
+
+    /// The head of that attempt's response, when it answered with one and
+    /// the [`Replay`](crate::replay::Replay) strategy keeps it.
+    pub fn response_head(&self) -> Option<&ResponseHead> {
+        self.head.as_ref()
     }
 
     /// The deadline, measured from the first attempt.
@@ -278,12 +373,13 @@ mod tests {
             1,
             Failure::new(FailureKind::RateLimited),
             None,
+            None,
         );
         assert_eq!(
             err.to_string(),
             "server asked to wait 2h, longer than max_wait 1h"
         );
-        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3);
+        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3, None);
         assert_eq!(
             deadline.to_string(),
             "retry deadline of 4s exceeded after 3 attempts"

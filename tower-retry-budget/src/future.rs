@@ -14,9 +14,9 @@ use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome, RetryHin
 use tower_service::Service;
 
 use crate::backoff::BackoffIter;
-use crate::error::{BudgetExhausted, DeadlineExceeded, WaitLimit, WaitTooLong};
-use crate::policy::{is_shed, Policy, RetryEvent};
-use crate::replay::Replay;
+use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitLimit, WaitTooLong};
+use crate::policy::{is_shed, Policy, RetryEvent, RetryStopped, StopReason};
+use crate::replay::{Replay, StopReport};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry).
@@ -46,6 +46,9 @@ pin_project! {
         // What the timer enforces while an attempt is in flight.
         limit: Limit,
         waited_for_shed: bool,
+        // How the attempt before the one in flight failed, for the error
+        // that may end the loop; boxed, as only a retried call has one.
+        previous: Option<Box<PreviousFailure>>,
     }
 }
 
@@ -91,8 +94,10 @@ impl<E: Into<BoxError>> AttemptError<E> {
 
 /// What to do with an attempt's result.
 enum Decision {
-    /// Hand the result back as it is.
+    /// A success: hand it back as it is.
     Return,
+    /// A failure not retried: hand it back, a response marked with why.
+    Stop(StopReason),
     /// Sleep this long, then make the next attempt.
     Retry(Duration),
     /// Stop with [`BudgetExhausted`].
@@ -105,6 +110,10 @@ enum Decision {
         failure: Failure,
     },
 }
+
+/// The share of a waited-out refusal added at random, so that the callers
+/// refused together do not all come back on the same tick.
+const SHED_JITTER: f64 = 0.25;
 
 fn give_up(reason: &'static str, attempts: u32, failure: &Failure) {
     metrics::counter!("tower_retry_giveups_total", "reason" => reason).increment(1);
@@ -168,6 +177,7 @@ where
             timer,
             limit,
             waited_for_shed: false,
+            previous: None,
         }
     }
 }
@@ -176,11 +186,19 @@ impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
 {
-    fn deadline_exceeded(policy: &Policy<C, R>, attempts: u32) -> BoxError {
+    fn deadline_exceeded(
+        policy: &Policy<C, R>,
+        attempts: u32,
+        previous: Option<Box<PreviousFailure>>,
+    ) -> BoxError {
         let deadline = policy.deadline.unwrap_or_default();
         metrics::counter!("tower_retry_giveups_total", "reason" => "deadline").increment(1);
         tracing::info!(attempts, deadline = %format_duration(deadline), "retry deadline exceeded");
-        Box::new(DeadlineExceeded::new(deadline, attempts))
+        Box::new(DeadlineExceeded::new(
+            deadline,
+            attempts,
+            previous.map(|previous| *previous),
+        ))
     }
 }
 
@@ -201,25 +219,39 @@ fn decide<C, R>(
         Outcome::Success | Outcome::Ignored => return Decision::Return,
     };
     // A load-shedding refusal below us (a breaker's open circuit): never
-    // retried at once; its hint may be waited out once.
+    // retried at once. Its remaining time is waited out once, and only when
+    // the caller set a deadline it fits in and it is no longer than
+    // `max_delay`: with no deadline every caller would sleep out the whole
+    // recovery and come back on the same tick.
     let shed = is_shed(failure.kind);
+    let mut shed_wait = None;
     if shed {
-        let fits = match failure.hint {
-            Some(RetryHint::After(wait)) if !*waited_for_shed && wait <= policy.max_wait => {
-                deadline.is_none_or(|d| Instant::now().checked_add(wait).is_some_and(|end| end < d))
+        shed_wait = match (failure.hint, deadline) {
+            (Some(RetryHint::After(wait)), Some(deadline))
+                if !*waited_for_shed
+                    && wait <= policy.backoff.max_delay()
+                    && wait <= policy.max_wait =>
+            {
+                let left = deadline.saturating_duration_since(Instant::now());
+                left.checked_sub(wait)
+                    .filter(|slack| !slack.is_zero())
+                    .map(|slack| {
+                        // Later, never sooner: before `wait` the refusal stands.
+                        wait + wait.mul_f64(SHED_JITTER * fastrand::f64()).min(slack / 2)
+                    })
             }
-            _ => false,
+            _ => None,
         };
-        if !fits {
+        if shed_wait.is_none() {
             give_up("shed", attempts, &failure);
-            return Decision::Return;
+            return Decision::Stop(StopReason::Shed);
         }
     } else if !policy.retry_if.allows(&failure) {
-        return Decision::Return;
+        return Decision::Stop(StopReason::NotRetried);
     }
     if attempts > policy.max_retries {
         give_up("attempts", attempts, &failure);
-        return Decision::Return;
+        return Decision::Stop(StopReason::Attempts);
     }
     if !replayable {
         tracing::debug!(
@@ -227,13 +259,17 @@ fn decide<C, R>(
             class = failure.kind.as_str(),
             "request cannot be replayed; not retrying"
         );
-        return Decision::Return;
+        return Decision::Stop(StopReason::NotReplayable);
     }
     let computed = backoff
         .get_or_insert_with(|| policy.backoff.iter())
         .next()
         .unwrap_or_default();
-    let hinted = failure.retry_after();
+    let hinted = if shed {
+        shed_wait
+    } else {
+        failure.retry_after()
+    };
     let wait = hinted.unwrap_or(computed);
     if let Some(wait) = hinted {
         if wait > policy.max_wait {
@@ -261,7 +297,7 @@ fn decide<C, R>(
             }
             // A computed sleep that would cross the deadline is not started.
             give_up("deadline", attempts, &failure);
-            return Decision::Return;
+            return Decision::Stop(StopReason::Deadline);
         }
     }
     if let Some(budget) = &policy.budget {
@@ -282,7 +318,7 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, S::Error>,
-    R: Replay<Req>,
+    R: Replay<Req> + StopReport<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -303,6 +339,7 @@ where
                             return Poll::Ready(Err(Self::deadline_exceeded(
                                 this.policy,
                                 *this.attempts,
+                                this.previous.take(),
                             )));
                         }
                         Err(AttemptError::TimedOut)
@@ -333,6 +370,7 @@ where
                                         return Poll::Ready(Err(Self::deadline_exceeded(
                                             this.policy,
                                             *this.attempts,
+                                            this.previous.take(),
                                         )));
                                     }
                                 }
@@ -369,29 +407,56 @@ where
                 this.state.set(State::Done);
                 return Poll::Ready(result.map_err(AttemptError::into_box));
             }
-            let decision = decide(
-                this.policy,
-                outcome,
-                *this.attempts,
-                this.replay
-                    .as_ref()
-                    .is_some_and(|copy| this.policy.replay.can_replay(copy)),
-                *this.deadline,
-                this.backoff,
-                this.waited_for_shed,
-            );
+            let report = &this.policy.replay;
+            let decision = match &result {
+                // A retry layer below stopped on its spent budget: retrying
+                // here would multiply what it refused to add.
+                Ok(response) if report.spent_below(response) => Decision::Stop(StopReason::Budget),
+                _ => decide(
+                    this.policy,
+                    outcome,
+                    *this.attempts,
+                    this.replay
+                        .as_ref()
+                        .is_some_and(|copy| report.can_replay(copy)),
+                    *this.deadline,
+                    this.backoff,
+                    this.waited_for_shed,
+                ),
+            };
             let attempts = *this.attempts;
+            let stopped = |reason| RetryStopped { reason, attempts };
             match decision {
                 Decision::Return => {
                     this.state.set(State::Done);
                     return Poll::Ready(result.map_err(AttemptError::into_box));
                 }
+                Decision::Stop(reason) => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(match result {
+                        Ok(mut response) => {
+                            report.mark_stopped(&mut response, stopped(reason));
+                            Ok(response)
+                        }
+                        Err(err) => Err(err.into_box()),
+                    });
+                }
+                // The upstream's own answer (a 503 with its body and
+                // `Retry-After`) is worth more to the caller than an error
+                // of ours; only an error is replaced.
                 Decision::Budget(failure) => {
                     this.state.set(State::Done);
-                    let cause = result.err().map(AttemptError::into_box);
-                    return Poll::Ready(Err(Box::new(BudgetExhausted::new(
-                        attempts, failure, cause,
-                    ))));
+                    return Poll::Ready(match result {
+                        Ok(mut response) => {
+                            report.mark_stopped(&mut response, stopped(StopReason::Budget));
+                            Ok(response)
+                        }
+                        Err(err) => Err(Box::new(BudgetExhausted::new(
+                            attempts,
+                            failure,
+                            Some(err.into_box()),
+                        ))),
+                    });
                 }
                 Decision::TooLong {
                     wait,
@@ -400,9 +465,12 @@ where
                     failure,
                 } => {
                     this.state.set(State::Done);
-                    let cause = result.err().map(AttemptError::into_box);
+                    let (cause, head) = match result {
+                        Ok(response) => (None, report.keep_head(response)),
+                        Err(err) => (Some(err.into_box()), None),
+                    };
                     return Poll::Ready(Err(Box::new(WaitTooLong::new(
-                        wait, limit, reason, attempts, failure, cause,
+                        wait, limit, reason, attempts, failure, cause, head,
                     ))));
                 }
                 Decision::Retry(wait) => {
@@ -427,8 +495,17 @@ where
                     if let Some(on_retry) = &this.policy.on_retry {
                         on_retry(&event);
                     }
-                    // The failed result is dropped here; the sleep starts now.
-                    drop(result);
+                    // Kept for a `DeadlineExceeded` that may end the loop;
+                    // a response's body is dropped here, its head kept.
+                    let (error, head) = match result {
+                        Ok(response) => (None, report.keep_head(response)),
+                        Err(err) => (Some(err.into_box()), None),
+                    };
+                    *this.previous = Some(Box::new(PreviousFailure {
+                        failure,
+                        error,
+                        head,
+                    }));
                     // No sleep: go straight to readiness, with the timer
                     // (if any) guarding the deadline.
                     let timer_end = if wait.is_zero() {

@@ -9,8 +9,10 @@
 //! - after `max_retries` retries (at most 16), returning the last result as is;
 //! - when the next sleep would cross the **deadline** of the whole loop
 //!   (attempts and sleeps together): the last result is returned at once;
-//! - when the [retry budget](budget) shared by all clones is spent:
-//!   [`BudgetExhausted`](error::BudgetExhausted), at once, never a sleep;
+//! - when the [retry budget](budget) shared by all clones is spent, at once,
+//!   never a sleep: a failed response comes back as it is (the upstream's 503,
+//!   its `Retry-After`, its body), an error as
+//!   [`BudgetExhausted`](error::BudgetExhausted);
 //! - when the server asks for a wait (`Retry-After`, gRPC pushback, a response
 //!   rule) longer than `max_wait` (1 h) or past the deadline:
 //!   [`WaitTooLong`](error::WaitTooLong), naming the wait;
@@ -24,9 +26,12 @@
 //! to the caller as it is. Request bodies stream ([`body`]): nothing is read
 //! before the first attempt.
 //!
-//! A server's hint replaces the computed backoff for that attempt. Before every
-//! retry the inner service is driven ready again, and dropping the response
-//! future cancels a pending sleep at once.
+//! A failed `http::Response` handed back carries a [`RetryStopped`] extension
+//! saying why retrying stopped ([`StopReason`]) and how many attempts ran; a
+//! retry layer outside hands back one that stopped on a spent budget without
+//! retrying it. A server's hint replaces the computed backoff for that
+//! attempt. Before every retry the inner service is driven ready again, and
+//! dropping the response future cancels a pending sleep at once.
 //!
 //! # Example
 //!
@@ -104,9 +109,12 @@
 //! Pick it when the breaker should react to individual attempts (it opens
 //! sooner). The retry layer then sees the breaker's `CircuitOpen`, which is a
 //! [`Shed`](tower_classify::FailureKind::Shed) failure: it is never retried at
-//! once. If the breaker says when it will half-open and that fits within the
-//! deadline and `max_wait`, the layer waits it out **once**; otherwise it
-//! returns the `CircuitOpen` error immediately.
+//! once. If the breaker says when it will half-open, the layer has a
+//! deadline that time fits in, and it is no longer than the backoff's
+//! `max_delay`, the layer waits it out **once**, plus up to a quarter more at
+//! random so that callers refused together do not return together; otherwise
+//! (no deadline set, above all) it returns the `CircuitOpen` error
+//! immediately rather than sleep through the recovery.
 //!
 //! # Why budgets
 //!
@@ -160,5 +168,5 @@ mod service;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
-pub use self::policy::RetryEvent;
+pub use self::policy::{RetryEvent, RetryStopped, StopReason};
 pub use self::service::Retry;

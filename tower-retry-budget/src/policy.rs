@@ -23,6 +23,67 @@ pub struct RetryEvent {
     pub wait: Duration,
 }
 
+/// Why the loop handed a failed result back instead of retrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The failure is not one this layer retries (a client error, a
+    /// `DoNotRetry` hint, a class outside `retry_on`).
+    NotRetried,
+    /// `max_retries` retries were made.
+    Attempts,
+    /// The next sleep would have crossed the loop's deadline.
+    Deadline,
+    /// The retry budget was spent: the dependency is failing for many
+    /// callers, and retrying would add load to an outage.
+    Budget,
+    /// A load-shedding refusal below (an open circuit) that did not fit in
+    /// the deadline.
+    Shed,
+    /// The request could not be sent again (not idempotent, or its body
+    /// outgrew the replay limit).
+    NotReplayable,
+}
+
+impl StopReason {
+    /// A short, stable name for logs and metric labels (`budget`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StopReason::NotRetried => "not_retried",
+            StopReason::Attempts => "attempts",
+            StopReason::Deadline => "deadline",
+            StopReason::Budget => "budget",
+            StopReason::Shed => "shed",
+            StopReason::NotReplayable => "not_replayable",
+        }
+    }
+}
+
+/// A failed response's note of why it was handed back: the
+/// [`HttpReplay`](crate::replay::HttpReplay) strategy puts it in the
+/// response's extensions.
+///
+/// A retry layer *outside* this one hands a response that carries
+/// [`StopReason::Budget`] back as it is, so two retry layers cannot multiply
+/// the load the inner budget just refused to add.
+///
+/// ```
+/// use tower_retry_budget::policy::{RetryStopped, StopReason};
+///
+/// fn why(response: &http::Response<()>) -> Option<StopReason> {
+///     response.extensions().get::<RetryStopped>().map(|stopped| stopped.reason)
+/// }
+/// # assert_eq!(why(&http::Response::new(())), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryStopped {
+    /// Why retrying stopped.
+    pub reason: StopReason,
+    /// The attempts made, the first included.
+    pub attempts: u32,
+}
+
 /// Which failures are retried.
 #[derive(Clone)]
 pub(crate) enum RetryIf {

@@ -13,6 +13,9 @@
 //!   streaming ones, which is asked again after each attempt), optionally
 //!   marking each retry with an attempt-number header.
 
+use crate::error::ResponseHead;
+use crate::policy::RetryStopped;
+
 /// Makes the copy of a request that a retry sends.
 pub trait Replay<Req> {
     /// A copy of `request` to send as attempt `previous_attempts + 1`, or
@@ -28,6 +31,34 @@ pub trait Replay<Req> {
     }
 }
 
+/// What a [`Replay`] strategy tells the caller about a failed response that
+/// the loop hands back, or replaces with an error of its own.
+///
+/// Every method has a default that does nothing, which is right for
+/// responses that carry no metadata; [`HttpReplay`] implements it for
+/// `http::Response`.
+pub trait StopReport<Res> {
+    /// Marks a failed `response` handed back after retrying stopped.
+    fn mark_stopped(&self, response: &mut Res, stopped: RetryStopped) {
+        let _ = (response, stopped);
+    }
+
+    /// `true` when `response` was handed back by a retry layer below that
+    /// stopped because its budget was spent: it is not retried again here.
+    fn spent_below(&self, response: &Res) -> bool {
+        let _ = response;
+        false
+    }
+
+    /// What an error that replaces `response` keeps of it (for
+    /// [`WaitTooLong`](crate::error::WaitTooLong) and
+    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded)).
+    fn keep_head(&self, response: Res) -> Option<ResponseHead> {
+        let _ = response;
+        None
+    }
+}
+
 /// Replays any `Clone` request by cloning it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CloneRequest;
@@ -39,16 +70,20 @@ impl<Req: Clone> Replay<Req> for CloneRequest {
     }
 }
 
+impl<Res> StopReport<Res> for CloneRequest {}
+
 #[cfg(feature = "http")]
 pub use self::http_replay::HttpReplay;
 
 #[cfg(feature = "http")]
 mod http_replay {
-    use http::{HeaderName, HeaderValue, Request};
+    use http::{HeaderName, HeaderValue, Request, Response};
     use tower_classify::http::Idempotency;
 
-    use super::Replay;
+    use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
+    use crate::error::ResponseHead;
+    use crate::policy::{RetryStopped, StopReason};
 
     /// Replays `http::Request`s that are idempotent and whose body can be copied.
     ///
@@ -119,6 +154,28 @@ mod http_replay {
 
         fn can_replay(&self, copy: &Request<B>) -> bool {
             copy.body().can_replay()
+        }
+    }
+
+    /// A failed response handed back carries a [`RetryStopped`] extension;
+    /// an error that replaces one keeps its head (status, headers).
+    impl<B> StopReport<Response<B>> for HttpReplay {
+        fn mark_stopped(&self, response: &mut Response<B>, stopped: RetryStopped) {
+            // Set by a layer below first: its reason is the one that stopped.
+            if response.extensions().get::<RetryStopped>().is_none() {
+                response.extensions_mut().insert(stopped);
+            }
+        }
+
+        fn spent_below(&self, response: &Response<B>) -> bool {
+            response
+                .extensions()
+                .get::<RetryStopped>()
+                .is_some_and(|stopped| stopped.reason == StopReason::Budget)
+        }
+
+        fn keep_head(&self, response: Response<B>) -> Option<ResponseHead> {
+            Some(ResponseHead::new(response.into_parts().0))
         }
     }
 }

@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use crate::future::ResponseFuture;
 use crate::policy::Policy;
-use crate::replay::Replay;
+use crate::replay::{Replay, StopReport};
 
 /// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
 ///
@@ -64,7 +64,7 @@ where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, S::Error>,
-    R: Replay<Req>,
+    R: Replay<Req> + StopReport<S::Response>,
 {
     type Response = S::Response;
     type Error = BoxError;

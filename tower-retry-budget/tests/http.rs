@@ -619,3 +619,114 @@ proptest::proptest! {
         proptest::prop_assert_eq!(seen.len(), expected);
     }
 }
+
+// ===== What the caller gets when retrying stops
+
+fn unavailable_for(seconds: &'static str) -> Result<Response<()>, BoxError> {
+    Ok(Response::builder()
+        .status(503)
+        .header("retry-after", seconds)
+        .body(())
+        .unwrap())
+}
+
+fn spent_budget() -> tower_retry_budget::budget::TpsBudget {
+    tower_retry_budget::budget::TpsBudget::new(S(1), 0, 0.0).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_10_a_spent_budget_hands_back_the_upstreams_response_marked() {
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let (inner, log) = server::<String>(|_| unavailable_for("1"));
+    let layer = RetryLayer::http().budget(spent_budget()).build().unwrap();
+    let response = layer
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .expect("the upstream's response, not an error");
+    assert_eq!(log.lock().unwrap().len(), 1);
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let stopped = response.extensions().get::<RetryStopped>().unwrap();
+    assert_eq!((stopped.reason, stopped.attempts), (StopReason::Budget, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_10_every_failed_response_handed_back_says_why() {
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let (inner, _) = server::<String>(|_| status(503));
+    let layer = RetryLayer::http()
+        .max_retries(2)
+        .backoff(fast())
+        .no_budget()
+        .build()
+        .unwrap();
+    let response = layer
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    let stopped = response.extensions().get::<RetryStopped>().unwrap();
+    assert_eq!(
+        (stopped.reason, stopped.attempts),
+        (StopReason::Attempts, 3)
+    );
+
+    let (inner, _) = server::<String>(|_| status(404));
+    let response = RetryLayer::http()
+        .build()
+        .unwrap()
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        response.extensions().get::<RetryStopped>().unwrap().reason,
+        StopReason::NotRetried
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_10_an_outer_retry_hands_back_a_response_the_inner_budget_refused() {
+    let (inner, log) = server::<String>(|_| status(503));
+    let inner_retry = RetryLayer::http().budget(spent_budget()).build().unwrap();
+    let outer_retry = RetryLayer::http()
+        .max_retries(3)
+        .backoff(fast())
+        .no_budget()
+        .build()
+        .unwrap();
+    let response = ServiceBuilder::new()
+        .layer(outer_retry)
+        .layer(inner_retry)
+        .service(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "no storm from the outer layer"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_10_wait_too_long_keeps_the_response_head() {
+    use tower_retry_budget::error::WaitTooLong;
+    let (inner, _) = server::<String>(|_| unavailable_for("86400"));
+    let err = RetryLayer::http()
+        .build()
+        .unwrap()
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap_err();
+    let too_long = err.downcast_ref::<WaitTooLong>().unwrap();
+    let head = too_long
+        .response_head()
+        .and_then(|head| head.parts())
+        .unwrap();
+    assert_eq!(head.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(head.headers["retry-after"], "86400");
+}
