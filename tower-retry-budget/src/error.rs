@@ -35,6 +35,7 @@
 //! | [`BudgetExhausted`] | the last failure's kind (e.g. `server_error`) | `DoNotRetry` |
 //! | [`WaitTooLong`] | the last failure's kind (e.g. `rate_limited`) | `DoNotRetry` |
 //! | [`DeadlineExceeded`] | `timeout` | `DoNotRetry` |
+//! | [`FailedSuccess`] | the response's failure kind (e.g. `rate_limited`) | `DoNotRetry` |
 //!
 //! A retry that gave up because the budget is spent is **not** `Shed`: the
 //! budget ran out *because the dependency kept failing*, so a breaker outside
@@ -143,6 +144,66 @@ impl fmt::Display for BudgetExhausted {
 }
 
 impl Error for BudgetExhausted {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
+/// The server answered `2xx`, but the classifier calls the call a failure (a
+/// response rule with `match_success` caught a throttled answer) and retrying
+/// stopped: the answer is not handed back, so no caller reads a throttled or
+/// failed response as its data.
+///
+/// Its [`Classified`] source carries the failure's kind with a `DoNotRetry`
+/// hint, so a breaker outside counts it and a retry layer outside does not
+/// retry it.
+#[derive(Debug)]
+pub struct FailedSuccess {
+    stopped: crate::RetryStopped,
+    classified: Classified,
+    head: ResponseHead,
+}
+
+impl FailedSuccess {
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn new(stopped: crate::RetryStopped, failure: Failure, head: ResponseHead) -> Self {
+        FailedSuccess {
+            stopped,
+            classified: given_up(failure, "a successful status classified as a failure", None),
+            head,
+        }
+    }
+
+    /// Why retrying stopped, and after how many attempts.
+    pub fn stopped(&self) -> crate::RetryStopped {
+        self.stopped
+    }
+
+    /// How the classifier judged the response.
+    pub fn failure(&self) -> Failure {
+        self.classified.failure()
+    }
+
+    /// The response's head (status, headers).
+    pub fn response_head(&self) -> &ResponseHead {
+        &self.head
+    }
+}
+
+impl fmt::Display for FailedSuccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the server answered with a success classified as {} ({} attempt{}, {})",
+            self.failure().kind,
+            self.stopped.attempts,
+            if self.stopped.attempts == 1 { "" } else { "s" },
+            self.stopped.reason.as_str()
+        )
+    }
+}
+
+impl Error for FailedSuccess {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         Some(&self.classified)
     }

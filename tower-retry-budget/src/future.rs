@@ -125,6 +125,14 @@ fn give_up(reason: &'static str, attempts: u32, failure: &Failure) {
     );
 }
 
+/// The failure of an outcome already known to be one.
+fn failure_of(outcome: &Outcome) -> Failure {
+    outcome
+        .as_failure()
+        .copied()
+        .unwrap_or(Failure::new(FailureKind::ServerError))
+}
+
 /// Arms `timer` for an attempt starting now and says what it enforces.
 #[inline]
 fn arm_attempt(
@@ -434,9 +442,8 @@ where
                 Decision::Stop(reason) => {
                     this.state.set(State::Done);
                     return Poll::Ready(match result {
-                        Ok(mut response) => {
-                            report.mark_stopped(&mut response, stopped(reason));
-                            Ok(response)
+                        Ok(response) => {
+                            report.hand_back(response, stopped(reason), failure_of(&outcome))
                         }
                         Err(err) => Err(err.into_box()),
                     });
@@ -447,9 +454,8 @@ where
                 Decision::Budget(failure) => {
                     this.state.set(State::Done);
                     return Poll::Ready(match result {
-                        Ok(mut response) => {
-                            report.mark_stopped(&mut response, stopped(StopReason::Budget));
-                            Ok(response)
+                        Ok(response) => {
+                            report.hand_back(response, stopped(StopReason::Budget), failure)
                         }
                         Err(err) => Err(Box::new(BudgetExhausted::new(
                             attempts,
@@ -474,10 +480,7 @@ where
                     ))));
                 }
                 Decision::Retry(wait) => {
-                    let failure = outcome
-                        .as_failure()
-                        .copied()
-                        .unwrap_or(Failure::new(FailureKind::ServerError));
+                    let failure = failure_of(&outcome);
                     let event = RetryEvent {
                         attempt: attempts + 1,
                         failure,

@@ -20,6 +20,10 @@
 //!   `Idempotency-Key` header, or a streamed body that outgrew its recording
 //!   limit ([`body`]).
 //!
+//! A `2xx` that the classifier calls a failure (a `match_success` response
+//! rule caught a throttled answer) is never handed back as data when retrying
+//! stops: it comes back as [`FailedSuccess`](error::FailedSuccess).
+//!
 //! The decision is made on the response *head*: once a response has
 //! started, the call is committed (gRPC's own rule, gRFC A6), and a failure
 //! that a gRPC server reports in the trailers of a started stream goes back

@@ -13,6 +13,8 @@
 //!   streaming ones, which is asked again after each attempt), optionally
 //!   marking each retry with an attempt-number header.
 
+use tower_classify::{BoxError, Failure};
+
 use crate::error::ResponseHead;
 use crate::policy::RetryStopped;
 
@@ -38,9 +40,16 @@ pub trait Replay<Req> {
 /// responses that carry no metadata; [`HttpReplay`] implements it for
 /// `http::Response`.
 pub trait StopReport<Res> {
-    /// Marks a failed `response` handed back after retrying stopped.
-    fn mark_stopped(&self, response: &mut Res, stopped: RetryStopped) {
-        let _ = (response, stopped);
+    /// What the caller gets for a failed `response` after retrying stopped:
+    /// the response itself by default.
+    fn hand_back(
+        &self,
+        response: Res,
+        stopped: RetryStopped,
+        failure: Failure,
+    ) -> Result<Res, BoxError> {
+        let _ = (stopped, failure);
+        Ok(response)
     }
 
     /// `true` when `response` was handed back by a retry layer below that
@@ -79,10 +88,11 @@ pub use self::http_replay::HttpReplay;
 mod http_replay {
     use http::{HeaderName, HeaderValue, Request, Response};
     use tower_classify::http::Idempotency;
+    use tower_classify::{BoxError, Failure};
 
     use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
-    use crate::error::ResponseHead;
+    use crate::error::{FailedSuccess, ResponseHead};
     use crate::policy::{RetryStopped, StopReason};
 
     /// Replays `http::Request`s that are idempotent and whose body can be copied.
@@ -158,13 +168,26 @@ mod http_replay {
     }
 
     /// A failed response handed back carries a [`RetryStopped`] extension;
-    /// an error that replaces one keeps its head (status, headers).
+    /// an error that replaces one keeps its head (status, headers). A `2xx`
+    /// that the classifier calls a failure (a throttled answer that a
+    /// `match_success` response rule caught) is never handed back as data:
+    /// it becomes a [`FailedSuccess`] error.
     impl<B> StopReport<Response<B>> for HttpReplay {
-        fn mark_stopped(&self, response: &mut Response<B>, stopped: RetryStopped) {
+        fn hand_back(
+            &self,
+            mut response: Response<B>,
+            stopped: RetryStopped,
+            failure: Failure,
+        ) -> Result<Response<B>, BoxError> {
+            if response.status().is_success() {
+                let head = ResponseHead::new(response.into_parts().0);
+                return Err(Box::new(FailedSuccess::new(stopped, failure, head)));
+            }
             // Set by a layer below first: its reason is the one that stopped.
             if response.extensions().get::<RetryStopped>().is_none() {
                 response.extensions_mut().insert(stopped);
             }
+            Ok(response)
         }
 
         fn spent_below(&self, response: &Response<B>) -> bool {

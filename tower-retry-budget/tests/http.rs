@@ -730,3 +730,47 @@ async fn item_10_wait_too_long_keeps_the_response_head() {
     assert_eq!(head.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(head.headers["retry-after"], "86400");
 }
+
+#[tokio::test(start_paused = true)]
+async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_data() {
+    use tower_classify::http::ResponseRule;
+    use tower_classify::{FailureKind, HttpClassifier};
+    use tower_retry_budget::error::FailedSuccess;
+    use tower_retry_budget::replay::HttpReplay;
+    use tower_retry_budget::{RetryBuilder, StopReason};
+
+    let throttled = ResponseRule::builder()
+        .match_success(true)
+        .header_equals("x-throttled", ["true"])
+        .build()
+        .unwrap();
+    let (inner, log) = server::<String>(|_| {
+        Ok(Response::builder()
+            .status(200)
+            .header("x-throttled", "true")
+            .body(())
+            .unwrap())
+    });
+    let layer = RetryBuilder::new(
+        HttpClassifier::new().with_rules([throttled]),
+        HttpReplay::new(),
+    )
+    .max_retries(2)
+    .backoff(fast())
+    .no_budget()
+    .build()
+    .unwrap();
+    let err = layer
+        .layer(inner)
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .expect_err("a throttled 200 is not data");
+    assert_eq!(log.lock().unwrap().len(), 3, "retried twice first");
+    let failed = err.downcast_ref::<FailedSuccess>().unwrap();
+    assert_eq!(failed.failure().kind, FailureKind::RateLimited);
+    assert_eq!(failed.stopped().reason, StopReason::Attempts);
+    assert_eq!(failed.stopped().attempts, 3);
+    let head = failed.response_head().parts().unwrap();
+    assert_eq!(head.status, StatusCode::OK);
+    assert_eq!(head.headers["x-throttled"], "true");
+}
