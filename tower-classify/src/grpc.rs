@@ -86,10 +86,20 @@ impl GrpcClassifier {
     pub fn status_in_trailers<B>(response: &Response<B>) -> bool {
         response.status() == http::StatusCode::OK
             && !response.headers().contains_key(GRPC_STATUS)
-            && response
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+            && Self::is_grpc_content(response.headers())
+    }
+
+    /// `true` for a gRPC response: `content-type: application/grpc…` or a
+    /// `grpc-status` in its head. Its HTTP status is `200` whatever the call's
+    /// outcome; the gRPC status is what a client reads.
+    pub fn is_grpc<B>(response: &Response<B>) -> bool {
+        response.headers().contains_key(GRPC_STATUS) || Self::is_grpc_content(response.headers())
+    }
+
+    fn is_grpc_content(headers: &HeaderMap) -> bool {
+        headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
     }
 
     /// The `grpc-message` of `headers` (trailers), percent-decoded as the

@@ -88,7 +88,7 @@ pub use self::http_replay::HttpReplay;
 mod http_replay {
     use http::{HeaderName, HeaderValue, Request, Response};
     use tower_classify::http::Idempotency;
-    use tower_classify::{BoxError, Failure};
+    use tower_classify::{BoxError, Failure, GrpcClassifier};
 
     use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
@@ -171,7 +171,8 @@ mod http_replay {
     /// an error that replaces one keeps its head (status, headers). A `2xx`
     /// that the classifier calls a failure (a throttled answer that a
     /// `match_success` response rule caught) is never handed back as data:
-    /// it becomes a [`FailedSuccess`] error.
+    /// it becomes a [`FailedSuccess`] error. gRPC responses, always `200`,
+    /// are handed back as they are.
     impl<B> StopReport<Response<B>> for HttpReplay {
         fn hand_back(
             &self,
@@ -179,7 +180,9 @@ mod http_replay {
             stopped: RetryStopped,
             failure: Failure,
         ) -> Result<Response<B>, BoxError> {
-            if response.status().is_success() {
+            // A gRPC answer is `200` whatever its status, which the gRPC
+            // client reads from it: it goes back as it is.
+            if response.status().is_success() && !GrpcClassifier::is_grpc(&response) {
                 let head = ResponseHead::new(response.into_parts().0);
                 return Err(Box::new(FailedSuccess::new(stopped, failure, head)));
             }
