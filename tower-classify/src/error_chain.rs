@@ -58,11 +58,14 @@ as_dyn_error! {
     dyn Error + 'static => |e| e;
     io::Error => |e| e;
     tower::timeout::error::Elapsed => |e| e;
+    tower::load_shed::error::Overloaded => |e| e;
     tokio::time::error::Elapsed => |e| e;
     Classified => |e| e;
     crate::error::ConfigError => |e| e;
     #[cfg(feature = "hyper")]
     hyper::Error => |e| e;
+    #[cfg(feature = "hyper")]
+    hyper_util::client::legacy::Error => |e| e;
 }
 
 impl AsDynError for std::convert::Infallible {
@@ -82,13 +85,21 @@ impl AsDynError for std::convert::Infallible {
 ///    connection failure):
 ///    - `tower::timeout::error::Elapsed`, `tokio::time::error::Elapsed` and
 ///      `io::ErrorKind::TimedOut` are [`Timeout`](FailureKind::Timeout);
+///    - tower's `load_shed::error::Overloaded` is [`Shed`](FailureKind::Shed);
 ///    - `io::ErrorKind::InvalidData` and `InvalidInput` are
 ///      [`Rejected`](FailureKind::Rejected) (a malformed message will not
 ///      improve by being sent again);
+///    - `ConnectionRefused`, `HostUnreachable`, `NetworkUnreachable`,
+///      `AddrNotAvailable` and `NotConnected` are
+///      [`NotSent`](FailureKind::NotSent): the request never left;
 ///    - every other `io::Error` is [`Connection`](FailureKind::Connection);
-///    - with the `hyper` feature, `hyper::Error`: timeouts are `Timeout`,
-///      parse and user errors `Rejected`, a cancelled request `Ignored`, the
-///      rest `Connection`.
+///    - with the `hyper` feature (on by default): `hyper::Error` timeouts are
+///      `Timeout`, parse and user errors `Rejected`, a request hyper cancelled
+///      before dispatching it `NotSent`, the rest (a connection closed before
+///      the response, as a stale keep-alive connection is) `Connection`; a
+///      `hyper_util` client's connect error (refused, DNS, connect timeout) is
+///      `NotSent`, whatever the I/O error beneath it says about the
+///      connection.
 /// 3. An error nothing recognises is [`Rejected`](FailureKind::Rejected) by
 ///    default: unknown errors fail fast rather than being retried blindly.
 ///    Change that with [`unknown_as`](Self::unknown_as).
@@ -120,12 +131,16 @@ impl ErrorChainClassifier {
     /// Classifies one error and its chain.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
         let mut deepest = None;
+        // A wrapper that knows the request was never sent (a connect error)
+        // knows more than the I/O error beneath it about *that*.
+        let mut not_sent = false;
         let mut current = Some(error);
         while let Some(err) = current {
             if let Some(classified) = err.downcast_ref::<Classified>() {
                 return Outcome::Failure(classified.failure());
             }
             if let Some(outcome) = recognise(err) {
+                not_sent |= outcome.as_failure().map(|f| f.kind) == Some(FailureKind::NotSent);
                 deepest = Some(outcome);
             }
             // `io::Error::source` skips the error it wraps and returns *that*
@@ -135,13 +150,28 @@ impl ErrorChainClassifier {
                 None => err.source(),
             };
         }
-        deepest.unwrap_or(self.unknown)
+        match deepest {
+            Some(outcome)
+                if not_sent
+                    && matches!(
+                        outcome.as_failure().map(|f| f.kind),
+                        Some(FailureKind::Connection | FailureKind::Timeout)
+                    ) =>
+            {
+                Outcome::failure(FailureKind::NotSent)
+            }
+            Some(outcome) => outcome,
+            None => self.unknown,
+        }
     }
 }
 
 fn recognise(err: &(dyn Error + 'static)) -> Option<Outcome> {
     if err.is::<tower::timeout::error::Elapsed>() || err.is::<tokio::time::error::Elapsed>() {
         return Some(Outcome::failure(FailureKind::Timeout));
+    }
+    if err.is::<tower::load_shed::error::Overloaded>() {
+        return Some(Outcome::failure(FailureKind::Shed));
     }
     if let Some(io) = err.downcast_ref::<io::Error>() {
         return Some(Outcome::failure(io_kind(io.kind())));
@@ -150,6 +180,13 @@ fn recognise(err: &(dyn Error + 'static)) -> Option<Outcome> {
     if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
         return Some(hyper_outcome(hyper));
     }
+    #[cfg(feature = "hyper")]
+    if let Some(client) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+        // Anything else it wraps (a hyper error) is classified below it.
+        return client
+            .is_connect()
+            .then(|| Outcome::failure(FailureKind::NotSent));
+    }
     None
 }
 
@@ -157,6 +194,11 @@ fn io_kind(kind: io::ErrorKind) -> FailureKind {
     match kind {
         io::ErrorKind::TimedOut => FailureKind::Timeout,
         io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => FailureKind::Rejected,
+        io::ErrorKind::ConnectionRefused
+        | io::ErrorKind::HostUnreachable
+        | io::ErrorKind::NetworkUnreachable
+        | io::ErrorKind::AddrNotAvailable
+        | io::ErrorKind::NotConnected => FailureKind::NotSent,
         _ => FailureKind::Connection,
     }
 }
@@ -166,7 +208,8 @@ fn hyper_outcome(err: &hyper::Error) -> Outcome {
     if err.is_timeout() {
         Outcome::failure(FailureKind::Timeout)
     } else if err.is_canceled() {
-        Outcome::Ignored
+        // Dropped before it was dispatched to a connection.
+        Outcome::failure(FailureKind::NotSent)
     } else if err.is_parse() || err.is_user() || err.is_parse_status() {
         Outcome::failure(FailureKind::Rejected)
     } else {

@@ -105,7 +105,8 @@ impl From<FailureKind> for Failure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum FailureKind {
-    /// The server failed: HTTP 5xx, gRPC `INTERNAL`/`UNKNOWN`/`DATA_LOSS`.
+    /// The server failed: HTTP 5xx, gRPC `UNKNOWN`/`INTERNAL`/`UNAVAILABLE`/
+    /// `DATA_LOSS`.
     ServerError,
     /// The server asked the client to slow down: HTTP 429, gRPC
     /// `RESOURCE_EXHAUSTED`, or a [response rule](crate::http::ResponseRule).
@@ -113,9 +114,17 @@ pub enum FailureKind {
     /// The call took too long: HTTP 408, `tower::timeout::error::Elapsed`,
     /// `io::ErrorKind::TimedOut`, gRPC `DEADLINE_EXCEEDED`.
     Timeout,
-    /// No usable response: refused, reset or aborted connections, other I/O
-    /// errors, gRPC `UNAVAILABLE`.
+    /// No usable response, and the request may have reached the server: a
+    /// connection reset or aborted, closed before the response (a stale
+    /// keep-alive connection), other I/O errors. Not safe to resend a
+    /// non-idempotent request after it: the server may have acted on it.
     Connection,
+    /// The connection failed before the request was sent, so the server
+    /// provably never saw it: refused, unreachable, a failed connect or DNS
+    /// lookup, a request the HTTP client cancelled before writing it. Safe to
+    /// resend even when the request is not idempotent. The `connection`
+    /// class of [`RetryOn`](crate::RetryOn) includes it.
+    NotSent,
     /// The request itself is wrong: other 4xx, authentication, validation, parse
     /// errors. Never retried and never trips a breaker.
     Rejected,
@@ -130,18 +139,19 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind, in declaration order.
-    pub const ALL: [FailureKind; 7] = [
+    pub const ALL: [FailureKind; 8] = [
         FailureKind::ServerError,
         FailureKind::RateLimited,
         FailureKind::Timeout,
         FailureKind::Connection,
+        FailureKind::NotSent,
         FailureKind::Rejected,
         FailureKind::Poison,
         FailureKind::Shed,
     ];
 
     /// `true` for the kinds a retry may fix and a breaker counts:
-    /// server error, rate limited, timeout and connection.
+    /// server error, rate limited, timeout, connection and not sent.
     pub const fn is_transient(self) -> bool {
         matches!(
             self,
@@ -149,6 +159,7 @@ impl FailureKind {
                 | FailureKind::RateLimited
                 | FailureKind::Timeout
                 | FailureKind::Connection
+                | FailureKind::NotSent
         )
     }
 
@@ -159,6 +170,7 @@ impl FailureKind {
             FailureKind::RateLimited => "rate_limited",
             FailureKind::Timeout => "timeout",
             FailureKind::Connection => "connection",
+            FailureKind::NotSent => "not_sent",
             FailureKind::Rejected => "rejected",
             FailureKind::Poison => "poison",
             FailureKind::Shed => "shed",

@@ -6,10 +6,16 @@ use crate::error::ConfigError;
 use crate::outcome::FailureKind;
 
 /// A non-empty set of the transient failure classes: `http_5xx`,
-/// `rate_limited`, `connection` and `timeout`.
+/// `rate_limited`, `connection`, `timeout`, and `not_sent`.
 ///
-/// The default is all four. An empty set is a configuration error, not "retry
-/// nothing": a policy that retries nothing should say `max_retries: 0`.
+/// `connection` covers every connection failure, [`FailureKind::NotSent`]
+/// included; `not_sent` alone is the narrower class of failures where the
+/// request provably never reached the server, the only connection failures
+/// after which a non-idempotent request is safe to resend.
+///
+/// The default is the first four (so every transient kind). An empty set is a
+/// configuration error, not "retry nothing": a policy that retries nothing
+/// should say `max_retries: 0`.
 ///
 /// ```
 /// use tower_classify::{FailureKind, RetryOn};
@@ -26,17 +32,21 @@ pub struct RetryOn {
     bits: u8,
 }
 
-/// The four classes with their configuration names, in a fixed order.
-const CLASSES: [(FailureKind, &str); 4] = [
+/// The classes with their configuration names, in a fixed order.
+const CLASSES: [(FailureKind, &str); 5] = [
     (FailureKind::ServerError, "http_5xx"),
     (FailureKind::RateLimited, "rate_limited"),
     (FailureKind::Connection, "connection"),
     (FailureKind::Timeout, "timeout"),
+    (FailureKind::NotSent, "not_sent"),
 ];
 
+const CONNECTION: u8 = 4;
+const NOT_SENT: u8 = 16;
+
 impl RetryOn {
-    /// All four transient classes.
-    pub const ALL: RetryOn = RetryOn { bits: 0b1111 };
+    /// Every transient class.
+    pub const ALL: RetryOn = RetryOn { bits: 0b1_1111 };
 
     /// The set of `kinds`.
     ///
@@ -59,7 +69,7 @@ impl RetryOn {
     }
 
     /// The set named by `names` (`http_5xx`, `rate_limited`, `connection`,
-    /// `timeout`; `server_error` is accepted for `http_5xx`).
+    /// `timeout`, `not_sent`; `server_error` is accepted for `http_5xx`).
     pub fn from_names<I>(names: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator,
@@ -85,6 +95,7 @@ impl RetryOn {
     /// `true` when `kind` is in the set.
     pub const fn contains(&self, kind: FailureKind) -> bool {
         match Self::bit(kind) {
+            Some(NOT_SENT) => self.bits & (NOT_SENT | CONNECTION) != 0,
             Some(bit) => self.bits & bit != 0,
             None => false,
         }
@@ -127,8 +138,9 @@ impl RetryOn {
         match kind {
             FailureKind::ServerError => Some(1),
             FailureKind::RateLimited => Some(2),
-            FailureKind::Connection => Some(4),
+            FailureKind::Connection => Some(CONNECTION),
             FailureKind::Timeout => Some(8),
+            FailureKind::NotSent => Some(NOT_SENT),
             _ => None,
         }
     }

@@ -60,10 +60,13 @@ fn http_status_table() {
 }
 
 #[test]
-fn transient_kinds_are_exactly_the_four() {
+fn transient_kinds_are_exactly_the_five() {
     use FailureKind::*;
     for kind in FailureKind::ALL {
-        let expected = matches!(kind, ServerError | RateLimited | Timeout | Connection);
+        let expected = matches!(
+            kind,
+            ServerError | RateLimited | Timeout | Connection | NotSent
+        );
         assert_eq!(kind.is_transient(), expected, "{kind}");
         assert_eq!(fail(kind).is_retryable(), expected, "{kind}");
     }
@@ -119,8 +122,13 @@ async fn error_chain_table() {
         ),
         (
             io::Error::from(io::ErrorKind::ConnectionRefused).into(),
-            fail(Connection),
-            "refused is a connection failure",
+            fail(NotSent),
+            "refused: the request never left",
+        ),
+        (
+            io::Error::from(io::ErrorKind::HostUnreachable).into(),
+            fail(NotSent),
+            "unreachable: the request never left",
         ),
         (
             io::Error::from(io::ErrorKind::ConnectionReset).into(),
@@ -155,6 +163,11 @@ async fn error_chain_table() {
             "the deepest recognised error wins, also inside io::Error",
         ),
         (Box::new(Opaque), fail(Rejected), "unknown errors fail fast"),
+        (
+            tower::load_shed::error::Overloaded::new().into(),
+            fail(Shed),
+            "tower's load-shed refusal is shed",
+        ),
         (
             Box::new(Wrapper(Box::new(Classified::shed(
                 "circuit open",
@@ -473,4 +486,19 @@ proptest::proptest! {
         let decoded = GrpcClassifier::status_message(&trailers).unwrap();
         proptest::prop_assert!(decoded.len() <= raw.len() * 3);
     }
+}
+
+#[test]
+fn item_13_the_connection_class_includes_not_sent_and_not_sent_alone_is_narrower() {
+    use tower_classify::RetryOn;
+    let connection = RetryOn::from_names(["connection"]).unwrap();
+    assert!(connection.contains(FailureKind::Connection));
+    assert!(connection.contains(FailureKind::NotSent));
+    let not_sent = RetryOn::from_names(["not_sent"]).unwrap();
+    assert!(not_sent.contains(FailureKind::NotSent));
+    assert!(
+        !not_sent.contains(FailureKind::Connection),
+        "a connection lost after sending is not in `not_sent`"
+    );
+    assert!(RetryOn::default().contains(FailureKind::NotSent));
 }

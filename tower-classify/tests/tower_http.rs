@@ -20,9 +20,9 @@ fn server_errors_as_failures_keeps_this_crates_kinds() {
     );
     // tower-http counts only 5xx as failures: a 404 is a success to it.
     assert_eq!(classify(&status(404)), Outcome::Success);
-    let refused: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+    let reset: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
     assert_eq!(
-        Classify::<Response<()>, _>::classify(&classifier, Err(&refused)),
+        Classify::<Response<()>, _>::classify(&classifier, Err(&reset)),
         Outcome::failure(FailureKind::Connection),
         "errors are classified by their chain, not their Display"
     );

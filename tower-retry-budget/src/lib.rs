@@ -146,6 +146,10 @@
 //!
 //! - `http` (default): `http::Request` replay ([`replay::HttpReplay`]), the
 //!   [`body`] adapter and the presets.
+//! - `hyper` (default): the error classifier recognises `hyper::Error` and
+//!   `hyper_util`'s client error, so a GET that meets a stale keep-alive
+//!   connection (`IncompleteMessage`) is retried, and a failed connect is
+//!   known not to have sent the request.
 //! - `serde`: [`config::RetryConfig`].
 
 #![warn(

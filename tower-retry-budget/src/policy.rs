@@ -204,13 +204,16 @@ mod presets {
             .backoff(GOOGLE_BACKOFF)
     }
 
-    /// Google Cloud Workflows' `http.default_retry_non_idempotent` (seed 001):
-    /// HTTP 429 and 503 and connection failures only (no timeouts: a timed-out
-    /// call may have been applied); 5 retries; the same backoff.
+    /// Google Cloud Workflows' `http.default_retry_non_idempotent`: HTTP 429
+    /// and 503 and connection *failures* only; 5 retries; the same backoff.
     ///
     /// This is the policy Google gives *non-idempotent* steps, so it retries
     /// POST and PATCH too (`retry_non_idempotent(true)`): the failures it
-    /// retries are those where the server did not act on the request.
+    /// retries are those where the server did not act on the request. So no
+    /// timeouts (a timed-out call may have been applied) and, of connection
+    /// errors, only [`NotSent`](FailureKind::NotSent) ones (refused, DNS, a
+    /// failed connect): a connection lost after the request was written may
+    /// have been acted on, and sending it again could apply it twice.
     pub fn default_retry_non_idempotent() -> RetryBuilder<HttpClassifier, HttpReplay> {
         let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
             StatusCode::TOO_MANY_REQUESTS,
@@ -219,7 +222,7 @@ mod presets {
         let classes = RetryOn::new([
             FailureKind::ServerError,
             FailureKind::RateLimited,
-            FailureKind::Connection,
+            FailureKind::NotSent,
         ])
         .expect("a non-empty set of transient kinds");
         RetryBuilder::new(classifier, HttpReplay::new().retry_non_idempotent(true))

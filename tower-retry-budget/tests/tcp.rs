@@ -105,3 +105,138 @@ async fn a_server_that_never_comes_up_ends_with_the_refusal_before_the_deadline(
     );
     assert!(elapsed < Duration::from_millis(400), "took {elapsed:?}");
 }
+
+/// A hyper-util client (the one tonic, reqwest and axum users have), boxed
+/// errors, so the retry layer classifies its real error chains.
+fn hyper_client() -> impl tower::Service<
+    http::Request<http_body_util::Empty<bytes::Bytes>>,
+    Response = http::Response<hyper::body::Incoming>,
+    Error = tower_classify::BoxError,
+    Future = impl Send,
+> + Clone {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    tower::ServiceBuilder::new()
+        .map_err(tower_classify::BoxError::from)
+        .service(client)
+}
+
+fn request(
+    method: http::Method,
+    addr: SocketAddr,
+) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}/"))
+        .body(http_body_util::Empty::new())
+        .unwrap()
+}
+
+/// Accepts `connections` connections; the first reads the request and closes
+/// without answering (a keep-alive connection the server dropped as idle),
+/// the others answer `200`. Returns how many requests it read.
+fn hang_up_once(listener: TcpListener, connections: usize) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut read = 0;
+        for n in 0..connections {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                break;
+            };
+            let mut buf = [0u8; 1024];
+            if stream.read(&mut buf).await.unwrap_or(0) > 0 {
+                read += 1;
+            }
+            if n > 0 {
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            }
+        }
+        read
+    })
+}
+
+#[tokio::test]
+async fn item_14_a_get_that_meets_a_dropped_connection_is_retried_out_of_the_box() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = hang_up_once(listener, 2);
+    let service = RetryLayer::http()
+        .backoff(Backoff::none())
+        .build()
+        .unwrap()
+        .layer(hyper_client());
+    let response = service
+        .oneshot(request(http::Method::GET, addr))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "hyper's IncompleteMessage was retried"
+    );
+    assert_eq!(server.await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn item_13_the_non_idempotent_preset_does_not_resend_a_post_the_server_read() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = hang_up_once(listener, 1);
+    let service = tower_retry_budget::policy::default_retry_non_idempotent()
+        .backoff(Backoff::none())
+        .build()
+        .unwrap()
+        .layer(hyper_client());
+    let err = service
+        .oneshot(request(http::Method::POST, addr))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        server.await.unwrap(),
+        1,
+        "sent once: the server may have acted on it"
+    );
+    let outcome = tower_classify::ErrorChainClassifier::new().classify_error(&*err);
+    assert_eq!(
+        outcome,
+        tower_classify::Outcome::failure(tower_classify::FailureKind::Connection)
+    );
+}
+
+#[tokio::test]
+async fn item_13_the_non_idempotent_preset_resends_a_post_that_was_never_sent() {
+    // Refused until the server comes up: the POST never left, so resending
+    // it cannot apply it twice.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let server = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        serve(TcpListener::bind(addr).await.unwrap(), 1).await;
+    });
+    let service = tower_retry_budget::policy::default_retry_non_idempotent()
+        .backoff(Backoff::fixed(Duration::from_millis(50)).with_jitter(Jitter::None))
+        .max_retries(16)
+        .deadline(Duration::from_secs(5))
+        .build()
+        .unwrap()
+        .layer(hyper_client());
+    let refused = hyper_client()
+        .oneshot(request(http::Method::POST, addr))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        tower_classify::ErrorChainClassifier::new().classify_error(&*refused),
+        tower_classify::Outcome::failure(tower_classify::FailureKind::NotSent),
+        "a refused connect is known not to have sent anything: {refused:?}"
+    );
+    let response = service
+        .oneshot(request(http::Method::POST, addr))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.await.unwrap();
+}
