@@ -36,7 +36,8 @@ fn classify_error(error: &tower::BoxError) -> Option<FailureKind> {
 }
 
 /// Nothing listens on the port: hyper-util's connect error is classified as
-/// a connection failure (through the error chain, across crates), retried,
+/// a connection failure that never sent the request (`NotSent`, through the
+/// error chain, across crates), retried,
 /// counted once by the breaker outside the loop, and dead-lettered with the
 /// real number of attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,13 +58,13 @@ async fn connection_refused_retried_then_dead_lettered() {
 
     assert_eq!(
         classify_error(&error),
-        Some(FailureKind::Connection),
+        Some(FailureKind::NotSent),
         "{error}"
     );
     assert_eq!(handle.get(BREAKER).unwrap().failures, 1);
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
-    assert_eq!(stored[0].kind, FailureKind::Connection);
+    assert_eq!(stored[0].kind, FailureKind::NotSent);
     assert_eq!(stored[0].attempts, 3);
     assert!(stored[0].last_failed_at >= stored[0].first_failed_at);
 }

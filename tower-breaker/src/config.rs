@@ -77,6 +77,9 @@ pub struct BreakerConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub slow_call_threshold: Option<Duration>,
+    /// See [`Builder::slow_call_rate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_call_rate: Option<f64>,
     /// See [`Builder::pending_when_open`].
     #[serde(default)]
     pub pending_when_open: bool,
@@ -149,6 +152,7 @@ impl Default for BreakerConfig {
             probes: default_probes(),
             probe_timeout: default_probe_timeout(),
             slow_call_threshold: None,
+            slow_call_rate: None,
             pending_when_open: false,
             max_breakers: default_max_breakers(),
         }
@@ -214,6 +218,9 @@ impl BreakerConfig {
         }
         if let Some(slow) = self.slow_call_threshold {
             builder = builder.slow_call_threshold(slow);
+        }
+        if let Some(rate) = self.slow_call_rate {
+            builder = builder.slow_call_rate(rate);
         }
         Ok(builder)
     }

@@ -117,6 +117,7 @@ impl Builder {
                 probes: 1,
                 probe_timeout: Duration::from_secs(60),
                 slow_call_threshold: None,
+                slow_call_rate: None,
                 mode: Mode::Enforce,
                 pending_when_open: false,
                 on_state_change: None,
@@ -202,9 +203,23 @@ impl Builder {
         self
     }
 
-    /// Count a success slower than `threshold` as a failure (off by default).
+    /// Calls slower than `threshold` are slow (off by default). Without a
+    /// [`slow_call_rate`](Self::slow_call_rate), a slow success counts as a
+    /// failure; with one, slow calls have a rate of their own.
     pub fn slow_call_threshold(mut self, threshold: Duration) -> Self {
         self.settings.slow_call_threshold = Some(threshold);
+        self
+    }
+
+    /// Open when the share of slow calls (successes or not, slower than the
+    /// [`slow_call_threshold`](Self::slow_call_threshold)) over the
+    /// failure-rate window reaches `rate`, in `(0, 1]`, apart from the
+    /// failure rate: Resilience4j's `slowCallRateThreshold`. A slow success
+    /// then no longer counts as a failure, and a slow probe does not close
+    /// a half-open breaker. Needs [`failure_rate`](Self::failure_rate) (its
+    /// window and minimum number of calls) and a threshold.
+    pub fn slow_call_rate(mut self, rate: f64) -> Self {
+        self.settings.slow_call_rate = Some(rate);
         self
     }
 
@@ -249,6 +264,26 @@ impl Builder {
                 "probes",
                 format!("must be 1 to {MAX_PROBES}, got {}", s.probes),
             ));
+        }
+        if let Some(rate) = s.slow_call_rate {
+            if !(rate > 0.0 && rate <= 1.0) {
+                return Err(ConfigError::new(
+                    "slow_call_rate",
+                    format!("must be in (0, 1], got {rate}"),
+                ));
+            }
+            if s.slow_call_threshold.is_none() {
+                return Err(ConfigError::new(
+                    "slow_call_rate",
+                    "needs a slow_call_threshold saying which calls are slow",
+                ));
+            }
+            if !matches!(s.policy, Policy::FailureRate { .. }) {
+                return Err(ConfigError::new(
+                    "slow_call_rate",
+                    "needs a failure_rate policy, whose window it is measured over",
+                ));
+            }
         }
         if s.probe_timeout.is_zero() {
             return Err(ConfigError::new(

@@ -157,11 +157,14 @@ impl Window {
     }
 }
 
-/// The calls and counted failures a window holds right now.
+/// The calls, counted failures and slow calls a window holds right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Tally {
     pub(crate) calls: u32,
     pub(crate) failures: u32,
+    /// Calls slower than the slow-call threshold, counted only when a
+    /// slow-call rate is configured.
+    pub(crate) slow: u32,
 }
 
 /// A window's live counters. Lock-free: recording a call is a few atomic
@@ -173,18 +176,22 @@ pub(crate) enum WindowState {
 }
 
 impl WindowState {
-    pub(crate) fn new(window: Window) -> Self {
+    /// A window for `window`; `slow_calls` when slow calls are counted
+    /// apart from failures (a slow-call rate is configured).
+    pub(crate) fn new(window: Window, slow_calls: bool) -> Self {
         match window {
             Window::Count(n) => WindowState::Count(CountWindow::new(n)),
-            Window::Time { length, buckets } => WindowState::Time(TimeWindow::new(length, buckets)),
+            Window::Time { length, buckets } => {
+                WindowState::Time(TimeWindow::new(length, buckets, slow_calls))
+            }
         }
     }
 
     /// Records one call at `now` (time since the breaker's base instant).
-    pub(crate) fn record(&self, failed: bool, now: Duration) -> Tally {
+    pub(crate) fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         match self {
-            WindowState::Count(w) => w.record(failed),
-            WindowState::Time(w) => w.record(failed, now),
+            WindowState::Count(w) => w.record(failed, slow),
+            WindowState::Time(w) => w.record(failed, slow, now),
         }
     }
 
@@ -208,16 +215,33 @@ impl WindowState {
 }
 
 const EMPTY: u8 = 0;
-const SUCCESS: u8 = 1;
-const FAILURE: u8 = 2;
+const RECORDED: u8 = 1;
+const FAILED: u8 = 2;
+const SLOW: u8 = 4;
 
 /// A ring of the last `n` results. Each slot is swapped, so every result is
-/// added to and later removed from the failure count exactly once.
+/// added to and later removed from the failure and slow counts exactly once.
 #[derive(Debug)]
 pub(crate) struct CountWindow {
     slots: Box<[AtomicU8]>,
     next: AtomicU64,
     failures: AtomicU32,
+    slow: AtomicU32,
+}
+
+/// Moves `count` by one result entering (`now`) and one leaving (`was`).
+fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
+    match (was, now) {
+        (false, true) => count.fetch_add(1, Ordering::AcqRel) + 1,
+        // A reset may have zeroed the count after this slot was read:
+        // saturate rather than wrap.
+        (true, false) => count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(1))
+            })
+            .map_or(0, |c| c.saturating_sub(1)),
+        _ => count.load(Ordering::Acquire),
+    }
 }
 
 impl CountWindow {
@@ -226,29 +250,19 @@ impl CountWindow {
             slots: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
             next: AtomicU64::new(0),
             failures: AtomicU32::new(0),
+            slow: AtomicU32::new(0),
         }
     }
 
-    fn record(&self, failed: bool) -> Tally {
+    fn record(&self, failed: bool, slow: bool) -> Tally {
         let n = self.slots.len() as u64;
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        let value = if failed { FAILURE } else { SUCCESS };
+        let value = RECORDED | if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
         let old = self.slots[(index % n) as usize].swap(value, Ordering::AcqRel);
-        let failures = match (old == FAILURE, failed) {
-            (false, true) => self.failures.fetch_add(1, Ordering::AcqRel) + 1,
-            // A reset may have zeroed the count after this slot was read:
-            // saturate rather than wrap.
-            (true, false) => self
-                .failures
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
-                    Some(f.saturating_sub(1))
-                })
-                .map_or(0, |f| f.saturating_sub(1)),
-            _ => self.failures.load(Ordering::Acquire),
-        };
         Tally {
             calls: (index + 1).min(n) as u32,
-            failures,
+            failures: shift(&self.failures, old & FAILED != 0, failed),
+            slow: shift(&self.slow, old & SLOW != 0, slow),
         }
     }
 
@@ -257,6 +271,7 @@ impl CountWindow {
         Tally {
             calls: self.next.load(Ordering::Acquire).min(n) as u32,
             failures: self.failures.load(Ordering::Acquire),
+            slow: self.slow.load(Ordering::Acquire),
         }
     }
 
@@ -266,6 +281,7 @@ impl CountWindow {
             slot.store(EMPTY, Ordering::Release);
         }
         self.failures.store(0, Ordering::Release);
+        self.slow.store(0, Ordering::Release);
     }
 }
 
@@ -279,6 +295,10 @@ impl CountWindow {
 pub(crate) struct TimeWindow {
     bucket_nanos: u64,
     buckets: Box<[AtomicU64]>,
+    /// The slow calls of each bucket, packed the same way (its sequence
+    /// number, then the count in the calls field); only when slow calls
+    /// are counted.
+    slow: Option<Box<[AtomicU64]>>,
 }
 
 const SEQ_BITS: u32 = 24;
@@ -300,12 +320,46 @@ fn unpack(bucket: u64) -> (u64, u64, u64) {
     )
 }
 
+/// Adds `calls` and `failures` to the bucket of sequence `seq` in `slot`,
+/// starting it afresh when it still holds an older period.
+fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) {
+    let mut current = slot.load(Ordering::Acquire);
+    loop {
+        let (had_calls, had_failures) = match unpack(current) {
+            (s, c, f) if current != UNUSED && s == seq & SEQ_MASK => (c, f),
+            _ => (0, 0),
+        };
+        let next = pack(
+            seq,
+            (had_calls + calls).min(COUNT_MAX),
+            (had_failures + failures).min(COUNT_MAX),
+        );
+        match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// The calls and failures of the bucket of sequence `expected` in `slot`.
+fn read(slot: &AtomicU64, expected: u64) -> (u32, u32) {
+    let bucket = slot.load(Ordering::Acquire);
+    let (s, calls, failures) = unpack(bucket);
+    if bucket != UNUSED && s == expected & SEQ_MASK {
+        (calls as u32, failures as u32)
+    } else {
+        (0, 0)
+    }
+}
+
 impl TimeWindow {
-    fn new(length: Duration, buckets: u32) -> Self {
+    fn new(length: Duration, buckets: u32, slow_calls: bool) -> Self {
         let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
+        let unused = || (0..buckets).map(|_| AtomicU64::new(UNUSED)).collect();
         TimeWindow {
             bucket_nanos: bucket_nanos as u64,
-            buckets: (0..buckets).map(|_| AtomicU64::new(UNUSED)).collect(),
+            buckets: unused(),
+            slow: slow_calls.then(unused),
         }
     }
 
@@ -313,26 +367,12 @@ impl TimeWindow {
         (now.as_nanos() / u128::from(self.bucket_nanos)).min(u128::from(u64::MAX >> 1)) as u64
     }
 
-    fn record(&self, failed: bool, now: Duration) -> Tally {
+    fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         let seq = self.sequence(now);
-        let slot = &self.buckets[(seq % self.buckets.len() as u64) as usize];
-        let mut current = slot.load(Ordering::Acquire);
-        loop {
-            let (calls, failures) = match unpack(current) {
-                (s, calls, failures) if current != UNUSED && s == seq & SEQ_MASK => {
-                    (calls, failures)
-                }
-                _ => (0, 0),
-            };
-            let next = pack(
-                seq,
-                (calls + 1).min(COUNT_MAX),
-                (failures + u64::from(failed)).min(COUNT_MAX),
-            );
-            match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(actual) => current = actual,
-            }
+        let index = (seq % self.buckets.len() as u64) as usize;
+        add(&self.buckets[index], seq, 1, u64::from(failed));
+        if let (Some(buckets), true) = (&self.slow, slow) {
+            add(&buckets[index], seq, 1, 0);
         }
         self.tally_at(seq)
     }
@@ -346,18 +386,20 @@ impl TimeWindow {
         let mut tally = Tally::default();
         for age in 0..n.min(seq + 1) {
             let expected = seq - age;
-            let bucket = self.buckets[(expected % n) as usize].load(Ordering::Acquire);
-            let (s, calls, failures) = unpack(bucket);
-            if bucket != UNUSED && s == expected & SEQ_MASK {
-                tally.calls = tally.calls.saturating_add(calls as u32);
-                tally.failures = tally.failures.saturating_add(failures as u32);
+            let index = (expected % n) as usize;
+            let (calls, failures) = read(&self.buckets[index], expected);
+            tally.calls = tally.calls.saturating_add(calls);
+            tally.failures = tally.failures.saturating_add(failures);
+            if let Some(slow) = &self.slow {
+                tally.slow = tally.slow.saturating_add(read(&slow[index], expected).0);
             }
         }
         tally
     }
 
     fn reset(&self) {
-        for bucket in self.buckets.iter() {
+        let slow = self.slow.iter().flat_map(|slow| slow.iter());
+        for bucket in self.buckets.iter().chain(slow) {
             bucket.store(UNUSED, Ordering::Release);
         }
     }
@@ -370,21 +412,32 @@ mod tests {
     #[test]
     fn count_window_forgets_the_oldest_call() {
         let w = CountWindow::new(3);
-        w.record(true);
-        w.record(true);
+        w.record(true, false);
+        w.record(true, true);
         assert_eq!(
-            w.record(false),
+            w.record(false, false),
             Tally {
                 calls: 3,
-                failures: 2
+                failures: 2,
+                slow: 1
             }
         );
         // The first failure leaves the window.
         assert_eq!(
-            w.record(false),
+            w.record(false, false),
             Tally {
                 calls: 3,
-                failures: 1
+                failures: 1,
+                slow: 1
+            }
+        );
+        // And then the slow one.
+        assert_eq!(
+            w.record(false, false),
+            Tally {
+                calls: 3,
+                failures: 0,
+                slow: 0
             }
         );
         w.reset();
@@ -393,14 +446,15 @@ mod tests {
 
     #[test]
     fn time_window_ages_out_whole_buckets() {
-        let w = TimeWindow::new(Duration::from_secs(10), 10);
-        w.record(true, Duration::from_millis(500));
-        w.record(false, Duration::from_millis(1500));
+        let w = TimeWindow::new(Duration::from_secs(10), 10, true);
+        w.record(true, false, Duration::from_millis(500));
+        w.record(false, true, Duration::from_millis(1500));
         assert_eq!(
             w.tally(Duration::from_millis(9_900)),
             Tally {
                 calls: 2,
-                failures: 1
+                failures: 1,
+                slow: 1
             }
         );
         // At 10.5 s the bucket of 0–1 s has left the window.
@@ -408,15 +462,17 @@ mod tests {
             w.tally(Duration::from_millis(10_500)),
             Tally {
                 calls: 1,
-                failures: 0
+                failures: 0,
+                slow: 1
             }
         );
         // A slot reused for a later period starts from zero.
         assert_eq!(
-            w.record(true, Duration::from_millis(10_600)),
+            w.record(true, false, Duration::from_millis(10_600)),
             Tally {
                 calls: 2,
-                failures: 1
+                failures: 1,
+                slow: 1
             }
         );
         assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
@@ -427,20 +483,21 @@ mod tests {
         #[test]
         fn count_window_matches_a_queue(
             n in 1u32..20,
-            results in proptest::collection::vec(proptest::bool::ANY, 0..100),
+            results in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 0..100),
         ) {
             let window = CountWindow::new(n);
             let mut queue = std::collections::VecDeque::new();
-            for failed in results {
-                queue.push_back(failed);
+            for (failed, slow) in results {
+                queue.push_back((failed, slow));
                 if queue.len() > n as usize {
                     queue.pop_front();
                 }
                 let expected = Tally {
                     calls: queue.len() as u32,
-                    failures: queue.iter().filter(|f| **f).count() as u32,
+                    failures: queue.iter().filter(|(f, _)| *f).count() as u32,
+                    slow: queue.iter().filter(|(_, s)| *s).count() as u32,
                 };
-                proptest::prop_assert_eq!(window.record(failed), expected);
+                proptest::prop_assert_eq!(window.record(failed, slow), expected);
             }
         }
 
@@ -448,22 +505,26 @@ mod tests {
         /// filtered to the buckets still inside the window.
         #[test]
         fn time_window_matches_a_list(
-            steps in proptest::collection::vec((0u64..1_500, proptest::bool::ANY), 0..80),
+            steps in proptest::collection::vec(
+                (0u64..1_500, proptest::bool::ANY, proptest::bool::ANY),
+                0..80,
+            ),
         ) {
-            let window = TimeWindow::new(Duration::from_secs(10), 10);
+            let window = TimeWindow::new(Duration::from_secs(10), 10, true);
             let mut now = 0u64;
-            let mut all: Vec<(u64, bool)> = Vec::new();
-            for (advance_ms, failed) in steps {
+            let mut all: Vec<(u64, bool, bool)> = Vec::new();
+            for (advance_ms, failed, slow) in steps {
                 now += advance_ms;
-                all.push((now / 1_000, failed));
+                all.push((now / 1_000, failed, slow));
                 let bucket = now / 1_000;
-                let live: Vec<_> = all.iter().filter(|(b, _)| bucket - b < 10).collect();
+                let live: Vec<_> = all.iter().filter(|(b, _, _)| bucket - b < 10).collect();
                 let expected = Tally {
                     calls: live.len() as u32,
-                    failures: live.iter().filter(|(_, f)| *f).count() as u32,
+                    failures: live.iter().filter(|(_, f, _)| *f).count() as u32,
+                    slow: live.iter().filter(|(_, _, s)| *s).count() as u32,
                 };
                 proptest::prop_assert_eq!(
-                    window.record(failed, Duration::from_millis(now)),
+                    window.record(failed, slow, Duration::from_millis(now)),
                     expected
                 );
             }

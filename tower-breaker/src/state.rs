@@ -149,6 +149,7 @@ pub(crate) struct Settings {
     pub(crate) probes: u32,
     pub(crate) probe_timeout: Duration,
     pub(crate) slow_call_threshold: Option<Duration>,
+    pub(crate) slow_call_rate: Option<f64>,
     pub(crate) mode: Mode,
     pub(crate) pending_when_open: bool,
     pub(crate) on_state_change: Option<Callback>,
@@ -167,6 +168,7 @@ impl fmt::Debug for Settings {
             .field("probes", &self.probes)
             .field("probe_timeout", &self.probe_timeout)
             .field("slow_call_threshold", &self.slow_call_threshold)
+            .field("slow_call_rate", &self.slow_call_rate)
             .field("mode", &self.mode)
             .field("pending_when_open", &self.pending_when_open)
             .field("on_state_change", &self.on_state_change.is_some())
@@ -277,16 +279,24 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict on a call, and whether it was slow. Without a slow-call
+    /// rate (`slow_apart` false) a slow success is a failure; with one it
+    /// stays a success and counts towards the slow-call rate instead.
     #[inline]
-    pub(crate) fn of(outcome: Outcome, elapsed: Option<Duration>, slow: Option<Duration>) -> Self {
-        match outcome {
-            Outcome::Success => match (elapsed, slow) {
-                (Some(elapsed), Some(slow)) if elapsed >= slow => Verdict::Failure,
-                _ => Verdict::Success,
-            },
+    pub(crate) fn of(
+        outcome: Outcome,
+        elapsed: Option<Duration>,
+        slow_threshold: Option<Duration>,
+        slow_apart: bool,
+    ) -> (Self, bool) {
+        let slow = matches!((elapsed, slow_threshold), (Some(e), Some(t)) if e >= t);
+        let verdict = match outcome {
+            Outcome::Success if slow && !slow_apart => Verdict::Failure,
+            Outcome::Success => Verdict::Success,
             Outcome::Failure(failure) if failure.kind.is_transient() => Verdict::Failure,
             _ => Verdict::Neutral,
-        }
+        };
+        (verdict, slow && slow_apart && verdict != Verdict::Neutral)
     }
 }
 
@@ -311,6 +321,7 @@ pub(crate) struct Breaker {
     pub(crate) disabled: bool,
     /// Copied out of `settings` so the hot path reads one allocation.
     pub(crate) slow_call_threshold: Option<Duration>,
+    slow_apart: bool,
     pub(crate) pending_when_open: bool,
     base: Instant,
     word: AtomicU64,
@@ -342,13 +353,16 @@ impl fmt::Debug for Breaker {
 impl Breaker {
     pub(crate) fn new(key: Arc<str>, settings: Arc<Settings>) -> Self {
         let window = match settings.policy {
-            Policy::FailureRate { window, .. } => Some(WindowState::new(window)),
+            Policy::FailureRate { window, .. } => {
+                Some(WindowState::new(window, settings.slow_call_rate.is_some()))
+            }
             Policy::ConsecutiveFailures { .. } => None,
         };
         let breaker = Breaker {
             key,
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
+            slow_apart: settings.slow_call_rate.is_some(),
             pending_when_open: settings.pending_when_open,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
@@ -583,16 +597,19 @@ impl Breaker {
     }
 
     #[inline]
-    fn record(&self, epoch: u64, probe: bool, verdict: Verdict) {
+    fn record(&self, epoch: u64, probe: bool, verdict: Verdict, slow: bool) {
         if probe {
+            // A probe that answered, but slowly, has not shown the
+            // dependency healthy.
+            let verdict = if slow { Verdict::Failure } else { verdict };
             self.record_probe(epoch, verdict);
         } else {
-            self.record_closed(epoch, verdict);
+            self.record_closed(epoch, verdict, slow);
         }
     }
 
     #[inline]
-    fn record_closed(&self, epoch: u64, verdict: Verdict) {
+    fn record_closed(&self, epoch: u64, verdict: Verdict, slow: bool) {
         let failed = match verdict {
             Verdict::Neutral => return,
             Verdict::Success => false,
@@ -628,7 +645,7 @@ impl Breaker {
                 if !self.counts(epoch) {
                     return;
                 }
-                self.rate_reached(window.record(failed, self.window_now(window)))
+                self.rate_reached(window.record(failed, slow, self.window_now(window)))
             }
         };
         if trip {
@@ -648,18 +665,26 @@ impl Breaker {
         word.epoch() == epoch && word.state() == State::Closed
     }
 
-    /// The rate policy's test: enough calls, and a failure share at or above
-    /// the rate. Dividing (rather than multiplying the rate) keeps a share
-    /// exactly at the rate exact: 3 of 10 is 0.3.
-    fn rate_reached(&self, Tally { calls, failures }: Tally) -> bool {
-        match self.settings.policy {
-            Policy::FailureRate {
-                rate,
-                minimum_calls,
-                ..
-            } => calls >= minimum_calls && f64::from(failures) / f64::from(calls) >= rate,
-            Policy::ConsecutiveFailures { .. } => false,
-        }
+    /// The rate policy's test: enough calls, and a failure share (or, when
+    /// configured, a slow-call share) at or above its rate. Dividing (rather
+    /// than multiplying the rate) keeps a share exactly at the rate exact: 3
+    /// of 10 is 0.3.
+    fn rate_reached(&self, tally: Tally) -> bool {
+        let Policy::FailureRate {
+            rate,
+            minimum_calls,
+            ..
+        } = self.settings.policy
+        else {
+            return false;
+        };
+        let share = |count: u32| f64::from(count) / f64::from(tally.calls);
+        tally.calls >= minimum_calls
+            && (share(tally.failures) >= rate
+                || self
+                    .settings
+                    .slow_call_rate
+                    .is_some_and(|slow_rate| share(tally.slow) >= slow_rate))
     }
 
     fn window_now(&self, window: &WindowState) -> Duration {
@@ -905,8 +930,13 @@ impl Permit {
         }
         self.bits |= Self::DONE;
         let breaker = self.breaker();
-        let verdict = Verdict::of(outcome, elapsed, breaker.slow_call_threshold);
-        breaker.record(self.epoch(), self.is_probe(), verdict);
+        let (verdict, slow) = Verdict::of(
+            outcome,
+            elapsed,
+            breaker.slow_call_threshold,
+            breaker.slow_apart,
+        );
+        breaker.record(self.epoch(), self.is_probe(), verdict, slow);
     }
 }
 

@@ -895,3 +895,94 @@ async fn item_5_probes_are_judged_by_their_failure_rate() {
     );
     assert_eq!(probe_round(&[true]).await, State::Closed, "one probe, fine");
 }
+
+/// One call that succeeds after `latency` of paused time.
+async fn succeed_after<S>(svc: &mut mock::Spawn<S>, handle: &mut Handle, id: u32, latency: Duration)
+where
+    S: Service<u32, Response = &'static str, Error = BoxError>,
+{
+    assert_ready_ok!(svc.poll_ready());
+    let future = svc.call(id);
+    let (_, send) = handle.next_request().await.unwrap();
+    tokio::time::advance(latency).await;
+    send.send_response("ok");
+    assert_eq!(future.await.unwrap(), "ok");
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_6_slow_calls_have_a_rate_of_their_own() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .slow_call_threshold(Duration::from_secs(1))
+        .slow_call_rate(0.75)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    succeed_after(&mut svc, &mut handle, 0, Duration::from_millis(10)).await;
+    succeed_after(&mut svc, &mut handle, 1, Duration::from_secs(2)).await;
+    succeed_after(&mut svc, &mut handle, 2, Duration::from_secs(2)).await;
+    assert_eq!(state_of(&admin), State::Closed, "3 calls < minimum 4");
+    succeed_after(&mut svc, &mut handle, 3, Duration::from_secs(2)).await;
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!(
+        snapshot.state,
+        State::Open,
+        "3 of 4 slow: at the 75 % slow rate"
+    );
+    assert_eq!(snapshot.failures, 0, "slow successes are not failures");
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_6_slow_calls_under_their_rate_do_not_open_and_are_not_failures() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .slow_call_threshold(Duration::from_secs(1))
+        .slow_call_rate(0.9)
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..4 {
+        succeed_after(&mut svc, &mut handle, id, Duration::from_secs(2)).await;
+    }
+    assert_eq!(state_of(&admin), State::Open, "4 of 4 slow");
+    // Without a slow-call rate, slow successes are failures (the default).
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .slow_call_threshold(Duration::from_secs(1))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    succeed_after(&mut svc, &mut handle, 0, Duration::ZERO).await;
+    succeed_after(&mut svc, &mut handle, 1, Duration::ZERO).await;
+    succeed_after(&mut svc, &mut handle, 2, Duration::from_secs(2)).await;
+    assert_eq!(state_of(&admin), State::Closed);
+    succeed_after(&mut svc, &mut handle, 3, Duration::from_secs(2)).await;
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!((snapshot.state, snapshot.failures), (State::Open, 2));
+}
+
+#[test]
+fn item_6_a_slow_call_rate_needs_a_threshold_and_a_window() {
+    let no_threshold = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .slow_call_rate(0.5)
+        .build(ErrorChainClassifier::new())
+        .unwrap_err();
+    assert_eq!(no_threshold.field(), "slow_call_rate");
+    let no_window = CircuitBreakerLayer::builder()
+        .slow_call_threshold(Duration::from_secs(1))
+        .slow_call_rate(0.5)
+        .build(ErrorChainClassifier::new())
+        .unwrap_err();
+    assert_eq!(no_window.field(), "slow_call_rate");
+    let out_of_range = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::count(10))
+        .slow_call_threshold(Duration::from_secs(1))
+        .slow_call_rate(1.5)
+        .build(ErrorChainClassifier::new())
+        .unwrap_err();
+    assert!(out_of_range.to_string().contains("1.5"), "{out_of_range}");
+}
