@@ -129,9 +129,12 @@ impl<C> fmt::Debug for Recorder<C> {
 impl<C> Recorder<C> {
     #[inline]
     pub(crate) fn new(permit: Permit, classifier: C) -> Self {
-        // The clock is read only when a slow-call threshold needs it, keeping
-        // the default closed path free of clock reads.
-        let started = permit.breaker().slow_call_threshold.map(|_| Instant::now());
+        // The clock is read only when a slow-call threshold or a per-call
+        // callback needs it, keeping the default closed path free of clock
+        // reads.
+        let breaker = permit.breaker();
+        let started =
+            (breaker.slow_call_threshold.is_some() || breaker.call_listeners).then(Instant::now);
         Recorder {
             permit,
             classifier,

@@ -11,7 +11,7 @@ use crate::admin::BreakerHandle;
 use crate::keyed::{KeyedCircuitBreakerLayer, Registry};
 use crate::policy::{Policy, Window};
 use crate::service::CircuitBreaker;
-use crate::state::{Breaker, Mode, Settings, StateChange, MAX_PROBES};
+use crate::state::{Breaker, CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
 ///
@@ -120,7 +120,8 @@ impl Builder {
                 slow_call_rate: None,
                 mode: Mode::Enforce,
                 pending_when_open: false,
-                on_state_change: None,
+                on_state_change: Vec::new(),
+                on_call: Vec::new(),
                 max_breakers: 1_000,
             },
         }
@@ -240,12 +241,26 @@ impl Builder {
     }
 
     /// Called on every state change, after it happened, on the thread that
-    /// made it. Keep it short: it runs inside a service call.
+    /// made it. Keep it short: it runs inside a service call. Each call adds
+    /// a callback; all of them are called, in the order they were added.
     pub fn on_state_change<F>(mut self, callback: F) -> Self
     where
         F: Fn(&StateChange<'_>) + Send + Sync + 'static,
     {
-        self.settings.on_state_change = Some(Arc::new(callback));
+        self.settings.on_state_change.push(Arc::new(callback));
+        self
+    }
+
+    /// Called once per call: its success (or slow success), counted
+    /// failure, uncounted end, or refusal ([`CallEvent`]), on the thread that
+    /// completed it. Each call adds a callback; all of them are called. With
+    /// one registered, every call's duration is measured (a clock read at
+    /// its start and end); with none, nothing is.
+    pub fn on_call<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&CallEvent<'_>) + Send + Sync + 'static,
+    {
+        self.settings.on_call.push(Arc::new(callback));
         self
     }
 

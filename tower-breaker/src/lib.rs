@@ -284,4 +284,4 @@ pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
-pub use self::state::{Mode, State, StateChange};
+pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};

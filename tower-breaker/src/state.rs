@@ -137,6 +137,40 @@ pub struct StateChange<'a> {
 
 pub(crate) type Callback = Arc<dyn Fn(&StateChange<'_>) + Send + Sync>;
 
+/// One call's result as the breaker saw it, as given to the
+/// [per-call callbacks](crate::Builder::on_call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallEvent<'a> {
+    /// The breaker's key (its [name](crate::Builder::name) when not keyed).
+    pub key: &'a str,
+    /// What happened.
+    pub kind: CallKind,
+    /// How long the call took, for a call that was made.
+    pub elapsed: Option<Duration>,
+}
+
+/// What a [`CallEvent`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallKind {
+    /// Succeeded in time.
+    Success,
+    /// Succeeded, slower than the
+    /// [slow-call threshold](crate::Builder::slow_call_threshold).
+    SlowCall,
+    /// Failed with a kind the breaker counts (a transient one).
+    Failure(tower_classify::FailureKind),
+    /// Ended in a way that says nothing about the dependency (a rejected
+    /// request, a cancelled call): not counted.
+    Ignored,
+    /// Refused by the open (or busy half-open) breaker without reaching the
+    /// service; the remaining open time when it is known.
+    Rejected(Option<Duration>),
+}
+
+pub(crate) type CallCallback = Arc<dyn Fn(&CallEvent<'_>) + Send + Sync>;
+
 /// Everything configured, shared by every breaker a layer creates.
 #[derive(Clone)]
 pub(crate) struct Settings {
@@ -152,7 +186,8 @@ pub(crate) struct Settings {
     pub(crate) slow_call_rate: Option<f64>,
     pub(crate) mode: Mode,
     pub(crate) pending_when_open: bool,
-    pub(crate) on_state_change: Option<Callback>,
+    pub(crate) on_state_change: Vec<Callback>,
+    pub(crate) on_call: Vec<CallCallback>,
     pub(crate) max_breakers: usize,
 }
 
@@ -171,7 +206,8 @@ impl fmt::Debug for Settings {
             .field("slow_call_rate", &self.slow_call_rate)
             .field("mode", &self.mode)
             .field("pending_when_open", &self.pending_when_open)
-            .field("on_state_change", &self.on_state_change.is_some())
+            .field("on_state_change", &self.on_state_change.len())
+            .field("on_call", &self.on_call.len())
             .field("max_breakers", &self.max_breakers)
             .finish()
     }
@@ -279,24 +315,17 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    /// The verdict on a call, and whether it was slow. Without a slow-call
-    /// rate (`slow_apart` false) a slow success is a failure; with one it
-    /// stays a success and counts towards the slow-call rate instead.
+    /// The verdict on a call. Without a slow-call rate (`slow_apart` false)
+    /// a slow success is a failure; with one it stays a success and counts
+    /// towards the slow-call rate instead.
     #[inline]
-    pub(crate) fn of(
-        outcome: Outcome,
-        elapsed: Option<Duration>,
-        slow_threshold: Option<Duration>,
-        slow_apart: bool,
-    ) -> (Self, bool) {
-        let slow = matches!((elapsed, slow_threshold), (Some(e), Some(t)) if e >= t);
-        let verdict = match outcome {
+    pub(crate) fn of(outcome: Outcome, slow: bool, slow_apart: bool) -> Self {
+        match outcome {
             Outcome::Success if slow && !slow_apart => Verdict::Failure,
             Outcome::Success => Verdict::Success,
             Outcome::Failure(failure) if failure.kind.is_transient() => Verdict::Failure,
             _ => Verdict::Neutral,
-        };
-        (verdict, slow && slow_apart && verdict != Verdict::Neutral)
+        }
     }
 }
 
@@ -322,6 +351,8 @@ pub(crate) struct Breaker {
     /// Copied out of `settings` so the hot path reads one allocation.
     pub(crate) slow_call_threshold: Option<Duration>,
     slow_apart: bool,
+    /// Per-call callbacks are registered: the call's duration is measured.
+    pub(crate) call_listeners: bool,
     pub(crate) pending_when_open: bool,
     base: Instant,
     word: AtomicU64,
@@ -363,6 +394,7 @@ impl Breaker {
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
             slow_apart: settings.slow_call_rate.is_some(),
+            call_listeners: !settings.on_call.is_empty(),
             pending_when_open: settings.pending_when_open,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
@@ -495,7 +527,23 @@ impl Breaker {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("tower_breaker_rejected_total", "breaker" => self.key.to_string())
             .increment(1);
+        self.call_event(CallKind::Rejected(remaining), None);
         CircuitOpen::new(Arc::clone(&self.key), remaining)
+    }
+
+    /// Tells every per-call callback.
+    fn call_event(&self, kind: CallKind, elapsed: Option<Duration>) {
+        if !self.call_listeners {
+            return;
+        }
+        let event = CallEvent {
+            key: &self.key,
+            kind,
+            elapsed,
+        };
+        for callback in &self.settings.on_call {
+            callback(&event);
+        }
     }
 
     /// `Some(remaining open time)` when a call arriving now would be refused
@@ -601,7 +649,10 @@ impl Breaker {
         if probe {
             // A probe that answered, but slowly, has not shown the
             // dependency healthy.
-            let verdict = if slow { Verdict::Failure } else { verdict };
+            let verdict = match verdict {
+                Verdict::Success if slow => Verdict::Failure,
+                verdict => verdict,
+            };
             self.record_probe(epoch, verdict);
         } else {
             self.record_closed(epoch, verdict, slow);
@@ -826,13 +877,14 @@ impl Breaker {
                 "circuit breaker state changed"
             ),
         }
-        if let Some(callback) = &self.settings.on_state_change {
-            callback(&StateChange {
-                key,
-                from,
-                to,
-                open_for,
-            });
+        let change = StateChange {
+            key,
+            from,
+            to,
+            open_for,
+        };
+        for callback in &self.settings.on_state_change {
+            callback(&change);
         }
         self.wake_waiters();
     }
@@ -930,13 +982,26 @@ impl Permit {
         }
         self.bits |= Self::DONE;
         let breaker = self.breaker();
-        let (verdict, slow) = Verdict::of(
-            outcome,
-            elapsed,
-            breaker.slow_call_threshold,
-            breaker.slow_apart,
+        let slow = matches!(
+            (elapsed, breaker.slow_call_threshold),
+            (Some(elapsed), Some(threshold)) if elapsed >= threshold
         );
-        breaker.record(self.epoch(), self.is_probe(), verdict, slow);
+        let verdict = Verdict::of(outcome, slow, breaker.slow_apart);
+        breaker.record(
+            self.epoch(),
+            self.is_probe(),
+            verdict,
+            slow && breaker.slow_apart,
+        );
+        if breaker.call_listeners {
+            let kind = match (verdict, outcome) {
+                (Verdict::Neutral, _) => CallKind::Ignored,
+                (_, Outcome::Failure(failure)) => CallKind::Failure(failure.kind),
+                _ if slow => CallKind::SlowCall,
+                _ => CallKind::Success,
+            };
+            breaker.call_event(kind, elapsed);
+        }
     }
 }
 

@@ -986,3 +986,68 @@ fn item_6_a_slow_call_rate_needs_a_threshold_and_a_window() {
         .unwrap_err();
     assert!(out_of_range.to_string().contains("1.5"), "{out_of_range}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn item_7_every_state_change_listener_is_called() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .on_state_change({
+            let seen = Arc::clone(&seen);
+            move |change| seen.lock().unwrap().push(("first", change.to))
+        })
+        .on_state_change({
+            let seen = Arc::clone(&seen);
+            move |change| seen.lock().unwrap().push(("second", change.to))
+        })
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [("first", State::Open), ("second", State::Open)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn item_7_per_call_events_report_success_failure_slow_and_rejected() {
+    use tower_breaker::CallKind;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // The slow success counts as a failure (no slow-call rate), so the
+    // third counted failure opens it.
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(3)
+        .slow_call_threshold(Duration::from_secs(1))
+        .on_call({
+            let seen = Arc::clone(&seen);
+            move |event| seen.lock().unwrap().push((event.kind, event.elapsed))
+        })
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    succeed_after(&mut svc, &mut handle, 0, Duration::from_millis(5)).await;
+    succeed_after(&mut svc, &mut handle, 1, Duration::from_secs(2)).await;
+    fail(&mut svc, &mut handle, 2).await;
+    assert_ready_ok!(svc.poll_ready());
+    let future = svc.call(3);
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(Classified::new(FailureKind::Rejected, "bad request"));
+    future.await.unwrap_err();
+    fail(&mut svc, &mut handle, 4).await;
+    let remaining = rejected(&mut svc, &mut handle).remaining();
+    let ms = |n| Some(Duration::from_millis(n));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (CallKind::Success, ms(5)),
+            // Without a slow-call rate a slow success counts as a failure,
+            // and is reported as the slow call it is.
+            (CallKind::SlowCall, ms(2_000)),
+            (CallKind::Failure(FailureKind::NotSent), ms(0)),
+            (CallKind::Ignored, ms(0)),
+            (CallKind::Failure(FailureKind::NotSent), ms(0)),
+            (CallKind::Rejected(remaining), None),
+        ]
+    );
+}

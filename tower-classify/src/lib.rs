@@ -18,10 +18,11 @@
 //! | [`ServerError`](FailureKind::ServerError) | HTTP ≥ 500 | yes | yes |
 //! | [`RateLimited`](FailureKind::RateLimited) | 429, response rules | yes | yes |
 //! | [`Timeout`](FailureKind::Timeout) | 408, `Elapsed`, `TimedOut` | yes | yes |
-//! | [`Connection`](FailureKind::Connection) | refused, reset, other I/O | yes | yes |
+//! | [`Connection`](FailureKind::Connection) | reset, closed before the response, other I/O | yes | yes |
+//! | [`NotSent`](FailureKind::NotSent) | refused, unreachable, a failed connect: never sent | yes, even not idempotent | yes |
 //! | [`Rejected`](FailureKind::Rejected) | other 4xx, auth, parse errors | no | no |
 //! | [`Poison`](FailureKind::Poison) | input that can never succeed | no | no |
-//! | [`Shed`](FailureKind::Shed) | an open circuit, an exhausted budget | waits its hint once | no |
+//! | [`Shed`](FailureKind::Shed) | an open circuit, an exhausted budget, tower's `Overloaded` | waits its hint once | no |
 //!
 //! A failure may carry a [`RetryHint`]: a wait the server asked for
 //! (`Retry-After`, `grpc-retry-pushback-ms`, a [`hint::BackoffFrom`] reader),
@@ -36,8 +37,10 @@
 //!   response headers or, once a streamed body has ended, in its trailers
 //!   ([`GrpcClassifier::classify_end_of_stream`]).
 //! - [`ErrorChainClassifier`]: walks an error's `source()` chain for
-//!   `tower::timeout::error::Elapsed`, `io::Error` kinds, `hyper::Error` (with the
-//!   `hyper` feature) and the family's own [`Classified`] errors.
+//!   `tower::timeout::error::Elapsed`, tower's load-shed `Overloaded`,
+//!   `io::Error` kinds, `hyper::Error` and `hyper_util`'s client error (the
+//!   `hyper` feature, on by default) and the family's own [`Classified`]
+//!   errors.
 //! - [`classify_fn`]: a closure.
 //! - Combinators in [`ClassifyExt`]: [`or`](ClassifyExt::or),
 //!   [`map`](ClassifyExt::map) and [`retry_on`](ClassifyExt::retry_on) with a
@@ -75,10 +78,11 @@
 //! assert_eq!(failure.kind, FailureKind::ServerError);
 //! assert_eq!(failure.retry_after(), Some(std::time::Duration::from_secs(2)));
 //!
-//! // An error: a refused connection, boxed as tower middleware returns it.
+//! // An error: a refused connection, boxed as tower middleware returns it. The
+//! // request never left, so even a POST may be sent again.
 //! let error: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
 //! let outcome = Classify::<Response<()>, _>::classify(&classifier, Err(&error));
-//! assert_eq!(outcome, Outcome::failure(FailureKind::Connection));
+//! assert_eq!(outcome, Outcome::failure(FailureKind::NotSent));
 //! assert!(outcome.is_retryable());
 //! ```
 //!
@@ -86,7 +90,8 @@
 //!
 //! - `http` (default): [`HttpClassifier`], [`GrpcClassifier`], [`hint`],
 //!   [`http::Idempotency`].
-//! - `hyper`: recognise `hyper::Error` in error chains.
+//! - `hyper` (default): recognise `hyper::Error` and `hyper_util`'s legacy
+//!   client error in error chains.
 //! - `tower-http`: [`tower_http::TowerHttpClassifier`], an adapter from
 //!   tower-http's `ClassifyResponse`.
 //! - `serde`: [`config`] types that deserialize from configuration files.

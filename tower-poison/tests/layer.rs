@@ -221,7 +221,7 @@ fn call_that_fails_after_retries_lands_in_the_store_with_every_field() {
             assert_eq!(entry.body, r#"{"amount":100}"#);
             assert!(!entry.body_truncated);
             assert_eq!(entry.error, ["upstream call failed", "connection refused"]);
-            assert_eq!(entry.kind, FailureKind::Connection);
+            assert_eq!(entry.kind, FailureKind::NotSent);
             assert_eq!(entry.attempts, 3);
             // Stored times have millisecond precision.
             let ms = std::time::Duration::from_millis(1);

@@ -140,7 +140,7 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         outcome,
         ReplayOutcome::Failed {
             attempts: 4,
-            kind: FailureKind::Connection,
+            kind: FailureKind::NotSent,
             ..
         }
     ));

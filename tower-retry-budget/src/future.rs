@@ -202,6 +202,12 @@ where
         let deadline = policy.deadline.unwrap_or_default();
         metrics::counter!("tower_retry_giveups_total", "reason" => "deadline").increment(1);
         tracing::info!(attempts, deadline = %format_duration(deadline), "retry deadline exceeded");
+        // The attempt in flight ran out of time.
+        policy.listeners.gave_up(
+            attempts,
+            StopReason::Deadline,
+            Failure::new(FailureKind::Timeout),
+        );
         Box::new(DeadlineExceeded::new(
             deadline,
             attempts,
@@ -413,6 +419,9 @@ where
             // The success path: nothing to decide.
             if !matches!(outcome, Outcome::Failure(_)) {
                 this.state.set(State::Done);
+                if *this.attempts > 1 && outcome == Outcome::Success {
+                    this.policy.listeners.recovered(*this.attempts);
+                }
                 return Poll::Ready(result.map_err(AttemptError::into_box));
             }
             let report = &this.policy.replay;
@@ -434,6 +443,7 @@ where
             };
             let attempts = *this.attempts;
             let stopped = |reason| RetryStopped { reason, attempts };
+            let listeners = &this.policy.listeners;
             match decision {
                 Decision::Return => {
                     this.state.set(State::Done);
@@ -441,6 +451,7 @@ where
                 }
                 Decision::Stop(reason) => {
                     this.state.set(State::Done);
+                    listeners.gave_up(attempts, reason, failure_of(&outcome));
                     return Poll::Ready(match result {
                         Ok(response) => {
                             report.hand_back(response, stopped(reason), failure_of(&outcome))
@@ -453,6 +464,7 @@ where
                 // of ours; only an error is replaced.
                 Decision::Budget(failure) => {
                     this.state.set(State::Done);
+                    listeners.gave_up(attempts, StopReason::Budget, failure);
                     return Poll::Ready(match result {
                         Ok(response) => {
                             report.hand_back(response, stopped(StopReason::Budget), failure)
@@ -471,6 +483,7 @@ where
                     failure,
                 } => {
                     this.state.set(State::Done);
+                    listeners.gave_up(attempts, StopReason::WaitTooLong, failure);
                     let (cause, head) = match result {
                         Ok(response) => (None, report.keep_head(response)),
                         Err(err) => (Some(err.into_box()), None),
@@ -495,9 +508,7 @@ where
                         wait = %format_duration(wait),
                         "retrying"
                     );
-                    if let Some(on_retry) = &this.policy.on_retry {
-                        on_retry(&event);
-                    }
+                    this.policy.listeners.retried(&event);
                     // Kept for a `DeadlineExceeded` that may end the loop;
                     // a response's body is dropped here, its head kept.
                     let (error, head) = match result {

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use crate::backoff::Backoff;
 use crate::budget::{Budget, TpsBudget};
-use crate::policy::{OnRetry, Policy, RetryEvent, RetryIf};
+use crate::policy::{GiveUpEvent, Listeners, Policy, RetryEvent, RetryIf, SuccessAfterRetries};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
 
@@ -135,7 +135,7 @@ pub struct RetryBuilder<C, R> {
     max_wait: Duration,
     retry_if: RetryIf,
     budget: BudgetChoice,
-    on_retry: Option<OnRetry>,
+    listeners: Listeners,
 }
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
@@ -164,7 +164,7 @@ impl<C, R> RetryBuilder<C, R> {
             max_wait: Duration::from_secs(3600),
             retry_if: RetryIf::Classes(RetryOn::ALL),
             budget: BudgetChoice::Default,
-            on_retry: None,
+            listeners: Listeners::default(),
         }
     }
 
@@ -180,7 +180,7 @@ impl<C, R> RetryBuilder<C, R> {
             max_wait: self.max_wait,
             retry_if: self.retry_if,
             budget: self.budget,
-            on_retry: self.on_retry,
+            listeners: self.listeners,
         }
     }
 
@@ -196,7 +196,7 @@ impl<C, R> RetryBuilder<C, R> {
             max_wait: self.max_wait,
             retry_if: self.retry_if,
             budget: self.budget,
-            on_retry: self.on_retry,
+            listeners: self.listeners,
         }
     }
 
@@ -302,12 +302,34 @@ impl<C, R> RetryBuilder<C, R> {
         self
     }
 
-    /// Calls `callback` before every retry's sleep.
+    /// Calls `callback` before every retry's sleep. Each call adds a
+    /// callback; all of them are called, in the order they were added.
     pub fn on_retry<F>(mut self, callback: F) -> Self
     where
         F: Fn(&RetryEvent) + Send + Sync + 'static,
     {
-        self.on_retry = Some(Arc::new(callback));
+        self.listeners.retry.push(Arc::new(callback));
+        self
+    }
+
+    /// Calls `callback` when a call ends in failure: the failure is handed
+    /// back (or replaced by an error of this layer's), with why retrying
+    /// stopped ([`GiveUpEvent`]). Each call adds a callback.
+    pub fn on_give_up<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&GiveUpEvent) + Send + Sync + 'static,
+    {
+        self.listeners.give_up.push(Arc::new(callback));
+        self
+    }
+
+    /// Calls `callback` when a call succeeds after at least one retry, with
+    /// the attempts it took. Each call adds a callback.
+    pub fn on_success_after_retries<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&SuccessAfterRetries) + Send + Sync + 'static,
+    {
+        self.listeners.recovered.push(Arc::new(callback));
         self
     }
 
@@ -375,7 +397,7 @@ impl<C, R> RetryBuilder<C, R> {
                 attempt_timeout: self.attempt_timeout,
                 max_wait: self.max_wait,
                 budget,
-                on_retry: self.on_retry,
+                listeners: self.listeners,
             }),
         })
     }

@@ -176,5 +176,5 @@ mod service;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
-pub use self::policy::{RetryEvent, RetryStopped, StopReason};
+pub use self::policy::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::service::Retry;

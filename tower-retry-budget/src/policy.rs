@@ -43,6 +43,9 @@ pub enum StopReason {
     /// The request could not be sent again (not idempotent, or its body
     /// outgrew the replay limit).
     NotReplayable,
+    /// The server asked for a wait longer than `max_wait` or past the
+    /// deadline ([`WaitTooLong`](crate::error::WaitTooLong)).
+    WaitTooLong,
 }
 
 impl StopReason {
@@ -55,6 +58,7 @@ impl StopReason {
             StopReason::Budget => "budget",
             StopReason::Shed => "shed",
             StopReason::NotReplayable => "not_replayable",
+            StopReason::WaitTooLong => "wait_too_long",
         }
     }
 }
@@ -114,7 +118,65 @@ impl fmt::Debug for RetryIf {
     }
 }
 
-pub(crate) type OnRetry = Arc<dyn Fn(&RetryEvent) + Send + Sync>;
+/// A call that ended in failure, as passed to an
+/// [`on_give_up`](crate::RetryBuilder::on_give_up) callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GiveUpEvent {
+    /// The attempts made, the first included.
+    pub attempts: u32,
+    /// Why retrying stopped.
+    pub reason: StopReason,
+    /// How the last attempt failed.
+    pub failure: Failure,
+}
+
+/// A call that succeeded after retries, as passed to an
+/// [`on_success_after_retries`](crate::RetryBuilder::on_success_after_retries)
+/// callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SuccessAfterRetries {
+    /// The attempts made, the successful one included (at least 2).
+    pub attempts: u32,
+}
+
+/// A registered callback for events of type `E`.
+pub(crate) type Callback<E> = Arc<dyn Fn(&E) + Send + Sync>;
+
+/// Every registered callback, each kind called in the order added.
+#[derive(Clone, Default)]
+pub(crate) struct Listeners {
+    pub(crate) retry: Vec<Callback<RetryEvent>>,
+    pub(crate) give_up: Vec<Callback<GiveUpEvent>>,
+    pub(crate) recovered: Vec<Callback<SuccessAfterRetries>>,
+}
+
+impl Listeners {
+    pub(crate) fn retried(&self, event: &RetryEvent) {
+        for callback in &self.retry {
+            callback(event);
+        }
+    }
+
+    pub(crate) fn gave_up(&self, attempts: u32, reason: StopReason, failure: Failure) {
+        let event = GiveUpEvent {
+            attempts,
+            reason,
+            failure,
+        };
+        for callback in &self.give_up {
+            callback(&event);
+        }
+    }
+
+    pub(crate) fn recovered(&self, attempts: u32) {
+        let event = SuccessAfterRetries { attempts };
+        for callback in &self.recovered {
+            callback(&event);
+        }
+    }
+}
 
 /// The resolved settings, behind one `Arc` shared by every clone.
 pub(crate) struct Policy<C, R> {
@@ -127,7 +189,7 @@ pub(crate) struct Policy<C, R> {
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) max_wait: Duration,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
-    pub(crate) on_retry: Option<OnRetry>,
+    pub(crate) listeners: Listeners,
 }
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
@@ -142,7 +204,9 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("max_wait", &self.max_wait)
             .field("budget", &self.budget.is_some())
-            .field("on_retry", &self.on_retry.is_some())
+            .field("on_retry", &self.listeners.retry.len())
+            .field("on_give_up", &self.listeners.give_up.len())
+            .field("on_success_after_retries", &self.listeners.recovered.len())
             .finish()
     }
 }
