@@ -1,15 +1,21 @@
 //! The demo's resilient stacks, built from the family:
 //!
 //! ```text
-//! full family:    DeadLetter → CircuitBreaker → Retry (+ budget) → CountAttempts → HTTP client
+//! full family:    DeadLetter → Retry (+ budget) → CircuitBreaker → CountAttempts → HTTP client
 //! budget only:                      ReplayBody → Retry (+ budget) → HTTP client
 //! ```
 //!
 //! The dead-letter layer hands the layers below it a `ReplayBody`, which the
 //! retry layer replays; the budget-only stack wraps the body itself.
 //!
-//! ```text
-//! ```
+//! The family puts the retry layer *outside* the breaker (Polly's and
+//! Resilience4j's order): the breaker judges single attempts, so its
+//! half-open probe is one attempt and it sees the upstream recover at once,
+//! while a request refused by the open circuit waits out its remaining time
+//! (once, jittered, within the retry deadline, spending no budget) and is
+//! then sent to the recovered upstream. With the breaker outside, the probe
+//! is a whole retry loop that sleeps out the upstream's `Retry-After`, and
+//! the circuit stays open up to that long after the upstream is back.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,7 +160,8 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     let (retry, budget) = budgeted_retry(classifier.clone())?;
 
     // The demo's phases last seconds, so the breaker probes after 1 s rather
-    // than the production default of 30 s.
+    // than the production default of 30 s. It counts attempts, so five failed
+    // attempts open it.
     let breaker = CircuitBreakerLayer::builder()
         .name("upstream")
         .failure_threshold(5)
@@ -164,8 +171,8 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
 
     let stack = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()).label("demo-upstream"))
-        .layer(breaker)
         .layer(retry)
+        .layer(breaker)
         .layer(CountAttemptsLayer::new())
         .service(http_client_for::<StackBody>());
     Ok((

@@ -40,6 +40,8 @@ pub struct LoadReport {
     pub started_in: [u64; 5],
     /// Requests that got a 2xx.
     pub succeeded: u64,
+    /// Of those, by the phase they started in.
+    pub succeeded_in: [u64; 5],
     /// Requests that failed (an error or a non-2xx answer).
     pub failed: u64,
     /// Failed requests refused locally by load shedding (an open circuit, an
@@ -148,10 +150,14 @@ impl LoadReport {
         result: Result<crate::client::HttpResponse, tower::BoxError>,
     ) {
         self.latencies.push(latency);
-        self.started_in[Phase::ALL.iter().position(|p| *p == phase).expect("listed")] += 1;
+        let phase = Phase::ALL.iter().position(|p| *p == phase).expect("listed");
+        self.started_in[phase] += 1;
         self.poison_sent += u64::from(poison);
         match result {
-            Ok(response) if response.status().is_success() => self.succeeded += 1,
+            Ok(response) if response.status().is_success() => {
+                self.succeeded += 1;
+                self.succeeded_in[phase] += 1;
+            }
             Ok(_) => self.failed += 1,
             Err(error) => {
                 self.failed += 1;

@@ -314,7 +314,9 @@ fn decide<C, R>(
             return Decision::Stop(StopReason::Deadline);
         }
     }
-    if let Some(budget) = &policy.budget {
+    // A refusal below never reached the dependency, so the attempt after
+    // waiting it out adds no load to it: it spends no budget.
+    if let Some(budget) = policy.budget.as_ref().filter(|_| !shed) {
         if !budget.withdraw() {
             metrics::counter!("tower_retry_budget_exhausted_total").increment(1);
             give_up("budget", attempts, &failure);

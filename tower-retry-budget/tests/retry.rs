@@ -883,3 +883,33 @@ async fn item_7_every_listener_is_called_for_retries_give_ups_and_recoveries() {
         .unwrap();
     assert_eq!(recovered.lock().unwrap().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn item_15_waiting_out_a_refusal_spends_no_budget() {
+    // An empty budget (no floor, no share): no retry of a real failure is
+    // affordable, yet the attempt after an open circuit's remaining time is,
+    // because the refused attempt never reached the dependency.
+    let layer = RetryLayer::builder()
+        .max_retries(3)
+        .backoff(Backoff::none())
+        .deadline(S(10))
+        .budget(TpsBudget::new(S(1), 0, 0.0).unwrap())
+        .build()
+        .unwrap();
+    let inner = Scripted::new(|n| {
+        if n == 0 {
+            Err(circuit_open(S(1)))
+        } else {
+            Ok("closed")
+        }
+    });
+    assert_eq!(call(layer.layer(inner.clone())).await.unwrap(), "closed");
+    assert_eq!(inner.count(), 2);
+    let inner = always_reset();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert!(
+        err.is::<tower_retry_budget::error::BudgetExhausted>(),
+        "{err}"
+    );
+    assert_eq!(inner.count(), 1, "a real failure still needs the budget");
+}
