@@ -118,7 +118,9 @@
 //! `max_delay`, the layer waits it out **once**, plus up to a quarter more at
 //! random so that callers refused together do not return together; otherwise
 //! (no deadline set, above all) it returns the `CircuitOpen` error
-//! immediately rather than sleep through the recovery.
+//! immediately rather than sleep through the recovery. The attempt after such
+//! a wait spends no retry budget: the refused attempt never reached the
+//! dependency, so it adds no load to it.
 //!
 //! # Why budgets
 //!
