@@ -502,3 +502,22 @@ fn item_13_the_connection_class_includes_not_sent_and_not_sent_alone_is_narrower
     );
     assert!(RetryOn::default().contains(FailureKind::NotSent));
 }
+
+#[test]
+fn item_14_towers_load_shed_refusal_is_shed() {
+    let overloaded: BoxError = tower::load_shed::error::Overloaded::new().into();
+    assert_eq!(classify_error(overloaded), fail(FailureKind::Shed));
+}
+
+#[test]
+fn item_14_grpc_unavailable_is_one_kind_a_server_error() {
+    let unavailable = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", "14")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&unavailable)),
+        fail(FailureKind::ServerError)
+    );
+}
