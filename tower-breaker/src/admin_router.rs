@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, Request, State as Extract};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -27,9 +28,17 @@ impl BreakerHandle {
     /// |---|---|---|---|
     /// | `GET` | `/breakers` | | list every breaker |
     /// | `GET` | `/breakers/one?key=K` | | one breaker, `404` if unknown |
-    /// | `POST` | `/breakers/reset` | `{"key": K}` or `{}` | reset one, or all |
+    /// | `POST` | `/breakers/reset` | `{"key": K}` | reset one |
+    /// | `POST` | `/breakers/reset-all` | | reset every breaker |
     /// | `POST` | `/breakers/force-open` | `{"key": K}` | force open |
     /// | `POST` | `/breakers/force-closed` | `{"key": K}` | force closed |
+    ///
+    /// A body must be JSON with `Content-Type: application/json`; anything
+    /// else is refused (`415`, or `400` for a body that does not parse or
+    /// names no key) and changes nothing: a request that did not say which
+    /// breaker it means never falls back to all of them. Resetting every
+    /// breaker has its own path, so it is never what a malformed request
+    /// does.
     ///
     /// Keys travel in the query or the body, not the path, because keys such
     /// as routes contain `/`. Mount it with `Router::nest` under a path of
@@ -57,6 +66,7 @@ impl BreakerHandle {
             .route("/breakers", get(list))
             .route("/breakers/one", get(one))
             .route("/breakers/reset", post(reset))
+            .route("/breakers/reset-all", post(reset_all))
             .route("/breakers/force-open", post(force_open))
             .route("/breakers/force-closed", post(force_closed))
             .fallback(|| async { StatusCode::NOT_FOUND })
@@ -136,12 +146,23 @@ fn not_found(key: &str) -> Response {
         .into_response()
 }
 
-fn missing_key() -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"})),
-    )
-        .into_response()
+/// The key a request body names, or the answer refusing it.
+fn key_of(body: Result<Json<KeyBody>, JsonRejection>) -> Result<String, Response> {
+    match body {
+        Ok(Json(KeyBody { key: Some(key) })) => Ok(key),
+        Ok(Json(KeyBody { key: None })) => Err((
+            StatusCode::BAD_REQUEST,
+            Json(json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"})),
+        )
+            .into_response()),
+        // A missing or wrong content type is 415, a body that does not parse
+        // 400 or 422: axum's own status, with its reason.
+        Err(rejection) => Err((
+            rejection.status(),
+            Json(json!({"code": "BAD_BODY", "message": rejection.body_text()})),
+        )
+            .into_response()),
+    }
 }
 
 async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQuery>) -> Response {
@@ -151,35 +172,40 @@ async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQue
     }
 }
 
-async fn reset(Extract(handle): Extract<BreakerHandle>, body: Option<Json<KeyBody>>) -> Response {
-    match body.and_then(|Json(body)| body.key) {
-        Some(key) if handle.reset(&key) => Json(json!({"reset": [key]})).into_response(),
-        Some(key) => not_found(&key),
-        None => Json(json!({"reset_all": handle.reset_all()})).into_response(),
+async fn reset(
+    Extract(handle): Extract<BreakerHandle>,
+    body: Result<Json<KeyBody>, JsonRejection>,
+) -> Response {
+    match key_of(body) {
+        Ok(key) if handle.reset(&key) => Json(json!({"reset": [key]})).into_response(),
+        Ok(key) => not_found(&key),
+        Err(refused) => refused,
     }
+}
+
+async fn reset_all(Extract(handle): Extract<BreakerHandle>) -> Response {
+    Json(json!({"reset_all": handle.reset_all()})).into_response()
 }
 
 async fn force_open(
     Extract(handle): Extract<BreakerHandle>,
-    body: Option<Json<KeyBody>>,
+    body: Result<Json<KeyBody>, JsonRejection>,
 ) -> Response {
-    match body.and_then(|Json(body)| body.key) {
-        Some(key) if handle.force_open(&key) => Json(json!({"forced_open": key})).into_response(),
-        Some(key) => not_found(&key),
-        None => missing_key(),
+    match key_of(body) {
+        Ok(key) if handle.force_open(&key) => Json(json!({"forced_open": key})).into_response(),
+        Ok(key) => not_found(&key),
+        Err(refused) => refused,
     }
 }
 
 async fn force_closed(
     Extract(handle): Extract<BreakerHandle>,
-    body: Option<Json<KeyBody>>,
+    body: Result<Json<KeyBody>, JsonRejection>,
 ) -> Response {
-    match body.and_then(|Json(body)| body.key) {
-        Some(key) if handle.force_closed(&key) => {
-            Json(json!({"forced_closed": key})).into_response()
-        }
-        Some(key) => not_found(&key),
-        None => missing_key(),
+    match key_of(body) {
+        Ok(key) if handle.force_closed(&key) => Json(json!({"forced_closed": key})).into_response(),
+        Ok(key) => not_found(&key),
+        Err(refused) => refused,
     }
 }
 

@@ -73,7 +73,8 @@ async fn no_route_works_without_the_token() {
         for (method, uri, body) in [
             ("GET", "/breakers", ""),
             ("GET", "/breakers/one?key=crm", ""),
-            ("POST", "/breakers/reset", "{}"),
+            ("POST", "/breakers/reset", r#"{"key":"crm"}"#),
+            ("POST", "/breakers/reset-all", ""),
             ("POST", "/breakers/force-open", r#"{"key":"crm"}"#),
             ("POST", "/breakers/force-closed", r#"{"key":"crm"}"#),
             ("GET", "/no-such-path", ""),
@@ -135,7 +136,7 @@ async fn with_the_token_it_lists_forces_and_resets() {
         (StatusCode::OK, Some("crm"))
     );
     assert_eq!(handle.get("crm").unwrap().state, State::Closed);
-    let (_, json) = send(&router, "POST", "/breakers/reset", auth, "{}").await;
+    let (_, json) = send(&router, "POST", "/breakers/reset-all", auth, "").await;
     assert_eq!(json["reset_all"], 2);
     assert_eq!(handle.get("route:/users").unwrap().state, State::Closed);
 
@@ -161,4 +162,53 @@ async fn with_the_token_it_lists_forces_and_resets() {
 fn a_short_token_is_refused() {
     let err = handle().router("short").unwrap_err();
     assert_eq!(err.field(), "admin.token");
+}
+
+/// The request of issue 13: a key in the body but no `Content-Type`. axum's
+/// `Option<Json<_>>` reads that as no body at all, which used to mean "reset
+/// every breaker".
+#[tokio::test]
+async fn a_body_without_its_content_type_is_refused_and_changes_nothing() {
+    let handle = handle();
+    let router = handle.router(TOKEN).unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    assert!(handle.force_open("crm"));
+    assert!(handle.force_open("route:/users"));
+    for path in [
+        "/breakers/reset",
+        "/breakers/force-open",
+        "/breakers/force-closed",
+    ] {
+        let request = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("authorization", &auth)
+            .body(Body::from(r#"{"key":"crm"}"#))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{path}"
+        );
+        let (status, json) = send(&router, "POST", path, Some(&auth), "{}").await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("KEY_REQUIRED")),
+            "{path} with no key"
+        );
+        let (status, json) = send(&router, "POST", path, Some(&auth), "not json").await;
+        assert_eq!(
+            (status.is_client_error(), json["code"].as_str()),
+            (true, Some("BAD_BODY")),
+            "{path} with a body that does not parse"
+        );
+    }
+    for key in ["crm", "route:/users"] {
+        assert_eq!(
+            handle.get(key).unwrap().state,
+            State::ForcedOpen,
+            "{key} is untouched"
+        );
+    }
 }
