@@ -146,22 +146,20 @@ fn not_found(key: &str) -> Response {
         .into_response()
 }
 
-/// The key a request body names, or the answer refusing it.
-fn key_of(body: Result<Json<KeyBody>, JsonRejection>) -> Result<String, Response> {
+/// The key a request body names, or why the request is refused.
+fn key_of(body: Result<Json<KeyBody>, JsonRejection>) -> Result<String, (StatusCode, Json<Value>)> {
     match body {
         Ok(Json(KeyBody { key: Some(key) })) => Ok(key),
         Ok(Json(KeyBody { key: None })) => Err((
             StatusCode::BAD_REQUEST,
             Json(json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"})),
-        )
-            .into_response()),
+        )),
         // A missing or wrong content type is 415, a body that does not parse
         // 400 or 422: axum's own status, with its reason.
         Err(rejection) => Err((
             rejection.status(),
             Json(json!({"code": "BAD_BODY", "message": rejection.body_text()})),
-        )
-            .into_response()),
+        )),
     }
 }
 
@@ -179,7 +177,7 @@ async fn reset(
     match key_of(body) {
         Ok(key) if handle.reset(&key) => Json(json!({"reset": [key]})).into_response(),
         Ok(key) => not_found(&key),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -194,7 +192,7 @@ async fn force_open(
     match key_of(body) {
         Ok(key) if handle.force_open(&key) => Json(json!({"forced_open": key})).into_response(),
         Ok(key) => not_found(&key),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -205,7 +203,7 @@ async fn force_closed(
     match key_of(body) {
         Ok(key) if handle.force_closed(&key) => Json(json!({"forced_closed": key})).into_response(),
         Ok(key) => not_found(&key),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
