@@ -1,8 +1,9 @@
-//! Removing secrets from headers before anything is stored.
+//! Removing secrets from headers, URIs and bodies before anything is stored.
 
 use std::fmt;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
 
 use crate::entry::StoredHeader;
@@ -10,13 +11,61 @@ use crate::entry::StoredHeader;
 /// The text stored in place of a sensitive header's value.
 pub const REDACTED: &str = "[redacted]";
 
-/// Replaces the values of sensitive headers with `[redacted]`.
+/// Header names whose values are always redacted.
+const SENSITIVE_HEADERS: [&str; 11] = [
+    "x-api-key",
+    "x-auth-token",
+    "x-access-token",
+    "x-refresh-token",
+    "x-amz-security-token",
+    "x-goog-api-key",
+    "x-csrf-token",
+    "x-xsrf-token",
+    "x-vault-token",
+    "x-session-token",
+    "x-upload-token",
+];
+
+/// Query parameter and JSON field names whose values are redacted by
+/// default (any case); a name ending in `*` is a prefix.
+const SENSITIVE_NAMES: [&str; 14] = [
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "token",
+    "api_key",
+    "apikey",
+    "key",
+    "sig",
+    "signature",
+    "x-amz-*",
+    "code",
+    "password",
+    "secret",
+    "client_secret",
+];
+
+/// Replaces secrets with `[redacted]` before a request is stored or logged.
 ///
-/// Always redacted: `Authorization`, `Proxy-Authorization`, `Cookie`,
-/// `Set-Cookie` and `X-Api-Key`. Add more with [`with_header`](Self::with_header).
-/// The header is kept (with its name) so an operator can see a credential was
-/// sent; [replay](mod@crate::replay) drops redacted headers rather than sending the
-/// placeholder.
+/// - **Headers**: `Authorization`, `Proxy-Authorization`, `Cookie`,
+///   `Set-Cookie`, and the common token headers (`X-Api-Key`, `X-Auth-Token`,
+///   `X-Amz-Security-Token`, …). Add more with
+///   [`with_header`](Self::with_header). The header is kept (with its name)
+///   so an operator can see a credential was sent;
+///   [replay](mod@crate::replay) drops redacted headers rather than sending
+///   the placeholder.
+/// - **URIs**: the userinfo (`user:password@`) always, and the values of
+///   query parameters named `access_token`, `token`, `api_key`, `key`, `sig`,
+///   `signature`, `X-Amz-*` (a presigned URL's signature), `code`,
+///   `password` and a few more (any case). Add more with
+///   [`with_name`](Self::with_name). A replayed request sends the
+///   placeholder, so a presigned URL must be signed again.
+/// - **JSON bodies**: the values of object fields with those same names, at
+///   any depth; a replay sends the placeholder there too. A body that is not
+///   JSON is kept as it is;
+///   [`with_body_hook`](Self::with_body_hook) and
+///   [`with_error_hook`](Self::with_error_hook) add your own rules for
+///   bodies and for error texts.
 ///
 /// ```
 /// use tower_poison::Redactor;
@@ -25,11 +74,20 @@ pub const REDACTED: &str = "[redacted]";
 /// assert!(redactor.is_sensitive("Authorization"));
 /// assert!(redactor.is_sensitive("X-Session"));
 /// assert!(!redactor.is_sensitive("content-type"));
+/// assert_eq!(
+///     redactor.redact_uri("https://bob:hunter2@api.example/v1?access_token=abc&page=2"),
+///     "https://[redacted]@api.example/v1?access_token=[redacted]&page=2"
+/// );
 /// ```
 #[derive(Clone)]
 pub struct Redactor {
     names: Arc<[HeaderName]>,
+    fields: Arc<[String]>,
+    body_hook: Option<Hook>,
+    error_hook: Option<Hook>,
 }
+
+type Hook = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 impl Default for Redactor {
     fn default() -> Self {
@@ -38,16 +96,236 @@ impl Default for Redactor {
 }
 
 impl Redactor {
-    /// The redactor with the built-in list.
+    /// The redactor with the built-in lists.
     pub fn new() -> Self {
+        let headers = [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE, SET_COOKIE]
+            .into_iter()
+            .chain(SENSITIVE_HEADERS.map(HeaderName::from_static));
         Redactor {
-            names: Arc::new([
-                AUTHORIZATION,
-                PROXY_AUTHORIZATION,
-                COOKIE,
-                SET_COOKIE,
-                HeaderName::from_static("x-api-key"),
-            ]),
+            names: headers.collect(),
+            fields: SENSITIVE_NAMES.map(str::to_owned).into(),
+            body_hook: None,
+            error_hook: None,
+        }
+    }
+
+    /// Also redacts query parameters and JSON fields called `name` (any
+    /// case; a trailing `*` makes it a prefix).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        let mut fields = self.fields.to_vec();
+        fields.push(name.into());
+        self.fields = fields.into();
+        self
+    }
+
+    /// Runs `hook` on every stored body that is UTF-8 text, after the JSON
+    /// fields are redacted.
+    pub fn with_body_hook(mut self, hook: impl Fn(&mut String) + Send + Sync + 'static) -> Self {
+        self.body_hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Runs `hook` on every line of a stored error chain.
+    pub fn with_error_hook(mut self, hook: impl Fn(&mut String) + Send + Sync + 'static) -> Self {
+        self.error_hook = Some(Arc::new(hook));
+        self
+    }
+
+    fn is_sensitive_name(&self, name: &str) -> bool {
+        self.fields
+            .iter()
+            .any(|field| match field.strip_suffix('*') {
+                Some(prefix) => name
+                    .get(..prefix.len())
+                    .is_some_and(|start| start.eq_ignore_ascii_case(prefix)),
+                None => field.eq_ignore_ascii_case(name),
+            })
+    }
+
+    /// `uri` without its userinfo and with the values of sensitive query
+    /// parameters replaced.
+    pub fn redact_uri(&self, uri: &str) -> String {
+        let (before_fragment, fragment) = match uri.find('#') {
+            Some(at) => uri.split_at(at),
+            None => (uri, ""),
+        };
+        let (before_query, query) = match before_fragment.find('?') {
+            Some(at) => (&before_fragment[..at], Some(&before_fragment[at + 1..])),
+            None => (before_fragment, None),
+        };
+        let mut out = String::with_capacity(uri.len());
+        // The authority follows `//`; its userinfo ends at the last `@`.
+        match before_query.find("//") {
+            Some(start) => {
+                let authority_start = start + 2;
+                let rest = &before_query[authority_start..];
+                let authority_len = rest.find('/').unwrap_or(rest.len());
+                let authority = &rest[..authority_len];
+                out.push_str(&before_query[..authority_start]);
+                match authority.rfind('@') {
+                    Some(at) => {
+                        out.push_str(REDACTED);
+                        out.push_str(&authority[at..]);
+                    }
+                    None => out.push_str(authority),
+                }
+                out.push_str(&rest[authority_len..]);
+            }
+            None => out.push_str(before_query),
+        }
+        if let Some(query) = query {
+            out.push('?');
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((name, _)) if self.is_sensitive_name(name) => {
+                        out.push_str(name);
+                        out.push('=');
+                        out.push_str(REDACTED);
+                    }
+                    _ => out.push_str(pair),
+                }
+            }
+        }
+        out.push_str(fragment);
+        out
+    }
+
+    /// A stored body: JSON fields with sensitive names redacted (at any
+    /// depth), then the body hook. Text that does not parse as JSON (a body
+    /// cut short, say) has the same fields redacted where `"name": value`
+    /// appears in it; a body that is not text is kept as it is.
+    pub fn redact_body(&self, body: Bytes) -> Bytes {
+        let mut changed = false;
+        let mut text = match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(mut json) if json.is_object() || json.is_array() => {
+                changed = self.redact_json(&mut json);
+                if changed {
+                    json.to_string()
+                } else {
+                    String::new()
+                }
+            }
+            Ok(_) => String::new(),
+            Err(_) => match std::str::from_utf8(&body) {
+                Ok(text) => match self.redact_json_text(text) {
+                    Some(redacted) => {
+                        changed = true;
+                        redacted
+                    }
+                    None => String::new(),
+                },
+                Err(_) => String::new(),
+            },
+        };
+        if let Some(hook) = &self.body_hook {
+            if !changed {
+                match std::str::from_utf8(&body) {
+                    Ok(original) => text = original.to_owned(),
+                    Err(_) => return body,
+                }
+            }
+            hook(&mut text);
+            changed = true;
+        }
+        if changed {
+            Bytes::from(text)
+        } else {
+            body
+        }
+    }
+
+    fn redact_json(&self, value: &mut serde_json::Value) -> bool {
+        let mut changed = false;
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (name, field) in fields.iter_mut() {
+                    if self.is_sensitive_name(name) && !field.is_object() && !field.is_array() {
+                        *field = serde_json::Value::String(REDACTED.to_owned());
+                        changed = true;
+                    } else {
+                        changed |= self.redact_json(field);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    changed |= self.redact_json(item);
+                }
+            }
+            _ => {}
+        }
+        changed
+    }
+
+    /// Redacts `"name": value` in text that is not whole JSON; `None` when
+    /// nothing was redacted.
+    fn redact_json_text(&self, text: &str) -> Option<String> {
+        let bytes = text.as_bytes();
+        let mut out = String::with_capacity(text.len());
+        let mut copied = 0;
+        let mut changed = false;
+        let mut at = 0;
+        while let Some(offset) = text[at..].find('"') {
+            let open = at + offset;
+            let Some(len) = text[open + 1..].find('"') else {
+                break;
+            };
+            let close = open + 1 + len;
+            let name = &text[open + 1..close];
+            at = close + 1;
+            if !self.is_sensitive_name(name) {
+                continue;
+            }
+            let mut value = at;
+            while value < bytes.len() && bytes[value].is_ascii_whitespace() {
+                value += 1;
+            }
+            if bytes.get(value) != Some(&b':') {
+                continue;
+            }
+            value += 1;
+            while value < bytes.len() && bytes[value].is_ascii_whitespace() {
+                value += 1;
+            }
+            let end = if bytes.get(value) == Some(&b'"') {
+                // A string, to its closing quote (or the end of a cut body).
+                let mut end = value + 1;
+                while end < bytes.len() && bytes[end] != b'"' {
+                    end += if bytes[end] == b'\\' { 2 } else { 1 };
+                }
+                (end + 1).min(bytes.len())
+            } else if matches!(bytes.get(value), Some(b'{' | b'[')) || value >= bytes.len() {
+                continue;
+            } else {
+                let mut end = value;
+                while end < bytes.len() && !matches!(bytes[end], b',' | b'}' | b']') {
+                    end += 1;
+                }
+                end
+            };
+            out.push_str(&text[copied..value]);
+            out.push('"');
+            out.push_str(REDACTED);
+            out.push('"');
+            copied = end;
+            at = end;
+            changed = true;
+        }
+        changed.then(|| {
+            out.push_str(&text[copied..]);
+            out
+        })
+    }
+
+    /// Runs the error hook on every line of an error chain.
+    pub fn redact_errors(&self, errors: &mut [String]) {
+        if let Some(hook) = &self.error_hook {
+            for line in errors {
+                hook(line);
+            }
         }
     }
 
@@ -93,13 +371,93 @@ impl Redactor {
 
 impl fmt::Debug for Redactor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.names.iter()).finish()
+        f.debug_struct("Redactor")
+            .field("headers", &self.names)
+            .field("names", &self.fields)
+            .field("body_hook", &self.body_hook.is_some())
+            .field("error_hook", &self.error_hook.is_some())
+            .finish()
+    }
+}
+
+/// The path of a stored URI, for a log line: no query, no userinfo.
+pub(crate) fn path_of(uri: &str) -> &str {
+    let without_query = uri.split(['?', '#']).next().unwrap_or_default();
+    match without_query.find("//") {
+        Some(start) => {
+            let rest = &without_query[start + 2..];
+            rest.find('/').map_or("/", |at| &rest[at..])
+        }
+        None => without_query,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uris_lose_userinfo_and_sensitive_query_values() {
+        let redactor = Redactor::new().with_name("session");
+        let cases = [
+            ("/v1/items?page=2", "/v1/items?page=2"),
+            (
+                "https://u:SECRET@host:8443/p?Access_Token=SECRET&x=1#frag",
+                "https://[redacted]@host:8443/p?Access_Token=[redacted]&x=1#frag",
+            ),
+            (
+                "https://bucket.s3/k?X-Amz-Signature=SECRET&X-Amz-Credential=SECRET&v=1",
+                "https://bucket.s3/k?X-Amz-Signature=[redacted]&X-Amz-Credential=[redacted]&v=1",
+            ),
+            ("/cb?code=SECRET&state=s", "/cb?code=[redacted]&state=s"),
+            ("/s?session=SECRET", "/s?session=[redacted]"),
+            ("/flag?token", "/flag?token"),
+        ];
+        for (uri, expected) in cases {
+            assert_eq!(redactor.redact_uri(uri), expected, "{uri}");
+        }
+        assert_eq!(path_of("https://u:SECRET@host/p/q?token=SECRET"), "/p/q");
+        assert_eq!(path_of("/p?token=SECRET"), "/p");
+    }
+
+    #[test]
+    fn json_bodies_lose_sensitive_fields_at_any_depth_even_cut_short() {
+        let redactor = Redactor::new();
+        let body = Bytes::from_static(
+            br#"{"user":"bob","password":"SECRET","nested":[{"api_key":123}],"n":1}"#,
+        );
+        let redacted = redactor.redact_body(body);
+        let json: serde_json::Value = serde_json::from_slice(&redacted).unwrap();
+        assert_eq!(json["password"], REDACTED);
+        assert_eq!(json["nested"][0]["api_key"], REDACTED);
+        assert_eq!(
+            (json["user"].as_str(), json["n"].as_i64()),
+            (Some("bob"), Some(1))
+        );
+
+        let cut = Bytes::from_static(br#"{"user":"bob", "Password" : "SEC\"RET", "token": 42, "x"#);
+        let redacted = redactor.redact_body(cut);
+        let text = std::str::from_utf8(&redacted).unwrap();
+        assert!(!text.contains("SEC") && !text.contains("42"), "{text}");
+        assert!(text.starts_with(r#"{"user":"bob""#), "{text}");
+
+        let plain = Bytes::from_static(b"not json, no secrets");
+        assert_eq!(redactor.redact_body(plain.clone()), plain);
+        let binary = Bytes::from_static(&[0xff, 0x00, 0x01]);
+        assert_eq!(redactor.redact_body(binary.clone()), binary);
+    }
+
+    #[test]
+    fn hooks_run_on_bodies_and_error_texts() {
+        let redactor = Redactor::new()
+            .with_body_hook(|body| *body = body.replace("4111-1111", "[card]"))
+            .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
+        let body = redactor.redact_body(Bytes::from_static(b"card 4111-1111"));
+        assert_eq!(body, "card [card]");
+        let mut errors = vec!["denied for tenant-7".to_owned()];
+        redactor.redact_errors(&mut errors);
+        assert_eq!(errors, ["denied for [tenant]"]);
+    }
 
     #[test]
     fn built_in_and_configured_headers_are_redacted_and_others_kept() {

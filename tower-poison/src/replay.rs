@@ -170,7 +170,10 @@ where
 /// `Connection` are left for the client to set.
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
-/// be a different request.
+/// be a different request. So is one whose URI or body had a secret redacted
+/// (a query token, a presigned URL's signature, a JSON `password`): sending
+/// the placeholder would be a different request too, and the secret is not
+/// kept anywhere to send instead.
 pub fn http_request(
     entry: &DeadLetterEntry,
     destination: &Uri,
@@ -181,6 +184,22 @@ pub fn http_request(
             "entry {} has a truncated body ({} bytes kept)",
             entry.id,
             entry.body.len()
+        )
+        .into());
+    }
+    let redacted = |text: &[u8]| {
+        text.windows(REDACTED.len())
+            .any(|window| window == REDACTED.as_bytes())
+    };
+    if entry
+        .uri
+        .as_deref()
+        .is_some_and(|uri| redacted(uri.as_bytes()))
+        || redacted(&entry.body)
+    {
+        return Err(format!(
+            "entry {} had a secret redacted from its URI or body; it cannot be sent as it was",
+            entry.id
         )
         .into());
     }

@@ -307,14 +307,16 @@ where
     ) -> DeadLetterEntry {
         let mut headers = record.headers;
         self.redactor.redact(&mut headers);
+        let mut error = error;
+        self.redactor.redact_errors(&mut error);
         DeadLetterEntry {
             id: EntryId::generate(SystemTime::now()),
             label: self.label.to_string(),
             message_id: record.message_id,
             method: record.method,
-            uri: record.uri,
+            uri: record.uri.map(|uri| self.redactor.redact_uri(&uri)),
             headers,
-            body: record.body,
+            body: self.redactor.redact_body(record.body),
             body_truncated: record.body_truncated,
             body_len: record.body_len,
             error,
@@ -332,7 +334,14 @@ where
         match action {
             Action::Dlq => {
                 let (id, kind, attempts) = (entry.id, entry.kind, entry.attempts);
-                let uri = entry.uri.clone().unwrap_or_default();
+                // The path only: a query or userinfo may carry what the
+                // store keeps redacted, and logs travel further.
+                let path = entry
+                    .uri
+                    .as_deref()
+                    .map(crate::redact::path_of)
+                    .unwrap_or_default()
+                    .to_owned();
                 if let Err(error) = self.store.put(entry).await {
                     tracing::error!(
                         entry_id = %id, label, kind = kind.as_str(), error = %error,
@@ -351,7 +360,7 @@ where
                         .set(depth as f64);
                 }
                 tracing::warn!(
-                    entry_id = %id, label, kind = kind.as_str(), attempts, uri,
+                    entry_id = %id, label, kind = kind.as_str(), attempts, path,
                     "dead-lettered a failed call"
                 );
             }

@@ -123,3 +123,73 @@ fn dlq_logs_every_entry_and_drop_logs_once_per_key() {
         .count();
     assert_eq!(quiet, 2, "repeats of key a are logged at debug");
 }
+
+/// Every field of every event, as text.
+#[derive(Clone, Default)]
+struct AllFields(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for AllFields {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+                self.0 += &format!("{}={value:?} ", field.name());
+            }
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        self.0.lock().unwrap().push(text.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Issue 13: a secret in the query, the userinfo, a token header or a JSON
+/// body field reaches neither the stored entry nor the logs.
+#[test]
+fn secrets_reach_neither_the_store_nor_the_logs() {
+    let events = AllFields::default();
+    let store = MemoryStore::new(100);
+    tracing::subscriber::with_default(events.clone(), || {
+        run(async {
+            let mut dlq = DeadLetterLayer::new(store.clone()).layer(service_fn(
+                |_req: Request<ReplayBody<Full<Bytes>>>| async {
+                    Ok::<_, BoxError>(Response::builder().status(503).body(Bytes::new()).unwrap())
+                },
+            ));
+            let req = Request::post(
+                "https://operator:SECRET-1@upstream.example/v1/orders?access_token=SECRET-2&page=3",
+            )
+            .header("x-auth-token", "SECRET-3")
+            .header("x-amz-security-token", "SECRET-4")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"order":7,"card":{"password":"SECRET-5"}}"#,
+            )))
+            .unwrap();
+            dlq.ready().await.unwrap().call(req).await.unwrap();
+        });
+    });
+    let entries = run(async {
+        use tower_poison::store::{DeadLetterStore, ListQuery};
+        store.list(ListQuery::new()).await.unwrap().entries
+    });
+    assert_eq!(entries.len(), 1);
+    let stored = serde_json::to_string(&entries[0]).unwrap();
+    assert!(!stored.contains("SECRET"), "stored: {stored}");
+    assert!(
+        stored.contains("page=3") && stored.contains(r#"\"order\":7"#),
+        "{stored}"
+    );
+    let logs = events.0.lock().unwrap().join("\n");
+    assert!(logs.contains("/v1/orders"), "{logs}");
+    assert!(!logs.contains("SECRET"), "logs: {logs}");
+}

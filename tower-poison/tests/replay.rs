@@ -216,3 +216,17 @@ fn destination_path_prefix_and_extra_headers_are_applied() {
     );
     assert_eq!(req.headers()["authorization"], "Bearer fresh");
 }
+
+#[test]
+fn entries_with_a_redacted_uri_or_body_are_not_rebuilt() {
+    let destination: Uri = "http://replay.internal".parse().unwrap();
+    let mut in_query = entry();
+    in_query.uri = Some(format!("/orders?access_token={REDACTED}"));
+    let mut in_body = entry();
+    in_body.body = Bytes::from(format!(r#"{{"password":"{REDACTED}"}}"#));
+    for e in [in_query, in_body] {
+        let error = http_request(&e, &destination, &[]).unwrap_err();
+        assert!(error.to_string().contains("redacted"), "{error}");
+    }
+    assert!(http_request(&entry(), &destination, &[]).is_ok());
+}
