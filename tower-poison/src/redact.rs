@@ -154,10 +154,10 @@ impl Redactor {
             None => (before_fragment, None),
         };
         let mut out = String::with_capacity(uri.len());
-        // The authority follows `//`; its userinfo ends at the last `@`.
-        match before_query.find("//") {
-            Some(start) => {
-                let authority_start = start + 2;
+        // The authority follows `scheme://` (or a leading `//`); its
+        // userinfo ends at the last `@`.
+        match authority_start(before_query) {
+            Some(authority_start) => {
                 let rest = &before_query[authority_start..];
                 let authority_len = rest.find('/').unwrap_or(rest.len());
                 let authority = &rest[..authority_len];
@@ -380,12 +380,31 @@ impl fmt::Debug for Redactor {
     }
 }
 
+/// Where the authority of `uri` (without its query) starts: after
+/// `scheme://`, or after a leading `//`. `None` for a path, even one that
+/// holds `//` or `://` further on.
+fn authority_start(uri: &str) -> Option<usize> {
+    if uri.starts_with("//") {
+        return Some(2);
+    }
+    let scheme_end = uri.find("://")?;
+    let scheme = &uri[..scheme_end];
+    let is_scheme = scheme
+        .bytes()
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    is_scheme.then_some(scheme_end + 3)
+}
+
 /// The path of a stored URI, for a log line: no query, no userinfo.
 pub(crate) fn path_of(uri: &str) -> &str {
     let without_query = uri.split(['?', '#']).next().unwrap_or_default();
-    match without_query.find("//") {
+    match authority_start(without_query) {
         Some(start) => {
-            let rest = &without_query[start + 2..];
+            let rest = &without_query[start..];
             rest.find('/').map_or("/", |at| &rest[at..])
         }
         None => without_query,
@@ -412,12 +431,20 @@ mod tests {
             ("/cb?code=SECRET&state=s", "/cb?code=[redacted]&state=s"),
             ("/s?session=SECRET", "/s?session=[redacted]"),
             ("/flag?token", "/flag?token"),
+            // A path holding `//` or `://` has no authority to redact.
+            ("/v1//a@b/c?x=1", "/v1//a@b/c?x=1"),
+            (
+                "/go/https://u:p@elsewhere?sig=SECRET",
+                "/go/https://u:p@elsewhere?sig=[redacted]",
+            ),
+            ("//u:SECRET@host/p", "//[redacted]@host/p"),
         ];
         for (uri, expected) in cases {
             assert_eq!(redactor.redact_uri(uri), expected, "{uri}");
         }
         assert_eq!(path_of("https://u:SECRET@host/p/q?token=SECRET"), "/p/q");
         assert_eq!(path_of("/p?token=SECRET"), "/p");
+        assert_eq!(path_of("/v1//a?b"), "/v1//a");
     }
 
     #[test]
@@ -445,6 +472,27 @@ mod tests {
         assert_eq!(redactor.redact_body(plain.clone()), plain);
         let binary = Bytes::from_static(&[0xff, 0x00, 0x01]);
         assert_eq!(redactor.redact_body(binary.clone()), binary);
+    }
+
+    proptest::proptest! {
+        /// Hostile URIs and bodies never panic, and a sensitive query value
+        /// or JSON field never survives.
+        #[test]
+        fn redaction_is_total_and_drops_the_secret(
+            prefix in "\\PC{0,40}",
+            secret in "[A-Za-z0-9]{8,16}",
+            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+        ) {
+            let redactor = Redactor::new();
+            let _ = redactor.redact_uri(&prefix);
+            let _ = path_of(&prefix);
+            let _ = redactor.redact_body(Bytes::from(junk));
+            let uri = format!("https://h/{}?a=1&token={secret}", prefix.replace(['?', '#', '&'], ""));
+            proptest::prop_assert!(!redactor.redact_uri(&uri).contains(&secret));
+            let body = format!(r#"{{"x":"{}","password":"{secret}"}}"#, prefix.replace(['"', '\\'], ""));
+            let redacted = redactor.redact_body(Bytes::from(body));
+            proptest::prop_assert!(!String::from_utf8_lossy(&redacted).contains(&secret));
+        }
     }
 
     #[test]
