@@ -2,14 +2,28 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::header::HeaderName;
-use tower_classify::HttpClassifier;
+use tower_classify::{FailureKind, HttpClassifier};
 use tower_layer::Layer;
 
 use crate::action::Action;
 use crate::capture::HttpCapture;
 use crate::poison::{PoisonCounters, PoisonPolicy};
 use crate::redact::Redactor;
-use crate::service::{DeadLetter, DropLog, Shared};
+use crate::service::{DeadLetter, DropLog, Shared, StoredKinds};
+
+/// The failure kinds [`DeadLetterLayer::for_server`] stores: what an operator
+/// must act on. A server's `4xx` answers (a scanner's `404`, a client's
+/// invalid request) and its own load shedding (an open circuit) are the
+/// caller's business, and would fill the store during an attack or an
+/// outage.
+pub const SERVER_KINDS: [FailureKind; 6] = [
+    FailureKind::ServerError,
+    FailureKind::RateLimited,
+    FailureKind::Timeout,
+    FailureKind::Connection,
+    FailureKind::NotSent,
+    FailureKind::Poison,
+];
 
 /// Applies [`DeadLetter`] to a service: failed calls are written to a
 /// [`DeadLetterStore`](crate::store::DeadLetterStore).
@@ -38,8 +52,18 @@ impl<St> DeadLetterLayer<St> {
                 redactor: Redactor::new(),
                 poison: None,
                 drops: Arc::new(DropLog::default()),
+                stored: StoredKinds::ALL,
             },
         }
+    }
+
+    /// A layer for a server: writes to `store` with the HTTP defaults, and
+    /// stores only the failures of [`SERVER_KINDS`] (5xx, timeouts,
+    /// connection failures, rate limiting and poison). Add `4xx`
+    /// ([`Rejected`](FailureKind::Rejected)) or shed refusals with
+    /// [`store_kinds`](Self::store_kinds).
+    pub fn for_server(store: St) -> Self {
+        Self::new(store).store_kinds(SERVER_KINDS)
     }
 }
 
@@ -70,6 +94,15 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
         self
     }
 
+    /// Stores only failures of `kinds`; a failure of any other kind is
+    /// handed back as it is, unstored, and counts towards no poison limit.
+    /// Every kind by default (a client's layer: nothing that failed is
+    /// lost); see [`for_server`](DeadLetterLayer::for_server).
+    pub fn store_kinds(mut self, kinds: impl IntoIterator<Item = FailureKind>) -> Self {
+        self.shared.stored = StoredKinds::of(kinds);
+        self
+    }
+
     /// Also redacts header `name` (the built-in list is always redacted).
     pub fn redact_header(mut self, name: HeaderName) -> Self {
         self.shared.redactor = self.shared.redactor.with_header(name);
@@ -92,6 +125,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             redactor,
             poison,
             drops,
+            stored,
             ..
         } = self.shared;
         DeadLetterLayer {
@@ -104,6 +138,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
                 redactor,
                 poison,
                 drops,
+                stored,
             },
         }
     }
@@ -119,6 +154,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             redactor,
             poison,
             drops,
+            stored,
             ..
         } = self.shared;
         DeadLetterLayer {
@@ -131,6 +167,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
                 redactor,
                 poison,
                 drops,
+                stored,
             },
         }
     }
@@ -164,6 +201,7 @@ impl<St: fmt::Debug, C: fmt::Debug, Cap: fmt::Debug> fmt::Debug for DeadLetterLa
             .field("action", &self.shared.action)
             .field("redactor", &self.shared.redactor)
             .field("poison", &self.shared.poison.is_some())
+            .field("stored", &self.shared.stored)
             .finish()
     }
 }

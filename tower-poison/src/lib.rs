@@ -216,7 +216,7 @@ pub use self::entry::{
 pub use self::error::{PoisonMessage, StoreFailed};
 pub use self::future::ResponseFuture;
 pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
-pub use self::layer::DeadLetterLayer;
+pub use self::layer::{DeadLetterLayer, SERVER_KINDS};
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
 pub use self::replay::replay;

@@ -55,6 +55,35 @@ pub(crate) struct Shared<St, C, Cap> {
     pub(crate) redactor: Redactor,
     pub(crate) poison: Option<Arc<PoisonCounters>>,
     pub(crate) drops: Arc<DropLog>,
+    pub(crate) stored: StoredKinds,
+}
+
+/// The failure kinds a layer stores, as a bit per kind of
+/// [`FailureKind::ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoredKinds(u16);
+
+impl StoredKinds {
+    pub(crate) const ALL: StoredKinds = StoredKinds(u16::MAX);
+
+    fn bit(kind: FailureKind) -> u16 {
+        FailureKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |index| 1 << index)
+    }
+
+    pub(crate) fn of(kinds: impl IntoIterator<Item = FailureKind>) -> Self {
+        StoredKinds(
+            kinds
+                .into_iter()
+                .fold(0, |bits, kind| bits | Self::bit(kind)),
+        )
+    }
+
+    pub(crate) fn contains(self, kind: FailureKind) -> bool {
+        self.0 & Self::bit(kind) != 0
+    }
 }
 
 /// The keys a `drop` action has already logged, so each is logged once.
@@ -184,7 +213,11 @@ where
         E: Into<BoxError>,
     {
         let failure = match self.classifier.classify(result.as_ref()) {
-            Outcome::Failure(failure) => failure,
+            Outcome::Failure(failure) if self.stored.contains(failure.kind) => failure,
+            // A failure of a kind this layer does not store (a scanner's
+            // 404 on a server) goes back as it is, and counts as no
+            // message's failure.
+            Outcome::Failure(_) => return result.map_err(Into::into),
             Outcome::Success | Outcome::Ignored => {
                 self.succeeded(&pending);
                 return result.map_err(Into::into);

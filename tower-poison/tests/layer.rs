@@ -679,3 +679,50 @@ async fn readiness_is_the_inner_services() {
     let response = call.await.unwrap().unwrap();
     assert_eq!(response.into_body(), "ok");
 }
+
+/// Issue 13: a server's dead-letter layer keeps what an operator must act
+/// on, not a scanner's 404s nor its own open circuit's refusals.
+#[tokio::test]
+async fn a_servers_layer_stores_only_what_an_operator_acts_on() {
+    use tower::Layer;
+    async fn answer(req: Request<Body>) -> Result<Response<Bytes>, BoxError> {
+        match req.uri().path() {
+            "/missing" => Ok(Response::builder().status(404).body(Bytes::new()).unwrap()),
+            "/down" => Ok(Response::builder().status(503).body(Bytes::new()).unwrap()),
+            _ => Err(Box::new(Classified::shed("circuit open", None))),
+        }
+    }
+    let kinds_stored = |store: MemoryStore| async move {
+        let page = store.list(ListQuery::new()).await.unwrap();
+        page.entries.iter().map(|e| e.kind).collect::<Vec<_>>()
+    };
+    for server in [true, false] {
+        let store = MemoryStore::new(100);
+        let layer = if server {
+            DeadLetterLayer::for_server(store.clone())
+        } else {
+            DeadLetterLayer::new(store.clone())
+        };
+        let mut service = layer.layer(service_fn(answer));
+        for path in ["/missing", "/down", "/shed"] {
+            let req = Request::get(format!("http://app{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let _ = service.ready().await.unwrap().call(req).await;
+        }
+        let kinds = kinds_stored(store).await;
+        if server {
+            assert_eq!(kinds, [FailureKind::ServerError]);
+        } else {
+            assert_eq!(
+                kinds,
+                [
+                    FailureKind::Rejected,
+                    FailureKind::ServerError,
+                    FailureKind::Shed
+                ],
+                "a client's layer loses nothing"
+            );
+        }
+    }
+}
