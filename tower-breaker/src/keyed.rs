@@ -12,7 +12,7 @@ use tower_service::Service;
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
 use crate::layer::Builder;
-use crate::state::{Breaker, Settings};
+use crate::state::{Breaker, Settings, State};
 
 /// One breaker per key, computed from each request by a key function: a host,
 /// a route, a `channel:connector` pair. A dependency that fails opens only its
@@ -21,8 +21,10 @@ use crate::state::{Breaker, Settings};
 /// The map is bounded at [`max_breakers`](Builder::max_breakers). A new key
 /// beyond that evicts the least recently used breaker that is **closed**:
 /// evicting an open breaker would re-admit full load to a dependency known to
-/// be broken. Only when every breaker is open (or half-open, or forced open)
-/// does plain LRU apply, with a `tracing` warning. State is per process.
+/// be broken. Only when every breaker is open (or half-open) does plain LRU
+/// apply, with a `tracing` warning. A breaker an operator forced open or
+/// closed is never evicted; when every breaker is forced, a new key gets a
+/// breaker of its own for that call that is not kept. State is per process.
 ///
 /// The key function sees `&Req` and returns anything that is `AsRef<str>`:
 /// return a `&'static str` or a cheap clone (an `http::uri::Authority`) where
@@ -241,11 +243,14 @@ impl Registry {
             entry.last_used = tick;
             return Arc::clone(&entry.breaker);
         }
-        if map.entries.len() >= self.settings.max_breakers {
-            self.evict(&mut map);
-        }
+        let full = map.entries.len() >= self.settings.max_breakers;
         let key: Arc<str> = Arc::from(key);
         let breaker = Arc::new(Breaker::new(Arc::clone(&key), Arc::clone(&self.settings)));
+        if full && !self.evict(&mut map) {
+            // Every breaker is an operator's: none may go, and the map may
+            // not grow. This call gets a fresh breaker that is not kept.
+            return breaker;
+        }
         map.entries.insert(
             key,
             Entry {
@@ -257,13 +262,18 @@ impl Registry {
     }
 
     /// Evicts the least recently used closed breaker; only when there is none,
-    /// the least recently used of all, with a warning. A linear scan: it runs
-    /// only when a new key arrives at a full map.
-    fn evict(&self, map: &mut Map) {
+    /// the least recently used open one, with a warning. Never a forced one:
+    /// `false` when every breaker is forced. A linear scan: it runs only when
+    /// a new key arrives at a full map.
+    fn evict(&self, map: &mut Map) -> bool {
         let lru = |closed_only: bool| {
             map.entries
                 .iter()
-                .filter(|(_, entry)| !closed_only || !entry.breaker.state().is_open())
+                .filter(|(_, entry)| {
+                    let state = entry.breaker.state();
+                    !matches!(state, State::ForcedOpen | State::ForcedClosed)
+                        && (!closed_only || !state.is_open())
+                })
                 .min_by_key(|(_, entry)| entry.last_used)
                 .map(|(key, _)| Arc::clone(key))
         };
@@ -273,7 +283,13 @@ impl Registry {
                 victim
             }
             None => {
-                let Some(victim) = lru(false) else { return };
+                let Some(victim) = lru(false) else {
+                    tracing::warn!(
+                        max_breakers = self.settings.max_breakers,
+                        "every circuit breaker is forced by an operator; a new key's breaker is not kept"
+                    );
+                    return false;
+                };
                 tracing::warn!(
                     breaker = &*victim,
                     max_breakers = self.settings.max_breakers,
@@ -284,6 +300,7 @@ impl Registry {
             }
         };
         map.entries.remove(&victim);
+        true
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {

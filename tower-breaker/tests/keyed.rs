@@ -129,3 +129,45 @@ fn without_pressure_no_eviction_warning_is_logged() {
     let warnings = support::warnings();
     assert_eq!(warnings.len(), 1, "only the opening: {warnings:?}");
 }
+
+/// Issue 13: an operator's forced breakers are never evicted, whatever the
+/// number of new keys; when every breaker is forced, new keys still get a
+/// breaker, one that is not kept, and the map stays bounded.
+#[test]
+fn forced_breakers_survive_any_number_of_new_keys() {
+    let layer = CircuitBreakerLayer::builder()
+        .max_breakers(3)
+        .build_keyed(ErrorChainClassifier::new(), |req: &String| req.clone())
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(service_fn(|_: String| ready(Ok::<_, io::Error>(()))));
+    let mut send = |key: String| svc.call(key).now_or_never().expect("immediate").map(drop);
+    send("pinned-open".into()).unwrap();
+    send("pinned-closed".into()).unwrap();
+    assert!(handle.force_open("pinned-open"));
+    assert!(handle.force_closed("pinned-closed"));
+    for n in 0..10_000 {
+        send(format!("tenant-{n}")).unwrap();
+    }
+    assert_eq!(handle.get("pinned-open").unwrap().state, State::ForcedOpen);
+    assert_eq!(
+        handle.get("pinned-closed").unwrap().state,
+        State::ForcedClosed
+    );
+    assert!(send("pinned-open".into()).unwrap_err().is::<CircuitOpen>());
+    assert_eq!(handle.list().len(), 3);
+
+    // The third slot forced too: new keys pass, nothing is kept for them.
+    let third = handle
+        .list()
+        .into_iter()
+        .map(|b| b.key)
+        .find(|key| key.starts_with("tenant-"))
+        .unwrap();
+    assert!(handle.force_closed(&third));
+    for n in 0..100 {
+        send(format!("late-{n}")).unwrap();
+    }
+    assert_eq!(handle.list().len(), 3);
+    assert!(handle.get("late-0").is_none());
+}
