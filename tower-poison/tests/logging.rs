@@ -34,10 +34,12 @@ fn run<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// Collects `(level, message, key field, every field as text)` of every
-/// tracing event.
+/// One event: its level, message, key field, and every field as text.
+type Event = (tracing::Level, String, String, String);
+
+/// Collects every tracing event.
 #[derive(Clone, Default)]
-struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String, String, String)>>>);
+struct Events(Arc<std::sync::Mutex<Vec<Event>>>);
 
 impl tracing::Subscriber for Events {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
