@@ -198,43 +198,28 @@ impl Redactor {
     /// cut short, say) has the same fields redacted where `"name": value`
     /// appears in it; a body that is not text is kept as it is.
     pub fn redact_body(&self, body: Bytes) -> Bytes {
-        let mut changed = false;
-        let mut text = match serde_json::from_slice::<serde_json::Value>(&body) {
+        // `None`: nothing redacted, the body stays as it is.
+        let redacted = match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(mut json) if json.is_object() || json.is_array() => {
-                changed = self.redact_json(&mut json);
-                if changed {
-                    json.to_string()
-                } else {
-                    String::new()
-                }
+                self.redact_json(&mut json).then(|| json.to_string())
             }
-            Ok(_) => String::new(),
-            Err(_) => match std::str::from_utf8(&body) {
-                Ok(text) => match self.redact_json_text(text) {
-                    Some(redacted) => {
-                        changed = true;
-                        redacted
-                    }
-                    None => String::new(),
-                },
-                Err(_) => String::new(),
+            Ok(_) => None,
+            Err(_) => std::str::from_utf8(&body)
+                .ok()
+                .and_then(|text| self.redact_json_text(text)),
+        };
+        let Some(hook) = &self.body_hook else {
+            return redacted.map_or(body, Bytes::from);
+        };
+        let mut text = match redacted {
+            Some(text) => text,
+            None => match std::str::from_utf8(&body) {
+                Ok(text) => text.to_owned(),
+                Err(_) => return body,
             },
         };
-        if let Some(hook) = &self.body_hook {
-            if !changed {
-                match std::str::from_utf8(&body) {
-                    Ok(original) => text = original.to_owned(),
-                    Err(_) => return body,
-                }
-            }
-            hook(&mut text);
-            changed = true;
-        }
-        if changed {
-            Bytes::from(text)
-        } else {
-            body
-        }
+        hook(&mut text);
+        Bytes::from(text)
     }
 
     fn redact_json(&self, value: &mut serde_json::Value) -> bool {
