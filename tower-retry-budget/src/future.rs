@@ -47,7 +47,7 @@ pin_project! {
         limit: Limit,
         waited_for_shed: bool,
         // How the attempt before the one in flight failed, for the error
-        // that may end the loop; boxed, as only a retried call has one.
+        // that may end the loop; boxed, as only a retried call with a deadline has one.
         previous: Option<Box<PreviousFailure>>,
     }
 }
@@ -453,11 +453,10 @@ where
                 }
                 Decision::Stop(reason) => {
                     this.state.set(State::Done);
-                    listeners.gave_up(attempts, reason, failure_of(&outcome));
+                    let failure = failure_of(&outcome);
+                    listeners.gave_up(attempts, reason, failure);
                     return Poll::Ready(match result {
-                        Ok(response) => {
-                            report.hand_back(response, stopped(reason), failure_of(&outcome))
-                        }
+                        Ok(response) => report.hand_back(response, stopped(reason), failure),
                         Err(err) => Err(err.into_box()),
                     });
                 }
@@ -511,17 +510,20 @@ where
                         "retrying"
                     );
                     this.policy.listeners.retried(&event);
-                    // Kept for a `DeadlineExceeded` that may end the loop;
-                    // a response's body is dropped here, its head kept.
-                    let (error, head) = match result {
-                        Ok(response) => (None, report.keep_head(response)),
-                        Err(err) => (Some(err.into_box()), None),
-                    };
-                    *this.previous = Some(Box::new(PreviousFailure {
-                        failure,
-                        error,
-                        head,
-                    }));
+                    // Kept for the `DeadlineExceeded` that may end the loop,
+                    // which only a deadline can; a response's body is
+                    // dropped here, its head kept.
+                    if this.deadline.is_some() {
+                        let (error, head) = match result {
+                            Ok(response) => (None, report.keep_head(response)),
+                            Err(err) => (Some(err.into_box()), None),
+                        };
+                        *this.previous = Some(Box::new(PreviousFailure {
+                            failure,
+                            error,
+                            head,
+                        }));
+                    }
                     // No sleep: go straight to readiness, with the timer
                     // (if any) guarding the deadline.
                     let timer_end = if wait.is_zero() {
