@@ -17,7 +17,7 @@ use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
     /// Open after `threshold` counted failures in a row; any success resets the
-    /// count. The seeds' policy, and the default (5).
+    /// count. The default (5 in a row).
     ConsecutiveFailures {
         /// Failures in a row that open the breaker.
         threshold: u32,

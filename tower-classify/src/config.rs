@@ -42,7 +42,7 @@ pub struct HttpClassifierConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retryable_statuses: Option<Vec<u16>>,
     /// Rules that turn throttling signalled without a 429 into `rate_limited`
-    /// (the seeds' `retry_on_response`).
+    /// (`retry_on_response` in a configuration).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retry_on_response: Vec<ResponseRuleConfig>,
 }
@@ -153,7 +153,7 @@ fn value_text(value: &Value) -> String {
     }
 }
 
-/// A `backoff_from` reader, written as in the seeds:
+/// A `backoff_from` reader, as a configuration writes it:
 /// `{ "type": "header", "config": { "name": "x-ratelimit-reset", "unit": "epoch_s" } }`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(

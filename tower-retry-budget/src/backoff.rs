@@ -9,7 +9,7 @@
 //! use std::time::Duration;
 //! use tower_retry_budget::backoff::{Backoff, Jitter};
 //!
-//! // Seed 000: start at 1 s, double, cap at 60 s.
+//! // Start at 1 s, double, cap at 60 s.
 //! let backoff = Backoff::exponential(Duration::from_secs(1)).with_jitter(Jitter::None);
 //! let secs: Vec<u64> = backoff.iter().take(8).map(|d| d.as_secs()).collect();
 //! assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
@@ -17,8 +17,8 @@
 //!
 //! # The cap comes before jitter
 //!
-//! `max_delay` caps the computed delay, *then* jitter is applied (seed 002:
-//! "per-sleep cap, before jitter"). With full, equal and 50–100 % jitter a
+//! `max_delay` caps the computed delay, *then* jitter is applied (a per-sleep
+//! cap, before jitter). With full, equal and 50–100 % jitter a
 //! sleep therefore never exceeds `max_delay`; with `[0.5, 1.5)` jitter it may
 //! reach 1.5 × `max_delay`, which is what that form promises. Decorrelated
 //! jitter is its own growth model (AWS's "decorrelated jitter": each sleep is
@@ -91,8 +91,8 @@ pub enum Jitter {
     Equal,
     /// Uniform in `[initial_delay, 3 × previous sleep]`, capped at `max_delay`.
     Decorrelated,
-    /// Uniform in `[low × d, high × d)`. Seed 002's `[0.5, 1.5)` is
-    /// [`Jitter::HALF_TO_ONE_AND_A_HALF`], seed 004's "50–100 %" is
+    /// Uniform in `[low × d, high × d)`. `[0.5, 1.5)` is
+    /// [`Jitter::HALF_TO_ONE_AND_A_HALF`], "50–100 %" is
     /// [`Jitter::HALF_TO_FULL`].
     Proportional {
         /// The smallest factor.
@@ -103,12 +103,13 @@ pub enum Jitter {
 }
 
 impl Jitter {
-    /// `[0.5, 1.5) × d` (seed 002's `jitter: true`).
+    /// `[0.5, 1.5) × d`: ±50 % around the computed delay.
     pub const HALF_TO_ONE_AND_A_HALF: Jitter = Jitter::Proportional {
         low: 0.5,
         high: 1.5,
     };
-    /// `[0.5, 1.0] × d`, "50–100 % of the calculated delay" (seed 004).
+    /// `[0.5, 1.0] × d`: 50–100 % of the computed delay, so a sleep never
+    /// exceeds it.
     pub const HALF_TO_FULL: Jitter = Jitter::Proportional {
         low: 0.5,
         high: 1.0,
@@ -179,7 +180,7 @@ impl fmt::Display for Jitter {
 /// | setting | default |
 /// |---|---|
 /// | kind | exponential |
-/// | `initial_delay` | 1 s (seed 000's `retry_delay_ms`) |
+/// | `initial_delay` | 1 s |
 /// | `multiplier` | 2 (Google's HTTP default 1.25 is `with_multiplier(1.25)`) |
 /// | `max_delay` | 60 s, applied before jitter |
 /// | jitter | [`Jitter::Full`] |
@@ -400,7 +401,7 @@ mod tests {
         assert_eq!(
             got,
             [1, 2, 4, 8, 16, 32, 60, 60, 60].map(S),
-            "seed 001's custom policy: 1, 2, 4, 8, 16, 32, 60, 60"
+            "doubling from 1 s, capped at 60 s"
         );
     }
 

@@ -66,7 +66,7 @@ pub struct RetryConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub attempt_timeout: Option<Duration>,
-    /// Seed 000's rule: the deadline is `attempt_timeout × (max_retries + 1)`.
+    /// The deadline is `attempt_timeout × (max_retries + 1)`.
     /// Needs `attempt_timeout` and excludes `deadline`.
     #[serde(default)]
     pub deadline_from_attempt_timeout: bool,
@@ -120,7 +120,7 @@ pub struct BackoffConfig {
     )]
     pub max_delay: Option<Duration>,
     /// `none`, `full` (default), `equal`, `decorrelated`, or factors such as
-    /// `0.5..1.5` (seed 002) and `0.5..1` (50–100 %, seed 004).
+    /// `0.5..1.5` (±50 %) and `0.5..1` (50–100 %).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<String>,
 }

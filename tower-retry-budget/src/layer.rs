@@ -11,7 +11,9 @@ use crate::policy::{GiveUpEvent, Listeners, Policy, RetryEvent, RetryIf, Success
 use crate::replay::CloneRequest;
 use crate::service::Retry;
 
-/// The most retries a policy may ask for (seed 000: "values above 16 are refused").
+/// The most retries a policy may ask for; larger values are refused when the
+/// layer is built (more retries than this multiply load rather than ride out
+/// a blip).
 pub const MAX_RETRIES_LIMIT: u32 = 16;
 
 /// Retries failed calls of the service it wraps; see the [crate docs](crate).
@@ -102,7 +104,7 @@ enum Attempts {
 enum Deadline {
     None,
     Fixed(Duration),
-    /// Seed 000: `timeout × (max_retries + 1)`, resolved in `build`.
+    /// `timeout × (max_retries + 1)`, resolved in `build`.
     FromAttemptTimeout(Duration),
 }
 
@@ -235,7 +237,7 @@ impl<C, R> RetryBuilder<C, R> {
         self
     }
 
-    /// Seed 000's rule in one call: each attempt gets `timeout`, and the whole
+    /// One timeout for both: each attempt gets `timeout`, and the whole
     /// loop gets `timeout × (max_retries + 1)`, backoff included.
     ///
     /// ```

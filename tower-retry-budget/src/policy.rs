@@ -242,7 +242,8 @@ mod presets {
         codes.iter().copied().collect()
     }
 
-    /// Google Cloud Workflows' `http.default_retry` (seed 001): HTTP 429, 502,
+    /// Google Cloud Workflows' `http.default_retry` (documented at
+    /// <https://cloud.google.com/workflows/docs/reference/stdlib/http/default_retry>): HTTP 429, 502,
     /// 503 and 504, connection errors and timeouts; 5 retries; backoff 1 s
     /// initial, multiplier 1.25, at most 60 s.
     ///

@@ -6,7 +6,7 @@
 //! they read as "no hint" (or, for gRPC pushback, "do not retry"), and a
 //! retry layer's `max_wait` refuses waits that are merely absurd.
 //!
-//! The order a response rule reads them in is the seeds': the rule's
+//! The order a response rule reads them in, most specific first: the rule's
 //! [`BackoffFrom`] reader, then its fixed `backoff`, then `Retry-After`, then the
 //! retry layer's own backoff. A source that is missing or unreadable falls
 //! through to the next.

@@ -189,7 +189,7 @@ impl ResponseRuleBuilder {
         self
     }
 
-    /// A fixed wait for matching responses (the seeds' `backoff_secs`), used
+    /// A fixed wait for matching responses (`backoff_secs` in a configuration), used
     /// when [`backoff_from`](Self::backoff_from) reads nothing.
     pub fn backoff(mut self, wait: Duration) -> Self {
         self.backoff = Some(wait);
