@@ -10,6 +10,7 @@ use tower_service::Service;
 use crate::action::Action;
 use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
+use crate::replay::REPLAY_HEADER;
 use crate::error::{PoisonMessage, StoreFailed};
 use crate::future::ResponseFuture;
 use crate::poison::{FailureCount, PoisonCounters};
@@ -317,6 +318,7 @@ where
             None => format!("{}/{}", self.label, kind),
         };
         let entry = self.entry(record, kind, error, attempts, first, now);
+        let entry = self.continue_replayed(entry).await;
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
@@ -357,6 +359,39 @@ where
             attempts,
             first_failed_at,
             last_failed_at,
+        }
+    }
+
+    /// A failed replay of an entry this layer's store holds (the request
+    /// carried [`REPLAY_HEADER`]) continues that entry's history instead of
+    /// starting a second entry.
+    ///
+    /// Only the history is taken from the new failure; the stored request
+    /// stays as it was, so a caller that sends the header itself cannot
+    /// replace what an entry holds. An entry of another label, one the store
+    /// does not have, or a store that cannot be read: the failure is stored
+    /// as a new entry, so nothing is lost.
+    async fn continue_replayed(&self, mut entry: DeadLetterEntry) -> DeadLetterEntry {
+        let mut replay_of = None;
+        entry.headers.retain(|header| {
+            let marker = header.name.eq_ignore_ascii_case(REPLAY_HEADER);
+            if marker {
+                replay_of = header.value.parse::<EntryId>().ok();
+            }
+            !marker
+        });
+        let Some(original) = replay_of.filter(|_| self.action == Action::Dlq) else {
+            return entry;
+        };
+        match self.store.get(original).await {
+            Ok(Some(mut stored)) if stored.label == entry.label => {
+                stored.attempts = stored.attempts.saturating_add(entry.attempts);
+                stored.last_failed_at = entry.last_failed_at;
+                stored.kind = entry.kind;
+                stored.error = entry.error;
+                stored
+            }
+            _ => entry,
         }
     }
 
