@@ -11,7 +11,11 @@ use crate::store::{StoreError, StoreErrorKind};
 
 /// The error a call fails with when its entry could not be kept: [`StoreFull`]
 /// when the store is at its limits, [`StoreFailed`] otherwise.
-pub(crate) fn not_kept(entry_id: EntryId, store: StoreError, original: Option<BoxError>) -> BoxError {
+pub(crate) fn not_kept(
+    entry_id: EntryId,
+    store: StoreError,
+    original: Option<BoxError>,
+) -> BoxError {
     match store.kind() {
         StoreErrorKind::Full => StoreFull::new(entry_id, store, original).into(),
         _ => StoreFailed::new(entry_id, store, original).into(),

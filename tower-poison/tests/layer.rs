@@ -608,6 +608,17 @@ impl DeadLetterStore for BrokenStore {
     ) -> Result<Option<std::time::Duration>, StoreError> {
         Err(broken())
     }
+    async fn claim(
+        &self,
+        _id: EntryId,
+        _now: SystemTime,
+        _lease: std::time::Duration,
+    ) -> Result<tower_poison::Claim, StoreError> {
+        Err(broken())
+    }
+    async fn release(&self, _id: EntryId) -> Result<(), StoreError> {
+        Err(broken())
+    }
 }
 
 #[tokio::test]

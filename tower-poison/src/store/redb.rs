@@ -322,7 +322,10 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
 
 /// Takes `size` off the byte counter in `meta`.
 fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<(), StoreError> {
-    let bytes = meta.get(ENTRY_BYTES).map_err(backend)?.map_or(0, |v| v.value());
+    let bytes = meta
+        .get(ENTRY_BYTES)
+        .map_err(backend)?
+        .map_or(0, |v| v.value());
     meta.insert(ENTRY_BYTES, bytes.saturating_sub(size))
         .map_err(backend)?;
     Ok(())
@@ -385,7 +388,10 @@ impl Writer {
             let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
             let before = entries.len().map_err(backend)?;
             let mut depth = before;
-            let mut bytes = meta.get(ENTRY_BYTES).map_err(backend)?.map_or(0, |v| v.value());
+            let mut bytes = meta
+                .get(ENTRY_BYTES)
+                .map_err(backend)?
+                .map_or(0, |v| v.value());
             for put in batch {
                 let replaced = entries
                     .get(put.key)
@@ -654,5 +660,88 @@ impl fmt::Debug for RedbStore {
         f.debug_struct("RedbStore")
             .field("path", &self.inner.path)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tower_classify::FailureKind;
+
+    fn entry() -> DeadLetterEntry {
+        let now = SystemTime::now();
+        DeadLetterEntry {
+            id: EntryId::generate(now),
+            label: "orders".into(),
+            message_id: None,
+            method: None,
+            uri: None,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"{}"),
+            body_truncated: false,
+            body_len: None,
+            error: vec!["failed".into()],
+            kind: FailureKind::ServerError,
+            attempts: 1,
+            first_failed_at: now,
+            last_failed_at: now,
+        }
+    }
+
+    /// With the writer stuck (another write transaction holds redb's write
+    /// lock), the queue fills to its bound and further puts wait without
+    /// holding the runtime's only thread; once the writer moves on, every
+    /// put completes and is durable.
+    #[tokio::test(flavor = "current_thread")]
+    async fn puts_past_the_queue_bound_wait_asynchronously_then_all_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dlq.redb");
+        let store = RedbStore::builder()
+            .max_pending_writes(2)
+            .max_batch(1)
+            .open(&path)
+            .unwrap();
+        let stall = store.inner.db.begin_write().unwrap();
+
+        let puts: Vec<_> = (0..6)
+            .map(|_| {
+                let store = store.clone();
+                let e = entry();
+                let id = e.id;
+                tokio::spawn(async move { store.put(e).await.map(|()| id) })
+            })
+            .collect();
+        let writer = store.inner.writer.clone().unwrap();
+        // The writer takes at most one entry before it blocks on the write
+        // lock, so two are queued and at least three puts wait for room.
+        for _ in 0..1_000 {
+            if writer.capacity() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(writer.capacity(), 0, "the queue is at its bound of 2");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(writer.capacity(), 0, "nothing went past the bound");
+        assert!(
+            puts.iter().all(|put| !put.is_finished()),
+            "every put waits (this thread still runs: the waiting is async)"
+        );
+        drop(writer);
+
+        stall.abort().unwrap();
+        let mut ids = Vec::new();
+        for put in puts {
+            ids.push(put.await.unwrap().unwrap());
+        }
+        drop(store);
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.depth().await.unwrap(), 6);
+        for id in ids {
+            assert!(store.get(id).await.unwrap().is_some());
+        }
     }
 }
