@@ -364,8 +364,14 @@ pub fn http_request(
             continue;
         }
         let name = HeaderName::from_bytes(header.name.as_bytes())?;
-        if [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION, replay_header.clone()]
-            .contains(&name)
+        if [
+            HOST,
+            CONTENT_LENGTH,
+            TRANSFER_ENCODING,
+            CONNECTION,
+            replay_header.clone(),
+        ]
+        .contains(&name)
         {
             continue;
         }

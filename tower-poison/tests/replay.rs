@@ -7,13 +7,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use tower::service_fn;
-use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower::{Service, ServiceExt};
+use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{
     http_request, replay, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER,
 };
-use tower_poison::DeadLetterLayer;
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
+use tower_poison::DeadLetterLayer;
 use tower_poison::{DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
 fn entry() -> DeadLetterEntry {
@@ -267,7 +267,8 @@ async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
         }
     });
     let mut second_service = slow.clone();
-    let first = replay(&store, e.id, &mut slow, &HttpClassifier::new(), to_request);
+    let classifier = HttpClassifier::new();
+    let first = replay(&store, e.id, &mut slow, &classifier, to_request);
     let second = async {
         // Let the first replay claim the entry and start its call.
         tokio::task::yield_now().await;
@@ -314,7 +315,8 @@ async fn a_replay_that_never_finished_holds_the_entry_for_its_lease() {
     });
     // A replayer that dies mid-call (its future is dropped) leaves its claim.
     let crashed = Replayer::new(&store).lease(Duration::from_secs(3600));
-    let mut call = std::pin::pin!(crashed.replay(e.id, &mut hangs, &HttpClassifier::new(), to_request));
+    let classifier = HttpClassifier::new();
+    let mut call = Box::pin(crashed.replay(e.id, &mut hangs, &classifier, to_request));
     assert!(futures_poll_once(call.as_mut()).await.is_none());
     drop(call);
     let mut works = service_fn(|_req: Request<Full<Bytes>>| async {
@@ -323,7 +325,10 @@ async fn a_replay_that_never_finished_holds_the_entry_for_its_lease() {
     let outcome = replay(&store, e.id, &mut works, &HttpClassifier::new(), to_request)
         .await
         .unwrap();
-    assert!(matches!(outcome, ReplayOutcome::InProgress { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, ReplayOutcome::InProgress { .. }),
+        "{outcome:?}"
+    );
     assert!(store.get(e.id).await.unwrap().is_some(), "entry kept");
 }
 
@@ -372,7 +377,7 @@ fn a_replay_carries_the_entry_id_as_idempotency_key_and_replay_mark() {
     });
     let req = http_request(&marked, &to, &[]).unwrap();
     let marks: Vec<_> = req.headers().get_all(REPLAY_HEADER).iter().collect();
-    assert_eq!(marks, [id.as_str()]);
+    assert_eq!(marks, [marked.id.to_string().as_str()]);
 }
 
 type Body = tower_poison::ReplayBody<Full<Bytes>>;
@@ -402,11 +407,24 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     let e = entry();
     store.put(e.clone()).await.unwrap();
     let mut service = still_failing(store.clone(), "orders");
-    let outcome = replay(&store, e.id, &mut service, &HttpClassifier::new(), to_request)
-        .await
-        .unwrap();
+    let outcome = replay(
+        &store,
+        e.id,
+        &mut service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap();
     assert!(
-        matches!(outcome, ReplayOutcome::Failed { attempts: 3, kind: FailureKind::ServerError, .. }),
+        matches!(
+            outcome,
+            ReplayOutcome::Failed {
+                attempts: 3,
+                kind: FailureKind::ServerError,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
     assert_eq!(store.depth().await.unwrap(), 1, "a second entry was added");
@@ -415,7 +433,11 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     assert_eq!(kept.first_failed_at, e.first_failed_at);
     assert!(kept.last_failed_at > e.last_failed_at);
     assert_eq!(kept.error, ["HTTP 502 Bad Gateway"]);
-    assert_eq!((kept.body, kept.uri), (e.body, e.uri), "the request was replaced");
+    assert_eq!(
+        (kept.body, kept.uri),
+        (e.body, e.uri),
+        "the request was replaced"
+    );
 }
 
 #[tokio::test]
@@ -434,13 +456,23 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
         assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     }
     assert_eq!(store.depth().await.unwrap(), 4);
-    assert_eq!(store.get(foreign.id).await.unwrap().unwrap(), foreign, "foreign entry changed");
-    let page = store.list(tower_poison::store::ListQuery::new().label("payments")).await.unwrap();
+    assert_eq!(
+        store.get(foreign.id).await.unwrap().unwrap(),
+        foreign,
+        "foreign entry changed"
+    );
+    let page = store
+        .list(tower_poison::store::ListQuery::new().label("payments"))
+        .await
+        .unwrap();
     assert_eq!(page.entries.len(), 3);
     for stored in page.entries {
         assert_eq!(stored.attempts, 1);
         assert!(
-            stored.headers.iter().all(|h| !h.name.eq_ignore_ascii_case(REPLAY_HEADER)),
+            stored
+                .headers
+                .iter()
+                .all(|h| !h.name.eq_ignore_ascii_case(REPLAY_HEADER)),
             "the replay mark was stored"
         );
     }

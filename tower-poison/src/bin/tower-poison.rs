@@ -497,7 +497,10 @@ async fn replay_command(
             Ok(ReplayOutcome::InProgress { until }) => {
                 failed += 1;
                 let until = httpdate::fmt_http_date(until);
-                ("in_progress", json!({ "error": format!("another replay holds it until {until}") }))
+                (
+                    "in_progress",
+                    json!({ "error": format!("another replay holds it until {until}") }),
+                )
             }
             Err(error) => {
                 failed += 1;
