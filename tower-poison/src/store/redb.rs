@@ -433,7 +433,13 @@ impl Writer {
             meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
             (before, depth)
         };
-        txn.commit().map_err(backend)?;
+        if kept.iter().all(Result::is_err) {
+            // A full store refused the whole batch: no commit, so a flood of
+            // failures against a full store costs no fsync.
+            txn.abort().map_err(backend)?;
+        } else {
+            txn.commit().map_err(backend)?;
+        }
         // A delta, not the absolute count: a removal committed after this
         // transaction may update the counter before this thread does.
         self.depth.fetch_add(after - before, Ordering::Relaxed);
