@@ -89,7 +89,9 @@
 //! # Operating the store
 //!
 //! From code: [`DeadLetterStore`](store::DeadLetterStore) (`list`, `get`,
-//! `remove`, `purge`, `depth`, `oldest_age`, `stats`) and [`replay()`](crate::replay()).
+//! `remove`, `purge`, `depth`, `oldest_age`, `stats`, and `claim`/`release`
+//! leases for replay) and [`replay()`](crate::replay()). The durable stores
+//! are bounded (entries and bytes, see [`store`]'s limits).
 //! From a shell, with the `cli` feature: the `tower-poison` binary
 //! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
 //!

@@ -427,6 +427,20 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
     assert_eq!(error.kind(), StoreErrorKind::Full);
     let mut kept = store.list(ListQuery::new().limit(1)).await.unwrap().entries[0].clone();
     kept.attempts = 9;
+    assert_eq!(store.put_with_depth(kept.clone()).await.unwrap(), Some(5));
+    assert_eq!(store.get(kept.id).await.unwrap(), Some(kept.clone()));
+    drop(store);
+
+    // A limit lowered below what the file holds: new entries are refused,
+    // nothing is evicted, and an entry can still be updated in place.
+    let store = RedbStore::builder().max_entries(2).open(&path).unwrap();
+    assert_eq!(store.depth().await.unwrap(), 5);
+    let error = store
+        .put(entry("orders", FailureKind::Timeout, SystemTime::now()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Full);
+    kept.attempts = 10;
     store.put(kept.clone()).await.unwrap();
     assert_eq!(store.get(kept.id).await.unwrap(), Some(kept));
 }

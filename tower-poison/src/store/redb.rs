@@ -117,23 +117,35 @@ struct Limits {
     max_bytes: u64,
 }
 
+/// What a put would leave in the store.
+#[derive(Debug, Clone, Copy)]
+struct AfterPut {
+    entries: u64,
+    /// The put adds an entry (a new id).
+    adds_entry: bool,
+    bytes: u64,
+    /// The put adds bytes (a new entry, or a larger replacement).
+    grows: bool,
+}
+
 impl Limits {
-    /// `Ok` when a store of `entries` entries and `bytes` bytes is within
-    /// the limits.
-    fn check(&self, path: &Path, entries: u64, bytes: u64) -> Result<(), StoreError> {
+    /// `Ok` unless the put passes a limit it adds to. Only what a put adds
+    /// is checked: replacing an entry with one no larger always succeeds,
+    /// even in a store over limits lowered since its entries were written.
+    fn check(&self, path: &Path, after: AfterPut) -> Result<(), StoreError> {
         let full = |what: String| {
             Err(StoreError::new(
                 StoreErrorKind::Full,
                 format!("dead-letter store {} is full: {what}", path.display()),
             ))
         };
-        if entries > self.max_entries {
+        if after.adds_entry && after.entries > self.max_entries {
             return full(format!("max_entries {} reached", self.max_entries));
         }
-        if bytes > self.max_bytes {
+        if after.grows && after.bytes > self.max_bytes {
             return full(format!(
-                "{bytes} bytes would pass max_bytes {}",
-                self.max_bytes
+                "{} bytes would pass max_bytes {}",
+                after.bytes, self.max_bytes
             ));
         }
         Ok(())
@@ -401,7 +413,13 @@ impl Writer {
                 let new_bytes = bytes
                     .saturating_sub(replaced.unwrap_or(0))
                     .saturating_add(put.value.len() as u64);
-                if let Err(full) = self.limits.check(&self.path, new_depth, new_bytes) {
+                let after = AfterPut {
+                    entries: new_depth,
+                    adds_entry: replaced.is_none(),
+                    bytes: new_bytes,
+                    grows: new_bytes > bytes,
+                };
+                if let Err(full) = self.limits.check(&self.path, after) {
                     kept.push(Err(full));
                     continue;
                 }
@@ -415,7 +433,13 @@ impl Writer {
             meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
             (before, depth)
         };
-        txn.commit().map_err(backend)?;
+        if kept.iter().all(Result::is_err) {
+            // A full store refused the whole batch: no commit, so a flood of
+            // failures against a full store costs no fsync.
+            txn.abort().map_err(backend)?;
+        } else {
+            txn.commit().map_err(backend)?;
+        }
         // A delta, not the absolute count: a removal committed after this
         // transaction may update the counter before this thread does.
         self.depth.fetch_add(after - before, Ordering::Relaxed);

@@ -139,7 +139,8 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// 256 MiB). The check and the write are one script, so nodes writing at
 /// once cannot overshoot. A `put` past either fails with
 /// [`StoreErrorKind::Full`] (the layer's [`StoreFull`](crate::StoreFull));
-/// nothing stored is trimmed to make room.
+/// nothing stored is trimmed to make room. Replacing an entry with one no
+/// larger always succeeds.
 ///
 /// # Claims
 ///
@@ -307,7 +308,8 @@ end
 /// Adds or replaces an entry within the limits: KEYS = entries, index,
 /// bytes, the entry's claim; ARGV = id, entry JSON, max entries, max bytes.
 /// Returns `{0, depth}` when stored, `{1, depth}` when refused for the entry
-/// count, `{2, depth}` for the bytes. Replacing deletes the old stream entry
+/// count, `{2, depth}` for the bytes. Only what a put adds is checked, so a
+/// replacement no larger than the entry it replaces always succeeds. Replacing deletes the old stream entry
 /// first and counts only the difference in size; any claim ends. Running it
 /// twice with the same arguments leaves one entry, so a retried `put` is
 /// safe.
@@ -324,7 +326,7 @@ local depth = redis.call('XLEN', KEYS[1])
 if not old and depth + 1 > tonumber(ARGV[3]) then return {1, depth} end
 local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
 local size = string.len(ARGV[2])
-if bytes - old_size + size > tonumber(ARGV[4]) then return {2, depth} end
+if size > old_size and bytes - old_size + size > tonumber(ARGV[4]) then return {2, depth} end
 if old then redis.call('XDEL', KEYS[1], old) end
 local sid = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'entry', ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], sid)
