@@ -7,7 +7,20 @@ use tower_classify::{BoxError, Classified, FailureKind};
 
 use crate::action::Action;
 use crate::entry::EntryId;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// The error a call fails with when its entry could not be kept: [`StoreFull`]
+/// when the store is at its limits, [`StoreFailed`] otherwise.
+pub(crate) fn not_kept(
+    entry_id: EntryId,
+    store: StoreError,
+    original: Option<BoxError>,
+) -> BoxError {
+    match store.kind() {
+        StoreErrorKind::Full => StoreFull::new(entry_id, store, original).into(),
+        _ => StoreFailed::new(entry_id, store, original).into(),
+    }
+}
 
 /// The dead-letter store could not keep an entry, so the call fails with this
 /// error instead of losing the entry silently.
@@ -69,6 +82,74 @@ impl fmt::Display for StoreFailed {
 }
 
 impl Error for StoreFailed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.store)
+    }
+}
+
+/// The dead-letter store is at its limits (entries or bytes), so it refused
+/// a call's entry and the call fails with this error.
+///
+/// Nothing was evicted to make room: every entry the layer acknowledged
+/// before is still in the store. The call is *not* dead-lettered, so a queue
+/// consumer should not acknowledge its message (let the queue redeliver it,
+/// once an operator has replayed or purged the store). Like [`StoreFailed`],
+/// [`source`](Error::source) is the [`StoreError`] (of kind
+/// [`Full`](StoreErrorKind::Full)) and the call's own error is kept in
+/// [`original`](Self::original).
+#[derive(Debug)]
+pub struct StoreFull {
+    entry_id: EntryId,
+    store: StoreError,
+    original: Option<BoxError>,
+}
+
+impl StoreFull {
+    pub(crate) fn new(entry_id: EntryId, store: StoreError, original: Option<BoxError>) -> Self {
+        StoreFull {
+            entry_id,
+            store,
+            original,
+        }
+    }
+
+    /// The id of the entry that was not stored.
+    pub fn entry_id(&self) -> EntryId {
+        self.entry_id
+    }
+
+    /// The store's error (what limit was reached).
+    pub fn store_error(&self) -> &StoreError {
+        &self.store
+    }
+
+    /// The call's own error, if the call failed with one (a response
+    /// classified as a failure has none).
+    pub fn original(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
+        self.original.as_deref()
+    }
+
+    /// Consumes `self`, returning the call's own error.
+    pub fn into_original(self) -> Option<BoxError> {
+        self.original
+    }
+}
+
+impl fmt::Display for StoreFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dead-letter store is full, entry {} not kept",
+            self.entry_id
+        )?;
+        if let Some(original) = &self.original {
+            write!(f, " for a call that failed with: {original}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error for StoreFull {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         Some(&self.store)
     }

@@ -36,7 +36,8 @@ use crate::store::DeadLetterStore;
 /// - a failure status is written to the store as an entry whose error reads
 ///   `grpc-status 14: <grpc-message>`, *before* the trailers reach the
 ///   caller; if the store cannot write, the caller gets [`StoreFailed`]
-///   instead of the trailers (nothing acknowledged is lost);
+///   ([`StoreFull`] when it is at its limits) instead of the trailers
+///   (nothing acknowledged is lost);
 /// - a body that ends without `grpc-status` is `UNKNOWN`, a failure;
 /// - a body error (a reset stream) is a [connection](FailureKind::Connection)
 ///   failure with the error's chain;
@@ -84,6 +85,7 @@ use crate::store::DeadLetterStore;
 /// ```
 ///
 /// [`StoreFailed`]: crate::StoreFailed
+/// [`StoreFull`]: crate::StoreFull
 pub struct GrpcDeadLetterLayer<St, C> {
     inner: DeadLetterLayer<St, C, HttpCapture>,
 }

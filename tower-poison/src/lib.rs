@@ -25,8 +25,9 @@
 //!   [`Fail`](Action::Fail) stores nothing. The caller always gets the call's
 //!   own result back: the inner error unchanged (boxed), or the failing
 //!   response;
-//! - a store that cannot write turns the call into a [`StoreFailed`] error:
-//!   an entry is never lost silently.
+//! - a store that cannot write turns the call into a [`StoreFailed`] error,
+//!   and a store at its limits into [`StoreFull`]: an entry is never lost
+//!   silently.
 //!
 //! # Layer order
 //!
@@ -88,7 +89,9 @@
 //! # Operating the store
 //!
 //! From code: [`DeadLetterStore`](store::DeadLetterStore) (`list`, `get`,
-//! `remove`, `purge`, `depth`, `oldest_age`, `stats`) and [`replay()`](crate::replay()).
+//! `remove`, `purge`, `depth`, `oldest_age`, `stats`, and `claim`/`release`
+//! leases for replay) and [`replay()`](crate::replay()). The durable stores
+//! are bounded (entries and bytes, see [`store`]'s limits).
 //! From a shell, with the `cli` feature: the `tower-poison` binary
 //! (`list`, `show`, `stats`, `replay --to URL`, `purge --older-than 7d`).
 //!
@@ -122,8 +125,10 @@
 //!
 //! A `tracing` event per dead-lettered call (`warn`, with the entry id, label,
 //! kind and attempts); the `metrics` counter
-//! `tower_poison_dead_lettered_total{action, label}` and the gauge
-//! `tower_poison_dlq_depth{label}`.
+//! `tower_poison_dead_lettered_total{action, label}`, the gauge
+//! `tower_poison_dlq_depth{label}` (set from the write's own result, no extra
+//! store round trip), and `tower_poison_dlq_store_full_total{label}` for
+//! calls a full store refused (with a `warn` at most every 10 s per label).
 //!
 //! # Example
 //!
@@ -213,7 +218,7 @@ pub use self::capture::{
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, StoredHeader,
 };
-pub use self::error::{PoisonMessage, StoreFailed};
+pub use self::error::{PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;
 pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
 pub use self::layer::{DeadLetterLayer, SERVER_KINDS};
@@ -221,4 +226,5 @@ pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
 pub use self::replay::replay;
 pub use self::service::DeadLetter;
+pub use self::store::Claim;
 pub use http_body_replay::ReplayBody;

@@ -5,10 +5,36 @@
 //! attempt count, last failure time, error and kind updated. [`http_request`]
 //! turns an HTTP entry back into a request for a given destination; the
 //! `tower-poison replay` command uses both.
+//!
+//! # Delivered once
+//!
+//! Two operators replaying the same entry, or a replay loop running on two
+//! machines, must not send it twice. Before sending, a replay *claims* the
+//! entry in the store ([`DeadLetterStore::claim`]) for a lease (five minutes
+//! by default, [`Replayer::lease`]); a second replay of a claimed entry sends
+//! nothing and answers [`ReplayOutcome::InProgress`]. Removing the entry
+//! after a success, or updating it after a failure, ends the claim.
+//!
+//! A crash between sending and removing leaves the entry claimed until the
+//! lease runs out, and then a later replay sends it again. For that case
+//! [`http_request`] sends the entry id as the `Idempotency-Key` when the
+//! request carried none, so a server that honours idempotency keys answers
+//! the second delivery from its first.
+//!
+//! # A replay that fails again
+//!
+//! [`http_request`] also marks the request with [`REPLAY_HEADER`] (the entry
+//! id). A [`DeadLetter`](crate::DeadLetter) layer in the service that receives
+//! it recognises the mark: when the replayed call fails there too, and its
+//! store holds that entry under the same label, the failure is added to the
+//! entry's history (attempts, last failure, error) instead of becoming a
+//! second entry. The entry's request is never replaced, so a caller that
+//! copies the header cannot overwrite what an entry holds; entry ids carry 64
+//! random bits, so it cannot guess another caller's either.
 
 use std::fmt;
 use std::future::poll_fn;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
@@ -19,7 +45,18 @@ use tower_service::Service;
 
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
 use crate::redact::REDACTED;
-use crate::store::{DeadLetterStore, StoreError};
+use crate::store::{Claim, DeadLetterStore, StoreError};
+
+/// The header that marks a request as the replay of a dead-letter entry; its
+/// value is the entry id.
+///
+/// [`http_request`] sets it, and a [`DeadLetter`](crate::DeadLetter) layer
+/// that sees it adds a failure to that entry instead of storing a new one.
+pub const REPLAY_HEADER: &str = "dead-letter-replay";
+
+/// How long a replay holds an entry before another replay may send it, when
+/// [`Replayer::lease`] does not say.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
 /// What [`replay`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +74,11 @@ pub enum ReplayOutcome {
     },
     /// There is no entry with that id.
     NotFound,
+    /// Another replay holds the entry until `until`; nothing was sent.
+    InProgress {
+        /// When the other replay's claim runs out.
+        until: SystemTime,
+    },
 }
 
 /// A replay could not be carried out (as opposed to a replayed call that
@@ -74,7 +116,8 @@ impl From<StoreError> for ReplayError {
     }
 }
 
-/// Sends entry `id` through `service` once.
+/// Sends entry `id` through `service` once, claiming it for
+/// [`DEFAULT_LEASE`] first (see [`Replayer`] for another lease).
 ///
 /// `to_request` builds the request from the entry (for HTTP,
 /// [`http_request`]); `classifier` decides whether the response is a success,
@@ -129,35 +172,127 @@ where
     C: Classify<S::Response, BoxError>,
     F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
 {
-    let Some(mut entry) = store.get(id).await? else {
-        return Ok(ReplayOutcome::NotFound);
-    };
-    let request = to_request(&entry).map_err(ReplayError::Request)?;
-    let result = match poll_fn(|cx| service.poll_ready(cx)).await {
-        Ok(()) => service.call(request).await.map_err(Into::into),
-        Err(error) => Err(error.into()),
-    };
-    let failure = match classifier.classify(result.as_ref()) {
-        Outcome::Failure(failure) => failure,
-        Outcome::Success | Outcome::Ignored => {
-            store.remove(id).await?;
-            return Ok(ReplayOutcome::Delivered);
+    Replayer::new(store)
+        .replay(id, service, classifier, to_request)
+        .await
+}
+
+/// Replays entries of one store, with a lease other than [`DEFAULT_LEASE`].
+///
+/// ```
+/// # tokio_test::block_on(async {
+/// use std::time::Duration;
+/// use tower_classify::ErrorChainClassifier;
+/// use tower_poison::replay::{ReplayOutcome, Replayer};
+/// use tower_poison::store::MemoryStore;
+/// use tower_poison::EntryId;
+///
+/// let store = MemoryStore::new(100);
+/// // A job that may take up to a minute: hold each entry for two.
+/// let replayer = Replayer::new(&store).lease(Duration::from_secs(120));
+/// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
+///     Ok::<_, std::io::Error>(body.len())
+/// });
+/// let missing = EntryId::from_u128(7);
+/// let outcome = replayer
+///     .replay(missing, &mut handler, &ErrorChainClassifier::new(), |entry| {
+///         Ok(entry.body.clone())
+///     })
+///     .await
+///     .unwrap();
+/// assert_eq!(outcome, ReplayOutcome::NotFound);
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Replayer<'a, St> {
+    store: &'a St,
+    lease: Duration,
+}
+
+impl<'a, St: DeadLetterStore> Replayer<'a, St> {
+    /// Replays entries of `store`, holding each for [`DEFAULT_LEASE`].
+    pub fn new(store: &'a St) -> Self {
+        Replayer {
+            store,
+            lease: DEFAULT_LEASE,
         }
-    };
-    entry.attempts = entry.attempts.saturating_add(1);
-    entry.last_failed_at = SystemTime::now();
-    entry.kind = failure.kind;
-    entry.error = match &result {
-        Err(error) => error_chain(&**error),
-        Ok(_) => vec![format!("replay response classified as {}", failure.kind)],
-    };
-    let outcome = ReplayOutcome::Failed {
-        attempts: entry.attempts,
-        kind: entry.kind,
-        error: entry.error_text(),
-    };
-    store.put(entry).await?;
-    Ok(outcome)
+    }
+
+    /// Holds each entry for `lease` while it is sent.
+    ///
+    /// Make it longer than the slowest call: when a call outlasts the lease,
+    /// another replay may send the same entry meanwhile.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sends entry `id` through `service` once; see [`replay`].
+    pub async fn replay<S, Req, C, F>(
+        &self,
+        id: EntryId,
+        service: &mut S,
+        classifier: &C,
+        to_request: F,
+    ) -> Result<ReplayOutcome, ReplayError>
+    where
+        S: Service<Req>,
+        S::Error: Into<BoxError>,
+        C: Classify<S::Response, BoxError>,
+        F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
+    {
+        let store = self.store;
+        let mut entry = match store.claim(id, SystemTime::now(), self.lease).await? {
+            Claim::Claimed(entry) => entry,
+            Claim::Held { until } => return Ok(ReplayOutcome::InProgress { until }),
+            Claim::NotFound => return Ok(ReplayOutcome::NotFound),
+        };
+        let request = match to_request(&entry) {
+            Ok(request) => request,
+            Err(error) => {
+                store.release(id).await?;
+                return Err(ReplayError::Request(error));
+            }
+        };
+        let result = match poll_fn(|cx| service.poll_ready(cx)).await {
+            Ok(()) => service.call(request).await.map_err(Into::into),
+            Err(error) => Err(error.into()),
+        };
+        let failure = match classifier.classify(result.as_ref()) {
+            Outcome::Failure(failure) => failure,
+            Outcome::Success | Outcome::Ignored => {
+                store.remove(id).await?;
+                return Ok(ReplayOutcome::Delivered);
+            }
+        };
+        // A dead-letter layer in the service may have added this failure
+        // to the entry already (it recognises the replay header); counting
+        // it here as well would count it twice.
+        if let Some(current) = store.get(id).await? {
+            if current.attempts > entry.attempts {
+                store.release(id).await?;
+                return Ok(ReplayOutcome::Failed {
+                    attempts: current.attempts,
+                    kind: current.kind,
+                    error: current.error_text(),
+                });
+            }
+        }
+        entry.attempts = entry.attempts.saturating_add(1);
+        entry.last_failed_at = SystemTime::now();
+        entry.kind = failure.kind;
+        entry.error = match &result {
+            Err(error) => error_chain(&**error),
+            Ok(_) => vec![format!("replay response classified as {}", failure.kind)],
+        };
+        let outcome = ReplayOutcome::Failed {
+            attempts: entry.attempts,
+            kind: entry.kind,
+            error: entry.error_text(),
+        };
+        store.put(entry).await?;
+        Ok(outcome)
+    }
 }
 
 /// Rebuilds an HTTP entry as a request to `destination`.
@@ -168,6 +303,11 @@ where
 /// *left out* rather than sent as `[redacted]`; add credentials with
 /// `extra_headers`. `Host`, `Content-Length`, `Transfer-Encoding` and
 /// `Connection` are left for the client to set.
+///
+/// The request carries [`REPLAY_HEADER`] with the entry id, and the entry id
+/// as its `Idempotency-Key` when the entry has none, so a server that honours
+/// idempotency keys delivers it once even when a crash makes a replay send it
+/// again (see the [module docs](self)).
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
 /// be a different request. So is one whose URI or body had a secret redacted
@@ -214,19 +354,37 @@ pub fn http_request(
     parts.path_and_query = Some(format!("{prefix}{path_and_query}").parse()?);
     let uri = Uri::from_parts(parts)?;
 
+    let replay_header = HeaderName::from_static(REPLAY_HEADER);
+    let idempotency_key = HeaderName::from_static("idempotency-key");
+    let entry_id = HeaderValue::try_from(entry.id.to_string())?;
     let mut builder = Request::builder().method(method).uri(uri);
+    let mut has_key = false;
     for header in &entry.headers {
         if header.value == REDACTED {
             continue;
         }
         let name = HeaderName::from_bytes(header.name.as_bytes())?;
-        if [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION].contains(&name) {
+        if [
+            HOST,
+            CONTENT_LENGTH,
+            TRANSFER_ENCODING,
+            CONNECTION,
+            replay_header.clone(),
+        ]
+        .contains(&name)
+        {
             continue;
         }
+        has_key |= name == idempotency_key;
         builder = builder.header(name, HeaderValue::from_str(&header.value)?);
     }
     for (name, value) in extra_headers {
+        has_key |= name == idempotency_key;
         builder = builder.header(name, value);
     }
+    if !has_key {
+        builder = builder.header(idempotency_key, entry_id.clone());
+    }
+    builder = builder.header(replay_header, entry_id);
     Ok(builder.body(Full::new(entry.body.clone()))?)
 }

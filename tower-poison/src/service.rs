@@ -1,8 +1,8 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
@@ -10,11 +10,12 @@ use tower_service::Service;
 use crate::action::Action;
 use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
-use crate::error::{PoisonMessage, StoreFailed};
+use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::poison::{FailureCount, PoisonCounters};
 use crate::redact::Redactor;
-use crate::store::{DeadLetterStore, StoreError};
+use crate::replay::REPLAY_HEADER;
+use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
 /// Writes calls that finally failed to a dead-letter store.
 ///
@@ -27,9 +28,10 @@ use crate::store::{DeadLetterStore, StoreError};
 /// The inner service's error is returned *unchanged* inside it (never
 /// wrapped), so `downcast_ref::<YourError>()` and error-chain classifiers see
 /// exactly what the inner service returned. The layer adds two errors of its
-/// own: [`StoreFailed`] when an entry could not be written (the call fails
-/// rather than lose the entry) and [`PoisonMessage`] when poison detection
-/// diverted a message.
+/// own: [`StoreFailed`](crate::StoreFailed) when an entry could not be
+/// written (the call fails rather than lose the entry),
+/// [`StoreFull`](crate::StoreFull) when the store refused it for being at its
+/// limits, and [`PoisonMessage`] when poison detection diverted a message.
 ///
 /// # Bodies
 ///
@@ -110,6 +112,33 @@ impl DropLog {
         seen.insert(key.to_owned());
         true
     }
+}
+
+/// How often a label warns that its store is full: once per interval, the
+/// other refusals are logged at `debug` (the metric counts every one).
+const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When each label last warned that its store is full. Process-wide, by
+/// label: layers sharing a label share a queue, and one warning tells about
+/// all of them. Bounded like [`DropLog`].
+static FULL_WARNINGS: LazyLock<Mutex<HashMap<Box<str>, Instant>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// `true` when `label` has not warned about a full store within
+/// [`FULL_WARNING_INTERVAL`] (and records that it warns now).
+fn full_warning_due(label: &str) -> bool {
+    let now = Instant::now();
+    let mut last = FULL_WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = last.get(label) {
+        if now.duration_since(*at) < FULL_WARNING_INTERVAL {
+            return false;
+        }
+    }
+    if last.len() >= DropLog::CAPACITY && !last.contains_key(label) {
+        last.clear();
+    }
+    last.insert(label.into(), now);
+    true
 }
 
 impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
@@ -279,7 +308,7 @@ where
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
                 PoisonMessage::new(id, count.failures, self.action, stored).into()
             }
-            Err(store) => StoreFailed::new(entry_id, store, None).into(),
+            Err(store) => not_kept(entry_id, store, None),
         }
     }
 
@@ -317,6 +346,7 @@ where
             None => format!("{}/{}", self.label, kind),
         };
         let entry = self.entry(record, kind, error, attempts, first, now);
+        let entry = self.continue_replayed(entry).await;
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
@@ -325,7 +355,7 @@ where
                 }
                 result
             }
-            Err(store) => Err(StoreFailed::new(entry_id, store, result.err()).into()),
+            Err(store) => Err(not_kept(entry_id, store, result.err())),
         }
     }
 
@@ -360,6 +390,39 @@ where
         }
     }
 
+    /// A failed replay of an entry this layer's store holds (the request
+    /// carried [`REPLAY_HEADER`]) continues that entry's history instead of
+    /// starting a second entry.
+    ///
+    /// Only the history is taken from the new failure; the stored request
+    /// stays as it was, so a caller that sends the header itself cannot
+    /// replace what an entry holds. An entry of another label, one the store
+    /// does not have, or a store that cannot be read: the failure is stored
+    /// as a new entry, so nothing is lost.
+    async fn continue_replayed(&self, mut entry: DeadLetterEntry) -> DeadLetterEntry {
+        let mut replay_of = None;
+        entry.headers.retain(|header| {
+            let marker = header.name.eq_ignore_ascii_case(REPLAY_HEADER);
+            if marker {
+                replay_of = header.value.parse::<EntryId>().ok();
+            }
+            !marker
+        });
+        let Some(original) = replay_of.filter(|_| self.action == Action::Dlq) else {
+            return entry;
+        };
+        match self.store.get(original).await {
+            Ok(Some(mut stored)) if stored.label == entry.label => {
+                stored.attempts = stored.attempts.saturating_add(entry.attempts);
+                stored.last_failed_at = entry.last_failed_at;
+                stored.kind = entry.kind;
+                stored.error = entry.error;
+                stored
+            }
+            _ => entry,
+        }
+    }
+
     /// Applies the action to `entry`.
     async fn dispose(&self, entry: DeadLetterEntry, key: &str) -> Result<(), StoreError> {
         let action = self.action;
@@ -375,20 +438,43 @@ where
                     .map(crate::redact::path_of)
                     .unwrap_or_default()
                     .to_owned();
-                if let Err(error) = self.store.put(entry).await {
-                    tracing::error!(
-                        entry_id = %id, label, kind = kind.as_str(), error = %error,
-                        "dead-letter store failed to keep a failed call"
-                    );
-                    return Err(error);
-                }
+                let depth = match self.store.put_with_depth(entry).await {
+                    Ok(depth) => depth,
+                    Err(error) if error.kind() == StoreErrorKind::Full => {
+                        metrics::counter!(
+                            "tower_poison_dlq_store_full_total",
+                            "label" => label.to_owned()
+                        )
+                        .increment(1);
+                        if full_warning_due(label) {
+                            tracing::warn!(
+                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                "dead-letter store is full: failing the call instead of keeping it \
+                                 (logged once per 10 s per label)"
+                            );
+                        } else {
+                            tracing::debug!(
+                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                "dead-letter store is full: failing the call instead of keeping it"
+                            );
+                        }
+                        return Err(error);
+                    }
+                    Err(error) => {
+                        tracing::error!(
+                            entry_id = %id, label, kind = kind.as_str(), error = %error,
+                            "dead-letter store failed to keep a failed call"
+                        );
+                        return Err(error);
+                    }
+                };
                 metrics::counter!(
                     "tower_poison_dead_lettered_total",
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);
-                if let Ok(depth) = self.store.depth().await {
+                if let Some(depth) = depth {
                     metrics::gauge!("tower_poison_dlq_depth", "label" => label.to_owned())
                         .set(depth as f64);
                 }

@@ -275,6 +275,30 @@ async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
     assert_eq!(left[0].attempts, 2);
     assert_eq!(left[0].kind.as_str(), "server_error");
     assert!(left[0].last_failed_at > left[0].first_failed_at);
+
+    // A lease shorter than a request may take is refused before anything
+    // is sent: the entry could be sent again while still in flight.
+    let short = cli(
+        &store,
+        &[
+            "replay",
+            "--all",
+            "--to",
+            &url,
+            "--lease",
+            "1s",
+            "--timeout",
+            "30s",
+        ],
+    )
+    .await;
+    assert_eq!(short.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&short.stderr).contains("--lease 1s must be at least --timeout"),
+        "{}",
+        String::from_utf8_lossy(&short.stderr)
+    );
+    assert_eq!(seen.lock().unwrap().len(), 3, "a request was sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

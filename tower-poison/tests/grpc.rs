@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_classify::{BoxError, FailureKind, GrpcClassifier};
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
-use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoreFailed};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoreFull};
 
 type Upload = ReplayBody<Full<Bytes>>;
 
@@ -134,7 +134,9 @@ async fn a_store_that_cannot_write_turns_the_trailers_into_an_error() {
     }));
     let response = service.oneshot(call_request()).await.unwrap();
     let error = response.into_body().collect().await.unwrap_err();
-    assert!(error.is::<StoreFailed>(), "{error}");
+    // A store at its limits: `StoreFull`, the refusal the caller can tell
+    // from a broken store.
+    assert!(error.is::<StoreFull>(), "{error}");
 }
 
 #[tokio::test]
@@ -229,6 +231,20 @@ impl DeadLetterStore for SlowStore {
         now: std::time::SystemTime,
     ) -> Result<Option<Duration>, tower_poison::store::StoreError> {
         self.0.oldest_age(now).await
+    }
+    async fn claim(
+        &self,
+        id: tower_poison::EntryId,
+        now: std::time::SystemTime,
+        lease: Duration,
+    ) -> Result<tower_poison::Claim, tower_poison::store::StoreError> {
+        self.0.claim(id, now, lease).await
+    }
+    async fn release(
+        &self,
+        id: tower_poison::EntryId,
+    ) -> Result<(), tower_poison::store::StoreError> {
+        self.0.release(id).await
     }
 }
 

@@ -21,7 +21,7 @@ use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore, PurgeFilter, 
 use tower_poison::store::{Page, StoreErrorKind};
 use tower_poison::{
     describe_fn, Action, CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer, EntryId,
-    PoisonMessage, PoisonPolicy, ReplayBody, RequestRecord, StoreFailed, REDACTED,
+    PoisonMessage, PoisonPolicy, ReplayBody, RequestRecord, StoreFailed, StoreFull, REDACTED,
 };
 
 type Body = ReplayBody<Full<Bytes>>;
@@ -608,6 +608,17 @@ impl DeadLetterStore for BrokenStore {
     ) -> Result<Option<std::time::Duration>, StoreError> {
         Err(broken())
     }
+    async fn claim(
+        &self,
+        _id: EntryId,
+        _now: SystemTime,
+        _lease: std::time::Duration,
+    ) -> Result<tower_poison::Claim, StoreError> {
+        Err(broken())
+    }
+    async fn release(&self, _id: EntryId) -> Result<(), StoreError> {
+        Err(broken())
+    }
 }
 
 #[tokio::test]
@@ -644,9 +655,10 @@ async fn a_store_that_cannot_write_fails_the_call_with_a_clear_error() {
         .call(request("{}"))
         .await
         .unwrap_err();
-    let failed = error.downcast_ref::<StoreFailed>().expect("StoreFailed");
-    assert_eq!(failed.store_error().kind(), StoreErrorKind::Full);
-    assert!(failed.original().is_none());
+    // A store at its limits refused the entry: `StoreFull`, not `StoreFailed`.
+    let full = error.downcast_ref::<StoreFull>().expect("StoreFull");
+    assert_eq!(full.store_error().kind(), StoreErrorKind::Full);
+    assert!(full.original().is_none());
 
     // With drop or fail nothing is written, so a broken store does not matter.
     let mut service = DeadLetterLayer::new(BrokenStore)

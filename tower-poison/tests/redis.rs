@@ -16,7 +16,9 @@ use tower_poison::store::{
     DeadLetterStore, ListQuery, PurgeFilter, RedisConnectOptions, RedisDeadLetterStore,
     StoreErrorKind,
 };
-use tower_poison::{DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed};
+use tower_poison::{
+    Claim, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed, StoreFull,
+};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -169,41 +171,293 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
     assert!(ids.contains(&c.id), "{ids:?}");
 }
 
-#[tokio::test]
-async fn redis_store_with_max_len_drops_the_oldest_and_their_index() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
-    let store = RedisDeadLetterStore::builder()
-        .max_len(3)
-        .connect(&url, support::unique("maxlen"))
-        .await
-        .unwrap();
-    let written: Vec<DeadLetterEntry> = (0..5)
-        .map(|_| entry("orders", FailureKind::ServerError, SystemTime::now()))
-        .collect();
-    for e in &written {
-        store.put(e.clone()).await.unwrap();
-    }
-    assert_eq!(store.depth().await.unwrap(), 3);
-    for e in &written[..2] {
-        assert_eq!(store.get(e.id).await.unwrap(), None, "trimmed");
-        assert!(!store.remove(e.id).await.unwrap());
-    }
-    for e in &written[2..] {
-        assert!(store.get(e.id).await.unwrap().is_some());
-    }
-    let mut connection = redis::Client::open(url.as_str())
+/// A plain connection for looking at the keys themselves.
+async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
+        .unwrap()
+}
+
+/// The documented key of `part` of queue `name`.
+fn key(name: &str, part: &str) -> String {
+    format!("tower-poison:{{{name}}}:{part}")
+}
+
+#[tokio::test]
+async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry() {
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let name = support::unique("full");
+    let store = RedisDeadLetterStore::builder()
+        .max_entries(3)
+        .connect(&url, name.clone())
+        .await
         .unwrap();
+    let dlq = DeadLetterLayer::new(store.clone())
+        .label("orders")
+        .layer(service_fn(failing_order));
+    for n in 0..3 {
+        let response = dlq.clone().oneshot(order("/orders", n)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "acknowledged");
+    }
+    let error = dlq
+        .clone()
+        .oneshot(order("/orders", 3))
+        .await
+        .expect_err("a full store fails the call");
+    let full = error
+        .downcast_ref::<StoreFull>()
+        .expect("the dead-letter layer's StoreFull");
+    assert_eq!(full.store_error().kind(), StoreErrorKind::Full);
+    assert!(
+        full.store_error().to_string().contains("max_entries 3"),
+        "{}",
+        full.store_error()
+    );
+    assert!(store.get(full.entry_id()).await.unwrap().is_none());
+
+    assert_eq!(store.depth().await.unwrap(), 3);
+    let bodies: HashSet<String> = store
+        .list(ListQuery::new())
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| String::from_utf8(e.body.to_vec()).unwrap())
+        .collect();
+    let acknowledged: HashSet<String> = (0..3).map(|n| format!("{{\"n\":{n}}}")).collect();
+    assert_eq!(
+        bodies, acknowledged,
+        "every acknowledged entry, nothing else"
+    );
+
+    // The documented layout, all in one hash tag.
+    let mut connection = raw_connection(&url).await;
     let indexed: u64 = redis::cmd("HLEN")
-        .arg(format!("{}:index", store.stream()))
+        .arg(key(&name, "index"))
         .query_async(&mut connection)
         .await
         .unwrap();
-    assert_eq!(indexed, 3, "the index follows the trimmed stream");
+    assert_eq!(indexed, 3);
+    let streamed: u64 = redis::cmd("XLEN")
+        .arg(key(&name, "entries"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(streamed, 3);
+}
+
+#[tokio::test]
+async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting() {
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let written: Vec<DeadLetterEntry> = (0..3)
+        .map(|_| entry("orders", FailureKind::ServerError, now))
+        .collect();
+    let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
+    let total: u64 = written.iter().map(size).sum();
+    let name = support::unique("bytes");
+    let store = RedisDeadLetterStore::builder()
+        .max_bytes(total)
+        .connect(&url, name.clone())
+        .await
+        .unwrap();
+    let connection = raw_connection(&url).await;
+    let counted = |mut connection: redis::aio::MultiplexedConnection| {
+        let key = key(&name, "bytes");
+        async move {
+            let bytes: Option<u64> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            bytes.unwrap_or(0)
+        }
+    };
+    for e in &written {
+        store.put(e.clone()).await.unwrap();
+    }
+    assert_eq!(counted(connection.clone()).await, total);
+
+    // One byte more than the limit allows: refused, nothing changes.
+    let mut bigger = entry("orders", FailureKind::ServerError, now);
+    bigger.body = Bytes::from_static(b"x");
+    let error = store.put(bigger.clone()).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Full);
+    assert!(error.to_string().contains("max_bytes"), "{error}");
+    assert_eq!(store.depth().await.unwrap(), 3);
+
+    // Replacing an entry with one of the same size fits: the old size goes.
+    let mut updated = written[0].clone();
+    updated.attempts = 4;
+    assert_eq!(size(&updated), size(&written[0]));
+    store.put(updated).await.unwrap();
+    assert_eq!(counted(connection.clone()).await, total);
+
+    // Removing gives its bytes back, so a new entry fits again.
+    assert!(store.remove(written[1].id).await.unwrap());
+    assert_eq!(counted(connection.clone()).await, total - size(&written[1]));
+    let fresh = entry("orders", FailureKind::ServerError, now);
+    // The script's reply carries the depth, for the layer's gauge.
+    assert_eq!(store.put_with_depth(fresh).await.unwrap(), Some(3));
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 3);
+    assert_eq!(counted(connection).await, 0);
+}
+
+#[tokio::test]
+async fn redis_claims_are_exclusive_expire_and_end_on_put_remove_and_release() {
+    let Some(store) = shared_store("claims").await else {
+        return;
+    };
+    let now = whole_millis(SystemTime::now());
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    // Two replayers at once: exactly one holds it.
+    let (first, second) =
+        tokio::join!(store.claim(e.id, now, lease), store.claim(e.id, now, lease));
+    let outcomes = [first.unwrap(), second.unwrap()];
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|c| **c == Claim::Claimed(e.clone()))
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&Claim::Held { until: now + lease }),
+        "{outcomes:?}"
+    );
+
+    // Past the lease the entry is free again.
+    let later = now + lease + Duration::from_millis(1);
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(e.clone())
+    );
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Held { .. }
+    ));
+
+    // Release, put and remove each end the claim.
+    store.release(e.id).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    let mut updated = e.clone();
+    updated.attempts = 7;
+    store.put(updated.clone()).await.unwrap();
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(updated)
+    );
+    assert!(store.remove(e.id).await.unwrap());
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::NotFound
+    );
+    store.put(e.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+
+    // An id the store never had.
+    let missing = EntryId::generate(SystemTime::now());
+    assert_eq!(
+        store.claim(missing, now, lease).await.unwrap(),
+        Claim::NotFound
+    );
+}
+
+#[tokio::test]
+async fn redis_claim_leases_saturate_for_any_duration() {
+    let Some(store) = shared_store("ttl").await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+    // Redis refuses a `PX` it cannot add to its clock; the store caps the
+    // lease instead of wrapping, panicking or failing.
+    assert!(matches!(
+        store.claim(e.id, now, Duration::MAX).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    let end_of_9999 = SystemTime::UNIX_EPOCH + Duration::from_millis(253_402_300_799_999);
+    assert_eq!(
+        store.claim(e.id, now, Duration::ZERO).await.unwrap(),
+        Claim::Held { until: end_of_9999 }
+    );
+    // A zero lease ends at once.
+    let f = entry("orders", FailureKind::ServerError, now);
+    store.put(f.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(f.id, now, Duration::ZERO).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    assert!(matches!(
+        store.claim(f.id, now, Duration::ZERO).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}
+
+/// More entries than one scan page (512): purge, oldest_age and stats page
+/// through the stream and see every entry.
+#[tokio::test]
+async fn redis_scans_page_through_more_than_one_page() {
+    let Some(store) = shared_store("pages").await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let count = 1_300u32;
+    for i in 0..count {
+        // Every third entry is old; the oldest is the very last one written,
+        // on the third page.
+        let first = if i == count - 1 {
+            now - DAY * 30
+        } else if i % 3 == 0 {
+            now - DAY * 10
+        } else {
+            now
+        };
+        store
+            .put(entry("orders", FailureKind::ServerError, first))
+            .await
+            .unwrap();
+    }
+    let stats = store.stats(now).await.unwrap();
+    assert_eq!(stats.depth, u64::from(count));
+    assert_eq!(stats.by_kind["server_error"], u64::from(count));
+    let oldest = store.oldest_age(now).await.unwrap().unwrap();
+    assert!(oldest >= DAY * 30 - Duration::from_secs(1), "{oldest:?}");
+    assert_eq!(
+        stats.oldest_age.map(|a| a.as_secs()),
+        Some(oldest.as_secs())
+    );
+
+    let old = (0..count - 1).filter(|i| i % 3 == 0).count() as u64 + 1;
+    let purged = store
+        .purge(PurgeFilter::older_than(DAY * 7, now))
+        .await
+        .unwrap();
+    assert_eq!(purged, old);
+    assert_eq!(store.depth().await.unwrap(), u64::from(count) - old);
+    assert!(store.oldest_age(now).await.unwrap().unwrap() < DAY);
+    assert_eq!(
+        store.purge(PurgeFilter::all()).await.unwrap(),
+        u64::from(count) - old
+    );
+    assert_eq!(store.depth().await.unwrap(), 0);
 }
 
 type Body = ReplayBody<Full<Bytes>>;

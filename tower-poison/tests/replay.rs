@@ -7,9 +7,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use tower::service_fn;
+use tower::{Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
-use tower_poison::replay::{http_request, replay, ReplayError, ReplayOutcome};
+use tower_poison::replay::{
+    http_request, replay, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER,
+};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
+use tower_poison::DeadLetterLayer;
 use tower_poison::{DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
 fn entry() -> DeadLetterEntry {
@@ -187,6 +191,18 @@ async fn truncated_or_missing_entries_are_not_replayed() {
     assert!(matches!(error, ReplayError::Request(_)));
     assert!(error.to_string().contains("truncated body"), "{error}");
     assert!(store.get(e.id).await.unwrap().is_some(), "entry kept");
+    // The claim was given back: the next replay is refused for the same
+    // reason, not told another replay holds the entry.
+    let again = replay(
+        &store,
+        e.id,
+        &mut service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(again, ReplayError::Request(_)), "{again}");
 
     let missing = EntryId::generate(SystemTime::now());
     let outcome = replay(
@@ -229,4 +245,235 @@ fn entries_with_a_redacted_uri_or_body_are_not_rebuilt() {
         assert!(error.to_string().contains("redacted"), "{error}");
     }
     assert!(http_request(&entry(), &destination, &[]).is_ok());
+}
+
+/// Two replays of one entry at the same time: the second finds the entry
+/// claimed and sends nothing, so the service sees the entry once.
+async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = Arc::new(tokio::sync::Mutex::new(Some(released)));
+    let counted = calls.clone();
+    let mut slow = service_fn(move |_req: Request<Full<Bytes>>| {
+        *counted.lock().unwrap() += 1;
+        let released = released.clone();
+        async move {
+            if let Some(released) = released.lock().await.take() {
+                let _ = released.await;
+            }
+            Ok::<_, BoxError>(Response::new(Bytes::new()))
+        }
+    });
+    let mut second_service = slow.clone();
+    let classifier = HttpClassifier::new();
+    let first = replay(&store, e.id, &mut slow, &classifier, to_request);
+    let second = async {
+        // Let the first replay claim the entry and start its call.
+        tokio::task::yield_now().await;
+        let outcome = replay(
+            &store,
+            e.id,
+            &mut second_service,
+            &HttpClassifier::new(),
+            to_request,
+        )
+        .await
+        .unwrap();
+        release.send(()).unwrap();
+        outcome
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), ReplayOutcome::Delivered);
+    assert!(
+        matches!(second, ReplayOutcome::InProgress { until } if until > SystemTime::now()),
+        "{second:?}"
+    );
+    assert_eq!(*calls.lock().unwrap(), 1, "the entry was sent twice");
+    assert_eq!(store.get(e.id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn memory_concurrent_replays_deliver_once() {
+    concurrent_replays_deliver_once(MemoryStore::new(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_concurrent_replays_deliver_once() {
+    let dir = tempfile::tempdir().unwrap();
+    concurrent_replays_deliver_once(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+}
+
+#[tokio::test]
+async fn a_replay_that_never_finished_holds_the_entry_for_its_lease() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let mut hangs = service_fn(|_req: Request<Full<Bytes>>| {
+        std::future::pending::<Result<Response<Bytes>, BoxError>>()
+    });
+    // A replayer that dies mid-call (its future is dropped) leaves its claim.
+    let crashed = Replayer::new(&store).lease(Duration::from_secs(3600));
+    let classifier = HttpClassifier::new();
+    let mut call = Box::pin(crashed.replay(e.id, &mut hangs, &classifier, to_request));
+    assert!(futures_poll_once(call.as_mut()).await.is_none());
+    drop(call);
+    let mut works = service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, BoxError>(Response::new(Bytes::new()))
+    });
+    let outcome = replay(&store, e.id, &mut works, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::InProgress { .. }),
+        "{outcome:?}"
+    );
+    assert!(store.get(e.id).await.unwrap().is_some(), "entry kept");
+}
+
+/// Polls `future` once; `None` when it is pending.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut future: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match std::pin::Pin::new(&mut future).poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
+}
+
+#[test]
+fn a_replay_carries_the_entry_id_as_idempotency_key_and_replay_mark() {
+    let e = entry();
+    let to: Uri = "http://replay.internal".parse().unwrap();
+    let req = http_request(&e, &to, &[]).unwrap();
+    let id = e.id.to_string();
+    assert_eq!(req.headers()["idempotency-key"], id.as_str());
+    assert_eq!(req.headers()[REPLAY_HEADER], id.as_str());
+
+    // A key the original request carried is the one sent again.
+    let mut keyed = entry();
+    keyed.headers.push(StoredHeader {
+        name: "Idempotency-Key".into(),
+        value: "order-7-v1".into(),
+    });
+    let req = http_request(&keyed, &to, &[]).unwrap();
+    let keys: Vec<_> = req.headers().get_all("idempotency-key").iter().collect();
+    assert_eq!(keys, ["order-7-v1"]);
+
+    // So is one given on the command line.
+    let given = (
+        http::HeaderName::from_static("idempotency-key"),
+        http::HeaderValue::from_static("fresh"),
+    );
+    let req = http_request(&e, &to, &[given]).unwrap();
+    let keys: Vec<_> = req.headers().get_all("idempotency-key").iter().collect();
+    assert_eq!(keys, ["fresh"]);
+
+    // A replay mark stored by mistake is not sent next to the real one.
+    let mut marked = entry();
+    marked.headers.push(StoredHeader {
+        name: REPLAY_HEADER.into(),
+        value: "0".repeat(32),
+    });
+    let req = http_request(&marked, &to, &[]).unwrap();
+    let marks: Vec<_> = req.headers().get_all(REPLAY_HEADER).iter().collect();
+    assert_eq!(marks, [marked.id.to_string().as_str()]);
+}
+
+type Body = tower_poison::ReplayBody<Full<Bytes>>;
+
+/// The service an entry is replayed into: a dead-letter layer over the same
+/// store, in front of a handler that still fails.
+fn still_failing(
+    store: MemoryStore,
+    label: &'static str,
+) -> impl Service<Request<Full<Bytes>>, Response = Response<Bytes>, Error = BoxError> {
+    let handler = service_fn(|_req: Request<Body>| async {
+        Ok::<_, BoxError>(
+            Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .body(Bytes::new())
+                .unwrap(),
+        )
+    });
+    tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store).label(label))
+        .service(handler)
+}
+
+#[tokio::test]
+async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let mut service = still_failing(store.clone(), "orders");
+    let outcome = replay(
+        &store,
+        e.id,
+        &mut service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            ReplayOutcome::Failed {
+                attempts: 3,
+                kind: FailureKind::ServerError,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(store.depth().await.unwrap(), 1, "a second entry was added");
+    let kept = store.get(e.id).await.unwrap().unwrap();
+    assert_eq!(kept.attempts, 3, "the failure was counted once");
+    assert_eq!(kept.first_failed_at, e.first_failed_at);
+    assert!(kept.last_failed_at > e.last_failed_at);
+    assert_eq!(kept.error, ["HTTP 502 Bad Gateway"]);
+    assert_eq!(
+        (kept.body, kept.uri),
+        (e.body, e.uri),
+        "the request was replaced"
+    );
+}
+
+#[tokio::test]
+async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
+    let store = MemoryStore::new(10);
+    let foreign = entry(); // label "orders"
+    store.put(foreign.clone()).await.unwrap();
+    let mut service = still_failing(store.clone(), "payments");
+    let unknown = EntryId::generate(SystemTime::now()).to_string();
+    for mark in [foreign.id.to_string(), unknown, "not-an-id".into()] {
+        let request = Request::post("http://payments.internal/pay")
+            .header(REPLAY_HEADER, mark)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(store.depth().await.unwrap(), 4);
+    assert_eq!(
+        store.get(foreign.id).await.unwrap().unwrap(),
+        foreign,
+        "foreign entry changed"
+    );
+    let page = store
+        .list(tower_poison::store::ListQuery::new().label("payments"))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 3);
+    for stored in page.entries {
+        assert_eq!(stored.attempts, 1);
+        assert!(
+            stored
+                .headers
+                .iter()
+                .all(|h| !h.name.eq_ignore_ascii_case(REPLAY_HEADER)),
+            "the replay mark was stored"
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! The stores: durability across reopen, paging, filters, purge by age, and
-//! a crash (SIGKILL) in the middle of writing.
+//! The stores: durability across reopen, paging, filters, purge by age,
+//! limits (entries, bytes) and the writer's bounded queue, claims, and a
+//! crash (SIGKILL) in the middle of writing.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -7,11 +8,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use tower_classify::FailureKind;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_classify::{BoxError, FailureKind};
 use tower_poison::store::{
     DeadLetterStore, ListQuery, MemoryStore, PurgeFilter, RedbStore, StoreErrorKind,
 };
-use tower_poison::{DeadLetterEntry, EntryId, StoredHeader};
+use tower_poison::{
+    Claim, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFull, StoredHeader,
+};
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
     DeadLetterEntry {
@@ -342,4 +348,300 @@ async fn acknowledged_entries_survive_sigkill() {
         .put(entry("after", FailureKind::Timeout, SystemTime::now()))
         .await
         .unwrap();
+}
+
+type Body = ReplayBody<Full<Bytes>>;
+
+fn failing_order(
+    _request: Request<Body>,
+) -> std::future::Ready<Result<Response<Full<Bytes>>, BoxError>> {
+    std::future::ready(Ok(Response::builder()
+        .status(StatusCode::BAD_GATEWAY)
+        .body(Full::new(Bytes::from_static(b"upstream failed")))
+        .unwrap()))
+}
+
+fn order(n: usize) -> Request<Full<Bytes>> {
+    Request::post("http://orders.internal/orders")
+        .body(Full::new(Bytes::from(format!("{{\"n\":{n}}}"))))
+        .unwrap()
+}
+
+/// Issue 13: a full redb store fails the call with `StoreFull` and keeps
+/// every acknowledged entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    let refused = {
+        let store = RedbStore::builder().max_entries(5).open(&path).unwrap();
+        let dlq = DeadLetterLayer::new(store.clone())
+            .label("orders")
+            .layer(service_fn(failing_order));
+        for n in 0..5 {
+            // The layer hands back the call's own 502 only once its entry
+            // is stored: acknowledged.
+            let response = dlq.clone().oneshot(order(n)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        }
+        let error = dlq
+            .clone()
+            .oneshot(order(5))
+            .await
+            .expect_err("a full store fails the call");
+        let full = error.downcast_ref::<StoreFull>().expect("StoreFull");
+        assert_eq!(full.store_error().kind(), StoreErrorKind::Full);
+        assert!(
+            full.store_error().to_string().contains("max_entries 5"),
+            "{}",
+            full.store_error()
+        );
+        assert!(full.to_string().contains("is full"), "{full}");
+        // Not reported as dead-lettered: it is not in the store.
+        assert_eq!(store.depth().await.unwrap(), 5);
+        full.entry_id()
+        // The layer and the store close here.
+    };
+
+    let store = RedbStore::builder().max_entries(5).open(&path).unwrap();
+    assert_eq!(store.depth().await.unwrap(), 5);
+    assert_eq!(store.get(refused).await.unwrap(), None);
+    let bodies: HashSet<String> = store
+        .list(ListQuery::new())
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| String::from_utf8(e.body.to_vec()).unwrap())
+        .collect();
+    let acknowledged: HashSet<String> = (0..5).map(|n| format!("{{\"n\":{n}}}")).collect();
+    assert_eq!(
+        bodies, acknowledged,
+        "every acknowledged entry, nothing else"
+    );
+    // Still full after the reopen; replacing an entry in place still works.
+    let error = store
+        .put(entry("orders", FailureKind::Timeout, SystemTime::now()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Full);
+    let mut kept = store.list(ListQuery::new().limit(1)).await.unwrap().entries[0].clone();
+    kept.attempts = 9;
+    assert_eq!(store.put_with_depth(kept.clone()).await.unwrap(), Some(5));
+    assert_eq!(store.get(kept.id).await.unwrap(), Some(kept.clone()));
+    drop(store);
+
+    // A limit lowered below what the file holds: new entries are refused,
+    // nothing is evicted, and an entry can still be updated in place.
+    let store = RedbStore::builder().max_entries(2).open(&path).unwrap();
+    assert_eq!(store.depth().await.unwrap(), 5);
+    let error = store
+        .put(entry("orders", FailureKind::Timeout, SystemTime::now()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Full);
+    kept.attempts = 10;
+    store.put(kept.clone()).await.unwrap();
+    assert_eq!(store.get(kept.id).await.unwrap(), Some(kept));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_max_bytes_counts_encoded_sizes_across_replace_remove_purge_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    let now = SystemTime::now();
+    let written: Vec<DeadLetterEntry> = (0..3)
+        .map(|_| entry("orders", FailureKind::ServerError, now))
+        .collect();
+    let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
+    let total: u64 = written.iter().map(size).sum();
+    let open = || RedbStore::builder().max_bytes(total).open(&path).unwrap();
+    let mut bigger = entry("orders", FailureKind::ServerError, now);
+    bigger.body = Bytes::from_static(b"x");
+    {
+        let store = open();
+        for e in &written {
+            store.put(e.clone()).await.unwrap();
+        }
+        // A new entry, any size: past the limit.
+        let error = store.put(bigger.clone()).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Full);
+        assert!(error.to_string().contains("max_bytes"), "{error}");
+        // Replacing with an entry of the same size counts the difference
+        // (none), not the whole entry again.
+        let mut updated = written[0].clone();
+        updated.attempts = 4;
+        assert_eq!(size(&updated), size(&written[0]));
+        store.put(updated).await.unwrap();
+        // One byte larger does not fit.
+        let mut grown = written[0].clone();
+        grown.label = "orders!".into();
+        assert_eq!(
+            store.put(grown).await.unwrap_err().kind(),
+            StoreErrorKind::Full
+        );
+        assert_eq!(store.depth().await.unwrap(), 3);
+    }
+    // The counter is in the file: still full after a reopen.
+    let store = open();
+    assert_eq!(
+        store.put(bigger.clone()).await.unwrap_err().kind(),
+        StoreErrorKind::Full
+    );
+    // Removing gives its bytes back.
+    assert!(store.remove(written[1].id).await.unwrap());
+    store
+        .put(entry("orders", FailureKind::ServerError, now))
+        .await
+        .unwrap();
+    // Purging gives everything back.
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 3);
+    let mut huge = entry("orders", FailureKind::ServerError, now);
+    huge.body = Bytes::from(vec![b'x'; (total / 2) as usize]);
+    store.put(huge).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_writer_queue_makes_puts_wait_and_keeps_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    let ids: Vec<EntryId> = {
+        let store = RedbStore::builder()
+            .max_pending_writes(1)
+            .max_batch(1)
+            .open(&path)
+            .unwrap();
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let e = entry("orders", FailureKind::Connection, SystemTime::now());
+                    let id = e.id;
+                    store.put(e).await.map(|()| id)
+                })
+            })
+            .collect();
+        let mut ids = Vec::new();
+        for task in tasks {
+            ids.push(task.await.unwrap().unwrap());
+        }
+        ids
+    };
+    let store = RedbStore::open(&path).unwrap();
+    assert_eq!(store.depth().await.unwrap(), 64);
+    for id in ids {
+        assert!(store.get(id).await.unwrap().is_some(), "{id} kept");
+    }
+}
+
+/// The claim rules, for any store.
+async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
+    store: impl DeadLetterStore,
+) {
+    let now = whole_millis(SystemTime::now());
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    // Two replayers at once: exactly one holds it, the other sees until when.
+    let (first, second) =
+        tokio::join!(store.claim(e.id, now, lease), store.claim(e.id, now, lease));
+    let outcomes = [first.unwrap(), second.unwrap()];
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|c| **c == Claim::Claimed(e.clone()))
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&Claim::Held { until: now + lease }),
+        "{outcomes:?}"
+    );
+    // Still held just before the lease ends; free once it has.
+    let almost = now + lease - Duration::from_millis(1);
+    assert!(matches!(
+        store.claim(e.id, almost, lease).await.unwrap(),
+        Claim::Held { .. }
+    ));
+    let later = now + lease;
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(e.clone())
+    );
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Held {
+            until: later + lease
+        }
+    );
+
+    // Release ends it.
+    store.release(e.id).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // A put of the id ends it, and the claim hands out the new entry.
+    let mut updated = e.clone();
+    updated.attempts = 7;
+    store.put(updated.clone()).await.unwrap();
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(updated)
+    );
+    // A remove ends it: the id is gone, and put back it is free.
+    assert!(store.remove(e.id).await.unwrap());
+    assert_eq!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::NotFound
+    );
+    store.put(e.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // A purge ends it too.
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    store.put(e.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, later, lease).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+
+    // An id the store never had; releasing it is harmless.
+    let missing = EntryId::generate(SystemTime::now());
+    assert_eq!(
+        store.claim(missing, now, lease).await.unwrap(),
+        Claim::NotFound
+    );
+    store.release(missing).await.unwrap();
+
+    // Any lease is accepted: `Duration::MAX` saturates at the end of 9999.
+    let f = entry("orders", FailureKind::ServerError, now);
+    store.put(f.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(f.id, now, Duration::MAX).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    let end_of_9999 = SystemTime::UNIX_EPOCH + Duration::from_millis(253_402_300_799_999);
+    assert_eq!(
+        store.claim(f.id, now, Duration::MAX).await.unwrap(),
+        Claim::Held { until: end_of_9999 }
+    );
+}
+
+#[tokio::test]
+async fn memory_store_claims_are_exclusive_expire_and_end() {
+    claims_are_exclusive_expire_and_end_on_put_remove_and_release(MemoryStore::new(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_store_claims_are_exclusive_expire_and_end() {
+    let dir = tempfile::tempdir().unwrap();
+    claims_are_exclusive_expire_and_end_on_put_remove_and_release(
+        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+    )
+    .await;
 }

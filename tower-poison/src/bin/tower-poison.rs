@@ -36,7 +36,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
-use tower_poison::replay::{http_request, replay, ReplayOutcome};
+use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
 use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
 use tower_service::Service;
@@ -140,6 +140,11 @@ struct ReplayArgs {
     /// Give up on one request after this long.
     #[arg(long, value_parser = parse_age, default_value = "30s")]
     timeout: Duration,
+    /// Hold each entry this long while it is sent, so another replay of the
+    /// same entry (a second operator, a second machine) sends nothing; at
+    /// least --timeout.
+    #[arg(long, value_parser = parse_age, default_value = "5m")]
+    lease: Duration,
     /// An extra header for every request, such as fresh credentials for the
     /// redacted ones (`--header 'authorization: Bearer …'`).
     #[arg(long = "header", value_parser = parse_header, value_name = "NAME: VALUE")]
@@ -447,6 +452,15 @@ async fn replay_command(
         client: Client::builder(TokioExecutor::new()).build_http(),
         timeout: args.timeout,
     };
+    if args.lease < args.timeout {
+        return Err(format!(
+            "--lease {}s must be at least --timeout {}s: a request still in flight when its lease ends may be sent again by another replay",
+            args.lease.as_secs(),
+            args.timeout.as_secs()
+        )
+        .into());
+    }
+    let replayer = Replayer::new(store).lease(args.lease);
     let classifier = HttpClassifier::new();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -455,10 +469,11 @@ async fn replay_command(
     let (mut delivered, mut failed) = (0, 0);
     for id in ids {
         pace.tick().await;
-        let result = replay(store, id, &mut client, &classifier, |e| {
-            http_request(e, &args.to, &args.headers)
-        })
-        .await;
+        let result = replayer
+            .replay(id, &mut client, &classifier, |e| {
+                http_request(e, &args.to, &args.headers)
+            })
+            .await;
         let (status, detail) = match result {
             Ok(ReplayOutcome::Delivered) => {
                 delivered += 1;
@@ -478,6 +493,14 @@ async fn replay_command(
             Ok(ReplayOutcome::NotFound) => {
                 failed += 1;
                 ("not_found", json!({}))
+            }
+            Ok(ReplayOutcome::InProgress { until }) => {
+                failed += 1;
+                let until = httpdate::fmt_http_date(until);
+                (
+                    "in_progress",
+                    json!({ "error": format!("another replay holds it until {until}") }),
+                )
             }
             Err(error) => {
                 failed += 1;

@@ -1,10 +1,13 @@
 //! The bounded in-memory store.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use super::{DeadLetterStore, ListQuery, Page, PurgeFilter, StoreError, StoreErrorKind};
+use super::{
+    lease_end, millis_since_epoch, time_from_millis, Claim, DeadLetterStore, ListQuery, Page,
+    PurgeFilter, StoreError, StoreErrorKind,
+};
 use crate::entry::{DeadLetterEntry, EntryId};
 
 /// A bounded dead-letter store in memory.
@@ -14,6 +17,9 @@ use crate::entry::{DeadLetterEntry, EntryId};
 /// of evicting an older one: dead letters are evidence, and dropping the
 /// oldest silently is exactly the loss a dead-letter queue exists to prevent.
 /// Replacing an existing id always succeeds.
+///
+/// [Claims](DeadLetterStore::claim) are kept under the same lock as the
+/// entries, so a claim and a put or remove of the same id never interleave.
 ///
 /// Clones share the same entries.
 ///
@@ -27,15 +33,23 @@ use crate::entry::{DeadLetterEntry, EntryId};
 /// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    inner: Arc<Mutex<BTreeMap<EntryId, DeadLetterEntry>>>,
+    inner: Arc<Mutex<State>>,
     capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: BTreeMap<EntryId, DeadLetterEntry>,
+    /// When each claim's lease ends, in milliseconds since the Unix epoch.
+    /// Only ids present in `entries`: put and remove end a claim.
+    claims: HashMap<EntryId, u64>,
 }
 
 impl MemoryStore {
     /// An empty store holding at most `capacity` entries.
     pub fn new(capacity: usize) -> Self {
         MemoryStore {
-            inner: Arc::new(Mutex::new(BTreeMap::new())),
+            inner: Arc::new(Mutex::new(State::default())),
             capacity,
         }
     }
@@ -45,7 +59,7 @@ impl MemoryStore {
         self.capacity
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<EntryId, DeadLetterEntry>> {
+    fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding the lock, so a poisoned lock still
         // guards consistent data.
         self.inner
@@ -56,8 +70,12 @@ impl MemoryStore {
 
 impl DeadLetterStore for MemoryStore {
     async fn put(&self, entry: DeadLetterEntry) -> Result<(), StoreError> {
-        let mut entries = self.entries();
-        if entries.len() >= self.capacity && !entries.contains_key(&entry.id) {
+        self.put_with_depth(entry).await.map(drop)
+    }
+
+    async fn put_with_depth(&self, entry: DeadLetterEntry) -> Result<Option<u64>, StoreError> {
+        let mut state = self.state();
+        if state.entries.len() >= self.capacity && !state.entries.contains_key(&entry.id) {
             return Err(StoreError::new(
                 StoreErrorKind::Full,
                 format!(
@@ -66,16 +84,18 @@ impl DeadLetterStore for MemoryStore {
                 ),
             ));
         }
-        entries.insert(entry.id, entry);
-        Ok(())
+        state.claims.remove(&entry.id);
+        state.entries.insert(entry.id, entry);
+        Ok(Some(state.entries.len() as u64))
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
-        Ok(self.entries().get(&id).cloned())
+        Ok(self.state().entries.get(&id).cloned())
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
-        let entries = self.entries();
+        let state = self.state();
+        let entries = &state.entries;
         let range = match query.after {
             Some(after) => {
                 entries.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
@@ -100,21 +120,56 @@ impl DeadLetterStore for MemoryStore {
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
-        Ok(self.entries().remove(&id).is_some())
+        let mut state = self.state();
+        state.claims.remove(&id);
+        Ok(state.entries.remove(&id).is_some())
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
-        let mut entries = self.entries();
+        let mut state = self.state();
+        let State { entries, claims } = &mut *state;
         let before = entries.len();
         entries.retain(|_, entry| !filter.matches(entry));
+        claims.retain(|id, _| entries.contains_key(id));
         Ok((before - entries.len()) as u64)
     }
 
+    async fn claim(
+        &self,
+        id: EntryId,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let mut state = self.state();
+        let Some(entry) = state.entries.get(&id).cloned() else {
+            return Ok(Claim::NotFound);
+        };
+        if let Some(&until) = state.claims.get(&id) {
+            if until > millis_since_epoch(now) {
+                return Ok(Claim::Held {
+                    until: time_from_millis(until),
+                });
+            }
+        }
+        state.claims.insert(id, lease_end(now, lease));
+        Ok(Claim::Claimed(entry))
+    }
+
+    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
+        self.state().claims.remove(&id);
+        Ok(())
+    }
+
     async fn depth(&self) -> Result<u64, StoreError> {
-        Ok(self.entries().len() as u64)
+        Ok(self.state().entries.len() as u64)
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        Ok(self.entries().values().map(|entry| entry.age(now)).max())
+        Ok(self
+            .state()
+            .entries
+            .values()
+            .map(|entry| entry.age(now))
+            .max())
     }
 }

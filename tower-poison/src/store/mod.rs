@@ -13,12 +13,30 @@
 //!
 //! - [`RedisDeadLetterStore`] (feature `redis`): for a fleet of nodes, one
 //!   Redis stream per queue that every node writes and the CLI reads.
+//!
+//! # Limits
+//!
+//! The durable stores are bounded by entry count and by bytes (the entries'
+//! encoded size): see [`RedbStoreBuilder::max_entries`] and
+//! [`RedisDeadLetterStoreBuilder::max_entries`] for the defaults. A `put`
+//! past either limit fails with [`StoreErrorKind::Full`] and keeps nothing;
+//! the layer turns that into [`StoreFull`](crate::StoreFull), so a caller
+//! (a queue consumer) knows the failed call was neither processed nor kept.
+//! Nothing already stored is ever evicted to make room.
+//!
+//! # Claims
+//!
+//! [`DeadLetterStore::claim`] leases an entry to one replayer for a while, so
+//! two replays running at once (two operators, two CLI runs) do not both send
+//! it. A lease is advisory and ends by itself: a replayer that crashes
+//! between sending and removing leaves an entry that can be claimed again
+//! once the lease is over, so a replay is at least once, never lost.
 
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_classify::FailureKind;
 
@@ -47,8 +65,31 @@ pub use self::redis::{RedisConnectOptions, RedisDeadLetterStore, RedisDeadLetter
 /// return only once the entry is as durable as the store promises; an error
 /// means the entry was *not* kept.
 pub trait DeadLetterStore: Clone + Send + Sync + 'static {
-    /// Stores `entry`, replacing any entry with the same id.
+    /// Stores `entry`, replacing any entry with the same id, and ends any
+    /// [claim](Self::claim) on that id.
+    ///
+    /// A store at its limits fails with [`StoreErrorKind::Full`]; replacing
+    /// an entry counts only the difference in size.
     fn put(&self, entry: DeadLetterEntry) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Stores `entry` as [`put`](Self::put) does and returns the store's
+    /// depth after the write, when the write itself tells it.
+    ///
+    /// The layer calls this for every dead-lettered call to set its depth
+    /// gauge: the stores here answer from the write's own result (a counter
+    /// in memory, the writer's transaction, the Redis script's reply), so
+    /// the gauge costs no extra round trip. The provided implementation
+    /// calls `put`, then [`depth`](Self::depth), and reports `None` when the
+    /// depth could not be read (the entry is stored all the same).
+    fn put_with_depth(
+        &self,
+        entry: DeadLetterEntry,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        async move {
+            self.put(entry).await?;
+            Ok(self.depth().await.ok())
+        }
+    }
 
     /// The entry with `id`.
     fn get(
@@ -59,11 +100,34 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     /// One page of entries in id (creation) order, filtered by `query`.
     fn list(&self, query: ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
-    /// Removes the entry with `id`; `true` when there was one.
+    /// Removes the entry with `id` (and any claim on it); `true` when there
+    /// was one.
     fn remove(&self, id: EntryId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Removes every entry matching `filter`; returns how many.
     fn purge(&self, filter: PurgeFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Claims entry `id` for `lease` so one replayer at a time sends it.
+    ///
+    /// Atomic in each store: of two claims of one entry made at once, one is
+    /// [`Claimed`](Claim::Claimed) and the other sees
+    /// [`Held`](Claim::Held). A claim whose lease ended before `now` counts
+    /// as free. `now` is the caller's clock, and the lease ends at
+    /// `now + lease` (saturating: any `Duration`, even `Duration::MAX`, is
+    /// accepted and capped at the end of the year 9999).
+    ///
+    /// A claim is a lease, not a lock: it ends by itself, so a replayer that
+    /// dies holding one delays the entry's replay by at most `lease`.
+    fn claim(
+        &self,
+        id: EntryId,
+        now: SystemTime,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Gives up a claim early (the replay could not be sent). Removing or
+    /// putting the entry also ends any claim on it.
+    fn release(&self, id: EntryId) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// How many entries the store holds.
     fn depth(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
@@ -98,6 +162,59 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             }
         }
     }
+}
+
+/// What [`DeadLetterStore::claim`] found.
+// The entry is held unboxed so a replayer matches `Claimed(entry)` directly;
+// a claim is made once per replayed entry, so its size costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The caller holds the entry until `now + lease`.
+    Claimed(DeadLetterEntry),
+    /// Another replayer holds it until `until`.
+    Held {
+        /// When the other replayer's lease ends.
+        until: SystemTime,
+    },
+    /// There is no entry with that id.
+    NotFound,
+}
+
+/// The latest instant the stores write, in milliseconds since the Unix
+/// epoch: the end of the year 9999 (`9999-12-31T23:59:59.999Z`).
+///
+/// Lease ends saturate here. It is a `SystemTime` on every platform, a
+/// number Lua (Redis scripts use doubles) holds exactly, and far inside what
+/// Redis accepts for `PX`, so no duration a caller passes can wrap, panic or
+/// be refused.
+pub(crate) const MAX_MILLIS: u64 = 253_402_300_799_999;
+
+/// `duration` in whole milliseconds, saturating at [`MAX_MILLIS`].
+pub(crate) fn saturating_millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .min(MAX_MILLIS)
+}
+
+/// `time` in milliseconds since the Unix epoch (`0` before it), saturating
+/// at [`MAX_MILLIS`].
+pub(crate) fn millis_since_epoch(time: SystemTime) -> u64 {
+    saturating_millis(time.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
+/// The instant `millis` after the Unix epoch, saturating at [`MAX_MILLIS`].
+pub(crate) fn time_from_millis(millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(millis.min(MAX_MILLIS))
+}
+
+/// When a lease of `lease` taken at `now` ends, in milliseconds since the
+/// Unix epoch, saturating at [`MAX_MILLIS`].
+pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
+    millis_since_epoch(now)
+        .saturating_add(saturating_millis(lease))
+        .min(MAX_MILLIS)
 }
 
 /// Which entries [`DeadLetterStore::list`] returns.
@@ -293,5 +410,50 @@ impl fmt::Display for StoreError {
 impl Error for StoreError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn lease_maths_saturates_instead_of_wrapping_or_panicking() {
+        let now = SystemTime::now();
+        assert_eq!(saturating_millis(Duration::MAX), MAX_MILLIS);
+        assert_eq!(lease_end(now, Duration::MAX), MAX_MILLIS);
+        assert_eq!(
+            lease_end(time_from_millis(MAX_MILLIS), Duration::from_secs(1)),
+            MAX_MILLIS
+        );
+        assert_eq!(millis_since_epoch(UNIX_EPOCH - Duration::from_secs(5)), 0);
+        // The cap is a valid time on every platform and round-trips.
+        assert_eq!(millis_since_epoch(time_from_millis(u64::MAX)), MAX_MILLIS);
+        assert_eq!(
+            lease_end(
+                UNIX_EPOCH + Duration::from_millis(1_000),
+                Duration::from_millis(250)
+            ),
+            1_250
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn lease_end_is_now_plus_lease_capped(
+            now_ms in 0..=MAX_MILLIS,
+            secs in any::<u64>(),
+            nanos in 0..1_000_000_000u32,
+        ) {
+            let lease = Duration::new(secs, nanos);
+            let now = time_from_millis(now_ms);
+            let end = lease_end(now, lease);
+            let exact = u128::from(now_ms) + lease.as_millis();
+            prop_assert_eq!(u128::from(end), exact.min(u128::from(MAX_MILLIS)));
+            prop_assert!(end >= now_ms);
+            // Always a time the platform can hold.
+            prop_assert_eq!(millis_since_epoch(time_from_millis(end)), end);
+        }
     }
 }

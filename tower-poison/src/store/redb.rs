@@ -3,7 +3,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -11,13 +10,26 @@ use std::time::{Duration, SystemTime};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{DeadLetterStore, ListQuery, Page, PurgeFilter, StoreError, StoreErrorKind};
+use super::{
+    lease_end, millis_since_epoch, time_from_millis, Claim, DeadLetterStore, ListQuery, Page,
+    PurgeFilter, StoreError, StoreErrorKind,
+};
 use crate::entry::{DeadLetterEntry, EntryId};
 
 /// Entries by id; the value is the entry's JSON encoding.
 const ENTRIES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dead_letters");
+
+/// Counters kept in the same transactions as the entries they count.
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("dead_letters_meta");
+
+/// The key in [`META`] of the total encoded size of the entries, in bytes.
+const ENTRY_BYTES: &str = "entry_bytes";
+
+/// Claims by entry id; the value is when the lease ends, in milliseconds since
+/// the Unix epoch.
+const CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter_claims");
 
 /// The default dead-letter store: one redb file on local disk.
 ///
@@ -30,6 +42,17 @@ const ENTRIES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dead_let
 /// opens cleanly again (redb's commit protocol never leaves a half-written
 /// transaction visible).
 ///
+/// # Limits
+///
+/// The store holds at most [`max_entries`](RedbStoreBuilder::max_entries)
+/// entries (default 100,000) of at most
+/// [`max_bytes`](RedbStoreBuilder::max_bytes) in total (default 1 GiB,
+/// counting each entry's encoded size). A `put` that would pass either fails
+/// with [`StoreErrorKind::Full`] and stores nothing; nothing stored is
+/// evicted. The byte count lives in the file, updated in the same
+/// transaction as the entries, so it survives a restart and never drifts
+/// from what is stored.
+///
 /// # Group commit
 ///
 /// Writes go to one writer thread. When several entries are waiting, the
@@ -40,10 +63,24 @@ const ENTRIES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dead_let
 /// `max_batch(1)` gives one commit per entry. See the crate README for the
 /// measured difference.
 ///
+/// The writer's queue is bounded
+/// ([`max_pending_writes`](RedbStoreBuilder::max_pending_writes), default
+/// 1024): when the disk falls behind, `put` waits, asynchronously, for room,
+/// so a burst of failures cannot grow memory without bound and the waiting
+/// calls hold no runtime thread.
+///
+/// # Claims
+///
+/// A [claim](DeadLetterStore::claim) is checked and written in one write
+/// transaction, so two claims of one entry never both succeed. Claims commit
+/// with [`Durability::None`] (no `fsync`): redb's file lock means only this
+/// process uses them, and a crash that loses a claim ends a lease early,
+/// which is what a lease is for; the next durable `put` persists them anyway.
+///
 /// # Threads
 ///
 /// Blocking disk work never runs on the async executor: writes run on the
-/// writer thread, reads, removals and purges in
+/// writer thread, reads, removals, purges and claims in
 /// [`tokio::task::spawn_blocking`], so the store must be used inside a tokio
 /// runtime. Clones share the database. Dropping the last clone stops the
 /// writer thread after its current batch.
@@ -58,8 +95,8 @@ pub struct RedbStore {
 struct Inner {
     db: Arc<Database>,
     /// The number of entries, kept up to date by every committed write so
-    /// `depth` (read after every dead-lettered call for the gauge) needs no
-    /// transaction. Exact, because redb's file lock keeps other processes out.
+    /// `depth` needs no transaction. Exact, because redb's file lock keeps
+    /// other processes out.
     depth: Arc<AtomicU64>,
     path: PathBuf,
     writer: Option<mpsc::Sender<Put>>,
@@ -69,13 +106,58 @@ struct Inner {
 struct Put {
     key: u128,
     value: Vec<u8>,
-    ack: oneshot::Sender<Result<(), StoreError>>,
+    /// The depth after the commit, or why the entry was not kept.
+    ack: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The bounds a `put` is checked against, inside its write transaction.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_entries: u64,
+    max_bytes: u64,
+}
+
+/// What a put would leave in the store.
+#[derive(Debug, Clone, Copy)]
+struct AfterPut {
+    entries: u64,
+    /// The put adds an entry (a new id).
+    adds_entry: bool,
+    bytes: u64,
+    /// The put adds bytes (a new entry, or a larger replacement).
+    grows: bool,
+}
+
+impl Limits {
+    /// `Ok` unless the put passes a limit it adds to. Only what a put adds
+    /// is checked: replacing an entry with one no larger always succeeds,
+    /// even in a store over limits lowered since its entries were written.
+    fn check(&self, path: &Path, after: AfterPut) -> Result<(), StoreError> {
+        let full = |what: String| {
+            Err(StoreError::new(
+                StoreErrorKind::Full,
+                format!("dead-letter store {} is full: {what}", path.display()),
+            ))
+        };
+        if after.adds_entry && after.entries > self.max_entries {
+            return full(format!("max_entries {} reached", self.max_entries));
+        }
+        if after.grows && after.bytes > self.max_bytes {
+            return full(format!(
+                "{} bytes would pass max_bytes {}",
+                after.bytes, self.max_bytes
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Configures and opens a [`RedbStore`].
 #[derive(Debug, Clone)]
 pub struct RedbStoreBuilder {
     max_batch: usize,
+    max_pending_writes: usize,
+    limits: Limits,
 }
 
 impl Default for RedbStoreBuilder {
@@ -85,15 +167,73 @@ impl Default for RedbStoreBuilder {
 }
 
 impl RedbStoreBuilder {
-    /// The defaults: group commit of up to 256 entries.
+    /// The default number of entries a store holds: 100,000.
+    ///
+    /// More than an operator triages by hand, and small enough that a full
+    /// `list`, `stats` or `purge` stays a matter of seconds.
+    pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+    /// The default total size of the stored entries: 1 GiB.
+    ///
+    /// With the layer's 64 KiB body limit that is at least 16,000 entries
+    /// with full bodies, and the whole default entry count for entries of up
+    /// to 10 KiB, while a scanner's flood cannot fill the disk.
+    pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+    /// The default bound of the writer's queue: 1024 entries.
+    ///
+    /// Four full group commits' worth, so the writer always has a batch
+    /// ready under load, while the queue holds at most a few tens of MiB.
+    pub const DEFAULT_MAX_PENDING_WRITES: usize = 1024;
+
+    /// The defaults: group commit of up to 256 entries, at most 100,000
+    /// entries and 1 GiB, a writer queue of 1024.
     pub const fn new() -> Self {
-        RedbStoreBuilder { max_batch: 256 }
+        RedbStoreBuilder {
+            max_batch: 256,
+            max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
+            limits: Limits {
+                max_entries: Self::DEFAULT_MAX_ENTRIES,
+                max_bytes: Self::DEFAULT_MAX_BYTES,
+            },
+        }
     }
 
     /// At most `max_batch` entries per write transaction (default 256); `1`
     /// commits every entry on its own. Zero is treated as one.
     pub const fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = if max_batch == 0 { 1 } else { max_batch };
+        self
+    }
+
+    /// Holds at most `max_entries` entries (default
+    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); a `put` of a
+    /// new id past it fails with [`StoreErrorKind::Full`]. `u64::MAX`
+    /// removes the bound.
+    pub const fn max_entries(mut self, max_entries: u64) -> Self {
+        self.limits.max_entries = max_entries;
+        self
+    }
+
+    /// Holds at most `max_bytes` of encoded entries (default
+    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)); a `put` that would
+    /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
+    /// counts the difference in size. `u64::MAX` removes the bound.
+    pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.limits.max_bytes = max_bytes;
+        self
+    }
+
+    /// Queues at most `max_pending_writes` entries for the writer thread
+    /// (default
+    /// [`DEFAULT_MAX_PENDING_WRITES`](Self::DEFAULT_MAX_PENDING_WRITES));
+    /// past it `put` waits for room. Zero is treated as one.
+    pub const fn max_pending_writes(mut self, max_pending_writes: usize) -> Self {
+        self.max_pending_writes = if max_pending_writes == 0 {
+            1
+        } else {
+            max_pending_writes
+        };
         self
     }
 
@@ -109,24 +249,21 @@ impl RedbStoreBuilder {
                 e,
             )
         })?;
-        // Create the table up front so readers never see a missing table.
-        let txn = db.begin_write().map_err(backend)?;
-        let depth = txn
-            .open_table(ENTRIES)
-            .map_err(backend)?
-            .len()
-            .map_err(backend)?;
-        txn.commit().map_err(backend)?;
+        let depth = prepare(&db)?;
 
         let db = Arc::new(db);
         let depth = Arc::new(AtomicU64::new(depth));
-        let thread_depth = Arc::clone(&depth);
-        let (writer, queue) = mpsc::channel();
-        let thread_db = Arc::clone(&db);
-        let max_batch = self.max_batch;
+        let (writer, queue) = mpsc::channel(self.max_pending_writes);
+        let writing = Writer {
+            db: Arc::clone(&db),
+            depth: Arc::clone(&depth),
+            path: path.clone(),
+            limits: self.limits,
+            max_batch: self.max_batch,
+        };
         let thread = std::thread::Builder::new()
             .name("tower-poison-redb".into())
-            .spawn(move || write_loop(&thread_db, &queue, max_batch, &thread_depth))
+            .spawn(move || writing.run(queue))
             .map_err(|e| StoreError::backend("cannot start the dead-letter writer thread", e))?;
         Ok(RedbStore {
             inner: Arc::new(Inner {
@@ -138,6 +275,28 @@ impl RedbStoreBuilder {
             }),
         })
     }
+}
+
+/// Creates the tables up front (so readers never see a missing one) and the
+/// byte counter of a file written before there was one; returns the depth.
+fn prepare(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_write().map_err(backend)?;
+    let depth = {
+        let entries = txn.open_table(ENTRIES).map_err(backend)?;
+        let mut meta = txn.open_table(META).map_err(backend)?;
+        txn.open_table(CLAIMS).map_err(backend)?;
+        if meta.get(ENTRY_BYTES).map_err(backend)?.is_none() {
+            let mut bytes = 0u64;
+            for item in entries.iter().map_err(backend)? {
+                let (_, value) = item.map_err(backend)?;
+                bytes = bytes.saturating_add(value.value().len() as u64);
+            }
+            meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
+        }
+        entries.len().map_err(backend)?
+    };
+    txn.commit().map_err(backend)?;
+    Ok(depth)
 }
 
 impl RedbStore {
@@ -173,35 +332,121 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
     StoreError::backend("dead-letter store failed", error.into())
 }
 
+/// Takes `size` off the byte counter in `meta`.
+fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<(), StoreError> {
+    let bytes = meta
+        .get(ENTRY_BYTES)
+        .map_err(backend)?
+        .map_or(0, |v| v.value());
+    meta.insert(ENTRY_BYTES, bytes.saturating_sub(size))
+        .map_err(backend)?;
+    Ok(())
+}
+
 fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
     DeadLetterEntry::from_bytes(bytes)
         .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
-/// The writer thread: take what is queued (up to `max_batch`), commit it in
-/// one durable transaction, then acknowledge every entry of the batch.
-fn write_loop(db: &Database, queue: &mpsc::Receiver<Put>, max_batch: usize, depth: &AtomicU64) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match queue.try_recv() {
-                Ok(put) => batch.push(put),
-                Err(_) => break,
+/// The writer thread's side of the store.
+struct Writer {
+    db: Arc<Database>,
+    depth: Arc<AtomicU64>,
+    path: PathBuf,
+    limits: Limits,
+    max_batch: usize,
+}
+
+impl Writer {
+    /// Takes what is queued (up to `max_batch`), commits it in one durable
+    /// transaction, then acknowledges every entry of the batch. Ends when
+    /// every sender is gone and the queue is drained.
+    fn run(self, mut queue: mpsc::Receiver<Put>) {
+        while let Some(first) = queue.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match queue.try_recv() {
+                    Ok(put) => batch.push(put),
+                    Err(_) => break,
+                }
+            }
+            let acks = match self.write_batch(&batch) {
+                Ok(outcomes) => outcomes,
+                Err(error) => batch
+                    .iter()
+                    .map(|_| Err(StoreError::new(error.kind(), error_text(&error))))
+                    .collect(),
+            };
+            for (put, ack) in batch.into_iter().zip(acks) {
+                // The caller may have gone away (its call was cancelled); the
+                // entry is stored all the same.
+                let _ = put.ack.send(ack);
             }
         }
-        let result = write_batch(db, &batch);
-        if let Ok(added) = &result {
-            depth.fetch_add(*added, Ordering::Relaxed);
+    }
+
+    /// Writes `batch` in one durable transaction. Each entry is checked
+    /// against the limits on its own, in order: one that does not fit is
+    /// refused without failing the others. Returns each entry's outcome,
+    /// the depth after the commit for those kept.
+    fn write_batch(&self, batch: &[Put]) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        let mut txn = self.db.begin_write().map_err(backend)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+        let mut kept = Vec::with_capacity(batch.len());
+        let (before, after) = {
+            let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
+            let mut meta = txn.open_table(META).map_err(backend)?;
+            let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+            let before = entries.len().map_err(backend)?;
+            let mut depth = before;
+            let mut bytes = meta
+                .get(ENTRY_BYTES)
+                .map_err(backend)?
+                .map_or(0, |v| v.value());
+            for put in batch {
+                let replaced = entries
+                    .get(put.key)
+                    .map_err(backend)?
+                    .map(|old| old.value().len() as u64);
+                let new_depth = depth + u64::from(replaced.is_none());
+                let new_bytes = bytes
+                    .saturating_sub(replaced.unwrap_or(0))
+                    .saturating_add(put.value.len() as u64);
+                let after = AfterPut {
+                    entries: new_depth,
+                    adds_entry: replaced.is_none(),
+                    bytes: new_bytes,
+                    grows: new_bytes > bytes,
+                };
+                if let Err(full) = self.limits.check(&self.path, after) {
+                    kept.push(Err(full));
+                    continue;
+                }
+                entries
+                    .insert(put.key, put.value.as_slice())
+                    .map_err(backend)?;
+                claims.remove(put.key).map_err(backend)?;
+                (depth, bytes) = (new_depth, new_bytes);
+                kept.push(Ok(()));
+            }
+            meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
+            (before, depth)
+        };
+        if kept.iter().all(Result::is_err) {
+            // A full store refused the whole batch: no commit, so a flood of
+            // failures against a full store costs no fsync.
+            txn.abort().map_err(backend)?;
+        } else {
+            txn.commit().map_err(backend)?;
         }
-        for put in batch {
-            let ack = match &result {
-                Ok(_) => Ok(()),
-                Err(error) => Err(StoreError::new(error.kind(), error_text(error))),
-            };
-            // The caller may have gone away (its call was cancelled); the
-            // entry is stored all the same.
-            let _ = put.ack.send(ack);
-        }
+        // A delta, not the absolute count: a removal committed after this
+        // transaction may update the counter before this thread does.
+        self.depth.fetch_add(after - before, Ordering::Relaxed);
+        Ok(kept
+            .into_iter()
+            .map(|outcome| outcome.map(|()| after))
+            .collect())
     }
 }
 
@@ -209,28 +454,12 @@ fn error_text(error: &StoreError) -> String {
     crate::entry::error_chain(error).join(": ")
 }
 
-/// Writes `batch` in one durable transaction; returns how many entries are new
-/// (the others replaced an entry with the same id).
-fn write_batch(db: &Database, batch: &[Put]) -> Result<u64, StoreError> {
-    let mut txn = db.begin_write().map_err(backend)?;
-    txn.set_durability(Durability::Immediate)
-        .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
-    let mut added = 0;
-    {
-        let mut table = txn.open_table(ENTRIES).map_err(backend)?;
-        for put in batch {
-            let replaced = table
-                .insert(put.key, put.value.as_slice())
-                .map_err(backend)?;
-            added += u64::from(replaced.is_none());
-        }
-    }
-    txn.commit().map_err(backend)?;
-    Ok(added)
-}
-
 impl DeadLetterStore for RedbStore {
     async fn put(&self, entry: DeadLetterEntry) -> Result<(), StoreError> {
+        self.put_with_depth(entry).await.map(drop)
+    }
+
+    async fn put_with_depth(&self, entry: DeadLetterEntry) -> Result<Option<u64>, StoreError> {
         let (ack, acked) = oneshot::channel();
         let put = Put {
             key: entry.id.as_u128(),
@@ -239,13 +468,16 @@ impl DeadLetterStore for RedbStore {
         };
         let closed =
             || StoreError::new(StoreErrorKind::Backend, "dead-letter store writer stopped");
+        // Waits for room in the writer's queue: the back-pressure that keeps
+        // a slow disk from growing memory.
         self.inner
             .writer
             .as_ref()
             .ok_or_else(closed)?
             .send(put)
+            .await
             .map_err(|_| closed())?;
-        acked.await.map_err(|_| closed())?
+        acked.await.map_err(|_| closed())?.map(Some)
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
@@ -299,9 +531,18 @@ impl DeadLetterStore for RedbStore {
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let removed = {
-                let mut table = txn.open_table(ENTRIES).map_err(backend)?;
-                let removed = table.remove(id.as_u128()).map_err(backend)?.is_some();
-                removed
+                let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
+                let mut meta = txn.open_table(META).map_err(backend)?;
+                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                claims.remove(id.as_u128()).map_err(backend)?;
+                let size = entries
+                    .remove(id.as_u128())
+                    .map_err(backend)?
+                    .map(|old| old.value().len() as u64);
+                if let Some(size) = size {
+                    subtract_bytes(&mut meta, size)?;
+                }
+                size.is_some()
             };
             txn.commit().map_err(backend)?;
             if removed {
@@ -316,24 +557,92 @@ impl DeadLetterStore for RedbStore {
         let depth = Arc::clone(&self.inner.depth);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
-            let mut removed = 0;
+            let mut gone = Vec::new();
+            let mut bytes = 0u64;
             {
-                let mut table = txn.open_table(ENTRIES).map_err(backend)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
                 // An entry that does not decode is kept: purge removes by age,
                 // and an unreadable entry's age is unknown.
-                table
-                    .retain(|_, value| {
-                        let gone = DeadLetterEntry::from_bytes(value)
+                entries
+                    .retain(|key, value| {
+                        let matches = DeadLetterEntry::from_bytes(value)
                             .map(|entry| filter.matches(&entry))
                             .unwrap_or(false);
-                        removed += u64::from(gone);
-                        !gone
+                        if matches {
+                            gone.push(key);
+                            bytes = bytes.saturating_add(value.len() as u64);
+                        }
+                        !matches
                     })
                     .map_err(backend)?;
+                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                for key in &gone {
+                    claims.remove(*key).map_err(backend)?;
+                }
+                subtract_bytes(&mut txn.open_table(META).map_err(backend)?, bytes)?;
             }
             txn.commit().map_err(backend)?;
+            let removed = gone.len() as u64;
             depth.fetch_sub(removed, Ordering::Relaxed);
             Ok(removed)
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        id: EntryId,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.blocking(move |db| {
+            let mut txn = db.begin_write().map_err(backend)?;
+            txn.set_durability(Durability::None)
+                .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+            let claim = {
+                let entries = txn.open_table(ENTRIES).map_err(backend)?;
+                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                let held = claims
+                    .get(id.as_u128())
+                    .map_err(backend)?
+                    .map(|until| until.value())
+                    .filter(|&until| until > millis_since_epoch(now));
+                let stored = entries.get(id.as_u128()).map_err(backend)?;
+                let claim = match (stored, held) {
+                    (None, _) => Claim::NotFound,
+                    (Some(_), Some(until)) => Claim::Held {
+                        until: time_from_millis(until),
+                    },
+                    (Some(value), None) => {
+                        let entry = decode(value.value())?;
+                        claims
+                            .insert(id.as_u128(), lease_end(now, lease))
+                            .map_err(backend)?;
+                        Claim::Claimed(entry)
+                    }
+                };
+                claim
+            };
+            if matches!(claim, Claim::Claimed(_)) {
+                txn.commit().map_err(backend)?;
+            } else {
+                txn.abort().map_err(backend)?;
+            }
+            Ok(claim)
+        })
+        .await
+    }
+
+    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
+        self.blocking(move |db| {
+            let mut txn = db.begin_write().map_err(backend)?;
+            txn.set_durability(Durability::None)
+                .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+            txn.open_table(CLAIMS)
+                .map_err(backend)?
+                .remove(id.as_u128())
+                .map_err(backend)?;
+            txn.commit().map_err(backend)
         })
         .await
     }
@@ -375,5 +684,88 @@ impl fmt::Debug for RedbStore {
         f.debug_struct("RedbStore")
             .field("path", &self.inner.path)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tower_classify::FailureKind;
+
+    fn entry() -> DeadLetterEntry {
+        let now = SystemTime::now();
+        DeadLetterEntry {
+            id: EntryId::generate(now),
+            label: "orders".into(),
+            message_id: None,
+            method: None,
+            uri: None,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"{}"),
+            body_truncated: false,
+            body_len: None,
+            error: vec!["failed".into()],
+            kind: FailureKind::ServerError,
+            attempts: 1,
+            first_failed_at: now,
+            last_failed_at: now,
+        }
+    }
+
+    /// With the writer stuck (another write transaction holds redb's write
+    /// lock), the queue fills to its bound and further puts wait without
+    /// holding the runtime's only thread; once the writer moves on, every
+    /// put completes and is durable.
+    #[tokio::test(flavor = "current_thread")]
+    async fn puts_past_the_queue_bound_wait_asynchronously_then_all_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dlq.redb");
+        let store = RedbStore::builder()
+            .max_pending_writes(2)
+            .max_batch(1)
+            .open(&path)
+            .unwrap();
+        let stall = store.inner.db.begin_write().unwrap();
+
+        let puts: Vec<_> = (0..6)
+            .map(|_| {
+                let store = store.clone();
+                let e = entry();
+                let id = e.id;
+                tokio::spawn(async move { store.put(e).await.map(|()| id) })
+            })
+            .collect();
+        let writer = store.inner.writer.clone().unwrap();
+        // The writer takes at most one entry before it blocks on the write
+        // lock, so two are queued and at least three puts wait for room.
+        for _ in 0..1_000 {
+            if writer.capacity() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(writer.capacity(), 0, "the queue is at its bound of 2");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(writer.capacity(), 0, "nothing went past the bound");
+        assert!(
+            puts.iter().all(|put| !put.is_finished()),
+            "every put waits (this thread still runs: the waiting is async)"
+        );
+        drop(writer);
+
+        stall.abort().unwrap();
+        let mut ids = Vec::new();
+        for put in puts {
+            ids.push(put.await.unwrap().unwrap());
+        }
+        drop(store);
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.depth().await.unwrap(), 6);
+        for id in ids {
+            assert!(store.get(id).await.unwrap().is_some());
+        }
     }
 }

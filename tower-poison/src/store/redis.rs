@@ -7,7 +7,10 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Script};
 
-use super::{DeadLetterStore, ListQuery, Page, PurgeFilter, StoreError, StoreErrorKind};
+use super::{
+    lease_end, millis_since_epoch, saturating_millis, time_from_millis, Claim, DeadLetterStore,
+    ListQuery, Page, PurgeFilter, Stats, StoreError, StoreErrorKind,
+};
 use crate::entry::{DeadLetterEntry, EntryId};
 
 /// How the Redis stores connect: one reconnecting
@@ -92,18 +95,30 @@ pub(crate) fn redact_url(url: &str) -> String {
 ///
 /// # Layout
 ///
-/// - the stream `NAME` holds one stream entry per dead letter (fields `id`
-///   and `entry`, the entry's JSON), added with `XADD`; `depth` is `XLEN`,
-///   `list` pages with `XRANGE`;
-/// - the hash `NAME:index` maps each [`EntryId`] to its stream entry, so
-///   `get` and `remove` (`XDEL`) find an entry by id.
+/// A queue named `NAME` (the `stream` argument of
+/// [`connect`](Self::connect)) lives in these keys, all with the hash tag
+/// `{NAME}` so that on Redis Cluster they share one slot and every script
+/// below runs on one node (no `CROSSSLOT`):
 ///
-/// Every write is one Lua script, so the stream and the index never
-/// disagree. [`put`](DeadLetterStore::put) of an id already present (a
-/// failed replay updating its entry) deletes the old stream entry and adds the
-/// new one at the end: `list` returns entries in the order they were last
-/// written. Entry ids come from many nodes, so the order is by write time,
-/// not id.
+/// | key | type | holds |
+/// |---|---|---|
+/// | `tower-poison:{NAME}:entries` | stream | one stream entry per dead letter (fields `id` and `entry`, the entry's JSON), added with `XADD`; `depth` is `XLEN`, `list` pages with `XRANGE` |
+/// | `tower-poison:{NAME}:index` | hash | each [`EntryId`] → its stream entry id, so `get` and `remove` find an entry by id |
+/// | `tower-poison:{NAME}:bytes` | string | the total size of the stored `entry` fields, for [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) |
+/// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: when its lease ends (milliseconds since the Unix epoch), expiring by itself (`PX`) |
+///
+/// A name must not be empty or start with `}` (either would leave the hash
+/// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
+///
+/// Every write is one Lua script, so the stream, the index, the byte count
+/// and the claims never disagree. [`put`](DeadLetterStore::put) of an id
+/// already present (a failed replay updating its entry) deletes the old
+/// stream entry and adds the new one at the end: `list` returns entries in
+/// the order they were last written. Entry ids come from many nodes, so the
+/// order is by write time, not id.
+///
+/// `purge`, `oldest_age` and `stats` walk the stream in pages of 512
+/// (`XRANGE` with an exclusive start), never loading the whole stream.
 ///
 /// # Durability
 ///
@@ -115,13 +130,23 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// down, a timeout) is an error, and the layer fails the call with
 /// [`StoreFailed`](crate::StoreFailed): never a silent loss.
 ///
-/// # Bound
+/// # Limits
 ///
-/// With [`max_len`](RedisDeadLetterStoreBuilder::max_len) the stream keeps at
-/// most that many entries: a `put` past it drops the oldest (as
-/// `XADD MAXLEN` does, and removing their index entries too). Without it
-/// (the default) the stream grows until an operator purges it, as a
-/// dead-letter queue should.
+/// The queue holds at most
+/// [`max_entries`](RedisDeadLetterStoreBuilder::max_entries) entries
+/// (default 100,000) of at most
+/// [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) in total (default
+/// 256 MiB). The check and the write are one script, so nodes writing at
+/// once cannot overshoot. A `put` past either fails with
+/// [`StoreErrorKind::Full`] (the layer's [`StoreFull`](crate::StoreFull));
+/// nothing stored is trimmed to make room. Replacing an entry with one no
+/// larger always succeeds.
+///
+/// # Claims
+///
+/// A claim is one script: it checks that the entry exists and that no lease
+/// on it is still running at the caller's `now`, then sets the claim key with
+/// `PX` set to the lease, so a forgotten claim expires on its own.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_poison::store::StoreError> {
@@ -141,32 +166,100 @@ pub struct RedisDeadLetterStore {
 }
 
 struct Shared {
-    stream: String,
-    index: String,
+    keys: Keys,
     url: String,
-    max_len: Option<u64>,
+    max_entries: u64,
+    max_bytes: u64,
+}
+
+/// The keys of one queue (see the layout above).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Keys {
+    name: String,
+    entries: String,
+    index: String,
+    bytes: String,
+    claim_prefix: String,
+}
+
+impl Keys {
+    fn new(name: String) -> Result<Self, StoreError> {
+        if name.is_empty() || name.starts_with('}') {
+            return Err(StoreError::new(
+                StoreErrorKind::Backend,
+                format!(
+                    "invalid redis dead-letter stream name {name:?}: it must not be empty \
+                     or start with `}}` (it is the keys' hash tag)"
+                ),
+            ));
+        }
+        let base = format!("tower-poison:{{{name}}}:");
+        Ok(Keys {
+            entries: format!("{base}entries"),
+            index: format!("{base}index"),
+            bytes: format!("{base}bytes"),
+            claim_prefix: format!("{base}claim:"),
+            name,
+        })
+    }
+
+    fn claim(&self, id: EntryId) -> String {
+        format!("{}{id}", self.claim_prefix)
+    }
 }
 
 /// Configures and connects a [`RedisDeadLetterStore`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RedisDeadLetterStoreBuilder {
-    max_len: Option<u64>,
+    max_entries: u64,
+    max_bytes: u64,
     options: RedisConnectOptions,
 }
 
+impl Default for RedisDeadLetterStoreBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RedisDeadLetterStoreBuilder {
-    /// No length bound, default connection options.
+    /// The default number of entries a queue holds: 100,000, as for the
+    /// redb store (more than an operator triages, few enough to scan).
+    pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+    /// The default total size of a queue's entries: 256 MiB.
+    ///
+    /// Smaller than the redb store's 1 GiB because Redis keeps it all in
+    /// memory, usually beside other data: enough for the whole default entry
+    /// count at about 2.5 KiB an entry (a typical request with a small body),
+    /// or 4,000 entries with full 64 KiB bodies.
+    pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+    /// The defaults: at most 100,000 entries and 256 MiB, default
+    /// connection options.
     pub const fn new() -> Self {
         RedisDeadLetterStoreBuilder {
-            max_len: None,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_bytes: Self::DEFAULT_MAX_BYTES,
             options: RedisConnectOptions::new(),
         }
     }
 
-    /// Keeps at most `max_len` entries, dropping the oldest (default: no
-    /// bound).
-    pub const fn max_len(mut self, max_len: u64) -> Self {
-        self.max_len = Some(max_len);
+    /// Holds at most `max_entries` entries (default
+    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); a `put` of a new
+    /// id past it fails with [`StoreErrorKind::Full`]. `u64::MAX` removes
+    /// the bound.
+    pub const fn max_entries(mut self, max_entries: u64) -> Self {
+        self.max_entries = max_entries;
+        self
+    }
+
+    /// Holds at most `max_bytes` of encoded entries (default
+    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)); a `put` that would
+    /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
+    /// counts the difference in size. `u64::MAX` removes the bound.
+    pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
         self
     }
 
@@ -176,75 +269,136 @@ impl RedisDeadLetterStoreBuilder {
         self
     }
 
-    /// Connects to `url` and uses the stream `stream`.
+    /// Connects to `url` and uses the queue `stream` (see the key layout on
+    /// [`RedisDeadLetterStore`]).
     pub async fn connect(
         self,
         url: &str,
         stream: impl Into<String>,
     ) -> Result<RedisDeadLetterStore, StoreError> {
+        let keys = Keys::new(stream.into())?;
         let connection = self.options.connect(url).await?;
-        let stream = stream.into();
         Ok(RedisDeadLetterStore {
             connection,
             shared: Arc::new(Shared {
-                index: format!("{stream}:index"),
-                stream,
+                keys,
                 url: redact_url(url),
-                max_len: self.max_len,
+                max_entries: self.max_entries,
+                max_bytes: self.max_bytes,
             }),
         })
     }
 }
 
-/// Adds or replaces an entry: KEYS = stream, index; ARGV = id, entry JSON,
-/// max length (0: none). Replacing deletes the old stream entry first;
-/// trimming removes the index entries of what it drops. Running it twice
-/// with the same arguments leaves one entry, so a retried `put` is safe.
-const PUT: &str = r"
-local old = redis.call('HGET', KEYS[2], ARGV[1])
-if old then redis.call('XDEL', KEYS[1], old) end
-local max = tonumber(ARGV[3])
-if max > 0 then
-  local excess = redis.call('XLEN', KEYS[1]) - max + 1
-  if excess > 0 then
-    for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess)) do
-      redis.call('XDEL', KEYS[1], e[1])
-      local fields = e[2]
-      for i = 1, #fields, 2 do
-        if fields[i] == 'id' then redis.call('HDEL', KEYS[2], fields[i + 1]) end
-      end
-    end
+/// The Lua function the scripts share: the size of a stream entry's `entry`
+/// field, which is what the byte counter counts.
+macro_rules! entry_size_lua {
+    () => {
+        r"
+local function entry_size(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'entry' then return string.len(fields[i + 1]) end
   end
-  local sid = redis.call('XADD', KEYS[1], 'MAXLEN', max, '*', 'id', ARGV[1], 'entry', ARGV[2])
-  redis.call('HSET', KEYS[2], ARGV[1], sid)
-  return sid
+  return 0
 end
+"
+    };
+}
+
+/// Adds or replaces an entry within the limits: KEYS = entries, index,
+/// bytes, the entry's claim; ARGV = id, entry JSON, max entries, max bytes.
+/// Returns `{0, depth}` when stored, `{1, depth}` when refused for the entry
+/// count, `{2, depth}` for the bytes. Only what a put adds is checked, so a
+/// replacement no larger than the entry it replaces always succeeds. Replacing deletes the old stream entry
+/// first and counts only the difference in size; any claim ends. Running it
+/// twice with the same arguments leaves one entry, so a retried `put` is
+/// safe.
+const PUT: &str = concat!(
+    entry_size_lua!(),
+    r"
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+local old_size = 0
+if old then
+  local found = redis.call('XRANGE', KEYS[1], old, old)
+  if found[1] then old_size = entry_size(found[1][2]) end
+end
+local depth = redis.call('XLEN', KEYS[1])
+if not old and depth + 1 > tonumber(ARGV[3]) then return {1, depth} end
+local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
+local size = string.len(ARGV[2])
+if size > old_size and bytes - old_size + size > tonumber(ARGV[4]) then return {2, depth} end
+if old then redis.call('XDEL', KEYS[1], old) end
 local sid = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'entry', ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], sid)
-return sid
-";
+redis.call('INCRBY', KEYS[3], size - old_size)
+redis.call('DEL', KEYS[4])
+return {0, redis.call('XLEN', KEYS[1])}
+"
+);
 
-/// Removes an entry by id: KEYS = stream, index; ARGV = id and, optionally,
-/// the stream id it must still have (purge: do not remove an entry that was
-/// replaced since it was read). Returns 1 when removed.
-const REMOVE: &str = r"
+/// Removes entries by id: KEYS = entries, index, bytes, then the claim key
+/// of each entry; ARGV = for each entry its id and the stream id it must
+/// still have, or `''` for any (purge: do not remove an entry that was
+/// replaced since it was read). Returns how many were removed.
+const REMOVE: &str = concat!(
+    entry_size_lua!(),
+    r"
+local removed = 0
+for i = 1, #ARGV, 2 do
+  local sid = redis.call('HGET', KEYS[2], ARGV[i])
+  if sid and (ARGV[i + 1] == '' or ARGV[i + 1] == sid) then
+    local found = redis.call('XRANGE', KEYS[1], sid, sid)
+    if found[1] then redis.call('DECRBY', KEYS[3], entry_size(found[1][2])) end
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('DEL', KEYS[3 + (i + 1) / 2])
+    removed = removed + redis.call('XDEL', KEYS[1], sid)
+  end
+end
+return removed
+"
+);
+
+/// Claims an entry: KEYS = entries, index, the entry's claim; ARGV = id, the
+/// caller's now, the lease's end (both milliseconds since the Unix epoch),
+/// the lease in milliseconds (at least 1). Returns `{'claimed', entry
+/// JSON}`, `{'held', lease end}` or `{'missing'}`.
+const CLAIM: &str = r"
 local sid = redis.call('HGET', KEYS[2], ARGV[1])
-if not sid then return 0 end
-if ARGV[2] and ARGV[2] ~= sid then return 0 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-return redis.call('XDEL', KEYS[1], sid)
+if not sid then return {'missing'} end
+local held = redis.call('GET', KEYS[3])
+if held and tonumber(held) > tonumber(ARGV[2]) then return {'held', held} end
+local found = redis.call('XRANGE', KEYS[1], sid, sid)
+if not found[1] then return {'missing'} end
+local fields = found[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'entry' then
+    redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+    return {'claimed', fields[i + 1]}
+  end
+end
+return {'missing'}
 ";
 
 static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT));
 static REMOVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REMOVE));
+static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
+
+/// How many stream entries one `XRANGE` of a scan reads.
+const SCAN_PAGE: usize = 512;
 
 /// One stream entry as `XRANGE` returns it: its stream id and the flat
 /// field/value list.
 type StreamEntry = (String, Vec<Vec<u8>>);
 
+/// Where a scan of the stream goes on: the next `XRANGE` start, or `None`
+/// once the stream is exhausted.
+struct Scan {
+    start: Option<String>,
+}
+
 impl RedisDeadLetterStore {
     /// Connects to `url` (`redis://host:port/db`) with the default options and
-    /// uses the stream `stream` (one per queue).
+    /// uses the queue `stream` (one per queue; see the key layout above).
     pub async fn connect(url: &str, stream: impl Into<String>) -> Result<Self, StoreError> {
         RedisDeadLetterStoreBuilder::new()
             .connect(url, stream)
@@ -256,25 +410,35 @@ impl RedisDeadLetterStore {
         RedisDeadLetterStoreBuilder::new()
     }
 
-    /// The stream's key.
+    /// The queue's name, as passed to [`connect`](Self::connect).
     pub fn stream(&self) -> &str {
-        &self.shared.stream
+        &self.shared.keys.name
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
         StoreError::backend(
             format!(
                 "redis dead-letter store {} at {} failed to {what}",
-                self.shared.stream, self.shared.url
+                self.shared.keys.name, self.shared.url
             ),
             error,
+        )
+    }
+
+    fn full(&self, what: String) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Full,
+            format!(
+                "redis dead-letter store {} at {} is full: {what}",
+                self.shared.keys.name, self.shared.url
+            ),
         )
     }
 
     /// Stream entries after `start` (exclusive when it starts with `(`).
     async fn range(&self, start: &str, count: usize) -> Result<Vec<StreamEntry>, StoreError> {
         redis::cmd("XRANGE")
-            .arg(&self.shared.stream)
+            .arg(&self.shared.keys.entries)
             .arg(start)
             .arg("+")
             .arg("COUNT")
@@ -290,7 +454,7 @@ impl RedisDeadLetterStore {
             return Ok("-".to_owned());
         };
         let sid: Option<String> = redis::cmd("HGET")
-            .arg(&self.shared.index)
+            .arg(&self.shared.keys.index)
             .arg(after.to_string())
             .query_async(&mut self.connection.clone())
             .await
@@ -304,21 +468,52 @@ impl RedisDeadLetterStore {
         })
     }
 
-    /// Every entry in stream order, with its stream id, in pages of `batch`.
-    async fn scan(&self, batch: usize) -> Result<Vec<(String, DeadLetterEntry)>, StoreError> {
-        let mut all = Vec::new();
-        let mut start = "-".to_owned();
-        loop {
-            let page = self.range(&start, batch).await?;
-            let full = page.len() == batch;
-            for (sid, fields) in page {
-                start = format!("({sid}");
-                all.push((sid, decode(&fields)?));
-            }
-            if !full {
-                return Ok(all);
-            }
+    /// A scan of the whole stream, from its start.
+    fn scan(&self) -> Scan {
+        Scan {
+            start: Some("-".to_owned()),
         }
+    }
+
+    /// The next page of `scan` (at most [`SCAN_PAGE`] entries, with their
+    /// stream ids), or `None` once it is done. Entries written or removed
+    /// while the scan runs may or may not be seen, as with any cursor.
+    async fn next_page(
+        &self,
+        scan: &mut Scan,
+    ) -> Result<Option<Vec<(String, DeadLetterEntry)>>, StoreError> {
+        let Some(start) = scan.start.take() else {
+            return Ok(None);
+        };
+        let page = self.range(&start, SCAN_PAGE).await?;
+        if page.len() == SCAN_PAGE {
+            scan.start = page.last().map(|(sid, _)| format!("({sid}"));
+        }
+        page.into_iter()
+            .map(|(sid, fields)| Ok((sid, decode(&fields)?)))
+            .collect::<Result<Vec<_>, StoreError>>()
+            .map(Some)
+    }
+
+    /// Removes `entries` (id, and the stream id each must still have, or
+    /// `""` for any) in one script; returns how many went.
+    async fn remove_all(&self, entries: &[(EntryId, &str)]) -> Result<u64, StoreError> {
+        let keys = &self.shared.keys;
+        let mut invocation = REMOVE_SCRIPT.prepare_invoke();
+        invocation
+            .key(&keys.entries)
+            .key(&keys.index)
+            .key(&keys.bytes);
+        for (id, sid) in entries {
+            invocation
+                .key(keys.claim(*id))
+                .arg(id.to_string())
+                .arg(*sid);
+        }
+        invocation
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("remove entries", e))
     }
 }
 
@@ -333,34 +528,53 @@ fn decode(fields: &[Vec<u8>]) -> Result<DeadLetterEntry, StoreError> {
         .find(|pair| pair[0] == b"entry")
         .and_then(|pair| pair.get(1))
         .ok_or_else(|| corrupt("a stream entry has no `entry` field"))?;
+    decode_json(json)
+}
+
+fn decode_json(json: &[u8]) -> Result<DeadLetterEntry, StoreError> {
     DeadLetterEntry::from_bytes(json)
         .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
 impl DeadLetterStore for RedisDeadLetterStore {
     async fn put(&self, entry: DeadLetterEntry) -> Result<(), StoreError> {
-        let _sid: String = PUT_SCRIPT
-            .key(&self.shared.stream)
-            .key(&self.shared.index)
+        self.put_with_depth(entry).await.map(drop)
+    }
+
+    async fn put_with_depth(&self, entry: DeadLetterEntry) -> Result<Option<u64>, StoreError> {
+        let keys = &self.shared.keys;
+        let (refused, depth): (u8, u64) = PUT_SCRIPT
+            .key(&keys.entries)
+            .key(&keys.index)
+            .key(&keys.bytes)
+            .key(keys.claim(entry.id))
             .arg(entry.id.to_string())
             .arg(entry.to_bytes())
-            .arg(self.shared.max_len.unwrap_or(0))
+            .arg(self.shared.max_entries)
+            .arg(self.shared.max_bytes)
             .invoke_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("keep entry {}", entry.id), e))?;
-        Ok(())
+        match refused {
+            0 => Ok(Some(depth)),
+            1 => Err(self.full(format!("max_entries {} reached", self.shared.max_entries))),
+            _ => Err(self.full(format!(
+                "entry {} would pass max_bytes {}",
+                entry.id, self.shared.max_bytes
+            ))),
+        }
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
         let sid: Option<String> = redis::cmd("HGET")
-            .arg(&self.shared.index)
+            .arg(&self.shared.keys.index)
             .arg(id.to_string())
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("read the index", e))?;
         let Some(sid) = sid else { return Ok(None) };
         let found: Vec<StreamEntry> = redis::cmd("XRANGE")
-            .arg(&self.shared.stream)
+            .arg(&self.shared.keys.entries)
             .arg(&sid)
             .arg(&sid)
             .query_async(&mut self.connection.clone())
@@ -401,38 +615,70 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
-        let removed: u64 = REMOVE_SCRIPT
-            .key(&self.shared.stream)
-            .key(&self.shared.index)
-            .arg(id.to_string())
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| self.failed(&format!("remove entry {id}"), e))?;
-        Ok(removed > 0)
+        Ok(self.remove_all(&[(id, "")]).await? > 0)
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
         let mut removed = 0;
-        for (sid, entry) in self.scan(500).await? {
-            if !filter.matches(&entry) {
-                continue;
+        let mut scan = self.scan();
+        while let Some(page) = self.next_page(&mut scan).await? {
+            let matching: Vec<(EntryId, &str)> = page
+                .iter()
+                .filter(|(_, entry)| filter.matches(entry))
+                .map(|(sid, entry)| (entry.id, sid.as_str()))
+                .collect();
+            if !matching.is_empty() {
+                removed += self.remove_all(&matching).await?;
             }
-            let gone: u64 = REMOVE_SCRIPT
-                .key(&self.shared.stream)
-                .key(&self.shared.index)
-                .arg(entry.id.to_string())
-                .arg(&sid)
-                .invoke_async(&mut self.connection.clone())
-                .await
-                .map_err(|e| self.failed(&format!("remove entry {}", entry.id), e))?;
-            removed += gone;
         }
         Ok(removed)
     }
 
+    async fn claim(
+        &self,
+        id: EntryId,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let keys = &self.shared.keys;
+        let reply: Vec<Vec<u8>> = CLAIM_SCRIPT
+            .key(&keys.entries)
+            .key(&keys.index)
+            .key(keys.claim(id))
+            .arg(id.to_string())
+            .arg(millis_since_epoch(now))
+            .arg(lease_end(now, lease))
+            // `PX` must be positive; a zero lease ends at `now` anyway.
+            .arg(saturating_millis(lease).max(1))
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
+        match reply.as_slice() {
+            [status, entry] if status == b"claimed" => decode_json(entry).map(Claim::Claimed),
+            [status, until] if status == b"held" => {
+                let until = std::str::from_utf8(until)
+                    .ok()
+                    .and_then(|until| until.parse::<u64>().ok())
+                    .ok_or_else(|| corrupt(format!("the claim on entry {id} is not a time")))?;
+                Ok(Claim::Held {
+                    until: time_from_millis(until),
+                })
+            }
+            _ => Ok(Claim::NotFound),
+        }
+    }
+
+    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
+        redis::cmd("DEL")
+            .arg(self.shared.keys.claim(id))
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed(&format!("release entry {id}"), e))
+    }
+
     async fn depth(&self) -> Result<u64, StoreError> {
         redis::cmd("XLEN")
-            .arg(&self.shared.stream)
+            .arg(&self.shared.keys.entries)
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("read the stream length", e))
@@ -440,13 +686,34 @@ impl DeadLetterStore for RedisDeadLetterStore {
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
         // Replays move entries to the end, so the first stream entry is not
-        // necessarily the oldest failure: look at all of them.
-        Ok(self
-            .scan(500)
-            .await?
-            .iter()
-            .map(|(_, entry)| entry.age(now))
-            .max())
+        // necessarily the oldest failure: look at all of them, a page at a
+        // time.
+        let mut oldest = None;
+        let mut scan = self.scan();
+        while let Some(page) = self.next_page(&mut scan).await? {
+            for (_, entry) in &page {
+                let age = entry.age(now);
+                oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
+            }
+        }
+        Ok(oldest)
+    }
+
+    async fn stats(&self, now: SystemTime) -> Result<Stats, StoreError> {
+        let mut stats = Stats::default();
+        let mut scan = self.scan();
+        while let Some(page) = self.next_page(&mut scan).await? {
+            for (_, entry) in &page {
+                stats.depth += 1;
+                *stats
+                    .by_kind
+                    .entry(entry.kind.as_str().to_owned())
+                    .or_default() += 1;
+                let age = entry.age(now);
+                stats.oldest_age = Some(stats.oldest_age.map_or(age, |o: Duration| o.max(age)));
+            }
+        }
+        Ok(stats)
     }
 }
 
@@ -454,8 +721,57 @@ impl fmt::Debug for RedisDeadLetterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisDeadLetterStore")
             .field("url", &self.shared.url)
-            .field("stream", &self.shared.stream)
-            .field("max_len", &self.shared.max_len)
+            .field("stream", &self.shared.keys.name)
+            .field("max_entries", &self.shared.max_entries)
+            .field("max_bytes", &self.shared.max_bytes)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of `key` Redis Cluster hashes to pick its slot: the text
+    /// between the first `{` and the first `}` after it, when not empty;
+    /// otherwise the whole key.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(close) = key[open + 1..].find('}') {
+                if close > 0 {
+                    return &key[open + 1..open + 1 + close];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn every_key_of_a_queue_shares_one_hash_tag() {
+        for name in ["orders:dlq", "a}b", "{x}", "with space", "{", "x{y}z"] {
+            let keys = Keys::new(name.to_owned()).unwrap();
+            let claim = keys.claim(EntryId::from_u128(42));
+            let tag = hash_tag(&keys.entries);
+            assert_ne!(tag, keys.entries, "{name:?}: the key has a hash tag");
+            for key in [&keys.index, &keys.bytes, &claim] {
+                assert_eq!(hash_tag(key), tag, "{name:?}: {key}");
+            }
+        }
+        let keys = Keys::new("orders:dlq".to_owned()).unwrap();
+        assert_eq!(keys.entries, "tower-poison:{orders:dlq}:entries");
+        assert_eq!(keys.index, "tower-poison:{orders:dlq}:index");
+        assert_eq!(keys.bytes, "tower-poison:{orders:dlq}:bytes");
+        assert_eq!(
+            keys.claim(EntryId::from_u128(1)),
+            "tower-poison:{orders:dlq}:claim:00000000000000000000000000000001"
+        );
+    }
+
+    #[test]
+    fn a_name_that_would_empty_the_hash_tag_is_refused() {
+        for name in ["", "}", "}orders"] {
+            let error = Keys::new(name.to_owned()).unwrap_err();
+            assert!(error.to_string().contains("hash tag"), "{error}");
+        }
     }
 }
