@@ -192,6 +192,7 @@ mod action;
 mod attempts;
 mod capture;
 pub mod config;
+pub mod counts;
 mod entry;
 pub mod error;
 mod future;
@@ -213,7 +214,8 @@ pub use self::capture::{
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, StoredHeader,
 };
-pub use self::error::{PoisonMessage, StoreFailed};
+pub use self::counts::{DeliveryAttempt, DeliveryCount};
+pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed};
 pub use self::future::ResponseFuture;
 pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
 pub use self::layer::{DeadLetterLayer, SERVER_KINDS};
