@@ -306,7 +306,11 @@ mod tests {
             "poison.max_attempts"
         );
         assert_eq!(
-            PoisonPolicy::new(1).unwrap().capacity(0).unwrap_err().field(),
+            PoisonPolicy::new(1)
+                .unwrap()
+                .capacity(0)
+                .unwrap_err()
+                .field(),
             "poison.capacity"
         );
     }
@@ -321,9 +325,15 @@ mod tests {
     #[test]
     fn the_delivery_after_max_attempts_is_diverted() {
         let poison = Arc::new(PoisonCounting::new(PoisonPolicy::new(2).unwrap(), None));
-        assert!(matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1));
-        assert!(matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 2));
-        assert!(matches!(decide(&poison, "m", None), Decision::Stop(Stop::Divert(c)) if c.deliveries == 3));
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1)
+        );
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 2)
+        );
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Stop(Stop::Divert(c)) if c.deliveries == 3)
+        );
         assert!(matches!(
             poison.admit(None, None),
             Admission::Now(Decision::Process(None))
@@ -335,10 +345,17 @@ mod tests {
         let poison = Arc::new(PoisonCounting::new(PoisonPolicy::new(3).unwrap(), None));
         // The queue says fourth delivery: diverted although this process
         // never counted the message.
-        assert!(matches!(decide(&poison, "m", Some(4)), Decision::Stop(Stop::Divert(c)) if c.deliveries == 4));
-        assert!(matches!(decide(&poison, "n", Some(3)), Decision::Process(Some(_))));
+        assert!(
+            matches!(decide(&poison, "m", Some(4)), Decision::Stop(Stop::Divert(c)) if c.deliveries == 4)
+        );
+        assert!(matches!(
+            decide(&poison, "n", Some(3)),
+            Decision::Process(Some(_))
+        ));
         // …and nothing was counted in the store.
-        assert!(matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1));
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1)
+        );
     }
 
     #[test]

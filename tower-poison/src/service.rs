@@ -9,10 +9,10 @@ use tower_service::Service;
 
 use crate::action::Action;
 use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
+use crate::counts::DynFailureCountStore;
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
 use crate::error::{PoisonMessage, StoreFailed};
 use crate::future::ResponseFuture;
-use crate::counts::DynFailureCountStore;
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
 use crate::redact::Redactor;
 use crate::store::{DeadLetterStore, StoreError};
@@ -303,14 +303,7 @@ where
             ),
         };
         let first = counted.first.min(last_at);
-        let entry = self.entry(
-            record,
-            FailureKind::Poison,
-            error,
-            failures,
-            first,
-            last_at,
-        );
+        let entry = self.entry(record, FailureKind::Poison, error, failures, first, last_at);
         let entry_id = entry.id;
         match self.dispose(entry, &id).await {
             Ok(()) => {

@@ -55,7 +55,9 @@ fn failing_consumer(
         let processed = processed.clone();
         async move {
             processed.fetch_add(1, Ordering::SeqCst);
-            Err(std::io::Error::other("the order service rejects this payload"))
+            Err(std::io::Error::other(
+                "the order service rejects this payload",
+            ))
         }
     })
 }
@@ -106,11 +108,7 @@ async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliver
     assert_eq!(diverted.attempts(), 3);
     assert_eq!(diverted.action(), Action::Dlq);
     assert_eq!(processed.load(Ordering::SeqCst), 3, "not processed again");
-    let entries = dead_letters
-        .list(ListQuery::new())
-        .await
-        .unwrap()
-        .entries;
+    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].kind, FailureKind::Poison);
     assert_eq!(entries[0].attempts, 3);
@@ -167,11 +165,28 @@ async fn the_redb_count_store_keeps_at_most_its_capacity() {
     }
     // The newest keys are kept, the oldest forgotten.
     let newest = MessageKey::new("m-49");
-    assert_eq!(counts.count_delivery(&newest, now).await.unwrap().deliveries, 2);
-    let oldest = MessageKey::new("m-0");
-    assert_eq!(counts.count_delivery(&oldest, now).await.unwrap().deliveries, 1);
     assert_eq!(
-        RedbFailureCounts::builder().capacity(0).unwrap_err().field(),
+        counts
+            .count_delivery(&newest, now)
+            .await
+            .unwrap()
+            .deliveries,
+        2
+    );
+    let oldest = MessageKey::new("m-0");
+    assert_eq!(
+        counts
+            .count_delivery(&oldest, now)
+            .await
+            .unwrap()
+            .deliveries,
+        1
+    );
+    assert_eq!(
+        RedbFailureCounts::builder()
+            .capacity(0)
+            .unwrap_err()
+            .field(),
         "count_store.capacity"
     );
 }
@@ -250,7 +265,10 @@ async fn a_crashed_process_counts_after_a_restart_with_the_redb_store() {
     let (started, mut began) = tokio::sync::mpsc::unbounded_channel();
     let error = consumer(started).oneshot(m).await.unwrap_err();
     assert_eq!(
-        error.downcast_ref::<PoisonMessage>().expect("diverted").attempts(),
+        error
+            .downcast_ref::<PoisonMessage>()
+            .expect("diverted")
+            .attempts(),
         1
     );
     assert!(began.try_recv().is_err());
@@ -295,11 +313,17 @@ impl FailureCountStore for DownStore {
         for _ in 0..self.waits {
             tokio::task::yield_now().await;
         }
-        Err(StoreError::new(StoreErrorKind::Backend, "count store unreachable"))
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "count store unreachable",
+        ))
     }
 
     async fn forget(&self, _key: &MessageKey) -> Result<(), StoreError> {
-        Err(StoreError::new(StoreErrorKind::Backend, "count store unreachable"))
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "count store unreachable",
+        ))
     }
 }
 
@@ -342,7 +366,9 @@ async fn a_store_that_cannot_forget_still_returns_the_success() {
             waits: 0,
             asked: Arc::default(),
         })
-        .layer(service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) }));
+        .layer(service_fn(|_m: Message| async {
+            Ok::<_, std::io::Error>(())
+        }));
     // The queue's count spares the store the count; the success then has
     // nothing to forget in it.
     let mut m = message("m-5");
@@ -432,7 +458,10 @@ fn http_message(headers: &[(&str, &str)]) -> Http {
 
 /// Delivers `request` to a consumer whose count store is down: a request
 /// the layer reads a count from never reaches the store.
-async fn outcome(reader: DeliveryCount, request: Http) -> (Result<Response<Bytes>, BoxError>, usize, usize) {
+async fn outcome(
+    reader: DeliveryCount,
+    request: Http,
+) -> (Result<Response<Bytes>, BoxError>, usize, usize) {
     let processed = Arc::new(AtomicUsize::new(0));
     let asked = Arc::new(AtomicUsize::new(0));
     let store = DownStore {
@@ -451,16 +480,20 @@ async fn outcome(reader: DeliveryCount, request: Http) -> (Result<Response<Bytes
 
 fn diverted_after(result: &Result<Response<Bytes>, BoxError>) -> Option<u32> {
     let error = result.as_ref().err()?;
-    error.downcast_ref::<PoisonMessage>().map(PoisonMessage::attempts)
+    error
+        .downcast_ref::<PoisonMessage>()
+        .map(PoisonMessage::attempts)
 }
 
 #[tokio::test]
 async fn the_sqs_receive_count_is_authoritative() {
     let header = "x-aws-sqsd-receive-count";
-    let (result, processed, asked) = outcome(DeliveryCount::sqs(), http_message(&[(header, "4")])).await;
+    let (result, processed, asked) =
+        outcome(DeliveryCount::sqs(), http_message(&[(header, "4")])).await;
     assert_eq!(diverted_after(&result), Some(3));
     assert_eq!((processed, asked), (0, 0));
-    let (result, processed, asked) = outcome(DeliveryCount::sqs(), http_message(&[(header, "3")])).await;
+    let (result, processed, asked) =
+        outcome(DeliveryCount::sqs(), http_message(&[(header, "3")])).await;
     assert_eq!(result.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!((processed, asked), (1, 0), "processed, and no store asked");
 }
@@ -484,8 +517,11 @@ async fn the_rabbitmq_delivery_count_counts_redeliveries() {
 #[tokio::test]
 async fn the_redis_streams_counter_comes_as_a_header_or_an_extension() {
     let header = "x-redis-stream-delivery-count";
-    let (result, processed, _) =
-        outcome(DeliveryCount::redis_streams(), http_message(&[(header, "4")])).await;
+    let (result, processed, _) = outcome(
+        DeliveryCount::redis_streams(),
+        http_message(&[(header, "4")]),
+    )
+    .await;
     assert_eq!(diverted_after(&result), Some(3));
     assert_eq!(processed, 0);
     // The extension is read whatever the header says, with any reader.

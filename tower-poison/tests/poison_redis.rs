@@ -177,7 +177,10 @@ async fn redis_keys_are_hash_tagged_and_bounded_and_expire() {
     let later = now + Duration::from_secs(9);
     let tally = counts.count_delivery(&huge, later).await.unwrap();
     assert_eq!(tally.deliveries, 2);
-    let first_ms = now.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis();
+    let first_ms = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     let kept_ms = tally
         .first_delivered_at
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -217,7 +220,9 @@ async fn while_redis_is_down_a_delivery_fails_unprocessed() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut server = support::RedisProcess::start(&binary, dir.path(), support::free_port());
-    let counts = RedisFailureCounts::connect(&server.url(), "down").await.unwrap();
+    let counts = RedisFailureCounts::connect(&server.url(), "down")
+        .await
+        .unwrap();
     let processed = Arc::new(AtomicUsize::new(0));
     let inner = processed.clone();
     let dead_letters = MemoryStore::new(10);
@@ -238,10 +243,7 @@ async fn while_redis_is_down_a_delivery_fails_unprocessed() {
         .oneshot(Message { id: "m-9".into() })
         .await
         .unwrap_err();
-    assert!(
-        error.is::<tower_poison::CountStoreFailed>(),
-        "{error}"
-    );
+    assert!(error.is::<tower_poison::CountStoreFailed>(), "{error}");
     // Not processed (the inner future was never polled), not stored: the
     // consumer does not acknowledge the message, and the queue redelivers it.
     assert_eq!(processed.load(Ordering::SeqCst), 0);

@@ -182,16 +182,29 @@ mod tests {
     #[test]
     fn sqs_reads_the_receive_count() {
         let sqs = DeliveryCount::sqs();
-        assert_eq!(sqs.read(&parts(&[("x-aws-sqsd-receive-count", b"1")])), Some(1));
-        assert_eq!(sqs.read(&parts(&[("X-Aws-Sqsd-Receive-Count", b" 4\t")])), Some(4));
+        assert_eq!(
+            sqs.read(&parts(&[("x-aws-sqsd-receive-count", b"1")])),
+            Some(1)
+        );
+        assert_eq!(
+            sqs.read(&parts(&[("X-Aws-Sqsd-Receive-Count", b" 4\t")])),
+            Some(4)
+        );
         assert_eq!(sqs.read(&parts(&[])), None, "absent: the store decides");
-        assert_eq!(sqs.read(&parts(&[("x-aws-sqsd-receive-count", b"0")])), None);
+        assert_eq!(
+            sqs.read(&parts(&[("x-aws-sqsd-receive-count", b"0")])),
+            None
+        );
     }
 
     #[test]
     fn rabbitmq_counts_redeliveries() {
         let rabbit = DeliveryCount::rabbitmq();
-        assert_eq!(rabbit.read(&parts(&[])), Some(1), "absent: the first delivery");
+        assert_eq!(
+            rabbit.read(&parts(&[])),
+            Some(1),
+            "absent: the first delivery"
+        );
         assert_eq!(rabbit.read(&parts(&[("x-delivery-count", b"0")])), Some(1));
         assert_eq!(rabbit.read(&parts(&[("x-delivery-count", b"2")])), Some(3));
         assert_eq!(

@@ -206,13 +206,13 @@ mod tests {
         assert_eq!(hashed.as_str().len(), 7 + 64);
         // Spaces, control bytes, non-ASCII and the empty id are hashed too.
         for id in ["a b", "a\r\nb", "é", ""] {
-            assert!(MessageKey::new(id).as_str().starts_with("sha256:"), "{id:?}");
+            assert!(
+                MessageKey::new(id).as_str().starts_with("sha256:"),
+                "{id:?}"
+            );
         }
         // The verbatim form has its own prefix.
-        assert_ne!(
-            MessageKey::new(hashed.as_str()).as_str(),
-            hashed.as_str()
-        );
+        assert_ne!(MessageKey::new(hashed.as_str()).as_str(), hashed.as_str());
     }
 
     #[test]
@@ -240,7 +240,10 @@ mod tests {
         assert_eq!(epoch_millis(SystemTime::UNIX_EPOCH), 0);
         let early = SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1);
         assert_eq!(epoch_millis(early), 0);
-        assert_eq!(epoch_millis(from_epoch_millis(1_700_000_000_123)), 1_700_000_000_123);
+        assert_eq!(
+            epoch_millis(from_epoch_millis(1_700_000_000_123)),
+            1_700_000_000_123
+        );
         // Far-future millis never panic.
         let _ = from_epoch_millis(u64::MAX);
     }

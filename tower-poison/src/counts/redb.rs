@@ -75,7 +75,10 @@ impl RedbFailureCountsBuilder {
     /// Remembers at most `capacity` keys (at least 1).
     pub fn capacity(mut self, capacity: u64) -> Result<Self, ConfigError> {
         if capacity == 0 {
-            return Err(ConfigError::new("count_store.capacity", "must be at least 1"));
+            return Err(ConfigError::new(
+                "count_store.capacity",
+                "must be at least 1",
+            ));
         }
         self.capacity = capacity;
         Ok(self)
@@ -86,10 +89,7 @@ impl RedbFailureCountsBuilder {
     pub fn open(self, path: impl AsRef<Path>) -> Result<RedbFailureCounts, StoreError> {
         let path = path.as_ref().to_path_buf();
         let db = Database::create(&path).map_err(|e| {
-            StoreError::backend(
-                format!("cannot open delivery counts {}", path.display()),
-                e,
-            )
+            StoreError::backend(format!("cannot open delivery counts {}", path.display()), e)
         })?;
         let txn = db.begin_write().map_err(backend)?;
         txn.open_table(COUNTS).map_err(backend)?;

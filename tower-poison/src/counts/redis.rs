@@ -8,7 +8,9 @@ use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 use tower_classify::ConfigError;
 
-use super::{epoch_millis, from_epoch_millis, sha256_hex, DeliveryTally, FailureCountStore, MessageKey};
+use super::{
+    epoch_millis, from_epoch_millis, sha256_hex, DeliveryTally, FailureCountStore, MessageKey,
+};
 use crate::store::redis::redact_url;
 use crate::store::{RedisConnectOptions, StoreError};
 
