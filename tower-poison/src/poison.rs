@@ -94,8 +94,15 @@ impl PoisonPolicy {
 /// counted, and what this process saw of each message's last failure.
 pub(crate) struct PoisonCounting {
     policy: PoisonPolicy,
-    store: Arc<dyn DynFailureCountStore>,
+    store: Counts,
     last: LastFailures,
+}
+
+/// Where a layer counts: its own memory (answered in place, no runtime or
+/// allocation needed), or a store behind a pointer.
+enum Counts {
+    Memory(MemoryFailureCounts),
+    Store(Arc<dyn DynFailureCountStore>),
 }
 
 /// What poison detection knows of the delivery being processed.
@@ -174,12 +181,11 @@ impl LastFailures {
 
 impl PoisonCounting {
     pub(crate) fn new(policy: PoisonPolicy, store: Option<Arc<dyn DynFailureCountStore>>) -> Self {
-        let store = store.unwrap_or_else(|| {
-            Arc::new(
-                MemoryFailureCounts::new(policy.capacity)
-                    .unwrap_or_else(|_| MemoryFailureCounts::default()),
-            )
-        });
+        let store = match store {
+            Some(store) => Counts::Store(store),
+            // `PoisonPolicy::capacity` refuses zero, so `new` cannot fail.
+            None => Counts::Memory(MemoryFailureCounts::new(policy.capacity).unwrap_or_default()),
+        };
         PoisonCounting {
             policy,
             store,
@@ -198,8 +204,9 @@ impl PoisonCounting {
     /// `delivery` when the request carries the queue's count) may be
     /// processed, counting it in the store otherwise.
     ///
-    /// The store is polled once here: a store that answers at once (memory)
-    /// decides before the inner service is called.
+    /// The memory store decides here; another store is polled once here,
+    /// and one that answers at once decides before the inner service is
+    /// called too.
     pub(crate) fn admit(
         self: &Arc<Self>,
         message_id: Option<&str>,
@@ -220,10 +227,21 @@ impl PoisonCounting {
                 in_store: false,
             }));
         }
-        let mut counting = self.store.count_delivery(key.clone(), now);
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(tally) = counting.as_mut().poll(&mut cx) {
-            return Admission::Now(self.counted(key, tally));
+        let store = match &self.store {
+            Counts::Memory(memory) => {
+                let tally = memory.count_now(&key, now);
+                return Admission::Now(self.counted(key, Ok(tally)));
+            }
+            Counts::Store(store) => store,
+        };
+        let mut counting = store.count_delivery(key.clone(), now);
+        // Stores do their I/O on the tokio runtime (`spawn_blocking`, a
+        // connection task), so they are polled here only inside one.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready(tally) = counting.as_mut().poll(&mut cx) {
+                return Admission::Now(self.counted(key, tally));
+            }
         }
         let this = Arc::clone(self);
         Admission::Later(Box::pin(async move {
@@ -280,7 +298,11 @@ impl PoisonCounting {
         if !counted.in_store {
             return;
         }
-        if let Err(error) = self.store.forget(counted.key).await {
+        let store = match &self.store {
+            Counts::Memory(memory) => return memory.forget_now(&counted.key),
+            Counts::Store(store) => store,
+        };
+        if let Err(error) = store.forget(counted.key).await {
             tracing::warn!(error = %error, "poison count store failed to forget a handled message");
         }
     }
@@ -290,7 +312,13 @@ impl fmt::Debug for PoisonCounting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoisonCounting")
             .field("policy", &self.policy)
-            .field("store", &self.store.name())
+            .field(
+                "store",
+                &match &self.store {
+                    Counts::Memory(memory) => format!("{memory:?}"),
+                    Counts::Store(store) => store.name().to_owned(),
+                },
+            )
             .finish_non_exhaustive()
     }
 }

@@ -578,3 +578,30 @@ async fn long_and_binary_message_ids_are_counted_by_a_bounded_key() {
     let error = service.oneshot(message(&huge)).await.unwrap_err();
     assert!(error.is::<PoisonMessage>(), "{error}");
 }
+
+#[test]
+fn a_store_needing_the_runtime_is_not_polled_by_a_call_made_outside_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts = RedbFailureCounts::open(dir.path().join("counts.redb")).unwrap();
+    let processed = Arc::new(AtomicUsize::new(0));
+    let mut service = DeadLetterLayer::new(MemoryStore::new(10))
+        .classifier(ErrorChainClassifier::new())
+        .capture(describe_fn(describe))
+        .poison(PoisonPolicy::new(1).unwrap())
+        .count_store(counts)
+        .layer(failing_consumer(processed.clone()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        // `call` outside the runtime (redb's counting needs its blocking
+        // pool), the future awaited inside it.
+        let delivery = service.call(message("m-8"));
+        let _ = runtime.block_on(delivery);
+    }
+    assert_eq!(
+        processed.load(Ordering::SeqCst),
+        1,
+        "the second was diverted"
+    );
+}
