@@ -61,8 +61,9 @@ impl DeliveryCount {
     /// SQS's `ApproximateReceiveCount`, as an Elastic Beanstalk worker
     /// environment's daemon (`sqsd`) forwards it in the
     /// `X-Aws-Sqsd-Receive-Count` header: the number of times the message
-    /// was received, `1` on its first delivery. SQS calls it approximate: a
-    /// message received concurrently by two consumers may be counted once.
+    /// was received, `1` on its first delivery (SQS documents the count as
+    /// approximate). A consumer reading the attribute itself can forward it
+    /// under this name, or insert a [`DeliveryAttempt`].
     pub fn sqs() -> Self {
         Self::deliveries(HeaderName::from_static("x-aws-sqsd-receive-count"))
     }
