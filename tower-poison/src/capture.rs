@@ -13,6 +13,8 @@ use http_body_replay::ReplayBody;
 use http_body_util::BodyExt;
 
 use crate::attempts::AttemptCounter;
+use crate::counts::delivery::read_extension;
+use crate::counts::DeliveryCount;
 use crate::entry::StoredHeader;
 
 /// What a [`CaptureRequest`] records about one request.
@@ -23,6 +25,11 @@ use crate::entry::StoredHeader;
 pub struct RequestRecord {
     /// The message id that poison detection counts failures by.
     pub message_id: Option<String>,
+    /// Which delivery of the message this is (1 for the first), when the
+    /// queue counts deliveries (SQS's `ApproximateReceiveCount`, Redis
+    /// Streams' times-delivered): authoritative for poison detection, which
+    /// then asks no count store.
+    pub delivery: Option<u32>,
     /// The method or operation name.
     pub method: Option<String>,
     /// The URI or destination.
@@ -74,6 +81,7 @@ pub trait DescribeResponse<Res> {
 /// [`RequestRecord`] only if the call fails.
 pub struct PendingRecord {
     message_id: Option<String>,
+    delivery: Option<u32>,
     kept: Kept,
 }
 
@@ -167,6 +175,7 @@ impl PendingRecord {
     pub fn ready(record: RequestRecord) -> Self {
         PendingRecord {
             message_id: record.message_id.clone(),
+            delivery: record.delivery,
             kept: Kept::Record(record),
         }
     }
@@ -174,6 +183,11 @@ impl PendingRecord {
     /// The message id poison detection counts by.
     pub fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()
+    }
+
+    /// Which delivery of the message this is, when the request says.
+    pub fn delivery(&self) -> Option<u32> {
+        self.delivery
     }
 
     /// The record, reading what the body's recording holds.
@@ -194,6 +208,7 @@ impl PendingRecord {
                 } = body.finish(wait).await;
                 RequestRecord {
                     message_id: self.message_id,
+                    delivery: self.delivery,
                     method: Some(method.to_string()),
                     uri: Some(uri.to_string()),
                     headers: headers
@@ -254,6 +269,7 @@ pub const BODY_WAIT: Duration = Duration::from_secs(1);
 pub struct HttpCapture {
     body_limit: usize,
     message_id_header: Option<HeaderName>,
+    delivery_count: Option<DeliveryCount>,
 }
 
 impl Default for HttpCapture {
@@ -268,6 +284,7 @@ impl HttpCapture {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
             message_id_header: None,
+            delivery_count: None,
         }
     }
 
@@ -283,6 +300,14 @@ impl HttpCapture {
         self.message_id_header = Some(name);
         self
     }
+
+    /// Reads the queue's delivery count with `reader` (see
+    /// [`DeliveryCount`]). A [`DeliveryAttempt`](crate::DeliveryAttempt)
+    /// extension is read with or without one.
+    pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
+        self.delivery_count = Some(reader);
+        self
+    }
 }
 
 impl fmt::Debug for HttpCapture {
@@ -290,6 +315,7 @@ impl fmt::Debug for HttpCapture {
         f.debug_struct("HttpCapture")
             .field("body_limit", &self.body_limit)
             .field("message_id_header", &self.message_id_header)
+            .field("delivery_count", &self.delivery_count)
             .finish()
     }
 }
@@ -311,9 +337,14 @@ where
             .as_ref()
             .and_then(|name| parts.headers.get(name))
             .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+        let delivery = match &self.delivery_count {
+            Some(reader) => reader.read(&parts),
+            None => read_extension(&parts),
+        };
         let body = ReplayBody::new(body, self.body_limit);
         let pending = PendingRecord {
             message_id,
+            delivery,
             kept: Kept::Http {
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),

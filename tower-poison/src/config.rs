@@ -14,7 +14,7 @@
 //!     "body_limit": 16384,
 //!     "redact_headers": ["x-tenant-token"],
 //!     "message_id_header": "x-message-id",
-//!     "poison": { "max_attempts": 3 },
+//!     "poison": { "max_attempts": 3, "delivery_count": "sqs" },
 //!     "classifier": { "retryable_statuses": [429, 502, 503, 504] }
 //! }"#).unwrap();
 //! let layer = config.build(MemoryStore::new(10_000)).unwrap();
@@ -34,6 +34,7 @@ use tower_classify::{ConfigError, HttpClassifier};
 
 use crate::action::Action;
 use crate::capture::DEFAULT_BODY_LIMIT;
+use crate::counts::DeliveryCount;
 use crate::layer::DeadLetterLayer;
 use crate::poison::PoisonPolicy;
 
@@ -82,6 +83,50 @@ pub struct PoisonConfig {
     /// Message ids remembered at most (default 10 000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<usize>,
+    /// Where requests carry the queue's own delivery count, which then
+    /// replaces the layer's count (see [`DeliveryCount`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_count: Option<DeliveryCountConfig>,
+}
+
+/// The configuration of a [`DeliveryCount`] reader: `"sqs"`,
+/// `"rabbitmq"`, `"redis-streams"`, `{"deliveries": "<header>"}` (1 on the
+/// first delivery) or `{"redeliveries": "<header>"}` (absent or 0 on the
+/// first delivery).
+///
+/// A count store shared by a fleet needs a connection, so it is not read
+/// from a file: add it to the built layer with
+/// [`count_store`](crate::DeadLetterLayer::count_store).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum DeliveryCountConfig {
+    /// [`DeliveryCount::sqs`].
+    Sqs,
+    /// [`DeliveryCount::rabbitmq`].
+    Rabbitmq,
+    /// [`DeliveryCount::redis_streams`].
+    RedisStreams,
+    /// [`DeliveryCount::deliveries`] of this header.
+    Deliveries(String),
+    /// [`DeliveryCount::redeliveries`] of this header.
+    Redeliveries(String),
+}
+
+impl DeliveryCountConfig {
+    /// The reader, or an error naming the field.
+    pub fn build(&self) -> Result<DeliveryCount, ConfigError> {
+        Ok(match self {
+            DeliveryCountConfig::Sqs => DeliveryCount::sqs(),
+            DeliveryCountConfig::Rabbitmq => DeliveryCount::rabbitmq(),
+            DeliveryCountConfig::RedisStreams => DeliveryCount::redis_streams(),
+            DeliveryCountConfig::Deliveries(name) => {
+                DeliveryCount::deliveries(header_name(name).map_err(|e| e.within("deliveries"))?)
+            }
+            DeliveryCountConfig::Redeliveries(name) => DeliveryCount::redeliveries(
+                header_name(name).map_err(|e| e.within("redeliveries"))?,
+            ),
+        })
+    }
 }
 
 impl DeadLetterConfig {
@@ -117,6 +162,12 @@ impl DeadLetterConfig {
                     "poison",
                     "needs `message_id_header`: poison detection counts failures per message id",
                 ));
+            }
+            if let Some(reader) = &poison.delivery_count {
+                let reader = reader
+                    .build()
+                    .map_err(|e| e.within("poison.delivery_count"))?;
+                layer = layer.delivery_count(reader);
             }
             layer = layer.poison(policy);
         }
@@ -163,9 +214,43 @@ mod tests {
         );
         assert_eq!(field(r#"{"label": ""}"#), "label");
         assert_eq!(
+            field(
+                r#"{"message_id_header": "x-id",
+                    "poison": {"max_attempts": 3, "delivery_count": {"deliveries": "a b"}}}"#
+            ),
+            "poison.delivery_count.deliveries.name"
+        );
+        assert_eq!(
             field(r#"{"classifier": {"retryable_statuses": []}}"#),
             "classifier.retryable_statuses"
         );
+    }
+
+    #[test]
+    fn delivery_count_readers_parse() {
+        let reader = |json: &str| {
+            serde_json::from_str::<DeliveryCountConfig>(json)
+                .unwrap()
+                .build()
+                .unwrap()
+        };
+        assert_eq!(reader(r#""sqs""#), DeliveryCount::sqs());
+        assert_eq!(reader(r#""rabbitmq""#), DeliveryCount::rabbitmq());
+        assert_eq!(reader(r#""redis-streams""#), DeliveryCount::redis_streams());
+        assert_eq!(
+            reader(r#"{"deliveries": "x-receive-count"}"#),
+            DeliveryCount::deliveries(HeaderName::from_static("x-receive-count"))
+        );
+        assert_eq!(
+            reader(r#"{"redeliveries": "x-redelivered"}"#),
+            DeliveryCount::redeliveries(HeaderName::from_static("x-redelivered"))
+        );
+        assert!(serde_json::from_str::<DeliveryCountConfig>(r#""kafka""#).is_err());
+        build(
+            r#"{"message_id_header": "x-id",
+                "poison": {"max_attempts": 3, "delivery_count": "sqs"}}"#,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -232,3 +232,38 @@ impl Error for PoisonMessage {
         Some(&self.classified)
     }
 }
+
+/// Poison detection could not count a delivery (its
+/// [`FailureCountStore`](crate::counts::FailureCountStore) failed), so the
+/// inner service was not called.
+///
+/// A queue consumer should *not* acknowledge the message: it was neither
+/// processed nor dead-lettered, and the queue's redelivery tries again once
+/// the store is back. Its [`source`](Error::source) is the [`StoreError`].
+#[derive(Debug)]
+pub struct CountStoreFailed {
+    store: StoreError,
+}
+
+impl CountStoreFailed {
+    pub(crate) fn new(store: StoreError) -> Self {
+        CountStoreFailed { store }
+    }
+
+    /// The store's error.
+    pub fn store_error(&self) -> &StoreError {
+        &self.store
+    }
+}
+
+impl fmt::Display for CountStoreFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("poison count store failed; the delivery was not processed")
+    }
+}
+
+impl Error for CountStoreFailed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.store)
+    }
+}

@@ -19,6 +19,7 @@ use crate::capture::{CaptureRequest, HttpCapture, PendingRecord, BODY_WAIT};
 use crate::entry::error_chain;
 use crate::future::ResponseFuture;
 use crate::layer::DeadLetterLayer;
+use crate::poison::{Admission, Counted, Decision};
 use crate::service::{DeadLetter, Shared};
 use crate::store::DeadLetterStore;
 
@@ -191,15 +192,28 @@ where
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = Arc::clone(self.inner.shared());
         let (request, pending) = shared.capture.capture(request);
-        if let Some(count) = shared.poison_count(&pending) {
-            return ResponseFuture::new(async move { Err(shared.divert(pending, count).await) });
-        }
+        let admission = match shared.admit(&pending) {
+            Admission::Now(Decision::Stop(stop)) => {
+                return ResponseFuture::new(async move { Err(shared.stop(stop, pending).await) });
+            }
+            admission => admission,
+        };
         let call = self.inner.get_mut().call(request);
         ResponseFuture::new(async move {
+            let counted = match admission.decision().await {
+                Decision::Process(counted) => counted,
+                Decision::Stop(stop) => {
+                    drop(call);
+                    return Err(shared.stop(stop, pending).await);
+                }
+            };
             match call.await {
                 Ok(response) if GrpcClassifier::status_in_trailers(&response) => {
-                    let mut end: Option<Box<dyn SettleAtEnd>> =
-                        Some(Box::new(EndOfCall { shared, pending }));
+                    let mut end: Option<Box<dyn SettleAtEnd>> = Some(Box::new(EndOfCall {
+                        shared,
+                        pending,
+                        counted,
+                    }));
                     if response.body().is_end_stream() {
                         // Over before it began: no trailers will come.
                         let (outcome, error) = ending(None);
@@ -213,7 +227,10 @@ where
                         writing: None,
                     }))
                 }
-                result => Ok(shared.settle(result, pending).await?.map(GrpcBody::settled)),
+                result => Ok(shared
+                    .settle(result, pending, counted)
+                    .await?
+                    .map(GrpcBody::settled)),
             }
         })
     }
@@ -233,6 +250,7 @@ trait SettleAtEnd: Send {
 struct EndOfCall<St, C> {
     shared: Arc<Shared<St, C, HttpCapture>>,
     pending: PendingRecord,
+    counted: Option<Counted>,
 }
 
 impl<St, C> SettleAtEnd for EndOfCall<St, C>
@@ -246,15 +264,21 @@ where
         error: Vec<String>,
         result: Result<(), BoxError>,
     ) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> {
-        let EndOfCall { shared, pending } = *self;
+        let EndOfCall {
+            shared,
+            pending,
+            counted,
+        } = *self;
         Box::pin(async move {
             match outcome {
                 Outcome::Failure(failure) => {
                     let record = pending.finish(BODY_WAIT).await;
-                    shared.on_failure(record, failure.kind, error, result).await
+                    shared
+                        .on_failure(record, failure.kind, error, result, counted)
+                        .await
                 }
                 Outcome::Success | Outcome::Ignored => {
-                    shared.succeeded(&pending);
+                    shared.succeeded(counted).await;
                     result
                 }
             }

@@ -7,7 +7,8 @@ use tower_layer::Layer;
 
 use crate::action::Action;
 use crate::capture::HttpCapture;
-use crate::poison::{PoisonCounters, PoisonPolicy};
+use crate::counts::{DeliveryCount, FailureCountStore};
+use crate::poison::{PoisonCounting, PoisonPolicy};
 use crate::redact::Redactor;
 use crate::service::{DeadLetter, DropLog, Shared, StoredKinds};
 
@@ -51,6 +52,7 @@ impl<St> DeadLetterLayer<St> {
                 action: Action::Dlq,
                 redactor: Redactor::new(),
                 poison: None,
+                count_store: None,
                 drops: Arc::new(DropLog::default()),
                 stored: StoredKinds::ALL,
             },
@@ -77,6 +79,14 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// Reads the message id for poison detection from header `name`.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
         self.shared.capture = self.shared.capture.message_id_header(name);
+        self
+    }
+
+    /// Reads the queue's delivery count from each request with `reader`
+    /// (for example [`DeliveryCount::sqs`]); where it finds one, poison
+    /// detection uses it instead of the count store.
+    pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
+        self.shared.capture = self.shared.capture.delivery_count(reader);
         self
     }
 }
@@ -109,9 +119,26 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
         self
     }
 
-    /// Turns on poison-message detection (see [`PoisonPolicy`]).
+    /// Turns on poison-message detection (see [`PoisonPolicy`]), counting
+    /// in memory unless a [`count_store`](Self::count_store) is set.
     pub fn poison(mut self, policy: PoisonPolicy) -> Self {
-        self.shared.poison = Some(Arc::new(PoisonCounters::new(policy)));
+        let store = self.shared.count_store.clone();
+        self.shared.poison = Some(Arc::new(PoisonCounting::new(policy, store)));
+        self
+    }
+
+    /// Counts poison detection's deliveries in `store` instead of this
+    /// layer's memory, for example a
+    /// [`RedisFailureCounts`](crate::counts) shared by every consumer of a
+    /// queue. Layers given clones of one store share its counts. Set before
+    /// or after [`poison`](Self::poison); without it, it has no effect.
+    pub fn count_store<F: FailureCountStore>(mut self, store: F) -> Self {
+        let store: Arc<dyn crate::counts::DynFailureCountStore> = Arc::new(store);
+        self.shared.count_store = Some(Arc::clone(&store));
+        if let Some(poison) = &self.shared.poison {
+            let policy = poison.policy();
+            self.shared.poison = Some(Arc::new(PoisonCounting::new(policy, Some(store))));
+        }
         self
     }
 
@@ -124,6 +151,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             action,
             redactor,
             poison,
+            count_store,
             drops,
             stored,
             ..
@@ -137,6 +165,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
                 action,
                 redactor,
                 poison,
+                count_store,
                 drops,
                 stored,
             },
@@ -153,6 +182,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             action,
             redactor,
             poison,
+            count_store,
             drops,
             stored,
             ..
@@ -166,6 +196,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
                 action,
                 redactor,
                 poison,
+                count_store,
                 drops,
                 stored,
             },
@@ -200,7 +231,7 @@ impl<St: fmt::Debug, C: fmt::Debug, Cap: fmt::Debug> fmt::Debug for DeadLetterLa
             .field("label", &self.shared.label)
             .field("action", &self.shared.action)
             .field("redactor", &self.shared.redactor)
-            .field("poison", &self.shared.poison.is_some())
+            .field("poison", &self.shared.poison)
             .field("stored", &self.shared.stored)
             .finish()
     }

@@ -81,10 +81,20 @@
 //! # Poison messages
 //!
 //! A queue consumer sees the same message again after a failure.
-//! [`PoisonPolicy`] counts failures per message id across deliveries; after
-//! `max_attempts` the next delivery goes to the store instead of the inner
-//! service, and the caller gets a [`PoisonMessage`] error telling it to
-//! acknowledge the message. [`describe_fn`] describes queue messages.
+//! [`PoisonPolicy`] counts deliveries per message id; once `max_attempts`
+//! deliveries have not succeeded, the next one goes to the store instead of
+//! the inner service, and the caller gets a [`PoisonMessage`] error telling
+//! it to acknowledge the message. [`describe_fn`] describes queue messages.
+//!
+//! The count is the queue's own when the request carries one
+//! ([`DeliveryCount`] reads SQS's, RabbitMQ's and a forwarded Redis Streams
+//! count; a consumer can insert a [`DeliveryAttempt`]); otherwise a
+//! [`FailureCountStore`](counts::FailureCountStore) counts each delivery
+//! before it runs, so a crashed worker's delivery still counts: in memory by
+//! default, in a redb file, or in Redis for a fleet
+//! ([`DeadLetterLayer::count_store`]). A count store that fails fails the
+//! delivery with [`CountStoreFailed`], unprocessed and unacknowledged. See
+//! [`counts`].
 //!
 //! # Operating the store
 //!
@@ -117,7 +127,8 @@
 //!
 //! [`config::DeadLetterConfig`] reads the layer's settings from a file
 //! (`label`, `action`, `body_limit`, `redact_headers`, `message_id_header`,
-//! `poison.max_attempts`, and the shared HTTP `classifier`); every invalid
+//! `poison.max_attempts`, `poison.delivery_count`, and the shared HTTP
+//! `classifier`); every invalid
 //! value is a
 //! [`ConfigError`](tower_classify::ConfigError) naming the field.
 //!
@@ -176,9 +187,11 @@
 //!
 //! # Features
 //!
-//! - `redb` (default): [`RedbStore`](store::RedbStore).
-//! - `redis`: [`RedisDeadLetterStore`](store::RedisDeadLetterStore) (the
-//!   `redis` crate, tokio, a reconnecting connection manager).
+//! - `redb` (default): [`RedbStore`](store::RedbStore) and the
+//!   `RedbFailureCounts` poison count store.
+//! - `redis`: [`RedisDeadLetterStore`](store::RedisDeadLetterStore) and the
+//!   `RedisFailureCounts` poison count store (the `redis` crate, tokio, a
+//!   reconnecting connection manager).
 //! - `cli`: the `tower-poison` operator binary (`clap`, a hyper client). It
 //!   is off by default so that services using the layer do not compile a
 //!   command-line parser and an HTTP client; install the tool with
@@ -197,6 +210,7 @@ mod action;
 mod attempts;
 mod capture;
 pub mod config;
+pub mod counts;
 mod entry;
 pub mod error;
 mod future;
@@ -215,10 +229,11 @@ pub use self::capture::{
     describe_fn, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture, PendingRecord,
     RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
 };
+pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, StoredHeader,
 };
-pub use self::error::{PoisonMessage, StoreFailed, StoreFull};
+pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;
 pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
 pub use self::layer::{DeadLetterLayer, SERVER_KINDS};

@@ -1,29 +1,59 @@
 //! Poison-message detection for consumers of redelivering queues.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::SystemTime;
 
-use tower_classify::{ConfigError, FailureKind};
+use tower_classify::{BoxError, ConfigError};
 
-/// How poison detection counts failures across deliveries.
+use crate::counts::{DeliveryTally, DynFailureCountStore, MemoryFailureCounts, MessageKey};
+use crate::error::CountStoreFailed;
+use crate::store::StoreError;
+
+/// How poison detection counts deliveries of a message.
 ///
-/// A queue (SQS, Pub/Sub, RabbitMQ, a Kafka consumer with retries) delivers a
-/// failed message again. The layer counts failures per message id (from
-/// [`RequestRecord::message_id`](crate::RequestRecord::message_id)); a message
-/// that has failed `max_attempts` times is not given to the inner service
-/// again: its next delivery goes to the dead-letter store (or the configured
-/// action) and the caller gets a [`PoisonMessage`](crate::error::PoisonMessage)
-/// error, which tells a consumer to acknowledge it.
+/// A queue (SQS, Pub/Sub, RabbitMQ, Redis Streams, a Kafka consumer with
+/// retries) delivers a failed message again. The layer counts deliveries per
+/// message id (from
+/// [`RequestRecord::message_id`](crate::RequestRecord::message_id)); once a
+/// message has been delivered `max_attempts` times without success, it is not
+/// given to the inner service again: its next delivery goes to the
+/// dead-letter store (or the configured action) and the caller gets a
+/// [`PoisonMessage`](crate::error::PoisonMessage) error, which tells a
+/// consumer to acknowledge it.
 ///
 /// While a message is under the limit, its failures are returned to the
 /// caller and *not* stored, so the queue's redelivery is the retry and the
 /// store gets one entry per message, not one per delivery. A failure
-/// classified [`Poison`](FailureKind::Poison) is stored at once.
+/// classified [`Poison`](tower_classify::FailureKind::Poison) is stored at once. A success
+/// forgets the message's count.
 ///
-/// The counts are kept for at most `capacity` message ids (default 10 000);
-/// past that the id counted longest ago is forgotten, so an unbounded stream
-/// of distinct failing ids cannot exhaust memory. A success forgets its id.
+/// # Where the count comes from
+///
+/// - The queue's own count, when the request carries one (a
+///   [`DeliveryCount`](crate::DeliveryCount) header or a
+///   [`DeliveryAttempt`](crate::DeliveryAttempt) extension): authoritative,
+///   and no store is asked.
+/// - Otherwise a [`FailureCountStore`](crate::counts::FailureCountStore),
+///   which counts each delivery *before* the inner service runs, so a
+///   delivery whose worker crashes still counts. By default
+///   [`MemoryFailureCounts`] with this policy's `capacity` (10 000 message
+///   ids; past that the id counted longest ago is forgotten, so an unbounded
+///   stream of distinct failing ids cannot exhaust memory). A fleet of
+///   consumers shares a [`RedisFailureCounts`](crate::counts)
+///   store (see [`DeadLetterLayer::count_store`](crate::DeadLetterLayer::count_store)).
+///
+/// A store that answers at once (memory, or a count from the request) is
+/// consulted before the inner service is called. A store that waits (Redis,
+/// redb) is awaited before the inner service's future is first polled: the
+/// layer needs no `Clone` of the inner service, so it makes the inner `call`
+/// right away and drops the unpolled future if the message is diverted.
+/// tower services start their work when polled; one that acts inside `call`
+/// itself would see a diverted message's `call` (not its completion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     max_attempts: u32,
@@ -60,114 +90,236 @@ impl PoisonPolicy {
     }
 }
 
-/// What is known about one message's failures.
-#[derive(Debug, Clone)]
-pub(crate) struct FailureCount {
-    pub(crate) failures: u32,
-    pub(crate) first: SystemTime,
-    pub(crate) last: SystemTime,
-    pub(crate) error: Vec<String>,
-    pub(crate) kind: FailureKind,
-    seq: u64,
-}
-
-/// The bounded failure counts, shared by every clone of a layer's services.
-#[derive(Debug)]
-pub(crate) struct PoisonCounters {
+/// Poison detection as a layer runs it: the policy, where deliveries are
+/// counted, and what this process saw of each message's last failure.
+pub(crate) struct PoisonCounting {
     policy: PoisonPolicy,
-    state: Mutex<State>,
+    store: Counts,
+    last: LastFailures,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    counts: HashMap<String, FailureCount>,
-    /// Ids in the order they were first counted, with the sequence number
-    /// they were counted under; an id forgotten and counted again gets a new
-    /// number, so stale positions are recognised and skipped.
-    order: VecDeque<(String, u64)>,
-    next_seq: u64,
+/// Where a layer counts: its own memory (answered in place, no runtime or
+/// allocation needed), or a store behind a pointer.
+enum Counts {
+    Memory(MemoryFailureCounts),
+    Store(Arc<dyn DynFailureCountStore>),
 }
 
-impl PoisonCounters {
-    pub(crate) fn new(policy: PoisonPolicy) -> Self {
-        PoisonCounters {
+/// What poison detection knows of the delivery being processed.
+#[derive(Debug, Clone)]
+pub(crate) struct Counted {
+    pub(crate) key: MessageKey,
+    /// Which delivery this is (1 for the first).
+    pub(crate) deliveries: u32,
+    pub(crate) first: SystemTime,
+    /// `true` when the count store counted it (and must forget it on success).
+    in_store: bool,
+}
+
+/// Whether a delivery may reach the inner service.
+pub(crate) enum Decision {
+    /// Call the inner service; the count, when the message has an id.
+    Process(Option<Counted>),
+    /// Do not call it.
+    Stop(Stop),
+}
+
+/// Why a delivery does not reach the inner service.
+pub(crate) enum Stop {
+    /// Over the limit: dispose of the message.
+    Divert(Counted),
+    /// The count store failed: fail the delivery unprocessed.
+    Refuse(BoxError),
+}
+
+/// A [`Decision`] made at once, or one that waits on the count store.
+pub(crate) enum Admission {
+    Now(Decision),
+    Later(Pin<Box<dyn Future<Output = Decision> + Send>>),
+}
+
+impl Admission {
+    /// The decision, waiting for the store if it has to.
+    pub(crate) async fn decision(self) -> Decision {
+        match self {
+            Admission::Now(decision) => decision,
+            Admission::Later(decision) => decision.await,
+        }
+    }
+}
+
+/// The last failure of a message, as this process saw it, for the entry
+/// written when the message is diverted.
+#[derive(Debug, Clone)]
+pub(crate) struct LastFailure {
+    pub(crate) error: Vec<String>,
+    pub(crate) at: SystemTime,
+}
+
+/// A bounded map of [`LastFailure`]s. Past its capacity it starts over:
+/// losing one only makes a diverted entry's error text generic, so a
+/// flood of failing ids costs a refill, never memory.
+#[derive(Debug)]
+struct LastFailures {
+    capacity: usize,
+    map: Mutex<HashMap<MessageKey, LastFailure>>,
+}
+
+impl LastFailures {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<MessageKey, LastFailure>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note(&self, key: &MessageKey, failure: LastFailure) {
+        let mut map = self.map();
+        if map.len() >= self.capacity && !map.contains_key(key) {
+            map.clear();
+        }
+        map.insert(key.clone(), failure);
+    }
+}
+
+impl PoisonCounting {
+    pub(crate) fn new(policy: PoisonPolicy, store: Option<Arc<dyn DynFailureCountStore>>) -> Self {
+        let store = match store {
+            Some(store) => Counts::Store(store),
+            // `PoisonPolicy::capacity` refuses zero, so `new` cannot fail.
+            None => Counts::Memory(MemoryFailureCounts::new(policy.capacity).unwrap_or_default()),
+        };
+        PoisonCounting {
             policy,
-            state: Mutex::new(State::default()),
+            store,
+            last: LastFailures {
+                capacity: policy.capacity,
+                map: Mutex::new(HashMap::new()),
+            },
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn policy(&self) -> PoisonPolicy {
+        self.policy
     }
 
-    /// The count for `id` when it has reached the limit.
-    pub(crate) fn exceeded(&self, id: &str) -> Option<FailureCount> {
-        self.state()
-            .counts
-            .get(id)
-            .filter(|count| count.failures >= self.policy.max_attempts)
-            .cloned()
-    }
-
-    /// Previous failures of `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<FailureCount> {
-        self.state().counts.get(id).cloned()
-    }
-
-    /// Counts one failure of `id`.
-    pub(crate) fn record_failure(
-        &self,
-        id: &str,
-        kind: FailureKind,
-        error: Vec<String>,
-        now: SystemTime,
-    ) -> FailureCount {
-        let mut state = self.state();
-        if let Some(count) = state.counts.get_mut(id) {
-            count.failures += 1;
-            count.last = now;
-            count.error = error;
-            count.kind = kind;
-            return count.clone();
+    /// Decides whether the delivery of `message_id` (delivery number
+    /// `delivery` when the request carries the queue's count) may be
+    /// processed, counting it in the store otherwise.
+    ///
+    /// The memory store decides here; another store is polled once here,
+    /// and one that answers at once decides before the inner service is
+    /// called too.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        message_id: Option<&str>,
+        delivery: Option<u32>,
+    ) -> Admission {
+        let Some(id) = message_id else {
+            return Admission::Now(Decision::Process(None));
+        };
+        let key = MessageKey::new(id);
+        let now = SystemTime::now();
+        if let Some(deliveries) = delivery {
+            // The queue's count is authoritative: no store is asked.
+            let first = self.last(&key).map_or(now, |last| last.at.min(now));
+            return Admission::Now(self.decide(Counted {
+                key,
+                deliveries: deliveries.max(1),
+                first,
+                in_store: false,
+            }));
         }
-        while state.counts.len() >= self.policy.capacity {
-            let Some((oldest, seq)) = state.order.pop_front() else {
-                break;
-            };
-            if state.counts.get(&oldest).is_some_and(|c| c.seq == seq) {
-                state.counts.remove(&oldest);
+        let store = match &self.store {
+            Counts::Memory(memory) => {
+                let tally = memory.count_now(&key, now);
+                return Admission::Now(self.counted(key, Ok(tally)));
+            }
+            Counts::Store(store) => store,
+        };
+        let mut counting = store.count_delivery(key.clone(), now);
+        // Stores do their I/O on the tokio runtime (`spawn_blocking`, a
+        // connection task), so they are polled here only inside one.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready(tally) = counting.as_mut().poll(&mut cx) {
+                return Admission::Now(self.counted(key, tally));
             }
         }
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        let count = FailureCount {
-            failures: 1,
-            first: now,
-            last: now,
-            error,
-            kind,
-            seq,
-        };
-        state.counts.insert(id.to_owned(), count.clone());
-        state.order.push_back((id.to_owned(), seq));
-        // Forgotten ids leave stale positions behind; rebuild the order when
-        // they outnumber the live ones so it stays bounded too.
-        if state.order.len() > 2 * self.policy.capacity {
-            let State { counts, order, .. } = &mut *state;
-            order.retain(|(id, seq)| counts.get(id).is_some_and(|c| c.seq == *seq));
+        let this = Arc::clone(self);
+        Admission::Later(Box::pin(async move {
+            let tally = counting.await;
+            this.counted(key, tally)
+        }))
+    }
+
+    fn counted(&self, key: MessageKey, tally: Result<DeliveryTally, StoreError>) -> Decision {
+        match tally {
+            Ok(tally) => self.decide(Counted {
+                key,
+                deliveries: tally.deliveries,
+                first: tally.first_delivered_at,
+                in_store: true,
+            }),
+            Err(error) => {
+                tracing::error!(
+                    error = %error,
+                    "poison count store failed; the delivery fails unprocessed so the queue redelivers it"
+                );
+                Decision::Stop(Stop::Refuse(CountStoreFailed::new(error).into()))
+            }
         }
-        count
     }
 
-    /// Forgets `id` (it succeeded, or it was dead-lettered).
-    pub(crate) fn clear(&self, id: &str) {
-        self.state().counts.remove(id);
+    fn decide(&self, counted: Counted) -> Decision {
+        // `max_attempts` deliveries came before this one and none succeeded.
+        if counted.deliveries > self.policy.max_attempts {
+            Decision::Stop(Stop::Divert(counted))
+        } else {
+            Decision::Process(Some(counted))
+        }
     }
 
-    #[cfg(test)]
-    fn tracked(&self) -> (usize, usize) {
-        let state = self.state();
-        (state.counts.len(), state.order.len())
+    /// What this process saw of `key`'s last failure.
+    pub(crate) fn last(&self, key: &MessageKey) -> Option<LastFailure> {
+        self.last.map().get(key).cloned()
+    }
+
+    /// A delivery under the limit failed: keep its error for the entry
+    /// written if the message is diverted later.
+    pub(crate) fn note_failure(&self, key: &MessageKey, error: Vec<String>) {
+        let at = SystemTime::now();
+        self.last.note(key, LastFailure { error, at });
+    }
+
+    /// The message succeeded or was disposed of: its count starts over. A
+    /// store that cannot forget is logged, not fatal: the message was
+    /// handled, and a stale count only matters if its id comes back (the
+    /// Redis and redb stores bound how long or how many they keep).
+    pub(crate) async fn forget(&self, counted: Counted) {
+        self.last.map().remove(&counted.key);
+        if !counted.in_store {
+            return;
+        }
+        let store = match &self.store {
+            Counts::Memory(memory) => return memory.forget_now(&counted.key),
+            Counts::Store(store) => store,
+        };
+        if let Err(error) = store.forget(counted.key).await {
+            tracing::warn!(error = %error, "poison count store failed to forget a handled message");
+        }
+    }
+}
+
+impl fmt::Debug for PoisonCounting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoisonCounting")
+            .field("policy", &self.policy)
+            .field(
+                "store",
+                &match &self.store {
+                    Counts::Memory(memory) => format!("{memory:?}"),
+                    Counts::Store(store) => store.name().to_owned(),
+                },
+            )
+            .finish_non_exhaustive()
     }
 }
 
@@ -181,76 +333,67 @@ mod tests {
             PoisonPolicy::new(0).unwrap_err().field(),
             "poison.max_attempts"
         );
+        assert_eq!(
+            PoisonPolicy::new(1)
+                .unwrap()
+                .capacity(0)
+                .unwrap_err()
+                .field(),
+            "poison.capacity"
+        );
     }
 
-    #[test]
-    fn reaches_the_limit_after_max_attempts_failures() {
-        let counters = PoisonCounters::new(PoisonPolicy::new(2).unwrap());
-        let now = SystemTime::now();
-        counters.record_failure("m", FailureKind::ServerError, vec!["boom".into()], now);
-        assert!(counters.exceeded("m").is_none());
-        counters.record_failure("m", FailureKind::ServerError, vec!["boom".into()], now);
-        assert_eq!(counters.exceeded("m").unwrap().failures, 2);
-        counters.clear("m");
-        assert!(counters.exceeded("m").is_none());
-    }
-
-    #[test]
-    fn counter_map_stays_bounded_under_unbounded_ids() {
-        let policy = PoisonPolicy::new(3).unwrap().capacity(100).unwrap();
-        let counters = PoisonCounters::new(policy);
-        let now = SystemTime::now();
-        for i in 0..10_000 {
-            let id = format!("m-{i}");
-            counters.record_failure(&id, FailureKind::Connection, Vec::new(), now);
-            if i % 3 == 0 {
-                counters.clear(&id);
-            }
-            let (live, order) = counters.tracked();
-            assert!(live <= 100, "{live} ids tracked");
-            assert!(order <= 201, "{order} positions tracked");
+    fn decide(poison: &Arc<PoisonCounting>, id: &str, delivery: Option<u32>) -> Decision {
+        match poison.admit(Some(id), delivery) {
+            Admission::Now(decision) => decision,
+            Admission::Later(_) => panic!("the memory store answers at once"),
         }
-        // The most recent ids are the ones remembered.
-        assert!(counters.get("m-9998").is_some());
-        assert!(counters.get("m-5").is_none());
     }
 
-    proptest::proptest! {
-        /// Against a model: whatever the sequence of failures and successes,
-        /// the map never holds more than `capacity` ids, and an id it still
-        /// holds has exactly the failures counted since it was last cleared.
-        #[test]
-        fn counts_match_a_model_and_stay_bounded(
-            ops in proptest::collection::vec((0u8..20, proptest::bool::ANY), 0..300),
-            capacity in 1usize..8,
-        ) {
-            let policy = PoisonPolicy::new(3).unwrap().capacity(capacity).unwrap();
-            let counters = PoisonCounters::new(policy);
-            let mut model: HashMap<String, u32> = HashMap::new();
-            let now = SystemTime::now();
-            for (id, fails) in ops {
-                let id = format!("m-{id}");
-                if fails {
-                    let count = counters.record_failure(&id, FailureKind::Connection, Vec::new(), now);
-                    let expected = model.get(&id).map_or(1, |n| n + 1);
-                    // A forgotten id starts again at one.
-                    proptest::prop_assert!(count.failures == expected || count.failures == 1);
-                    model.insert(id.clone(), count.failures);
-                } else {
-                    counters.clear(&id);
-                    model.remove(&id);
-                }
-                let (live, order) = counters.tracked();
-                proptest::prop_assert!(live <= capacity);
-                proptest::prop_assert!(order <= 2 * capacity + 1);
-                if let Some(count) = counters.get(&id) {
-                    proptest::prop_assert_eq!(Some(&count.failures), model.get(&id));
-                    proptest::prop_assert_eq!(
-                        counters.exceeded(&id).is_some(),
-                        count.failures >= 3
-                    );
-                }
-            }
+    #[test]
+    fn the_delivery_after_max_attempts_is_diverted() {
+        let poison = Arc::new(PoisonCounting::new(PoisonPolicy::new(2).unwrap(), None));
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1)
+        );
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 2)
+        );
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Stop(Stop::Divert(c)) if c.deliveries == 3)
+        );
+        assert!(matches!(
+            poison.admit(None, None),
+            Admission::Now(Decision::Process(None))
+        ));
+    }
+
+    #[test]
+    fn a_count_from_the_request_is_authoritative() {
+        let poison = Arc::new(PoisonCounting::new(PoisonPolicy::new(3).unwrap(), None));
+        // The queue says fourth delivery: diverted although this process
+        // never counted the message.
+        assert!(
+            matches!(decide(&poison, "m", Some(4)), Decision::Stop(Stop::Divert(c)) if c.deliveries == 4)
+        );
+        assert!(matches!(
+            decide(&poison, "n", Some(3)),
+            Decision::Process(Some(_))
+        ));
+        // …and nothing was counted in the store.
+        assert!(
+            matches!(decide(&poison, "m", None), Decision::Process(Some(c)) if c.deliveries == 1)
+        );
+    }
+
+    #[test]
+    fn last_failures_stay_bounded() {
+        let policy = PoisonPolicy::new(3).unwrap().capacity(10).unwrap();
+        let poison = PoisonCounting::new(policy, None);
+        for i in 0..1_000 {
+            let key = MessageKey::new(&format!("m-{i}"));
+            poison.note_failure(&key, vec!["boom".into()]);
+            assert!(poison.last.map().len() <= 10);
         }
     }
 }

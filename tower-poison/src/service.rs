@@ -9,10 +9,11 @@ use tower_service::Service;
 
 use crate::action::Action;
 use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
+use crate::counts::DynFailureCountStore;
 use crate::entry::{error_chain, DeadLetterEntry, EntryId};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
-use crate::poison::{FailureCount, PoisonCounters};
+use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
 use crate::redact::Redactor;
 use crate::replay::REPLAY_HEADER;
 use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
@@ -55,7 +56,9 @@ pub(crate) struct Shared<St, C, Cap> {
     pub(crate) label: Arc<str>,
     pub(crate) action: Action,
     pub(crate) redactor: Redactor,
-    pub(crate) poison: Option<Arc<PoisonCounters>>,
+    pub(crate) poison: Option<Arc<PoisonCounting>>,
+    /// The store poison detection counts in (memory when `None`).
+    pub(crate) count_store: Option<Arc<dyn DynFailureCountStore>>,
     pub(crate) drops: Arc<DropLog>,
     pub(crate) stored: StoredKinds,
 }
@@ -215,13 +218,24 @@ where
         // streams through, recorded on the way, and is read back only if the
         // call fails.
         let (request, pending) = shared.capture.capture(request);
-        if let Some(count) = shared.poison_count(&pending) {
-            return ResponseFuture::new(async move { Err(shared.divert(pending, count).await) });
-        }
+        let admission = match shared.admit(&pending) {
+            Admission::Now(Decision::Stop(stop)) => {
+                return ResponseFuture::new(async move { Err(shared.stop(stop, pending).await) });
+            }
+            admission => admission,
+        };
         let call = self.inner.call(request);
         ResponseFuture::new(async move {
+            let counted = match admission.decision().await {
+                Decision::Process(counted) => counted,
+                Decision::Stop(stop) => {
+                    // Never polled: the message does not reach the service.
+                    drop(call);
+                    return Err(shared.stop(stop, pending).await);
+                }
+            };
             let result = call.await;
-            shared.settle(result, pending).await
+            shared.settle(result, pending, counted).await
         })
     }
 }
@@ -235,6 +249,7 @@ where
         &self,
         result: Result<Res, E>,
         pending: PendingRecord,
+        counted: Option<Counted>,
     ) -> Result<Res, BoxError>
     where
         C: Classify<Res, E>,
@@ -244,11 +259,11 @@ where
         let failure = match self.classifier.classify(result.as_ref()) {
             Outcome::Failure(failure) if self.stored.contains(failure.kind) => failure,
             // A failure of a kind this layer does not store (a scanner's
-            // 404 on a server) goes back as it is, and counts as no
-            // message's failure.
+            // 404 on a server) goes back as it is; its delivery stays
+            // counted, as it did not succeed.
             Outcome::Failure(_) => return result.map_err(Into::into),
             Outcome::Success | Outcome::Ignored => {
-                self.succeeded(&pending);
+                self.succeeded(counted).await;
                 return result.map_err(Into::into);
             }
         };
@@ -264,13 +279,14 @@ where
             }
         };
         let record = pending.finish(BODY_WAIT).await;
-        self.on_failure(record, failure.kind, error, result).await
+        self.on_failure(record, failure.kind, error, result, counted)
+            .await
     }
 
-    /// A call succeeded: its message's failure count starts over.
-    pub(crate) fn succeeded(&self, pending: &PendingRecord) {
-        if let (Some(poison), Some(id)) = (&self.poison, pending.message_id()) {
-            poison.clear(id);
+    /// A call succeeded: its message's count starts over.
+    pub(crate) async fn succeeded(&self, counted: Option<Counted>) {
+        if let (Some(poison), Some(counted)) = (&self.poison, counted) {
+            poison.forget(counted).await;
         }
     }
 }
@@ -279,34 +295,54 @@ impl<St, C, Cap> Shared<St, C, Cap>
 where
     St: DeadLetterStore,
 {
-    /// The failure count of a message over the poison limit.
-    pub(crate) fn poison_count(&self, pending: &PendingRecord) -> Option<FailureCount> {
-        self.poison.as_ref()?.exceeded(pending.message_id()?)
+    /// Poison detection's decision on the delivery `pending` describes.
+    pub(crate) fn admit(&self, pending: &PendingRecord) -> Admission {
+        match &self.poison {
+            Some(poison) => poison.admit(pending.message_id(), pending.delivery()),
+            None => Admission::Now(Decision::Process(None)),
+        }
+    }
+
+    /// A delivery that does not reach the inner service: the error its
+    /// caller gets.
+    pub(crate) async fn stop(&self, stop: Stop, pending: PendingRecord) -> BoxError {
+        match stop {
+            Stop::Divert(counted) => self.divert(pending, counted).await,
+            Stop::Refuse(error) => error,
+        }
     }
 
     /// A message over the poison limit is not called again: it is disposed
     /// of by the action and the caller gets [`PoisonMessage`].
-    pub(crate) async fn divert(&self, pending: PendingRecord, count: FailureCount) -> BoxError {
+    async fn divert(&self, pending: PendingRecord, counted: Counted) -> BoxError {
         let record = pending.finish(BODY_WAIT).await;
         let id = record.message_id.clone().unwrap_or_default();
-        let entry = self.entry(
-            record,
-            FailureKind::Poison,
-            count.error.clone(),
-            count.failures,
-            count.first,
-            count.last,
-        );
+        let now = SystemTime::now();
+        let failures = counted.deliveries.saturating_sub(1);
+        let last = self.poison.as_ref().and_then(|p| p.last(&counted.key));
+        let (error, last_at) = match last {
+            Some(last) => (last.error, last.at.min(now)),
+            // Counted by the queue or a shared store: the failures happened
+            // elsewhere (or crashed their worker).
+            None => (
+                vec![format!(
+                    "{failures} earlier deliveries did not succeed (this consumer saw none of their errors)"
+                )],
+                now,
+            ),
+        };
+        let first = counted.first.min(last_at);
+        let entry = self.entry(record, FailureKind::Poison, error, failures, first, last_at);
         let entry_id = entry.id;
         match self.dispose(entry, &id).await {
             Ok(()) => {
                 if self.action != Action::Fail {
                     if let Some(poison) = &self.poison {
-                        poison.clear(&id);
+                        poison.forget(counted).await;
                     }
                 }
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
-                PoisonMessage::new(id, count.failures, self.action, stored).into()
+                PoisonMessage::new(id, failures, self.action, stored).into()
             }
             Err(store) => not_kept(entry_id, store, None),
         }
@@ -319,21 +355,20 @@ where
         kind: FailureKind,
         error: Vec<String>,
         result: Result<T, BoxError>,
+        counted: Option<Counted>,
     ) -> Result<T, BoxError> {
         let now = SystemTime::now();
-        let counted = match (&self.poison, &record.message_id) {
-            (Some(poison), Some(id)) => Some((poison, id.clone())),
-            _ => None,
-        };
-        if let Some((poison, id)) = &counted {
+        let counted = self.poison.as_ref().zip(counted);
+        if let Some((poison, counted)) = &counted {
             if kind != FailureKind::Poison {
-                // Under the limit the queue's redelivery is the retry.
-                poison.record_failure(id, kind, error, now);
+                // Under the limit the queue's redelivery is the retry; the
+                // delivery was counted when it began.
+                poison.note_failure(&counted.key, error);
                 return result;
             }
         }
-        let (attempts, first) = match counted.as_ref().and_then(|(p, id)| p.get(id)) {
-            Some(previous) => (previous.failures + 1, previous.first),
+        let (attempts, first) = match &counted {
+            Some((_, counted)) => (counted.deliveries, counted.first.min(now)),
             None => {
                 let counter = record.attempts.as_ref();
                 let attempts = counter.map_or(1, |c| c.attempts().max(1));
@@ -350,8 +385,8 @@ where
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
-                if let Some((poison, id)) = counted {
-                    poison.clear(&id);
+                if let Some((poison, counted)) = counted {
+                    poison.forget(counted).await;
                 }
                 result
             }

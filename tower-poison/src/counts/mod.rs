@@ -1,0 +1,255 @@
+//! Where poison detection counts a message's deliveries.
+//!
+//! [`PoisonPolicy`](crate::PoisonPolicy) diverts a message once it has been
+//! delivered `max_attempts` times without success. The count comes from one
+//! of two places:
+//!
+//! - **the request**, when the queue counts deliveries itself
+//!   ([`DeliveryCount`] reads SQS's receive count, RabbitMQ's
+//!   `x-delivery-count`, or a Redis Streams delivery counter a consumer
+//!   forwards; a consumer can also insert a [`DeliveryAttempt`] extension).
+//!   The queue's count is authoritative: it includes deliveries to other
+//!   consumers and deliveries whose worker crashed, and no store is needed;
+//! - **a [`FailureCountStore`]** otherwise: [`MemoryFailureCounts`] (the
+//!   default, one process), [`RedbFailureCounts`] (feature `redb`, one file
+//!   that survives a restart) or [`RedisFailureCounts`] (feature `redis`,
+//!   shared by a fleet of consumers).
+//!
+//! # Why a delivery is counted before it runs
+//!
+//! A store counts a delivery *when it begins*, before the inner service
+//! sees the message, and forgets the message when a delivery succeeds. A
+//! message that crashes its worker (a panic that aborts, an OOM kill, a
+//! cancelled future) therefore still counts: the next delivery, on this
+//! consumer or another one sharing the store, sees the earlier count. Had
+//! the count been taken when a failure was *returned*, a message that kills
+//! every worker it reaches would be redelivered forever.
+//!
+//! # Hostile message ids
+//!
+//! Message ids come from whoever publishes to the queue. A store never sees
+//! one directly: it sees a [`MessageKey`], the id itself when it is short
+//! printable ASCII, or its SHA-256 digest otherwise, so a key (and a Redis key
+//! built from it) is at most [`MessageKey::MAX_LEN`] bytes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use crate::store::StoreError;
+
+pub(crate) mod delivery;
+mod memory;
+#[cfg(feature = "redb")]
+mod redb;
+#[cfg(feature = "redis")]
+mod redis;
+
+pub use self::delivery::{DeliveryAttempt, DeliveryCount};
+pub use self::memory::MemoryFailureCounts;
+#[cfg(feature = "redb")]
+pub use self::redb::{RedbFailureCounts, RedbFailureCountsBuilder};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisFailureCounts, RedisFailureCountsBuilder};
+
+/// Counts deliveries per message, for poison detection.
+///
+/// Implementations are cheap to clone and share their counts between
+/// clones; every method returns a `Send` future. Each store bounds what it
+/// keeps (see each implementation), so a flood of distinct failing ids
+/// cannot exhaust it.
+///
+/// A store that fails ([`StoreError`]) makes the layer fail the delivery
+/// with [`CountStoreFailed`](crate::error::CountStoreFailed) *without*
+/// calling the inner service: the consumer does not acknowledge it, so the
+/// queue delivers it again once the store is back. A message is never
+/// processed uncounted, nor acknowledged unprocessed.
+pub trait FailureCountStore: Clone + Send + Sync + 'static {
+    /// Counts one delivery of `key` that is about to be processed; the tally
+    /// includes it. `now` is the delivery's time, kept as the first
+    /// delivery's time when the key is new.
+    fn count_delivery(
+        &self,
+        key: &MessageKey,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<DeliveryTally, StoreError>> + Send;
+
+    /// Forgets `key`: a delivery of it succeeded, or it was dead-lettered.
+    fn forget(&self, key: &MessageKey) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What a [`FailureCountStore`] knows of a message after counting a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryTally {
+    /// Deliveries counted since the message was last forgotten, this one
+    /// included (so at least 1).
+    pub deliveries: u32,
+    /// When the first of them was counted.
+    pub first_delivered_at: SystemTime,
+}
+
+/// A message id in a bounded form that is safe to use as a store key.
+///
+/// An id of at most [`MAX_VERBATIM`](Self::MAX_VERBATIM) bytes of printable
+/// ASCII (`!` to `~`, no spaces or control bytes) is kept readable as
+/// `id:<id>`; any other id becomes `sha256:<64 hex digits>` of its bytes. The
+/// two prefixes keep the forms apart, so no verbatim id can collide with a
+/// digest, and SHA-256 keeps a publisher from crafting two long ids that
+/// share a count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageKey(String);
+
+impl MessageKey {
+    /// The longest id kept verbatim, in bytes.
+    pub const MAX_VERBATIM: usize = 128;
+
+    /// The longest key, in bytes (`id:` and 128 bytes).
+    pub const MAX_LEN: usize = 3 + Self::MAX_VERBATIM;
+
+    /// The key of message id `id`.
+    pub fn new(id: &str) -> Self {
+        let verbatim = id.len() <= Self::MAX_VERBATIM
+            && !id.is_empty()
+            && id.bytes().all(|b| b.is_ascii_graphic());
+        if verbatim {
+            return MessageKey(format!("id:{id}"));
+        }
+        MessageKey(format!("sha256:{}", sha256_hex(id.as_bytes())))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The SHA-256 of `bytes` in lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(bytes);
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push(char::from(HEX[usize::from(byte >> 4)]));
+        hex.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    hex
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A [`FailureCountStore`] behind a pointer, so the layer's type does not
+/// name the store.
+pub(crate) trait DynFailureCountStore: Send + Sync {
+    fn count_delivery(
+        &self,
+        key: MessageKey,
+        now: SystemTime,
+    ) -> BoxFuture<Result<DeliveryTally, StoreError>>;
+
+    fn forget(&self, key: MessageKey) -> BoxFuture<Result<(), StoreError>>;
+
+    /// The store's type, for `Debug`.
+    fn name(&self) -> &'static str;
+}
+
+impl<T: FailureCountStore> DynFailureCountStore for T {
+    fn count_delivery(
+        &self,
+        key: MessageKey,
+        now: SystemTime,
+    ) -> BoxFuture<Result<DeliveryTally, StoreError>> {
+        let store = self.clone();
+        Box::pin(async move { FailureCountStore::count_delivery(&store, &key, now).await })
+    }
+
+    fn forget(&self, key: MessageKey) -> BoxFuture<Result<(), StoreError>> {
+        let store = self.clone();
+        Box::pin(async move { FailureCountStore::forget(&store, &key).await })
+    }
+
+    fn name(&self) -> &'static str {
+        std::any::type_name::<T>()
+    }
+}
+
+/// Milliseconds since the Unix epoch, saturating (a clock before 1970 is 0).
+#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+pub(crate) fn epoch_millis(time: SystemTime) -> u64 {
+    let millis = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    u64::try_from(millis).unwrap_or(u64::MAX)
+}
+
+/// The time `millis` after the Unix epoch (the epoch itself should the
+/// platform not represent that time; it never panics).
+#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+pub(crate) fn from_epoch_millis(millis: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH
+        .checked_add(std::time::Duration::from_millis(millis))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_printable_ids_stay_readable_and_others_are_hashed() {
+        assert_eq!(MessageKey::new("msg-42").as_str(), "id:msg-42");
+        let long = "x".repeat(MessageKey::MAX_VERBATIM + 1);
+        let hashed = MessageKey::new(&long);
+        assert!(hashed.as_str().starts_with("sha256:"), "{hashed:?}");
+        assert_eq!(hashed.as_str().len(), 7 + 64);
+        // Spaces, control bytes, non-ASCII and the empty id are hashed too.
+        for id in ["a b", "a\r\nb", "é", ""] {
+            assert!(
+                MessageKey::new(id).as_str().starts_with("sha256:"),
+                "{id:?}"
+            );
+        }
+        // The verbatim form has its own prefix.
+        assert_ne!(MessageKey::new(hashed.as_str()).as_str(), hashed.as_str());
+    }
+
+    #[test]
+    fn the_digest_is_sha256() {
+        // The well-known SHA-256 of the empty input.
+        assert_eq!(
+            MessageKey::new("").as_str(),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    proptest::proptest! {
+        /// Every key is bounded and distinct ids give distinct keys (a
+        /// verbatim id cannot look like a digest).
+        #[test]
+        fn keys_are_bounded_and_injective(
+            a in ".{0,300}",
+            other in ".{0,300}",
+            same in proptest::bool::ANY,
+        ) {
+            let b = if same { a.clone() } else { other };
+            let (ka, kb) = (MessageKey::new(&a), MessageKey::new(&b));
+            proptest::prop_assert!(ka.as_str().len() <= MessageKey::MAX_LEN);
+            proptest::prop_assert_eq!(a == b, ka == kb);
+        }
+    }
+
+    #[test]
+    fn epoch_millis_saturate() {
+        assert_eq!(epoch_millis(SystemTime::UNIX_EPOCH), 0);
+        let early = SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1);
+        assert_eq!(epoch_millis(early), 0);
+        assert_eq!(
+            epoch_millis(from_epoch_millis(1_700_000_000_123)),
+            1_700_000_000_123
+        );
+        // Far-future millis never panic.
+        let _ = from_epoch_millis(u64::MAX);
+    }
+}

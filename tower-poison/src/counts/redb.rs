@@ -1,0 +1,241 @@
+//! Delivery counts in a redb file: they survive a crash and a restart.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
+use tower_classify::ConfigError;
+
+use super::{epoch_millis, from_epoch_millis, DeliveryTally, FailureCountStore, MessageKey};
+use crate::store::StoreError;
+
+/// Counts by message key: (deliveries, first delivery in ms since the epoch,
+/// sequence number in `ORDER`).
+const COUNTS: TableDefinition<'_, &str, (u32, u64, u64)> =
+    TableDefinition::new("poison_delivery_counts");
+/// Keys by the sequence number they were first counted under: the eviction
+/// order, oldest first.
+const ORDER: TableDefinition<'_, u64, &str> = TableDefinition::new("poison_delivery_order");
+
+/// Delivery counts in a redb file, for consumers whose counts must survive a
+/// crash or a restart of the process.
+///
+/// Each counted delivery is committed with [`Durability::Immediate`] (an
+/// `fsync`) *before* the inner service sees the message, so a message that
+/// kills its worker is counted on the next start; that is one `fsync` per
+/// delivery of a message with an id. The file is locked by redb: one process
+/// opens it, and the services of every layer in that process share it
+/// through clones (use [`RedisFailureCounts`](super::RedisFailureCounts) to
+/// share counts between processes). Keep it in a file of its own, apart from
+/// the dead-letter [`RedbStore`](crate::store::RedbStore).
+///
+/// # Bound
+///
+/// At most [`capacity`](RedbFailureCountsBuilder::capacity) keys (default
+/// 100 000): counting a new key in a full store forgets the key first counted
+/// longest ago (a second table orders keys by when they were first counted,
+/// so finding it is a lookup, not a scan). Keys are
+/// [`MessageKey`]s, at most [`MessageKey::MAX_LEN`] bytes, so the file is
+/// bounded too.
+///
+/// Blocking work runs in [`tokio::task::spawn_blocking`].
+#[derive(Clone)]
+pub struct RedbFailureCounts {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    path: PathBuf,
+    capacity: u64,
+}
+
+/// Configures and opens a [`RedbFailureCounts`].
+#[derive(Debug, Clone)]
+pub struct RedbFailureCountsBuilder {
+    capacity: u64,
+}
+
+impl Default for RedbFailureCountsBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RedbFailureCountsBuilder {
+    /// The defaults: 100 000 keys.
+    pub const fn new() -> Self {
+        RedbFailureCountsBuilder { capacity: 100_000 }
+    }
+
+    /// Remembers at most `capacity` keys (at least 1).
+    pub fn capacity(mut self, capacity: u64) -> Result<Self, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::new(
+                "count_store.capacity",
+                "must be at least 1",
+            ));
+        }
+        self.capacity = capacity;
+        Ok(self)
+    }
+
+    /// Opens the counts at `path`, creating the file if it does not exist.
+    /// Blocking file I/O: call it at start-up or in `spawn_blocking`.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<RedbFailureCounts, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let db = Database::create(&path).map_err(|e| {
+            StoreError::backend(format!("cannot open delivery counts {}", path.display()), e)
+        })?;
+        let txn = db.begin_write().map_err(backend)?;
+        txn.open_table(COUNTS).map_err(backend)?;
+        txn.open_table(ORDER).map_err(backend)?;
+        txn.commit().map_err(backend)?;
+        Ok(RedbFailureCounts {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                capacity: self.capacity,
+            }),
+        })
+    }
+}
+
+impl RedbFailureCounts {
+    /// Opens the counts at `path` with the default capacity.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        RedbFailureCountsBuilder::new().open(path)
+    }
+
+    /// A builder for other settings.
+    pub const fn builder() -> RedbFailureCountsBuilder {
+        RedbFailureCountsBuilder::new()
+    }
+
+    /// The file the counts live in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// How many keys are remembered.
+    pub async fn len(&self) -> Result<u64, StoreError> {
+        self.blocking(|inner| {
+            let txn = inner.db.begin_read().map_err(backend)?;
+            txn.open_table(COUNTS)
+                .map_err(backend)?
+                .len()
+                .map_err(backend)
+        })
+        .await
+    }
+
+    /// `true` when no key is remembered.
+    pub async fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.len().await? == 0)
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| StoreError::backend("delivery count task failed", e))?
+    }
+}
+
+fn backend(error: impl Into<redb::Error>) -> StoreError {
+    StoreError::backend("delivery count store failed", error.into())
+}
+
+fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, StoreError> {
+    let mut txn = inner.db.begin_write().map_err(backend)?;
+    txn.set_durability(Durability::Immediate).map_err(backend)?;
+    let tally = {
+        let mut counts = txn.open_table(COUNTS).map_err(backend)?;
+        let mut order = txn.open_table(ORDER).map_err(backend)?;
+        let existing = counts.get(key).map_err(backend)?.map(|v| v.value());
+        match existing {
+            Some((deliveries, first, seq)) => {
+                let deliveries = deliveries.saturating_add(1);
+                counts
+                    .insert(key, (deliveries, first, seq))
+                    .map_err(backend)?;
+                DeliveryTally {
+                    deliveries,
+                    first_delivered_at: from_epoch_millis(first),
+                }
+            }
+            None => {
+                while counts.len().map_err(backend)? >= inner.capacity {
+                    let Some((_, oldest)) = order.pop_first().map_err(backend)? else {
+                        break;
+                    };
+                    counts.remove(oldest.value()).map_err(backend)?;
+                }
+                let seq = match order.last().map_err(backend)? {
+                    Some((seq, _)) => seq.value().saturating_add(1),
+                    None => 0,
+                };
+                let first = epoch_millis(now);
+                counts.insert(key, (1, first, seq)).map_err(backend)?;
+                order.insert(seq, key).map_err(backend)?;
+                DeliveryTally {
+                    deliveries: 1,
+                    first_delivered_at: from_epoch_millis(first),
+                }
+            }
+        }
+    };
+    txn.commit().map_err(backend)?;
+    Ok(tally)
+}
+
+fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {
+    let mut txn = inner.db.begin_write().map_err(backend)?;
+    // Losing a forget in a crash costs at most one early diversion of a
+    // message id that comes back; not worth an fsync per success.
+    txn.set_durability(Durability::None).map_err(backend)?;
+    {
+        let mut counts = txn.open_table(COUNTS).map_err(backend)?;
+        let removed = counts.remove(key).map_err(backend)?.map(|v| v.value());
+        if let Some((_, _, seq)) = removed {
+            txn.open_table(ORDER)
+                .map_err(backend)?
+                .remove(seq)
+                .map_err(backend)?;
+        }
+    }
+    txn.commit().map_err(backend)
+}
+
+impl FailureCountStore for RedbFailureCounts {
+    async fn count_delivery(
+        &self,
+        key: &MessageKey,
+        now: SystemTime,
+    ) -> Result<DeliveryTally, StoreError> {
+        let key = key.as_str().to_owned();
+        self.blocking(move |inner| count(inner, &key, now)).await
+    }
+
+    async fn forget(&self, key: &MessageKey) -> Result<(), StoreError> {
+        let key = key.as_str().to_owned();
+        self.blocking(move |inner| forget(inner, &key)).await
+    }
+}
+
+impl fmt::Debug for RedbFailureCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbFailureCounts")
+            .field("path", &self.inner.path)
+            .field("capacity", &self.inner.capacity)
+            .finish()
+    }
+}
