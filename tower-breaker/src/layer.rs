@@ -8,8 +8,10 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
-use crate::keyed::{KeyedCircuitBreakerLayer, Registry};
+use crate::instruments::MetricsLabel;
+use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
+use crate::registry::Registry;
 use crate::service::CircuitBreaker;
 use crate::state::{Breaker, CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 
@@ -123,6 +125,7 @@ impl Builder {
                 on_state_change: Vec::new(),
                 on_call: Vec::new(),
                 max_breakers: 1_000,
+                metrics_label: MetricsLabel::layer_name(),
             },
         }
     }
@@ -268,6 +271,17 @@ impl Builder {
     /// [`KeyedCircuitBreakerLayer`] for the eviction order.
     pub fn max_breakers(mut self, max: usize) -> Self {
         self.settings.max_breakers = max;
+        self
+    }
+
+    /// What the `breaker` label of each keyed breaker's metrics says:
+    /// [`MetricsLabel::layer_name()`] (the default: every key shares the
+    /// layer's [name](Self::name)), [`MetricsLabel::mapped`] (a function of
+    /// the key with a small, fixed set of values) or [`MetricsLabel::key()`]
+    /// (the key itself). See [`MetricsLabel`] for the cardinality each one
+    /// costs an exporter. A plain breaker is always labelled with the name.
+    pub fn metrics_label(mut self, label: MetricsLabel) -> Self {
+        self.settings.metrics_label = label;
         self
     }
 

@@ -260,14 +260,17 @@ mod admin_router;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
+mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]
 mod grpc;
 #[cfg(feature = "http")]
 mod http;
+mod instruments;
 mod keyed;
 mod layer;
 mod policy;
+mod registry;
 mod service;
 mod state;
 mod sync;
@@ -280,6 +283,7 @@ pub use self::error::CircuitOpen;
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
+pub use self::instruments::MetricsLabel;
 pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};
