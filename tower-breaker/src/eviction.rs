@@ -21,7 +21,10 @@
 //! - otherwise it is the victim.
 //!
 //! Only when the closed queue is empty is the open queue examined the same
-//! way (a breaker found closed again moves back). Every step but the last
+//! way. A breaker in the open queue that closes again (its probes
+//! succeeded, or an operator reset it) posts a [`ClosedNotices`] notice,
+//! and the queues move it back before the next victim is chosen: the open
+//! queue's head is never taken while a closed breaker waits behind it. Every step but the last
 //! consumes something that happened since the breaker's previous step — a
 //! use, a state change, a force — so the work per new key is O(1) amortised
 //! over the calls and state changes it follows, whatever `max_breakers` is.
@@ -29,7 +32,7 @@
 //! `2 × len` steps, breakers are no longer moved or given a second chance.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::state::{Breaker, State};
 
@@ -78,6 +81,34 @@ impl List {
         head: NIL,
         tail: NIL,
     };
+}
+
+/// The keys of a registry's breakers that closed again (probes succeeded,
+/// or an operator reset them) since the eviction queues last looked. A breaker
+/// posts at most one notice until it is read, so there are never more than
+/// `max_breakers` of them.
+#[derive(Default)]
+pub(crate) struct ClosedNotices {
+    keys: Mutex<Vec<Arc<str>>>,
+}
+
+impl ClosedNotices {
+    /// Called on the state change, by the call (or operator) that made it.
+    pub(crate) fn post(&self, key: &Arc<str>) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Arc::clone(key));
+    }
+
+    pub(crate) fn take(&self) -> Vec<Arc<str>> {
+        std::mem::take(
+            &mut *self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
 }
 
 /// The breaker chosen to make room.
@@ -142,6 +173,24 @@ impl EvictionQueues {
             .is_some_and(|held| Arc::ptr_eq(held, breaker));
         if same && entry.queue == Queue::Parked {
             self.push(node, Queue::Closed, now);
+        }
+    }
+
+    /// Moves a breaker that posted a [`ClosedNotices`] notice from the open
+    /// queue back to the closed one, keeping its join time. A no-op unless
+    /// `node` still holds `breaker`, queued as open, and it is closed now.
+    pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
+        let Some(entry) = self.nodes.get(node) else {
+            return;
+        };
+        let same = entry
+            .breaker
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, breaker));
+        if same && entry.queue == Queue::Open && breaker.state() == State::Closed {
+            let joined = entry.joined;
+            self.unlink(node);
+            self.push(node, Queue::Closed, joined);
         }
     }
 

@@ -48,11 +48,14 @@ pub struct MetricsLabel {
     rule: LabelRule,
 }
 
+/// A key's label, as [`MetricsLabel::mapped`] computes it.
+type LabelMapper = Arc<dyn Fn(&str) -> Cow<'static, str> + Send + Sync>;
+
 #[derive(Clone)]
 enum LabelRule {
     LayerName,
     Key,
-    Mapped(Arc<dyn Fn(&str) -> Cow<'static, str> + Send + Sync>),
+    Mapped(LabelMapper),
 }
 
 impl MetricsLabel {

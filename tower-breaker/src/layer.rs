@@ -285,6 +285,12 @@ impl Builder {
         self
     }
 
+    /// The settings as built, for the crate's unit tests.
+    #[cfg(test)]
+    pub(crate) fn into_settings(self) -> Settings {
+        self.settings
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.settings;
         s.policy.validate()?;

@@ -18,7 +18,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::eviction::{EvictionQueues, Victim};
+use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
 use crate::instruments::Instruments;
 use crate::state::{Breaker, Settings, State};
 
@@ -45,6 +45,8 @@ pub(crate) struct Registry {
     queues: Mutex<EvictionQueues>,
     /// The coarse clock of last-used stamps: one tick per new key.
     clock: AtomicU64,
+    /// Breakers that closed again, for the eviction queues.
+    closed_notices: Arc<ClosedNotices>,
 }
 
 impl fmt::Debug for Registry {
@@ -65,6 +67,7 @@ impl Registry {
             hasher: RandomState::new(),
             queues: Mutex::new(EvictionQueues::new()),
             clock: AtomicU64::new(0),
+            closed_notices: Arc::default(),
         }
     }
 
@@ -74,7 +77,7 @@ impl Registry {
         let registry = Registry::new(Arc::clone(&settings));
         let name = Arc::clone(&settings.name);
         let instruments = Instruments::register(Arc::clone(&name).into(), true);
-        let breaker = Arc::new(Breaker::new(Arc::clone(&name), settings, instruments));
+        let breaker = Arc::new(Breaker::new(Arc::clone(&name), settings, instruments, None));
         breaker.publish();
         let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
         let shard = registry.shard_of(&name);
@@ -154,6 +157,7 @@ impl Registry {
             Arc::clone(&key),
             Arc::clone(&self.settings),
             instruments,
+            Some(Arc::clone(&self.closed_notices)),
         ));
 
         let mut queues = self.lock_queues();
@@ -168,6 +172,7 @@ impl Registry {
         }
         let now = self.clock.load(Ordering::Relaxed);
         if queues.len() >= self.settings.max_breakers {
+            self.read_closed_notices(&mut queues);
             let evicted = match queues.evict(now) {
                 Victim::Closed(victim) => {
                     tracing::debug!(breaker = &*victim.key, "evicting closed circuit breaker");
@@ -214,6 +219,17 @@ impl Registry {
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
         breaker
+    }
+
+    /// Moves the breakers that closed again back to the closed queue.
+    fn read_closed_notices(&self, queues: &mut EvictionQueues) {
+        for key in self.closed_notices.take() {
+            if let Some(entry) = self.read(self.shard_of(&key)).get(&key) {
+                // Cleared first: closing again after this posts again.
+                entry.breaker.notice_posted.store(false, Ordering::Relaxed);
+                queues.closed_again(entry.node, &entry.breaker);
+            }
+        }
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {
@@ -274,5 +290,83 @@ impl Registry {
                 queues.unpark(*node, breaker, now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::layer::Builder;
+
+    fn registry(max: usize) -> Arc<Registry> {
+        let settings = Builder::new().max_breakers(max).into_settings();
+        Arc::new(Registry::new(Arc::new(settings)))
+    }
+
+    /// Looks `keys` up on another thread; `true` when it finished in time.
+    fn finishes(registry: &Arc<Registry>, keys: Vec<String>) -> bool {
+        let (done, finished) = mpsc::channel();
+        let registry = Arc::clone(registry);
+        thread::spawn(move || {
+            for key in &keys {
+                assert_eq!(&*registry.breaker(key).key, key.as_str());
+            }
+            let _ = done.send(());
+        });
+        finished.recv_timeout(Duration::from_secs(10)).is_ok()
+    }
+
+    /// Issue 13: a call for a known key takes neither the insert lock (held
+    /// here as a new key's insert would) nor the lock of another key's shard.
+    #[test]
+    fn a_known_key_is_found_while_the_insert_lock_and_another_shard_are_held() {
+        let registry = registry(64);
+        let keys: Vec<String> = (0..32).map(|n| format!("key-{n}")).collect();
+        for key in &keys {
+            registry.breaker(key);
+        }
+        let tick = registry.clock.load(Ordering::Relaxed);
+
+        let insert_lock = registry.lock_queues();
+        assert!(
+            finishes(&registry, keys.clone()),
+            "a lookup waited on the insert lock"
+        );
+        drop(insert_lock);
+
+        let held = registry.shard_of(&keys[0]);
+        let elsewhere: Vec<String> = keys
+            .iter()
+            .filter(|key| registry.shard_of(key) != held)
+            .cloned()
+            .collect();
+        assert!(!elsewhere.is_empty());
+        let shard_lock = registry.write(held);
+        assert!(
+            finishes(&registry, elsewhere),
+            "a lookup waited on another shard's lock"
+        );
+        drop(shard_lock);
+        assert_eq!(
+            registry.clock.load(Ordering::Relaxed),
+            tick,
+            "lookups of known keys inserted nothing"
+        );
+    }
+
+    /// A breaker built for a key that another call inserted meanwhile is
+    /// dropped; the one already kept is returned.
+    #[test]
+    fn an_insert_that_lost_the_race_returns_the_kept_breaker() {
+        let registry = registry(4);
+        let kept = registry.breaker("shared");
+        let shard = registry.shard_of("shared");
+        assert!(Arc::ptr_eq(&registry.insert("shared", shard), &kept));
+        assert_eq!(registry.all().len(), 1);
+        assert_eq!(registry.lock_queues().len(), 1);
     }
 }

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CircuitOpen;
+use crate::eviction::ClosedNotices;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -383,6 +384,10 @@ pub(crate) struct Breaker {
     /// The registry's coarse clock when this breaker was last looked up;
     /// see `Registry::breaker`.
     pub(crate) last_used: StdAtomicU64,
+    /// A keyed breaker's registry, told when the breaker closes again.
+    closed_notices: Option<Arc<ClosedNotices>>,
+    /// A notice is posted and not yet read.
+    pub(crate) notice_posted: StdAtomicBool,
 }
 
 impl fmt::Debug for Breaker {
@@ -399,7 +404,12 @@ impl Breaker {
     /// gauge is written only once the registry keeps it
     /// ([`publish`](Self::publish)): a breaker built for a key another call
     /// inserted first is dropped without a word.
-    pub(crate) fn new(key: Arc<str>, settings: Arc<Settings>, instruments: Instruments) -> Self {
+    pub(crate) fn new(
+        key: Arc<str>,
+        settings: Arc<Settings>,
+        instruments: Instruments,
+        closed_notices: Option<Arc<ClosedNotices>>,
+    ) -> Self {
         let window = match settings.policy {
             Policy::FailureRate { window, .. } => {
                 Some(WindowState::new(window, settings.slow_call_rate.is_some()))
@@ -429,6 +439,8 @@ impl Breaker {
             instruments,
             retired: StdAtomicBool::new(false),
             last_used: StdAtomicU64::new(0),
+            closed_notices,
+            notice_posted: StdAtomicBool::new(false),
         }
     }
 
@@ -891,6 +903,16 @@ impl Breaker {
             self.instruments.opened.increment(1);
         }
         self.gauge(to);
+        if to == State::Closed && from != State::Closed {
+            if let Some(notices) = &self.closed_notices {
+                if !self
+                    .notice_posted
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    notices.post(&self.key);
+                }
+            }
+        }
         let key = &*self.key;
         match to {
             State::Open | State::ForcedOpen => tracing::warn!(
