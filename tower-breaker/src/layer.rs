@@ -131,7 +131,9 @@ impl Builder {
     }
 
     /// The breaker's name in logs, metrics labels (`breaker="…"`) and the
-    /// admin handle (default `"default"`). Keyed breakers use their keys.
+    /// admin handle (default `"default"`). Keyed breakers use their keys in
+    /// logs and the admin handle, and the name as their metrics label unless
+    /// [`metrics_label`](Self::metrics_label) says otherwise.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.settings.name = name.into();
         self

@@ -18,7 +18,9 @@
 //!   later half-open breaker, nor can a stale probe reopen a fresh one.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64};
+use std::sync::atomic::{
+    AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, Ordering as StdOrdering,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -454,8 +456,7 @@ impl Breaker {
     /// The registry let go of this breaker (evicted, or never kept). Calls
     /// still in flight may finish on it; it no longer reports its state.
     pub(crate) fn retire(&self) {
-        self.retired
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.retired.store(true, StdOrdering::Relaxed);
         self.instruments.retire();
     }
 
@@ -905,10 +906,7 @@ impl Breaker {
         self.gauge(to);
         if to == State::Closed && from != State::Closed {
             if let Some(notices) = &self.closed_notices {
-                if !self
-                    .notice_posted
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
+                if !self.notice_posted.swap(true, StdOrdering::Relaxed) {
                     notices.post(&self.key);
                 }
             }
@@ -950,7 +948,7 @@ impl Breaker {
     }
 
     fn gauge(&self, state: State) {
-        if !self.retired.load(std::sync::atomic::Ordering::Relaxed) {
+        if !self.retired.load(StdOrdering::Relaxed) {
             self.instruments.set_state(state);
         }
     }
