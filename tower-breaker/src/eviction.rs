@@ -198,7 +198,7 @@ impl EvictionQueues {
     pub(crate) fn evict(&mut self, now: u64) -> Victim {
         // Past this many steps, stop moving breakers between queues and
         // giving second chances: each step then parks or evicts.
-        let mut patience = 2 * self.len + 2;
+        let mut patience = self.len.saturating_mul(2).saturating_add(2);
         loop {
             let patient = patience > 0;
             patience = patience.saturating_sub(1);
