@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::keyed::Registry;
+use crate::registry::Registry;
 use crate::state::State;
 
 /// An operator's handle on a layer's breakers: list them, reset one or all,
@@ -100,11 +100,7 @@ impl BreakerHandle {
 
     /// Resets every breaker; returns how many.
     pub fn reset_all(&self) -> usize {
-        let all = self.registry.all();
-        for breaker in &all {
-            breaker.force(State::Closed);
-        }
-        all.len()
+        self.registry.reset_all()
     }
 
     /// Opens the breaker for `key` until a [`reset`](Self::reset): every call
@@ -120,12 +116,6 @@ impl BreakerHandle {
     }
 
     fn apply(&self, key: &str, to: State) -> bool {
-        match self.registry.get(key) {
-            Some(breaker) => {
-                breaker.force(to);
-                true
-            }
-            None => false,
-        }
+        self.registry.force(key, to)
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tower_classify::ConfigError;
 
+use crate::instruments::MetricsLabel;
 use crate::layer::Builder;
 use crate::policy::{Policy, Window};
 use crate::state::Mode;
@@ -86,6 +87,12 @@ pub struct BreakerConfig {
     /// See [`Builder::max_breakers`] (default 1 000).
     #[serde(default = "default_max_breakers")]
     pub max_breakers: usize,
+    /// `true`: each keyed breaker's metrics are labelled with its key
+    /// ([`MetricsLabel::key`]); `false` (the default): with the layer's name.
+    /// Mind the cardinality rule of [`MetricsLabel`]. A mapped label is set
+    /// in code, on the [`builder`](Self::builder).
+    #[serde(default)]
+    pub metrics_label_per_key: bool,
 }
 
 /// The `failure_rate` table of a [`BreakerConfig`].
@@ -155,6 +162,7 @@ impl Default for BreakerConfig {
             slow_call_rate: None,
             pending_when_open: false,
             max_breakers: default_max_breakers(),
+            metrics_label_per_key: false,
         }
     }
 }
@@ -193,6 +201,9 @@ impl BreakerConfig {
             .probe_timeout(self.probe_timeout)
             .pending_when_open(self.pending_when_open)
             .max_breakers(self.max_breakers);
+        if self.metrics_label_per_key {
+            builder = builder.metrics_label(MetricsLabel::key());
+        }
         if let Some(name) = &self.name {
             builder = builder.name(name.as_str());
         }

@@ -1,8 +1,7 @@
 //! Keyed breakers: one breaker per dependency, in a bounded map.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_classify::{BoxError, Classify};
@@ -12,24 +11,51 @@ use tower_service::Service;
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
 use crate::layer::Builder;
-use crate::state::{Breaker, Settings, State};
+use crate::registry::Registry;
 
 /// One breaker per key, computed from each request by a key function: a host,
 /// a route, a `channel:connector` pair. A dependency that fails opens only its
 /// own breaker; the others keep passing.
 ///
+/// # Bounds
+///
 /// The map is bounded at [`max_breakers`](Builder::max_breakers). A new key
 /// beyond that evicts the least recently used breaker that is **closed**:
 /// evicting an open breaker would re-admit full load to a dependency known to
-/// be broken. Only when every breaker is open (or half-open) does plain LRU
-/// apply, with a `tracing` warning. A breaker an operator forced open or
-/// closed is never evicted; when every breaker is forced, a new key gets a
-/// breaker of its own for that call that is not kept. State is per process.
+/// be broken. Only when no breaker is closed does an open (or half-open) one
+/// go, the least recently used, with a `tracing` warning. A breaker an
+/// operator forced open or closed is never evicted; when every breaker is
+/// forced, a new key gets a breaker of its own for that call that is not
+/// kept. State is per process.
+///
+/// "Least recently used" is approximated the way the CLOCK page-replacement
+/// algorithm does it, so that choosing a victim costs O(1) amortised
+/// whatever `max_breakers` is: breakers wait in insertion order, and one
+/// that was used since it joined the line goes to the back once instead of
+/// being evicted. A key flood costs the same per key with 100 breakers as
+/// with 100 000.
+///
+/// # Cost per call
 ///
 /// The key function sees `&Req` and returns anything that is `AsRef<str>`:
-/// return a `&'static str` or a cheap clone (an `http::uri::Authority`) where
-/// you can, since it runs on every call. The map lookup takes a short lock;
-/// the breakers themselves are lock-free as in [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
+/// return a `&'static str` or a cheap clone (an `Arc<str>`, an
+/// `http::uri::Authority`) where you can, since it runs on every call. A call
+/// for a known key looks it up in one of 16 shards under that shard's read
+/// lock (no lock is shared by every call, and nothing is allocated); the
+/// breakers themselves are lock-free as in
+/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer). A new key builds its
+/// breaker before taking any lock, then takes the lock that serialises
+/// inserts and evictions.
+///
+/// # Metrics
+///
+/// Each breaker registers its metric handles once, when it is created (with
+/// the recorder installed at that moment), and updates them without a
+/// lookup. By default every breaker of the layer is labelled with the
+/// layer's [name](Builder::name), so the exporter's series stay few whatever
+/// the keys; [`Builder::metrics_label`] labels them by key or by a bounded
+/// function of it (see [`MetricsLabel`](crate::MetricsLabel) for the
+/// cardinality rule).
 ///
 /// ```
 /// use tower::{service_fn, Layer, ServiceExt};
@@ -173,148 +199,5 @@ where
             }
             Err(open) => ResponseFuture::rejected(open),
         }
-    }
-}
-
-/// The breakers of one layer, by key. A plain layer's registry holds its one
-/// breaker (under the layer's name) so the admin handle treats both alike.
-pub(crate) struct Registry {
-    settings: Arc<Settings>,
-    map: Mutex<Map>,
-}
-
-#[derive(Default)]
-struct Map {
-    entries: HashMap<Arc<str>, Entry>,
-    /// A logical clock for LRU: bumped on every lookup.
-    tick: u64,
-}
-
-struct Entry {
-    breaker: Arc<Breaker>,
-    last_used: u64,
-}
-
-impl fmt::Debug for Registry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registry")
-            .field("breakers", &self.lock().entries.len())
-            .field("max_breakers", &self.settings.max_breakers)
-            .finish()
-    }
-}
-
-impl Registry {
-    pub(crate) fn new(settings: Arc<Settings>) -> Self {
-        Registry {
-            settings,
-            map: Mutex::new(Map::default()),
-        }
-    }
-
-    /// The registry of a plain (unkeyed) layer and its one breaker.
-    pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
-        let registry = Registry::new(Arc::clone(&settings));
-        let breaker = Arc::new(Breaker::new(Arc::clone(&settings.name), settings));
-        registry.lock().entries.insert(
-            Arc::clone(&breaker.key),
-            Entry {
-                breaker: Arc::clone(&breaker),
-                last_used: 0,
-            },
-        );
-        (registry, breaker)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Map> {
-        // A panic elsewhere while holding the lock leaves the map consistent
-        // (every mutation is a single insert or remove), so keep serving.
-        self.map
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The breaker for `key`, created (and a victim evicted) when new.
-    pub(crate) fn breaker(&self, key: &str) -> Arc<Breaker> {
-        let mut map = self.lock();
-        map.tick += 1;
-        let tick = map.tick;
-        if let Some(entry) = map.entries.get_mut(key) {
-            entry.last_used = tick;
-            return Arc::clone(&entry.breaker);
-        }
-        let full = map.entries.len() >= self.settings.max_breakers;
-        let key: Arc<str> = Arc::from(key);
-        let breaker = Arc::new(Breaker::new(Arc::clone(&key), Arc::clone(&self.settings)));
-        if full && !self.evict(&mut map) {
-            // Every breaker is an operator's: none may go, and the map may
-            // not grow. This call gets a fresh breaker that is not kept.
-            return breaker;
-        }
-        map.entries.insert(
-            key,
-            Entry {
-                breaker: Arc::clone(&breaker),
-                last_used: tick,
-            },
-        );
-        breaker
-    }
-
-    /// Evicts the least recently used closed breaker; only when there is none,
-    /// the least recently used open one, with a warning. Never a forced one:
-    /// `false` when every breaker is forced. A linear scan: it runs only when
-    /// a new key arrives at a full map.
-    fn evict(&self, map: &mut Map) -> bool {
-        let lru = |closed_only: bool| {
-            map.entries
-                .iter()
-                .filter(|(_, entry)| {
-                    let state = entry.breaker.state();
-                    !matches!(state, State::ForcedOpen | State::ForcedClosed)
-                        && (!closed_only || !state.is_open())
-                })
-                .min_by_key(|(_, entry)| entry.last_used)
-                .map(|(key, _)| Arc::clone(key))
-        };
-        let victim = match lru(true) {
-            Some(victim) => {
-                tracing::debug!(breaker = &*victim, "evicting closed circuit breaker");
-                victim
-            }
-            None => {
-                let Some(victim) = lru(false) else {
-                    tracing::warn!(
-                        max_breakers = self.settings.max_breakers,
-                        "every circuit breaker is forced by an operator; a new key's breaker is not kept"
-                    );
-                    return false;
-                };
-                tracing::warn!(
-                    breaker = &*victim,
-                    max_breakers = self.settings.max_breakers,
-                    "every circuit breaker is open; evicting the least recently used open one, \
-                     which re-admits load to its dependency"
-                );
-                victim
-            }
-        };
-        map.entries.remove(&victim);
-        true
-    }
-
-    pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {
-        self.lock()
-            .entries
-            .get(key)
-            .map(|entry| Arc::clone(&entry.breaker))
-    }
-
-    pub(crate) fn all(&self) -> Vec<Arc<Breaker>> {
-        self.lock()
-            .entries
-            .values()
-            .map(|entry| Arc::clone(&entry.breaker))
-            .collect()
     }
 }

@@ -8,8 +8,10 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
-use crate::keyed::{KeyedCircuitBreakerLayer, Registry};
+use crate::instruments::MetricsLabel;
+use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
+use crate::registry::Registry;
 use crate::service::CircuitBreaker;
 use crate::state::{Breaker, CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 
@@ -123,12 +125,15 @@ impl Builder {
                 on_state_change: Vec::new(),
                 on_call: Vec::new(),
                 max_breakers: 1_000,
+                metrics_label: MetricsLabel::layer_name(),
             },
         }
     }
 
     /// The breaker's name in logs, metrics labels (`breaker="…"`) and the
-    /// admin handle (default `"default"`). Keyed breakers use their keys.
+    /// admin handle (default `"default"`). Keyed breakers use their keys in
+    /// logs and the admin handle, and the name as their metrics label unless
+    /// [`metrics_label`](Self::metrics_label) says otherwise.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.settings.name = name.into();
         self
@@ -269,6 +274,23 @@ impl Builder {
     pub fn max_breakers(mut self, max: usize) -> Self {
         self.settings.max_breakers = max;
         self
+    }
+
+    /// What the `breaker` label of each keyed breaker's metrics says:
+    /// [`MetricsLabel::layer_name()`] (the default: every key shares the
+    /// layer's [name](Self::name)), [`MetricsLabel::mapped`] (a function of
+    /// the key with a small, fixed set of values) or [`MetricsLabel::key()`]
+    /// (the key itself). See [`MetricsLabel`] for the cardinality each one
+    /// costs an exporter. A plain breaker is always labelled with the name.
+    pub fn metrics_label(mut self, label: MetricsLabel) -> Self {
+        self.settings.metrics_label = label;
+        self
+    }
+
+    /// The settings as built, for the crate's unit tests.
+    #[cfg(test)]
+    pub(crate) fn into_settings(self) -> Settings {
+        self.settings
     }
 
     fn validate(&self) -> Result<(), ConfigError> {

@@ -197,7 +197,10 @@
 //!
 //! [`KeyedCircuitBreakerLayer`] keeps one breaker per key (a host, a route, a
 //! `channel:connector` pair) in a map bounded at
-//! [`max_breakers`](Builder::max_breakers), evicting closed breakers first.
+//! [`max_breakers`](Builder::max_breakers), evicting closed breakers first
+//! (least recently used, approximated in O(1)), open ones only when none is
+//! closed, forced ones never. A call for a known key takes no lock shared
+//! with other keys; its metrics are labelled per [`MetricsLabel`].
 //!
 //! # Rolling out
 //!
@@ -209,7 +212,11 @@
 //!
 //! Every state change is a `tracing` event (`warn` when opening, `info`
 //! otherwise) and calls the [state-change callback](Builder::on_state_change).
-//! Metrics go through the `metrics` facade, labelled `breaker="<key>"`:
+//! Metrics go through the `metrics` facade, labelled `breaker="<name>"` (a
+//! keyed layer's breakers share the layer's name unless
+//! [`metrics_label`](Builder::metrics_label) says otherwise). Each breaker
+//! registers its handles when it is created, with the recorder installed at
+//! that moment: install the recorder before building the layer.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
@@ -260,14 +267,17 @@ mod admin_router;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
+mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]
 mod grpc;
 #[cfg(feature = "http")]
 mod http;
+mod instruments;
 mod keyed;
 mod layer;
 mod policy;
+mod registry;
 mod service;
 mod state;
 mod sync;
@@ -280,6 +290,7 @@ pub use self::error::CircuitOpen;
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
+pub use self::instruments::MetricsLabel;
 pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};

@@ -18,6 +18,9 @@
 //!   later half-open breaker, nor can a stale probe reopen a fresh one.
 
 use std::fmt;
+use std::sync::atomic::{
+    AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, Ordering as StdOrdering,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +28,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CircuitOpen;
+use crate::eviction::ClosedNotices;
+use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use tower_classify::Outcome;
@@ -189,6 +194,7 @@ pub(crate) struct Settings {
     pub(crate) on_state_change: Vec<Callback>,
     pub(crate) on_call: Vec<CallCallback>,
     pub(crate) max_breakers: usize,
+    pub(crate) metrics_label: MetricsLabel,
 }
 
 impl fmt::Debug for Settings {
@@ -209,6 +215,7 @@ impl fmt::Debug for Settings {
             .field("on_state_change", &self.on_state_change.len())
             .field("on_call", &self.on_call.len())
             .field("max_breakers", &self.max_breakers)
+            .field("metrics_label", &self.metrics_label)
             .finish()
     }
 }
@@ -370,6 +377,19 @@ pub(crate) struct Breaker {
     rejected: AtomicU64,
     opened: AtomicU64,
     changed: Option<Arc<Notify>>,
+    instruments: Instruments,
+    /// Evicted from its registry (or never kept): it stops reporting its
+    /// state, so a late result cannot bring back an evicted key's series.
+    /// The registry's bookkeeping, not part of the state machine: `std`'s
+    /// atomics even under loom.
+    retired: StdAtomicBool,
+    /// The registry's coarse clock when this breaker was last looked up;
+    /// see `Registry::breaker`.
+    pub(crate) last_used: StdAtomicU64,
+    /// A keyed breaker's registry, told when the breaker closes again.
+    closed_notices: Option<Arc<ClosedNotices>>,
+    /// A notice is posted and not yet read.
+    pub(crate) notice_posted: StdAtomicBool,
 }
 
 impl fmt::Debug for Breaker {
@@ -382,14 +402,23 @@ impl fmt::Debug for Breaker {
 }
 
 impl Breaker {
-    pub(crate) fn new(key: Arc<str>, settings: Arc<Settings>) -> Self {
+    /// A closed breaker for `key`, reporting through `instruments`. Its state
+    /// gauge is written only once the registry keeps it
+    /// ([`publish`](Self::publish)): a breaker built for a key another call
+    /// inserted first is dropped without a word.
+    pub(crate) fn new(
+        key: Arc<str>,
+        settings: Arc<Settings>,
+        instruments: Instruments,
+        closed_notices: Option<Arc<ClosedNotices>>,
+    ) -> Self {
         let window = match settings.policy {
             Policy::FailureRate { window, .. } => {
                 Some(WindowState::new(window, settings.slow_call_rate.is_some()))
             }
             Policy::ConsecutiveFailures { .. } => None,
         };
-        let breaker = Breaker {
+        Breaker {
             key,
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
@@ -409,9 +438,26 @@ impl Breaker {
             failures: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             opened: AtomicU64::new(0),
-        };
-        breaker.gauge(State::Closed);
-        breaker
+            instruments,
+            retired: StdAtomicBool::new(false),
+            last_used: StdAtomicU64::new(0),
+            closed_notices,
+            notice_posted: StdAtomicBool::new(false),
+        }
+    }
+
+    /// Reports the state of a breaker the registry now keeps, when its
+    /// label is its own (a new breaker must not hide the state of another
+    /// breaker sharing the label).
+    pub(crate) fn publish(&self) {
+        self.instruments.publish(self.state());
+    }
+
+    /// The registry let go of this breaker (evicted, or never kept). Calls
+    /// still in flight may finish on it; it no longer reports its state.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, StdOrdering::Relaxed);
+        self.instruments.retire();
     }
 
     #[inline]
@@ -515,8 +561,7 @@ impl Breaker {
     ) -> Result<Permit, CircuitOpen> {
         if self.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
-            metrics::counter!("tower_breaker_would_reject_total", "breaker" => self.key.to_string())
-                .increment(1);
+            self.instruments.would_reject.increment(1);
             return Ok(self.permit(word.epoch(), false));
         }
         Err(self.rejection(remaining))
@@ -525,8 +570,7 @@ impl Breaker {
     /// Counts and builds one refusal.
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("tower_breaker_rejected_total", "breaker" => self.key.to_string())
-            .increment(1);
+        self.instruments.rejected.increment(1);
         self.call_event(CallKind::Rejected(remaining), None);
         CircuitOpen::new(Arc::clone(&self.key), remaining)
     }
@@ -857,10 +901,16 @@ impl Breaker {
         self.since.store(self.offset(now), Ordering::Release);
         if to == State::Open {
             self.opened.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("tower_breaker_opened_total", "breaker" => self.key.to_string())
-                .increment(1);
+            self.instruments.opened.increment(1);
         }
         self.gauge(to);
+        if to == State::Closed && from != State::Closed {
+            if let Some(notices) = &self.closed_notices {
+                if !self.notice_posted.swap(true, StdOrdering::Relaxed) {
+                    notices.post(&self.key);
+                }
+            }
+        }
         let key = &*self.key;
         match to {
             State::Open | State::ForcedOpen => tracing::warn!(
@@ -898,8 +948,9 @@ impl Breaker {
     }
 
     fn gauge(&self, state: State) {
-        metrics::gauge!("tower_breaker_state", "breaker" => self.key.to_string())
-            .set(state.gauge_value());
+        if !self.retired.load(StdOrdering::Relaxed) {
+            self.instruments.set_state(state);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> crate::admin::BreakerSnapshot {

@@ -83,3 +83,48 @@ fn invalid_values_name_their_field() {
     );
     assert_eq!(field(r#"{"max_breakers": 0}"#), "max_breakers");
 }
+
+/// `metrics_label_per_key` labels each keyed breaker's metrics with its key;
+/// without it, they carry the layer's name.
+#[test]
+fn metrics_label_per_key_labels_keyed_breakers_by_key() {
+    use futures_util::FutureExt;
+    use metrics_util::debugging::DebuggingRecorder;
+    use tower::{service_fn, Layer, Service};
+
+    let state_labels = |json: &str| {
+        let config = parse(json).unwrap();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let layer = config
+                .builder()
+                .unwrap()
+                .build_keyed(ErrorChainClassifier::new(), |req: &&'static str| *req)
+                .unwrap();
+            let mut svc = layer.layer(service_fn(|_: &'static str| async {
+                Ok::<_, std::io::Error>(())
+            }));
+            svc.call("crm.example").now_or_never().unwrap().unwrap();
+        });
+        let mut labels: Vec<String> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "tower_breaker_state")
+            .flat_map(|(key, ..)| {
+                key.key()
+                    .labels()
+                    .map(|label| label.value().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        labels.sort();
+        labels
+    };
+    assert_eq!(
+        state_labels(r#"{"name": "upstreams", "metrics_label_per_key": true}"#),
+        ["crm.example"]
+    );
+    assert_eq!(state_labels(r#"{"name": "upstreams"}"#), ["upstreams"]);
+}

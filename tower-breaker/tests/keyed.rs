@@ -1,5 +1,6 @@
 //! Keyed breakers: one breaker per key, a bounded map, closed-first eviction.
 
+use std::collections::HashMap;
 use std::future::{ready, Ready};
 use std::io;
 
@@ -170,4 +171,101 @@ fn forced_breakers_survive_any_number_of_new_keys() {
     }
     assert_eq!(handle.list().len(), 3);
     assert!(handle.get("late-0").is_none());
+}
+
+/// A breaker that closes again by itself (its probe succeeded) while queued
+/// among open ones is a closed victim like any other: the eviction order
+/// learns of it, and an older open breaker stays.
+#[test]
+fn a_breaker_that_recovered_is_evicted_before_an_older_open_one() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(std::time::Duration::ZERO)
+        .max_breakers(3)
+        .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(service_fn(|(_, fails): Req| {
+        ready(if fails {
+            Err(io::Error::from(io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(())
+        })
+    }));
+    let mut send = |key, fails| call(&mut svc, (key, fails));
+    for key in ["a", "b", "c"] {
+        send(key, true).unwrap_err(); // all open
+    }
+    send("d", false).unwrap(); // every breaker open: `a`, the oldest, goes
+    send("d", true).unwrap_err(); // `d` opens too
+    send("c", false).unwrap(); // the probe succeeds: `c` closes
+    send("e", false).unwrap();
+    assert_eq!(
+        keys(&handle),
+        [
+            ("b".to_owned(), State::Open),
+            ("d".to_owned(), State::Open),
+            ("e".to_owned(), State::Closed)
+        ],
+        "the recovered breaker went, not the older open one"
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Call(usize, bool),
+    ForceOpen(usize),
+    ForceClosed(usize),
+    Reset(usize),
+}
+
+const NAMES: [&str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    let key = 0..NAMES.len();
+    prop_oneof![
+        6 => (key.clone(), any::<bool>()).prop_map(|(k, fails)| Op::Call(k, fails)),
+        1 => key.clone().prop_map(Op::ForceOpen),
+        1 => key.clone().prop_map(Op::ForceClosed),
+        1 => key.prop_map(Op::Reset),
+    ]
+}
+
+proptest::proptest! {
+    /// The eviction rule under any sequence of calls and operator actions:
+    /// the map stays bounded, a forced breaker is never evicted, an open one
+    /// only when no closed one was left, and at most one per new key.
+    #[test]
+    fn eviction_spares_forced_breakers_and_takes_open_ones_last(
+        ops in proptest::collection::vec(op(), 1..80)
+    ) {
+        let (mut svc, handle) = keyed(4);
+        for op in ops {
+            let before: HashMap<String, State> = keys(&handle).into_iter().collect();
+            match op {
+                Op::Call(k, fails) => drop(call(&mut svc, (NAMES[k], fails))),
+                Op::ForceOpen(k) => drop(handle.force_open(NAMES[k])),
+                Op::ForceClosed(k) => drop(handle.force_closed(NAMES[k])),
+                Op::Reset(k) => drop(handle.reset(NAMES[k])),
+            }
+            let after: HashMap<String, State> = keys(&handle).into_iter().collect();
+            proptest::prop_assert!(after.len() <= 4);
+            let gone: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
+            proptest::prop_assert!(gone.len() <= 1, "{gone:?}");
+            for key in gone {
+                let state = before[key];
+                proptest::prop_assert!(
+                    !matches!(state, State::ForcedOpen | State::ForcedClosed),
+                    "evicted {key}, forced"
+                );
+                if state.is_open() {
+                    proptest::prop_assert!(
+                        !before.values().any(|s| *s == State::Closed),
+                        "evicted open {key} while a closed breaker was left: {before:?}"
+                    );
+                }
+            }
+        }
+    }
 }

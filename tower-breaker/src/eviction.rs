@@ -1,0 +1,303 @@
+//! Which breaker a new key replaces when the registry is full, in amortised
+//! O(1): closed breakers first, least recently used first, open ones only when
+//! no closed one is left, forced ones never.
+//!
+//! # How
+//!
+//! Two queues of breakers, *closed* and *open*, are intrusive doubly linked
+//! lists over a slab, so joining, leaving and moving between them is O(1).
+//! A breaker joins the closed queue's tail when it is created. A call for an
+//! existing key does not touch the queues (that would need their lock on
+//! every call): it only stamps the breaker with the registry's coarse clock
+//! (bumped once per new key). When a victim is needed, the head of the closed
+//! queue is examined:
+//!
+//! - stamped since it joined: it was used, so it goes to the tail again with
+//!   a fresh join time (second chance, as in the CLOCK page-replacement
+//!   algorithm, which approximates LRU);
+//! - open or half-open now: it moves to the open queue;
+//! - forced by an operator: it is *parked*, in no queue, until a reset (the
+//!   admin handle tells the registry, which puts it back);
+//! - otherwise it is the victim.
+//!
+//! Only when the closed queue is empty is the open queue examined the same
+//! way. A breaker in the open queue that closes again (its probes
+//! succeeded, or an operator reset it) posts a [`ClosedNotices`] notice,
+//! and the queues move it back before the next victim is chosen: the open
+//! queue's head is never taken while a closed breaker waits behind it. Every step but the last
+//! consumes something that happened since the breaker's previous step — a
+//! use, a state change, a force — so the work per new key is O(1) amortised
+//! over the calls and state changes it follows, whatever `max_breakers` is.
+//! State changes that race the examination cannot make it loop: after
+//! `2 × len` steps, breakers are no longer moved or given a second chance.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use crate::state::{Breaker, State};
+
+const NIL: usize = usize::MAX;
+
+/// The registry's eviction order; see the module docs. Lives under the
+/// registry's insert lock.
+pub(crate) struct EvictionQueues {
+    nodes: Vec<Node>,
+    /// Slab slots free for reuse.
+    free: Vec<usize>,
+    closed: List,
+    open: List,
+    /// Breakers held (queued or parked).
+    len: usize,
+}
+
+struct Node {
+    /// `None` while the slot is free.
+    breaker: Option<Arc<Breaker>>,
+    prev: usize,
+    next: usize,
+    queue: Queue,
+    /// The clock when the breaker joined its queue: a later stamp means it
+    /// was used since.
+    joined: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Queue {
+    Closed,
+    Open,
+    /// Forced by an operator: in no queue, never a victim.
+    Parked,
+    Free,
+}
+
+#[derive(Clone, Copy)]
+struct List {
+    head: usize,
+    tail: usize,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+    };
+}
+
+/// The keys of a registry's breakers that closed again (probes succeeded,
+/// or an operator reset them) since the eviction queues last looked. A breaker
+/// posts at most one notice until it is read, so there are never more than
+/// `max_breakers` of them.
+#[derive(Default)]
+pub(crate) struct ClosedNotices {
+    keys: Mutex<Vec<Arc<str>>>,
+}
+
+impl ClosedNotices {
+    /// Called on the state change, by the call (or operator) that made it.
+    pub(crate) fn post(&self, key: &Arc<str>) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Arc::clone(key));
+    }
+
+    pub(crate) fn take(&self) -> Vec<Arc<str>> {
+        std::mem::take(
+            &mut *self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+}
+
+/// The breaker chosen to make room.
+pub(crate) enum Victim {
+    /// The least recently used closed breaker.
+    Closed(Arc<Breaker>),
+    /// No breaker is closed: the least recently used open (or half-open) one.
+    Open(Arc<Breaker>),
+    /// Every breaker is forced by an operator.
+    None,
+}
+
+impl EvictionQueues {
+    pub(crate) fn new() -> Self {
+        EvictionQueues {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            closed: List::EMPTY,
+            open: List::EMPTY,
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds a new breaker at the closed queue's tail; returns its node, which
+    /// names it to [`unpark`](Self::unpark).
+    pub(crate) fn insert(&mut self, breaker: Arc<Breaker>, now: u64) -> usize {
+        let node = Node {
+            breaker: Some(breaker),
+            prev: NIL,
+            next: NIL,
+            queue: Queue::Free,
+            joined: now,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.nodes[id] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        };
+        self.len += 1;
+        self.push(id, Queue::Closed, now);
+        id
+    }
+
+    /// Puts a breaker an operator no longer forces back in line, as if just
+    /// used. A no-op unless `node` still holds `breaker` and it is parked.
+    pub(crate) fn unpark(&mut self, node: usize, breaker: &Arc<Breaker>, now: u64) {
+        let Some(entry) = self.nodes.get(node) else {
+            return;
+        };
+        let same = entry
+            .breaker
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, breaker));
+        if same && entry.queue == Queue::Parked {
+            self.push(node, Queue::Closed, now);
+        }
+    }
+
+    /// Moves a breaker that posted a [`ClosedNotices`] notice from the open
+    /// queue back to the closed one, keeping its join time. A no-op unless
+    /// `node` still holds `breaker`, queued as open, and it is closed now.
+    pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
+        let Some(entry) = self.nodes.get(node) else {
+            return;
+        };
+        let same = entry
+            .breaker
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, breaker));
+        if same && entry.queue == Queue::Open && breaker.state() == State::Closed {
+            let joined = entry.joined;
+            self.unlink(node);
+            self.push(node, Queue::Closed, joined);
+        }
+    }
+
+    /// Chooses and removes a victim; see the module docs.
+    pub(crate) fn evict(&mut self, now: u64) -> Victim {
+        // Past this many steps, stop moving breakers between queues and
+        // giving second chances: each step then parks or evicts.
+        let mut patience = self.len.saturating_mul(2).saturating_add(2);
+        loop {
+            let patient = patience > 0;
+            patience = patience.saturating_sub(1);
+            let (id, from) = match (self.closed.head, self.open.head) {
+                (NIL, NIL) => return Victim::None,
+                (NIL, id) => (id, Queue::Open),
+                (id, _) => (id, Queue::Closed),
+            };
+            let node = &self.nodes[id];
+            let breaker = node
+                .breaker
+                .as_ref()
+                .expect("a queued node holds a breaker");
+            let state = breaker.state();
+            if matches!(state, State::ForcedOpen | State::ForcedClosed) {
+                self.unlink(id);
+                self.nodes[id].queue = Queue::Parked;
+                continue;
+            }
+            if patient {
+                let belongs = if state.is_open() {
+                    Queue::Open
+                } else {
+                    Queue::Closed
+                };
+                if belongs != from {
+                    // Keeps its join time: moving is not a use.
+                    let joined = node.joined;
+                    self.unlink(id);
+                    self.push(id, belongs, joined);
+                    continue;
+                }
+                if breaker.last_used.load(Ordering::Relaxed) > node.joined {
+                    self.unlink(id);
+                    self.push(id, from, now);
+                    continue;
+                }
+            }
+            let breaker = self.remove(id);
+            return if state.is_open() {
+                Victim::Open(breaker)
+            } else {
+                Victim::Closed(breaker)
+            };
+        }
+    }
+
+    fn list(&mut self, queue: Queue) -> &mut List {
+        match queue {
+            Queue::Closed => &mut self.closed,
+            Queue::Open => &mut self.open,
+            Queue::Parked | Queue::Free => unreachable!("{queue:?} is not a list"),
+        }
+    }
+
+    fn push(&mut self, id: usize, queue: Queue, joined: u64) {
+        let tail = self.list(queue).tail;
+        {
+            let node = &mut self.nodes[id];
+            node.prev = tail;
+            node.next = NIL;
+            node.queue = queue;
+            node.joined = joined;
+        }
+        match tail {
+            NIL => self.list(queue).head = id,
+            tail => self.nodes[tail].next = id,
+        }
+        self.list(queue).tail = id;
+    }
+
+    /// Takes `id` out of its list (a no-op when parked).
+    fn unlink(&mut self, id: usize) {
+        let Node {
+            prev, next, queue, ..
+        } = self.nodes[id];
+        if !matches!(queue, Queue::Closed | Queue::Open) {
+            return;
+        }
+        match prev {
+            NIL => self.list(queue).head = next,
+            prev => self.nodes[prev].next = next,
+        }
+        match next {
+            NIL => self.list(queue).tail = prev,
+            next => self.nodes[next].prev = prev,
+        }
+        let node = &mut self.nodes[id];
+        node.prev = NIL;
+        node.next = NIL;
+    }
+
+    fn remove(&mut self, id: usize) -> Arc<Breaker> {
+        self.unlink(id);
+        let node = &mut self.nodes[id];
+        node.queue = Queue::Free;
+        let breaker = node.breaker.take().expect("a held node has a breaker");
+        self.free.push(id);
+        self.len -= 1;
+        breaker
+    }
+}

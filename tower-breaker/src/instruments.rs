@@ -1,0 +1,163 @@
+//! The metric handles each breaker holds, and what its `breaker` label says.
+//!
+//! Handles are registered once, when a breaker is created, and kept in the
+//! breaker: a call, a rejection or a state change updates a handle and never
+//! looks the series up in the recorder (no label `String`, no registry
+//! lookup on the hot path).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use metrics::{Counter, Gauge, SharedString};
+
+use crate::state::State;
+
+/// What the `breaker` label of a keyed breaker's metrics says: the layer's
+/// [name](crate::Builder::name) (the default), a label computed from the key
+/// by a function whose values form a small, fixed set, or the key itself.
+/// Set it with [`Builder::metrics_label`](crate::Builder::metrics_label).
+///
+/// # Cardinality
+///
+/// Every distinct label value is a set of series in the exporter (the state
+/// gauge and three counters), and the `metrics` facade has no way to remove
+/// a series once an exporter has seen it. So:
+///
+/// - [`layer_name`](Self::layer_name) (default): one label value per layer,
+///   whatever the keys. The counters add up over every key; the state gauge
+///   shows the latest state change of any of them. Per-key state is in the
+///   [admin handle](crate::BreakerHandle).
+/// - [`mapped`](Self::mapped): one label value per value the function
+///   returns. **The caller promises that set is small and fixed** — a tier, a
+///   region, a connector kind — never something derived from untrusted input
+///   (a host name a client sent, a tenant id).
+/// - [`key`](Self::key): one label value per key ever seen. The registry
+///   keeps at most `max_breakers` breakers, and an evicted breaker's state
+///   gauge is set back to closed (`0`) and its handles dropped, so at most
+///   `max_breakers` series per metric are *live*. An exporter still keeps the
+///   series of every key it ever saw unless it expires idle series (for
+///   example `metrics-exporter-prometheus`' `idle_timeout`); an evicted
+///   breaker's series are never updated again, so they expire. Use it for
+///   keys that come from configuration, not from requests.
+///
+/// A plain (unkeyed) breaker's key is the layer's name: every choice labels
+/// it with the name.
+#[derive(Clone)]
+pub struct MetricsLabel {
+    rule: LabelRule,
+}
+
+/// A key's label, as [`MetricsLabel::mapped`] computes it.
+type LabelMapper = Arc<dyn Fn(&str) -> Cow<'static, str> + Send + Sync>;
+
+#[derive(Clone)]
+enum LabelRule {
+    LayerName,
+    Key,
+    Mapped(LabelMapper),
+}
+
+impl MetricsLabel {
+    /// Every breaker of the layer is labelled with the layer's name (the default).
+    pub fn layer_name() -> Self {
+        MetricsLabel {
+            rule: LabelRule::LayerName,
+        }
+    }
+
+    /// Each breaker is labelled with its key. See the cardinality rule above:
+    /// only for keys from a bounded, trusted set, or with an exporter that
+    /// expires idle series.
+    pub fn key() -> Self {
+        MetricsLabel {
+            rule: LabelRule::Key,
+        }
+    }
+
+    /// Each breaker is labelled with `map(key)`, called once when the breaker
+    /// is created. The values must form a small, fixed set: breakers sharing
+    /// a label share its series.
+    pub fn mapped<F, L>(map: F) -> Self
+    where
+        F: Fn(&str) -> L + Send + Sync + 'static,
+        L: Into<Cow<'static, str>>,
+    {
+        MetricsLabel {
+            rule: LabelRule::Mapped(Arc::new(move |key| map(key).into())),
+        }
+    }
+
+    /// The label value for the breaker of `key` in the layer named `name`,
+    /// and whether that label is the breaker's own (no other breaker can
+    /// share it).
+    pub(crate) fn label_for(&self, name: &Arc<str>, key: &Arc<str>) -> (SharedString, bool) {
+        match &self.rule {
+            LabelRule::LayerName => (SharedString::from(Arc::clone(name)), false),
+            LabelRule::Key => (SharedString::from(Arc::clone(key)), true),
+            LabelRule::Mapped(map) => (SharedString::from(map(key)), false),
+        }
+    }
+}
+
+impl Default for MetricsLabel {
+    fn default() -> Self {
+        Self::layer_name()
+    }
+}
+
+impl fmt::Debug for MetricsLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.rule {
+            LabelRule::LayerName => "MetricsLabel::layer_name()",
+            LabelRule::Key => "MetricsLabel::key()",
+            LabelRule::Mapped(_) => "MetricsLabel::mapped(..)",
+        })
+    }
+}
+
+/// One breaker's metric handles, registered with the recorder installed when
+/// the breaker was created.
+pub(crate) struct Instruments {
+    state: Gauge,
+    pub(crate) opened: Counter,
+    pub(crate) rejected: Counter,
+    pub(crate) would_reject: Counter,
+    /// The label is this breaker's alone, so its gauge may be reset when
+    /// the breaker is evicted without hiding another breaker's state.
+    own_label: bool,
+}
+
+impl Instruments {
+    pub(crate) fn register(label: SharedString, own_label: bool) -> Self {
+        Instruments {
+            state: metrics::gauge!("tower_breaker_state", "breaker" => label.clone()),
+            opened: metrics::counter!("tower_breaker_opened_total", "breaker" => label.clone()),
+            rejected: metrics::counter!("tower_breaker_rejected_total", "breaker" => label.clone()),
+            would_reject: metrics::counter!("tower_breaker_would_reject_total", "breaker" => label),
+            own_label,
+        }
+    }
+
+    /// A state change.
+    pub(crate) fn set_state(&self, state: State) {
+        self.state.set(state.gauge_value());
+    }
+
+    /// The first state of a breaker its registry keeps.
+    pub(crate) fn publish(&self, state: State) {
+        if self.own_label {
+            self.set_state(state);
+        }
+    }
+
+    /// An evicted breaker's last word: with a label of its own, its gauge
+    /// goes back to closed, what a new breaker for the key would start at,
+    /// so a dashboard counting open breakers forgets it. A shared gauge is
+    /// left to the breakers still using it.
+    pub(crate) fn retire(&self) {
+        if self.own_label {
+            self.state.set(State::Closed.gauge_value());
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The breakers of one layer, by key: a sharded map for lookups and, beside
+//! it, the eviction order for new keys.
+//!
+//! A call for a key already present takes one shard's read lock (the shard
+//! chosen by the key's hash, so calls for other keys rarely meet) and stamps
+//! the breaker with a coarse clock, a relaxed atomic store that happens at
+//! most once per new key the registry has seen since. No lock is shared by
+//! every call. A new key builds its breaker (its window can be tens of KiB)
+//! before taking any lock, then takes the insert lock, which serialises
+//! changes to the map: it looks again (another call may have inserted the
+//! key meanwhile), evicts if the map is full ([`crate::eviction`], O(1)
+//! amortised) and inserts.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
+use crate::instruments::Instruments;
+use crate::state::{Breaker, Settings, State};
+
+/// Enough shards that calls from a few dozen cores seldom share one; few
+/// enough that listing every breaker stays cheap.
+const SHARDS: usize = 16;
+
+type Shard = HashMap<Arc<str>, Entry>;
+
+struct Entry {
+    breaker: Arc<Breaker>,
+    /// Its node in the eviction queues.
+    node: usize,
+}
+
+/// The breakers of one layer, by key. A plain layer's registry holds its one
+/// breaker (under the layer's name) so the admin handle treats both alike.
+pub(crate) struct Registry {
+    settings: Arc<Settings>,
+    shards: Box<[RwLock<Shard>]>,
+    hasher: RandomState,
+    /// Taken to add or evict a breaker (a new key) and by the admin handle's
+    /// resets; never by a call for a key already present.
+    queues: Mutex<EvictionQueues>,
+    /// The coarse clock of last-used stamps: one tick per new key.
+    clock: AtomicU64,
+    /// Breakers that closed again, for the eviction queues.
+    closed_notices: Arc<ClosedNotices>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let breakers: usize = (0..SHARDS).map(|shard| self.read(shard).len()).sum();
+        f.debug_struct("Registry")
+            .field("breakers", &breakers)
+            .field("max_breakers", &self.settings.max_breakers)
+            .finish()
+    }
+}
+
+impl Registry {
+    pub(crate) fn new(settings: Arc<Settings>) -> Self {
+        Registry {
+            settings,
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            hasher: RandomState::new(),
+            queues: Mutex::new(EvictionQueues::new()),
+            clock: AtomicU64::new(0),
+            closed_notices: Arc::default(),
+        }
+    }
+
+    /// The registry of a plain (unkeyed) layer and its one breaker, labelled
+    /// with the layer's name.
+    pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
+        let registry = Registry::new(Arc::clone(&settings));
+        let name = Arc::clone(&settings.name);
+        let instruments = Instruments::register(Arc::clone(&name).into(), true);
+        let breaker = Arc::new(Breaker::new(Arc::clone(&name), settings, instruments, None));
+        breaker.publish();
+        let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
+        let shard = registry.shard_of(&name);
+        registry.write(shard).insert(
+            name,
+            Entry {
+                breaker: Arc::clone(&breaker),
+                node,
+            },
+        );
+        (registry, breaker)
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        self.hasher.hash_one(key) as usize % SHARDS
+    }
+
+    // Every change to a shard or the queues is a single insert, remove or
+    // relink: a panic elsewhere while one is held leaves them consistent,
+    // so a poisoned lock keeps serving.
+
+    fn read(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
+        self.shards[shard]
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
+        self.shards[shard]
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_queues(&self) -> MutexGuard<'_, EvictionQueues> {
+        self.queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The breaker for `key`, created (and a victim evicted) when new.
+    pub(crate) fn breaker(&self, key: &str) -> Arc<Breaker> {
+        let shard = self.shard_of(key);
+        let found = self
+            .read(shard)
+            .get(key)
+            .map(|entry| Arc::clone(&entry.breaker));
+        match found {
+            Some(breaker) => {
+                self.touch(&breaker);
+                breaker
+            }
+            None => self.insert(key, shard),
+        }
+    }
+
+    /// Stamps a breaker used now. Loads first: the stamp changes once per
+    /// new key at most, and a store on every call would bounce the cache
+    /// line between cores.
+    fn touch(&self, breaker: &Breaker) {
+        let now = self.clock.load(Ordering::Relaxed);
+        if breaker.last_used.load(Ordering::Relaxed) < now {
+            breaker.last_used.store(now, Ordering::Relaxed);
+        }
+    }
+
+    #[cold]
+    fn insert(&self, key: &str, shard: usize) -> Arc<Breaker> {
+        let key: Arc<str> = Arc::from(key);
+        let (label, own_label) = self
+            .settings
+            .metrics_label
+            .label_for(&self.settings.name, &key);
+        // Built before any lock is taken: a failure-rate window allocates,
+        // and registering metric handles runs the recorder's code.
+        let instruments = Instruments::register(label, own_label);
+        let breaker = Arc::new(Breaker::new(
+            Arc::clone(&key),
+            Arc::clone(&self.settings),
+            instruments,
+            Some(Arc::clone(&self.closed_notices)),
+        ));
+
+        let mut queues = self.lock_queues();
+        // Every insert holds `queues`: what this read finds stays true until
+        // it is released.
+        if let Some(entry) = self.read(shard).get(&key) {
+            // Another call inserted the key while this one built a breaker.
+            let existing = Arc::clone(&entry.breaker);
+            drop(queues);
+            self.touch(&existing);
+            return existing;
+        }
+        let now = self.clock.load(Ordering::Relaxed);
+        if queues.len() >= self.settings.max_breakers {
+            self.read_closed_notices(&mut queues);
+            let evicted = match queues.evict(now) {
+                Victim::Closed(victim) => {
+                    tracing::debug!(breaker = &*victim.key, "evicting closed circuit breaker");
+                    victim
+                }
+                Victim::Open(victim) => {
+                    tracing::warn!(
+                        breaker = &*victim.key,
+                        max_breakers = self.settings.max_breakers,
+                        "every circuit breaker is open; evicting the least recently used open one, \
+                         which re-admits load to its dependency"
+                    );
+                    victim
+                }
+                Victim::None => {
+                    drop(queues);
+                    tracing::warn!(
+                        max_breakers = self.settings.max_breakers,
+                        "every circuit breaker is forced by an operator; a new key's breaker is not kept"
+                    );
+                    // Every breaker is an operator's: none may go, and the
+                    // map may not grow. This call gets a breaker of its own
+                    // that reports no state.
+                    breaker.retire();
+                    return breaker;
+                }
+            };
+            self.write(self.shard_of(&evicted.key))
+                .remove(&*evicted.key);
+            // Under the insert lock, so it cannot overwrite the state of a
+            // new breaker for the same key.
+            evicted.retire();
+        }
+        let node = queues.insert(Arc::clone(&breaker), now);
+        // Before the breaker is visible: nothing can have changed its state.
+        breaker.publish();
+        self.write(shard).insert(
+            key,
+            Entry {
+                breaker: Arc::clone(&breaker),
+                node,
+            },
+        );
+        // Calls from now on stamp a later time than any breaker's join time.
+        self.clock.store(now + 1, Ordering::Relaxed);
+        breaker
+    }
+
+    /// Moves the breakers that closed again back to the closed queue.
+    fn read_closed_notices(&self, queues: &mut EvictionQueues) {
+        for key in self.closed_notices.take() {
+            if let Some(entry) = self.read(self.shard_of(&key)).get(&key) {
+                // Cleared first: closing again after this posts again.
+                entry.breaker.notice_posted.store(false, Ordering::Relaxed);
+                queues.closed_again(entry.node, &entry.breaker);
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {
+        self.read(self.shard_of(key))
+            .get(key)
+            .map(|entry| Arc::clone(&entry.breaker))
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<Breaker>> {
+        (0..SHARDS)
+            .flat_map(|shard| {
+                self.read(shard)
+                    .values()
+                    .map(|entry| Arc::clone(&entry.breaker))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// An operator's transition for the breaker of `key`; `false` if there
+    /// is none. A breaker leaving a forced state may be evicted again.
+    pub(crate) fn force(&self, key: &str, to: State) -> bool {
+        let found = self
+            .read(self.shard_of(key))
+            .get(key)
+            .map(|entry| (Arc::clone(&entry.breaker), entry.node));
+        let Some(found) = found else {
+            return false;
+        };
+        self.force_all(&[found], to);
+        true
+    }
+
+    /// Resets every breaker; returns how many.
+    pub(crate) fn reset_all(&self) -> usize {
+        let all: Vec<_> = (0..SHARDS)
+            .flat_map(|shard| {
+                self.read(shard)
+                    .values()
+                    .map(|entry| (Arc::clone(&entry.breaker), entry.node))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        self.force_all(&all, State::Closed);
+        all.len()
+    }
+
+    fn force_all(&self, breakers: &[(Arc<Breaker>, usize)], to: State) {
+        // Outside the insert lock: a transition runs the state-change
+        // callbacks, which may call the service again.
+        for (breaker, _) in breakers {
+            breaker.force(to);
+        }
+        if !matches!(to, State::ForcedOpen | State::ForcedClosed) {
+            let now = self.clock.load(Ordering::Relaxed);
+            let mut queues = self.lock_queues();
+            for (breaker, node) in breakers {
+                queues.unpark(*node, breaker, now);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::layer::Builder;
+
+    fn registry(max: usize) -> Arc<Registry> {
+        let settings = Builder::new().max_breakers(max).into_settings();
+        Arc::new(Registry::new(Arc::new(settings)))
+    }
+
+    /// Looks `keys` up on another thread; `true` when it finished in time.
+    fn finishes(registry: &Arc<Registry>, keys: Vec<String>) -> bool {
+        let (done, finished) = mpsc::channel();
+        let registry = Arc::clone(registry);
+        thread::spawn(move || {
+            for key in &keys {
+                assert_eq!(&*registry.breaker(key).key, key.as_str());
+            }
+            let _ = done.send(());
+        });
+        finished.recv_timeout(Duration::from_secs(10)).is_ok()
+    }
+
+    /// Issue 13: a call for a known key takes neither the insert lock (held
+    /// here as a new key's insert would) nor the lock of another key's shard.
+    #[test]
+    fn a_known_key_is_found_while_the_insert_lock_and_another_shard_are_held() {
+        let registry = registry(64);
+        let keys: Vec<String> = (0..32).map(|n| format!("key-{n}")).collect();
+        for key in &keys {
+            registry.breaker(key);
+        }
+        let tick = registry.clock.load(Ordering::Relaxed);
+
+        let insert_lock = registry.lock_queues();
+        assert!(
+            finishes(&registry, keys.clone()),
+            "a lookup waited on the insert lock"
+        );
+        drop(insert_lock);
+
+        let held = registry.shard_of(&keys[0]);
+        let elsewhere: Vec<String> = keys
+            .iter()
+            .filter(|key| registry.shard_of(key) != held)
+            .cloned()
+            .collect();
+        assert!(!elsewhere.is_empty());
+        let shard_lock = registry.write(held);
+        assert!(
+            finishes(&registry, elsewhere),
+            "a lookup waited on another shard's lock"
+        );
+        drop(shard_lock);
+        assert_eq!(
+            registry.clock.load(Ordering::Relaxed),
+            tick,
+            "lookups of known keys inserted nothing"
+        );
+    }
+
+    /// A breaker built for a key that another call inserted meanwhile is
+    /// dropped; the one already kept is returned.
+    #[test]
+    fn an_insert_that_lost_the_race_returns_the_kept_breaker() {
+        let registry = registry(4);
+        let kept = registry.breaker("shared");
+        let shard = registry.shard_of("shared");
+        assert!(Arc::ptr_eq(&registry.insert("shared", shard), &kept));
+        assert_eq!(registry.all().len(), 1);
+        assert_eq!(registry.lock_queues().len(), 1);
+    }
+}
