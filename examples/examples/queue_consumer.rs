@@ -246,6 +246,9 @@ async fn main() -> Result<ExitCode, BoxError> {
                 println!("  {id}: failed again ({error}), kept with attempts={attempts}")
             }
             ReplayOutcome::NotFound => println!("  {id}: gone"),
+            ReplayOutcome::InProgress { .. } => {
+                println!("  {id}: another replay is sending it, skipped")
+            }
         }
         outcomes.insert(id, outcome);
     }

@@ -21,7 +21,7 @@ use http::Method;
 use tower_breaker::{CircuitOpen, State};
 use tower_classify::FailureKind;
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
-use tower_poison::{DeadLetterEntry, StoreFailed};
+use tower_poison::{DeadLetterEntry, StoreFull};
 
 use examples::client::HttpService;
 use examples::scripted::{Reply, ScriptedServer};
@@ -274,7 +274,7 @@ async fn nothing_lost_under_mixed_failures() {
 }
 
 /// The other half of "nothing lost": when the store cannot keep an entry (a
-/// full bounded store here), the call fails loudly with `StoreFailed` instead
+/// full bounded store here), the call fails loudly with `StoreFull` instead
 /// of the failure disappearing, so the caller (a queue consumer) knows not to
 /// acknowledge it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,8 +297,8 @@ async fn full_store_fails_calls_loudly() {
     for outcome in &outcomes[2..] {
         let error = outcome.as_ref().expect_err("the entry could not be kept");
         let failed = error
-            .downcast_ref::<StoreFailed>()
-            .unwrap_or_else(|| panic!("expected StoreFailed, got {error}"));
+            .downcast_ref::<StoreFull>()
+            .unwrap_or_else(|| panic!("expected StoreFull, got {error}"));
         assert!(
             failed.original().is_none(),
             "the call failed with a response"
