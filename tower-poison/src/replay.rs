@@ -17,9 +17,10 @@
 //!
 //! A crash between sending and removing leaves the entry claimed until the
 //! lease runs out, and then a later replay sends it again. For that case
-//! [`http_request`] sends the entry id as the `Idempotency-Key` when the
-//! request carried none, so a server that honours idempotency keys answers
-//! the second delivery from its first.
+//! [`http_request`] sends an `Idempotency-Key` made of the entry id and its
+//! attempt count (`<id>-<attempts>`) when the request carried none, so a
+//! server that honours idempotency keys answers the second delivery from its
+//! first.
 //!
 //! # A replay that fails again
 //!
@@ -304,10 +305,13 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
 /// `extra_headers`. `Host`, `Content-Length`, `Transfer-Encoding` and
 /// `Connection` are left for the client to set.
 ///
-/// The request carries [`REPLAY_HEADER`] with the entry id, and the entry id
-/// as its `Idempotency-Key` when the entry has none, so a server that honours
-/// idempotency keys delivers it once even when a crash makes a replay send it
-/// again (see the [module docs](self)).
+/// The request carries [`REPLAY_HEADER`] with the entry id, and
+/// `<entry id>-<attempts>` as its `Idempotency-Key` when the entry has none, so a server that honours idempotency keys delivers it once even when
+/// a crash makes a replay send it again (see the [module docs](self)). The
+/// attempt count is part of the key because a failed replay raises it: a
+/// server that keeps failed answers under their key (an idempotency guard
+/// keeps a 503 by default) then sees the next replay as a new request instead
+/// of answering it with the old failure.
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
 /// be a different request. So is one whose URI or body had a secret redacted
@@ -383,7 +387,8 @@ pub fn http_request(
         builder = builder.header(name, value);
     }
     if !has_key {
-        builder = builder.header(idempotency_key, entry_id.clone());
+        let key = HeaderValue::try_from(format!("{}-{}", entry.id, entry.attempts))?;
+        builder = builder.header(idempotency_key, key);
     }
     builder = builder.header(replay_header, entry_id);
     Ok(builder.body(Full::new(entry.body.clone()))?)

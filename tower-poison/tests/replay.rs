@@ -347,8 +347,15 @@ fn a_replay_carries_the_entry_id_as_idempotency_key_and_replay_mark() {
     let to: Uri = "http://replay.internal".parse().unwrap();
     let req = http_request(&e, &to, &[]).unwrap();
     let id = e.id.to_string();
-    assert_eq!(req.headers()["idempotency-key"], id.as_str());
+    assert_eq!(req.headers()["idempotency-key"], format!("{id}-2").as_str());
     assert_eq!(req.headers()[REPLAY_HEADER], id.as_str());
+
+    // A failed replay raised the attempt count: the next replay is a new
+    // request to a server that keeps failed answers under their key.
+    let mut failed_again = e.clone();
+    failed_again.attempts += 1;
+    let req = http_request(&failed_again, &to, &[]).unwrap();
+    assert_eq!(req.headers()["idempotency-key"], format!("{id}-3").as_str());
 
     // A key the original request carried is the one sent again.
     let mut keyed = entry();
