@@ -430,6 +430,14 @@ async fn replay_command(
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         return Err("--rate must be a positive number of requests per second".into());
     }
+    if args.lease < args.timeout {
+        return Err(format!(
+            "--lease {}s must be at least --timeout {}s: a request still in flight when its lease ends may be sent again by another replay",
+            args.lease.as_secs(),
+            args.timeout.as_secs()
+        )
+        .into());
+    }
     let ids = match args.id {
         Some(id) => vec![id],
         None => {
@@ -452,14 +460,6 @@ async fn replay_command(
         client: Client::builder(TokioExecutor::new()).build_http(),
         timeout: args.timeout,
     };
-    if args.lease < args.timeout {
-        return Err(format!(
-            "--lease {}s must be at least --timeout {}s: a request still in flight when its lease ends may be sent again by another replay",
-            args.lease.as_secs(),
-            args.timeout.as_secs()
-        )
-        .into());
-    }
     let replayer = Replayer::new(store).lease(args.lease);
     let classifier = HttpClassifier::new();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
