@@ -27,11 +27,12 @@
 //! [`http_request`] also marks the request with [`REPLAY_HEADER`] (the entry
 //! id). A [`DeadLetter`](crate::DeadLetter) layer in the service that receives
 //! it recognises the mark: when the replayed call fails there too, and its
-//! store holds that entry under the same label, the failure is added to the
-//! entry's history (attempts, last failure, error) instead of becoming a
-//! second entry. The entry's request is never replaced, so a caller that
-//! copies the header cannot overwrite what an entry holds; entry ids carry 64
-//! random bits, so it cannot guess another caller's either.
+//! store holds that entry under the same label *for the same request*
+//! (method, path and query, body), the failure is added to the entry's
+//! history (attempts, last failure, error) instead of becoming a second
+//! entry. Anything a caller could send with a copied mark is some other
+//! request, and is stored as a new entry: the mark can neither hide a failure
+//! nor rewrite an entry's request, so ids need not be secret.
 
 use std::fmt;
 use std::future::poll_fn;

@@ -429,11 +429,12 @@ where
     /// carried [`REPLAY_HEADER`]) continues that entry's history instead of
     /// starting a second entry.
     ///
-    /// Only the history is taken from the new failure; the stored request
-    /// stays as it was, so a caller that sends the header itself cannot
-    /// replace what an entry holds. An entry of another label, one the store
-    /// does not have, or a store that cannot be read: the failure is stored
-    /// as a new entry, so nothing is lost.
+    /// The mark is a claim the caller makes, so it is checked: the entry must
+    /// have this layer's label and the same request (method, path and query,
+    /// body, as stored). Anything else (another request carrying a copied
+    /// mark, an entry the store does not have, a store that cannot be read)
+    /// is stored as a new entry, so no failure is lost and no entry takes on
+    /// another request's history.
     async fn continue_replayed(&self, mut entry: DeadLetterEntry) -> DeadLetterEntry {
         let mut replay_of = None;
         entry.headers.retain(|header| {
@@ -447,7 +448,7 @@ where
             return entry;
         };
         match self.store.get(original).await {
-            Ok(Some(mut stored)) if stored.label == entry.label => {
+            Ok(Some(mut stored)) if same_request(&stored, &entry) => {
                 stored.attempts = stored.attempts.saturating_add(entry.attempts);
                 stored.last_failed_at = entry.last_failed_at;
                 stored.kind = entry.kind;
@@ -556,5 +557,102 @@ where
             }
         }
         Ok(())
+    }
+}
+
+/// `true` when `replayed` is the request `stored` holds, as far as a replay
+/// reproduces it: the label, the method, the path and query (a replay goes to
+/// another host), the body, and whether it was cut short.
+fn same_request(stored: &DeadLetterEntry, replayed: &DeadLetterEntry) -> bool {
+    fn path_and_query(uri: Option<&str>) -> Option<String> {
+        let uri = uri?.split('#').next().unwrap_or_default();
+        let rest = match uri.find("://") {
+            Some(at) => {
+                let after = &uri[at + 3..];
+                after.find(['/', '?']).map_or("", |start| &after[start..])
+            }
+            None => uri,
+        };
+        Some(match rest.strip_prefix('?') {
+            Some(query) => format!("/?{query}"),
+            None if rest.is_empty() => "/".to_owned(),
+            None => rest.to_owned(),
+        })
+    }
+    stored.label == replayed.label
+        && stored.method == replayed.method
+        && path_and_query(stored.uri.as_deref()) == path_and_query(replayed.uri.as_deref())
+        && stored.body == replayed.body
+        && stored.body_truncated == replayed.body_truncated
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(uri: &str, body: &'static str) -> DeadLetterEntry {
+        let now = SystemTime::UNIX_EPOCH;
+        DeadLetterEntry {
+            id: EntryId::generate(now),
+            label: "orders".into(),
+            message_id: None,
+            method: Some("POST".into()),
+            uri: Some(uri.into()),
+            headers: vec![],
+            body: bytes::Bytes::from_static(body.as_bytes()),
+            body_truncated: false,
+            body_len: None,
+            error: vec![],
+            kind: FailureKind::ServerError,
+            attempts: 1,
+            first_failed_at: now,
+            last_failed_at: now,
+        }
+    }
+
+    #[test]
+    fn a_replay_is_the_same_request_on_another_host() {
+        let stored = entry("http://orders.internal/orders/7?notify=false", "{}");
+        for replayed in [
+            "http://127.0.0.1:9/orders/7?notify=false",
+            "/orders/7?notify=false",
+            "https://user@replay.example:8443/orders/7?notify=false#frag",
+        ] {
+            assert!(same_request(&stored, &entry(replayed, "{}")), "{replayed}");
+        }
+        let bare = entry("http://orders.internal?page=2", "{}");
+        assert!(same_request(&bare, &entry("http://other/?page=2", "{}")));
+        assert!(same_request(
+            &entry("http://a", ""),
+            &entry("http://b/", "")
+        ));
+    }
+
+    #[test]
+    fn another_request_is_not_the_same_request() {
+        let stored = entry("http://orders.internal/orders/7?notify=false", "{}");
+        let different = [
+            entry("http://orders.internal/orders/8?notify=false", "{}"),
+            entry("http://orders.internal/orders/7?notify=true", "{}"),
+            entry(
+                "http://orders.internal/orders/7?notify=false",
+                "{\"qty\":9}",
+            ),
+            DeadLetterEntry {
+                method: Some("PUT".into()),
+                ..stored.clone()
+            },
+            DeadLetterEntry {
+                label: "payments".into(),
+                ..stored.clone()
+            },
+            DeadLetterEntry {
+                body_truncated: true,
+                ..stored.clone()
+            },
+        ];
+        for replayed in different {
+            assert!(!same_request(&stored, &replayed), "{replayed:?}");
+        }
     }
 }
