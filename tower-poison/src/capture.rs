@@ -296,6 +296,11 @@ impl HttpCapture {
 
     /// Reads the message id for poison detection from header `name` (for
     /// example `x-message-id` on a push subscription's requests).
+    ///
+    /// Like a [`DeliveryCount`](crate::counts::DeliveryCount) header, the id
+    /// is believed: it must come from the queue (or a hop you trust). A
+    /// caller that can set it can push another message's count towards the
+    /// limit, or reset it with a success.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
         self.message_id_header = Some(name);
         self

@@ -156,7 +156,8 @@ impl Error for StoreFull {
 }
 
 /// A message that had already failed the poison limit was diverted: the inner
-/// service was not called.
+/// service's response future was never polled (see
+/// [`PoisonPolicy`](crate::PoisonPolicy) for services that act inside `call`).
 ///
 /// What happened to it is [`action`](Self::action): with
 /// [`Action::Dlq`] it is in the store ([`entry_id`](Self::entry_id)), with
@@ -235,7 +236,8 @@ impl Error for PoisonMessage {
 
 /// Poison detection could not count a delivery (its
 /// [`FailureCountStore`](crate::counts::FailureCountStore) failed), so the
-/// inner service was not called.
+/// inner service's response future was never polled (see
+/// [`PoisonPolicy`](crate::PoisonPolicy) for services that act inside `call`).
 ///
 /// A queue consumer should *not* acknowledge the message: it was neither
 /// processed nor dead-lettered, and the queue's redelivery tries again once

@@ -130,8 +130,10 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// Counts poison detection's deliveries in `store` instead of this
     /// layer's memory, for example a
     /// [`RedisFailureCounts`](crate::counts) shared by every consumer of a
-    /// queue. Layers given clones of one store share its counts. Set before
-    /// or after [`poison`](Self::poison); without it, it has no effect.
+    /// queue. Layers given clones of one store share its counts, so give
+    /// each queue its own store (a Redis store is named after its queue):
+    /// message ids are unique only within a queue. Set before or after
+    /// [`poison`](Self::poison); without it, it has no effect.
     pub fn count_store<F: FailureCountStore>(mut self, store: F) -> Self {
         let store: Arc<dyn crate::counts::DynFailureCountStore> = Arc::new(store);
         self.shared.count_store = Some(Arc::clone(&store));

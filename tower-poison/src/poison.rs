@@ -52,8 +52,13 @@ use crate::store::StoreError;
 /// redb) is awaited before the inner service's future is first polled: the
 /// layer needs no `Clone` of the inner service, so it makes the inner `call`
 /// right away and drops the unpolled future if the message is diverted.
-/// tower services start their work when polled; one that acts inside `call`
-/// itself would see a diverted message's `call` (not its completion).
+/// That keeps a diverted message from a service that does its work when its
+/// future is polled (axum handlers, `service_fn`, hyper-util's pooled
+/// `Client`), but **not** from one that acts inside `call`: hyper's
+/// `SendRequest` and tonic's `Channel` send the request there, and
+/// `RateLimit` spends its permit. In front of such a service, take the count
+/// from the request ([`DeliveryCount`](crate::counts::DeliveryCount)) or keep
+/// it in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     max_attempts: u32,

@@ -229,7 +229,8 @@ where
             let counted = match admission.decision().await {
                 Decision::Process(counted) => counted,
                 Decision::Stop(stop) => {
-                    // Never polled: the message does not reach the service.
+                    // Never polled: the message goes no further than the
+                    // inner service's `call` (see `PoisonPolicy`).
                     drop(call);
                     return Err(shared.stop(stop, pending).await);
                 }

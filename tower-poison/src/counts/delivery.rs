@@ -51,6 +51,14 @@ pub struct DeliveryAttempt(pub u32);
 /// value of the same header — is ignored, and the count store decides. A
 /// number past `u32::MAX` saturates there (it is a real, if absurd, count,
 /// and diverts the message); parsing never allocates and never panics.
+///
+/// # Trust
+///
+/// The header is believed, so it must be set by a hop you trust (the queue's
+/// own daemon, such as SQS's `sqsd` on the worker host), never by whoever can
+/// reach the service: a client that sends `x-aws-sqsd-receive-count: 1` on
+/// every delivery is never diverted. On a public endpoint strip these headers
+/// at the edge, or leave the count to a store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryCount {
     header: HeaderName,
