@@ -21,7 +21,7 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! our errors as Status → CircuitBreaker → ReplayBody → Retry → Channel
+//! GrpcStatus → CircuitBreaker → ReplayBody → Retry → Channel
 //! ```
 //!
 //! # Why retry *below* the generated client, on the `Channel`
@@ -70,10 +70,10 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::{BoxError, ServiceBuilder};
-use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State};
+use tower_classify::grpc_status::GrpcStatusLayer;
 use tower_classify::GrpcClassifier;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
 use tower_retry_budget::{Backoff, RetryLayer};
 
 /// The code `build.rs` generated from `proto/greeter.proto`.
@@ -162,7 +162,7 @@ type Client = GreeterClient<
     tower::util::BoxCloneSyncService<
         http::Request<tonic::body::Body>,
         http::Response<tonic::body::Body>,
-        BoxError,
+        std::convert::Infallible,
     >,
 >;
 
@@ -201,10 +201,11 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     let handle = breaker.handle();
 
     let stack = ServiceBuilder::new()
-        // tonic turns a service error it does not know into `UNKNOWN`; a
-        // boxed `Status` it passes on as is. So give our layers' own errors
-        // the gRPC codes that say what they mean.
-        .map_err(family_error_as_status)
+        // tonic turns a service error it does not know into `UNKNOWN`. This
+        // answers our layers' errors with the gRPC status each calls for (an
+        // open circuit is `UNAVAILABLE` with `grpc-retry-pushback-ms`, a
+        // retry loop out of time `DEADLINE_EXCEEDED`), as a server would.
+        .layer(GrpcStatusLayer::new())
         .layer(breaker)
         // Records the encoded request stream (up to 64 KiB) as it is sent, so
         // it can be sent again; nothing is read ahead.
@@ -220,27 +221,6 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
         .service(channel);
     let stack = tower::util::BoxCloneSyncService::new(stack);
     Ok((GreeterClient::new(stack), handle))
-}
-
-/// The family's errors as gRPC statuses: an open circuit, a spent budget and
-/// a too-long server wait mean "not now, try later" (`UNAVAILABLE`, which
-/// callers' own retry policies treat as transient); a retry loop out of time
-/// is `DEADLINE_EXCEEDED`. Anything else (a transport error) is left to tonic.
-fn family_error_as_status(error: BoxError) -> BoxError {
-    let status = if let Some(open) = error.downcast_ref::<CircuitOpen>() {
-        let wait = open.remaining().unwrap_or_default();
-        Status::unavailable(format!(
-            "circuit open (client side), retry in {}s",
-            wait.as_secs().max(1)
-        ))
-    } else if error.is::<BudgetExhausted>() || error.is::<WaitTooLong>() {
-        Status::unavailable(error.to_string())
-    } else if error.is::<DeadlineExceeded>() {
-        Status::deadline_exceeded(error.to_string())
-    } else {
-        return error;
-    };
-    Box::new(status)
 }
 
 fn ms(d: Duration) -> String {
@@ -383,6 +363,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         let reply = say_hello(&mut client, "grace").await;
         let reached = calls() - before;
         let state = breaker.list()[0].state;
+        let code = reply.as_ref().err().map(Status::code);
         match reply {
             Ok(reply) => println!("{n}. SayHello(grace) → OK {:?}", reply.message),
             Err(status) => println!(
@@ -398,6 +379,10 @@ async fn main() -> Result<ExitCode, BoxError> {
             check(
                 "once open, the breaker fails the call without reaching the server",
                 reached == 0 && state == State::Open,
+            );
+            check(
+                "an open circuit reaches the caller as UNAVAILABLE",
+                code == Some(Code::Unavailable),
             );
         }
     }

@@ -42,6 +42,11 @@
 //!   `hyper` feature, on by default) and the family's own [`Classified`]
 //!   errors.
 //! - [`classify_fn`]: a closure.
+//!
+//! The other way round, [`grpc_status::GrpcStatusLayer`] answers the errors
+//! of a stack in front of a gRPC service (an open circuit, an exhausted
+//! budget, a deadline) as gRPC statuses (`UNAVAILABLE` with
+//! `grpc-retry-pushback-ms`, `DEADLINE_EXCEEDED`, …) instead of `UNKNOWN`.
 //! - Combinators in [`ClassifyExt`]: [`or`](ClassifyExt::or),
 //!   [`map`](ClassifyExt::map) and [`retry_on`](ClassifyExt::retry_on) with a
 //!   [`RetryOn`] class set.
@@ -116,6 +121,8 @@ pub mod config;
 pub mod duration;
 #[cfg(feature = "http")]
 pub mod grpc;
+#[cfg(feature = "http")]
+pub mod grpc_status;
 #[cfg(feature = "http")]
 pub mod hint;
 #[cfg(feature = "http")]

@@ -1,0 +1,330 @@
+//! Answering errors as gRPC statuses.
+//!
+//! A tower stack in front of a gRPC service (or around a gRPC client's
+//! channel) fails with errors: an open circuit, an exhausted retry budget, a
+//! deadline. Left alone, tonic reports any such error to its caller as
+//! `UNKNOWN`, so the caller cannot tell "back off" from "broken".
+//! [`GrpcStatusLayer`] turns every error of the service it wraps into a
+//! *trailers-only* gRPC response (HTTP 200, `content-type: application/grpc`,
+//! `grpc-status` and `grpc-message` in the headers) with the status the
+//! error's [classification](crate::ErrorChainClassifier) calls for, and the
+//! wait it carries as `grpc-retry-pushback-ms`, which gRPC clients that retry
+//! ([gRFC A6]) obey:
+//!
+//! | failure kind | `grpc-status` | `grpc-retry-pushback-ms` |
+//! |---|---|---|
+//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 14 `UNAVAILABLE` | the hint's wait |
+//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 14 `UNAVAILABLE` | the hint's wait |
+//! | [`RateLimited`](FailureKind::RateLimited) | 8 `RESOURCE_EXHAUSTED` | the hint's wait |
+//! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | — |
+//! | [`Poison`](FailureKind::Poison) | 3 `INVALID_ARGUMENT` | — |
+//! | [`Rejected`](FailureKind::Rejected), anything unrecognised | 2 `UNKNOWN` | — |
+//! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | — |
+//!
+//! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) is sent as pushback `-1`,
+//! which tells an A6 client not to retry at all: an exhausted retry budget
+//! stops the callers' retries too instead of multiplying them.
+//!
+//! The service's error type becomes [`Infallible`], which is what tonic's
+//! server router asks of a service.
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::Response;
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::error::BoxError;
+use crate::error_chain::ErrorChainClassifier;
+use crate::grpc::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
+use crate::outcome::{FailureKind, Outcome, RetryHint};
+
+/// The longest `grpc-message` written, in bytes before percent-encoding.
+const MAX_MESSAGE: usize = 512;
+
+/// Turns the errors of the service it wraps into gRPC status responses; see
+/// the [module docs](self) for the mapping.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_classify::grpc_status::GrpcStatusLayer;
+/// use tower_classify::{BoxError, Classified};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A layer below refused the call, as an open circuit does.
+/// let refused = service_fn(|_req: http::Request<()>| async {
+///     Err::<http::Response<String>, BoxError>(
+///         Classified::shed("circuit open", Some(Duration::from_secs(2))).into(),
+///     )
+/// });
+/// let service = ServiceBuilder::new().layer(GrpcStatusLayer::new()).service(refused);
+///
+/// let response = service.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(response.headers()["grpc-status"], "14");
+/// assert_eq!(response.headers()["grpc-retry-pushback-ms"], "2000");
+/// assert_eq!(response.headers()["grpc-message"], "circuit open");
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcStatusLayer {
+    settings: Settings,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    classifier: ErrorChainClassifier,
+    messages: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            classifier: ErrorChainClassifier::new(),
+            messages: true,
+        }
+    }
+}
+
+impl GrpcStatusLayer {
+    /// The layer with the mapping above, classifying errors with
+    /// [`ErrorChainClassifier::new`] and sending each error's text as the
+    /// `grpc-message`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Classifies errors with `classifier` instead.
+    pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
+        self.settings.classifier = classifier;
+        self
+    }
+
+    /// Sends no `grpc-message`, for a server whose callers must not see an
+    /// upstream's error text (host names, internal paths).
+    pub fn without_messages(mut self) -> Self {
+        self.settings.messages = false;
+        self
+    }
+}
+
+impl<S> Layer<S> for GrpcStatusLayer {
+    type Service = GrpcStatus<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcStatus {
+            inner,
+            settings: self.settings,
+            not_ready: None,
+        }
+    }
+}
+
+/// The service made by [`GrpcStatusLayer`].
+#[derive(Debug)]
+pub struct GrpcStatus<S> {
+    inner: S,
+    settings: Settings,
+    /// The inner service's readiness error, answered as the next call's
+    /// status (the inner service is not called after failing `poll_ready`).
+    not_ready: Option<BoxError>,
+}
+
+impl<S: Clone> Clone for GrpcStatus<S> {
+    fn clone(&self) -> Self {
+        GrpcStatus {
+            inner: self.inner.clone(),
+            settings: self.settings,
+            not_ready: None,
+        }
+    }
+}
+
+impl<S> GrpcStatus<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, Req, B> Service<Req> for GrpcStatus<S>
+where
+    S: Service<Req, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Default,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.not_ready.is_none() {
+            if let Err(error) = ready!(self.inner.poll_ready(cx)) {
+                self.not_ready = Some(error.into());
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let state = match self.not_ready.take() {
+            Some(error) => State::NotReady {
+                response: Some(status_response(&error, &self.settings)),
+            },
+            None => State::Called {
+                inner: self.inner.call(request),
+            },
+        };
+        ResponseFuture {
+            state,
+            settings: self.settings,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`GrpcStatus`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+        settings: Settings,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Called { #[pin] inner: F },
+        NotReady { response: Option<Response<()>> },
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Default,
+{
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = match this.state.project() {
+            StateProj::Called { inner } => match ready!(inner.poll(cx)) {
+                Ok(response) => response,
+                Err(error) => status_response(&error.into(), this.settings).map(|()| B::default()),
+            },
+            StateProj::NotReady { response } => response
+                .take()
+                .expect("polled after completion")
+                .map(|()| B::default()),
+        };
+        Poll::Ready(Ok(response))
+    }
+}
+
+/// The gRPC status code for an error's classification.
+pub fn status_code(outcome: &Outcome) -> u32 {
+    match outcome {
+        Outcome::Ignored => 1,
+        Outcome::Success => 2,
+        Outcome::Failure(failure) => match failure.kind {
+            FailureKind::Shed
+            | FailureKind::ServerError
+            | FailureKind::Connection
+            | FailureKind::NotSent => 14,
+            FailureKind::RateLimited => 8,
+            FailureKind::Timeout => 4,
+            FailureKind::Poison => 3,
+            _ => 2,
+        },
+    }
+}
+
+fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {
+    let outcome = settings.classifier.classify_error(&**error);
+    let code = status_code(&outcome);
+    let mut response = Response::new(());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, HeaderValue::from(code));
+    if settings.messages {
+        let message = percent_encode(&error.to_string());
+        if let Ok(value) = HeaderValue::try_from(message) {
+            headers.insert(GRPC_MESSAGE, value);
+        }
+    }
+    let pushback = match outcome.as_failure().and_then(|failure| failure.hint) {
+        Some(_) if !matches!(code, 14 | 8) => None,
+        Some(RetryHint::After(wait)) => Some(
+            u64::try_from(wait.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(i32::MAX as u64) as i64,
+        ),
+        Some(RetryHint::DoNotRetry) => Some(-1),
+        None => None,
+    };
+    if let Some(millis) = pushback {
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
+    }
+    response
+}
+
+/// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding
+/// of every byte outside space and visible ASCII, and of `%` itself; at most
+/// [`MAX_MESSAGE`] bytes of the text, cut at a character boundary.
+fn percent_encode(text: &str) -> String {
+    let mut end = text.len().min(MAX_MESSAGE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut encoded = String::with_capacity(end);
+    for byte in text[..end].bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_percent_encoded_and_bounded() {
+        assert_eq!(percent_encode("circuit open"), "circuit open");
+        assert_eq!(percent_encode("100% é"), "100%25 %C3%A9");
+        assert_eq!(percent_encode("line\nbreak"), "line%0Abreak");
+        let long = "é".repeat(MAX_MESSAGE);
+        let encoded = percent_encode(&long);
+        assert_eq!(encoded.len(), MAX_MESSAGE * 3, "cut at a char boundary");
+        assert!(HeaderValue::try_from(encoded).is_ok());
+    }
+}

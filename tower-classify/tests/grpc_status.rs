@@ -1,0 +1,166 @@
+//! Errors answered as gRPC statuses: the mapping, the pushback, and what is
+//! left alone.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_classify::grpc_status::GrpcStatusLayer;
+use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
+
+async fn answer(error: BoxError) -> Response<String> {
+    let error = std::sync::Mutex::new(Some(error));
+    let failing = service_fn(move |_req: Request<()>| {
+        let error = error.lock().unwrap().take().expect("called once");
+        async move { Err::<Response<String>, BoxError>(error) }
+    });
+    let answer: Result<Response<String>, Infallible> = GrpcStatusLayer::new()
+        .layer(failing)
+        .oneshot(Request::new(()))
+        .await;
+    answer.unwrap()
+}
+
+fn header<'a>(response: &'a Response<String>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn each_failure_kind_gets_its_status() {
+    let cases: Vec<(BoxError, &str)> = vec![
+        (Classified::shed("circuit open", None).into(), "14"),
+        (
+            Classified::new(Failure::new(FailureKind::ServerError), "upstream 503").into(),
+            "14",
+        ),
+        (
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+            "14",
+        ),
+        (
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+            "14",
+        ),
+        (
+            Classified::new(Failure::new(FailureKind::RateLimited), "slow down").into(),
+            "8",
+        ),
+        (tower::timeout::error::Elapsed::new().into(), "4"),
+        (
+            Classified::new(Failure::new(FailureKind::Poison), "bad input").into(),
+            "3",
+        ),
+        ("something nobody recognises".into(), "2"),
+    ];
+    for (error, code) in cases {
+        let text = error.to_string();
+        let response = answer(error).await;
+        assert_eq!(response.status(), 200, "{text}");
+        assert_eq!(header(&response, "grpc-status"), Some(code), "{text}");
+        assert_eq!(header(&response, "content-type"), Some("application/grpc"));
+        assert_eq!(response.body(), "", "trailers-only: no body");
+    }
+}
+
+#[tokio::test]
+async fn a_wait_becomes_pushback_and_do_not_retry_becomes_minus_one() {
+    let open =
+        answer(Classified::shed("circuit open", Some(Duration::from_millis(1500))).into()).await;
+    assert_eq!(header(&open, "grpc-retry-pushback-ms"), Some("1500"));
+
+    // An exhausted retry budget: the caller must not retry either.
+    let exhausted = Classified::new(
+        Failure::new(FailureKind::ServerError).with_hint(RetryHint::DoNotRetry),
+        "retry budget exhausted",
+    );
+    let response = answer(exhausted.into()).await;
+    assert_eq!(header(&response, "grpc-status"), Some("14"));
+    assert_eq!(header(&response, "grpc-retry-pushback-ms"), Some("-1"));
+
+    // A wait of centuries is capped, not wrapped.
+    let forever = answer(Classified::shed("closed for good", Some(Duration::MAX)).into()).await;
+    assert_eq!(
+        header(&forever, "grpc-retry-pushback-ms"),
+        Some(i32::MAX.to_string().as_str())
+    );
+
+    // No pushback on a status a client does not retry.
+    let rejected = Classified::new(
+        Failure::new(FailureKind::Rejected).with_hint(RetryHint::After(Duration::from_secs(1))),
+        "no",
+    );
+    assert_eq!(
+        header(&answer(rejected.into()).await, "grpc-retry-pushback-ms"),
+        None
+    );
+    let no_hint = answer(Classified::shed("full", None).into()).await;
+    assert_eq!(header(&no_hint, "grpc-retry-pushback-ms"), None);
+}
+
+#[tokio::test]
+async fn messages_are_encoded_or_left_out() {
+    let response = answer("50% off: naïve".into()).await;
+    assert_eq!(
+        header(&response, "grpc-message"),
+        Some("50%25 off: na%C3%AFve")
+    );
+
+    let quiet = GrpcStatusLayer::new()
+        .without_messages()
+        .layer(service_fn(|_req: Request<()>| async {
+            Err::<Response<String>, BoxError>("db01.internal refused".into())
+        }))
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(header(&quiet, "grpc-status"), Some("2"));
+    assert_eq!(header(&quiet, "grpc-message"), None);
+}
+
+#[tokio::test]
+async fn responses_pass_through_unchanged() {
+    let ok = service_fn(|_req: Request<()>| async {
+        let mut response = Response::new("payload".to_owned());
+        response
+            .headers_mut()
+            .insert("grpc-status", "0".parse().unwrap());
+        Ok::<_, BoxError>(response)
+    });
+    let response = GrpcStatusLayer::new()
+        .layer(ok)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(response.body(), "payload");
+    assert_eq!(header(&response, "grpc-status"), Some("0"));
+}
+
+/// A service whose readiness failed; calling it anyway would panic.
+struct Broken;
+
+impl Service<Request<()>> for Broken {
+    type Response = Response<String>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Response<String>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Err(Classified::shed("worker gone", None).into()))
+    }
+
+    fn call(&mut self, _req: Request<()>) -> Self::Future {
+        panic!("called after poll_ready failed")
+    }
+}
+
+#[tokio::test]
+async fn a_readiness_error_is_the_next_calls_status_without_calling_the_service() {
+    let response = GrpcStatusLayer::new()
+        .layer(Broken)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(header(&response, "grpc-status"), Some("14"));
+    assert_eq!(header(&response, "grpc-message"), Some("worker gone"));
+}
