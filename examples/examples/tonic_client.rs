@@ -210,10 +210,9 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
         // Records the encoded request stream (up to 64 KiB) as it is sent, so
         // it can be sent again; nothing is read ahead.
         .layer(ReplayBodyLayer::new(64 * 1024))
+        // Each layer boxes tonic's transport error before classifying it,
+        // so the `Channel` goes in as it is.
         .layer(retry)
-        // The retry layer's classifier takes `BoxError`; tonic's transport
-        // error is one once boxed.
-        .map_err(BoxError::from)
         // Back to the body type the `Channel` takes.
         .map_request(|request: http::Request<ReplayBody<tonic::body::Body>>| {
             request.map(tonic::body::Body::new)

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
@@ -86,7 +86,6 @@ async fn a_100_mb_upload_through_the_full_stack_stays_within_twice_the_recording
                 .unwrap(),
         )
         .layer(CountAttemptsLayer::new())
-        .map_err(BoxError::from)
         .service(client);
 
     let (mut upload, body) = Upload::new(4);

@@ -71,7 +71,7 @@ impl<F, C, T, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
-    C: Classify<T, E>,
+    C: Classify<T, BoxError>,
 {
     type Output = Result<T, BoxError>;
 
@@ -80,14 +80,16 @@ where
         let this = self.project();
         match this.state.project() {
             ResponseStateProj::Called { future } => {
-                let result = ready!(future.poll(cx));
+                // Boxed before it is classified, so one classifier over
+                // `BoxError` serves any client's error type.
+                let result = ready!(future.poll(cx)).map_err(Into::into);
                 // Recorded in place, then dropped: moving the recorder out
                 // first costs a copy the closed path can do without.
                 if let Some(recorder) = this.recorder.as_mut() {
                     recorder.record(result.as_ref());
                 }
                 *this.recorder = None;
-                Poll::Ready(result.map_err(Into::into))
+                Poll::Ready(result)
             }
             ResponseStateProj::Rejected { error } => Poll::Ready(Err(error
                 .take()

@@ -153,7 +153,7 @@ impl<S, C, Req, B> Service<Req> for GrpcCircuitBreaker<S, C>
 where
     S: Service<Req, Response = Response<B>>,
     S::Error: Into<BoxError>,
-    C: Classify<Response<B>, S::Error> + Clone,
+    C: Classify<Response<B>, BoxError> + Clone,
     B: Body,
 {
     type Response = Response<GrpcBody<B>>;
@@ -204,7 +204,7 @@ impl<F, C, B, E> Future for GrpcResponseFuture<F, C>
 where
     F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
-    C: Classify<Response<B>, E>,
+    C: Classify<Response<B>, BoxError>,
     B: Body,
 {
     type Output = Result<Response<GrpcBody<B>>, BoxError>;
@@ -222,8 +222,9 @@ where
                 match result {
                     Ok(response) => Poll::Ready(Ok(settle(response, recorder))),
                     Err(err) => {
-                        recorder.record(Err(&err));
-                        Poll::Ready(Err(err.into()))
+                        let err: BoxError = err.into();
+                        recorder.record::<Response<B>, _>(Err(&err));
+                        Poll::Ready(Err(err))
                     }
                 }
             }
@@ -249,12 +250,12 @@ impl<F, C> fmt::Debug for GrpcResponseFuture<F, C> {
 
 /// Records what the head of `response` settles, or hands the permit to its
 /// body when only the trailers can.
-fn settle<B, C, E>(response: Response<B>, mut recorder: Recorder<C>) -> Response<GrpcBody<B>>
+fn settle<B, C>(response: Response<B>, mut recorder: Recorder<C>) -> Response<GrpcBody<B>>
 where
     B: Body,
-    C: Classify<Response<B>, E>,
+    C: Classify<Response<B>, BoxError>,
 {
-    let outcome = recorder.classify::<_, E>(Ok(&response));
+    let outcome = recorder.classify::<_, BoxError>(Ok(&response));
     if !(outcome.is_success() && GrpcClassifier::status_in_trailers(&response)) {
         recorder.complete(outcome);
         return response.map(GrpcBody::settled);

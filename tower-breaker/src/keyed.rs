@@ -174,7 +174,7 @@ impl<S, C, F, K, Req> Service<Req> for KeyedCircuitBreaker<S, C, F>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error> + Clone,
+    C: Classify<S::Response, BoxError> + Clone,
     F: Fn(&Req) -> K,
     K: AsRef<str>,
 {

@@ -193,7 +193,7 @@ impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error> + Clone,
+    C: Classify<S::Response, BoxError> + Clone,
 {
     type Response = S::Response;
     type Error = BoxError;

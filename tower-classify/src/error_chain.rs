@@ -32,6 +32,10 @@ use crate::outcome::{Failure, FailureKind, Outcome};
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be classified: it is not viewed as `&dyn Error`",
+    note = "implement `tower_classify::AsDynError` for it (one line, see its docs), or box it (`.map_err(BoxError::from)`)"
+)]
 pub trait AsDynError {
     /// This error as a trait object.
     fn as_dyn_error(&self) -> &(dyn Error + 'static);

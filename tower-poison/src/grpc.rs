@@ -179,7 +179,7 @@ where
     ResB: Body + Send + 'static,
     ResB::Error: Into<BoxError>,
     St: DeadLetterStore,
-    C: Classify<Response<ResB>, S::Error> + Send + Sync + 'static,
+    C: Classify<Response<ResB>, BoxError> + Send + Sync + 'static,
 {
     type Response = Response<GrpcBody<ResB>>;
     type Error = BoxError;
@@ -207,7 +207,9 @@ where
                     return Err(shared.stop(stop, pending).await);
                 }
             };
-            match call.await {
+            // Boxed before it is classified, so one classifier over
+            // `BoxError` serves any client's error type.
+            match call.await.map_err(Into::<BoxError>::into) {
                 Ok(response) if GrpcClassifier::status_in_trailers(&response) => {
                     let mut end: Option<Box<dyn SettleAtEnd>> = Some(Box::new(EndOfCall {
                         shared,

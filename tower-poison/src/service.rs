@@ -202,7 +202,7 @@ where
     S::Response: Send + 'static,
     S::Error: Into<BoxError> + Send,
     St: DeadLetterStore,
-    C: Classify<S::Response, S::Error> + Send + Sync + 'static,
+    C: Classify<S::Response, BoxError> + Send + Sync + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -235,7 +235,9 @@ where
                     return Err(shared.stop(stop, pending).await);
                 }
             };
-            let result = call.await;
+            // Boxed before it is classified, so one classifier over
+            // `BoxError` serves any client's error type.
+            let result = call.await.map_err(Into::<BoxError>::into);
             shared.settle(result, pending, counted).await
         })
     }

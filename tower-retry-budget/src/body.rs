@@ -67,6 +67,11 @@ pub use http_body_replay::{ReplayBody, ReplayError, ReplayErrorKind};
 /// A request body whose copies can be sent again.
 ///
 /// Implemented for bodies already in memory and for [`ReplayBody`].
+#[diagnostic::on_unimplemented(
+    message = "the request body `{Self}` cannot be sent again by a retry",
+    label = "a streaming body is read once",
+    note = "put `ReplayBodyLayer` (or a dead-letter layer, which hands on a `ReplayBody`) in front of the retry layer, so the body is recorded as it streams and replayed from the recording"
+)]
 pub trait TryCloneBody: Sized {
     /// A copy of the whole body, not yet read; `None` when this body cannot
     /// be sent twice (the request then gets one attempt).

@@ -333,7 +333,7 @@ impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error>,
+    C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
@@ -343,7 +343,9 @@ where
         loop {
             let result = match this.state.as_mut().project() {
                 StateProj::Called { future } => match future.poll(cx) {
-                    Poll::Ready(result) => result.map_err(AttemptError::Inner),
+                    // Boxed before it is classified, so one classifier over
+                    // `BoxError` serves any client's error type.
+                    Poll::Ready(result) => result.map_err(|err| AttemptError::Inner(err.into())),
                     // As `tokio::time::Timeout` does: the attempt first, then its limit.
                     Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
                     Poll::Pending => {

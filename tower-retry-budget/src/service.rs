@@ -63,7 +63,7 @@ impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error>,
+    C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
 {
     type Response = S::Response;
