@@ -69,5 +69,8 @@ async fn a_foreign_error_type_is_classified_by_its_chain_in_every_layer() {
     let stored = entries(&store).await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].kind, FailureKind::Connection);
-    assert_eq!(stored[0].error, ["client request failed", "connection reset"]);
+    assert_eq!(
+        stored[0].error,
+        ["client request failed", "connection reset"]
+    );
 }
