@@ -120,6 +120,7 @@ impl fmt::Debug for MetricsLabel {
 /// the breaker was created.
 pub(crate) struct Instruments {
     state: Gauge,
+    forced: Gauge,
     pub(crate) opened: Counter,
     pub(crate) rejected: Counter,
     pub(crate) would_reject: Counter,
@@ -132,6 +133,7 @@ impl Instruments {
     pub(crate) fn register(label: SharedString, own_label: bool) -> Self {
         Instruments {
             state: metrics::gauge!("tower_breaker_state", "breaker" => label.clone()),
+            forced: metrics::gauge!("tower_breaker_forced", "breaker" => label.clone()),
             opened: metrics::counter!("tower_breaker_opened_total", "breaker" => label.clone()),
             rejected: metrics::counter!("tower_breaker_rejected_total", "breaker" => label.clone()),
             would_reject: metrics::counter!("tower_breaker_would_reject_total", "breaker" => label),
@@ -142,6 +144,7 @@ impl Instruments {
     /// A state change.
     pub(crate) fn set_state(&self, state: State) {
         self.state.set(state.gauge_value());
+        self.forced.set(if state.is_forced() { 1.0 } else { 0.0 });
     }
 
     /// The first state of a breaker its registry keeps.
@@ -157,7 +160,7 @@ impl Instruments {
     /// left to the breakers still using it.
     pub(crate) fn retire(&self) {
         if self.own_label {
-            self.state.set(State::Closed.gauge_value());
+            self.set_state(State::Closed);
         }
     }
 }

@@ -64,16 +64,23 @@ impl State {
         }
     }
 
-    /// The value of the `tower_breaker_state` gauge: 0 closed, 1 open,
-    /// 2 half-open, 3 forced open, 4 forced closed.
+    /// The value of the `tower_breaker_state` gauge, ordered by how much of
+    /// the traffic the breaker refuses: 0 closed, 1 half-open, 2 open. A
+    /// forced state reads as what it does (forced open 2, forced closed 0);
+    /// whether an operator forced it is the `tower_breaker_forced` gauge
+    /// ([`is_forced`](Self::is_forced)), so `max(tower_breaker_state)` and
+    /// alerts on `== 2` mean the same thing whoever opened the circuit.
     pub const fn gauge_value(self) -> f64 {
         match self {
-            State::Closed => 0.0,
-            State::Open => 1.0,
-            State::HalfOpen => 2.0,
-            State::ForcedOpen => 3.0,
-            State::ForcedClosed => 4.0,
+            State::Closed | State::ForcedClosed => 0.0,
+            State::HalfOpen => 1.0,
+            State::Open | State::ForcedOpen => 2.0,
         }
+    }
+
+    /// `true` for the states an operator set: forced open and forced closed.
+    pub const fn is_forced(self) -> bool {
+        matches!(self, State::ForcedOpen | State::ForcedClosed)
     }
 
     /// `true` when this state refuses calls it has no probe slot for: open,

@@ -118,7 +118,7 @@ fn state_gauge_and_open_and_rejection_counters() {
             let state = "tower_breaker_state{breaker=payments}";
             assert_eq!(store.get(state), Some(0.0));
             call(&mut svc, true).unwrap_err(); // closed → open
-            assert_eq!(store.get(state), Some(1.0));
+            assert_eq!(store.get(state), Some(2.0));
             assert_eq!(
                 store.get("tower_breaker_opened_total{breaker=payments}"),
                 Some(1.0)
@@ -126,7 +126,7 @@ fn state_gauge_and_open_and_rejection_counters() {
 
             // Recovery timeout zero: the next call is the probe; hold it.
             let probe = svc.call(false);
-            assert_eq!(store.get(state), Some(2.0));
+            assert_eq!(store.get(state), Some(1.0), "half-open");
             call(&mut svc, false).unwrap_err(); // half-open, slot taken
             call(&mut svc, false).unwrap_err();
             assert_eq!(
