@@ -67,8 +67,8 @@ for target in "${targets[@]}"; do
     # dozen bytes for a long while, and stops being JSON, YAML or TOML.
     options=()
     case "$target" in
-    config_*) options=(-dict=dict/config.dict -len_control=0 -max_len=2048) ;;
-    dead_letter_entry) options=(-dict=dict/dead_letter_entry.dict -len_control=0 -max_len=2048) ;;
+    config_*) options=(-dict=dict/config.dict -len_control=0 -max_len=1024) ;;
+    dead_letter_entry) options=(-dict=dict/dead_letter_entry.dict -len_control=0 -max_len=1024) ;;
     esac
     # `-timeout`: an input taking 10 s is a hang; `-rss_limit_mb`: the
     # machine is shared.

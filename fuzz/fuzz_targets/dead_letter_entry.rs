@@ -30,7 +30,9 @@ fuzz_target!(|data: &[u8]| {
         let number = u128::from_le_bytes(head.try_into().unwrap());
         let millis = (number as u64) >> 20;
         let at = UNIX_EPOCH + Duration::from_millis(millis);
-        let text = String::from_utf8_lossy(body).into_owned();
+        // The body whole; its first bytes as every text field (kept short:
+        // this half runs for every input).
+        let text = String::from_utf8_lossy(&body[..body.len().min(48)]).into_owned();
         let kinds = FailureKind::ALL;
         let entry = DeadLetterEntry {
             id: EntryId::from_u128(number),
