@@ -13,6 +13,12 @@
 # committed seeds and is only read. A crash is written to fuzz/artifacts/.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# A relative CARGO_TARGET_DIR is taken from where the script was started.
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+    mkdir -p "$CARGO_TARGET_DIR"
+    CARGO_TARGET_DIR="$(cd "$CARGO_TARGET_DIR" && pwd)"
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/target}"
 cd "$here"
 
 mode="${1:-smoke}"
@@ -36,7 +42,6 @@ targets=(retry_after grpc_pushback backoff_from json_path duration idempotency_k
 if [ $# -gt 0 ]; then targets=("$@"); fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/target}"
 # `--target` keeps these flags off build scripts and proc macros.
 export RUSTFLAGS="-Cpasses=sancov-module \
 -Cllvm-args=-sanitizer-coverage-level=4 \
