@@ -9,8 +9,9 @@
 # the coverage instrumentation cargo-fuzz would ask rustc for (stable flags),
 # without a sanitizer (AddressSanitizer needs nightly; the targets are safe
 # Rust, and overflow checks and debug assertions are on in the fuzz profile).
-# New inputs go to fuzz/target-corpus/ (not committed); fuzz/corpus/ holds the
-# committed seeds and is only read. A crash is written to fuzz/artifacts/.
+# New inputs go to fuzz/target-corpus/ (not committed); fuzz/corpus/ holds
+# the committed starting inputs and is only read. A crash is written to
+# fuzz/artifacts/.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # A relative CARGO_TARGET_DIR is taken from where the script was started.
@@ -68,8 +69,8 @@ for target in "${targets[@]}"; do
     status=ok
     # Structured inputs (configuration files, stored entries) get their
     # tokens as a dictionary, and their full length from the start: with
-    # libFuzzer's default length control a mutated seed is cut to a few
-    # dozen bytes for a long while, and stops being JSON, YAML or TOML.
+    # libFuzzer's default length control a mutated starting input is cut to
+    # a few dozen bytes for a long while, and stops being JSON, YAML or TOML.
     options=()
     case "$target" in
     config_*) options=(-dict=dict/config.dict -len_control=0 -max_len=1024) ;;
