@@ -27,3 +27,18 @@ pub use self::key::MAX_KEY_LEN;
 pub use self::layer::{IdempotencyGuardLayer, MIN_TTL};
 pub use self::rejection::Rejection;
 pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED};
+
+/// Not part of the API. Public only so the workspace's fuzz targets
+/// (`fuzz/`) can call the `Idempotency-Key` parser directly, without a
+/// guard, a store and a runtime around every input.
+#[doc(hidden)]
+pub mod __fuzz {
+    use http::HeaderValue;
+
+    use crate::Rejection;
+
+    /// The key an `Idempotency-Key` header value names, or why it is refused.
+    pub fn parse_idempotency_key(value: &HeaderValue) -> Result<&str, Rejection> {
+        crate::key::parse(value)
+    }
+}

@@ -283,6 +283,13 @@ pub(crate) mod body_serde {
                 if hex.len() % 2 != 0 {
                     return Err(serde::de::Error::custom("odd number of hex digits"));
                 }
+                // Checked first so that every pair below is two ASCII bytes:
+                // slicing a stored string that holds multi-byte UTF-8 at a
+                // byte offset would panic, and `from_str_radix` alone takes
+                // a sign (`+f`).
+                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(serde::de::Error::custom("a hex body holds a non-hex digit"));
+                }
                 (0..hex.len())
                     .step_by(2)
                     .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
@@ -327,6 +334,22 @@ mod tests {
             let original = entry(body);
             let decoded = DeadLetterEntry::from_bytes(&original.to_bytes()).unwrap();
             assert_eq!(decoded, original);
+        }
+    }
+
+    /// A stored hex body that is not hex digits (multi-byte UTF-8, which
+    /// cannot be sliced into byte pairs, or a sign) is a decoding error,
+    /// never a panic. Found by the `dead_letter_entry` fuzz target.
+    #[test]
+    fn a_hex_body_that_is_not_hex_is_refused() {
+        let stored = String::from_utf8(entry(&[0xff]).to_bytes()).unwrap();
+        assert!(stored.contains(r#""hex":"ff""#), "{stored}");
+        for bad in ["ff001é0", "é", "aéb", "+f", "-1", "  "] {
+            let hostile = stored.replace(r#""hex":"ff""#, &format!(r#""hex":"{bad}""#));
+            assert!(
+                DeadLetterEntry::from_bytes(hostile.as_bytes()).is_err(),
+                "{bad:?}"
+            );
         }
     }
 

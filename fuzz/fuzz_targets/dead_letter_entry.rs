@@ -1,0 +1,59 @@
+//! Stored dead-letter entries (`DeadLetterEntry::from_bytes`, which the redb
+//! and Redis stores decode every stored value with).
+//!
+//! Input: the stored bytes. An entry built from the same bytes (with a body
+//! that need not be UTF-8) is also encoded and decoded.
+#![no_main]
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use tower_classify::FailureKind;
+use tower_poison::{DeadLetterEntry, EntryId, StoredHeader};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(entry) = DeadLetterEntry::from_bytes(data) {
+        // Whatever a store held, once decoded it encodes to bytes that
+        // decode to the same entry, and encoding is stable.
+        let encoded = entry.to_bytes();
+        let decoded = DeadLetterEntry::from_bytes(&encoded).expect("an encoded entry decodes");
+        assert_eq!(decoded, entry);
+        assert_eq!(decoded.to_bytes(), encoded);
+        let _ = entry.age(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        let _ = entry.error_text();
+    }
+
+    // Any entry the layer writes reads back as itself.
+    if data.len() >= 16 {
+        let (head, body) = data.split_at(16);
+        let number = u128::from_le_bytes(head.try_into().unwrap());
+        let millis = (number as u64) >> 20;
+        let at = UNIX_EPOCH + Duration::from_millis(millis);
+        // The body whole; its first bytes as every text field (kept short:
+        // this half runs for every input).
+        let text = String::from_utf8_lossy(&body[..body.len().min(48)]).into_owned();
+        let kinds = FailureKind::ALL;
+        let entry = DeadLetterEntry {
+            id: EntryId::from_u128(number),
+            label: text.clone(),
+            message_id: (number & 1 == 1).then(|| text.clone()),
+            method: (number & 2 == 2).then(|| text.clone()),
+            uri: (number & 4 == 4).then(|| text.clone()),
+            headers: vec![StoredHeader {
+                name: text.clone(),
+                value: text.clone(),
+            }],
+            body: Bytes::copy_from_slice(body),
+            body_truncated: number & 8 == 8,
+            body_len: (number & 16 == 16).then_some(body.len() as u64),
+            error: vec![text.clone(), text],
+            kind: kinds[(number >> 5) as usize % kinds.len()],
+            attempts: (number >> 64) as u32,
+            first_failed_at: at,
+            last_failed_at: at + Duration::from_millis(u64::from(head[15])),
+        };
+        let decoded = DeadLetterEntry::from_bytes(&entry.to_bytes()).expect("an entry decodes");
+        assert_eq!(decoded, entry);
+    }
+});
