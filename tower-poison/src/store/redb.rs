@@ -13,8 +13,8 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, DeadLetterStore, ListQuery, Page,
-    PurgeFilter, StoreError, StoreErrorKind,
+    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
+    Page, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId};
 
@@ -27,9 +27,14 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("dead_letters_
 /// The key in [`META`] of the total encoded size of the entries, in bytes.
 const ENTRY_BYTES: &str = "entry_bytes";
 
-/// Claims by entry id; the value is when the lease ends, in milliseconds since
-/// the Unix epoch.
-const CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter_claims");
+/// Claims by entry id; the value is when the lease ends (milliseconds since
+/// the Unix epoch) and the claim's token.
+const CLAIMS: TableDefinition<'_, u128, (u64, u128)> =
+    TableDefinition::new("dead_letter_claim_tokens");
+
+/// Where claims were kept before they had tokens: dropped when a file is
+/// opened (claims are leases, so forgetting one only ends it early).
+const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter_claims");
 
 /// The default dead-letter store: one redb file on local disk.
 ///
@@ -72,7 +77,8 @@ const CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter
 /// # Claims
 ///
 /// A [claim](DeadLetterStore::claim) is checked and written in one write
-/// transaction, so two claims of one entry never both succeed. Claims commit
+/// transaction, so two claims of one entry never both succeed, and a release
+/// checks the claim's token in one too. Claims commit
 /// with [`Durability::None`] (no `fsync`): redb's file lock means only this
 /// process uses them, and a crash that loses a claim ends a lease early,
 /// which is what a lease is for; the next durable `put` persists them anyway.
@@ -295,6 +301,7 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
         }
         entries.len().map_err(backend)?
     };
+    txn.delete_table(UNTOKENED_CLAIMS).map_err(backend)?;
     txn.commit().map_err(backend)?;
     Ok(depth)
 }
@@ -397,7 +404,6 @@ impl Writer {
         let (before, after) = {
             let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
             let mut meta = txn.open_table(META).map_err(backend)?;
-            let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
             let before = entries.len().map_err(backend)?;
             let mut depth = before;
             let mut bytes = meta
@@ -426,7 +432,6 @@ impl Writer {
                 entries
                     .insert(put.key, put.value.as_slice())
                     .map_err(backend)?;
-                claims.remove(put.key).map_err(backend)?;
                 (depth, bytes) = (new_depth, new_bytes);
                 kept.push(Ok(()));
             }
@@ -605,7 +610,7 @@ impl DeadLetterStore for RedbStore {
                 let held = claims
                     .get(id.as_u128())
                     .map_err(backend)?
-                    .map(|until| until.value())
+                    .map(|held| held.value().0)
                     .filter(|&until| until > millis_since_epoch(now));
                 let stored = entries.get(id.as_u128()).map_err(backend)?;
                 let claim = match (stored, held) {
@@ -615,15 +620,16 @@ impl DeadLetterStore for RedbStore {
                     },
                     (Some(value), None) => {
                         let entry = decode(value.value())?;
+                        let token = ClaimToken::generate();
                         claims
-                            .insert(id.as_u128(), lease_end(now, lease))
+                            .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
                             .map_err(backend)?;
-                        Claim::Claimed(entry)
+                        Claim::Claimed { entry, token }
                     }
                 };
                 claim
             };
-            if matches!(claim, Claim::Claimed(_)) {
+            if matches!(claim, Claim::Claimed { .. }) {
                 txn.commit().map_err(backend)?;
             } else {
                 txn.abort().map_err(backend)?;
@@ -633,16 +639,28 @@ impl DeadLetterStore for RedbStore {
         .await
     }
 
-    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
+    async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
         self.blocking(move |db| {
             let mut txn = db.begin_write().map_err(backend)?;
             txn.set_durability(Durability::None)
                 .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
-            txn.open_table(CLAIMS)
-                .map_err(backend)?
-                .remove(id.as_u128())
-                .map_err(backend)?;
-            txn.commit().map_err(backend)
+            let released = {
+                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                let holds = claims
+                    .get(id.as_u128())
+                    .map_err(backend)?
+                    .is_some_and(|held| held.value().1 == token.as_u128());
+                if holds {
+                    claims.remove(id.as_u128()).map_err(backend)?;
+                }
+                holds
+            };
+            if released {
+                txn.commit().map_err(backend)
+            } else {
+                // Another claim holds the entry (or none does): leave it.
+                txn.abort().map_err(backend)
+            }
         })
         .await
     }
