@@ -104,6 +104,16 @@ async fn redis_store_pages_filters_and_purges_by_age() {
         }
     }
     assert_eq!(seen, written.iter().map(|e| e.id).collect::<Vec<_>>());
+    // A limit of 0 is a limit of 1: one entry and a cursor to the rest.
+    let one = store.list(ListQuery::new().limit(0)).await.unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.next, Some(written[0].id));
+    let last = store
+        .list(ListQuery::new().limit(0).after(written[8].id))
+        .await
+        .unwrap();
+    assert_eq!(last.entries.len(), 1);
+    assert_eq!(last.next, None);
 
     let poison = store
         .list(ListQuery::new().kind(FailureKind::Poison))

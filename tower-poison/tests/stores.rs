@@ -131,6 +131,19 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     assert_eq!(seen.len(), 10);
     assert!(seen.windows(2).all(|w| w[0] < w[1]));
 
+    // A limit of 0 is a limit of 1: one entry, and a cursor to the rest
+    // (not an empty page that says there is no more).
+    let one = store.list(ListQuery::new().limit(0)).await.unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.entries[0].id, seen[0]);
+    assert_eq!(one.next, Some(seen[0]));
+    let last = store
+        .list(ListQuery::new().limit(0).after(seen[8]))
+        .await
+        .unwrap();
+    assert_eq!(last.entries.len(), 1);
+    assert_eq!(last.next, None);
+
     // Filters.
     let poison = store
         .list(ListQuery::new().kind(FailureKind::Poison))

@@ -109,10 +109,11 @@ impl DeadLetterStore for MemoryStore {
             }
             None => entries.range(..),
         };
+        let limit = query.limit.max(1);
         let mut page = Vec::new();
         let mut next = None;
         for entry in range.map(|(_, entry)| entry) {
-            if page.len() == query.limit {
+            if page.len() == limit {
                 next = page.last().map(|e: &DeadLetterEntry| e.id);
                 break;
             }

@@ -270,7 +270,8 @@ pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
     /// [`Page::next`]).
     pub after: Option<EntryId>,
-    /// At most this many entries (default 100).
+    /// At most this many entries (default 100). Zero is treated as one, so
+    /// a page is empty only when no matching entry is left.
     pub limit: usize,
     /// Only entries of this failure kind.
     pub kind: Option<FailureKind>,
@@ -304,7 +305,7 @@ impl ListQuery {
         self
     }
 
-    /// Returns at most `limit` entries.
+    /// Returns at most `limit` entries; zero is treated as one.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self

@@ -513,11 +513,12 @@ impl DeadLetterStore for RedbStore {
                 },
                 None => 0,
             };
+            let limit = query.limit.max(1);
             let mut entries = Vec::new();
             let mut next = None;
             for item in table.range(start..).map_err(backend)? {
                 let (_, value) = item.map_err(backend)?;
-                if entries.len() == query.limit {
+                if entries.len() == limit {
                     next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     break;
                 }
