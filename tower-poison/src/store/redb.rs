@@ -100,9 +100,10 @@ pub struct RedbStore {
 
 struct Inner {
     db: Arc<Database>,
-    /// The number of entries, kept up to date by every committed write so
-    /// `depth` needs no transaction. Exact, because redb's file lock keeps
-    /// other processes out.
+    /// The number of entries, kept up to date by every write so `depth`
+    /// needs no transaction. Exact once each write has finished, because
+    /// redb's file lock keeps other processes out; while a put commits it
+    /// already counts the put's entries (see `Writer::write_batch`).
     depth: Arc<AtomicU64>,
     path: PathBuf,
     writer: Option<mpsc::Sender<Put>>,
@@ -350,6 +351,17 @@ fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<()
     Ok(())
 }
 
+/// Takes `count` off the depth counter, after the commit that removed them.
+///
+/// Saturating: the writer counts entries before their commit, so a removal
+/// never overtakes the addition of what it removes; should the counter ever
+/// be short all the same, `depth` reads 0, not a wrapped `u64::MAX`.
+fn subtract_depth(depth: &AtomicU64, count: u64) {
+    let _ = depth.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+        Some(current.saturating_sub(count))
+    });
+}
+
 fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
     DeadLetterEntry::from_bytes(bytes)
         .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
@@ -443,11 +455,17 @@ impl Writer {
             // failures against a full store costs no fsync.
             txn.abort().map_err(backend)?;
         } else {
-            txn.commit().map_err(backend)?;
+            // Counted before the commit, while this transaction still holds
+            // redb's write lock: a removal of these entries can only start
+            // after the commit, so its subtraction always comes after this
+            // addition and the counter never dips below zero. A delta, not
+            // the absolute count, because removals update it too.
+            self.depth.fetch_add(after - before, Ordering::Relaxed);
+            if let Err(error) = txn.commit() {
+                subtract_depth(&self.depth, after - before);
+                return Err(backend(error));
+            }
         }
-        // A delta, not the absolute count: a removal committed after this
-        // transaction may update the counter before this thread does.
-        self.depth.fetch_add(after - before, Ordering::Relaxed);
         Ok(kept
             .into_iter()
             .map(|outcome| outcome.map(|()| after))
@@ -552,7 +570,7 @@ impl DeadLetterStore for RedbStore {
             };
             txn.commit().map_err(backend)?;
             if removed {
-                depth.fetch_sub(1, Ordering::Relaxed);
+                subtract_depth(&depth, 1);
             }
             Ok(removed)
         })
@@ -589,7 +607,7 @@ impl DeadLetterStore for RedbStore {
             }
             txn.commit().map_err(backend)?;
             let removed = gone.len() as u64;
-            depth.fetch_sub(removed, Ordering::Relaxed);
+            subtract_depth(&depth, removed);
             Ok(removed)
         })
         .await
@@ -730,6 +748,24 @@ mod tests {
             first_failed_at: now,
             last_failed_at: now,
         }
+    }
+
+    /// A removal never takes the depth below zero, even when the counter is
+    /// short of what is stored (it reads 0, not a wrapped `u64::MAX`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_depth_counter_saturates_at_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+        let (a, b) = (entry(), entry());
+        store.put(a.clone()).await.unwrap();
+        store.put(b.clone()).await.unwrap();
+        assert_eq!(store.depth().await.unwrap(), 2);
+        // As if the removals overtook the writer's count.
+        store.inner.depth.store(0, Ordering::Relaxed);
+        assert!(store.remove(a.id).await.unwrap());
+        assert_eq!(store.depth().await.unwrap(), 0);
+        assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+        assert_eq!(store.depth().await.unwrap(), 0);
     }
 
     /// With the writer stuck (another write transaction holds redb's write
