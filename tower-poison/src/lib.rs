@@ -118,8 +118,8 @@
 //! # Fleets of nodes: Redis
 //!
 //! With the `redis` feature,
-//! [`RedisDeadLetterStore`](store::RedisDeadLetterStore) keeps one queue (a
-//! Redis stream) for every node and the CLI (`--store redis://…`). While
+//! [`RedisDeadLetterStore`](store::RedisDeadLetterStore) keeps one queue in
+//! Redis for every node and the CLI (`--store redis://…`). While
 //! Redis is down, a dead-lettered call fails with [`StoreFailed`]: nothing
 //! acknowledged is lost.
 //!
@@ -241,5 +241,5 @@ pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
 pub use self::replay::replay;
 pub use self::service::DeadLetter;
-pub use self::store::Claim;
+pub use self::store::{Claim, ClaimToken};
 pub use http_body_replay::ReplayBody;

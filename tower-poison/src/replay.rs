@@ -12,8 +12,14 @@
 //! machines, must not send it twice. Before sending, a replay *claims* the
 //! entry in the store ([`DeadLetterStore::claim`]) for a lease (five minutes
 //! by default, [`Replayer::lease`]); a second replay of a claimed entry sends
-//! nothing and answers [`ReplayOutcome::InProgress`]. Removing the entry
-//! after a success, or updating it after a failure, ends the claim.
+//! nothing and answers [`ReplayOutcome::InProgress`]. After a success the
+//! replay removes the entry (and so its claim); after a failure it updates
+//! the entry and then gives its claim back with the claim's
+//! [`ClaimToken`](crate::store::ClaimToken). The token is what makes the
+//! claim its own: a replay whose lease ran out mid-call cannot end the claim
+//! of the replay that took over, and a dead-letter layer recording the
+//! failure in the service (below) updates the entry without freeing it for
+//! another replayer while this one is still finishing.
 //!
 //! A crash between sending and removing leaves the entry claimed until the
 //! lease runs out, and then a later replay sends it again. For that case
@@ -244,15 +250,15 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
     {
         let store = self.store;
-        let mut entry = match store.claim(id, SystemTime::now(), self.lease).await? {
-            Claim::Claimed(entry) => entry,
+        let (mut entry, token) = match store.claim(id, SystemTime::now(), self.lease).await? {
+            Claim::Claimed { entry, token } => (entry, token),
             Claim::Held { until } => return Ok(ReplayOutcome::InProgress { until }),
             Claim::NotFound => return Ok(ReplayOutcome::NotFound),
         };
         let request = match to_request(&entry) {
             Ok(request) => request,
             Err(error) => {
-                store.release(id).await?;
+                store.release(id, token).await?;
                 return Err(ReplayError::Request(error));
             }
         };
@@ -263,6 +269,8 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         let failure = match classifier.classify(result.as_ref()) {
             Outcome::Failure(failure) => failure,
             Outcome::Success | Outcome::Ignored => {
+                // Removing the entry ends every claim on it: it is
+                // delivered, there is nothing left to replay.
                 store.remove(id).await?;
                 return Ok(ReplayOutcome::Delivered);
             }
@@ -272,7 +280,7 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         // it here as well would count it twice.
         if let Some(current) = store.get(id).await? {
             if current.attempts > entry.attempts {
-                store.release(id).await?;
+                store.release(id, token).await?;
                 return Ok(ReplayOutcome::Failed {
                     attempts: current.attempts,
                     kind: current.kind,
@@ -292,7 +300,15 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
             kind: entry.kind,
             error: entry.error_text(),
         };
-        store.put(entry).await?;
+        // The update first, then the claim: released earlier, another
+        // replay could send the entry before its new attempt count (and so
+        // its new idempotency key) is stored.
+        let kept = store.put(entry).await;
+        // Given back even when the update failed, so the entry does not
+        // wait out the lease; the update's error is the one reported.
+        let released = store.release(id, token).await;
+        kept?;
+        released?;
         Ok(outcome)
     }
 }

@@ -365,6 +365,7 @@ async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
         return;
     };
     let stream = support::unique("fleet-dlq");
+    let _cleanup = support::Cleanup::queue(&url, &stream);
 
     // Each node has its own connection; only Redis is shared.
     let node = |name: &'static str, calls: Arc<AtomicUsize>| {

@@ -12,7 +12,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_classify::BoxError;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore, Page, PurgeFilter, StoreError};
-use tower_poison::{Claim, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody};
+use tower_poison::{Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody};
 
 /// A memory store that counts `depth` queries.
 #[derive(Clone)]
@@ -48,8 +48,8 @@ impl DeadLetterStore for CountingDepth {
     ) -> Result<Claim, StoreError> {
         self.inner.claim(id, now, lease).await
     }
-    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
-        self.inner.release(id).await
+    async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
+        self.inner.release(id, token).await
     }
     async fn depth(&self) -> Result<u64, StoreError> {
         self.depth_queries.fetch_add(1, Ordering::SeqCst);

@@ -243,8 +243,9 @@ impl DeadLetterStore for SlowStore {
     async fn release(
         &self,
         id: tower_poison::EntryId,
+        token: tower_poison::ClaimToken,
     ) -> Result<(), tower_poison::store::StoreError> {
-        self.0.release(id).await
+        self.0.release(id, token).await
     }
 }
 

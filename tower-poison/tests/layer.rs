@@ -616,7 +616,11 @@ impl DeadLetterStore for BrokenStore {
     ) -> Result<tower_poison::Claim, StoreError> {
         Err(broken())
     }
-    async fn release(&self, _id: EntryId) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        _id: EntryId,
+        _token: tower_poison::ClaimToken,
+    ) -> Result<(), StoreError> {
         Err(broken())
     }
 }

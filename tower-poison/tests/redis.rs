@@ -1,4 +1,4 @@
-//! The Redis dead-letter store (a stream per queue), and the store through a
+//! The Redis dead-letter store (one queue shared by a fleet), and the store through a
 //! Redis restart: persistence keeps what was acknowledged, and a call made
 //! while Redis is down fails with a clear error.
 
@@ -17,7 +17,8 @@ use tower_poison::store::{
     StoreErrorKind,
 };
 use tower_poison::{
-    Claim, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed, StoreFull,
+    Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed,
+    StoreFull,
 };
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -46,18 +47,21 @@ fn whole_millis(time: SystemTime) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
 }
 
-async fn shared_store(name: &str) -> Option<RedisDeadLetterStore> {
+/// A store on a queue of its own, and what deletes the queue's keys after
+/// the test.
+async fn shared_store(name: &str) -> Option<(RedisDeadLetterStore, support::Cleanup)> {
     let url = support::shared_redis().await?;
-    Some(
-        RedisDeadLetterStore::connect(&url, support::unique(name))
-            .await
-            .unwrap(),
-    )
+    let name = support::unique(name);
+    let cleanup = support::Cleanup::queue(&url, &name);
+    Some((
+        RedisDeadLetterStore::connect(&url, name).await.unwrap(),
+        cleanup,
+    ))
 }
 
 #[tokio::test]
 async fn redis_store_pages_filters_and_purges_by_age() {
-    let Some(store) = shared_store("paging").await else {
+    let Some((store, _cleanup)) = shared_store("paging").await else {
         return;
     };
     let now = SystemTime::now();
@@ -81,12 +85,13 @@ async fn redis_store_pages_filters_and_purges_by_age() {
         written.push(e.clone());
         store.put(e).await.unwrap();
     }
-    assert_eq!(store.depth().await.unwrap(), 10, "XLEN");
+    assert_eq!(store.depth().await.unwrap(), 10, "HLEN");
     for e in &written {
         assert_eq!(store.get(e.id).await.unwrap().as_ref(), Some(e));
     }
 
-    // Paging 3 at a time: every entry once, in write order.
+    // Paging 3 at a time: every entry once, in id order (here also the
+    // order they were written in).
     let mut seen = Vec::new();
     let mut query = ListQuery::new().limit(3);
     loop {
@@ -99,6 +104,16 @@ async fn redis_store_pages_filters_and_purges_by_age() {
         }
     }
     assert_eq!(seen, written.iter().map(|e| e.id).collect::<Vec<_>>());
+    // A limit of 0 is a limit of 1: one entry and a cursor to the rest.
+    let one = store.list(ListQuery::new().limit(0)).await.unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.next, Some(written[0].id));
+    let last = store
+        .list(ListQuery::new().limit(0).after(written[8].id))
+        .await
+        .unwrap();
+    assert_eq!(last.entries.len(), 1);
+    assert_eq!(last.next, None);
 
     let poison = store
         .list(ListQuery::new().kind(FailureKind::Poison))
@@ -133,11 +148,11 @@ async fn redis_store_pages_filters_and_purges_by_age() {
 }
 
 /// `put` of an existing id (a failed replay updating its entry) keeps one
-/// entry, moved to the end; a page cursor whose entry went away still
-/// resumes.
+/// entry, in its place; a page cursor whose entry went away still resumes
+/// right after it.
 #[tokio::test]
 async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
-    let Some(store) = shared_store("upsert").await else {
+    let Some((store, _cleanup)) = shared_store("upsert").await else {
         return;
     };
     let now = SystemTime::now();
@@ -160,7 +175,7 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
         .iter()
         .map(|e| e.id)
         .collect();
-    assert_eq!(listed, [b.id, a.id], "listed in write order");
+    assert_eq!(listed, [a.id, b.id], "listed in id order");
 
     // Resume after an entry that was removed meanwhile.
     let c = entry("orders", FailureKind::Timeout, SystemTime::now());
@@ -168,7 +183,51 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
     assert!(store.remove(b.id).await.unwrap());
     let page = store.list(ListQuery::new().after(b.id)).await.unwrap();
     let ids: Vec<EntryId> = page.entries.iter().map(|e| e.id).collect();
-    assert!(ids.contains(&c.id), "{ids:?}");
+    assert_eq!(ids, [c.id]);
+}
+
+/// Paging is stable while entries change: six entries, two to a page; the
+/// cursor's entry is rewritten (a failed replay) and the next page is still
+/// the next two, then the next cursor's entry is removed and the last page
+/// is still the last two. Nothing is skipped or repeated.
+#[tokio::test]
+async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_removed() {
+    let Some((store, _cleanup)) = shared_store("stable-paging").await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let written: Vec<DeadLetterEntry> = (0..6)
+        .map(|_| entry("orders", FailureKind::ServerError, now))
+        .collect();
+    for e in &written {
+        store.put(e.clone()).await.unwrap();
+    }
+    let ids = |page: &tower_poison::store::Page| -> Vec<EntryId> {
+        page.entries.iter().map(|e| e.id).collect()
+    };
+    let query = ListQuery::new().limit(2);
+    let first = store.list(query.clone()).await.unwrap();
+    assert_eq!(ids(&first), [written[0].id, written[1].id]);
+    assert_eq!(first.next, Some(written[1].id));
+
+    let mut replayed = written[1].clone();
+    replayed.attempts += 1;
+    store.put(replayed).await.unwrap();
+    let second = store
+        .list(query.clone().after(written[1].id))
+        .await
+        .unwrap();
+    assert_eq!(ids(&second), [written[2].id, written[3].id]);
+    assert_eq!(second.next, Some(written[3].id));
+
+    assert!(store.remove(written[3].id).await.unwrap());
+    let third = store
+        .list(query.clone().after(written[3].id))
+        .await
+        .unwrap();
+    assert_eq!(ids(&third), [written[4].id, written[5].id]);
+    assert_eq!(third.next, None);
+    assert_eq!(store.stats(now).await.unwrap().depth, 5);
 }
 
 /// A plain connection for looking at the keys themselves.
@@ -191,6 +250,7 @@ async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_ackno
         return;
     };
     let name = support::unique("full");
+    let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::builder()
         .max_entries(3)
         .connect(&url, name.clone())
@@ -236,18 +296,18 @@ async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_ackno
 
     // The documented layout, all in one hash tag.
     let mut connection = raw_connection(&url).await;
-    let indexed: u64 = redis::cmd("HLEN")
-        .arg(key(&name, "index"))
+    let stored: u64 = redis::cmd("HLEN")
+        .arg(key(&name, "dead-letters"))
         .query_async(&mut connection)
         .await
         .unwrap();
-    assert_eq!(indexed, 3);
-    let streamed: u64 = redis::cmd("XLEN")
-        .arg(key(&name, "entries"))
+    assert_eq!(stored, 3);
+    let ordered: u64 = redis::cmd("ZCARD")
+        .arg(key(&name, "ids"))
         .query_async(&mut connection)
         .await
         .unwrap();
-    assert_eq!(streamed, 3);
+    assert_eq!(ordered, 3);
 }
 
 #[tokio::test]
@@ -262,6 +322,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
     let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
     let total: u64 = written.iter().map(size).sum();
     let name = support::unique("bytes");
+    let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::builder()
         .max_bytes(total)
         .connect(&url, name.clone())
@@ -269,7 +330,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
         .unwrap();
     let connection = raw_connection(&url).await;
     let counted = |mut connection: redis::aio::MultiplexedConnection| {
-        let key = key(&name, "bytes");
+        let key = key(&name, "dead-letter-bytes");
         async move {
             let bytes: Option<u64> = redis::cmd("GET")
                 .arg(key)
@@ -309,67 +370,116 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
     assert_eq!(counted(connection).await, 0);
 }
 
+/// The token of a claim that succeeded.
+fn claimed(claim: Claim) -> (DeadLetterEntry, ClaimToken) {
+    match claim {
+        Claim::Claimed { entry, token } => (entry, token),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// Ends the claim on `id` as its lease running out would: Redis expires the
+/// key (an expiry time in the past), without the test waiting for it.
+async fn expire_claim(url: &str, name: &str, id: EntryId) {
+    let mut connection = raw_connection(url).await;
+    let expired: u8 = redis::cmd("PEXPIREAT")
+        .arg(key(name, &format!("claim:{id}")))
+        .arg(1)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(expired, 1, "the claim key exists");
+}
+
+/// The claim key's time to live, in milliseconds (`-2`: there is none).
+async fn claim_ttl(url: &str, name: &str, id: EntryId) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key(name, &format!("claim:{id}")))
+        .query_async(&mut raw_connection(url).await)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
-async fn redis_claims_are_exclusive_expire_and_end_on_put_remove_and_release() {
-    let Some(store) = shared_store("claims").await else {
+async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and_release() {
+    let Some(url) = support::shared_redis().await else {
         return;
     };
+    let name = support::unique("claims");
+    let _cleanup = support::Cleanup::queue(&url, &name);
+    let store = RedisDeadLetterStore::connect(&url, name.clone())
+        .await
+        .unwrap();
     let now = whole_millis(SystemTime::now());
     let lease = Duration::from_secs(30);
     let e = entry("orders", FailureKind::ServerError, now);
     store.put(e.clone()).await.unwrap();
 
-    // Two replayers at once: exactly one holds it.
+    // Two replayers at once: exactly one holds it; the other is told when
+    // the lease ends, as its `now` plus what Redis has left of it.
     let (first, second) =
         tokio::join!(store.claim(e.id, now, lease), store.claim(e.id, now, lease));
     let outcomes = [first.unwrap(), second.unwrap()];
     assert_eq!(
         outcomes
             .iter()
-            .filter(|c| **c == Claim::Claimed(e.clone()))
+            .filter(|c| matches!(c, Claim::Claimed { entry, .. } if *entry == e))
             .count(),
         1,
         "{outcomes:?}"
     );
     assert!(
-        outcomes.contains(&Claim::Held { until: now + lease }),
+        outcomes.iter().any(|c| matches!(c,
+            Claim::Held { until } if *until <= now + lease && *until > now + lease - Duration::from_secs(5))),
         "{outcomes:?}"
     );
-
-    // Past the lease the entry is free again.
-    let later = now + lease + Duration::from_millis(1);
-    assert_eq!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(e.clone())
-    );
+    // The lease is Redis's `PX`, not a time from the caller's clock: a
+    // caller whose clock runs far ahead still finds the entry held.
+    let ttl = claim_ttl(&url, &name, e.id).await;
+    assert!(ttl > 25_000 && ttl <= 30_000, "PTTL {ttl}");
+    let far_ahead = now + DAY;
     assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
+        store.claim(e.id, far_ahead, lease).await.unwrap(),
+        Claim::Held { until } if until > far_ahead
+    ));
+
+    // Once Redis has expired the lease, the entry is free again.
+    expire_claim(&url, &name, e.id).await;
+    let (claimed_entry, token) = claimed(store.claim(e.id, now, lease).await.unwrap());
+    assert_eq!(claimed_entry, e);
+    assert!(matches!(
+        store.claim(e.id, now, lease).await.unwrap(),
         Claim::Held { .. }
     ));
 
-    // Release, put and remove each end the claim.
-    store.release(e.id).await.unwrap();
-    assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    // Its own token releases it.
+    store.release(e.id, token).await.unwrap();
+    let (_, token) = claimed(store.claim(e.id, now, lease).await.unwrap());
+    // A put leaves the claim; the next claim hands out the new entry.
     let mut updated = e.clone();
     updated.attempts = 7;
     store.put(updated.clone()).await.unwrap();
+    assert!(matches!(
+        store.claim(e.id, now, lease).await.unwrap(),
+        Claim::Held { .. }
+    ));
+    store.release(e.id, token).await.unwrap();
     assert_eq!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(updated)
+        claimed(store.claim(e.id, now, lease).await.unwrap()).0,
+        updated
     );
+    // A remove ends it (the claim key goes with the entry).
     assert!(store.remove(e.id).await.unwrap());
+    assert_eq!(claim_ttl(&url, &name, e.id).await, -2);
     assert_eq!(
-        store.claim(e.id, later, lease).await.unwrap(),
+        store.claim(e.id, now, lease).await.unwrap(),
         Claim::NotFound
     );
     store.put(e.clone()).await.unwrap();
-    assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    claimed(store.claim(e.id, now, lease).await.unwrap());
+    // So does a purge.
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(claim_ttl(&url, &name, e.id).await, -2);
 
     // An id the store never had.
     let missing = EntryId::generate(SystemTime::now());
@@ -379,9 +489,55 @@ async fn redis_claims_are_exclusive_expire_and_end_on_put_remove_and_release() {
     );
 }
 
+/// A claim belongs to whoever took it (the three-replayer scenario, on the
+/// Redis clock): the layer's `put` during A's call leaves A's claim, and
+/// after A's lease has run out and B took over, A's late release leaves B's
+/// claim, so C still finds the entry held.
+#[tokio::test]
+async fn redis_claims_are_ended_only_by_their_own_token() {
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let name = support::unique("owners");
+    let _cleanup = support::Cleanup::queue(&url, &name);
+    let store = RedisDeadLetterStore::connect(&url, name.clone())
+        .await
+        .unwrap();
+    let now = SystemTime::now();
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    let (_, a) = claimed(store.claim(e.id, now, lease).await.unwrap());
+    let mut recorded = e.clone();
+    recorded.attempts += 1;
+    store.put(recorded).await.unwrap();
+    assert!(
+        matches!(
+            store.claim(e.id, now, lease).await.unwrap(),
+            Claim::Held { .. }
+        ),
+        "the layer's put freed the entry for replayer B"
+    );
+
+    expire_claim(&url, &name, e.id).await;
+    let (_, b) = claimed(store.claim(e.id, now, lease).await.unwrap());
+    assert_ne!(a, b, "every claim has its own token");
+    store.release(e.id, a).await.unwrap();
+    assert!(
+        matches!(
+            store.claim(e.id, now, lease).await.unwrap(),
+            Claim::Held { .. }
+        ),
+        "A's stale token ended B's claim: replayer C would send the entry too"
+    );
+    store.release(e.id, b).await.unwrap();
+    claimed(store.claim(e.id, now, lease).await.unwrap());
+}
+
 #[tokio::test]
 async fn redis_claim_leases_saturate_for_any_duration() {
-    let Some(store) = shared_store("ttl").await else {
+    let Some((store, _cleanup)) = shared_store("ttl").await else {
         return;
     };
     let now = SystemTime::now();
@@ -389,10 +545,7 @@ async fn redis_claim_leases_saturate_for_any_duration() {
     store.put(e.clone()).await.unwrap();
     // Redis refuses a `PX` it cannot add to its clock; the store caps the
     // lease instead of wrapping, panicking or failing.
-    assert!(matches!(
-        store.claim(e.id, now, Duration::MAX).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    claimed(store.claim(e.id, now, Duration::MAX).await.unwrap());
     let end_of_9999 = SystemTime::UNIX_EPOCH + Duration::from_millis(253_402_300_799_999);
     assert_eq!(
         store.claim(e.id, now, Duration::ZERO).await.unwrap(),
@@ -401,21 +554,15 @@ async fn redis_claim_leases_saturate_for_any_duration() {
     // A zero lease ends at once.
     let f = entry("orders", FailureKind::ServerError, now);
     store.put(f.clone()).await.unwrap();
-    assert!(matches!(
-        store.claim(f.id, now, Duration::ZERO).await.unwrap(),
-        Claim::Claimed(_)
-    ));
-    assert!(matches!(
-        store.claim(f.id, now, Duration::ZERO).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    claimed(store.claim(f.id, now, Duration::ZERO).await.unwrap());
+    claimed(store.claim(f.id, now, Duration::ZERO).await.unwrap());
 }
 
 /// More entries than one scan page (512): purge, oldest_age and stats page
 /// through the stream and see every entry.
 #[tokio::test]
 async fn redis_scans_page_through_more_than_one_page() {
-    let Some(store) = shared_store("pages").await else {
+    let Some((store, _cleanup)) = shared_store("pages").await else {
         return;
     };
     let now = SystemTime::now();

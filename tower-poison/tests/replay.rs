@@ -1,11 +1,17 @@
-//! Replay: success removes an entry, failure keeps it updated.
+//! Replay: success removes an entry, failure keeps it updated, and a claim
+//! keeps two replayers from sending one entry.
 
+#[cfg(feature = "redis")]
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
+use tokio::sync::oneshot;
 use tower::service_fn;
 use tower::{Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
@@ -14,7 +20,7 @@ use tower_poison::replay::{
 };
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::DeadLetterLayer;
-use tower_poison::{DeadLetterEntry, EntryId, StoredHeader, REDACTED};
+use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
 fn entry() -> DeadLetterEntry {
     let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -247,21 +253,28 @@ fn entries_with_a_redacted_uri_or_body_are_not_rebuilt() {
     assert!(http_request(&entry(), &destination, &[]).is_ok());
 }
 
-/// Two replays of one entry at the same time: the second finds the entry
-/// claimed and sends nothing, so the service sees the entry once.
+/// Two replays of one entry at the same time: the second starts once the
+/// first one's call is under way (so the first holds the claim), finds the
+/// entry claimed and sends nothing, so the service sees the entry once.
+/// Bounded by a timeout: were the second replay to send too, its call
+/// returns at once and the test fails on the count instead of hanging.
 async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
     let e = entry();
     store.put(e.clone()).await.unwrap();
-    let calls = Arc::new(Mutex::new(0));
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let released = Arc::new(tokio::sync::Mutex::new(Some(released)));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (started, call_started) = oneshot::channel::<()>();
+    let (finish, call_may_finish) = oneshot::channel::<()>();
+    // Only the first call takes these; a second call would find them gone
+    // and return straight away.
+    let first_call = Arc::new(Mutex::new(Some((started, call_may_finish))));
     let counted = calls.clone();
     let mut slow = service_fn(move |_req: Request<Full<Bytes>>| {
-        *counted.lock().unwrap() += 1;
-        let released = released.clone();
+        counted.fetch_add(1, Ordering::SeqCst);
+        let first = first_call.lock().unwrap().take();
         async move {
-            if let Some(released) = released.lock().await.take() {
-                let _ = released.await;
+            if let Some((started, may_finish)) = first {
+                started.send(()).unwrap();
+                let _ = may_finish.await;
             }
             Ok::<_, BoxError>(Response::new(Bytes::new()))
         }
@@ -270,8 +283,9 @@ async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
     let classifier = HttpClassifier::new();
     let first = replay(&store, e.id, &mut slow, &classifier, to_request);
     let second = async {
-        // Let the first replay claim the entry and start its call.
-        tokio::task::yield_now().await;
+        call_started
+            .await
+            .expect("the first replay calls the service");
         let outcome = replay(
             &store,
             e.id,
@@ -281,16 +295,20 @@ async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
         )
         .await
         .unwrap();
-        release.send(()).unwrap();
+        finish.send(()).unwrap();
         outcome
     };
-    let (first, second) = tokio::join!(first, second);
+    let (first, second) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(first, second)
+    })
+    .await
+    .expect("both replays finish");
     assert_eq!(first.unwrap(), ReplayOutcome::Delivered);
     assert!(
         matches!(second, ReplayOutcome::InProgress { until } if until > SystemTime::now()),
         "{second:?}"
     );
-    assert_eq!(*calls.lock().unwrap(), 1, "the entry was sent twice");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the entry was sent twice");
     assert_eq!(store.get(e.id).await.unwrap(), None);
 }
 
@@ -303,6 +321,165 @@ async fn memory_concurrent_replays_deliver_once() {
 async fn redb_concurrent_replays_deliver_once() {
     let dir = tempfile::tempdir().unwrap();
     concurrent_replays_deliver_once(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+}
+
+/// A dead-letter layer in the replayed service records the failure (a
+/// `put`) while the replay is still finishing: another replayer that tries
+/// the entry then must find it held, not free. Once the replay is over it
+/// has given its claim back and the entry can be replayed again.
+async fn a_failure_the_layer_records_keeps_the_entry_claimed<St: DeadLetterStore>(store: St) {
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let meanwhile = Arc::new(Mutex::new(None));
+    let mut service = {
+        let layered = still_failing(store.clone(), "orders");
+        let (store, meanwhile, id) = (store.clone(), meanwhile.clone(), e.id);
+        service_fn(move |req: Request<Full<Bytes>>| {
+            let (layered, store, meanwhile) = (layered.clone(), store.clone(), meanwhile.clone());
+            async move {
+                let response = layered.oneshot(req).await?;
+                // The layer has stored the failure; replayer B tries now.
+                let other = store
+                    .claim(id, SystemTime::now(), Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                *meanwhile.lock().unwrap() = Some(other);
+                Ok::<_, BoxError>(response.map(|_| Bytes::new()))
+            }
+        })
+    };
+    let outcome = replay(
+        &store,
+        e.id,
+        &mut service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::Failed { attempts: 3, .. }),
+        "{outcome:?}"
+    );
+    let other = meanwhile.lock().unwrap().take().expect("B tried");
+    assert!(
+        matches!(other, Claim::Held { .. }),
+        "the layer's put freed the entry for a second replayer: {other:?}"
+    );
+    assert!(
+        matches!(
+            store
+                .claim(e.id, SystemTime::now(), Duration::from_secs(60))
+                .await
+                .unwrap(),
+            Claim::Claimed { .. }
+        ),
+        "the finished replay gave its claim back"
+    );
+}
+
+/// Replayer A's lease runs out while its call is in flight (a zero lease:
+/// at once), and replayer B claims the entry. When A's call fails and A
+/// updates the entry and gives its claim back, B's claim must stay, so a
+/// third replay C sends nothing while B is still sending.
+async fn a_replay_whose_lease_ran_out_leaves_the_next_replays_claim<St: DeadLetterStore>(
+    store: St,
+) {
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let b_claim = Arc::new(Mutex::new(None));
+    let mut a_service = {
+        let (store, b_claim, id) = (store.clone(), b_claim.clone(), e.id);
+        service_fn(move |_req: Request<Full<Bytes>>| {
+            let (store, b_claim) = (store.clone(), b_claim.clone());
+            async move {
+                let claim = store
+                    .claim(id, SystemTime::now(), Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                *b_claim.lock().unwrap() = Some(claim);
+                Ok::<_, BoxError>(
+                    Response::builder()
+                        .status(StatusCode::SERVICE_UNAVAILABLE)
+                        .body(Bytes::new())
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let outcome = Replayer::new(&store)
+        .lease(Duration::ZERO)
+        .replay(e.id, &mut a_service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::Failed { attempts: 3, .. }),
+        "{outcome:?}"
+    );
+    let b_claim = b_claim.lock().unwrap().take().expect("B tried");
+    assert!(
+        matches!(b_claim, Claim::Claimed { .. }),
+        "A's lease was over: {b_claim:?}"
+    );
+
+    let c_calls = Arc::new(AtomicUsize::new(0));
+    let counted = c_calls.clone();
+    let mut c_service = service_fn(move |_req: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, BoxError>(Response::new(Bytes::new())) }
+    });
+    let outcome = replay(
+        &store,
+        e.id,
+        &mut c_service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::InProgress { .. }),
+        "A ended B's claim: {outcome:?}"
+    );
+    assert_eq!(c_calls.load(Ordering::SeqCst), 0, "C sent the entry too");
+}
+
+#[tokio::test]
+async fn memory_claims_survive_the_layers_put_and_a_slow_replayers_release() {
+    a_failure_the_layer_records_keeps_the_entry_claimed(MemoryStore::new(10)).await;
+    a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(MemoryStore::new(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_claims_survive_the_layers_put_and_a_slow_replayers_release() {
+    let dir = tempfile::tempdir().unwrap();
+    a_failure_the_layer_records_keeps_the_entry_claimed(
+        RedbStore::open(dir.path().join("layer.redb")).unwrap(),
+    )
+    .await;
+    a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(
+        RedbStore::open(dir.path().join("lease.redb")).unwrap(),
+    )
+    .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow_release() {
+    use tower_poison::store::RedisDeadLetterStore;
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    for test in ["concurrent", "layer", "lease"] {
+        let name = support::unique(test);
+        let _cleanup = support::Cleanup::queue(&url, &name);
+        let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+        match test {
+            "concurrent" => concurrent_replays_deliver_once(store).await,
+            "layer" => a_failure_the_layer_records_keeps_the_entry_claimed(store).await,
+            _ => a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(store).await,
+        }
+    }
 }
 
 #[tokio::test]
@@ -391,10 +568,11 @@ type Body = tower_poison::ReplayBody<Full<Bytes>>;
 
 /// The service an entry is replayed into: a dead-letter layer over the same
 /// store, in front of a handler that still fails.
-fn still_failing(
-    store: MemoryStore,
+fn still_failing<St: DeadLetterStore>(
+    store: St,
     label: &'static str,
-) -> impl Service<Request<Full<Bytes>>, Response = Response<Bytes>, Error = BoxError> {
+) -> impl Service<Request<Full<Bytes>>, Response = Response<Bytes>, Error = BoxError, Future: Send> + Clone
+{
     let handler = service_fn(|_req: Request<Body>| async {
         Ok::<_, BoxError>(
             Response::builder()

@@ -16,7 +16,8 @@ use tower_poison::store::{
     DeadLetterStore, ListQuery, MemoryStore, PurgeFilter, RedbStore, StoreErrorKind,
 };
 use tower_poison::{
-    Claim, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFull, StoredHeader,
+    Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFull,
+    StoredHeader,
 };
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
@@ -129,6 +130,19 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     }
     assert_eq!(seen.len(), 10);
     assert!(seen.windows(2).all(|w| w[0] < w[1]));
+
+    // A limit of 0 is a limit of 1: one entry, and a cursor to the rest
+    // (not an empty page that says there is no more).
+    let one = store.list(ListQuery::new().limit(0)).await.unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.entries[0].id, seen[0]);
+    assert_eq!(one.next, Some(seen[0]));
+    let last = store
+        .list(ListQuery::new().limit(0).after(seen[8]))
+        .await
+        .unwrap();
+    assert_eq!(last.entries.len(), 1);
+    assert_eq!(last.next, None);
 
     // Filters.
     let poison = store
@@ -534,10 +548,16 @@ async fn a_tiny_writer_queue_makes_puts_wait_and_keeps_them_all() {
     }
 }
 
+/// The token of a claim that succeeded.
+fn claimed(claim: Claim) -> (DeadLetterEntry, ClaimToken) {
+    match claim {
+        Claim::Claimed { entry, token } => (entry, token),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
 /// The claim rules, for any store.
-async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
-    store: impl DeadLetterStore,
-) {
+async fn claims_are_exclusive_expire_and_end_on_remove_and_release(store: impl DeadLetterStore) {
     let now = whole_millis(SystemTime::now());
     let lease = Duration::from_secs(30);
     let e = entry("orders", FailureKind::ServerError, now);
@@ -550,7 +570,7 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
     assert_eq!(
         outcomes
             .iter()
-            .filter(|c| **c == Claim::Claimed(e.clone()))
+            .filter(|c| matches!(c, Claim::Claimed { entry, .. } if *entry == e))
             .count(),
         1,
         "{outcomes:?}"
@@ -566,10 +586,8 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
         Claim::Held { .. }
     ));
     let later = now + lease;
-    assert_eq!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(e.clone())
-    );
+    let (claimed_entry, token) = claimed(store.claim(e.id, later, lease).await.unwrap());
+    assert_eq!(claimed_entry, e);
     assert_eq!(
         store.claim(e.id, later, lease).await.unwrap(),
         Claim::Held {
@@ -577,19 +595,22 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
         }
     );
 
-    // Release ends it.
-    store.release(e.id).await.unwrap();
-    assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(_)
-    ));
-    // A put of the id ends it, and the claim hands out the new entry.
+    // Its own token releases it.
+    store.release(e.id, token).await.unwrap();
+    let (_, token) = claimed(store.claim(e.id, later, lease).await.unwrap());
+    // A put of the id leaves the claim; the next claim hands out the new
+    // entry.
     let mut updated = e.clone();
     updated.attempts = 7;
     store.put(updated.clone()).await.unwrap();
-    assert_eq!(
+    assert!(matches!(
         store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(updated)
+        Claim::Held { .. }
+    ));
+    store.release(e.id, token).await.unwrap();
+    assert_eq!(
+        claimed(store.claim(e.id, later, lease).await.unwrap()).0,
+        updated
     );
     // A remove ends it: the id is gone, and put back it is free.
     assert!(store.remove(e.id).await.unwrap());
@@ -598,17 +619,11 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
         Claim::NotFound
     );
     store.put(e.clone()).await.unwrap();
-    assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    claimed(store.claim(e.id, later, lease).await.unwrap());
     // A purge ends it too.
     assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
-    assert!(matches!(
-        store.claim(e.id, later, lease).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    let (_, token) = claimed(store.claim(e.id, later, lease).await.unwrap());
 
     // An id the store never had; releasing it is harmless.
     let missing = EntryId::generate(SystemTime::now());
@@ -616,15 +631,12 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
         store.claim(missing, now, lease).await.unwrap(),
         Claim::NotFound
     );
-    store.release(missing).await.unwrap();
+    store.release(missing, token).await.unwrap();
 
     // Any lease is accepted: `Duration::MAX` saturates at the end of 9999.
     let f = entry("orders", FailureKind::ServerError, now);
     store.put(f.clone()).await.unwrap();
-    assert!(matches!(
-        store.claim(f.id, now, Duration::MAX).await.unwrap(),
-        Claim::Claimed(_)
-    ));
+    claimed(store.claim(f.id, now, Duration::MAX).await.unwrap());
     let end_of_9999 = SystemTime::UNIX_EPOCH + Duration::from_millis(253_402_300_799_999);
     assert_eq!(
         store.claim(f.id, now, Duration::MAX).await.unwrap(),
@@ -632,15 +644,67 @@ async fn claims_are_exclusive_expire_and_end_on_put_remove_and_release(
     );
 }
 
+/// A claim belongs to whoever took it. Replayer A claims an entry and sends
+/// it; the service's dead-letter layer records the failure with a `put`;
+/// replayer B must still find the entry held. A's lease then runs out and B
+/// takes the entry over: A's late release (with its now stale token) must
+/// leave B's claim, so a third replayer C still finds it held. Only B's own
+/// token frees it.
+async fn a_claim_is_ended_only_by_its_own_token(store: impl DeadLetterStore) {
+    let now = whole_millis(SystemTime::now());
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    let (_, a) = claimed(store.claim(e.id, now, lease).await.unwrap());
+    let mut recorded = e.clone();
+    recorded.attempts += 1;
+    store.put(recorded).await.unwrap();
+    assert!(
+        matches!(
+            store.claim(e.id, now, lease).await.unwrap(),
+            Claim::Held { .. }
+        ),
+        "the layer's put freed the entry for replayer B"
+    );
+
+    // A's lease ends; B claims.
+    let later = now + lease;
+    let (_, b) = claimed(store.claim(e.id, later, lease).await.unwrap());
+    assert_ne!(a, b, "every claim has its own token");
+    store.release(e.id, a).await.unwrap();
+    assert!(
+        matches!(
+            store.claim(e.id, later, lease).await.unwrap(),
+            Claim::Held { .. }
+        ),
+        "A's stale token ended B's claim: replayer C would send the entry too"
+    );
+    store.release(e.id, b).await.unwrap();
+    claimed(store.claim(e.id, later, lease).await.unwrap());
+}
+
+#[tokio::test]
+async fn memory_store_claims_have_owners() {
+    a_claim_is_ended_only_by_its_own_token(MemoryStore::new(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_store_claims_have_owners() {
+    let dir = tempfile::tempdir().unwrap();
+    a_claim_is_ended_only_by_its_own_token(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
+        .await;
+}
+
 #[tokio::test]
 async fn memory_store_claims_are_exclusive_expire_and_end() {
-    claims_are_exclusive_expire_and_end_on_put_remove_and_release(MemoryStore::new(100)).await;
+    claims_are_exclusive_expire_and_end_on_remove_and_release(MemoryStore::new(100)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_claims_are_exclusive_expire_and_end() {
     let dir = tempfile::tempdir().unwrap();
-    claims_are_exclusive_expire_and_end_on_put_remove_and_release(
+    claims_are_exclusive_expire_and_end_on_remove_and_release(
         RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
     )
     .await;

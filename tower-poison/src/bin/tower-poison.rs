@@ -42,16 +42,16 @@ use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
-/// a Redis stream.
+/// a Redis queue.
 ///
 /// A redb file is locked while a service has it open: stop the service (or
-/// point at a copy) first. A Redis stream is shared: the CLI reads it while
+/// point at a copy) first. A Redis queue is shared: the CLI reads it while
 /// every node keeps writing.
 #[derive(Debug, Parser)]
 #[command(name = "tower-poison", version)]
 struct Cli {
     /// The dead-letter store: a redb file, or a Redis server
-    /// (`redis://host:port/db`, with the `redis` feature) holding the stream
+    /// (`redis://host:port/db`, with the `redis` feature) holding the queue
     /// named by --stream.
     #[arg(
         long,
@@ -61,7 +61,7 @@ struct Cli {
     )]
     store: Option<String>,
 
-    /// With a redis:// store: the stream (one per queue).
+    /// With a redis:// store: the queue's name.
     #[arg(
         long,
         global = true,

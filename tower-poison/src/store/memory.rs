@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, DeadLetterStore, ListQuery, Page,
-    PurgeFilter, StoreError, StoreErrorKind,
+    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
+    Page, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId};
 
@@ -40,9 +40,17 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     entries: BTreeMap<EntryId, DeadLetterEntry>,
-    /// When each claim's lease ends, in milliseconds since the Unix epoch.
-    /// Only ids present in `entries`: put and remove end a claim.
-    claims: HashMap<EntryId, u64>,
+    /// Each claim: its token and when its lease ends, in milliseconds since
+    /// the Unix epoch. Only ids present in `entries`: remove and purge end
+    /// a claim.
+    claims: HashMap<EntryId, Held>,
+}
+
+/// One claim on an entry.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    token: ClaimToken,
+    until: u64,
 }
 
 impl MemoryStore {
@@ -84,7 +92,6 @@ impl DeadLetterStore for MemoryStore {
                 ),
             ));
         }
-        state.claims.remove(&entry.id);
         state.entries.insert(entry.id, entry);
         Ok(Some(state.entries.len() as u64))
     }
@@ -102,10 +109,11 @@ impl DeadLetterStore for MemoryStore {
             }
             None => entries.range(..),
         };
+        let limit = query.limit.max(1);
         let mut page = Vec::new();
         let mut next = None;
         for entry in range.map(|(_, entry)| entry) {
-            if page.len() == query.limit {
+            if page.len() == limit {
                 next = page.last().map(|e: &DeadLetterEntry| e.id);
                 break;
             }
@@ -144,19 +152,28 @@ impl DeadLetterStore for MemoryStore {
         let Some(entry) = state.entries.get(&id).cloned() else {
             return Ok(Claim::NotFound);
         };
-        if let Some(&until) = state.claims.get(&id) {
-            if until > millis_since_epoch(now) {
+        if let Some(held) = state.claims.get(&id) {
+            if held.until > millis_since_epoch(now) {
                 return Ok(Claim::Held {
-                    until: time_from_millis(until),
+                    until: time_from_millis(held.until),
                 });
             }
         }
-        state.claims.insert(id, lease_end(now, lease));
-        Ok(Claim::Claimed(entry))
+        let token = ClaimToken::generate();
+        let until = lease_end(now, lease);
+        state.claims.insert(id, Held { token, until });
+        Ok(Claim::Claimed { entry, token })
     }
 
-    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
-        self.state().claims.remove(&id);
+    async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
+        let mut state = self.state();
+        if state
+            .claims
+            .get(&id)
+            .is_some_and(|held| held.token == token)
+        {
+            state.claims.remove(&id);
+        }
         Ok(())
     }
 

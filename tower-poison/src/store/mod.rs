@@ -12,7 +12,7 @@
 //!   entries (the call fails) rather than evicting old ones.
 //!
 //! - [`RedisDeadLetterStore`] (feature `redis`): for a fleet of nodes, one
-//!   Redis stream per queue that every node writes and the CLI reads.
+//!   queue in Redis that every node writes and the CLI reads.
 //!
 //! # Limits
 //!
@@ -28,9 +28,12 @@
 //!
 //! [`DeadLetterStore::claim`] leases an entry to one replayer for a while, so
 //! two replays running at once (two operators, two CLI runs) do not both send
-//! it. A lease is advisory and ends by itself: a replayer that crashes
-//! between sending and removing leaves an entry that can be claimed again
-//! once the lease is over, so a replay is at least once, never lost.
+//! it. Each claim carries a [`ClaimToken`] that only its holder knows, and
+//! only that token [releases](DeadLetterStore::release) it: a replayer whose
+//! lease ran out cannot end the claim of the replayer that took over. A lease
+//! is advisory and ends by itself: a replayer that crashes between sending
+//! and removing leaves an entry that can be claimed again once the lease is
+//! over, so a replay is at least once, never lost.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -65,8 +68,11 @@ pub use self::redis::{RedisConnectOptions, RedisDeadLetterStore, RedisDeadLetter
 /// return only once the entry is as durable as the store promises; an error
 /// means the entry was *not* kept.
 pub trait DeadLetterStore: Clone + Send + Sync + 'static {
-    /// Stores `entry`, replacing any entry with the same id, and ends any
-    /// [claim](Self::claim) on that id.
+    /// Stores `entry`, replacing any entry with the same id.
+    ///
+    /// A [claim](Self::claim) on the id is left as it is: a dead-letter
+    /// layer recording a replayed call's failure must not free the entry for
+    /// a second replayer while the first is still finishing.
     ///
     /// A store at its limits fails with [`StoreErrorKind::Full`]; replacing
     /// an entry counts only the difference in size.
@@ -100,21 +106,26 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     /// One page of entries in id (creation) order, filtered by `query`.
     fn list(&self, query: ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
-    /// Removes the entry with `id` (and any claim on it); `true` when there
-    /// was one.
+    /// Removes the entry with `id` and any claim on it (there is nothing
+    /// left to replay); `true` when there was one.
     fn remove(&self, id: EntryId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Removes every entry matching `filter`; returns how many.
+    /// Removes every entry matching `filter`, and their claims; returns how
+    /// many.
     fn purge(&self, filter: PurgeFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Claims entry `id` for `lease` so one replayer at a time sends it.
     ///
     /// Atomic in each store: of two claims of one entry made at once, one is
-    /// [`Claimed`](Claim::Claimed) and the other sees
-    /// [`Held`](Claim::Held). A claim whose lease ended before `now` counts
-    /// as free. `now` is the caller's clock, and the lease ends at
-    /// `now + lease` (saturating: any `Duration`, even `Duration::MAX`, is
-    /// accepted and capped at the end of the year 9999).
+    /// [`Claimed`](Claim::Claimed), with a fresh [`ClaimToken`], and the
+    /// other sees [`Held`](Claim::Held). A claim whose lease has ended counts
+    /// as free. The stores of one process ([`MemoryStore`], [`RedbStore`])
+    /// judge that by the caller's `now` and end the lease at `now + lease`;
+    /// [`RedisDeadLetterStore`] leaves the lease to Redis's own clock (the
+    /// nodes' clocks differ) and uses `now` only to report
+    /// [`Held::until`](Claim::Held) as `now` plus the time Redis has left.
+    /// Any `Duration` is accepted, even `Duration::MAX`: lease ends saturate
+    /// at the end of the year 9999.
     ///
     /// A claim is a lease, not a lock: it ends by itself, so a replayer that
     /// dies holding one delays the entry's replay by at most `lease`.
@@ -125,9 +136,18 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Gives up a claim early (the replay could not be sent). Removing or
-    /// putting the entry also ends any claim on it.
-    fn release(&self, id: EntryId) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Gives up the claim on `id` that `token` holds (the replay is over,
+    /// or could not be sent).
+    ///
+    /// Does nothing when `token` no longer holds it (the lease ran out and
+    /// another replayer claimed the entry), so a slow replayer never frees
+    /// an entry another one is sending. [`remove`](Self::remove) and
+    /// [`purge`](Self::purge) end any claim; [`put`](Self::put) ends none.
+    fn release(
+        &self,
+        id: EntryId,
+        token: ClaimToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// How many entries the store holds.
     fn depth(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
@@ -165,14 +185,20 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
 }
 
 /// What [`DeadLetterStore::claim`] found.
-// The entry is held unboxed so a replayer matches `Claimed(entry)` directly;
-// a claim is made once per replayed entry, so its size costs nothing.
+// The entry is held unboxed so a replayer matches `Claimed { entry, .. }`
+// directly; a claim is made once per replayed entry, so its size costs
+// nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Claim {
-    /// The caller holds the entry until `now + lease`.
-    Claimed(DeadLetterEntry),
+    /// The caller holds the entry for its lease.
+    Claimed {
+        /// The entry as stored when it was claimed.
+        entry: DeadLetterEntry,
+        /// What [`DeadLetterStore::release`] needs to end this claim.
+        token: ClaimToken,
+    },
     /// Another replayer holds it until `until`.
     Held {
         /// When the other replayer's lease ends.
@@ -180,6 +206,27 @@ pub enum Claim {
     },
     /// There is no entry with that id.
     NotFound,
+}
+
+/// Names one [claim](DeadLetterStore::claim): only the replayer that got it
+/// can [release](DeadLetterStore::release) that claim.
+///
+/// Opaque: 128 random bits made afresh for every claim, so a token left
+/// over from an earlier claim of the same entry matches no later one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimToken(u128);
+
+impl ClaimToken {
+    /// A token no other claim has.
+    pub(crate) fn generate() -> Self {
+        ClaimToken(fastrand::u128(..))
+    }
+
+    /// The token as a number, for a store to keep.
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+    pub(crate) const fn as_u128(self) -> u128 {
+        self.0
+    }
 }
 
 /// The latest instant the stores write, in milliseconds since the Unix
@@ -223,7 +270,8 @@ pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
     /// [`Page::next`]).
     pub after: Option<EntryId>,
-    /// At most this many entries (default 100).
+    /// At most this many entries (default 100). Zero is treated as one, so
+    /// a page is empty only when no matching entry is left.
     pub limit: usize,
     /// Only entries of this failure kind.
     pub kind: Option<FailureKind>,
@@ -257,7 +305,7 @@ impl ListQuery {
         self
     }
 
-    /// Returns at most `limit` entries.
+    /// Returns at most `limit` entries; zero is treated as one.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self

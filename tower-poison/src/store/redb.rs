@@ -13,8 +13,8 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, DeadLetterStore, ListQuery, Page,
-    PurgeFilter, StoreError, StoreErrorKind,
+    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
+    Page, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId};
 
@@ -27,9 +27,14 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("dead_letters_
 /// The key in [`META`] of the total encoded size of the entries, in bytes.
 const ENTRY_BYTES: &str = "entry_bytes";
 
-/// Claims by entry id; the value is when the lease ends, in milliseconds since
-/// the Unix epoch.
-const CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter_claims");
+/// Claims by entry id; the value is when the lease ends (milliseconds since
+/// the Unix epoch) and the claim's token.
+const CLAIMS: TableDefinition<'_, u128, (u64, u128)> =
+    TableDefinition::new("dead_letter_claim_tokens");
+
+/// Where claims were kept before they had tokens: dropped when a file is
+/// opened (claims are leases, so forgetting one only ends it early).
+const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter_claims");
 
 /// The default dead-letter store: one redb file on local disk.
 ///
@@ -72,7 +77,8 @@ const CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("dead_letter
 /// # Claims
 ///
 /// A [claim](DeadLetterStore::claim) is checked and written in one write
-/// transaction, so two claims of one entry never both succeed. Claims commit
+/// transaction, so two claims of one entry never both succeed, and a release
+/// checks the claim's token in one too. Claims commit
 /// with [`Durability::None`] (no `fsync`): redb's file lock means only this
 /// process uses them, and a crash that loses a claim ends a lease early,
 /// which is what a lease is for; the next durable `put` persists them anyway.
@@ -94,9 +100,10 @@ pub struct RedbStore {
 
 struct Inner {
     db: Arc<Database>,
-    /// The number of entries, kept up to date by every committed write so
-    /// `depth` needs no transaction. Exact, because redb's file lock keeps
-    /// other processes out.
+    /// The number of entries, kept up to date by every write so `depth`
+    /// needs no transaction. Exact once each write has finished, because
+    /// redb's file lock keeps other processes out; while a put commits it
+    /// already counts the put's entries (see `Writer::write_batch`).
     depth: Arc<AtomicU64>,
     path: PathBuf,
     writer: Option<mpsc::Sender<Put>>,
@@ -295,6 +302,7 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
         }
         entries.len().map_err(backend)?
     };
+    txn.delete_table(UNTOKENED_CLAIMS).map_err(backend)?;
     txn.commit().map_err(backend)?;
     Ok(depth)
 }
@@ -341,6 +349,17 @@ fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<()
     meta.insert(ENTRY_BYTES, bytes.saturating_sub(size))
         .map_err(backend)?;
     Ok(())
+}
+
+/// Takes `count` off the depth counter, after the commit that removed them.
+///
+/// Saturating: the writer counts entries before their commit, so a removal
+/// never overtakes the addition of what it removes; should the counter ever
+/// be short all the same, `depth` reads 0, not a wrapped `u64::MAX`.
+fn subtract_depth(depth: &AtomicU64, count: u64) {
+    let _ = depth.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+        Some(current.saturating_sub(count))
+    });
 }
 
 fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
@@ -397,7 +416,6 @@ impl Writer {
         let (before, after) = {
             let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
             let mut meta = txn.open_table(META).map_err(backend)?;
-            let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
             let before = entries.len().map_err(backend)?;
             let mut depth = before;
             let mut bytes = meta
@@ -426,7 +444,6 @@ impl Writer {
                 entries
                     .insert(put.key, put.value.as_slice())
                     .map_err(backend)?;
-                claims.remove(put.key).map_err(backend)?;
                 (depth, bytes) = (new_depth, new_bytes);
                 kept.push(Ok(()));
             }
@@ -438,11 +455,17 @@ impl Writer {
             // failures against a full store costs no fsync.
             txn.abort().map_err(backend)?;
         } else {
-            txn.commit().map_err(backend)?;
+            // Counted before the commit, while this transaction still holds
+            // redb's write lock: a removal of these entries can only start
+            // after the commit, so its subtraction always comes after this
+            // addition and the counter never dips below zero. A delta, not
+            // the absolute count, because removals update it too.
+            self.depth.fetch_add(after - before, Ordering::Relaxed);
+            if let Err(error) = txn.commit() {
+                subtract_depth(&self.depth, after - before);
+                return Err(backend(error));
+            }
         }
-        // A delta, not the absolute count: a removal committed after this
-        // transaction may update the counter before this thread does.
-        self.depth.fetch_add(after - before, Ordering::Relaxed);
         Ok(kept
             .into_iter()
             .map(|outcome| outcome.map(|()| after))
@@ -508,11 +531,12 @@ impl DeadLetterStore for RedbStore {
                 },
                 None => 0,
             };
+            let limit = query.limit.max(1);
             let mut entries = Vec::new();
             let mut next = None;
             for item in table.range(start..).map_err(backend)? {
                 let (_, value) = item.map_err(backend)?;
-                if entries.len() == query.limit {
+                if entries.len() == limit {
                     next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     break;
                 }
@@ -546,7 +570,7 @@ impl DeadLetterStore for RedbStore {
             };
             txn.commit().map_err(backend)?;
             if removed {
-                depth.fetch_sub(1, Ordering::Relaxed);
+                subtract_depth(&depth, 1);
             }
             Ok(removed)
         })
@@ -583,7 +607,7 @@ impl DeadLetterStore for RedbStore {
             }
             txn.commit().map_err(backend)?;
             let removed = gone.len() as u64;
-            depth.fetch_sub(removed, Ordering::Relaxed);
+            subtract_depth(&depth, removed);
             Ok(removed)
         })
         .await
@@ -605,7 +629,7 @@ impl DeadLetterStore for RedbStore {
                 let held = claims
                     .get(id.as_u128())
                     .map_err(backend)?
-                    .map(|until| until.value())
+                    .map(|held| held.value().0)
                     .filter(|&until| until > millis_since_epoch(now));
                 let stored = entries.get(id.as_u128()).map_err(backend)?;
                 let claim = match (stored, held) {
@@ -615,15 +639,16 @@ impl DeadLetterStore for RedbStore {
                     },
                     (Some(value), None) => {
                         let entry = decode(value.value())?;
+                        let token = ClaimToken::generate();
                         claims
-                            .insert(id.as_u128(), lease_end(now, lease))
+                            .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
                             .map_err(backend)?;
-                        Claim::Claimed(entry)
+                        Claim::Claimed { entry, token }
                     }
                 };
                 claim
             };
-            if matches!(claim, Claim::Claimed(_)) {
+            if matches!(claim, Claim::Claimed { .. }) {
                 txn.commit().map_err(backend)?;
             } else {
                 txn.abort().map_err(backend)?;
@@ -633,16 +658,28 @@ impl DeadLetterStore for RedbStore {
         .await
     }
 
-    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
+    async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
         self.blocking(move |db| {
             let mut txn = db.begin_write().map_err(backend)?;
             txn.set_durability(Durability::None)
                 .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
-            txn.open_table(CLAIMS)
-                .map_err(backend)?
-                .remove(id.as_u128())
-                .map_err(backend)?;
-            txn.commit().map_err(backend)
+            let released = {
+                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                let holds = claims
+                    .get(id.as_u128())
+                    .map_err(backend)?
+                    .is_some_and(|held| held.value().1 == token.as_u128());
+                if holds {
+                    claims.remove(id.as_u128()).map_err(backend)?;
+                }
+                holds
+            };
+            if released {
+                txn.commit().map_err(backend)
+            } else {
+                // Another claim holds the entry (or none does): leave it.
+                txn.abort().map_err(backend)
+            }
         })
         .await
     }
@@ -711,6 +748,24 @@ mod tests {
             first_failed_at: now,
             last_failed_at: now,
         }
+    }
+
+    /// A removal never takes the depth below zero, even when the counter is
+    /// short of what is stored (it reads 0, not a wrapped `u64::MAX`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_depth_counter_saturates_at_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+        let (a, b) = (entry(), entry());
+        store.put(a.clone()).await.unwrap();
+        store.put(b.clone()).await.unwrap();
+        assert_eq!(store.depth().await.unwrap(), 2);
+        // As if the removals overtook the writer's count.
+        store.inner.depth.store(0, Ordering::Relaxed);
+        assert!(store.remove(a.id).await.unwrap());
+        assert_eq!(store.depth().await.unwrap(), 0);
+        assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+        assert_eq!(store.depth().await.unwrap(), 0);
     }
 
     /// With the writer stuck (another write transaction holds redb's write

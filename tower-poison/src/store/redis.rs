@@ -1,4 +1,4 @@
-//! The dead-letter store for fleets of nodes: a Redis stream.
+//! The dead-letter store for fleets of nodes: one Redis queue they share.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -8,8 +8,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Script};
 
 use super::{
-    lease_end, millis_since_epoch, saturating_millis, time_from_millis, Claim, DeadLetterStore,
-    ListQuery, Page, PurgeFilter, Stats, StoreError, StoreErrorKind,
+    millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    ListQuery, Page, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
 };
 use crate::entry::{DeadLetterEntry, EntryId};
 
@@ -90,8 +90,8 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
-/// The dead-letter store for a fleet: one Redis stream per queue, shared by
-/// every node, read by the CLI (`tower-poison --store redis://host:6379 …`).
+/// The dead-letter store for a fleet: one Redis queue shared by every node,
+/// read by the CLI (`tower-poison --store redis://host:6379 --stream NAME …`).
 ///
 /// # Layout
 ///
@@ -102,23 +102,25 @@ pub(crate) fn redact_url(url: &str) -> String {
 ///
 /// | key | type | holds |
 /// |---|---|---|
-/// | `tower-poison:{NAME}:entries` | stream | one stream entry per dead letter (fields `id` and `entry`, the entry's JSON), added with `XADD`; `depth` is `XLEN`, `list` pages with `XRANGE` |
-/// | `tower-poison:{NAME}:index` | hash | each [`EntryId`] → its stream entry id, so `get` and `remove` find an entry by id |
-/// | `tower-poison:{NAME}:bytes` | string | the total size of the stored `entry` fields, for [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) |
-/// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: when its lease ends (milliseconds since the Unix epoch), expiring by itself (`PX`) |
+/// | `tower-poison:{NAME}:dead-letters` | hash | each [`EntryId`] (32 hex digits) → the entry's JSON; `get` is `HGET`, `depth` is `HLEN` |
+/// | `tower-poison:{NAME}:ids` | sorted set | every entry id, all with score 0, so they sort by their text: fixed-width hex, hence id (creation) order; `list` and the scans page with `ZRANGEBYLEX` |
+/// | `tower-poison:{NAME}:dead-letter-bytes` | string | the total size of the stored JSON, for [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) |
+/// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: its [token](crate::store::ClaimToken), expiring with the lease (`PX`) |
 ///
 /// A name must not be empty or start with `}` (either would leave the hash
 /// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
 ///
-/// Every write is one Lua script, so the stream, the index, the byte count
+/// Every write is one Lua script, so the entries, their ids, the byte count
 /// and the claims never disagree. [`put`](DeadLetterStore::put) of an id
-/// already present (a failed replay updating its entry) deletes the old
-/// stream entry and adds the new one at the end: `list` returns entries in
-/// the order they were last written. Entry ids come from many nodes, so the
-/// order is by write time, not id.
+/// already present (a failed replay updating its entry) replaces the JSON
+/// and leaves the id where it was: `list` returns entries in id order, as
+/// the other stores do, and a page cursor stays valid while entries are
+/// rewritten or removed (a page after `X` starts at the first id greater
+/// than `X`, whether or not `X` is still there).
 ///
-/// `purge`, `oldest_age` and `stats` walk the stream in pages of 512
-/// (`XRANGE` with an exclusive start), never loading the whole stream.
+/// `purge`, `oldest_age` and `stats` walk the ids in pages of 512
+/// (`ZRANGEBYLEX` from an exclusive `(id`, then `HMGET`), never loading the
+/// whole queue.
 ///
 /// # Durability
 ///
@@ -144,9 +146,12 @@ pub(crate) fn redact_url(url: &str) -> String {
 ///
 /// # Claims
 ///
-/// A claim is one script: it checks that the entry exists and that no lease
-/// on it is still running at the caller's `now`, then sets the claim key with
-/// `PX` set to the lease, so a forgotten claim expires on its own.
+/// A claim is one script: it checks that the entry exists, then takes the
+/// claim key with `SET … NX PX <lease>`, so the lease runs on Redis's own
+/// clock (the nodes' clocks never meet) and a forgotten claim expires on its
+/// own. When the key is taken, [`Held::until`](crate::Claim::Held) is the
+/// caller's `now` plus the key's `PTTL`. A release deletes the key only if
+/// it still holds the caller's token, in one script.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_poison::store::StoreError> {
@@ -177,7 +182,7 @@ struct Shared {
 struct Keys {
     name: String,
     entries: String,
-    index: String,
+    ids: String,
     bytes: String,
     claim_prefix: String,
 }
@@ -188,16 +193,16 @@ impl Keys {
             return Err(StoreError::new(
                 StoreErrorKind::Backend,
                 format!(
-                    "invalid redis dead-letter stream name {name:?}: it must not be empty \
+                    "invalid redis dead-letter queue name {name:?}: it must not be empty \
                      or start with `}}` (it is the keys' hash tag)"
                 ),
             ));
         }
         let base = format!("tower-poison:{{{name}}}:");
         Ok(Keys {
-            entries: format!("{base}entries"),
-            index: format!("{base}index"),
-            bytes: format!("{base}bytes"),
+            entries: format!("{base}dead-letters"),
+            ids: format!("{base}ids"),
+            bytes: format!("{base}dead-letter-bytes"),
             claim_prefix: format!("{base}claim:"),
             name,
         })
@@ -290,110 +295,91 @@ impl RedisDeadLetterStoreBuilder {
     }
 }
 
-/// The Lua function the scripts share: the size of a stream entry's `entry`
-/// field, which is what the byte counter counts.
-macro_rules! entry_size_lua {
-    () => {
-        r"
-local function entry_size(fields)
-  for i = 1, #fields, 2 do
-    if fields[i] == 'entry' then return string.len(fields[i + 1]) end
-  end
-  return 0
-end
-"
-    };
-}
-
-/// Adds or replaces an entry within the limits: KEYS = entries, index,
-/// bytes, the entry's claim; ARGV = id, entry JSON, max entries, max bytes.
-/// Returns `{0, depth}` when stored, `{1, depth}` when refused for the entry
-/// count, `{2, depth}` for the bytes. Only what a put adds is checked, so a
-/// replacement no larger than the entry it replaces always succeeds. Replacing deletes the old stream entry
-/// first and counts only the difference in size; any claim ends. Running it
-/// twice with the same arguments leaves one entry, so a retried `put` is
-/// safe.
-const PUT: &str = concat!(
-    entry_size_lua!(),
-    r"
-local old = redis.call('HGET', KEYS[2], ARGV[1])
-local old_size = 0
-if old then
-  local found = redis.call('XRANGE', KEYS[1], old, old)
-  if found[1] then old_size = entry_size(found[1][2]) end
-end
-local depth = redis.call('XLEN', KEYS[1])
-if not old and depth + 1 > tonumber(ARGV[3]) then return {1, depth} end
+/// Adds or replaces an entry within the limits: KEYS = entries, ids, bytes;
+/// ARGV = id, entry JSON, max entries, max bytes. Returns `{0, depth}` when
+/// stored, `{1, depth}` when refused for the entry count, `{2, depth}` for
+/// the bytes. Only what a put adds is checked, so a replacement no larger
+/// than the entry it replaces always succeeds, and it counts only the
+/// difference in size. A replaced id keeps its place (its score is 0
+/// either way), and a claim on it is left alone. Running it twice with the
+/// same arguments leaves one entry, so a retried `put` is safe.
+const PUT: &str = r"
+local exists = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+local old_size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
+local depth = redis.call('HLEN', KEYS[1])
+if not exists and depth + 1 > tonumber(ARGV[3]) then return {1, depth} end
 local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
 local size = string.len(ARGV[2])
 if size > old_size and bytes - old_size + size > tonumber(ARGV[4]) then return {2, depth} end
-if old then redis.call('XDEL', KEYS[1], old) end
-local sid = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'entry', ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], sid)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('INCRBY', KEYS[3], size - old_size)
-redis.call('DEL', KEYS[4])
-return {0, redis.call('XLEN', KEYS[1])}
-"
-);
+return {0, redis.call('HLEN', KEYS[1])}
+";
 
-/// Removes entries by id: KEYS = entries, index, bytes, then the claim key
-/// of each entry; ARGV = for each entry its id and the stream id it must
-/// still have, or `''` for any (purge: do not remove an entry that was
-/// replaced since it was read). Returns how many were removed.
-const REMOVE: &str = concat!(
-    entry_size_lua!(),
-    r"
+/// Removes entries by id, with their claims: KEYS = entries, ids, bytes,
+/// then the claim key of each entry; ARGV = for each entry its id and the
+/// JSON it must still have, or `''` for any (purge: do not remove an entry
+/// that was replaced since it was read). Returns how many were removed.
+const REMOVE: &str = r"
 local removed = 0
 for i = 1, #ARGV, 2 do
-  local sid = redis.call('HGET', KEYS[2], ARGV[i])
-  if sid and (ARGV[i + 1] == '' or ARGV[i + 1] == sid) then
-    local found = redis.call('XRANGE', KEYS[1], sid, sid)
-    if found[1] then redis.call('DECRBY', KEYS[3], entry_size(found[1][2])) end
-    redis.call('HDEL', KEYS[2], ARGV[i])
+  local json = redis.call('HGET', KEYS[1], ARGV[i])
+  if json and (ARGV[i + 1] == '' or ARGV[i + 1] == json) then
+    redis.call('DECRBY', KEYS[3], string.len(json))
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
     redis.call('DEL', KEYS[3 + (i + 1) / 2])
-    removed = removed + redis.call('XDEL', KEYS[1], sid)
+    removed = removed + 1
   end
 end
 return removed
-"
-);
+";
 
-/// Claims an entry: KEYS = entries, index, the entry's claim; ARGV = id, the
-/// caller's now, the lease's end (both milliseconds since the Unix epoch),
-/// the lease in milliseconds (at least 1). Returns `{'claimed', entry
-/// JSON}`, `{'held', lease end}` or `{'missing'}`.
+/// Claims an entry: KEYS = entries, the entry's claim; ARGV = id, the new
+/// claim's token, the lease in milliseconds. The lease runs on Redis's clock
+/// (`SET NX PX`); a zero lease ends at once, so it takes no key but is still
+/// refused while another claim runs. Returns `{'claimed', entry JSON}`,
+/// `{'held', milliseconds the other claim has left}` (`-1`: no expiry) or
+/// `{'missing'}`. The milliseconds go as text (`%.0f`, since Lua's
+/// `tostring` writes numbers past 14 digits with an exponent).
 const CLAIM: &str = r"
-local sid = redis.call('HGET', KEYS[2], ARGV[1])
-if not sid then return {'missing'} end
-local held = redis.call('GET', KEYS[3])
-if held and tonumber(held) > tonumber(ARGV[2]) then return {'held', held} end
-local found = redis.call('XRANGE', KEYS[1], sid, sid)
-if not found[1] then return {'missing'} end
-local fields = found[1][2]
-for i = 1, #fields, 2 do
-  if fields[i] == 'entry' then
-    redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
-    return {'claimed', fields[i + 1]}
+local json = redis.call('HGET', KEYS[1], ARGV[1])
+if not json then return {'missing'} end
+if tonumber(ARGV[3]) > 0 then
+  if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then
+    return {'held', string.format('%.0f', redis.call('PTTL', KEYS[2]))}
   end
+else
+  local left = redis.call('PTTL', KEYS[2])
+  if left ~= -2 then return {'held', string.format('%.0f', left)} end
 end
-return {'missing'}
+return {'claimed', json}
+";
+
+/// Ends a claim if `token` still holds it: KEYS = the claim; ARGV = token.
+/// Returns 1 when it ended it.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 ";
 
 static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT));
 static REMOVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REMOVE));
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
-/// How many stream entries one `XRANGE` of a scan reads.
+/// How many ids one `ZRANGEBYLEX` of a scan reads.
 const SCAN_PAGE: usize = 512;
 
-/// One stream entry as `XRANGE` returns it: its stream id and the flat
-/// field/value list.
-type StreamEntry = (String, Vec<Vec<u8>>);
+/// The most ids one `ZRANGEBYLEX` of a `list` reads.
+const LIST_BATCH: usize = 1000;
 
-/// Where a scan of the stream goes on: the next `XRANGE` start, or `None`
-/// once the stream is exhausted.
+/// Where a scan of the queue goes on: after this id (`None`: from the
+/// start), unless it is `done`.
 struct Scan {
-    start: Option<String>,
+    after: Option<String>,
+    done: bool,
 }
 
 impl RedisDeadLetterStore {
@@ -435,80 +421,88 @@ impl RedisDeadLetterStore {
         )
     }
 
-    /// Stream entries after `start` (exclusive when it starts with `(`).
-    async fn range(&self, start: &str, count: usize) -> Result<Vec<StreamEntry>, StoreError> {
-        redis::cmd("XRANGE")
-            .arg(&self.shared.keys.entries)
-            .arg(start)
+    /// Up to `count` ids greater than `after` (all, from the first, when
+    /// `None`), in id order.
+    async fn ids_after(
+        &self,
+        after: Option<&str>,
+        count: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let min = after.map_or_else(|| "-".to_owned(), |after| format!("({after}"));
+        redis::cmd("ZRANGEBYLEX")
+            .arg(&self.shared.keys.ids)
+            .arg(min)
             .arg("+")
-            .arg("COUNT")
+            .arg("LIMIT")
+            .arg(0)
             .arg(count)
             .query_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed("read the stream", e))
+            .map_err(|e| self.failed("read the entry ids", e))
     }
 
-    /// Where a page after entry `after` starts in the stream.
-    async fn start_after(&self, after: Option<EntryId>) -> Result<String, StoreError> {
-        let Some(after) = after else {
-            return Ok("-".to_owned());
-        };
-        let sid: Option<String> = redis::cmd("HGET")
-            .arg(&self.shared.keys.index)
-            .arg(after.to_string())
+    /// The JSON of each of `ids` (`None` for one removed since it was
+    /// listed).
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        redis::cmd("HMGET")
+            .arg(&self.shared.keys.entries)
+            .arg(ids)
             .query_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed("read the index", e))?;
-        Ok(match sid {
-            Some(sid) => format!("({sid}"),
-            // The cursor's entry is gone (removed or replayed meanwhile):
-            // resume from the millisecond its id was made in, the nearest
-            // place a stream id can name.
-            None => format!("{}-0", after.as_u128() >> 80),
-        })
+            .map_err(|e| self.failed("read entries", e))
     }
 
-    /// A scan of the whole stream, from its start.
+    /// A scan of the whole queue, from its first id.
     fn scan(&self) -> Scan {
         Scan {
-            start: Some("-".to_owned()),
+            after: None,
+            done: false,
         }
     }
 
-    /// The next page of `scan` (at most [`SCAN_PAGE`] entries, with their
-    /// stream ids), or `None` once it is done. Entries written or removed
-    /// while the scan runs may or may not be seen, as with any cursor.
+    /// The next page of `scan` (at most [`SCAN_PAGE`] entries, each with the
+    /// JSON it was decoded from), or `None` once it is done. Entries written
+    /// or removed while the scan runs may or may not be seen, as with any
+    /// cursor.
     async fn next_page(
         &self,
         scan: &mut Scan,
-    ) -> Result<Option<Vec<(String, DeadLetterEntry)>>, StoreError> {
-        let Some(start) = scan.start.take() else {
+    ) -> Result<Option<Vec<(Vec<u8>, DeadLetterEntry)>>, StoreError> {
+        if scan.done {
             return Ok(None);
-        };
-        let page = self.range(&start, SCAN_PAGE).await?;
-        if page.len() == SCAN_PAGE {
-            scan.start = page.last().map(|(sid, _)| format!("({sid}"));
         }
-        page.into_iter()
-            .map(|(sid, fields)| Ok((sid, decode(&fields)?)))
+        let ids = self.ids_after(scan.after.as_deref(), SCAN_PAGE).await?;
+        scan.done = ids.len() < SCAN_PAGE;
+        let found = self.fetch(&ids).await?;
+        scan.after = ids.into_iter().last().or(scan.after.take());
+        found
+            .into_iter()
+            .flatten()
+            .map(|json| {
+                let entry = decode_json(&json)?;
+                Ok((json, entry))
+            })
             .collect::<Result<Vec<_>, StoreError>>()
             .map(Some)
     }
 
-    /// Removes `entries` (id, and the stream id each must still have, or
-    /// `""` for any) in one script; returns how many went.
-    async fn remove_all(&self, entries: &[(EntryId, &str)]) -> Result<u64, StoreError> {
+    /// Removes `entries` (id, and the JSON each must still have, or empty
+    /// for any) with their claims in one script; returns how many went.
+    async fn remove_all(&self, entries: &[(EntryId, &[u8])]) -> Result<u64, StoreError> {
         let keys = &self.shared.keys;
         let mut invocation = REMOVE_SCRIPT.prepare_invoke();
         invocation
             .key(&keys.entries)
-            .key(&keys.index)
+            .key(&keys.ids)
             .key(&keys.bytes);
-        for (id, sid) in entries {
+        for (id, json) in entries {
             invocation
                 .key(keys.claim(*id))
                 .arg(id.to_string())
-                .arg(*sid);
+                .arg(*json);
         }
         invocation
             .invoke_async(&mut self.connection.clone())
@@ -519,16 +513,6 @@ impl RedisDeadLetterStore {
 
 fn corrupt(message: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Corrupt, message)
-}
-
-/// The entry in a stream entry's fields.
-fn decode(fields: &[Vec<u8>]) -> Result<DeadLetterEntry, StoreError> {
-    let json = fields
-        .chunks(2)
-        .find(|pair| pair[0] == b"entry")
-        .and_then(|pair| pair.get(1))
-        .ok_or_else(|| corrupt("a stream entry has no `entry` field"))?;
-    decode_json(json)
 }
 
 fn decode_json(json: &[u8]) -> Result<DeadLetterEntry, StoreError> {
@@ -545,9 +529,8 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let keys = &self.shared.keys;
         let (refused, depth): (u8, u64) = PUT_SCRIPT
             .key(&keys.entries)
-            .key(&keys.index)
+            .key(&keys.ids)
             .key(&keys.bytes)
-            .key(keys.claim(entry.id))
             .arg(entry.id.to_string())
             .arg(entry.to_bytes())
             .arg(self.shared.max_entries)
@@ -566,41 +549,34 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
-        let sid: Option<String> = redis::cmd("HGET")
-            .arg(&self.shared.keys.index)
+        let json: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&self.shared.keys.entries)
             .arg(id.to_string())
             .query_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed("read the index", e))?;
-        let Some(sid) = sid else { return Ok(None) };
-        let found: Vec<StreamEntry> = redis::cmd("XRANGE")
-            .arg(&self.shared.keys.entries)
-            .arg(&sid)
-            .arg(&sid)
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| self.failed("read the stream", e))?;
-        found.first().map(|(_, fields)| decode(fields)).transpose()
+            .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
+        json.as_deref().map(decode_json).transpose()
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
-        let mut start = self.start_after(query.after).await?;
-        let batch = query.limit.clamp(1, 1000);
+        let limit = query.limit.max(1);
+        // One id past the page, so a full page knows whether more follow.
+        let batch = limit.saturating_add(1).min(LIST_BATCH);
+        let mut after = query.after.map(|id| id.to_string());
         let mut entries = Vec::new();
         loop {
-            let page = self.range(&start, batch).await?;
-            let exhausted = page.len() < batch;
-            for (sid, fields) in page {
-                start = format!("({sid}");
-                if entries.len() == query.limit {
+            let ids = self.ids_after(after.as_deref(), batch).await?;
+            let exhausted = ids.len() < batch;
+            let found = self.fetch(&ids).await?;
+            for (id, json) in ids.into_iter().zip(found) {
+                after = Some(id);
+                // Removed between the two reads.
+                let Some(json) = json else { continue };
+                if entries.len() == limit {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     return Ok(Page { entries, next });
                 }
-                let entry = decode(&fields)?;
-                // Skip what a fallback cursor (see `start_after`) would repeat.
-                if query.after.is_some_and(|after| entry.id == after) {
-                    continue;
-                }
+                let entry = decode_json(&json)?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -615,17 +591,26 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
-        Ok(self.remove_all(&[(id, "")]).await? > 0)
+        Ok(self.remove_all(&[(id, b"")]).await? > 0)
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
         let mut removed = 0;
         let mut scan = self.scan();
         while let Some(page) = self.next_page(&mut scan).await? {
-            let matching: Vec<(EntryId, &str)> = page
+            let matching: Vec<(EntryId, &[u8])> = page
                 .iter()
                 .filter(|(_, entry)| filter.matches(entry))
-                .map(|(sid, entry)| (entry.id, sid.as_str()))
+                // Purging everything needs no guard: whatever an entry
+                // became, it goes.
+                .map(|(json, entry)| {
+                    let guard: &[u8] = if filter.failed_before.is_some() {
+                        json
+                    } else {
+                        b""
+                    };
+                    (entry.id, guard)
+                })
                 .collect();
             if !matching.is_empty() {
                 removed += self.remove_all(&matching).await?;
@@ -641,51 +626,57 @@ impl DeadLetterStore for RedisDeadLetterStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let keys = &self.shared.keys;
+        let token = ClaimToken::generate();
         let reply: Vec<Vec<u8>> = CLAIM_SCRIPT
             .key(&keys.entries)
-            .key(&keys.index)
             .key(keys.claim(id))
             .arg(id.to_string())
-            .arg(millis_since_epoch(now))
-            .arg(lease_end(now, lease))
-            // `PX` must be positive; a zero lease ends at `now` anyway.
-            .arg(saturating_millis(lease).max(1))
+            .arg(token_text(token))
+            .arg(saturating_millis(lease))
             .invoke_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
         match reply.as_slice() {
-            [status, entry] if status == b"claimed" => decode_json(entry).map(Claim::Claimed),
-            [status, until] if status == b"held" => {
-                let until = std::str::from_utf8(until)
+            [status, json] if status == b"claimed" => Ok(Claim::Claimed {
+                entry: decode_json(json)?,
+                token,
+            }),
+            [status, left] if status == b"held" => {
+                let left = std::str::from_utf8(left)
                     .ok()
-                    .and_then(|until| until.parse::<u64>().ok())
-                    .ok_or_else(|| corrupt(format!("the claim on entry {id} is not a time")))?;
+                    .and_then(|left| left.parse::<i64>().ok())
+                    .ok_or_else(|| corrupt(format!("the claim on entry {id} has no lease")))?;
+                // `-1`: a key without expiry, which only a hand-made key
+                // can be; it holds until someone deletes it.
+                let left = u64::try_from(left).unwrap_or(MAX_MILLIS);
                 Ok(Claim::Held {
-                    until: time_from_millis(until),
+                    until: time_from_millis(millis_since_epoch(now).saturating_add(left)),
                 })
             }
             _ => Ok(Claim::NotFound),
         }
     }
 
-    async fn release(&self, id: EntryId) -> Result<(), StoreError> {
-        redis::cmd("DEL")
-            .arg(self.shared.keys.claim(id))
-            .query_async(&mut self.connection.clone())
+    async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
+        let _released: u8 = RELEASE_SCRIPT
+            .key(self.shared.keys.claim(id))
+            .arg(token_text(token))
+            .invoke_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed(&format!("release entry {id}"), e))
+            .map_err(|e| self.failed(&format!("release entry {id}"), e))?;
+        Ok(())
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        redis::cmd("XLEN")
+        redis::cmd("HLEN")
             .arg(&self.shared.keys.entries)
             .query_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed("read the stream length", e))
+            .map_err(|e| self.failed("count the entries", e))
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        // Replays move entries to the end, so the first stream entry is not
+        // Ids come from many nodes' clocks, so the first id is not
         // necessarily the oldest failure: look at all of them, a page at a
         // time.
         let mut oldest = None;
@@ -715,6 +706,11 @@ impl DeadLetterStore for RedisDeadLetterStore {
         }
         Ok(stats)
     }
+}
+
+/// A claim token as the claim key holds it: 32 hex digits.
+fn token_text(token: ClaimToken) -> String {
+    format!("{:032x}", token.as_u128())
 }
 
 impl fmt::Debug for RedisDeadLetterStore {
@@ -753,14 +749,14 @@ mod tests {
             let claim = keys.claim(EntryId::from_u128(42));
             let tag = hash_tag(&keys.entries);
             assert_ne!(tag, keys.entries, "{name:?}: the key has a hash tag");
-            for key in [&keys.index, &keys.bytes, &claim] {
+            for key in [&keys.ids, &keys.bytes, &claim] {
                 assert_eq!(hash_tag(key), tag, "{name:?}: {key}");
             }
         }
         let keys = Keys::new("orders:dlq".to_owned()).unwrap();
-        assert_eq!(keys.entries, "tower-poison:{orders:dlq}:entries");
-        assert_eq!(keys.index, "tower-poison:{orders:dlq}:index");
-        assert_eq!(keys.bytes, "tower-poison:{orders:dlq}:bytes");
+        assert_eq!(keys.entries, "tower-poison:{orders:dlq}:dead-letters");
+        assert_eq!(keys.ids, "tower-poison:{orders:dlq}:ids");
+        assert_eq!(keys.bytes, "tower-poison:{orders:dlq}:dead-letter-bytes");
         assert_eq!(
             keys.claim(EntryId::from_u128(1)),
             "tower-poison:{orders:dlq}:claim:00000000000000000000000000000001"

@@ -157,3 +157,59 @@ fn ping(port: u16) -> bool {
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
+
+/// Deletes every key of the dead-letter queue (or count store) `name` on
+/// the shared server when dropped, even when the test panicked, so test
+/// runs leave nothing behind. Only for names made by [`unique`].
+pub struct Cleanup {
+    url: String,
+    pattern: String,
+}
+
+impl Cleanup {
+    /// Cleans up the keys `tower-poison:{name}:*` (every key of one queue
+    /// carries its hash tag).
+    pub fn queue(url: &str, name: &str) -> Self {
+        assert!(
+            name.starts_with("tower-poison-test:"),
+            "only a test's own queue is cleaned up, not {name:?}"
+        );
+        Cleanup {
+            url: url.to_owned(),
+            pattern: format!("tower-poison:{{{name}}}:*"),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        // Synchronous: a drop cannot await, and this is a test's last step.
+        let Ok(client) = redis::Client::open(self.url.as_str()) else {
+            return;
+        };
+        let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
+            return;
+        };
+        let mut cursor = 0u64;
+        loop {
+            let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&self.pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut connection)
+            else {
+                return;
+            };
+            if !keys.is_empty() {
+                let _: redis::RedisResult<u64> =
+                    redis::cmd("DEL").arg(&keys).query(&mut connection);
+            }
+            if next == 0 {
+                return;
+            }
+            cursor = next;
+        }
+    }
+}
