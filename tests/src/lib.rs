@@ -40,6 +40,13 @@ use tower_poison::{CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
+/// The workspace README's Rust blocks, compiled and run as this crate's doc
+/// tests (`cargo test --doc -p integration-tests`): the README belongs to no
+/// crate, so it is included here, and only when rustdoc collects doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadme;
+
 /// The header every test request carries so that the upstream's log, the
 /// caller's results and the dead-letter store can be matched up.
 pub const REQUEST_ID: &str = "x-request-id";

@@ -12,7 +12,7 @@ use crate::state::State;
 ///
 /// Get it from [`CircuitBreakerLayer::pair`](crate::CircuitBreakerLayer::pair)
 /// or any layer's `handle()`. It is cheap to clone and shares the breakers'
-/// live state. With the `admin` feature, [`router`](Self::router) serves it as
+/// live state. With the `admin` feature, `router` serves it as
 /// JSON behind a bearer token.
 ///
 /// ```
