@@ -116,6 +116,7 @@ impl RetrySection {
 /// How the wait between tries grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BackoffKind {
     /// No wait: retry at once.
     None,
@@ -147,6 +148,7 @@ impl BackoffKind {
 /// A class of transient failure that `retry_on` can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RetryClass {
     /// HTTP 5xx server errors.
     #[serde(rename = "http_5xx")]
@@ -277,6 +279,7 @@ impl PoisonSection {
 /// What happens to a call that finally failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PoisonAction {
     /// Store it in the dead-letter store (the default).
     Dlq,

@@ -6,7 +6,9 @@ use http::HeaderName;
 use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer};
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 use tower_layer::Layer;
-use tower_poison::{CountAttempts, CountAttemptsLayer, DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
+use tower_poison::{
+    CountAttempts, CountAttemptsLayer, DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy,
+};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, Jitter, Retry, RetryBuilder, RetryLayer};
 
@@ -108,7 +110,10 @@ impl ResilienceConfig {
     pub fn layer<St>(&self, store: St) -> ResilienceLayer<St> {
         ResilienceLayer {
             dead_letter: self.dead_letter_layer(store),
-            breaker: self.breaker_builder().build(HttpClassifier::new()).expect(CHECKED),
+            breaker: self
+                .breaker_builder()
+                .build(HttpClassifier::new())
+                .expect(CHECKED),
             retry: self.retry_builder().build().expect(CHECKED),
         }
     }
@@ -211,4 +216,39 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
     PoisonPolicy::new(config.poison.max_row_attempts)
         .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loader refuses these values itself; the layers' builders are the
+    /// second line, and what they refuse must still name the key.
+    #[test]
+    fn refusals_of_the_layers_builders_name_the_configuration_key() {
+        let mut config = ResilienceConfig::default();
+        config.retry.max_attempts = 0;
+        let error = check_with_layers(&config, "resilience").unwrap_err();
+        assert_eq!(error.field(), "resilience.retry.max_attempts");
+
+        let mut config = ResilienceConfig::default();
+        config.circuit_breaker.consecutive_failures = 0;
+        let error = check_with_layers(&config, "").unwrap_err();
+        assert_eq!(error.field(), "circuit_breaker.consecutive_failures");
+        assert_eq!(error.reason(), "must be at least 1");
+
+        let mut config = ResilienceConfig::default();
+        config.poison.max_row_attempts = 0;
+        let error = check_with_layers(&config, "").unwrap_err();
+        assert_eq!(error.field(), "poison.max_row_attempts");
+    }
+
+    #[test]
+    fn the_defaults_pass_the_layers_builders_and_build() {
+        let config = ResilienceConfig::default();
+        check_with_layers(&config, "").unwrap();
+        let layer = config.layer(tower_poison::store::MemoryStore::new(1));
+        assert_eq!(layer.breaker_handle().list()[0].key, "default");
+        assert_eq!(config.retry_builder().build().unwrap().max_retries(), 4);
+    }
 }

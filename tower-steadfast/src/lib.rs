@@ -15,8 +15,8 @@ mod load;
 mod schema;
 
 pub use self::config::{
-    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig,
-    RetryClass, RetrySection,
+    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
+    RetrySection,
 };
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};

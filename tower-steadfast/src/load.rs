@@ -18,9 +18,10 @@ use tower_classify::ConfigError;
 use tower_retry_budget::MAX_RETRIES_LIMIT;
 
 use crate::config::{
-    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig,
-    RetryClass, RetrySection,
+    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
+    RetrySection,
 };
+#[cfg(any(feature = "yaml", feature = "toml", feature = "json"))]
 use crate::error::LoadError;
 
 /// The key a document may wrap the block in.

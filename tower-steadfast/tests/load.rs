@@ -126,8 +126,14 @@ fn an_empty_retry_on_is_refused_in_every_format() {
     ] {
         let (field, reason) = refusal(name);
         assert_eq!(field, "resilience.retry.retry_on", "{name}");
-        assert!(reason.starts_with("must name at least one class"), "{name}: {reason}");
-        assert!(reason.contains("leave the key out to retry all four"), "{reason}");
+        assert!(
+            reason.starts_with("must name at least one class"),
+            "{name}: {reason}"
+        );
+        assert!(
+            reason.contains("leave the key out to retry all four"),
+            "{reason}"
+        );
     }
 }
 
@@ -141,8 +147,7 @@ fn a_cooldown_in_words_is_refused_in_every_format() {
         let (field, reason) = refusal(name);
         assert_eq!(field, "resilience.circuit_breaker.cooldown_secs", "{name}");
         assert_eq!(
-            reason,
-            "must be a whole number of seconds, 1 or more (got the text \"soon\")",
+            reason, "must be a whole number of seconds, 1 or more (got the text \"soon\")",
             "{name}"
         );
     }
@@ -152,7 +157,10 @@ fn a_cooldown_in_words_is_refused_in_every_format() {
 fn an_unknown_action_is_refused_naming_the_key() {
     let (field, reason) = refusal("bad/action_archive.yaml");
     assert_eq!(field, "resilience.poison.action");
-    assert_eq!(reason, "unknown action `archive`; expected dlq, drop or fail");
+    assert_eq!(
+        reason,
+        "unknown action `archive`; expected dlq, drop or fail"
+    );
 }
 
 #[test]
@@ -305,7 +313,10 @@ fn the_limits_themselves_are_accepted() {
          poison: {max_row_attempts: 1, action: fail, message_id_header: x-message-id}",
     )
     .unwrap();
-    assert_eq!(config.retry().max_attempts(), tower_steadfast::MAX_ATTEMPTS_LIMIT);
+    assert_eq!(
+        config.retry().max_attempts(),
+        tower_steadfast::MAX_ATTEMPTS_LIMIT
+    );
     assert_eq!(config.retry().retry_on(), [RetryClass::Timeout]);
     assert_eq!(config.poison().message_id_header(), Some("x-message-id"));
     assert_eq!(
@@ -328,11 +339,20 @@ fn max_attempts_follows_the_retry_layers_limit() {
 #[test]
 fn syntax_errors_say_which_format() {
     let yaml = ResilienceConfig::from_yaml_str("retry: [").unwrap_err();
-    assert!(matches!(yaml, LoadError::Syntax { format: "YAML", .. }), "{yaml}");
+    assert!(
+        matches!(yaml, LoadError::Syntax { format: "YAML", .. }),
+        "{yaml}"
+    );
     let toml = ResilienceConfig::from_toml_str("[retry\n").unwrap_err();
-    assert!(matches!(toml, LoadError::Syntax { format: "TOML", .. }), "{toml}");
+    assert!(
+        matches!(toml, LoadError::Syntax { format: "TOML", .. }),
+        "{toml}"
+    );
     let json = ResilienceConfig::from_json_str("{").unwrap_err();
-    assert!(matches!(json, LoadError::Syntax { format: "JSON", .. }), "{json}");
+    assert!(
+        matches!(json, LoadError::Syntax { format: "JSON", .. }),
+        "{json}"
+    );
     assert_eq!(json.field(), None);
 }
 

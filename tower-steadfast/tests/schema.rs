@@ -52,7 +52,11 @@ fn the_schema_and_the_loader_accept_the_same_keys() {
         ("CircuitBreakerSection", "circuit_breaker: {nope: 1}"),
         ("PoisonSection", "poison: {nope: 1}"),
     ] {
-        assert_eq!(properties(&schema, definition), accepted(yaml), "{definition}");
+        assert_eq!(
+            properties(&schema, definition),
+            accepted(yaml),
+            "{definition}"
+        );
         assert_eq!(
             schema["$defs"][definition]["additionalProperties"],
             Value::Bool(false),

@@ -114,7 +114,10 @@ async fn a_503_then_200_get_succeeds_after_one_retry_with_the_configured_backoff
         gap >= Duration::from_millis(100) && gap < Duration::from_millis(300),
         "waited {gap:?}"
     );
-    assert!(stored(&store).await.is_empty(), "a fixed blip is not stored");
+    assert!(
+        stored(&store).await.is_empty(),
+        "a fixed blip is not stored"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -168,7 +171,11 @@ async fn five_failed_calls_open_the_breaker_until_the_cooldown_has_passed() {
 
     for call in 0..5 {
         let response = stack.ready().await.unwrap().call(get()).await.unwrap();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "call {call}");
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "call {call}"
+        );
     }
     assert_eq!(upstream.count(), 25);
     let opened = Instant::now();
@@ -195,7 +202,11 @@ async fn five_failed_calls_open_the_breaker_until_the_cooldown_has_passed() {
     let kinds: Vec<FailureKind> = stored(&store).await.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
-        [[FailureKind::ServerError; 5].as_slice(), &[FailureKind::Shed; 2]].concat()
+        [
+            [FailureKind::ServerError; 5].as_slice(),
+            &[FailureKind::Shed; 2]
+        ]
+        .concat()
     );
 }
 
@@ -226,9 +237,22 @@ async fn max_row_attempts_diverts_a_message_after_that_many_failed_deliveries() 
             "delivery {n} is under the limit: its redelivery is the retry"
         );
     }
-    let diverted = stack.ready().await.unwrap().call(delivery()).await.unwrap_err();
-    assert!(diverted.downcast_ref::<PoisonMessage>().is_some(), "{diverted}");
-    assert_eq!(upstream.count(), 3, "a diverted message is not delivered again");
+    let diverted = stack
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery())
+        .await
+        .unwrap_err();
+    assert!(
+        diverted.downcast_ref::<PoisonMessage>().is_some(),
+        "{diverted}"
+    );
+    assert_eq!(
+        upstream.count(),
+        3,
+        "a diverted message is not delivered again"
+    );
     let entries = stored(&store).await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].message_id.as_deref(), Some("row-42"));
