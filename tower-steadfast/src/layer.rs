@@ -1,0 +1,254 @@
+//! The stack a configuration builds, and the builders of its layers.
+
+use std::fmt;
+
+use http::HeaderName;
+use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer};
+use tower_classify::{ConfigError, HttpClassifier, RetryOn};
+use tower_layer::Layer;
+use tower_poison::{
+    CountAttempts, CountAttemptsLayer, DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy,
+};
+use tower_retry_budget::replay::HttpReplay;
+use tower_retry_budget::{Backoff, Jitter, Retry, RetryBuilder, RetryLayer};
+
+use crate::config::{BackoffKind, ResilienceConfig, RetryClass};
+
+/// The service [`ResilienceLayer`] builds around `S`, outermost first:
+/// dead letters, circuit breaker, retry, attempt counting.
+pub type ResilienceService<S, St> = DeadLetter<
+    CircuitBreaker<Retry<CountAttempts<S>, HttpClassifier, HttpReplay>, HttpClassifier>,
+    St,
+    HttpClassifier,
+    HttpCapture,
+>;
+
+/// The whole stack as one [`Layer`], outermost first:
+///
+/// ```text
+/// DeadLetter → CircuitBreaker → Retry → CountAttempts → service
+/// ```
+///
+/// - the dead-letter layer sees each call's final outcome, so a call the
+///   retries fixed is never stored and one they gave up on is stored once,
+///   with its attempt count (counted by `CountAttempts`, below the retries);
+/// - the breaker counts one failure per logical call, after its retries, and
+///   while open refuses calls at once with
+///   [`CircuitOpen`](tower_breaker::CircuitOpen);
+/// - the retry layer owns the retries and their waits.
+///
+/// Clones share the breaker's state, the retry budget, the poison counts and
+/// the store; two layers built by two calls of
+/// [`ResilienceConfig::layer`] share only the store.
+#[derive(Clone)]
+pub struct ResilienceLayer<St> {
+    dead_letter: DeadLetterLayer<St>,
+    breaker: CircuitBreakerLayer<HttpClassifier>,
+    retry: RetryLayer<HttpClassifier, HttpReplay>,
+}
+
+impl<St> ResilienceLayer<St> {
+    /// The stack of three layers built elsewhere, for example from
+    /// [`ResilienceConfig`]'s builders with a name or callbacks added.
+    pub fn new(
+        dead_letter: DeadLetterLayer<St>,
+        breaker: CircuitBreakerLayer<HttpClassifier>,
+        retry: RetryLayer<HttpClassifier, HttpReplay>,
+    ) -> Self {
+        ResilienceLayer {
+            dead_letter,
+            breaker,
+            retry,
+        }
+    }
+
+    /// The breaker's operator handle: its state, forcing it open or closed.
+    pub fn breaker_handle(&self) -> BreakerHandle {
+        self.breaker.handle()
+    }
+
+    /// The store failed calls are written to.
+    pub fn store(&self) -> &St {
+        self.dead_letter.store()
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for ResilienceLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilienceLayer")
+            .field("dead_letter", &self.dead_letter)
+            .field("breaker", &self.breaker)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
+    type Service = ResilienceService<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let counted = CountAttemptsLayer::new().layer(inner);
+        let retried = self.retry.layer(counted);
+        let guarded = self.breaker.layer(retried);
+        self.dead_letter.layer(guarded)
+    }
+}
+
+// A loaded configuration passed these builders' own checks
+// (`check_with_layers`), so building from it cannot fail: the `expect`s
+// below state that invariant rather than handle a case.
+const CHECKED: &str = "the configuration was checked by the layers' builders when it was loaded";
+
+impl ResilienceConfig {
+    /// The stack, dead-lettering into `store` (any
+    /// [`DeadLetterStore`](tower_poison::store::DeadLetterStore): redb,
+    /// Redis, memory). With `action: drop` or `fail` the store is never
+    /// written.
+    ///
+    /// Each call builds new layers: a breaker and a retry budget of their
+    /// own. Build once and clone the layer to share them.
+    pub fn layer<St>(&self, store: St) -> ResilienceLayer<St> {
+        ResilienceLayer {
+            dead_letter: self.dead_letter_layer(store),
+            breaker: self
+                .breaker_builder()
+                .build(HttpClassifier::new())
+                .expect(CHECKED),
+            retry: self.retry_builder().build().expect(CHECKED),
+        }
+    }
+
+    /// The retry layer's builder with the `retry` section applied: total
+    /// attempts, the backoff and its cap, jitter and the classes retried.
+    /// Everything else keeps the retry layer's defaults, notably its retry
+    /// budget (retries may add 20 % to recent traffic, plus 10 a second),
+    /// no deadline, and one attempt only for POST and PATCH without an
+    /// `Idempotency-Key` header.
+    pub fn retry_builder(&self) -> RetryBuilder<HttpClassifier, HttpReplay> {
+        let retry = &self.retry;
+        let backoff = match retry.backoff {
+            BackoffKind::None => Backoff::none(),
+            BackoffKind::Fixed => Backoff::fixed(retry.base()),
+            // base × 2^(n−1) before the n-th retry: base before the first.
+            BackoffKind::Exponential => Backoff::exponential(retry.base()).with_multiplier(2.0),
+        };
+        let backoff = match (retry.backoff, retry.jitter) {
+            (BackoffKind::None, _) | (_, false) => backoff.with_jitter(Jitter::None),
+            (_, true) => backoff.with_jitter(Jitter::HALF_TO_ONE_AND_A_HALF),
+        }
+        .with_max_delay(retry.max());
+        let classes = RetryOn::new(retry.retry_on.iter().map(|c| RetryClass::failure_kind(*c)))
+            .expect(CHECKED);
+        RetryLayer::http()
+            .max_attempts(retry.max_attempts)
+            .backoff(backoff)
+            .retry_on(classes)
+    }
+
+    /// The breaker's builder with the `circuit_breaker` section applied:
+    /// open after `consecutive_failures` failed calls in a row, stay open
+    /// `cooldown_secs`, then let one trial call through. Add a
+    /// [`name`](tower_breaker::Builder::name) (metrics label, default
+    /// `default`) or callbacks before building.
+    pub fn breaker_builder(&self) -> tower_breaker::Builder {
+        CircuitBreakerLayer::builder()
+            .failure_threshold(self.circuit_breaker.consecutive_failures)
+            .recovery_timeout(self.circuit_breaker.cooldown())
+    }
+
+    /// The dead-letter layer over `store` with the `poison` section applied:
+    /// the action and, when `message_id_header` is set, poison detection
+    /// after `max_row_attempts` failed deliveries of one message id.
+    pub fn dead_letter_layer<St>(&self, store: St) -> DeadLetterLayer<St> {
+        let poison = &self.poison;
+        let layer = DeadLetterLayer::new(store).action(poison.action.to_action());
+        match &poison.message_id_header {
+            Some(name) => layer
+                .message_id_header(HeaderName::from_bytes(name.as_bytes()).expect(CHECKED))
+                .poison(PoisonPolicy::new(poison.max_row_attempts).expect(CHECKED)),
+            None => layer,
+        }
+    }
+}
+
+/// Runs the layers' own builders over a loaded configuration, and reports
+/// what they refuse under the key of the configuration that holds it.
+pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result<(), ConfigError> {
+    let section_path = |section: &str| {
+        if path.is_empty() {
+            section.to_owned()
+        } else {
+            format!("{path}.{section}")
+        }
+    };
+    // A refusal of a setting this crate does not set names the section and
+    // the layer's own setting, rather than guessing at a key.
+    let refusal = |section: &str, key: Option<&str>, error: ConfigError| match key {
+        Some(key) => ConfigError::new(
+            format!("{}.{key}", section_path(section)),
+            error.reason().to_owned(),
+        ),
+        None => ConfigError::new(
+            section_path(section),
+            format!("{}: {}", error.field(), error.reason()),
+        ),
+    };
+    config.retry_builder().check().map_err(|error| {
+        let key = match error.field() {
+            "max_retries" | "max_attempts" => Some("max_attempts"),
+            "retry_on" => Some("retry_on"),
+            "backoff.kind" => Some("backoff"),
+            _ => None,
+        };
+        refusal("retry", key, error)
+    })?;
+    config
+        .breaker_builder()
+        .build(HttpClassifier::new())
+        .map_err(|error| {
+            let key = match error.field() {
+                "failure_threshold" => Some("consecutive_failures"),
+                "recovery_timeout" => Some("cooldown_secs"),
+                _ => None,
+            };
+            refusal("circuit_breaker", key, error)
+        })?;
+    PoisonPolicy::new(config.poison.max_row_attempts)
+        .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loader refuses these values itself; the layers' builders are the
+    /// second line, and what they refuse must still name the key.
+    #[test]
+    fn refusals_of_the_layers_builders_name_the_configuration_key() {
+        let mut config = ResilienceConfig::default();
+        config.retry.max_attempts = 0;
+        let error = check_with_layers(&config, "resilience").unwrap_err();
+        assert_eq!(error.field(), "resilience.retry.max_attempts");
+
+        let mut config = ResilienceConfig::default();
+        config.circuit_breaker.consecutive_failures = 0;
+        let error = check_with_layers(&config, "").unwrap_err();
+        assert_eq!(error.field(), "circuit_breaker.consecutive_failures");
+        assert_eq!(error.reason(), "must be at least 1");
+
+        let mut config = ResilienceConfig::default();
+        config.poison.max_row_attempts = 0;
+        let error = check_with_layers(&config, "").unwrap_err();
+        assert_eq!(error.field(), "poison.max_row_attempts");
+    }
+
+    #[test]
+    fn the_defaults_pass_the_layers_builders_and_build() {
+        let config = ResilienceConfig::default();
+        check_with_layers(&config, "").unwrap();
+        let layer = config.layer(tower_poison::store::MemoryStore::new(1));
+        assert_eq!(layer.breaker_handle().list()[0].key, "default");
+        assert_eq!(config.retry_builder().build().unwrap().max_retries(), 4);
+    }
+}

@@ -1,0 +1,24 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_debug_implementations,
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod config;
+pub mod error;
+mod layer;
+mod load;
+mod schema;
+
+pub use self::config::{
+    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
+    RetrySection,
+};
+pub use self::error::LoadError;
+pub use self::layer::{ResilienceLayer, ResilienceService};
+pub use self::load::MAX_ATTEMPTS_LIMIT;
+pub use self::schema::{json_schema, json_schema_text};

@@ -1,0 +1,470 @@
+//! Reading a configuration: every format is parsed into one JSON value, and
+//! that value is checked key by key.
+//!
+//! Checking the value by hand, rather than deriving `Deserialize`, is what
+//! lets every error name the exact key in every format and say what the key
+//! needs in words ("a whole number of milliseconds, 0 or more") instead of a
+//! parser's type name ("expected u64"), which serde's derived errors cannot:
+//! they know neither the path nor the unit.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use http::HeaderName;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+use tower_classify::ConfigError;
+use tower_retry_budget::MAX_RETRIES_LIMIT;
+
+use crate::config::{
+    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
+    RetrySection,
+};
+#[cfg(any(feature = "yaml", feature = "toml", feature = "json"))]
+use crate::error::LoadError;
+
+/// The key a document may wrap the block in.
+pub(crate) const WRAPPER_KEY: &str = "resilience";
+/// The keys of the block itself.
+pub(crate) const BLOCK_KEYS: [&str; 3] = ["retry", "circuit_breaker", "poison"];
+/// The keys of the `retry` section.
+pub(crate) const RETRY_KEYS: [&str; 6] = [
+    "max_attempts",
+    "backoff",
+    "base_ms",
+    "max_ms",
+    "jitter",
+    "retry_on",
+];
+/// The keys of the `circuit_breaker` section.
+pub(crate) const CIRCUIT_BREAKER_KEYS: [&str; 2] = ["consecutive_failures", "cooldown_secs"];
+/// The keys of the `poison` section.
+pub(crate) const POISON_KEYS: [&str; 3] = ["max_row_attempts", "action", "message_id_header"];
+
+/// The most tries `max_attempts` allows: the first and the retry layer's
+/// largest number of retries.
+pub const MAX_ATTEMPTS_LIMIT: u32 = MAX_RETRIES_LIMIT + 1;
+
+impl ResilienceConfig {
+    /// Reads a configuration from YAML: the `resilience:` block, or the
+    /// document's top-level `resilience:` key holding it.
+    #[cfg(feature = "yaml")]
+    pub fn from_yaml_str(text: &str) -> Result<Self, LoadError> {
+        let value: Value = serde_yaml::from_str(text).map_err(|e| LoadError::Syntax {
+            format: "YAML",
+            message: e.to_string(),
+        })?;
+        Ok(Self::from_value(&value)?)
+    }
+
+    /// Reads a configuration from TOML: the block's tables (`[retry]`, …)
+    /// or the same under `[resilience.retry]`, ….
+    #[cfg(feature = "toml")]
+    pub fn from_toml_str(text: &str) -> Result<Self, LoadError> {
+        let value: Value = toml::from_str(text).map_err(|e| LoadError::Syntax {
+            format: "TOML",
+            message: e.to_string(),
+        })?;
+        Ok(Self::from_value(&value)?)
+    }
+
+    /// Reads a configuration from JSON: the block's object, or an object
+    /// whose only key `resilience` holds it.
+    #[cfg(feature = "json")]
+    pub fn from_json_str(text: &str) -> Result<Self, LoadError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| LoadError::Syntax {
+            format: "JSON",
+            message: e.to_string(),
+        })?;
+        Ok(Self::from_value(&value)?)
+    }
+
+    /// Checks a configuration already parsed into a JSON value, with or
+    /// without the `resilience` wrapper. Errors name the key's path as
+    /// written (`resilience.retry.base_ms` in a wrapped document,
+    /// `retry.base_ms` in a bare one).
+    pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        match value {
+            Value::Object(map) if map.contains_key(WRAPPER_KEY) => {
+                refuse_unknown(map, "", &[WRAPPER_KEY])?;
+                block(&map[WRAPPER_KEY], WRAPPER_KEY)
+            }
+            other => block(other, ""),
+        }
+    }
+}
+
+/// `Deserialize` runs the same checks as the loaders, so the block can sit
+/// inside an application's own configuration struct. Paths in its errors
+/// start at the block (`retry.base_ms`).
+impl<'de> Deserialize<'de> for ResilienceConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        ResilienceConfig::from_value(&value).map_err(D::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for RetrySection {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        retry(&value, "").map_err(D::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for CircuitBreakerSection {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        circuit_breaker(&value, "").map_err(D::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for PoisonSection {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        poison(&value, "").map_err(D::Error::custom)
+    }
+}
+
+fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
+    let Some(map) = section(value, path, &BLOCK_KEYS)? else {
+        return Ok(ResilienceConfig::default());
+    };
+    let config = ResilienceConfig {
+        retry: match map.get("retry") {
+            Some(value) => retry(value, &join(path, "retry"))?,
+            None => RetrySection::default(),
+        },
+        circuit_breaker: match map.get("circuit_breaker") {
+            Some(value) => circuit_breaker(value, &join(path, "circuit_breaker"))?,
+            None => CircuitBreakerSection::default(),
+        },
+        poison: match map.get("poison") {
+            Some(value) => poison(value, &join(path, "poison"))?,
+            None => PoisonSection::default(),
+        },
+    };
+    // The layers' own builders check their settings too; running them here
+    // keeps the promise that nothing is refused later, at build time.
+    crate::layer::check_with_layers(&config, path)?;
+    Ok(config)
+}
+
+fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
+    let mut retry = RetrySection::default();
+    let Some(map) = section(value, path, &RETRY_KEYS)? else {
+        return Ok(retry);
+    };
+    if let Some(value) = map.get("max_attempts") {
+        retry.max_attempts = whole(
+            value,
+            &join(path, "max_attempts"),
+            &WholeRule {
+                unit: "",
+                min: 1,
+                max: u64::from(MAX_ATTEMPTS_LIMIT),
+                range: Cow::Owned(format!("from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}")),
+            },
+        )? as u32;
+    }
+    if let Some(value) = map.get("backoff") {
+        retry.backoff = one_of(
+            value,
+            &join(path, "backoff"),
+            "backoff",
+            &BackoffKind::ALL,
+            BackoffKind::as_str,
+        )?;
+    }
+    let millis = WholeRule {
+        unit: " of milliseconds",
+        min: 0,
+        max: u64::MAX,
+        range: Cow::Borrowed("0 or more"),
+    };
+    if let Some(value) = map.get("base_ms") {
+        retry.base_ms = whole(value, &join(path, "base_ms"), &millis)?;
+    }
+    if let Some(value) = map.get("max_ms") {
+        retry.max_ms = whole(value, &join(path, "max_ms"), &millis)?;
+    }
+    if retry.base_ms > retry.max_ms {
+        return Err(ConfigError::new(
+            join(path, "base_ms"),
+            format!(
+                "must not be more than max_ms ({}), the cap on every wait (got {})",
+                retry.max_ms, retry.base_ms
+            ),
+        ));
+    }
+    if let Some(value) = map.get("jitter") {
+        let field = join(path, "jitter");
+        retry.jitter = value.as_bool().ok_or_else(|| {
+            ConfigError::new(
+                field,
+                format!("must be true or false (got {})", describe(value)),
+            )
+        })?;
+    }
+    if let Some(value) = map.get("retry_on") {
+        retry.retry_on = retry_on(value, &join(path, "retry_on"))?;
+    }
+    Ok(retry)
+}
+
+fn retry_on(value: &Value, path: &str) -> Result<Vec<RetryClass>, ConfigError> {
+    let expected = expected(&RetryClass::ALL, RetryClass::as_str);
+    let Value::Array(items) = value else {
+        return Err(ConfigError::new(
+            path.to_owned(),
+            format!(
+                "must be a list of classes, some of {expected} (got {})",
+                describe(value)
+            ),
+        ));
+    };
+    if items.is_empty() {
+        return Err(ConfigError::new(
+            path.to_owned(),
+            format!(
+                "must name at least one class, some of {expected}; \
+                 leave the key out to retry all four"
+            ),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut classes = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let class = one_of(
+            item,
+            &format!("{path}[{i}]"),
+            "class",
+            &RetryClass::ALL,
+            RetryClass::as_str,
+        )?;
+        if seen.insert(class) {
+            classes.push(class);
+        }
+    }
+    Ok(classes)
+}
+
+fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, ConfigError> {
+    let mut breaker = CircuitBreakerSection::default();
+    let Some(map) = section(value, path, &CIRCUIT_BREAKER_KEYS)? else {
+        return Ok(breaker);
+    };
+    if let Some(value) = map.get("consecutive_failures") {
+        breaker.consecutive_failures = whole(
+            value,
+            &join(path, "consecutive_failures"),
+            &WholeRule::at_least_one(" of failed calls"),
+        )? as u32;
+    }
+    if let Some(value) = map.get("cooldown_secs") {
+        breaker.cooldown_secs = whole(
+            value,
+            &join(path, "cooldown_secs"),
+            &WholeRule {
+                unit: " of seconds",
+                min: 1,
+                max: u64::MAX,
+                range: Cow::Borrowed("1 or more"),
+            },
+        )?;
+    }
+    Ok(breaker)
+}
+
+fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
+    let mut poison = PoisonSection::default();
+    let Some(map) = section(value, path, &POISON_KEYS)? else {
+        return Ok(poison);
+    };
+    if let Some(value) = map.get("max_row_attempts") {
+        poison.max_row_attempts = whole(
+            value,
+            &join(path, "max_row_attempts"),
+            &WholeRule::at_least_one(" of failed deliveries"),
+        )? as u32;
+    }
+    if let Some(value) = map.get("action") {
+        poison.action = one_of(
+            value,
+            &join(path, "action"),
+            "action",
+            &PoisonAction::ALL,
+            PoisonAction::as_str,
+        )?;
+    }
+    if let Some(value) = map.get("message_id_header") {
+        let field = join(path, "message_id_header");
+        let name = value.as_str().ok_or_else(|| {
+            ConfigError::new(
+                field.clone(),
+                format!(
+                    "must be a header name such as x-message-id (got {})",
+                    describe(value)
+                ),
+            )
+        })?;
+        if HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(ConfigError::new(
+                field,
+                format!("`{name}` is not a valid HTTP header name"),
+            ));
+        }
+        poison.message_id_header = Some(name.to_owned());
+    }
+    Ok(poison)
+}
+
+/// A section's keys, after refusing unknown ones. `None` for a section left
+/// empty (`retry:` with nothing under it in YAML), which takes every default.
+fn section<'a>(
+    value: &'a Value,
+    path: &str,
+    keys: &[&str],
+) -> Result<Option<&'a Map<String, Value>>, ConfigError> {
+    match value {
+        Value::Null => Ok(None),
+        Value::Object(map) => {
+            refuse_unknown(map, path, keys)?;
+            Ok(Some(map))
+        }
+        other => Err(ConfigError::new(
+            if path.is_empty() { "(document)" } else { path }.to_owned(),
+            format!(
+                "must be a section with the keys {} (got {})",
+                list(keys),
+                describe(other)
+            ),
+        )),
+    }
+}
+
+fn refuse_unknown(map: &Map<String, Value>, path: &str, keys: &[&str]) -> Result<(), ConfigError> {
+    match map.keys().find(|key| !keys.contains(&key.as_str())) {
+        Some(key) => {
+            let hint = if path.is_empty() && keys == BLOCK_KEYS {
+                format!(" (or `{WRAPPER_KEY}` holding them)")
+            } else {
+                String::new()
+            };
+            Err(ConfigError::new(
+                join(path, key),
+                format!("unknown key; expected {}{hint}", list(keys)),
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
+/// What a whole-number key accepts, and how to say so.
+struct WholeRule {
+    /// ` of milliseconds`, or empty.
+    unit: &'static str,
+    min: u64,
+    max: u64,
+    /// `0 or more`, `from 1 (no retry) to 17`.
+    range: Cow<'static, str>,
+}
+
+impl WholeRule {
+    /// 1 to `u32::MAX`, for counts.
+    fn at_least_one(unit: &'static str) -> Self {
+        WholeRule {
+            unit,
+            min: 1,
+            max: u64::from(u32::MAX),
+            range: Cow::Borrowed("1 or more"),
+        }
+    }
+}
+
+fn whole(value: &Value, path: &str, rule: &WholeRule) -> Result<u64, ConfigError> {
+    let refuse = |range: &str| {
+        ConfigError::new(
+            path.to_owned(),
+            format!(
+                "must be a whole number{}, {range} (got {})",
+                rule.unit,
+                describe(value)
+            ),
+        )
+    };
+    let n = value.as_u64().ok_or_else(|| refuse(&rule.range))?;
+    if n < rule.min {
+        return Err(refuse(&rule.range));
+    }
+    if n > rule.max {
+        // "1 or more" is true but does not explain why 5 000 000 000 is refused.
+        let range = if rule.range.contains(" to ") {
+            rule.range.to_string()
+        } else {
+            format!("{} to {}", rule.min, rule.max)
+        };
+        return Err(refuse(&range));
+    }
+    Ok(n)
+}
+
+fn one_of<T: Copy>(
+    value: &Value,
+    path: &str,
+    what: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, ConfigError> {
+    let expected = expected(all, name);
+    let Some(text) = value.as_str() else {
+        return Err(ConfigError::new(
+            path.to_owned(),
+            format!("must be one of {expected} (got {})", describe(value)),
+        ));
+    };
+    all.iter()
+        .copied()
+        .find(|item| name(*item) == text)
+        .ok_or_else(|| {
+            ConfigError::new(
+                path.to_owned(),
+                format!("unknown {what} `{text}`; expected {expected}"),
+            )
+        })
+}
+
+/// `a, b or c`.
+fn expected<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> String {
+    let names: Vec<&str> = all.iter().map(|item| name(*item)).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// `a, b, c`.
+fn list(keys: &[&str]) -> String {
+    keys.join(", ")
+}
+
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// A value as an operator would recognise it in their file.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "no value".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("the text {s:?}"),
+        Value::Array(_) => "a list".to_owned(),
+        Value::Object(_) => "a section".to_owned(),
+    }
+}

@@ -1,0 +1,434 @@
+//! Loading: the documented block in every format, and every refused value
+//! named by the exact key that holds it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_steadfast::{BackoffKind, LoadError, PoisonAction, ResilienceConfig, RetryClass};
+
+fn fixture(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Loads `name` with the loader its extension names.
+fn load(name: &str) -> Result<ResilienceConfig, LoadError> {
+    let text = fixture(name);
+    match name.rsplit('.').next() {
+        Some("yaml") => ResilienceConfig::from_yaml_str(&text),
+        Some("toml") => ResilienceConfig::from_toml_str(&text),
+        Some("json") => ResilienceConfig::from_json_str(&text),
+        other => panic!("no loader for {other:?}"),
+    }
+}
+
+fn refusal(name: &str) -> (String, String) {
+    match load(name) {
+        Ok(config) => panic!("{name} loaded: {config:?}"),
+        Err(LoadError::Invalid(error)) => (error.field().to_owned(), error.reason().to_owned()),
+        Err(other) => panic!("{name}: not a refused value: {other}"),
+    }
+}
+
+#[test]
+fn the_documented_block_loads_unchanged_in_every_format() {
+    let yaml = load("seed.yaml").unwrap();
+    let retry = yaml.retry();
+    assert_eq!(retry.max_attempts(), 5);
+    assert_eq!(retry.backoff(), BackoffKind::Exponential);
+    assert_eq!(retry.base(), Duration::from_millis(200));
+    assert_eq!(retry.max(), Duration::from_secs(30));
+    assert!(retry.jitter());
+    assert_eq!(retry.retry_on(), RetryClass::ALL);
+    assert_eq!(yaml.circuit_breaker().consecutive_failures(), 5);
+    assert_eq!(yaml.circuit_breaker().cooldown(), Duration::from_secs(60));
+    assert_eq!(yaml.poison().max_row_attempts(), 3);
+    assert_eq!(yaml.poison().action(), PoisonAction::Dlq);
+    assert_eq!(yaml.poison().message_id_header(), None);
+
+    assert_eq!(load("seed.toml").unwrap(), yaml);
+    assert_eq!(load("seed.json").unwrap(), yaml);
+}
+
+#[test]
+fn the_documented_values_are_the_defaults() {
+    assert_eq!(load("seed.yaml").unwrap(), ResilienceConfig::default());
+    assert_eq!(
+        ResilienceConfig::from_yaml_str("resilience: {}").unwrap(),
+        ResilienceConfig::default()
+    );
+    assert_eq!(
+        ResilienceConfig::from_yaml_str("").unwrap(),
+        ResilienceConfig::default()
+    );
+    // A section with every key commented out is empty, not an error.
+    assert_eq!(
+        ResilienceConfig::from_yaml_str("retry:\n  # max_attempts: 3\npoison:\n").unwrap(),
+        ResilienceConfig::default()
+    );
+}
+
+#[test]
+fn the_wrapper_is_optional() {
+    let bare = "retry:\n  max_attempts: 2\n  backoff: fixed\n";
+    let wrapped = "resilience:\n  retry:\n    max_attempts: 2\n    backoff: fixed\n";
+    let config = ResilienceConfig::from_yaml_str(bare).unwrap();
+    assert_eq!(config, ResilienceConfig::from_yaml_str(wrapped).unwrap());
+    assert_eq!(config.retry().max_attempts(), 2);
+    assert_eq!(config.retry().backoff(), BackoffKind::Fixed);
+}
+
+#[test]
+fn max_attempts_zero_is_refused_naming_the_key() {
+    let (field, reason) = refusal("bad/max_attempts_zero.yaml");
+    assert_eq!(field, "resilience.retry.max_attempts");
+    assert_eq!(
+        reason,
+        "must be a whole number, from 1 (no retry) to 17 (got 0)"
+    );
+}
+
+#[test]
+fn an_unknown_backoff_is_refused_naming_the_key() {
+    let (field, reason) = refusal("bad/backoff_quadratic.yaml");
+    assert_eq!(field, "resilience.retry.backoff");
+    assert_eq!(
+        reason,
+        "unknown backoff `quadratic`; expected none, fixed or exponential"
+    );
+}
+
+#[test]
+fn a_negative_base_is_refused_in_words_in_every_format() {
+    for name in [
+        "bad/base_ms_negative.yaml",
+        "bad/base_ms_negative.toml",
+        "bad/base_ms_negative.json",
+    ] {
+        let (field, reason) = refusal(name);
+        assert_eq!(field, "resilience.retry.base_ms", "{name}");
+        assert_eq!(
+            reason, "must be a whole number of milliseconds, 0 or more (got -5)",
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn an_empty_retry_on_is_refused_in_every_format() {
+    for name in [
+        "bad/retry_on_empty.yaml",
+        "bad/retry_on_empty.toml",
+        "bad/retry_on_empty.json",
+    ] {
+        let (field, reason) = refusal(name);
+        assert_eq!(field, "resilience.retry.retry_on", "{name}");
+        assert!(
+            reason.starts_with("must name at least one class"),
+            "{name}: {reason}"
+        );
+        assert!(
+            reason.contains("leave the key out to retry all four"),
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn a_cooldown_in_words_is_refused_in_every_format() {
+    for name in [
+        "bad/cooldown_secs_text.yaml",
+        "bad/cooldown_secs_text.toml",
+        "bad/cooldown_secs_text.json",
+    ] {
+        let (field, reason) = refusal(name);
+        assert_eq!(field, "resilience.circuit_breaker.cooldown_secs", "{name}");
+        assert_eq!(
+            reason, "must be a whole number of seconds, 1 or more (got the text \"soon\")",
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_action_is_refused_naming_the_key() {
+    let (field, reason) = refusal("bad/action_archive.yaml");
+    assert_eq!(field, "resilience.poison.action");
+    assert_eq!(
+        reason,
+        "unknown action `archive`; expected dlq, drop or fail"
+    );
+}
+
+#[test]
+fn an_unknown_key_is_refused_by_name_in_every_format() {
+    for name in [
+        "bad/unknown_key.yaml",
+        "bad/unknown_key.toml",
+        "bad/unknown_key.json",
+    ] {
+        let (field, reason) = refusal(name);
+        assert_eq!(field, "resilience.retry.max_retries", "{name}");
+        assert_eq!(
+            reason,
+            "unknown key; expected max_attempts, backoff, base_ms, max_ms, jitter, retry_on",
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_display_names_the_key_and_the_rule() {
+    let error = load("bad/base_ms_negative.yaml").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid configuration `resilience.retry.base_ms`: \
+         must be a whole number of milliseconds, 0 or more (got -5)"
+    );
+    assert_eq!(error.field(), Some("resilience.retry.base_ms"));
+}
+
+/// `(yaml, path, reason)`: each rule of the block, broken once.
+const RULES: &[(&str, &str, &str)] = &[
+    (
+        "retry: {max_attempts: 18}",
+        "retry.max_attempts",
+        "must be a whole number, from 1 (no retry) to 17 (got 18)",
+    ),
+    (
+        "retry: {max_attempts: 2.5}",
+        "retry.max_attempts",
+        "must be a whole number, from 1 (no retry) to 17 (got 2.5)",
+    ),
+    (
+        "retry: {base_ms: 500, max_ms: 400}",
+        "retry.base_ms",
+        "must not be more than max_ms (400), the cap on every wait (got 500)",
+    ),
+    (
+        "retry: {base_ms: 40000}",
+        "retry.base_ms",
+        "must not be more than max_ms (30000), the cap on every wait (got 40000)",
+    ),
+    (
+        "retry: {max_ms: \"30s\"}",
+        "retry.max_ms",
+        "must be a whole number of milliseconds, 0 or more (got the text \"30s\")",
+    ),
+    (
+        "retry: {jitter: yes}",
+        "retry.jitter",
+        "must be true or false (got the text \"yes\")",
+    ),
+    (
+        "retry: {backoff: 2}",
+        "retry.backoff",
+        "must be one of none, fixed or exponential (got 2)",
+    ),
+    (
+        "retry: {backoff: linear}",
+        "retry.backoff",
+        "unknown backoff `linear`; expected none, fixed or exponential",
+    ),
+    (
+        "retry: {retry_on: [http_5xx, teapot]}",
+        "retry.retry_on[1]",
+        "unknown class `teapot`; expected http_5xx, rate_limited, connection or timeout",
+    ),
+    (
+        "retry: {retry_on: timeout}",
+        "retry.retry_on",
+        "must be a list of classes, some of http_5xx, rate_limited, connection or timeout \
+         (got the text \"timeout\")",
+    ),
+    (
+        "circuit_breaker: {consecutive_failures: 0}",
+        "circuit_breaker.consecutive_failures",
+        "must be a whole number of failed calls, 1 or more (got 0)",
+    ),
+    (
+        "circuit_breaker: {consecutive_failures: 5000000000}",
+        "circuit_breaker.consecutive_failures",
+        "must be a whole number of failed calls, 1 to 4294967295 (got 5000000000)",
+    ),
+    (
+        "circuit_breaker: {cooldown_secs: 0}",
+        "circuit_breaker.cooldown_secs",
+        "must be a whole number of seconds, 1 or more (got 0)",
+    ),
+    (
+        "poison: {max_row_attempts: 0}",
+        "poison.max_row_attempts",
+        "must be a whole number of failed deliveries, 1 or more (got 0)",
+    ),
+    (
+        "poison: {message_id_header: \"x message\"}",
+        "poison.message_id_header",
+        "`x message` is not a valid HTTP header name",
+    ),
+    (
+        "retry: 5",
+        "retry",
+        "must be a section with the keys max_attempts, backoff, base_ms, max_ms, jitter, \
+         retry_on (got 5)",
+    ),
+    (
+        "retries: {}",
+        "retries",
+        "unknown key; expected retry, circuit_breaker, poison (or `resilience` holding them)",
+    ),
+    (
+        "resilience: {}\npipeline: orders",
+        "pipeline",
+        "unknown key; expected resilience",
+    ),
+    (
+        "resilience: {circuit_breaker: {cooldown: 60}}",
+        "resilience.circuit_breaker.cooldown",
+        "unknown key; expected consecutive_failures, cooldown_secs",
+    ),
+];
+
+#[test]
+fn every_rule_is_checked_at_load_and_names_its_key() {
+    for (yaml, field, reason) in RULES {
+        match ResilienceConfig::from_yaml_str(yaml) {
+            Err(LoadError::Invalid(error)) => {
+                assert_eq!(error.field(), *field, "{yaml}");
+                assert_eq!(error.reason(), *reason, "{yaml}");
+            }
+            other => panic!("{yaml}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_limits_themselves_are_accepted() {
+    let config = ResilienceConfig::from_yaml_str(
+        "retry: {max_attempts: 17, base_ms: 0, max_ms: 0, backoff: none, retry_on: [timeout, timeout]}\n\
+         circuit_breaker: {consecutive_failures: 1, cooldown_secs: 1}\n\
+         poison: {max_row_attempts: 1, action: fail, message_id_header: x-message-id}",
+    )
+    .unwrap();
+    assert_eq!(
+        config.retry().max_attempts(),
+        tower_steadfast::MAX_ATTEMPTS_LIMIT
+    );
+    assert_eq!(config.retry().retry_on(), [RetryClass::Timeout]);
+    assert_eq!(config.poison().message_id_header(), Some("x-message-id"));
+    assert_eq!(
+        ResilienceConfig::from_yaml_str("retry: {max_attempts: 1}")
+            .unwrap()
+            .retry()
+            .max_attempts(),
+        1
+    );
+}
+
+#[test]
+fn max_attempts_follows_the_retry_layers_limit() {
+    assert_eq!(
+        tower_steadfast::MAX_ATTEMPTS_LIMIT,
+        tower_retry_budget::MAX_RETRIES_LIMIT + 1
+    );
+}
+
+#[test]
+fn syntax_errors_say_which_format() {
+    let yaml = ResilienceConfig::from_yaml_str("retry: [").unwrap_err();
+    assert!(
+        matches!(yaml, LoadError::Syntax { format: "YAML", .. }),
+        "{yaml}"
+    );
+    let toml = ResilienceConfig::from_toml_str("[retry\n").unwrap_err();
+    assert!(
+        matches!(toml, LoadError::Syntax { format: "TOML", .. }),
+        "{toml}"
+    );
+    let json = ResilienceConfig::from_json_str("{").unwrap_err();
+    assert!(
+        matches!(json, LoadError::Syntax { format: "JSON", .. }),
+        "{json}"
+    );
+    assert_eq!(json.field(), None);
+}
+
+#[test]
+fn the_block_embeds_in_an_application_config_with_serde() {
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct AppConfig {
+        listen: String,
+        resilience: ResilienceConfig,
+    }
+    let app: AppConfig =
+        serde_yaml::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
+            .unwrap();
+    assert_eq!(app.resilience.retry().max_attempts(), 3);
+
+    let error = serde_yaml::from_str::<AppConfig>(
+        "listen: 0.0.0.0:8080\nresilience:\n  retry:\n    base_ms: -5\n",
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("`retry.base_ms`: must be a whole number of milliseconds, 0 or more"),
+        "{error}"
+    );
+}
+
+fn any_config_yaml() -> impl Strategy<Value = String> {
+    (
+        1u32..=17,
+        prop::sample::select(vec!["none", "fixed", "exponential"]),
+        0u64..=60_000,
+        0u64..=60_000,
+        any::<bool>(),
+        prop::sample::subsequence(vec!["http_5xx", "rate_limited", "connection", "timeout"], 1..=4),
+        1u32..=100,
+        1u64..=3_600,
+        1u32..=10,
+        prop::sample::select(vec!["dlq", "drop", "fail"]),
+    )
+        .prop_map(
+            |(attempts, backoff, a, b, jitter, classes, failures, cooldown, rows, action)| {
+                let (base, max) = (a.min(b), a.max(b));
+                format!(
+                    "resilience:\n  retry:\n    max_attempts: {attempts}\n    backoff: {backoff}\n    \
+                     base_ms: {base}\n    max_ms: {max}\n    jitter: {jitter}\n    \
+                     retry_on: [{}]\n  circuit_breaker:\n    consecutive_failures: {failures}\n    \
+                     cooldown_secs: {cooldown}\n  poison:\n    max_row_attempts: {rows}\n    action: {action}\n",
+                    classes.join(", ")
+                )
+            },
+        )
+}
+
+proptest! {
+    /// Any valid block loads, and what it loads writes back (in each
+    /// format) to text that loads to the same configuration.
+    #[test]
+    fn valid_blocks_round_trip_through_every_format(yaml in any_config_yaml()) {
+        let config = ResilienceConfig::from_yaml_str(&yaml).unwrap();
+        let json = serde_json::to_string(&config).unwrap();
+        prop_assert_eq!(&ResilienceConfig::from_json_str(&json).unwrap(), &config);
+        let toml = toml::to_string(&config).unwrap();
+        prop_assert_eq!(&ResilienceConfig::from_toml_str(&toml).unwrap(), &config);
+        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
+        // Building the stack never fails for a loaded configuration.
+        let _ = config.layer(tower_poison::store::MemoryStore::new(1));
+    }
+
+    /// Any whole number outside 1..=17 is refused for max_attempts, by name.
+    #[test]
+    fn max_attempts_outside_the_range_is_refused(n in prop_oneof![Just(0u64), 18u64..u64::MAX]) {
+        let error = ResilienceConfig::from_json_str(&format!(r#"{{"retry": {{"max_attempts": {n}}}}}"#))
+            .unwrap_err();
+        prop_assert_eq!(error.field(), Some("retry.max_attempts"));
+    }
+}
