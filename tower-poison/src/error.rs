@@ -22,137 +22,99 @@ pub(crate) fn not_kept(
     }
 }
 
-/// The dead-letter store could not keep an entry, so the call fails with this
-/// error instead of losing the entry silently.
-///
-/// [`source`](Error::source) is the [`StoreError`]; the call's own error, when
-/// there was one, is kept in [`original`](Self::original). A queue consumer
-/// should *not* acknowledge a message whose call ended in this error: the
-/// message was neither processed nor dead-lettered.
-#[derive(Debug)]
-pub struct StoreFailed {
-    entry_id: EntryId,
-    store: StoreError,
-    original: Option<BoxError>,
-}
-
-impl StoreFailed {
-    pub(crate) fn new(entry_id: EntryId, store: StoreError, original: Option<BoxError>) -> Self {
-        StoreFailed {
-            entry_id,
-            store,
-            original,
+/// The two errors of an entry the store did not keep: the same fields and
+/// accessors, told apart by type so a caller can `downcast_ref` the one it
+/// handles.
+macro_rules! not_kept_error {
+    ($(#[$doc:meta])* $name:ident, $store_doc:literal, $display:literal) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            entry_id: EntryId,
+            store: StoreError,
+            original: Option<BoxError>,
         }
-    }
 
-    /// The id of the entry that was not stored.
-    pub fn entry_id(&self) -> EntryId {
-        self.entry_id
-    }
+        impl $name {
+            pub(crate) fn new(
+                entry_id: EntryId,
+                store: StoreError,
+                original: Option<BoxError>,
+            ) -> Self {
+                $name {
+                    entry_id,
+                    store,
+                    original,
+                }
+            }
 
-    /// The store's error.
-    pub fn store_error(&self) -> &StoreError {
-        &self.store
-    }
+            /// The id of the entry that was not stored.
+            pub fn entry_id(&self) -> EntryId {
+                self.entry_id
+            }
 
-    /// The call's own error, if the call failed with one (a response
-    /// classified as a failure has none).
-    pub fn original(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
-        self.original.as_deref()
-    }
+            #[doc = $store_doc]
+            pub fn store_error(&self) -> &StoreError {
+                &self.store
+            }
 
-    /// Consumes `self`, returning the call's own error.
-    pub fn into_original(self) -> Option<BoxError> {
-        self.original
-    }
-}
+            /// The call's own error, if the call failed with one (a response
+            /// classified as a failure has none).
+            pub fn original(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
+                self.original.as_deref()
+            }
 
-impl fmt::Display for StoreFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "dead-letter store failed to keep entry {}",
-            self.entry_id
-        )?;
-        if let Some(original) = &self.original {
-            write!(f, " for a call that failed with: {original}")?;
+            /// Consumes `self`, returning the call's own error.
+            pub fn into_original(self) -> Option<BoxError> {
+                self.original
+            }
         }
-        Ok(())
-    }
-}
 
-impl Error for StoreFailed {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.store)
-    }
-}
-
-/// The dead-letter store is at its limits (entries or bytes), so it refused
-/// a call's entry and the call fails with this error.
-///
-/// Nothing was evicted to make room: every entry the layer acknowledged
-/// before is still in the store. The call is *not* dead-lettered, so a queue
-/// consumer should not acknowledge its message (let the queue redeliver it,
-/// once an operator has replayed or purged the store). Like [`StoreFailed`],
-/// [`source`](Error::source) is the [`StoreError`] (of kind
-/// [`Full`](StoreErrorKind::Full)) and the call's own error is kept in
-/// [`original`](Self::original).
-#[derive(Debug)]
-pub struct StoreFull {
-    entry_id: EntryId,
-    store: StoreError,
-    original: Option<BoxError>,
-}
-
-impl StoreFull {
-    pub(crate) fn new(entry_id: EntryId, store: StoreError, original: Option<BoxError>) -> Self {
-        StoreFull {
-            entry_id,
-            store,
-            original,
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, $display, self.entry_id)?;
+                if let Some(original) = &self.original {
+                    write!(f, " for a call that failed with: {original}")?;
+                }
+                Ok(())
+            }
         }
-    }
 
-    /// The id of the entry that was not stored.
-    pub fn entry_id(&self) -> EntryId {
-        self.entry_id
-    }
-
-    /// The store's error (what limit was reached).
-    pub fn store_error(&self) -> &StoreError {
-        &self.store
-    }
-
-    /// The call's own error, if the call failed with one (a response
-    /// classified as a failure has none).
-    pub fn original(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
-        self.original.as_deref()
-    }
-
-    /// Consumes `self`, returning the call's own error.
-    pub fn into_original(self) -> Option<BoxError> {
-        self.original
-    }
-}
-
-impl fmt::Display for StoreFull {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "dead-letter store is full, entry {} not kept",
-            self.entry_id
-        )?;
-        if let Some(original) = &self.original {
-            write!(f, " for a call that failed with: {original}")?;
+        impl Error for $name {
+            fn source(&self) -> Option<&(dyn Error + 'static)> {
+                Some(&self.store)
+            }
         }
-        Ok(())
-    }
+    };
 }
 
-impl Error for StoreFull {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.store)
-    }
+not_kept_error! {
+    /// The dead-letter store could not keep an entry, so the call fails with this
+    /// error instead of losing the entry silently.
+    ///
+    /// [`source`](Error::source) is the [`StoreError`]; the call's own error, when
+    /// there was one, is kept in [`original`](Self::original). A queue consumer
+    /// should *not* acknowledge a message whose call ended in this error: the
+    /// message was neither processed nor dead-lettered.
+    StoreFailed,
+    "The store's error.",
+    "dead-letter store failed to keep entry {}"
+}
+
+not_kept_error! {
+    /// The dead-letter store is at its limits (entries or bytes), so it refused
+    /// a call's entry and the call fails with this error.
+    ///
+    /// Nothing was evicted to make room: every entry the layer acknowledged
+    /// before is still in the store. The call is *not* dead-lettered, so a queue
+    /// consumer should not acknowledge its message (let the queue redeliver it,
+    /// once an operator has replayed or purged the store). Like [`StoreFailed`],
+    /// [`source`](Error::source) is the [`StoreError`] (of kind
+    /// [`Full`](StoreErrorKind::Full)) and the call's own error is kept in
+    /// [`original`](Self::original).
+    StoreFull,
+    "The store's error (what limit was reached).",
+    "dead-letter store is full, entry {} not kept"
 }
 
 /// A message that had already failed the poison limit was diverted: the inner
