@@ -202,17 +202,19 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         };
         refusal("retry", key, error)
     })?;
-    config
-        .breaker_builder()
-        .build(HttpClassifier::new())
-        .map_err(|error| {
-            let key = match error.field() {
-                "failure_threshold" => Some("consecutive_failures"),
-                "recovery_timeout" => Some("cooldown_secs"),
-                _ => None,
-            };
-            refusal("circuit_breaker", key, error)
-        })?;
+    // Built to be checked and dropped: with no recorder, so the check
+    // registers no metric and cannot reset a live breaker's gauges.
+    metrics::with_local_recorder(&metrics::NoopRecorder, || {
+        config.breaker_builder().build(HttpClassifier::new())
+    })
+    .map_err(|error| {
+        let key = match error.field() {
+            "failure_threshold" => Some("consecutive_failures"),
+            "recovery_timeout" => Some("cooldown_secs"),
+            _ => None,
+        };
+        refusal("circuit_breaker", key, error)
+    })?;
     PoisonPolicy::new(config.poison.max_row_attempts)
         .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
     Ok(())

@@ -432,3 +432,22 @@ proptest! {
         prop_assert_eq!(error.field(), Some("retry.max_attempts"));
     }
 }
+
+/// Loading checks the breaker's settings by building one, with no recorder:
+/// a reload must not register series that reset a live breaker's gauges
+/// (every layer built from a config is named `default` unless renamed).
+#[test]
+fn loading_registers_no_metric() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        load("seed.yaml").unwrap();
+    });
+    let registered: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, ..)| key.key().name().to_owned())
+        .collect();
+    assert!(registered.is_empty(), "{registered:?}");
+}
