@@ -31,7 +31,7 @@
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::convert::Infallible;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -295,19 +295,24 @@ fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {
 }
 
 /// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding
-/// of every byte outside space and visible ASCII, and of `%` itself; at most
+/// of every byte outside space and visible ASCII, of `%` itself and of a
+/// space at either end; at most
 /// [`MAX_MESSAGE`] bytes of the text, cut at a character boundary.
 fn percent_encode(text: &str) -> String {
     let mut end = text.len().min(MAX_MESSAGE);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
+    let text = &text[..end];
     let mut encoded = String::with_capacity(end);
-    for byte in text[..end].bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+    for (at, byte) in text.bytes().enumerate() {
+        // HTTP/2 refuses a field value that starts or ends with whitespace
+        // (RFC 9113, section 8.2.1), so a space there is encoded too.
+        let edge_space = byte == b' ' && (at == 0 || at + 1 == text.len());
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' && !edge_space {
             encoded.push(char::from(byte));
         } else {
-            encoded.push_str(&format!("%{byte:02X}"));
+            let _ = write!(encoded, "%{byte:02X}");
         }
     }
     encoded
@@ -322,6 +327,7 @@ mod tests {
         assert_eq!(percent_encode("circuit open"), "circuit open");
         assert_eq!(percent_encode("100% é"), "100%25 %C3%A9");
         assert_eq!(percent_encode("line\nbreak"), "line%0Abreak");
+        assert_eq!(percent_encode(" padded "), "%20padded%20");
         let long = "é".repeat(MAX_MESSAGE);
         let encoded = percent_encode(&long);
         assert_eq!(encoded.len(), MAX_MESSAGE * 3, "cut at a char boundary");
