@@ -68,7 +68,7 @@ fn keys(prefix: &str, n: usize) -> Vec<Arc<str>> {
 /// keeps every key ever registered: its snapshot lists all 10 000 label
 /// values (asserted below, so the test cannot pass by registering nothing).
 /// What eviction controls is which of them are live. Every breaker here
-/// opens on its first call (state gauge 1); an evicted breaker's gauge is
+/// opens on its first call (state gauge 2); an evicted breaker's gauge is
 /// set back to 0 and its handles dropped, so nothing can move it again. A
 /// snapshot reports each gauge's current value, so the live label values are
 /// those whose state gauge is not 0 — without the reset on eviction, all

@@ -108,7 +108,7 @@ impl Jitter {
         low: 0.5,
         high: 1.5,
     };
-    /// `[0.5, 1.0] × d`: 50–100 % of the computed delay, so a sleep never
+    /// `[0.5, 1.0) × d`: 50–100 % of the computed delay, so a sleep never
     /// exceeds it.
     pub const HALF_TO_FULL: Jitter = Jitter::Proportional {
         low: 0.5,
