@@ -4,9 +4,6 @@
 //! `debug`). In its own test binary because tracing caches per-callsite
 //! interest process-wide (see `logging.rs`).
 
-use std::fmt;
-use std::sync::{Arc, Mutex};
-
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -16,38 +13,8 @@ use tower_classify::BoxError;
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 use tower_poison::{DeadLetterLayer, ReplayBody, StoreFailed, StoreFull};
 
-/// Every event's level and message.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(tracing::Level, String)>>>);
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                }
-            }
-        }
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        self.0
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), message.0));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
+mod events;
+use events::Events;
 
 #[test]
 fn a_full_store_fails_calls_with_store_full_counts_each_and_warns_once() {
@@ -129,13 +96,13 @@ fn a_full_store_fails_calls_with_store_full_counts_each_and_warns_once() {
     let full = |level: tracing::Level| {
         events
             .iter()
-            .filter(|(l, message)| *l == level && message.contains("dead-letter store is full"))
+            .filter(|(l, message, ..)| *l == level && message.contains("dead-letter store is full"))
             .count()
     };
     assert_eq!(full(tracing::Level::WARN), 1, "{events:?}");
     assert_eq!(full(tracing::Level::DEBUG), 2, "{events:?}");
     assert!(
-        !events.iter().any(|(l, _)| *l == tracing::Level::ERROR),
+        !events.iter().any(|(l, ..)| *l == tracing::Level::ERROR),
         "a full store is not a broken one: {events:?}"
     );
 }
