@@ -135,7 +135,7 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
     // One classifier, cloned into every layer: they agree that 5xx, 429,
     // timeouts and connection errors are transient, other 4xx are not.
     let classifier = HttpClassifier::new();
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .classifier(classifier.clone())
         .max_retries(2)
         .backoff(Backoff::exponential(Duration::from_millis(20)))

@@ -67,7 +67,7 @@ type Client = BoxCloneSyncService<Request<OneShot>, HttpResponse, BoxError>;
 
 /// Replayable bodies up to 64 KiB, then retry with `budget`.
 fn client(budget: Option<Arc<dyn Budget + Send + Sync>>) -> Result<Client, BoxError> {
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .max_retries(3)
         .backoff(Backoff::exponential(Duration::from_millis(50)))
         .deadline(Duration::from_secs(5))
@@ -97,7 +97,7 @@ fn client(budget: Option<Arc<dyn Budget + Send + Sync>>) -> Result<Client, BoxEr
 
 /// The same stack without the retry log (the budget scene sends many requests).
 fn quiet_client(budget: Option<Arc<dyn Budget + Send + Sync>>) -> Result<Client, BoxError> {
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(1)));
     let retry = match budget {

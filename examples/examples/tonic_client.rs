@@ -175,7 +175,7 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // rejected (never retried, never trip the breaker).
     let classifier = GrpcClassifier::new();
 
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .classifier(classifier.clone())
         // gRPC calls are POSTs; `SayHello` is safe to repeat (see the top).
         .retry_non_idempotent(true)

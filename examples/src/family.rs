@@ -126,7 +126,7 @@ fn budgeted_retry(
         inner: TpsBudget::new(Duration::from_secs(10), 10, 0.2)?,
         refused: AtomicU64::new(0),
     });
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .classifier(classifier)
         .max_retries(3)
         .backoff(

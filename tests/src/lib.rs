@@ -127,7 +127,7 @@ pub fn request(
 /// so counts and waits are exact), a 5 s deadline for the whole loop and the
 /// default retry budget.
 pub fn retry(max_retries: u32) -> RetryLayer<HttpClassifier, HttpReplay> {
-    RetryLayer::http()
+    RetryLayer::http_builder()
         .max_retries(max_retries)
         .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
         .deadline(Duration::from_secs(5))

@@ -72,7 +72,7 @@ async fn connection_refused_retried_then_dead_lettered() {
 fn timed_retry(
     attempt_timeout: Duration,
 ) -> RetryLayer<HttpClassifier, tower_retry_budget::replay::HttpReplay> {
-    RetryLayer::http()
+    RetryLayer::http_builder()
         .max_retries(2)
         .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
         .attempt_timeout(attempt_timeout)
@@ -165,7 +165,7 @@ async fn budget_exhausted_still_opens_the_breaker() {
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, Duration::from_secs(30));
     // No floor and no share of traffic: not a single retry is affordable.
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
         .deadline(Duration::from_secs(5))

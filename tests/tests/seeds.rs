@@ -512,7 +512,7 @@ async fn retry_budget_caps_amplification_during_an_outage() {
     upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(1000);
     let (breaker, _handle) = breaker(1000, Duration::from_secs(30));
-    let retry = RetryLayer::http()
+    let retry = RetryLayer::http_builder()
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(5)).with_jitter(Jitter::None))
         .deadline(Duration::from_secs(5))

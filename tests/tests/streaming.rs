@@ -122,7 +122,7 @@ where
 }
 
 fn retry() -> RetryLayer<HttpClassifier, tower_retry_budget::replay::HttpReplay> {
-    RetryLayer::http()
+    RetryLayer::http_builder()
         .backoff(tower_retry_budget::Backoff::none())
         .build()
         .unwrap()

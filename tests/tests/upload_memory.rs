@@ -80,7 +80,7 @@ async fn a_100_mb_upload_through_the_full_stack_stays_within_twice_the_recording
                 .unwrap(),
         )
         .layer(
-            RetryLayer::http()
+            RetryLayer::http_builder()
                 .backoff(tower_retry_budget::Backoff::none())
                 .build()
                 .unwrap(),

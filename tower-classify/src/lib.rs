@@ -11,6 +11,7 @@
 mod classify;
 mod error;
 mod error_chain;
+mod log_limit;
 mod outcome;
 mod retry_on;
 
@@ -37,5 +38,6 @@ pub use self::error_chain::{AsDynError, ErrorChainClassifier};
 pub use self::grpc::GrpcClassifier;
 #[cfg(feature = "http")]
 pub use self::http::HttpClassifier;
+pub use self::log_limit::LogLimit;
 pub use self::outcome::{Failure, FailureKind, Outcome, RetryHint};
 pub use self::retry_on::RetryOn;

@@ -98,7 +98,7 @@ fn bodies(c: &mut Criterion) {
         .build()
         .unwrap();
     let mut group = c.benchmark_group("replay_body");
-    let retry = RetryLayer::http().build().unwrap();
+    let retry = RetryLayer::http_builder().build().unwrap();
     for (name, frames, frame_len) in [("1 KiB", 1, 1024), ("64 KiB", 16, 4096)] {
         let body = Frames(
             (0..frames)
@@ -174,7 +174,7 @@ fn loopback(c: &mut Criterion) {
     let addr = runtime.block_on(sink());
     let uri: http::Uri = format!("http://{addr}/upload").parse().unwrap();
     let mut group = c.benchmark_group("replay_body_loopback");
-    let retry = RetryLayer::http().build().unwrap();
+    let retry = RetryLayer::http_builder().build().unwrap();
     for (name, frames, frame_len) in [("1 KiB", 1, 1024), ("64 KiB", 16, 4096)] {
         let body = Frames(
             (0..frames)
@@ -233,7 +233,7 @@ fn count(spec: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let retry = RetryLayer::http().build().unwrap();
+    let retry = RetryLayer::http_builder().build().unwrap();
     let addr = runtime.block_on(sink());
     let uri: http::Uri = format!("http://{addr}/upload").parse().unwrap();
     match (place, body_kind) {

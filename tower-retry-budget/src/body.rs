@@ -44,7 +44,7 @@
 //! });
 //! let mut service = ServiceBuilder::new()
 //!     .layer(ReplayBodyLayer::new(64 * 1024))
-//!     .layer(RetryLayer::http().backoff(Backoff::none()).build()?)
+//!     .layer(RetryLayer::http_builder().backoff(Backoff::none()).build()?)
 //!     .service(client);
 //!
 //! let request = http::Request::put("/doc").body(Full::new(Bytes::from("v2")))?;

@@ -17,6 +17,7 @@ use crate::backoff::BackoffIter;
 use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitLimit, WaitTooLong};
 use crate::policy::{is_shed, Policy, RetryEvent, RetryStopped, StopReason};
 use crate::replay::{Replay, StopReport};
+use crate::telemetry::{self, CallSpans, Telemetry};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry).
@@ -49,6 +50,9 @@ pin_project! {
         // How the attempt before the one in flight failed, for the error
         // that may end the loop; boxed, as only a retried call with a deadline has one.
         previous: Option<Box<PreviousFailure>>,
+        // The call's and the attempt's spans; `None` unless a subscriber
+        // records them.
+        spans: Option<Box<CallSpans>>,
     }
 }
 
@@ -115,14 +119,34 @@ enum Decision {
 /// refused together do not all come back on the same tick.
 const SHED_JITTER: f64 = 0.25;
 
-fn give_up(reason: &'static str, attempts: u32, failure: &Failure) {
-    metrics::counter!("tower_retry_giveups_total", "reason" => reason).increment(1);
-    tracing::info!(
-        attempts,
-        class = failure.kind.as_str(),
-        reason,
-        "giving up retrying"
-    );
+/// Runs `poll` inside the span `which` picks, if the call has spans: the
+/// attempt's span is the parent of whatever the service below logs or
+/// traces.
+#[inline]
+fn poll_in<T>(
+    spans: &Option<Box<CallSpans>>,
+    which: fn(&CallSpans) -> &tracing::Span,
+    poll: impl FnOnce() -> T,
+) -> T {
+    match spans {
+        Some(spans) => which(spans).in_scope(poll),
+        None => poll(),
+    }
+}
+
+/// Records how the call ended on its span, if it has one.
+fn end_span(
+    spans: &Option<Box<CallSpans>>,
+    attempts: u32,
+    failure: Option<Failure>,
+    stop: Option<StopReason>,
+) {
+    if let Some(spans) = spans {
+        telemetry::record_end(spans, attempts, failure);
+        if let Some(stop) = stop {
+            spans.call.record("stop_reason", stop.as_str());
+        }
+    }
 }
 
 /// The failure of an outcome already known to be one.
@@ -171,6 +195,7 @@ where
         replay: Option<Req>,
         policy: Arc<Policy<C, R>>,
         deadline: Option<Instant>,
+        spans: Option<Box<CallSpans>>,
     ) -> Self {
         let mut timer = None;
         let limit = arm_attempt(&mut timer, policy.attempt_timeout, deadline);
@@ -186,6 +211,7 @@ where
             limit,
             waited_for_shed: false,
             previous: None,
+            spans,
         }
     }
 }
@@ -200,14 +226,14 @@ where
         previous: Option<Box<PreviousFailure>>,
     ) -> BoxError {
         let deadline = policy.deadline.unwrap_or_default();
-        metrics::counter!("tower_retry_giveups_total", "reason" => "deadline").increment(1);
-        tracing::info!(attempts, deadline = %format_duration(deadline), "retry deadline exceeded");
         // The attempt in flight ran out of time.
-        policy.listeners.gave_up(
-            attempts,
-            StopReason::Deadline,
-            Failure::new(FailureKind::Timeout),
-        );
+        let failure = Failure::new(FailureKind::Timeout);
+        policy
+            .telemetry
+            .gave_up(StopReason::Deadline, attempts, failure);
+        policy
+            .listeners
+            .gave_up(attempts, StopReason::Deadline, failure);
         Box::new(DeadlineExceeded::new(
             deadline,
             attempts,
@@ -257,14 +283,18 @@ fn decide<C, R>(
             _ => None,
         };
         if shed_wait.is_none() {
-            give_up("shed", attempts, &failure);
+            policy
+                .telemetry
+                .gave_up(StopReason::Shed, attempts, failure);
             return Decision::Stop(StopReason::Shed);
         }
     } else if !policy.retry_if.allows(&failure) {
         return Decision::Stop(StopReason::NotRetried);
     }
     if attempts > policy.max_retries {
-        give_up("attempts", attempts, &failure);
+        policy
+            .telemetry
+            .gave_up(StopReason::Attempts, attempts, failure);
         return Decision::Stop(StopReason::Attempts);
     }
     if !replayable {
@@ -287,7 +317,9 @@ fn decide<C, R>(
     let wait = hinted.unwrap_or(computed);
     if let Some(wait) = hinted {
         if wait > policy.max_wait {
-            give_up("wait_too_long", attempts, &failure);
+            policy
+                .telemetry
+                .gave_up(StopReason::WaitTooLong, attempts, failure);
             return Decision::TooLong {
                 wait,
                 limit: policy.max_wait,
@@ -301,7 +333,9 @@ fn decide<C, R>(
         let left = deadline.saturating_duration_since(now);
         if wait >= left {
             if hinted.is_some() && !shed {
-                give_up("wait_too_long", attempts, &failure);
+                policy
+                    .telemetry
+                    .gave_up(StopReason::WaitTooLong, attempts, failure);
                 return Decision::TooLong {
                     wait,
                     limit: left,
@@ -310,7 +344,9 @@ fn decide<C, R>(
                 };
             }
             // A computed sleep that would cross the deadline is not started.
-            give_up("deadline", attempts, &failure);
+            policy
+                .telemetry
+                .gave_up(StopReason::Deadline, attempts, failure);
             return Decision::Stop(StopReason::Deadline);
         }
     }
@@ -318,8 +354,10 @@ fn decide<C, R>(
     // waiting it out adds no load to it: it spends no budget.
     if let Some(budget) = policy.budget.as_ref().filter(|_| !shed) {
         if !budget.withdraw() {
-            metrics::counter!("tower_retry_budget_exhausted_total").increment(1);
-            give_up("budget", attempts, &failure);
+            policy.telemetry.budget_exhausted();
+            policy
+                .telemetry
+                .gave_up(StopReason::Budget, attempts, failure);
             return Decision::Budget(failure);
         }
     }
@@ -342,27 +380,38 @@ where
         let mut this = self.project();
         loop {
             let result = match this.state.as_mut().project() {
-                StateProj::Called { future } => match future.poll(cx) {
-                    // Boxed before it is classified, so one classifier over
-                    // `BoxError` serves any client's error type.
-                    Poll::Ready(result) => result.map_err(|err| AttemptError::Inner(err.into())),
-                    // As `tokio::time::Timeout` does: the attempt first, then its limit.
-                    Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
-                    Poll::Pending => {
-                        let timer = this.timer.as_mut().expect("a timer is armed for a limit");
-                        ready!(timer.as_mut().poll(cx));
-                        // The attempt is abandoned: drop it now.
-                        this.state.set(State::Done);
-                        if *this.limit == Limit::Deadline {
-                            return Poll::Ready(Err(Self::deadline_exceeded(
-                                this.policy,
-                                *this.attempts,
-                                this.previous.take(),
-                            )));
+                StateProj::Called { future } => {
+                    match poll_in(this.spans, |s| &s.attempt, || future.poll(cx)) {
+                        // Boxed before it is classified, so one classifier over
+                        // `BoxError` serves any client's error type.
+                        Poll::Ready(result) => {
+                            result.map_err(|err| AttemptError::Inner(err.into()))
                         }
-                        Err(AttemptError::TimedOut)
+                        // As `tokio::time::Timeout` does: the attempt first, then its limit.
+                        Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
+                        Poll::Pending => {
+                            let timer = this.timer.as_mut().expect("a timer is armed for a limit");
+                            ready!(timer.as_mut().poll(cx));
+                            // The attempt is abandoned: drop it now.
+                            this.state.set(State::Done);
+                            if *this.limit == Limit::Deadline {
+                                let failure = Failure::new(FailureKind::Timeout);
+                                end_span(
+                                    this.spans,
+                                    *this.attempts,
+                                    Some(failure),
+                                    Some(StopReason::Deadline),
+                                );
+                                return Poll::Ready(Err(Self::deadline_exceeded(
+                                    this.policy,
+                                    *this.attempts,
+                                    this.previous.take(),
+                                )));
+                            }
+                            Err(AttemptError::TimedOut)
+                        }
                     }
-                },
+                }
                 StateProj::Waiting => {
                     let timer = this.timer.as_mut().expect("a timer is armed while waiting");
                     ready!(timer.as_mut().poll(cx));
@@ -374,17 +423,32 @@ where
                     continue;
                 }
                 StateProj::Readying => {
-                    match this.service.poll_ready(cx) {
+                    let ready = poll_in(this.spans, |s| &s.call, || this.service.poll_ready(cx));
+                    match ready {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(err)) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(err.into()));
+                            let err = err.into();
+                            end_span(
+                                this.spans,
+                                *this.attempts,
+                                Some(Failure::new(FailureKind::ServerError)),
+                                None,
+                            );
+                            return Poll::Ready(Err(err));
                         }
                         Poll::Pending => {
                             if this.deadline.is_some() {
                                 if let Some(timer) = this.timer.as_mut() {
                                     if timer.as_mut().poll(cx).is_ready() {
                                         this.state.set(State::Done);
+                                        let failure = Failure::new(FailureKind::Timeout);
+                                        end_span(
+                                            this.spans,
+                                            *this.attempts,
+                                            Some(failure),
+                                            Some(StopReason::Deadline),
+                                        );
                                         return Poll::Ready(Err(Self::deadline_exceeded(
                                             this.policy,
                                             *this.attempts,
@@ -406,7 +470,13 @@ where
                     if *this.attempts <= this.policy.max_retries {
                         *this.replay = this.policy.replay.replay(&request, *this.attempts);
                     }
-                    let future = this.service.call(request);
+                    let future = match this.spans.as_mut() {
+                        Some(spans) => {
+                            spans.attempt = Telemetry::attempt_span(&spans.call, *this.attempts);
+                            spans.attempt.in_scope(|| this.service.call(request))
+                        }
+                        None => this.service.call(request),
+                    };
                     *this.limit =
                         arm_attempt(this.timer, this.policy.attempt_timeout, *this.deadline);
                     this.state.set(State::Called { future });
@@ -420,9 +490,13 @@ where
                 Err(AttemptError::Inner(err)) => this.policy.classifier.classify(Err(err)),
                 Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
             };
+            if let Some(spans) = this.spans.as_ref() {
+                telemetry::record_attempt(spans, outcome.as_failure().copied());
+            }
             // The success path: nothing to decide.
             if !matches!(outcome, Outcome::Failure(_)) {
                 this.state.set(State::Done);
+                end_span(this.spans, *this.attempts, None, None);
                 if *this.attempts > 1 && outcome == Outcome::Success {
                     this.policy.listeners.recovered(*this.attempts);
                 }
@@ -451,11 +525,13 @@ where
             match decision {
                 Decision::Return => {
                     this.state.set(State::Done);
+                    end_span(this.spans, attempts, None, None);
                     return Poll::Ready(result.map_err(AttemptError::into_box));
                 }
                 Decision::Stop(reason) => {
                     this.state.set(State::Done);
                     let failure = failure_of(&outcome);
+                    end_span(this.spans, attempts, Some(failure), Some(reason));
                     listeners.gave_up(attempts, reason, failure);
                     return Poll::Ready(match result {
                         Ok(response) => report.hand_back(response, stopped(reason), failure),
@@ -467,6 +543,12 @@ where
                 // of ours; only an error is replaced.
                 Decision::Budget(failure) => {
                     this.state.set(State::Done);
+                    end_span(
+                        this.spans,
+                        attempts,
+                        Some(failure),
+                        Some(StopReason::Budget),
+                    );
                     listeners.gave_up(attempts, StopReason::Budget, failure);
                     return Poll::Ready(match result {
                         Ok(response) => {
@@ -486,6 +568,12 @@ where
                     failure,
                 } => {
                     this.state.set(State::Done);
+                    end_span(
+                        this.spans,
+                        attempts,
+                        Some(failure),
+                        Some(StopReason::WaitTooLong),
+                    );
                     listeners.gave_up(attempts, StopReason::WaitTooLong, failure);
                     let (cause, head) = match result {
                         Ok(response) => (None, report.keep_head(response)),
@@ -502,15 +590,14 @@ where
                         failure,
                         wait,
                     };
-                    metrics::counter!("tower_retry_retries_total", "class" => failure.kind.as_str())
-                        .increment(1);
-                    metrics::histogram!("tower_retry_sleep_seconds").record(wait.as_secs_f64());
-                    tracing::debug!(
-                        attempt = event.attempt,
-                        class = failure.kind.as_str(),
-                        wait = %format_duration(wait),
-                        "retrying"
-                    );
+                    this.policy.telemetry.retrying(event.attempt, failure, wait);
+                    // The failed attempt's span ends now, not after the sleep.
+                    if let Some(spans) = this.spans.as_mut() {
+                        spans
+                            .attempt
+                            .record("wait", tracing::field::display(format_duration(wait)));
+                        spans.attempt = tracing::Span::none();
+                    }
                     this.policy.listeners.retried(&event);
                     // Kept for the `DeadlineExceeded` that may end the loop,
                     // which only a deadline can; a response's body is

@@ -10,6 +10,7 @@ use crate::budget::{Budget, TpsBudget};
 use crate::policy::{GiveUpEvent, Listeners, Policy, RetryEvent, RetryIf, SuccessAfterRetries};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
+use crate::telemetry::Telemetry;
 
 /// The most retries a policy may ask for; larger values are refused when the
 /// layer is built (more retries than this multiply load rather than ride out
@@ -18,7 +19,7 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 
 /// Retries failed calls of the service it wraps; see the [crate docs](crate).
 ///
-/// Built by [`RetryLayer::builder`], [`RetryLayer::http`] or a
+/// Built by [`RetryLayer::http`], [`RetryLayer::builder`], [`RetryLayer::http_builder`] or a
 /// [preset](crate::policy). All settings, the classifier and the retry budget
 /// live behind one `Arc`: every clone of the layer and every service it makes
 /// share them, so the budget counts the traffic of all of them together.
@@ -53,10 +54,29 @@ impl RetryLayer {
 
 #[cfg(feature = "http")]
 impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
-    /// A builder for `http::Request`s: the [`HttpClassifier`](tower_classify::HttpClassifier)
-    /// (5xx, 429, 408, `Retry-After`, connection errors and timeouts) and
-    /// [`HttpReplay`](crate::replay::HttpReplay) (idempotent methods only).
-    pub fn http() -> RetryBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
+    /// The layer for `http::Request`s with every default: the
+    /// [`HttpClassifier`](tower_classify::HttpClassifier) (5xx, 429, 408,
+    /// `Retry-After`, connection errors and timeouts),
+    /// [`HttpReplay`](crate::replay::HttpReplay) (idempotent methods only),
+    /// 3 retries with exponential backoff and full jitter, and a retry
+    /// budget. [`http_builder`](Self::http_builder) changes any of them.
+    ///
+    /// ```
+    /// use tower_retry_budget::RetryLayer;
+    ///
+    /// let layer = RetryLayer::http();
+    /// assert_eq!(layer.max_retries(), 3);
+    /// ```
+    pub fn http() -> Self {
+        Self::http_builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for `http::Request`s, starting from the defaults of
+    /// [`http`](Self::http).
+    pub fn http_builder() -> RetryBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay>
+    {
         RetryBuilder::new(
             tower_classify::HttpClassifier::new(),
             crate::replay::HttpReplay::new(),
@@ -65,6 +85,11 @@ impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
 }
 
 impl<C, R> RetryLayer<C, R> {
+    /// The layer's name in metrics labels, events and spans.
+    pub fn name(&self) -> &str {
+        self.policy.telemetry.name()
+    }
+
     /// The maximum number of retries after the first attempt.
     pub fn max_retries(&self) -> u32 {
         self.policy.max_retries
@@ -127,6 +152,7 @@ enum BudgetChoice {
 /// | [`max_wait`](Self::max_wait) | 1 h |
 /// | [`retry_on`](Self::retry_on) | all transient classes |
 /// | [`budget`](Self::budget) | a [`TpsBudget::default`] (10 s, 10/s, 20 %) per `build` |
+/// | [`name`](Self::name) | `"default"` |
 pub struct RetryBuilder<C, R> {
     classifier: C,
     replay: R,
@@ -138,6 +164,7 @@ pub struct RetryBuilder<C, R> {
     retry_if: RetryIf,
     budget: BudgetChoice,
     listeners: Listeners,
+    name: Arc<str>,
 }
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
@@ -149,6 +176,7 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("max_wait", &self.max_wait)
             .field("retry_if", &self.retry_if)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
@@ -167,6 +195,7 @@ impl<C, R> RetryBuilder<C, R> {
             retry_if: RetryIf::Classes(RetryOn::ALL),
             budget: BudgetChoice::Default,
             listeners: Listeners::default(),
+            name: Arc::from("default"),
         }
     }
 
@@ -183,6 +212,7 @@ impl<C, R> RetryBuilder<C, R> {
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
+            name: self.name,
         }
     }
 
@@ -199,7 +229,17 @@ impl<C, R> RetryBuilder<C, R> {
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
+            name: self.name,
         }
+    }
+
+    /// The layer's name in metrics labels (`retry="…"`), events and spans
+    /// (default `"default"`). Name each downstream, so that two of them
+    /// do not merge into one series; names are labels, so keep them few and
+    /// never derived from requests.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self
     }
 
     /// Retries after the first attempt (0–16; default 3).
@@ -380,6 +420,7 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Checks the settings and builds the layer. Errors name the field.
     pub fn build(self) -> Result<RetryLayer<C, R>, ConfigError> {
+        crate::telemetry::describe_metrics();
         let max_retries = self.resolve_retries()?;
         self.backoff.validate().map_err(|e| e.within("backoff"))?;
         let deadline = self.resolve_deadline(max_retries)?;
@@ -400,6 +441,7 @@ impl<C, R> RetryBuilder<C, R> {
                 max_wait: self.max_wait,
                 budget,
                 listeners: self.listeners,
+                telemetry: Telemetry::new(self.name),
             }),
         })
     }

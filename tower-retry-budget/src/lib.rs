@@ -12,6 +12,7 @@ pub mod backoff;
 #[cfg(feature = "http")]
 pub mod body;
 pub mod budget;
+mod builder_ext;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod error;
@@ -20,8 +21,11 @@ mod layer;
 pub mod policy;
 pub mod replay;
 mod service;
+mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
+pub use self::builder_ext::ServiceBuilderExt;
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
 pub use self::policy::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::service::Retry;
+pub use self::telemetry::describe_metrics;

@@ -190,6 +190,7 @@ pub(crate) struct Policy<C, R> {
     pub(crate) max_wait: Duration,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) listeners: Listeners,
+    pub(crate) telemetry: crate::telemetry::Telemetry,
 }
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
@@ -207,6 +208,7 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
             .field("on_retry", &self.listeners.retry.len())
             .field("on_give_up", &self.listeners.give_up.len())
             .field("on_success_after_retries", &self.listeners.recovered.len())
+            .field("name", self.telemetry.name())
             .finish()
     }
 }

@@ -92,7 +92,11 @@ where
         // the future for the retries; a fresh clone stays here.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let future = service.call(request);
-        ResponseFuture::new(future, service, replay, Arc::clone(policy), deadline)
+        let spans = policy.telemetry.call_spans();
+        let future = match &spans {
+            Some(spans) => spans.attempt.in_scope(|| service.call(request)),
+            None => service.call(request),
+        };
+        ResponseFuture::new(future, service, replay, Arc::clone(policy), deadline, spans)
     }
 }

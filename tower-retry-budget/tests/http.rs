@@ -90,7 +90,7 @@ fn gaps(log: &Log) -> Vec<Duration> {
 
 #[tokio::test(start_paused = true)]
 async fn post_is_not_retried_post_with_idempotency_key_is() {
-    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+    let layer = RetryLayer::http_builder().backoff(fast()).build().unwrap();
 
     let (inner, log) = server::<String>(unavailable_then_ok(usize::MAX));
     let post = Request::post("/pay").body("€10".to_owned()).unwrap();
@@ -122,7 +122,7 @@ async fn post_is_not_retried_post_with_idempotency_key_is() {
 #[tokio::test(start_paused = true)]
 async fn patch_is_retried_only_when_opted_in() {
     let (inner, log) = server::<String>(unavailable_then_ok(1));
-    let layer = RetryLayer::http()
+    let layer = RetryLayer::http_builder()
         .backoff(fast())
         .retry_non_idempotent(true)
         .build()
@@ -148,7 +148,7 @@ async fn retry_after_seconds_overrides_the_backoff() {
             status(200)
         }
     });
-    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+    let layer = RetryLayer::http_builder().backoff(fast()).build().unwrap();
     let get = Request::get("/").body(String::new()).unwrap();
     assert_eq!(layer.layer(inner).oneshot(get).await.unwrap().status(), 200);
     assert_eq!(gaps(&log), [S(3)]);
@@ -170,7 +170,7 @@ async fn retry_after_http_date_overrides_the_backoff() {
             status(200)
         }
     });
-    let layer = RetryLayer::http().backoff(fast()).build().unwrap();
+    let layer = RetryLayer::http_builder().backoff(fast()).build().unwrap();
     let get = Request::get("/").body(String::new()).unwrap();
     assert_eq!(layer.layer(inner).oneshot(get).await.unwrap().status(), 200);
     assert_eq!(gaps(&log), [S(5)]);
@@ -185,7 +185,7 @@ async fn retry_after_above_max_wait_fails_at_once_naming_the_wait() {
             .body(())
             .unwrap())
     });
-    let layer = RetryLayer::http().build().unwrap();
+    let layer = RetryLayer::http_builder().build().unwrap();
     let start = Instant::now();
     let err = layer
         .layer(inner)
@@ -203,7 +203,7 @@ async fn retry_after_above_max_wait_fails_at_once_naming_the_wait() {
 #[tokio::test(start_paused = true)]
 async fn attempt_header_marks_retries() {
     let (inner, log) = server::<String>(unavailable_then_ok(2));
-    let layer = RetryLayer::http()
+    let layer = RetryLayer::http_builder()
         .backoff(fast())
         .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
         .build()
@@ -349,7 +349,7 @@ async fn an_over_limit_body_is_sent_exactly_once_and_whole() {
     let (inner, log) = server::<ReplayBody<Chunks>>(unavailable_then_ok(usize::MAX));
     let service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(16))
-        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
         .service(inner);
     let put = Request::put("/blob")
         .body(chunks(&["0123456789", "abcdefghij", "ABCDEFGHIJ"]))
@@ -369,7 +369,7 @@ async fn a_body_within_the_limit_is_replayed_whole() {
     let (inner, log) = server::<ReplayBody<Chunks>>(unavailable_then_ok(2));
     let service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(16))
-        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
         .service(inner);
     let put = Request::put("/blob")
         .body(chunks(&["01234567", "89abcdef"]))
@@ -398,7 +398,7 @@ async fn a_retry_replays_the_trailers_too() {
     });
     let service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(100))
-        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
         .service(inner);
     let body = Chunks(VecDeque::from([
         Frame::data(Bytes::from_static(b"hi")),
@@ -423,7 +423,7 @@ fn services_and_futures_are_send() {
     let (inner, _) = server::<ReplayBody<http_body_util::Full<Bytes>>>(|_| status(200));
     let mut service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(1024))
-        .layer(RetryLayer::http().build().unwrap())
+        .layer(RetryLayer::http_builder().build().unwrap())
         .service(inner);
     assert_send_sync(&service);
     let future = service.call(
@@ -445,7 +445,7 @@ async fn grpc_pushback_is_a_hint() {
             .body(())
             .unwrap())
     }
-    let layer = RetryLayer::http()
+    let layer = RetryLayer::http_builder()
         .classifier(tower_classify::GrpcClassifier::new())
         .backoff(fast())
         .build()
@@ -503,7 +503,7 @@ async fn a_retry_after_a_partial_read_sends_every_byte() {
     });
     let service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(64))
-        .layer(RetryLayer::http().backoff(fast()).build().unwrap())
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
         .service(inner);
     let put = Request::put("/").body(chunks(&["ab", "cd", "ef"])).unwrap();
     assert_eq!(service.oneshot(put).await.unwrap().status(), 200);
@@ -529,7 +529,7 @@ async fn the_inner_service_is_called_before_the_body_arrives() {
     });
     let service = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(1024))
-        .layer(RetryLayer::http().build().unwrap())
+        .layer(RetryLayer::http_builder().build().unwrap())
         .service(inner);
     let call = tokio::spawn(service.oneshot(Request::put("/").body(body).unwrap()));
     // Not one byte sent yet, and the service below already runs.
@@ -593,7 +593,7 @@ proptest::proptest! {
         });
         let service = ServiceBuilder::new()
             .layer(ReplayBodyLayer::new(limit))
-            .layer(RetryLayer::http().max_retries(2).backoff(fast()).no_budget().build().unwrap())
+            .layer(RetryLayer::http_builder().max_retries(2).backoff(fast()).no_budget().build().unwrap())
             .service(inner);
         let response = runtime
             .block_on(service.oneshot(Request::put("/").body(Chunks(frames)).unwrap()))
@@ -638,7 +638,10 @@ fn spent_budget() -> tower_retry_budget::budget::TpsBudget {
 async fn item_10_a_spent_budget_hands_back_the_upstreams_response_marked() {
     use tower_retry_budget::{RetryStopped, StopReason};
     let (inner, log) = server::<String>(|_| unavailable_for("1"));
-    let layer = RetryLayer::http().budget(spent_budget()).build().unwrap();
+    let layer = RetryLayer::http_builder()
+        .budget(spent_budget())
+        .build()
+        .unwrap();
     let response = layer
         .layer(inner)
         .oneshot(Request::get("/").body(String::new()).unwrap())
@@ -655,7 +658,7 @@ async fn item_10_a_spent_budget_hands_back_the_upstreams_response_marked() {
 async fn item_10_every_failed_response_handed_back_says_why() {
     use tower_retry_budget::{RetryStopped, StopReason};
     let (inner, _) = server::<String>(|_| status(503));
-    let layer = RetryLayer::http()
+    let layer = RetryLayer::http_builder()
         .max_retries(2)
         .backoff(fast())
         .no_budget()
@@ -673,7 +676,7 @@ async fn item_10_every_failed_response_handed_back_says_why() {
     );
 
     let (inner, _) = server::<String>(|_| status(404));
-    let response = RetryLayer::http()
+    let response = RetryLayer::http_builder()
         .build()
         .unwrap()
         .layer(inner)
@@ -689,8 +692,11 @@ async fn item_10_every_failed_response_handed_back_says_why() {
 #[tokio::test(start_paused = true)]
 async fn item_10_an_outer_retry_hands_back_a_response_the_inner_budget_refused() {
     let (inner, log) = server::<String>(|_| status(503));
-    let inner_retry = RetryLayer::http().budget(spent_budget()).build().unwrap();
-    let outer_retry = RetryLayer::http()
+    let inner_retry = RetryLayer::http_builder()
+        .budget(spent_budget())
+        .build()
+        .unwrap();
+    let outer_retry = RetryLayer::http_builder()
         .max_retries(3)
         .backoff(fast())
         .no_budget()
@@ -715,7 +721,7 @@ async fn item_10_an_outer_retry_hands_back_a_response_the_inner_budget_refused()
 async fn item_10_wait_too_long_keeps_the_response_head() {
     use tower_retry_budget::error::WaitTooLong;
     let (inner, _) = server::<String>(|_| unavailable_for("86400"));
-    let err = RetryLayer::http()
+    let err = RetryLayer::http_builder()
         .build()
         .unwrap()
         .layer(inner)

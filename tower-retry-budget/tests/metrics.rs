@@ -21,6 +21,17 @@ use tower_retry_budget::RetryLayer;
 #[derive(Default)]
 struct Capture {
     values: Mutex<BTreeMap<String, Vec<f64>>>,
+    // Metric name to (unit, description).
+    descriptions: Mutex<BTreeMap<String, (Option<Unit>, String)>>,
+}
+
+impl Capture {
+    fn describe(&self, name: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.descriptions
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (unit, description.to_string()));
+    }
 }
 
 struct Handle {
@@ -75,9 +86,15 @@ impl CaptureRecorder {
 }
 
 impl Recorder for CaptureRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe(name, unit, description);
+    }
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe(name, unit, description);
+    }
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe(name, unit, description);
+    }
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(self.handle(key))
@@ -118,6 +135,7 @@ async fn retries_give_ups_budget_and_sleeps_are_counted() {
         }
     });
     let layer = RetryLayer::builder()
+        .name("search")
         .backoff(Backoff::fixed(Duration::from_millis(250)).with_jitter(Jitter::None))
         .no_budget()
         .build()
@@ -129,16 +147,47 @@ async fn retries_give_ups_budget_and_sleeps_are_counted() {
         Err::<(), BoxError>(io::Error::from(io::ErrorKind::ConnectionReset).into())
     });
     let layer = RetryLayer::builder()
+        .name("payments")
         .budget(TpsBudget::new(Duration::from_secs(1), 0, 0.0).unwrap())
         .build()
         .unwrap();
     layer.layer(outage).oneshot(()).await.unwrap_err();
 
+    // Each downstream's series under its own name: none merged.
     let values = capture.values.lock().unwrap();
     let get = |key: &str| values.get(key).cloned().unwrap_or_default();
-    assert_eq!(get("tower_retry_retries_total{class=rate_limited}"), [1.0]);
-    assert_eq!(get("tower_retry_retries_total{class=connection}"), [1.0]);
-    assert_eq!(get("tower_retry_sleep_seconds"), [0.25, 0.25]);
-    assert_eq!(get("tower_retry_budget_exhausted_total"), [1.0]);
-    assert_eq!(get("tower_retry_giveups_total{reason=budget}"), [1.0]);
+    assert_eq!(
+        get("tower_retry_retries_total{retry=search,class=rate_limited}"),
+        [1.0]
+    );
+    assert_eq!(
+        get("tower_retry_retries_total{retry=search,class=connection}"),
+        [1.0]
+    );
+    assert_eq!(get("tower_retry_sleep_seconds{retry=search}"), [0.25, 0.25]);
+    assert_eq!(
+        get("tower_retry_budget_exhausted_total{retry=payments}"),
+        [1.0]
+    );
+    assert_eq!(
+        get("tower_retry_giveups_total{retry=payments,reason=budget}"),
+        [1.0]
+    );
+    assert_eq!(values.len(), 5, "no other series: {values:?}");
+
+    // Every series emitted is described, with its unit.
+    let descriptions = capture.descriptions.lock().unwrap();
+    for key in values.keys() {
+        let name = key.split('{').next().unwrap();
+        let (unit, description) = descriptions
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} has no description"));
+        assert!(!description.is_empty());
+        let expected = if name.ends_with("_seconds") {
+            Unit::Seconds
+        } else {
+            Unit::Count
+        };
+        assert_eq!(*unit, Some(expected), "{name}");
+    }
 }

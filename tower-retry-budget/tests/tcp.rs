@@ -161,7 +161,7 @@ async fn item_14_a_get_that_meets_a_dropped_connection_is_retried_out_of_the_box
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = hang_up_once(listener, 2);
-    let service = RetryLayer::http()
+    let service = RetryLayer::http_builder()
         .backoff(Backoff::none())
         .build()
         .unwrap()

@@ -100,21 +100,28 @@ impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
 const CHECKED: &str = "the configuration was checked by the layers' builders when it was loaded";
 
 impl ResilienceConfig {
-    /// The stack, dead-lettering into `store` (any
+    /// The stack for the downstream `name`, dead-lettering into `store` (any
     /// [`DeadLetterStore`](tower_poison::store::DeadLetterStore): redb,
     /// Redis, memory). With `action: drop` or `fail` the store is never
     /// written.
     ///
+    /// `name` labels all three layers' metrics (`retry="…"`,
+    /// `breaker="…"`, `label="…"`), events and spans, and is the label of
+    /// the dead letters stored: give each downstream its own, so that two
+    /// of them never merge into one series. Names are metric labels: keep
+    /// them few, and never take them from requests.
+    ///
     /// Each call builds new layers: a breaker and a retry budget of their
     /// own. Build once and clone the layer to share them.
-    pub fn layer<St>(&self, store: St) -> ResilienceLayer<St> {
+    pub fn layer<St>(&self, name: &str, store: St) -> ResilienceLayer<St> {
         ResilienceLayer {
-            dead_letter: self.dead_letter_layer(store),
+            dead_letter: self.dead_letter_layer(store).label(name),
             breaker: self
                 .breaker_builder()
+                .name(name)
                 .build(HttpClassifier::new())
                 .expect(CHECKED),
-            retry: self.retry_builder().build().expect(CHECKED),
+            retry: self.retry_builder().name(name).build().expect(CHECKED),
         }
     }
 
@@ -139,7 +146,7 @@ impl ResilienceConfig {
         .with_max_delay(retry.max());
         let classes = RetryOn::new(retry.retry_on.iter().map(|c| RetryClass::failure_kind(*c)))
             .expect(CHECKED);
-        RetryLayer::http()
+        RetryLayer::http_builder()
             .max_attempts(retry.max_attempts)
             .backoff(backoff)
             .retry_on(classes)
@@ -249,8 +256,10 @@ mod tests {
     fn the_defaults_pass_the_layers_builders_and_build() {
         let config = ResilienceConfig::default();
         check_with_layers(&config, "").unwrap();
-        let layer = config.layer(tower_poison::store::MemoryStore::new(1));
-        assert_eq!(layer.breaker_handle().list()[0].key, "default");
+        let layer = config.layer("orders", tower_poison::store::MemoryStore::new(1));
+        // One name for all three layers.
+        assert_eq!(layer.breaker_handle().list()[0].key, "orders");
+        assert_eq!(layer.retry.name(), "orders");
         assert_eq!(config.retry_builder().build().unwrap().max_retries(), 4);
     }
 }

@@ -421,7 +421,7 @@ proptest! {
         let yaml_again = serde_yaml::to_string(&config).unwrap();
         prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
         // Building the stack never fails for a loaded configuration.
-        let _ = config.layer(tower_poison::store::MemoryStore::new(1));
+        let _ = config.layer("orders", tower_poison::store::MemoryStore::new(1));
     }
 
     /// Any whole number outside 1..=17 is refused for max_attempts, by name.

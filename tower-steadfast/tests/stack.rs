@@ -95,7 +95,7 @@ async fn a_503_then_200_get_succeeds_after_one_retry_with_the_configured_backoff
     let store = MemoryStore::new(100);
     let upstream = Upstream::new();
     let stack = ServiceBuilder::new()
-        .layer(seed().layer(store.clone()))
+        .layer(seed().layer("orders", store.clone()))
         .service(upstream.service(|n| {
             if n == 0 {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -126,7 +126,7 @@ async fn a_call_failing_after_every_retry_lands_in_the_store_once() {
     let store = MemoryStore::new(100);
     let upstream = Upstream::new();
     let stack = ServiceBuilder::new()
-        .layer(seed().layer(store.clone()))
+        .layer(seed().layer("orders", store.clone()))
         .service(upstream.service(|_| StatusCode::SERVICE_UNAVAILABLE));
 
     let response = stack.oneshot(get()).await.unwrap();
@@ -159,7 +159,7 @@ async fn five_failed_calls_open_the_breaker_until_the_cooldown_has_passed() {
     let store = MemoryStore::new(100);
     let upstream = Upstream::new();
     // Down for the first 25 requests (five calls of five tries), then up.
-    let layer = seed().layer(store.clone());
+    let layer = seed().layer("orders", store.clone());
     let handle = layer.breaker_handle();
     let mut stack = ServiceBuilder::new()
         .layer(layer)
@@ -222,7 +222,7 @@ async fn max_row_attempts_diverts_a_message_after_that_many_failed_deliveries() 
     let store = MemoryStore::new(100);
     let upstream = Upstream::new();
     let mut stack = ServiceBuilder::new()
-        .layer(config.layer(store.clone()))
+        .layer(config.layer("orders", store.clone()))
         .service(upstream.service(|_| StatusCode::INTERNAL_SERVER_ERROR));
     let delivery = || {
         Request::post("http://upstream.test/rows")
@@ -270,7 +270,7 @@ async fn drop_and_fail_store_nothing() {
         let store = MemoryStore::new(100);
         let upstream = Upstream::new();
         let stack = ServiceBuilder::new()
-            .layer(config.layer(store.clone()))
+            .layer(config.layer("orders", store.clone()))
             .service(upstream.service(|_| StatusCode::BAD_GATEWAY));
         let response = stack.oneshot(get()).await.unwrap();
         assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "{action}");
@@ -288,7 +288,7 @@ async fn retry_on_limits_the_classes_retried() {
     .unwrap();
     let upstream = Upstream::new();
     let stack = ServiceBuilder::new()
-        .layer(config.layer(MemoryStore::new(100)))
+        .layer(config.layer("orders", MemoryStore::new(100)))
         .service(upstream.service(|_| StatusCode::TOO_MANY_REQUESTS));
     let response = stack.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -303,7 +303,7 @@ async fn fixed_backoff_without_jitter_waits_exactly_base_ms_capped_by_max_ms() {
     .unwrap();
     let upstream = Upstream::new();
     let stack = ServiceBuilder::new()
-        .layer(config.layer(MemoryStore::new(100)))
+        .layer(config.layer("orders", MemoryStore::new(100)))
         .service(upstream.service(|_| StatusCode::SERVICE_UNAVAILABLE));
     stack.oneshot(get()).await.unwrap();
     assert_eq!(upstream.gaps(), [Duration::from_millis(250); 2]);
@@ -314,7 +314,7 @@ async fn fixed_backoff_without_jitter_waits_exactly_base_ms_capped_by_max_ms() {
     .unwrap();
     let upstream = Upstream::new();
     let stack = ServiceBuilder::new()
-        .layer(capped.layer(MemoryStore::new(100)))
+        .layer(capped.layer("orders", MemoryStore::new(100)))
         .service(upstream.service(|_| StatusCode::SERVICE_UNAVAILABLE));
     stack.oneshot(get()).await.unwrap();
     assert_eq!(
@@ -329,7 +329,7 @@ async fn client_errors_do_not_open_the_breaker() {
     let store = MemoryStore::new(100);
     let upstream = Upstream::new();
     let mut stack = ServiceBuilder::new()
-        .layer(seed().layer(store.clone()))
+        .layer(seed().layer("orders", store.clone()))
         .service(upstream.service(|_| StatusCode::NOT_FOUND));
     for _ in 0..6 {
         let response = stack.ready().await.unwrap().call(get()).await.unwrap();
