@@ -10,5 +10,6 @@ pub mod client;
 pub mod family;
 pub mod load;
 pub mod naive;
+pub mod observability;
 pub mod scripted;
 pub mod upstream;

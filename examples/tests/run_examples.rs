@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 5] = [
+const EXAMPLES: [&str; 6] = [
     "axum_server",
+    "prometheus",
     "idempotent_orders",
     "tonic_client",
     "http_client",
