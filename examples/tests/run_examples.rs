@@ -10,8 +10,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 6] = [
+const EXAMPLES: [&str; 8] = [
     "axum_server",
+    "axum_router_layer",
+    "reqwest_client",
     "prometheus",
     "idempotent_orders",
     "tonic_client",
