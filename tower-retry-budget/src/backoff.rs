@@ -32,6 +32,7 @@ use tower_classify::ConfigError;
 
 /// How the un-jittered delay grows from one retry to the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BackoffKind {
     /// No wait at all: retry at once.
     None,
@@ -81,6 +82,7 @@ impl fmt::Display for BackoffKind {
 /// Randomness added to each (already capped) delay `d`, so that clients that
 /// failed together do not retry together.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub enum Jitter {
     /// Exactly `d`.
     None,

@@ -42,6 +42,7 @@ use crate::replay::HttpReplay;
 /// out keeps the [builder's default](crate::RetryBuilder).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RetryConfig {
     /// Retries after the first attempt (0–16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +99,7 @@ pub struct RetryConfig {
 /// The `backoff` section.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct BackoffConfig {
     /// `none`, `fixed`, `linear` or `exponential` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,6 +130,7 @@ pub struct BackoffConfig {
 /// The `budget` section, tagged by `kind`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum BudgetConfig {
     /// [`TpsBudget`]: `ttl` (10 s), `min_per_sec` (10), `retry_percent` (0.2).
     Tps {

@@ -211,6 +211,7 @@ impl Error for FailedSuccess {
 
 /// Why a wait was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitLimit {
     /// The wait is longer than `max_wait`.
     MaxWait,

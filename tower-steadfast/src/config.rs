@@ -19,6 +19,7 @@ use tower_poison::Action;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 #[schemars(title = "resilience")]
+#[non_exhaustive]
 pub struct ResilienceConfig {
     /// How failed calls are retried.
     pub(crate) retry: RetrySection,
@@ -48,6 +49,7 @@ impl ResilienceConfig {
 /// The `retry` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct RetrySection {
     /// Total tries including the first (1 = no retry), 1 to 17.
     #[schemars(range(min = 1, max = 17))]
@@ -195,6 +197,7 @@ impl RetryClass {
 /// The `circuit_breaker` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct CircuitBreakerSection {
     /// Consecutive failed calls (each after all its retries) that open the
     /// circuit; at least 1.
@@ -230,6 +233,7 @@ impl CircuitBreakerSection {
 /// The `poison` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct PoisonSection {
     /// Failed deliveries of one message (requests carrying the same
     /// `message_id_header` value) after which it is diverted without
