@@ -164,3 +164,32 @@ impl Instruments {
         }
     }
 }
+
+/// A keyed registry's eviction counters, labelled with the layer's name
+/// (never a key: evictions happen under key floods).
+pub(crate) struct EvictionCounters {
+    pub(crate) closed: Counter,
+    pub(crate) open: Counter,
+}
+
+impl EvictionCounters {
+    pub(crate) fn register(name: &Arc<str>) -> Self {
+        let name = SharedString::from(Arc::clone(name));
+        EvictionCounters {
+            closed: metrics::counter!(
+                "tower_breaker_evicted_total", "breaker" => name.clone(), "state" => "closed"
+            ),
+            open: metrics::counter!(
+                "tower_breaker_evicted_total", "breaker" => name, "state" => "open"
+            ),
+        }
+    }
+
+    /// For a registry that never evicts.
+    pub(crate) fn none() -> Self {
+        EvictionCounters {
+            closed: Counter::noop(),
+            open: Counter::noop(),
+        }
+    }
+}

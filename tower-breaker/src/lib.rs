@@ -14,6 +14,7 @@ mod admin_router;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
+mod events;
 mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]

@@ -18,8 +18,13 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::events::breaker_event;
 use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
-use crate::instruments::Instruments;
+use crate::instruments::{EvictionCounters, Instruments};
 use crate::state::{Breaker, Settings, State};
 
 /// Enough shards that calls from a few dozen cores seldom share one; few
@@ -47,6 +52,47 @@ pub(crate) struct Registry {
     clock: AtomicU64,
     /// Breakers that closed again, for the eviction queues.
     closed_notices: Arc<ClosedNotices>,
+    /// Counts every eviction, warned about or not.
+    evictions: EvictionCounters,
+    /// Evicting an open breaker warns at most once per [`WARNING_INTERVAL`].
+    open_eviction_warnings: WarningLimit,
+    /// So does a new key not kept because every breaker is forced.
+    overflow_warnings: WarningLimit,
+}
+
+/// The shortest time between two warnings of one kind from one registry. A
+/// flood of new keys evicts a breaker per key: one line per key would bury
+/// the log (and cost more than the eviction).
+pub(crate) const WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Lets one warning through per [`WARNING_INTERVAL`] and counts the others.
+#[derive(Default)]
+struct WarningLimit {
+    /// When the last warning went out, and how many were held back since.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl WarningLimit {
+    /// `Some(suppressed)` when a warning may go out now, with the number
+    /// held back since the previous one; `None` when this one is held back.
+    fn admit(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (last, suppressed) = &mut *state;
+        match *last {
+            Some(at) if now.saturating_duration_since(at) < WARNING_INTERVAL => {
+                *suppressed += 1;
+                None
+            }
+            _ => {
+                *last = Some(now);
+                Some(std::mem::take(suppressed))
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Registry {
@@ -60,7 +106,13 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
+    /// A keyed layer's registry, empty.
     pub(crate) fn new(settings: Arc<Settings>) -> Self {
+        let evictions = EvictionCounters::register(&settings.name);
+        Self::with_counters(settings, evictions)
+    }
+
+    fn with_counters(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
         Registry {
             settings,
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
@@ -68,16 +120,26 @@ impl Registry {
             queues: Mutex::new(EvictionQueues::new()),
             clock: AtomicU64::new(0),
             closed_notices: Arc::default(),
+            evictions,
+            open_eviction_warnings: WarningLimit::default(),
+            overflow_warnings: WarningLimit::default(),
         }
     }
 
     /// The registry of a plain (unkeyed) layer and its one breaker, labelled
     /// with the layer's name.
     pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
-        let registry = Registry::new(Arc::clone(&settings));
+        // Never evicts: no eviction series for an exporter to show at 0.
+        let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
         let name = Arc::clone(&settings.name);
         let instruments = Instruments::register(Arc::clone(&name).into(), true);
-        let breaker = Arc::new(Breaker::new(Arc::clone(&name), settings, instruments, None));
+        let breaker = Arc::new(Breaker::new(
+            Arc::clone(&name),
+            settings,
+            instruments,
+            false,
+            None,
+        ));
         breaker.publish();
         let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
         let shard = registry.shard_of(&name);
@@ -157,6 +219,7 @@ impl Registry {
             Arc::clone(&key),
             Arc::clone(&self.settings),
             instruments,
+            true,
             Some(Arc::clone(&self.closed_notices)),
         ));
 
@@ -175,24 +238,46 @@ impl Registry {
             self.read_closed_notices(&mut queues);
             let evicted = match queues.evict(now) {
                 Victim::Closed(victim) => {
-                    tracing::debug!(breaker = &*victim.key, "evicting closed circuit breaker");
+                    self.evictions.closed.increment(1);
+                    breaker_event!(debug, &victim, "evicting closed circuit breaker");
                     victim
                 }
                 Victim::Open(victim) => {
-                    tracing::warn!(
-                        breaker = &*victim.key,
-                        max_breakers = self.settings.max_breakers,
-                        "every circuit breaker is open; evicting the least recently used open one, \
-                         which re-admits load to its dependency"
-                    );
+                    self.evictions.open.increment(1);
+                    // One per new key under a key flood: rate-limited, with
+                    // the count of those left out; the counter has them all.
+                    match self.open_eviction_warnings.admit() {
+                        Some(suppressed) => breaker_event!(
+                            warn,
+                            &victim,
+                            max_breakers = self.settings.max_breakers,
+                            suppressed,
+                            "every circuit breaker is open; evicting the least recently used \
+                             open one, which re-admits load to its dependency"
+                        ),
+                        None => breaker_event!(
+                            debug,
+                            &victim,
+                            "evicting open circuit breaker (warning rate-limited)"
+                        ),
+                    }
                     victim
                 }
                 Victim::None => {
                     drop(queues);
-                    tracing::warn!(
-                        max_breakers = self.settings.max_breakers,
-                        "every circuit breaker is forced by an operator; a new key's breaker is not kept"
-                    );
+                    match self.overflow_warnings.admit() {
+                        Some(suppressed) => tracing::warn!(
+                            breaker = %self.settings.name,
+                            max_breakers = self.settings.max_breakers,
+                            suppressed,
+                            "every circuit breaker is forced by an operator; \
+                             a new key's breaker is not kept"
+                        ),
+                        None => tracing::debug!(
+                            breaker = %self.settings.name,
+                            "every circuit breaker is forced; a new key's breaker is not kept"
+                        ),
+                    }
                     // Every breaker is an operator's: none may go, and the
                     // map may not grow. This call gets a breaker of its own
                     // that reports no state.
