@@ -23,7 +23,8 @@ use crate::registry::Registry;
 /// beyond that evicts the least recently used breaker that is **closed**:
 /// evicting an open breaker would re-admit full load to a dependency known to
 /// be broken. Only when no breaker is closed does an open (or half-open) one
-/// go, the least recently used, with a `tracing` warning. A breaker an
+/// go, the least recently used, with a `tracing` warning (at most one per
+/// 10 s, saying how many evictions it left out). A breaker an
 /// operator forced open or closed is never evicted; when every breaker is
 /// forced, a new key gets a breaker of its own for that call that is not
 /// kept. State is per process.

@@ -413,3 +413,21 @@ fn one_million_distinct_keys_through_a_thousand_breakers() {
     assert_eq!(handle.list().len(), 1_000);
     println!("1M distinct keys through max_breakers 1000: {elapsed:?}");
 }
+
+/// Issue 14: `Builder::check` validates as `build` does without creating a
+/// breaker, so a configuration checked before the recorder is installed
+/// (or while a live layer serves) registers nothing.
+#[test]
+fn check_validates_without_registering_a_metric() {
+    let recorder = CountingRegistrations {
+        inner: DebuggingRecorder::new(),
+        registered: AtomicUsize::new(0),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let builder = CircuitBreakerLayer::builder().max_breakers(10);
+        builder.check().unwrap();
+        let refused = builder.max_breakers(0).check().unwrap_err();
+        assert_eq!(refused.field(), "max_breakers");
+    });
+    assert_eq!(recorder.registered.load(Ordering::Relaxed), 0);
+}
