@@ -27,6 +27,7 @@ mod layer;
 mod policy;
 mod registry;
 mod service;
+mod service_builder;
 mod state;
 mod sync;
 
@@ -43,4 +44,5 @@ pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
+pub use self::service_builder::ServiceBuilderExt;
 pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};
