@@ -337,6 +337,7 @@ impl Registry {
     /// An operator's transition for the breaker of `key`; `false` if there
     /// is none. A breaker leaving a forced state may be evicted again.
     pub(crate) fn force(&self, key: &str, to: State) -> bool {
+        let queues = self.lock_queues();
         let found = self
             .read(self.shard_of(key))
             .get(key)
@@ -344,12 +345,13 @@ impl Registry {
         let Some(found) = found else {
             return false;
         };
-        self.force_all(&[found], to);
+        self.force_all(queues, &[found], to);
         true
     }
 
     /// Resets every breaker; returns how many.
     pub(crate) fn reset_all(&self) -> usize {
+        let queues = self.lock_queues();
         let all: Vec<_> = (0..SHARDS)
             .flat_map(|shard| {
                 self.read(shard)
@@ -358,22 +360,38 @@ impl Registry {
                     .collect::<Vec<_>>()
             })
             .collect();
-        self.force_all(&all, State::Closed);
+        self.force_all(queues, &all, State::Closed);
         all.len()
     }
 
-    fn force_all(&self, breakers: &[(Arc<Breaker>, usize)], to: State) {
-        // Outside the insert lock: a transition runs the state-change
-        // callbacks, which may call the service again.
-        for (breaker, _) in breakers {
-            breaker.force(to);
-        }
-        if !matches!(to, State::ForcedOpen | State::ForcedClosed) {
-            let now = self.clock.load(Ordering::Relaxed);
-            let mut queues = self.lock_queues();
-            for (breaker, node) in breakers {
-                queues.unpark(*node, breaker, now);
-            }
+    /// Sets the breakers found under `queues` to `to`, then tells the world.
+    fn force_all(
+        &self,
+        mut queues: MutexGuard<'_, EvictionQueues>,
+        breakers: &[(Arc<Breaker>, usize)],
+        to: State,
+    ) {
+        // Under the insert lock, which every eviction holds: a breaker found
+        // in the map is still there when its state changes, and once it is
+        // forced no eviction takes it. Forcing outside the lock let an
+        // eviction between the lookup and the force lose the breaker, and the
+        // key came back unforced.
+        let now = self.clock.load(Ordering::Relaxed);
+        let left: Vec<State> = breakers
+            .iter()
+            .map(|(breaker, node)| {
+                let from = breaker.set_forced(to);
+                if !to.is_forced() {
+                    queues.unpark(*node, breaker, now);
+                }
+                from
+            })
+            .collect();
+        // Announced outside it: the state-change callbacks may call the
+        // service again, and a new key would wait on this lock.
+        drop(queues);
+        for ((breaker, _), from) in breakers.iter().zip(left) {
+            breaker.announce_forced(from, to);
         }
     }
 }
@@ -441,6 +459,44 @@ mod tests {
             tick,
             "lookups of known keys inserted nothing"
         );
+    }
+
+    /// Issue 14: an operator's force and a new key's eviction race; a
+    /// breaker reported forced is never the one evicted, so the key keeps
+    /// its forced state. Before the fix the force ran outside the insert
+    /// lock: the eviction could take the breaker between the lookup and
+    /// the force, losing it. Many rounds with shifting timings, since the
+    /// window is a few instructions wide.
+    #[test]
+    fn a_breaker_forced_while_a_new_key_evicts_stays_forced() {
+        use std::sync::Barrier;
+        let mut lost = Vec::new();
+        for round in 0..3_000u32 {
+            let registry = registry(1);
+            registry.breaker("pinned");
+            let barrier = Arc::new(Barrier::new(2));
+            let newcomer = {
+                let (registry, barrier) = (Arc::clone(&registry), Arc::clone(&barrier));
+                thread::spawn(move || {
+                    barrier.wait();
+                    for _ in 0..round % 64 {
+                        std::hint::spin_loop();
+                    }
+                    registry.breaker("newcomer");
+                })
+            };
+            barrier.wait();
+            for _ in 0..(round / 64) % 64 {
+                std::hint::spin_loop();
+            }
+            let forced = registry.force("pinned", State::ForcedOpen);
+            newcomer.join().unwrap();
+            let kept = registry.get("pinned").map(|breaker| breaker.state());
+            if forced && kept != Some(State::ForcedOpen) {
+                lost.push((round, kept));
+            }
+        }
+        assert!(lost.is_empty(), "forced and then lost: {lost:?}");
     }
 
     /// A breaker built for a key that another call inserted meanwhile is

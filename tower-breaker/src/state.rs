@@ -924,9 +924,10 @@ impl Breaker {
         }
     }
 
-    /// An operator's transition: reset (to closed), force open, force closed.
-    pub(crate) fn force(&self, to: State) {
-        let now = Instant::now();
+    /// An operator's transition: reset (to closed), force open, force
+    /// closed. Returns the state left; [`announce_forced`](Self::announce_forced)
+    /// then reports the change (the registry calls it once it holds no lock).
+    pub(crate) fn set_forced(&self, to: State) -> State {
         let mut word = self.load();
         loop {
             match self.cas(word, word.next(to)) {
@@ -938,7 +939,13 @@ impl Breaker {
             self.clear_counts();
             self.open_streak.store(0, Ordering::Release);
         }
-        self.changed(word.state(), to, now, None, true);
+        word.state()
+    }
+
+    /// Reports an operator's transition made by [`set_forced`](Self::set_forced):
+    /// gauge, event, callbacks, waiters.
+    pub(crate) fn announce_forced(&self, from: State, to: State) {
+        self.changed(from, to, Instant::now(), None, true);
     }
 
     fn changed(
