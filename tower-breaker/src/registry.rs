@@ -15,8 +15,8 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use std::time::Duration;
 
@@ -58,7 +58,19 @@ pub(crate) struct Registry {
     open_eviction_warnings: WarningLimit,
     /// So does a new key not kept because every breaker is forced.
     overflow_warnings: WarningLimit,
+    /// Every kept breaker is forced (the last eviction found none to take)
+    /// and none was reset since: new keys go to `overflow`. Written under
+    /// the insert lock.
+    all_forced: AtomicBool,
+    /// The breaker new keys share while `all_forced`.
+    overflow: OnceLock<Arc<Breaker>>,
 }
+
+/// The key of the breaker that new keys share while every kept breaker is
+/// forced by an operator (in events and in its [`CircuitOpen`] errors).
+///
+/// [`CircuitOpen`]: crate::CircuitOpen
+pub(crate) const OVERFLOW_KEY: &str = "<overflow>";
 
 /// The shortest time between two warnings of one kind from one registry. A
 /// flood of new keys evicts a breaker per key: one line per key would bury
@@ -123,6 +135,8 @@ impl Registry {
             evictions,
             open_eviction_warnings: WarningLimit::default(),
             overflow_warnings: WarningLimit::default(),
+            all_forced: AtomicBool::new(false),
+            overflow: OnceLock::new(),
         }
     }
 
@@ -207,6 +221,11 @@ impl Registry {
 
     #[cold]
     fn insert(&self, key: &str, shard: usize) -> Arc<Breaker> {
+        if self.all_forced.load(Ordering::Acquire) {
+            // Nothing could be kept: build nothing, so a flood of new keys
+            // allocates nothing per call.
+            return self.overflow();
+        }
         let key: Arc<str> = Arc::from(key);
         let (label, own_label) = self
             .settings
@@ -264,25 +283,12 @@ impl Registry {
                     victim
                 }
                 Victim::None => {
+                    // Every breaker is an operator's (all parked now): none
+                    // may go, and the map may not grow, until a reset. The
+                    // breaker just built was never published; it is dropped.
+                    self.all_forced.store(true, Ordering::Release);
                     drop(queues);
-                    match self.overflow_warnings.admit() {
-                        Some(suppressed) => tracing::warn!(
-                            breaker = %self.settings.name,
-                            max_breakers = self.settings.max_breakers,
-                            suppressed,
-                            "every circuit breaker is forced by an operator; \
-                             a new key's breaker is not kept"
-                        ),
-                        None => tracing::debug!(
-                            breaker = %self.settings.name,
-                            "every circuit breaker is forced; a new key's breaker is not kept"
-                        ),
-                    }
-                    // Every breaker is an operator's: none may go, and the
-                    // map may not grow. This call gets a breaker of its own
-                    // that reports no state.
-                    breaker.retire();
-                    return breaker;
+                    return self.overflow();
                 }
             };
             self.write(self.shard_of(&evicted.key))
@@ -304,6 +310,41 @@ impl Registry {
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
         breaker
+    }
+
+    /// The breaker shared by every new key while all kept breakers are
+    /// forced, created on first use; see [`OVERFLOW_KEY`].
+    #[cold]
+    fn overflow(&self) -> Arc<Breaker> {
+        match self.overflow_warnings.admit() {
+            Some(suppressed) => tracing::warn!(
+                breaker = %self.settings.name,
+                max_breakers = self.settings.max_breakers,
+                suppressed,
+                "every circuit breaker is forced by an operator; \
+                 new keys share one overflow breaker until a reset"
+            ),
+            None => tracing::debug!(
+                breaker = %self.settings.name,
+                "every circuit breaker is forced; a new key's call goes through the overflow breaker"
+            ),
+        }
+        let overflow = self.overflow.get_or_init(|| {
+            // Labelled with the layer's name and never reporting a state:
+            // its gauge would hide the state of the breakers sharing the
+            // label, and it is no key's breaker.
+            let instruments = Instruments::register(Arc::clone(&self.settings.name).into(), false);
+            let breaker = Breaker::new(
+                Arc::from(OVERFLOW_KEY),
+                Arc::clone(&self.settings),
+                instruments,
+                true,
+                None,
+            );
+            breaker.retire();
+            Arc::new(breaker)
+        });
+        Arc::clone(overflow)
     }
 
     /// Moves the breakers that closed again back to the closed queue.
@@ -377,6 +418,10 @@ impl Registry {
         // eviction between the lookup and the force lose the breaker, and the
         // key came back unforced.
         let now = self.clock.load(Ordering::Relaxed);
+        if !to.is_forced() && !breakers.is_empty() {
+            // A reset breaker can be evicted again: new keys are kept again.
+            self.all_forced.store(false, Ordering::Release);
+        }
         let left: Vec<State> = breakers
             .iter()
             .map(|(breaker, node)| {
@@ -497,6 +542,33 @@ mod tests {
             }
         }
         assert!(lost.is_empty(), "forced and then lost: {lost:?}");
+    }
+
+    /// Issue 14: while every kept breaker is forced, new keys share one
+    /// overflow breaker instead of a new one per call (which allocated a
+    /// breaker, and registered its metrics, for every hostile key); after a
+    /// reset, new keys are kept again.
+    #[test]
+    fn new_keys_share_one_overflow_breaker_while_every_breaker_is_forced() {
+        let registry = registry(2);
+        for key in ["a", "b"] {
+            registry.breaker(key);
+            assert!(registry.force(key, State::ForcedClosed));
+        }
+        let first = registry.breaker("hostile-0");
+        assert_eq!(&*first.key, OVERFLOW_KEY);
+        for n in 1..100 {
+            let again = registry.breaker(&format!("hostile-{n}"));
+            assert!(Arc::ptr_eq(&first, &again), "a breaker per new key");
+        }
+        assert_eq!(registry.all().len(), 2);
+        assert_eq!(registry.lock_queues().len(), 2);
+
+        assert!(registry.force("a", State::Closed));
+        let kept = registry.breaker("newcomer");
+        assert_eq!(&*kept.key, "newcomer");
+        assert!(registry.get("newcomer").is_some());
+        assert!(registry.get("a").is_none(), "the reset breaker made room");
     }
 
     /// A breaker built for a key that another call inserted meanwhile is

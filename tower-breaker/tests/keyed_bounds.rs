@@ -431,3 +431,41 @@ fn check_validates_without_registering_a_metric() {
     });
     assert_eq!(recorder.registered.load(Ordering::Relaxed), 0);
 }
+
+/// Issue 14: while every kept breaker is forced, a flood of new keys goes
+/// through one shared overflow breaker: its metric handles are registered
+/// once, not a breaker's worth per call, and nothing is kept for the keys.
+#[test]
+fn a_new_key_flood_at_a_fully_forced_registry_creates_no_breaker_per_key() {
+    let recorder = CountingRegistrations {
+        inner: DebuggingRecorder::new(),
+        registered: AtomicUsize::new(0),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let (mut svc, handle) = keyed(2, MetricsLabel::key());
+        for key in keys("pinned", 2) {
+            call(&mut svc, &key, false).unwrap();
+            assert!(handle.force_closed(&key));
+        }
+        let before = recorder.registered.load(Ordering::Relaxed);
+        for key in keys("hostile", 1_000) {
+            call(&mut svc, &key, false).unwrap();
+        }
+        let flood = recorder.registered.load(Ordering::Relaxed) - before;
+        assert!(
+            flood <= 2 * 5,
+            "{flood} registrations: the overflow breaker's (and the first \
+             key's, built before the registry knew it was full) only"
+        );
+        assert_eq!(handle.list().len(), 2);
+        // The overflow breaker is a breaker: failing new keys open it.
+        for key in keys("failing", 1) {
+            call(&mut svc, &key, true).unwrap_err();
+        }
+        let refused = call(&mut svc, &Arc::from("another"), false).unwrap_err();
+        assert_eq!(
+            refused.downcast_ref::<CircuitOpen>().unwrap().key(),
+            "<overflow>"
+        );
+    });
+}
