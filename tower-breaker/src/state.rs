@@ -470,6 +470,8 @@ impl Breaker {
     /// still in flight may finish on it; it no longer reports its state.
     pub(crate) fn retire(&self) {
         self.retired.store(true, StdOrdering::Relaxed);
+        // See `gauge`: a state write racing this one is redone as a reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
         self.instruments.retire();
     }
 
@@ -1024,8 +1026,18 @@ impl Breaker {
     }
 
     fn gauge(&self, state: State) {
-        if !self.retired.load(StdOrdering::Relaxed) {
-            self.instruments.set_state(state);
+        if self.retired.load(StdOrdering::Relaxed) {
+            return;
+        }
+        self.instruments.set_state(state);
+        // An eviction may have retired the breaker while this write was
+        // under way, its reset to closed landing first: then this write left
+        // an evicted key's series at a state nothing will update. Look again
+        // and reset it once more. The fences pair with `retire`'s: if this
+        // load misses the flag, this write is ordered before the reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
+        if self.retired.load(StdOrdering::Relaxed) {
+            self.instruments.retire();
         }
     }
 

@@ -469,3 +469,107 @@ fn a_new_key_flood_at_a_fully_forced_registry_creates_no_breaker_per_key() {
         );
     });
 }
+
+/// The state gauge of breaker `k`: a write of 2 (open) waits until another
+/// thread has reset the gauge to 0, as an eviction racing the opening does.
+struct RacingGauge {
+    state: Mutex<GaugeRace>,
+    changed: std::sync::Condvar,
+    /// Told when the write of 2 starts waiting.
+    opening: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+#[derive(Default)]
+struct GaugeRace {
+    value: f64,
+    opening: bool,
+    reset_while_opening: bool,
+}
+
+impl metrics::GaugeFn for RacingGauge {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, value: f64) {
+        let mut state = self.state.lock().unwrap();
+        if value == 2.0 && !state.opening {
+            state.opening = true;
+            if let Some(tell) = self.opening.lock().unwrap().take() {
+                tell.send(()).unwrap();
+            }
+            // A backstop only: the reset comes as soon as the eviction runs.
+            let (waited, _) = self
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(10), |state| {
+                    !state.reset_while_opening
+                })
+                .unwrap();
+            state = waited;
+        } else if value == 0.0 && state.opening {
+            state.reset_while_opening = true;
+            self.changed.notify_all();
+        }
+        state.value = value;
+    }
+}
+
+struct RacingRecorder(Arc<RacingGauge>);
+
+impl Recorder for RacingRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::noop()
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let labelled_k = key
+            .labels()
+            .any(|label| label.key() == "breaker" && label.value() == "k");
+        if key.name() == "tower_breaker_state" && labelled_k {
+            Gauge::from_arc(Arc::clone(&self.0))
+        } else {
+            Gauge::noop()
+        }
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// Issue 14: a call on a breaker that opens while an eviction takes it
+/// writes its state gauge late, after the eviction reset the key's series
+/// to closed. That write must not stick: an evicted key's series would stay
+/// "open" for good, since nothing updates it again. Deterministic: the
+/// recorder holds the opening write until the eviction's reset has landed.
+#[test]
+fn an_evicted_breakers_late_state_write_does_not_stick() {
+    let (opening_tx, opening_rx) = mpsc::channel();
+    let gauge = Arc::new(RacingGauge {
+        state: Mutex::default(),
+        changed: std::sync::Condvar::new(),
+        opening: Mutex::new(Some(opening_tx)),
+    });
+    let recorder = RacingRecorder(Arc::clone(&gauge));
+    let (svc, handle) = keyed(1, MetricsLabel::key());
+    thread::scope(|scope| {
+        let mut opener = svc.clone();
+        let recorder = &recorder;
+        let opening = scope.spawn(move || {
+            metrics::with_local_recorder(recorder, || {
+                // Created (gauge 0), then opened: the write of 2 waits.
+                call(&mut opener, &Arc::from("k"), true).unwrap_err();
+            });
+        });
+        opening_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the opening write started");
+        // Meanwhile a new key evicts `k`, open and the only breaker.
+        let mut evictor = svc.clone();
+        call(&mut evictor, &Arc::from("other"), false).unwrap();
+        opening.join().unwrap();
+    });
+    assert!(handle.get("k").is_none(), "k was evicted");
+    let state = gauge.state.lock().unwrap();
+    assert!(state.reset_while_opening, "the race happened");
+    assert_eq!(state.value, 0.0, "the evicted key's gauge was left at open");
+}
