@@ -121,6 +121,7 @@ impl fmt::Display for State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Mode {
     /// Open means calls fail fast (the default).
     #[default]
