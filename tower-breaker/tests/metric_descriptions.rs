@@ -13,10 +13,13 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_breaker::{CircuitBreakerLayer, MetricsLabel};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
+/// A metric's kind, its unit, and how many times it was described.
+type Description = (&'static str, Option<Unit>, usize);
+
 #[derive(Default)]
 struct Recording {
-    /// Name → (kind, unit, how many times described).
-    described: Mutex<HashMap<String, (&'static str, Option<Unit>, usize)>>,
+    /// By metric name.
+    described: Mutex<HashMap<String, Description>>,
     /// (name, kind) of every registration.
     registered: Mutex<HashSet<(String, &'static str)>>,
 }
