@@ -7,9 +7,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
-use metrics::{Counter, Gauge, SharedString};
+use metrics::{Counter, Gauge, SharedString, Unit};
 
 use crate::state::State;
 
@@ -116,6 +116,46 @@ impl fmt::Debug for MetricsLabel {
     }
 }
 
+/// Describes every metric of this crate (kind, unit, meaning) to the
+/// recorder installed when the first layer is built. Once per process: a
+/// recorder keeps descriptions, and the layers built later would only
+/// repeat them.
+pub(crate) fn describe_metrics() {
+    static DESCRIBED: Once = Once::new();
+    DESCRIBED.call_once(|| {
+        // The two gauges hold codes, not quantities: no unit fits them.
+        metrics::describe_gauge!(
+            "tower_breaker_state",
+            "What the circuit breaker refuses: 0 closed (also forced closed), \
+             1 half-open, 2 open (also forced open)"
+        );
+        metrics::describe_gauge!(
+            "tower_breaker_forced",
+            "1 while an operator has forced the circuit breaker open or closed, else 0"
+        );
+        metrics::describe_counter!(
+            "tower_breaker_opened_total",
+            Unit::Count,
+            "Transitions of the circuit breaker to open"
+        );
+        metrics::describe_counter!(
+            "tower_breaker_rejected_total",
+            Unit::Count,
+            "Calls the circuit breaker refused without calling the service"
+        );
+        metrics::describe_counter!(
+            "tower_breaker_would_reject_total",
+            Unit::Count,
+            "Calls a metrics-only circuit breaker would have refused and let through"
+        );
+        metrics::describe_counter!(
+            "tower_breaker_evicted_total",
+            Unit::Count,
+            "Keyed circuit breakers evicted to make room for a new key, by the state they were in"
+        );
+    });
+}
+
 /// One breaker's metric handles, registered with the recorder installed when
 /// the breaker was created.
 pub(crate) struct Instruments {
@@ -161,6 +201,35 @@ impl Instruments {
     pub(crate) fn retire(&self) {
         if self.own_label {
             self.set_state(State::Closed);
+        }
+    }
+}
+
+/// A keyed registry's eviction counters, labelled with the layer's name
+/// (never a key: evictions happen under key floods).
+pub(crate) struct EvictionCounters {
+    pub(crate) closed: Counter,
+    pub(crate) open: Counter,
+}
+
+impl EvictionCounters {
+    pub(crate) fn register(name: &Arc<str>) -> Self {
+        let name = SharedString::from(Arc::clone(name));
+        EvictionCounters {
+            closed: metrics::counter!(
+                "tower_breaker_evicted_total", "breaker" => name.clone(), "state" => "closed"
+            ),
+            open: metrics::counter!(
+                "tower_breaker_evicted_total", "breaker" => name, "state" => "open"
+            ),
+        }
+    }
+
+    /// For a registry that never evicts.
+    pub(crate) fn none() -> Self {
+        EvictionCounters {
+            closed: Counter::noop(),
+            open: Counter::noop(),
         }
     }
 }

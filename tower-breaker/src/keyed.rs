@@ -23,10 +23,13 @@ use crate::registry::Registry;
 /// beyond that evicts the least recently used breaker that is **closed**:
 /// evicting an open breaker would re-admit full load to a dependency known to
 /// be broken. Only when no breaker is closed does an open (or half-open) one
-/// go, the least recently used, with a `tracing` warning. A breaker an
+/// go, the least recently used, with a `tracing` warning (at most one per
+/// 10 s, saying how many evictions it left out). A breaker an
 /// operator forced open or closed is never evicted; when every breaker is
-/// forced, a new key gets a breaker of its own for that call that is not
-/// kept. State is per process.
+/// forced, new keys share one overflow breaker (its key is `<overflow>`;
+/// it is not listed by the admin handle and has no state gauge) until an
+/// operator resets one, so a flood of new keys allocates nothing per call.
+/// State is per process.
 ///
 /// "Least recently used" is approximated the way the CLOCK page-replacement
 /// algorithm does it, so that choosing a victim costs O(1) amortised

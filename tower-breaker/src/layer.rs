@@ -8,7 +8,7 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
-use crate::instruments::MetricsLabel;
+use crate::instruments::{describe_metrics, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
 use crate::registry::Registry;
@@ -293,6 +293,14 @@ impl Builder {
         self.settings
     }
 
+    /// Checks the settings as [`build`](Self::build) does, without building
+    /// a layer: no breaker is created and no metric registered (or
+    /// described), so a configuration can be validated before the metrics
+    /// recorder is installed.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.settings;
         s.policy.validate()?;
@@ -363,6 +371,7 @@ impl Builder {
     /// A [`CircuitBreakerLayer`] classifying results with `classifier`.
     pub fn build<C>(self, classifier: C) -> Result<CircuitBreakerLayer<C>, ConfigError> {
         self.validate()?;
+        describe_metrics();
         let settings = Arc::new(self.settings);
         let (registry, breaker) = Registry::single(settings);
         Ok(CircuitBreakerLayer {
@@ -380,6 +389,7 @@ impl Builder {
         key_fn: F,
     ) -> Result<KeyedCircuitBreakerLayer<C, F>, ConfigError> {
         self.validate()?;
+        describe_metrics();
         Ok(KeyedCircuitBreakerLayer::from_parts(
             Arc::new(Registry::new(Arc::new(self.settings))),
             classifier,

@@ -14,6 +14,7 @@ mod admin_router;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
+mod events;
 mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]
@@ -26,6 +27,7 @@ mod layer;
 mod policy;
 mod registry;
 mod service;
+mod service_builder;
 mod state;
 mod sync;
 
@@ -42,4 +44,63 @@ pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
+pub use self::service_builder::ServiceBuilderExt;
 pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};
+
+/// Which public types are `#[non_exhaustive]`, and the checks that they
+/// stay so (each `compile_fail` block must fail; the last block is the
+/// control written the allowed way).
+///
+/// Marked, because they will grow: [`Policy`] and its variants (new trip
+/// policies, new settings of a policy), [`Window`], [`Mode`], [`State`],
+/// the events ([`StateChange`], [`CallEvent`], [`CallKind`]), the admin
+/// snapshot and the configuration structs. None of them is built from a
+/// literal outside this crate; each has constructors.
+///
+/// ```compile_fail
+/// let _ = tower_breaker::Policy::ConsecutiveFailures { threshold: 3 };
+/// ```
+///
+/// ```compile_fail
+/// use tower_breaker::Mode;
+/// fn rejects(mode: Mode) -> bool {
+///     match mode {
+///         Mode::Enforce => true,
+///         Mode::MetricsOnly | Mode::Disabled => false,
+///     }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use tower_breaker::Window;
+/// fn calls(window: Window) -> u32 {
+///     match window {
+///         Window::Count(n) => n,
+///         Window::Time { .. } => 0,
+///     }
+/// }
+/// ```
+///
+/// ```
+/// use tower_breaker::{Mode, Policy, Window};
+/// let _ = Policy::consecutive_failures(3);
+/// fn rejects(mode: Mode) -> bool {
+///     matches!(mode, Mode::Enforce)
+/// }
+/// fn threshold(policy: Policy) -> Option<u32> {
+///     match policy {
+///         Policy::ConsecutiveFailures { threshold, .. } => Some(threshold),
+///         _ => None,
+///     }
+/// }
+/// fn calls(window: Window) -> u32 {
+///     match window {
+///         Window::Count(n) => n,
+///         _ => 0,
+///     }
+/// }
+/// # assert!(rejects(Mode::Enforce));
+/// # assert_eq!(threshold(Policy::consecutive_failures(3)), Some(3));
+/// # assert_eq!(calls(Window::count(7)), 7);
+/// ```
+mod non_exhaustive {}

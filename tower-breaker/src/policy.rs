@@ -15,15 +15,18 @@ use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// and shed failures and [`Outcome::Ignored`](tower_classify::Outcome::Ignored)
 /// say nothing about the dependency's health and never count.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Policy {
     /// Open after `threshold` counted failures in a row; any success resets the
     /// count. The default (5 in a row).
+    #[non_exhaustive]
     ConsecutiveFailures {
         /// Failures in a row that open the breaker.
         threshold: u32,
     },
     /// Open when, over a sliding window, at least `minimum_calls` calls were
     /// recorded and the share of counted failures among them reaches `rate`.
+    #[non_exhaustive]
     FailureRate {
         /// The failure share that opens the breaker, in `(0, 1]`.
         rate: f64,
@@ -101,12 +104,14 @@ impl Policy {
 
 /// The calls a [`Policy::FailureRate`] is measured over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Window {
     /// The last `n` calls (at most 65 536).
     Count(u32),
     /// The calls of the last `length`, kept in `buckets` equal buckets (at most
     /// 1 024); a whole bucket ages out at once, so the window is exact to one
     /// bucket's length.
+    #[non_exhaustive]
     Time {
         /// How far back the window reaches.
         length: Duration,

@@ -15,11 +15,16 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::events::breaker_event;
 use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
-use crate::instruments::Instruments;
+use crate::instruments::{EvictionCounters, Instruments};
 use crate::state::{Breaker, Settings, State};
 
 /// Enough shards that calls from a few dozen cores seldom share one; few
@@ -47,6 +52,59 @@ pub(crate) struct Registry {
     clock: AtomicU64,
     /// Breakers that closed again, for the eviction queues.
     closed_notices: Arc<ClosedNotices>,
+    /// Counts every eviction, warned about or not.
+    evictions: EvictionCounters,
+    /// Evicting an open breaker warns at most once per [`WARNING_INTERVAL`].
+    open_eviction_warnings: WarningLimit,
+    /// So does a new key not kept because every breaker is forced.
+    overflow_warnings: WarningLimit,
+    /// Every kept breaker is forced (the last eviction found none to take)
+    /// and none was reset since: new keys go to `overflow`. Written under
+    /// the insert lock.
+    all_forced: AtomicBool,
+    /// The breaker new keys share while `all_forced`.
+    overflow: OnceLock<Arc<Breaker>>,
+}
+
+/// The key of the breaker that new keys share while every kept breaker is
+/// forced by an operator (in events and in its [`CircuitOpen`] errors).
+///
+/// [`CircuitOpen`]: crate::CircuitOpen
+pub(crate) const OVERFLOW_KEY: &str = "<overflow>";
+
+/// The shortest time between two warnings of one kind from one registry. A
+/// flood of new keys evicts a breaker per key: one line per key would bury
+/// the log (and cost more than the eviction).
+pub(crate) const WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Lets one warning through per [`WARNING_INTERVAL`] and counts the others.
+#[derive(Default)]
+struct WarningLimit {
+    /// When the last warning went out, and how many were held back since.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl WarningLimit {
+    /// `Some(suppressed)` when a warning may go out now, with the number
+    /// held back since the previous one; `None` when this one is held back.
+    fn admit(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (last, suppressed) = &mut *state;
+        match *last {
+            Some(at) if now.saturating_duration_since(at) < WARNING_INTERVAL => {
+                *suppressed += 1;
+                None
+            }
+            _ => {
+                *last = Some(now);
+                Some(std::mem::take(suppressed))
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Registry {
@@ -60,7 +118,13 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
+    /// A keyed layer's registry, empty.
     pub(crate) fn new(settings: Arc<Settings>) -> Self {
+        let evictions = EvictionCounters::register(&settings.name);
+        Self::with_counters(settings, evictions)
+    }
+
+    fn with_counters(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
         Registry {
             settings,
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
@@ -68,16 +132,28 @@ impl Registry {
             queues: Mutex::new(EvictionQueues::new()),
             clock: AtomicU64::new(0),
             closed_notices: Arc::default(),
+            evictions,
+            open_eviction_warnings: WarningLimit::default(),
+            overflow_warnings: WarningLimit::default(),
+            all_forced: AtomicBool::new(false),
+            overflow: OnceLock::new(),
         }
     }
 
     /// The registry of a plain (unkeyed) layer and its one breaker, labelled
     /// with the layer's name.
     pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
-        let registry = Registry::new(Arc::clone(&settings));
+        // Never evicts: no eviction series for an exporter to show at 0.
+        let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
         let name = Arc::clone(&settings.name);
         let instruments = Instruments::register(Arc::clone(&name).into(), true);
-        let breaker = Arc::new(Breaker::new(Arc::clone(&name), settings, instruments, None));
+        let breaker = Arc::new(Breaker::new(
+            Arc::clone(&name),
+            settings,
+            instruments,
+            false,
+            None,
+        ));
         breaker.publish();
         let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
         let shard = registry.shard_of(&name);
@@ -145,6 +221,11 @@ impl Registry {
 
     #[cold]
     fn insert(&self, key: &str, shard: usize) -> Arc<Breaker> {
+        if self.all_forced.load(Ordering::Acquire) {
+            // Nothing could be kept: build nothing, so a flood of new keys
+            // allocates nothing per call.
+            return self.overflow();
+        }
         let key: Arc<str> = Arc::from(key);
         let (label, own_label) = self
             .settings
@@ -157,6 +238,7 @@ impl Registry {
             Arc::clone(&key),
             Arc::clone(&self.settings),
             instruments,
+            true,
             Some(Arc::clone(&self.closed_notices)),
         ));
 
@@ -175,29 +257,38 @@ impl Registry {
             self.read_closed_notices(&mut queues);
             let evicted = match queues.evict(now) {
                 Victim::Closed(victim) => {
-                    tracing::debug!(breaker = &*victim.key, "evicting closed circuit breaker");
+                    self.evictions.closed.increment(1);
+                    breaker_event!(debug, &victim, "evicting closed circuit breaker");
                     victim
                 }
                 Victim::Open(victim) => {
-                    tracing::warn!(
-                        breaker = &*victim.key,
-                        max_breakers = self.settings.max_breakers,
-                        "every circuit breaker is open; evicting the least recently used open one, \
-                         which re-admits load to its dependency"
-                    );
+                    self.evictions.open.increment(1);
+                    // One per new key under a key flood: rate-limited, with
+                    // the count of those left out; the counter has them all.
+                    match self.open_eviction_warnings.admit() {
+                        Some(suppressed) => breaker_event!(
+                            warn,
+                            &victim,
+                            max_breakers = self.settings.max_breakers,
+                            suppressed,
+                            "every circuit breaker is open; evicting the least recently used \
+                             open one, which re-admits load to its dependency"
+                        ),
+                        None => breaker_event!(
+                            debug,
+                            &victim,
+                            "evicting open circuit breaker (warning rate-limited)"
+                        ),
+                    }
                     victim
                 }
                 Victim::None => {
+                    // Every breaker is an operator's (all parked now): none
+                    // may go, and the map may not grow, until a reset. The
+                    // breaker just built was never published; it is dropped.
+                    self.all_forced.store(true, Ordering::Release);
                     drop(queues);
-                    tracing::warn!(
-                        max_breakers = self.settings.max_breakers,
-                        "every circuit breaker is forced by an operator; a new key's breaker is not kept"
-                    );
-                    // Every breaker is an operator's: none may go, and the
-                    // map may not grow. This call gets a breaker of its own
-                    // that reports no state.
-                    breaker.retire();
-                    return breaker;
+                    return self.overflow();
                 }
             };
             self.write(self.shard_of(&evicted.key))
@@ -219,6 +310,41 @@ impl Registry {
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
         breaker
+    }
+
+    /// The breaker shared by every new key while all kept breakers are
+    /// forced, created on first use; see [`OVERFLOW_KEY`].
+    #[cold]
+    fn overflow(&self) -> Arc<Breaker> {
+        match self.overflow_warnings.admit() {
+            Some(suppressed) => tracing::warn!(
+                breaker = %self.settings.name,
+                max_breakers = self.settings.max_breakers,
+                suppressed,
+                "every circuit breaker is forced by an operator; \
+                 new keys share one overflow breaker until a reset"
+            ),
+            None => tracing::debug!(
+                breaker = %self.settings.name,
+                "every circuit breaker is forced; a new key's call goes through the overflow breaker"
+            ),
+        }
+        let overflow = self.overflow.get_or_init(|| {
+            // Labelled with the layer's name and never reporting a state:
+            // its gauge would hide the state of the breakers sharing the
+            // label, and it is no key's breaker.
+            let instruments = Instruments::register(Arc::clone(&self.settings.name).into(), false);
+            let breaker = Breaker::new(
+                Arc::from(OVERFLOW_KEY),
+                Arc::clone(&self.settings),
+                instruments,
+                true,
+                None,
+            );
+            breaker.retire();
+            Arc::new(breaker)
+        });
+        Arc::clone(overflow)
     }
 
     /// Moves the breakers that closed again back to the closed queue.
@@ -252,6 +378,7 @@ impl Registry {
     /// An operator's transition for the breaker of `key`; `false` if there
     /// is none. A breaker leaving a forced state may be evicted again.
     pub(crate) fn force(&self, key: &str, to: State) -> bool {
+        let queues = self.lock_queues();
         let found = self
             .read(self.shard_of(key))
             .get(key)
@@ -259,12 +386,13 @@ impl Registry {
         let Some(found) = found else {
             return false;
         };
-        self.force_all(&[found], to);
+        self.force_all(queues, &[found], to);
         true
     }
 
     /// Resets every breaker; returns how many.
     pub(crate) fn reset_all(&self) -> usize {
+        let queues = self.lock_queues();
         let all: Vec<_> = (0..SHARDS)
             .flat_map(|shard| {
                 self.read(shard)
@@ -273,22 +401,42 @@ impl Registry {
                     .collect::<Vec<_>>()
             })
             .collect();
-        self.force_all(&all, State::Closed);
+        self.force_all(queues, &all, State::Closed);
         all.len()
     }
 
-    fn force_all(&self, breakers: &[(Arc<Breaker>, usize)], to: State) {
-        // Outside the insert lock: a transition runs the state-change
-        // callbacks, which may call the service again.
-        for (breaker, _) in breakers {
-            breaker.force(to);
+    /// Sets the breakers found under `queues` to `to`, then tells the world.
+    fn force_all(
+        &self,
+        mut queues: MutexGuard<'_, EvictionQueues>,
+        breakers: &[(Arc<Breaker>, usize)],
+        to: State,
+    ) {
+        // Under the insert lock, which every eviction holds: a breaker found
+        // in the map is still there when its state changes, and once it is
+        // forced no eviction takes it. Forcing outside the lock let an
+        // eviction between the lookup and the force lose the breaker, and the
+        // key came back unforced.
+        let now = self.clock.load(Ordering::Relaxed);
+        if !to.is_forced() && !breakers.is_empty() {
+            // A reset breaker can be evicted again: new keys are kept again.
+            self.all_forced.store(false, Ordering::Release);
         }
-        if !matches!(to, State::ForcedOpen | State::ForcedClosed) {
-            let now = self.clock.load(Ordering::Relaxed);
-            let mut queues = self.lock_queues();
-            for (breaker, node) in breakers {
-                queues.unpark(*node, breaker, now);
-            }
+        let left: Vec<State> = breakers
+            .iter()
+            .map(|(breaker, node)| {
+                let from = breaker.set_forced(to);
+                if !to.is_forced() {
+                    queues.unpark(*node, breaker, now);
+                }
+                from
+            })
+            .collect();
+        // Announced outside it: the state-change callbacks may call the
+        // service again, and a new key would wait on this lock.
+        drop(queues);
+        for ((breaker, _), from) in breakers.iter().zip(left) {
+            breaker.announce_forced(from, to);
         }
     }
 }
@@ -356,6 +504,71 @@ mod tests {
             tick,
             "lookups of known keys inserted nothing"
         );
+    }
+
+    /// Issue 14: an operator's force and a new key's eviction race; a
+    /// breaker reported forced is never the one evicted, so the key keeps
+    /// its forced state. Before the fix the force ran outside the insert
+    /// lock: the eviction could take the breaker between the lookup and
+    /// the force, losing it. Many rounds with shifting timings, since the
+    /// window is a few instructions wide.
+    #[test]
+    fn a_breaker_forced_while_a_new_key_evicts_stays_forced() {
+        use std::sync::Barrier;
+        let mut lost = Vec::new();
+        for round in 0..3_000u32 {
+            let registry = registry(1);
+            registry.breaker("pinned");
+            let barrier = Arc::new(Barrier::new(2));
+            let newcomer = {
+                let (registry, barrier) = (Arc::clone(&registry), Arc::clone(&barrier));
+                thread::spawn(move || {
+                    barrier.wait();
+                    for _ in 0..round % 64 {
+                        std::hint::spin_loop();
+                    }
+                    registry.breaker("newcomer");
+                })
+            };
+            barrier.wait();
+            for _ in 0..(round / 64) % 64 {
+                std::hint::spin_loop();
+            }
+            let forced = registry.force("pinned", State::ForcedOpen);
+            newcomer.join().unwrap();
+            let kept = registry.get("pinned").map(|breaker| breaker.state());
+            if forced && kept != Some(State::ForcedOpen) {
+                lost.push((round, kept));
+            }
+        }
+        assert!(lost.is_empty(), "forced and then lost: {lost:?}");
+    }
+
+    /// Issue 14: while every kept breaker is forced, new keys share one
+    /// overflow breaker instead of a new one per call (which allocated a
+    /// breaker, and registered its metrics, for every hostile key); after a
+    /// reset, new keys are kept again.
+    #[test]
+    fn new_keys_share_one_overflow_breaker_while_every_breaker_is_forced() {
+        let registry = registry(2);
+        for key in ["a", "b"] {
+            registry.breaker(key);
+            assert!(registry.force(key, State::ForcedClosed));
+        }
+        let first = registry.breaker("hostile-0");
+        assert_eq!(&*first.key, OVERFLOW_KEY);
+        for n in 1..100 {
+            let again = registry.breaker(&format!("hostile-{n}"));
+            assert!(Arc::ptr_eq(&first, &again), "a breaker per new key");
+        }
+        assert_eq!(registry.all().len(), 2);
+        assert_eq!(registry.lock_queues().len(), 2);
+
+        assert!(registry.force("a", State::Closed));
+        let kept = registry.breaker("newcomer");
+        assert_eq!(&*kept.key, "newcomer");
+        assert!(registry.get("newcomer").is_some());
+        assert!(registry.get("a").is_none(), "the reset breaker made room");
     }
 
     /// A breaker built for a key that another call inserted meanwhile is

@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CircuitOpen;
+use crate::events::breaker_event;
 use crate::eviction::ClosedNotices;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
@@ -120,6 +121,7 @@ impl fmt::Display for State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Mode {
     /// Open means calls fail fast (the default).
     #[default]
@@ -360,6 +362,9 @@ pub(crate) enum Readiness {
 #[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
+    /// One of a keyed layer's breakers: its events carry the key as well
+    /// as the layer's name.
+    pub(crate) keyed: bool,
     pub(crate) settings: Arc<Settings>,
     pub(crate) disabled: bool,
     /// Copied out of `settings` so the hot path reads one allocation.
@@ -417,6 +422,7 @@ impl Breaker {
         key: Arc<str>,
         settings: Arc<Settings>,
         instruments: Instruments,
+        keyed: bool,
         closed_notices: Option<Arc<ClosedNotices>>,
     ) -> Self {
         let window = match settings.policy {
@@ -427,6 +433,7 @@ impl Breaker {
         };
         Breaker {
             key,
+            keyed,
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
             slow_apart: settings.slow_call_rate.is_some(),
@@ -464,6 +471,8 @@ impl Breaker {
     /// still in flight may finish on it; it no longer reports its state.
     pub(crate) fn retire(&self) {
         self.retired.store(true, StdOrdering::Relaxed);
+        // See `gauge`: a state write racing this one is redone as a reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
         self.instruments.retire();
     }
 
@@ -534,7 +543,14 @@ impl Breaker {
                     });
                     match self.cas(word, next) {
                         Ok(()) => {
-                            self.changed(State::Open, State::HalfOpen, now, None);
+                            self.changed(State::Open, State::HalfOpen, now, None, false);
+                            breaker_event!(
+                                debug,
+                                self,
+                                probe = 1,
+                                probes = self.settings.probes,
+                                "circuit breaker admitted a half-open probe"
+                            );
                             return Ok(self.permit(next.epoch(), true));
                         }
                         Err(actual) => word = actual,
@@ -553,7 +569,16 @@ impl Breaker {
                         ..word.slots()
                     });
                     match self.cas(word, next) {
-                        Ok(()) => return Ok(self.permit(word.epoch(), true)),
+                        Ok(()) => {
+                            breaker_event!(
+                                debug,
+                                self,
+                                probe = next.claimed(),
+                                probes = self.settings.probes,
+                                "circuit breaker admitted a half-open probe"
+                            );
+                            return Ok(self.permit(word.epoch(), true));
+                        }
                         Err(actual) => word = actual,
                     }
                 }
@@ -569,6 +594,12 @@ impl Breaker {
         if self.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
             self.instruments.would_reject.increment(1);
+            breaker_event!(
+                debug,
+                self,
+                state = word.state().as_str(),
+                "circuit breaker would reject a call (metrics-only mode lets it through)"
+            );
             return Ok(self.permit(word.epoch(), false));
         }
         Err(self.rejection(remaining))
@@ -578,6 +609,14 @@ impl Breaker {
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.instruments.rejected.increment(1);
+        // Per call, so never above `debug`: an outage must not turn every
+        // refused request into a log line; the state change was logged.
+        breaker_event!(
+            debug,
+            self,
+            remaining = ?remaining,
+            "circuit breaker rejected a call"
+        );
         self.call_event(CallKind::Rejected(remaining), None);
         CircuitOpen::new(Arc::clone(&self.key), remaining)
     }
@@ -676,8 +715,9 @@ impl Breaker {
             return false;
         }
         if self.open(word, now) {
-            tracing::warn!(
-                breaker = &*self.key,
+            breaker_event!(
+                warn,
+                self,
                 probe_timeout = ?self.settings.probe_timeout,
                 "half-open probes did not answer in time; reopening"
             );
@@ -841,7 +881,7 @@ impl Breaker {
                 Ok(()) => {
                     if next.state() == State::Closed {
                         // The counts were reset when the breaker opened.
-                        self.changed(State::HalfOpen, State::Closed, Instant::now(), None);
+                        self.changed(State::HalfOpen, State::Closed, Instant::now(), None, false);
                     } else if verdict == Verdict::Neutral {
                         // A slot is free again: callers parked in a pending
                         // `poll_ready` may take it.
@@ -876,7 +916,7 @@ impl Breaker {
         // clean the moment a probe closes it, with no window in which a new
         // failure meets stale counts.
         self.clear_counts();
-        self.changed(from.state(), State::Open, now, Some(wait));
+        self.changed(from.state(), State::Open, now, Some(wait), false);
         true
     }
 
@@ -887,9 +927,10 @@ impl Breaker {
         }
     }
 
-    /// An operator's transition: reset (to closed), force open, force closed.
-    pub(crate) fn force(&self, to: State) {
-        let now = Instant::now();
+    /// An operator's transition: reset (to closed), force open, force
+    /// closed. Returns the state left; [`announce_forced`](Self::announce_forced)
+    /// then reports the change (the registry calls it once it holds no lock).
+    pub(crate) fn set_forced(&self, to: State) -> State {
         let mut word = self.load();
         loop {
             match self.cas(word, word.next(to)) {
@@ -901,10 +942,23 @@ impl Breaker {
             self.clear_counts();
             self.open_streak.store(0, Ordering::Release);
         }
-        self.changed(word.state(), to, now, None);
+        word.state()
     }
 
-    fn changed(&self, from: State, to: State, now: Instant, open_for: Option<Duration>) {
+    /// Reports an operator's transition made by [`set_forced`](Self::set_forced):
+    /// gauge, event, callbacks, waiters.
+    pub(crate) fn announce_forced(&self, from: State, to: State) {
+        self.changed(from, to, Instant::now(), None, true);
+    }
+
+    fn changed(
+        &self,
+        from: State,
+        to: State,
+        now: Instant,
+        open_for: Option<Duration>,
+        by_operator: bool,
+    ) {
         self.since.store(self.offset(now), Ordering::Release);
         if to == State::Open {
             self.opened.fetch_add(1, Ordering::Relaxed);
@@ -919,19 +973,37 @@ impl Breaker {
             }
         }
         let key = &*self.key;
-        match to {
-            State::Open | State::ForcedOpen => tracing::warn!(
-                breaker = key,
+        match (to, by_operator) {
+            (State::Open | State::ForcedOpen, false) => breaker_event!(
+                warn,
+                self,
                 from = from.as_str(),
                 to = to.as_str(),
                 open_for = ?open_for,
                 "circuit breaker opened"
             ),
-            _ => tracing::info!(
-                breaker = key,
+            (_, false) => breaker_event!(
+                info,
+                self,
                 from = from.as_str(),
                 to = to.as_str(),
                 "circuit breaker state changed"
+            ),
+            // An operator's decision is worth a line whatever it is; opening
+            // still warns, since it sheds the dependency's whole traffic.
+            (State::ForcedOpen, true) => breaker_event!(
+                warn,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker forced open by an operator"
+            ),
+            (_, true) => breaker_event!(
+                info,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state set by an operator"
             ),
         }
         let change = StateChange {
@@ -955,8 +1027,18 @@ impl Breaker {
     }
 
     fn gauge(&self, state: State) {
-        if !self.retired.load(StdOrdering::Relaxed) {
-            self.instruments.set_state(state);
+        if self.retired.load(StdOrdering::Relaxed) {
+            return;
+        }
+        self.instruments.set_state(state);
+        // An eviction may have retired the breaker while this write was
+        // under way, its reset to closed landing first: then this write left
+        // an evicted key's series at a state nothing will update. Look again
+        // and reset it once more. The fences pair with `retire`'s: if this
+        // load misses the flag, this write is ordered before the reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
+        if self.retired.load(StdOrdering::Relaxed) {
+            self.instruments.retire();
         }
     }
 

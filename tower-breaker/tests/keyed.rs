@@ -269,3 +269,131 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 14: a key flood at a registry whose breakers are all open evicts
+/// an open breaker per new key, but warns at most once per 10 s; the next
+/// warning says how many were held back, and the eviction counter counts
+/// every one.
+#[tokio::test(start_paused = true)]
+async fn the_open_eviction_warning_is_rate_limited_and_counts_what_it_held_back() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::time::Duration;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        CircuitBreakerLayer::builder()
+            .name("hosts")
+            .failure_threshold(1)
+            .max_breakers(1)
+            .build_keyed(ErrorChainClassifier::new(), |req: &(String, bool)| {
+                req.0.clone()
+            })
+            .unwrap()
+    });
+    let mut svc = layer.layer(service_fn(|(_, fails): (String, bool)| {
+        ready(if fails {
+            Err(io::Error::from(io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(())
+        })
+    }));
+    let mut send = |key: String| {
+        svc.call((key, true))
+            .now_or_never()
+            .expect("immediate")
+            .unwrap_err()
+    };
+    let eviction_warnings = || -> Vec<String> {
+        support::warnings()
+            .into_iter()
+            .filter(|text| text.contains("evicting"))
+            .collect()
+    };
+
+    support::capture();
+    send("host-0".into()); // opens; the map is full
+    for n in 1..=10 {
+        send(format!("host-{n}")); // evicts the open breaker of the last key
+    }
+    let warnings = eviction_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("breaker=hosts")
+            && warnings[0].contains(r#"key="host-0""#)
+            && warnings[0].contains("suppressed=0"),
+        "{}",
+        warnings[0]
+    );
+
+    tokio::time::advance(Duration::from_secs(9)).await;
+    send("host-11".into());
+    assert_eq!(eviction_warnings().len(), 1, "still within 10 s");
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    send("host-12".into());
+    let warnings = eviction_warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[1].contains("suppressed=10") && warnings[1].contains(r#"key="host-11""#),
+        "the ten evictions since the first warning: {}",
+        warnings[1]
+    );
+
+    let evicted_open = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(key, ..)| {
+            key.key().name() == "tower_breaker_evicted_total"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "state" && l.value() == "open")
+        })
+        .map(|(.., value)| value);
+    assert_eq!(evicted_open, Some(DebugValue::Counter(12)));
+}
+
+/// Issue 14: every event of a keyed breaker names the layer and the key
+/// (escaped, so a client-chosen key cannot forge a log line); per-call
+/// rejections are `debug`; an operator's change says so.
+#[test]
+fn keyed_events_carry_the_layer_name_and_the_escaped_key() {
+    let layer = CircuitBreakerLayer::builder()
+        .name("hosts")
+        .failure_threshold(1)
+        .build_keyed(ErrorChainClassifier::new(), |req: &(String, bool)| {
+            req.0.clone()
+        })
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(service_fn(|(_, fails): (String, bool)| {
+        ready(if fails {
+            Err(io::Error::from(io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(())
+        })
+    }));
+    let hostile = "evil\nlevel=ERROR".to_owned();
+    support::capture();
+    let mut send = |fails| svc.call((hostile.clone(), fails)).now_or_never().unwrap();
+    send(true).unwrap_err(); // opens
+    send(false).unwrap_err(); // rejected
+    assert!(handle.force_closed(&hostile));
+
+    use tracing::Level;
+    let events = support::events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    for (_, text) in &events {
+        assert!(text.contains("breaker=hosts"), "{text}");
+        assert!(text.contains(r#"key="evil\nlevel=ERROR""#), "{text}");
+        assert!(!text.contains('\n'), "the key was not escaped: {text}");
+    }
+    assert_eq!(events[0].0, Level::WARN);
+    assert!(events[0].1.contains("circuit breaker opened"));
+    assert_eq!(events[1].0, Level::DEBUG);
+    assert!(events[1].1.contains("rejected a call"));
+    assert_eq!(events[2].0, Level::INFO);
+    assert!(events[2].1.contains("by an operator") && events[2].1.contains("to=forced_closed"));
+}

@@ -325,10 +325,16 @@ fn rejections_of_a_known_key_register_no_metric() {
     let snapshotter = recorder.inner.snapshotter();
     metrics::with_local_recorder(&recorder, || {
         let (mut svc, _handle) = keyed(10, MetricsLabel::key());
+        let at_build = recorder.registered.load(Ordering::Relaxed);
+        assert_eq!(at_build, 2, "the layer's eviction counters");
         let down: Arc<str> = Arc::from("down");
         call(&mut svc, &down, true).unwrap_err(); // created, then opened
         let after_creation = recorder.registered.load(Ordering::Relaxed);
-        assert_eq!(after_creation, 5, "two gauges and three counters");
+        assert_eq!(
+            after_creation - at_build,
+            5,
+            "two gauges and three counters"
+        );
         for _ in 0..1_000 {
             let err = call(&mut svc, &down, false).unwrap_err();
             assert!(err.is::<CircuitOpen>());
@@ -406,4 +412,164 @@ fn one_million_distinct_keys_through_a_thousand_breakers() {
     let elapsed = start.elapsed();
     assert_eq!(handle.list().len(), 1_000);
     println!("1M distinct keys through max_breakers 1000: {elapsed:?}");
+}
+
+/// Issue 14: `Builder::check` validates as `build` does without creating a
+/// breaker, so a configuration checked before the recorder is installed
+/// (or while a live layer serves) registers nothing.
+#[test]
+fn check_validates_without_registering_a_metric() {
+    let recorder = CountingRegistrations {
+        inner: DebuggingRecorder::new(),
+        registered: AtomicUsize::new(0),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let builder = CircuitBreakerLayer::builder().max_breakers(10);
+        builder.check().unwrap();
+        let refused = builder.max_breakers(0).check().unwrap_err();
+        assert_eq!(refused.field(), "max_breakers");
+    });
+    assert_eq!(recorder.registered.load(Ordering::Relaxed), 0);
+}
+
+/// Issue 14: while every kept breaker is forced, a flood of new keys goes
+/// through one shared overflow breaker: its metric handles are registered
+/// once, not a breaker's worth per call, and nothing is kept for the keys.
+#[test]
+fn a_new_key_flood_at_a_fully_forced_registry_creates_no_breaker_per_key() {
+    let recorder = CountingRegistrations {
+        inner: DebuggingRecorder::new(),
+        registered: AtomicUsize::new(0),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let (mut svc, handle) = keyed(2, MetricsLabel::key());
+        for key in keys("pinned", 2) {
+            call(&mut svc, &key, false).unwrap();
+            assert!(handle.force_closed(&key));
+        }
+        let before = recorder.registered.load(Ordering::Relaxed);
+        for key in keys("hostile", 1_000) {
+            call(&mut svc, &key, false).unwrap();
+        }
+        let flood = recorder.registered.load(Ordering::Relaxed) - before;
+        assert!(
+            flood <= 2 * 5,
+            "{flood} registrations: the overflow breaker's (and the first \
+             key's, built before the registry knew it was full) only"
+        );
+        assert_eq!(handle.list().len(), 2);
+        // The overflow breaker is a breaker: failing new keys open it.
+        for key in keys("failing", 1) {
+            call(&mut svc, &key, true).unwrap_err();
+        }
+        let refused = call(&mut svc, &Arc::from("another"), false).unwrap_err();
+        assert_eq!(
+            refused.downcast_ref::<CircuitOpen>().unwrap().key(),
+            "<overflow>"
+        );
+    });
+}
+
+/// The state gauge of breaker `k`: a write of 2 (open) waits until another
+/// thread has reset the gauge to 0, as an eviction racing the opening does.
+struct RacingGauge {
+    state: Mutex<GaugeRace>,
+    changed: std::sync::Condvar,
+    /// Told when the write of 2 starts waiting.
+    opening: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+#[derive(Default)]
+struct GaugeRace {
+    value: f64,
+    opening: bool,
+    reset_while_opening: bool,
+}
+
+impl metrics::GaugeFn for RacingGauge {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, value: f64) {
+        let mut state = self.state.lock().unwrap();
+        if value == 2.0 && !state.opening {
+            state.opening = true;
+            if let Some(tell) = self.opening.lock().unwrap().take() {
+                tell.send(()).unwrap();
+            }
+            // A backstop only: the reset comes as soon as the eviction runs.
+            let (waited, _) = self
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(10), |state| {
+                    !state.reset_while_opening
+                })
+                .unwrap();
+            state = waited;
+        } else if value == 0.0 && state.opening {
+            state.reset_while_opening = true;
+            self.changed.notify_all();
+        }
+        state.value = value;
+    }
+}
+
+struct RacingRecorder(Arc<RacingGauge>);
+
+impl Recorder for RacingRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::noop()
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let labelled_k = key
+            .labels()
+            .any(|label| label.key() == "breaker" && label.value() == "k");
+        if key.name() == "tower_breaker_state" && labelled_k {
+            Gauge::from_arc(Arc::clone(&self.0))
+        } else {
+            Gauge::noop()
+        }
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// Issue 14: a call on a breaker that opens while an eviction takes it
+/// writes its state gauge late, after the eviction reset the key's series
+/// to closed. That write must not stick: an evicted key's series would stay
+/// "open" for good, since nothing updates it again. Deterministic: the
+/// recorder holds the opening write until the eviction's reset has landed.
+#[test]
+fn an_evicted_breakers_late_state_write_does_not_stick() {
+    let (opening_tx, opening_rx) = mpsc::channel();
+    let gauge = Arc::new(RacingGauge {
+        state: Mutex::default(),
+        changed: std::sync::Condvar::new(),
+        opening: Mutex::new(Some(opening_tx)),
+    });
+    let recorder = RacingRecorder(Arc::clone(&gauge));
+    let (svc, handle) = keyed(1, MetricsLabel::key());
+    thread::scope(|scope| {
+        let mut opener = svc.clone();
+        let recorder = &recorder;
+        let opening = scope.spawn(move || {
+            metrics::with_local_recorder(recorder, || {
+                // Created (gauge 0), then opened: the write of 2 waits.
+                call(&mut opener, &Arc::from("k"), true).unwrap_err();
+            });
+        });
+        opening_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the opening write started");
+        // Meanwhile a new key evicts `k`, open and the only breaker.
+        let mut evictor = svc.clone();
+        call(&mut evictor, &Arc::from("other"), false).unwrap();
+        opening.join().unwrap();
+    });
+    assert!(handle.get("k").is_none(), "k was evicted");
+    let state = gauge.state.lock().unwrap();
+    assert!(state.reset_while_opening, "the race happened");
+    assert_eq!(state.value, 0.0, "the evicted key's gauge was left at open");
 }

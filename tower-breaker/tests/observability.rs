@@ -140,7 +140,7 @@ fn state_gauge_and_open_and_rejection_counters() {
     let events = support::events();
     let changes: Vec<_> = events
         .iter()
-        .filter(|(_, text)| text.contains("circuit breaker"))
+        .filter(|(level, text)| *level != tracing::Level::DEBUG && text.contains("circuit breaker"))
         .map(|(level, text)| {
             let to = text.split("to=").nth(1).unwrap().split(' ').next().unwrap();
             (*level, to.to_owned())
@@ -158,6 +158,14 @@ fn state_gauge_and_open_and_rejection_counters() {
     assert!(events
         .iter()
         .all(|(_, text)| !text.contains("circuit breaker") || text.contains("breaker=payments")));
+    // A plain breaker's key is its name: no `key` field repeating it.
+    assert!(events.iter().all(|(_, text)| !text.contains("key=")));
+    assert!(
+        events.iter().any(
+            |(level, text)| *level == tracing::Level::DEBUG && text.contains("rejected a call")
+        ),
+        "each rejection is a debug event: {events:?}"
+    );
 }
 
 #[test]

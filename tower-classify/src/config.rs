@@ -36,6 +36,7 @@ use crate::retry_on::RetryOn;
 /// The configuration of an [`HttpClassifier`].
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct HttpClassifierConfig {
     /// Only these failing statuses are transient; every other status ≥ 400 is
     /// rejected. Absent: the default table (5xx, 408, 429).
@@ -78,6 +79,7 @@ impl HttpClassifierConfig {
 /// One response rule; see [`ResponseRule`].
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ResponseRuleConfig {
     /// The statuses the rule applies to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -162,6 +164,7 @@ fn value_text(value: &Value) -> String {
     rename_all = "snake_case",
     deny_unknown_fields
 )]
+#[non_exhaustive]
 pub enum BackoffFromConfig {
     /// A header value.
     Header {

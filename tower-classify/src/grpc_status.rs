@@ -25,6 +25,14 @@
 //! which tells an A6 client not to retry at all: an exhausted retry budget
 //! stops the callers' retries too instead of multiplying them.
 //!
+//! An error that already *is* a gRPC status (a `tonic::Status` from a
+//! tonic layer below) is sent as it is, code and message, once
+//! [`GrpcStatusLayer::status_of`] says how to recognise it; otherwise it is
+//! classified like any other error, and comes out `UNKNOWN`.
+//!
+//! After the inner service's `poll_ready` fails, it is never polled or
+//! called again: every call gets that error's status.
+//!
 //! The service's error type becomes [`Infallible`], which is what tonic's
 //! server router asks of a service.
 //!
@@ -36,7 +44,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::Response;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
@@ -83,13 +91,41 @@ pub struct GrpcStatusLayer {
 struct Settings {
     classifier: ErrorChainClassifier,
     messages: bool,
+    status_of: Option<StatusOf>,
 }
+
+/// Reads the gRPC status an error already is; see [`GrpcStatusLayer::status_of`].
+type StatusOf = fn(&(dyn std::error::Error + 'static)) -> Option<CarriedStatus>;
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             classifier: ErrorChainClassifier::new(),
             messages: true,
+            status_of: None,
+        }
+    }
+}
+
+/// A gRPC status that an error already is (a `tonic::Status` from a layer
+/// below), as [`GrpcStatusLayer::status_of`] reads it: sent as it is
+/// instead of being classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CarriedStatus {
+    /// The `grpc-status` code, sent as given.
+    pub code: u32,
+    /// The `grpc-message`, percent-encoded and cut as every message is
+    /// (and left out under [`without_messages`](GrpcStatusLayer::without_messages)).
+    pub message: String,
+}
+
+impl CarriedStatus {
+    /// The status `code` with `message`.
+    pub fn new(code: u32, message: impl Into<String>) -> Self {
+        CarriedStatus {
+            code,
+            message: message.into(),
         }
     }
 }
@@ -114,6 +150,64 @@ impl GrpcStatusLayer {
         self.settings.messages = false;
         self
     }
+
+    /// Recognises errors that already are a gRPC status, and sends that
+    /// status as it is instead of classifying the error. `status_of` is
+    /// asked about the error, then each of its
+    /// [`source`](std::error::Error::source)s in turn; the first answer
+    /// wins. Without it, such an error is classified like any other, which
+    /// for a `tonic::Status` (a kind of failure no classifier knows) means
+    /// `UNKNOWN`.
+    ///
+    /// tower-classify does not depend on tonic; a tonic user passes
+    ///
+    /// ```text
+    /// |error| {
+    ///     let status = error.downcast_ref::<tonic::Status>()?;
+    ///     Some(CarriedStatus::new(status.code() as u32, status.message()))
+    /// }
+    /// ```
+    ///
+    /// Here with a stand-in for `tonic::Status`:
+    ///
+    /// ```
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_classify::grpc_status::{CarriedStatus, GrpcStatusLayer};
+    /// use tower_classify::BoxError;
+    ///
+    /// /// Shaped like `tonic::Status`: a code and a message.
+    /// #[derive(Debug)]
+    /// struct Status { code: i32, message: String }
+    /// impl std::fmt::Display for Status {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "status: {}, message: {:?}", self.code, self.message)
+    ///     }
+    /// }
+    /// impl std::error::Error for Status {}
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = GrpcStatusLayer::new().status_of(|error| {
+    ///     let status = error.downcast_ref::<Status>()?;
+    ///     Some(CarriedStatus::new(status.code as u32, status.message.clone()))
+    /// });
+    /// let not_found = service_fn(|_req: http::Request<()>| async {
+    ///     Err::<http::Response<String>, BoxError>(
+    ///         Box::new(Status { code: 5, message: "no such user".into() }),
+    ///     )
+    /// });
+    /// let response = layer.layer(not_found).oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.headers()["grpc-status"], "5"); // NOT_FOUND, not UNKNOWN
+    /// assert_eq!(response.headers()["grpc-message"], "no such user");
+    /// # }
+    /// ```
+    pub fn status_of(
+        mut self,
+        status_of: fn(&(dyn std::error::Error + 'static)) -> Option<CarriedStatus>,
+    ) -> Self {
+        self.settings.status_of = Some(status_of);
+        self
+    }
 }
 
 impl<S> Layer<S> for GrpcStatusLayer {
@@ -123,19 +217,25 @@ impl<S> Layer<S> for GrpcStatusLayer {
         GrpcStatus {
             inner,
             settings: self.settings,
-            not_ready: None,
+            failed: None,
         }
     }
 }
 
 /// The service made by [`GrpcStatusLayer`].
+///
+/// A service whose `poll_ready` failed is finished, by tower's contract: it
+/// must be neither called nor polled again. So once the inner service's
+/// readiness fails, every call is answered with that error's status and
+/// the inner service is left alone. A clone starts afresh (its inner
+/// service is a clone, with readiness of its own).
 #[derive(Debug)]
 pub struct GrpcStatus<S> {
     inner: S,
     settings: Settings,
-    /// The inner service's readiness error, answered as the next call's
-    /// status (the inner service is not called after failing `poll_ready`).
-    not_ready: Option<BoxError>,
+    /// The status headers of the inner service's readiness error, once
+    /// `poll_ready` failed: every call from then on is answered with them.
+    failed: Option<HeaderMap>,
 }
 
 impl<S: Clone> Clone for GrpcStatus<S> {
@@ -143,7 +243,7 @@ impl<S: Clone> Clone for GrpcStatus<S> {
         GrpcStatus {
             inner: self.inner.clone(),
             settings: self.settings,
-            not_ready: None,
+            failed: None,
         }
     }
 }
@@ -176,19 +276,23 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.not_ready.is_none() {
+        if self.failed.is_none() {
             if let Err(error) = ready!(self.inner.poll_ready(cx)) {
-                self.not_ready = Some(error.into());
+                self.failed = Some(status_headers(&error.into(), &self.settings));
             }
         }
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let state = match self.not_ready.take() {
-            Some(error) => State::NotReady {
-                response: Some(status_response(&error, &self.settings)),
-            },
+        let state = match &self.failed {
+            Some(headers) => {
+                let mut response = Response::new(());
+                *response.headers_mut() = headers.clone();
+                State::NotReady {
+                    response: Some(response),
+                }
+            }
             None => State::Called {
                 inner: self.inner.call(request),
             },
@@ -266,17 +370,27 @@ pub fn status_code(outcome: &Outcome) -> u32 {
 }
 
 fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {
+    let mut response = Response::new(());
+    *response.headers_mut() = status_headers(error, settings);
+    response
+}
+
+/// The headers of a trailers-only response answering `error`.
+fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    if let Some(carried) = carried_status(error, settings) {
+        headers.insert(GRPC_STATUS, HeaderValue::from(carried.code));
+        if settings.messages {
+            insert_message(&mut headers, &carried.message);
+        }
+        return headers;
+    }
     let outcome = settings.classifier.classify_error(&**error);
     let code = status_code(&outcome);
-    let mut response = Response::new(());
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     if settings.messages {
-        let message = percent_encode(&error.to_string());
-        if let Ok(value) = HeaderValue::try_from(message) {
-            headers.insert(GRPC_MESSAGE, value);
-        }
+        insert_message(&mut headers, &error.to_string());
     }
     let pushback = match outcome.as_failure().and_then(|failure| failure.hint) {
         Some(_) if !matches!(code, 14 | 8) => None,
@@ -291,7 +405,27 @@ fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {
     if let Some(millis) = pushback {
         headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
     }
-    response
+    headers
+}
+
+fn insert_message(headers: &mut HeaderMap, text: &str) {
+    if let Ok(value) = HeaderValue::try_from(percent_encode(text)) {
+        headers.insert(GRPC_MESSAGE, value);
+    }
+}
+
+/// The status the first error of `error`'s chain that
+/// [`status_of`](GrpcStatusLayer::status_of) recognises carries.
+fn carried_status(error: &BoxError, settings: &Settings) -> Option<CarriedStatus> {
+    let status_of = settings.status_of?;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
+    while let Some(error) = next {
+        if let Some(status) = status_of(error) {
+            return Some(status);
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding

@@ -41,3 +41,56 @@ pub use self::http::HttpClassifier;
 pub use self::log_limit::LogLimit;
 pub use self::outcome::{Failure, FailureKind, Outcome, RetryHint};
 pub use self::retry_on::RetryOn;
+
+/// Which public types are `#[non_exhaustive]`, and the checks that they
+/// stay so (each `compile_fail` block must fail; the last block is the
+/// control written the allowed way).
+///
+/// Marked, because they will grow: [`FailureKind`] (new kinds of failure),
+/// [`RetryHint`] (new ways to say when to try again), [`Failure`] (more
+/// about a failure than its kind and hint), the `backoff_from` readers and
+/// units, the configuration structs and enums, and `CarriedStatus`.
+///
+/// Left exhaustive on purpose: [`Outcome`]. Success, failure, or neither is
+/// the whole contract between classifiers and the layers that act on them;
+/// every layer must decide each of the three, and a fourth would silently
+/// fall into a wildcard arm of every retry loop and breaker.
+///
+/// ```compile_fail
+/// use tower_classify::{Failure, FailureKind};
+/// let _ = Failure { kind: FailureKind::Timeout, hint: None };
+/// ```
+///
+/// ```compile_fail
+/// use std::time::Duration;
+/// use tower_classify::RetryHint;
+/// fn wait(hint: RetryHint) -> Option<Duration> {
+///     match hint {
+///         RetryHint::After(wait) => Some(wait),
+///         RetryHint::DoNotRetry => None,
+///     }
+/// }
+/// ```
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_classify::{Failure, FailureKind, Outcome, RetryHint};
+/// let failure = Failure::new(FailureKind::Timeout);
+/// fn wait(hint: RetryHint) -> Option<Duration> {
+///     match hint {
+///         RetryHint::After(wait) => Some(wait),
+///         _ => None,
+///     }
+/// }
+/// fn settled(outcome: Outcome) -> bool {
+///     match outcome {
+///         Outcome::Success => true,
+///         Outcome::Failure(_) => false,
+///         Outcome::Ignored => false,
+///     }
+/// }
+/// # assert_eq!(failure.kind, FailureKind::Timeout);
+/// # assert_eq!(wait(RetryHint::After(Duration::from_secs(1))), Some(Duration::from_secs(1)));
+/// # assert!(settled(Outcome::Success));
+/// ```
+mod non_exhaustive {}

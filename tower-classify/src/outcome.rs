@@ -48,6 +48,7 @@ impl Outcome {
 
 /// A failed call: what kind of failure, and what the server said about waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// What failed.
     pub kind: FailureKind,
@@ -186,6 +187,7 @@ impl fmt::Display for FailureKind {
 
 /// What the other side said about trying again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RetryHint {
     /// Wait this long before the next attempt (`Retry-After`,
     /// `grpc-retry-pushback-ms`, a `backoff_from` reader). It replaces the

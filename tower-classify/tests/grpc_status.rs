@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_classify::grpc_status::GrpcStatusLayer;
+use tower_classify::grpc_status::{CarriedStatus, GrpcStatusLayer};
 use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
 
 async fn answer(error: BoxError) -> Response<String> {
@@ -163,4 +163,131 @@ async fn a_readiness_error_is_the_next_calls_status_without_calling_the_service(
         .unwrap();
     assert_eq!(header(&response, "grpc-status"), Some("14"));
     assert_eq!(header(&response, "grpc-message"), Some("worker gone"));
+}
+
+/// Issue 14: a service whose `poll_ready` failed is finished. Every later
+/// call is answered with that error's status; the inner service is neither
+/// called nor polled again.
+#[tokio::test]
+async fn after_a_readiness_error_the_inner_service_is_not_polled_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct FailsOnce(Arc<AtomicUsize>);
+    impl Service<Request<()>> for FailsOnce {
+        type Response = Response<String>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Result<Response<String>, BoxError>>;
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            if self.0.fetch_add(1, Ordering::Relaxed) == 0 {
+                Poll::Ready(Err(Classified::shed("worker gone", None).into()))
+            } else {
+                Poll::Ready(Ok(())) // a second poll would hide the failure
+            }
+        }
+        fn call(&mut self, _req: Request<()>) -> Self::Future {
+            panic!("called after poll_ready failed")
+        }
+    }
+
+    let polls = Arc::new(AtomicUsize::new(0));
+    let mut service = GrpcStatusLayer::new().layer(FailsOnce(Arc::clone(&polls)));
+    for _ in 0..3 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(header(&response, "grpc-status"), Some("14"));
+        assert_eq!(header(&response, "grpc-message"), Some("worker gone"));
+    }
+    assert_eq!(polls.load(Ordering::Relaxed), 1, "polled after it failed");
+}
+
+/// Stands in for `tonic::Status`: an error that is a gRPC status.
+#[derive(Debug)]
+struct Status {
+    code: i32,
+    message: &'static str,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "status: {}, message: {:?}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Status {}
+
+/// Wraps an error, as a layer between the status and this one might.
+#[derive(Debug)]
+struct Wrapped(Status);
+
+impl std::fmt::Display for Wrapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("call failed")
+    }
+}
+
+impl std::error::Error for Wrapped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+fn tonic_like(error: &(dyn std::error::Error + 'static)) -> Option<CarriedStatus> {
+    let status = error.downcast_ref::<Status>()?;
+    Some(CarriedStatus::new(status.code as u32, status.message))
+}
+
+async fn answer_with(layer: GrpcStatusLayer, error: BoxError) -> Response<String> {
+    let error = std::sync::Mutex::new(Some(error));
+    let failing = service_fn(move |_req: Request<()>| {
+        let error = error.lock().unwrap().take().expect("called once");
+        async move { Err::<Response<String>, BoxError>(error) }
+    });
+    layer
+        .layer(failing)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap()
+}
+
+/// Issue 14: an inner error that already is a gRPC status keeps its code
+/// and message through `status_of`, also when wrapped; without the hook it
+/// is `UNKNOWN`, and errors the hook does not recognise are classified.
+#[tokio::test]
+async fn an_error_that_is_a_grpc_status_keeps_it_through_status_of() {
+    let not_found = || Status {
+        code: 5,
+        message: "no such user",
+    };
+    let layer = GrpcStatusLayer::new().status_of(tonic_like);
+
+    let response = answer_with(layer, Box::new(not_found())).await;
+    assert_eq!(header(&response, "grpc-status"), Some("5"));
+    assert_eq!(header(&response, "grpc-message"), Some("no such user"));
+    assert_eq!(header(&response, "grpc-retry-pushback-ms"), None);
+
+    let response = answer_with(layer, Box::new(Wrapped(not_found()))).await;
+    assert_eq!(
+        header(&response, "grpc-status"),
+        Some("5"),
+        "found in the chain"
+    );
+
+    let response = answer_with(layer.without_messages(), Box::new(not_found())).await;
+    assert_eq!(header(&response, "grpc-message"), None);
+
+    let response = answer_with(layer, Classified::shed("circuit open", None).into()).await;
+    assert_eq!(header(&response, "grpc-status"), Some("14"), "classified");
+
+    let response = answer_with(GrpcStatusLayer::new(), Box::new(not_found())).await;
+    assert_eq!(
+        header(&response, "grpc-status"),
+        Some("2"),
+        "without the hook"
+    );
 }

@@ -209,12 +209,10 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         };
         refusal("retry", key, error)
     })?;
-    // Built to be checked and dropped: with no recorder, so the check
-    // registers no metric and cannot reset a live breaker's gauges.
-    metrics::with_local_recorder(&metrics::NoopRecorder, || {
-        config.breaker_builder().build(HttpClassifier::new())
-    })
-    .map_err(|error| {
+    // Checked without building a layer: a built one would register its
+    // metrics (and describe them, once per process) with whatever recorder
+    // is current, and could reset a live breaker's gauges.
+    config.breaker_builder().check().map_err(|error| {
         let key = match error.field() {
             "failure_threshold" => Some("consecutive_failures"),
             "recovery_timeout" => Some("cooldown_secs"),

@@ -14,6 +14,7 @@ use crate::error::ConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum WaitUnit {
     /// A relative wait in seconds.
     Seconds,
@@ -71,6 +72,7 @@ impl WaitUnit {
 /// A missing or unreadable value reads as no hint, so the next source in line
 /// (`Retry-After`, then the computed backoff) decides.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum BackoffFrom {
     /// A header value.
     Header {
