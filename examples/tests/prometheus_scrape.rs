@@ -97,8 +97,19 @@ async fn a_scrape_keeps_two_downstreams_apart_and_describes_every_series() {
         }
     }
 
-    // Every retry series has its description.
-    for family in ["tower_retry_retries_total", "tower_retry_sleep_seconds"] {
+    // Every family's series has its description.
+    let families: Vec<&str> = scrape
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split(' ').next())
+        .filter(|name| {
+            ["tower_retry_", "tower_breaker_"]
+                .iter()
+                .any(|p| name.starts_with(p))
+        })
+        .collect();
+    assert!(families.len() >= 8, "{families:?}");
+    for family in families {
         assert!(
             scrape.contains(&format!("# HELP {family} ")),
             "{family} has no # HELP line:\n{scrape}"

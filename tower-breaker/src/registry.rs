@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
 use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
@@ -55,9 +55,9 @@ pub(crate) struct Registry {
     /// Counts every eviction, warned about or not.
     evictions: EvictionCounters,
     /// Evicting an open breaker warns at most once per [`WARNING_INTERVAL`].
-    open_eviction_warnings: WarningLimit,
+    open_eviction_warnings: LogLimit,
     /// So does a new key not kept because every breaker is forced.
-    overflow_warnings: WarningLimit,
+    overflow_warnings: LogLimit,
     /// Every kept breaker is forced (the last eviction found none to take)
     /// and none was reset since: new keys go to `overflow`. Written under
     /// the insert lock.
@@ -76,36 +76,6 @@ pub(crate) const OVERFLOW_KEY: &str = "<overflow>";
 /// flood of new keys evicts a breaker per key: one line per key would bury
 /// the log (and cost more than the eviction).
 pub(crate) const WARNING_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Lets one warning through per [`WARNING_INTERVAL`] and counts the others.
-#[derive(Default)]
-struct WarningLimit {
-    /// When the last warning went out, and how many were held back since.
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl WarningLimit {
-    /// `Some(suppressed)` when a warning may go out now, with the number
-    /// held back since the previous one; `None` when this one is held back.
-    fn admit(&self) -> Option<u64> {
-        let now = Instant::now();
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (last, suppressed) = &mut *state;
-        match *last {
-            Some(at) if now.saturating_duration_since(at) < WARNING_INTERVAL => {
-                *suppressed += 1;
-                None
-            }
-            _ => {
-                *last = Some(now);
-                Some(std::mem::take(suppressed))
-            }
-        }
-    }
-}
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -133,8 +103,8 @@ impl Registry {
             clock: AtomicU64::new(0),
             closed_notices: Arc::default(),
             evictions,
-            open_eviction_warnings: WarningLimit::default(),
-            overflow_warnings: WarningLimit::default(),
+            open_eviction_warnings: LogLimit::new(WARNING_INTERVAL),
+            overflow_warnings: LogLimit::new(WARNING_INTERVAL),
             all_forced: AtomicBool::new(false),
             overflow: OnceLock::new(),
         }
@@ -265,7 +235,7 @@ impl Registry {
                     self.evictions.open.increment(1);
                     // One per new key under a key flood: rate-limited, with
                     // the count of those left out; the counter has them all.
-                    match self.open_eviction_warnings.admit() {
+                    match self.open_eviction_warnings.check() {
                         Some(suppressed) => breaker_event!(
                             warn,
                             &victim,
@@ -316,7 +286,7 @@ impl Registry {
     /// forced, created on first use; see [`OVERFLOW_KEY`].
     #[cold]
     fn overflow(&self) -> Arc<Breaker> {
-        match self.overflow_warnings.admit() {
+        match self.overflow_warnings.check() {
             Some(suppressed) => tracing::warn!(
                 breaker = %self.settings.name,
                 max_breakers = self.settings.max_breakers,
