@@ -7,9 +7,14 @@
 //!   tower's own documentation (deposit on success);
 //! - `tower-resilience-retry`: its `RetryLayer` with 3 attempts.
 //!
-//! Every future here completes on its first poll, so each iteration is polled
-//! by hand with a no-op waker inside a tokio runtime context: the numbers are
-//! the layers' own work, not an executor's.
+//! Two ways to drive each call:
+//!
+//! - `awaited` (the headline): as axum and tonic do, on a current-thread
+//!   tokio runtime, each call clones the service, awaits `ready()` and
+//!   awaits the call. Criterion runs the whole loop inside one `block_on`.
+//! - `polled_once`: each iteration polled by hand with a no-op waker inside
+//!   a tokio runtime context, the future pinned in place: the layers' own
+//!   work with no executor and no move of the future.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -20,7 +25,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::retry::budget::{Budget, TpsBudget};
-use tower::{Layer, Service};
+use tower::{Layer, Service, ServiceExt};
 use tower_retry_budget::RetryLayer;
 
 /// A service that answers at once.
@@ -82,6 +87,77 @@ where
     }
 }
 
+/// One call as a server drives it: clone, `ready().await`, `call().await`.
+async fn awaited<S>(service: &S, request: u64) -> S::Response
+where
+    S: Service<u64> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut service = service.clone();
+    service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("a response")
+}
+
+fn ours() -> tower_retry_budget::Retry<
+    Echo,
+    tower_classify::ErrorChainClassifier,
+    tower_retry_budget::replay::CloneRequest,
+> {
+    RetryLayer::builder()
+        .max_retries(3)
+        .budget(tower_retry_budget::budget::TpsBudget::default())
+        .build()
+        .unwrap()
+        .layer(Echo)
+}
+
+fn towers() -> tower::retry::Retry<TowerPolicy, Echo> {
+    tower::retry::RetryLayer::new(TowerPolicy {
+        budget: Arc::new(TpsBudget::default()),
+    })
+    .layer(Echo)
+}
+
+fn resilience() -> impl Service<u64, Response = u64, Error = impl std::fmt::Debug> + Clone {
+    tower_resilience_retry::RetryLayer::<u64, u64, std::io::Error>::builder()
+        .max_attempts(3)
+        .exponential_backoff(Duration::from_millis(100))
+        .build()
+        .layer(Echo)
+}
+
+fn awaited_path(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("awaited");
+    group.bench_function("bare", |b| {
+        b.to_async(&runtime).iter(|| awaited(&Echo, black_box(7)))
+    });
+    let service = ours();
+    group.bench_function("tower-retry-budget", |b| {
+        b.to_async(&runtime)
+            .iter(|| awaited(&service, black_box(7)))
+    });
+    let service = towers();
+    group.bench_function("tower::retry + TpsBudget", |b| {
+        b.to_async(&runtime)
+            .iter(|| awaited(&service, black_box(7)))
+    });
+    let service = resilience();
+    group.bench_function("tower-resilience-retry", |b| {
+        b.to_async(&runtime)
+            .iter(|| awaited(&service, black_box(7)))
+    });
+    group.finish();
+}
+
 fn success_path(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -90,36 +166,24 @@ fn success_path(c: &mut Criterion) {
     let _guard = runtime.enter();
     let mut cx = Context::from_waker(Waker::noop());
 
-    let mut group = c.benchmark_group("success_path");
+    let mut group = c.benchmark_group("polled_once");
 
     let mut bare = Echo;
     group.bench_function("bare", |b| {
         b.iter(|| once(&mut bare, &mut cx, black_box(7)))
     });
 
-    let mut ours = RetryLayer::builder()
-        .max_retries(3)
-        .budget(tower_retry_budget::budget::TpsBudget::default())
-        .build()
-        .unwrap()
-        .layer(Echo);
+    let mut ours = ours();
     group.bench_function("tower-retry-budget", |b| {
         b.iter(|| once(&mut ours, &mut cx, black_box(7)))
     });
 
-    let mut towers = tower::retry::RetryLayer::new(TowerPolicy {
-        budget: Arc::new(TpsBudget::default()),
-    })
-    .layer(Echo);
+    let mut towers = towers();
     group.bench_function("tower::retry + TpsBudget", |b| {
         b.iter(|| once(&mut towers, &mut cx, black_box(7)))
     });
 
-    let mut resilience = tower_resilience_retry::RetryLayer::<u64, u64, std::io::Error>::builder()
-        .max_attempts(3)
-        .exponential_backoff(Duration::from_millis(100))
-        .build()
-        .layer(Echo);
+    let mut resilience = resilience();
     group.bench_function("tower-resilience-retry", |b| {
         b.iter(|| once(&mut resilience, &mut cx, black_box(7)))
     });
@@ -127,5 +191,5 @@ fn success_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, success_path);
+criterion_group!(benches, awaited_path, success_path);
 criterion_main!(benches);
