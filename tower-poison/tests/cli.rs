@@ -273,8 +273,28 @@ async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
         Some("http://orders.internal/orders/slow")
     );
     assert_eq!(left[0].attempts, 2);
-    assert_eq!(left[0].kind.as_str(), "server_error");
+    assert_eq!(left[0].kind.as_str(), "rate_limited", "the original kind");
     assert!(left[0].last_failed_at > left[0].first_failed_at);
+    // The replay's own answer is in the entry's history; the original
+    // failure is kept as it was.
+    let original = all.iter().find(|e| e.id == left[0].id).unwrap();
+    assert_eq!(left[0].error, original.error);
+    let record = left[0].last_replay().expect("the replay is recorded");
+    assert_eq!(record.status, Some(500));
+    assert_eq!(record.attempt, 2);
+    assert_eq!(record.kind.as_str(), "server_error");
+    assert_eq!(record.error, ["HTTP 500 Internal Server Error"]);
+    let id = left[0].id.to_string();
+    let shown = stdout(&cli(&store, &["show", &id]).await);
+    assert!(shown.contains("replays         1 failed"), "{shown}");
+    assert!(
+        shown.contains("attempt 2  server_error  status 500  HTTP 500 Internal Server Error"),
+        "{shown}"
+    );
+    let shown = json(&cli(&store, &["show", &id, "--json"]).await);
+    assert_eq!(shown["replays"][0]["status"], 500);
+    assert_eq!(shown["replays"][0]["attempt"], 2);
+    assert_eq!(shown["failed_replays"], 1);
 
     // A lease shorter than a request may take is refused before anything
     // is sent: the entry could be sent again while still in flight.

@@ -38,7 +38,7 @@ use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
-use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
+use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, HttpCapture};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
@@ -338,6 +338,29 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     for (depth, message) in e.error.iter().enumerate() {
         println!("  {}{message}", "  ".repeat(depth));
     }
+    if e.failed_replays > 0 {
+        let shown = e.replays.len() as u64;
+        if shown < e.failed_replays {
+            println!(
+                "replays         {} failed (the latest {shown} below)",
+                e.failed_replays
+            );
+        } else {
+            println!("replays         {} failed", e.failed_replays);
+        }
+        for replay in &e.replays {
+            let status = replay
+                .status
+                .map_or_else(|| "-".to_owned(), |status| status.to_string());
+            println!(
+                "  {}  attempt {}  {}  status {status}  {}",
+                httpdate::fmt_http_date(replay.at),
+                replay.attempt,
+                replay.kind,
+                replay.error_text()
+            );
+        }
+    }
     println!("headers");
     for header in &e.headers {
         println!("  {}: {}", header.name, header.value);
@@ -460,7 +483,9 @@ async fn replay_command(
         client: Client::builder(TokioExecutor::new()).build_http(),
         timeout: args.timeout,
     };
-    let replayer = Replayer::new(store).lease(args.lease);
+    let replayer = Replayer::new(store)
+        .lease(args.lease)
+        .describe(HttpCapture::new());
     let classifier = HttpClassifier::new();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -747,6 +747,8 @@ mod tests {
             attempts: 1,
             first_failed_at: now,
             last_failed_at: now,
+            replays: Vec::new(),
+            failed_replays: 0,
         }
     }
 
