@@ -57,6 +57,26 @@ async fn populate(path: &Path) {
     // Dropping the service closes the store, so the CLI can open it.
 }
 
+/// `millis` since the Unix epoch in RFC 3339, built from `httpdate`'s
+/// formatting (an independent implementation of the calendar).
+fn httpdate_to_rfc3339(millis: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let http = httpdate::fmt_http_date(
+        std::time::UNIX_EPOCH + Duration::from_millis(millis / 1000 * 1000),
+    );
+    let parts: Vec<&str> = http.split(' ').collect();
+    let month = MONTHS.iter().position(|m| *m == parts[2]).unwrap() + 1;
+    format!(
+        "{}-{month:02}-{}T{}.{:03}Z",
+        parts[3],
+        parts[1],
+        parts[4],
+        millis % 1000
+    )
+}
+
 async fn cli(store: &Path, args: &[&str]) -> Output {
     let mut command = std::process::Command::new(BIN);
     command.arg("--store").arg(store).args(args);
@@ -179,9 +199,19 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert!(text.contains("authorization: [redacted]"));
     assert!(!text.contains("secret-token"));
     assert!(text.contains(r#"{"sku":1}"#));
-    let shown: DeadLetterEntry =
-        serde_json::from_value(json(&cli(&store, &["show", &id, "--json"]).await)).unwrap();
+    let shown_json = json(&cli(&store, &["show", &id, "--json"]).await);
+    let shown: DeadLetterEntry = serde_json::from_value(shown_json.clone()).unwrap();
     assert_eq!(shown, all[0]);
+    // The epoch-millisecond fields stay, with RFC 3339 twins for people and jq.
+    let millis = shown_json["first_failed_at"].as_u64().unwrap();
+    let rfc3339 = shown_json["first_failed_at_rfc3339"].as_str().unwrap();
+    assert_eq!(rfc3339, httpdate_to_rfc3339(millis), "{shown_json}");
+    assert!(shown_json["last_failed_at_rfc3339"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    let listed = json(&cli(&store, &["list", "--json"]).await);
+    assert_eq!(listed["entries"][0]["first_failed_at_rfc3339"], rfc3339);
 
     // stats.
     let stats = json(&cli(&store, &["stats", "--json"]).await);
@@ -190,6 +220,10 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert_eq!(stats["by_kind"]["rejected"], 1);
     assert_eq!(stats["by_kind"]["rate_limited"], 1);
     assert!(stats["oldest_age_seconds"].as_u64().unwrap() < 60);
+    assert!(stats["oldest_failed_at_rfc3339"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
     let text = stdout(&cli(&store, &["stats"]).await);
     assert!(text.contains("depth") && text.contains("oldest age"));
 
@@ -293,6 +327,11 @@ async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
     );
     let shown = json(&cli(&store, &["show", &id, "--json"]).await);
     assert_eq!(shown["replays"][0]["status"], 500);
+    let replay_millis = shown["replays"][0]["at"].as_u64().unwrap();
+    assert_eq!(
+        shown["replays"][0]["at_rfc3339"],
+        httpdate_to_rfc3339(replay_millis)
+    );
     assert_eq!(shown["replays"][0]["attempt"], 2);
     assert_eq!(shown["failed_replays"], 1);
 
