@@ -58,15 +58,18 @@ impl fmt::Display for EntryId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseEntryIdError {
     input: String,
+    /// A prefix (1 to 32 digits) was expected, not a whole id.
+    prefix: bool,
 }
 
 impl fmt::Display for ParseEntryIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid entry id {:?}: expected 32 hex digits",
-            self.input
-        )
+        let expected = if self.prefix {
+            "1 to 32 hex digits"
+        } else {
+            "32 hex digits"
+        };
+        write!(f, "invalid entry id {:?}: expected {expected}", self.input)
     }
 }
 
@@ -78,6 +81,7 @@ impl FromStr for EntryId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let error = || ParseEntryIdError {
             input: s.to_owned(),
+            prefix: false,
         };
         if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(error());
@@ -85,6 +89,111 @@ impl FromStr for EntryId {
         u128::from_str_radix(s, 16)
             .map(EntryId)
             .map_err(|_| error())
+    }
+}
+
+/// The first hex digits of an [`EntryId`], as an operator types them
+/// (`0190c3`): 1 to 32 hex digits, either case.
+///
+/// Ids sort by their digits, so the ids a prefix matches are one contiguous
+/// [`range`](Self::range): a store that keeps ids in order finds them
+/// without reading any entry
+/// ([`DeadLetterStore::match_prefix`](crate::store::DeadLetterStore::match_prefix)).
+///
+/// ```
+/// use tower_poison::{EntryId, EntryIdPrefix};
+///
+/// let prefix: EntryIdPrefix = "0190C3".parse().unwrap();
+/// let id: EntryId = "0190c3a1000000000000000000000000".parse().unwrap();
+/// assert!(prefix.matches(id));
+/// assert_eq!(prefix.to_string(), "0190c3");
+/// assert!("".parse::<EntryIdPrefix>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryIdPrefix {
+    /// The digits as a number, shifted to the top of the id.
+    low: u128,
+    /// How many digits there are (1 to 32).
+    digits: u32,
+}
+
+impl EntryIdPrefix {
+    /// The prefix that is all of `id`: it matches `id` alone.
+    pub const fn exact(id: EntryId) -> Self {
+        EntryIdPrefix {
+            low: id.0,
+            digits: 32,
+        }
+    }
+
+    /// The first and the last id the prefix matches.
+    pub const fn range(self) -> (EntryId, EntryId) {
+        let free_bits = 4 * (32 - self.digits);
+        let high = if free_bits == 0 {
+            self.low
+        } else {
+            self.low | ((1u128 << free_bits) - 1)
+        };
+        (EntryId(self.low), EntryId(high))
+    }
+
+    /// `true` when `id` starts with these digits.
+    pub fn matches(self, id: EntryId) -> bool {
+        let (low, high) = self.range();
+        (low..=high).contains(&id)
+    }
+
+    /// `true` when the prefix is a whole id (32 digits).
+    pub const fn is_whole(self) -> bool {
+        self.digits == 32
+    }
+
+    /// How many digits the prefix has.
+    pub const fn len(self) -> usize {
+        self.digits as usize
+    }
+
+    /// Always `false`: a prefix has at least one digit.
+    pub const fn is_empty(self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for EntryIdPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = format!("{:032x}", self.low);
+        f.write_str(&full[..self.len()])
+    }
+}
+
+impl FromStr for EntryIdPrefix {
+    type Err = ParseEntryIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() || s.len() > 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ParseEntryIdError {
+                input: s.to_owned(),
+                prefix: true,
+            });
+        }
+        let digits = s.len() as u32;
+        // At most 32 hex digits: always fits.
+        let value = u128::from_str_radix(s, 16).map_err(|_| ParseEntryIdError {
+            input: s.to_owned(),
+            prefix: true,
+        })?;
+        let low = if digits == 32 {
+            value
+        } else {
+            value << (4 * (32 - digits))
+        };
+        Ok(EntryIdPrefix { low, digits })
+    }
+}
+
+impl From<EntryId> for EntryIdPrefix {
+    fn from(id: EntryId) -> Self {
+        EntryIdPrefix::exact(id)
     }
 }
 
@@ -676,6 +785,34 @@ mod tests {
         assert!("xyz".parse::<EntryId>().is_err());
         let same_ms = UNIX_EPOCH + Duration::from_secs(12);
         assert_ne!(EntryId::generate(same_ms), EntryId::generate(same_ms));
+    }
+
+    #[test]
+    fn a_prefix_matches_the_contiguous_range_of_ids_it_starts() {
+        let id: EntryId = "0190c3a1b2c3d4e5f60718293a4b5c6d".parse().unwrap();
+        for digits in 1..=32 {
+            let text = &id.to_string()[..digits];
+            let prefix: EntryIdPrefix = text.parse().unwrap();
+            assert!(prefix.matches(id), "{text}");
+            assert_eq!(prefix.to_string(), text);
+            assert_eq!(prefix.len(), digits);
+            let (low, high) = prefix.range();
+            assert!(low.to_string().starts_with(text) && high.to_string().starts_with(text));
+            assert!(low.to_string()[digits..].bytes().all(|b| b == b'0'));
+            assert!(high.to_string()[digits..].bytes().all(|b| b == b'f'));
+        }
+        let upper: EntryIdPrefix = "0190C3".parse().unwrap();
+        assert!(upper.matches(id));
+        let other: EntryIdPrefix = "0190c4".parse().unwrap();
+        assert!(!other.matches(id));
+        assert!(EntryIdPrefix::exact(id).is_whole());
+        assert_eq!(EntryIdPrefix::exact(id).range(), (id, id));
+        for bad in ["", "xyz", "+1", &"0".repeat(33)] {
+            let error = bad.parse::<EntryIdPrefix>().unwrap_err();
+            assert!(error.to_string().contains("1 to 32 hex digits"), "{error}");
+        }
+        let all: EntryIdPrefix = "f".parse().unwrap();
+        assert_eq!(all.range().1, EntryId::from_u128(u128::MAX));
     }
 
     #[test]

@@ -231,8 +231,8 @@ pub use self::capture::{
 };
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
-    error_chain, kind_from_name, DeadLetterEntry, EntryId, ParseEntryIdError, ReplayRecord,
-    StoredHeader, REPLAY_ERROR_BYTES, REPLAY_ERROR_LEVELS, REPLAY_HISTORY_LIMIT,
+    error_chain, kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, ParseEntryIdError,
+    ReplayRecord, StoredHeader, REPLAY_ERROR_BYTES, REPLAY_ERROR_LEVELS, REPLAY_HISTORY_LIMIT,
 };
 pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;

@@ -238,6 +238,91 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert!(String::from_utf8_lossy(&no_store.stderr).contains("does not exist"));
 }
 
+/// The digits every one of `ids` starts with.
+fn common_prefix(ids: &[String]) -> String {
+    let first = &ids[0];
+    let len = (0..first.len())
+        .take_while(|&i| ids.iter().all(|id| id.as_bytes()[i] == first.as_bytes()[i]))
+        .count();
+    first[..len].to_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_take_a_unique_id_prefix_and_refuse_an_ambiguous_one() {
+    let (_dir, store) = store_path();
+    populate(&store).await;
+    let ids: Vec<String> = entries(&store)
+        .await
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    let target = &ids[0];
+    // Enough digits to tell the entry from the others (the low digits are
+    // random), in capitals as an operator may paste them.
+    let unique_len = (1..=32)
+        .find(|&len| ids[1..].iter().all(|other| other[..len] != target[..len]))
+        .unwrap();
+    let short = target[..unique_len].to_uppercase();
+
+    let shown = cli(&store, &["show", &short]).await;
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(stdout(&shown).contains(target.as_str()));
+    let shown = json(&cli(&store, &["show", &short, "--json"]).await);
+    assert_eq!(shown["id"], target.as_str());
+
+    // A prefix every entry shares is refused, naming how many match and
+    // which.
+    let shared = common_prefix(&ids);
+    if !shared.is_empty() {
+        let ambiguous = cli(&store, &["show", &shared]).await;
+        assert_eq!(ambiguous.status.code(), Some(1));
+        let message = stderr(&ambiguous);
+        assert!(
+            message.contains(&format!("id prefix {shared} is ambiguous: 3 entries match")),
+            "{message}"
+        );
+        assert!(
+            ids.iter().all(|id| message.contains(id.as_str())),
+            "{message}"
+        );
+        let replayed = cli(&store, &["replay", &shared, "--to", "http://127.0.0.1:9"]).await;
+        assert_eq!(replayed.status.code(), Some(1));
+        assert!(stderr(&replayed).contains("is ambiguous"));
+    }
+
+    // No match: not found.
+    let flipped = if target.starts_with('f') { "e" } else { "f" };
+    let absent = format!("{flipped}{}", &target[1..8]);
+    let missing = cli(&store, &["show", &absent]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains(&format!("no entry id starts with {absent}")),
+        "{}",
+        stderr(&missing)
+    );
+    // Not hex: a usage error.
+    assert_eq!(cli(&store, &["show", "xyz"]).await.status.code(), Some(2));
+
+    // remove takes a prefix too, and the entry is gone.
+    let removed = cli(&store, &["remove", &short]).await;
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    assert!(stdout(&removed).contains(&format!("removed {target}")));
+    let left: Vec<String> = entries(&store)
+        .await
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    assert_eq!(left.len(), 2);
+    assert!(!left.contains(target));
+    let again = cli(&store, &["remove", target]).await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("no entry"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
     let (_dir, store) = store_path();

@@ -3,7 +3,8 @@
 //! ```text
 //! tower-poison --store dlq.redb list [--kind poison] [--label orders] [--limit 50]
 //! tower-poison --store redis://redis.internal:6379 --stream orders:dlq list
-//! tower-poison --store dlq.redb show ID
+//! tower-poison --store dlq.redb show ID          # or a unique prefix of it: show 0190c3
+//! tower-poison --store dlq.redb remove ID
 //! tower-poison --store dlq.redb stats
 //! tower-poison --store dlq.redb replay ID --to http://orders.internal:8080
 //! tower-poison --store dlq.redb replay --all --to http://orders.internal:8080 --rate 5
@@ -39,7 +40,7 @@ use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
-use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, HttpCapture};
+use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
@@ -86,8 +87,15 @@ enum Command {
     List(ListArgs),
     /// Show one entry in full.
     Show {
-        /// The entry id (32 hex digits, as `list` prints it).
-        id: EntryId,
+        /// The entry id (32 hex digits, as `list` prints it), or enough of
+        /// its first digits to match one entry alone.
+        id: EntryIdPrefix,
+    },
+    /// Remove one entry (and any replay claim on it).
+    Remove {
+        /// The entry id, or enough of its first digits to match one entry
+        /// alone.
+        id: EntryIdPrefix,
     },
     /// Depth, oldest age and counts by failure kind.
     Stats,
@@ -125,9 +133,10 @@ struct ListArgs {
 
 #[derive(Debug, Args)]
 struct ReplayArgs {
-    /// The entry to replay.
+    /// The entry to replay: its id, or enough of its first digits to match
+    /// one entry alone.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
-    id: Option<EntryId>,
+    id: Option<EntryIdPrefix>,
     /// Replay every entry (filtered by --kind and --label).
     #[arg(long)]
     all: bool,
@@ -243,7 +252,8 @@ async fn dispatch(store: &impl DeadLetterStore, cli: Cli) -> Result<ExitCode, Fa
     let now = SystemTime::now();
     match cli.command {
         Command::List(args) => list(store, args, cli.json, now).await,
-        Command::Show { id } => show(store, id, cli.json, now).await,
+        Command::Show { id } => show(store, resolve(store, id).await?, cli.json, now).await,
+        Command::Remove { id } => remove(store, resolve(store, id).await?, cli.json).await,
         Command::Stats => stats(store, cli.json, now).await,
         Command::Replay(args) => replay_command(store, args, cli.json).await,
         Command::Purge { older_than, yes } => purge(store, older_than, yes, cli.json, now).await,
@@ -295,6 +305,53 @@ async fn list(
     match page.next {
         Some(next) => println!("more: --after {next}"),
         None => println!("{} entries", rows.len()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How many of the entries an ambiguous prefix matches are named in the
+/// error.
+const AMBIGUOUS_SHOWN: usize = 5;
+
+/// The entry id `prefix` stands for: a whole id as it is (whether or not it
+/// is stored; the command reports a missing entry), a shorter prefix only
+/// when exactly one stored id starts with it.
+async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<EntryId, Failure> {
+    if prefix.is_whole() {
+        return Ok(prefix.range().0);
+    }
+    let matches = store.match_prefix(prefix, AMBIGUOUS_SHOWN).await?;
+    if let Some(id) = matches.unique() {
+        return Ok(id);
+    }
+    if matches.count == 0 {
+        return Err(format!("no entry id starts with {prefix}").into());
+    }
+    let shown: Vec<String> = matches.ids.iter().map(EntryId::to_string).collect();
+    let more = match matches.count.saturating_sub(shown.len() as u64) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    Err(format!(
+        "id prefix {prefix} is ambiguous: {} entries match ({}{more}); give more digits",
+        matches.count,
+        shown.join(", ")
+    )
+    .into())
+}
+
+async fn remove(
+    store: &impl DeadLetterStore,
+    id: EntryId,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    if !store.remove(id).await? {
+        return Err(format!("no entry {id}").into());
+    }
+    if json {
+        println!("{}", json!({"removed": id.to_string()}));
+    } else {
+        println!("removed {id}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -469,7 +526,7 @@ async fn replay_command(
         .into());
     }
     let ids = match args.id {
-        Some(id) => vec![id],
+        Some(id) => vec![resolve(store, id).await?],
         None => {
             let mut ids = Vec::new();
             let mut query = ListQuery::new().limit(1000);

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use super::{
     lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PurgeFilter, StoreError, StoreErrorKind,
+    Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// A bounded dead-letter store in memory.
 ///
@@ -125,6 +125,23 @@ impl DeadLetterStore for MemoryStore {
             entries: page,
             next,
         })
+    }
+
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        let (low, high) = prefix.range();
+        let state = self.state();
+        let mut matches = PrefixMatches::default();
+        for id in state.entries.range(low..=high).map(|(id, _)| *id) {
+            matches.count += 1;
+            if matches.ids.len() < limit {
+                matches.ids.push(id);
+            }
+        }
+        Ok(matches)
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {

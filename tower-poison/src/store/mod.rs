@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_classify::FailureKind;
 
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 mod memory;
 #[cfg(feature = "redb")]
@@ -105,6 +105,44 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
 
     /// One page of entries in id (creation) order, filtered by `query`.
     fn list(&self, query: ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// The ids that start with `prefix`: how many there are, and the first
+    /// `limit` of them in id order.
+    ///
+    /// This is how the CLI accepts a short id (`show 0190c3`). Ids sort by
+    /// their digits, so the matches are one contiguous range: the stores
+    /// here find them in their id index without reading an entry (a range of
+    /// redb keys, `ZLEXCOUNT` and `ZRANGEBYLEX` in Redis). The provided
+    /// implementation pages through [`list`](Self::list) from the start of
+    /// the range, reading only the matching entries.
+    fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> impl Future<Output = Result<PrefixMatches, StoreError>> + Send {
+        async move {
+            let (low, high) = prefix.range();
+            let mut matches = PrefixMatches::default();
+            let mut query = ListQuery::new().limit(1024);
+            query.after = low.as_u128().checked_sub(1).map(EntryId::from_u128);
+            loop {
+                let page = self.list(query.clone()).await?;
+                for entry in &page.entries {
+                    if entry.id > high {
+                        return Ok(matches);
+                    }
+                    matches.count += 1;
+                    if matches.ids.len() < limit {
+                        matches.ids.push(entry.id);
+                    }
+                }
+                match page.next {
+                    Some(next) if next < high => query = query.after(next),
+                    _ => return Ok(matches),
+                }
+            }
+        }
+    }
 
     /// Removes the entry with `id` and any claim on it (there is nothing
     /// left to replay); `true` when there was one.
@@ -343,6 +381,26 @@ pub struct Page {
     pub entries: Vec<DeadLetterEntry>,
     /// Where the next page starts, when there may be one.
     pub next: Option<EntryId>,
+}
+
+/// What [`DeadLetterStore::match_prefix`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PrefixMatches {
+    /// How many ids start with the prefix.
+    pub count: u64,
+    /// The first of them, in id order, up to the limit asked for.
+    pub ids: Vec<EntryId>,
+}
+
+impl PrefixMatches {
+    /// The one id that matched, when exactly one did.
+    pub fn unique(&self) -> Option<EntryId> {
+        match (self.count, self.ids.as_slice()) {
+            (1, [id]) => Some(*id),
+            _ => None,
+        }
+    }
 }
 
 /// Which entries [`DeadLetterStore::purge`] removes.

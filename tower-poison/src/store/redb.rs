@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PurgeFilter, StoreError, StoreErrorKind,
+    Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// Entries by id; the value is the entry's JSON encoding.
 const ENTRIES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dead_letters");
@@ -546,6 +546,32 @@ impl DeadLetterStore for RedbStore {
                 }
             }
             Ok(Page { entries, next })
+        })
+        .await
+    }
+
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        self.blocking(move |db| {
+            let (low, high) = prefix.range();
+            let txn = db.begin_read().map_err(backend)?;
+            let table = txn.open_table(ENTRIES).map_err(backend)?;
+            let mut matches = PrefixMatches::default();
+            // Keys only: an entry's value is never decoded.
+            for item in table
+                .range(low.as_u128()..=high.as_u128())
+                .map_err(backend)?
+            {
+                let (key, _) = item.map_err(backend)?;
+                matches.count += 1;
+                if matches.ids.len() < limit {
+                    matches.ids.push(EntryId::from_u128(key.value()));
+                }
+            }
+            Ok(matches)
         })
         .await
     }

@@ -9,9 +9,9 @@ use redis::{Client, RedisError, Script};
 
 use super::{
     millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    ListQuery, Page, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
+    ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// How the Redis stores connect: one reconnecting
 /// [`ConnectionManager`] per store, shared by its clones.
@@ -588,6 +588,42 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 });
             }
         }
+    }
+
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        // Ids are lowercase hex of one width, so those starting with the
+        // prefix are the members from `prefix` up to (not including)
+        // `prefix` followed by `g`, the first byte after `f`.
+        let min = format!("[{prefix}");
+        let max = format!("({prefix}g");
+        let ids = &self.shared.keys.ids;
+        let (count, found): (u64, Vec<String>) = redis::pipe()
+            .cmd("ZLEXCOUNT")
+            .arg(ids)
+            .arg(&min)
+            .arg(&max)
+            .cmd("ZRANGEBYLEX")
+            .arg(ids)
+            .arg(&min)
+            .arg(&max)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("find ids by prefix", e))?;
+        let ids = found
+            .iter()
+            .map(|id| {
+                id.parse::<EntryId>()
+                    .map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PrefixMatches { count, ids })
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
