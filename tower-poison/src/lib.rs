@@ -208,6 +208,7 @@
 
 mod action;
 mod attempts;
+mod builder;
 mod capture;
 pub mod config;
 pub mod counts;
@@ -225,6 +226,7 @@ pub mod store;
 
 pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
+pub use self::builder::ServiceBuilderExt;
 pub use self::capture::{
     describe_fn, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture, PendingRecord,
     RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
