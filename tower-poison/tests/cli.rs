@@ -219,6 +219,7 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert_eq!(stats["by_kind"]["server_error"], 1);
     assert_eq!(stats["by_kind"]["rejected"], 1);
     assert_eq!(stats["by_kind"]["rate_limited"], 1);
+    assert_eq!(stats["by_label"]["orders"], 3);
     assert!(stats["oldest_age_seconds"].as_u64().unwrap() < 60);
     assert!(stats["oldest_failed_at_rfc3339"]
         .as_str()

@@ -452,6 +452,7 @@ async fn stats(
             "oldest_age_seconds": stats.oldest_age.map(|a| a.as_secs()),
             "oldest_failed_at_rfc3339": oldest,
             "by_kind": stats.by_kind,
+            "by_label": stats.by_label,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
@@ -470,6 +471,15 @@ async fn stats(
     if !rows.is_empty() {
         println!();
         print_table(&["KIND", "ENTRIES"], &rows);
+    }
+    let rows: Vec<Vec<String>> = stats
+        .by_label
+        .iter()
+        .map(|(label, count)| vec![label.clone(), count.to_string()])
+        .collect();
+    if !rows.is_empty() {
+        println!();
+        print_table(&["LABEL", "ENTRIES"], &rows);
     }
     Ok(ExitCode::SUCCESS)
 }
