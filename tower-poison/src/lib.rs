@@ -19,6 +19,7 @@ pub mod error;
 mod future;
 mod grpc;
 mod layer;
+mod observability;
 mod poison;
 mod redact;
 mod service;

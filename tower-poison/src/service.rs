@@ -500,7 +500,7 @@ where
                     Ok(depth) => depth,
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(
-                            "tower_poison_dlq_store_full_total",
+                            crate::observability::STORE_FULL_TOTAL,
                             "label" => label.to_owned()
                         )
                         .increment(1);
@@ -527,13 +527,13 @@ where
                     }
                 };
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);
                 if let Some(depth) = depth {
-                    metrics::gauge!("tower_poison_dlq_depth", "label" => label.to_owned())
+                    metrics::gauge!(crate::observability::DLQ_DEPTH, "label" => label.to_owned())
                         .set(depth as f64);
                 }
                 tracing::warn!(
@@ -543,7 +543,7 @@ where
             }
             Action::Drop => {
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
@@ -566,7 +566,7 @@ where
             }
             Action::Fail => {
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
