@@ -227,6 +227,7 @@ pub struct StoredHeader {
 /// ([`body_truncated`](Self::body_truncated) set, its length in
 /// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeadLetterEntry {
     /// The entry's identifier.
     pub id: EntryId,

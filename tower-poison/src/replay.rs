@@ -69,6 +69,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
 /// What [`replay`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReplayOutcome {
     /// The service succeeded; the entry was removed.
     Delivered,
@@ -94,6 +95,7 @@ pub enum ReplayOutcome {
 /// A replay could not be carried out (as opposed to a replayed call that
 /// failed, which is [`ReplayOutcome::Failed`]).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ReplayError {
     /// The store failed; the entry is unchanged.
     Store(StoreError),

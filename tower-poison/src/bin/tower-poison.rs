@@ -610,6 +610,12 @@ async fn replay_command(
                 let text = tower_poison::error_chain(&error).join(": ");
                 ("error", json!({ "error": text }))
             }
+            // An outcome this CLI does not know (a newer library): not a
+            // delivery, so counted as a failure.
+            Ok(other) => {
+                failed += 1;
+                ("unknown", json!({ "error": format!("{other:?}") }))
+            }
         };
         if !json {
             let extra = match (detail.get("error"), detail.get("attempts")) {

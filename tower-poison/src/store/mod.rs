@@ -302,6 +302,7 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 
 /// Which entries [`DeadLetterStore::list`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
     /// [`Page::next`]).
@@ -374,11 +375,20 @@ impl ListQuery {
 
 /// One page of [`DeadLetterStore::list`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Page {
     /// The entries, in id order.
     pub entries: Vec<DeadLetterEntry>,
     /// Where the next page starts, when there may be one.
     pub next: Option<EntryId>,
+}
+
+impl Page {
+    /// A page of `entries` (in id order), the next starting after `next`
+    /// when there may be more.
+    pub fn new(entries: Vec<DeadLetterEntry>, next: Option<EntryId>) -> Self {
+        Page { entries, next }
+    }
 }
 
 /// What [`DeadLetterStore::match_prefix`] found.
@@ -403,6 +413,7 @@ impl PrefixMatches {
 
 /// Which entries [`DeadLetterStore::purge`] removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PurgeFilter {
     /// Only entries that first failed before this time; `None` removes all.
     pub failed_before: Option<SystemTime>,
