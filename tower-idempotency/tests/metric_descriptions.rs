@@ -13,10 +13,13 @@ use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency::store::MemoryIdempotencyStore;
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
 
+/// Each described metric's unit and help text, by name.
+type Described = BTreeMap<String, (Option<Unit>, String)>;
+
 /// Keeps the description of each metric and the name of each one emitted.
 #[derive(Default, Clone)]
 struct Descriptions {
-    described: Arc<Mutex<BTreeMap<String, (Option<Unit>, String)>>>,
+    described: Arc<Mutex<Described>>,
     emitted: Arc<Mutex<BTreeSet<String>>>,
 }
 

@@ -14,10 +14,13 @@ use tower_classify::BoxError;
 use tower_poison::store::MemoryStore;
 use tower_poison::{Action, DeadLetterLayer, ReplayBody};
 
+/// Each described metric's unit and help text, by name.
+type Described = BTreeMap<String, (Option<Unit>, String)>;
+
 /// Keeps the description of each metric and the name of each one emitted.
 #[derive(Default, Clone)]
 struct Descriptions {
-    described: Arc<Mutex<BTreeMap<String, (Option<Unit>, String)>>>,
+    described: Arc<Mutex<Described>>,
     emitted: Arc<Mutex<BTreeSet<String>>>,
 }
 
