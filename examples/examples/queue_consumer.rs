@@ -249,6 +249,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             ReplayOutcome::InProgress { .. } => {
                 println!("  {id}: another replay is sending it, skipped")
             }
+            other => println!("  {id}: {other:?}"),
         }
         outcomes.insert(id, outcome);
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use tower_classify::FailureKind;
-use tower_poison::{DeadLetterEntry, EntryId, StoredHeader};
+use tower_poison::{DeadLetterEntry, EntryId, ReplayRecord};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(entry) = DeadLetterEntry::from_bytes(data) {
@@ -34,25 +34,26 @@ fuzz_target!(|data: &[u8]| {
         // this half runs for every input).
         let text = String::from_utf8_lossy(&body[..body.len().min(48)]).into_owned();
         let kinds = FailureKind::ALL;
-        let entry = DeadLetterEntry {
-            id: EntryId::from_u128(number),
-            label: text.clone(),
-            message_id: (number & 1 == 1).then(|| text.clone()),
-            method: (number & 2 == 2).then(|| text.clone()),
-            uri: (number & 4 == 4).then(|| text.clone()),
-            headers: vec![StoredHeader {
-                name: text.clone(),
-                value: text.clone(),
-            }],
-            body: Bytes::copy_from_slice(body),
-            body_truncated: number & 8 == 8,
-            body_len: (number & 16 == 16).then_some(body.len() as u64),
-            error: vec![text.clone(), text],
-            kind: kinds[(number >> 5) as usize % kinds.len()],
-            attempts: (number >> 64) as u32,
-            first_failed_at: at,
-            last_failed_at: at + Duration::from_millis(u64::from(head[15])),
-        };
+        let mut entry = DeadLetterEntry::new(
+            text.clone(),
+            kinds[(number >> 5) as usize % kinds.len()],
+            vec![text.clone(), text.clone()],
+            at,
+        )
+        .with_id(EntryId::from_u128(number))
+        .with_header(text.clone(), text.clone())
+        .with_body(Bytes::copy_from_slice(body))
+        .with_attempts((number >> 64) as u32)
+        .with_last_failed_at(at + Duration::from_millis(u64::from(head[15])));
+        entry.message_id = (number & 1 == 1).then(|| text.clone());
+        entry.method = (number & 2 == 2).then(|| text.clone());
+        entry.uri = (number & 4 == 4).then(|| text.clone());
+        entry.body_truncated = number & 8 == 8;
+        entry.body_len = (number & 16 == 16).then_some(body.len() as u64);
+        if number & 32 == 32 {
+            let record = ReplayRecord::new(at, entry.kind, vec![text]).with_status(Some(head[14].into()));
+            entry.record_replay(record, 1);
+        }
         let decoded = DeadLetterEntry::from_bytes(&entry.to_bytes()).expect("an entry decodes");
         assert_eq!(decoded, entry);
     }

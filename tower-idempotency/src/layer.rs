@@ -32,7 +32,11 @@ pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
 
 impl<St> IdempotencyGuardLayer<St> {
     /// A guard keeping its keys in `store`, with the defaults above.
+    ///
+    /// The first guard built in a process describes the crate's metrics
+    /// (name, unit, help text) to the `metrics` recorder installed then.
     pub fn new(store: St) -> Self {
+        crate::observability::describe_metrics();
         IdempotencyGuardLayer {
             store,
             classifier: HttpClassifier::new(),

@@ -15,6 +15,7 @@ mod error;
 pub mod future;
 mod key;
 mod layer;
+mod observability;
 mod rejection;
 mod service;
 pub mod store;

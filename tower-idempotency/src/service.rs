@@ -376,7 +376,7 @@ fn reject<B>(rejection: Rejection) -> Response<GuardBody<B>> {
 }
 
 fn count(outcome: &'static str) {
-    metrics::counter!("tower_idempotency_total", "outcome" => outcome).increment(1);
+    metrics::counter!(crate::observability::TOTAL, "outcome" => outcome).increment(1);
 }
 
 /// A key this call holds, from the moment the service may run until its

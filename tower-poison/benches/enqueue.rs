@@ -25,31 +25,21 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
-use tower_poison::{DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoredHeader};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody};
 
 const CONCURRENCY: usize = 64;
 
 fn entry() -> DeadLetterEntry {
-    let now = SystemTime::now();
-    DeadLetterEntry {
-        id: EntryId::generate(now),
-        label: "orders".into(),
-        message_id: None,
-        method: Some("POST".into()),
-        uri: Some("http://orders.internal/orders".into()),
-        headers: vec![StoredHeader {
-            name: "content-type".into(),
-            value: "application/json".into(),
-        }],
-        body: Bytes::from(vec![b'x'; 1024]),
-        body_truncated: false,
-        body_len: None,
-        error: vec!["HTTP 503 Service Unavailable".into()],
-        kind: FailureKind::ServerError,
-        attempts: 3,
-        first_failed_at: now,
-        last_failed_at: now,
-    }
+    DeadLetterEntry::new(
+        "orders",
+        FailureKind::ServerError,
+        vec!["HTTP 503 Service Unavailable".into()],
+        SystemTime::now(),
+    )
+    .with_request("POST", "http://orders.internal/orders")
+    .with_header("content-type", "application/json")
+    .with_body(vec![b'x'; 1024])
+    .with_attempts(3)
 }
 
 async fn enqueue_concurrently<St: DeadLetterStore>(store: &St) {

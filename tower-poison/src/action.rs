@@ -23,6 +23,7 @@ use tower_classify::ConfigError;
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Action {
     /// Store the entry, then return the call's result. A store that cannot
     /// write turns the call into a [`StoreFailed`](crate::error::StoreFailed)

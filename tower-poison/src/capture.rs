@@ -75,6 +75,13 @@ pub trait CaptureRequest<Req> {
 pub trait DescribeResponse<Res> {
     /// One line describing `response`.
     fn describe_response(&self, response: &Res) -> String;
+
+    /// The response's HTTP status code, when it has one, for the
+    /// [replay history](crate::ReplayRecord::status). `None` by default.
+    fn status_code(&self, response: &Res) -> Option<u16> {
+        let _ = response;
+        None
+    }
 }
 
 /// What a capture keeps while the call runs; turned into a
@@ -365,6 +372,10 @@ where
 impl<B> DescribeResponse<Response<B>> for HttpCapture {
     fn describe_response(&self, response: &Response<B>) -> String {
         format!("HTTP {}", response.status())
+    }
+
+    fn status_code(&self, response: &Response<B>) -> Option<u16> {
+        Some(response.status().as_u16())
     }
 }
 

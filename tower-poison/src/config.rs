@@ -41,6 +41,7 @@ use crate::poison::PoisonPolicy;
 /// The configuration of an HTTP [`DeadLetterLayer`].
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct DeadLetterConfig {
     /// The label of every entry (default `"default"`).
     pub label: String,
@@ -77,6 +78,7 @@ impl Default for DeadLetterConfig {
 /// The configuration of [`PoisonPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct PoisonConfig {
     /// Failed deliveries after which a message is diverted (at least 1).
     pub max_attempts: u32,
@@ -99,6 +101,7 @@ pub struct PoisonConfig {
 /// [`count_store`](crate::DeadLetterLayer::count_store).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum DeliveryCountConfig {
     /// [`DeliveryCount::sqs`].
     Sqs,

@@ -58,15 +58,18 @@ impl fmt::Display for EntryId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseEntryIdError {
     input: String,
+    /// A prefix (1 to 32 digits) was expected, not a whole id.
+    prefix: bool,
 }
 
 impl fmt::Display for ParseEntryIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid entry id {:?}: expected 32 hex digits",
-            self.input
-        )
+        let expected = if self.prefix {
+            "1 to 32 hex digits"
+        } else {
+            "32 hex digits"
+        };
+        write!(f, "invalid entry id {:?}: expected {expected}", self.input)
     }
 }
 
@@ -78,6 +81,7 @@ impl FromStr for EntryId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let error = || ParseEntryIdError {
             input: s.to_owned(),
+            prefix: false,
         };
         if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(error());
@@ -85,6 +89,111 @@ impl FromStr for EntryId {
         u128::from_str_radix(s, 16)
             .map(EntryId)
             .map_err(|_| error())
+    }
+}
+
+/// The first hex digits of an [`EntryId`], as an operator types them
+/// (`0190c3`): 1 to 32 hex digits, either case.
+///
+/// Ids sort by their digits, so the ids a prefix matches are one contiguous
+/// [`range`](Self::range): a store that keeps ids in order finds them
+/// without reading any entry
+/// ([`DeadLetterStore::match_prefix`](crate::store::DeadLetterStore::match_prefix)).
+///
+/// ```
+/// use tower_poison::{EntryId, EntryIdPrefix};
+///
+/// let prefix: EntryIdPrefix = "0190C3".parse().unwrap();
+/// let id: EntryId = "0190c3a1000000000000000000000000".parse().unwrap();
+/// assert!(prefix.matches(id));
+/// assert_eq!(prefix.to_string(), "0190c3");
+/// assert!("".parse::<EntryIdPrefix>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryIdPrefix {
+    /// The digits as a number, shifted to the top of the id.
+    low: u128,
+    /// How many digits there are (1 to 32).
+    digits: u32,
+}
+
+impl EntryIdPrefix {
+    /// The prefix that is all of `id`: it matches `id` alone.
+    pub const fn exact(id: EntryId) -> Self {
+        EntryIdPrefix {
+            low: id.0,
+            digits: 32,
+        }
+    }
+
+    /// The first and the last id the prefix matches.
+    pub const fn range(self) -> (EntryId, EntryId) {
+        let free_bits = 4 * (32 - self.digits);
+        let high = if free_bits == 0 {
+            self.low
+        } else {
+            self.low | ((1u128 << free_bits) - 1)
+        };
+        (EntryId(self.low), EntryId(high))
+    }
+
+    /// `true` when `id` starts with these digits.
+    pub fn matches(self, id: EntryId) -> bool {
+        let (low, high) = self.range();
+        (low..=high).contains(&id)
+    }
+
+    /// `true` when the prefix is a whole id (32 digits).
+    pub const fn is_whole(self) -> bool {
+        self.digits == 32
+    }
+
+    /// How many digits the prefix has.
+    pub const fn len(self) -> usize {
+        self.digits as usize
+    }
+
+    /// Always `false`: a prefix has at least one digit.
+    pub const fn is_empty(self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for EntryIdPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = format!("{:032x}", self.low);
+        f.write_str(&full[..self.len()])
+    }
+}
+
+impl FromStr for EntryIdPrefix {
+    type Err = ParseEntryIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() || s.len() > 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ParseEntryIdError {
+                input: s.to_owned(),
+                prefix: true,
+            });
+        }
+        let digits = s.len() as u32;
+        // At most 32 hex digits: always fits.
+        let value = u128::from_str_radix(s, 16).map_err(|_| ParseEntryIdError {
+            input: s.to_owned(),
+            prefix: true,
+        })?;
+        let low = if digits == 32 {
+            value
+        } else {
+            value << (4 * (32 - digits))
+        };
+        Ok(EntryIdPrefix { low, digits })
+    }
+}
+
+impl From<EntryId> for EntryIdPrefix {
+    fn from(id: EntryId) -> Self {
+        EntryIdPrefix::exact(id)
     }
 }
 
@@ -118,6 +227,7 @@ pub struct StoredHeader {
 /// ([`body_truncated`](Self::body_truncated) set, its length in
 /// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeadLetterEntry {
     /// The entry's identifier.
     pub id: EntryId,
@@ -154,17 +264,225 @@ pub struct DeadLetterEntry {
     pub kind: FailureKind,
     /// How many attempts failed: retries counted by
     /// [`CountAttemptsLayer`](crate::CountAttemptsLayer), deliveries counted by
-    /// poison detection, plus failed replays.
+    /// poison detection, plus the attempts of failed replays.
     pub attempts: u32,
     /// When the first attempt failed.
     #[serde(with = "time_serde")]
     pub first_failed_at: SystemTime,
-    /// When the last attempt failed.
+    /// When the last attempt failed, a failed replay's included.
     #[serde(with = "time_serde")]
     pub last_failed_at: SystemTime,
+    /// The latest failed replays, oldest first: at most
+    /// [`REPLAY_HISTORY_LIMIT`] of them, so that an entry replayed again and
+    /// again stays bounded in size. [`failed_replays`](Self::failed_replays)
+    /// counts them all.
+    ///
+    /// Entries stored before there was a history decode with an empty one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replays: Vec<ReplayRecord>,
+    /// How many replays of this entry failed, including those no longer in
+    /// [`replays`](Self::replays).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_replays: u64,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
+/// How many failed replays an entry keeps in
+/// [`DeadLetterEntry::replays`]: the latest 16.
+///
+/// Enough to see whether a cause changed between replays (a 503 that became
+/// a 422), small enough that a replay loop left running cannot grow an entry
+/// past a few kilobytes: each record's error chain is cut to
+/// [`REPLAY_ERROR_LEVELS`] levels of at most [`REPLAY_ERROR_BYTES`] bytes.
+pub const REPLAY_HISTORY_LIMIT: usize = 16;
+
+/// The most error-chain levels a [`ReplayRecord`] keeps.
+pub const REPLAY_ERROR_LEVELS: usize = 8;
+
+/// The most bytes of one error message a [`ReplayRecord`] keeps (cut at a
+/// character boundary, `…` appended).
+pub const REPLAY_ERROR_BYTES: usize = 512;
+
+/// One failed replay of a dead-letter entry, as the entry keeps it in
+/// [`DeadLetterEntry::replays`].
+///
+/// The entry's own [`error`](DeadLetterEntry::error),
+/// [`kind`](DeadLetterEntry::kind) and
+/// [`first_failed_at`](DeadLetterEntry::first_failed_at) stay those of the
+/// original failure; what each replay met is here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ReplayRecord {
+    /// When the replay failed.
+    #[serde(with = "time_serde")]
+    pub at: SystemTime,
+    /// The entry's attempt count once this replay was counted.
+    pub attempt: u32,
+    /// How the replay's failure was classified.
+    #[serde(with = "kind_serde")]
+    pub kind: FailureKind,
+    /// The response's HTTP status, when the replay got a response (and the
+    /// replayer or layer could read its status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The error and its `source()` chain when the replay got no response,
+    /// or the response described in one line.
+    pub error: Vec<String>,
+}
+
+impl ReplayRecord {
+    /// A replay that failed at `at` with a failure of `kind`, described by
+    /// `error` (cut to [`REPLAY_ERROR_LEVELS`] levels of
+    /// [`REPLAY_ERROR_BYTES`] bytes).
+    pub fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
+        let error = error
+            .into_iter()
+            .take(REPLAY_ERROR_LEVELS)
+            .map(|message| clip_message(message, REPLAY_ERROR_BYTES))
+            .collect();
+        ReplayRecord {
+            at,
+            attempt: 0,
+            kind,
+            status: None,
+            error,
+        }
+    }
+
+    /// The same record for a response with HTTP status `status`.
+    pub fn with_status(mut self, status: Option<u16>) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// The error chain in one line, levels joined with `": "`.
+    pub fn error_text(&self) -> String {
+        self.error.join(": ")
+    }
+}
+
+/// `message` cut to at most `max` bytes at a character boundary, with `…`
+/// in place of what was cut.
+fn clip_message(mut message: String, max: usize) -> String {
+    if message.len() <= max {
+        return message;
+    }
+    let ellipsis = '…';
+    let mut end = max - ellipsis.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push(ellipsis);
+    message
 }
 
 impl DeadLetterEntry {
+    /// An entry for a call labelled `label` that failed once, at
+    /// `failed_at`, with a failure of `kind` described by `error` (outermost
+    /// first).
+    ///
+    /// The id is generated for `failed_at`; there is no request (method,
+    /// URI, headers, message id) and an empty body until the `with_…`
+    /// methods add them. A dead-letter layer builds its entries itself: this
+    /// is for stores, tests and tools that make entries of their own.
+    ///
+    /// ```
+    /// use std::time::SystemTime;
+    /// use tower_classify::FailureKind;
+    /// use tower_poison::DeadLetterEntry;
+    ///
+    /// let entry = DeadLetterEntry::new(
+    ///     "orders",
+    ///     FailureKind::ServerError,
+    ///     vec!["HTTP 503 Service Unavailable".into()],
+    ///     SystemTime::now(),
+    /// )
+    /// .with_request("POST", "http://orders.internal/orders")
+    /// .with_header("content-type", "application/json")
+    /// .with_body(r#"{"sku":42}"#)
+    /// .with_attempts(3);
+    /// assert_eq!(entry.attempts, 3);
+    /// assert_eq!(entry.first_failed_at, entry.last_failed_at);
+    /// ```
+    pub fn new(
+        label: impl Into<String>,
+        kind: FailureKind,
+        error: Vec<String>,
+        failed_at: SystemTime,
+    ) -> Self {
+        DeadLetterEntry {
+            id: EntryId::generate(failed_at),
+            label: label.into(),
+            message_id: None,
+            method: None,
+            uri: None,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            body_truncated: false,
+            body_len: None,
+            error,
+            kind,
+            attempts: 1,
+            first_failed_at: failed_at,
+            last_failed_at: failed_at,
+            replays: Vec::new(),
+            failed_replays: 0,
+        }
+    }
+
+    /// The same entry with id `id`.
+    pub fn with_id(mut self, id: EntryId) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The same entry for the queue message `message_id`.
+    pub fn with_message_id(mut self, message_id: impl Into<String>) -> Self {
+        self.message_id = Some(message_id.into());
+        self
+    }
+
+    /// The same entry for a request of `method` to `uri`.
+    pub fn with_request(mut self, method: impl Into<String>, uri: impl Into<String>) -> Self {
+        self.method = Some(method.into());
+        self.uri = Some(uri.into());
+        self
+    }
+
+    /// The same entry with one more request header (stored as given: redact
+    /// it first if it is a secret).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push(StoredHeader {
+            name: name.into(),
+            value: value.into(),
+        });
+        self
+    }
+
+    /// The same entry with request body `body`, whole.
+    pub fn with_body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self.body_truncated = false;
+        self.body_len = None;
+        self
+    }
+
+    /// The same entry after `attempts` failed attempts.
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    /// The same entry whose last attempt failed at `at` (its first stays).
+    pub fn with_last_failed_at(mut self, at: SystemTime) -> Self {
+        self.last_failed_at = at;
+        self
+    }
+
     /// How long ago the first attempt failed, measured against `now`.
     pub fn age(&self, now: SystemTime) -> Duration {
         now.duration_since(self.first_failed_at).unwrap_or_default()
@@ -173,6 +491,34 @@ impl DeadLetterEntry {
     /// The error chain in one line, levels joined with `": "`.
     pub fn error_text(&self) -> String {
         self.error.join(": ")
+    }
+
+    /// Adds a failed replay to the entry's history.
+    ///
+    /// The replay made `attempts` attempts (one for a
+    /// [`Replayer`](crate::replay::Replayer); a retrying service's layer may
+    /// count more): they are added to [`attempts`](Self::attempts), the
+    /// record's [`at`](ReplayRecord::at) becomes
+    /// [`last_failed_at`](Self::last_failed_at) (never moving it back), and
+    /// [`failed_replays`](Self::failed_replays) counts one more. The
+    /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
+    /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
+    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept.
+    pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
+        self.attempts = self.attempts.saturating_add(attempts.max(1));
+        self.last_failed_at = self.last_failed_at.max(record.at);
+        self.failed_replays = self.failed_replays.saturating_add(1);
+        record.attempt = self.attempts;
+        self.replays.push(record);
+        if self.replays.len() > REPLAY_HISTORY_LIMIT {
+            let excess = self.replays.len() - REPLAY_HISTORY_LIMIT;
+            self.replays.drain(..excess);
+        }
+    }
+
+    /// The latest failed replay, if any.
+    pub fn last_replay(&self) -> Option<&ReplayRecord> {
+        self.replays.last()
     }
 
     /// The entry encoded for storage (JSON).
@@ -325,6 +671,8 @@ mod tests {
             attempts: 3,
             first_failed_at: now,
             last_failed_at: now + Duration::from_secs(2),
+            replays: Vec::new(),
+            failed_replays: 0,
         }
     }
 
@@ -353,6 +701,82 @@ mod tests {
         }
     }
 
+    /// An entry stored before entries had a replay history decodes with an
+    /// empty one, and an entry without replays is stored as before.
+    #[test]
+    fn entries_without_a_history_decode_and_encode_as_before() {
+        let stored = r#"{"id":"0000018bcfe568000000000000000001","label":"orders",
+            "headers":[],"body":{"utf8":"{}"},"body_truncated":false,
+            "error":["HTTP 503 Service Unavailable"],"kind":"server_error","attempts":2,
+            "first_failed_at":1700000000000,"last_failed_at":1700000005000}"#;
+        let entry = DeadLetterEntry::from_bytes(stored.as_bytes()).unwrap();
+        assert!(entry.replays.is_empty());
+        assert_eq!(entry.failed_replays, 0);
+        let encoded = String::from_utf8(entry.to_bytes()).unwrap();
+        assert!(!encoded.contains("replays"), "{encoded}");
+    }
+
+    #[test]
+    fn a_replay_adds_to_the_history_and_leaves_the_original_failure() {
+        let mut stored = entry(b"{}");
+        let original = stored.clone();
+        let at = stored.last_failed_at + Duration::from_secs(60);
+        let record = ReplayRecord::new(at, FailureKind::RateLimited, vec!["HTTP 429".into()])
+            .with_status(Some(429));
+        stored.record_replay(record, 1);
+        assert_eq!(
+            (&stored.error, stored.kind, stored.first_failed_at),
+            (&original.error, original.kind, original.first_failed_at)
+        );
+        assert_eq!(stored.attempts, original.attempts + 1);
+        assert_eq!(stored.last_failed_at, at);
+        assert_eq!(stored.failed_replays, 1);
+        assert_eq!(stored.replays[0].attempt, stored.attempts);
+        assert_eq!(stored.replays[0].status, Some(429));
+        // A record from a clock behind never moves the last failure back.
+        let early = ReplayRecord::new(UNIX_EPOCH, FailureKind::Timeout, vec![]);
+        stored.record_replay(early, 2);
+        assert_eq!(stored.last_failed_at, at);
+        assert_eq!(stored.attempts, original.attempts + 3);
+        let decoded = DeadLetterEntry::from_bytes(&stored.to_bytes()).unwrap();
+        assert_eq!(decoded, stored);
+    }
+
+    #[test]
+    fn the_history_keeps_the_latest_records_and_counts_them_all() {
+        let mut stored = entry(b"{}");
+        let total = REPLAY_HISTORY_LIMIT as u32 * 2 + 3;
+        for n in 0..total {
+            let at = stored.first_failed_at + Duration::from_secs(u64::from(n));
+            stored.record_replay(
+                ReplayRecord::new(at, FailureKind::ServerError, vec![format!("try {n}")]),
+                1,
+            );
+        }
+        assert_eq!(stored.replays.len(), REPLAY_HISTORY_LIMIT);
+        assert_eq!(stored.failed_replays, u64::from(total));
+        let first_kept = total - REPLAY_HISTORY_LIMIT as u32;
+        assert_eq!(stored.replays[0].error, [format!("try {first_kept}")]);
+        assert_eq!(
+            stored.replays.last().unwrap().error,
+            [format!("try {}", total - 1)]
+        );
+    }
+
+    #[test]
+    fn a_record_bounds_its_error_chain() {
+        let long = "é".repeat(REPLAY_ERROR_BYTES);
+        let chain: Vec<String> = (0..REPLAY_ERROR_LEVELS + 5).map(|_| long.clone()).collect();
+        let record = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, chain);
+        assert_eq!(record.error.len(), REPLAY_ERROR_LEVELS);
+        for message in &record.error {
+            assert!(message.len() <= REPLAY_ERROR_BYTES, "{}", message.len());
+            assert!(message.ends_with('…'));
+        }
+        let short = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, vec!["reset".into()]);
+        assert_eq!(short.error, ["reset"]);
+    }
+
     #[test]
     fn ids_sort_by_time_and_parse_back() {
         let early = EntryId::generate(UNIX_EPOCH + Duration::from_secs(10));
@@ -362,6 +786,34 @@ mod tests {
         assert!("xyz".parse::<EntryId>().is_err());
         let same_ms = UNIX_EPOCH + Duration::from_secs(12);
         assert_ne!(EntryId::generate(same_ms), EntryId::generate(same_ms));
+    }
+
+    #[test]
+    fn a_prefix_matches_the_contiguous_range_of_ids_it_starts() {
+        let id: EntryId = "0190c3a1b2c3d4e5f60718293a4b5c6d".parse().unwrap();
+        for digits in 1..=32 {
+            let text = &id.to_string()[..digits];
+            let prefix: EntryIdPrefix = text.parse().unwrap();
+            assert!(prefix.matches(id), "{text}");
+            assert_eq!(prefix.to_string(), text);
+            assert_eq!(prefix.len(), digits);
+            let (low, high) = prefix.range();
+            assert!(low.to_string().starts_with(text) && high.to_string().starts_with(text));
+            assert!(low.to_string()[digits..].bytes().all(|b| b == b'0'));
+            assert!(high.to_string()[digits..].bytes().all(|b| b == b'f'));
+        }
+        let upper: EntryIdPrefix = "0190C3".parse().unwrap();
+        assert!(upper.matches(id));
+        let other: EntryIdPrefix = "0190c4".parse().unwrap();
+        assert!(!other.matches(id));
+        assert!(EntryIdPrefix::exact(id).is_whole());
+        assert_eq!(EntryIdPrefix::exact(id).range(), (id, id));
+        for bad in ["", "xyz", "+1", &"0".repeat(33)] {
+            let error = bad.parse::<EntryIdPrefix>().unwrap_err();
+            assert!(error.to_string().contains("1 to 32 hex digits"), "{error}");
+        }
+        let all: EntryIdPrefix = "f".parse().unwrap();
+        assert_eq!(all.range().1, EntryId::from_u128(u128::MAX));
     }
 
     #[test]

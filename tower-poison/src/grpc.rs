@@ -20,7 +20,7 @@ use crate::entry::error_chain;
 use crate::future::ResponseFuture;
 use crate::layer::DeadLetterLayer;
 use crate::poison::{Admission, Counted, Decision};
-use crate::service::{DeadLetter, Shared};
+use crate::service::{DeadLetter, Failed, Shared};
 use crate::store::DeadLetterStore;
 
 /// Like [`DeadLetterLayer`], but a gRPC call that fails in its trailers is
@@ -275,9 +275,12 @@ where
             match outcome {
                 Outcome::Failure(failure) => {
                     let record = pending.finish(BODY_WAIT).await;
-                    shared
-                        .on_failure(record, failure.kind, error, result, counted)
-                        .await
+                    let failure = Failed {
+                        kind: failure.kind,
+                        error,
+                        status: None,
+                    };
+                    shared.on_failure(record, failure, result, counted).await
                 }
                 Outcome::Success | Outcome::Ignored => {
                     shared.succeeded(counted).await;

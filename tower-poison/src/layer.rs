@@ -42,7 +42,11 @@ pub struct DeadLetterLayer<St, C = HttpClassifier, Cap = HttpCapture> {
 
 impl<St> DeadLetterLayer<St> {
     /// A layer writing to `store` with the HTTP defaults.
+    ///
+    /// The first layer built in a process describes the crate's metrics
+    /// (name, unit, help text) to the `metrics` recorder installed then.
     pub fn new(store: St) -> Self {
+        crate::observability::describe_metrics();
         DeadLetterLayer {
             shared: Shared {
                 store,

@@ -51,7 +51,8 @@ use http_body_util::Full;
 use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
-use crate::entry::{error_chain, DeadLetterEntry, EntryId};
+use crate::capture::DescribeResponse;
+use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayRecord};
 use crate::redact::REDACTED;
 use crate::store::{Claim, DeadLetterStore, StoreError};
 
@@ -68,16 +69,18 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
 /// What [`replay`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReplayOutcome {
     /// The service succeeded; the entry was removed.
     Delivered,
-    /// The service failed again; the entry was kept and updated.
+    /// The service failed again; the entry was kept, this failure added to
+    /// its [replay history](crate::DeadLetterEntry::replays).
     Failed {
         /// The entry's attempt count now.
         attempts: u32,
-        /// How the new failure was classified.
+        /// How the replay's failure was classified.
         kind: FailureKind,
-        /// The new failure, in one line.
+        /// The replay's failure, in one line.
         error: String,
     },
     /// There is no entry with that id.
@@ -92,6 +95,7 @@ pub enum ReplayOutcome {
 /// A replay could not be carried out (as opposed to a replayed call that
 /// failed, which is [`ReplayOutcome::Failed`]).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ReplayError {
     /// The store failed; the entry is unchanged.
     Store(StoreError),
@@ -139,15 +143,11 @@ impl From<StoreError> for ReplayError {
 /// use tower_classify::ErrorChainClassifier;
 /// use tower_poison::replay::{replay, ReplayOutcome};
 /// use tower_poison::store::{DeadLetterStore, MemoryStore};
-/// # use tower_poison::{DeadLetterEntry, EntryId};
+/// # use tower_poison::DeadLetterEntry;
 /// # use tower_classify::FailureKind;
 /// # let now = SystemTime::now();
-/// # let entry = DeadLetterEntry {
-/// #     id: EntryId::generate(now), label: "jobs".into(), message_id: None, method: None,
-/// #     uri: None, headers: vec![], body: "payload".into(), body_truncated: false, body_len: None,
-/// #     error: vec!["boom".into()], kind: FailureKind::ServerError, attempts: 1,
-/// #     first_failed_at: now, last_failed_at: now,
-/// # };
+/// # let entry = DeadLetterEntry::new("jobs", FailureKind::ServerError, vec!["boom".into()], now)
+/// #     .with_body("payload");
 ///
 /// let store = MemoryStore::new(100);
 /// let id = entry.id;
@@ -212,9 +212,24 @@ where
 /// # });
 /// ```
 #[derive(Debug, Clone, Copy)]
-pub struct Replayer<'a, St> {
+pub struct Replayer<'a, St, D = ClassificationOnly> {
     store: &'a St,
     lease: Duration,
+    describe: D,
+}
+
+/// The default way a [`Replayer`] records a failed response: by its
+/// classification alone (`replay response classified as rate_limited`),
+/// since nothing is known about the response type. [`HttpCapture`](crate::HttpCapture) records
+/// an HTTP response's status line and code instead
+/// ([`Replayer::describe`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClassificationOnly;
+
+impl<Res> DescribeResponse<Res> for ClassificationOnly {
+    fn describe_response(&self, _response: &Res) -> String {
+        String::new()
+    }
 }
 
 impl<'a, St: DeadLetterStore> Replayer<'a, St> {
@@ -223,9 +238,12 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         Replayer {
             store,
             lease: DEFAULT_LEASE,
+            describe: ClassificationOnly,
         }
     }
+}
 
+impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
     /// Holds each entry for `lease` while it is sent.
     ///
     /// Make it longer than the slowest call: when a call outlasts the lease,
@@ -233,6 +251,18 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// Describes a failed response with `describe` in the entry's
+    /// [replay history](crate::ReplayRecord): for HTTP,
+    /// [`HttpCapture`](crate::HttpCapture) records `HTTP 503 Service Unavailable` and the status
+    /// code 503.
+    pub fn describe<D2>(self, describe: D2) -> Replayer<'a, St, D2> {
+        Replayer {
+            store: self.store,
+            lease: self.lease,
+            describe,
+        }
     }
 
     /// Sends entry `id` through `service` once; see [`replay`].
@@ -247,6 +277,7 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         S: Service<Req>,
         S::Error: Into<BoxError>,
         C: Classify<S::Response, BoxError>,
+        D: DescribeResponse<S::Response>,
         F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
     {
         let store = self.store;
@@ -281,24 +312,36 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         if let Some(current) = store.get(id).await? {
             if current.attempts > entry.attempts {
                 store.release(id, token).await?;
+                let (kind, error) = match current.last_replay() {
+                    Some(last) => (last.kind, last.error_text()),
+                    None => (failure.kind, current.error_text()),
+                };
                 return Ok(ReplayOutcome::Failed {
                     attempts: current.attempts,
-                    kind: current.kind,
-                    error: current.error_text(),
+                    kind,
+                    error,
                 });
             }
         }
-        entry.attempts = entry.attempts.saturating_add(1);
-        entry.last_failed_at = SystemTime::now();
-        entry.kind = failure.kind;
-        entry.error = match &result {
-            Err(error) => error_chain(&**error),
-            Ok(_) => vec![format!("replay response classified as {}", failure.kind)],
+        let record = match &result {
+            Err(error) => ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
+            Ok(response) => {
+                let description = self.describe.describe_response(response);
+                let line = if description.is_empty() {
+                    format!("replay response classified as {}", failure.kind)
+                } else {
+                    description
+                };
+                ReplayRecord::new(SystemTime::now(), failure.kind, vec![line])
+                    .with_status(self.describe.status_code(response))
+            }
         };
+        let error = record.error_text();
+        entry.record_replay(record, 1);
         let outcome = ReplayOutcome::Failed {
             attempts: entry.attempts,
-            kind: entry.kind,
-            error: entry.error_text(),
+            kind: failure.kind,
+            error,
         };
         // The update first, then the claim: released earlier, another
         // replay could send the entry before its new attempt count (and so

@@ -10,7 +10,7 @@ use tower_service::Service;
 use crate::action::Action;
 use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
 use crate::counts::DynFailureCountStore;
-use crate::entry::{error_chain, DeadLetterEntry, EntryId};
+use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
@@ -270,20 +270,25 @@ where
                 return result.map_err(Into::into);
             }
         };
-        let (result, error) = match result {
+        let (result, error, status) = match result {
             Ok(response) => {
                 let text = self.capture.describe_response(&response);
-                (Ok(response), vec![text])
+                let status = self.capture.status_code(&response);
+                (Ok(response), vec![text], status)
             }
             Err(error) => {
                 let error: BoxError = error.into();
                 let chain = error_chain(&*error);
-                (Err(error), chain)
+                (Err(error), chain, None)
             }
         };
         let record = pending.finish(BODY_WAIT).await;
-        self.on_failure(record, failure.kind, error, result, counted)
-            .await
+        let failure = Failed {
+            kind: failure.kind,
+            error,
+            status,
+        };
+        self.on_failure(record, failure, result, counted).await
     }
 
     /// A call succeeded: its message's count starts over.
@@ -355,11 +360,15 @@ where
     pub(crate) async fn on_failure<T>(
         &self,
         record: RequestRecord,
-        kind: FailureKind,
-        error: Vec<String>,
+        failure: Failed,
         result: Result<T, BoxError>,
         counted: Option<Counted>,
     ) -> Result<T, BoxError> {
+        let Failed {
+            kind,
+            error,
+            status,
+        } = failure;
         let now = SystemTime::now();
         let counted = self.poison.as_ref().zip(counted);
         if let Some((poison, counted)) = &counted {
@@ -384,7 +393,7 @@ where
             None => format!("{}/{}", self.label, kind),
         };
         let entry = self.entry(record, kind, error, attempts, first, now);
-        let entry = self.continue_replayed(entry).await;
+        let entry = self.continue_replayed(entry, status).await;
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
@@ -425,6 +434,8 @@ where
             attempts,
             first_failed_at,
             last_failed_at,
+            replays: Vec::new(),
+            failed_replays: 0,
         }
     }
 
@@ -438,7 +449,16 @@ where
     /// mark, an entry the store does not have, a store that cannot be read)
     /// is stored as a new entry, so no failure is lost and no entry takes on
     /// another request's history.
-    async fn continue_replayed(&self, mut entry: DeadLetterEntry) -> DeadLetterEntry {
+    ///
+    /// The replay's failure goes to the entry's
+    /// [replay history](DeadLetterEntry::record_replay) (with the response's
+    /// `status`, when it has one): the entry's own error and kind stay those
+    /// of the original failure.
+    async fn continue_replayed(
+        &self,
+        mut entry: DeadLetterEntry,
+        status: Option<u16>,
+    ) -> DeadLetterEntry {
         let mut replay_of = None;
         entry.headers.retain(|header| {
             let marker = header.name.eq_ignore_ascii_case(REPLAY_HEADER);
@@ -452,10 +472,9 @@ where
         };
         match self.store.get(original).await {
             Ok(Some(mut stored)) if same_request(&stored, &entry) => {
-                stored.attempts = stored.attempts.saturating_add(entry.attempts);
-                stored.last_failed_at = entry.last_failed_at;
-                stored.kind = entry.kind;
-                stored.error = entry.error;
+                let record = ReplayRecord::new(entry.last_failed_at, entry.kind, entry.error)
+                    .with_status(status);
+                stored.record_replay(record, entry.attempts);
                 stored
             }
             _ => entry,
@@ -481,7 +500,7 @@ where
                     Ok(depth) => depth,
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(
-                            "tower_poison_dlq_store_full_total",
+                            crate::observability::STORE_FULL_TOTAL,
                             "label" => label.to_owned()
                         )
                         .increment(1);
@@ -508,13 +527,13 @@ where
                     }
                 };
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);
                 if let Some(depth) = depth {
-                    metrics::gauge!("tower_poison_dlq_depth", "label" => label.to_owned())
+                    metrics::gauge!(crate::observability::DLQ_DEPTH, "label" => label.to_owned())
                         .set(depth as f64);
                 }
                 tracing::warn!(
@@ -524,7 +543,7 @@ where
             }
             Action::Drop => {
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
@@ -547,7 +566,7 @@ where
             }
             Action::Fail => {
                 metrics::counter!(
-                    "tower_poison_dead_lettered_total",
+                    crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
                     "label" => label.to_owned()
                 )
@@ -561,6 +580,16 @@ where
         }
         Ok(())
     }
+}
+
+/// A call's failure as the layer records it: how it was classified, its
+/// error chain (or the response described in one line), and the response's
+/// HTTP status when there was one.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) kind: FailureKind,
+    pub(crate) error: Vec<String>,
+    pub(crate) status: Option<u16>,
 }
 
 /// `true` when `replayed` is the request `stored` holds, as far as a replay
@@ -610,6 +639,8 @@ mod tests {
             attempts: 1,
             first_failed_at: now,
             last_failed_at: now,
+            replays: Vec::new(),
+            failed_replays: 0,
         }
     }
 

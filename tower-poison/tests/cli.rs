@@ -57,6 +57,26 @@ async fn populate(path: &Path) {
     // Dropping the service closes the store, so the CLI can open it.
 }
 
+/// `millis` since the Unix epoch in RFC 3339, built from `httpdate`'s
+/// formatting (an independent implementation of the calendar).
+fn httpdate_to_rfc3339(millis: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let http = httpdate::fmt_http_date(
+        std::time::UNIX_EPOCH + Duration::from_millis(millis / 1000 * 1000),
+    );
+    let parts: Vec<&str> = http.split(' ').collect();
+    let month = MONTHS.iter().position(|m| *m == parts[2]).unwrap() + 1;
+    format!(
+        "{}-{month:02}-{}T{}.{:03}Z",
+        parts[3],
+        parts[1],
+        parts[4],
+        millis % 1000
+    )
+}
+
 async fn cli(store: &Path, args: &[&str]) -> Output {
     let mut command = std::process::Command::new(BIN);
     command.arg("--store").arg(store).args(args);
@@ -179,9 +199,19 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert!(text.contains("authorization: [redacted]"));
     assert!(!text.contains("secret-token"));
     assert!(text.contains(r#"{"sku":1}"#));
-    let shown: DeadLetterEntry =
-        serde_json::from_value(json(&cli(&store, &["show", &id, "--json"]).await)).unwrap();
+    let shown_json = json(&cli(&store, &["show", &id, "--json"]).await);
+    let shown: DeadLetterEntry = serde_json::from_value(shown_json.clone()).unwrap();
     assert_eq!(shown, all[0]);
+    // The epoch-millisecond fields stay, with RFC 3339 twins for people and jq.
+    let millis = shown_json["first_failed_at"].as_u64().unwrap();
+    let rfc3339 = shown_json["first_failed_at_rfc3339"].as_str().unwrap();
+    assert_eq!(rfc3339, httpdate_to_rfc3339(millis), "{shown_json}");
+    assert!(shown_json["last_failed_at_rfc3339"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    let listed = json(&cli(&store, &["list", "--json"]).await);
+    assert_eq!(listed["entries"][0]["first_failed_at_rfc3339"], rfc3339);
 
     // stats.
     let stats = json(&cli(&store, &["stats", "--json"]).await);
@@ -189,7 +219,12 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     assert_eq!(stats["by_kind"]["server_error"], 1);
     assert_eq!(stats["by_kind"]["rejected"], 1);
     assert_eq!(stats["by_kind"]["rate_limited"], 1);
+    assert_eq!(stats["by_label"]["orders"], 3);
     assert!(stats["oldest_age_seconds"].as_u64().unwrap() < 60);
+    assert!(stats["oldest_failed_at_rfc3339"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
     let text = stdout(&cli(&store, &["stats"]).await);
     assert!(text.contains("depth") && text.contains("oldest age"));
 
@@ -202,6 +237,91 @@ async fn list_show_and_stats_read_what_the_layer_stored() {
     let no_store = cli(&store.with_extension("missing"), &["stats"]).await;
     assert_eq!(no_store.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&no_store.stderr).contains("does not exist"));
+}
+
+/// The digits every one of `ids` starts with.
+fn common_prefix(ids: &[String]) -> String {
+    let first = &ids[0];
+    let len = (0..first.len())
+        .take_while(|&i| ids.iter().all(|id| id.as_bytes()[i] == first.as_bytes()[i]))
+        .count();
+    first[..len].to_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_take_a_unique_id_prefix_and_refuse_an_ambiguous_one() {
+    let (_dir, store) = store_path();
+    populate(&store).await;
+    let ids: Vec<String> = entries(&store)
+        .await
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    let target = &ids[0];
+    // Enough digits to tell the entry from the others (the low digits are
+    // random), in capitals as an operator may paste them.
+    let unique_len = (1..=32)
+        .find(|&len| ids[1..].iter().all(|other| other[..len] != target[..len]))
+        .unwrap();
+    let short = target[..unique_len].to_uppercase();
+
+    let shown = cli(&store, &["show", &short]).await;
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(stdout(&shown).contains(target.as_str()));
+    let shown = json(&cli(&store, &["show", &short, "--json"]).await);
+    assert_eq!(shown["id"], target.as_str());
+
+    // A prefix every entry shares is refused, naming how many match and
+    // which.
+    let shared = common_prefix(&ids);
+    if !shared.is_empty() {
+        let ambiguous = cli(&store, &["show", &shared]).await;
+        assert_eq!(ambiguous.status.code(), Some(1));
+        let message = stderr(&ambiguous);
+        assert!(
+            message.contains(&format!("id prefix {shared} is ambiguous: 3 entries match")),
+            "{message}"
+        );
+        assert!(
+            ids.iter().all(|id| message.contains(id.as_str())),
+            "{message}"
+        );
+        let replayed = cli(&store, &["replay", &shared, "--to", "http://127.0.0.1:9"]).await;
+        assert_eq!(replayed.status.code(), Some(1));
+        assert!(stderr(&replayed).contains("is ambiguous"));
+    }
+
+    // No match: not found.
+    let flipped = if target.starts_with('f') { "e" } else { "f" };
+    let absent = format!("{flipped}{}", &target[1..8]);
+    let missing = cli(&store, &["show", &absent]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains(&format!("no entry id starts with {absent}")),
+        "{}",
+        stderr(&missing)
+    );
+    // Not hex: a usage error.
+    assert_eq!(cli(&store, &["show", "xyz"]).await.status.code(), Some(2));
+
+    // remove takes a prefix too, and the entry is gone.
+    let removed = cli(&store, &["remove", &short]).await;
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    assert!(stdout(&removed).contains(&format!("removed {target}")));
+    let left: Vec<String> = entries(&store)
+        .await
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    assert_eq!(left.len(), 2);
+    assert!(!left.contains(target));
+    let again = cli(&store, &["remove", target]).await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("no entry"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,8 +393,33 @@ async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
         Some("http://orders.internal/orders/slow")
     );
     assert_eq!(left[0].attempts, 2);
-    assert_eq!(left[0].kind.as_str(), "server_error");
+    assert_eq!(left[0].kind.as_str(), "rate_limited", "the original kind");
     assert!(left[0].last_failed_at > left[0].first_failed_at);
+    // The replay's own answer is in the entry's history; the original
+    // failure is kept as it was.
+    let original = all.iter().find(|e| e.id == left[0].id).unwrap();
+    assert_eq!(left[0].error, original.error);
+    let record = left[0].last_replay().expect("the replay is recorded");
+    assert_eq!(record.status, Some(500));
+    assert_eq!(record.attempt, 2);
+    assert_eq!(record.kind.as_str(), "server_error");
+    assert_eq!(record.error, ["HTTP 500 Internal Server Error"]);
+    let id = left[0].id.to_string();
+    let shown = stdout(&cli(&store, &["show", &id]).await);
+    assert!(shown.contains("replays         1 failed"), "{shown}");
+    assert!(
+        shown.contains("attempt 2  server_error  status 500  HTTP 500 Internal Server Error"),
+        "{shown}"
+    );
+    let shown = json(&cli(&store, &["show", &id, "--json"]).await);
+    assert_eq!(shown["replays"][0]["status"], 500);
+    let replay_millis = shown["replays"][0]["at"].as_u64().unwrap();
+    assert_eq!(
+        shown["replays"][0]["at_rfc3339"],
+        httpdate_to_rfc3339(replay_millis)
+    );
+    assert_eq!(shown["replays"][0]["attempt"], 2);
+    assert_eq!(shown["failed_replays"], 1);
 
     // A lease shorter than a request may take is refused before anything
     // is sent: the entry could be sent again while still in flight.

@@ -24,22 +24,17 @@ use tower_poison::{
 const DAY: Duration = Duration::from_secs(86_400);
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
-    DeadLetterEntry {
-        id: EntryId::generate(SystemTime::now()),
-        label: label.into(),
-        message_id: None,
-        method: Some("POST".into()),
-        uri: Some("http://example.internal/orders".into()),
-        headers: Vec::new(),
-        body: Bytes::from_static(b"{\"sku\":42}"),
-        body_truncated: false,
-        body_len: None,
-        error: vec!["upstream failed".into()],
+    DeadLetterEntry::new(
+        label,
         kind,
-        attempts: 3,
-        first_failed_at: whole_millis(first_failed_at),
-        last_failed_at: whole_millis(SystemTime::now()),
-    }
+        vec!["upstream failed".into()],
+        whole_millis(first_failed_at),
+    )
+    .with_id(EntryId::generate(SystemTime::now()))
+    .with_request("POST", "http://example.internal/orders")
+    .with_body(Bytes::from_static(b"{\"sku\":42}"))
+    .with_attempts(3)
+    .with_last_failed_at(whole_millis(SystemTime::now()))
 }
 
 fn whole_millis(time: SystemTime) -> SystemTime {

@@ -24,35 +24,19 @@ use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
 fn entry() -> DeadLetterEntry {
     let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    DeadLetterEntry {
-        id: EntryId::generate(then),
-        label: "orders".into(),
-        message_id: None,
-        method: Some("PUT".into()),
-        uri: Some("http://orders.internal/orders/7?notify=false".into()),
-        headers: vec![
-            StoredHeader {
-                name: "content-type".into(),
-                value: "application/json".into(),
-            },
-            StoredHeader {
-                name: "authorization".into(),
-                value: REDACTED.into(),
-            },
-            StoredHeader {
-                name: "host".into(),
-                value: "orders.internal".into(),
-            },
-        ],
-        body: Bytes::from_static(b"{\"qty\":2}"),
-        body_truncated: false,
-        body_len: None,
-        error: vec!["HTTP 503 Service Unavailable".into()],
-        kind: FailureKind::ServerError,
-        attempts: 2,
-        first_failed_at: then,
-        last_failed_at: then + Duration::from_secs(5),
-    }
+    DeadLetterEntry::new(
+        "orders",
+        FailureKind::ServerError,
+        vec!["HTTP 503 Service Unavailable".into()],
+        then,
+    )
+    .with_request("PUT", "http://orders.internal/orders/7?notify=false")
+    .with_header("content-type", "application/json")
+    .with_header("authorization", REDACTED)
+    .with_header("host", "orders.internal")
+    .with_body(Bytes::from_static(b"{\"qty\":2}"))
+    .with_attempts(2)
+    .with_last_failed_at(then + Duration::from_secs(5))
 }
 
 fn to_request(e: &DeadLetterEntry) -> Result<Request<Full<Bytes>>, BoxError> {
@@ -128,10 +112,21 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
     );
     let kept = store.get(e.id).await.unwrap().expect("entry kept");
     assert_eq!(kept.attempts, 3);
-    assert_eq!(kept.kind, FailureKind::RateLimited);
     assert!(kept.last_failed_at + Duration::from_millis(1) >= before);
+    // The original failure is left as it was; the replay's is in the history.
+    assert_eq!(kept.kind, FailureKind::ServerError);
+    assert_eq!(kept.error, e.error);
     assert_eq!(kept.first_failed_at, e.first_failed_at);
     assert_eq!(kept.body, e.body);
+    assert_eq!(kept.failed_replays, 1);
+    let [first] = &kept.replays[..] else {
+        panic!("one replay record: {:?}", kept.replays)
+    };
+    assert_eq!(first.attempt, 3);
+    assert_eq!(first.kind, FailureKind::RateLimited);
+    assert_eq!(first.error, ["replay response classified as rate_limited"]);
+    assert_eq!(first.status, None, "the default replayer reads no status");
+    assert!(first.at + Duration::from_millis(1) >= before);
 
     // An error (no response) is recorded with its chain.
     let mut refused = service_fn(|_req: Request<Full<Bytes>>| async {
@@ -155,7 +150,97 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         }
     ));
     let kept = store.get(e.id).await.unwrap().unwrap();
-    assert_eq!(kept.error, ["connection refused"]);
+    assert_eq!(kept.error, e.error, "the original error stays");
+    assert_eq!(kept.failed_replays, 2);
+    assert_eq!(kept.replays.len(), 2);
+    let second = &kept.replays[1];
+    assert_eq!(
+        (second.attempt, second.kind, second.status),
+        (4, FailureKind::NotSent, None)
+    );
+    assert_eq!(second.error, ["connection refused"]);
+
+    // An HTTP replayer records the response's status line and code.
+    let mut unavailable = service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, BoxError>(
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(Bytes::new())
+                .unwrap(),
+        )
+    });
+    let outcome = Replayer::new(&store)
+        .describe(tower_poison::HttpCapture::new())
+        .replay(e.id, &mut unavailable, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ReplayOutcome::Failed {
+            attempts: 5,
+            kind: FailureKind::ServerError,
+            error: "HTTP 503 Service Unavailable".into(),
+        }
+    );
+    let kept = store.get(e.id).await.unwrap().unwrap();
+    let third = kept.last_replay().unwrap();
+    assert_eq!((third.attempt, third.status), (5, Some(503)));
+    assert_eq!(third.error, ["HTTP 503 Service Unavailable"]);
+    assert_eq!(kept.error, e.error);
+    assert_eq!(kept.kind, FailureKind::ServerError);
+}
+
+/// A replay loop left running keeps the latest records and counts the
+/// rest, so the stored entry stops growing.
+async fn replay_history_is_bounded(store: impl DeadLetterStore) {
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let mut failing = service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, BoxError>(
+            Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .body(Bytes::new())
+                .unwrap(),
+        )
+    });
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let mut sizes = Vec::new();
+    let total = tower_poison::REPLAY_HISTORY_LIMIT + 4;
+    for _ in 0..total {
+        replayer
+            .replay(e.id, &mut failing, &HttpClassifier::new(), to_request)
+            .await
+            .unwrap();
+        sizes.push(store.get(e.id).await.unwrap().unwrap().to_bytes().len());
+    }
+    let kept = store.get(e.id).await.unwrap().unwrap();
+    assert_eq!(kept.failed_replays, total as u64);
+    assert_eq!(kept.replays.len(), tower_poison::REPLAY_HISTORY_LIMIT);
+    assert_eq!(kept.attempts, e.attempts + total as u32);
+    // The oldest records went: the first kept is the fifth replay.
+    assert_eq!(kept.replays[0].attempt, e.attempts + 5);
+    assert_eq!(kept.last_replay().unwrap().attempt, kept.attempts);
+    let limit = tower_poison::REPLAY_HISTORY_LIMIT;
+    // Past the limit a replay replaces a record instead of adding one:
+    // four more replays grow the entry by less than one record (only by
+    // wider attempt numbers).
+    let one_record = sizes[limit - 1] - sizes[limit - 2];
+    assert!(
+        sizes[total - 1] < sizes[limit - 1] + one_record,
+        "the entry stopped growing once the history was full: {sizes:?}"
+    );
+    assert_eq!(kept.error, e.error);
+}
+
+#[tokio::test]
+async fn memory_replay_history_is_bounded() {
+    replay_history_is_bounded(MemoryStore::new(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_replay_history_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    replay_history_is_bounded(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
 }
 
 #[tokio::test]
@@ -470,13 +555,15 @@ async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow
     let Some(url) = support::shared_redis().await else {
         return;
     };
-    for test in ["concurrent", "layer", "lease"] {
+    for test in ["concurrent", "layer", "lease", "failure", "history"] {
         let name = support::unique(test);
         let _cleanup = support::Cleanup::queue(&url, &name);
         let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
         match test {
             "concurrent" => concurrent_replays_deliver_once(store).await,
             "layer" => a_failure_the_layer_records_keeps_the_entry_claimed(store).await,
+            "failure" => replay_failure_keeps_and_updates_the_entry(store).await,
+            "history" => replay_history_is_bounded(store).await,
             _ => a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(store).await,
         }
     }
@@ -617,7 +704,14 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     assert_eq!(kept.attempts, 3, "the failure was counted once");
     assert_eq!(kept.first_failed_at, e.first_failed_at);
     assert!(kept.last_failed_at > e.last_failed_at);
-    assert_eq!(kept.error, ["HTTP 502 Bad Gateway"]);
+    assert_eq!(kept.error, e.error, "the original error stays");
+    assert_eq!(kept.kind, e.kind);
+    assert_eq!(kept.failed_replays, 1, "the failure was recorded once");
+    let record = kept.last_replay().expect("the layer recorded the replay");
+    assert_eq!(record.error, ["HTTP 502 Bad Gateway"]);
+    assert_eq!(record.status, Some(502));
+    assert_eq!((record.attempt, record.kind), (3, FailureKind::ServerError));
+    assert_eq!(record.at, kept.last_failed_at);
     assert_eq!(
         (kept.body, kept.uri),
         (e.body, e.uri),

@@ -17,31 +17,24 @@ use tower_poison::store::{
 };
 use tower_poison::{
     Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFull,
-    StoredHeader,
 };
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
-    DeadLetterEntry {
-        id: EntryId::generate(SystemTime::now()),
-        label: label.into(),
-        message_id: Some("m-1".into()),
-        method: Some("POST".into()),
-        uri: Some("http://example.internal/orders".into()),
-        headers: vec![StoredHeader {
-            name: "content-type".into(),
-            value: "application/json".into(),
-        }],
-        body: Bytes::from_static(b"{\"sku\":42}"),
-        body_truncated: false,
-        body_len: None,
-        error: vec!["upstream failed".into(), "connection reset".into()],
+    // Stored times have millisecond precision; start from whole
+    // milliseconds so entries compare equal after a round trip.
+    DeadLetterEntry::new(
+        label,
         kind,
-        attempts: 3,
-        // Stored times have millisecond precision; start from whole
-        // milliseconds so entries compare equal after a round trip.
-        first_failed_at: whole_millis(first_failed_at),
-        last_failed_at: whole_millis(SystemTime::now()),
-    }
+        vec!["upstream failed".into(), "connection reset".into()],
+        whole_millis(first_failed_at),
+    )
+    .with_id(EntryId::generate(SystemTime::now()))
+    .with_message_id("m-1")
+    .with_request("POST", "http://example.internal/orders")
+    .with_header("content-type", "application/json")
+    .with_body(Bytes::from_static(b"{\"sku\":42}"))
+    .with_attempts(3)
+    .with_last_failed_at(whole_millis(SystemTime::now()))
 }
 
 fn whole_millis(time: SystemTime) -> SystemTime {

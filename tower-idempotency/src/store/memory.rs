@@ -85,6 +85,7 @@ impl MemoryIdempotencyStore {
     /// An empty store holding at most `max_entries` keys (at least one) and
     /// 64 MiB.
     pub fn new(max_entries: usize) -> Self {
+        crate::observability::describe_metrics();
         MemoryIdempotencyStore {
             state: Arc::new(Mutex::new(State {
                 slots: HashMap::new(),
@@ -261,7 +262,7 @@ impl State {
             };
             if self.is_current(&key, seq) {
                 self.remove(&key);
-                metrics::counter!("tower_idempotency_evicted_total").increment(1);
+                metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
             }
         }
         true

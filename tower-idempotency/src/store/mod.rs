@@ -139,6 +139,7 @@ pub enum Claim {
 /// What a request that reached the service came to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Completion {
     /// Its response, replayed to repeats.
     Response(StoredResponse),

@@ -3,14 +3,16 @@
 //! ```text
 //! tower-poison --store dlq.redb list [--kind poison] [--label orders] [--limit 50]
 //! tower-poison --store redis://redis.internal:6379 --stream orders:dlq list
-//! tower-poison --store dlq.redb show ID
+//! tower-poison --store dlq.redb show ID          # or a unique prefix of it: show 0190c3
+//! tower-poison --store dlq.redb remove ID
 //! tower-poison --store dlq.redb stats
 //! tower-poison --store dlq.redb replay ID --to http://orders.internal:8080
 //! tower-poison --store dlq.redb replay --all --to http://orders.internal:8080 --rate 5
 //! tower-poison --store dlq.redb purge --older-than 7d --yes
 //! ```
 //!
-//! Every command prints a table for people by default and JSON with `--json`.
+//! Every command prints a table for people by default and JSON with `--json`
+//! (times as epoch milliseconds and, in `*_rfc3339` fields, as RFC 3339 UTC).
 //! Exit status: 0 on success, 1 on an error (the store cannot be opened, an
 //! entry does not exist), 2 on a usage error, 3 when `replay` left entries
 //! that failed again.
@@ -22,7 +24,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
@@ -33,12 +35,12 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde_json::json;
+use serde_json::{json, Value};
 use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
-use tower_poison::{kind_from_name, DeadLetterEntry, EntryId};
+use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
@@ -85,8 +87,15 @@ enum Command {
     List(ListArgs),
     /// Show one entry in full.
     Show {
-        /// The entry id (32 hex digits, as `list` prints it).
-        id: EntryId,
+        /// The entry id (32 hex digits, as `list` prints it), or enough of
+        /// its first digits to match one entry alone.
+        id: EntryIdPrefix,
+    },
+    /// Remove one entry (and any replay claim on it).
+    Remove {
+        /// The entry id, or enough of its first digits to match one entry
+        /// alone.
+        id: EntryIdPrefix,
     },
     /// Depth, oldest age and counts by failure kind.
     Stats,
@@ -124,9 +133,10 @@ struct ListArgs {
 
 #[derive(Debug, Args)]
 struct ReplayArgs {
-    /// The entry to replay.
+    /// The entry to replay: its id, or enough of its first digits to match
+    /// one entry alone.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
-    id: Option<EntryId>,
+    id: Option<EntryIdPrefix>,
     /// Replay every entry (filtered by --kind and --label).
     #[arg(long)]
     all: bool,
@@ -242,7 +252,8 @@ async fn dispatch(store: &impl DeadLetterStore, cli: Cli) -> Result<ExitCode, Fa
     let now = SystemTime::now();
     match cli.command {
         Command::List(args) => list(store, args, cli.json, now).await,
-        Command::Show { id } => show(store, id, cli.json, now).await,
+        Command::Show { id } => show(store, resolve(store, id).await?, cli.json, now).await,
+        Command::Remove { id } => remove(store, resolve(store, id).await?, cli.json).await,
         Command::Stats => stats(store, cli.json, now).await,
         Command::Replay(args) => replay_command(store, args, cli.json).await,
         Command::Purge { older_than, yes } => purge(store, older_than, yes, cli.json, now).await,
@@ -261,8 +272,9 @@ async fn list(
     query.label = args.label;
     let page = store.list(query).await?;
     if json {
+        let entries: Vec<Value> = page.entries.iter().map(entry_json).collect();
         let out = json!({
-            "entries": page.entries,
+            "entries": entries,
             "next": page.next.map(|id| id.to_string()),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -297,6 +309,53 @@ async fn list(
     Ok(ExitCode::SUCCESS)
 }
 
+/// How many of the entries an ambiguous prefix matches are named in the
+/// error.
+const AMBIGUOUS_SHOWN: usize = 5;
+
+/// The entry id `prefix` stands for: a whole id as it is (whether or not it
+/// is stored; the command reports a missing entry), a shorter prefix only
+/// when exactly one stored id starts with it.
+async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<EntryId, Failure> {
+    if prefix.is_whole() {
+        return Ok(prefix.range().0);
+    }
+    let matches = store.match_prefix(prefix, AMBIGUOUS_SHOWN).await?;
+    if let Some(id) = matches.unique() {
+        return Ok(id);
+    }
+    if matches.count == 0 {
+        return Err(format!("no entry id starts with {prefix}").into());
+    }
+    let shown: Vec<String> = matches.ids.iter().map(EntryId::to_string).collect();
+    let more = match matches.count.saturating_sub(shown.len() as u64) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    Err(format!(
+        "id prefix {prefix} is ambiguous: {} entries match ({}{more}); give more digits",
+        matches.count,
+        shown.join(", ")
+    )
+    .into())
+}
+
+async fn remove(
+    store: &impl DeadLetterStore,
+    id: EntryId,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    if !store.remove(id).await? {
+        return Err(format!("no entry {id}").into());
+    }
+    if json {
+        println!("{}", json!({"removed": id.to_string()}));
+    } else {
+        println!("removed {id}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn show(
     store: &impl DeadLetterStore,
     id: EntryId,
@@ -307,7 +366,7 @@ async fn show(
         return Err(format!("no entry {id}").into());
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&e)?);
+        println!("{}", serde_json::to_string_pretty(&entry_json(&e))?);
         return Ok(ExitCode::SUCCESS);
     }
     print_entry(&e, now);
@@ -338,6 +397,29 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     for (depth, message) in e.error.iter().enumerate() {
         println!("  {}{message}", "  ".repeat(depth));
     }
+    if e.failed_replays > 0 {
+        let shown = e.replays.len() as u64;
+        if shown < e.failed_replays {
+            println!(
+                "replays         {} failed (the latest {shown} below)",
+                e.failed_replays
+            );
+        } else {
+            println!("replays         {} failed", e.failed_replays);
+        }
+        for replay in &e.replays {
+            let status = replay
+                .status
+                .map_or_else(|| "-".to_owned(), |status| status.to_string());
+            println!(
+                "  {}  attempt {}  {}  status {status}  {}",
+                httpdate::fmt_http_date(replay.at),
+                replay.attempt,
+                replay.kind,
+                replay.error_text()
+            );
+        }
+    }
     println!("headers");
     for header in &e.headers {
         println!("  {}: {}", header.name, header.value);
@@ -361,10 +443,16 @@ async fn stats(
 ) -> Result<ExitCode, Failure> {
     let stats = store.stats(now).await?;
     if json {
+        let oldest = stats
+            .oldest_age
+            .and_then(|age| now.checked_sub(age))
+            .map(rfc3339);
         let out = json!({
             "depth": stats.depth,
             "oldest_age_seconds": stats.oldest_age.map(|a| a.as_secs()),
+            "oldest_failed_at_rfc3339": oldest,
             "by_kind": stats.by_kind,
+            "by_label": stats.by_label,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
@@ -383,6 +471,15 @@ async fn stats(
     if !rows.is_empty() {
         println!();
         print_table(&["KIND", "ENTRIES"], &rows);
+    }
+    let rows: Vec<Vec<String>> = stats
+        .by_label
+        .iter()
+        .map(|(label, count)| vec![label.clone(), count.to_string()])
+        .collect();
+    if !rows.is_empty() {
+        println!();
+        print_table(&["LABEL", "ENTRIES"], &rows);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -439,7 +536,7 @@ async fn replay_command(
         .into());
     }
     let ids = match args.id {
-        Some(id) => vec![id],
+        Some(id) => vec![resolve(store, id).await?],
         None => {
             let mut ids = Vec::new();
             let mut query = ListQuery::new().limit(1000);
@@ -460,7 +557,9 @@ async fn replay_command(
         client: Client::builder(TokioExecutor::new()).build_http(),
         timeout: args.timeout,
     };
-    let replayer = Replayer::new(store).lease(args.lease);
+    let replayer = Replayer::new(store)
+        .lease(args.lease)
+        .describe(HttpCapture::new());
     let classifier = HttpClassifier::new();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -496,16 +595,26 @@ async fn replay_command(
             }
             Ok(ReplayOutcome::InProgress { until }) => {
                 failed += 1;
-                let until = httpdate::fmt_http_date(until);
+                let shown = httpdate::fmt_http_date(until);
                 (
                     "in_progress",
-                    json!({ "error": format!("another replay holds it until {until}") }),
+                    json!({
+                        "error": format!("another replay holds it until {shown}"),
+                        "until": epoch_millis(until),
+                        "until_rfc3339": rfc3339(until),
+                    }),
                 )
             }
             Err(error) => {
                 failed += 1;
                 let text = tower_poison::error_chain(&error).join(": ");
                 ("error", json!({ "error": text }))
+            }
+            // An outcome this CLI does not know (a newer library): not a
+            // delivery, so counted as a failure.
+            Ok(other) => {
+                failed += 1;
+                ("unknown", json!({ "error": format!("{other:?}") }))
             }
         };
         if !json {
@@ -576,6 +685,80 @@ async fn purge(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `entry` as `--json` prints it: the stored form (times in milliseconds
+/// since the Unix epoch, as the stores keep them), plus each time again in
+/// RFC 3339 (`first_failed_at_rfc3339`, `last_failed_at_rfc3339`, and
+/// `at_rfc3339` in each replay record) for people and `jq`'s `fromdate`.
+fn entry_json(entry: &DeadLetterEntry) -> Value {
+    let mut value = serde_json::to_value(entry).expect("a dead-letter entry serializes");
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert(
+            "first_failed_at_rfc3339".into(),
+            rfc3339(entry.first_failed_at).into(),
+        );
+        fields.insert(
+            "last_failed_at_rfc3339".into(),
+            rfc3339(entry.last_failed_at).into(),
+        );
+        if let Some(Value::Array(records)) = fields.get_mut("replays") {
+            for (record, replay) in records.iter_mut().zip(&entry.replays) {
+                if let Some(record) = record.as_object_mut() {
+                    record.insert("at_rfc3339".into(), rfc3339(replay.at).into());
+                }
+            }
+        }
+    }
+    value
+}
+
+/// `time` in milliseconds since the Unix epoch (0 before it).
+fn epoch_millis(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    })
+}
+
+/// `time` in RFC 3339, UTC, to the millisecond: `2024-02-29T23:59:59.000Z`.
+///
+/// The stores keep milliseconds, so nothing finer is lost; a time before the
+/// Unix epoch prints as the epoch (the stores cannot hold one).
+fn rfc3339(time: SystemTime) -> String {
+    let millis = epoch_millis(time);
+    let (secs, millis) = (millis / 1000, millis % 1000);
+    let (days, secs_of_day) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        secs_of_day / 3600,
+        secs_of_day / 60 % 60,
+        secs_of_day % 60
+    )
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01, by Howard
+/// Hinnant's `civil_from_days` (<https://howardhinnant.github.io/date_algorithms.html>):
+/// the calendar is counted in 400-year eras of 146,097 days, each era's
+/// years starting on 1 March so that the leap day falls at the end.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Days since 0000-03-01, the start of an era.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months from March: 0 = March, ..., 11 = February.
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = era * 400 + year_of_era + u64::from(month <= 2);
+    (year, month, day)
+}
+
 /// An age for people: whole seconds (`"3d2h"`, `"0s"`).
 fn age(duration: Duration) -> String {
     match duration.as_secs() {
@@ -611,5 +794,62 @@ fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     line(headers.to_vec());
     for row in rows {
         line(row.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(millis: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn rfc3339_on_known_instants() {
+        for (millis, expected) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (94_694_399_000, "1972-12-31T23:59:59.000Z"),
+            // 2000 is a leap year (divisible by 400).
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (1_700_000_000_123, "2023-11-14T22:13:20.123Z"),
+            (1_709_251_199_000, "2024-02-29T23:59:59.000Z"),
+            // 2100 is not (divisible by 100, not by 400).
+            (4_107_499_200_000, "2100-02-28T12:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            // The latest instant the stores write.
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+        ] {
+            assert_eq!(rfc3339(at(millis)), expected, "{millis}");
+        }
+        assert_eq!(
+            rfc3339(UNIX_EPOCH - Duration::from_secs(1)),
+            "1970-01-01T00:00:00.000Z"
+        );
+    }
+
+    /// The fields of `httpdate`'s IMF-fixdate (`Sun, 06 Nov 1994 08:49:37
+    /// GMT`) as an RFC 3339 date and time, to the second.
+    fn from_http_date(http: &str) -> String {
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        let parts: Vec<&str> = http.split(' ').collect();
+        let month = MONTHS.iter().position(|m| *m == parts[2]).unwrap() + 1;
+        format!("{}-{month:02}-{}T{}", parts[3], parts[1], parts[4])
+    }
+
+    proptest! {
+        /// Every second the stores can hold formats as `httpdate` (an
+        /// independent implementation) formats it.
+        #[test]
+        fn rfc3339_agrees_with_httpdate(secs in 0u64..253_402_300_800, millis in 0u64..1000) {
+            let time = at(secs * 1000 + millis);
+            let ours = rfc3339(time);
+            let theirs = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
+            prop_assert_eq!(&ours[..19], from_http_date(&theirs));
+            prop_assert_eq!(&ours[19..], format!(".{millis:03}Z"));
+        }
     }
 }

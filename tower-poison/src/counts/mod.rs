@@ -82,12 +82,23 @@ pub trait FailureCountStore: Clone + Send + Sync + 'static {
 
 /// What a [`FailureCountStore`] knows of a message after counting a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeliveryTally {
     /// Deliveries counted since the message was last forgotten, this one
     /// included (so at least 1).
     pub deliveries: u32,
     /// When the first of them was counted.
     pub first_delivered_at: SystemTime,
+}
+
+impl DeliveryTally {
+    /// `deliveries` counted (at least 1), the first at `first_delivered_at`.
+    pub const fn new(deliveries: u32, first_delivered_at: SystemTime) -> Self {
+        DeliveryTally {
+            deliveries,
+            first_delivered_at,
+        }
+    }
 }
 
 /// A message id in a bounded form that is safe to use as a store key.

@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PurgeFilter, StoreError, StoreErrorKind,
+    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    LabelDepths, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// A bounded dead-letter store in memory.
 ///
@@ -44,6 +44,10 @@ struct State {
     /// the Unix epoch. Only ids present in `entries`: remove and purge end
     /// a claim.
     claims: HashMap<EntryId, Held>,
+    /// How many entries each label has, updated under the same lock as
+    /// `entries`; a label leaves the map with its last entry, so it holds
+    /// no more keys than there are entries.
+    labels: LabelDepths,
 }
 
 /// One claim on an entry.
@@ -92,8 +96,11 @@ impl DeadLetterStore for MemoryStore {
                 ),
             ));
         }
-        state.entries.insert(entry.id, entry);
-        Ok(Some(state.entries.len() as u64))
+        let label = entry.label.clone();
+        if let Some(old) = state.entries.insert(entry.id, entry) {
+            state.labels.remove(&old.label);
+        }
+        Ok(Some(state.labels.add(&label)))
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
@@ -127,17 +134,48 @@ impl DeadLetterStore for MemoryStore {
         })
     }
 
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        let (low, high) = prefix.range();
+        let state = self.state();
+        let mut matches = PrefixMatches::default();
+        for id in state.entries.range(low..=high).map(|(id, _)| *id) {
+            matches.count += 1;
+            if matches.ids.len() < limit {
+                matches.ids.push(id);
+            }
+        }
+        Ok(matches)
+    }
+
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
         let mut state = self.state();
         state.claims.remove(&id);
-        Ok(state.entries.remove(&id).is_some())
+        let removed = state.entries.remove(&id);
+        if let Some(old) = &removed {
+            state.labels.remove(&old.label);
+        }
+        Ok(removed.is_some())
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
         let mut state = self.state();
-        let State { entries, claims } = &mut *state;
+        let State {
+            entries,
+            claims,
+            labels,
+        } = &mut *state;
         let before = entries.len();
-        entries.retain(|_, entry| !filter.matches(entry));
+        entries.retain(|_, entry| {
+            let matches = filter.matches(entry);
+            if matches {
+                labels.remove(&entry.label);
+            }
+            !matches
+        });
         claims.retain(|id, _| entries.contains_key(id));
         Ok((before - entries.len()) as u64)
     }

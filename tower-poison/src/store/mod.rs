@@ -35,7 +35,7 @@
 //! and removing leaves an entry that can be claimed again once the lease is
 //! over, so a replay is at least once, never lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_classify::FailureKind;
 
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 mod memory;
 #[cfg(feature = "redb")]
@@ -78,22 +78,26 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     /// an entry counts only the difference in size.
     fn put(&self, entry: DeadLetterEntry) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Stores `entry` as [`put`](Self::put) does and returns the store's
-    /// depth after the write, when the write itself tells it.
+    /// Stores `entry` as [`put`](Self::put) does and returns how many
+    /// entries its *label* has after the write, when the write itself tells
+    /// it.
     ///
-    /// The layer calls this for every dead-lettered call to set its depth
-    /// gauge: the stores here answer from the write's own result (a counter
-    /// in memory, the writer's transaction, the Redis script's reply), so
-    /// the gauge costs no extra round trip. The provided implementation
-    /// calls `put`, then [`depth`](Self::depth), and reports `None` when the
-    /// depth could not be read (the entry is stored all the same).
+    /// The layer calls this for every dead-lettered call to set its
+    /// `tower_poison_dlq_depth{label}` gauge, so that two layers with
+    /// different labels sharing one store each report their own depth. The
+    /// stores here keep a count per label updated with the entries (under
+    /// the memory store's lock, in the redb write transaction, in the Redis
+    /// put script) and answer from the write's own result, so the gauge
+    /// costs no extra round trip. The provided implementation calls `put`
+    /// and reports `None` (the layer then sets no gauge): counting a label's
+    /// entries by listing them would cost a scan per failed call.
     fn put_with_depth(
         &self,
         entry: DeadLetterEntry,
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
         async move {
             self.put(entry).await?;
-            Ok(self.depth().await.ok())
+            Ok(None)
         }
     }
 
@@ -105,6 +109,44 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
 
     /// One page of entries in id (creation) order, filtered by `query`.
     fn list(&self, query: ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// The ids that start with `prefix`: how many there are, and the first
+    /// `limit` of them in id order.
+    ///
+    /// This is how the CLI accepts a short id (`show 0190c3`). Ids sort by
+    /// their digits, so the matches are one contiguous range: the stores
+    /// here find them in their id index without reading an entry (a range of
+    /// redb keys, `ZLEXCOUNT` and `ZRANGEBYLEX` in Redis). The provided
+    /// implementation pages through [`list`](Self::list) from the start of
+    /// the range, reading only the matching entries.
+    fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> impl Future<Output = Result<PrefixMatches, StoreError>> + Send {
+        async move {
+            let (low, high) = prefix.range();
+            let mut matches = PrefixMatches::default();
+            let mut query = ListQuery::new().limit(1024);
+            query.after = low.as_u128().checked_sub(1).map(EntryId::from_u128);
+            loop {
+                let page = self.list(query.clone()).await?;
+                for entry in &page.entries {
+                    if entry.id > high {
+                        return Ok(matches);
+                    }
+                    matches.count += 1;
+                    if matches.ids.len() < limit {
+                        matches.ids.push(entry.id);
+                    }
+                }
+                match page.next {
+                    Some(next) if next < high => query = query.after(next),
+                    _ => return Ok(matches),
+                }
+            }
+        }
+    }
 
     /// Removes the entry with `id` and any claim on it (there is nothing
     /// left to replay); `true` when there was one.
@@ -167,13 +209,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             loop {
                 let page = self.list(query.clone()).await?;
                 for entry in &page.entries {
-                    stats.depth += 1;
-                    *stats
-                        .by_kind
-                        .entry(entry.kind.as_str().to_owned())
-                        .or_default() += 1;
-                    let age = entry.age(now);
-                    stats.oldest_age = Some(stats.oldest_age.map_or(age, |o: Duration| o.max(age)));
+                    stats.count(entry, now);
                 }
                 match page.next {
                     Some(next) => query = query.after(next),
@@ -266,6 +302,7 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 
 /// Which entries [`DeadLetterStore::list`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
     /// [`Page::next`]).
@@ -338,6 +375,7 @@ impl ListQuery {
 
 /// One page of [`DeadLetterStore::list`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Page {
     /// The entries, in id order.
     pub entries: Vec<DeadLetterEntry>,
@@ -345,8 +383,37 @@ pub struct Page {
     pub next: Option<EntryId>,
 }
 
+impl Page {
+    /// A page of `entries` (in id order), the next starting after `next`
+    /// when there may be more.
+    pub fn new(entries: Vec<DeadLetterEntry>, next: Option<EntryId>) -> Self {
+        Page { entries, next }
+    }
+}
+
+/// What [`DeadLetterStore::match_prefix`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PrefixMatches {
+    /// How many ids start with the prefix.
+    pub count: u64,
+    /// The first of them, in id order, up to the limit asked for.
+    pub ids: Vec<EntryId>,
+}
+
+impl PrefixMatches {
+    /// The one id that matched, when exactly one did.
+    pub fn unique(&self) -> Option<EntryId> {
+        match (self.count, self.ids.as_slice()) {
+            (1, [id]) => Some(*id),
+            _ => None,
+        }
+    }
+}
+
 /// Which entries [`DeadLetterStore::purge`] removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PurgeFilter {
     /// Only entries that first failed before this time; `None` removes all.
     pub failed_before: Option<SystemTime>,
@@ -376,6 +443,7 @@ impl PurgeFilter {
 
 /// What [`DeadLetterStore::stats`] reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// How many entries there are.
     pub depth: u64,
@@ -383,6 +451,50 @@ pub struct Stats {
     pub oldest_age: Option<Duration>,
     /// Entries per failure kind name.
     pub by_kind: BTreeMap<String, u64>,
+    /// Entries per label.
+    pub by_label: BTreeMap<String, u64>,
+}
+
+impl Stats {
+    /// Counts `entry` in the statistics, its age measured against `now`.
+    pub fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
+        self.depth += 1;
+        *self
+            .by_kind
+            .entry(entry.kind.as_str().to_owned())
+            .or_default() += 1;
+        *self.by_label.entry(entry.label.clone()).or_default() += 1;
+        let age = entry.age(now);
+        self.oldest_age = Some(self.oldest_age.map_or(age, |o: Duration| o.max(age)));
+    }
+}
+
+/// How many entries each label has, for a store that keeps them in memory:
+/// a label leaves the map with its last entry, so the map never holds more
+/// keys than the store holds entries (and the stores are bounded).
+#[derive(Debug, Default)]
+pub(crate) struct LabelDepths(HashMap<String, u64>);
+
+impl LabelDepths {
+    /// One more entry for `label`; returns its count now.
+    pub(crate) fn add(&mut self, label: &str) -> u64 {
+        let count = match self.0.get_mut(label) {
+            Some(count) => count,
+            None => self.0.entry(label.to_owned()).or_default(),
+        };
+        *count += 1;
+        *count
+    }
+
+    /// One entry fewer for `label`.
+    pub(crate) fn remove(&mut self, label: &str) {
+        if let Some(count) = self.0.get_mut(label) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.0.remove(label);
+            }
+        }
+    }
 }
 
 /// A store could not do what was asked.

@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PurgeFilter, StoreError, StoreErrorKind,
+    Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// Entries by id; the value is the entry's JSON encoding.
 const ENTRIES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dead_letters");
@@ -26,6 +26,14 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("dead_letters_
 
 /// The key in [`META`] of the total encoded size of the entries, in bytes.
 const ENTRY_BYTES: &str = "entry_bytes";
+
+/// How many entries each label has, updated in the same transactions as the
+/// entries; a label leaves the table with its last entry.
+const LABELS: TableDefinition<'_, &str, u64> = TableDefinition::new("dead_letter_label_depths");
+
+/// The key in [`META`] that says [`LABELS`] counts every entry (a file
+/// written before there were label counts gets them when it is opened).
+const LABELS_COUNTED: &str = "label_depths_counted";
 
 /// Claims by entry id; the value is when the lease ends (milliseconds since
 /// the Unix epoch) and the claim's token.
@@ -113,7 +121,9 @@ struct Inner {
 struct Put {
     key: u128,
     value: Vec<u8>,
-    /// The depth after the commit, or why the entry was not kept.
+    label: String,
+    /// How many entries the label has after the commit, or why the entry
+    /// was not kept.
     ack: oneshot::Sender<Result<u64, StoreError>>,
 }
 
@@ -292,6 +302,17 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
         let entries = txn.open_table(ENTRIES).map_err(backend)?;
         let mut meta = txn.open_table(META).map_err(backend)?;
         txn.open_table(CLAIMS).map_err(backend)?;
+        let mut labels = txn.open_table(LABELS).map_err(backend)?;
+        if meta.get(LABELS_COUNTED).map_err(backend)?.is_none() {
+            for item in entries.iter().map_err(backend)? {
+                let (_, value) = item.map_err(backend)?;
+                // An entry that does not decode has no label to count.
+                if let Ok(entry) = DeadLetterEntry::from_bytes(value.value()) {
+                    add_label(&mut labels, &entry.label, 1)?;
+                }
+            }
+            meta.insert(LABELS_COUNTED, 1).map_err(backend)?;
+        }
         if meta.get(ENTRY_BYTES).map_err(backend)?.is_none() {
             let mut bytes = 0u64;
             for item in entries.iter().map_err(backend)? {
@@ -351,6 +372,31 @@ fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<()
     Ok(())
 }
 
+/// Adds `delta` (+1 or -1) to `label`'s count in `labels`; returns the
+/// count now. A count that reaches zero is removed, so the table holds only
+/// labels that have entries.
+fn add_label(
+    labels: &mut redb::Table<'_, &str, u64>,
+    label: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    let current = labels.get(label).map_err(backend)?.map_or(0, |v| v.value());
+    let count = current.saturating_add_signed(delta);
+    if count == 0 {
+        labels.remove(label).map_err(backend)?;
+    } else {
+        labels.insert(label, count).map_err(backend)?;
+    }
+    Ok(count)
+}
+
+/// The label of the stored entry `bytes` (`None` when it does not decode).
+fn label_of(bytes: &[u8]) -> Option<String> {
+    DeadLetterEntry::from_bytes(bytes)
+        .ok()
+        .map(|entry| entry.label)
+}
+
 /// Takes `count` off the depth counter, after the commit that removed them.
 ///
 /// Saturating: the writer counts entries before their commit, so a removal
@@ -406,8 +452,9 @@ impl Writer {
 
     /// Writes `batch` in one durable transaction. Each entry is checked
     /// against the limits on its own, in order: one that does not fit is
-    /// refused without failing the others. Returns each entry's outcome,
-    /// the depth after the commit for those kept.
+    /// refused without failing the others. Returns each entry's outcome:
+    /// for those kept, how many entries the entry's label has once its put
+    /// is counted.
     fn write_batch(&self, batch: &[Put]) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
         let mut txn = self.db.begin_write().map_err(backend)?;
         txn.set_durability(Durability::Immediate)
@@ -416,6 +463,7 @@ impl Writer {
         let (before, after) = {
             let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
             let mut meta = txn.open_table(META).map_err(backend)?;
+            let mut labels = txn.open_table(LABELS).map_err(backend)?;
             let before = entries.len().map_err(backend)?;
             let mut depth = before;
             let mut bytes = meta
@@ -423,10 +471,10 @@ impl Writer {
                 .map_err(backend)?
                 .map_or(0, |v| v.value());
             for put in batch {
-                let replaced = entries
-                    .get(put.key)
-                    .map_err(backend)?
-                    .map(|old| old.value().len() as u64);
+                let (replaced, old_label) = match entries.get(put.key).map_err(backend)? {
+                    Some(old) => (Some(old.value().len() as u64), label_of(old.value())),
+                    None => (None, None),
+                };
                 let new_depth = depth + u64::from(replaced.is_none());
                 let new_bytes = bytes
                     .saturating_sub(replaced.unwrap_or(0))
@@ -445,7 +493,18 @@ impl Writer {
                     .insert(put.key, put.value.as_slice())
                     .map_err(backend)?;
                 (depth, bytes) = (new_depth, new_bytes);
-                kept.push(Ok(()));
+                let label_depth = if old_label.as_deref() == Some(put.label.as_str()) {
+                    labels
+                        .get(put.label.as_str())
+                        .map_err(backend)?
+                        .map_or(0, |v| v.value())
+                } else {
+                    if let Some(old) = &old_label {
+                        add_label(&mut labels, old, -1)?;
+                    }
+                    add_label(&mut labels, &put.label, 1)?
+                };
+                kept.push(Ok(label_depth));
             }
             meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
             (before, depth)
@@ -466,10 +525,7 @@ impl Writer {
                 return Err(backend(error));
             }
         }
-        Ok(kept
-            .into_iter()
-            .map(|outcome| outcome.map(|()| after))
-            .collect())
+        Ok(kept)
     }
 }
 
@@ -487,6 +543,7 @@ impl DeadLetterStore for RedbStore {
         let put = Put {
             key: entry.id.as_u128(),
             value: entry.to_bytes(),
+            label: entry.label,
             ack,
         };
         let closed =
@@ -550,6 +607,32 @@ impl DeadLetterStore for RedbStore {
         .await
     }
 
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        self.blocking(move |db| {
+            let (low, high) = prefix.range();
+            let txn = db.begin_read().map_err(backend)?;
+            let table = txn.open_table(ENTRIES).map_err(backend)?;
+            let mut matches = PrefixMatches::default();
+            // Keys only: an entry's value is never decoded.
+            for item in table
+                .range(low.as_u128()..=high.as_u128())
+                .map_err(backend)?
+            {
+                let (key, _) = item.map_err(backend)?;
+                matches.count += 1;
+                if matches.ids.len() < limit {
+                    matches.ids.push(EntryId::from_u128(key.value()));
+                }
+            }
+            Ok(matches)
+        })
+        .await
+    }
+
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
         let depth = Arc::clone(&self.inner.depth);
         self.blocking(move |db| {
@@ -558,11 +641,17 @@ impl DeadLetterStore for RedbStore {
                 let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
                 let mut meta = txn.open_table(META).map_err(backend)?;
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+                let mut labels = txn.open_table(LABELS).map_err(backend)?;
                 claims.remove(id.as_u128()).map_err(backend)?;
-                let size = entries
-                    .remove(id.as_u128())
-                    .map_err(backend)?
-                    .map(|old| old.value().len() as u64);
+                let size = match entries.remove(id.as_u128()).map_err(backend)? {
+                    Some(old) => {
+                        if let Some(label) = label_of(old.value()) {
+                            add_label(&mut labels, &label, -1)?;
+                        }
+                        Some(old.value().len() as u64)
+                    }
+                    None => None,
+                };
                 if let Some(size) = size {
                     subtract_bytes(&mut meta, size)?;
                 }
@@ -582,6 +671,7 @@ impl DeadLetterStore for RedbStore {
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let mut gone = Vec::new();
+            let mut gone_labels = Vec::new();
             let mut bytes = 0u64;
             {
                 let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
@@ -589,10 +679,10 @@ impl DeadLetterStore for RedbStore {
                 // and an unreadable entry's age is unknown.
                 entries
                     .retain(|key, value| {
-                        let matches = DeadLetterEntry::from_bytes(value)
-                            .map(|entry| filter.matches(&entry))
-                            .unwrap_or(false);
-                        if matches {
+                        let entry = DeadLetterEntry::from_bytes(value).ok();
+                        let matches = entry.as_ref().is_some_and(|entry| filter.matches(entry));
+                        if let Some(entry) = entry.filter(|_| matches) {
+                            gone_labels.push(entry.label);
                             gone.push(key);
                             bytes = bytes.saturating_add(value.len() as u64);
                         }
@@ -602,6 +692,10 @@ impl DeadLetterStore for RedbStore {
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
                 for key in &gone {
                     claims.remove(*key).map_err(backend)?;
+                }
+                let mut labels = txn.open_table(LABELS).map_err(backend)?;
+                for label in &gone_labels {
+                    add_label(&mut labels, label, -1)?;
                 }
                 subtract_bytes(&mut txn.open_table(META).map_err(backend)?, bytes)?;
             }
@@ -747,6 +841,8 @@ mod tests {
             attempts: 1,
             first_failed_at: now,
             last_failed_at: now,
+            replays: Vec::new(),
+            failed_replays: 0,
         }
     }
 

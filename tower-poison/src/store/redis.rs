@@ -9,9 +9,9 @@ use redis::{Client, RedisError, Script};
 
 use super::{
     millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    ListQuery, Page, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
+    ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// How the Redis stores connect: one reconnecting
 /// [`ConnectionManager`] per store, shared by its clones.
@@ -105,13 +105,17 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// | `tower-poison:{NAME}:dead-letters` | hash | each [`EntryId`] (32 hex digits) → the entry's JSON; `get` is `HGET`, `depth` is `HLEN` |
 /// | `tower-poison:{NAME}:ids` | sorted set | every entry id, all with score 0, so they sort by their text: fixed-width hex, hence id (creation) order; `list` and the scans page with `ZRANGEBYLEX` |
 /// | `tower-poison:{NAME}:dead-letter-bytes` | string | the total size of the stored JSON, for [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) |
+/// | `tower-poison:{NAME}:label-depths` | hash | each label → how many entries it has, for the layer's `tower_poison_dlq_depth{label}` gauge; a label leaves with its last entry |
 /// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: its [token](crate::store::ClaimToken), expiring with the lease (`PX`) |
 ///
 /// A name must not be empty or start with `}` (either would leave the hash
 /// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
 ///
-/// Every write is one Lua script, so the entries, their ids, the byte count
-/// and the claims never disagree. [`put`](DeadLetterStore::put) of an id
+/// Every write is one Lua script, so the entries, their ids, the byte count,
+/// the label counts and the claims never disagree. (A queue written by a
+/// version without label counts has none for its older entries: the gauge
+/// then counts only the entries written since, and never goes below zero;
+/// `stats` scans, so its `by_label` is exact.) [`put`](DeadLetterStore::put) of an id
 /// already present (a failed replay updating its entry) replaces the JSON
 /// and leaves the id where it was: `list` returns entries in id order, as
 /// the other stores do, and a page cursor stays valid while entries are
@@ -184,6 +188,7 @@ struct Keys {
     entries: String,
     ids: String,
     bytes: String,
+    labels: String,
     claim_prefix: String,
 }
 
@@ -203,6 +208,7 @@ impl Keys {
             entries: format!("{base}dead-letters"),
             ids: format!("{base}ids"),
             bytes: format!("{base}dead-letter-bytes"),
+            labels: format!("{base}label-depths"),
             claim_prefix: format!("{base}claim:"),
             name,
         })
@@ -295,10 +301,12 @@ impl RedisDeadLetterStoreBuilder {
     }
 }
 
-/// Adds or replaces an entry within the limits: KEYS = entries, ids, bytes;
-/// ARGV = id, entry JSON, max entries, max bytes. Returns `{0, depth}` when
-/// stored, `{1, depth}` when refused for the entry count, `{2, depth}` for
-/// the bytes. Only what a put adds is checked, so a replacement no larger
+/// Adds or replaces an entry within the limits: KEYS = entries, ids, bytes,
+/// label depths; ARGV = id, entry JSON, max entries, max bytes, the entry's
+/// label. Returns `{0, label depth}` when stored, `{1, depth}` when refused
+/// for the entry count, `{2, depth}` for the bytes. A replacement that
+/// changes the entry's label moves its count (the old label is read from
+/// the old JSON). Only what a put adds is checked, so a replacement no larger
 /// than the entry it replaces always succeeds, and it counts only the
 /// difference in size. A replaced id keeps its place (its score is 0
 /// either way), and a claim on it is left alone. Running it twice with the
@@ -311,14 +319,22 @@ if not exists and depth + 1 > tonumber(ARGV[3]) then return {1, depth} end
 local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
 local size = string.len(ARGV[2])
 if size > old_size and bytes - old_size + size > tonumber(ARGV[4]) then return {2, depth} end
+local old_label = nil
+if exists then old_label = cjson.decode(redis.call('HGET', KEYS[1], ARGV[1]))['label'] end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('INCRBY', KEYS[3], size - old_size)
-return {0, redis.call('HLEN', KEYS[1])}
+if old_label == ARGV[5] then
+  return {0, tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')}
+end
+if old_label and redis.call('HINCRBY', KEYS[4], old_label, -1) <= 0 then
+  redis.call('HDEL', KEYS[4], old_label)
+end
+return {0, redis.call('HINCRBY', KEYS[4], ARGV[5], 1)}
 ";
 
 /// Removes entries by id, with their claims: KEYS = entries, ids, bytes,
-/// then the claim key of each entry; ARGV = for each entry its id and the
+/// label depths, then the claim key of each entry; ARGV = for each entry its id and the
 /// JSON it must still have, or `''` for any (purge: do not remove an entry
 /// that was replaced since it was read). Returns how many were removed.
 const REMOVE: &str = r"
@@ -326,10 +342,14 @@ local removed = 0
 for i = 1, #ARGV, 2 do
   local json = redis.call('HGET', KEYS[1], ARGV[i])
   if json and (ARGV[i + 1] == '' or ARGV[i + 1] == json) then
+    local label = cjson.decode(json)['label']
+    if label and redis.call('HINCRBY', KEYS[4], label, -1) <= 0 then
+      redis.call('HDEL', KEYS[4], label)
+    end
     redis.call('DECRBY', KEYS[3], string.len(json))
     redis.call('HDEL', KEYS[1], ARGV[i])
     redis.call('ZREM', KEYS[2], ARGV[i])
-    redis.call('DEL', KEYS[3 + (i + 1) / 2])
+    redis.call('DEL', KEYS[4 + (i + 1) / 2])
     removed = removed + 1
   end
 end
@@ -497,7 +517,8 @@ impl RedisDeadLetterStore {
         invocation
             .key(&keys.entries)
             .key(&keys.ids)
-            .key(&keys.bytes);
+            .key(&keys.bytes)
+            .key(&keys.labels);
         for (id, json) in entries {
             invocation
                 .key(keys.claim(*id))
@@ -531,10 +552,12 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .key(&keys.entries)
             .key(&keys.ids)
             .key(&keys.bytes)
+            .key(&keys.labels)
             .arg(entry.id.to_string())
             .arg(entry.to_bytes())
             .arg(self.shared.max_entries)
             .arg(self.shared.max_bytes)
+            .arg(&entry.label)
             .invoke_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("keep entry {}", entry.id), e))?;
@@ -588,6 +611,42 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 });
             }
         }
+    }
+
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        // Ids are lowercase hex of one width, so those starting with the
+        // prefix are the members from `prefix` up to (not including)
+        // `prefix` followed by `g`, the first byte after `f`.
+        let min = format!("[{prefix}");
+        let max = format!("({prefix}g");
+        let ids = &self.shared.keys.ids;
+        let (count, found): (u64, Vec<String>) = redis::pipe()
+            .cmd("ZLEXCOUNT")
+            .arg(ids)
+            .arg(&min)
+            .arg(&max)
+            .cmd("ZRANGEBYLEX")
+            .arg(ids)
+            .arg(&min)
+            .arg(&max)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed("find ids by prefix", e))?;
+        let ids = found
+            .iter()
+            .map(|id| {
+                id.parse::<EntryId>()
+                    .map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PrefixMatches { count, ids })
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
@@ -695,13 +754,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let mut scan = self.scan();
         while let Some(page) = self.next_page(&mut scan).await? {
             for (_, entry) in &page {
-                stats.depth += 1;
-                *stats
-                    .by_kind
-                    .entry(entry.kind.as_str().to_owned())
-                    .or_default() += 1;
-                let age = entry.age(now);
-                stats.oldest_age = Some(stats.oldest_age.map_or(age, |o: Duration| o.max(age)));
+                stats.count(entry, now);
             }
         }
         Ok(stats)
@@ -749,7 +802,7 @@ mod tests {
             let claim = keys.claim(EntryId::from_u128(42));
             let tag = hash_tag(&keys.entries);
             assert_ne!(tag, keys.entries, "{name:?}: the key has a hash tag");
-            for key in [&keys.ids, &keys.bytes, &claim] {
+            for key in [&keys.ids, &keys.bytes, &keys.labels, &claim] {
                 assert_eq!(hash_tag(key), tag, "{name:?}: {key}");
             }
         }
