@@ -103,7 +103,7 @@ async fn a_scrape_keeps_two_downstreams_apart_and_describes_every_series() {
         .filter_map(|line| line.strip_prefix("# TYPE "))
         .filter_map(|rest| rest.split(' ').next())
         .filter(|name| {
-            ["tower_retry_", "tower_breaker_"]
+            ["tower_retry_", "tower_breaker_", "tower_poison_"]
                 .iter()
                 .any(|p| name.starts_with(p))
         })
