@@ -10,12 +10,11 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_classify::duration::format_duration;
-use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome, RetryHint};
+use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
 
-use crate::backoff::BackoffIter;
-use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitLimit, WaitTooLong};
-use crate::policy::{is_shed, Policy, RetryEvent, RetryStopped, StopReason};
+use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitTooLong};
+use crate::policy::{Decision, Policy, RetryEvent, RetryState, RetryStopped, StopReason};
 use crate::replay::{Replay, StopReport};
 use crate::telemetry::{self, CallSpans, Telemetry};
 
@@ -36,24 +35,26 @@ pin_project! {
         replay: Option<Req>,
         policy: Arc<Policy<C, R>>,
         attempts: u32,
-        deadline: Option<Instant>,
-        // Created on the first retry: the success path needs no random
-        // generator.
-        backoff: Option<BackoffIter>,
-        // One timer, reused: the attempt's limit while `Called`, the backoff
-        // while `Waiting`, the deadline while `Readying`. Boxed so that the
-        // future stays small and a call without limits allocates nothing.
-        timer: Option<Pin<Box<Sleep>>>,
         // What the timer enforces while an attempt is in flight.
         limit: Limit,
-        waited_for_shed: bool,
-        // How the attempt before the one in flight failed, for the error
-        // that may end the loop; boxed, as only a retried call with a deadline has one.
-        previous: Option<Box<PreviousFailure>>,
-        // The call's and the attempt's spans; `None` unless a subscriber
-        // records them.
-        spans: Option<Box<CallSpans>>,
+        // Everything only a call with a limit, spans or a retry needs. A
+        // call without them that succeeds allocates nothing, and the future
+        // it moves around stays small.
+        cold: Option<Box<Cold>>,
     }
+}
+
+/// The state of a call past its simple first attempt.
+#[derive(Default)]
+pub(crate) struct Cold {
+    retry: RetryState,
+    // One timer, reused: the attempt's limit while `Called`, the backoff
+    // while `Waiting`, the deadline while `Readying`.
+    timer: Option<Pin<Box<Sleep>>>,
+    // How the attempt before the one in flight failed, for the error
+    // that may end the loop; kept only when the call has a deadline.
+    previous: Option<PreviousFailure>,
+    spans: Option<CallSpans>,
 }
 
 pin_project! {
@@ -96,92 +97,58 @@ impl<E: Into<BoxError>> AttemptError<E> {
     }
 }
 
-/// What to do with an attempt's result.
-enum Decision {
-    /// A success: hand it back as it is.
-    Return,
-    /// A failure not retried: hand it back, a response marked with why.
-    Stop(StopReason),
-    /// Sleep this long, then make the next attempt.
-    Retry(Duration),
-    /// Stop with [`BudgetExhausted`].
-    Budget(Failure),
-    /// Stop with [`WaitTooLong`].
-    TooLong {
-        wait: Duration,
-        limit: Duration,
-        reason: WaitLimit,
-        failure: Failure,
-    },
-}
-
-/// The share of a waited-out refusal added at random, so that the callers
-/// refused together do not all come back on the same tick.
-const SHED_JITTER: f64 = 0.25;
-
-/// Runs `poll` inside the span `which` picks, if the call has spans: the
-/// attempt's span is the parent of whatever the service below logs or
-/// traces.
-#[inline]
-fn poll_in<T>(
-    spans: &Option<Box<CallSpans>>,
-    which: fn(&CallSpans) -> &tracing::Span,
-    poll: impl FnOnce() -> T,
-) -> T {
-    match spans {
-        Some(spans) => which(spans).in_scope(poll),
-        None => poll(),
+impl Cold {
+    /// Arms the timer for an attempt starting now and says what it enforces.
+    fn arm_attempt(&mut self, attempt_timeout: Option<Duration>) -> Limit {
+        let deadline = self.retry.deadline;
+        let attempt_end = attempt_timeout.and_then(|t| Instant::now().checked_add(t));
+        let (end, limit) = match (attempt_end, deadline) {
+            (None, None) => return Limit::None,
+            (Some(end), Some(deadline)) if deadline <= end => (deadline, Limit::Deadline),
+            (Some(end), _) => (end, Limit::AttemptTimeout),
+            (None, Some(deadline)) => (deadline, Limit::Deadline),
+        };
+        self.arm(end);
+        limit
     }
-}
 
-/// Records how the call ended on its span, if it has one.
-fn end_span(
-    spans: &Option<Box<CallSpans>>,
-    attempts: u32,
-    failure: Option<Failure>,
-    stop: Option<StopReason>,
-) {
-    if let Some(spans) = spans {
-        telemetry::record_end(spans, attempts, failure);
-        if let Some(stop) = stop {
-            spans.call.record("stop_reason", stop.as_str());
+    fn arm(&mut self, end: Instant) {
+        match &mut self.timer {
+            Some(sleep) => sleep.as_mut().reset(end),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(end))),
+        }
+    }
+
+    fn timer(&mut self) -> Pin<&mut Sleep> {
+        self.timer
+            .as_mut()
+            .expect("a timer is armed for a limit")
+            .as_mut()
+    }
+
+    /// Records how the call ended on its span, if it has one.
+    fn end_span(&self, attempts: u32, failure: Option<Failure>, stop: Option<StopReason>) {
+        if let Some(spans) = &self.spans {
+            telemetry::record_end(spans, attempts, failure);
+            if let Some(stop) = stop {
+                spans.call.record("stop_reason", stop.as_str());
+            }
         }
     }
 }
 
-/// The failure of an outcome already known to be one.
-fn failure_of(outcome: &Outcome) -> Failure {
-    outcome
-        .as_failure()
-        .copied()
-        .unwrap_or(Failure::new(FailureKind::ServerError))
-}
-
-/// Arms `timer` for an attempt starting now and says what it enforces.
+/// Runs `f` inside the span `which` picks, if the call has spans: the
+/// attempt's span is the parent of whatever the service below logs or
+/// traces.
 #[inline]
-fn arm_attempt(
-    timer: &mut Option<Pin<Box<Sleep>>>,
-    attempt_timeout: Option<Duration>,
-    deadline: Option<Instant>,
-) -> Limit {
-    if attempt_timeout.is_none() && deadline.is_none() {
-        return Limit::None;
-    }
-    let attempt_end = attempt_timeout.and_then(|t| Instant::now().checked_add(t));
-    let (end, limit) = match (attempt_end, deadline) {
-        (None, None) => return Limit::None,
-        (Some(end), Some(deadline)) if deadline <= end => (deadline, Limit::Deadline),
-        (Some(end), _) => (end, Limit::AttemptTimeout),
-        (None, Some(deadline)) => (deadline, Limit::Deadline),
-    };
-    arm(timer, end);
-    limit
-}
-
-fn arm(timer: &mut Option<Pin<Box<Sleep>>>, end: Instant) {
-    match timer {
-        Some(sleep) => sleep.as_mut().reset(end),
-        None => *timer = Some(Box::pin(tokio::time::sleep_until(end))),
+fn in_span<T>(
+    cold: &Option<Box<Cold>>,
+    which: fn(&CallSpans) -> &tracing::Span,
+    f: impl FnOnce() -> T,
+) -> T {
+    match cold.as_ref().and_then(|cold| cold.spans.as_ref()) {
+        Some(spans) => which(spans).in_scope(f),
+        None => f(),
     }
 }
 
@@ -189,182 +156,81 @@ impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
 {
+    /// The future of a call whose first attempt is `future`. `cold` is
+    /// `Some` when the call has a limit or spans.
     pub(crate) fn new(
         future: S::Future,
         service: S,
         replay: Option<Req>,
         policy: Arc<Policy<C, R>>,
-        deadline: Option<Instant>,
-        spans: Option<Box<CallSpans>>,
+        mut cold: Option<Box<Cold>>,
     ) -> Self {
-        let mut timer = None;
-        let limit = arm_attempt(&mut timer, policy.attempt_timeout, deadline);
+        let limit = match cold.as_mut() {
+            Some(cold) => cold.arm_attempt(policy.attempt_timeout),
+            None => Limit::None,
+        };
         ResponseFuture {
             state: State::Called { future },
             service,
             replay,
             policy,
             attempts: 1,
-            deadline,
-            backoff: None,
-            timer,
             limit,
-            waited_for_shed: false,
-            previous: None,
-            spans,
+            cold,
         }
     }
 }
 
-impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
-where
-    S: Service<Req>,
-{
-    fn deadline_exceeded(
-        policy: &Policy<C, R>,
-        attempts: u32,
-        previous: Option<Box<PreviousFailure>>,
-    ) -> BoxError {
-        let deadline = policy.deadline.unwrap_or_default();
-        // The attempt in flight ran out of time.
-        let failure = Failure::new(FailureKind::Timeout);
-        policy
-            .telemetry
-            .gave_up(StopReason::Deadline, attempts, failure);
-        policy
-            .listeners
-            .gave_up(attempts, StopReason::Deadline, failure);
-        Box::new(DeadlineExceeded::new(
-            deadline,
-            attempts,
-            previous.map(|previous| *previous),
-        ))
+/// The cold state of a new call: `None` unless it has a deadline, an
+/// attempt timeout or spans. `call` makes it before the first attempt, so
+/// that the attempt runs inside its span.
+#[inline]
+pub(crate) fn cold_state<C, R>(policy: &Policy<C, R>) -> Option<Box<Cold>> {
+    let spans = policy.telemetry.call_spans();
+    if spans.is_none() && policy.deadline.is_none() && policy.attempt_timeout.is_none() {
+        return None;
     }
+    make_cold_state(policy, spans)
 }
 
-/// Decides what follows an attempt. Free of the future's pinning so it reads
-/// as the policy it is.
-#[inline(never)]
-fn decide<C, R>(
-    policy: &Policy<C, R>,
-    outcome: Outcome,
-    attempts: u32,
-    replayable: bool,
-    deadline: Option<Instant>,
-    backoff: &mut Option<BackoffIter>,
-    waited_for_shed: &mut bool,
-) -> Decision {
-    let failure = match outcome {
-        Outcome::Failure(failure) => failure,
-        Outcome::Success | Outcome::Ignored => return Decision::Return,
-    };
-    // A load-shedding refusal below us (a breaker's open circuit): never
-    // retried at once. Its remaining time is waited out once, and only when
-    // the caller set a deadline it fits in and it is no longer than
-    // `max_delay`: with no deadline every caller would sleep out the whole
-    // recovery and come back on the same tick.
-    let shed = is_shed(failure.kind);
-    let mut shed_wait = None;
-    if shed {
-        shed_wait = match (failure.hint, deadline) {
-            (Some(RetryHint::After(wait)), Some(deadline))
-                if !*waited_for_shed
-                    && wait <= policy.backoff.max_delay()
-                    && wait <= policy.max_wait =>
-            {
-                let left = deadline.saturating_duration_since(Instant::now());
-                left.checked_sub(wait)
-                    .filter(|slack| !slack.is_zero())
-                    .map(|slack| {
-                        // Later, never sooner: before `wait` the refusal stands.
-                        wait + wait.mul_f64(SHED_JITTER * fastrand::f64()).min(slack / 2)
-                    })
-            }
-            _ => None,
-        };
-        if shed_wait.is_none() {
-            policy
-                .telemetry
-                .gave_up(StopReason::Shed, attempts, failure);
-            return Decision::Stop(StopReason::Shed);
-        }
-    } else if !policy.retry_if.allows(&failure) {
-        return Decision::Stop(StopReason::NotRetried);
-    }
-    if attempts > policy.max_retries {
-        policy
-            .telemetry
-            .gave_up(StopReason::Attempts, attempts, failure);
-        return Decision::Stop(StopReason::Attempts);
-    }
-    if !replayable {
-        tracing::debug!(
-            attempts,
-            class = failure.kind.as_str(),
-            "request cannot be replayed; not retrying"
-        );
-        return Decision::Stop(StopReason::NotReplayable);
-    }
-    let computed = backoff
-        .get_or_insert_with(|| policy.backoff.iter())
-        .next()
-        .unwrap_or_default();
-    let hinted = if shed {
-        shed_wait
-    } else {
-        failure.retry_after()
-    };
-    let wait = hinted.unwrap_or(computed);
-    if let Some(wait) = hinted {
-        if wait > policy.max_wait {
-            policy
-                .telemetry
-                .gave_up(StopReason::WaitTooLong, attempts, failure);
-            return Decision::TooLong {
-                wait,
-                limit: policy.max_wait,
-                reason: WaitLimit::MaxWait,
-                failure,
-            };
-        }
-    }
-    if let Some(deadline) = deadline {
-        let now = Instant::now();
-        let left = deadline.saturating_duration_since(now);
-        if wait >= left {
-            if hinted.is_some() && !shed {
-                policy
-                    .telemetry
-                    .gave_up(StopReason::WaitTooLong, attempts, failure);
-                return Decision::TooLong {
-                    wait,
-                    limit: left,
-                    reason: WaitLimit::Deadline,
-                    failure,
-                };
-            }
-            // A computed sleep that would cross the deadline is not started.
-            policy
-                .telemetry
-                .gave_up(StopReason::Deadline, attempts, failure);
-            return Decision::Stop(StopReason::Deadline);
-        }
-    }
-    // A refusal below never reached the dependency, so the attempt after
-    // waiting it out adds no load to it: it spends no budget.
-    if let Some(budget) = policy.budget.as_ref().filter(|_| !shed) {
-        if !budget.withdraw() {
-            policy.telemetry.budget_exhausted();
-            policy
-                .telemetry
-                .gave_up(StopReason::Budget, attempts, failure);
-            return Decision::Budget(failure);
-        }
-    }
-    if shed {
-        *waited_for_shed = true;
-    }
-    Decision::Retry(wait)
+#[cold]
+fn make_cold_state<C, R>(policy: &Policy<C, R>, spans: Option<CallSpans>) -> Option<Box<Cold>> {
+    Some(Box::new(Cold {
+        retry: RetryState {
+            deadline: policy
+                .deadline
+                .and_then(|deadline| Instant::now().checked_add(deadline)),
+            ..RetryState::default()
+        },
+        spans,
+        ..Cold::default()
+    }))
+}
+
+/// Calls `service` inside the first attempt's span, if there is one.
+pub(crate) fn first_call<S: Service<Req>, Req>(
+    cold: &Option<Box<Cold>>,
+    service: &mut S,
+    request: Req,
+) -> S::Future {
+    in_span(cold, |spans| &spans.attempt, || service.call(request))
+}
+
+fn deadline_exceeded<C, R>(policy: &Policy<C, R>, cold: &mut Cold, attempts: u32) -> BoxError {
+    let failure = Failure::new(FailureKind::Timeout);
+    cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
+    policy
+        .telemetry
+        .gave_up(StopReason::Deadline, attempts, failure);
+    // The attempt in flight ran out of time.
+    policy
+        .listeners
+        .gave_up(attempts, StopReason::Deadline, failure);
+    Box::new(DeadlineExceeded::new(
+        policy.deadline.unwrap_or_default(),
+        attempts,
+        cold.previous.take(),
+    ))
 }
 
 impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
@@ -381,31 +247,25 @@ where
         loop {
             let result = match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    match poll_in(this.spans, |s| &s.attempt, || future.poll(cx)) {
-                        // Boxed before it is classified, so one classifier over
-                        // `BoxError` serves any client's error type.
+                    let polled = in_span(this.cold, |spans| &spans.attempt, || future.poll(cx));
+                    match polled {
+                        // Boxed before it is classified, so one classifier
+                        // over `BoxError` serves any client's error type.
                         Poll::Ready(result) => {
                             result.map_err(|err| AttemptError::Inner(err.into()))
                         }
                         // As `tokio::time::Timeout` does: the attempt first, then its limit.
                         Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
                         Poll::Pending => {
-                            let timer = this.timer.as_mut().expect("a timer is armed for a limit");
-                            ready!(timer.as_mut().poll(cx));
+                            let cold = this.cold.as_mut().expect("a limit has cold state");
+                            ready!(cold.timer().poll(cx));
                             // The attempt is abandoned: drop it now.
                             this.state.set(State::Done);
                             if *this.limit == Limit::Deadline {
-                                let failure = Failure::new(FailureKind::Timeout);
-                                end_span(
-                                    this.spans,
-                                    *this.attempts,
-                                    Some(failure),
-                                    Some(StopReason::Deadline),
-                                );
-                                return Poll::Ready(Err(Self::deadline_exceeded(
+                                return Poll::Ready(Err(deadline_exceeded(
                                     this.policy,
+                                    cold,
                                     *this.attempts,
-                                    this.previous.take(),
                                 )));
                             }
                             Err(AttemptError::TimedOut)
@@ -413,49 +273,38 @@ where
                     }
                 }
                 StateProj::Waiting => {
-                    let timer = this.timer.as_mut().expect("a timer is armed while waiting");
-                    ready!(timer.as_mut().poll(cx));
+                    let cold = this.cold.as_mut().expect("a retry has cold state");
+                    ready!(cold.timer().poll(cx));
                     // The same timer now guards readiness against the deadline.
-                    if let Some(deadline) = *this.deadline {
-                        timer.as_mut().reset(deadline);
+                    if let Some(deadline) = cold.retry.deadline {
+                        cold.timer().reset(deadline);
                     }
                     this.state.set(State::Readying);
                     continue;
                 }
                 StateProj::Readying => {
-                    let ready = poll_in(this.spans, |s| &s.call, || this.service.poll_ready(cx));
+                    let ready = in_span(
+                        this.cold,
+                        |spans| &spans.call,
+                        || this.service.poll_ready(cx),
+                    );
+                    let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(err)) => {
                             this.state.set(State::Done);
-                            let err = err.into();
-                            end_span(
-                                this.spans,
-                                *this.attempts,
-                                Some(Failure::new(FailureKind::ServerError)),
-                                None,
-                            );
-                            return Poll::Ready(Err(err));
+                            let failure = Failure::new(FailureKind::ServerError);
+                            cold.end_span(*this.attempts, Some(failure), None);
+                            return Poll::Ready(Err(err.into()));
                         }
                         Poll::Pending => {
-                            if this.deadline.is_some() {
-                                if let Some(timer) = this.timer.as_mut() {
-                                    if timer.as_mut().poll(cx).is_ready() {
-                                        this.state.set(State::Done);
-                                        let failure = Failure::new(FailureKind::Timeout);
-                                        end_span(
-                                            this.spans,
-                                            *this.attempts,
-                                            Some(failure),
-                                            Some(StopReason::Deadline),
-                                        );
-                                        return Poll::Ready(Err(Self::deadline_exceeded(
-                                            this.policy,
-                                            *this.attempts,
-                                            this.previous.take(),
-                                        )));
-                                    }
-                                }
+                            if cold.retry.deadline.is_some() && cold.timer().poll(cx).is_ready() {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Err(deadline_exceeded(
+                                    this.policy,
+                                    cold,
+                                    *this.attempts,
+                                )));
                             }
                             return Poll::Pending;
                         }
@@ -470,69 +319,69 @@ where
                     if *this.attempts <= this.policy.max_retries {
                         *this.replay = this.policy.replay.replay(&request, *this.attempts);
                     }
-                    let future = match this.spans.as_mut() {
+                    let future = match cold.spans.as_mut() {
                         Some(spans) => {
                             spans.attempt = Telemetry::attempt_span(&spans.call, *this.attempts);
                             spans.attempt.in_scope(|| this.service.call(request))
                         }
                         None => this.service.call(request),
                     };
-                    *this.limit =
-                        arm_attempt(this.timer, this.policy.attempt_timeout, *this.deadline);
+                    *this.limit = cold.arm_attempt(this.policy.attempt_timeout);
                     this.state.set(State::Called { future });
                     continue;
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
 
+            let policy = &**this.policy;
             let outcome = match &result {
-                Ok(response) => this.policy.classifier.classify(Ok(response)),
-                Err(AttemptError::Inner(err)) => this.policy.classifier.classify(Err(err)),
+                Ok(response) => policy.classifier.classify(Ok(response)),
+                Err(AttemptError::Inner(err)) => policy.classifier.classify(Err(err)),
                 Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
             };
-            if let Some(spans) = this.spans.as_ref() {
-                telemetry::record_attempt(spans, outcome.as_failure().copied());
-            }
-            // The success path: nothing to decide.
-            if !matches!(outcome, Outcome::Failure(_)) {
-                this.state.set(State::Done);
-                end_span(this.spans, *this.attempts, None, None);
-                if *this.attempts > 1 && outcome == Outcome::Success {
-                    this.policy.listeners.recovered(*this.attempts);
+            let failure = match outcome {
+                Outcome::Failure(failure) => failure,
+                // The success path: nothing to decide.
+                Outcome::Success | Outcome::Ignored => {
+                    this.state.set(State::Done);
+                    if let Some(cold) = this.cold.as_ref() {
+                        if let Some(spans) = &cold.spans {
+                            telemetry::record_attempt(spans, None);
+                        }
+                        cold.end_span(*this.attempts, None, None);
+                    }
+                    if *this.attempts > 1 && outcome == Outcome::Success {
+                        policy.listeners.recovered(*this.attempts);
+                    }
+                    return Poll::Ready(result.map_err(AttemptError::into_box));
                 }
-                return Poll::Ready(result.map_err(AttemptError::into_box));
+            };
+            let cold = this.cold.get_or_insert_with(Box::default);
+            if let Some(spans) = &cold.spans {
+                telemetry::record_attempt(spans, Some(failure));
             }
-            let report = &this.policy.replay;
+            let attempts = *this.attempts;
+            let report = &policy.replay;
             let decision = match &result {
                 // A retry layer below stopped on its spent budget: retrying
                 // here would multiply what it refused to add.
                 Ok(response) if report.spent_below(response) => Decision::Stop(StopReason::Budget),
-                _ => decide(
-                    this.policy,
-                    outcome,
-                    *this.attempts,
+                _ => policy.decide(
+                    failure,
+                    attempts,
                     this.replay
                         .as_ref()
                         .is_some_and(|copy| report.can_replay(copy)),
-                    *this.deadline,
-                    this.backoff,
-                    this.waited_for_shed,
+                    &mut cold.retry,
                 ),
             };
-            let attempts = *this.attempts;
             let stopped = |reason| RetryStopped { reason, attempts };
-            let listeners = &this.policy.listeners;
-            match decision {
-                Decision::Return => {
-                    this.state.set(State::Done);
-                    end_span(this.spans, attempts, None, None);
-                    return Poll::Ready(result.map_err(AttemptError::into_box));
-                }
+            let wait = match decision {
+                Decision::Retry(wait) => wait,
                 Decision::Stop(reason) => {
                     this.state.set(State::Done);
-                    let failure = failure_of(&outcome);
-                    end_span(this.spans, attempts, Some(failure), Some(reason));
-                    listeners.gave_up(attempts, reason, failure);
+                    cold.end_span(attempts, Some(failure), Some(reason));
+                    policy.listeners.gave_up(attempts, reason, failure);
                     return Poll::Ready(match result {
                         Ok(response) => report.hand_back(response, stopped(reason), failure),
                         Err(err) => Err(err.into_box()),
@@ -541,19 +390,13 @@ where
                 // The upstream's own answer (a 503 with its body and
                 // `Retry-After`) is worth more to the caller than an error
                 // of ours; only an error is replaced.
-                Decision::Budget(failure) => {
+                Decision::Budget => {
                     this.state.set(State::Done);
-                    end_span(
-                        this.spans,
-                        attempts,
-                        Some(failure),
-                        Some(StopReason::Budget),
-                    );
-                    listeners.gave_up(attempts, StopReason::Budget, failure);
+                    let reason = StopReason::Budget;
+                    cold.end_span(attempts, Some(failure), Some(reason));
+                    policy.listeners.gave_up(attempts, reason, failure);
                     return Poll::Ready(match result {
-                        Ok(response) => {
-                            report.hand_back(response, stopped(StopReason::Budget), failure)
-                        }
+                        Ok(response) => report.hand_back(response, stopped(reason), failure),
                         Err(err) => Err(Box::new(BudgetExhausted::new(
                             attempts,
                             failure,
@@ -565,16 +408,11 @@ where
                     wait,
                     limit,
                     reason,
-                    failure,
                 } => {
                     this.state.set(State::Done);
-                    end_span(
-                        this.spans,
-                        attempts,
-                        Some(failure),
-                        Some(StopReason::WaitTooLong),
-                    );
-                    listeners.gave_up(attempts, StopReason::WaitTooLong, failure);
+                    let stop = StopReason::WaitTooLong;
+                    cold.end_span(attempts, Some(failure), Some(stop));
+                    policy.listeners.gave_up(attempts, stop, failure);
                     let (cause, head) = match result {
                         Ok(response) => (None, report.keep_head(response)),
                         Err(err) => (Some(err.into_box()), None),
@@ -583,54 +421,48 @@ where
                         wait, limit, reason, attempts, failure, cause, head,
                     ))));
                 }
-                Decision::Retry(wait) => {
-                    let failure = failure_of(&outcome);
-                    let event = RetryEvent {
-                        attempt: attempts + 1,
-                        failure,
-                        wait,
-                    };
-                    this.policy.telemetry.retrying(event.attempt, failure, wait);
-                    // The failed attempt's span ends now, not after the sleep.
-                    if let Some(spans) = this.spans.as_mut() {
-                        spans
-                            .attempt
-                            .record("wait", tracing::field::display(format_duration(wait)));
-                        spans.attempt = tracing::Span::none();
-                    }
-                    this.policy.listeners.retried(&event);
-                    // Kept for the `DeadlineExceeded` that may end the loop,
-                    // which only a deadline can; a response's body is
-                    // dropped here, its head kept.
-                    if this.deadline.is_some() {
-                        let (error, head) = match result {
-                            Ok(response) => (None, report.keep_head(response)),
-                            Err(err) => (Some(err.into_box()), None),
-                        };
-                        *this.previous = Some(Box::new(PreviousFailure {
-                            failure,
-                            error,
-                            head,
-                        }));
-                    }
-                    // No sleep: go straight to readiness, with the timer
-                    // (if any) guarding the deadline.
-                    let timer_end = if wait.is_zero() {
-                        *this.deadline
-                    } else {
-                        // A wait past the end of `Instant` is as good as forever.
-                        let now = Instant::now();
-                        Some(now.checked_add(wait).unwrap_or_else(|| now + FOREVER))
-                    };
-                    if let Some(end) = timer_end {
-                        arm(this.timer, end);
-                    }
-                    if wait.is_zero() {
-                        this.state.set(State::Readying);
-                    } else {
-                        this.state.set(State::Waiting);
-                    }
+            };
+
+            let event = RetryEvent {
+                attempt: attempts + 1,
+                failure,
+                wait,
+            };
+            policy.telemetry.retrying(event.attempt, failure, wait);
+            // The failed attempt's span ends now, not after the sleep.
+            if let Some(spans) = cold.spans.as_mut() {
+                spans
+                    .attempt
+                    .record("wait", tracing::field::display(format_duration(wait)));
+                spans.attempt = tracing::Span::none();
+            }
+            policy.listeners.retried(&event);
+            // Kept for the `DeadlineExceeded` that may end the loop, which
+            // only a deadline can; a response's body is dropped here, its
+            // head kept.
+            if cold.retry.deadline.is_some() {
+                let (error, head) = match result {
+                    Ok(response) => (None, report.keep_head(response)),
+                    Err(err) => (Some(err.into_box()), None),
+                };
+                cold.previous = Some(PreviousFailure {
+                    failure,
+                    error,
+                    head,
+                });
+            }
+            if wait.is_zero() {
+                // No sleep: straight to readiness, with the timer (if any)
+                // guarding the deadline.
+                if let Some(deadline) = cold.retry.deadline {
+                    cold.arm(deadline);
                 }
+                this.state.set(State::Readying);
+            } else {
+                // A wait past the end of `Instant` is as good as forever.
+                let now = Instant::now();
+                cold.arm(now.checked_add(wait).unwrap_or_else(|| now + FOREVER));
+                this.state.set(State::Waiting);
             }
         }
     }
@@ -643,7 +475,10 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("attempts", &self.attempts)
-            .field("deadline", &self.deadline)
+            .field(
+                "deadline",
+                &self.cold.as_ref().and_then(|cold| cold.retry.deadline),
+            )
             .finish_non_exhaustive()
     }
 }

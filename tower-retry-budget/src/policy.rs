@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use tower_classify::{Failure, FailureKind, RetryHint, RetryOn};
 
-use crate::backoff::Backoff;
+use tokio::time::Instant;
+
+use crate::backoff::{Backoff, BackoffIter};
 use crate::budget::Budget;
+use crate::error::WaitLimit;
 
 /// One retry about to happen, as passed to an
 /// [`on_retry`](crate::RetryBuilder::on_retry) callback.
@@ -217,6 +220,151 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
 /// blessing: a local load-shedding refusal below the retry layer.
 pub(crate) fn is_shed(kind: FailureKind) -> bool {
     kind == FailureKind::Shed
+}
+
+/// The share of a waited-out refusal added at random, so that the callers
+/// refused together do not all come back on the same tick.
+const SHED_JITTER: f64 = 0.25;
+
+/// What to do after a failed attempt.
+pub(crate) enum Decision {
+    /// A failure not retried: hand it back, a response marked with why.
+    Stop(StopReason),
+    /// Sleep this long, then make the next attempt.
+    Retry(Duration),
+    /// Stop with [`BudgetExhausted`](crate::error::BudgetExhausted).
+    Budget,
+    /// Stop with [`WaitTooLong`](crate::error::WaitTooLong).
+    TooLong {
+        wait: Duration,
+        limit: Duration,
+        reason: WaitLimit,
+    },
+}
+
+/// What a call carries from one attempt to the next, for the decisions.
+#[derive(Default)]
+pub(crate) struct RetryState {
+    /// When the whole loop must end, if it has a deadline.
+    pub(crate) deadline: Option<Instant>,
+    /// Made on the first retry: a call that succeeds needs no random
+    /// generator.
+    pub(crate) backoff: Option<BackoffIter>,
+    /// Whether a refusal below was already waited out once.
+    pub(crate) waited_for_shed: bool,
+}
+
+impl<C, R> Policy<C, R> {
+    /// Decides what follows attempt number `attempts`, which failed with
+    /// `failure`. `replayable` says whether a copy of the request can be
+    /// sent again.
+    pub(crate) fn decide(
+        &self,
+        failure: Failure,
+        attempts: u32,
+        replayable: bool,
+        state: &mut RetryState,
+    ) -> Decision {
+        // A load-shedding refusal below us (a breaker's open circuit): never
+        // retried at once. Its remaining time is waited out once, and only
+        // when the caller set a deadline it fits in and it is no longer than
+        // `max_delay`: with no deadline every caller would sleep out the whole
+        // recovery and come back on the same tick.
+        let shed = is_shed(failure.kind);
+        let mut shed_wait = None;
+        if shed {
+            shed_wait = match (failure.hint, state.deadline) {
+                (Some(RetryHint::After(wait)), Some(deadline))
+                    if !state.waited_for_shed
+                        && wait <= self.backoff.max_delay()
+                        && wait <= self.max_wait =>
+                {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    left.checked_sub(wait)
+                        .filter(|slack| !slack.is_zero())
+                        .map(|slack| {
+                            // Later, never sooner: before `wait` the refusal stands.
+                            wait + wait.mul_f64(SHED_JITTER * fastrand::f64()).min(slack / 2)
+                        })
+                }
+                _ => None,
+            };
+            if shed_wait.is_none() {
+                return self.stop(StopReason::Shed, attempts, failure);
+            }
+        } else if !self.retry_if.allows(&failure) {
+            return Decision::Stop(StopReason::NotRetried);
+        }
+        if attempts > self.max_retries {
+            return self.stop(StopReason::Attempts, attempts, failure);
+        }
+        if !replayable {
+            tracing::debug!(
+                retry = %self.telemetry.name(),
+                attempts,
+                class = failure.kind.as_str(),
+                "request cannot be replayed; not retrying"
+            );
+            return Decision::Stop(StopReason::NotReplayable);
+        }
+        let computed = state
+            .backoff
+            .get_or_insert_with(|| self.backoff.iter())
+            .next()
+            .unwrap_or_default();
+        let hinted = if shed {
+            shed_wait
+        } else {
+            failure.retry_after()
+        };
+        let wait = hinted.unwrap_or(computed);
+        if let Some(wait) = hinted {
+            if wait > self.max_wait {
+                self.telemetry
+                    .gave_up(StopReason::WaitTooLong, attempts, failure);
+                return Decision::TooLong {
+                    wait,
+                    limit: self.max_wait,
+                    reason: WaitLimit::MaxWait,
+                };
+            }
+        }
+        if let Some(deadline) = state.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if wait >= left {
+                if hinted.is_some() && !shed {
+                    self.telemetry
+                        .gave_up(StopReason::WaitTooLong, attempts, failure);
+                    return Decision::TooLong {
+                        wait,
+                        limit: left,
+                        reason: WaitLimit::Deadline,
+                    };
+                }
+                // A computed sleep that would cross the deadline is not started.
+                return self.stop(StopReason::Deadline, attempts, failure);
+            }
+        }
+        // A refusal below never reached the dependency, so the attempt after
+        // waiting it out adds no load to it: it spends no budget.
+        if let Some(budget) = self.budget.as_ref().filter(|_| !shed) {
+            if !budget.withdraw() {
+                self.telemetry.budget_exhausted();
+                self.telemetry
+                    .gave_up(StopReason::Budget, attempts, failure);
+                return Decision::Budget;
+            }
+        }
+        if shed {
+            state.waited_for_shed = true;
+        }
+        Decision::Retry(wait)
+    }
+
+    fn stop(&self, reason: StopReason, attempts: u32, failure: Failure) -> Decision {
+        self.telemetry.gave_up(reason, attempts, failure);
+        Decision::Stop(reason)
+    }
 }
 
 #[cfg(feature = "http")]

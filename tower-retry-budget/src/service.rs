@@ -2,11 +2,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::time::Instant;
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
+use crate::future::{self, ResponseFuture};
 use crate::policy::Policy;
 use crate::replay::{Replay, StopReport};
 
@@ -85,18 +84,12 @@ where
         } else {
             None
         };
-        let deadline = policy
-            .deadline
-            .and_then(|deadline| Instant::now().checked_add(deadline));
+        let cold = future::cold_state(policy);
         // The service made ready by `poll_ready` takes this call and goes with
         // the future for the retries; a fresh clone stays here.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let spans = policy.telemetry.call_spans();
-        let future = match &spans {
-            Some(spans) => spans.attempt.in_scope(|| service.call(request)),
-            None => service.call(request),
-        };
-        ResponseFuture::new(future, service, replay, Arc::clone(policy), deadline, spans)
+        let first = future::first_call(&cold, &mut service, request);
+        ResponseFuture::new(first, service, replay, Arc::clone(policy), cold)
     }
 }

@@ -67,8 +67,8 @@ impl fmt::Debug for Telemetry {
 
 /// A call's spans: the logical call and the attempt in flight.
 ///
-/// Boxed in the response future and made only when a subscriber wants
-/// them, so a call with spans disabled carries one null pointer.
+/// Made only when a subscriber wants them, and kept in the response
+/// future's boxed cold state: a call with spans disabled carries none.
 pub(crate) struct CallSpans {
     // Declared first so it is dropped (closed) first: an attempt ends
     // before its call.
@@ -93,7 +93,18 @@ impl Telemetry {
     /// Field names follow OpenTelemetry's where it has one:
     /// `http.request.resend_count` on every attempt after the first and
     /// `error.type` for the class of a failure.
-    pub(crate) fn call_spans(&self) -> Option<Box<CallSpans>> {
+    #[inline]
+    pub(crate) fn call_spans(&self) -> Option<CallSpans> {
+        // One relaxed load when no subscriber takes `debug` (a subscriber at
+        // `info`, or none): no span is built or dropped.
+        if !tracing::level_enabled!(tracing::Level::DEBUG) {
+            return None;
+        }
+        self.make_call_spans()
+    }
+
+    #[cold]
+    fn make_call_spans(&self) -> Option<CallSpans> {
         let call = tracing::debug_span!(
             "retry",
             retry = %self.name,
@@ -106,7 +117,7 @@ impl Telemetry {
             return None;
         }
         let attempt = Self::attempt_span(&call, 1);
-        Some(Box::new(CallSpans { attempt, call }))
+        Some(CallSpans { attempt, call })
     }
 
     /// The span of attempt `attempt`. Its `wait` is the sleep after it,

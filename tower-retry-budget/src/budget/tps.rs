@@ -14,6 +14,10 @@ use tower_classify::ConfigError;
 const SLOTS: usize = 11;
 const WINDOWS_PER_TTL: u32 = 10;
 
+/// Past this many uncommitted deposits, every this many reads the clock and
+/// rotates the windows (a power of two: the test is a mask).
+const ROTATE_EVERY: i64 = 64;
+
 /// What one retry costs, in budget units. Deposits are `retry_percent × UNIT`,
 /// so a percentage keeps six decimal places instead of being truncated to the
 /// reciprocal of a whole number (tower issue 857: tower's `TpsBudget` turns
@@ -29,10 +33,18 @@ const UNIT: i64 = 1_000_000;
 /// Unlike tower's `TpsBudget` it has no fractional-percent truncation: 0.6
 /// allows 60 retries per 100 requests, not 100. And it takes no lock: the time
 /// window is rotated by whichever caller first wins a compare-and-swap on the
-/// window's generation, and deposits and withdrawals are single atomic adds.
-/// Every deposit is credited to the window it was made in (it reads the clock
-/// and compares it with the window's end), so each one counts for one `ttl`,
-/// however far apart deposits come.
+/// window's generation, and a deposit is one relaxed atomic add and no
+/// clock read when it need not be: the clock is read by every withdrawal, and
+/// by a deposit only while few deposits are uncommitted (0, 1, 2, 4, … 32 of
+/// them since the last rotation) and at every 64th after. A quiet budget (a
+/// rotation between most deposits) so credits every deposit to the window it
+/// was made in, as tower's does, and a busy one reads the clock about
+/// `7 + n / 64` times for `n` deposits in a window. A deposit that does not
+/// read the clock goes to the window of the last read: it may be credited to
+/// an earlier window than its own and expire before its `ttl`, never after,
+/// so the budget may allow fewer retries than Finagle's rule, never more; at
+/// most the deposits since the last read (half of those since the rotation,
+/// and at most 63) are so credited early.
 /// Under concurrent withdrawals the balance may go briefly negative by at most
 /// the number of callers racing (a check and a subtraction are not one step),
 /// the same tolerance tower's implementation has.
@@ -58,7 +70,10 @@ pub struct TpsBudget {
     /// Nanoseconds after `start` when that window ends: a deposit before it
     /// needs no rotation, and one comparison tells.
     window_end: AtomicU64,
-    writer: AtomicI64,
+    /// Deposits since the last rotation, counted one by one.
+    deposits: AtomicI64,
+    /// Budget units withdrawn since the last rotation.
+    withdrawn: AtomicI64,
     slots: [AtomicI64; SLOTS],
     reserve: i64,
     deposit_amount: i64,
@@ -91,7 +106,8 @@ impl TpsBudget {
             window_nanos,
             generation: AtomicU64::new(0),
             window_end: AtomicU64::new(window_nanos),
-            writer: AtomicI64::new(0),
+            deposits: AtomicI64::new(0),
+            withdrawn: AtomicI64::new(0),
             slots: Default::default(),
             reserve,
             deposit_amount: (retry_percent * UNIT as f64).round() as i64,
@@ -128,9 +144,10 @@ impl TpsBudget {
         u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Moves the writer's total into the ring when a window has passed.
+    /// Moves the deposits and withdrawals since the last rotation into the
+    /// ring when a window has passed.
     /// Exactly one caller wins the compare-and-swap and rotates; the others go
-    /// on writing into `writer`, which is at worst attributed to the
+    /// on writing into the uncommitted counters, which is at worst attributed to the
     /// neighbouring window.
     #[inline]
     fn rotate(&self) {
@@ -162,7 +179,11 @@ impl TpsBudget {
             now.saturating_add(1).saturating_mul(self.window_nanos),
             Ordering::Release,
         );
-        let committed = self.writer.swap(0, Ordering::AcqRel);
+        let committed = self
+            .deposits
+            .swap(0, Ordering::AcqRel)
+            .saturating_mul(self.deposit_amount)
+            .saturating_sub(self.withdrawn.swap(0, Ordering::AcqRel));
         let passed = now - seen;
         if passed < SLOTS as u64 {
             self.slots[(seen % SLOTS as u64) as usize].store(committed, Ordering::Release);
@@ -176,28 +197,47 @@ impl TpsBudget {
         }
     }
 
+    /// The deposits and withdrawals since the last rotation, in units.
+    fn uncommitted(&self) -> i64 {
+        self.deposits
+            .load(Ordering::Acquire)
+            .saturating_mul(self.deposit_amount)
+            .saturating_sub(self.withdrawn.load(Ordering::Acquire))
+    }
+
     fn balance(&self) -> i64 {
         self.slots
             .iter()
             .map(|slot| slot.load(Ordering::Acquire))
-            .fold(self.writer.load(Ordering::Acquire), i64::saturating_add)
+            .fold(self.uncommitted(), i64::saturating_add)
             .saturating_add(self.reserve)
     }
 }
 
 impl Budget for TpsBudget {
-    /// Adds one request's share to the window of now: a clock read, one
-    /// comparison with the window's end (a rotation once per `ttl / 10`),
-    /// and one atomic add.
+    /// Adds one request's share: one relaxed load and one relaxed add, and
+    /// a clock read only while few deposits are uncommitted (0, 1, 2, 4, …
+    /// 32 of them) and at every 64th after.
     fn deposit(&self) {
-        self.rotate();
-        self.writer.fetch_add(self.deposit_amount, Ordering::AcqRel);
+        let uncommitted = self.deposits.load(Ordering::Relaxed);
+        let read_clock = if uncommitted < ROTATE_EVERY {
+            // Zero or a power of two.
+            uncommitted & uncommitted.wrapping_sub(1) == 0
+        } else {
+            uncommitted & (ROTATE_EVERY - 1) == 0
+        };
+        if read_clock {
+            // Before adding, so that this deposit goes to the window of now.
+            self.rotate();
+        }
+        // Relaxed: a count, read with the others by the rotation's swaps.
+        self.deposits.fetch_add(1, Ordering::Relaxed);
     }
 
     fn withdraw(&self) -> bool {
         self.rotate();
         if self.balance() >= UNIT {
-            self.writer.fetch_sub(UNIT, Ordering::AcqRel);
+            self.withdrawn.fetch_add(UNIT, Ordering::AcqRel);
             true
         } else {
             false
@@ -278,6 +318,48 @@ mod tests {
         budget.deposit();
         time::advance(Duration::from_secs(30)).await;
         assert!(!budget.withdraw(), "a long gap clears every slot");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deposits_past_the_clock_read_are_credited_early_never_late() {
+        // 40 deposits at t = 0: the 33rd reads the clock last. 2 ttl later
+        // 10 more (they read no clock: 40 is neither a power of two nor a
+        // multiple of 64). Finagle's rule allows 10 retries; crediting the
+        // 10 to the window of the last read drops them: fewer, never more.
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        for _ in 0..40 {
+            budget.deposit();
+        }
+        time::advance(Duration::from_secs(2)).await;
+        for _ in 0..10 {
+            budget.deposit();
+        }
+        assert_eq!(withdrawals(&budget, 100), 0);
+        // A quiet budget reads the clock on every deposit: exact.
+        let quiet = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
+        for _ in 0..10 {
+            quiet.deposit();
+            time::advance(Duration::from_millis(300)).await;
+        }
+        // At 3 s, a deposit counts for 1 to 1.1 s (its 100 ms window and
+        // the 10 after): those of 2.1, 2.4 and 2.7 s, each in its own window.
+        assert_eq!(withdrawals(&quiet, 100), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_stream_gets_finagles_share_within_64_deposits() {
+        // 100 requests per 100 ms window for 3 s, 50 %: the last ttl (1 s)
+        // holds 1,000 deposits, 500 retries; at most 63 deposits (31.5
+        // retries) may be credited early and expire.
+        let budget = TpsBudget::new(Duration::from_secs(1), 0, 0.5).unwrap();
+        for _ in 0..30 {
+            for _ in 0..100 {
+                budget.deposit();
+            }
+            time::advance(Duration::from_millis(100)).await;
+        }
+        let retries = (0..2_000).filter(|_| budget.withdraw()).count();
+        assert!((500 - 32..=550).contains(&retries), "{retries} retries");
     }
 
     // tower's own `TpsBudget` tests (tower/src/retry/budget/tps_budget.rs),
