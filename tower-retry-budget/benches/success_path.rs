@@ -12,6 +12,9 @@
 //! - `awaited` (the headline): as axum and tonic do, on a current-thread
 //!   tokio runtime, each call clones the service, awaits `ready()` and
 //!   awaits the call. Criterion runs the whole loop inside one `block_on`.
+//! - `contended_2_threads`: two threads, each on its own current-thread
+//!   runtime, awaiting calls on clones of one layer (one budget, one
+//!   `Arc`), timed per call per thread.
 //! - `polled_once`: each iteration polled by hand with a no-op waker inside
 //!   a tokio runtime context, the future pinned in place: the layers' own
 //!   work with no executor and no move of the future.
@@ -158,6 +161,53 @@ fn awaited_path(c: &mut Criterion) {
     group.finish();
 }
 
+/// Two threads, each on its own current-thread runtime, awaiting calls on
+/// clones of one service (one budget): the time per call per thread.
+fn contended<S>(service: &S, iters: u64) -> Duration
+where
+    S: Service<u64> + Clone + Send + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let service = service.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                barrier.wait();
+                let start = std::time::Instant::now();
+                runtime.block_on(async {
+                    for _ in 0..iters {
+                        black_box(awaited(&service, black_box(7)).await);
+                    }
+                });
+                start.elapsed()
+            })
+        })
+        .collect();
+    let total: Duration = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    total / 2
+}
+
+fn contended_path(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_2_threads");
+    group.bench_function("bare", |b| b.iter_custom(|iters| contended(&Echo, iters)));
+    let service = ours();
+    group.bench_function("tower-retry-budget", |b| {
+        b.iter_custom(|iters| contended(&service, iters))
+    });
+    let service = towers();
+    group.bench_function("tower::retry + TpsBudget", |b| {
+        b.iter_custom(|iters| contended(&service, iters))
+    });
+    group.finish();
+}
+
 fn success_path(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -191,5 +241,44 @@ fn success_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, awaited_path, success_path);
-criterion_main!(benches);
+criterion_group!(benches, awaited_path, contended_path, success_path);
+
+/// `SUCCESS_PATH_COUNT=<bare|ours|tower|resilience>,<calls>`: that many
+/// awaited calls of one case in one `block_on`, then exit, for an
+/// instruction count under callgrind (`benches/count_instructions.sh
+/// success_path`), which repeats exactly where wall-clock time does not.
+fn count(spec: &str) {
+    let (case, calls) = spec
+        .split_once(',')
+        .expect("SUCCESS_PATH_COUNT is case,calls");
+    let calls: u64 = calls.parse().expect("calls is a number");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    async fn run<S>(service: S, calls: u64)
+    where
+        S: Service<u64> + Clone,
+        S::Error: std::fmt::Debug,
+    {
+        for _ in 0..calls {
+            black_box(awaited(&service, black_box(7)).await);
+        }
+    }
+    match case {
+        "bare" => runtime.block_on(run(Echo, calls)),
+        "ours" => runtime.block_on(run(ours(), calls)),
+        "tower" => runtime.block_on(run(towers(), calls)),
+        "resilience" => runtime.block_on(run(resilience(), calls)),
+        other => panic!("case is bare, ours, tower or resilience, not {other}"),
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("SUCCESS_PATH_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

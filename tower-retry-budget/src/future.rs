@@ -23,6 +23,7 @@ pin_project! {
     ///
     /// Dropping it drops the attempt in flight and any pending sleep at once:
     /// nothing keeps running, no task is spawned and no timer stays registered.
+    #[project = ResponseFutureProj]
     pub struct ResponseFuture<S, Req, C, R>
     where
         S: Service<Req>,
@@ -186,15 +187,21 @@ where
 /// that the attempt runs inside its span.
 #[inline]
 pub(crate) fn cold_state<C, R>(policy: &Policy<C, R>) -> Option<Box<Cold>> {
+    if policy.deadline.is_none()
+        && policy.attempt_timeout.is_none()
+        && !policy.telemetry.spans_wanted()
+    {
+        return None;
+    }
+    make_cold_state(policy)
+}
+
+#[cold]
+fn make_cold_state<C, R>(policy: &Policy<C, R>) -> Option<Box<Cold>> {
     let spans = policy.telemetry.call_spans();
     if spans.is_none() && policy.deadline.is_none() && policy.attempt_timeout.is_none() {
         return None;
     }
-    make_cold_state(policy, spans)
-}
-
-#[cold]
-fn make_cold_state<C, R>(policy: &Policy<C, R>, spans: Option<CallSpans>) -> Option<Box<Cold>> {
     Some(Box::new(Cold {
         retry: RetryState {
             deadline: policy
@@ -244,7 +251,60 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        loop {
+        // The first attempt of a call with no limit and no spans, as most
+        // are: polled, classified and a success handed back here, in a few
+        // instructions; a failure goes on to the retry loop.
+        if this.cold.is_none() {
+            if let StateProj::Called { future } = this.state.as_mut().project() {
+                // Boxed before it is classified, so one classifier over
+                // `BoxError` serves any client's error type.
+                let result = ready!(future.poll(cx)).map_err(|err| AttemptError::Inner(err.into()));
+                let outcome = classify(&this.policy.classifier, &result);
+                if !matches!(outcome, Outcome::Failure(_)) {
+                    this.state.set(State::Done);
+                    return Poll::Ready(result.map_err(AttemptError::into_box));
+                }
+                return drive(this, cx, Some((result, outcome)));
+            }
+        }
+        drive(this, cx, None)
+    }
+}
+
+/// How the attempt's result is classified: a timeout of ours is one.
+fn classify<Res, C>(classifier: &C, result: &Result<Res, AttemptError<BoxError>>) -> Outcome
+where
+    C: Classify<Res, BoxError>,
+{
+    match result {
+        Ok(response) => classifier.classify(Ok(response)),
+        Err(AttemptError::Inner(err)) => classifier.classify(Err(err)),
+        Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
+    }
+}
+
+/// An attempt's result and its outcome.
+type Classified<Res> = (Result<Res, AttemptError<BoxError>>, Outcome);
+
+/// The retry loop: drives the attempts, the sleeps and the readiness in
+/// between until the call ends. `first` is the first attempt's result when
+/// the fast path of `poll` already has it.
+#[inline(never)]
+fn drive<S, Req, C, R>(
+    mut this: ResponseFutureProj<'_, S, Req, C, R>,
+    cx: &mut Context<'_>,
+    mut first: Option<Classified<S::Response>>,
+) -> Poll<Result<S::Response, BoxError>>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, BoxError>,
+    R: Replay<Req> + StopReport<S::Response>,
+{
+    loop {
+        let (result, outcome) = if let Some(ready) = first.take() {
+            ready
+        } else {
             let result = match this.state.as_mut().project() {
                 StateProj::Called { future } => {
                     let polled = in_span(this.cold, |spans| &spans.attempt, || future.poll(cx));
@@ -333,137 +393,134 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
 
-            let policy = &**this.policy;
-            let outcome = match &result {
-                Ok(response) => policy.classifier.classify(Ok(response)),
-                Err(AttemptError::Inner(err)) => policy.classifier.classify(Err(err)),
-                Err(AttemptError::TimedOut) => Outcome::failure(FailureKind::Timeout),
-            };
-            let failure = match outcome {
-                Outcome::Failure(failure) => failure,
-                // The success path: nothing to decide.
-                Outcome::Success | Outcome::Ignored => {
-                    this.state.set(State::Done);
-                    if let Some(cold) = this.cold.as_ref() {
-                        if let Some(spans) = &cold.spans {
-                            telemetry::record_attempt(spans, None);
-                        }
-                        cold.end_span(*this.attempts, None, None);
+            let outcome = classify(&this.policy.classifier, &result);
+            (result, outcome)
+        };
+        let policy = &**this.policy;
+        let failure = match outcome {
+            Outcome::Failure(failure) => failure,
+            // The success path: nothing to decide.
+            Outcome::Success | Outcome::Ignored => {
+                this.state.set(State::Done);
+                if let Some(cold) = this.cold.as_ref() {
+                    if let Some(spans) = &cold.spans {
+                        telemetry::record_attempt(spans, None);
                     }
-                    if *this.attempts > 1 && outcome == Outcome::Success {
-                        policy.listeners.recovered(*this.attempts);
-                    }
-                    return Poll::Ready(result.map_err(AttemptError::into_box));
+                    cold.end_span(*this.attempts, None, None);
                 }
-            };
-            let cold = this.cold.get_or_insert_with(Box::default);
-            if let Some(spans) = &cold.spans {
-                telemetry::record_attempt(spans, Some(failure));
+                if *this.attempts > 1 && outcome == Outcome::Success {
+                    policy.listeners.recovered(*this.attempts);
+                }
+                return Poll::Ready(result.map_err(AttemptError::into_box));
             }
-            let attempts = *this.attempts;
-            let report = &policy.replay;
-            let decision = match &result {
-                // A retry layer below stopped on its spent budget: retrying
-                // here would multiply what it refused to add.
-                Ok(response) if report.spent_below(response) => Decision::Stop(StopReason::Budget),
-                _ => policy.decide(
-                    failure,
-                    attempts,
-                    this.replay
-                        .as_ref()
-                        .is_some_and(|copy| report.can_replay(copy)),
-                    &mut cold.retry,
-                ),
-            };
-            let stopped = |reason| RetryStopped { reason, attempts };
-            let wait = match decision {
-                Decision::Retry(wait) => wait,
-                Decision::Stop(reason) => {
-                    this.state.set(State::Done);
-                    cold.end_span(attempts, Some(failure), Some(reason));
-                    policy.listeners.gave_up(attempts, reason, failure);
-                    return Poll::Ready(match result {
-                        Ok(response) => report.hand_back(response, stopped(reason), failure),
-                        Err(err) => Err(err.into_box()),
-                    });
-                }
-                // The upstream's own answer (a 503 with its body and
-                // `Retry-After`) is worth more to the caller than an error
-                // of ours; only an error is replaced.
-                Decision::Budget => {
-                    this.state.set(State::Done);
-                    let reason = StopReason::Budget;
-                    cold.end_span(attempts, Some(failure), Some(reason));
-                    policy.listeners.gave_up(attempts, reason, failure);
-                    return Poll::Ready(match result {
-                        Ok(response) => report.hand_back(response, stopped(reason), failure),
-                        Err(err) => Err(Box::new(BudgetExhausted::new(
-                            attempts,
-                            failure,
-                            Some(err.into_box()),
-                        ))),
-                    });
-                }
-                Decision::TooLong {
-                    wait,
-                    limit,
-                    reason,
-                } => {
-                    this.state.set(State::Done);
-                    let stop = StopReason::WaitTooLong;
-                    cold.end_span(attempts, Some(failure), Some(stop));
-                    policy.listeners.gave_up(attempts, stop, failure);
-                    let (cause, head) = match result {
-                        Ok(response) => (None, report.keep_head(response)),
-                        Err(err) => (Some(err.into_box()), None),
-                    };
-                    return Poll::Ready(Err(Box::new(WaitTooLong::new(
-                        wait, limit, reason, attempts, failure, cause, head,
-                    ))));
-                }
-            };
-
-            let event = RetryEvent {
-                attempt: attempts + 1,
+        };
+        let cold = this.cold.get_or_insert_with(Box::default);
+        if let Some(spans) = &cold.spans {
+            telemetry::record_attempt(spans, Some(failure));
+        }
+        let attempts = *this.attempts;
+        let report = &policy.replay;
+        let decision = match &result {
+            // A retry layer below stopped on its spent budget: retrying
+            // here would multiply what it refused to add.
+            Ok(response) if report.spent_below(response) => Decision::Stop(StopReason::Budget),
+            _ => policy.decide(
                 failure,
-                wait,
-            };
-            policy.telemetry.retrying(event.attempt, failure, wait);
-            // The failed attempt's span ends now, not after the sleep.
-            if let Some(spans) = cold.spans.as_mut() {
-                spans
-                    .attempt
-                    .record("wait", tracing::field::display(format_duration(wait)));
-                spans.attempt = tracing::Span::none();
+                attempts,
+                this.replay
+                    .as_ref()
+                    .is_some_and(|copy| report.can_replay(copy)),
+                &mut cold.retry,
+            ),
+        };
+        let stopped = |reason| RetryStopped { reason, attempts };
+        let wait = match decision {
+            Decision::Retry(wait) => wait,
+            Decision::Stop(reason) => {
+                this.state.set(State::Done);
+                cold.end_span(attempts, Some(failure), Some(reason));
+                policy.listeners.gave_up(attempts, reason, failure);
+                return Poll::Ready(match result {
+                    Ok(response) => report.hand_back(response, stopped(reason), failure),
+                    Err(err) => Err(err.into_box()),
+                });
             }
-            policy.listeners.retried(&event);
-            // Kept for the `DeadlineExceeded` that may end the loop, which
-            // only a deadline can; a response's body is dropped here, its
-            // head kept.
-            if cold.retry.deadline.is_some() {
-                let (error, head) = match result {
+            // The upstream's own answer (a 503 with its body and
+            // `Retry-After`) is worth more to the caller than an error
+            // of ours; only an error is replaced.
+            Decision::Budget => {
+                this.state.set(State::Done);
+                let reason = StopReason::Budget;
+                cold.end_span(attempts, Some(failure), Some(reason));
+                policy.listeners.gave_up(attempts, reason, failure);
+                return Poll::Ready(match result {
+                    Ok(response) => report.hand_back(response, stopped(reason), failure),
+                    Err(err) => Err(Box::new(BudgetExhausted::new(
+                        attempts,
+                        failure,
+                        Some(err.into_box()),
+                    ))),
+                });
+            }
+            Decision::TooLong {
+                wait,
+                limit,
+                reason,
+            } => {
+                this.state.set(State::Done);
+                let stop = StopReason::WaitTooLong;
+                cold.end_span(attempts, Some(failure), Some(stop));
+                policy.listeners.gave_up(attempts, stop, failure);
+                let (cause, head) = match result {
                     Ok(response) => (None, report.keep_head(response)),
                     Err(err) => (Some(err.into_box()), None),
                 };
-                cold.previous = Some(PreviousFailure {
-                    failure,
-                    error,
-                    head,
-                });
+                return Poll::Ready(Err(Box::new(WaitTooLong::new(
+                    wait, limit, reason, attempts, failure, cause, head,
+                ))));
             }
-            if wait.is_zero() {
-                // No sleep: straight to readiness, with the timer (if any)
-                // guarding the deadline.
-                if let Some(deadline) = cold.retry.deadline {
-                    cold.arm(deadline);
-                }
-                this.state.set(State::Readying);
-            } else {
-                // A wait past the end of `Instant` is as good as forever.
-                let now = Instant::now();
-                cold.arm(now.checked_add(wait).unwrap_or_else(|| now + FOREVER));
-                this.state.set(State::Waiting);
+        };
+
+        let event = RetryEvent {
+            attempt: attempts + 1,
+            failure,
+            wait,
+        };
+        policy.telemetry.retrying(event.attempt, failure, wait);
+        // The failed attempt's span ends now, not after the sleep.
+        if let Some(spans) = cold.spans.as_mut() {
+            spans
+                .attempt
+                .record("wait", tracing::field::display(format_duration(wait)));
+            spans.attempt = tracing::Span::none();
+        }
+        policy.listeners.retried(&event);
+        // Kept for the `DeadlineExceeded` that may end the loop, which
+        // only a deadline can; a response's body is dropped here, its
+        // head kept.
+        if cold.retry.deadline.is_some() {
+            let (error, head) = match result {
+                Ok(response) => (None, report.keep_head(response)),
+                Err(err) => (Some(err.into_box()), None),
+            };
+            cold.previous = Some(PreviousFailure {
+                failure,
+                error,
+                head,
+            });
+        }
+        if wait.is_zero() {
+            // No sleep: straight to readiness, with the timer (if any)
+            // guarding the deadline.
+            if let Some(deadline) = cold.retry.deadline {
+                cold.arm(deadline);
             }
+            this.state.set(State::Readying);
+        } else {
+            // A wait past the end of `Instant` is as good as forever.
+            let now = Instant::now();
+            cold.arm(now.checked_add(wait).unwrap_or_else(|| now + FOREVER));
+            this.state.set(State::Waiting);
         }
     }
 }

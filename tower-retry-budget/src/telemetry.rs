@@ -88,21 +88,25 @@ impl Telemetry {
         &self.name
     }
 
+    /// Whether a subscriber may record the call's spans: one relaxed load,
+    /// `false` when no subscriber takes `debug` (one at `info`, or none).
+    #[inline]
+    pub(crate) fn spans_wanted(&self) -> bool {
+        tracing::level_enabled!(tracing::Level::DEBUG)
+    }
+
     /// The spans of a new call, `None` when no subscriber records them.
-    ///
-    /// Field names follow OpenTelemetry's where it has one:
-    /// `http.request.resend_count` on every attempt after the first and
-    /// `error.type` for the class of a failure.
     #[inline]
     pub(crate) fn call_spans(&self) -> Option<CallSpans> {
-        // One relaxed load when no subscriber takes `debug` (a subscriber at
-        // `info`, or none): no span is built or dropped.
-        if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        if !self.spans_wanted() {
             return None;
         }
         self.make_call_spans()
     }
 
+    /// Field names follow OpenTelemetry's where it has one:
+    /// `http.request.resend_count` on every attempt after the first and
+    /// `error.type` for the class of a failure.
     #[cold]
     fn make_call_spans(&self) -> Option<CallSpans> {
         let call = tracing::debug_span!(
