@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_budget::RetryLayer;
