@@ -17,6 +17,7 @@ mod retry_on;
 
 #[cfg(feature = "serde")]
 pub mod config;
+pub mod deadline;
 pub mod duration;
 #[cfg(feature = "http")]
 pub mod grpc;

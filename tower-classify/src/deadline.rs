@@ -1,0 +1,246 @@
+//! The caller's deadline as a request extension, and gRPC's `grpc-timeout`
+//! wire format.
+//!
+//! A [`Deadline`] in a request's extensions is the instant by which the
+//! caller needs the answer. Every layer of the family sees it: the retry
+//! layer never starts an attempt that cannot finish in time and bounds each
+//! attempt by what is left, and a gRPC client sends what is left as
+//! `grpc-timeout`, so the server can give up when the caller has.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_classify::deadline::{format_grpc_timeout, parse_grpc_timeout};
+//!
+//! assert_eq!(parse_grpc_timeout("100m"), Ok(Duration::from_millis(100)));
+//! assert_eq!(parse_grpc_timeout("2H"), Ok(Duration::from_secs(7200)));
+//! assert!(parse_grpc_timeout("-1S").is_err());
+//! assert!(parse_grpc_timeout("123456789n").is_err(), "at most 8 digits");
+//! // Written at most 8 digits long, never longer than the time left.
+//! assert_eq!(format_grpc_timeout(Duration::from_millis(1500)), "1500000u");
+//! assert_eq!(format_grpc_timeout(Duration::from_secs(3 * 86_400)), "259200S");
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The instant by which the caller needs the answer, carried in a request's
+/// extensions.
+///
+/// Read on tokio's clock, so paused time in tests drives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// The deadline at `instant`.
+    pub fn at(instant: Instant) -> Self {
+        Deadline(instant)
+    }
+
+    /// The deadline `timeout` from now (saturating far in the future).
+    pub fn after(timeout: Duration) -> Self {
+        let now = Instant::now();
+        Deadline(now.checked_add(timeout).unwrap_or_else(|| far_future(now)))
+    }
+
+    /// The instant.
+    pub fn instant(&self) -> Instant {
+        self.0
+    }
+
+    /// The time left, zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether it has passed.
+    pub fn is_expired(&self) -> bool {
+        self.remaining().is_zero()
+    }
+
+    /// The earlier of `self` and `other`.
+    pub fn min(self, other: Deadline) -> Deadline {
+        std::cmp::min(self, other)
+    }
+}
+
+fn far_future(now: Instant) -> Instant {
+    // About 30 years: later than any call lives, and representable.
+    now + Duration::from_secs(30 * 365 * 86_400)
+}
+
+/// The `grpc-timeout` request header.
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+
+/// A `grpc-timeout` value that does not follow the gRPC wire format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidGrpcTimeout {
+    reason: &'static str,
+}
+
+impl fmt::Display for InvalidGrpcTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid grpc-timeout: {}", self.reason)
+    }
+}
+
+impl std::error::Error for InvalidGrpcTimeout {}
+
+const MAX_DIGITS: usize = 8;
+
+/// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit, `H`
+/// (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u`
+/// (microseconds) or `n` (nanoseconds), as gRPC's HTTP/2 protocol
+/// document defines it. Anything else (a sign, a space, a ninth digit, an
+/// unknown unit) is refused; the largest value, `99999999H`, fits a
+/// `Duration`.
+pub fn parse_grpc_timeout(value: &str) -> Result<Duration, InvalidGrpcTimeout> {
+    let invalid = |reason| InvalidGrpcTimeout { reason };
+    let bytes = value.as_bytes();
+    let Some((&unit, digits)) = bytes.split_last() else {
+        return Err(invalid("empty"));
+    };
+    if digits.is_empty() {
+        return Err(invalid("no digits before the unit"));
+    }
+    if digits.len() > MAX_DIGITS {
+        return Err(invalid("more than 8 digits"));
+    }
+    let mut amount: u64 = 0;
+    for &digit in digits {
+        if !digit.is_ascii_digit() {
+            return Err(invalid("not an ASCII digit"));
+        }
+        // At most 8 digits: no overflow.
+        amount = amount * 10 + u64::from(digit - b'0');
+    }
+    Ok(match unit {
+        b'H' => Duration::from_secs(amount * 3600),
+        b'M' => Duration::from_secs(amount * 60),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
+        _ => return Err(invalid("unknown unit (H, M, S, m, u or n)")),
+    })
+}
+
+/// Writes `timeout` in the `grpc-timeout` format, in the finest unit whose
+/// value fits 8 digits, rounded down: the value sent is never longer than
+/// the time left. A timeout under a nanosecond is `0n`; one beyond
+/// `99999999H` is capped there.
+pub fn format_grpc_timeout(timeout: Duration) -> String {
+    const LIMIT: u128 = 100_000_000;
+    let nanos = timeout.as_nanos();
+    let units: [(u128, char); 6] = [
+        (1, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+        (60_000_000_000, 'M'),
+        (3_600_000_000_000, 'H'),
+    ];
+    for (scale, unit) in units {
+        let amount = nanos / scale;
+        if amount < LIMIT {
+            return format!("{amount}{unit}");
+        }
+    }
+    format!("{}H", LIMIT - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unit_parses() {
+        for (text, expected) in [
+            ("1H", Duration::from_secs(3600)),
+            ("2M", Duration::from_secs(120)),
+            ("3S", Duration::from_secs(3)),
+            ("4m", Duration::from_millis(4)),
+            ("5u", Duration::from_micros(5)),
+            ("6n", Duration::from_nanos(6)),
+            ("0S", Duration::ZERO),
+            ("00000001m", Duration::from_millis(1)),
+            ("99999999H", Duration::from_secs(99_999_999 * 3600)),
+        ] {
+            assert_eq!(parse_grpc_timeout(text), Ok(expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn hostile_values_are_refused() {
+        for text in [
+            "",
+            "S",
+            "1",
+            "1s",
+            "1h",
+            "-1S",
+            "+1S",
+            " 1S",
+            "1S ",
+            "1.5S",
+            "123456789n",
+            "1x",
+            "١S",
+            "1S\0",
+            "0x10S",
+            "99999999999999999999S",
+        ] {
+            assert!(parse_grpc_timeout(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn formatting_keeps_8_digits_and_rounds_down() {
+        assert_eq!(format_grpc_timeout(Duration::ZERO), "0n");
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(99_999_999)),
+            "99999999n"
+        );
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(100_000_000)),
+            "100000u"
+        );
+        assert_eq!(format_grpc_timeout(Duration::from_millis(49)), "49000000n");
+        // 123456789 µs is 9 digits: milliseconds, rounded down.
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(123_456_789_123)),
+            "123456m"
+        );
+        assert_eq!(format_grpc_timeout(Duration::MAX), "99999999H");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_counts_down_on_tokios_clock() {
+        let deadline = Deadline::after(Duration::from_millis(150));
+        assert_eq!(deadline.remaining(), Duration::from_millis(150));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(deadline.remaining(), Duration::from_millis(50));
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert!(deadline.is_expired());
+        assert!(!Deadline::after(Duration::MAX).is_expired());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics(text in "\\PC{0,12}") {
+            let _ = parse_grpc_timeout(&text);
+        }
+
+        #[test]
+        fn a_written_timeout_parses_back_no_longer_than_it_was(nanos in 0u64..u64::MAX) {
+            let timeout = Duration::from_nanos(nanos);
+            let written = format_grpc_timeout(timeout);
+            let parsed = parse_grpc_timeout(&written).unwrap();
+            proptest::prop_assert!(parsed <= timeout);
+            // A coarser unit is taken only past 8 digits of the finer one,
+            // so at least 5 significant digits remain.
+            proptest::prop_assert!(timeout - parsed < timeout / 100_000 + Duration::from_nanos(1));
+        }
+    }
+}
