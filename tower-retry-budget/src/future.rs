@@ -99,6 +99,11 @@ impl<E: Into<BoxError>> AttemptError<E> {
 }
 
 impl Cold {
+    /// The loop's deadline, if it has one.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.retry.deadline
+    }
+
     /// Arms the timer for an attempt starting now and says what it enforces.
     fn arm_attempt(&mut self, attempt_timeout: Option<Duration>) -> Limit {
         let deadline = self.retry.deadline;
@@ -182,31 +187,47 @@ where
     }
 }
 
-/// The cold state of a new call: `None` unless it has a deadline, an
-/// attempt timeout or spans. `call` makes it before the first attempt, so
-/// that the attempt runs inside its span.
+/// The cold state of a new call: `None` unless it has a deadline (the
+/// layer's or the caller's), an attempt timeout or spans. `call` makes it
+/// before the first attempt, so that the attempt runs inside its span.
 #[inline]
-pub(crate) fn cold_state<C, R>(policy: &Policy<C, R>) -> Option<Box<Cold>> {
+pub(crate) fn cold_state<C, R>(
+    policy: &Policy<C, R>,
+    caller: Option<tower_classify::deadline::Deadline>,
+) -> Option<Box<Cold>> {
     if policy.deadline.is_none()
+        && caller.is_none()
         && policy.attempt_timeout.is_none()
         && !policy.telemetry.spans_wanted()
     {
         return None;
     }
-    make_cold_state(policy)
+    make_cold_state(policy, caller)
 }
 
 #[cold]
-fn make_cold_state<C, R>(policy: &Policy<C, R>) -> Option<Box<Cold>> {
+fn make_cold_state<C, R>(
+    policy: &Policy<C, R>,
+    caller: Option<tower_classify::deadline::Deadline>,
+) -> Option<Box<Cold>> {
     let spans = policy.telemetry.call_spans();
-    if spans.is_none() && policy.deadline.is_none() && policy.attempt_timeout.is_none() {
+    let now = Instant::now();
+    let own = policy
+        .deadline
+        .and_then(|deadline| now.checked_add(deadline));
+    let deadline = match (own, caller) {
+        (Some(own), Some(caller)) => Some(own.min(caller.instant())),
+        (own, caller) => own.or(caller.map(|caller| caller.instant())),
+    };
+    if spans.is_none() && deadline.is_none() && policy.attempt_timeout.is_none() {
         return None;
     }
     Some(Box::new(Cold {
         retry: RetryState {
-            deadline: policy
-                .deadline
-                .and_then(|deadline| Instant::now().checked_add(deadline)),
+            deadline,
+            deadline_total: deadline
+                .map(|deadline| deadline.saturating_duration_since(now))
+                .unwrap_or_default(),
             ..RetryState::default()
         },
         spans,
@@ -234,7 +255,7 @@ fn deadline_exceeded<C, R>(policy: &Policy<C, R>, cold: &mut Cold, attempts: u32
         .listeners
         .gave_up(attempts, StopReason::Deadline, failure);
     Box::new(DeadlineExceeded::new(
-        policy.deadline.unwrap_or_default(),
+        cold.retry.deadline_total,
         attempts,
         cold.previous.take(),
     ))
@@ -379,6 +400,10 @@ where
                     if *this.attempts <= this.policy.max_retries {
                         *this.replay = this.policy.replay.replay(&request, *this.attempts);
                     }
+                    let mut request = request;
+                    this.policy
+                        .replay
+                        .before_send(&mut request, cold.retry.deadline);
                     let future = match cold.spans.as_mut() {
                         Some(spans) => {
                             spans.attempt = Telemetry::attempt_span(&spans.call, *this.attempts);

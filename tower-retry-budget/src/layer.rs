@@ -150,6 +150,7 @@ enum BudgetChoice {
 /// | [`deadline`](Self::deadline) | none |
 /// | [`attempt_timeout`](Self::attempt_timeout) | none |
 /// | [`max_wait`](Self::max_wait) | 1 h |
+/// | [`min_attempt_time`](Self::min_attempt_time) | 0 |
 /// | [`retry_on`](Self::retry_on) | all transient classes |
 /// | [`budget`](Self::budget) | a [`TpsBudget::default`] (10 s, 10/s, 20 %) per `build` |
 /// | [`name`](Self::name) | `"default"` |
@@ -161,6 +162,7 @@ pub struct RetryBuilder<C, R> {
     deadline: Deadline,
     attempt_timeout: Option<Duration>,
     max_wait: Duration,
+    min_attempt_time: Duration,
     retry_if: RetryIf,
     budget: BudgetChoice,
     listeners: Listeners,
@@ -192,6 +194,7 @@ impl<C, R> RetryBuilder<C, R> {
             deadline: Deadline::None,
             attempt_timeout: None,
             max_wait: Duration::from_secs(3600),
+            min_attempt_time: Duration::ZERO,
             retry_if: RetryIf::Classes(RetryOn::ALL),
             budget: BudgetChoice::Default,
             listeners: Listeners::default(),
@@ -209,6 +212,7 @@ impl<C, R> RetryBuilder<C, R> {
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
             max_wait: self.max_wait,
+            min_attempt_time: self.min_attempt_time,
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
@@ -226,6 +230,7 @@ impl<C, R> RetryBuilder<C, R> {
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
             max_wait: self.max_wait,
+            min_attempt_time: self.min_attempt_time,
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
@@ -303,6 +308,17 @@ impl<C, R> RetryBuilder<C, R> {
     /// [`WaitTooLong`](crate::error::WaitTooLong).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+
+    /// The least time an attempt must have before the loop's deadline for
+    /// it to be started (default 0: any time left). A retry whose sleep
+    /// plus this would reach the deadline is not made; the loop ends at
+    /// once, its last failure handed back. The deadline is the earlier of
+    /// [`deadline`](Self::deadline) and the caller's
+    /// [`Deadline`](tower_classify::deadline::Deadline) request extension.
+    pub fn min_attempt_time(mut self, min: Duration) -> Self {
+        self.min_attempt_time = min;
         self
     }
 
@@ -439,6 +455,7 @@ impl<C, R> RetryBuilder<C, R> {
                 deadline,
                 attempt_timeout: self.attempt_timeout,
                 max_wait: self.max_wait,
+                min_attempt_time: self.min_attempt_time,
                 budget,
                 listeners: self.listeners,
                 telemetry: Telemetry::new(self.name),

@@ -191,6 +191,7 @@ pub(crate) struct Policy<C, R> {
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) max_wait: Duration,
+    pub(crate) min_attempt_time: Duration,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) listeners: Listeners,
     pub(crate) telemetry: crate::telemetry::Telemetry,
@@ -245,8 +246,11 @@ pub(crate) enum Decision {
 /// What a call carries from one attempt to the next, for the decisions.
 #[derive(Default)]
 pub(crate) struct RetryState {
-    /// When the whole loop must end, if it has a deadline.
+    /// When the whole loop must end, if it has a deadline: the earlier of
+    /// the layer's and the caller's.
     pub(crate) deadline: Option<Instant>,
+    /// How long the loop's deadline allowed, for `DeadlineExceeded`.
+    pub(crate) deadline_total: Duration,
     /// Made on the first retry: a call that succeeds needs no random
     /// generator.
     pub(crate) backoff: Option<BackoffIter>,
@@ -331,7 +335,9 @@ impl<C, R> Policy<C, R> {
         }
         if let Some(deadline) = state.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
-            if wait >= left {
+            // The next attempt must start before the deadline, with at least
+            // `min_attempt_time` left to run.
+            if wait.saturating_add(self.min_attempt_time) >= left {
                 if hinted.is_some() && !shed {
                     self.telemetry
                         .gave_up(StopReason::WaitTooLong, attempts, failure);

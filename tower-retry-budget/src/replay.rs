@@ -31,6 +31,22 @@ pub trait Replay<Req> {
         let _ = copy;
         true
     }
+
+    /// The caller's [`Deadline`](tower_classify::deadline::Deadline) carried
+    /// by `request`, if any: the loop ends by the earlier of it and the
+    /// layer's own deadline. `None` by default; [`HttpReplay`] reads the
+    /// request's extensions.
+    fn deadline(&self, request: &Req) -> Option<tower_classify::deadline::Deadline> {
+        let _ = request;
+        None
+    }
+
+    /// Called just before each attempt is sent, with the loop's deadline
+    /// (if any): [`HttpReplay`] writes what is left of it as
+    /// `grpc-timeout` when told to. Nothing by default.
+    fn before_send(&self, request: &mut Req, deadline: Option<tokio::time::Instant>) {
+        let _ = (request, deadline);
+    }
 }
 
 /// What a [`Replay`] strategy tells the caller about a failed response that
@@ -113,6 +129,7 @@ mod http_replay {
     pub struct HttpReplay {
         idempotency: Idempotency,
         attempt_header: Option<HeaderName>,
+        grpc_timeout: bool,
     }
 
     impl HttpReplay {
@@ -141,6 +158,18 @@ mod http_replay {
             self.attempt_header = Some(name);
             self
         }
+
+        /// Writes what is left of the loop's deadline (the earlier of the
+        /// layer's and the caller's [`Deadline`]) as `grpc-timeout` on every
+        /// attempt, just before it is sent, in gRPC's wire format rounded
+        /// down (default `false`). A request with no deadline keeps its
+        /// own header, if any.
+        ///
+        /// [`Deadline`]: tower_classify::deadline::Deadline
+        pub fn grpc_timeout(mut self, yes: bool) -> Self {
+            self.grpc_timeout = yes;
+            self
+        }
     }
 
     impl<B: TryCloneBody> Replay<Request<B>> for HttpReplay {
@@ -164,6 +193,25 @@ mod http_replay {
 
         fn can_replay(&self, copy: &Request<B>) -> bool {
             copy.body().can_replay()
+        }
+
+        fn deadline(&self, request: &Request<B>) -> Option<tower_classify::deadline::Deadline> {
+            request
+                .extensions()
+                .get::<tower_classify::deadline::Deadline>()
+                .copied()
+        }
+
+        fn before_send(&self, request: &mut Request<B>, deadline: Option<tokio::time::Instant>) {
+            use tower_classify::deadline::{format_grpc_timeout, GRPC_TIMEOUT};
+            if let (true, Some(deadline)) = (self.grpc_timeout, deadline) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let value = HeaderValue::try_from(format_grpc_timeout(left))
+                    .expect("digits and a unit letter are a valid header value");
+                request
+                    .headers_mut()
+                    .insert(http::HeaderName::from_static(GRPC_TIMEOUT), value);
+            }
         }
     }
 

@@ -84,7 +84,11 @@ where
         } else {
             None
         };
-        let cold = future::cold_state(policy);
+        let mut request = request;
+        let cold = future::cold_state(policy, policy.replay.deadline(&request));
+        if let Some(cold) = &cold {
+            policy.replay.before_send(&mut request, cold.deadline());
+        }
         // The service made ready by `poll_ready` takes this call and goes with
         // the future for the retries; a fresh clone stays here.
         let clone = self.inner.clone();
