@@ -244,3 +244,183 @@ mod tests {
         }
     }
 }
+
+#[cfg(feature = "http")]
+pub use self::server::{DeadlineLayer, DeadlineService, ResponseFuture};
+
+#[cfg(feature = "http")]
+mod server {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use http::{HeaderName, Request};
+    use pin_project_lite::pin_project;
+    use tokio::time::Sleep;
+    use tower::timeout::error::Elapsed;
+    use tower::{Layer, Service};
+
+    use super::{parse_grpc_timeout, Deadline, GRPC_TIMEOUT};
+    use crate::BoxError;
+
+    /// The server side of deadlines: turns an inbound `grpc-timeout` header
+    /// (and optionally a header of your own in the same format) into a
+    /// [`Deadline`] extension, and ends the call with
+    /// [`Elapsed`](tower::timeout::error::Elapsed) (a timeout to every
+    /// classifier; `DEADLINE_EXCEEDED` under
+    /// [`GrpcStatusLayer`](crate::grpc_status::GrpcStatusLayer)) when it
+    /// passes, dropping the handler's future.
+    ///
+    /// The deadline is the earliest of the headers, a `Deadline` already in
+    /// the extensions, and [`max_timeout`](Self::max_timeout) when set. A
+    /// malformed header is ignored (the call then has no deadline from it),
+    /// so a hostile value can neither panic the server nor shorten anyone
+    /// else's call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_classify::deadline::{Deadline, DeadlineLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let handler = service_fn(|request: http::Request<()>| async move {
+    ///     // What is left of the caller's 250 ms.
+    ///     let left = request.extensions().get::<Deadline>().unwrap().remaining();
+    ///     Ok::<_, tower_classify::BoxError>(left)
+    /// });
+    /// let service = DeadlineLayer::new().layer(handler);
+    /// let request = http::Request::get("/").header("grpc-timeout", "250m").body(()).unwrap();
+    /// assert_eq!(service.oneshot(request).await.unwrap(), Duration::from_millis(250));
+    /// # }
+    /// ```
+    #[derive(Debug, Clone, Default)]
+    pub struct DeadlineLayer {
+        header: Option<HeaderName>,
+        max_timeout: Option<Duration>,
+    }
+
+    impl DeadlineLayer {
+        /// Reads `grpc-timeout`, no cap.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Also reads `name`, in the `grpc-timeout` format (`100m`, `5S`),
+        /// for HTTP callers.
+        pub fn header(mut self, name: HeaderName) -> Self {
+            self.header = Some(name);
+            self
+        }
+
+        /// No call runs longer than `max`, whatever the caller asked.
+        pub fn max_timeout(mut self, max: Duration) -> Self {
+            self.max_timeout = Some(max);
+            self
+        }
+    }
+
+    impl<S> Layer<S> for DeadlineLayer {
+        type Service = DeadlineService<S>;
+
+        fn layer(&self, inner: S) -> Self::Service {
+            DeadlineService {
+                inner,
+                layer: self.clone(),
+            }
+        }
+    }
+
+    /// The service of a [`DeadlineLayer`].
+    #[derive(Debug, Clone)]
+    pub struct DeadlineService<S> {
+        inner: S,
+        layer: DeadlineLayer,
+    }
+
+    impl<S> DeadlineService<S> {
+        fn deadline<B>(&self, request: &Request<B>) -> Option<Deadline> {
+            let from = |name: &str| {
+                request
+                    .headers()
+                    .get(name)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| parse_grpc_timeout(value).ok())
+                    .map(Deadline::after)
+            };
+            [
+                from(GRPC_TIMEOUT),
+                self.layer
+                    .header
+                    .as_ref()
+                    .and_then(|name| from(name.as_str())),
+                request.extensions().get::<Deadline>().copied(),
+                self.layer.max_timeout.map(Deadline::after),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+        }
+    }
+
+    impl<S, B> Service<Request<B>> for DeadlineService<S>
+    where
+        S: Service<Request<B>>,
+        S::Error: Into<BoxError>,
+    {
+        type Response = S::Response;
+        type Error = BoxError;
+        type Future = ResponseFuture<S::Future>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            self.inner.poll_ready(cx).map_err(Into::into)
+        }
+
+        fn call(&mut self, mut request: Request<B>) -> Self::Future {
+            let deadline = self.deadline(&request);
+            if let Some(deadline) = deadline {
+                request.extensions_mut().insert(deadline);
+            }
+            ResponseFuture {
+                inner: self.inner.call(request),
+                sleep: deadline
+                    .map(|deadline| Box::pin(tokio::time::sleep_until(deadline.instant()))),
+            }
+        }
+    }
+
+    pin_project! {
+        /// The response future of [`DeadlineService`].
+        #[derive(Debug)]
+        pub struct ResponseFuture<F> {
+            #[pin]
+            inner: F,
+            // Boxed: only a call with a deadline has one.
+            sleep: Option<Pin<Box<Sleep>>>,
+        }
+    }
+
+    impl<F, T, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<T, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            // As `tower::timeout` does: the call first, then its limit.
+            if let Poll::Ready(result) = this.inner.poll(cx) {
+                return Poll::Ready(result.map_err(Into::into));
+            }
+            match this.sleep {
+                Some(sleep) => {
+                    std::task::ready!(sleep.as_mut().poll(cx));
+                    Poll::Ready(Err(Box::new(Elapsed::new())))
+                }
+                None => Poll::Pending,
+            }
+        }
+    }
+}
