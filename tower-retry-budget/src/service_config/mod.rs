@@ -4,8 +4,9 @@
 //! A gRPC service owner publishes a *service config*: JSON with a
 //! `methodConfig` list (which methods get which `retryPolicy`,
 //! `hedgingPolicy` and `timeout`) and a `retryThrottling` section for the
-//! whole server. This module reads it with A6's validation rules and picks the
-//! method config of a request path.
+//! whole server. This module reads it with A6's validation rules, picks the
+//! method config of a request path, and turns a retry policy into this
+//! crate's [`RetryBuilder`](crate::RetryBuilder).
 //!
 //! ```
 //! use std::time::Duration;
@@ -72,10 +73,13 @@
 //! `service`), else `None`. A path that is not of that form (no leading
 //! `/`, no second `/`) can only get the default.
 //!
-//! # Throttling
+//! # Retrying with a policy
 //!
-//! `retryThrottling` is a [`RetryThrottle`], one per server, shared by the
-//! retry layers of all its methods.
+//! [`MethodConfig::retry_builder`] (or [`RetryPolicyConfig::retry_builder`])
+//! gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
+//! A6's semantics: see [`retry`] for each rule. Throttling
+//! (`retryThrottling`) is a [`RetryThrottle`], one per server, shared by the
+//! layers of all its methods.
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
@@ -84,11 +88,14 @@ use std::time::Duration;
 
 use tower_classify::ConfigError;
 
+mod classifier;
 pub mod duration;
 mod parse;
+pub mod retry;
 pub mod status;
 mod throttle;
 
+pub use self::classifier::GrpcRetryClassifier;
 pub use self::status::StatusCodes;
 pub use self::throttle::RetryThrottle;
 
