@@ -21,6 +21,8 @@ mod layer;
 pub mod policy;
 pub mod replay;
 mod service;
+#[cfg(feature = "grpc-service-config")]
+pub mod service_config;
 mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};

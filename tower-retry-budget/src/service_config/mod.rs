@@ -1,0 +1,417 @@
+//! gRPC service config retry settings ([gRFC A6]), feature
+//! `grpc-service-config`.
+//!
+//! A gRPC service owner publishes a *service config*: JSON with a
+//! `methodConfig` list (which methods get which `retryPolicy`,
+//! `hedgingPolicy` and `timeout`) and a `retryThrottling` section for the
+//! whole server. This module reads it with A6's validation rules, picks the
+//! method config of a request path, and turns a retry policy into this
+//! crate's [`RetryBuilder`](crate::RetryBuilder).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_budget::service_config::ServiceConfig;
+//!
+//! let config = ServiceConfig::from_json(r#"{
+//!     "methodConfig": [{
+//!         "name": [{ "service": "helloworld.Greeter" }],
+//!         "timeout": "2s",
+//!         "retryPolicy": {
+//!             "maxAttempts": 4,
+//!             "initialBackoff": "0.1s",
+//!             "maxBackoff": "1s",
+//!             "backoffMultiplier": 2,
+//!             "retryableStatusCodes": ["UNAVAILABLE"]
+//!         }
+//!     }],
+//!     "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+//! }"#).unwrap();
+//!
+//! let method = config.method_config("/helloworld.Greeter/SayHello").unwrap();
+//! let retry = method.retry_policy().unwrap();
+//! assert_eq!(retry.max_attempts(), 4);
+//! assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
+//! assert!(retry.retryable_status_codes().contains(14));
+//! assert_eq!(method.timeout(), Some(Duration::from_secs(2)));
+//! assert!(config.method_config("/other.Service/Call").is_none());
+//! ```
+//!
+//! # Validation
+//!
+//! [`ServiceConfig::from_json`] refuses a config that breaks a rule of A6 or
+//! of gRPC's `service_config.proto`, with a [`ConfigError`] whose
+//! [`field`](ConfigError::field) is the JSON path of the value
+//! (`methodConfig[0].retryPolicy.maxAttempts`) and whose
+//! [`reason`](ConfigError::reason) says which rule. Fields this module does
+//! not use (`loadBalancingConfig`, `maxRequestMessageBytes`, ...) are
+//! ignored, as gRPC ignores fields it does not know.
+//!
+//! | field | rule |
+//! |---|---|
+//! | `retryPolicy.maxAttempts`, `hedgingPolicy.maxAttempts` | required integer ≥ 2; above 5 is read as 5 ([`MAX_ATTEMPTS_LIMIT`]), not refused |
+//! | `retryPolicy.initialBackoff`, `.maxBackoff` | required [duration] > 0 |
+//! | `retryPolicy.backoffMultiplier` | required number > 0 |
+//! | `retryPolicy.retryableStatusCodes` | required, non-empty; each a code 1–16 or its name in any case (`OK` is refused: a success is never retried) |
+//! | `hedgingPolicy.hedgingDelay` | optional duration ≥ 0 (default 0) |
+//! | `hedgingPolicy.nonFatalStatusCodes` | optional, may be empty; codes as above |
+//! | a method config | at most one of `retryPolicy` and `hedgingPolicy` |
+//! | `timeout` | optional duration > 0 |
+//! | `name[].service`, `name[].method` | strings; `""`, `null` and absent are the same; a name without a service is the default and has no method; every name appears once in the whole config |
+//! | `retryThrottling.maxTokens` | required integer in (0, 1000] |
+//! | `retryThrottling.tokenRatio` | required number > 0; decimals past the third are cut (0.5466 is 0.546), and a ratio that is 0 once cut is refused |
+//!
+//! Durations are negative-free [protobuf JSON durations](duration)
+//! (`"0.1s"`); status codes are numbers or case-insensitive names
+//! ([`status`]).
+//!
+//! # Which method config a call uses
+//!
+//! [`ServiceConfig::method_config`] takes a request path
+//! `/package.Service/Method` and returns, as gRPC does, the method config
+//! naming that exact service and method, else the one naming the whole
+//! service (a name without `method`), else the default (a name without
+//! `service`), else `None`. A path that is not of that form (no leading
+//! `/`, no second `/`) can only get the default.
+//!
+//! # Retrying with a policy
+//!
+//! [`MethodConfig::retry_builder`] (or [`RetryPolicyConfig::retry_builder`])
+//! gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
+//! A6's semantics: see [`retry`] for each rule. Throttling
+//! (`retryThrottling`) is a [`RetryThrottle`], one per server, shared by the
+//! layers of all its methods.
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tower_classify::ConfigError;
+
+mod classifier;
+pub mod duration;
+mod parse;
+pub mod retry;
+pub mod status;
+mod throttle;
+
+pub use self::classifier::GrpcRetryClassifier;
+pub use self::status::StatusCodes;
+pub use self::throttle::RetryThrottle;
+
+/// The most attempts a policy gets: A6's client-side limit. A larger
+/// `maxAttempts` is read as this value.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
+
+/// A parsed and validated gRPC service config: its method configs and its
+/// retry throttling.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceConfig {
+    method_configs: Vec<MethodConfig>,
+    retry_throttling: Option<RetryThrottlingConfig>,
+    index: NameIndex,
+}
+
+/// Where each name points: `service → (whole-service entry, method → entry)`
+/// and the default entry, as indices into `method_configs`.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct NameIndex {
+    services: HashMap<String, ServiceEntries>,
+    default: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ServiceEntries {
+    whole_service: Option<usize>,
+    methods: HashMap<String, usize>,
+}
+
+impl ServiceConfig {
+    /// Reads and validates a service config; the error names the field
+    /// path and the rule it breaks (see the [module docs](self)).
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        let value: serde_json::Value = serde_json::from_str(json)
+            .map_err(|err| ConfigError::new("serviceConfig", format!("not valid JSON: {err}")))?;
+        Self::from_value(&value)
+    }
+
+    /// Validates a service config already read as JSON.
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, ConfigError> {
+        parse::service_config(value)
+    }
+
+    fn new(
+        method_configs: Vec<MethodConfig>,
+        retry_throttling: Option<RetryThrottlingConfig>,
+    ) -> Result<Self, ConfigError> {
+        let mut index = NameIndex::default();
+        // Where each name was first seen, to name both places of a duplicate.
+        let mut seen: HashMap<&MethodName, (usize, usize)> = HashMap::new();
+        for (entry, config) in method_configs.iter().enumerate() {
+            for (position, name) in config.names.iter().enumerate() {
+                if let Some((first_entry, first_position)) = seen.insert(name, (entry, position)) {
+                    return Err(ConfigError::new(
+                        format!("methodConfig[{entry}].name[{position}]"),
+                        format!(
+                            "{name} is also methodConfig[{first_entry}].name[{first_position}]; \
+                             each name may appear once in a service config"
+                        ),
+                    ));
+                }
+                if name.service.is_empty() {
+                    index.default = Some(entry);
+                    continue;
+                }
+                let service = index.services.entry(name.service.clone()).or_default();
+                match &name.method {
+                    None => service.whole_service = Some(entry),
+                    Some(method) => {
+                        service.methods.insert(method.clone(), entry);
+                    }
+                }
+            }
+        }
+        Ok(ServiceConfig {
+            method_configs,
+            retry_throttling,
+            index,
+        })
+    }
+
+    /// The method configs, in the order of the JSON.
+    pub fn method_configs(&self) -> &[MethodConfig] {
+        &self.method_configs
+    }
+
+    /// The `retryThrottling` section, if any.
+    pub fn retry_throttling(&self) -> Option<&RetryThrottlingConfig> {
+        self.retry_throttling.as_ref()
+    }
+
+    /// A new, full [`RetryThrottle`] for this config's `retryThrottling`
+    /// (`None` without one). A6 throttles per server: make one per server
+    /// and give the same `Arc` to the layers of all its methods.
+    pub fn retry_throttle(&self) -> Option<std::sync::Arc<RetryThrottle>> {
+        self.retry_throttling
+            .as_ref()
+            .map(|config| std::sync::Arc::new(RetryThrottle::from_config(config)))
+    }
+
+    /// The method config for a request path `/package.Service/Method`:
+    /// the exact `{service, method}` name, else the whole `{service}`,
+    /// else the default; `None` when none applies.
+    ///
+    /// A path without a leading `/` or without a `/` between service and
+    /// method, or with more than two, names no service: it gets the default.
+    /// Nothing is allocated and nothing panics, whatever the path.
+    ///
+    /// ```
+    /// use tower_retry_budget::service_config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [
+    ///     { "name": [{}], "timeout": "30s" },
+    ///     { "name": [{ "service": "pkg.Svc" }], "timeout": "5s" },
+    ///     { "name": [{ "service": "pkg.Svc", "method": "Get" }], "timeout": "1s" }
+    /// ]}"#).unwrap();
+    /// let timeout = |path| config.method_config(path).and_then(|m| m.timeout()).unwrap().as_secs();
+    /// assert_eq!(timeout("/pkg.Svc/Get"), 1);
+    /// assert_eq!(timeout("/pkg.Svc/Put"), 5);
+    /// assert_eq!(timeout("/other.Svc/Get"), 30);
+    /// assert_eq!(timeout("not a path"), 30);
+    /// ```
+    pub fn method_config(&self, path: &str) -> Option<&MethodConfig> {
+        let named = path
+            .strip_prefix('/')
+            .and_then(|rest| rest.split_once('/'))
+            .filter(|(_, method)| !method.contains('/'));
+        match named {
+            Some((service, method)) => self.method_config_for(service, method),
+            None => self.default_method_config(),
+        }
+    }
+
+    /// The method config for `service` and `method`, by the same rules as
+    /// [`method_config`](Self::method_config).
+    pub fn method_config_for(&self, service: &str, method: &str) -> Option<&MethodConfig> {
+        let entries = self.index.services.get(service);
+        let entry = entries
+            .and_then(|entries| entries.methods.get(method).copied())
+            .or_else(|| entries.and_then(|entries| entries.whole_service))
+            .or(self.index.default)?;
+        self.method_configs.get(entry)
+    }
+
+    /// The default method config (a name without `service`), if any.
+    pub fn default_method_config(&self) -> Option<&MethodConfig> {
+        self.method_configs.get(self.index.default?)
+    }
+}
+
+/// One `methodConfig` entry: the names it applies to and its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodConfig {
+    names: Vec<MethodName>,
+    policy: Option<Policy>,
+    timeout: Option<Duration>,
+    wait_for_ready: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Policy {
+    Retry(RetryPolicyConfig),
+    Hedging(HedgingPolicyConfig),
+}
+
+impl MethodConfig {
+    /// The names this config applies to. An entry without names applies to
+    /// no call (gRPC skips it).
+    pub fn names(&self) -> &[MethodName] {
+        &self.names
+    }
+
+    /// The retry policy, if this config has one.
+    pub fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
+        match &self.policy {
+            Some(Policy::Retry(policy)) => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// The hedging policy, if this config has one.
+    pub fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
+        match &self.policy {
+            Some(Policy::Hedging(policy)) => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// The `timeout`: the deadline of a whole call, every attempt included.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// `waitForReady`, if set.
+    pub fn wait_for_ready(&self) -> Option<bool> {
+        self.wait_for_ready
+    }
+}
+
+/// One `name` of a method config: a service and, optionally, one of its
+/// methods. An empty `service` is the default name, which has no method.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MethodName {
+    service: String,
+    method: Option<String>,
+}
+
+impl MethodName {
+    /// The service, `package.Service`; empty for the default name.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// The method; `None` for a name that covers the whole service.
+    pub fn method(&self) -> Option<&str> {
+        self.method.as_deref()
+    }
+}
+
+impl std::fmt::Display for MethodName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.service[..], &self.method) {
+            ("", _) => f.write_str("the default name"),
+            (service, None) => write!(f, "service {service:?}"),
+            (service, Some(method)) => write!(f, "method {service:?}/{method:?}"),
+        }
+    }
+}
+
+/// A validated `retryPolicy`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicyConfig {
+    max_attempts: u32,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+    backoff_multiplier: f64,
+    retryable_status_codes: StatusCodes,
+}
+
+impl RetryPolicyConfig {
+    /// Attempts in all, the first included: 2–5 (a larger `maxAttempts`
+    /// is read as [`MAX_ATTEMPTS_LIMIT`]).
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The backoff before the first retry (before jitter).
+    pub fn initial_backoff(&self) -> Duration {
+        self.initial_backoff
+    }
+
+    /// The cap on the backoff (before jitter).
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// The backoff's growth factor per retry.
+    pub fn backoff_multiplier(&self) -> f64 {
+        self.backoff_multiplier
+    }
+
+    /// The status codes that are retried.
+    pub fn retryable_status_codes(&self) -> StatusCodes {
+        self.retryable_status_codes
+    }
+}
+
+/// A validated `hedgingPolicy`. This crate has no hedging layer to build
+/// from it; it is read and validated so that a config using it is accepted
+/// or refused as gRPC would, and its values are there for one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HedgingPolicyConfig {
+    max_attempts: u32,
+    hedging_delay: Duration,
+    non_fatal_status_codes: StatusCodes,
+}
+
+impl HedgingPolicyConfig {
+    /// Attempts in all, the original included: 2–5.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The delay between hedged attempts (zero: all at once).
+    pub fn hedging_delay(&self) -> Duration {
+        self.hedging_delay
+    }
+
+    /// The codes after which the other hedged attempts go on (may be empty).
+    pub fn non_fatal_status_codes(&self) -> StatusCodes {
+        self.non_fatal_status_codes
+    }
+}
+
+/// A validated `retryThrottling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryThrottlingConfig {
+    max_tokens: u32,
+    token_ratio_thousandths: u32,
+}
+
+impl RetryThrottlingConfig {
+    /// The size of the token bucket, 1–1000.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// The tokens a success adds, in thousandths (A6 keeps three decimals:
+    /// `0.1` is 100).
+    pub fn token_ratio_thousandths(&self) -> u32 {
+        self.token_ratio_thousandths
+    }
+
+    /// The tokens a success adds.
+    pub fn token_ratio(&self) -> f64 {
+        f64::from(self.token_ratio_thousandths) / 1000.0
+    }
+}

@@ -1,0 +1,159 @@
+//! From a service config's retry policy to a [`RetryBuilder`].
+//!
+//! [`RetryPolicyConfig::retry_builder`] and [`MethodConfig::retry_builder`]
+//! give a builder for `http::Request`s (a tonic `Channel`'s requests, with
+//! their body made replayable by [`ReplayBodyLayer`](crate::body::ReplayBodyLayer))
+//! that follows [gRFC A6]:
+//!
+//! | A6 | the builder |
+//! |---|---|
+//! | `maxAttempts` attempts in all, at most 5 | [`max_attempts`](RetryBuilder::max_attempts) |
+//! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with [`A6_JITTER`] |
+//! | only `retryableStatusCodes` are retried | [`GrpcRetryClassifier`] |
+//! | a pushback of `n` ms: retry after exactly `n` ms; negative or unreadable: do not retry | the classifier's hint, which replaces the computed backoff |
+//! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`retry_non_idempotent(true)`](RetryBuilder::retry_non_idempotent) |
+//! | retries carry `grpc-previous-rpc-attempts` | [`attempt_header`](RetryBuilder::attempt_header) |
+//! | `timeout` bounds the whole call, every attempt included | [`deadline`](RetryBuilder::deadline) ([`MethodConfig::retry_builder`]) |
+//! | `retryThrottling` | a shared [`RetryThrottle`]: the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
+//! | no retry policy: no retries | one attempt ([`MethodConfig::retry_builder`]) |
+//!
+//! Where this differs from A6:
+//!
+//! - A `backoffMultiplier` below 1 (A6 allows any value above 0, so delays
+//!   that shrink) is refused by the conversion, not by the parser: this
+//!   crate's [`Backoff`] only grows.
+//! - A6 restarts the backoff at `initialBackoff` after a pushback; the
+//!   retry layer goes on with its backoff sequence where it was.
+//! - Without `retryThrottling` A6 does not throttle; the builder then keeps
+//!   this crate's default retry budget (a [`TpsBudget`](crate::budget::TpsBudget)),
+//!   which only bounds retry storms. Call
+//!   [`no_budget`](RetryBuilder::no_budget) for A6's behaviour exactly.
+//! - A hedging policy is read and validated, but this crate has no hedging
+//!   layer to build from it: a method with one gets a single attempt here.
+//! - A6's jitter was `random(0, backoff)` until its 2024 revision; that is
+//!   [`Jitter::Full`], for example `.backoff(policy.backoff()?.with_jitter(Jitter::Full))`.
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+
+use std::sync::Arc;
+
+use http::HeaderName;
+use tower_classify::ConfigError;
+
+use super::{GrpcRetryClassifier, MethodConfig, RetryPolicyConfig, RetryThrottle, StatusCodes};
+use crate::backoff::{Backoff, Jitter};
+use crate::layer::RetryBuilder;
+use crate::replay::HttpReplay;
+
+/// The request header that tells the server how many attempts came
+/// before this one (A6 "Exposed Retry Metadata").
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+
+/// A6's jitter: each delay multiplied by a random factor in `[0.8, 1.2)`.
+pub const A6_JITTER: Jitter = Jitter::Proportional {
+    low: 0.8,
+    high: 1.2,
+};
+
+/// The builder these conversions return.
+pub type GrpcRetryBuilder = RetryBuilder<GrpcRetryClassifier, HttpReplay>;
+
+impl RetryPolicyConfig {
+    /// The policy's backoff: exponential from `initialBackoff` by
+    /// `backoffMultiplier`, capped at `maxBackoff`, then [`A6_JITTER`].
+    ///
+    /// Refuses a `backoffMultiplier` below 1 (see the [module docs](self)).
+    pub fn backoff(&self) -> Result<Backoff, ConfigError> {
+        if self.backoff_multiplier < 1.0 {
+            return Err(ConfigError::new(
+                "backoffMultiplier",
+                format!(
+                    "{} is valid in A6 but below 1, and this retry layer's backoff never shrinks",
+                    self.backoff_multiplier
+                ),
+            ));
+        }
+        Ok(Backoff::exponential(self.initial_backoff)
+            .with_multiplier(self.backoff_multiplier)
+            .with_max_delay(self.max_backoff)
+            .with_jitter(A6_JITTER))
+    }
+
+    /// The classifier retrying exactly the policy's `retryableStatusCodes`.
+    pub fn classifier(&self) -> GrpcRetryClassifier {
+        GrpcRetryClassifier::new(self.retryable_status_codes)
+    }
+
+    /// A builder with this policy and nothing else of the method config
+    /// (no deadline, no throttle); see the [module docs](self).
+    ///
+    /// ```
+    /// use tower_retry_budget::service_config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [{
+    ///     "name": [{ "service": "pkg.Svc" }],
+    ///     "retryPolicy": { "maxAttempts": 10, "initialBackoff": "0.1s", "maxBackoff": "1s",
+    ///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] }
+    /// }]}"#).unwrap();
+    /// let policy = config.method_configs()[0].retry_policy().unwrap();
+    /// let layer = policy.retry_builder().unwrap().build().unwrap();
+    /// assert_eq!(layer.max_retries(), 4); // 10 attempts are capped to 5
+    /// ```
+    pub fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
+        Ok(grpc_builder(self.classifier(), self.max_attempts).backoff(self.backoff()?))
+    }
+}
+
+impl MethodConfig {
+    /// A builder for the calls this method config applies to: its retry
+    /// policy ([`RetryPolicyConfig::retry_builder`]) or, without one, a
+    /// single attempt; its `timeout` as the deadline of the whole call; and
+    /// `throttle`, the server's [`RetryThrottle`] from
+    /// [`ServiceConfig::retry_throttle`](super::ServiceConfig::retry_throttle),
+    /// counted by the classifier and asked before each retry.
+    ///
+    /// Errors name the field (`retryPolicy.backoffMultiplier`).
+    pub fn retry_builder(
+        &self,
+        throttle: Option<&Arc<RetryThrottle>>,
+    ) -> Result<GrpcRetryBuilder, ConfigError> {
+        let mut builder = match self.retry_policy() {
+            Some(policy) => {
+                let backoff = policy.backoff().map_err(|err| err.within("retryPolicy"))?;
+                grpc_builder(
+                    with_throttle(policy.classifier(), throttle),
+                    policy.max_attempts,
+                )
+                .backoff(backoff)
+            }
+            None => grpc_builder(
+                with_throttle(GrpcRetryClassifier::new(StatusCodes::EMPTY), throttle),
+                1,
+            ),
+        };
+        if let Some(timeout) = self.timeout {
+            builder = builder.deadline(timeout);
+        }
+        if let Some(throttle) = throttle {
+            builder = builder.shared_budget(Arc::clone(throttle) as Arc<_>);
+        }
+        Ok(builder)
+    }
+}
+
+fn with_throttle(
+    classifier: GrpcRetryClassifier,
+    throttle: Option<&Arc<RetryThrottle>>,
+) -> GrpcRetryClassifier {
+    match throttle {
+        Some(throttle) => classifier.with_throttle(Arc::clone(throttle)),
+        None => classifier,
+    }
+}
+
+fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetryBuilder {
+    RetryBuilder::new(classifier, HttpReplay::new())
+        .retry_non_idempotent(true)
+        .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS))
+        .max_attempts(max_attempts)
+}

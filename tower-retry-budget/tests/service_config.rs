@@ -1,0 +1,762 @@
+//! gRPC service configs (gRFC A6): the examples of the A6 text and of
+//! gRPC's service config docs as fixtures, every validation rule, method
+//! selection, throttling, pushback, and the retry layer built from a policy.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response, StatusCode};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+use tower_classify::hint::parse_grpc_pushback;
+use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, RetryHint};
+use tower_retry_budget::error::WaitTooLong;
+use tower_retry_budget::service_config::{
+    GrpcRetryClassifier, MethodConfig, RetryThrottle, ServiceConfig, StatusCodes,
+};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{path}: {err}"))
+}
+
+fn config(name: &str) -> ServiceConfig {
+    ServiceConfig::from_json(&fixture(name)).unwrap_or_else(|err| panic!("{name}: {err}"))
+}
+
+fn codes(list: &[u32]) -> StatusCodes {
+    list.iter()
+        .fold(StatusCodes::EMPTY, |set, &code| set.with(code).unwrap())
+}
+
+// ===== the examples of the A6 text
+
+#[test]
+fn a6_retry_policy_example() {
+    let config = config("a6_retry_policy.json");
+    let method = config.method_config("/example.Service/Any").unwrap();
+    let retry = method.retry_policy().unwrap();
+    assert_eq!(retry.max_attempts(), 4);
+    assert_eq!(retry.initial_backoff(), MS(100));
+    assert_eq!(retry.max_backoff(), Duration::from_secs(1));
+    assert_eq!(retry.backoff_multiplier(), 2.0);
+    assert_eq!(retry.retryable_status_codes(), codes(&[14]));
+    assert!(method.hedging_policy().is_none());
+    assert_eq!(method.timeout(), None);
+    assert!(config.retry_throttling().is_none());
+}
+
+#[test]
+fn a6_hedging_policy_examples() {
+    let spaced = config("a6_hedging_policy.json");
+    let hedging = spaced.method_configs()[0].hedging_policy().unwrap();
+    assert_eq!(hedging.max_attempts(), 4);
+    assert_eq!(hedging.hedging_delay(), MS(500));
+    assert_eq!(hedging.non_fatal_status_codes(), codes(&[14, 13, 10]));
+    assert!(spaced.method_configs()[0].retry_policy().is_none());
+
+    let at_once = config("a6_hedging_all_at_once.json");
+    let hedging = at_once.method_configs()[0].hedging_policy().unwrap();
+    assert_eq!(hedging.hedging_delay(), Duration::ZERO);
+    assert_eq!(hedging.max_attempts(), 4);
+
+    // Both fields but maxAttempts are optional; an empty list is allowed.
+    let bare = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "s"}],
+            "hedgingPolicy": {"maxAttempts": 3, "nonFatalStatusCodes": []}}]}"#,
+    )
+    .unwrap();
+    let hedging = bare.method_configs()[0].hedging_policy().unwrap();
+    assert_eq!(hedging.hedging_delay(), Duration::ZERO);
+    assert!(hedging.non_fatal_status_codes().is_empty());
+}
+
+#[test]
+fn a6_throttling_example_and_the_half_rule() {
+    let config = config("a6_retry_throttling.json");
+    let throttling = config.retry_throttling().unwrap();
+    assert_eq!(throttling.max_tokens(), 10);
+    assert_eq!(throttling.token_ratio_thousandths(), 100);
+    assert!(config.method_configs().is_empty());
+
+    // A6: "If token_count is less than or equal to the threshold, defined to
+    // be (maxTokens / 2), then RPCs will not be retried until token_count
+    // rises over the threshold."
+    let throttle = config.retry_throttle().unwrap();
+    assert_eq!(throttle.tokens(), 10.0, "starts at maxTokens");
+    for left in [9.0, 8.0, 7.0, 6.0] {
+        throttle.record_failure();
+        assert_eq!(throttle.tokens(), left);
+        assert!(throttle.allows_retry(), "{left} > 5");
+    }
+    throttle.record_failure();
+    assert_eq!(throttle.tokens(), 5.0);
+    assert!(!throttle.allows_retry(), "5 is the threshold itself");
+    throttle.record_success();
+    assert!(throttle.allows_retry(), "5.1 rose over it");
+
+    // Each call makes a new throttle: one per server, shared by its methods.
+    assert_eq!(config.retry_throttle().unwrap().tokens(), 10.0);
+}
+
+#[test]
+fn a6_integration_example_with_every_field() {
+    let config = config("a6_integration.json");
+    let method = config.method_config("/example.Greeter/SayHello").unwrap();
+    let retry = method.retry_policy().unwrap();
+    assert_eq!(
+        retry.max_attempts(),
+        5,
+        "maxAttempts 10 is read as 5, not refused"
+    );
+    assert_eq!(retry.initial_backoff(), MS(500));
+    assert_eq!(retry.max_backoff(), Duration::from_secs(30));
+    assert_eq!(retry.backoff_multiplier(), 1.5);
+    assert_eq!(
+        retry.retryable_status_codes(),
+        codes(&[14, 8, 10]),
+        "a number, a lower-case and a mixed-case name"
+    );
+    assert_eq!(method.timeout(), Some(Duration::new(1, 340_012)));
+    assert_eq!(method.wait_for_ready(), Some(true));
+    let throttling = config.retry_throttling().unwrap();
+    assert_eq!(throttling.max_tokens(), 100);
+    assert_eq!(
+        throttling.token_ratio_thousandths(),
+        546,
+        "0.5466 is cut to 0.546"
+    );
+    assert!(config.method_config("/example.Greeter/Other").is_none());
+    assert!(config.default_method_config().is_none());
+}
+
+#[test]
+fn max_attempts_above_five_is_five_however_large() {
+    for attempts in ["6", "10", "4294967296", "1e300"] {
+        let json = format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "s"}}],
+                "retryPolicy": {{"maxAttempts": {attempts}, "initialBackoff": "1s",
+                "maxBackoff": "1s", "backoffMultiplier": 1, "retryableStatusCodes": [14]}}}}]}}"#
+        );
+        let config = ServiceConfig::from_json(&json).unwrap();
+        assert_eq!(
+            config.method_configs()[0]
+                .retry_policy()
+                .unwrap()
+                .max_attempts(),
+            5,
+            "{attempts}"
+        );
+        let hedging = json.replace("retryPolicy", "hedgingPolicy");
+        let config = ServiceConfig::from_json(&hedging).unwrap();
+        assert_eq!(
+            config.method_configs()[0]
+                .hedging_policy()
+                .unwrap()
+                .max_attempts(),
+            5,
+            "{attempts}"
+        );
+    }
+}
+
+// ===== gRPC's service config docs: which method config a call uses
+
+#[test]
+fn exact_method_then_service_then_default() {
+    let config = config("service_config_doc.json");
+    let timeout = |path: &str| config.method_config(path).and_then(MethodConfig::timeout);
+    // service_config.md: MyService/Foo uses its own entry, MyService/Bar the
+    // service's; service_config.proto: AnotherService/Baz the default.
+    assert_eq!(timeout("/MyService/Foo"), Some(Duration::from_secs(1)));
+    assert_eq!(timeout("/MyService/Bar"), Some(Duration::from_secs(5)));
+    assert_eq!(
+        timeout("/AnotherService/Baz"),
+        Some(Duration::from_secs(30))
+    );
+    assert!(config
+        .method_config("/MyService/Foo")
+        .unwrap()
+        .retry_policy()
+        .is_some());
+    assert!(config
+        .method_config("/MyService/Bar")
+        .unwrap()
+        .retry_policy()
+        .is_none());
+    // `"method": null` and `"method": ""` are the whole service.
+    assert_eq!(timeout("/pkg.Other/Anything"), Some(Duration::from_secs(2)));
+    assert_eq!(timeout("/pkg.Third/Anything"), Some(Duration::from_secs(2)));
+    // Names are matched exactly: case and package matter.
+    assert_eq!(timeout("/myservice/Foo"), Some(Duration::from_secs(30)));
+    assert_eq!(timeout("/pkg.MyService/Foo"), Some(Duration::from_secs(30)));
+    assert_eq!(
+        config
+            .method_config_for("MyService", "Foo")
+            .unwrap()
+            .timeout(),
+        Some(Duration::from_secs(1))
+    );
+    // An entry without names applies to no call.
+    assert!(config.method_configs()[4].names().is_empty());
+    assert_eq!(
+        config.method_configs()[4].timeout(),
+        Some(Duration::from_secs(9))
+    );
+    let default = config.default_method_config().unwrap();
+    assert_eq!(default.names()[0].service(), "");
+    assert_eq!(default.names()[0].method(), None);
+}
+
+#[test]
+fn hostile_paths_get_the_default_or_none() {
+    let with_default = config("service_config_doc.json");
+    let without_default = config("a6_retry_policy.json");
+    let long = format!("/{}/{}", "a".repeat(1 << 20), "b".repeat(1 << 20));
+    let hostile = [
+        "",
+        "/",
+        "//",
+        "///",
+        "MyService/Foo",
+        "/MyService",
+        "/MyService/Foo/extra",
+        "\0/\0",
+        "/\u{feff}MyService/Foo",
+        long.as_str(),
+    ];
+    for path in hostile {
+        let shown = &path[..path.len().min(40)];
+        assert_eq!(
+            with_default
+                .method_config(path)
+                .and_then(MethodConfig::timeout),
+            Some(Duration::from_secs(30)),
+            "{shown:?} gets the default"
+        );
+        assert!(without_default.method_config(path).is_none(), "{shown:?}");
+    }
+    // An empty method name under a known service is that service's.
+    assert_eq!(
+        with_default
+            .method_config("/MyService/")
+            .and_then(MethodConfig::timeout),
+        Some(Duration::from_secs(5))
+    );
+    assert!(without_default
+        .method_config("/example.Service/Call")
+        .is_some());
+}
+
+// ===== validation
+
+#[test]
+fn every_invalid_fixture_is_refused_naming_its_field() {
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&fixture("invalid.json")).unwrap();
+    assert!(cases.len() >= 50);
+    for case in &cases {
+        let why = case["why"].as_str().unwrap();
+        let err = ServiceConfig::from_value(&case["config"])
+            .err()
+            .unwrap_or_else(|| panic!("{why}: accepted"));
+        assert_eq!(err.field(), case["field"].as_str().unwrap(), "{why}: {err}");
+        let reason = case["reason"].as_str().unwrap();
+        assert!(
+            err.reason().contains(reason),
+            "{why}: {:?} lacks {reason:?}",
+            err.reason()
+        );
+        // The same text through `from_json`.
+        let text = ServiceConfig::from_json(&case["config"].to_string()).unwrap_err();
+        assert_eq!(text.field(), err.field(), "{why}");
+    }
+}
+
+#[test]
+fn the_fields_the_task_names_are_refused() {
+    // The cases called for by name, so that none can drop out of the
+    // fixture unnoticed.
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&fixture("invalid.json")).unwrap();
+    for why in [
+        "maxAttempts 1",
+        "initialBackoff missing",
+        "backoffMultiplier 0",
+        "retryableStatusCodes empty",
+        "unknown status name",
+        "both retryPolicy and hedgingPolicy",
+        "initialBackoff negative",
+        "hedgingDelay negative",
+        "maxTokens 0",
+        "maxTokens 1001",
+        "duplicate method name",
+    ] {
+        assert!(
+            cases.iter().any(|case| case["why"] == why),
+            "{why} is in invalid.json"
+        );
+    }
+}
+
+#[test]
+fn broken_json_is_refused_at_the_root() {
+    let err = ServiceConfig::from_json(r#"{"methodConfig": [}"#).unwrap_err();
+    assert_eq!(err.field(), "serviceConfig");
+    assert!(
+        err.reason().starts_with("not valid JSON"),
+        "{}",
+        err.reason()
+    );
+    let deep = "[".repeat(100_000);
+    assert_eq!(
+        ServiceConfig::from_json(&deep).unwrap_err().field(),
+        "serviceConfig"
+    );
+}
+
+#[test]
+fn fields_outside_a6_are_ignored() {
+    let config = ServiceConfig::from_json(
+        r#"{
+            "loadBalancingConfig": [{"pick_first": {}}],
+            "healthCheckConfig": {"serviceName": "x"},
+            "methodConfig": [{
+                "name": [{"service": "s", "unknownNameField": 1}],
+                "maxRequestMessageBytes": 1024,
+                "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "2s",
+                    "backoffMultiplier": 3, "retryableStatusCodes": ["unavailable"],
+                    "perAttemptRecvTimeout": "1s"}
+            }],
+            "retryThrottling": {"maxTokens": 1000, "tokenRatio": 1000, "other": true}
+        }"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.method_configs()[0]
+            .retry_policy()
+            .unwrap()
+            .max_attempts(),
+        2
+    );
+    assert_eq!(config.retry_throttling().unwrap().max_tokens(), 1000);
+    // `null` is the same as absent, as in proto3 JSON.
+    let config =
+        ServiceConfig::from_json(r#"{"methodConfig": null, "retryThrottling": null}"#).unwrap();
+    assert!(config.method_configs().is_empty() && config.retry_throttling().is_none());
+    assert!(ServiceConfig::from_json("{}")
+        .unwrap()
+        .method_config("/a/b")
+        .is_none());
+}
+
+// ===== pushback (A6 "Pushback")
+
+#[test]
+fn pushback_negative_or_malformed_means_do_not_retry() {
+    // A6: "If the value for pushback is negative or unparseble, then it
+    // will be seen as the server asking the client not to retry at all."
+    for value in [
+        "-1",
+        "-2147483648",
+        "",
+        "abc",
+        "1.5",
+        "1e3",
+        "+5",
+        "5ms",
+        "0x10",
+        "--1",
+    ] {
+        assert_eq!(
+            parse_grpc_pushback(value.as_bytes()),
+            RetryHint::DoNotRetry,
+            "{value:?}"
+        );
+    }
+    assert_eq!(parse_grpc_pushback(b"0"), RetryHint::After(Duration::ZERO));
+    assert_eq!(parse_grpc_pushback(b"250"), RetryHint::After(MS(250)));
+    assert_eq!(
+        parse_grpc_pushback(b"2147483647"),
+        RetryHint::After(MS(2_147_483_647))
+    );
+
+    // Both classifiers carry it as the failure's hint.
+    let response = grpc_response(14, Some("-1"));
+    let hint = |outcome: Outcome| outcome.as_failure().unwrap().hint;
+    let grpc = Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&response));
+    assert_eq!(hint(grpc), Some(RetryHint::DoNotRetry));
+    let a6 = GrpcRetryClassifier::new(codes(&[14]));
+    let outcome = Classify::<_, BoxError>::classify(&a6, Ok(&response));
+    assert_eq!(hint(outcome), Some(RetryHint::DoNotRetry));
+    assert!(!outcome.is_retryable());
+    let outcome = Classify::<_, BoxError>::classify(&a6, Ok(&grpc_response(14, Some("30"))));
+    assert_eq!(outcome.as_failure().unwrap().retry_after(), Some(MS(30)));
+}
+
+#[test]
+fn pushback_past_a_signed_32_bit_integer_is_not_a_wait() {
+    // A6 defines the value as a signed 32-bit integer, so 2147483648 is
+    // unparseable, "do not retry". tower-classify reads it as a wait of
+    // 24.8 days; the retry layer then refuses to wait that long (past
+    // `max_wait`, 1 h by default) and does not retry either, ending the
+    // call with `WaitTooLong` instead of handing the response back.
+    assert_eq!(
+        parse_grpc_pushback(b"2147483648"),
+        RetryHint::After(MS(2_147_483_648))
+    );
+    let rt = paused_runtime();
+    rt.block_on(async {
+        let (service, seen) = grpc_server(|_| grpc_response(14, Some("2147483648")));
+        let layer = retry_policy_layer(2, &["UNAVAILABLE"]);
+        let err = layer.layer(service).oneshot(request()).await.unwrap_err();
+        assert!(err.downcast_ref::<WaitTooLong>().is_some(), "{err}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "not retried");
+    });
+}
+
+// ===== the retry layer built from a policy
+
+/// What the server saw: when, and the request's headers.
+type Seen = Arc<Mutex<Vec<(Instant, HeaderMap)>>>;
+
+fn grpc_server(
+    respond: impl Fn(usize) -> Response<()> + Clone + Send + 'static,
+) -> (
+    impl Service<Request<String>, Response = Response<()>, Error = BoxError, Future = impl Send> + Clone,
+    Seen,
+) {
+    let seen: Seen = Arc::default();
+    let log = Arc::clone(&seen);
+    let service = tower::service_fn(move |request: Request<String>| {
+        let n = {
+            let mut log = log.lock().unwrap();
+            log.push((Instant::now(), request.headers().clone()));
+            log.len() - 1
+        };
+        let response = respond(n);
+        async move { Ok::<_, BoxError>(response) }
+    });
+    (service, seen)
+}
+
+/// A trailers-only gRPC response with `code` and an optional pushback.
+fn grpc_response(code: u32, pushback: Option<&str>) -> Response<()> {
+    let mut response = Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.to_string());
+    if let Some(pushback) = pushback {
+        response = response.header("grpc-retry-pushback-ms", pushback);
+    }
+    response.body(()).unwrap()
+}
+
+fn request() -> Request<String> {
+    Request::post("/example.Service/Call")
+        .header("content-type", "application/grpc")
+        .body(String::from("message"))
+        .unwrap()
+}
+
+fn method_config(retry_policy: &str) -> ServiceConfig {
+    ServiceConfig::from_json(&format!(
+        r#"{{"methodConfig": [{{"name": [{{"service": "example.Service"}}], "retryPolicy": {retry_policy}}}],
+            "retryThrottling": {{"maxTokens": 10, "tokenRatio": 0.1}}}}"#
+    ))
+    .unwrap()
+}
+
+fn retry_policy_layer(
+    attempts: u32,
+    codes: &[&str],
+) -> tower_retry_budget::RetryLayer<GrpcRetryClassifier, tower_retry_budget::replay::HttpReplay> {
+    let codes = serde_json::to_string(codes).unwrap();
+    let config = method_config(&format!(
+        r#"{{"maxAttempts": {attempts}, "initialBackoff": "0.1s", "maxBackoff": "1s",
+            "backoffMultiplier": 2, "retryableStatusCodes": {codes}}}"#
+    ));
+    let policy = config.method_configs()[0].retry_policy().unwrap();
+    policy.retry_builder().unwrap().no_budget().build().unwrap()
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_a_retryable_code_with_a6_backoff_and_attempt_header() {
+    let (service, seen) = grpc_server(|n| grpc_response(if n < 2 { 14 } else { 0 }, None));
+    let layer = retry_policy_layer(4, &["UNAVAILABLE"]);
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    // grpc-previous-rpc-attempts: absent on the first, then 1, 2.
+    let header = |i: usize| {
+        seen[i]
+            .1
+            .get("grpc-previous-rpc-attempts")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        (header(0), header(1).as_deref(), header(2).as_deref()),
+        (None, Some("1"), Some("2"))
+    );
+    // initialBackoff × [0.8, 1.2), then initialBackoff × 2 × [0.8, 1.2).
+    let first = seen[1].0 - seen[0].0;
+    let second = seen[2].0 - seen[1].0;
+    assert!(MS(80) <= first && first < MS(120), "{first:?}");
+    assert!(MS(160) <= second && second < MS(240), "{second:?}");
+}
+
+#[test]
+fn the_backoff_is_capped_at_max_backoff_before_jitter() {
+    let config = method_config(
+        r#"{"maxAttempts": 5, "initialBackoff": "1s", "maxBackoff": "2s",
+            "backoffMultiplier": 10, "retryableStatusCodes": [14]}"#,
+    );
+    let backoff = config.method_configs()[0]
+        .retry_policy()
+        .unwrap()
+        .backoff()
+        .unwrap();
+    for (n, sleep) in backoff.iter_seeded(7).take(4).enumerate() {
+        let cap = if n == 0 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(2)
+        };
+        assert!(
+            cap.mul_f64(0.8) <= sleep && sleep < cap.mul_f64(1.2),
+            "retry {}: {sleep:?}",
+            n + 1
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_configured_codes_are_retried() {
+    let (service, seen) = grpc_server(|_| grpc_response(13, None));
+    let layer = retry_policy_layer(4, &["UNAVAILABLE"]);
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "13");
+    assert_eq!(seen.lock().unwrap().len(), 1, "INTERNAL is not in the set");
+
+    // A code GrpcClassifier calls permanent is retried when configured.
+    let (service, seen) = grpc_server(|n| grpc_response(if n == 0 { 10 } else { 0 }, None));
+    let layer = retry_policy_layer(4, &["ABORTED"]);
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    assert_eq!(seen.lock().unwrap().len(), 2, "ABORTED is in the set");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_attempts_are_five() {
+    let (service, seen) = grpc_server(|_| grpc_response(14, None));
+    let layer = retry_policy_layer(10, &["UNAVAILABLE"]);
+    assert_eq!(layer.max_retries(), 4);
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(seen.lock().unwrap().len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushback_is_the_exact_wait_and_a_negative_one_stops() {
+    let (service, seen) = grpc_server(|n| grpc_response(if n == 0 { 14 } else { 0 }, Some("50")));
+    let layer = retry_policy_layer(3, &["UNAVAILABLE"]);
+    layer.layer(service).oneshot(request()).await.unwrap();
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            seen[1].0 - seen[0].0,
+            MS(50),
+            "exactly the pushback, no jitter"
+        );
+    }
+
+    let (service, seen) = grpc_server(|_| grpc_response(14, Some("-1")));
+    let layer = retry_policy_layer(3, &["UNAVAILABLE"]);
+    layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 1, "pushback -1: do not retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_statuses_without_grpc_status_and_errors_map_to_grpc_codes() {
+    // 503 from a proxy is UNAVAILABLE (gRPC's HTTP to gRPC status mapping).
+    let (service, seen) = grpc_server(|n| {
+        if n == 0 {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(())
+                .unwrap()
+        } else {
+            grpc_response(0, None)
+        }
+    });
+    retry_policy_layer(3, &["UNAVAILABLE"])
+        .layer(service)
+        .oneshot(request())
+        .await
+        .unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 2);
+
+    // A lost connection is UNAVAILABLE: retried only when that is in the set.
+    let attempts = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&attempts);
+    let failing = tower::service_fn(move |_: Request<String>| {
+        *counted.lock().unwrap() += 1;
+        async {
+            Err::<Response<()>, BoxError>(Box::new(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            )))
+        }
+    });
+    let err = retry_policy_layer(3, &["UNAVAILABLE"])
+        .layer(failing.clone())
+        .oneshot(request())
+        .await
+        .unwrap_err();
+    assert!(
+        err.downcast_ref::<std::io::Error>().is_some(),
+        "the last error itself: {err}"
+    );
+    assert_eq!(*attempts.lock().unwrap(), 3);
+    *attempts.lock().unwrap() = 0;
+    retry_policy_layer(3, &["INTERNAL"])
+        .layer(failing)
+        .oneshot(request())
+        .await
+        .unwrap_err();
+    assert_eq!(*attempts.lock().unwrap(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_throttle_stops_retries_at_half_and_successes_restore_them() {
+    let config = method_config(
+        r#"{"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let throttle: Arc<RetryThrottle> = config.retry_throttle().unwrap();
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method
+        .retry_builder(Some(&throttle))
+        .unwrap()
+        .build()
+        .unwrap();
+
+    let failing = Arc::new(Mutex::new(true));
+    let fail = Arc::clone(&failing);
+    let (service, seen) =
+        grpc_server(move |_| grpc_response(if *fail.lock().unwrap() { 14 } else { 0 }, None));
+    let service = layer.layer(service);
+    let call = || service.clone().oneshot(request());
+    // 10 tokens. Call 1: 10 → 9, retried (9 > 5), 9 → 8. Call 2: 8 → 7,
+    // retried, 7 → 6. Call 3: 6 → 5, not retried (5 is not above 5).
+    // Call 4: 5 → 4, not retried.
+    let mut sent = Vec::new();
+    for _ in 0..4 {
+        let before = seen.lock().unwrap().len();
+        call().await.unwrap();
+        sent.push(seen.lock().unwrap().len() - before);
+    }
+    assert_eq!(sent, [2, 2, 1, 1]);
+    assert_eq!(throttle.tokens(), 4.0);
+
+    // Eleven successes: 4 + 11 × 0.1 = 5.1 > 5, so retries are back.
+    *failing.lock().unwrap() = false;
+    for _ in 0..10 {
+        call().await.unwrap();
+    }
+    assert!(!throttle.allows_retry(), "5.0 after ten");
+    call().await.unwrap();
+    assert!(throttle.allows_retry(), "5.1 after eleven");
+    // A failing call now spends its own token first (5.1 → 4.1), as A6
+    // counts every failed attempt before deciding on its retry: not retried.
+    let failing_call = || async {
+        *failing.lock().unwrap() = true;
+        let before = seen.lock().unwrap().len();
+        call().await.unwrap();
+        *failing.lock().unwrap() = false;
+        seen.lock().unwrap().len() - before
+    };
+    assert_eq!(failing_call().await, 1);
+    assert_eq!(throttle.milli_tokens(), 4_100);
+    // Twenty successes: 6.1; a failure leaves 5.1, above half: retried.
+    for _ in 0..20 {
+        call().await.unwrap();
+    }
+    assert_eq!(failing_call().await, 2, "retried again");
+    assert_eq!(
+        throttle.milli_tokens(),
+        4_100,
+        "6.1, less one per failed attempt"
+    );
+}
+
+#[test]
+fn a_code_outside_the_set_does_not_count_against_the_throttle() {
+    let throttle = Arc::new(RetryThrottle::new(10, 0.1).unwrap());
+    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Arc::clone(&throttle));
+    let classify =
+        |response: &Response<()>| Classify::<_, BoxError>::classify(&classifier, Ok(response));
+    classify(&grpc_response(3, None)); // INVALID_ARGUMENT: the request's fault
+    assert_eq!(throttle.tokens(), 10.0);
+    classify(&grpc_response(14, None));
+    assert_eq!(throttle.tokens(), 9.0);
+    // A pushback saying not to retry counts, whatever the code.
+    classify(&grpc_response(13, Some("-1")));
+    assert_eq!(throttle.tokens(), 8.0);
+    classify(&grpc_response(0, None));
+    assert_eq!(throttle.milli_tokens(), 8_100);
+    // A request that never left the client (a transparent retry) counts
+    // neither way, and is retryable whatever the set.
+    let refused: BoxError = Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    let outcome = Classify::<Response<()>, _>::classify(&classifier, Err(&refused));
+    assert!(outcome.is_retryable());
+    assert_eq!(throttle.milli_tokens(), 8_100);
+}
+
+#[test]
+fn method_configs_become_builders() {
+    let config = config("service_config_doc.json");
+    // With a policy and a timeout: attempts, backoff and the whole call's deadline.
+    let foo = config.method_config("/MyService/Foo").unwrap();
+    let layer = foo.retry_builder(None).unwrap().build().unwrap();
+    assert_eq!(layer.max_retries(), 2);
+    assert_eq!(layer.deadline(), Some(Duration::from_secs(1)));
+    assert_eq!(layer.backoff().initial_delay(), MS(10));
+    assert_eq!(layer.backoff().max_delay(), MS(10));
+    assert_eq!(
+        layer.backoff().jitter(),
+        tower_retry_budget::service_config::retry::A6_JITTER
+    );
+    // Without a policy: one attempt, as A6 says ("retries ... will not be enabled").
+    let bar = config.method_config("/MyService/Bar").unwrap();
+    let layer = bar.retry_builder(None).unwrap().build().unwrap();
+    assert_eq!(layer.max_retries(), 0);
+    assert_eq!(layer.deadline(), Some(Duration::from_secs(5)));
+
+    // A multiplier below 1 is valid A6 but cannot be built here.
+    let shrinking = method_config(
+        r#"{"maxAttempts": 3, "initialBackoff": "1s", "maxBackoff": "1s",
+            "backoffMultiplier": 0.5, "retryableStatusCodes": [14]}"#,
+    );
+    let method = &shrinking.method_configs()[0];
+    assert_eq!(method.retry_policy().unwrap().backoff_multiplier(), 0.5);
+    let err = method.retry_builder(None).unwrap_err();
+    assert_eq!(err.field(), "retryPolicy.backoffMultiplier");
+    assert_eq!(
+        method
+            .retry_policy()
+            .unwrap()
+            .retry_builder()
+            .unwrap_err()
+            .field(),
+        "backoffMultiplier"
+    );
+}
