@@ -1,4 +1,6 @@
-//! A tonic gRPC client `Channel` wrapped in a circuit breaker and retry.
+//! A tonic gRPC client `Channel` wrapped in a circuit breaker and retry,
+//! the retry policy read from a gRPC service config JSON file (gRFC A6,
+//! `greeter_service_config.json` next to this file).
 //!
 //! ```sh
 //! cargo run -p examples --example tonic_client
@@ -55,16 +57,17 @@
 //!
 //! Every gRPC call is an HTTP POST, which the HTTP replay rules never retry by
 //! default. gRPC decides per *method* whether a call is safe to repeat (its own
-//! retry policy is configured per method, too): `SayHello` is, so this client
-//! opts in with `retry_non_idempotent(true)`. Do not do that on a client whose
-//! methods create things, or put the stack on a client per method.
+//! retry policy is configured per method, too): a method the service config
+//! gives a `retryPolicy` is declared safe to repeat, and the builder the
+//! config makes opts in (`retry_non_idempotent(true)`). Give a method whose
+//! calls create things no retry policy, or put the stack on a client per
+//! method.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::HeaderName;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
@@ -74,7 +77,7 @@ use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State};
 use tower_classify::grpc_status::GrpcStatusLayer;
 use tower_classify::GrpcClassifier;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-use tower_retry_budget::{Backoff, RetryLayer};
+use tower_retry_budget::service_config::ServiceConfig;
 
 /// The code `build.rs` generated from `proto/greeter.proto`.
 pub mod greeter {
@@ -175,18 +178,20 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // rejected (never retried, never trip the breaker).
     let classifier = GrpcClassifier::new();
 
-    let retry = RetryLayer::http_builder()
-        .classifier(classifier.clone())
-        // gRPC calls are POSTs; `SayHello` is safe to repeat (see the top).
-        .retry_non_idempotent(true)
-        // Tells the server "this is a retry, N attempts went before it", as
-        // gRPC's own retry does, so a loaded server can shed retries first.
-        .attempt_header(HeaderName::from_static("grpc-previous-rpc-attempts"))
-        .max_retries(3)
-        .backoff(Backoff::exponential(Duration::from_millis(20)))
-        // One deadline for the attempts and the sleeps together.
-        .deadline(Duration::from_secs(2))
-        .build()?;
+    // The retry policy is the gRPC service config's (gRFC A6), as a gRPC
+    // client in another language would read it: `greeter.Greeter`'s methods
+    // get 4 attempts with exponential backoff (20 ms, ×2, at most 1 s,
+    // ±20 %), retry UNAVAILABLE and RESOURCE_EXHAUSTED only, honour the
+    // server's `grpc-retry-pushback-ms`, send `grpc-previous-rpc-attempts`,
+    // end by the method's 2 s `timeout`, and stop retrying while the
+    // throttle's tokens are at half or less. gRPC calls are POSTs: a method
+    // with a retry policy is declared safe to repeat (see the top).
+    let service_config = ServiceConfig::from_json(include_str!("greeter_service_config.json"))?;
+    let method = service_config
+        .method_config("/greeter.Greeter/SayHello")
+        .ok_or("the service config covers greeter.Greeter")?;
+    let throttle = service_config.retry_throttle();
+    let retry = method.retry_builder(throttle.as_ref())?.build()?;
 
     // The breaker is *outside* the retry loop: it counts calls that still
     // failed after their retries, and once open it saves each caller the whole
