@@ -77,8 +77,10 @@ impl<B: failsafe::futures::CircuitBreaker> Service<u64> for Failsafe<B> {
 
 /// The service every peer wraps, plus what the bench needs of it.
 trait Bench: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static {}
-impl<S> Bench for S where S: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static
-{}
+impl<S> Bench for S where
+    S: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static
+{
+}
 
 /// The default policy: five consecutive failures.
 fn consecutive() -> impl Bench {

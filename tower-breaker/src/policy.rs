@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tower_classify::ConfigError;
 
-use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// When a closed breaker opens.
 ///
@@ -219,26 +219,33 @@ impl WindowState {
     }
 }
 
-const EMPTY: u8 = 0;
-const RECORDED: u8 = 1;
-const FAILED: u8 = 2;
-const SLOW: u8 = 4;
-
-/// A ring of the last `n` results. Each slot is swapped, so every result is
-/// added to and later removed from the failure and slow counts exactly once.
+/// A ring of the last `n` results, two bits each (failed, slow), 32 to a
+/// word. Writing a result swaps its two bits in, so every result is added to
+/// and later removed from the failure and slow counts exactly once.
+///
+/// The common record, a success replacing a success, is one atomic
+/// read-modify-write: the `fetch_add` that takes a position. Its bits are then
+/// already what they should be, so a load confirms it and nothing is written
+/// (the same as a swap that changes nothing), and the counts are only read.
 #[derive(Debug)]
 pub(crate) struct CountWindow {
-    slots: Box<[AtomicU8]>,
+    size: u64,
+    results: Box<[AtomicU64]>,
     next: AtomicU64,
     failures: AtomicU32,
     slow: AtomicU32,
 }
 
+const FAILED: u64 = 0b01;
+const SLOW: u64 = 0b10;
+const RESULT_BITS: u64 = 2;
+const RESULTS_PER_WORD: u64 = 64 / RESULT_BITS;
+
 /// Moves `count` by one result entering (`now`) and one leaving (`was`).
 fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
     match (was, now) {
         (false, true) => count.fetch_add(1, Ordering::AcqRel) + 1,
-        // A reset may have zeroed the count after this slot was read:
+        // A reset may have zeroed the count after this result was read:
         // saturate rather than wrap.
         (true, false) => count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -251,8 +258,12 @@ fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
 
 impl CountWindow {
     fn new(n: u32) -> Self {
+        let size = u64::from(n);
         CountWindow {
-            slots: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
+            size,
+            results: (0..size.div_ceil(RESULTS_PER_WORD))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             next: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             slow: AtomicU32::new(0),
@@ -260,21 +271,34 @@ impl CountWindow {
     }
 
     fn record(&self, failed: bool, slow: bool) -> Tally {
-        let n = self.slots.len() as u64;
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        let value = RECORDED | if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
-        let old = self.slots[(index % n) as usize].swap(value, Ordering::AcqRel);
+        let position = index % self.size;
+        let word = &self.results[(position / RESULTS_PER_WORD) as usize];
+        let offset = (position % RESULTS_PER_WORD) * RESULT_BITS;
+        let mask = (FAILED | SLOW) << offset;
+        let result = (if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 }) << offset;
+        let current = word.load(Ordering::Acquire);
+        let old = if current & mask == result {
+            current
+        } else {
+            // The bits change: swap them in, leaving the word's other
+            // results as they are.
+            word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(w & !mask | result)
+            })
+            .unwrap_or(current)
+        };
+        let old = (old & mask) >> offset;
         Tally {
-            calls: (index + 1).min(n) as u32,
+            calls: (index + 1).min(self.size) as u32,
             failures: shift(&self.failures, old & FAILED != 0, failed),
             slow: shift(&self.slow, old & SLOW != 0, slow),
         }
     }
 
     fn tally(&self) -> Tally {
-        let n = self.slots.len() as u64;
         Tally {
-            calls: self.next.load(Ordering::Acquire).min(n) as u32,
+            calls: self.next.load(Ordering::Acquire).min(self.size) as u32,
             failures: self.failures.load(Ordering::Acquire),
             slow: self.slow.load(Ordering::Acquire),
         }
@@ -282,8 +306,8 @@ impl CountWindow {
 
     fn reset(&self) {
         self.next.store(0, Ordering::Release);
-        for slot in self.slots.iter() {
-            slot.store(EMPTY, Ordering::Release);
+        for word in self.results.iter() {
+            word.store(0, Ordering::Release);
         }
         self.failures.store(0, Ordering::Release);
         self.slow.store(0, Ordering::Release);
@@ -449,6 +473,37 @@ mod tests {
         assert_eq!(w.tally(), Tally::default());
     }
 
+    /// Concurrent records leave the counts equal to the results the ring
+    /// holds: every result was added and removed exactly once, including
+    /// when successes skipped the write.
+    #[test]
+    fn count_window_counts_agree_with_its_results_after_concurrent_records() {
+        let w = CountWindow::new(70);
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let w = &w;
+                scope.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(thread);
+                    for _ in 0..20_000 {
+                        w.record(rng.u8(..4) == 0, rng.u8(..8) == 0);
+                    }
+                });
+            }
+        });
+        let held = |bit: u64| {
+            (0..w.size)
+                .filter(|p| {
+                    let word = w.results[(p / RESULTS_PER_WORD) as usize].load(Ordering::Relaxed);
+                    word >> ((p % RESULTS_PER_WORD) * RESULT_BITS) & bit != 0
+                })
+                .count() as u32
+        };
+        let tally = w.tally();
+        assert_eq!(tally.calls, 70);
+        assert_eq!(tally.failures, held(FAILED));
+        assert_eq!(tally.slow, held(SLOW));
+    }
+
     #[test]
     fn time_window_ages_out_whole_buckets() {
         let w = TimeWindow::new(Duration::from_secs(10), 10, true);
@@ -487,8 +542,9 @@ mod tests {
         /// The lock-free ring agrees with a plain queue of the last `n` results.
         #[test]
         fn count_window_matches_a_queue(
-            n in 1u32..20,
-            results in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 0..100),
+            // Past 32 a window spans several words of results.
+            n in 1u32..80,
+            results in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 0..300),
         ) {
             let window = CountWindow::new(n);
             let mut queue = std::collections::VecDeque::new();
