@@ -314,12 +314,15 @@ impl CountWindow {
     }
 }
 
-/// Buckets of `length / buckets` each. A bucket is one `u64` holding the
-/// bucket's sequence number (24 bits), its calls and its failures (20 bits
-/// each, saturating), updated by compare-and-swap so a bucket that rolls over
-/// never mixes counts of two periods. A sequence number repeats only after
-/// 2^24 buckets; a slot left untouched that long is read as stale-but-valid,
-/// an error bounded by one bucket's counts after months of silence.
+/// Buckets of `length / buckets` each. A bucket is one `u64` holding a
+/// written flag, the bucket's sequence number (23 bits), its calls and its
+/// failures (20 bits each, saturating). A record adds to its bucket with one
+/// `fetch_add` while the bucket is of its period and far from full; starting
+/// a bucket afresh for a later period is a compare-and-swap, so a bucket that
+/// rolls over never mixes counts of two periods. A sequence number repeats
+/// only after 2^23 buckets; a slot left untouched that long is read as
+/// stale-but-valid, an error bounded by one bucket's counts after hours
+/// (1 ms buckets) to months (1 s buckets) of silence.
 #[derive(Debug)]
 pub(crate) struct TimeWindow {
     bucket_nanos: u64,
@@ -330,33 +333,54 @@ pub(crate) struct TimeWindow {
     slow: Option<Box<[AtomicU64]>>,
 }
 
-const SEQ_BITS: u32 = 24;
+const SEQ_BITS: u32 = 23;
 const COUNT_BITS: u32 = 20;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
-/// Marks a bucket never written, so sequence number 0 is not read as current.
-const UNUSED: u64 = u64::MAX;
+/// Set in every bucket written for a period. A bucket without it (never
+/// written, or reset) is empty whatever else it holds: a `fetch_add` that
+/// raced a reset leaves it unset, so it can never forge a period.
+const WRITTEN: u64 = 1 << 63;
+/// How full a bucket may be for a blind `fetch_add`: the margin is more than
+/// the adders that can be between their check and their add, so no count
+/// ever carries into the next field.
+const ADD_BELOW: u64 = COUNT_MAX - (1 << 16);
 
 fn pack(seq: u64, calls: u64, failures: u64) -> u64 {
-    ((seq & SEQ_MASK) << (2 * COUNT_BITS)) | (calls << COUNT_BITS) | failures
+    WRITTEN | ((seq & SEQ_MASK) << (2 * COUNT_BITS)) | (calls << COUNT_BITS) | failures
 }
 
-fn unpack(bucket: u64) -> (u64, u64, u64) {
-    (
-        bucket >> (2 * COUNT_BITS),
+/// `(sequence, calls, failures)`, or `None` for an empty bucket.
+fn unpack(bucket: u64) -> Option<(u64, u64, u64)> {
+    (bucket & WRITTEN != 0).then_some((
+        (bucket >> (2 * COUNT_BITS)) & SEQ_MASK,
         (bucket >> COUNT_BITS) & COUNT_MAX,
         bucket & COUNT_MAX,
-    )
+    ))
 }
 
+/// How much later than a record's own period a bucket may be and still take
+/// the record (see [`add`]). Far more than any clock lag, far less than the
+/// sequence numbers' cycle.
+const LATER_BY_LESS_THAN: u64 = 1 << 16;
+
 /// Adds `calls` and `failures` to the bucket of sequence `seq` in `slot`,
-/// starting it afresh when it still holds an older period.
+/// starting it afresh when it still holds an older period. A slot already
+/// holding a *later* period takes the counts as they are: the record read the
+/// coarse clock a little late, and must not wipe the newer bucket out.
 fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) {
     let mut current = slot.load(Ordering::Acquire);
     loop {
-        let (had_calls, had_failures) = match unpack(current) {
-            (s, c, f) if current != UNUSED && s == seq & SEQ_MASK => (c, f),
-            _ => (0, 0),
+        let (seq, had_calls, had_failures) = match unpack(current) {
+            // This period's bucket, or a later one.
+            Some((s, c, f)) if s.wrapping_sub(seq) & SEQ_MASK < LATER_BY_LESS_THAN => {
+                if c < ADD_BELOW && f < ADD_BELOW {
+                    slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::AcqRel);
+                    return;
+                }
+                (s, c, f)
+            }
+            _ => (seq, 0, 0),
         };
         let next = pack(
             seq,
@@ -372,19 +396,16 @@ fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) {
 
 /// The calls and failures of the bucket of sequence `expected` in `slot`.
 fn read(slot: &AtomicU64, expected: u64) -> (u32, u32) {
-    let bucket = slot.load(Ordering::Acquire);
-    let (s, calls, failures) = unpack(bucket);
-    if bucket != UNUSED && s == expected & SEQ_MASK {
-        (calls as u32, failures as u32)
-    } else {
-        (0, 0)
+    match unpack(slot.load(Ordering::Acquire)) {
+        Some((s, calls, failures)) if s == expected & SEQ_MASK => (calls as u32, failures as u32),
+        _ => (0, 0),
     }
 }
 
 impl TimeWindow {
     fn new(length: Duration, buckets: u32, slow_calls: bool) -> Self {
         let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
-        let unused = || (0..buckets).map(|_| AtomicU64::new(UNUSED)).collect();
+        let unused = || (0..buckets).map(|_| AtomicU64::new(0)).collect();
         TimeWindow {
             bucket_nanos: bucket_nanos as u64,
             buckets: unused(),
@@ -429,7 +450,7 @@ impl TimeWindow {
     fn reset(&self) {
         let slow = self.slow.iter().flat_map(|slow| slow.iter());
         for bucket in self.buckets.iter().chain(slow) {
-            bucket.store(UNUSED, Ordering::Release);
+            bucket.store(0, Ordering::Release);
         }
     }
 }
@@ -536,6 +557,46 @@ mod tests {
             }
         );
         assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
+    }
+
+    /// A success filed with a coarse reading one bucket late, into a slot
+    /// that already holds the current bucket (one bucket per window), is
+    /// added to it rather than wiping its failure out.
+    #[test]
+    fn a_late_record_joins_a_later_bucket_instead_of_wiping_it() {
+        let w = TimeWindow::new(Duration::from_secs(1), 1, false);
+        w.record(true, false, Duration::from_millis(1_000));
+        assert_eq!(
+            w.record(false, false, Duration::from_millis(999)),
+            Tally::default(),
+            "the tally at the late reading sees its own period empty"
+        );
+        assert_eq!(
+            w.tally(Duration::from_millis(1_001)),
+            Tally {
+                calls: 2,
+                failures: 1,
+                slow: 0
+            }
+        );
+    }
+
+    /// Counts saturate at the field's maximum instead of carrying into the
+    /// next field, through the blind `fetch_add` and past it.
+    #[test]
+    fn a_full_bucket_saturates() {
+        let slot = AtomicU64::new(pack(5, ADD_BELOW - 1, 0));
+        add(&slot, 5, 1, 1);
+        assert_eq!(read(&slot, 5), (ADD_BELOW as u32, 1));
+        slot.store(pack(5, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
+        add(&slot, 5, 1, 1);
+        assert_eq!(read(&slot, 5), (COUNT_MAX as u32, COUNT_MAX as u32));
+        // A reset bucket is empty whatever a racing add left in it.
+        slot.store(0, Ordering::Relaxed);
+        slot.fetch_add((1 << COUNT_BITS) | 1, Ordering::Relaxed);
+        assert_eq!(read(&slot, 0), (0, 0));
+        add(&slot, 0, 1, 0);
+        assert_eq!(read(&slot, 0), (1, 0));
     }
 
     proptest::proptest! {

@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
 use crate::eviction::ClosedNotices;
@@ -385,6 +386,8 @@ pub(crate) struct Breaker {
     consecutive: AtomicU32,
     open_streak: AtomicU32,
     window: Option<WindowState>,
+    /// For a time window: the clock a success is filed by.
+    coarse_clock: Option<CoarseClock>,
     failures: AtomicU64,
     rejected: AtomicU64,
     opened: AtomicU64,
@@ -431,6 +434,11 @@ impl Breaker {
             }
             Policy::ConsecutiveFailures { .. } => None,
         };
+        let base = Instant::now();
+        let coarse_clock = window
+            .as_ref()
+            .is_some_and(WindowState::needs_clock)
+            .then(|| CoarseClock::new(base));
         Breaker {
             key,
             keyed,
@@ -441,7 +449,7 @@ impl Breaker {
             pending_when_open: settings.pending_when_open,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
-            base: Instant::now(),
+            base,
             word: AtomicU64::new(Word::new(State::Closed, 0, Slots::NONE).0),
             open_until: AtomicU64::new(0),
             probes_due: AtomicU64::new(0),
@@ -449,6 +457,7 @@ impl Breaker {
             consecutive: AtomicU32::new(0),
             open_streak: AtomicU32::new(0),
             window,
+            coarse_clock,
             failures: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             opened: AtomicU64::new(0),
@@ -787,7 +796,15 @@ impl Breaker {
                 if !self.counts(epoch) {
                     return;
                 }
-                self.rate_reached(window.record(failed, slow, self.window_now(window)))
+                // A failure may open the breaker: filed at the exact time. A
+                // success by the coarse clock, and judged again at the exact
+                // time when the coarse tally would open, so an expired
+                // failure never does.
+                let tally = window.record(failed, slow, self.window_now(failed));
+                self.rate_reached(tally)
+                    && (failed
+                        || self.coarse_clock.is_none()
+                        || self.rate_reached(window.tally(self.window_now(true))))
             }
         };
         if trip {
@@ -829,12 +846,18 @@ impl Breaker {
                     .is_some_and(|slow_rate| share(tally.slow) >= slow_rate))
     }
 
-    fn window_now(&self, window: &WindowState) -> Duration {
-        if window.needs_clock() {
-            Duration::from_nanos(self.offset(Instant::now()))
-        } else {
-            Duration::ZERO
-        }
+    /// The time a time window files a result at (zero for a count window):
+    /// the coarse clock's unless `exact`.
+    #[inline]
+    fn window_now(&self, exact: bool) -> Duration {
+        let Some(clock) = &self.coarse_clock else {
+            return Duration::ZERO;
+        };
+        let nanos = match clock.offset() {
+            Some(nanos) if !exact => nanos,
+            _ => self.offset(coarse_clock::precise_now()),
+        };
+        Duration::from_nanos(nanos)
     }
 
     /// Records a probe's result. The probes of one half-open period are
