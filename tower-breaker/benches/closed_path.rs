@@ -208,7 +208,26 @@ fn poll_once<S: Bench>(c: &mut Criterion, name: &str, mut service: S) {
     });
 }
 
+/// The size of what each call moves around: the response futures of the
+/// services benched (tower-breaker's holds the inner future, a breaker
+/// reference, the packed permit word and the classifier).
+fn print_future_sizes() {
+    fn future_size<S: Bench>(_: &S) -> usize {
+        std::mem::size_of::<S::Future>()
+    }
+    eprintln!(
+        "response future sizes: bare {} B, tower-breaker {} B (count window {} B, time window {} B), failsafe {} B, tower-resilience {} B",
+        future_size(&Bare),
+        future_size(&consecutive()),
+        future_size(&count_window()),
+        future_size(&time_window()),
+        future_size(&failsafe_service()),
+        future_size(&tower_resilience()),
+    );
+}
+
 fn closed_path(c: &mut Criterion) {
+    print_future_sizes();
     awaited(c, "bare", Bare);
     awaited(c, "tower_breaker_consecutive", consecutive());
     awaited(c, "tower_breaker_count_window", count_window());

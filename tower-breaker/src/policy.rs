@@ -230,6 +230,7 @@ impl WindowState {
 #[derive(Debug)]
 pub(crate) struct CountWindow {
     size: u64,
+    position: Remainder,
     results: Box<[AtomicU64]>,
     next: AtomicU64,
     failures: AtomicU32,
@@ -240,6 +241,34 @@ const FAILED: u64 = 0b01;
 const SLOW: u64 = 0b10;
 const RESULT_BITS: u64 = 2;
 const RESULTS_PER_WORD: u64 = 64 / RESULT_BITS;
+
+/// `a % divisor` for a fixed divisor by multiplications instead of a
+/// division, which costs as much as the rest of a record (Lemire, Kaser and
+/// Kurz, "Faster Remainder by Direct Computation", 2019: a 128-bit magic
+/// number gives the exact remainder of every 64-bit numerator).
+#[derive(Debug, Clone, Copy)]
+struct Remainder {
+    divisor: u64,
+    magic: u128,
+}
+
+impl Remainder {
+    fn new(divisor: u64) -> Self {
+        Remainder {
+            divisor,
+            magic: (u128::MAX / u128::from(divisor)).wrapping_add(1),
+        }
+    }
+
+    #[inline]
+    fn of(&self, a: u64) -> u64 {
+        let fraction = self.magic.wrapping_mul(u128::from(a));
+        let divisor = u128::from(self.divisor);
+        let low = (u128::from(fraction as u64) * divisor) >> 64;
+        let high = (fraction >> 64) * divisor;
+        ((low + high) >> 64) as u64
+    }
+}
 
 /// Moves `count` by one result entering (`now`) and one leaving (`was`).
 fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
@@ -261,6 +290,7 @@ impl CountWindow {
         let size = u64::from(n);
         CountWindow {
             size,
+            position: Remainder::new(size),
             results: (0..size.div_ceil(RESULTS_PER_WORD))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -272,7 +302,7 @@ impl CountWindow {
 
     fn record(&self, failed: bool, slow: bool) -> Tally {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        let position = index % self.size;
+        let position = self.position.of(index);
         let word = &self.results[(position / RESULTS_PER_WORD) as usize];
         let offset = (position % RESULTS_PER_WORD) * RESULT_BITS;
         let mask = (FAILED | SLOW) << offset;
@@ -331,7 +361,15 @@ pub(crate) struct TimeWindow {
     /// number, then the count in the calls field); only when slow calls
     /// are counted.
     slow: Option<Box<[AtomicU64]>>,
+    /// The last period a record found: its number, then its slot in the
+    /// low `PERIOD_INDEX_BITS` bits. See [`TimeWindow::locate`].
+    period: AtomicU64,
 }
+
+/// Enough for `MAX_BUCKETS` slots.
+const PERIOD_INDEX_BITS: u32 = 10;
+const PERIOD_INDEX_MASK: u64 = (1 << PERIOD_INDEX_BITS) - 1;
+const _: () = assert!(MAX_BUCKETS as u64 <= PERIOD_INDEX_MASK + 1);
 
 const SEQ_BITS: u32 = 23;
 const COUNT_BITS: u32 = 20;
@@ -404,45 +442,65 @@ fn read(slot: &AtomicU64, expected: u64) -> (u32, u32) {
 
 impl TimeWindow {
     fn new(length: Duration, buckets: u32, slow_calls: bool) -> Self {
+        // At least a millisecond (`Window::validate`), so a period number
+        // fits the 54 bits `period` keeps of it.
         let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
         let unused = || (0..buckets).map(|_| AtomicU64::new(0)).collect();
         TimeWindow {
             bucket_nanos: bucket_nanos as u64,
             buckets: unused(),
             slow: slow_calls.then(unused),
+            period: AtomicU64::new(0),
         }
     }
 
-    fn sequence(&self, now: Duration) -> u64 {
-        (now.as_nanos() / u128::from(self.bucket_nanos)).min(u128::from(u64::MAX >> 1)) as u64
+    /// The bucket period of `now` and its slot. Two divisions cost more than
+    /// the rest of a record, so the last period found is kept and a
+    /// multiplication checks that `now` is still in it; only a record in a
+    /// new period divides. The kept period is a hint, checked every time:
+    /// threads racing to replace it are all right.
+    #[inline]
+    fn locate(&self, now: Duration) -> (u64, usize) {
+        let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
+        let kept = self.period.load(Ordering::Relaxed);
+        let (seq, index) = (kept >> PERIOD_INDEX_BITS, kept & PERIOD_INDEX_MASK);
+        if nanos.wrapping_sub(seq.wrapping_mul(self.bucket_nanos)) < self.bucket_nanos {
+            return (seq, index as usize);
+        }
+        let seq = (nanos / self.bucket_nanos).min(u64::MAX >> PERIOD_INDEX_BITS);
+        let index = seq % self.buckets.len() as u64;
+        self.period
+            .store(seq << PERIOD_INDEX_BITS | index, Ordering::Relaxed);
+        (seq, index as usize)
     }
 
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
-        let seq = self.sequence(now);
-        let index = (seq % self.buckets.len() as u64) as usize;
+        let (seq, index) = self.locate(now);
         add(&self.buckets[index], seq, 1, u64::from(failed));
         if let (Some(buckets), true) = (&self.slow, slow) {
             add(&buckets[index], seq, 1, 0);
         }
-        self.tally_at(seq)
+        self.tally_at(seq, index)
     }
 
     fn tally(&self, now: Duration) -> Tally {
-        self.tally_at(self.sequence(now))
+        let (seq, index) = self.locate(now);
+        self.tally_at(seq, index)
     }
 
-    fn tally_at(&self, seq: u64) -> Tally {
-        let n = self.buckets.len() as u64;
+    fn tally_at(&self, seq: u64, mut index: usize) -> Tally {
+        let n = self.buckets.len();
         let mut tally = Tally::default();
-        for age in 0..n.min(seq + 1) {
+        // Newest first, walking the ring backwards: no division per bucket.
+        for age in 0..(n as u64).min(seq + 1) {
             let expected = seq - age;
-            let index = (expected % n) as usize;
             let (calls, failures) = read(&self.buckets[index], expected);
             tally.calls = tally.calls.saturating_add(calls);
             tally.failures = tally.failures.saturating_add(failures);
             if let Some(slow) = &self.slow {
                 tally.slow = tally.slow.saturating_add(read(&slow[index], expected).0);
             }
+            index = index.checked_sub(1).unwrap_or(n - 1);
         }
         tally
     }
@@ -492,6 +550,16 @@ mod tests {
         );
         w.reset();
         assert_eq!(w.tally(), Tally::default());
+    }
+
+    #[test]
+    fn remainder_by_multiplication_at_the_edges() {
+        for d in [1, 2, 3, 7, 32, 100, 65_535, 65_536] {
+            let r = Remainder::new(d);
+            for a in [0, 1, d - 1, d, d + 1, u64::MAX - 1, u64::MAX, u64::MAX / 2] {
+                assert_eq!(r.of(a), a % d, "{a} % {d}");
+            }
+        }
     }
 
     /// Concurrent records leave the counts equal to the results the ring
@@ -600,6 +668,13 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The multiplied remainder is the remainder, for every numerator and
+        /// every window size.
+        #[test]
+        fn remainder_by_multiplication_is_exact(a in proptest::num::u64::ANY, d in 1u64..=65_536) {
+            proptest::prop_assert_eq!(Remainder::new(d).of(a), a % d);
+        }
+
         /// The lock-free ring agrees with a plain queue of the last `n` results.
         #[test]
         fn count_window_matches_a_queue(

@@ -11,6 +11,7 @@ use tokio::time::Sleep;
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
+use crate::breaker_ref::BreakerRef;
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::state::{Breaker, Permit, Readiness, State};
@@ -34,7 +35,7 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// refusal decided by `poll_ready`.
 pub struct CircuitBreaker<S, C> {
     inner: S,
-    breaker: Arc<Breaker>,
+    breaker: BreakerRef,
     classifier: C,
     waiting: Option<Wait>,
     /// `poll_ready` saw the circuit refusing and did not poll `inner`.
@@ -52,7 +53,7 @@ impl<S, C> CircuitBreaker<S, C> {
     pub(crate) fn new(inner: S, breaker: Arc<Breaker>, classifier: C) -> Self {
         CircuitBreaker {
             inner,
-            breaker,
+            breaker: BreakerRef::new(breaker),
             classifier,
             waiting: None,
             refuse_next: false,
@@ -90,7 +91,7 @@ impl<S, C> CircuitBreaker<S, C> {
         if self.breaker.disabled {
             return Ok(None);
         }
-        self.breaker.admit().map(Some)
+        self.breaker.arc().admit().map(Some)
     }
 
     /// `poll_ready` for both service flavours: the breaker first (pending
@@ -170,7 +171,7 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
-            breaker: Arc::clone(&self.breaker),
+            breaker: self.breaker.clone(),
             classifier: self.classifier.clone(),
             waiting: None,
             refuse_next: false,

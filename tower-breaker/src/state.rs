@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::breaker_ref::BreakerRef;
 use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
@@ -520,7 +521,7 @@ impl Breaker {
     #[inline]
     fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
         Permit {
-            breaker: Arc::clone(self),
+            breaker: BreakerRef::share(self),
             bits: epoch << 2 | u64::from(probe) << 1,
         }
     }
@@ -1104,7 +1105,7 @@ impl Breaker {
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
 pub(crate) struct Permit {
-    breaker: Arc<Breaker>,
+    breaker: BreakerRef,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.
