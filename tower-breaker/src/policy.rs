@@ -271,17 +271,27 @@ impl Remainder {
 }
 
 /// Moves `count` by one result entering (`now`) and one leaving (`was`).
+///
+/// The count wraps rather than saturates: two records of one position can
+/// race so that the result leaving is taken off before the record that put
+/// it in has added it, and the count must go briefly below zero to come out
+/// exact. Such a count is read as zero ([`settled`]). A record racing a
+/// [reset](CountWindow::reset) (the breaker opening) can leave a count one
+/// off until the next reset, as a saturating count could.
 fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
-    match (was, now) {
-        (false, true) => count.fetch_add(1, Ordering::AcqRel) + 1,
-        // A reset may have zeroed the count after this result was read:
-        // saturate rather than wrap.
-        (true, false) => count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                Some(c.saturating_sub(1))
-            })
-            .map_or(0, |c| c.saturating_sub(1)),
+    settled(match (was, now) {
+        (false, true) => count.fetch_add(1, Ordering::AcqRel).wrapping_add(1),
+        (true, false) => count.fetch_sub(1, Ordering::AcqRel).wrapping_sub(1),
         _ => count.load(Ordering::Acquire),
+    })
+}
+
+/// A count as read: one briefly below zero (see [`shift`]) is zero.
+fn settled(count: u32) -> u32 {
+    if (count as i32) < 0 {
+        0
+    } else {
+        count
     }
 }
 
@@ -329,8 +339,8 @@ impl CountWindow {
     fn tally(&self) -> Tally {
         Tally {
             calls: self.next.load(Ordering::Acquire).min(self.size) as u32,
-            failures: self.failures.load(Ordering::Acquire),
-            slow: self.slow.load(Ordering::Acquire),
+            failures: settled(self.failures.load(Ordering::Acquire)),
+            slow: settled(self.slow.load(Ordering::Acquire)),
         }
     }
 
@@ -564,7 +574,8 @@ mod tests {
 
     /// Concurrent records leave the counts equal to the results the ring
     /// holds: every result was added and removed exactly once, including
-    /// when successes skipped the write.
+    /// when successes skipped the write, and when a removal was counted
+    /// before its addition (a saturating count came out too high here).
     #[test]
     fn count_window_counts_agree_with_its_results_after_concurrent_records() {
         let w = CountWindow::new(70);
