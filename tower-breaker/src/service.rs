@@ -37,7 +37,9 @@ pub struct CircuitBreaker<S, C> {
     inner: S,
     breaker: BreakerRef,
     classifier: C,
-    waiting: Option<Wait>,
+    /// Boxed: pending mode is rare, and a null pointer is the cheapest
+    /// thing for every clone of the service to carry and drop.
+    waiting: Option<Box<Wait>>,
     /// `poll_ready` saw the circuit refusing and did not poll `inner`.
     refuse_next: bool,
 }
@@ -154,14 +156,14 @@ impl<S, C> CircuitBreaker<S, C> {
             changed.as_mut().enable();
             self.waiting = match self.breaker.readiness() {
                 Readiness::Ready => return Poll::Ready(()),
-                Readiness::Until(at) => Some(Wait {
+                Readiness::Until(at) => Some(Box::new(Wait {
                     changed,
                     until: Some(Box::pin(tokio::time::sleep_until(at))),
-                }),
-                Readiness::Change => Some(Wait {
+                })),
+                Readiness::Change => Some(Box::new(Wait {
                     changed,
                     until: None,
-                }),
+                })),
             };
         }
     }
