@@ -192,7 +192,10 @@ impl WindowState {
         }
     }
 
-    /// Records one call at `now` (time since the breaker's base instant).
+    /// Records one call at `now` (time since the breaker's base instant)
+    /// and returns the window's tally; a time window returns an empty tally
+    /// for a success while it holds no failure and no slow call, which no
+    /// success can open.
     pub(crate) fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         match self {
             WindowState::Count(w) => w.record(failed, slow),
@@ -374,6 +377,11 @@ pub(crate) struct TimeWindow {
     /// The last period a record found: its number, then its slot in the
     /// low `PERIOD_INDEX_BITS` bits. See [`TimeWindow::locate`].
     period: AtomicU64,
+    /// One more than the latest period a failure or a slow call was filed
+    /// in; zero before the first. While that period is older than the
+    /// window, the window holds neither and no success can open the
+    /// breaker, so a success skips the tally.
+    notable: AtomicU64,
 }
 
 /// Enough for `MAX_BUCKETS` slots.
@@ -461,6 +469,7 @@ impl TimeWindow {
             buckets: unused(),
             slow: slow_calls.then(unused),
             period: AtomicU64::new(0),
+            notable: AtomicU64::new(0),
         }
     }
 
@@ -490,7 +499,26 @@ impl TimeWindow {
         if let (Some(buckets), true) = (&self.slow, slow) {
             add(&buckets[index], seq, 1, 0);
         }
+        if failed || slow {
+            // Before the tally, so a success that sees this one's effect
+            // on the window also sees it here.
+            self.notable
+                .fetch_max(seq.wrapping_add(1), Ordering::AcqRel);
+        } else if self.quiet_at(seq) {
+            // Neither a failure nor a slow call in the window: nothing for
+            // the tally to find that could open. Its calls are left out.
+            return Tally::default();
+        }
         self.tally_at(seq, index)
+    }
+
+    /// Whether the window at `seq` holds no failure and no slow call.
+    #[inline]
+    fn quiet_at(&self, seq: u64) -> bool {
+        match self.notable.load(Ordering::Acquire) {
+            0 => true,
+            after => (after - 1).saturating_add(self.buckets.len() as u64) <= seq,
+        }
     }
 
     fn tally(&self, now: Duration) -> Tally {
@@ -731,10 +759,15 @@ mod tests {
                     failures: live.iter().filter(|(_, f, _)| *f).count() as u32,
                     slow: live.iter().filter(|(_, _, s)| *s).count() as u32,
                 };
-                proptest::prop_assert_eq!(
-                    window.record(failed, slow, Duration::from_millis(now)),
-                    expected
-                );
+                let recorded = window.record(failed, slow, Duration::from_millis(now));
+                proptest::prop_assert_eq!(window.tally(Duration::from_millis(now)), expected);
+                // A success in a window with no failure and no slow call
+                // cannot open the breaker and skips the tally; every other
+                // record returns it.
+                let quiet = !failed && !slow && expected.failures == 0 && expected.slow == 0;
+                if recorded != expected {
+                    proptest::prop_assert!(quiet && recorded == Tally::default());
+                }
             }
         }
     }

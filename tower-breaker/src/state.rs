@@ -838,13 +838,16 @@ impl Breaker {
         else {
             return false;
         };
+        // A rate is above zero (`Policy::validate`), so a count of zero never
+        // reaches it: the healthy case skips the division.
         let share = |count: u32| f64::from(count) / f64::from(tally.calls);
         tally.calls >= minimum_calls
-            && (share(tally.failures) >= rate
-                || self
-                    .settings
-                    .slow_call_rate
-                    .is_some_and(|slow_rate| share(tally.slow) >= slow_rate))
+            && ((tally.failures > 0 && share(tally.failures) >= rate)
+                || (tally.slow > 0
+                    && self
+                        .settings
+                        .slow_call_rate
+                        .is_some_and(|slow_rate| share(tally.slow) >= slow_rate)))
     }
 
     /// The time a time window files a result at (zero for a count window):

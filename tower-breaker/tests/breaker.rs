@@ -692,6 +692,25 @@ async fn item_1_a_success_that_reaches_the_minimum_calls_trips_the_rate() {
     );
 }
 
+/// The same over a time window, whose successes skip the tally only while
+/// it holds no failure: here it holds two, and the fourth call opens it.
+#[tokio::test(start_paused = true)]
+async fn item_1_a_success_that_reaches_the_minimum_calls_trips_a_time_window() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    fail(&mut svc, &mut handle, 1).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed, "3 calls < minimum 4");
+    succeed(&mut svc, &mut handle, 3).await;
+    assert_eq!(state_of(&admin), State::Open, "2 of 4, five seconds apart");
+}
+
 #[tokio::test(start_paused = true)]
 async fn item_1_a_failure_share_exactly_at_the_rate_opens() {
     // 0.3 × 10 is 3.0000000000000004 in floating point: a multiplication
