@@ -111,6 +111,15 @@ pub enum Window {
     /// The calls of the last `length`, kept in `buckets` equal buckets (at most
     /// 1 024); a whole bucket ages out at once, so the window is exact to one
     /// bucket's length.
+    ///
+    /// A success is filed by a coarse clock, not a clock read per call: a
+    /// process-wide reading that one thread refreshes every millisecond, so
+    /// near a bucket boundary a success may land in the bucket before, late
+    /// by at most a millisecond plus the thread's scheduling delay. Failures
+    /// are filed at the exact time, and a success whose coarse tally would
+    /// open the breaker is judged again at the exact time, so an expired
+    /// failure never opens it. Under paused tokio time (tests) every call
+    /// reads tokio's clock.
     #[non_exhaustive]
     Time {
         /// How far back the window reaches.

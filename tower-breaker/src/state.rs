@@ -284,6 +284,12 @@ impl Word {
     const fn state(self) -> State {
         State::from_code(self.0 & STATE_MASK)
     }
+    /// `state() == State::Closed` without decoding the state: the test
+    /// every closed-path call makes.
+    #[inline]
+    const fn is_closed(self) -> bool {
+        self.0 & STATE_MASK == State::Closed.code()
+    }
     const fn epoch(self) -> u64 {
         self.0 >> EPOCH_SHIFT
     }
@@ -359,8 +365,9 @@ pub(crate) enum Readiness {
 /// breaker, the layer it came from) holds the same `Arc<Breaker>`.
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
-/// reference counts: every call clones the `Arc` (a write), and without the
-/// gap that write would evict the state word every other core reads.
+/// reference counts: a reference made when a thread has no spare (see
+/// `BreakerRef`) writes the count, and without the gap that write would
+/// evict the state word every other core reads.
 #[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
@@ -512,7 +519,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let word = self.load();
-        if word.state() == State::Closed {
+        if word.is_closed() {
             return Ok(self.permit(word.epoch(), false));
         }
         self.admit_slow(word)
@@ -651,7 +658,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
         let word = self.load();
-        if word.state() == State::Closed || self.settings.mode != Mode::Enforce {
+        if word.is_closed() || self.settings.mode != Mode::Enforce {
             return None;
         }
         self.refusing_slow(word)
@@ -810,7 +817,7 @@ impl Breaker {
         };
         if trip {
             let word = self.load();
-            if word.epoch() == epoch && word.state() == State::Closed {
+            if word.epoch() == epoch && word.is_closed() {
                 self.open(word, Instant::now());
             }
         }
@@ -822,7 +829,7 @@ impl Breaker {
     #[inline]
     fn counts(&self, epoch: u64) -> bool {
         let word = self.load();
-        word.epoch() == epoch && word.state() == State::Closed
+        word.epoch() == epoch && word.is_closed()
     }
 
     /// The rate policy's test: enough calls, and a failure share (or, when
