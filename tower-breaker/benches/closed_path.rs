@@ -1,9 +1,22 @@
 //! The closed path: what a breaker costs a call that succeeds.
 //!
-//! Compares a bare service, this crate's breaker, `tower-resilience-circuitbreaker`
-//! and `failsafe` (wrapped in a `Service`), single-threaded and with two
-//! threads calling clones of one breaker at once. Every call is
-//! `poll_ready` + `call` + one poll of the (immediately ready) future.
+//! Compares a bare service, this crate's breaker under each trip policy
+//! (consecutive failures, a failure rate over a count window, a failure rate
+//! over a time window), `failsafe` 1.x (defaults, wrapped in a `Service`) and
+//! `tower-resilience-circuitbreaker` 0.14 (defaults).
+//!
+//! - `awaited/*`, the headline: each call is driven the way axum and tonic
+//!   drive a service. Clone the service, `ready().await`, `call(..).await`,
+//!   on a current-thread tokio runtime (criterion runs the whole iteration
+//!   loop inside one `block_on`, so the executor's share is small and the
+//!   same for every peer).
+//! - `contended_2_threads/*`: two OS threads, each with its own
+//!   current-thread runtime, awaiting calls on clones of one breaker at the
+//!   same moment; the figure is the wall time per call per thread.
+//!   `tower-resilience` is left out: under contention its future waits on a
+//!   lock and its figure swung by orders of magnitude from run to run.
+//! - `poll_once/*`: `poll_ready` + `call` + one poll of the (immediately
+//!   ready) future, with no executor and no clone: the breaker's own cost.
 
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
@@ -13,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::task::noop_waker_ref;
-use tower::Layer;
+use tower::{Layer, ServiceExt};
+use tower_breaker::{CircuitBreakerLayer, Window};
+use tower_classify::ErrorChainClassifier;
 use tower_service::Service;
 
 /// The dependency: answers at once.
@@ -60,35 +75,44 @@ impl<B: failsafe::futures::CircuitBreaker> Service<u64> for Failsafe<B> {
     }
 }
 
-fn call_once<S: Service<u64>>(service: &mut S, req: u64) {
-    let mut cx = Context::from_waker(noop_waker_ref());
-    // Busy-polling stands in for an executor: under contention
-    // `tower-resilience`'s future can wait on a lock and answer `Pending`.
-    while service.poll_ready(&mut cx).is_pending() {
-        std::hint::spin_loop();
-    }
-    let mut future = pin!(service.call(req));
-    loop {
-        if let Poll::Ready(result) = future.as_mut().poll(&mut cx) {
-            black_box(result.is_ok());
-            return;
-        }
-        std::hint::spin_loop();
-    }
+/// The service every peer wraps, plus what the bench needs of it.
+trait Bench: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static {}
+impl<S> Bench for S where
+    S: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static
+{
 }
 
-fn ours() -> impl Service<u64> + Clone + Send + 'static {
-    tower_breaker::CircuitBreakerLayer::new(tower_classify::ErrorChainClassifier::new()).layer(Bare)
+/// The default policy: five consecutive failures.
+fn consecutive() -> impl Bench {
+    CircuitBreakerLayer::new(ErrorChainClassifier::new()).layer(Bare)
 }
 
-fn tower_resilience() -> impl Service<u64> + Clone + Send + 'static {
+/// Half the last 100 calls failed, once 20 were made.
+fn count_window() -> impl Bench {
+    CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 20, Window::count(100))
+        .build(ErrorChainClassifier::new())
+        .expect("valid configuration")
+        .layer(Bare)
+}
+
+/// Half the calls of the last 10 s (ten buckets) failed, once 20 were made.
+fn time_window() -> impl Bench {
+    CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 20, Window::time(Duration::from_secs(10)))
+        .build(ErrorChainClassifier::new())
+        .expect("valid configuration")
+        .layer(Bare)
+}
+
+fn tower_resilience() -> impl Bench {
     tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
         .build()
         .expect("default configuration")
         .layer(Bare)
 }
 
-fn failsafe_service() -> impl Service<u64> + Clone + Send + 'static {
+fn failsafe_service() -> impl Bench {
     Failsafe {
         breaker: failsafe::Config::new().build(),
         inner: Bare,
@@ -102,41 +126,49 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn single<S: Service<u64>>(c: &mut Criterion, name: &str, mut service: S) {
+/// One call as a caller in a server makes it: a clone per request, then
+/// readiness, then the call, each awaited.
+async fn awaited_call<S: Bench>(service: &S, req: u64) {
+    let mut service = service.clone();
+    let response = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("closed breaker admits");
+    black_box(response);
+}
+
+fn awaited<S: Bench>(c: &mut Criterion, name: &str, service: S) {
     let rt = runtime();
-    let _guard = rt.enter();
-    c.bench_function(&format!("closed_path/{name}"), |b| {
-        let mut n = 0u64;
-        b.iter(|| {
-            n += 1;
-            call_once(&mut service, n)
-        })
+    c.bench_function(&format!("awaited/{name}"), |b| {
+        b.to_async(&rt).iter(|| awaited_call(&service, 7))
     });
 }
 
-/// Two threads, each calling its own clone of one breaker `iters` times at
-/// the same moment; the time reported is the wall time per call per thread.
-fn contended<S>(c: &mut Criterion, name: &str, service: S)
-where
-    S: Service<u64> + Clone + Send + 'static,
-{
+/// Two threads, each with its own current-thread runtime, awaiting `iters`
+/// calls on clones of one service at the same moment; the time reported is
+/// the slower thread's wall time, so per call per thread.
+fn contended<S: Bench>(c: &mut Criterion, name: &str, service: S) {
     c.bench_function(&format!("contended_2_threads/{name}"), |b| {
         b.iter_custom(|iters| {
             let barrier = std::sync::Barrier::new(2);
             std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..2)
                     .map(|_| {
-                        let mut service = service.clone();
+                        let service = service.clone();
                         let barrier = &barrier;
                         scope.spawn(move || {
                             let rt = runtime();
-                            let _guard = rt.enter();
-                            barrier.wait();
-                            let start = Instant::now();
-                            for n in 0..iters {
-                                call_once(&mut service, n);
-                            }
-                            start.elapsed()
+                            rt.block_on(async {
+                                barrier.wait();
+                                let start = Instant::now();
+                                for n in 0..iters {
+                                    awaited_call(&service, n).await;
+                                }
+                                start.elapsed()
+                            })
                         })
                     })
                     .collect();
@@ -150,15 +182,71 @@ where
     });
 }
 
+/// `poll_ready` + `call` + one poll, no executor, no clone.
+fn poll_once<S: Bench>(c: &mut Criterion, name: &str, mut service: S) {
+    let rt = runtime();
+    let _guard = rt.enter();
+    c.bench_function(&format!("poll_once/{name}"), |b| {
+        let mut cx = Context::from_waker(noop_waker_ref());
+        let mut n = 0u64;
+        b.iter(|| {
+            n += 1;
+            // Busy-polling stands in for an executor: `tower-resilience`'s
+            // future can wait on a lock and answer `Pending`.
+            while service.poll_ready(&mut cx).is_pending() {
+                std::hint::spin_loop();
+            }
+            let mut future = pin!(service.call(n));
+            loop {
+                if let Poll::Ready(result) = future.as_mut().poll(&mut cx) {
+                    black_box(result.is_ok());
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        })
+    });
+}
+
+/// The size of what each call moves around: the response futures of the
+/// services benched (tower-breaker's holds the inner future, a breaker
+/// reference, the packed permit word and the classifier).
+fn print_future_sizes() {
+    fn future_size<S: Bench>(_: &S) -> usize {
+        std::mem::size_of::<S::Future>()
+    }
+    eprintln!(
+        "response future sizes: bare {} B, tower-breaker {} B (count window {} B, time window {} B), failsafe {} B, tower-resilience {} B",
+        future_size(&Bare),
+        future_size(&consecutive()),
+        future_size(&count_window()),
+        future_size(&time_window()),
+        future_size(&failsafe_service()),
+        future_size(&tower_resilience()),
+    );
+}
+
 fn closed_path(c: &mut Criterion) {
-    single(c, "bare", Bare);
-    single(c, "tower_breaker", ours());
-    single(c, "tower_resilience", tower_resilience());
-    single(c, "failsafe", failsafe_service());
+    print_future_sizes();
+    awaited(c, "bare", Bare);
+    awaited(c, "tower_breaker_consecutive", consecutive());
+    awaited(c, "tower_breaker_count_window", count_window());
+    awaited(c, "tower_breaker_time_window", time_window());
+    awaited(c, "failsafe", failsafe_service());
+    awaited(c, "tower_resilience", tower_resilience());
+
     contended(c, "bare", Bare);
-    contended(c, "tower_breaker", ours());
-    contended(c, "tower_resilience", tower_resilience());
+    contended(c, "tower_breaker_consecutive", consecutive());
+    contended(c, "tower_breaker_count_window", count_window());
+    contended(c, "tower_breaker_time_window", time_window());
     contended(c, "failsafe", failsafe_service());
+
+    poll_once(c, "bare", Bare);
+    poll_once(c, "tower_breaker_consecutive", consecutive());
+    poll_once(c, "tower_breaker_count_window", count_window());
+    poll_once(c, "tower_breaker_time_window", time_window());
+    poll_once(c, "failsafe", failsafe_service());
+    poll_once(c, "tower_resilience", tower_resilience());
 }
 
 criterion_group!(benches, closed_path);

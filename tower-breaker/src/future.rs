@@ -207,3 +207,22 @@ impl fmt::Debug for Deferred {
             .finish()
     }
 }
+
+#[cfg(all(test, not(breaker_loom)))]
+mod tests {
+    use super::*;
+
+    /// What each call moves around: the inner future, the permit (a breaker
+    /// reference and one word), the classifier and the optional start time.
+    /// A guard against growth; the bench prints the figures next to its
+    /// peers'.
+    #[test]
+    fn the_response_future_stays_small() {
+        type Inner = std::future::Ready<Result<u64, std::io::Error>>;
+        type Future = ResponseFuture<Inner, tower_classify::ErrorChainClassifier>;
+        let size = std::mem::size_of::<Future>();
+        println!("ResponseFuture over a 16-byte future: {size} bytes");
+        assert!(size <= 80, "{size} bytes");
+        assert_eq!(std::mem::size_of::<Permit>(), 16);
+    }
+}

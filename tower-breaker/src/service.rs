@@ -11,6 +11,7 @@ use tokio::time::Sleep;
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
+use crate::breaker_ref::BreakerRef;
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::state::{Breaker, Permit, Readiness, State};
@@ -34,9 +35,11 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// refusal decided by `poll_ready`.
 pub struct CircuitBreaker<S, C> {
     inner: S,
-    breaker: Arc<Breaker>,
+    breaker: BreakerRef,
     classifier: C,
-    waiting: Option<Wait>,
+    /// Boxed: pending mode is rare, and a null pointer is the cheapest
+    /// thing for every clone of the service to carry and drop.
+    waiting: Option<Box<Wait>>,
     /// `poll_ready` saw the circuit refusing and did not poll `inner`.
     refuse_next: bool,
 }
@@ -52,7 +55,7 @@ impl<S, C> CircuitBreaker<S, C> {
     pub(crate) fn new(inner: S, breaker: Arc<Breaker>, classifier: C) -> Self {
         CircuitBreaker {
             inner,
-            breaker,
+            breaker: BreakerRef::new(breaker),
             classifier,
             waiting: None,
             refuse_next: false,
@@ -90,7 +93,7 @@ impl<S, C> CircuitBreaker<S, C> {
         if self.breaker.disabled {
             return Ok(None);
         }
-        self.breaker.admit().map(Some)
+        self.breaker.arc().admit().map(Some)
     }
 
     /// `poll_ready` for both service flavours: the breaker first (pending
@@ -153,14 +156,14 @@ impl<S, C> CircuitBreaker<S, C> {
             changed.as_mut().enable();
             self.waiting = match self.breaker.readiness() {
                 Readiness::Ready => return Poll::Ready(()),
-                Readiness::Until(at) => Some(Wait {
+                Readiness::Until(at) => Some(Box::new(Wait {
                     changed,
                     until: Some(Box::pin(tokio::time::sleep_until(at))),
-                }),
-                Readiness::Change => Some(Wait {
+                })),
+                Readiness::Change => Some(Box::new(Wait {
                     changed,
                     until: None,
-                }),
+                })),
             };
         }
     }
@@ -170,7 +173,7 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
-            breaker: Arc::clone(&self.breaker),
+            breaker: self.breaker.clone(),
             classifier: self.classifier.clone(),
             waiting: None,
             refuse_next: false,

@@ -27,6 +27,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::breaker_ref::BreakerRef;
+use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
 use crate::eviction::ClosedNotices;
@@ -282,6 +284,12 @@ impl Word {
     const fn state(self) -> State {
         State::from_code(self.0 & STATE_MASK)
     }
+    /// `state() == State::Closed` without decoding the state: the test
+    /// every closed-path call makes.
+    #[inline]
+    const fn is_closed(self) -> bool {
+        self.0 & STATE_MASK == State::Closed.code()
+    }
     const fn epoch(self) -> u64 {
         self.0 >> EPOCH_SHIFT
     }
@@ -357,8 +365,9 @@ pub(crate) enum Readiness {
 /// breaker, the layer it came from) holds the same `Arc<Breaker>`.
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
-/// reference counts: every call clones the `Arc` (a write), and without the
-/// gap that write would evict the state word every other core reads.
+/// reference counts: a reference made when a thread has no spare (see
+/// `BreakerRef`) writes the count, and without the gap that write would
+/// evict the state word every other core reads.
 #[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
@@ -385,6 +394,8 @@ pub(crate) struct Breaker {
     consecutive: AtomicU32,
     open_streak: AtomicU32,
     window: Option<WindowState>,
+    /// For a time window: the clock a success is filed by.
+    coarse_clock: Option<CoarseClock>,
     failures: AtomicU64,
     rejected: AtomicU64,
     opened: AtomicU64,
@@ -431,6 +442,11 @@ impl Breaker {
             }
             Policy::ConsecutiveFailures { .. } => None,
         };
+        let base = Instant::now();
+        let coarse_clock = window
+            .as_ref()
+            .is_some_and(WindowState::needs_clock)
+            .then(|| CoarseClock::new(base));
         Breaker {
             key,
             keyed,
@@ -441,7 +457,7 @@ impl Breaker {
             pending_when_open: settings.pending_when_open,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
-            base: Instant::now(),
+            base,
             word: AtomicU64::new(Word::new(State::Closed, 0, Slots::NONE).0),
             open_until: AtomicU64::new(0),
             probes_due: AtomicU64::new(0),
@@ -449,6 +465,7 @@ impl Breaker {
             consecutive: AtomicU32::new(0),
             open_streak: AtomicU32::new(0),
             window,
+            coarse_clock,
             failures: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             opened: AtomicU64::new(0),
@@ -502,7 +519,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let word = self.load();
-        if word.state() == State::Closed {
+        if word.is_closed() {
             return Ok(self.permit(word.epoch(), false));
         }
         self.admit_slow(word)
@@ -511,7 +528,7 @@ impl Breaker {
     #[inline]
     fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
         Permit {
-            breaker: Arc::clone(self),
+            breaker: BreakerRef::share(self),
             bits: epoch << 2 | u64::from(probe) << 1,
         }
     }
@@ -641,7 +658,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
         let word = self.load();
-        if word.state() == State::Closed || self.settings.mode != Mode::Enforce {
+        if word.is_closed() || self.settings.mode != Mode::Enforce {
             return None;
         }
         self.refusing_slow(word)
@@ -787,12 +804,20 @@ impl Breaker {
                 if !self.counts(epoch) {
                     return;
                 }
-                self.rate_reached(window.record(failed, slow, self.window_now(window)))
+                // A failure may open the breaker: filed at the exact time. A
+                // success by the coarse clock, and judged again at the exact
+                // time when the coarse tally would open, so an expired
+                // failure never does.
+                let tally = window.record(failed, slow, self.window_now(failed));
+                self.rate_reached(tally)
+                    && (failed
+                        || self.coarse_clock.is_none()
+                        || self.rate_reached(window.tally(self.window_now(true))))
             }
         };
         if trip {
             let word = self.load();
-            if word.epoch() == epoch && word.state() == State::Closed {
+            if word.epoch() == epoch && word.is_closed() {
                 self.open(word, Instant::now());
             }
         }
@@ -804,7 +829,7 @@ impl Breaker {
     #[inline]
     fn counts(&self, epoch: u64) -> bool {
         let word = self.load();
-        word.epoch() == epoch && word.state() == State::Closed
+        word.epoch() == epoch && word.is_closed()
     }
 
     /// The rate policy's test: enough calls, and a failure share (or, when
@@ -820,21 +845,30 @@ impl Breaker {
         else {
             return false;
         };
+        // A rate is above zero (`Policy::validate`), so a count of zero never
+        // reaches it: the healthy case skips the division.
         let share = |count: u32| f64::from(count) / f64::from(tally.calls);
         tally.calls >= minimum_calls
-            && (share(tally.failures) >= rate
-                || self
-                    .settings
-                    .slow_call_rate
-                    .is_some_and(|slow_rate| share(tally.slow) >= slow_rate))
+            && ((tally.failures > 0 && share(tally.failures) >= rate)
+                || (tally.slow > 0
+                    && self
+                        .settings
+                        .slow_call_rate
+                        .is_some_and(|slow_rate| share(tally.slow) >= slow_rate)))
     }
 
-    fn window_now(&self, window: &WindowState) -> Duration {
-        if window.needs_clock() {
-            Duration::from_nanos(self.offset(Instant::now()))
-        } else {
-            Duration::ZERO
-        }
+    /// The time a time window files a result at (zero for a count window):
+    /// the coarse clock's unless `exact`.
+    #[inline]
+    fn window_now(&self, exact: bool) -> Duration {
+        let Some(clock) = &self.coarse_clock else {
+            return Duration::ZERO;
+        };
+        let nanos = match clock.offset() {
+            Some(nanos) if !exact => nanos,
+            _ => self.offset(coarse_clock::precise_now()),
+        };
+        Duration::from_nanos(nanos)
     }
 
     /// Records a probe's result. The probes of one half-open period are
@@ -1081,7 +1115,7 @@ impl Breaker {
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
 pub(crate) struct Permit {
-    breaker: Arc<Breaker>,
+    breaker: BreakerRef,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.

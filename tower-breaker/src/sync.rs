@@ -5,6 +5,6 @@
 //! A crate-specific cfg keeps tokio's own `--cfg loom` code switched off.
 
 #[cfg(breaker_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(breaker_loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -490,6 +490,33 @@ async fn time_window_forgets_old_calls() {
     assert_eq!(state_of(&admin), State::Open);
 }
 
+/// Under paused tokio time the window follows tokio's clock for successes
+/// too: successes made after the clock moved dilute the new window. Filed at
+/// a reading from before the move, they would have aged out with the old
+/// failures and the three new failures would open it.
+#[tokio::test(start_paused = true)]
+async fn time_window_files_successes_at_paused_time() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    for id in 0..3 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    for id in 3..7 {
+        succeed(&mut svc, &mut handle, id).await;
+    }
+    for id in 7..10 {
+        fail(&mut svc, &mut handle, id).await;
+    }
+    let snapshot = admin.get("default").unwrap();
+    assert_eq!((snapshot.window_calls, snapshot.window_failures), (7, 3));
+    assert_eq!(snapshot.state, State::Closed, "3 of 7 is under half");
+}
+
 #[tokio::test(start_paused = true)]
 async fn slow_successes_count_as_failures_when_configured() {
     let layer = CircuitBreakerLayer::builder()
@@ -663,6 +690,25 @@ async fn item_1_a_success_that_reaches_the_minimum_calls_trips_the_rate() {
         State::Open,
         "the fourth call, a success, makes 2 of 4: at the rate"
     );
+}
+
+/// The same over a time window, whose successes skip the tally only while
+/// it holds no failure: here it holds two, and the fourth call opens it.
+#[tokio::test(start_paused = true)]
+async fn item_1_a_success_that_reaches_the_minimum_calls_trips_a_time_window() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    fail(&mut svc, &mut handle, 1).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed, "3 calls < minimum 4");
+    succeed(&mut svc, &mut handle, 3).await;
+    assert_eq!(state_of(&admin), State::Open, "2 of 4, five seconds apart");
 }
 
 #[tokio::test(start_paused = true)]
