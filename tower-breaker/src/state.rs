@@ -365,9 +365,9 @@ pub(crate) enum Readiness {
 /// breaker, the layer it came from) holds the same `Arc<Breaker>`.
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
-/// reference counts: a reference made when a thread has no spare (see
-/// `BreakerRef`) writes the count, and without the gap that write would
-/// evict the state word every other core reads.
+/// reference counts: every reference made or dropped (see `BreakerRef`)
+/// writes the count, and without the gap that write would evict the state
+/// word every other core reads.
 #[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
