@@ -86,12 +86,8 @@ fn post() -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-fn bench<S>(
-    c: &mut Criterion,
-    runtime: &tokio::runtime::Runtime,
-    name: &str,
-    service: S,
-) where
+fn bench<S>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, service: S)
+where
     S: Service<Request<Full<Bytes>>> + Clone,
     S::Error: std::fmt::Debug,
 {
