@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
@@ -119,4 +119,63 @@ fn success_path(c: &mut Criterion) {
 }
 
 criterion_group!(benches, success_path);
-criterion_main!(benches);
+
+/// `BENCH_COUNT=<variant>,<GET|POST>,<calls>` makes that many calls of one
+/// variant and exits, for `benches/count_instructions.sh` (instructions
+/// repeat exactly from run to run, unlike time on a shared machine).
+fn main() {
+    if let Ok(spec) = std::env::var("BENCH_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+/// Makes `calls` awaited calls of `service`, as one bench iteration does.
+fn drive<S>(service: S, request: fn() -> Request<Full<Bytes>>, calls: usize)
+where
+    S: Service<Request<Full<Bytes>>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for _ in 0..calls {
+            let response = service
+                .clone()
+                .oneshot(request())
+                .await
+                .expect("a response");
+            drop(black_box(response));
+        }
+    });
+}
+
+fn count(spec: &str) {
+    let [variant, method, calls] = spec.split(',').collect::<Vec<_>>()[..] else {
+        panic!("BENCH_COUNT=<variant>,<GET|POST>,<calls>, not {spec:?}");
+    };
+    let request = match method {
+        "GET" => get as fn() -> _,
+        "POST" => post,
+        other => panic!("no request {other:?}"),
+    };
+    let calls = calls.parse().expect("a number of calls");
+    match variant {
+        "bare" => drive(Handler, request, calls),
+        "dead_letter" => drive(
+            DeadLetterLayer::new(MemoryStore::new(10_000)).layer(Handler),
+            request,
+            calls,
+        ),
+        "for_server" => drive(
+            DeadLetterLayer::for_server(MemoryStore::new(10_000)).layer(Handler),
+            request,
+            calls,
+        ),
+        other => panic!("no variant {other:?}"),
+    }
+}

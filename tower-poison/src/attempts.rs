@@ -98,7 +98,7 @@ impl AttemptCounter {
 
 /// What [`CountAttempts`] saw of one dead-letter call's attempts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Tally {
+pub(crate) struct Tally {
     started: u32,
     finished: u32,
 }
@@ -119,23 +119,38 @@ pub(crate) struct Attempts {
     pub(crate) first_done: Option<SystemTime>,
 }
 
-/// Runs `f` with `tally` current, so a [`CountAttempts`] called inside adds
-/// to it; the tally the thread held before is current again afterwards,
-/// even if `f` panics (a dead-letter call inside another one).
-fn with_tally<T>(tally: &mut Tally, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<Tally>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CURRENT.set(self.0);
+/// A dead-letter call's tally made current on this thread, so that a
+/// [`CountAttempts`] called meanwhile adds to it; the tally the thread held
+/// before is current again when the scope ends, even by a panic (a
+/// dead-letter call inside another one).
+///
+/// A guard rather than a closure: the inner service's future is returned
+/// straight to the caller, not moved out through one more frame (a stack's
+/// future is a few hundred bytes).
+pub(crate) struct TallyScope {
+    outer: Option<Tally>,
+}
+
+impl TallyScope {
+    #[inline]
+    pub(crate) fn enter(tally: Tally) -> Self {
+        TallyScope {
+            outer: CURRENT.replace(Some(tally)),
         }
     }
-    let restore = Restore(CURRENT.replace(Some(*tally)));
-    let output = f();
-    if let Some(counted) = CURRENT.get() {
-        *tally = counted;
+
+    /// Ends the scope: the tally as `CountAttempts` left it.
+    #[inline]
+    pub(crate) fn exit(self) -> Tally {
+        CURRENT.get().unwrap_or_default()
     }
-    drop(restore);
-    output
+}
+
+impl Drop for TallyScope {
+    #[inline]
+    fn drop(&mut self) {
+        CURRENT.set(self.outer);
+    }
 }
 
 /// Adds to the current call's tally, if there is one.
@@ -147,16 +162,15 @@ fn note(update: impl FnOnce(&mut Tally)) {
 }
 
 /// Calls the inner service of a dead-letter call with a fresh tally
-/// current: the first attempt of a retry layer below is made there.
-pub(crate) fn tallied<F>(call: impl FnOnce() -> F) -> Tallied<F> {
-    let mut tally = Tally::default();
-    let call = with_tally(&mut tally, call);
-    Tallied {
-        call,
-        tally,
-        first_done: None,
-    }
+/// current (the first attempt of a retry layer below is made there).
+macro_rules! tallied {
+    ($call:expr) => {{
+        let scope = $crate::attempts::TallyScope::enter(Default::default());
+        let call = $call;
+        $crate::attempts::Tallied::new(call, scope.exit())
+    }};
 }
+pub(crate) use tallied;
 
 pin_project! {
     /// A dead-letter call's inner future, polled with its tally current;
@@ -169,13 +183,25 @@ pin_project! {
     }
 }
 
+impl<F> Tallied<F> {
+    #[inline]
+    pub(crate) fn new(call: F, tally: Tally) -> Self {
+        Tallied {
+            call,
+            tally,
+            first_done: None,
+        }
+    }
+}
+
 impl<F: Future> Future for Tallied<F> {
     type Output = (F::Output, Attempts);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let call = this.call;
-        let polled = with_tally(this.tally, || call.poll(cx));
+        let scope = TallyScope::enter(*this.tally);
+        let polled = this.call.poll(cx);
+        *this.tally = scope.exit();
         let output = match polled {
             Poll::Ready(output) => output,
             Poll::Pending => {

@@ -101,11 +101,11 @@ pub struct PendingRecord<R = NoRecording> {
 }
 
 enum Kept<R> {
-    /// Described up front (a queue message).
-    Record(RequestRecord),
+    /// Described up front (a queue message); boxed, so that an HTTP
+    /// call's pending record, which its future moves, stays small.
+    Record(Box<RequestRecord>),
     /// An HTTP request's head and the shared recording of its body.
     Http {
-        method: Method,
         head: CopiedHead,
         body: R,
         /// The request's own counter, when it carried one.
@@ -224,7 +224,7 @@ impl PendingRecord {
         PendingRecord {
             message_id: record.message_id.clone(),
             delivery: record.delivery,
-            kept: Kept::Record(record),
+            kept: Kept::Record(Box::new(record)),
         }
     }
 }
@@ -247,9 +247,8 @@ impl<R: BodyRecording> PendingRecord<R> {
     /// call (unless the request carried a counter of its own).
     pub(crate) async fn finish(self, wait: Duration, attempts: Attempts) -> RequestRecord {
         match self.kept {
-            Kept::Record(record) => record,
+            Kept::Record(record) => *record,
             Kept::Http {
-                method,
                 head,
                 body,
                 attempts: carried,
@@ -263,7 +262,7 @@ impl<R: BodyRecording> PendingRecord<R> {
                 RequestRecord {
                     message_id: self.message_id,
                     delivery: self.delivery,
-                    method: Some(method.to_string()),
+                    method: Some(head.method().into_owned()),
                     uri: Some(head.uri().into_owned()),
                     headers: head.headers(),
                     body,
@@ -402,8 +401,7 @@ where
             message_id,
             delivery,
             kept: Kept::Http {
-                method: parts.method.clone(),
-                head: CopiedHead::new(&parts.uri, &parts.headers),
+                head: CopiedHead::new(&parts.method, &parts.uri, &parts.headers),
                 body: body.clone(),
                 attempts,
             },
@@ -412,30 +410,35 @@ where
     }
 }
 
-/// A request's URI and headers, copied into one buffer of their bytes.
+/// A request's method, URI and headers, copied into one buffer of their
+/// bytes.
 ///
 /// One allocation of the exact size, whatever the headers: cloning the
 /// `Uri` and each `HeaderValue` instead would share their bytes, but a
 /// `Bytes` made from a `&str` or a `Vec` (a client's request builder)
 /// allocates on its first clone, so a request of four headers could cost
-/// five allocations. A few hundred bytes copied cost less than that.
+/// five allocations. A few hundred bytes copied cost less than that, and the
+/// record the call's future carries stays small.
 struct CopiedHead {
-    /// The URI, then each header as its name's and its value's length
-    /// (`u32`, native order) and bytes.
+    /// The method, the URI, then each header as its name's and its
+    /// value's length (`u32`, native order) and bytes.
     bytes: Vec<u8>,
-    uri_len: usize,
+    method_end: u32,
+    uri_end: u32,
 }
 
 impl CopiedHead {
-    /// Headers longer than this are cut (a `HeaderValue` has no limit of
-    /// its own; servers refuse far less).
+    /// Longer header values are cut (a `HeaderValue` has no limit of its
+    /// own; servers refuse far less).
     const MAX_PART: usize = u32::MAX as usize;
 
-    fn new(uri: &Uri, headers: &HeaderMap) -> Self {
-        // Written as `Uri`'s `Display` writes it, without the formatter.
+    fn new(method: &Method, uri: &Uri, headers: &HeaderMap) -> Self {
+        // The URI written as `Uri`'s `Display` writes it, without the
+        // formatter (`Uri` keeps under 64 KiB).
         let scheme = uri.scheme_str();
         let authority = uri.authority().map(|authority| authority.as_str());
         let query = uri.query();
+        let method = method.as_str();
         let uri_len = scheme.map_or(0, |scheme| scheme.len() + 3)
             + authority.map_or(0, str::len)
             + uri.path().len()
@@ -444,7 +447,9 @@ impl CopiedHead {
             .iter()
             .map(|(name, value)| 8 + name.as_str().len() + value.len())
             .sum();
-        let mut bytes = Vec::with_capacity(uri_len + headers_len);
+        let mut bytes = Vec::with_capacity(method.len() + uri_len + headers_len);
+        bytes.extend_from_slice(method.as_bytes());
+        let method_end = bytes.len() as u32;
         if let Some(scheme) = scheme {
             bytes.extend_from_slice(scheme.as_bytes());
             bytes.extend_from_slice(b"://");
@@ -457,6 +462,7 @@ impl CopiedHead {
             bytes.push(b'?');
             bytes.extend_from_slice(query.as_bytes());
         }
+        let uri_end = bytes.len() as u32;
         for (name, value) in headers {
             for part in [name.as_str().as_bytes(), value.as_bytes()] {
                 let part = &part[..part.len().min(Self::MAX_PART)];
@@ -464,16 +470,24 @@ impl CopiedHead {
                 bytes.extend_from_slice(part);
             }
         }
-        CopiedHead { bytes, uri_len }
+        CopiedHead {
+            bytes,
+            method_end,
+            uri_end,
+        }
+    }
+
+    fn method(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes[..self.method_end as usize])
     }
 
     fn uri(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.bytes[..self.uri_len])
+        String::from_utf8_lossy(&self.bytes[self.method_end as usize..self.uri_end as usize])
     }
 
     /// The headers in their order (a name once per value).
     fn headers(&self) -> Vec<StoredHeader> {
-        let mut rest = &self.bytes[self.uri_len..];
+        let mut rest = &self.bytes[self.uri_end as usize..];
         let mut part = || {
             let (len, after) = rest.split_first_chunk::<4>()?;
             let (part, after) = after.split_at(u32::from_ne_bytes(*len) as usize);

@@ -200,7 +200,7 @@ where
             }
             admission => admission,
         };
-        let call = tallied(|| self.inner.get_mut().call(request));
+        let call = tallied!(self.inner.get_mut().call(request));
         GrpcResponseFuture::new(async move {
             let counted = match admission.decision().await {
                 Decision::Process(counted) => counted,

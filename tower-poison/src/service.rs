@@ -227,7 +227,7 @@ where
             }
             admission => admission,
         };
-        let call = tallied(|| self.inner.call(request));
+        let call = tallied!(self.inner.call(request));
         match admission {
             Admission::Now(Decision::Process(counted)) => {
                 ResponseFuture::calling(call, shared, pending, counted)
