@@ -24,8 +24,9 @@ pin_project! {
     ///
     /// A call that succeeds is the inner future and a classification of its
     /// result, in place: no allocation, no store. Only the steps that need
-    /// the store (a failure to write, a poison message to divert) or wait on
-    /// a count store run in a boxed future, made when they begin.
+    /// the store (a failure to write, a poison message to divert) or a count
+    /// store (a delivery count to wait for, a success's count to forget with
+    /// poison detection on) run in a boxed future, made when they begin.
     pub struct ResponseFuture<F, Res, St, C, Cap, R> {
         #[pin]
         state: State<F, Res, St, C, Cap, R>,
