@@ -569,3 +569,45 @@ impl<F> fmt::Debug for DescribeFn<F> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copied_head_gives_back_method_uri_and_every_header_in_order() {
+        let mut headers = HeaderMap::new();
+        headers.append("accept", "application/json".parse().unwrap());
+        headers.append("x-tag", "a".parse().unwrap());
+        headers.append("x-tag", "b".parse().unwrap());
+        headers.append("x-raw", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let method = Method::from_bytes(b"PURGE").unwrap();
+        let uri: Uri = "https://user@orders.internal:8443/orders/7?notify=false"
+            .parse()
+            .unwrap();
+        let head = CopiedHead::new(&method, &uri, &headers);
+        assert_eq!(head.method(), "PURGE");
+        assert_eq!(head.uri(), uri.to_string());
+        let pairs: Vec<_> = head
+            .headers()
+            .into_iter()
+            .map(|header| (header.name, header.value))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("accept".to_owned(), "application/json".to_owned()),
+                ("x-tag".to_owned(), "a".to_owned()),
+                ("x-tag".to_owned(), "b".to_owned()),
+                ("x-raw".to_owned(), "caf\u{fffd}".to_owned()),
+            ]
+        );
+
+        for uri in ["/", "/orders?page=2", "http://orders.internal"] {
+            let uri: Uri = uri.parse().unwrap();
+            let head = CopiedHead::new(&Method::GET, &uri, &HeaderMap::new());
+            assert_eq!(head.uri(), uri.to_string());
+            assert!(head.headers().is_empty());
+        }
+    }
+}
