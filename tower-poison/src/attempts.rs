@@ -1,5 +1,13 @@
 //! Counting the attempts a retry layer makes below the dead-letter layer.
+//!
+//! [`CountAttempts`] counts into the dead-letter call being polled on its
+//! thread: [`DeadLetter`](crate::DeadLetter) makes its tally current while
+//! it calls the inner service and while it polls the call's future, and a
+//! `CountAttempts` below it (same task, as a retry layer's attempts are)
+//! adds to it. A thread-local tally costs a call that succeeds no
+//! allocation and the request no extension, which every retry would copy.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -11,13 +19,18 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// A shared attempt count, carried in a request's extensions.
+/// A shared attempt count, carried in a request's extensions, for stacks
+/// where the attempts run on another task than the dead-letter layer.
 ///
-/// [`HttpCapture`](crate::HttpCapture) puts one into every request; a retry
-/// layer that copies request extensions to each attempt (http 1's
-/// `Extensions` is `Clone`) carries it down to [`CountAttempts`], which
-/// counts each attempt and notes when the first one finished. The
-/// dead-letter entry then holds the real attempt count and first failure time.
+/// [`CountAttempts`] counts into the dead-letter call polled on its own
+/// thread (see [`CountAttemptsLayer`]), which needs nothing in the request.
+/// A `Buffer` or a spawned task between the two layers runs the attempts
+/// elsewhere: insert an `AttemptCounter` into the request's extensions
+/// before the dead-letter layer, and a retry layer that copies extensions to
+/// each attempt (http 1's `Extensions` is `Clone`) carries it down to
+/// `CountAttempts`, which then counts each attempt in it and notes when the
+/// first one finished. [`HttpCapture`](crate::HttpCapture) reads it back for
+/// the entry's attempt count and first failure time.
 #[derive(Debug, Clone, Default)]
 pub struct AttemptCounter {
     inner: Arc<Counts>,
@@ -67,6 +80,153 @@ impl AttemptCounter {
             millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),
         }
     }
+
+    /// A counter holding what a dead-letter call's [`Attempts`] say, for
+    /// its [`RequestRecord`](crate::RequestRecord).
+    pub(crate) fn settled(attempts: Attempts) -> Self {
+        let counter = AttemptCounter::new();
+        counter
+            .inner
+            .started
+            .store(attempts.started, Ordering::Relaxed);
+        if let Some(first_done) = attempts.first_done {
+            counter.record_done(first_done);
+        }
+        counter
+    }
+}
+
+/// What [`CountAttempts`] saw of one dead-letter call's attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    started: u32,
+    finished: u32,
+}
+
+thread_local! {
+    /// The tally of the dead-letter call being called or polled on this
+    /// thread, if any.
+    static CURRENT: Cell<Option<Tally>> = const { Cell::new(None) };
+}
+
+/// A dead-letter call's attempts, as it hands them to its record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Attempts {
+    /// Attempts started (0 when no [`CountAttempts`] is below).
+    pub(crate) started: u32,
+    /// When the first attempt was seen finished, if the call went on
+    /// after it.
+    pub(crate) first_done: Option<SystemTime>,
+}
+
+/// A dead-letter call's tally made current on this thread, so that a
+/// [`CountAttempts`] called meanwhile adds to it; the tally the thread held
+/// before is current again when the scope ends, even by a panic (a
+/// dead-letter call inside another one).
+///
+/// A guard rather than a closure: the inner service's future is returned
+/// straight to the caller, not moved out through one more frame (a stack's
+/// future is a few hundred bytes).
+pub(crate) struct TallyScope {
+    outer: Option<Tally>,
+}
+
+impl TallyScope {
+    #[inline]
+    pub(crate) fn enter(tally: Tally) -> Self {
+        TallyScope {
+            outer: CURRENT.replace(Some(tally)),
+        }
+    }
+
+    /// Ends the scope: the tally as `CountAttempts` left it.
+    #[inline]
+    pub(crate) fn exit(self) -> Tally {
+        CURRENT.get().unwrap_or_default()
+    }
+}
+
+impl Drop for TallyScope {
+    #[inline]
+    fn drop(&mut self) {
+        CURRENT.set(self.outer);
+    }
+}
+
+/// Adds to the current call's tally, if there is one.
+fn note(update: impl FnOnce(&mut Tally)) {
+    if let Some(mut tally) = CURRENT.get() {
+        update(&mut tally);
+        CURRENT.set(Some(tally));
+    }
+}
+
+/// Calls the inner service of a dead-letter call with a fresh tally
+/// current (the first attempt of a retry layer below is made there).
+macro_rules! tallied {
+    ($call:expr) => {{
+        let scope = $crate::attempts::TallyScope::enter(Default::default());
+        let call = $call;
+        $crate::attempts::Tallied::new(call, scope.exit())
+    }};
+}
+pub(crate) use tallied;
+
+pin_project! {
+    /// A dead-letter call's inner future, polled with its tally current;
+    /// resolves to its output and the call's [`Attempts`].
+    pub(crate) struct Tallied<F> {
+        #[pin]
+        call: F,
+        tally: Tally,
+        first_done: Option<SystemTime>,
+    }
+}
+
+impl<F> Tallied<F> {
+    #[inline]
+    pub(crate) fn new(call: F, tally: Tally) -> Self {
+        Tallied {
+            call,
+            tally,
+            first_done: None,
+        }
+    }
+}
+
+impl<F: Future> Future for Tallied<F> {
+    type Output = (F::Output, Attempts);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let scope = TallyScope::enter(*this.tally);
+        let polled = this.call.poll(cx);
+        *this.tally = scope.exit();
+        let output = match polled {
+            Poll::Ready(output) => output,
+            Poll::Pending => {
+                // The call goes on after an attempt finished (a retry
+                // waiting out its backoff): the first failure was now. A
+                // call that ends in the poll its first attempt ends in
+                // reads no clock; the record's own time is that moment.
+                if this.tally.finished > 0 && this.first_done.is_none() {
+                    *this.first_done = Some(SystemTime::now());
+                }
+                return Poll::Pending;
+            }
+        };
+        let first_done = match this.first_done {
+            Some(at) => Some(*at),
+            // Later attempts began in the poll the first one ended in.
+            None if this.tally.started > 1 => Some(SystemTime::now()),
+            None => None,
+        };
+        let attempts = Attempts {
+            started: this.tally.started,
+            first_done,
+        };
+        Poll::Ready((output, attempts))
+    }
 }
 
 /// Places [`CountAttempts`] below a retry layer.
@@ -74,6 +234,11 @@ impl AttemptCounter {
 /// ```text
 /// DeadLetterLayer → RetryLayer → CountAttemptsLayer → service
 /// ```
+///
+/// Each attempt counts towards the nearest dead-letter call above it on
+/// the same task (the retry layers of tower and of this family make their
+/// attempts in the caller's task). Across a `Buffer` or a spawned task,
+/// carry an [`AttemptCounter`] in the request instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountAttemptsLayer {
     _priv: (),
@@ -94,7 +259,9 @@ impl<S> Layer<S> for CountAttemptsLayer {
     }
 }
 
-/// Counts every call that carries an [`AttemptCounter`] in its extensions.
+/// Counts every call as an attempt of the dead-letter call above it (see
+/// [`CountAttemptsLayer`]), or in the [`AttemptCounter`] the request
+/// carries, when it carries one.
 #[derive(Debug, Clone)]
 pub struct CountAttempts<S> {
     inner: S,
@@ -131,8 +298,9 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let counter = request.extensions().get::<AttemptCounter>().cloned();
-        if let Some(counter) = &counter {
-            counter.record_attempt();
+        match &counter {
+            Some(counter) => counter.record_attempt(),
+            None => note(|tally| tally.started += 1),
         }
         CountedFuture {
             future: self.inner.call(request),
@@ -157,8 +325,11 @@ impl<F: Future> Future for CountedFuture<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let output = std::task::ready!(this.future.poll(cx));
-        if let Some(counter) = this.counter.take() {
-            counter.record_done(SystemTime::now());
+        match this.counter.take() {
+            Some(counter) => counter.record_done(SystemTime::now()),
+            // No clock read here, on every attempt: the dead-letter call
+            // reads one only if it goes on after its first attempt.
+            None => note(|tally| tally.finished += 1),
         }
         Poll::Ready(output)
     }

@@ -2,7 +2,6 @@
 //! ahead of the inner service.
 
 use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -12,7 +11,7 @@ use http_body::Body;
 use http_body_replay::ReplayBody;
 use http_body_util::BodyExt;
 
-use crate::attempts::AttemptCounter;
+use crate::attempts::{AttemptCounter, Attempts};
 use crate::counts::delivery::read_extension;
 use crate::counts::DeliveryCount;
 use crate::entry::StoredHeader;
@@ -65,9 +64,14 @@ pub trait CaptureRequest<Req> {
     /// The request the inner service receives.
     type Request;
 
+    /// The recording of the request's body the capture keeps while the
+    /// call runs: a [`ReplayBody`] for [`HttpCapture`], [`NoRecording`] for
+    /// a request described up front.
+    type Recording: BodyRecording;
+
     /// Captures `request`: the request to hand on, and what is kept to
     /// describe it should the call fail.
-    fn capture(&self, request: Req) -> (Self::Request, PendingRecord);
+    fn capture(&self, request: Req) -> (Self::Request, PendingRecord<Self::Recording>);
 }
 
 /// Describes a response that was classified as a failure, for the entry's
@@ -86,94 +90,131 @@ pub trait DescribeResponse<Res> {
 
 /// What a capture keeps while the call runs; turned into a
 /// [`RequestRecord`] only if the call fails.
-pub struct PendingRecord {
+///
+/// For an HTTP request that is the head's method, URI and headers (the
+/// same refcounted bytes, in one list) and the body's recording `R`:
+/// nothing is formatted, redacted or copied out unless the call fails.
+pub struct PendingRecord<R = NoRecording> {
     message_id: Option<String>,
     delivery: Option<u32>,
-    kept: Kept,
+    kept: Kept<R>,
 }
 
-enum Kept {
-    /// Described up front (a queue message).
-    Record(RequestRecord),
+enum Kept<R> {
+    /// Described up front (a queue message); boxed, so that an HTTP
+    /// call's pending record, which its future moves, stays small.
+    Record(Box<RequestRecord>),
     /// An HTTP request's head and the shared recording of its body.
     Http {
-        method: Method,
-        uri: Uri,
-        headers: HeaderMap,
-        body: Box<dyn RecordedBody>,
-        attempts: AttemptCounter,
+        head: CopiedHead,
+        body: R,
+        /// The request's own counter, when it carried one.
+        attempts: Option<AttemptCounter>,
     },
 }
 
-/// A request body's recording, whatever the original body's type.
-trait RecordedBody: Send + Sync {
-    /// The recorded bytes once the body has been read to its end, or as
-    /// far as it can be within `wait`.
-    fn finish(
-        &self,
-        wait: Duration,
-    ) -> std::pin::Pin<Box<dyn Future<Output = BodyRecord> + Send + '_>>;
+/// The recording of a request body that a [`PendingRecord`] keeps: a
+/// [`ReplayBody`] (read back only if the call fails), or [`NoRecording`].
+///
+/// Sealed: the layer reads recordings through methods of its own.
+pub trait BodyRecording: sealed::Finish + Send + Sync + 'static {}
+
+/// The recording of a request described up front (see [`describe_fn`]):
+/// its [`RequestRecord`] already holds the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoRecording {
+    _priv: (),
 }
 
-/// What a dead-letter entry says about a body.
-struct BodyRecord {
-    body: Bytes,
-    truncated: bool,
-    len: Option<u64>,
-}
+impl BodyRecording for NoRecording {}
 
-impl<B> RecordedBody for ReplayBody<B>
+impl<B> BodyRecording for ReplayBody<B>
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<tower_classify::BoxError>,
 {
-    fn finish(
-        &self,
-        wait: Duration,
-    ) -> std::pin::Pin<Box<dyn Future<Output = BodyRecord> + Send + '_>> {
-        Box::pin(async move {
-            // The service may have failed before reading the body to its end
-            // (a refused connection, a handler that answered early): read the
-            // rest through a copy, within `wait`, so the entry can be
-            // replayed; the copy stops recording at the limit like any
-            // other. Only when no other copy is left: a service still
-            // reading the body (an upload going on after an early error
-            // status) must not have frames taken from under it, nor wait.
-            let recording = self.recording();
-            if !recording.is_complete()
-                && !recording.is_released()
-                && self.can_replay()
-                && self.copies() == 1
-            {
-                let mut copy = self.clone();
-                let drain = async { while let Some(Ok(_)) = copy.frame().await {} };
-                let _ = tokio::time::timeout(wait, drain).await;
-            }
-            let recording = self.recording();
-            if recording.is_released() {
-                return BodyRecord {
-                    body: Bytes::new(),
-                    truncated: true,
-                    len: Some(recording.bytes_read()),
-                };
-            }
-            let body = match recording.data() {
-                [] => Bytes::new(),
-                [one] => one.clone(),
-                frames => {
-                    let mut all = BytesMut::with_capacity(recording.bytes_read() as usize);
-                    frames.iter().for_each(|frame| all.extend_from_slice(frame));
-                    all.freeze()
-                }
+}
+
+pub(crate) mod sealed {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use super::BodyRecord;
+
+    /// How the layer reads a [`BodyRecording`](super::BodyRecording).
+    pub trait Finish {
+        /// The recorded bytes once the body has been read to its end, or
+        /// as far as it can be within `wait`.
+        fn finish(&self, wait: Duration) -> impl Future<Output = BodyRecord> + Send + '_;
+    }
+}
+
+/// What a dead-letter entry says about a body.
+#[derive(Debug)]
+pub struct BodyRecord {
+    body: Bytes,
+    truncated: bool,
+    len: Option<u64>,
+}
+
+impl sealed::Finish for NoRecording {
+    async fn finish(&self, _wait: Duration) -> BodyRecord {
+        BodyRecord {
+            body: Bytes::new(),
+            truncated: false,
+            len: None,
+        }
+    }
+}
+
+impl<B> sealed::Finish for ReplayBody<B>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<tower_classify::BoxError>,
+{
+    async fn finish(&self, wait: Duration) -> BodyRecord {
+        // The service may have failed before reading the body to its end
+        // (a refused connection, a handler that answered early): read the
+        // rest through a copy, within `wait`, so the entry can be
+        // replayed; the copy stops recording at the limit like any
+        // other. Only when no other copy is left: a service still
+        // reading the body (an upload going on after an early error
+        // status) must not have frames taken from under it, nor wait.
+        let recording = self.recording();
+        if !recording.is_complete()
+            && !recording.is_released()
+            && self.can_replay()
+            && self.copies() == 1
+        {
+            let mut copy = self.clone();
+            let drain = async { while let Some(Ok(_)) = copy.frame().await {} };
+            let _ = tokio::time::timeout(wait, drain).await;
+        }
+        let recording = self.recording();
+        if recording.is_released() {
+            return BodyRecord {
+                body: Bytes::new(),
+                truncated: true,
+                len: Some(recording.bytes_read()),
             };
-            let truncated = !recording.is_complete();
-            BodyRecord {
-                len: truncated.then_some(recording.bytes_read()),
-                body,
-                truncated,
+        }
+        let body = match recording.data() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            frames => {
+                let mut all = BytesMut::with_capacity(recording.bytes_read() as usize);
+                frames.iter().for_each(|frame| all.extend_from_slice(frame));
+                all.freeze()
             }
-        })
+        };
+        let truncated = !recording.is_complete();
+        BodyRecord {
+            len: truncated.then_some(recording.bytes_read()),
+            body,
+            truncated,
+        }
     }
 }
 
@@ -183,10 +224,12 @@ impl PendingRecord {
         PendingRecord {
             message_id: record.message_id.clone(),
             delivery: record.delivery,
-            kept: Kept::Record(record),
+            kept: Kept::Record(Box::new(record)),
         }
     }
+}
 
+impl<R> PendingRecord<R> {
     /// The message id poison detection counts by.
     pub fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()
@@ -196,35 +239,32 @@ impl PendingRecord {
     pub fn delivery(&self) -> Option<u32> {
         self.delivery
     }
+}
 
-    /// The record, reading what the body's recording holds.
-    pub(crate) async fn finish(self, wait: Duration) -> RequestRecord {
+impl<R: BodyRecording> PendingRecord<R> {
+    /// The record, reading what the body's recording holds; `attempts`
+    /// are those [`CountAttempts`](crate::CountAttempts) counted for the
+    /// call (unless the request carried a counter of its own).
+    pub(crate) async fn finish(self, wait: Duration, attempts: Attempts) -> RequestRecord {
         match self.kept {
-            Kept::Record(record) => record,
+            Kept::Record(record) => *record,
             Kept::Http {
-                method,
-                uri,
-                headers,
+                head,
                 body,
-                attempts,
+                attempts: carried,
             } => {
                 let BodyRecord {
                     body,
                     truncated,
                     len,
-                } = body.finish(wait).await;
+                } = sealed::Finish::finish(&body, wait).await;
+                let attempts = carried.unwrap_or_else(|| AttemptCounter::settled(attempts));
                 RequestRecord {
                     message_id: self.message_id,
                     delivery: self.delivery,
-                    method: Some(method.to_string()),
-                    uri: Some(uri.to_string()),
-                    headers: headers
-                        .iter()
-                        .map(|(name, value)| StoredHeader {
-                            name: name.as_str().to_owned(),
-                            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                        })
-                        .collect(),
+                    method: Some(head.method().into_owned()),
+                    uri: Some(head.uri().into_owned()),
+                    headers: head.headers(),
                     body,
                     body_truncated: truncated,
                     body_len: len,
@@ -235,7 +275,7 @@ impl PendingRecord {
     }
 }
 
-impl fmt::Debug for PendingRecord {
+impl<R> fmt::Debug for PendingRecord<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PendingRecord")
             .field("message_id", &self.message_id)
@@ -339,11 +379,14 @@ where
     B::Error: Into<tower_classify::BoxError>,
 {
     type Request = Request<ReplayBody<B>>;
+    type Recording = ReplayBody<B>;
 
-    fn capture(&self, request: Request<B>) -> (Self::Request, PendingRecord) {
-        let (mut parts, body) = request.into_parts();
-        let attempts = AttemptCounter::new();
-        parts.extensions.insert(attempts.clone());
+    fn capture(&self, request: Request<B>) -> (Self::Request, PendingRecord<ReplayBody<B>>) {
+        let (parts, body) = request.into_parts();
+        // Nothing is put into the request: `CountAttempts` counts into the
+        // call's tally (see `AttemptCounter` for a request that brings its
+        // own counter).
+        let attempts = parts.extensions.get::<AttemptCounter>().cloned();
         let message_id = self
             .message_id_header
             .as_ref()
@@ -358,14 +401,104 @@ where
             message_id,
             delivery,
             kept: Kept::Http {
-                method: parts.method.clone(),
-                uri: parts.uri.clone(),
-                headers: parts.headers.clone(),
-                body: Box::new(body.clone()),
+                head: CopiedHead::new(&parts.method, &parts.uri, &parts.headers),
+                body: body.clone(),
                 attempts,
             },
         };
         (Request::from_parts(parts, body), pending)
+    }
+}
+
+/// A request's method, URI and headers, copied into one buffer of their
+/// bytes.
+///
+/// One allocation of the exact size, whatever the headers: cloning the
+/// `Uri` and each `HeaderValue` instead would share their bytes, but a
+/// `Bytes` made from a `&str` or a `Vec` (a client's request builder)
+/// allocates on its first clone, so a request of four headers could cost
+/// five allocations. A few hundred bytes copied cost less than that, and the
+/// record the call's future carries stays small.
+struct CopiedHead {
+    /// The method, the URI, then each header as its name's and its
+    /// value's length (`u32`, native order) and bytes.
+    bytes: Vec<u8>,
+    method_end: u32,
+    uri_end: u32,
+}
+
+impl CopiedHead {
+    /// Longer header values are cut (a `HeaderValue` has no limit of its
+    /// own; servers refuse far less).
+    const MAX_PART: usize = u32::MAX as usize;
+
+    fn new(method: &Method, uri: &Uri, headers: &HeaderMap) -> Self {
+        // The URI written as `Uri`'s `Display` writes it, without the
+        // formatter (`Uri` keeps under 64 KiB).
+        let scheme = uri.scheme_str();
+        let authority = uri.authority().map(|authority| authority.as_str());
+        let query = uri.query();
+        let method = method.as_str();
+        let uri_len = scheme.map_or(0, |scheme| scheme.len() + 3)
+            + authority.map_or(0, str::len)
+            + uri.path().len()
+            + query.map_or(0, |query| query.len() + 1);
+        let headers_len: usize = headers
+            .iter()
+            .map(|(name, value)| 8 + name.as_str().len() + value.len())
+            .sum();
+        let mut bytes = Vec::with_capacity(method.len() + uri_len + headers_len);
+        bytes.extend_from_slice(method.as_bytes());
+        let method_end = bytes.len() as u32;
+        if let Some(scheme) = scheme {
+            bytes.extend_from_slice(scheme.as_bytes());
+            bytes.extend_from_slice(b"://");
+        }
+        if let Some(authority) = authority {
+            bytes.extend_from_slice(authority.as_bytes());
+        }
+        bytes.extend_from_slice(uri.path().as_bytes());
+        if let Some(query) = query {
+            bytes.push(b'?');
+            bytes.extend_from_slice(query.as_bytes());
+        }
+        let uri_end = bytes.len() as u32;
+        for (name, value) in headers {
+            for part in [name.as_str().as_bytes(), value.as_bytes()] {
+                let part = &part[..part.len().min(Self::MAX_PART)];
+                bytes.extend_from_slice(&(part.len() as u32).to_ne_bytes());
+                bytes.extend_from_slice(part);
+            }
+        }
+        CopiedHead {
+            bytes,
+            method_end,
+            uri_end,
+        }
+    }
+
+    fn method(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes[..self.method_end as usize])
+    }
+
+    fn uri(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes[self.method_end as usize..self.uri_end as usize])
+    }
+
+    /// The headers in their order (a name once per value).
+    fn headers(&self) -> Vec<StoredHeader> {
+        let mut rest = &self.bytes[self.uri_end as usize..];
+        let mut part = || {
+            let (len, after) = rest.split_first_chunk::<4>()?;
+            let (part, after) = after.split_at(u32::from_ne_bytes(*len) as usize);
+            rest = after;
+            Some(String::from_utf8_lossy(part).into_owned())
+        };
+        let mut headers = Vec::new();
+        while let (Some(name), Some(value)) = (part(), part()) {
+            headers.push(StoredHeader { name, value });
+        }
+        headers
     }
 }
 
@@ -415,6 +548,7 @@ where
     Req: Send + 'static,
 {
     type Request = Req;
+    type Recording = NoRecording;
 
     fn capture(&self, request: Req) -> (Req, PendingRecord) {
         let record = (self.f)(&request);
@@ -433,5 +567,47 @@ impl<F> fmt::Debug for DescribeFn<F> {
         f.debug_struct("DescribeFn")
             .field("f", &std::any::type_name::<F>())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copied_head_gives_back_method_uri_and_every_header_in_order() {
+        let mut headers = HeaderMap::new();
+        headers.append("accept", "application/json".parse().unwrap());
+        headers.append("x-tag", "a".parse().unwrap());
+        headers.append("x-tag", "b".parse().unwrap());
+        headers.append("x-raw", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let method = Method::from_bytes(b"PURGE").unwrap();
+        let uri: Uri = "https://user@orders.internal:8443/orders/7?notify=false"
+            .parse()
+            .unwrap();
+        let head = CopiedHead::new(&method, &uri, &headers);
+        assert_eq!(head.method(), "PURGE");
+        assert_eq!(head.uri(), uri.to_string());
+        let pairs: Vec<_> = head
+            .headers()
+            .into_iter()
+            .map(|header| (header.name, header.value))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("accept".to_owned(), "application/json".to_owned()),
+                ("x-tag".to_owned(), "a".to_owned()),
+                ("x-tag".to_owned(), "b".to_owned()),
+                ("x-raw".to_owned(), "caf\u{fffd}".to_owned()),
+            ]
+        );
+
+        for uri in ["/", "/orders?page=2", "http://orders.internal"] {
+            let uri: Uri = uri.parse().unwrap();
+            let head = CopiedHead::new(&Method::GET, &uri, &HeaderMap::new());
+            assert_eq!(head.uri(), uri.to_string());
+            assert!(head.headers().is_empty());
+        }
     }
 }

@@ -3,38 +3,134 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
-use tower_classify::BoxError;
+use pin_project_lite::pin_project;
+use tower_classify::{BoxError, Classify};
 
-/// Response future of [`DeadLetter`](crate::DeadLetter).
-///
-/// A dead-letter call has up to three asynchronous steps (capture the request,
-/// call the inner service, write the entry), and the stores' futures are not
-/// nameable (stores return `impl Future`), so the steps run in one boxed
-/// future. The box is one allocation per call, small next to the store I/O it
-/// replaces a state machine for.
-pub struct ResponseFuture<T> {
-    inner: Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>,
+use crate::attempts::Tallied;
+use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
+use crate::poison::Counted;
+use crate::service::{Shared, Verdict};
+use crate::store::DeadLetterStore;
+
+/// A future that runs a step of a dead-letter call needing the store (its
+/// futures are not nameable: stores return `impl Future`) or a count store.
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+pin_project! {
+    /// Response future of [`DeadLetter`](crate::DeadLetter).
+    ///
+    /// A call that succeeds is the inner future and a classification of its
+    /// result, in place: no allocation, no store. Only the steps that need
+    /// the store (a failure to write, a poison message to divert) or a count
+    /// store (a delivery count to wait for, a success's count to forget with
+    /// poison detection on) run in a boxed future, made when they begin.
+    pub struct ResponseFuture<F, Res, St, C, Cap, R> {
+        #[pin]
+        state: State<F, Res, St, C, Cap, R>,
+    }
 }
 
-impl<T> ResponseFuture<T> {
-    pub(crate) fn new(future: impl Future<Output = Result<T, BoxError>> + Send + 'static) -> Self {
+pin_project! {
+    #[project = StateProjection]
+    enum State<F, Res, St, C, Cap, R> {
+        /// The inner service's call, running.
+        Calling {
+            #[pin]
+            call: Tallied<F>,
+            shared: Arc<Shared<St, C, Cap>>,
+            // Taken when the call ends.
+            pending: Option<PendingRecord<R>>,
+            counted: Option<Counted>,
+        },
+        /// A step that needs the store, or a count store.
+        Boxed { future: Boxed<Res> },
+    }
+}
+
+impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
+    pub(crate) fn calling(
+        call: Tallied<F>,
+        shared: Arc<Shared<St, C, Cap>>,
+        pending: PendingRecord<R>,
+        counted: Option<Counted>,
+    ) -> Self {
         ResponseFuture {
-            inner: Box::pin(future),
+            state: State::Calling {
+                call,
+                shared,
+                pending: Some(pending),
+                counted,
+            },
+        }
+    }
+
+    pub(crate) fn boxed(
+        future: impl Future<Output = Result<Res, BoxError>> + Send + 'static,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Boxed {
+                future: Box::pin(future),
+            },
         }
     }
 }
 
-impl<T> Future for ResponseFuture<T> {
-    type Output = Result<T, BoxError>;
+impl<F, Res, E, St, C, Cap, R> Future for ResponseFuture<F, Res, St, C, Cap, R>
+where
+    F: Future<Output = Result<Res, E>>,
+    E: Into<BoxError>,
+    Res: Send + 'static,
+    St: DeadLetterStore,
+    C: Classify<Res, BoxError> + Send + Sync + 'static,
+    Cap: DescribeResponse<Res> + Send + Sync + 'static,
+    R: BodyRecording,
+{
+    type Output = Result<Res, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        loop {
+            let settling = match self.as_mut().project().state.project() {
+                StateProjection::Boxed { future } => return future.as_mut().poll(cx),
+                StateProjection::Calling {
+                    call,
+                    shared,
+                    pending,
+                    counted,
+                } => {
+                    let (result, attempts) = ready!(call.poll(cx));
+                    // Boxed before it is classified, so one classifier over
+                    // `BoxError` serves any client's error type (a box of
+                    // an error only: a response is not moved).
+                    let result = result.map_err(Into::<BoxError>::into);
+                    let counted = counted.take();
+                    match shared.verdict(&result) {
+                        Verdict::Succeeded if !shared.forgets(&counted) => {
+                            return Poll::Ready(result)
+                        }
+                        Verdict::NotStored => return Poll::Ready(result),
+                        verdict => {
+                            let shared = Arc::clone(shared);
+                            let pending = pending.take().expect("polled after it ended");
+                            async move {
+                                shared
+                                    .settle(result, verdict, pending, counted, attempts)
+                                    .await
+                            }
+                        }
+                    }
+                }
+            };
+            self.as_mut().project().state.set(State::Boxed {
+                future: Box::pin(settling),
+            });
+        }
     }
 }
 
-impl<T> fmt::Debug for ResponseFuture<T> {
+impl<F, Res, St, C, Cap, R> fmt::Debug for ResponseFuture<F, Res, St, C, Cap, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -15,9 +15,9 @@ use tower_classify::{BoxError, Classify, FailureKind, GrpcClassifier, Outcome};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::capture::{CaptureRequest, HttpCapture, PendingRecord, BODY_WAIT};
+use crate::attempts::{tallied, Attempts};
+use crate::capture::{BodyRecording, CaptureRequest, HttpCapture, PendingRecord, BODY_WAIT};
 use crate::entry::error_chain;
-use crate::future::ResponseFuture;
 use crate::layer::DeadLetterLayer;
 use crate::poison::{Admission, Counted, Decision};
 use crate::service::{DeadLetter, Failed, Shared};
@@ -183,7 +183,7 @@ where
 {
     type Response = Response<GrpcBody<ResB>>;
     type Error = BoxError;
-    type Future = ResponseFuture<Self::Response>;
+    type Future = GrpcResponseFuture<Self::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.get_mut().poll_ready(cx).map_err(Into::into)
@@ -194,12 +194,14 @@ where
         let (request, pending) = shared.capture.capture(request);
         let admission = match shared.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
-                return ResponseFuture::new(async move { Err(shared.stop(stop, pending).await) });
+                return GrpcResponseFuture::new(
+                    async move { Err(shared.stop(stop, pending).await) },
+                );
             }
             admission => admission,
         };
-        let call = self.inner.get_mut().call(request);
-        ResponseFuture::new(async move {
+        let call = tallied!(self.inner.get_mut().call(request));
+        GrpcResponseFuture::new(async move {
             let counted = match admission.decision().await {
                 Decision::Process(counted) => counted,
                 Decision::Stop(stop) => {
@@ -209,12 +211,14 @@ where
             };
             // Boxed before it is classified, so one classifier over
             // `BoxError` serves any client's error type.
-            match call.await.map_err(Into::<BoxError>::into) {
+            let (result, attempts) = call.await;
+            match result.map_err(Into::<BoxError>::into) {
                 Ok(response) if GrpcClassifier::status_in_trailers(&response) => {
                     let mut end: Option<Box<dyn SettleAtEnd>> = Some(Box::new(EndOfCall {
                         shared,
                         pending,
                         counted,
+                        attempts,
                     }));
                     if response.body().is_end_stream() {
                         // Over before it began: no trailers will come.
@@ -229,12 +233,46 @@ where
                         writing: None,
                     }))
                 }
-                result => Ok(shared
-                    .settle(result, pending, counted)
-                    .await?
-                    .map(GrpcBody::settled)),
+                result => {
+                    let verdict = shared.verdict(&result);
+                    Ok(shared
+                        .settle(result, verdict, pending, counted, attempts)
+                        .await?
+                        .map(GrpcBody::settled))
+                }
             }
         })
+    }
+}
+
+/// Response future of [`GrpcDeadLetter`].
+///
+/// A gRPC call's outcome is often settled when its body ends, after this
+/// future, and the steps around it await the store: they run in one boxed
+/// future (one allocation per call).
+pub struct GrpcResponseFuture<T> {
+    inner: Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>,
+}
+
+impl<T> GrpcResponseFuture<T> {
+    fn new(future: impl Future<Output = Result<T, BoxError>> + Send + 'static) -> Self {
+        GrpcResponseFuture {
+            inner: Box::pin(future),
+        }
+    }
+}
+
+impl<T> Future for GrpcResponseFuture<T> {
+    type Output = Result<T, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<T> fmt::Debug for GrpcResponseFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcResponseFuture").finish_non_exhaustive()
     }
 }
 
@@ -249,13 +287,14 @@ trait SettleAtEnd: Send {
     ) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 }
 
-struct EndOfCall<St, C> {
+struct EndOfCall<St, C, R> {
     shared: Arc<Shared<St, C, HttpCapture>>,
-    pending: PendingRecord,
+    pending: PendingRecord<R>,
     counted: Option<Counted>,
+    attempts: Attempts,
 }
 
-impl<St, C> SettleAtEnd for EndOfCall<St, C>
+impl<St, C, R: BodyRecording> SettleAtEnd for EndOfCall<St, C, R>
 where
     St: DeadLetterStore,
     C: Send + Sync + 'static,
@@ -270,11 +309,12 @@ where
             shared,
             pending,
             counted,
+            attempts,
         } = *self;
         Box::pin(async move {
             match outcome {
                 Outcome::Failure(failure) => {
-                    let record = pending.finish(BODY_WAIT).await;
+                    let record = pending.finish(BODY_WAIT, attempts).await;
                     let failure = Failed {
                         kind: failure.kind,
                         error,

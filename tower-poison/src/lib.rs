@@ -31,8 +31,8 @@ pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
 pub use self::builder::ServiceBuilderExt;
 pub use self::capture::{
-    describe_fn, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture, PendingRecord,
-    RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
+    describe_fn, BodyRecording, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture,
+    NoRecording, PendingRecord, RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
 };
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
@@ -41,7 +41,7 @@ pub use self::entry::{
 };
 pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;
-pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer};
+pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer, GrpcResponseFuture};
 pub use self::layer::{DeadLetterLayer, SERVER_KINDS};
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};

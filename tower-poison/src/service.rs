@@ -8,7 +8,10 @@ use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::action::Action;
-use crate::capture::{CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT};
+use crate::attempts::{tallied, Attempts};
+use crate::capture::{
+    BodyRecording, CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT,
+};
 use crate::counts::DynFailureCountStore;
 use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
@@ -206,7 +209,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Response>;
+    type Future = ResponseFuture<S::Future, S::Response, St, C, Cap, Cap::Recording>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -220,26 +223,63 @@ where
         let (request, pending) = shared.capture.capture(request);
         let admission = match shared.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
-                return ResponseFuture::new(async move { Err(shared.stop(stop, pending).await) });
+                return ResponseFuture::boxed(async move { Err(shared.stop(stop, pending).await) });
             }
             admission => admission,
         };
-        let call = self.inner.call(request);
-        ResponseFuture::new(async move {
-            let counted = match admission.decision().await {
-                Decision::Process(counted) => counted,
-                Decision::Stop(stop) => {
-                    // Never polled: the message goes no further than the
-                    // inner service's `call` (see `PoisonPolicy`).
-                    drop(call);
-                    return Err(shared.stop(stop, pending).await);
-                }
-            };
-            // Boxed before it is classified, so one classifier over
-            // `BoxError` serves any client's error type.
-            let result = call.await.map_err(Into::<BoxError>::into);
-            shared.settle(result, pending, counted).await
-        })
+        let call = tallied!(self.inner.call(request));
+        match admission {
+            Admission::Now(Decision::Process(counted)) => {
+                ResponseFuture::calling(call, shared, pending, counted)
+            }
+            Admission::Now(Decision::Stop(_)) => unreachable!("returned above"),
+            Admission::Later(decision) => ResponseFuture::boxed(async move {
+                let counted = match decision.await {
+                    Decision::Process(counted) => counted,
+                    Decision::Stop(stop) => {
+                        // Never polled: the message goes no further than the
+                        // inner service's `call` (see `PoisonPolicy`).
+                        drop(call);
+                        return Err(shared.stop(stop, pending).await);
+                    }
+                };
+                ResponseFuture::calling(call, shared, pending, counted).await
+            }),
+        }
+    }
+}
+
+/// What a call's result asks of the layer, as its classifier says.
+pub(crate) enum Verdict {
+    /// A success (or an outcome to ignore): forget its poison count, if it
+    /// has one, and hand it back.
+    Succeeded,
+    /// A failure of a kind this layer does not store: hand it back as it
+    /// is; its delivery stays counted, as it did not succeed.
+    NotStored,
+    /// A failure to dispose of.
+    Failed(FailureKind),
+}
+
+impl<St, C, Cap> Shared<St, C, Cap> {
+    /// Classifies a call's result, once.
+    pub(crate) fn verdict<Res, E>(&self, result: &Result<Res, E>) -> Verdict
+    where
+        C: Classify<Res, E>,
+    {
+        match self.classifier.classify(result.as_ref()) {
+            Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
+                Verdict::Failed(failure.kind)
+            }
+            Outcome::Failure(_) => Verdict::NotStored,
+            Outcome::Success | Outcome::Ignored => Verdict::Succeeded,
+        }
+    }
+
+    /// `true` when a success has a poison count to forget (which may await
+    /// a count store).
+    pub(crate) fn forgets(&self, counted: &Option<Counted>) -> bool {
+        self.poison.is_some() && counted.is_some()
     }
 }
 
@@ -247,27 +287,25 @@ impl<St, C, Cap> Shared<St, C, Cap>
 where
     St: DeadLetterStore,
 {
-    /// Classifies a call's result and, if it failed, disposes of it.
-    pub(crate) async fn settle<Res, E>(
+    /// Acts on a call's classified result: forgets a success's poison
+    /// count, or disposes of a failure.
+    pub(crate) async fn settle<Res, R: BodyRecording>(
         &self,
-        result: Result<Res, E>,
-        pending: PendingRecord,
+        result: Result<Res, BoxError>,
+        verdict: Verdict,
+        pending: PendingRecord<R>,
         counted: Option<Counted>,
+        attempts: Attempts,
     ) -> Result<Res, BoxError>
     where
-        C: Classify<Res, E>,
         Cap: DescribeResponse<Res>,
-        E: Into<BoxError>,
     {
-        let failure = match self.classifier.classify(result.as_ref()) {
-            Outcome::Failure(failure) if self.stored.contains(failure.kind) => failure,
-            // A failure of a kind this layer does not store (a scanner's
-            // 404 on a server) goes back as it is; its delivery stays
-            // counted, as it did not succeed.
-            Outcome::Failure(_) => return result.map_err(Into::into),
-            Outcome::Success | Outcome::Ignored => {
+        let kind = match verdict {
+            Verdict::Failed(kind) => kind,
+            Verdict::NotStored => return result,
+            Verdict::Succeeded => {
                 self.succeeded(counted).await;
-                return result.map_err(Into::into);
+                return result;
             }
         };
         let (result, error, status) = match result {
@@ -277,14 +315,13 @@ where
                 (Ok(response), vec![text], status)
             }
             Err(error) => {
-                let error: BoxError = error.into();
                 let chain = error_chain(&*error);
                 (Err(error), chain, None)
             }
         };
-        let record = pending.finish(BODY_WAIT).await;
+        let record = pending.finish(BODY_WAIT, attempts).await;
         let failure = Failed {
-            kind: failure.kind,
+            kind,
             error,
             status,
         };
@@ -304,7 +341,7 @@ where
     St: DeadLetterStore,
 {
     /// Poison detection's decision on the delivery `pending` describes.
-    pub(crate) fn admit(&self, pending: &PendingRecord) -> Admission {
+    pub(crate) fn admit<R>(&self, pending: &PendingRecord<R>) -> Admission {
         match &self.poison {
             Some(poison) => poison.admit(pending.message_id(), pending.delivery()),
             None => Admission::Now(Decision::Process(None)),
@@ -313,7 +350,11 @@ where
 
     /// A delivery that does not reach the inner service: the error its
     /// caller gets.
-    pub(crate) async fn stop(&self, stop: Stop, pending: PendingRecord) -> BoxError {
+    pub(crate) async fn stop<R: BodyRecording>(
+        &self,
+        stop: Stop,
+        pending: PendingRecord<R>,
+    ) -> BoxError {
         match stop {
             Stop::Divert(counted) => self.divert(pending, counted).await,
             Stop::Refuse(error) => error,
@@ -322,8 +363,13 @@ where
 
     /// A message over the poison limit is not called again: it is disposed
     /// of by the action and the caller gets [`PoisonMessage`].
-    async fn divert(&self, pending: PendingRecord, counted: Counted) -> BoxError {
-        let record = pending.finish(BODY_WAIT).await;
+    async fn divert<R: BodyRecording>(
+        &self,
+        pending: PendingRecord<R>,
+        counted: Counted,
+    ) -> BoxError {
+        // Never called: no attempt was made.
+        let record = pending.finish(BODY_WAIT, Attempts::default()).await;
         let id = record.message_id.clone().unwrap_or_default();
         let now = SystemTime::now();
         let failures = counted.deliveries.saturating_sub(1);
