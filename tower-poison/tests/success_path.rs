@@ -158,8 +158,15 @@ where
 /// request extension, no formatting or redaction.
 const SUCCESS_ALLOCATIONS: [usize; 2] = [2, 2];
 
+/// The two tests run one at a time: tracing caches each callsite's
+/// interest process-wide, so a callsite first reached by the other test's
+/// thread (with no subscriber) would stay silent for this one's scoped
+/// subscriber; the allocation count wants no other thread allocating, too.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_call_that_succeeds_allocates_only_the_body_recording_and_a_copy_of_the_head() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let store = MemoryStore::new(100);
     let layered = DeadLetterLayer::new(store.clone()).layer(Answer(StatusCode::OK));
     assert_eq!(success_allocations(layered), SUCCESS_ALLOCATIONS);
@@ -269,6 +276,7 @@ impl tracing::Subscriber for CountingSubscriber {
 
 #[test]
 fn a_call_that_succeeds_touches_no_store_metric_or_log() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -285,6 +293,8 @@ fn a_call_that_succeeds_touches_no_store_metric_or_log() {
 
     let observed = |service: &mut dyn FnMut() -> StatusCode| {
         tracing::subscriber::with_default(subscriber.clone(), || {
+            // Interest cached while no subscriber was set is asked again.
+            tracing::callsite::rebuild_interest_cache();
             metrics::with_local_recorder(&recorder, service)
         })
     };
