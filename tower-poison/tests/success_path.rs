@@ -166,7 +166,9 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_call_that_succeeds_allocates_only_the_body_recording_and_a_copy_of_the_head() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let store = MemoryStore::new(100);
     let layered = DeadLetterLayer::new(store.clone()).layer(Answer(StatusCode::OK));
     assert_eq!(success_allocations(layered), SUCCESS_ALLOCATIONS);
@@ -276,7 +278,9 @@ impl tracing::Subscriber for CountingSubscriber {
 
 #[test]
 fn a_call_that_succeeds_touches_no_store_metric_or_log() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
