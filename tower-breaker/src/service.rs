@@ -11,7 +11,6 @@ use tokio::time::Sleep;
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
-use crate::breaker_ref::BreakerRef;
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::state::{Breaker, Permit, Readiness, State};
@@ -35,7 +34,7 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// refusal decided by `poll_ready`.
 pub struct CircuitBreaker<S, C> {
     inner: S,
-    breaker: BreakerRef,
+    breaker: Arc<Breaker>,
     classifier: C,
     /// Boxed: pending mode is rare, and a null pointer is the cheapest
     /// thing for every clone of the service to carry and drop.
@@ -55,7 +54,7 @@ impl<S, C> CircuitBreaker<S, C> {
     pub(crate) fn new(inner: S, breaker: Arc<Breaker>, classifier: C) -> Self {
         CircuitBreaker {
             inner,
-            breaker: BreakerRef::new(breaker),
+            breaker,
             classifier,
             waiting: None,
             refuse_next: false,
@@ -93,7 +92,7 @@ impl<S, C> CircuitBreaker<S, C> {
         if self.breaker.disabled {
             return Ok(None);
         }
-        self.breaker.arc().admit().map(Some)
+        self.breaker.admit().map(Some)
     }
 
     /// `poll_ready` for both service flavours: the breaker first (pending

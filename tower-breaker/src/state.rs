@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::breaker_ref::BreakerRef;
 use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
@@ -365,9 +364,9 @@ pub(crate) enum Readiness {
 /// breaker, the layer it came from) holds the same `Arc<Breaker>`.
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
-/// reference counts: every reference made or dropped (see `BreakerRef`)
-/// writes the count, and without the gap that write would evict the state
-/// word every other core reads.
+/// reference counts: every reference made or dropped (a service clone, a
+/// response future) writes the count, and without the gap that write would
+/// evict the state word every other core reads.
 #[repr(align(128))]
 pub(crate) struct Breaker {
     pub(crate) key: Arc<str>,
@@ -528,7 +527,7 @@ impl Breaker {
     #[inline]
     fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
         Permit {
-            breaker: BreakerRef::share(self),
+            breaker: Arc::clone(self),
             bits: epoch << 2 | u64::from(probe) << 1,
         }
     }
@@ -1115,7 +1114,7 @@ impl Breaker {
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
 pub(crate) struct Permit {
-    breaker: BreakerRef,
+    breaker: Arc<Breaker>,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.
