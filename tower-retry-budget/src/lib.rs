@@ -17,6 +17,7 @@ mod builder_ext;
 pub mod config;
 pub mod error;
 pub mod future;
+pub mod hedge;
 mod layer;
 pub mod policy;
 pub mod replay;
@@ -27,6 +28,7 @@ mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
 pub use self::builder_ext::ServiceBuilderExt;
+pub use self::hedge::{Hedge, HedgeBuilder, HedgeLayer};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
 pub use self::policy::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::service::Retry;

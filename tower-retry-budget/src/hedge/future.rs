@@ -1,0 +1,331 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_classify::{BoxError, Classify, Outcome};
+use tower_service::Service;
+use tracing::Span;
+
+use super::policy::{HedgePolicy, Refusal};
+use crate::replay::Replay;
+
+pin_project! {
+    /// The response future of [`Hedge`](super::Hedge).
+    ///
+    /// It resolves with the first answer that wins; every other attempt is
+    /// dropped before it resolves. Dropping it drops every attempt in flight
+    /// and the hedge timer at once.
+    pub struct ResponseFuture<S, Req, C, R>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        first: Option<S::Future>,
+        // Everything a call that may be hedged needs; `None` for the others,
+        // which allocate nothing.
+        hedging: Option<Pin<Box<Hedging<S, Req>>>>,
+        // When the first attempt was sent, for the latency window.
+        started: Option<Instant>,
+        policy: Arc<HedgePolicy<C, R>>,
+    }
+}
+
+pin_project! {
+    #[project = HedgingProj]
+    struct Hedging<S, Req>
+    where
+        S: Service<Req>,
+    {
+        // Dropped as soon as no further hedge can be sent, so that a
+        // readiness it holds (a concurrency permit, a buffer slot) is freed.
+        service: Option<S>,
+        // The request the next hedge sends.
+        copy: Option<Req>,
+        delay: Duration,
+        deadline: Option<Instant>,
+        #[pin]
+        timer: Sleep,
+        // The timer fired and the service is being driven ready.
+        due: bool,
+        // Attempts sent, the first included.
+        sent: u32,
+        hedges: Vec<InFlight<S::Future>>,
+        // The latest retryable failure, kept while other attempts run.
+        failed: Option<Result<S::Response, BoxError>>,
+    }
+}
+
+struct InFlight<F> {
+    future: Pin<Box<F>>,
+    attempt: u32,
+    span: Span,
+}
+
+/// What an answer does to the call.
+enum Verdict {
+    /// It is the call's answer: a success, an ignored result or a failure
+    /// that another attempt cannot fix.
+    Wins,
+    /// A retryable failure: the other attempts may still succeed, and no
+    /// further hedge is sent (retrying failures is a retry layer's job).
+    Waits,
+}
+
+fn verdict(outcome: &Outcome) -> Verdict {
+    if outcome.is_retryable() {
+        Verdict::Waits
+    } else {
+        Verdict::Wins
+    }
+}
+
+impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn unhedged(
+        first: S::Future,
+        started: Option<Instant>,
+        policy: Arc<HedgePolicy<C, R>>,
+    ) -> Self {
+        ResponseFuture {
+            first: Some(first),
+            hedging: None,
+            started,
+            policy,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hedged(
+        first: S::Future,
+        service: S,
+        copy: Req,
+        delay: Duration,
+        deadline: Option<Instant>,
+        started: Option<Instant>,
+        policy: Arc<HedgePolicy<C, R>>,
+    ) -> Self {
+        let due_at = started.unwrap_or_else(Instant::now) + delay;
+        ResponseFuture {
+            first: Some(first),
+            hedging: Some(Box::pin(Hedging {
+                service: Some(service),
+                copy: Some(copy),
+                delay,
+                deadline,
+                timer: tokio::time::sleep_until(due_at),
+                due: false,
+                sent: 1,
+                hedges: Vec::new(),
+                failed: None,
+            })),
+            started,
+            policy,
+        }
+    }
+}
+
+impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, BoxError>,
+    R: Replay<Req>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let policy = &**this.policy;
+        let Some(hedging) = this.hedging.as_mut() else {
+            // No hedge for this call: the first attempt's answer is the
+            // call's, recorded in the window when it is a success.
+            let first = this
+                .first
+                .as_mut()
+                .as_pin_mut()
+                .expect("hedge future polled after it completed");
+            let result = ready!(first.poll(cx)).map_err(Into::into);
+            this.first.set(None);
+            if let Some(started) = *this.started {
+                if policy.classifier.classify(result.as_ref()).is_success() {
+                    let now = Instant::now();
+                    policy.record_latency(now.saturating_duration_since(started), now);
+                }
+            }
+            return Poll::Ready(result);
+        };
+        let mut hedging = hedging.as_mut().project();
+        loop {
+            if let Some(first) = this.first.as_mut().as_pin_mut() {
+                if let Poll::Ready(result) = first.poll(cx) {
+                    this.first.set(None);
+                    let result: Result<S::Response, BoxError> = result.map_err(Into::into);
+                    let outcome = policy.classifier.classify(result.as_ref());
+                    if let (Some(started), true) = (*this.started, outcome.is_success()) {
+                        let now = Instant::now();
+                        policy.record_latency(now.saturating_duration_since(started), now);
+                    }
+                    match verdict(&outcome) {
+                        Verdict::Wins => {
+                            cancel_hedges(policy, hedging.hedges);
+                            return Poll::Ready(result);
+                        }
+                        Verdict::Waits => {
+                            *hedging.failed = Some(result);
+                            stop(&mut hedging);
+                        }
+                    }
+                }
+            }
+
+            let mut i = 0;
+            while i < hedging.hedges.len() {
+                let in_flight = &mut hedging.hedges[i];
+                let polled = {
+                    let _entered = in_flight.span.enter();
+                    in_flight.future.as_mut().poll(cx)
+                };
+                let Poll::Ready(result) = polled else {
+                    i += 1;
+                    continue;
+                };
+                let in_flight = hedging.hedges.swap_remove(i);
+                let result: Result<S::Response, BoxError> = result.map_err(Into::into);
+                let outcome = policy.classifier.classify(result.as_ref());
+                match verdict(&outcome) {
+                    Verdict::Wins => {
+                        in_flight.span.record("outcome", "won");
+                        policy.telemetry.won(in_flight.attempt);
+                        if this.first.is_some() {
+                            // The first attempt ran at least this long: a
+                            // lower bound of its latency, above the delay, so
+                            // the percentile stays where it is.
+                            if let Some(started) = *this.started {
+                                let now = Instant::now();
+                                policy.record_latency(now.saturating_duration_since(started), now);
+                            }
+                            this.first.set(None);
+                            policy.telemetry.cancelled(1);
+                        }
+                        cancel_hedges(policy, hedging.hedges);
+                        return Poll::Ready(result);
+                    }
+                    Verdict::Waits => {
+                        in_flight.span.record("outcome", "failed");
+                        *hedging.failed = Some(result);
+                        stop(&mut hedging);
+                    }
+                }
+            }
+
+            if this.first.is_none() && hedging.hedges.is_empty() {
+                // Every attempt failed retryably: the latest failure is the
+                // call's answer, for a retry layer above to judge.
+                let failed = hedging.failed.take();
+                return Poll::Ready(failed.expect("an attempt ended with no answer kept"));
+            }
+
+            // The next hedge, if one may still be sent.
+            if hedging.service.is_none() {
+                return Poll::Pending;
+            }
+            if !*hedging.due {
+                ready!(hedging.timer.as_mut().poll(cx));
+                *hedging.due = true;
+            }
+            let service = hedging.service.as_mut().expect("checked above");
+            match service.poll_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(error)) => {
+                    let error: BoxError = error.into();
+                    tracing::debug!(hedge = %policy.telemetry.name(), %error, "service not ready for a hedge");
+                    policy
+                        .telemetry
+                        .refused(*hedging.sent + 1, Refusal::NotReady);
+                    stop(&mut hedging);
+                    continue;
+                }
+                Poll::Ready(Ok(())) => {}
+            }
+            let attempt = *hedging.sent + 1;
+            let mut request = match hedging.copy.take() {
+                Some(copy) if policy.replay.can_replay(&copy) => copy,
+                // A streamed body outgrew its recording: it cannot be sent
+                // again, and the attempts in flight carry on.
+                _ => {
+                    stop(&mut hedging);
+                    continue;
+                }
+            };
+            if let Err(refusal) = policy.allow_hedge(*hedging.deadline) {
+                policy.telemetry.refused(attempt, refusal);
+                stop(&mut hedging);
+                continue;
+            }
+            *hedging.sent = attempt;
+            if attempt < policy.max_attempts {
+                *hedging.copy = policy.replay.replay(&request, attempt);
+            }
+            policy.replay.before_send(&mut request, *hedging.deadline);
+            let span = policy.telemetry.hedge_span(attempt, *hedging.delay);
+            let future = span.in_scope(|| service.call(request));
+            policy.telemetry.sent(attempt);
+            hedging.hedges.push(InFlight {
+                future: Box::pin(future),
+                attempt,
+                span,
+            });
+            if hedging.copy.is_some() {
+                *hedging.due = false;
+                let next = hedging.timer.deadline() + *hedging.delay;
+                hedging.timer.as_mut().reset(next);
+            } else {
+                stop(&mut hedging);
+            }
+            // Loop to poll the new hedge once, so it can wake the call.
+        }
+    }
+}
+
+/// No further hedge for this call: the service clone and the copy go at once.
+fn stop<S, Req>(hedging: &mut HedgingProj<'_, S, Req>)
+where
+    S: Service<Req>,
+{
+    *hedging.service = None;
+    *hedging.copy = None;
+}
+
+/// Drops every hedge still in flight: another attempt answered.
+fn cancel_hedges<F, C, R>(policy: &HedgePolicy<C, R>, hedges: &mut Vec<InFlight<F>>) {
+    if hedges.is_empty() {
+        return;
+    }
+    policy.telemetry.cancelled(hedges.len() as u64);
+    for in_flight in hedges.drain(..) {
+        in_flight.span.record("outcome", "cancelled");
+    }
+}
+
+impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hedges = self
+            .hedging
+            .as_ref()
+            .map_or(0, |hedging| hedging.hedges.len());
+        f.debug_struct("ResponseFuture")
+            .field("first_in_flight", &self.first.is_some())
+            .field("hedges_in_flight", &hedges)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,438 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_classify::{ConfigError, ErrorChainClassifier};
+use tower_layer::Layer;
+
+use super::policy::{DelaySource, HedgePolicy};
+use super::service::Hedge;
+use super::telemetry::HedgeTelemetry;
+use crate::budget::{Budget, TpsBudget};
+use crate::hedge::latency::LatencyWindow;
+use crate::replay::CloneRequest;
+
+/// The most attempts a hedged call may have in flight, as gRFC A6 caps
+/// `maxAttempts`.
+pub const MAX_HEDGE_ATTEMPTS: u32 = 5;
+
+/// Sends a hedge (a second copy of a request) when the first attempt is
+/// slow; see the [module docs](crate::hedge).
+///
+/// Built by [`HedgeLayer::builder`] or [`HedgeLayer::http_builder`]. The
+/// settings, the latency window and the budget live behind one `Arc`: every
+/// clone of the layer and every service it makes share them.
+pub struct HedgeLayer<C = ErrorChainClassifier, R = CloneRequest> {
+    policy: Arc<HedgePolicy<C, R>>,
+}
+
+impl<C, R> Clone for HedgeLayer<C, R> {
+    fn clone(&self) -> Self {
+        HedgeLayer {
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgeLayer<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeLayer")
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl HedgeLayer {
+    /// A builder for any `Clone` request, classifying errors by their
+    /// chain ([`ErrorChainClassifier`]).
+    pub fn builder() -> HedgeBuilder<ErrorChainClassifier, CloneRequest> {
+        HedgeBuilder::new(ErrorChainClassifier::new(), CloneRequest)
+    }
+}
+
+#[cfg(feature = "http")]
+impl HedgeLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
+    /// A builder for `http::Request`s: the
+    /// [`HttpClassifier`](tower_classify::HttpClassifier) and
+    /// [`HttpReplay`](crate::replay::HttpReplay), so only idempotent
+    /// requests with a body that can be copied are hedged.
+    pub fn http_builder() -> HedgeBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay>
+    {
+        HedgeBuilder::new(
+            tower_classify::HttpClassifier::new(),
+            crate::replay::HttpReplay::new(),
+        )
+    }
+}
+
+impl<C, R> HedgeLayer<C, R> {
+    /// The layer's name in metrics labels, events and spans.
+    pub fn name(&self) -> &str {
+        self.policy.telemetry.name()
+    }
+
+    /// The most attempts in flight for one call, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.policy.max_attempts
+    }
+
+    /// The delay a call made now would wait before its first hedge: the
+    /// fixed delay, or the percentile of the latency window; `None` while
+    /// the window holds fewer samples than it needs (no hedge is sent).
+    pub fn current_delay(&self) -> Option<Duration> {
+        self.policy.delay.current()
+    }
+}
+
+impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
+    type Service = Hedge<S, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Hedge::from_policy(inner, Arc::clone(&self.policy))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum DelayChoice {
+    /// The percentile `1 − max_extra_load`, as Finagle's backup requests.
+    FromExtraLoad,
+    Percentile(f64),
+    Fixed(Duration),
+}
+
+#[derive(Clone)]
+enum OwnBudget {
+    ExtraLoad,
+    None,
+}
+
+/// Builds a [`HedgeLayer`]. Every setting has a documented default;
+/// [`build`](Self::build) checks them and names the field it refuses.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_attempts`](Self::max_attempts) | 2 (the first and one hedge) |
+/// | delay | the percentile `1 − max_extra_load` (p95) of recent latencies |
+/// | [`max_extra_load`](Self::max_extra_load) | 0.05: hedges add at most 5 % to the requests sent |
+/// | [`min_hedges_per_sec`](Self::min_hedges_per_sec) | 1 |
+/// | [`window`](Self::window) | 30 s |
+/// | [`min_samples`](Self::min_samples) | 100 |
+/// | [`min_delay`](Self::min_delay) | 1 ms |
+/// | [`min_attempt_time`](Self::min_attempt_time) | 0 |
+/// | [`name`](Self::name) | `"default"` |
+pub struct HedgeBuilder<C, R> {
+    classifier: C,
+    replay: R,
+    max_attempts: u32,
+    delay: DelayChoice,
+    window: Duration,
+    min_samples: u32,
+    min_delay: Duration,
+    max_extra_load: f64,
+    min_hedges_per_sec: u32,
+    own_budget: OwnBudget,
+    shared: Vec<Arc<dyn Budget + Send + Sync>>,
+    min_attempt_time: Duration,
+    name: Arc<str>,
+}
+
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgeBuilder<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeBuilder")
+            .field("classifier", &self.classifier)
+            .field("replay", &self.replay)
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .field("max_extra_load", &self.max_extra_load)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, R> HedgeBuilder<C, R> {
+    /// A builder with `classifier` and `replay` and the defaults above.
+    pub fn new(classifier: C, replay: R) -> Self {
+        HedgeBuilder {
+            classifier,
+            replay,
+            max_attempts: 2,
+            delay: DelayChoice::FromExtraLoad,
+            window: Duration::from_secs(30),
+            min_samples: 100,
+            min_delay: Duration::from_millis(1),
+            max_extra_load: 0.05,
+            min_hedges_per_sec: 1,
+            own_budget: OwnBudget::ExtraLoad,
+            shared: Vec::new(),
+            min_attempt_time: Duration::ZERO,
+            name: Arc::from("default"),
+        }
+    }
+
+    /// Uses `classifier` to decide which answer wins: a success or a
+    /// failure that is not [retryable](tower_classify::Outcome::is_retryable)
+    /// wins at once; a retryable one waits for the other attempts.
+    pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
+        HedgeBuilder {
+            classifier,
+            replay: self.replay,
+            max_attempts: self.max_attempts,
+            delay: self.delay,
+            window: self.window,
+            min_samples: self.min_samples,
+            min_delay: self.min_delay,
+            max_extra_load: self.max_extra_load,
+            min_hedges_per_sec: self.min_hedges_per_sec,
+            own_budget: self.own_budget,
+            shared: self.shared,
+            min_attempt_time: self.min_attempt_time,
+            name: self.name,
+        }
+    }
+
+    /// Uses `replay` to copy requests for hedges; a request it refuses
+    /// (not idempotent, a body that cannot be copied) is never hedged.
+    pub fn replay<R2>(self, replay: R2) -> HedgeBuilder<C, R2> {
+        HedgeBuilder {
+            classifier: self.classifier,
+            replay,
+            max_attempts: self.max_attempts,
+            delay: self.delay,
+            window: self.window,
+            min_samples: self.min_samples,
+            min_delay: self.min_delay,
+            max_extra_load: self.max_extra_load,
+            min_hedges_per_sec: self.min_hedges_per_sec,
+            own_budget: self.own_budget,
+            shared: self.shared,
+            min_attempt_time: self.min_attempt_time,
+            name: self.name,
+        }
+    }
+
+    /// The layer's name in metrics labels (`hedge="…"`), events and spans
+    /// (default `"default"`). Keep names few and never derived from requests.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The most attempts in flight for one call, the first included (2–5;
+    /// default 2). Attempt `n` is sent `(n − 1) × delay` after the first,
+    /// if no answer has won by then.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Hedges after a fixed `delay` (0 sends every attempt at once, as
+    /// gRFC A6's `hedgingDelay` of 0 does).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = DelayChoice::Fixed(delay);
+        self
+    }
+
+    /// Hedges after the `percentile` (between 0 and 1: 0.95 is p95) of the
+    /// first attempts' recent latencies (default `1 − max_extra_load`).
+    pub fn percentile(mut self, percentile: f64) -> Self {
+        self.delay = DelayChoice::Percentile(percentile);
+        self
+    }
+
+    /// How much history the percentile reads (1 s – 10 min; default 30 s).
+    /// The window is three slices; the oldest is dropped as a new one starts.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The latencies the window must hold before any hedge is sent
+    /// (1–1,000,000; default 100).
+    pub fn min_samples(mut self, samples: u32) -> Self {
+        self.min_samples = samples;
+        self
+    }
+
+    /// The shortest percentile delay (default 1 ms): a dependency that
+    /// answers in microseconds is not sent every request twice.
+    pub fn min_delay(mut self, delay: Duration) -> Self {
+        self.min_delay = delay;
+        self
+    }
+
+    /// The most extra load hedges may add, as a fraction of the calls
+    /// through the layer (more than 0 and at most 1; default 0.05). The
+    /// layer's own [`TpsBudget`] (10 s) enforces it, and the default delay
+    /// is the percentile `1 − max_extra_load`, so hedges are rarely refused.
+    pub fn max_extra_load(mut self, fraction: f64) -> Self {
+        self.max_extra_load = fraction;
+        self
+    }
+
+    /// Hedges per second the layer's budget allows whatever the traffic
+    /// (0–1000; default 1), so a quiet client can hedge at all.
+    pub fn min_hedges_per_sec(mut self, hedges: u32) -> Self {
+        self.min_hedges_per_sec = hedges;
+        self
+    }
+
+    /// No budget of the layer's own: only [`max_attempts`](Self::max_attempts)
+    /// and the shared budgets limit hedges (gRFC A6's hedging, which only
+    /// retry throttling limits).
+    pub fn no_budget(mut self) -> Self {
+        self.own_budget = OwnBudget::None;
+        self
+    }
+
+    /// Also asks `budget` before each hedge: the hedge is sent only when
+    /// the layer's own budget *and* every shared one allow it, and it
+    /// withdraws from each. Pass a retry layer's budget so that retries and
+    /// hedges together stay within it (Finagle's rule), or a gRFC A6
+    /// [`RetryThrottle`](crate::service_config::RetryThrottle). The layer
+    /// does not deposit into a shared budget: its owner does. Each call
+    /// adds one.
+    pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.shared.push(budget);
+        self
+    }
+
+    /// The least time before the caller's
+    /// [`Deadline`](tower_classify::deadline::Deadline) a hedge must have
+    /// to be sent (default 0: any time left). A hedge due later than that
+    /// is not sent.
+    pub fn min_attempt_time(mut self, min: Duration) -> Self {
+        self.min_attempt_time = min;
+        self
+    }
+
+    fn percentile_value(&self) -> Option<f64> {
+        match self.delay {
+            DelayChoice::FromExtraLoad => Some(1.0 - self.max_extra_load),
+            DelayChoice::Percentile(p) => Some(p),
+            DelayChoice::Fixed(_) => None,
+        }
+    }
+
+    /// Checks the settings as [`build`](Self::build) does, without building.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if !(2..=MAX_HEDGE_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(ConfigError::new(
+                "max_attempts",
+                format!(
+                    "{} must be between 2 and {MAX_HEDGE_ATTEMPTS}",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if !(self.max_extra_load.is_finite()
+            && self.max_extra_load > 0.0
+            && self.max_extra_load <= 1.0)
+        {
+            return Err(ConfigError::new(
+                "max_extra_load",
+                format!("{} must be more than 0 and at most 1", self.max_extra_load),
+            ));
+        }
+        if self.min_hedges_per_sec > 1000 {
+            return Err(ConfigError::new(
+                "min_hedges_per_sec",
+                format!("{} is above 1000", self.min_hedges_per_sec),
+            ));
+        }
+        if let Some(p) = self.percentile_value() {
+            if !(p.is_finite() && p > 0.0 && p < 1.0) {
+                return Err(ConfigError::new(
+                    "percentile",
+                    format!("{p} must be between 0 and 1 (0.95 is p95)"),
+                ));
+            }
+        }
+        if let DelayChoice::Fixed(delay) = self.delay {
+            if delay > Duration::from_secs(3600) {
+                return Err(ConfigError::new("delay", "must be at most 1 h"));
+            }
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&self.window) {
+            return Err(ConfigError::new(
+                "window",
+                format!("{:?} must be between 1s and 10min", self.window),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.min_samples) {
+            return Err(ConfigError::new(
+                "min_samples",
+                format!("{} must be between 1 and 1000000", self.min_samples),
+            ));
+        }
+        if self.min_delay > Duration::from_secs(3600) {
+            return Err(ConfigError::new("min_delay", "must be at most 1 h"));
+        }
+        Ok(())
+    }
+
+    /// Checks the settings and builds the layer. Errors name the field.
+    pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
+        self.check()?;
+        super::telemetry::describe_metrics();
+        let delay = match (self.delay, self.percentile_value()) {
+            (DelayChoice::Fixed(delay), _) => DelaySource::Fixed(delay),
+            (_, Some(percentile)) => DelaySource::Window(LatencyWindow::new(
+                percentile,
+                self.window,
+                self.min_samples,
+                self.min_delay,
+            )),
+            (_, None) => unreachable!("only a fixed delay has no percentile"),
+        };
+        let own: Option<Arc<dyn Budget + Send + Sync>> = match self.own_budget {
+            OwnBudget::ExtraLoad => Some(Arc::new(
+                TpsBudget::new(
+                    Duration::from_secs(10),
+                    self.min_hedges_per_sec,
+                    self.max_extra_load,
+                )
+                .map_err(|error| error.within("max_extra_load"))?,
+            )),
+            OwnBudget::None => None,
+        };
+        Ok(HedgeLayer {
+            policy: Arc::new(HedgePolicy {
+                classifier: self.classifier,
+                replay: self.replay,
+                max_attempts: self.max_attempts,
+                delay,
+                own_budget: own,
+                shared: self.shared,
+                min_attempt_time: self.min_attempt_time,
+                telemetry: HedgeTelemetry::new(self.name),
+            }),
+        })
+    }
+}
+
+#[cfg(feature = "http")]
+impl<C> HedgeBuilder<C, crate::replay::HttpReplay> {
+    /// Hedges POST and PATCH too (default `false`: they are never hedged
+    /// unless they carry an `Idempotency-Key` header). Only for endpoints
+    /// that deduplicate: a hedge is a second copy sent while the first may
+    /// still be acted on.
+    pub fn hedge_non_idempotent(mut self, yes: bool) -> Self {
+        self.replay = self.replay.retry_non_idempotent(yes);
+        self
+    }
+
+    /// Marks each hedge with `name: N`, N the attempts sent before it
+    /// (gRPC's `grpc-previous-rpc-attempts`).
+    pub fn attempt_header(mut self, name: http::HeaderName) -> Self {
+        self.replay = self.replay.attempt_header(name);
+        self
+    }
+
+    /// Writes what is left of the caller's
+    /// [`Deadline`](tower_classify::deadline::Deadline) as `grpc-timeout`
+    /// on every attempt (see [`HttpReplay::grpc_timeout`](crate::replay::HttpReplay::grpc_timeout)).
+    pub fn grpc_timeout(mut self, yes: bool) -> Self {
+        self.replay = self.replay.grpc_timeout(yes);
+        self
+    }
+}

@@ -1,0 +1,117 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower_classify::{BoxError, Classify};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::policy::HedgePolicy;
+use crate::replay::Replay;
+
+/// Hedges slow calls of `S`; made by a [`HedgeLayer`](super::HedgeLayer).
+///
+/// Clones share the layer's settings, latency window and budget. A call
+/// that may be hedged clones the inner service once, for its hedges: the
+/// clone is driven ready (`poll_ready`) before each hedge, as the
+/// `Service` contract requires, and dropped as soon as no further hedge
+/// can be sent.
+pub struct Hedge<S, C, R> {
+    inner: S,
+    policy: Arc<HedgePolicy<C, R>>,
+}
+
+impl<S, C, R> Hedge<S, C, R> {
+    pub(crate) fn from_policy(inner: S, policy: Arc<HedgePolicy<C, R>>) -> Self {
+        Hedge { inner, policy }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming `self`.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C, R> Clone for Hedge<S, C, R> {
+    fn clone(&self) -> Self {
+        Hedge {
+            inner: self.inner.clone(),
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: fmt::Debug, R: fmt::Debug> fmt::Debug for Hedge<S, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hedge")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<S, C, R, Req> Service<Req> for Hedge<S, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, BoxError>,
+    R: Replay<Req>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, C, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let policy = &self.policy;
+        policy.deposit();
+        let deadline = policy.replay.deadline(&request).map(|d| d.instant());
+        // A hedge needs a delay (a percentile one is unknown until the
+        // window has enough samples) and a copy of the request, made now:
+        // the first attempt consumes `request`.
+        let hedge = policy
+            .delay
+            .current()
+            .and_then(|delay| Some((delay, policy.replay.replay(&request, 1)?)));
+        let mut request = request;
+        policy.replay.before_send(&mut request, deadline);
+        let started = policy.delay.records().then(Instant::now);
+        match hedge {
+            None => {
+                let first = self.inner.call(request);
+                ResponseFuture::unhedged(first, started, Arc::clone(policy))
+            }
+            Some((delay, copy)) => {
+                // The service made ready by `poll_ready` takes the first
+                // attempt and goes with the future for the hedges; a fresh
+                // clone stays here.
+                let clone = self.inner.clone();
+                let mut service = std::mem::replace(&mut self.inner, clone);
+                let first = service.call(request);
+                ResponseFuture::hedged(
+                    first,
+                    service,
+                    copy,
+                    delay,
+                    deadline,
+                    started,
+                    Arc::clone(policy),
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! The hedge layer's rules, each on paused time.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+use tower_classify::deadline::Deadline;
+use tower_classify::{BoxError, Classified, FailureKind};
+use tower_layer::Layer;
+use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::hedge::HedgeLayer;
+
+type Answer = Result<&'static str, BoxError>;
+
+fn reset() -> BoxError {
+    io::Error::from(io::ErrorKind::ConnectionReset).into()
+}
+
+fn rejected() -> BoxError {
+    Box::new(Classified::new(FailureKind::Rejected, "bad request"))
+}
+
+/// One attempt's script: how long it takes and what it answers.
+#[derive(Clone)]
+struct Step {
+    after: Duration,
+    answer: fn() -> Answer,
+}
+
+fn ok(ms: u64, body: &'static str) -> Step {
+    // A `fn` pointer cannot capture `body`, so the answers are fixed names.
+    let answer: fn() -> Answer = match body {
+        "first" => || Ok("first"),
+        "second" => || Ok("second"),
+        "third" => || Ok("third"),
+        _ => || Ok("other"),
+    };
+    Step {
+        after: Duration::from_millis(ms),
+        answer,
+    }
+}
+
+fn fail(ms: u64, answer: fn() -> Answer) -> Step {
+    Step {
+        after: Duration::from_millis(ms),
+        answer,
+    }
+}
+
+/// What the service saw: when each attempt started and ended, and how many
+/// are still running.
+#[derive(Default)]
+struct Seen {
+    started: Mutex<Vec<Duration>>,
+    dropped: Mutex<Vec<(usize, Duration)>>,
+    alive: AtomicUsize,
+}
+
+struct Guard {
+    seen: Arc<Seen>,
+    attempt: usize,
+    epoch: Instant,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.seen.alive.fetch_sub(1, Ordering::SeqCst);
+        self.seen
+            .dropped
+            .lock()
+            .unwrap()
+            .push((self.attempt, self.epoch.elapsed()));
+    }
+}
+
+/// A service whose attempt `n` follows `script[n]`, call after call.
+fn scripted(
+    script: Vec<Step>,
+) -> (
+    impl Service<&'static str, Response = &'static str, Error = BoxError, Future: Send> + Clone,
+    Arc<Seen>,
+) {
+    let seen = Arc::new(Seen::default());
+    let epoch = Instant::now();
+    let log = seen.clone();
+    let service = tower::service_fn(move |_: &'static str| {
+        let attempt = {
+            let mut started = log.started.lock().unwrap();
+            started.push(epoch.elapsed());
+            started.len() - 1
+        };
+        log.alive.fetch_add(1, Ordering::SeqCst);
+        let step = script[attempt % script.len()].clone();
+        let guard = Guard {
+            seen: log.clone(),
+            attempt: attempt + 1,
+            epoch,
+        };
+        async move {
+            let _guard = guard;
+            tokio::time::sleep(step.after).await;
+            (step.answer)()
+        }
+    });
+    (service, seen)
+}
+
+fn fixed(ms: u64) -> HedgeLayer {
+    HedgeLayer::builder()
+        .delay(Duration::from_millis(ms))
+        .build()
+        .unwrap()
+}
+
+fn started(seen: &Seen) -> Vec<u64> {
+    seen.started
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_millis() as u64)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_is_sent_after_the_delay_and_the_first_answer_wins() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(10, "second")]);
+    let start = Instant::now();
+    let answer = fixed(50).layer(service).oneshot("req").await.unwrap();
+    assert_eq!(answer, "second");
+    assert_eq!(start.elapsed(), Duration::from_millis(60));
+    assert_eq!(started(&seen), [0, 50]);
+    // The first attempt was dropped the moment the hedge answered.
+    assert_eq!(seen.alive.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        *seen.dropped.lock().unwrap(),
+        [
+            (2, Duration::from_millis(60)),
+            (1, Duration::from_millis(60))
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_before_the_delay_sends_no_hedge() {
+    let (service, seen) = scripted(vec![ok(40, "first"), ok(10, "second")]);
+    let answer = fixed(50).layer(service).oneshot("req").await.unwrap();
+    assert_eq!(answer, "first");
+    assert_eq!(started(&seen), [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retryable_failure_waits_for_the_other_attempts_and_stops_hedging() {
+    // Attempt 1 fails at 80 ms while attempt 2 (sent at 50 ms) runs; attempt
+    // 3 would be due at 100 ms but is never sent after a failure answer.
+    let (service, seen) = scripted(vec![
+        fail(80, || Err(reset())),
+        ok(100, "second"),
+        ok(1, "third"),
+    ]);
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let answer = layer.layer(service).oneshot("req").await.unwrap();
+    assert_eq!(answer, "second");
+    assert_eq!(start.elapsed(), Duration::from_millis(150));
+    assert_eq!(started(&seen), [0, 50]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_no_attempt_can_fix_wins_at_once() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), fail(5, || Err(rejected()))]);
+    let start = Instant::now();
+    let error = fixed(50).layer(service).oneshot("req").await.unwrap_err();
+    assert_eq!(error.to_string(), "bad request");
+    assert_eq!(start.elapsed(), Duration::from_millis(55));
+    assert_eq!(seen.alive.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_attempt_fails_the_latest_failure_is_the_answer() {
+    let (service, _) = scripted(vec![
+        fail(80, || Err(reset())),
+        fail(70, || Err(io::Error::from(io::ErrorKind::TimedOut).into())),
+    ]);
+    let start = Instant::now();
+    let error = fixed(50).layer(service).oneshot("req").await.unwrap_err();
+    let io = error.downcast_ref::<io::Error>().unwrap();
+    assert_eq!(io.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(start.elapsed(), Duration::from_millis(120));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_failure_sends_no_hedge() {
+    let (service, seen) = scripted(vec![fail(1, || Err(reset())), ok(1, "second")]);
+    fixed(50).layer(service).oneshot("req").await.unwrap_err();
+    assert_eq!(started(&seen), [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn up_to_max_attempts_are_in_flight_one_delay_apart() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(1000, "second"), ok(10, "third")]);
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    assert_eq!(layer.layer(service).oneshot("req").await.unwrap(), "third");
+    assert_eq!(start.elapsed(), Duration::from_millis(110));
+    assert_eq!(started(&seen), [0, 50, 100]);
+    assert_eq!(seen.alive.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_call_drops_every_attempt() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(1000, "second")]);
+    let call = fixed(50).layer(service).oneshot("req");
+    let timed_out = tokio::time::timeout(Duration::from_millis(70), call).await;
+    assert!(timed_out.is_err());
+    assert_eq!(started(&seen), [0, 50]);
+    assert_eq!(seen.alive.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_caps_hedges_at_max_extra_load() {
+    // Every call's first attempt is slow, so every call wants a hedge.
+    let seen_ids = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let (ids, count) = (seen_ids.clone(), attempts.clone());
+    let service = tower::service_fn(move |id: u32| {
+        count.fetch_add(1, Ordering::SeqCst);
+        let first = ids.lock().unwrap().insert(id);
+        async move {
+            let wait = if first { 1000 } else { 10 };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, BoxError>(first)
+        }
+    });
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_extra_load(0.05)
+        .min_hedges_per_sec(0)
+        .build()
+        .unwrap();
+    let service = layer.layer(service);
+    // 100 calls, one per millisecond.
+    let mut calls = Vec::new();
+    for id in 0..100 {
+        calls.push(tokio::spawn(service.clone().oneshot(id)));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut hedged = 0;
+    for call in calls {
+        if !call.await.unwrap().unwrap() {
+            hedged += 1;
+        }
+    }
+    // 5 % of 100 calls; every other call waited out its slow first attempt.
+    assert_eq!(hedged, 5);
+    assert_eq!(attempts.load(Ordering::SeqCst), 105);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_budget_that_says_no_stops_hedges() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(10, "second")]);
+    let empty = Arc::new(TpsBudget::new(Duration::from_secs(10), 0, 0.0).unwrap());
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .shared_budget(empty)
+        .build()
+        .unwrap();
+    assert_eq!(layer.layer(service).oneshot("req").await.unwrap(), "first");
+    assert_eq!(started(&seen), [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_hedge_is_sent_too_close_to_the_callers_deadline() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(10, "second")]);
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .min_attempt_time(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let service = tower::service_fn(move |_: http::Request<String>| {
+        let mut service = service.clone();
+        async move {
+            service
+                .ready()
+                .await?
+                .call("req")
+                .await
+                .map(|body| http::Response::new(body.to_owned()))
+        }
+    });
+    let mut hedged = layer.layer(service);
+
+    // 60 ms left at the start: 10 ms at the hedge, below the 20 ms minimum.
+    let mut request = http::Request::get("/").body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(60)));
+    let response = hedged.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.body(), "first");
+    assert_eq!(started(&seen), [0]);
+
+    // 100 ms left: 50 ms at the hedge, enough.
+    let mut request = http::Request::get("/").body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(100)));
+    let response = hedged.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.body(), "second");
+}
+
+/// An HTTP service that answers the attempt-number header it got, after
+/// `slow_first` for the first attempt of each call and 10 ms for the rest.
+fn http_echo(
+    slow_first: Duration,
+) -> impl Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    tower::service_fn(move |request: http::Request<String>| {
+        let attempt = request
+            .headers()
+            .get("grpc-previous-rpc-attempts")
+            .map(|value| value.to_str().unwrap().to_owned());
+        let wait = if attempt.is_none() {
+            slow_first
+        } else {
+            Duration::from_millis(10)
+        };
+        async move {
+            tokio::time::sleep(wait).await;
+            Ok(http::Response::new(format!(
+                "{} {attempt:?}",
+                request.method()
+            )))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_hedges_carry_the_attempt_header_and_spare_non_idempotent_requests() {
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .build()
+        .unwrap();
+    let mut service = layer.layer(http_echo(Duration::from_secs(1)));
+    let get = http::Request::get("/").body(String::new()).unwrap();
+    let response = service.ready().await.unwrap().call(get).await.unwrap();
+    assert_eq!(
+        response.body(),
+        "GET Some(\"1\")",
+        "the hedge answered, marked"
+    );
+
+    // A POST is never hedged: the first attempt's answer, a second later.
+    let start = Instant::now();
+    let post = http::Request::post("/").body(String::from("pay")).unwrap();
+    let response = service.ready().await.unwrap().call(post).await.unwrap();
+    assert_eq!(response.body(), "POST None");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+
+    // Unless it carries an Idempotency-Key...
+    let keyed = http::Request::post("/")
+        .header("idempotency-key", "k1")
+        .body(String::from("pay"))
+        .unwrap();
+    let response = service.ready().await.unwrap().call(keyed).await.unwrap();
+    assert_eq!(response.body(), "POST Some(\"1\")");
+
+    // ...or the layer is told the endpoint deduplicates.
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .hedge_non_idempotent(true)
+        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .build()
+        .unwrap();
+    let post = http::Request::post("/").body(String::from("pay")).unwrap();
+    let response = layer
+        .layer(http_echo(Duration::from_secs(1)))
+        .oneshot(post)
+        .await
+        .unwrap();
+    assert_eq!(response.body(), "POST Some(\"1\")");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_percentile_delay_starts_after_min_samples_and_follows_latency() {
+    let layer = HedgeLayer::builder()
+        .percentile(0.5)
+        .min_samples(10)
+        .build()
+        .unwrap();
+    assert_eq!(layer.current_delay(), None);
+    // Ten calls of 20 ms: no hedge, and the window learns the median.
+    let (fast, seen) = scripted(vec![ok(20, "first")]);
+    let service = layer.layer(fast);
+    for _ in 0..10 {
+        service.clone().oneshot("req").await.unwrap();
+    }
+    assert_eq!(seen.started.lock().unwrap().len(), 10);
+    let delay = layer.current_delay().unwrap();
+    assert!(
+        (Duration::from_millis(19)..=Duration::from_millis(21)).contains(&delay),
+        "{delay:?}"
+    );
+
+    // A slow first attempt is now hedged after about 20 ms.
+    let (slow, seen) = scripted(vec![ok(1000, "first"), ok(10, "second")]);
+    let start = Instant::now();
+    assert_eq!(layer.layer(slow).oneshot("req").await.unwrap(), "second");
+    assert!(
+        start.elapsed() <= Duration::from_millis(32),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(seen.started.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hedge_waits_for_its_service_to_be_ready() {
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    handle.allow(1);
+    let layer = fixed(50);
+    let mut service = layer.layer(mock);
+    let mut call =
+        tokio_test::task::spawn(async move { service.ready().await.unwrap().call("req").await });
+    assert!(call.poll().is_pending());
+    let (_, first) = handle.next_request().await.unwrap();
+
+    // The delay passes, but the clone has no capacity: nothing is sent.
+    tokio::time::advance(Duration::from_millis(60)).await;
+    assert!(call.poll().is_pending());
+    assert!(handle.poll_request().is_pending());
+
+    // Capacity comes back: the hedge goes out, answers, and wins.
+    handle.allow(1);
+    assert!(call.is_woken());
+    assert!(call.poll().is_pending());
+    let (request, hedge) = handle.next_request().await.unwrap();
+    assert_eq!(request, "req");
+    hedge.send_response("from the hedge");
+    match call.poll() {
+        std::task::Poll::Ready(Ok(answer)) => assert_eq!(answer, "from the hedge"),
+        other => panic!("{other:?}"),
+    }
+    drop(first);
+}
+
+#[test]
+fn bad_settings_name_their_field() {
+    let field = |result: Result<HedgeLayer, tower_classify::ConfigError>| {
+        result.unwrap_err().field().to_owned()
+    };
+    assert_eq!(
+        field(HedgeLayer::builder().max_attempts(1).build()),
+        "max_attempts"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().max_attempts(6).build()),
+        "max_attempts"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().max_extra_load(0.0).build()),
+        "max_extra_load"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().max_extra_load(f64::NAN).build()),
+        "max_extra_load"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().percentile(1.0).build()),
+        "percentile"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().window(Duration::ZERO).build()),
+        "window"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().min_samples(0).build()),
+        "min_samples"
+    );
+    assert_eq!(
+        field(HedgeLayer::builder().min_hedges_per_sec(5000).build()),
+        "min_hedges_per_sec"
+    );
+}
