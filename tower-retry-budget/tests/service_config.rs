@@ -760,3 +760,122 @@ fn method_configs_become_builders() {
         "backoffMultiplier"
     );
 }
+
+// ===== the hedge layer built from a hedging policy
+
+fn hedging_config(policy: &str) -> ServiceConfig {
+    ServiceConfig::from_json(&format!(
+        r#"{{"methodConfig": [{{"name": [{{"service": "example.Service"}}], "hedgingPolicy": {policy}}}],
+            "retryThrottling": {{"maxTokens": 10, "tokenRatio": 0.1}}}}"#
+    ))
+    .unwrap()
+}
+
+/// A gRPC server whose attempt `n` answers `script[n]` (code, after ms).
+fn slow_grpc_server(
+    script: &'static [(u32, u64)],
+) -> (
+    impl Service<Request<String>, Response = Response<()>, Error = BoxError, Future = impl Send> + Clone,
+    Seen,
+) {
+    let seen: Seen = Arc::default();
+    let log = Arc::clone(&seen);
+    let service = tower::service_fn(move |request: Request<String>| {
+        let n = {
+            let mut log = log.lock().unwrap();
+            log.push((Instant::now(), request.headers().clone()));
+            log.len() - 1
+        };
+        let (code, after) = script[n.min(script.len() - 1)];
+        async move {
+            tokio::time::sleep(MS(after)).await;
+            Ok::<_, BoxError>(grpc_response(code, None))
+        }
+    });
+    (service, seen)
+}
+
+fn grpc_code(response: &Response<()>) -> &str {
+    response.headers()["grpc-status"].to_str().unwrap()
+}
+
+#[test]
+fn a6_hedging_examples_become_hedge_layers() {
+    let config = config("a6_hedging_policy.json");
+    let method = &config.method_configs()[0];
+    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    assert_eq!(layer.max_attempts(), 4);
+    assert_eq!(layer.current_delay(), Some(MS(500)));
+    // A method with a retry policy has no hedging builder.
+    let retrying = config_of_retry();
+    assert!(retrying.method_configs()[0].hedge_builder(None).is_none());
+}
+
+fn config_of_retry() -> ServiceConfig {
+    config("a6_retry_policy.json")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a6_hedges_go_out_a_delay_apart_with_the_attempt_header() {
+    let config = hedging_config(
+        r#"{"maxAttempts": 3, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    // Attempt 1 is slow, attempt 2 fails with a non-fatal code (the others
+    // go on), attempt 3 is never sent after that failure; attempt 1 answers.
+    let (service, seen) = slow_grpc_server(&[(0, 200), (14, 10), (0, 1)]);
+    let start = Instant::now();
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(grpc_code(&response), "0");
+    assert_eq!(start.elapsed(), MS(200));
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "no hedge after a failure answer");
+    assert!(seen[0].1.get("grpc-previous-rpc-attempts").is_none());
+    assert_eq!(seen[1].1["grpc-previous-rpc-attempts"], "1");
+    assert_eq!(seen[1].0 - start, MS(50));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a6_a_fatal_code_wins_and_cancels_the_other_attempts() {
+    let config = hedging_config(
+        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    // INVALID_ARGUMENT from the hedge is the call's answer at 60 ms.
+    let (service, _) = slow_grpc_server(&[(0, 1000), (3, 10)]);
+    let start = Instant::now();
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(grpc_code(&response), "3");
+    assert_eq!(start.elapsed(), MS(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a6_throttling_at_half_sends_no_hedge() {
+    let config = hedging_config(
+        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let throttle = config.retry_throttle().unwrap();
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method
+        .hedge_builder(Some(&throttle))
+        .unwrap()
+        .build()
+        .unwrap();
+    let (service, seen) = slow_grpc_server(&[(0, 1000), (0, 10)]);
+    let service = layer.layer(service);
+    // Full (10 > 5): hedged.
+    service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    // At half (5 is not above 5): no hedge.
+    for _ in 0..5 {
+        throttle.record_failure();
+    }
+    assert!(!throttle.allows_retry());
+    seen.lock().unwrap().clear();
+    let start = Instant::now();
+    service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(start.elapsed(), MS(1000));
+}

@@ -264,8 +264,10 @@ impl<C, R> HedgeBuilder<C, R> {
     /// through the layer (more than 0 and at most 1; default 0.05). The
     /// layer's own [`TpsBudget`] (10 s) enforces it, and the default delay
     /// is the percentile `1 − max_extra_load`, so hedges are rarely refused.
+    /// Undoes [`no_budget`](Self::no_budget).
     pub fn max_extra_load(mut self, fraction: f64) -> Self {
         self.max_extra_load = fraction;
+        self.own_budget = OwnBudget::ExtraLoad;
         self
     }
 
@@ -278,7 +280,8 @@ impl<C, R> HedgeBuilder<C, R> {
 
     /// No budget of the layer's own: only [`max_attempts`](Self::max_attempts)
     /// and the shared budgets limit hedges (gRFC A6's hedging, which only
-    /// retry throttling limits).
+    /// retry throttling limits). [`max_extra_load`](Self::max_extra_load)
+    /// undoes it.
     pub fn no_budget(mut self) -> Self {
         self.own_budget = OwnBudget::None;
         self

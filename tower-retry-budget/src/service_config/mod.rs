@@ -90,6 +90,7 @@ use tower_classify::ConfigError;
 
 mod classifier;
 pub mod duration;
+pub mod hedge;
 mod parse;
 pub mod retry;
 pub mod status;
@@ -364,9 +365,9 @@ impl RetryPolicyConfig {
     }
 }
 
-/// A validated `hedgingPolicy`. This crate has no hedging layer to build
-/// from it; it is read and validated so that a config using it is accepted
-/// or refused as gRPC would, and its values are there for one.
+/// A validated `hedgingPolicy`;
+/// [`hedge_builder`](Self::hedge_builder) makes a
+/// [`HedgeLayer`](crate::hedge::HedgeLayer) from it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HedgingPolicyConfig {
     max_attempts: u32,

@@ -28,8 +28,9 @@
 //!   this crate's default retry budget (a [`TpsBudget`](crate::budget::TpsBudget)),
 //!   which only bounds retry storms. Call
 //!   [`no_budget`](RetryBuilder::no_budget) for A6's behaviour exactly.
-//! - A hedging policy is read and validated, but this crate has no hedging
-//!   layer to build from it: a method with one gets a single attempt here.
+//! - A method with a hedging policy gets a single attempt from
+//!   `retry_builder`: build its [`HedgeLayer`](crate::hedge::HedgeLayer)
+//!   with [`MethodConfig::hedge_builder`].
 //! - A6's jitter was `random(0, backoff)` until its 2024 revision; that is
 //!   [`Jitter::Full`], for example `.backoff(policy.backoff()?.with_jitter(Jitter::Full))`.
 //!
