@@ -497,3 +497,84 @@ fn bad_settings_name_their_field() {
         "min_hedges_per_sec"
     );
 }
+
+type Upload = http_body_util::channel::Channel<bytes::Bytes, io::Error>;
+type Streamed = tower_retry_budget::body::ReplayBody<Upload>;
+
+/// Attempt 1 reads the first frame and then hangs; any other attempt reads
+/// the whole body and answers it.
+fn upload_server(
+    attempts: Arc<AtomicUsize>,
+) -> impl Service<
+    http::Request<Streamed>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    tower::service_fn(move |request: http::Request<Streamed>| {
+        let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            use http_body_util::BodyExt;
+            let mut body = request.into_body();
+            if attempt == 1 {
+                let _first = body.frame().await;
+                std::future::pending::<()>().await;
+            }
+            let bytes = body.collect().await?.to_bytes();
+            Ok(http::Response::new(String::from_utf8(bytes.to_vec())?))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_streams_a_body_the_first_attempt_is_still_reading() {
+    let (mut upload, original) = Upload::new(4);
+    let body = Streamed::new(original, 64 * 1024);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let service = layer.layer(upload_server(attempts.clone()));
+    let request = http::Request::put("/file").body(body).unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+
+    // The first frame goes to attempt 1 as it is sent; the upload goes on
+    // after the hedge started, and the hedge gets all of it.
+    upload
+        .send_data(bytes::Bytes::from("hello, "))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
+    upload.send_data(bytes::Bytes::from("world")).await.unwrap();
+    drop(upload);
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.body(), "hello, world");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_past_its_recording_limit_is_not_hedged() {
+    let (mut upload, original) = Upload::new(4);
+    // A 4-byte recording: the first frame alone outgrows it.
+    let body = Streamed::new(original, 4);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let service = layer.layer(upload_server(attempts.clone()));
+    let request = http::Request::put("/file").body(body).unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+    upload
+        .send_data(bytes::Bytes::from("hello, "))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        1,
+        "no hedge of a released body"
+    );
+    call.abort();
+}

@@ -15,6 +15,7 @@ use tower::{Layer, ServiceExt};
 use tower_classify::BoxError;
 use tower_retry_budget::backoff::{Backoff, Jitter};
 use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::hedge::HedgeLayer;
 use tower_retry_budget::RetryLayer;
 
 /// Every value recorded, by `name{label=value,…}`.
@@ -190,4 +191,59 @@ async fn retries_give_ups_budget_and_sleeps_are_counted() {
         };
         assert_eq!(*unit, Some(expected), "{name}");
     }
+    drop((values, descriptions));
+
+    // Hedges: one call whose hedge wins (the first attempt cancelled), and
+    // one whose hedge the empty shared budget refuses.
+    let attempts = Arc::new(Mutex::new(0));
+    let counter = attempts.clone();
+    let slow_first = tower::service_fn(move |_: ()| {
+        let n = {
+            let mut n = counter.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        async move {
+            let wait = if n % 2 == 1 { 1000 } else { 10 };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, BoxError>(())
+        }
+    });
+    let hedge = HedgeLayer::builder()
+        .name("search")
+        .delay(Duration::from_millis(50))
+        .min_hedges_per_sec(10)
+        .build()
+        .unwrap();
+    hedge.layer(slow_first.clone()).oneshot(()).await.unwrap();
+    let refusing = HedgeLayer::builder()
+        .name("payments")
+        .delay(Duration::from_millis(50))
+        .shared_budget(Arc::new(
+            TpsBudget::new(Duration::from_secs(1), 0, 0.0).unwrap(),
+        ))
+        .build()
+        .unwrap();
+    *attempts.lock().unwrap() = 0;
+    refusing.layer(slow_first).oneshot(()).await.unwrap();
+
+    let values = capture.values.lock().unwrap();
+    let get = |key: &str| values.get(key).cloned().unwrap_or_default();
+    assert_eq!(get("tower_hedge_sent_total{hedge=search}"), [1.0]);
+    assert_eq!(get("tower_hedge_won_total{hedge=search}"), [1.0]);
+    assert_eq!(get("tower_hedge_cancelled_total{hedge=search}"), [1.0]);
+    assert_eq!(
+        get("tower_hedge_refused_total{hedge=payments,reason=budget}"),
+        [1.0]
+    );
+    assert!(get("tower_hedge_sent_total{hedge=payments}").is_empty());
+    let descriptions = capture.descriptions.lock().unwrap();
+    for key in values.keys().filter(|key| key.starts_with("tower_hedge")) {
+        let name = key.split('{').next().unwrap();
+        let (unit, _) = descriptions
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} has no description"));
+        assert_eq!(*unit, Some(Unit::Count), "{name}");
+    }
+    assert!(descriptions.contains_key("tower_hedge_delay_seconds"));
 }

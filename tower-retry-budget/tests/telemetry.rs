@@ -299,4 +299,70 @@ async fn spans_per_call_and_attempt_and_give_ups_warned_at_most_every_10_s() {
         warnings[1].fields["since_last_warning"], "49",
         "the warning says how many give-ups it stood for"
     );
+
+    // Part 3: hedges. Attempt n of each call answers after `waits[n]` ms;
+    // the service logs an event, which must land in the hedge's span.
+    let attempt = Arc::new(AtomicU64::new(0));
+    let counter = attempt.clone();
+    let waits = [1000, 1000, 10];
+    let service = tower::service_fn(move |_: ()| {
+        let n = counter.fetch_add(1, Ordering::SeqCst) as usize;
+        tracing::info!(n, "downstream called");
+        async move {
+            tokio::time::sleep(Duration::from_millis(waits[n % 3])).await;
+            Ok::<_, BoxError>(())
+        }
+    });
+    let hedge = tower_retry_budget::hedge::HedgeLayer::builder()
+        .name("search")
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let before = capture.inner.lock().unwrap().spans.len();
+    hedge.layer(service).oneshot(()).await.unwrap();
+    let inner = capture.inner.lock().unwrap();
+    let hedges: Vec<(u64, SpanData)> = inner
+        .spans
+        .iter()
+        .filter(|(_, span)| span.name == "hedge_attempt")
+        .map(|(id, span)| (*id, span.clone()))
+        .collect();
+    assert_eq!(
+        inner.spans.len() - before,
+        2,
+        "one span per hedge, none for the first attempt"
+    );
+    let outcomes: Vec<(&str, &str, &str)> = hedges
+        .iter()
+        .map(|(_, span)| {
+            (
+                span.fields["attempt"].as_str(),
+                span.fields["http.request.resend_count"].as_str(),
+                span.fields["outcome"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(outcomes, [("2", "1", "cancelled"), ("3", "2", "won")]);
+    assert!(hedges
+        .iter()
+        .all(|(_, span)| span.closed && span.fields["hedge"] == "search"));
+    for (id, span) in &hedges {
+        let called: Vec<&EventData> = inner
+            .events
+            .iter()
+            .filter(|event| event.message == "downstream called" && event.span == Some(*id))
+            .collect();
+        assert_eq!(
+            called.len(),
+            1,
+            "the hedge's call ran in its span: {span:?}"
+        );
+    }
+    let sent = inner
+        .events
+        .iter()
+        .filter(|event| event.message == "hedge sent" && event.level == Level::DEBUG)
+        .count();
+    assert_eq!(sent, 2);
 }
