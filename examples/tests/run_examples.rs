@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 8] = [
+const EXAMPLES: [&str; 9] = [
     "axum_server",
+    "axum_hedged_downstream",
     "axum_router_layer",
     "reqwest_client",
     "prometheus",
