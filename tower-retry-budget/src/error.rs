@@ -313,7 +313,9 @@ impl Error for WaitTooLong {
 }
 
 /// The deadline for the whole loop passed while an attempt was in flight or
-/// the service was not yet ready for the next one.
+/// the service was not yet ready for the next one, or left less than the
+/// minimum attempt time before the first attempt, which was then not sent
+/// ([`attempts`](Self::attempts) is 0).
 ///
 /// The failure that led to the retry cut short is kept: its error is the
 /// source of the [`Classified`] source, and a response's head is
@@ -376,7 +378,8 @@ impl DeadlineExceeded {
         self.deadline
     }
 
-    /// The attempts started, including the one cut short.
+    /// The attempts started, including the one cut short; 0 when the
+    /// deadline left less than the minimum attempt time before the first.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -384,6 +387,13 @@ impl DeadlineExceeded {
 
 impl fmt::Display for DeadlineExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.attempts == 0 {
+            return write!(
+                f,
+                "deadline too close ({} left): no attempt was sent",
+                format_duration(self.deadline)
+            );
+        }
         write!(
             f,
             "retry deadline of {} exceeded after {} attempt{}",

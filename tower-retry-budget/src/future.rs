@@ -67,6 +67,9 @@ pin_project! {
         Waiting,
         // Driving the service ready for the next attempt.
         Readying,
+        // The deadline left less than the minimum attempt time before the
+        // first attempt: none was sent.
+        Expired,
         Done,
     }
 }
@@ -162,6 +165,20 @@ impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
 {
+    /// The future of a call whose deadline left no time for a first
+    /// attempt: it ends with [`DeadlineExceeded`] when first polled.
+    pub(crate) fn expired(service: S, policy: Arc<Policy<C, R>>, cold: Box<Cold>) -> Self {
+        ResponseFuture {
+            state: State::Expired,
+            service,
+            replay: None,
+            policy,
+            attempts: 0,
+            limit: Limit::None,
+            cold: Some(cold),
+        }
+    }
+
     /// The future of a call whose first attempt is `future`. `cold` is
     /// `Some` when the call has a limit or spans.
     pub(crate) fn new(
@@ -414,6 +431,11 @@ where
                     *this.limit = cold.arm_attempt(this.policy.attempt_timeout);
                     this.state.set(State::Called { future });
                     continue;
+                }
+                StateProj::Expired => {
+                    this.state.set(State::Done);
+                    let cold = this.cold.as_mut().expect("a deadline has cold state");
+                    return Poll::Ready(Err(deadline_exceeded(this.policy, cold, 0)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };

@@ -259,6 +259,15 @@ pub(crate) struct RetryState {
 }
 
 impl<C, R> Policy<C, R> {
+    /// Whether `deadline` leaves less than the minimum attempt time (or
+    /// nothing at all): no attempt, the first included, is started then.
+    pub(crate) fn no_time_for_an_attempt(&self, deadline: Option<Instant>) -> bool {
+        deadline.is_some_and(|deadline| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            left.is_zero() || left < self.min_attempt_time
+        })
+    }
+
     /// Decides what follows attempt number `attempts`, which failed with
     /// `failure`. `replayable` says whether a copy of the request can be
     /// sent again.

@@ -78,6 +78,13 @@ where
         if let Some(budget) = &policy.budget {
             budget.deposit();
         }
+        let cold = match future::cold_state(policy, policy.replay.deadline(&request)) {
+            Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
+                // Not sent at all: the caller could not use its answer.
+                return ResponseFuture::expired(self.inner.clone(), Arc::clone(policy), cold);
+            }
+            cold => cold,
+        };
         // The copy for the first retry is made now: the call consumes `request`.
         let replay = if policy.max_retries > 0 {
             policy.replay.replay(&request, 1)
@@ -85,7 +92,6 @@ where
             None
         };
         let mut request = request;
-        let cold = future::cold_state(policy, policy.replay.deadline(&request));
         if let Some(cold) = &cold {
             policy.replay.before_send(&mut request, cold.deadline());
         }

@@ -168,3 +168,37 @@ async fn without_a_deadline_no_grpc_timeout_is_written() {
     let _ = tokio::time::timeout(Duration::from_millis(50), service.oneshot(request)).await;
     assert_eq!(arrivals.lock().unwrap()[0].1, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_first_attempt_is_sent_past_or_too_close_to_the_deadline() {
+    let start = Instant::now();
+    let arrivals = Arrivals::default();
+    let service = layer(Duration::from_millis(20)).layer(silent(start, arrivals.clone()));
+
+    // Already past: nothing is sent, and the call ends at once.
+    let mut request = get_within(Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(30)).await;
+    let error = service.clone().oneshot(request).await.unwrap_err();
+    let exceeded = error
+        .downcast_ref::<DeadlineExceeded>()
+        .expect("DeadlineExceeded");
+    assert_eq!(exceeded.attempts(), 0);
+    assert!(error.to_string().contains("no attempt was sent"), "{error}");
+
+    // 15 ms left, below the 20 ms minimum: not sent either.
+    request = get_within(Duration::from_millis(15));
+    let error = service.clone().oneshot(request).await.unwrap_err();
+    assert!(error.is::<DeadlineExceeded>());
+    assert!(
+        arrivals.lock().unwrap().is_empty(),
+        "no attempt reached the upstream"
+    );
+
+    // 25 ms left: sent, and cut at the deadline.
+    let error = service
+        .oneshot(get_within(Duration::from_millis(25)))
+        .await
+        .unwrap_err();
+    assert!(error.is::<DeadlineExceeded>());
+    assert_eq!(arrivals.lock().unwrap().len(), 1);
+}

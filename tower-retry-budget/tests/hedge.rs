@@ -578,3 +578,34 @@ async fn a_body_past_its_recording_limit_is_not_hedged() {
     );
     call.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_past_its_deadline_sends_nothing() {
+    let (service, seen) = scripted(vec![ok(10, "first")]);
+    let service = tower::service_fn(move |_: http::Request<String>| {
+        let mut service = service.clone();
+        async move {
+            service
+                .ready()
+                .await?
+                .call("req")
+                .await
+                .map(|body| http::Response::new(body.to_owned()))
+        }
+    });
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .min_attempt_time(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let mut request = http::Request::get("/").body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(15)));
+    let error = layer.layer(service).oneshot(request).await.unwrap_err();
+    let exceeded = error
+        .downcast_ref::<tower_retry_budget::error::DeadlineExceeded>()
+        .expect("DeadlineExceeded");
+    assert_eq!(exceeded.attempts(), 0);
+    assert!(started(&seen).is_empty());
+}

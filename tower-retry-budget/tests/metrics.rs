@@ -154,44 +154,45 @@ async fn retries_give_ups_budget_and_sleeps_are_counted() {
         .unwrap();
     layer.layer(outage).oneshot(()).await.unwrap_err();
 
-    // Each downstream's series under its own name: none merged.
-    let values = capture.values.lock().unwrap();
-    let get = |key: &str| values.get(key).cloned().unwrap_or_default();
-    assert_eq!(
-        get("tower_retry_retries_total{retry=search,class=rate_limited}"),
-        [1.0]
-    );
-    assert_eq!(
-        get("tower_retry_retries_total{retry=search,class=connection}"),
-        [1.0]
-    );
-    assert_eq!(get("tower_retry_sleep_seconds{retry=search}"), [0.25, 0.25]);
-    assert_eq!(
-        get("tower_retry_budget_exhausted_total{retry=payments}"),
-        [1.0]
-    );
-    assert_eq!(
-        get("tower_retry_giveups_total{retry=payments,reason=budget}"),
-        [1.0]
-    );
-    assert_eq!(values.len(), 5, "no other series: {values:?}");
+    {
+        // Each downstream's series under its own name: none merged.
+        let values = capture.values.lock().unwrap();
+        let get = |key: &str| values.get(key).cloned().unwrap_or_default();
+        assert_eq!(
+            get("tower_retry_retries_total{retry=search,class=rate_limited}"),
+            [1.0]
+        );
+        assert_eq!(
+            get("tower_retry_retries_total{retry=search,class=connection}"),
+            [1.0]
+        );
+        assert_eq!(get("tower_retry_sleep_seconds{retry=search}"), [0.25, 0.25]);
+        assert_eq!(
+            get("tower_retry_budget_exhausted_total{retry=payments}"),
+            [1.0]
+        );
+        assert_eq!(
+            get("tower_retry_giveups_total{retry=payments,reason=budget}"),
+            [1.0]
+        );
+        assert_eq!(values.len(), 5, "no other series: {values:?}");
 
-    // Every series emitted is described, with its unit.
-    let descriptions = capture.descriptions.lock().unwrap();
-    for key in values.keys() {
-        let name = key.split('{').next().unwrap();
-        let (unit, description) = descriptions
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} has no description"));
-        assert!(!description.is_empty());
-        let expected = if name.ends_with("_seconds") {
-            Unit::Seconds
-        } else {
-            Unit::Count
-        };
-        assert_eq!(*unit, Some(expected), "{name}");
+        // Every series emitted is described, with its unit.
+        let descriptions = capture.descriptions.lock().unwrap();
+        for key in values.keys() {
+            let name = key.split('{').next().unwrap();
+            let (unit, description) = descriptions
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} has no description"));
+            assert!(!description.is_empty());
+            let expected = if name.ends_with("_seconds") {
+                Unit::Seconds
+            } else {
+                Unit::Count
+            };
+            assert_eq!(*unit, Some(expected), "{name}");
+        }
     }
-    drop((values, descriptions));
 
     // Hedges: one call whose hedge wins (the first attempt cancelled), and
     // one whose hedge the empty shared budget refuses.

@@ -12,6 +12,7 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::policy::{HedgePolicy, Refusal};
+use crate::error::DeadlineExceeded;
 use crate::replay::Replay;
 
 pin_project! {
@@ -31,6 +32,9 @@ pin_project! {
         hedging: Option<Pin<Box<Hedging<S, Req>>>>,
         // When the first attempt was sent, for the latency window.
         started: Option<Instant>,
+        // The caller's deadline left less than the minimum attempt time (this
+        // much) at the call: no attempt was sent.
+        expired: Option<Duration>,
         policy: Arc<HedgePolicy<C, R>>,
     }
 }
@@ -97,6 +101,19 @@ where
             first: Some(first),
             hedging: None,
             started,
+            expired: None,
+            policy,
+        }
+    }
+
+    /// A call whose deadline left `left`, less than the minimum attempt
+    /// time: it ends with [`DeadlineExceeded`] when first polled.
+    pub(crate) fn expired(left: Duration, policy: Arc<HedgePolicy<C, R>>) -> Self {
+        ResponseFuture {
+            first: None,
+            hedging: None,
+            started: None,
+            expired: Some(left),
             policy,
         }
     }
@@ -126,6 +143,7 @@ where
                 failed: None,
             })),
             started,
+            expired: None,
             policy,
         }
     }
@@ -143,6 +161,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let policy = &**this.policy;
+        if let Some(left) = this.expired.take() {
+            return Poll::Ready(Err(Box::new(DeadlineExceeded::new(left, 0, None))));
+        }
         let Some(hedging) = this.hedging.as_mut() else {
             // No hedge for this call: the first attempt's answer is the
             // call's, recorded in the window when it is a success.

@@ -300,9 +300,10 @@ impl<C, R> HedgeBuilder<C, R> {
     }
 
     /// The least time before the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) a hedge must have
+    /// [`Deadline`](tower_classify::deadline::Deadline) an attempt must have
     /// to be sent (default 0: any time left). A hedge due later than that
-    /// is not sent.
+    /// is not sent; a call with less than that left when it is made sends
+    /// nothing and ends with [`DeadlineExceeded`](crate::error::DeadlineExceeded).
     pub fn min_attempt_time(mut self, min: Duration) -> Self {
         self.min_attempt_time = min;
         self

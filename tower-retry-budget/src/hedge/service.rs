@@ -80,6 +80,13 @@ where
         let policy = &self.policy;
         policy.deposit();
         let deadline = policy.replay.deadline(&request).map(|d| d.instant());
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || left < policy.min_attempt_time {
+                // Not sent at all: the caller could not use its answer.
+                return ResponseFuture::expired(left, Arc::clone(policy));
+            }
+        }
         // A hedge needs a delay (a percentile one is unknown until the
         // window has enough samples) and a copy of the request, made now:
         // the first attempt consumes `request`.
