@@ -163,6 +163,7 @@ pub struct RetryBuilder<C, R> {
     attempt_timeout: Option<Duration>,
     max_wait: Duration,
     min_attempt_time: Duration,
+    restart_backoff_after_hint: bool,
     retry_if: RetryIf,
     budget: BudgetChoice,
     listeners: Listeners,
@@ -195,6 +196,7 @@ impl<C, R> RetryBuilder<C, R> {
             attempt_timeout: None,
             max_wait: Duration::from_secs(3600),
             min_attempt_time: Duration::ZERO,
+            restart_backoff_after_hint: false,
             retry_if: RetryIf::Classes(RetryOn::ALL),
             budget: BudgetChoice::Default,
             listeners: Listeners::default(),
@@ -213,6 +215,7 @@ impl<C, R> RetryBuilder<C, R> {
             attempt_timeout: self.attempt_timeout,
             max_wait: self.max_wait,
             min_attempt_time: self.min_attempt_time,
+            restart_backoff_after_hint: self.restart_backoff_after_hint,
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
@@ -231,6 +234,7 @@ impl<C, R> RetryBuilder<C, R> {
             attempt_timeout: self.attempt_timeout,
             max_wait: self.max_wait,
             min_attempt_time: self.min_attempt_time,
+            restart_backoff_after_hint: self.restart_backoff_after_hint,
             retry_if: self.retry_if,
             budget: self.budget,
             listeners: self.listeners,
@@ -319,6 +323,14 @@ impl<C, R> RetryBuilder<C, R> {
     /// [`Deadline`](tower_classify::deadline::Deadline) request extension.
     pub fn min_attempt_time(mut self, min: Duration) -> Self {
         self.min_attempt_time = min;
+        self
+    }
+
+    /// After a retry that waited what the server asked (`Retry-After`, a
+    /// gRPC pushback), the computed backoff starts again at its initial
+    /// delay, as gRFC A6 says (default `false`: it goes on where it was).
+    pub fn restart_backoff_after_hint(mut self, yes: bool) -> Self {
+        self.restart_backoff_after_hint = yes;
         self
     }
 
@@ -456,6 +468,7 @@ impl<C, R> RetryBuilder<C, R> {
                 attempt_timeout: self.attempt_timeout,
                 max_wait: self.max_wait,
                 min_attempt_time: self.min_attempt_time,
+                restart_backoff_after_hint: self.restart_backoff_after_hint,
                 budget,
                 listeners: self.listeners,
                 telemetry: Telemetry::new(self.name),

@@ -192,6 +192,8 @@ pub(crate) struct Policy<C, R> {
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) max_wait: Duration,
     pub(crate) min_attempt_time: Duration,
+    /// Whether a server's wait restarts the computed backoff (gRFC A6).
+    pub(crate) restart_backoff_after_hint: bool,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) listeners: Listeners,
     pub(crate) telemetry: crate::telemetry::Telemetry,
@@ -331,6 +333,11 @@ impl<C, R> Policy<C, R> {
             failure.retry_after()
         };
         let wait = hinted.unwrap_or(computed);
+        if hinted.is_some() && !shed && self.restart_backoff_after_hint {
+            // gRFC A6: after a pushback the backoff starts again at its
+            // initial delay.
+            state.backoff = None;
+        }
         if let Some(wait) = hinted {
             if wait > self.max_wait {
                 self.telemetry

@@ -879,3 +879,28 @@ async fn a6_throttling_at_half_sends_no_hedge() {
     assert_eq!(seen.lock().unwrap().len(), 1);
     assert_eq!(start.elapsed(), MS(1000));
 }
+
+#[tokio::test(start_paused = true)]
+async fn after_a_pushback_the_backoff_starts_again_at_initial_backoff() {
+    // UNAVAILABLE, then UNAVAILABLE with a 500 ms pushback, then UNAVAILABLE,
+    // then OK: the third retry waits initialBackoff × [0.8, 1.2) again, not
+    // initialBackoff × 4.
+    let (service, seen) = grpc_server(|n| match n {
+        1 => grpc_response(14, Some("500")),
+        3 => grpc_response(0, None),
+        _ => grpc_response(14, None),
+    });
+    let layer = retry_policy_layer(4, &["UNAVAILABLE"]);
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    let gap = |i: usize| seen[i].0 - seen[i - 1].0;
+    assert!(MS(80) <= gap(1) && gap(1) < MS(120), "{:?}", gap(1));
+    assert_eq!(gap(2), MS(500), "the pushback, exactly");
+    assert!(
+        MS(80) <= gap(3) && gap(3) < MS(120),
+        "restarted: {:?}",
+        gap(3)
+    );
+}

@@ -11,6 +11,7 @@
 //! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with [`A6_JITTER`] |
 //! | only `retryableStatusCodes` are retried | [`GrpcRetryClassifier`] |
 //! | a pushback of `n` ms: retry after exactly `n` ms; negative or unreadable: do not retry | the classifier's hint, which replaces the computed backoff |
+//! | after a pushback, the backoff starts again at `initialBackoff` | [`restart_backoff_after_hint(true)`](RetryBuilder::restart_backoff_after_hint) |
 //! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`retry_non_idempotent(true)`](RetryBuilder::retry_non_idempotent) |
 //! | retries carry `grpc-previous-rpc-attempts` | [`attempt_header`](RetryBuilder::attempt_header) |
 //! | `timeout` bounds the whole call, every attempt included | [`deadline`](RetryBuilder::deadline) ([`MethodConfig::retry_builder`]) |
@@ -22,8 +23,6 @@
 //! - A `backoffMultiplier` below 1 (A6 allows any value above 0, so delays
 //!   that shrink) is refused by the conversion, not by the parser: this
 //!   crate's [`Backoff`] only grows.
-//! - A6 restarts the backoff at `initialBackoff` after a pushback; the
-//!   retry layer goes on with its backoff sequence where it was.
 //! - Without `retryThrottling` A6 does not throttle; the builder then keeps
 //!   this crate's default retry budget (a [`TpsBudget`](crate::budget::TpsBudget)),
 //!   which only bounds retry storms. Call
@@ -157,4 +156,5 @@ fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetry
         .retry_non_idempotent(true)
         .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS))
         .max_attempts(max_attempts)
+        .restart_backoff_after_hint(true)
 }
