@@ -186,12 +186,11 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // end by the method's 2 s `timeout`, and stop retrying while the
     // throttle's tokens are at half or less. gRPC calls are POSTs: a method
     // with a retry policy is declared safe to repeat (see the top).
+    // One layer applies the whole config: each call's path
+    // (`/greeter.Greeter/SayHello`) picks its method config, and every
+    // method shares the server's throttle.
     let service_config = ServiceConfig::from_json(include_str!("greeter_service_config.json"))?;
-    let method = service_config
-        .method_config("/greeter.Greeter/SayHello")
-        .ok_or("the service config covers greeter.Greeter")?;
-    let throttle = service_config.retry_throttle();
-    let retry = method.retry_builder(throttle.as_ref())?.build()?;
+    let retry = service_config.layer(service_config.retry_throttle())?;
 
     // The breaker is *outside* the retry loop: it counts calls that still
     // failed after their retries, and once open it saves each caller the whole

@@ -904,3 +904,76 @@ async fn after_a_pushback_the_backoff_starts_again_at_initial_backoff() {
         gap(3)
     );
 }
+
+// ===== one layer for the whole config
+
+#[tokio::test(start_paused = true)]
+async fn one_layer_routes_each_path_to_its_methods_policy() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [
+            {"name": [{"service": "example.Service"}],
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "1s",
+                             "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+            {"name": [{"service": "example.Search", "method": "Find"}],
+             "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s",
+                               "nonFatalStatusCodes": ["UNAVAILABLE"]}}],
+          "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#,
+    )
+    .unwrap();
+    let layer = config.layer(config.retry_throttle()).unwrap();
+    let post = |path: &str| {
+        Request::post(path)
+            .header("content-type", "application/grpc")
+            .body(String::from("message"))
+            .unwrap()
+    };
+
+    // The retry policy: UNAVAILABLE three times in all.
+    let (service, seen) = grpc_server(|_| grpc_response(14, None));
+    let response = layer
+        .layer(service)
+        .oneshot(post("/example.Service/Call"))
+        .await
+        .unwrap();
+    assert_eq!(grpc_code(&response), "14");
+    assert_eq!(seen.lock().unwrap().len(), 3);
+
+    // The hedging policy: a slow first attempt, hedged after 50 ms.
+    let (service, seen) = slow_grpc_server(&[(0, 1000), (0, 10)]);
+    let start = Instant::now();
+    let response = layer
+        .layer(service)
+        .oneshot(post("/example.Search/Find"))
+        .await
+        .unwrap();
+    assert_eq!(grpc_code(&response), "0");
+    assert_eq!(start.elapsed(), MS(60));
+    assert_eq!(seen.lock().unwrap().len(), 2);
+
+    // A path no method config covers: sent once, as it is.
+    let (service, seen) = grpc_server(|_| grpc_response(14, None));
+    let response = layer
+        .layer(service)
+        .oneshot(post("/example.Search/Other"))
+        .await
+        .unwrap();
+    assert_eq!(grpc_code(&response), "14");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn a_bad_method_config_is_named_when_the_layer_is_built() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [
+            {"name": [{"service": "a.A"}]},
+            {"name": [{"service": "b.B"}],
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "1s",
+                             "backoffMultiplier": 0.5, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let error = config.layer(None).unwrap_err();
+    assert_eq!(
+        error.field(),
+        "methodConfig[1].retryPolicy.backoffMultiplier"
+    );
+}

@@ -93,10 +93,12 @@ pub mod duration;
 pub mod hedge;
 mod parse;
 pub mod retry;
+mod router;
 pub mod status;
 mod throttle;
 
 pub use self::classifier::GrpcRetryClassifier;
+pub use self::router::{PerMethod, PerMethodFuture, ServiceConfigLayer};
 pub use self::status::StatusCodes;
 pub use self::throttle::RetryThrottle;
 
@@ -221,25 +223,34 @@ impl ServiceConfig {
     /// assert_eq!(timeout("not a path"), 30);
     /// ```
     pub fn method_config(&self, path: &str) -> Option<&MethodConfig> {
+        self.method_configs.get(self.entry_for_path(path)?)
+    }
+
+    /// The index in [`method_configs`](Self::method_configs) of the entry
+    /// for `path`, by the rules of [`method_config`](Self::method_config).
+    pub(crate) fn entry_for_path(&self, path: &str) -> Option<usize> {
         let named = path
             .strip_prefix('/')
             .and_then(|rest| rest.split_once('/'))
             .filter(|(_, method)| !method.contains('/'));
         match named {
-            Some((service, method)) => self.method_config_for(service, method),
-            None => self.default_method_config(),
+            Some((service, method)) => self.entry_for(service, method),
+            None => self.index.default,
         }
     }
 
     /// The method config for `service` and `method`, by the same rules as
     /// [`method_config`](Self::method_config).
     pub fn method_config_for(&self, service: &str, method: &str) -> Option<&MethodConfig> {
+        self.method_configs.get(self.entry_for(service, method)?)
+    }
+
+    fn entry_for(&self, service: &str, method: &str) -> Option<usize> {
         let entries = self.index.services.get(service);
-        let entry = entries
+        entries
             .and_then(|entries| entries.methods.get(method).copied())
             .or_else(|| entries.and_then(|entries| entries.whole_service))
-            .or(self.index.default)?;
-        self.method_configs.get(entry)
+            .or(self.index.default)
     }
 
     /// The default method config (a name without `service`), if any.

@@ -1,0 +1,259 @@
+//! One layer for a whole service config: each call gets its method's policy.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_classify::{BoxError, ConfigError};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{GrpcRetryClassifier, RetryThrottle, ServiceConfig};
+use crate::body::TryCloneBody;
+use crate::hedge::HedgeLayer;
+use crate::replay::HttpReplay;
+use crate::RetryLayer;
+
+type GrpcRetry = RetryLayer<GrpcRetryClassifier, HttpReplay>;
+type GrpcHedge = HedgeLayer<GrpcRetryClassifier, HttpReplay>;
+
+enum MethodLayer {
+    Retry(GrpcRetry),
+    Hedge(GrpcHedge),
+}
+
+struct Routes {
+    config: ServiceConfig,
+    // One per method config, in the same order.
+    layers: Vec<MethodLayer>,
+}
+
+/// Applies a gRPC service config to every call: the request path
+/// (`/package.Service/Method`) picks the method config, as
+/// [`ServiceConfig::method_config`] does, and the call goes through that
+/// config's retry layer ([`MethodConfig::retry_builder`](super::MethodConfig::retry_builder))
+/// or hedge layer ([`MethodConfig::hedge_builder`](super::MethodConfig::hedge_builder)).
+/// A path no method config covers is sent once, as it is.
+///
+/// Every method shares one [`RetryThrottle`] (A6 throttles per server), and
+/// each method config's layer is named after its first name
+/// (`greeter.Greeter/SayHello`), so its metrics have their own series.
+///
+/// ```
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_budget::service_config::ServiceConfig;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), tower_classify::BoxError> {
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     { "name": [{ "service": "pkg.Svc", "method": "Get" }],
+///       "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "1s",
+///                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } }
+///   ],
+///   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+/// }"#)?;
+/// let layer = config.layer(config.retry_throttle())?;
+/// let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+/// let seen = attempts.clone();
+/// let server = service_fn(move |_: http::Request<String>| {
+///     seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+///     async { Ok::<_, tower_classify::BoxError>(
+///         http::Response::builder().header("grpc-status", "14").body(())?) }
+/// });
+/// let client = layer.layer(server);
+/// for path in ["/pkg.Svc/Get", "/pkg.Svc/Put"] {
+///     let request = http::Request::post(path).body(String::new())?;
+///     client.clone().oneshot(request).await?;
+/// }
+/// // Get: 3 attempts by its retry policy; Put: no method config, one.
+/// assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 4);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ServiceConfigLayer {
+    routes: Arc<Routes>,
+}
+
+impl fmt::Debug for ServiceConfigLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceConfigLayer")
+            .field("method_configs", &self.routes.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceConfig {
+    /// The layer applying this config to every call by its path; see
+    /// [`ServiceConfigLayer`]. `throttle` is the server's
+    /// [`RetryThrottle`], usually [`retry_throttle`](Self::retry_throttle).
+    /// Errors name the method config (`methodConfig[1].retryPolicy.backoffMultiplier`).
+    pub fn layer(
+        &self,
+        throttle: Option<Arc<RetryThrottle>>,
+    ) -> Result<ServiceConfigLayer, ConfigError> {
+        let mut layers = Vec::with_capacity(self.method_configs.len());
+        for (entry, method) in self.method_configs.iter().enumerate() {
+            let path = format!("methodConfig[{entry}]");
+            let within = |error: ConfigError| error.within(&path);
+            let name =
+                method
+                    .names()
+                    .first()
+                    .map_or_else(String::new, |name| match name.method() {
+                        Some(m) => format!("{}/{m}", name.service()),
+                        None if name.service().is_empty() => String::from("default"),
+                        None => name.service().to_owned(),
+                    });
+            let layer = match method.hedge_builder(throttle.as_ref()) {
+                Some(hedge) => MethodLayer::Hedge(hedge.name(name).build().map_err(within)?),
+                None => MethodLayer::Retry(
+                    method
+                        .retry_builder(throttle.as_ref())
+                        .map_err(within)?
+                        .name(name)
+                        .build()
+                        .map_err(within)?,
+                ),
+            };
+            layers.push(layer);
+        }
+        Ok(ServiceConfigLayer {
+            routes: Arc::new(Routes {
+                config: self.clone(),
+                layers,
+            }),
+        })
+    }
+}
+
+impl<S> Layer<S> for ServiceConfigLayer {
+    type Service = PerMethod<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PerMethod {
+            inner,
+            routes: Arc::clone(&self.routes),
+        }
+    }
+}
+
+/// The service of a [`ServiceConfigLayer`].
+pub struct PerMethod<S> {
+    inner: S,
+    routes: Arc<Routes>,
+}
+
+impl<S: Clone> Clone for PerMethod<S> {
+    fn clone(&self) -> Self {
+        PerMethod {
+            inner: self.inner.clone(),
+            routes: Arc::clone(&self.routes),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for PerMethod<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerMethod")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, Rb: 'static> Service<Request<B>> for PerMethod<S>
+where
+    S: Service<Request<B>, Response = Response<Rb>> + Clone,
+    S::Error: Into<BoxError>,
+    B: TryCloneBody,
+{
+    type Response = Response<Rb>;
+    type Error = BoxError;
+    type Future = PerMethodFuture<S, Request<B>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let entry = self.routes.config.entry_for_path(request.uri().path());
+        // The service made ready by `poll_ready` takes the call; a fresh
+        // clone stays here.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let kind = match entry.map(|entry| &self.routes.layers[entry]) {
+            None => {
+                let mut ready = ready;
+                Kind::Plain {
+                    future: ready.call(request),
+                }
+            }
+            Some(MethodLayer::Retry(layer)) => Kind::Retry {
+                future: layer.layer(ready).call(request),
+            },
+            Some(MethodLayer::Hedge(layer)) => Kind::Hedge {
+                future: layer.layer(ready).call(request),
+            },
+        };
+        PerMethodFuture { kind }
+    }
+}
+
+pin_project! {
+    /// The response future of [`PerMethod`].
+    pub struct PerMethodFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        kind: Kind<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, Req>
+    where
+        S: Service<Req>,
+    {
+        // A call no method config covers.
+        Plain { #[pin] future: S::Future },
+        Retry { #[pin] future: crate::future::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay> },
+        Hedge { #[pin] future: crate::hedge::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay> },
+    }
+}
+
+impl<S, B, Rb: 'static> Future for PerMethodFuture<S, Request<B>>
+where
+    S: Service<Request<B>, Response = Response<Rb>>,
+    S::Error: Into<BoxError>,
+    B: TryCloneBody,
+{
+    type Output = Result<Response<Rb>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Plain { future } => future.poll(cx).map_err(Into::into),
+            KindProj::Retry { future } => future.poll(cx),
+            KindProj::Hedge { future } => future.poll(cx),
+        }
+    }
+}
+
+impl<S, Req> fmt::Debug for PerMethodFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            Kind::Plain { .. } => "Plain",
+            Kind::Retry { .. } => "Retry",
+            Kind::Hedge { .. } => "Hedge",
+        };
+        f.debug_tuple("PerMethodFuture").field(&kind).finish()
+    }
+}
