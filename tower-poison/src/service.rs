@@ -2,9 +2,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use tower_classify::{BoxError, Classify, FailureKind, Outcome};
+use tower_classify::{BoxError, Classify, FailureKind, LogLimit, Outcome};
 use tower_service::Service;
 
 use crate::action::Action;
@@ -124,27 +124,24 @@ impl DropLog {
 /// other refusals are logged at `debug` (the metric counts every one).
 const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
-/// When each label last warned that its store is full. Process-wide, by
-/// label: layers sharing a label share a queue, and one warning tells about
-/// all of them. Bounded like [`DropLog`].
-static FULL_WARNINGS: LazyLock<Mutex<HashMap<Box<str>, Instant>>> =
+/// Each label's limit on "store is full" warnings. Process-wide, by label:
+/// layers sharing a label share a queue, and one warning tells about all of
+/// them. Bounded like [`DropLog`]; only a refusal (a full store) looks here.
+static FULL_WARNINGS: LazyLock<Mutex<HashMap<Box<str>, Arc<LogLimit>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// `true` when `label` has not warned about a full store within
-/// [`FULL_WARNING_INTERVAL`] (and records that it warns now).
-fn full_warning_due(label: &str) -> bool {
-    let now = Instant::now();
-    let mut last = FULL_WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(at) = last.get(label) {
-        if now.duration_since(*at) < FULL_WARNING_INTERVAL {
-            return false;
-        }
+/// The warning limit of `label`.
+fn full_warning_limit(label: &str) -> Arc<LogLimit> {
+    let mut limits = FULL_WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(limit) = limits.get(label) {
+        return Arc::clone(limit);
     }
-    if last.len() >= DropLog::CAPACITY && !last.contains_key(label) {
-        last.clear();
+    if limits.len() >= DropLog::CAPACITY {
+        limits.clear();
     }
-    last.insert(label.into(), now);
-    true
+    let limit = Arc::new(LogLimit::new(FULL_WARNING_INTERVAL));
+    limits.insert(label.into(), Arc::clone(&limit));
+    limit
 }
 
 impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
@@ -550,11 +547,12 @@ where
                             "label" => label.to_owned()
                         )
                         .increment(1);
-                        if full_warning_due(label) {
+                        if let Some(held_back) = full_warning_limit(label).check() {
                             tracing::warn!(
                                 entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                since_last_warning = held_back,
                                 "dead-letter store is full: failing the call instead of keeping it \
-                                 (logged once per 10 s per label)"
+                                 (logged once per 10 s per label; every refusal at debug)"
                             );
                         } else {
                             tracing::debug!(
