@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use metrics::{Counter, Gauge, SharedString, Unit};
 
@@ -116,44 +116,43 @@ impl fmt::Debug for MetricsLabel {
     }
 }
 
-/// Describes every metric of this crate (kind, unit, meaning) to the
-/// recorder installed when the first layer is built. Once per process: a
-/// recorder keeps descriptions, and the layers built later would only
-/// repeat them.
-pub(crate) fn describe_metrics() {
-    static DESCRIBED: Once = Once::new();
-    DESCRIBED.call_once(|| {
-        // The two gauges hold codes, not quantities: no unit fits them.
-        metrics::describe_gauge!(
-            "tower_breaker_state",
-            "What the circuit breaker refuses: 0 closed (also forced closed), \
-             1 half-open, 2 open (also forced open)"
-        );
-        metrics::describe_gauge!(
-            "tower_breaker_forced",
-            "1 while an operator has forced the circuit breaker open or closed, else 0"
-        );
-        metrics::describe_counter!(
-            "tower_breaker_opened_total",
-            Unit::Count,
-            "Transitions of the circuit breaker to open"
-        );
-        metrics::describe_counter!(
-            "tower_breaker_rejected_total",
-            Unit::Count,
-            "Calls the circuit breaker refused without calling the service"
-        );
-        metrics::describe_counter!(
-            "tower_breaker_would_reject_total",
-            Unit::Count,
-            "Calls a metrics-only circuit breaker would have refused and let through"
-        );
-        metrics::describe_counter!(
-            "tower_breaker_evicted_total",
-            Unit::Count,
-            "Keyed circuit breakers evicted to make room for a new key, by the state they were in"
-        );
-    });
+/// Registers the descriptions (kind, unit, meaning) of this crate's
+/// metrics with the installed `metrics` recorder.
+///
+/// Building a layer calls it, so an exporter installed before the layers
+/// are built describes every series; call it yourself after installing a
+/// recorder later. Repeating it is harmless.
+pub fn describe_metrics() {
+    // The two gauges hold codes, not quantities: no unit fits them.
+    metrics::describe_gauge!(
+        "tower_breaker_state",
+        "What the circuit breaker refuses: 0 closed (also forced closed), \
+         1 half-open, 2 open (also forced open)"
+    );
+    metrics::describe_gauge!(
+        "tower_breaker_forced",
+        "1 while an operator has forced the circuit breaker open or closed, else 0"
+    );
+    metrics::describe_counter!(
+        "tower_breaker_opened_total",
+        Unit::Count,
+        "Transitions of the circuit breaker to open"
+    );
+    metrics::describe_counter!(
+        "tower_breaker_rejected_total",
+        Unit::Count,
+        "Calls the circuit breaker refused without calling the service"
+    );
+    metrics::describe_counter!(
+        "tower_breaker_would_reject_total",
+        Unit::Count,
+        "Calls a metrics-only circuit breaker would have refused and let through"
+    );
+    metrics::describe_counter!(
+        "tower_breaker_evicted_total",
+        Unit::Count,
+        "Keyed circuit breakers evicted to make room for a new key, by the state they were in"
+    );
 }
 
 /// One breaker's metric handles, registered with the recorder installed when

@@ -40,6 +40,7 @@ pub use self::error::CircuitOpen;
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
+pub use self::instruments::describe_metrics;
 pub use self::instruments::MetricsLabel;
 pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};

@@ -26,6 +26,7 @@ pub use self::error::{StoreError, StoreErrorKind};
 pub use self::future::ResponseFuture;
 pub use self::key::MAX_KEY_LEN;
 pub use self::layer::{IdempotencyGuardLayer, MIN_TTL};
+pub use self::observability::describe_metrics;
 pub use self::rejection::Rejection;
 pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED};
 

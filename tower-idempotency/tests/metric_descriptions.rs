@@ -1,6 +1,6 @@
 //! Every metric the guard and its memory store emit is described (help text
 //! and unit) to the recorder. In its own test binary: the descriptions are
-//! registered once per process, by the first guard or store built.
+//! registered with the global recorder by each guard or store built.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

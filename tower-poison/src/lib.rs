@@ -43,6 +43,7 @@ pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;
 pub use self::grpc::{GrpcBody, GrpcDeadLetter, GrpcDeadLetterLayer, GrpcResponseFuture};
 pub use self::layer::{DeadLetterLayer, SERVER_KINDS};
+pub use self::observability::describe_metrics;
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
 pub use self::replay::replay;

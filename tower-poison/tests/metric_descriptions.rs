@@ -1,6 +1,6 @@
 //! Every metric the crate emits is described (help text and unit) to the
 //! recorder when a layer is built. In its own test binary: the descriptions
-//! are registered once per process, by the first layer built.
+//! are registered with the global recorder by each layer built.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -210,7 +210,7 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         refusal("retry", key, error)
     })?;
     // Checked without building a layer: a built one would register its
-    // metrics (and describe them, once per process) with whatever recorder
+    // metrics (and describe them) with whatever recorder
     // is current, and could reset a live breaker's gauges.
     config.breaker_builder().check().map_err(|error| {
         let key = match error.field() {
