@@ -1,4 +1,12 @@
-#![doc = include_str!("../README.md")]
+// The README's examples classify HTTP responses: it is the crate's
+// documentation when the `http` feature (a default) is on.
+#![cfg_attr(feature = "http", doc = include_str!("../README.md"))]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "One error classification for the tower resilience layers: the `Classify` \
+           trait, its outcomes and the error-chain classifier. The full documentation, \
+           with the HTTP and gRPC classifiers, is built with the `http` feature (on by default)."
+)]
 #![warn(
     missing_debug_implementations,
     missing_docs,
