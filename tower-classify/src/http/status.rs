@@ -43,7 +43,9 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// attaches a [`Shed`](FailureKind::Shed) failure so that a dead-letter layer
 /// or a client breaker outside it does not count it as a server error.
 ///
-/// Cloning is cheap: the rules are shared through an `Arc`.
+/// Cloning is cheap: the rules are shared through an `Arc`, and a classifier
+/// without rules (the default) is copied without touching a reference count,
+/// so layers that clone it per call do not contend on one.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -60,7 +62,8 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// ```
 #[derive(Clone, Default)]
 pub struct HttpClassifier {
-    rules: Arc<[ResponseRule]>,
+    /// `None` without rules: no shared count to bump on every clone.
+    rules: Option<Arc<[ResponseRule]>>,
     retryable: Option<StatusSet>,
     errors: ErrorChainClassifier,
 }
@@ -69,7 +72,7 @@ impl HttpClassifier {
     /// The classifier with the defaults in the table above.
     pub fn new() -> Self {
         HttpClassifier {
-            rules: Arc::new([]),
+            rules: None,
             retryable: None,
             errors: ErrorChainClassifier::new(),
         }
@@ -86,9 +89,9 @@ impl HttpClassifier {
 
     /// Adds response rules, checked in order before the status table.
     pub fn with_rules(mut self, rules: impl IntoIterator<Item = ResponseRule>) -> Self {
-        let mut all = self.rules.to_vec();
+        let mut all = self.rules.as_deref().unwrap_or_default().to_vec();
         all.extend(rules);
-        self.rules = all.into();
+        self.rules = (!all.is_empty()).then(|| all.into());
         self
     }
 
@@ -108,7 +111,7 @@ impl HttpClassifier {
         body: Option<&[u8]>,
         now: SystemTime,
     ) -> Outcome {
-        for rule in self.rules.iter() {
+        for rule in self.rules.iter().flat_map(|rules| rules.iter()) {
             if let Some(failure) = rule.check(status, headers, body, now) {
                 // A rule's own wait (`backoff_from`) comes before `Retry-After`.
                 let hint = failure.hint.or_else(|| retry_after(headers, now));
@@ -180,7 +183,7 @@ where
 impl fmt::Debug for HttpClassifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpClassifier")
-            .field("rules", &self.rules.len())
+            .field("rules", &self.rules.as_ref().map_or(0, |rules| rules.len()))
             .field("retryable", &self.retryable)
             .field("errors", &self.errors)
             .finish()
