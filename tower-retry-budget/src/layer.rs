@@ -318,7 +318,10 @@ impl<C, R> RetryBuilder<C, R> {
     /// The least time an attempt must have before the loop's deadline for
     /// it to be started (default 0: any time left). A retry whose sleep
     /// plus this would reach the deadline is not made; the loop ends at
-    /// once, its last failure handed back. The deadline is the earlier of
+    /// once, its last failure handed back. A call whose caller's deadline
+    /// leaves less than this (or nothing) sends nothing and ends with
+    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded). Must be below
+    /// [`deadline`](Self::deadline). The deadline is the earlier of
     /// [`deadline`](Self::deadline) and the caller's
     /// [`Deadline`](tower_classify::deadline::Deadline) request extension.
     pub fn min_attempt_time(mut self, min: Duration) -> Self {
@@ -435,6 +438,16 @@ impl<C, R> RetryBuilder<C, R> {
         };
         if deadline == Some(Duration::ZERO) {
             return Err(ConfigError::new("deadline", "must be more than zero"));
+        }
+        if let Some(deadline) = deadline.filter(|deadline| *deadline <= self.min_attempt_time) {
+            // No attempt, the first included, would ever be sent.
+            return Err(ConfigError::new(
+                "min_attempt_time",
+                format!(
+                    "{:?} must be below the deadline ({deadline:?}): no attempt could start",
+                    self.min_attempt_time
+                ),
+            ));
         }
         Ok(deadline)
     }

@@ -75,16 +75,17 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let policy = &self.policy;
-        if let Some(budget) = &policy.budget {
-            budget.deposit();
-        }
         let cold = match future::cold_state(policy, policy.replay.deadline(&request)) {
             Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
-                // Not sent at all: the caller could not use its answer.
+                // Not sent at all (nor deposited as traffic): the caller
+                // could not use its answer.
                 return ResponseFuture::expired(self.inner.clone(), Arc::clone(policy), cold);
             }
             cold => cold,
         };
+        if let Some(budget) = &policy.budget {
+            budget.deposit();
+        }
         // The copy for the first retry is made now: the call consumes `request`.
         let replay = if policy.max_retries > 0 {
             policy.replay.replay(&request, 1)

@@ -202,3 +202,18 @@ async fn no_first_attempt_is_sent_past_or_too_close_to_the_deadline() {
     assert!(error.is::<DeadlineExceeded>());
     assert_eq!(arrivals.lock().unwrap().len(), 1);
 }
+
+#[test]
+fn a_minimum_attempt_time_at_or_above_the_deadline_is_refused() {
+    let error = RetryLayer::builder()
+        .deadline(Duration::from_millis(30))
+        .min_attempt_time(Duration::from_millis(30))
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "min_attempt_time");
+    assert!(RetryLayer::builder()
+        .deadline(Duration::from_millis(31))
+        .min_attempt_time(Duration::from_millis(30))
+        .build()
+        .is_ok());
+}

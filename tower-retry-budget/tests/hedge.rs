@@ -609,3 +609,175 @@ async fn a_call_past_its_deadline_sends_nothing() {
     assert_eq!(exceeded.attempts(), 0);
     assert!(started(&seen).is_empty());
 }
+
+fn shed() -> BoxError {
+    Box::new(Classified::new(FailureKind::Shed, "circuit open"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_refused_below_does_not_cancel_the_first_attempt() {
+    // The hedge meets an open circuit (a local refusal) at 51 ms; the first
+    // attempt answers at 100 ms and is the call's answer.
+    let (service, seen) = scripted(vec![ok(100, "first"), fail(1, || Err(shed()))]);
+    let start = Instant::now();
+    let answer = fixed(50).layer(service).oneshot("req").await.unwrap();
+    assert_eq!(answer, "first");
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(started(&seen), [0, 50]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_losers_are_dropped_before_the_call_resolves() {
+    let (service, seen) = scripted(vec![ok(1000, "first"), ok(1000, "second"), ok(10, "third")]);
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(service);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    // The response future itself, kept alive after it resolves.
+    let mut call = tokio_test::task::spawn(service.call("req"));
+    let answer = loop {
+        if let std::task::Poll::Ready(answer) = call.poll() {
+            break answer.unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+    };
+    assert_eq!(answer, "third");
+    assert_eq!(started(&seen), [0, 50, 100]);
+    assert_eq!(
+        seen.alive.load(Ordering::SeqCst),
+        0,
+        "both losers gone while the resolved future still exists"
+    );
+    drop(call);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_readiness_stall_does_not_bunch_the_next_hedges() {
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    handle.allow(1);
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(mock);
+    let start = Instant::now();
+    let mut call =
+        tokio_test::task::spawn(async move { service.ready().await.unwrap().call("req").await });
+    assert!(call.poll().is_pending());
+    let _first = handle.next_request().await.unwrap();
+    // Due at 50 ms, but the service is not ready until 200 ms.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert!(call.poll().is_pending());
+    handle.allow(2);
+    assert!(call.poll().is_pending());
+    let _second = handle.next_request().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(200));
+    // The third is due a delay after the second went out, not at once.
+    assert!(call.poll().is_pending());
+    assert!(handle.poll_request().is_pending(), "no catch-up burst");
+    tokio::time::advance(Duration::from_millis(50)).await;
+    assert!(call.poll().is_pending());
+    let (_, third) = handle.next_request().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(250));
+    third.send_response("third");
+    match call.poll() {
+        std::task::Poll::Ready(Ok(answer)) => assert_eq!(answer, "third"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A budget that refuses its first `refusals` withdrawals, then allows.
+struct RefusesFirst {
+    refusals: std::sync::atomic::AtomicU32,
+}
+
+impl tower::retry::budget::Budget for RefusesFirst {
+    fn deposit(&self) {}
+    fn withdraw(&self) -> bool {
+        self.refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_refusal_gives_the_own_budget_its_withdrawal_back() {
+    // 50 % of 10 calls: 5 hedges in the layer's own budget. Calls 1 to 9
+    // find a token in it (call 0 has half of one), and the shared budget
+    // refuses those 9; the own budget must still have all 5 afterwards.
+    let seen_ids = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let ids = seen_ids.clone();
+    let service = tower::service_fn(move |id: u32| {
+        let first = ids.lock().unwrap().insert(id);
+        async move {
+            tokio::time::sleep(Duration::from_millis(if first { 100 } else { 10 })).await;
+            Ok::<_, BoxError>(first)
+        }
+    });
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_extra_load(0.5)
+        .min_hedges_per_sec(0)
+        .shared_budget(Arc::new(RefusesFirst {
+            refusals: std::sync::atomic::AtomicU32::new(9),
+        }))
+        .build()
+        .unwrap();
+    let service = layer.layer(service);
+    for id in 0..10 {
+        assert!(
+            service.clone().oneshot(id).await.unwrap(),
+            "refused by the shared budget"
+        );
+    }
+    let mut hedged = 0;
+    for id in 10..15 {
+        if !service.clone().oneshot(id).await.unwrap() {
+            hedged += 1;
+        }
+    }
+    // 5 kept + 0.5 per new call: each of the 5 is hedged. Without the
+    // refund the 9 refusals would have spent it, and only 2 would be.
+    assert_eq!(hedged, 5, "the own budget kept its tokens");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_hedge_carries_the_number_of_attempts_before_it() {
+    let headers = Arc::new(Mutex::new(Vec::new()));
+    let log = headers.clone();
+    let service = tower::service_fn(move |request: http::Request<String>| {
+        let attempt = request
+            .headers()
+            .get("grpc-previous-rpc-attempts")
+            .map(|value| value.to_str().unwrap().to_owned());
+        log.lock().unwrap().push(attempt.clone());
+        async move {
+            let wait = if attempt.as_deref() == Some("2") {
+                10
+            } else {
+                1000
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, BoxError>(http::Response::new(attempt))
+        }
+    });
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .build()
+        .unwrap();
+    let get = http::Request::get("/").body(String::new()).unwrap();
+    let response = layer.layer(service).oneshot(get).await.unwrap();
+    assert_eq!(response.body().as_deref(), Some("2"));
+    assert_eq!(
+        *headers.lock().unwrap(),
+        [None, Some("1".to_owned()), Some("2".to_owned())]
+    );
+}

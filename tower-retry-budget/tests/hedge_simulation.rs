@@ -233,6 +233,9 @@ enum Contender {
     Bare,
     Tower,
     Ours,
+    /// Ours with three attempts in flight: a failure answer can come while
+    /// a further hedge is still due, so "none after a failure" is tested.
+    OursThreeAttempts,
 }
 
 fn simulate(contender: Contender, fast_failures: f64) -> Figures {
@@ -262,6 +265,14 @@ fn simulate(contender: Contender, fast_failures: f64) -> Figures {
             }
             Contender::Ours => {
                 let layer = HedgeLayer::builder().name("sim").build().unwrap();
+                run(layer.layer(server), log).await
+            }
+            Contender::OursThreeAttempts => {
+                let layer = HedgeLayer::builder()
+                    .name("sim")
+                    .max_attempts(3)
+                    .build()
+                    .unwrap();
                 run(layer.layer(server), log).await
             }
         }
@@ -325,13 +336,17 @@ fn no_hedge_follows_a_failure_answer() {
     let bare = simulate(Contender::Bare, 0.5);
     let tower = simulate(Contender::Tower, 0.5);
     let ours = simulate(Contender::Ours, 0.5);
+    let three = simulate(Contender::OursThreeAttempts, 0.5);
     println!("With half of all attempts failing fast:");
     println!("| | p50 | p99 | p99.9 | extra attempts | sent after a failure | attempts alive 1 ms after the answer |");
     println!("|---|---|---|---|---|---|---|");
     print_row("no hedging", &bare, &bare);
     print_row("`tower::hedge`", &bare, &tower);
     print_row("`HedgeLayer`", &bare, &ours);
+    print_row("`HedgeLayer`, `max_attempts(3)`", &bare, &three);
     assert_eq!(ours.after_failure, 0, "{ours:?}");
+    assert_eq!(three.after_failure, 0, "{three:?}");
+    assert!(three.extra <= 0.05, "{three:?}");
     assert!(ours.extra <= 0.05, "{ours:?}");
     assert!(ours.most_alive_after_answer <= 1, "{ours:?}");
 }

@@ -977,3 +977,78 @@ fn a_bad_method_config_is_named_when_the_layer_is_built() {
         "methodConfig[1].retryPolicy.backoffMultiplier"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a6_a_non_fatal_code_with_do_not_retry_pushback_does_not_cancel_the_first_attempt() {
+    let config = hedging_config(
+        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    let seen: Seen = Arc::default();
+    let log = Arc::clone(&seen);
+    let service = tower::service_fn(move |request: Request<String>| {
+        let n = {
+            let mut log = log.lock().unwrap();
+            log.push((Instant::now(), request.headers().clone()));
+            log.len() - 1
+        };
+        async move {
+            // The first attempt answers OK at 100 ms; the hedge UNAVAILABLE
+            // with a pushback of -1 ("do not retry") at 51 ms.
+            let (after, response) = if n == 0 {
+                (100, grpc_response(0, None))
+            } else {
+                (1, grpc_response(14, Some("-1")))
+            };
+            tokio::time::sleep(MS(after)).await;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let start = Instant::now();
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(grpc_code(&response), "0");
+    assert_eq!(start.elapsed(), MS(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a6_answers_that_are_not_hedged_still_count_in_the_throttle() {
+    let config = hedging_config(
+        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let throttle = config.retry_throttle().unwrap();
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method
+        .hedge_builder(Some(&throttle))
+        .unwrap()
+        .build()
+        .unwrap();
+    // UNAVAILABLE at once, before any hedge is due: three tokens gone.
+    let (service, _) = grpc_server(|_| grpc_response(14, None));
+    let service = layer.layer(service);
+    for _ in 0..3 {
+        service.clone().oneshot(request()).await.unwrap();
+    }
+    assert_eq!(throttle.tokens(), 7.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_methods_timeout_bounds_a_hedged_call() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "example.Service"}], "timeout": "0.1s",
+            "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.08s",
+                              "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let layer = config.layer(None).unwrap();
+    let (service, seen) = slow_grpc_server(&[(0, 10_000)]);
+    let start = Instant::now();
+    let error = layer.layer(service).oneshot(request()).await.unwrap_err();
+    assert!(
+        error.is::<tower_retry_budget::error::DeadlineExceeded>(),
+        "{error}"
+    );
+    assert_eq!(start.elapsed(), MS(100));
+    // The hedge at 80 ms had 20 ms left; the one due at 160 ms never went.
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}

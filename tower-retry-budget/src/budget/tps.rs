@@ -245,6 +245,16 @@ impl Budget for TpsBudget {
     }
 }
 
+impl TpsBudget {
+    /// Gives back one withdrawal that was not used (a hedge the budget
+    /// allowed but another gate then refused). Crediting the current window
+    /// is exact while the withdrawal is in it, and at worst lets the
+    /// withdrawal expire early: never more retries than the rule allows.
+    pub(crate) fn refund(&self) {
+        self.withdrawn.fetch_sub(UNIT, Ordering::AcqRel);
+    }
+}
+
 impl Default for TpsBudget {
     /// 10 s ttl, 10 retries per second, 20 %.
     fn default() -> Self {

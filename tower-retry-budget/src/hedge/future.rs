@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tower_classify::{BoxError, Classify, Outcome};
+use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 use tracing::Span;
 
@@ -52,8 +52,11 @@ pin_project! {
         copy: Option<Req>,
         delay: Duration,
         deadline: Option<Instant>,
+        // When the next hedge is due; its timer is made on the first poll,
+        // inside the runtime, not in `call`.
+        due_at: Instant,
         #[pin]
-        timer: Sleep,
+        timer: Option<Sleep>,
         // The timer fired and the service is being driven ready.
         due: bool,
         // Attempts sent, the first included.
@@ -73,18 +76,22 @@ struct InFlight<F> {
 /// What an answer does to the call.
 enum Verdict {
     /// It is the call's answer: a success, an ignored result or a failure
-    /// that another attempt cannot fix.
+    /// that another attempt cannot fix (the request itself is wrong).
     Wins,
-    /// A retryable failure: the other attempts may still succeed, and no
-    /// further hedge is sent (retrying failures is a retry layer's job).
+    /// A transient failure, or a local refusal (an open circuit or a full
+    /// queue below refused this attempt, not the request): the other
+    /// attempts may still succeed, and no further hedge is sent (retrying
+    /// failures is a retry layer's job). A server's "do not retry" stops
+    /// further hedges too, but does not cancel an attempt already running.
     Waits,
 }
 
 fn verdict(outcome: &Outcome) -> Verdict {
-    if outcome.is_retryable() {
-        Verdict::Waits
-    } else {
-        Verdict::Wins
+    match outcome.as_failure() {
+        Some(failure) if failure.kind.is_transient() || failure.kind == FailureKind::Shed => {
+            Verdict::Waits
+        }
+        _ => Verdict::Wins,
     }
 }
 
@@ -136,7 +143,8 @@ where
                 copy: Some(copy),
                 delay,
                 deadline,
-                timer: tokio::time::sleep_until(due_at),
+                due_at,
+                timer: None,
                 due: false,
                 sent: 1,
                 hedges: Vec::new(),
@@ -174,11 +182,12 @@ where
                 .expect("hedge future polled after it completed");
             let result = ready!(first.poll(cx)).map_err(Into::into);
             this.first.set(None);
-            if let Some(started) = *this.started {
-                if policy.classifier.classify(result.as_ref()).is_success() {
-                    let now = Instant::now();
-                    policy.record_latency(now.saturating_duration_since(started), now);
-                }
+            // Classified even when nothing is recorded: a classifier may
+            // count (gRFC A6 throttling counts every answer).
+            let outcome = policy.classifier.classify(result.as_ref());
+            if let (Some(started), true) = (*this.started, outcome.is_success()) {
+                let now = Instant::now();
+                policy.record_latency(now.saturating_duration_since(started), now);
             }
             return Poll::Ready(result);
         };
@@ -249,8 +258,10 @@ where
             if this.first.is_none() && hedging.hedges.is_empty() {
                 // Every attempt failed retryably: the latest failure is the
                 // call's answer, for a retry layer above to judge.
-                let failed = hedging.failed.take();
-                return Poll::Ready(failed.expect("an attempt ended with no answer kept"));
+                match hedging.failed.take() {
+                    Some(failed) => return Poll::Ready(failed),
+                    None => panic!("hedge future polled after it completed"),
+                }
             }
 
             // The next hedge, if one may still be sent.
@@ -258,7 +269,12 @@ where
                 return Poll::Pending;
             }
             if !*hedging.due {
-                ready!(hedging.timer.as_mut().poll(cx));
+                if hedging.timer.is_none() {
+                    let due_at = *hedging.due_at;
+                    hedging.timer.set(Some(tokio::time::sleep_until(due_at)));
+                }
+                let timer = hedging.timer.as_mut().as_pin_mut().expect("set above");
+                ready!(timer.poll(cx));
                 *hedging.due = true;
             }
             let service = hedging.service.as_mut().expect("checked above");
@@ -280,7 +296,12 @@ where
                 Some(copy) if policy.replay.can_replay(&copy) => copy,
                 // A streamed body outgrew its recording: it cannot be sent
                 // again, and the attempts in flight carry on.
-                _ => {
+                Some(_) => {
+                    policy.telemetry.refused(attempt, Refusal::NotReplayable);
+                    stop(&mut hedging);
+                    continue;
+                }
+                None => {
                     stop(&mut hedging);
                     continue;
                 }
@@ -304,9 +325,14 @@ where
                 span,
             });
             if hedging.copy.is_some() {
+                // One delay after this hedge went out, not after it was due:
+                // a readiness stall does not bunch the next hedges together.
                 *hedging.due = false;
-                let next = hedging.timer.deadline() + *hedging.delay;
-                hedging.timer.as_mut().reset(next);
+                let next = Instant::now() + *hedging.delay;
+                *hedging.due_at = next;
+                if let Some(timer) = hedging.timer.as_mut().as_pin_mut() {
+                    timer.reset(next);
+                }
             } else {
                 stop(&mut hedging);
             }

@@ -61,17 +61,18 @@ impl Slice {
     }
 
     fn clear(&self) {
-        self.total.store(0, Ordering::Relaxed);
         for count in self.counts.iter() {
             count.store(0, Ordering::Relaxed);
         }
+        self.total.store(0, Ordering::Relaxed);
     }
 }
 
 /// Recent latencies and the percentile of them that a hedge waits for.
 ///
-/// Recording is three relaxed atomic adds; every 64th sample (and each time a
-/// slice of the window is cleared) the caller that recorded it scans the
+/// Recording is three relaxed atomic adds; every 64th sample (each time a
+/// slice of the window is cleared, and while the delay is unknown and the
+/// window holds enough samples) the caller that recorded it scans the
 /// buckets and stores the new delay, which every call reads with one load.
 /// A sample recorded while another thread clears its slice may be lost: the
 /// percentile is an estimate, and one sample in thousands does not move it.
@@ -148,23 +149,36 @@ impl LatencyWindow {
         slice.counts[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
         slice.total.fetch_add(1, Ordering::Relaxed);
         let samples = self.samples.fetch_add(1, Ordering::Relaxed) + 1;
-        let unknown = self.delay_micros.load(Ordering::Relaxed) == UNKNOWN;
-        if rotated
-            || samples % RECOMPUTE_EVERY == 0
-            || (unknown && samples >= u64::from(self.min_samples))
-        {
+        // While the delay is unknown, the three slice totals say cheaply
+        // whether a scan can find one.
+        let unknown = self.delay_micros.load(Ordering::Relaxed) == UNKNOWN
+            && self.window_total() >= u64::from(self.min_samples);
+        if rotated || samples % RECOMPUTE_EVERY == 0 || unknown {
             self.recompute();
         }
     }
 
-    /// Reads the percentile from every slice and stores it as the delay.
-    fn recompute(&self) {
-        let total: u64 = self
-            .slices
+    fn window_total(&self) -> u64 {
+        self.slices
             .iter()
             .map(|slice| u64::from(slice.total.load(Ordering::Relaxed)))
-            .sum();
-        if total < u64::from(self.min_samples) || total == 0 {
+            .sum()
+    }
+
+    /// Reads the percentile from every slice and stores it as the delay.
+    ///
+    /// The counts are read once into a snapshot, and the total and the
+    /// rank come from that snapshot: a slice cleared by another thread
+    /// meanwhile cannot leave the rank past the counts read.
+    fn recompute(&self) {
+        let mut counts = vec![0u64; BUCKETS];
+        for slice in &self.slices {
+            for (sum, count) in counts.iter_mut().zip(slice.counts.iter()) {
+                *sum += u64::from(count.load(Ordering::Relaxed));
+            }
+        }
+        let total: u64 = counts.iter().sum();
+        if total == 0 || total < u64::from(self.min_samples) {
             self.delay_micros.store(UNKNOWN, Ordering::Relaxed);
             return;
         }
@@ -172,13 +186,8 @@ impl LatencyWindow {
         // 95th smallest.
         let rank = ((self.percentile * total as f64).ceil() as u64).clamp(1, total);
         let mut below = 0u64;
-        let mut micros = bounds_of(BUCKETS - 1).0;
-        for bucket in 0..BUCKETS {
-            let count: u64 = self
-                .slices
-                .iter()
-                .map(|slice| u64::from(slice.counts[bucket].load(Ordering::Relaxed)))
-                .sum();
+        let mut micros = 0;
+        for (bucket, &count) in counts.iter().enumerate() {
             if count == 0 {
                 continue;
             }

@@ -169,9 +169,10 @@ impl<C, R> HedgeBuilder<C, R> {
         }
     }
 
-    /// Uses `classifier` to decide which answer wins: a success or a
-    /// failure that is not [retryable](tower_classify::Outcome::is_retryable)
-    /// wins at once; a retryable one waits for the other attempts.
+    /// Uses `classifier` to decide which answer wins: a success, or a
+    /// failure of a kind another attempt cannot fix (`Rejected`, `Poison`),
+    /// wins at once; a transient failure or a local refusal (`Shed`) waits
+    /// for the other attempts.
     pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
         HedgeBuilder {
             classifier,
@@ -218,8 +219,8 @@ impl<C, R> HedgeBuilder<C, R> {
     }
 
     /// The most attempts in flight for one call, the first included (2–5;
-    /// default 2). Attempt `n` is sent `(n − 1) × delay` after the first,
-    /// if no answer has won by then.
+    /// default 2). Each hedge is sent one delay after the attempt before it
+    /// went out, if no answer has won by then and no failure came back.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
@@ -261,9 +262,10 @@ impl<C, R> HedgeBuilder<C, R> {
     }
 
     /// The most extra load hedges may add, as a fraction of the calls
-    /// through the layer (more than 0 and at most 1; default 0.05). The
-    /// layer's own [`TpsBudget`] (10 s) enforces it, and the default delay
-    /// is the percentile `1 − max_extra_load`, so hedges are rarely refused.
+    /// through the layer (more than 0 and at most 1; default 0.05), plus
+    /// [`min_hedges_per_sec`](Self::min_hedges_per_sec). The layer's own
+    /// [`TpsBudget`] (10 s) enforces it, and the default delay is the
+    /// percentile `1 − max_extra_load`, so hedges are rarely refused.
     /// Undoes [`no_budget`](Self::no_budget).
     pub fn max_extra_load(mut self, fraction: f64) -> Self {
         self.max_extra_load = fraction;
@@ -287,13 +289,15 @@ impl<C, R> HedgeBuilder<C, R> {
         self
     }
 
-    /// Also asks `budget` before each hedge: the hedge is sent only when
-    /// the layer's own budget *and* every shared one allow it, and it
-    /// withdraws from each. Pass a retry layer's budget so that retries and
-    /// hedges together stay within it (Finagle's rule), or a gRFC A6
+    /// Also asks `budget` before each hedge (each call adds one). A hedge
+    /// is sent only when the layer's own budget and every shared budget
+    /// allow it; it is then withdrawn from each. When a shared budget
+    /// refuses, the own budget gets its withdrawal back.
+    ///
+    /// Pass a retry layer's budget so that retries and hedges together stay
+    /// within it (Finagle's rule), or a gRFC A6
     /// [`RetryThrottle`](crate::service_config::RetryThrottle). The layer
-    /// does not deposit into a shared budget: its owner does. Each call
-    /// adds one.
+    /// never deposits into a shared budget: its owner does.
     pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
         self.shared.push(budget);
         self
@@ -388,15 +392,15 @@ impl<C, R> HedgeBuilder<C, R> {
             )),
             (_, None) => unreachable!("only a fixed delay has no percentile"),
         };
-        let own: Option<Arc<dyn Budget + Send + Sync>> = match self.own_budget {
-            OwnBudget::ExtraLoad => Some(Arc::new(
+        let own = match self.own_budget {
+            OwnBudget::ExtraLoad => Some(
                 TpsBudget::new(
                     Duration::from_secs(10),
                     self.min_hedges_per_sec,
                     self.max_extra_load,
                 )
                 .map_err(|error| error.within("max_extra_load"))?,
-            )),
+            ),
             OwnBudget::None => None,
         };
         Ok(HedgeLayer {

@@ -2,19 +2,20 @@
 //!
 //! A [`HedgeLayer`] sends a call's first attempt at once. If no answer has
 //! won after the hedge delay, it sends a copy (a *hedge*, Dean and
-//! Barroso's "backup request"), and another after each further delay, up to
+//! Barroso's "backup request"), and another one delay after each, up to
 //! [`max_attempts`](HedgeBuilder::max_attempts) in flight. The first
 //! answer that wins is the call's, and every other attempt is dropped at
 //! once:
 //!
-//! - a success wins, and so does a failure another attempt cannot fix (the
-//!   classifier says it is not [retryable](tower_classify::Outcome::is_retryable):
-//!   a `404`, a validation error);
-//! - a retryable failure (a `503`, a reset connection) waits for the other
-//!   attempts, and **no hedge is sent after it**: hedging answers slowness,
-//!   and retrying failures is a [retry layer](crate::RetryLayer)'s job, with
-//!   its backoff and budget. When every attempt failed, the latest failure
-//!   is the answer.
+//! - a success wins, and so does a failure another attempt cannot fix
+//!   (`Rejected` or `Poison`: a `404`, a validation error);
+//! - a transient failure (a `503`, a reset connection, even with a "do not
+//!   retry" hint) or a local refusal (`Shed`: an open circuit or a full
+//!   queue below refused that attempt) waits for the other attempts, and
+//!   **no hedge is sent after it**: hedging answers slowness, and retrying
+//!   failures is a [retry layer](crate::RetryLayer)'s job, with its backoff
+//!   and budget. When every attempt failed, the latest failure is the
+//!   answer.
 //!
 //! # The delay
 //!

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::latency::LatencyWindow;
 use super::telemetry::HedgeTelemetry;
-use crate::budget::Budget;
+use crate::budget::{Budget, TpsBudget};
 
 /// Where a call's hedge delay comes from.
 pub(crate) enum DelaySource {
@@ -36,7 +36,7 @@ pub(crate) struct HedgePolicy<C, R> {
     pub(crate) replay: R,
     pub(crate) max_attempts: u32,
     pub(crate) delay: DelaySource,
-    pub(crate) own_budget: Option<Arc<dyn Budget + Send + Sync>>,
+    pub(crate) own_budget: Option<TpsBudget>,
     pub(crate) shared: Vec<Arc<dyn Budget + Send + Sync>>,
     pub(crate) min_attempt_time: Duration,
     pub(crate) telemetry: HedgeTelemetry,
@@ -66,6 +66,9 @@ pub(crate) enum Refusal {
     Deadline,
     /// The service failed to become ready for the hedge.
     NotReady,
+    /// The request's body cannot be sent again (a streamed body that
+    /// outgrew its recording).
+    NotReplayable,
 }
 
 impl Refusal {
@@ -74,6 +77,7 @@ impl Refusal {
             Refusal::Budget => "budget",
             Refusal::Deadline => "deadline",
             Refusal::NotReady => "not_ready",
+            Refusal::NotReplayable => "not_replayable",
         }
     }
 }
@@ -89,7 +93,8 @@ impl<C, R> HedgePolicy<C, R> {
 
     /// Whether a hedge may be sent now, withdrawing from every budget when
     /// it may. The layer's own budget is asked first, as Finagle asks its
-    /// backup budget before the client's retry budget.
+    /// backup budget before the client's retry budget, and is given its
+    /// withdrawal back when a shared budget then refuses.
     pub(crate) fn allow_hedge(&self, deadline: Option<Instant>) -> Result<(), Refusal> {
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -97,15 +102,18 @@ impl<C, R> HedgePolicy<C, R> {
                 return Err(Refusal::Deadline);
             }
         }
-        let own = self
-            .own_budget
-            .as_ref()
-            .is_none_or(|budget| budget.withdraw());
-        if own && self.shared.iter().all(|budget| budget.withdraw()) {
-            Ok(())
-        } else {
-            Err(Refusal::Budget)
+        if let Some(own) = &self.own_budget {
+            if !own.withdraw() {
+                return Err(Refusal::Budget);
+            }
         }
+        if self.shared.iter().all(|budget| budget.withdraw()) {
+            return Ok(());
+        }
+        if let Some(own) = &self.own_budget {
+            own.refund();
+        }
+        Err(Refusal::Budget)
     }
 
     /// Records how long a call's first attempt ran: until it answered, or

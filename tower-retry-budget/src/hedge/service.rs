@@ -78,15 +78,16 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let policy = &self.policy;
-        policy.deposit();
         let deadline = policy.replay.deadline(&request).map(|d| d.instant());
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || left < policy.min_attempt_time {
-                // Not sent at all: the caller could not use its answer.
+                // Not sent at all (nor counted as load): the caller could
+                // not use its answer.
                 return ResponseFuture::expired(left, Arc::clone(policy));
             }
         }
+        policy.deposit();
         // A hedge needs a delay (a percentile one is unknown until the
         // window has enough samples) and a copy of the request, made now:
         // the first attempt consumes `request`.

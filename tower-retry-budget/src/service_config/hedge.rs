@@ -17,10 +17,17 @@
 //!   sends none after any failure answer (the attempts in flight go on):
 //!   hedging is for slowness, and a server that fails fast is not made to
 //!   fail faster. A retry layer above retries failures, with its backoff.
-//! - A6 limits hedges only by retry throttling; the builder has no budget of
-//!   its own ([`no_budget`](HedgeBuilder::no_budget)).
-//!   [`max_extra_load`](HedgeBuilder::max_extra_load) adds one.
-//! - The method config's `timeout` is not applied: put a timeout (or a
+//! - A6 limits hedges only by retry throttling. With a throttle
+//!   ([`MethodConfig::hedge_builder`] given one) the builder has no budget
+//!   of its own, as A6 says; without one it keeps the layer's default
+//!   extra-load budget (5 %), so that a config sending every attempt at
+//!   once is not five times the load, unbounded. Call
+//!   [`no_budget`](HedgeBuilder::no_budget) for A6's behaviour exactly.
+//! - A `hedgingDelay` above 1 hour is read as 1 hour (the layer's limit):
+//!   the call has ended long before either would send a hedge.
+//! - The builder does not apply the method config's `timeout` (the hedge
+//!   layer has no deadline of its own); [`ServiceConfigLayer`](super::ServiceConfigLayer)
+//!   does, or put a timeout (or a
 //!   [`Deadline`](tower_classify::deadline::Deadline)) around the layer.
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
@@ -34,12 +41,16 @@ use super::{GrpcRetryClassifier, HedgingPolicyConfig, MethodConfig, RetryThrottl
 use crate::hedge::HedgeBuilder;
 use crate::replay::HttpReplay;
 
+/// The longest hedging delay the layer takes; a longer `hedgingDelay` is
+/// read as this.
+const MAX_HEDGING_DELAY: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The builder these conversions return.
 pub type GrpcHedgeBuilder = HedgeBuilder<GrpcRetryClassifier, HttpReplay>;
 
 impl HedgingPolicyConfig {
-    /// A builder with this policy and no throttle; see the
-    /// [module docs](self).
+    /// A builder with this policy, no throttle and the layer's default
+    /// extra-load budget; see the [module docs](self).
     ///
     /// ```
     /// use std::time::Duration;
@@ -64,8 +75,7 @@ impl HedgingPolicyConfig {
         .hedge_non_idempotent(true)
         .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS))
         .max_attempts(self.max_attempts())
-        .delay(self.hedging_delay())
-        .no_budget()
+        .delay(self.hedging_delay().min(MAX_HEDGING_DELAY))
     }
 }
 
@@ -74,7 +84,7 @@ impl MethodConfig {
     /// it has a hedging policy (`None` otherwise: use
     /// [`retry_builder`](Self::retry_builder)); `throttle`, the server's
     /// [`RetryThrottle`], is counted by the classifier and asked before
-    /// each hedge.
+    /// each hedge, and then replaces the layer's own budget, as in A6.
     pub fn hedge_builder(&self, throttle: Option<&Arc<RetryThrottle>>) -> Option<GrpcHedgeBuilder> {
         let policy = self.hedging_policy()?;
         let mut builder = policy.hedge_builder();
@@ -83,6 +93,7 @@ impl MethodConfig {
                 .with_throttle(Arc::clone(throttle));
             builder = builder
                 .classifier(classifier)
+                .no_budget()
                 .shared_budget(Arc::clone(throttle) as Arc<_>);
         }
         Some(builder)

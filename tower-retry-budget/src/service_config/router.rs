@@ -4,16 +4,20 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_classify::deadline::Deadline;
 use tower_classify::{BoxError, ConfigError};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{GrpcRetryClassifier, RetryThrottle, ServiceConfig};
 use crate::body::TryCloneBody;
+use crate::error::DeadlineExceeded;
 use crate::hedge::HedgeLayer;
 use crate::replay::HttpReplay;
 use crate::RetryLayer;
@@ -23,7 +27,9 @@ type GrpcHedge = HedgeLayer<GrpcRetryClassifier, HttpReplay>;
 
 enum MethodLayer {
     Retry(GrpcRetry),
-    Hedge(GrpcHedge),
+    /// With the method config's `timeout`, which the hedge layer does not
+    /// keep itself: it bounds the whole call here.
+    Hedge(GrpcHedge, Option<Duration>),
 }
 
 struct Routes {
@@ -37,7 +43,11 @@ struct Routes {
 /// [`ServiceConfig::method_config`] does, and the call goes through that
 /// config's retry layer ([`MethodConfig::retry_builder`](super::MethodConfig::retry_builder))
 /// or hedge layer ([`MethodConfig::hedge_builder`](super::MethodConfig::hedge_builder)).
-/// A path no method config covers is sent once, as it is.
+/// A path no method config covers is sent once, as it is. A hedged
+/// method's `timeout` bounds the whole call (it ends with
+/// [`DeadlineExceeded`](crate::error::DeadlineExceeded)) and is the
+/// [`Deadline`](tower_classify::deadline::Deadline) its hedges respect,
+/// as a retried method's is the deadline of its retry loop.
 ///
 /// Every method shares one [`RetryThrottle`] (A6 throttles per server), and
 /// each method config's layer is named after its first name
@@ -110,7 +120,9 @@ impl ServiceConfig {
                         None => name.service().to_owned(),
                     });
             let layer = match method.hedge_builder(throttle.as_ref()) {
-                Some(hedge) => MethodLayer::Hedge(hedge.name(name).build().map_err(within)?),
+                Some(hedge) => {
+                    MethodLayer::Hedge(hedge.name(name).build().map_err(within)?, method.timeout())
+                }
                 None => MethodLayer::Retry(
                     method
                         .retry_builder(throttle.as_ref())
@@ -179,10 +191,12 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let entry = self.routes.config.entry_for_path(request.uri().path());
         // The service made ready by `poll_ready` takes the call; a fresh
-        // clone stays here.
+        // clone stays here. The layer made around it below forwards
+        // readiness and calls it directly (as `Retry` and `Hedge` do), so
+        // the readiness obtained here is the one its call uses.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let kind = match entry.map(|entry| &self.routes.layers[entry]) {
@@ -195,9 +209,27 @@ where
             Some(MethodLayer::Retry(layer)) => Kind::Retry {
                 future: layer.layer(ready).call(request),
             },
-            Some(MethodLayer::Hedge(layer)) => Kind::Hedge {
-                future: layer.layer(ready).call(request),
-            },
+            Some(MethodLayer::Hedge(layer, timeout)) => {
+                // The method's timeout bounds the whole call: as the
+                // caller's deadline for the hedges (none starts past it),
+                // and as a limit on the call itself.
+                let now = Instant::now();
+                let until = timeout.and_then(|timeout| now.checked_add(timeout));
+                let until = match (until, request.extensions().get::<Deadline>()) {
+                    (Some(until), Some(caller)) => Some(caller.instant().min(until)),
+                    (until, caller) => until.or(caller.map(|caller| caller.instant())),
+                };
+                if let Some(until) = until {
+                    request.extensions_mut().insert(Deadline::at(until));
+                }
+                Kind::Hedge {
+                    future: layer.layer(ready).call(request),
+                    until: until
+                        .filter(|_| timeout.is_some())
+                        .map(|until| (until, until.saturating_duration_since(now))),
+                    timer: None,
+                }
+            }
         };
         PerMethodFuture { kind }
     }
@@ -223,7 +255,15 @@ pin_project! {
         // A call no method config covers.
         Plain { #[pin] future: S::Future },
         Retry { #[pin] future: crate::future::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay> },
-        Hedge { #[pin] future: crate::hedge::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay> },
+        Hedge {
+            #[pin]
+            future: crate::hedge::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay>,
+            // When the method's timeout ends the call; its timer is made on
+            // the first poll that finds the call unanswered.
+            until: Option<(Instant, Duration)>,
+            #[pin]
+            timer: Option<Sleep>,
+        },
     }
 }
 
@@ -239,7 +279,23 @@ where
         match self.project().kind.project() {
             KindProj::Plain { future } => future.poll(cx).map_err(Into::into),
             KindProj::Retry { future } => future.poll(cx),
-            KindProj::Hedge { future } => future.poll(cx),
+            KindProj::Hedge {
+                future,
+                until,
+                mut timer,
+            } => {
+                if let Poll::Ready(result) = future.poll(cx) {
+                    return Poll::Ready(result);
+                }
+                let Some((until, total)) = *until else {
+                    return Poll::Pending;
+                };
+                if timer.is_none() {
+                    timer.set(Some(tokio::time::sleep_until(until)));
+                }
+                ready!(timer.as_pin_mut().expect("set above").poll(cx));
+                Poll::Ready(Err(Box::new(DeadlineExceeded::new(total, 1, None))))
+            }
         }
     }
 }
