@@ -197,10 +197,23 @@ async fn when_every_attempt_fails_the_latest_failure_is_the_answer() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_fast_failure_sends_no_hedge() {
-    let (service, seen) = scripted(vec![fail(1, || Err(reset())), ok(1, "second")]);
-    fixed(50).layer(service).oneshot("req").await.unwrap_err();
-    assert_eq!(started(&seen), [0]);
+async fn a_hedge_that_fails_fast_stops_further_hedges() {
+    // The first hedge (50 ms) fails at 51 ms; the third attempt, due at
+    // 100 ms, is never sent, and the first attempt's answer is the call's.
+    let (service, seen) = scripted(vec![
+        ok(300, "first"),
+        fail(1, || Err(reset())),
+        ok(1, "third"),
+    ]);
+    let layer = HedgeLayer::builder()
+        .delay(Duration::from_millis(50))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    assert_eq!(layer.layer(service).oneshot("req").await.unwrap(), "first");
+    assert_eq!(start.elapsed(), Duration::from_millis(300));
+    assert_eq!(started(&seen), [0, 50]);
 }
 
 #[tokio::test(start_paused = true)]
