@@ -539,10 +539,18 @@ fn upload_server(
     })
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hedge_streams_a_body_the_first_attempt_is_still_reading() {
-    let (mut upload, original) = Upload::new(4);
-    let body = Streamed::new(original, 64 * 1024);
+/// A PUT of a streamed body recorded up to `limit` bytes, sent through a
+/// hedge layer (50 ms) to [`upload_server`]: the upload's sender, the call,
+/// and the attempts counter.
+fn start_upload(
+    limit: usize,
+) -> (
+    http_body_util::channel::Sender<bytes::Bytes, io::Error>,
+    tokio::task::JoinHandle<Result<http::Response<String>, BoxError>>,
+    Arc<AtomicUsize>,
+) {
+    let (upload, original) = Upload::new(4);
+    let body = Streamed::new(original, limit);
     let attempts = Arc::new(AtomicUsize::new(0));
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
@@ -550,8 +558,12 @@ async fn a_hedge_streams_a_body_the_first_attempt_is_still_reading() {
         .unwrap();
     let service = layer.layer(upload_server(attempts.clone()));
     let request = http::Request::put("/file").body(body).unwrap();
-    let call = tokio::spawn(service.oneshot(request));
+    (upload, tokio::spawn(service.oneshot(request)), attempts)
+}
 
+#[tokio::test(start_paused = true)]
+async fn a_hedge_streams_a_body_the_first_attempt_is_still_reading() {
+    let (mut upload, call, attempts) = start_upload(64 * 1024);
     // The first frame goes to attempt 1 as it is sent; the upload goes on
     // after the hedge started, and the hedge gets all of it.
     upload
@@ -568,17 +580,8 @@ async fn a_hedge_streams_a_body_the_first_attempt_is_still_reading() {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_past_its_recording_limit_is_not_hedged() {
-    let (mut upload, original) = Upload::new(4);
     // A 4-byte recording: the first frame alone outgrows it.
-    let body = Streamed::new(original, 4);
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let layer = HedgeLayer::http_builder()
-        .delay(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    let service = layer.layer(upload_server(attempts.clone()));
-    let request = http::Request::put("/file").body(body).unwrap();
-    let call = tokio::spawn(service.oneshot(request));
+    let (mut upload, call, attempts) = start_upload(4);
     upload
         .send_data(bytes::Bytes::from("hello, "))
         .await

@@ -771,6 +771,30 @@ fn hedging_config(policy: &str) -> ServiceConfig {
     .unwrap()
 }
 
+/// A6's hedging for `example.Service`: 2 attempts, 50 ms apart,
+/// UNAVAILABLE non-fatal; with the config's throttle when `throttled`.
+fn two_attempt_hedge(
+    throttled: bool,
+) -> (
+    tower_retry_budget::hedge::HedgeLayer<
+        GrpcRetryClassifier,
+        tower_retry_budget::replay::HttpReplay,
+    >,
+    Option<Arc<RetryThrottle>>,
+) {
+    let config = hedging_config(
+        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let throttle = config.retry_throttle().filter(|_| throttled);
+    let method = config.method_config("/example.Service/Call").unwrap();
+    let layer = method
+        .hedge_builder(throttle.as_ref())
+        .unwrap()
+        .build()
+        .unwrap();
+    (layer, throttle)
+}
+
 /// A gRPC server whose attempt `n` answers `script[n]` (code, after ms).
 fn slow_grpc_server(
     script: &'static [(u32, u64)],
@@ -838,11 +862,7 @@ async fn a6_hedges_go_out_a_delay_apart_with_the_attempt_header() {
 
 #[tokio::test(start_paused = true)]
 async fn a6_a_fatal_code_wins_and_cancels_the_other_attempts() {
-    let config = hedging_config(
-        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
-    );
-    let method = config.method_config("/example.Service/Call").unwrap();
-    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    let (layer, _) = two_attempt_hedge(false);
     // INVALID_ARGUMENT from the hedge is the call's answer at 60 ms.
     let (service, _) = slow_grpc_server(&[(0, 1000), (3, 10)]);
     let start = Instant::now();
@@ -853,16 +873,8 @@ async fn a6_a_fatal_code_wins_and_cancels_the_other_attempts() {
 
 #[tokio::test(start_paused = true)]
 async fn a6_throttling_at_half_sends_no_hedge() {
-    let config = hedging_config(
-        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
-    );
-    let throttle = config.retry_throttle().unwrap();
-    let method = config.method_config("/example.Service/Call").unwrap();
-    let layer = method
-        .hedge_builder(Some(&throttle))
-        .unwrap()
-        .build()
-        .unwrap();
+    let (layer, throttle) = two_attempt_hedge(true);
+    let throttle = throttle.unwrap();
     let (service, seen) = slow_grpc_server(&[(0, 1000), (0, 10)]);
     let service = layer.layer(service);
     // Full (10 > 5): hedged.
@@ -980,11 +992,7 @@ fn a_bad_method_config_is_named_when_the_layer_is_built() {
 
 #[tokio::test(start_paused = true)]
 async fn a6_a_non_fatal_code_with_do_not_retry_pushback_does_not_cancel_the_first_attempt() {
-    let config = hedging_config(
-        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
-    );
-    let method = config.method_config("/example.Service/Call").unwrap();
-    let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    let (layer, _) = two_attempt_hedge(false);
     let seen: Seen = Arc::default();
     let log = Arc::clone(&seen);
     let service = tower::service_fn(move |request: Request<String>| {
@@ -1013,16 +1021,8 @@ async fn a6_a_non_fatal_code_with_do_not_retry_pushback_does_not_cancel_the_firs
 
 #[tokio::test(start_paused = true)]
 async fn a6_answers_that_are_not_hedged_still_count_in_the_throttle() {
-    let config = hedging_config(
-        r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
-    );
-    let throttle = config.retry_throttle().unwrap();
-    let method = config.method_config("/example.Service/Call").unwrap();
-    let layer = method
-        .hedge_builder(Some(&throttle))
-        .unwrap()
-        .build()
-        .unwrap();
+    let (layer, throttle) = two_attempt_hedge(true);
+    let throttle = throttle.unwrap();
     // UNAVAILABLE at once, before any hedge is due: three tokens gone.
     let (service, _) = grpc_server(|_| grpc_response(14, None));
     let service = layer.layer(service);
