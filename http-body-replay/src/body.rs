@@ -16,7 +16,16 @@ use crate::error::{ReplayError, ReplayErrorKind};
 /// See the [crate docs](crate) for the rules. Clones are cheap (one `Arc`)
 /// and share one recording.
 pub struct ReplayBody<B> {
-    reader: Reader<B>,
+    inner: Inner<B>,
+}
+
+enum Inner<B> {
+    /// The original had already ended when it was wrapped (the empty body of
+    /// a GET): nothing to record, share or lock, and every copy is empty.
+    Ended {
+        limit: usize,
+    },
+    Reading(Reader<B>),
 }
 
 /// One copy's position in the shared recording.
@@ -143,8 +152,14 @@ impl<B: Body + Unpin> ReplayBody<B> {
     /// are, so that the shared recording holds it without a box of its own;
     /// wrap a body that is not as `Box::pin(body)`.
     pub fn new(body: B, limit: usize) -> Self {
-        let recording = body.size_hint().lower() <= limit as u64;
         let ended = body.is_end_stream();
+        if ended {
+            // Most requests have no body: they cost no allocation here.
+            return ReplayBody {
+                inner: Inner::Ended { limit },
+            };
+        }
+        let recording = body.size_hint().lower() <= limit as u64;
         let shared = Arc::new(Shared {
             limit,
             next_id: AtomicUsize::new(1),
@@ -163,7 +178,7 @@ impl<B: Body + Unpin> ReplayBody<B> {
             }),
         });
         ReplayBody {
-            reader: Reader::new(shared, 0),
+            inner: Inner::Reading(Reader::new(shared, 0)),
         }
     }
 }
@@ -177,25 +192,47 @@ impl<B> ReplayBody<B> {
     /// larger than the limit can still be replayed until its first byte is
     /// read (a connection refused before sending anything).
     pub fn can_replay(&self) -> bool {
-        self.reader.shared.flags.load(Ordering::Acquire) == 0
+        match &self.inner {
+            Inner::Ended { .. } => true,
+            Inner::Reading(reader) => reader.shared.flags.load(Ordering::Acquire) == 0,
+        }
     }
 
     /// How many copies of this body exist, this one included. A copy that
     /// is the only one left can read on without taking frames another copy
-    /// still needs.
+    /// still needs. Copies of a body that had ended when it was wrapped
+    /// share nothing, and each counts as the only one.
     pub fn copies(&self) -> usize {
-        self.reader.shared.copies.load(Ordering::Acquire)
+        match &self.inner {
+            Inner::Ended { .. } => 1,
+            Inner::Reading(reader) => reader.shared.copies.load(Ordering::Acquire),
+        }
     }
 
     /// The recording limit this body was made with.
     pub fn limit(&self) -> usize {
-        self.reader.shared.limit
+        match &self.inner {
+            Inner::Ended { limit } => *limit,
+            Inner::Reading(reader) => reader.shared.limit,
+        }
     }
 
     /// What has been read from the original so far, for a record of the
     /// request (a dead-letter entry, a log).
     pub fn recording(&self) -> Recording {
-        let state = self.reader.shared.lock();
+        let reader = match &self.inner {
+            Inner::Ended { .. } => {
+                return Recording {
+                    data: Vec::new(),
+                    bytes_read: 0,
+                    trailers: None,
+                    complete: true,
+                    released: false,
+                }
+            }
+            Inner::Reading(reader) => reader,
+        };
+        let state = reader.shared.lock();
         Recording {
             data: state.recorded.to_vec(),
             bytes_read: state.bytes_read,
@@ -249,11 +286,19 @@ impl Recording {
 impl<B> Clone for ReplayBody<B> {
     /// A copy that starts from the first byte.
     fn clone(&self) -> Self {
-        let shared = &self.reader.shared;
+        let reader = match &self.inner {
+            Inner::Ended { limit } => {
+                return ReplayBody {
+                    inner: Inner::Ended { limit: *limit },
+                }
+            }
+            Inner::Reading(reader) => reader,
+        };
+        let shared = &reader.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         shared.copies.fetch_add(1, Ordering::Relaxed);
         ReplayBody {
-            reader: Reader::new(Arc::clone(shared), id),
+            inner: Inner::Reading(Reader::new(Arc::clone(shared), id)),
         }
     }
 }
@@ -450,21 +495,39 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
-        self.get_mut().reader.poll_frame(cx)
+        match &mut self.get_mut().inner {
+            Inner::Ended { .. } => Poll::Ready(None),
+            Inner::Reading(reader) => reader.poll_frame(cx),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.reader.is_end_stream()
+        match &self.inner {
+            Inner::Ended { .. } => true,
+            Inner::Reading(reader) => reader.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.reader.size_hint()
+        match &self.inner {
+            Inner::Ended { .. } => SizeHint::with_exact(0),
+            Inner::Reading(reader) => reader.size_hint(),
+        }
     }
 }
 
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let reader = &self.reader;
+        let reader = match &self.inner {
+            Inner::Ended { limit } => {
+                return f
+                    .debug_struct("ReplayBody")
+                    .field("limit", limit)
+                    .field("ended", &true)
+                    .finish_non_exhaustive()
+            }
+            Inner::Reading(reader) => reader,
+        };
         let state = reader.shared.lock();
         f.debug_struct("ReplayBody")
             .field("limit", &reader.shared.limit)

@@ -217,6 +217,21 @@ async fn size_hint_and_end_of_stream_stay_exact_for_every_copy() {
 }
 
 #[tokio::test]
+async fn a_body_that_already_ended_is_an_empty_body_for_every_copy() {
+    let empty = ReplayBody::new(Full::new(Bytes::new()), 8);
+    let copy = empty.clone();
+    assert_eq!(empty.size_hint().exact(), Some(0));
+    assert!(empty.can_replay() && copy.can_replay());
+    assert_eq!((empty.limit(), copy.limit()), (8, 8));
+    let recording = copy.recording();
+    assert!(recording.is_complete() && !recording.is_released());
+    assert!(recording.data().is_empty() && recording.trailers().is_none());
+    for mut body in [empty, copy] {
+        assert!(body.frame().await.is_none(), "no frame, no error");
+    }
+}
+
+#[tokio::test]
 async fn copies_read_side_by_side_and_each_sees_every_frame_once() {
     let (mut upload, original) = Channel::<Bytes, BoxError>::new(1);
     let a = ReplayBody::new(original, 1024);
