@@ -382,31 +382,33 @@ where
     type Recording = ReplayBody<B>;
 
     fn capture(&self, request: Request<B>) -> (Self::Request, PendingRecord<ReplayBody<B>>) {
-        let (parts, body) = request.into_parts();
+        // Read in place: the head is a few hundred bytes, and taking it
+        // apart and putting it back together moves it twice.
         // Nothing is put into the request: `CountAttempts` counts into the
         // call's tally (see `AttemptCounter` for a request that brings its
         // own counter).
-        let attempts = parts.extensions.get::<AttemptCounter>().cloned();
+        let attempts = request.extensions().get::<AttemptCounter>().cloned();
         let message_id = self
             .message_id_header
             .as_ref()
-            .and_then(|name| parts.headers.get(name))
+            .and_then(|name| request.headers().get(name))
             .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
         let delivery = match &self.delivery_count {
-            Some(reader) => reader.read(&parts),
-            None => read_extension(&parts),
+            Some(reader) => reader.read_from(request.headers(), request.extensions()),
+            None => read_extension(request.extensions()),
         };
-        let body = ReplayBody::new(body, self.body_limit);
+        let head = CopiedHead::new(request.method(), request.uri(), request.headers());
+        let request = request.map(|body| ReplayBody::new(body, self.body_limit));
         let pending = PendingRecord {
             message_id,
             delivery,
             kept: Kept::Http {
-                head: CopiedHead::new(&parts.method, &parts.uri, &parts.headers),
-                body: body.clone(),
+                head,
+                body: request.body().clone(),
                 attempts,
             },
         };
-        (Request::from_parts(parts, body), pending)
+        (request, pending)
     }
 }
 

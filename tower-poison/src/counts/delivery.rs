@@ -2,7 +2,7 @@
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::HeaderValue;
+use http::{Extensions, HeaderMap, HeaderValue};
 
 /// Which delivery of its message a request is (1 for the first), as counted
 /// by the queue; insert it into a request's extensions.
@@ -126,10 +126,16 @@ impl DeliveryCount {
     /// extension if there is one, else this header; `None` when neither
     /// gives a usable count.
     pub fn read(&self, parts: &Parts) -> Option<u32> {
-        if let Some(attempt) = read_extension(parts) {
+        self.read_from(&parts.headers, &parts.extensions)
+    }
+
+    /// [`read`](Self::read) from a request's headers and extensions, for a
+    /// caller that has the request rather than its parts.
+    pub(crate) fn read_from(&self, headers: &HeaderMap, extensions: &Extensions) -> Option<u32> {
+        if let Some(attempt) = read_extension(extensions) {
             return Some(attempt);
         }
-        let mut values = parts.headers.get_all(&self.header).iter();
+        let mut values = headers.get_all(&self.header).iter();
         let value = values.next();
         if values.next().is_some() {
             // Two counts disagree, or a client appended one: neither is
@@ -151,10 +157,9 @@ impl DeliveryCount {
     }
 }
 
-/// The [`DeliveryAttempt`] in `parts`' extensions (0 read as 1).
-pub(crate) fn read_extension(parts: &Parts) -> Option<u32> {
-    parts
-        .extensions
+/// The [`DeliveryAttempt`] in a request's extensions (0 read as 1).
+pub(crate) fn read_extension(extensions: &Extensions) -> Option<u32> {
+    extensions
         .get::<DeliveryAttempt>()
         .map(|attempt| attempt.0.max(1))
 }
