@@ -1,6 +1,7 @@
 //! A tonic gRPC client `Channel` wrapped in a circuit breaker and retry,
-//! the retry policy read from a gRPC service config JSON file (gRFC A6,
-//! `greeter_service_config.json` next to this file).
+//! configured by a gRPC service config JSON file (gRFC A6,
+//! `greeter_service_config.json` next to this file): `ServiceConfigLayer`
+//! gives each call its method's retry policy (or hedging policy) by path.
 //!
 //! ```sh
 //! cargo run -p examples --example tonic_client
@@ -23,7 +24,7 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! GrpcStatus → CircuitBreaker → ReplayBody → Retry → Channel
+//! GrpcStatus → CircuitBreaker → ReplayBody → ServiceConfigLayer (Retry per method) → Channel
 //! ```
 //!
 //! # Why retry *below* the generated client, on the `Channel`
