@@ -18,9 +18,12 @@ const BUCKETS: usize = (MAX_EXPONENT - SUB_BITS + 1) as usize * SUB as usize + 1
 /// so a percentile reads between `window × (SLICES − 1) / SLICES` and
 /// `window` of history.
 pub(crate) const SLICES: usize = 3;
-/// The delay is recomputed every this many samples (a power of two), and
-/// whenever a slice is cleared.
+/// The delay is recomputed every this many samples (a power of two), at
+/// most once per `RECOMPUTE_GAP_NANOS`, and whenever a slice is cleared: a
+/// busy layer scans its buckets every 10 ms, not on every 64th of a million
+/// calls a second.
 const RECOMPUTE_EVERY: u64 = 64;
+const RECOMPUTE_GAP_NANOS: u64 = 10_000_000;
 /// The delay before enough samples are in: never hedge.
 const UNKNOWN: u64 = u64::MAX;
 
@@ -70,10 +73,11 @@ impl Slice {
 
 /// Recent latencies and the percentile of them that a hedge waits for.
 ///
-/// Recording is three relaxed atomic adds; every 64th sample (each time a
-/// slice of the window is cleared, and while the delay is unknown and the
-/// window holds enough samples) the caller that recorded it scans the
-/// buckets and stores the new delay, which every call reads with one load.
+/// Recording is three relaxed atomic adds; every 64th sample (at most every
+/// 10 ms, each time a slice of the window is cleared, and while the delay is
+/// unknown and the window holds enough samples) the caller that recorded it
+/// scans the buckets and stores the new delay, which every call reads with
+/// one load.
 /// A sample recorded while another thread clears its slice may be lost: the
 /// percentile is an estimate, and one sample in thousands does not move it.
 pub(crate) struct LatencyWindow {
@@ -83,6 +87,8 @@ pub(crate) struct LatencyWindow {
     /// The slice index (since `start`) being written.
     epoch: AtomicU64,
     samples: AtomicU64,
+    /// Nanoseconds after `start` of the last scan.
+    scanned_at: AtomicU64,
     percentile: f64,
     min_samples: u32,
     min_delay: Duration,
@@ -102,6 +108,7 @@ impl LatencyWindow {
             slice_nanos: ((window / SLICES as u32).as_nanos() as u64).max(1),
             epoch: AtomicU64::new(0),
             samples: AtomicU64::new(0),
+            scanned_at: AtomicU64::new(0),
             percentile,
             min_samples,
             min_delay,
@@ -121,8 +128,8 @@ impl LatencyWindow {
 
     /// Records one latency, measured at `now`.
     pub(crate) fn record(&self, latency: Duration, now: Instant) {
-        let epoch =
-            (now.saturating_duration_since(self.start).as_nanos() as u64) / self.slice_nanos;
+        let now_nanos = now.saturating_duration_since(self.start).as_nanos() as u64;
+        let epoch = now_nanos / self.slice_nanos;
         let mut current = self.epoch.load(Ordering::Relaxed);
         let mut rotated = false;
         while epoch > current {
@@ -153,7 +160,11 @@ impl LatencyWindow {
         // whether a scan can find one.
         let unknown = self.delay_micros.load(Ordering::Relaxed) == UNKNOWN
             && self.window_total() >= u64::from(self.min_samples);
-        if rotated || samples % RECOMPUTE_EVERY == 0 || unknown {
+        let due = samples % RECOMPUTE_EVERY == 0
+            && now_nanos.saturating_sub(self.scanned_at.load(Ordering::Relaxed))
+                >= RECOMPUTE_GAP_NANOS;
+        if rotated || due || unknown {
+            self.scanned_at.store(now_nanos, Ordering::Relaxed);
             self.recompute();
         }
     }
@@ -171,7 +182,7 @@ impl LatencyWindow {
     /// rank come from that snapshot: a slice cleared by another thread
     /// meanwhile cannot leave the rank past the counts read.
     fn recompute(&self) {
-        let mut counts = vec![0u64; BUCKETS];
+        let mut counts = [0u64; BUCKETS];
         for slice in &self.slices {
             for (sum, count) in counts.iter_mut().zip(slice.counts.iter()) {
                 *sum += u64::from(count.load(Ordering::Relaxed));
