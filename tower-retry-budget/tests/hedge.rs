@@ -542,13 +542,10 @@ fn upload_server(
 /// A PUT of a streamed body recorded up to `limit` bytes, sent through a
 /// hedge layer (50 ms) to [`upload_server`]: the upload's sender, the call,
 /// and the attempts counter.
-fn start_upload(
-    limit: usize,
-) -> (
-    http_body_util::channel::Sender<bytes::Bytes, io::Error>,
-    tokio::task::JoinHandle<Result<http::Response<String>, BoxError>>,
-    Arc<AtomicUsize>,
-) {
+type UploadSender = http_body_util::channel::Sender<bytes::Bytes, io::Error>;
+type UploadCall = tokio::task::JoinHandle<Result<http::Response<String>, BoxError>>;
+
+fn start_upload(limit: usize) -> (UploadSender, UploadCall, Arc<AtomicUsize>) {
     let (upload, original) = Upload::new(4);
     let body = Streamed::new(original, limit);
     let attempts = Arc::new(AtomicUsize::new(0));
