@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 use tower_classify::{BoxError, Classified, FailureKind};
 use tower_layer::Layer;
 use tower_retry_budget::hedge::HedgeLayer;
