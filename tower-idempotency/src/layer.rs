@@ -33,8 +33,8 @@ pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
 impl<St> IdempotencyGuardLayer<St> {
     /// A guard keeping its keys in `store`, with the defaults above.
     ///
-    /// The first guard built in a process describes the crate's metrics
-    /// (name, unit, help text) to the `metrics` recorder installed then.
+    /// It describes the crate's metrics (name, unit, help text) to the
+    /// `metrics` recorder installed then ([`describe_metrics`](crate::describe_metrics)).
     pub fn new(store: St) -> Self {
         crate::observability::describe_metrics();
         IdempotencyGuardLayer {

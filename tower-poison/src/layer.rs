@@ -43,8 +43,8 @@ pub struct DeadLetterLayer<St, C = HttpClassifier, Cap = HttpCapture> {
 impl<St> DeadLetterLayer<St> {
     /// A layer writing to `store` with the HTTP defaults.
     ///
-    /// The first layer built in a process describes the crate's metrics
-    /// (name, unit, help text) to the `metrics` recorder installed then.
+    /// It describes the crate's metrics (name, unit, help text) to the
+    /// `metrics` recorder installed then ([`describe_metrics`](crate::describe_metrics)).
     pub fn new(store: St) -> Self {
         crate::observability::describe_metrics();
         DeadLetterLayer {

@@ -1047,11 +1047,78 @@ async fn the_methods_timeout_bounds_a_hedged_call() {
     let (service, seen) = slow_grpc_server(&[(0, 10_000)]);
     let start = Instant::now();
     let error = layer.layer(service).oneshot(request()).await.unwrap_err();
+    let exceeded = error
+        .downcast_ref::<tower_retry_budget::error::DeadlineExceeded>()
+        .unwrap_or_else(|| panic!("DeadlineExceeded: {error}"));
+    assert_eq!(start.elapsed(), MS(100));
+    // The hedge at 80 ms had 20 ms left; the one due at 160 ms never went.
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    assert_eq!(exceeded.attempts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_callers_deadline_bounds_a_hedged_method_without_a_timeout() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "example.Service"}],
+            "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s",
+                              "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let layer = config.layer(None).unwrap();
+    let (service, seen) = slow_grpc_server(&[(0, 10_000)]);
+    let mut call = request();
+    call.extensions_mut()
+        .insert(tower_classify::deadline::Deadline::after(MS(100)));
+    let start = Instant::now();
+    let error = layer.layer(service).oneshot(call).await.unwrap_err();
     assert!(
         error.is::<tower_retry_budget::error::DeadlineExceeded>(),
         "{error}"
     );
-    assert_eq!(start.elapsed(), MS(100));
-    // The hedge at 80 ms had 20 ms left; the one due at 160 ms never went.
+    assert_eq!(start.elapsed(), MS(100), "as a retried method would end");
     assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_call_cut_by_its_timeout_drops_its_attempts_at_once() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "example.Service"}], "timeout": "0.1s",
+            "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s",
+                              "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    struct Alive(Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let live = Arc::clone(&alive);
+    let service = tower::service_fn(move |_: Request<String>| {
+        live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let guard = Alive(Arc::clone(&live));
+        async move {
+            let _guard = guard;
+            std::future::pending::<Result<Response<()>, BoxError>>().await
+        }
+    });
+    let mut service = config.layer(None).unwrap().layer(service);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let mut call = tokio_test::task::spawn(service.call(request()));
+    let result = loop {
+        if let std::task::Poll::Ready(result) = call.poll() {
+            break result;
+        }
+        tokio::time::advance(MS(10)).await;
+    };
+    assert!(result.is_err());
+    assert_eq!(
+        alive.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "both attempts dropped when the timeout fired, while the future still exists"
+    );
+    drop(call);
 }

@@ -125,6 +125,15 @@ where
         }
     }
 
+    /// The attempts this call has sent so far, the first included.
+    pub(crate) fn attempts_sent(&self) -> u32 {
+        match (&self.hedging, self.expired) {
+            (Some(hedging), _) => hedging.sent,
+            (None, Some(_)) => 0,
+            (None, None) => 1,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn hedged(
         first: S::Future,

@@ -87,8 +87,9 @@ pub(crate) struct LatencyWindow {
     /// The slice index (since `start`) being written.
     epoch: AtomicU64,
     samples: AtomicU64,
-    /// Nanoseconds after `start` of the last scan.
+    /// Nanoseconds after `start` of the last scan, and the samples then.
     scanned_at: AtomicU64,
+    scanned_samples: AtomicU64,
     percentile: f64,
     min_samples: u32,
     min_delay: Duration,
@@ -109,6 +110,7 @@ impl LatencyWindow {
             epoch: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             scanned_at: AtomicU64::new(0),
+            scanned_samples: AtomicU64::new(0),
             percentile,
             min_samples,
             min_delay,
@@ -160,11 +162,15 @@ impl LatencyWindow {
         // whether a scan can find one.
         let unknown = self.delay_micros.load(Ordering::Relaxed) == UNKNOWN
             && self.window_total() >= u64::from(self.min_samples);
-        let due = samples % RECOMPUTE_EVERY == 0
+        // Due once both 64 samples and 10 ms have passed since the last
+        // scan: a 64th sample too soon postpones the scan, not skips it.
+        let due = samples.saturating_sub(self.scanned_samples.load(Ordering::Relaxed))
+            >= RECOMPUTE_EVERY
             && now_nanos.saturating_sub(self.scanned_at.load(Ordering::Relaxed))
                 >= RECOMPUTE_GAP_NANOS;
         if rotated || due || unknown {
             self.scanned_at.store(now_nanos, Ordering::Relaxed);
+            self.scanned_samples.store(samples, Ordering::Relaxed);
             self.recompute();
         }
     }

@@ -223,10 +223,10 @@ where
                     request.extensions_mut().insert(Deadline::at(until));
                 }
                 Kind::Hedge {
-                    future: layer.layer(ready).call(request),
-                    until: until
-                        .filter(|_| timeout.is_some())
-                        .map(|until| (until, until.saturating_duration_since(now))),
+                    future: Some(layer.layer(ready).call(request)),
+                    // The earlier of the method's timeout and the caller's
+                    // deadline ends the call, as a retried method's does.
+                    until: until.map(|until| (until, until.saturating_duration_since(now))),
                     timer: None,
                 }
             }
@@ -256,8 +256,9 @@ pin_project! {
         Plain { #[pin] future: S::Future },
         Retry { #[pin] future: crate::future::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay> },
         Hedge {
+            // `None` once the deadline ended the call: its attempts go then.
             #[pin]
-            future: crate::hedge::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay>,
+            future: Option<crate::hedge::ResponseFuture<S, Req, GrpcRetryClassifier, HttpReplay>>,
             // When the method's timeout ends the call; its timer is made on
             // the first poll that finds the call unanswered.
             until: Option<(Instant, Duration)>,
@@ -280,11 +281,16 @@ where
             KindProj::Plain { future } => future.poll(cx).map_err(Into::into),
             KindProj::Retry { future } => future.poll(cx),
             KindProj::Hedge {
-                future,
+                mut future,
                 until,
                 mut timer,
             } => {
-                if let Poll::Ready(result) = future.poll(cx) {
+                let hedged = future
+                    .as_mut()
+                    .as_pin_mut()
+                    .expect("PerMethodFuture polled after it completed");
+                if let Poll::Ready(result) = hedged.poll(cx) {
+                    future.set(None);
                     return Poll::Ready(result);
                 }
                 let Some((until, total)) = *until else {
@@ -294,7 +300,14 @@ where
                     timer.set(Some(tokio::time::sleep_until(until)));
                 }
                 ready!(timer.as_pin_mut().expect("set above").poll(cx));
-                Poll::Ready(Err(Box::new(DeadlineExceeded::new(total, 1, None))))
+                let attempts = future
+                    .as_ref()
+                    .as_pin_ref()
+                    .map_or(0, |hedged| hedged.attempts_sent());
+                // Every attempt still in flight is dropped now, not when the
+                // caller drops this future.
+                future.set(None);
+                Poll::Ready(Err(Box::new(DeadlineExceeded::new(total, attempts, None))))
             }
         }
     }
