@@ -126,6 +126,7 @@ where
     }
 
     /// The attempts this call has sent so far, the first included.
+    #[cfg(feature = "grpc-service-config")]
     pub(crate) fn attempts_sent(&self) -> u32 {
         match (&self.hedging, self.expired) {
             (Some(hedging), _) => hedging.sent,
