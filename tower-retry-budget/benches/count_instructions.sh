@@ -1,8 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per call, counted by callgrind (valgrind), which repeat exactly
-# from run to run, unlike wall-clock time on a shared machine. Each case runs N
-# and 2N calls; the difference, divided by N, is one call without the setup.
-# User-space instructions only.
+# Instructions per call, counted by callgrind (see bench-support/callgrind.sh).
 #
 #   bash tower-retry-budget/benches/count_instructions.sh [N]               # the replay body
 #   bash tower-retry-budget/benches/count_instructions.sh success_path [N]  # the awaited success path
@@ -11,7 +8,7 @@
 # not counted, so the loopback ratios overstate what the replay body costs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+source bench-support/callgrind.sh
 
 mode=replay_body
 if [ "${1:-}" = success_path ]; then
@@ -19,20 +16,7 @@ if [ "${1:-}" = success_path ]; then
     shift
 fi
 calls=${1:-2000}
-bench=$(cargo bench -p tower-retry-budget --bench "$mode" --no-run --message-format=json 2>/dev/null |
-    sed -n "s/.*\"executable\":\"\([^\"]*${mode}[^\"]*\)\".*/\1/p" | tail -n 1)
-[ -x "$bench" ] || { echo "could not build the $mode bench" >&2; exit 1; }
-
-instructions() { # variable spec
-    env "$1=$2" valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-        "$bench" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
-}
-per_call() { # variable spec-without-calls
-    local once twice
-    once=$(instructions "$1" "$2,$calls")
-    twice=$(instructions "$1" "$2,$((2 * calls))")
-    echo $(((twice - once) / calls))
-}
+bench=$(bench_binary tower-retry-budget "$mode")
 
 if [ "$mode" = success_path ]; then
     bare=$(per_call SUCCESS_PATH_COUNT bare)

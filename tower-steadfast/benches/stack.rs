@@ -21,93 +21,12 @@
 //! Run (see the crate README):
 //! `cargo bench -p tower-steadfast --bench stack -- --warm-up-time 1 --measurement-time 3`.
 
-use std::convert::Infallible;
-use std::hint::black_box;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
-
-use bytes::Bytes;
+use bench_support::{bench, count_spec, drive, Handler};
 use criterion::{criterion_group, Criterion};
-use http::{Request, Response};
-use http_body::Body;
-use http_body_util::Full;
-use tower::{Layer, Service, ServiceExt};
+use tower::Layer;
 use tower_classify::HttpClassifier;
 use tower_poison::store::MemoryStore;
 use tower_steadfast::ResilienceConfig;
-
-/// A 300-byte JSON body, the size of a small API request.
-const ORDER: &[u8] = br#"{"order_id":"7d1f0c2e-4b8a-4f7e-9a51-1c2d3e4f5a6b","customer":"c-1042","lines":[{"sku":"SKU-00017","quantity":2,"unit_price":"19.90"},{"sku":"SKU-00342","quantity":1,"unit_price":"104.00"}],"currency":"EUR","shipping":{"method":"standard","country":"DE"},"notes":"leave at the door, ring twice"}"#;
-
-/// Answers `200 OK` at once, after reading the request body to its end
-/// (in memory here, so read in `call` with a no-op waker).
-#[derive(Clone, Copy, Debug)]
-struct Handler;
-
-impl<B> Service<Request<B>> for Handler
-where
-    B: Body + Unpin,
-{
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        let mut body = request.into_body();
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut read = 0;
-        while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) {
-            if let Some(data) = frame.data_ref() {
-                read += bytes::Buf::remaining(data);
-            }
-        }
-        black_box(read);
-        std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
-    }
-}
-
-fn get() -> Request<Full<Bytes>> {
-    Request::get("http://orders.internal/orders/7d1f0c2e?expand=lines")
-        .header("accept", "application/json")
-        .header("user-agent", "orders-client/1.4")
-        .header("x-request-id", "0b6c9f3e-97a1-4c55-b2d2-6d1e8a4f0c11")
-        .body(Full::new(Bytes::new()))
-        .unwrap()
-}
-
-fn post() -> Request<Full<Bytes>> {
-    Request::post("http://orders.internal/orders")
-        .header("content-type", "application/json")
-        .header("accept", "application/json")
-        .header("user-agent", "orders-client/1.4")
-        .header("x-request-id", "0b6c9f3e-97a1-4c55-b2d2-6d1e8a4f0c11")
-        .body(Full::new(Bytes::from_static(ORDER)))
-        .unwrap()
-}
-
-fn bench<S>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, service: S)
-where
-    S: Service<Request<Full<Bytes>>> + Clone,
-    S::Error: std::fmt::Debug,
-{
-    let mut group = c.benchmark_group(name);
-    for (method, request) in [("GET", get as fn() -> _), ("POST", post)] {
-        group.bench_function(method, |b| {
-            b.to_async(runtime).iter(|| {
-                let service = service.clone();
-                async move {
-                    let response = service.oneshot(request()).await.expect("a response");
-                    drop(black_box(response));
-                }
-            })
-        });
-    }
-    group.finish();
-}
 
 fn stack(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -143,38 +62,8 @@ fn main() {
     Criterion::default().configure_from_args().final_summary();
 }
 
-/// Makes `calls` awaited calls of `service`, as one bench iteration does.
-fn drive<S>(service: S, request: fn() -> Request<Full<Bytes>>, calls: usize)
-where
-    S: Service<Request<Full<Bytes>>> + Clone,
-    S::Error: std::fmt::Debug,
-{
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        for _ in 0..calls {
-            let response = service
-                .clone()
-                .oneshot(request())
-                .await
-                .expect("a response");
-            drop(black_box(response));
-        }
-    });
-}
-
 fn count(spec: &str) {
-    let [variant, method, calls] = spec.split(',').collect::<Vec<_>>()[..] else {
-        panic!("BENCH_COUNT=<variant>,<GET|POST>,<calls>, not {spec:?}");
-    };
-    let request = match method {
-        "GET" => get as fn() -> _,
-        "POST" => post,
-        other => panic!("no request {other:?}"),
-    };
-    let calls = calls.parse().expect("a number of calls");
+    let (variant, request, calls) = count_spec(spec);
     let config = ResilienceConfig::default();
     match variant {
         "bare" => drive(Handler, request, calls),
