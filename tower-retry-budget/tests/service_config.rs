@@ -420,6 +420,13 @@ fn pushback_past_a_signed_32_bit_integer_is_not_a_wait() {
 /// What the server saw: when, and the request's headers.
 type Seen = Arc<Mutex<Vec<(Instant, HeaderMap)>>>;
 
+/// Logs a request's arrival in `seen`; its number, from 0.
+fn arrived(seen: &Seen, request: &Request<String>) -> usize {
+    let mut seen = seen.lock().unwrap();
+    seen.push((Instant::now(), request.headers().clone()));
+    seen.len() - 1
+}
+
 fn grpc_server(
     respond: impl Fn(usize) -> Response<()> + Clone + Send + 'static,
 ) -> (
@@ -429,11 +436,7 @@ fn grpc_server(
     let seen: Seen = Arc::default();
     let log = Arc::clone(&seen);
     let service = tower::service_fn(move |request: Request<String>| {
-        let n = {
-            let mut log = log.lock().unwrap();
-            log.push((Instant::now(), request.headers().clone()));
-            log.len() - 1
-        };
+        let n = arrived(&log, &request);
         let response = respond(n);
         async move { Ok::<_, BoxError>(response) }
     });
@@ -806,11 +809,7 @@ fn slow_grpc_server(
     let seen: Seen = Arc::default();
     let log = Arc::clone(&seen);
     let service = tower::service_fn(move |request: Request<String>| {
-        let n = {
-            let mut log = log.lock().unwrap();
-            log.push((Instant::now(), request.headers().clone()));
-            log.len() - 1
-        };
+        let n = arrived(&log, &request);
         let (code, after) = script[n.min(script.len() - 1)];
         async move {
             tokio::time::sleep(MS(after)).await;
@@ -999,11 +998,7 @@ async fn a6_a_non_fatal_code_with_do_not_retry_pushback_does_not_cancel_the_firs
     let seen: Seen = Arc::default();
     let log = Arc::clone(&seen);
     let service = tower::service_fn(move |request: Request<String>| {
-        let n = {
-            let mut log = log.lock().unwrap();
-            log.push((Instant::now(), request.headers().clone()));
-            log.len() - 1
-        };
+        let n = arrived(&log, &request);
         async move {
             // The first attempt answers OK at 100 ms; the hedge UNAVAILABLE
             // with a pushback of -1 ("do not retry") at 51 ms.
