@@ -53,6 +53,14 @@ impl ReplayError {
     }
 }
 
+/// An error of `kind` with no source: what a layer that makes copies of a
+/// [`ReplayBody`](crate::ReplayBody) reports when it cannot make one.
+impl From<ReplayErrorKind> for ReplayError {
+    fn from(kind: ReplayErrorKind) -> Self {
+        ReplayError::new(kind)
+    }
+}
+
 impl fmt::Debug for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplayError")

@@ -9,6 +9,8 @@
 
 mod body;
 mod error;
+mod head;
 
 pub use self::body::{Recording, ReplayBody};
 pub use self::error::{ReplayError, ReplayErrorKind};
+pub use self::head::{CopiedHeader, Headers, RequestHead};

@@ -24,7 +24,7 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use futures_util::task::noop_waker_ref;
 use tower::{Layer, ServiceExt};
 use tower_breaker::{CircuitBreakerLayer, Window};
@@ -250,4 +250,38 @@ fn closed_path(c: &mut Criterion) {
 }
 
 criterion_group!(benches, closed_path);
-criterion_main!(benches);
+
+/// `CLOSED_PATH_COUNT=<case>,<calls>`: that many awaited calls of one case
+/// in one `block_on`, then exit, for an instruction count under callgrind
+/// (`benches/count_instructions.sh`), which repeats exactly where
+/// wall-clock time does not.
+fn count(spec: &str) {
+    let (case, calls) = spec
+        .split_once(',')
+        .expect("CLOSED_PATH_COUNT is case,calls");
+    let calls: u64 = calls.parse().expect("calls is a number");
+    async fn run<S: Bench>(service: S, calls: u64) {
+        for n in 0..calls {
+            awaited_call(&service, black_box(n)).await;
+        }
+    }
+    let rt = runtime();
+    match case {
+        "bare" => rt.block_on(run(Bare, calls)),
+        "consecutive" => rt.block_on(run(consecutive(), calls)),
+        "count_window" => rt.block_on(run(count_window(), calls)),
+        "time_window" => rt.block_on(run(time_window(), calls)),
+        "failsafe" => rt.block_on(run(failsafe_service(), calls)),
+        "tower_resilience" => rt.block_on(run(tower_resilience(), calls)),
+        other => panic!("no case {other:?}"),
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("CLOSED_PATH_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderName;
-use http::{HeaderMap, Method, Request, Response, Uri};
+use http::{Request, Response};
 use http_body::Body;
-use http_body_replay::ReplayBody;
+use http_body_replay::{ReplayBody, RequestHead};
 use http_body_util::BodyExt;
 
 use crate::attempts::{AttemptCounter, Attempts};
@@ -91,9 +91,9 @@ pub trait DescribeResponse<Res> {
 /// What a capture keeps while the call runs; turned into a
 /// [`RequestRecord`] only if the call fails.
 ///
-/// For an HTTP request that is the head's method, URI and headers (the
-/// same refcounted bytes, in one list) and the body's recording `R`:
-/// nothing is formatted, redacted or copied out unless the call fails.
+/// For an HTTP request that is a copy of its head (a [`RequestHead`]: one
+/// buffer) and the body's recording `R`: nothing is formatted, redacted or
+/// turned into text unless the call fails.
 pub struct PendingRecord<R = NoRecording> {
     message_id: Option<String>,
     delivery: Option<u32>,
@@ -106,7 +106,7 @@ enum Kept<R> {
     Record(Box<RequestRecord>),
     /// An HTTP request's head and the shared recording of its body.
     Http {
-        head: CopiedHead,
+        head: RequestHead,
         body: R,
         /// The request's own counter, when it carried one.
         attempts: Option<AttemptCounter>,
@@ -262,9 +262,9 @@ impl<R: BodyRecording> PendingRecord<R> {
                 RequestRecord {
                     message_id: self.message_id,
                     delivery: self.delivery,
-                    method: Some(head.method().into_owned()),
-                    uri: Some(head.uri().into_owned()),
-                    headers: head.headers(),
+                    method: Some(head.method().to_owned()),
+                    uri: Some(head.uri().to_owned()),
+                    headers: stored_headers(&head),
                     body,
                     body_truncated: truncated,
                     body_len: len,
@@ -397,7 +397,7 @@ where
             Some(reader) => reader.read_from(request.headers(), request.extensions()),
             None => read_extension(request.extensions()),
         };
-        let head = CopiedHead::new(request.method(), request.uri(), request.headers());
+        let head = RequestHead::new(&request);
         let request = request.map(|body| ReplayBody::new(body, self.body_limit));
         let pending = PendingRecord {
             message_id,
@@ -412,96 +412,15 @@ where
     }
 }
 
-/// A request's method, URI and headers, copied into one buffer of their
-/// bytes.
-///
-/// One allocation of the exact size, whatever the headers: cloning the
-/// `Uri` and each `HeaderValue` instead would share their bytes, but a
-/// `Bytes` made from a `&str` or a `Vec` (a client's request builder)
-/// allocates on its first clone, so a request of four headers could cost
-/// five allocations. A few hundred bytes copied cost less than that, and the
-/// record the call's future carries stays small.
-struct CopiedHead {
-    /// The method, the URI, then each header as its name's and its
-    /// value's length (`u32`, native order) and bytes.
-    bytes: Vec<u8>,
-    method_end: u32,
-    uri_end: u32,
-}
-
-impl CopiedHead {
-    /// Longer header values are cut (a `HeaderValue` has no limit of its
-    /// own; servers refuse far less).
-    const MAX_PART: usize = u32::MAX as usize;
-
-    fn new(method: &Method, uri: &Uri, headers: &HeaderMap) -> Self {
-        // The URI written as `Uri`'s `Display` writes it, without the
-        // formatter (`Uri` keeps under 64 KiB).
-        let scheme = uri.scheme_str();
-        let authority = uri.authority().map(|authority| authority.as_str());
-        let query = uri.query();
-        let method = method.as_str();
-        let uri_len = scheme.map_or(0, |scheme| scheme.len() + 3)
-            + authority.map_or(0, str::len)
-            + uri.path().len()
-            + query.map_or(0, |query| query.len() + 1);
-        let headers_len: usize = headers
-            .iter()
-            .map(|(name, value)| 8 + name.as_str().len() + value.len())
-            .sum();
-        let mut bytes = Vec::with_capacity(method.len() + uri_len + headers_len);
-        bytes.extend_from_slice(method.as_bytes());
-        let method_end = bytes.len() as u32;
-        if let Some(scheme) = scheme {
-            bytes.extend_from_slice(scheme.as_bytes());
-            bytes.extend_from_slice(b"://");
-        }
-        if let Some(authority) = authority {
-            bytes.extend_from_slice(authority.as_bytes());
-        }
-        bytes.extend_from_slice(uri.path().as_bytes());
-        if let Some(query) = query {
-            bytes.push(b'?');
-            bytes.extend_from_slice(query.as_bytes());
-        }
-        let uri_end = bytes.len() as u32;
-        for (name, value) in headers {
-            for part in [name.as_str().as_bytes(), value.as_bytes()] {
-                let part = &part[..part.len().min(Self::MAX_PART)];
-                bytes.extend_from_slice(&(part.len() as u32).to_ne_bytes());
-                bytes.extend_from_slice(part);
-            }
-        }
-        CopiedHead {
-            bytes,
-            method_end,
-            uri_end,
-        }
-    }
-
-    fn method(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.bytes[..self.method_end as usize])
-    }
-
-    fn uri(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.bytes[self.method_end as usize..self.uri_end as usize])
-    }
-
-    /// The headers in their order (a name once per value).
-    fn headers(&self) -> Vec<StoredHeader> {
-        let mut rest = &self.bytes[self.uri_end as usize..];
-        let mut part = || {
-            let (len, after) = rest.split_first_chunk::<4>()?;
-            let (part, after) = after.split_at(u32::from_ne_bytes(*len) as usize);
-            rest = after;
-            Some(String::from_utf8_lossy(part).into_owned())
-        };
-        let mut headers = Vec::new();
-        while let (Some(name), Some(value)) = (part(), part()) {
-            headers.push(StoredHeader { name, value });
-        }
-        headers
-    }
+/// The headers of a copied head as an entry stores them: a name once per
+/// value, values that are not UTF-8 made so with replacement characters.
+fn stored_headers(head: &RequestHead) -> Vec<StoredHeader> {
+    head.headers()
+        .map(|header| StoredHeader {
+            name: header.name.to_owned(),
+            value: String::from_utf8_lossy(header.value).into_owned(),
+        })
+        .collect()
 }
 
 impl<B> DescribeResponse<Response<B>> for HttpCapture {
@@ -577,21 +496,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_copied_head_gives_back_method_uri_and_every_header_in_order() {
-        let mut headers = HeaderMap::new();
+    fn stored_headers_keep_every_value_in_order_and_make_bytes_text() {
+        let mut request = Request::new(());
+        let headers = request.headers_mut();
         headers.append("accept", "application/json".parse().unwrap());
         headers.append("x-tag", "a".parse().unwrap());
         headers.append("x-tag", "b".parse().unwrap());
         headers.append("x-raw", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
-        let method = Method::from_bytes(b"PURGE").unwrap();
-        let uri: Uri = "https://user@orders.internal:8443/orders/7?notify=false"
-            .parse()
-            .unwrap();
-        let head = CopiedHead::new(&method, &uri, &headers);
-        assert_eq!(head.method(), "PURGE");
-        assert_eq!(head.uri(), uri.to_string());
-        let pairs: Vec<_> = head
-            .headers()
+        let pairs: Vec<_> = stored_headers(&RequestHead::new(&request))
             .into_iter()
             .map(|header| (header.name, header.value))
             .collect();
@@ -604,12 +516,5 @@ mod tests {
                 ("x-raw".to_owned(), "caf\u{fffd}".to_owned()),
             ]
         );
-
-        for uri in ["/", "/orders?page=2", "http://orders.internal"] {
-            let uri: Uri = uri.parse().unwrap();
-            let head = CopiedHead::new(&Method::GET, &uri, &HeaderMap::new());
-            assert_eq!(head.uri(), uri.to_string());
-            assert!(head.headers().is_empty());
-        }
     }
 }

@@ -27,13 +27,14 @@ pin_project! {
     pub struct ResponseFuture<S, Req, C, R>
     where
         S: Service<Req>,
+        R: Replay<Req>,
     {
         #[pin]
         state: State<S::Future>,
         service: S,
-        // The copy to send as the next attempt, made before the previous one
-        // consumed its request; `None` when no further attempt may be made.
-        replay: Option<Req>,
+        // What each retry is made from, kept before the first attempt
+        // consumed the request; `None` when no retry may be made.
+        kept: Option<R::Kept>,
         policy: Arc<Policy<C, R>>,
         attempts: u32,
         // What the timer enforces while an attempt is in flight.
@@ -164,6 +165,7 @@ fn in_span<T>(
 impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
+    R: Replay<Req>,
 {
     /// The future of a call whose deadline left no time for a first
     /// attempt: it ends with [`DeadlineExceeded`] when first polled.
@@ -171,7 +173,7 @@ where
         ResponseFuture {
             state: State::Expired,
             service,
-            replay: None,
+            kept: None,
             policy,
             attempts: 0,
             limit: Limit::None,
@@ -184,7 +186,7 @@ where
     pub(crate) fn new(
         future: S::Future,
         service: S,
-        replay: Option<Req>,
+        kept: Option<R::Kept>,
         policy: Arc<Policy<C, R>>,
         mut cold: Option<Box<Cold>>,
     ) -> Self {
@@ -195,7 +197,7 @@ where
         ResponseFuture {
             state: State::Called { future },
             service,
-            replay,
+            kept,
             policy,
             attempts: 1,
             limit,
@@ -407,17 +409,26 @@ where
                             return Poll::Pending;
                         }
                     }
-                    let request = this
-                        .replay
-                        .take()
-                        .expect("a replay is made before every retry");
+                    let kept = this
+                        .kept
+                        .as_ref()
+                        .expect("a retry is decided only with something kept");
+                    let mut request = match this.policy.replay.replay(kept, *this.attempts) {
+                        Ok(request) => request,
+                        // The body outgrew its recording since the retry
+                        // was decided (a reader still streaming it).
+                        Err(err) => {
+                            this.state.set(State::Done);
+                            let reason = StopReason::NotReplayable;
+                            cold.end_span(*this.attempts, None, Some(reason));
+                            return Poll::Ready(Err(err));
+                        }
+                    };
                     *this.attempts += 1;
-                    // The copy for the retry after this one, before `call`
-                    // consumes the request.
-                    if *this.attempts <= this.policy.max_retries {
-                        *this.replay = this.policy.replay.replay(&request, *this.attempts);
+                    if *this.attempts > this.policy.max_retries {
+                        // The last retry: nothing more is made from it.
+                        *this.kept = None;
                     }
-                    let mut request = request;
                     this.policy
                         .replay
                         .before_send(&mut request, cold.retry.deadline);
@@ -474,9 +485,9 @@ where
             _ => policy.decide(
                 failure,
                 attempts,
-                this.replay
+                this.kept
                     .as_ref()
-                    .is_some_and(|copy| report.can_replay(copy)),
+                    .is_some_and(|kept| policy.replay.can_replay(kept)),
                 &mut cold.retry,
             ),
         };
@@ -575,6 +586,7 @@ where
 impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
+    R: Replay<Req>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")

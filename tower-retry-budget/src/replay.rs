@@ -1,8 +1,9 @@
 //! Which requests may be sent again, and how to copy them.
 //!
-//! A retry needs a second copy of the request, made before the first attempt
-//! consumes it. A [`Replay`] makes that copy, or refuses: a request it refuses
-//! gets exactly one attempt.
+//! A retry needs the request again after the first attempt consumed it. A
+//! [`Replay`] keeps what it needs of the request before that attempt, or
+//! refuses: a request it refuses gets exactly one attempt. Each retry is
+//! then made from what was kept.
 //!
 //! - [`CloneRequest`] (the default): any `Req: Clone`, always replayable.
 //! - [`HttpReplay`] (feature `http`): `http::Request<B>` following
@@ -11,24 +12,38 @@
 //!   body that can be copied ([`TryCloneBody`](crate::body::TryCloneBody):
 //!   in-memory bodies, or [`ReplayBody`](crate::body::ReplayBody) for
 //!   streaming ones, which is asked again after each attempt), optionally
-//!   marking each retry with an attempt-number header.
+//!   marking each retry with an attempt-number header. It keeps the head as
+//!   a [`RequestHead`](http_body_replay::RequestHead), one buffer, rather
+//!   than a second `http::Request`.
 
 use tower_classify::{BoxError, Failure};
 
 use crate::error::ResponseHead;
 use crate::policy::RetryStopped;
 
-/// Makes the copy of a request that a retry sends.
+/// Keeps what a retry needs of a request, and makes each retry from it.
 pub trait Replay<Req> {
-    /// A copy of `request` to send as attempt `previous_attempts + 1`, or
-    /// `None` when the request must not be sent again.
-    fn replay(&self, request: &Req, previous_attempts: u32) -> Option<Req>;
+    /// What is kept of a request while its attempts run: the request itself
+    /// for [`CloneRequest`], a copy of the head and a handle on the body
+    /// for [`HttpReplay`]. A call that succeeds at once only makes and
+    /// drops it, so it should be cheap to make and small to carry.
+    type Kept;
 
-    /// Whether `copy`, made by [`replay`](Self::replay) before the previous
-    /// attempt ran, can still be sent. Asked before each retry: a streamed
-    /// body that outgrew its recording during the attempt cannot.
-    fn can_replay(&self, copy: &Req) -> bool {
-        let _ = copy;
+    /// What to keep of `request` before its first attempt consumes it, or
+    /// `None` when it must not be sent again.
+    fn keep(&self, request: &Req) -> Option<Self::Kept>;
+
+    /// The request to send as attempt `previous_attempts + 1`, made from
+    /// `kept`, or why it can no longer be made (a streamed body that
+    /// outgrew its recording since [`can_replay`](Self::can_replay) was
+    /// asked): the call then ends with that error.
+    fn replay(&self, kept: &Self::Kept, previous_attempts: u32) -> Result<Req, BoxError>;
+
+    /// Whether a request can still be made from `kept`. Asked after each
+    /// failed attempt, before the retry is decided: a streamed body that
+    /// outgrew its recording during the attempt cannot.
+    fn can_replay(&self, kept: &Self::Kept) -> bool {
+        let _ = kept;
         true
     }
 
@@ -89,20 +104,30 @@ pub trait StopReport<Res> {
 pub struct CloneRequest;
 
 impl<Req: Clone> Replay<Req> for CloneRequest {
+    type Kept = Req;
+
     #[inline]
-    fn replay(&self, request: &Req, _previous_attempts: u32) -> Option<Req> {
+    fn keep(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
+    }
+
+    #[inline]
+    fn replay(&self, kept: &Req, _previous_attempts: u32) -> Result<Req, BoxError> {
+        Ok(kept.clone())
     }
 }
 
 impl<Res> StopReport<Res> for CloneRequest {}
 
 #[cfg(feature = "http")]
-pub use self::http_replay::HttpReplay;
+pub use self::http_replay::{HttpReplay, KeptRequest};
 
 #[cfg(feature = "http")]
 mod http_replay {
-    use http::{HeaderName, HeaderValue, Request, Response};
+    use std::fmt;
+
+    use http::{Extensions, HeaderName, HeaderValue, Request, Response};
+    use http_body_replay::{ReplayError, ReplayErrorKind, RequestHead};
     use tower_classify::http::Idempotency;
     use tower_classify::{BoxError, Failure, GrpcClassifier};
 
@@ -119,11 +144,12 @@ mod http_replay {
     ///
     /// let replay = HttpReplay::new().attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"));
     /// let get = Request::get("/").body(String::new()).unwrap();
-    /// let again = replay.replay(&get, 1).unwrap();
+    /// let kept = replay.keep(&get).unwrap();
+    /// let again = replay.replay(&kept, 1).unwrap();
     /// assert_eq!(again.headers()["grpc-previous-rpc-attempts"], "1");
     ///
     /// let post = Request::post("/").body(String::from("pay")).unwrap();
-    /// assert!(replay.replay(&post, 1).is_none(), "POST gets one attempt");
+    /// assert!(replay.keep(&post).is_none(), "POST gets one attempt");
     /// ```
     #[derive(Debug, Clone, Default)]
     pub struct HttpReplay {
@@ -172,27 +198,69 @@ mod http_replay {
         }
     }
 
+    /// What [`HttpReplay`] keeps of a request while its attempts run: a
+    /// copy of its head in one buffer, its extensions, and a copy of its
+    /// body that is never read (for a [`ReplayBody`](crate::body::ReplayBody),
+    /// a handle on the recording).
+    pub struct KeptRequest<B> {
+        head: RequestHead,
+        extensions: Extensions,
+        body: B,
+    }
+
+    impl<B> fmt::Debug for KeptRequest<B> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("KeptRequest")
+                .field("head", &self.head)
+                .finish_non_exhaustive()
+        }
+    }
+
     impl<B: TryCloneBody> Replay<Request<B>> for HttpReplay {
-        fn replay(&self, request: &Request<B>, previous_attempts: u32) -> Option<Request<B>> {
+        type Kept = KeptRequest<B>;
+
+        fn keep(&self, request: &Request<B>) -> Option<KeptRequest<B>> {
             if !self.idempotency.is_idempotent(request) {
                 return None;
             }
             let body = request.body().try_clone_body()?;
-            let mut copy = Request::new(body);
-            *copy.method_mut() = request.method().clone();
-            *copy.uri_mut() = request.uri().clone();
-            *copy.version_mut() = request.version();
-            *copy.headers_mut() = request.headers().clone();
-            *copy.extensions_mut() = request.extensions().clone();
+            let head = RequestHead::new(request);
+            // A head too large to copy whole is sent once.
+            if !head.is_complete() {
+                return None;
+            }
+            Some(KeptRequest {
+                head,
+                extensions: request.extensions().clone(),
+                body,
+            })
+        }
+
+        fn replay(
+            &self,
+            kept: &KeptRequest<B>,
+            previous_attempts: u32,
+        ) -> Result<Request<B>, BoxError> {
+            let body = kept
+                .body
+                .try_clone_body()
+                .ok_or_else(|| ReplayError::from(ReplayErrorKind::NotReplayable))?;
+            // A copy of a valid head parses again; a header value made
+            // without validation (`from_maybe_shared_unchecked`) may not.
+            let mut copy = kept
+                .head
+                .to_request(body)
+                .ok_or("the request's head could not be copied for a retry")?;
+            *copy.extensions_mut() = kept.extensions.clone();
             if let Some(name) = &self.attempt_header {
                 copy.headers_mut()
                     .insert(name.clone(), HeaderValue::from(previous_attempts));
             }
-            Some(copy)
+            Ok(copy)
         }
 
-        fn can_replay(&self, copy: &Request<B>) -> bool {
-            copy.body().can_replay()
+        fn can_replay(&self, kept: &KeptRequest<B>) -> bool {
+            kept.body.can_replay()
         }
 
         fn deadline(&self, request: &Request<B>) -> Option<tower_classify::deadline::Deadline> {

@@ -86,9 +86,9 @@ where
         if let Some(budget) = &policy.budget {
             budget.deposit();
         }
-        // The copy for the first retry is made now: the call consumes `request`.
-        let replay = if policy.max_retries > 0 {
-            policy.replay.replay(&request, 1)
+        // What the retries are made from is kept now: the call consumes `request`.
+        let kept = if policy.max_retries > 0 {
+            policy.replay.keep(&request)
         } else {
             None
         };
@@ -101,6 +101,6 @@ where
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         let first = future::first_call(&cold, &mut service, request);
-        ResponseFuture::new(first, service, replay, Arc::clone(policy), cold)
+        ResponseFuture::new(first, service, kept, Arc::clone(policy), cold)
     }
 }

@@ -510,6 +510,146 @@ async fn a_retry_after_a_partial_read_sends_every_byte() {
     assert_eq!(*seen.lock().unwrap(), ["ab", "abcdef"]);
 }
 
+/// A request's extension, to see that retries carry the extensions too.
+#[derive(Clone, Debug, PartialEq)]
+struct Tenant(&'static str);
+
+/// Each retry is rebuilt from a copy of the head: it must be the request
+/// the caller made, to the order of the headers and each value's
+/// sensitivity, with its extensions, and with the attempt header replaced
+/// rather than repeated.
+#[tokio::test(start_paused = true)]
+async fn a_retry_sends_the_head_the_caller_made() {
+    type Head = (
+        http::Method,
+        http::Uri,
+        http::Version,
+        Vec<(String, Vec<u8>, bool)>,
+        Option<Tenant>,
+    );
+    let seen: Arc<Mutex<Vec<Head>>> = Arc::default();
+    let log = seen.clone();
+    let inner = tower::service_fn(move |request: Request<String>| {
+        let (parts, _) = request.into_parts();
+        let headers = parts
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    value.as_bytes().to_vec(),
+                    value.is_sensitive(),
+                )
+            })
+            .collect();
+        let mut log = log.lock().unwrap();
+        log.push((
+            parts.method,
+            parts.uri,
+            parts.version,
+            headers,
+            parts.extensions.get::<Tenant>().cloned(),
+        ));
+        let code = if log.len() < 3 { 503 } else { 200 };
+        std::future::ready(status(code))
+    });
+    let layer = RetryLayer::http_builder()
+        .backoff(fast())
+        .attempt_header(http::HeaderName::from_static("x-attempt"))
+        .build()
+        .unwrap();
+    let mut secret = http::HeaderValue::from_static("Bearer s3cret");
+    secret.set_sensitive(true);
+    let mut request = Request::put("https://orders.internal:8443/orders/7?notify=false")
+        .version(http::Version::HTTP_2)
+        .header("x-tag", "a")
+        .header("accept", "application/json")
+        .header("x-tag", "b")
+        .header("authorization", secret)
+        .header("x-attempt", "from upstream")
+        .header("x-raw", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
+        .body(String::from("{}"))
+        .unwrap();
+    request.extensions_mut().insert(Tenant("acme"));
+    let (original, body) = request.into_parts();
+    let request = Request::from_parts(original.clone(), body);
+    let response = layer.layer(inner).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    for (attempt, (method, uri, version, headers, tenant)) in seen.iter().enumerate() {
+        assert_eq!(method, original.method, "attempt {attempt}");
+        assert_eq!(uri, &original.uri, "attempt {attempt}");
+        assert_eq!(
+            uri.to_string(),
+            original.uri.to_string(),
+            "attempt {attempt}"
+        );
+        assert_eq!(*version, http::Version::HTTP_2, "attempt {attempt}");
+        assert_eq!(tenant, &Some(Tenant("acme")), "attempt {attempt}");
+        let attempt_mark = match attempt {
+            0 => b"from upstream".to_vec(),
+            n => n.to_string().into_bytes(),
+        };
+        let expected: Vec<(String, Vec<u8>, bool)> = original
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let value = if name == "x-attempt" {
+                    attempt_mark.clone()
+                } else {
+                    value.as_bytes().to_vec()
+                };
+                (name.to_string(), value, name == "authorization")
+            })
+            .collect();
+        assert_eq!(headers, &expected, "attempt {attempt}");
+    }
+}
+
+/// The retry is decided while the body can still be replayed, but a reader
+/// that goes on streaming it (here a task the failed attempt left behind)
+/// takes it past its recording before the retry is sent: the call ends with
+/// the replay error, and nothing is sent with a body that would fail half
+/// way.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_outgrows_its_recording_during_the_backoff_ends_the_call() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let inner = tower::service_fn(move |request: Request<ReplayBody<Chunks>>| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let mut body = request.into_body();
+            // Two bytes read before the answer: still replayable.
+            body.frame().await.unwrap()?;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                while let Some(Ok(_)) = body.frame().await {}
+            });
+            status(503)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
+        .service(inner);
+    let put = Request::put("/").body(chunks(&["ab", "cd", "ef"])).unwrap();
+    let error = service.oneshot(put).await.unwrap_err();
+    let replay = error
+        .downcast_ref::<tower_retry_budget::body::ReplayError>()
+        .unwrap_or_else(|| panic!("not a replay error: {error}"));
+    assert_eq!(
+        replay.kind(),
+        tower_retry_budget::body::ReplayErrorKind::NotReplayable
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no attempt with a broken body"
+    );
+}
+
 #[tokio::test]
 async fn the_inner_service_is_called_before_the_body_arrives() {
     let (mut upload, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);

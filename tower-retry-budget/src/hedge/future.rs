@@ -24,12 +24,13 @@ pin_project! {
     pub struct ResponseFuture<S, Req, C, R>
     where
         S: Service<Req>,
+        R: Replay<Req>,
     {
         #[pin]
         first: Option<S::Future>,
         // Everything a call that may be hedged needs; `None` for the others,
         // which allocate nothing.
-        hedging: Option<Pin<Box<Hedging<S, Req>>>>,
+        hedging: Option<Pin<Box<Hedging<S, Req, R::Kept>>>>,
         // When the first attempt was sent, for the latency window.
         started: Option<Instant>,
         // The caller's deadline left less than the minimum attempt time (this
@@ -41,15 +42,16 @@ pin_project! {
 
 pin_project! {
     #[project = HedgingProj]
-    struct Hedging<S, Req>
+    struct Hedging<S, Req, K>
     where
         S: Service<Req>,
     {
         // Dropped as soon as no further hedge can be sent, so that a
         // readiness it holds (a concurrency permit, a buffer slot) is freed.
         service: Option<S>,
-        // The request the next hedge sends.
-        copy: Option<Req>,
+        // What the next hedge is made from; `None` once no further hedge
+        // may be sent.
+        kept: Option<K>,
         delay: Duration,
         deadline: Option<Instant>,
         // When the next hedge is due; its timer is made on the first poll,
@@ -98,6 +100,7 @@ fn verdict(outcome: &Outcome) -> Verdict {
 impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
+    R: Replay<Req>,
 {
     pub(crate) fn unhedged(
         first: S::Future,
@@ -139,7 +142,7 @@ where
     pub(crate) fn hedged(
         first: S::Future,
         service: S,
-        copy: Req,
+        kept: R::Kept,
         delay: Duration,
         deadline: Option<Instant>,
         started: Option<Instant>,
@@ -150,7 +153,7 @@ where
             first: Some(first),
             hedging: Some(Box::pin(Hedging {
                 service: Some(service),
-                copy: Some(copy),
+                kept: Some(kept),
                 delay,
                 deadline,
                 due_at,
@@ -302,19 +305,20 @@ where
                 Poll::Ready(Ok(())) => {}
             }
             let attempt = *hedging.sent + 1;
-            let mut request = match hedging.copy.take() {
-                Some(copy) if policy.replay.can_replay(&copy) => copy,
-                // A streamed body outgrew its recording: it cannot be sent
-                // again, and the attempts in flight carry on.
-                Some(_) => {
-                    policy.telemetry.refused(attempt, Refusal::NotReplayable);
-                    stop(&mut hedging);
-                    continue;
-                }
-                None => {
-                    stop(&mut hedging);
-                    continue;
-                }
+            let Some(kept) = hedging.kept.as_ref() else {
+                stop(&mut hedging);
+                continue;
+            };
+            // A streamed body that outgrew its recording cannot be sent
+            // again, and the attempts in flight carry on.
+            let request = match policy.replay.can_replay(kept) {
+                true => policy.replay.replay(kept, attempt - 1).ok(),
+                false => None,
+            };
+            let Some(mut request) = request else {
+                policy.telemetry.refused(attempt, Refusal::NotReplayable);
+                stop(&mut hedging);
+                continue;
             };
             if let Err(refusal) = policy.allow_hedge(*hedging.deadline) {
                 policy.telemetry.refused(attempt, refusal);
@@ -322,8 +326,8 @@ where
                 continue;
             }
             *hedging.sent = attempt;
-            if attempt < policy.max_attempts {
-                *hedging.copy = policy.replay.replay(&request, attempt);
+            if attempt >= policy.max_attempts {
+                *hedging.kept = None;
             }
             policy.replay.before_send(&mut request, *hedging.deadline);
             let span = policy.telemetry.hedge_span(attempt, *hedging.delay);
@@ -334,7 +338,7 @@ where
                 attempt,
                 span,
             });
-            if hedging.copy.is_some() {
+            if hedging.kept.is_some() {
                 // One delay after this hedge went out, not after it was due:
                 // a readiness stall does not bunch the next hedges together.
                 *hedging.due = false;
@@ -351,13 +355,14 @@ where
     }
 }
 
-/// No further hedge for this call: the service clone and the copy go at once.
-fn stop<S, Req>(hedging: &mut HedgingProj<'_, S, Req>)
+/// No further hedge for this call: the service clone and what was kept of
+/// the request go at once.
+fn stop<S, Req, K>(hedging: &mut HedgingProj<'_, S, Req, K>)
 where
     S: Service<Req>,
 {
     *hedging.service = None;
-    *hedging.copy = None;
+    *hedging.kept = None;
 }
 
 /// Drops every hedge still in flight: another attempt answered.
@@ -374,6 +379,7 @@ fn cancel_hedges<F, C, R>(policy: &HedgePolicy<C, R>, hedges: &mut Vec<InFlight<
 impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
+    R: Replay<Req>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hedges = self

@@ -89,12 +89,12 @@ where
         }
         policy.deposit();
         // A hedge needs a delay (a percentile one is unknown until the
-        // window has enough samples) and a copy of the request, made now:
+        // window has enough samples) and what it is made from, kept now:
         // the first attempt consumes `request`.
         let hedge = policy
             .delay
             .current()
-            .and_then(|delay| Some((delay, policy.replay.replay(&request, 1)?)));
+            .and_then(|delay| Some((delay, policy.replay.keep(&request)?)));
         let mut request = request;
         policy.replay.before_send(&mut request, deadline);
         let started = policy.delay.records().then(Instant::now);
@@ -103,7 +103,7 @@ where
                 let first = self.inner.call(request);
                 ResponseFuture::unhedged(first, started, Arc::clone(policy))
             }
-            Some((delay, copy)) => {
+            Some((delay, kept)) => {
                 // The service made ready by `poll_ready` takes the first
                 // attempt and goes with the future for the hedges; a fresh
                 // clone stays here.
@@ -113,7 +113,7 @@ where
                 ResponseFuture::hedged(
                     first,
                     service,
-                    copy,
+                    kept,
                     delay,
                     deadline,
                     started,

@@ -19,7 +19,7 @@ use super::{GrpcRetryClassifier, RetryThrottle, ServiceConfig};
 use crate::body::TryCloneBody;
 use crate::error::DeadlineExceeded;
 use crate::hedge::HedgeLayer;
-use crate::replay::HttpReplay;
+use crate::replay::{HttpReplay, Replay};
 use crate::RetryLayer;
 
 type GrpcRetry = RetryLayer<GrpcRetryClassifier, HttpReplay>;
@@ -240,6 +240,7 @@ pin_project! {
     pub struct PerMethodFuture<S, Req>
     where
         S: Service<Req>,
+        HttpReplay: Replay<Req>,
     {
         #[pin]
         kind: Kind<S, Req>,
@@ -251,6 +252,7 @@ pin_project! {
     enum Kind<S, Req>
     where
         S: Service<Req>,
+        HttpReplay: Replay<Req>,
     {
         // A call no method config covers.
         Plain { #[pin] future: S::Future },
@@ -316,6 +318,7 @@ where
 impl<S, Req> fmt::Debug for PerMethodFuture<S, Req>
 where
     S: Service<Req>,
+    HttpReplay: Replay<Req>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.kind {
