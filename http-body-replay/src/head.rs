@@ -64,6 +64,7 @@ const HEADER_PREFIX: usize = 9;
 
 impl RequestHead {
     /// Copies `request`'s head (the body is not touched).
+    #[inline]
     pub fn new<B>(request: &Request<B>) -> Self {
         Self::from_parts(
             request.method(),

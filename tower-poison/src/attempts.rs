@@ -192,6 +192,16 @@ impl<F> Tallied<F> {
             first_done: None,
         }
     }
+
+    /// The call made inside `scope`, which ends here.
+    #[inline]
+    pub(crate) fn in_scope(call: F, scope: TallyScope) -> Self {
+        Tallied {
+            call,
+            tally: scope.exit(),
+            first_done: None,
+        }
+    }
 }
 
 impl<F: Future> Future for Tallied<F> {

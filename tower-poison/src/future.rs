@@ -9,7 +9,7 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 use tower_classify::{BoxError, Classify};
 
-use crate::attempts::Tallied;
+use crate::attempts::{Tallied, TallyScope};
 use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
 use crate::poison::Counted;
 use crate::service::{Shared, Verdict};
@@ -60,6 +60,26 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
         ResponseFuture {
             state: State::Calling {
                 call,
+                shared,
+                pending: Some(pending),
+                counted,
+            },
+        }
+    }
+
+    /// [`calling`](Self::calling), with the inner future made by `call`
+    /// inside the tally scope, in place.
+    #[inline]
+    pub(crate) fn calling_with(
+        call: impl FnOnce() -> F,
+        shared: Arc<Shared<St, C, Cap>>,
+        pending: PendingRecord<R>,
+        counted: Option<Counted>,
+    ) -> Self {
+        let scope = TallyScope::enter(Default::default());
+        ResponseFuture {
+            state: State::Calling {
+                call: Tallied::in_scope(call(), scope),
                 shared,
                 pending: Some(pending),
                 counted,

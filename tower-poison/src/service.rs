@@ -224,25 +224,34 @@ where
             }
             admission => admission,
         };
-        let call = tallied!(self.inner.call(request));
-        match admission {
+        let decision = match admission {
             Admission::Now(Decision::Process(counted)) => {
-                ResponseFuture::calling(call, shared, pending, counted)
+                // The inner future is made where the response future holds
+                // it: made first and moved in, a stack's future (a few
+                // hundred bytes) would be copied once more per call.
+                return ResponseFuture::calling_with(
+                    || self.inner.call(request),
+                    shared,
+                    pending,
+                    counted,
+                );
             }
             Admission::Now(Decision::Stop(_)) => unreachable!("returned above"),
-            Admission::Later(decision) => ResponseFuture::boxed(async move {
-                let counted = match decision.await {
-                    Decision::Process(counted) => counted,
-                    Decision::Stop(stop) => {
-                        // Never polled: the message goes no further than the
-                        // inner service's `call` (see `PoisonPolicy`).
-                        drop(call);
-                        return Err(shared.stop(stop, pending).await);
-                    }
-                };
-                ResponseFuture::calling(call, shared, pending, counted).await
-            }),
-        }
+            Admission::Later(decision) => decision,
+        };
+        let call = tallied!(self.inner.call(request));
+        ResponseFuture::boxed(async move {
+            let counted = match decision.await {
+                Decision::Process(counted) => counted,
+                Decision::Stop(stop) => {
+                    // Never polled: the message goes no further than the
+                    // inner service's `call` (see `PoisonPolicy`).
+                    drop(call);
+                    return Err(shared.stop(stop, pending).await);
+                }
+            };
+            ResponseFuture::calling(call, shared, pending, counted).await
+        })
     }
 }
 
