@@ -3,6 +3,7 @@
 #
 #   bash tower-retry-budget/benches/count_instructions.sh [N]               # the replay body
 #   bash tower-retry-budget/benches/count_instructions.sh success_path [N]  # the awaited success path
+#   bash tower-retry-budget/benches/count_instructions.sh http [N]          # the same over HTTP requests
 #
 # The replay body: the kernel's share of a loopback request (the syscalls) is
 # not counted, so the loopback ratios overstate what the replay body costs.
@@ -11,10 +12,10 @@ cd "$(dirname "$0")/../.."
 source bench-support/callgrind.sh
 
 mode=replay_body
-if [ "${1:-}" = success_path ]; then
-    mode=success_path
-    shift
-fi
+case "${1:-}" in
+success_path) mode=success_path; shift ;;
+http) mode=http_success_path; shift ;;
+esac
 calls=${1:-2000}
 bench=$(bench_binary tower-retry-budget "$mode")
 
@@ -28,6 +29,19 @@ if [ "$mode" = success_path ]; then
         ratio=$(awk -v a="$overhead" -v b="$tower" 'BEGIN { printf "%.2f", a / b }')
         printf '%-28s %10d %10d %22s\n' "$case" "$total" "$overhead" "$ratio"
     done
+    exit 0
+fi
+
+if [ "$mode" = http_success_path ]; then
+    printf '%-6s %6s %10s %10s %18s\n' method bare ours tower "ours / tower's"
+    for method in GET POST; do
+        bare=$(per_call BENCH_COUNT "bare,$method")
+        ours=$(($(per_call BENCH_COUNT "ours,$method") - bare))
+        tower=$(($(per_call BENCH_COUNT "tower,$method") - bare))
+        ratio=$(awk -v a="$ours" -v b="$tower" 'BEGIN { printf "%.2f", a / b }')
+        printf '%-6s %6d %10d %10d %18s\n' "$method" "$bare" "$ours" "$tower" "$ratio"
+    done
+    echo "(bare: instructions per call; ours and tower: overhead over bare)"
     exit 0
 fi
 
