@@ -168,6 +168,11 @@ where
             // for (see the type's docs).
             Ok(response) => match response.extensions().get::<Failure>() {
                 Some(failure) => Outcome::Failure(*failure),
+                // The success path reads no clock: only a rule or a failure's
+                // `Retry-After` date needs one.
+                None if self.rules.is_none() && self.status_kind(response.status()).is_none() => {
+                    Outcome::Success
+                }
                 None => self.classify_parts(
                     response.status(),
                     response.headers(),
