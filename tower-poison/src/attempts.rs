@@ -166,8 +166,7 @@ fn note(update: impl FnOnce(&mut Tally)) {
 macro_rules! tallied {
     ($call:expr) => {{
         let scope = $crate::attempts::TallyScope::enter(Default::default());
-        let call = $call;
-        $crate::attempts::Tallied::new(call, scope.exit())
+        $crate::attempts::Tallied::in_scope($call, scope)
     }};
 }
 pub(crate) use tallied;
@@ -184,15 +183,6 @@ pin_project! {
 }
 
 impl<F> Tallied<F> {
-    #[inline]
-    pub(crate) fn new(call: F, tally: Tally) -> Self {
-        Tallied {
-            call,
-            tally,
-            first_done: None,
-        }
-    }
-
     /// The call made inside `scope`, which ends here.
     #[inline]
     pub(crate) fn in_scope(call: F, scope: TallyScope) -> Self {
