@@ -110,7 +110,8 @@ pub enum FailureKind {
     /// `DATA_LOSS`.
     ServerError,
     /// The server asked the client to slow down: HTTP 429, gRPC
-    /// `RESOURCE_EXHAUSTED`, or a [response rule](crate::http::ResponseRule).
+    /// `RESOURCE_EXHAUSTED`, or a response rule (`http::ResponseRule`, with the
+    /// `http` feature).
     RateLimited,
     /// The call took too long: HTTP 408, `tower::timeout::error::Elapsed`,
     /// `io::ErrorKind::TimedOut`, gRPC `DEADLINE_EXCEEDED`.
