@@ -6,10 +6,15 @@
 //! `oneshot` on a current-thread tokio runtime).
 //!
 //! `callgrind.sh` next to this crate's manifest holds the shell helpers of
-//! the benches' `count_instructions.sh` scripts.
+//! the benches' `count_instructions.sh` scripts, and [`alloc`] the counting
+//! allocator of the tests that pin a success path's allocations.
 
-#![forbid(unsafe_code)]
+// Only `alloc` implements `GlobalAlloc`, which takes `unsafe`.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+#[allow(unsafe_code)]
+pub mod alloc;
 
 use std::convert::Infallible;
 use std::hint::black_box;

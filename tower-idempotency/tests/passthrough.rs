@@ -3,13 +3,12 @@
 //! allocator that counts the allocations of the test's own thread shows it,
 //! next to a guarded request that does allocate.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
+use bench_support::alloc::{allocations, Counting};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
@@ -18,50 +17,8 @@ use tower::{service_fn, Layer, Service};
 use tower_idempotency::store::MemoryIdempotencyStore;
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
 
-/// The system allocator, counting allocations made on a thread while its
-/// count is on.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn note_allocation() {
-    let _ = ALLOCATIONS.try_with(|count| count.set(count.get().map(|n| n + 1)));
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; counting touches
-// only a const-initialised thread-local, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// How many allocations `f` makes on this thread.
-fn allocations(f: impl FnOnce()) -> usize {
-    ALLOCATIONS.with(|count| count.set(Some(0)));
-    f();
-    ALLOCATIONS.with(|count| count.replace(None)).unwrap()
-}
 
 /// Calls `service` with `request`, polls the response future and then the
 /// response body to their ends (both must be ready at once), and returns
@@ -114,13 +71,13 @@ fn unguarded_requests_and_responses_pass_through_without_allocating() {
 
     let mut received = 0;
     for request in [unkeyed, idempotent] {
-        let made = allocations(|| call_through(&mut service, request, &mut received));
+        let (made, ()) = allocations(|| call_through(&mut service, request, &mut received));
         assert_eq!(made, 0, "an unguarded request allocated");
     }
     assert_eq!(received, 20, "both bodies came through whole");
     // The counter does count: a guarded call allocates (its key, its
     // claim, its boxed future).
-    let made = allocations(|| call_through(&mut service, guarded, &mut received));
+    let (made, ()) = allocations(|| call_through(&mut service, guarded, &mut received));
     assert!(made > 0);
     assert_eq!(received, 30);
 }

@@ -5,8 +5,6 @@
 //! that does allocate, write, count and log, so the counters are known to
 //! count.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -15,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
+use bench_support::alloc::{allocations, Counting};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
@@ -24,50 +23,8 @@ use tower::{Layer, Service};
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore, Page, PurgeFilter, StoreError};
 use tower_poison::{Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId};
 
-/// The system allocator, counting allocations made on a thread while its
-/// count is on.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn note_allocation() {
-    let _ = ALLOCATIONS.try_with(|count| count.set(count.get().map(|n| n + 1)));
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; counting touches
-// only a const-initialised thread-local, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// How many allocations `f` makes on this thread.
-fn allocations<T>(f: impl FnOnce() -> T) -> (usize, T) {
-    ALLOCATIONS.with(|count| count.set(Some(0)));
-    let out = f();
-    (ALLOCATIONS.with(|count| count.replace(None)).unwrap(), out)
-}
 
 /// Answers with `status` at once, after reading the request body to its end
 /// (the bodies here are in memory, so a no-op waker reads them whole).
