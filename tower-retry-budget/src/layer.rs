@@ -111,6 +111,27 @@ impl<C, R> RetryLayer<C, R> {
     }
 }
 
+#[cfg(feature = "grpc-service-config")]
+impl<C, R> RetryLayer<C, R> {
+    /// The call [`Retry::call`] makes, on a `service` made ready for it
+    /// that the caller gives up: the per-method router's, which would
+    /// otherwise build a `Retry` around its own clone only to clone it
+    /// again.
+    pub(crate) fn call_on<S, Req>(
+        &self,
+        service: S,
+        request: Req,
+    ) -> crate::future::ResponseFuture<S, Req, C, R>
+    where
+        S: tower_service::Service<Req> + Clone,
+        S::Error: Into<tower_classify::BoxError>,
+        C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
+        R: crate::replay::Replay<Req> + crate::replay::StopReport<S::Response>,
+    {
+        crate::service::start(&self.policy, || service, request)
+    }
+}
+
 impl<S, C, R> Layer<S> for RetryLayer<C, R> {
     type Service = Retry<S, C, R>;
 

@@ -1117,3 +1117,77 @@ async fn a_hedged_call_cut_by_its_timeout_drops_its_attempts_at_once() {
     );
     drop(call);
 }
+
+/// Answers `grpc-status: 0` at once, and counts how often it is cloned.
+struct CountsClones {
+    clones: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountsClones {
+    fn new() -> (Self, Arc<std::sync::atomic::AtomicUsize>) {
+        let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&clones);
+        (CountsClones { clones }, counted)
+    }
+}
+
+impl Service<Request<String>> for CountsClones {
+    type Response = Response<()>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Response<()>, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        std::future::ready(Ok(grpc_response(0, None)))
+    }
+}
+
+impl Clone for CountsClones {
+    fn clone(&self) -> Self {
+        self.clones
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CountsClones {
+            clones: Arc::clone(&self.clones),
+        }
+    }
+}
+
+/// The router hands the service made ready for a call to the retry or
+/// hedge layer of its method, which keeps it for the later attempts: one
+/// clone per call (the one the router keeps), whatever the method's
+/// policy, as for `Retry` or `Hedge` used alone.
+#[tokio::test(start_paused = true)]
+async fn a_routed_call_clones_the_inner_service_once() {
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [
+            {"name": [{"service": "example.Retried"}],
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                             "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+            {"name": [{"service": "example.Hedged"}],
+             "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}]}"#,
+    )
+    .unwrap();
+    let layer = config.layer(None).unwrap();
+    for path in [
+        "/example.Retried/Call",
+        "/example.Hedged/Call",
+        "/example.Plain/Call",
+    ] {
+        let (counting, clones) = CountsClones::new();
+        let mut client = layer.layer(counting);
+        let request = Request::post(path).body(String::new()).unwrap();
+        let response = client.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.headers()["grpc-status"], "0");
+        assert_eq!(
+            clones.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "{path}"
+        );
+    }
+}

@@ -146,7 +146,11 @@ impl HttpClassifier {
 
     fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
         let code = status.as_u16();
-        if let Some(retryable) = self.custom.as_ref().and_then(|custom| custom.retryable) {
+        if let Some(retryable) = self
+            .custom
+            .as_ref()
+            .and_then(|custom| custom.retryable.as_ref())
+        {
             if retryable.contains(status) {
                 return Some(match code {
                     429 => FailureKind::RateLimited,

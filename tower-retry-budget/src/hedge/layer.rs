@@ -84,6 +84,25 @@ impl<C, R> HedgeLayer<C, R> {
     }
 }
 
+#[cfg(feature = "grpc-service-config")]
+impl<C, R> HedgeLayer<C, R> {
+    /// The call [`Hedge::call`] makes, on a `service` made ready for it
+    /// that the caller gives up (see [`RetryLayer`](crate::RetryLayer)'s).
+    pub(crate) fn call_on<S, Req>(
+        &self,
+        service: S,
+        request: Req,
+    ) -> super::future::ResponseFuture<S, Req, C, R>
+    where
+        S: tower_service::Service<Req> + Clone,
+        S::Error: Into<tower_classify::BoxError>,
+        C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
+        R: crate::replay::Replay<Req>,
+    {
+        super::service::start(&self.policy, super::service::Owned(service), request)
+    }
+}
+
 impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
     type Service = Hedge<S, C, R>;
 

@@ -77,49 +77,97 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let policy = &self.policy;
-        let deadline = policy.replay.deadline(&request).map(|d| d.instant());
-        if let Some(deadline) = deadline {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || left < policy.min_attempt_time {
-                // Not sent at all (nor counted as load): the caller could
-                // not use its answer.
-                return ResponseFuture::expired(left, Arc::clone(policy));
-            }
+        start(&self.policy, &mut self.inner, request)
+    }
+}
+
+/// The service a hedged call is made on: a [`Hedge`]'s own, cloned only
+/// when the call may be hedged, or one the caller gives up (the per-method
+/// router's).
+pub(crate) trait CallOn<S> {
+    /// The service, for the first attempt of a call that is not hedged.
+    fn service(&mut self) -> &mut S;
+
+    /// The service made ready by `poll_ready`, for the future to keep.
+    fn into_owned(self) -> S;
+}
+
+impl<S: Clone> CallOn<S> for &mut S {
+    fn service(&mut self) -> &mut S {
+        self
+    }
+
+    fn into_owned(self) -> S {
+        // The ready service goes with the future; a fresh clone stays.
+        let clone = self.clone();
+        std::mem::replace(self, clone)
+    }
+}
+
+/// A service the caller gives up to the call (see [`CallOn`]).
+#[cfg(feature = "grpc-service-config")]
+pub(crate) struct Owned<S>(pub(crate) S);
+
+#[cfg(feature = "grpc-service-config")]
+impl<S> CallOn<S> for Owned<S> {
+    fn service(&mut self) -> &mut S {
+        &mut self.0
+    }
+
+    fn into_owned(self) -> S {
+        self.0
+    }
+}
+
+/// [`Hedge::call`], on the service `on` gives.
+pub(crate) fn start<S, C, R, Req>(
+    policy: &Arc<HedgePolicy<C, R>>,
+    mut on: impl CallOn<S>,
+    request: Req,
+) -> ResponseFuture<S, Req, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, BoxError>,
+    R: Replay<Req>,
+{
+    let deadline = policy.replay.deadline(&request).map(|d| d.instant());
+    if let Some(deadline) = deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || left < policy.min_attempt_time {
+            // Not sent at all (nor counted as load): the caller could
+            // not use its answer.
+            return ResponseFuture::expired(left, Arc::clone(policy));
         }
-        policy.deposit();
-        // A hedge needs a delay (a percentile one is unknown until the
-        // window has enough samples) and what it is made from, kept now:
-        // the first attempt consumes `request`.
-        let hedge = policy
-            .delay
-            .current()
-            .and_then(|delay| Some((delay, policy.replay.keep(&request)?)));
-        let mut request = request;
-        policy.replay.before_send(&mut request, deadline);
-        let started = policy.delay.records().then(Instant::now);
-        match hedge {
-            None => {
-                let first = self.inner.call(request);
-                ResponseFuture::unhedged(first, started, Arc::clone(policy))
-            }
-            Some((delay, kept)) => {
-                // The service made ready by `poll_ready` takes the first
-                // attempt and goes with the future for the hedges; a fresh
-                // clone stays here.
-                let clone = self.inner.clone();
-                let mut service = std::mem::replace(&mut self.inner, clone);
-                let first = service.call(request);
-                ResponseFuture::hedged(
-                    first,
-                    service,
-                    kept,
-                    delay,
-                    deadline,
-                    started,
-                    Arc::clone(policy),
-                )
-            }
+    }
+    policy.deposit();
+    // A hedge needs a delay (a percentile one is unknown until the
+    // window has enough samples) and what it is made from, kept now:
+    // the first attempt consumes `request`.
+    let hedge = policy
+        .delay
+        .current()
+        .and_then(|delay| Some((delay, policy.replay.keep(&request)?)));
+    let mut request = request;
+    policy.replay.before_send(&mut request, deadline);
+    let started = policy.delay.records().then(Instant::now);
+    match hedge {
+        None => {
+            let first = on.service().call(request);
+            ResponseFuture::unhedged(first, started, Arc::clone(policy))
+        }
+        Some((delay, kept)) => {
+            let mut service = on.into_owned();
+            let first = service.call(request);
+            ResponseFuture::hedged(
+                first,
+                service,
+                kept,
+                delay,
+                deadline,
+                started,
+                Arc::clone(policy),
+            )
         }
     }
 }

@@ -193,10 +193,10 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let entry = self.routes.config.entry_for_path(request.uri().path());
-        // The service made ready by `poll_ready` takes the call; a fresh
-        // clone stays here. The layer made around it below forwards
-        // readiness and calls it directly (as `Retry` and `Hedge` do), so
-        // the readiness obtained here is the one its call uses.
+        // The service made ready by `poll_ready` takes the call, and goes
+        // with the future of a retried or hedged method for its later
+        // attempts (handed over, not cloned again); a fresh clone stays
+        // here.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let kind = match entry.map(|entry| &self.routes.layers[entry]) {
@@ -207,7 +207,7 @@ where
                 }
             }
             Some(MethodLayer::Retry(layer)) => Kind::Retry {
-                future: layer.layer(ready).call(request),
+                future: layer.call_on(ready, request),
             },
             Some(MethodLayer::Hedge(layer, timeout)) => {
                 // The method's timeout bounds the whole call: as the
@@ -223,7 +223,7 @@ where
                     request.extensions_mut().insert(Deadline::at(until));
                 }
                 Kind::Hedge {
-                    future: Some(layer.layer(ready).call(request)),
+                    future: Some(layer.call_on(ready, request)),
                     // The earlier of the method's timeout and the caller's
                     // deadline ends the call, as a retried method's does.
                     until: until.map(|until| (until, until.saturating_duration_since(now))),
