@@ -76,27 +76,59 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         // The service made ready by `poll_ready` takes this call and goes with
         // the future for the retries; a fresh clone stays here.
-        let inner = &mut self.inner;
-        let take = || {
-            let clone = inner.clone();
-            std::mem::replace(inner, clone)
-        };
-        start(&self.policy, take, request)
+        start(&self.policy, &mut self.inner, request)
     }
 }
 
-/// Calls the service `take` gives, made ready for `request`, which the
-/// future keeps for the retries: [`Retry::call`], and the per-method
-/// router's call of a retried method, which hands over a service it owns
-/// rather than one it would clone again.
+/// The service a call is made on: a `Retry`'s or a `Hedge`'s own (the
+/// ready one goes with the future, a fresh clone stays), or one the caller
+/// gives up to the call, as the per-method router does rather than have it
+/// cloned once more.
+pub(crate) trait CallOn<S> {
+    /// The service, for a first attempt the future does not keep it for
+    /// (a call that will not be hedged).
+    fn service(&mut self) -> &mut S;
+
+    /// The service made ready by `poll_ready`, for the future to keep.
+    fn into_owned(self) -> S;
+}
+
+impl<S: Clone> CallOn<S> for &mut S {
+    fn service(&mut self) -> &mut S {
+        self
+    }
+
+    fn into_owned(self) -> S {
+        let clone = self.clone();
+        std::mem::replace(self, clone)
+    }
+}
+
+/// A service the caller gives up to the call (see [`CallOn`]).
+#[cfg(feature = "grpc-service-config")]
+pub(crate) struct Owned<S>(pub(crate) S);
+
+#[cfg(feature = "grpc-service-config")]
+impl<S> CallOn<S> for Owned<S> {
+    fn service(&mut self) -> &mut S {
+        &mut self.0
+    }
+
+    fn into_owned(self) -> S {
+        self.0
+    }
+}
+
+/// [`Retry::call`], on the service `on` gives, which the future keeps for
+/// the retries.
 ///
-/// `take` is called where the service is needed, after the request is
-/// kept: taken first, the ready service is one more value held across
-/// the copy of the request's head (36 instructions a call over HTTP).
+/// The service is taken where it is needed, after the request is kept:
+/// taken first, it is one more value held across the copy of the
+/// request's head (36 instructions a call over HTTP).
 #[inline]
 pub(crate) fn start<S, C, R, Req>(
     policy: &Arc<Policy<C, R>>,
-    take: impl FnOnce() -> S,
+    on: impl CallOn<S>,
     request: Req,
 ) -> ResponseFuture<S, Req, C, R>
 where
@@ -109,7 +141,7 @@ where
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer.
-            return ResponseFuture::expired(take(), Arc::clone(policy), cold);
+            return ResponseFuture::expired(on.into_owned(), Arc::clone(policy), cold);
         }
         cold => cold,
     };
@@ -126,7 +158,7 @@ where
     if let Some(cold) = &cold {
         policy.replay.before_send(&mut request, cold.deadline());
     }
-    let mut service = take();
+    let mut service = on.into_owned();
     let first = future::first_call(&cold, &mut service, request);
     ResponseFuture::new(first, service, kept, Arc::clone(policy), cold)
 }

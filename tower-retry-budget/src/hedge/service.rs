@@ -9,6 +9,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::policy::HedgePolicy;
 use crate::replay::Replay;
+use crate::service::CallOn;
 
 /// Hedges slow calls of `S`; made by a [`HedgeLayer`](super::HedgeLayer).
 ///
@@ -78,44 +79,6 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         start(&self.policy, &mut self.inner, request)
-    }
-}
-
-/// The service a hedged call is made on: a [`Hedge`]'s own, cloned only
-/// when the call may be hedged, or one the caller gives up (the per-method
-/// router's).
-pub(crate) trait CallOn<S> {
-    /// The service, for the first attempt of a call that is not hedged.
-    fn service(&mut self) -> &mut S;
-
-    /// The service made ready by `poll_ready`, for the future to keep.
-    fn into_owned(self) -> S;
-}
-
-impl<S: Clone> CallOn<S> for &mut S {
-    fn service(&mut self) -> &mut S {
-        self
-    }
-
-    fn into_owned(self) -> S {
-        // The ready service goes with the future; a fresh clone stays.
-        let clone = self.clone();
-        std::mem::replace(self, clone)
-    }
-}
-
-/// A service the caller gives up to the call (see [`CallOn`]).
-#[cfg(feature = "grpc-service-config")]
-pub(crate) struct Owned<S>(pub(crate) S);
-
-#[cfg(feature = "grpc-service-config")]
-impl<S> CallOn<S> for Owned<S> {
-    fn service(&mut self) -> &mut S {
-        &mut self.0
-    }
-
-    fn into_owned(self) -> S {
-        self.0
     }
 }
 
