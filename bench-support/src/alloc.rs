@@ -61,9 +61,18 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 /// How many allocations `f` makes on this thread, and what it returns.
-/// Counts only where [`Counting`] is the global allocator.
+///
+/// Panics unless [`Counting`] is the global allocator (a test that forgot
+/// to install it would otherwise read 0 and pass). Calls do not nest.
 pub fn allocations<T>(f: impl FnOnce() -> T) -> (usize, T) {
     ALLOCATIONS.with(|count| count.set(Some(0)));
+    drop(std::hint::black_box(Box::new(0u8)));
+    let probe = ALLOCATIONS.with(|count| count.replace(Some(0)));
+    assert_eq!(
+        probe,
+        Some(1),
+        "bench_support::alloc::Counting is not the global allocator"
+    );
     let out = f();
     let made = ALLOCATIONS.with(|count| count.replace(None));
     (made.expect("counting was on"), out)

@@ -128,7 +128,7 @@ impl<C, R> RetryLayer<C, R> {
         C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
         R: crate::replay::Replay<Req> + crate::replay::StopReport<S::Response>,
     {
-        crate::service::start(&self.policy, crate::service::Owned(service), request)
+        crate::service::start(&self.policy, crate::service::HandedOver(service), request)
     }
 }
 

@@ -80,47 +80,61 @@ where
     }
 }
 
-/// The service a call is made on: a `Retry`'s or a `Hedge`'s own (the
-/// ready one goes with the future, a fresh clone stays), or one the caller
-/// gives up to the call, as the per-method router does rather than have it
-/// cloned once more.
-pub(crate) trait CallOn<S> {
+/// The service made ready for a call: a `Retry`'s or a `Hedge`'s own,
+/// or one the caller hands over to the call, as the per-method router does
+/// rather than have it cloned once more.
+pub(crate) trait ReadyService<S> {
     /// The service, for a first attempt the future does not keep it for
     /// (a call that will not be hedged).
     fn service(&mut self) -> &mut S;
 
-    /// The service made ready by `poll_ready`, for the future to keep.
-    fn into_owned(self) -> S;
+    /// The ready service, for the future to keep for its attempts; a
+    /// layer's own is replaced by a fresh clone.
+    fn take_ready(self) -> S;
+
+    /// A clone, for a future that sends nothing (its deadline is past);
+    /// the ready service stays ready in the layer, or, handed over, is
+    /// dropped at once: what `poll_ready` reserved (a concurrency permit,
+    /// a queue slot) is not held by a call that will not use it.
+    fn spare(self) -> S;
 }
 
-impl<S: Clone> CallOn<S> for &mut S {
+impl<S: Clone> ReadyService<S> for &mut S {
     fn service(&mut self) -> &mut S {
         self
     }
 
-    fn into_owned(self) -> S {
+    fn take_ready(self) -> S {
         let clone = self.clone();
         std::mem::replace(self, clone)
     }
+
+    fn spare(self) -> S {
+        self.clone()
+    }
 }
 
-/// A service the caller gives up to the call (see [`CallOn`]).
+/// A service handed over to the call (see [`ReadyService`]).
 #[cfg(feature = "grpc-service-config")]
-pub(crate) struct Owned<S>(pub(crate) S);
+pub(crate) struct HandedOver<S>(pub(crate) S);
 
 #[cfg(feature = "grpc-service-config")]
-impl<S> CallOn<S> for Owned<S> {
+impl<S: Clone> ReadyService<S> for HandedOver<S> {
     fn service(&mut self) -> &mut S {
         &mut self.0
     }
 
-    fn into_owned(self) -> S {
+    fn take_ready(self) -> S {
         self.0
+    }
+
+    fn spare(self) -> S {
+        self.0.clone()
     }
 }
 
-/// [`Retry::call`], on the service `on` gives, which the future keeps for
-/// the retries.
+/// [`Retry::call`], on the service `ready` gives, which the future keeps
+/// for the retries.
 ///
 /// The service is taken where it is needed, after the request is kept:
 /// taken first, it is one more value held across the copy of the
@@ -128,7 +142,7 @@ impl<S> CallOn<S> for Owned<S> {
 #[inline]
 pub(crate) fn start<S, C, R, Req>(
     policy: &Arc<Policy<C, R>>,
-    on: impl CallOn<S>,
+    ready: impl ReadyService<S>,
     request: Req,
 ) -> ResponseFuture<S, Req, C, R>
 where
@@ -141,7 +155,7 @@ where
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer.
-            return ResponseFuture::expired(on.into_owned(), Arc::clone(policy), cold);
+            return ResponseFuture::expired(ready.spare(), Arc::clone(policy), cold);
         }
         cold => cold,
     };
@@ -158,7 +172,7 @@ where
     if let Some(cold) = &cold {
         policy.replay.before_send(&mut request, cold.deadline());
     }
-    let mut service = on.into_owned();
+    let mut service = ready.take_ready();
     let first = future::first_call(&cold, &mut service, request);
     ResponseFuture::new(first, service, kept, Arc::clone(policy), cold)
 }

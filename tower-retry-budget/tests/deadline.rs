@@ -217,3 +217,29 @@ fn a_minimum_attempt_time_at_or_above_the_deadline_is_refused() {
         .build()
         .is_ok());
 }
+
+/// A call that sends nothing holds nothing `poll_ready` reserved: the
+/// layer keeps the service it made ready (here a concurrency limit of one,
+/// holding its one permit), and the next call needs no other permit, even
+/// while the unsent call's future is still alive.
+#[tokio::test(start_paused = true)]
+async fn a_call_past_its_deadline_leaves_the_ready_service_ready() {
+    let start = Instant::now();
+    let arrivals = Arrivals::default();
+    let limited = tower::limit::ConcurrencyLimit::new(silent(start, arrivals.clone()), 1);
+    let mut service = layer(Duration::from_millis(20)).layer(limited);
+
+    let request = get_within(Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(30)).await;
+    service.ready().await.unwrap();
+    let unsent = service.call(request);
+
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        service.poll_ready(&mut cx).is_ready(),
+        "the permit stayed with the layer's service"
+    );
+    let error = unsent.await.unwrap_err();
+    assert!(error.is::<DeadlineExceeded>(), "{error}");
+    assert!(arrivals.lock().unwrap().is_empty());
+}

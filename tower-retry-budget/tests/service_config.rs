@@ -2,7 +2,9 @@
 //! gRPC's service config docs as fixtures, every validation rule, method
 //! selection, throttling, pushback, and the retry layer built from a policy.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -1082,8 +1084,8 @@ async fn a_hedged_call_cut_by_its_timeout_drops_its_attempts_at_once() {
                               "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#,
     )
     .unwrap();
-    let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    struct Alive(Arc<std::sync::atomic::AtomicUsize>);
+    let alive = Arc::new(AtomicUsize::new(0));
+    struct Alive(Arc<AtomicUsize>);
     impl Drop for Alive {
         fn drop(&mut self) {
             self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
@@ -1120,12 +1122,12 @@ async fn a_hedged_call_cut_by_its_timeout_drops_its_attempts_at_once() {
 
 /// Answers `grpc-status: 0` at once, and counts how often it is cloned.
 struct CountsClones {
-    clones: Arc<std::sync::atomic::AtomicUsize>,
+    clones: Arc<AtomicUsize>,
 }
 
 impl CountsClones {
-    fn new() -> (Self, Arc<std::sync::atomic::AtomicUsize>) {
-        let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    fn new() -> (Self, Arc<AtomicUsize>) {
+        let clones = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&clones);
         (CountsClones { clones }, counted)
     }
@@ -1136,11 +1138,8 @@ impl Service<Request<String>> for CountsClones {
     type Error = BoxError;
     type Future = std::future::Ready<Result<Response<()>, BoxError>>;
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), BoxError>> {
-        std::task::Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _: Request<String>) -> Self::Future {
@@ -1150,8 +1149,7 @@ impl Service<Request<String>> for CountsClones {
 
 impl Clone for CountsClones {
     fn clone(&self) -> Self {
-        self.clones
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.clones.fetch_add(1, Ordering::Relaxed);
         CountsClones {
             clones: Arc::clone(&self.clones),
         }
@@ -1184,10 +1182,6 @@ async fn a_routed_call_clones_the_inner_service_once() {
         let request = Request::post(path).body(String::new()).unwrap();
         let response = client.ready().await.unwrap().call(request).await.unwrap();
         assert_eq!(response.headers()["grpc-status"], "0");
-        assert_eq!(
-            clones.load(std::sync::atomic::Ordering::Relaxed),
-            1,
-            "{path}"
-        );
+        assert_eq!(clones.load(Ordering::Relaxed), 1, "{path}");
     }
 }

@@ -98,7 +98,12 @@ impl HttpClassifier {
 
     /// Adds response rules, checked in order before the status table.
     pub fn with_rules(mut self, rules: impl IntoIterator<Item = ResponseRule>) -> Self {
-        self.custom_mut().rules.extend(rules);
+        let mut rules = rules.into_iter().peekable();
+        // No rules (a configuration without any) keep the default's
+        // classifier free of an `Arc`.
+        if rules.peek().is_some() {
+            self.custom_mut().rules.extend(rules);
+        }
         self
     }
 
@@ -288,7 +293,6 @@ impl crate::classify::ClassifyExt for HttpClassifier {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::Classify;
     use crate::BoxError;
 
     fn classify(classifier: &HttpClassifier, status: u16) -> Outcome {
@@ -303,15 +307,18 @@ mod tests {
     #[test]
     fn the_classifier_stays_a_few_words() {
         let size = std::mem::size_of::<HttpClassifier>();
-        println!("HttpClassifier: {size} bytes");
         assert!(size <= 40, "{size} bytes");
+        // Nor does an empty list of rules, what a configuration without
+        // rules gives, make it share anything.
+        assert!(HttpClassifier::new().with_rules([]).custom.is_none());
     }
 
     /// The settings are shared copy-on-write: a clone made before a later
-    /// setting keeps what it had, and settings made in either order add up.
+    /// setting keeps what it had (`default` is the baseline a leak into it
+    /// would break), and settings made in either order add up.
     #[test]
     fn clones_keep_their_own_settings() {
-        let narrow = StatusSet::from_codes("retryable_statuses", [503]).unwrap();
+        let narrow = StatusSet::from_codes("retryable_statuses", [302, 503]).unwrap();
         let rule = ResponseRule::builder().statuses([400]).build().unwrap();
         let default = HttpClassifier::new();
         let narrowed = default.clone().retryable_statuses(narrow);
@@ -336,6 +343,14 @@ mod tests {
             classify(&narrowed, 400),
             Outcome::failure(FailureKind::Rejected)
         );
+        // A status below 400 in the set is a server error; not in it, a
+        // success.
+        assert_eq!(
+            classify(&narrowed, 302),
+            Outcome::failure(FailureKind::ServerError)
+        );
+        assert_eq!(classify(&narrowed, 301), Outcome::Success);
+        assert_eq!(classify(&default, 302), Outcome::Success);
         for classifier in [&both, &other_order] {
             assert_eq!(
                 classify(classifier, 500),

@@ -99,7 +99,7 @@ impl<C, R> HedgeLayer<C, R> {
         C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
         R: crate::replay::Replay<Req>,
     {
-        super::service::start(&self.policy, crate::service::Owned(service), request)
+        super::service::start(&self.policy, crate::service::HandedOver(service), request)
     }
 }
 

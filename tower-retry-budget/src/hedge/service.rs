@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::policy::HedgePolicy;
 use crate::replay::Replay;
-use crate::service::CallOn;
+use crate::service::ReadyService;
 
 /// Hedges slow calls of `S`; made by a [`HedgeLayer`](super::HedgeLayer).
 ///
@@ -82,10 +82,11 @@ where
     }
 }
 
-/// [`Hedge::call`], on the service `on` gives.
+/// [`Hedge::call`], on the service `ready` gives.
+#[inline]
 pub(crate) fn start<S, C, R, Req>(
     policy: &Arc<HedgePolicy<C, R>>,
-    mut on: impl CallOn<S>,
+    mut ready: impl ReadyService<S>,
     request: Req,
 ) -> ResponseFuture<S, Req, C, R>
 where
@@ -116,11 +117,11 @@ where
     let started = policy.delay.records().then(Instant::now);
     match hedge {
         None => {
-            let first = on.service().call(request);
+            let first = ready.service().call(request);
             ResponseFuture::unhedged(first, started, Arc::clone(policy))
         }
         Some((delay, kept)) => {
-            let mut service = on.into_owned();
+            let mut service = ready.take_ready();
             let first = service.call(request);
             ResponseFuture::hedged(
                 first,
