@@ -113,13 +113,12 @@ impl<C, R> RetryLayer<C, R> {
 
 #[cfg(feature = "grpc-service-config")]
 impl<C, R> RetryLayer<C, R> {
-    /// The call [`Retry::call`] makes, on a `service` made ready for it
-    /// that the caller gives up: the per-method router's, which would
-    /// otherwise build a `Retry` around its own clone only to clone it
-    /// again.
+    /// The call [`Retry::call`] makes, on the per-method router's
+    /// service made ready for it, without building a layer's service around
+    /// a clone that its call would clone again.
     pub(crate) fn call_on<S, Req>(
         &self,
-        service: S,
+        service: &mut S,
         request: Req,
     ) -> crate::future::ResponseFuture<S, Req, C, R>
     where
@@ -128,7 +127,7 @@ impl<C, R> RetryLayer<C, R> {
         C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
         R: crate::replay::Replay<Req> + crate::replay::StopReport<S::Response>,
     {
-        crate::service::start(&self.policy, crate::service::HandedOver(service), request)
+        crate::service::start(&self.policy, service, request)
     }
 }
 

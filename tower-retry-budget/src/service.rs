@@ -74,67 +74,21 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        // The service made ready by `poll_ready` takes this call and goes with
-        // the future for the retries; a fresh clone stays here.
         start(&self.policy, &mut self.inner, request)
     }
 }
 
-/// The service made ready for a call: a `Retry`'s or a `Hedge`'s own,
-/// or one the caller hands over to the call, as the per-method router does
-/// rather than have it cloned once more.
-pub(crate) trait ReadyService<S> {
-    /// The service, for a first attempt the future does not keep it for
-    /// (a call that will not be hedged).
-    fn service(&mut self) -> &mut S;
-
-    /// The ready service, for the future to keep for its attempts; a
-    /// layer's own is replaced by a fresh clone.
-    fn take_ready(self) -> S;
-
-    /// A clone, for a future that sends nothing (its deadline is past);
-    /// the ready service stays ready in the layer, or, handed over, is
-    /// dropped at once: what `poll_ready` reserved (a concurrency permit,
-    /// a queue slot) is not held by a call that will not use it.
-    fn spare(self) -> S;
+/// The service made ready by `poll_ready`, for a future that keeps it for
+/// its attempts; a fresh clone stays in the layer.
+#[inline]
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
-impl<S: Clone> ReadyService<S> for &mut S {
-    fn service(&mut self) -> &mut S {
-        self
-    }
-
-    fn take_ready(self) -> S {
-        let clone = self.clone();
-        std::mem::replace(self, clone)
-    }
-
-    fn spare(self) -> S {
-        self.clone()
-    }
-}
-
-/// A service handed over to the call (see [`ReadyService`]).
-#[cfg(feature = "grpc-service-config")]
-pub(crate) struct HandedOver<S>(pub(crate) S);
-
-#[cfg(feature = "grpc-service-config")]
-impl<S: Clone> ReadyService<S> for HandedOver<S> {
-    fn service(&mut self) -> &mut S {
-        &mut self.0
-    }
-
-    fn take_ready(self) -> S {
-        self.0
-    }
-
-    fn spare(self) -> S {
-        self.0.clone()
-    }
-}
-
-/// [`Retry::call`], on the service `ready` gives, which the future keeps
-/// for the retries.
+/// [`Retry::call`], on the layer's service `inner` (the per-method
+/// router's, for a retried method), which the future takes for the
+/// retries.
 ///
 /// The service is taken where it is needed, after the request is kept:
 /// taken first, it is one more value held across the copy of the
@@ -142,7 +96,7 @@ impl<S: Clone> ReadyService<S> for HandedOver<S> {
 #[inline]
 pub(crate) fn start<S, C, R, Req>(
     policy: &Arc<Policy<C, R>>,
-    ready: impl ReadyService<S>,
+    inner: &mut S,
     request: Req,
 ) -> ResponseFuture<S, Req, C, R>
 where
@@ -154,8 +108,10 @@ where
     let cold = match future::cold_state(policy, policy.replay.deadline(&request)) {
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
-            // could not use its answer.
-            return ResponseFuture::expired(ready.spare(), Arc::clone(policy), cold);
+            // could not use its answer. The ready service stays ready
+            // here: what `poll_ready` reserved (a concurrency permit, a
+            // queue slot) is not held by a call that sends nothing.
+            return ResponseFuture::expired(inner.clone(), Arc::clone(policy), cold);
         }
         cold => cold,
     };
@@ -172,7 +128,7 @@ where
     if let Some(cold) = &cold {
         policy.replay.before_send(&mut request, cold.deadline());
     }
-    let mut service = ready.take_ready();
+    let mut service = take_ready(inner);
     let first = future::first_call(&cold, &mut service, request);
     ResponseFuture::new(first, service, kept, Arc::clone(policy), cold)
 }

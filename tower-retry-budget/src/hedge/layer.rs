@@ -86,11 +86,11 @@ impl<C, R> HedgeLayer<C, R> {
 
 #[cfg(feature = "grpc-service-config")]
 impl<C, R> HedgeLayer<C, R> {
-    /// The call [`Hedge::call`] makes, on a `service` made ready for it
-    /// that the caller gives up (see [`RetryLayer`](crate::RetryLayer)'s).
+    /// The call [`Hedge::call`] makes, on the per-method router's service
+    /// made ready for it (see [`RetryLayer`](crate::RetryLayer)'s).
     pub(crate) fn call_on<S, Req>(
         &self,
-        service: S,
+        service: &mut S,
         request: Req,
     ) -> super::future::ResponseFuture<S, Req, C, R>
     where
@@ -99,7 +99,7 @@ impl<C, R> HedgeLayer<C, R> {
         C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
         R: crate::replay::Replay<Req>,
     {
-        super::service::start(&self.policy, crate::service::HandedOver(service), request)
+        super::service::start(&self.policy, service, request)
     }
 }
 

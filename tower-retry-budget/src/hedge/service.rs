@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::policy::HedgePolicy;
 use crate::replay::Replay;
-use crate::service::ReadyService;
+use crate::service::take_ready;
 
 /// Hedges slow calls of `S`; made by a [`HedgeLayer`](super::HedgeLayer).
 ///
@@ -82,11 +82,13 @@ where
     }
 }
 
-/// [`Hedge::call`], on the service `ready` gives.
+/// [`Hedge::call`], on the layer's service `inner` (the per-method
+/// router's, for a hedged method): a call that may be hedged takes it
+/// for its future, any other is made on it in place.
 #[inline]
 pub(crate) fn start<S, C, R, Req>(
     policy: &Arc<HedgePolicy<C, R>>,
-    mut ready: impl ReadyService<S>,
+    inner: &mut S,
     request: Req,
 ) -> ResponseFuture<S, Req, C, R>
 where
@@ -117,11 +119,13 @@ where
     let started = policy.delay.records().then(Instant::now);
     match hedge {
         None => {
-            let first = ready.service().call(request);
+            let first = inner.call(request);
             ResponseFuture::unhedged(first, started, Arc::clone(policy))
         }
         Some((delay, kept)) => {
-            let mut service = ready.take_ready();
+            // The service made ready by `poll_ready` takes the first
+            // attempt and goes with the future for the hedges.
+            let mut service = take_ready(inner);
             let first = service.call(request);
             ResponseFuture::hedged(
                 first,

@@ -193,21 +193,16 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let entry = self.routes.config.entry_for_path(request.uri().path());
-        // The service made ready by `poll_ready` takes the call, and goes
-        // with the future of a retried or hedged method for its later
-        // attempts (handed over, not cloned again); a fresh clone stays
-        // here.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
+        // A retried or hedged method's layer takes the service made ready
+        // by `poll_ready` for its future (leaving a fresh clone here) only
+        // when it may send more than one attempt, as `Retry` and `Hedge`
+        // do; any other call is made on it in place.
         let kind = match entry.map(|entry| &self.routes.layers[entry]) {
-            None => {
-                let mut ready = ready;
-                Kind::Plain {
-                    future: ready.call(request),
-                }
-            }
+            None => Kind::Plain {
+                future: self.inner.call(request),
+            },
             Some(MethodLayer::Retry(layer)) => Kind::Retry {
-                future: layer.call_on(ready, request),
+                future: layer.call_on(&mut self.inner, request),
             },
             Some(MethodLayer::Hedge(layer, timeout)) => {
                 // The method's timeout bounds the whole call: as the
@@ -223,7 +218,7 @@ where
                     request.extensions_mut().insert(Deadline::at(until));
                 }
                 Kind::Hedge {
-                    future: Some(layer.call_on(ready, request)),
+                    future: Some(layer.call_on(&mut self.inner, request)),
                     // The earlier of the method's timeout and the caller's
                     // deadline ends the call, as a retried method's does.
                     until: until.map(|until| (until, until.saturating_duration_since(now))),
