@@ -10,6 +10,9 @@
 //!   on a current-thread tokio runtime (criterion runs the whole iteration
 //!   loop inside one `block_on`, so the executor's share is small and the
 //!   same for every peer).
+//! - `*_leaked`: the same three policies with `CircuitBreakerLayer::leak`,
+//!   whose services and futures hold a `&'static` breaker instead of a
+//!   counted one.
 //! - `contended_2_threads/*`: two OS threads, each with its own
 //!   current-thread runtime, awaiting calls on clones of one breaker at the
 //!   same moment; the figure is the wall time per call per thread.
@@ -83,26 +86,51 @@ impl<S> Bench for S where
 }
 
 /// The default policy: five consecutive failures.
-fn consecutive() -> impl Bench {
-    CircuitBreakerLayer::new(ErrorChainClassifier::new()).layer(Bare)
+fn consecutive_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
+    CircuitBreakerLayer::new(ErrorChainClassifier::new())
 }
 
 /// Half the last 100 calls failed, once 20 were made.
-fn count_window() -> impl Bench {
+fn count_window_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
     CircuitBreakerLayer::builder()
         .failure_rate(0.5, 20, Window::count(100))
         .build(ErrorChainClassifier::new())
         .expect("valid configuration")
-        .layer(Bare)
 }
 
 /// Half the calls of the last 10 s (ten buckets) failed, once 20 were made.
-fn time_window() -> impl Bench {
+fn time_window_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
     CircuitBreakerLayer::builder()
         .failure_rate(0.5, 20, Window::time(Duration::from_secs(10)))
         .build(ErrorChainClassifier::new())
         .expect("valid configuration")
-        .layer(Bare)
+}
+
+fn consecutive() -> impl Bench {
+    consecutive_layer().layer(Bare)
+}
+
+fn count_window() -> impl Bench {
+    count_window_layer().layer(Bare)
+}
+
+fn time_window() -> impl Bench {
+    time_window_layer().layer(Bare)
+}
+
+/// The same policies with [`CircuitBreakerLayer::leak`]: services and
+/// futures hold a `&'static` breaker, so no reference count moves. Each
+/// bench case leaks one breaker, once.
+fn consecutive_leaked() -> impl Bench {
+    consecutive_layer().leak().layer(Bare)
+}
+
+fn count_window_leaked() -> impl Bench {
+    count_window_layer().leak().layer(Bare)
+}
+
+fn time_window_leaked() -> impl Bench {
+    time_window_layer().leak().layer(Bare)
 }
 
 fn tower_resilience() -> impl Bench {
@@ -232,6 +260,13 @@ fn closed_path(c: &mut Criterion) {
     awaited(c, "tower_breaker_consecutive", consecutive());
     awaited(c, "tower_breaker_count_window", count_window());
     awaited(c, "tower_breaker_time_window", time_window());
+    awaited(c, "tower_breaker_consecutive_leaked", consecutive_leaked());
+    awaited(
+        c,
+        "tower_breaker_count_window_leaked",
+        count_window_leaked(),
+    );
+    awaited(c, "tower_breaker_time_window_leaked", time_window_leaked());
     awaited(c, "failsafe", failsafe_service());
     awaited(c, "tower_resilience", tower_resilience());
 
@@ -239,6 +274,13 @@ fn closed_path(c: &mut Criterion) {
     contended(c, "tower_breaker_consecutive", consecutive());
     contended(c, "tower_breaker_count_window", count_window());
     contended(c, "tower_breaker_time_window", time_window());
+    contended(c, "tower_breaker_consecutive_leaked", consecutive_leaked());
+    contended(
+        c,
+        "tower_breaker_count_window_leaked",
+        count_window_leaked(),
+    );
+    contended(c, "tower_breaker_time_window_leaked", time_window_leaked());
     contended(c, "failsafe", failsafe_service());
 
     poll_once(c, "bare", Bare);
@@ -271,6 +313,9 @@ fn count(spec: &str) {
         "consecutive" => rt.block_on(run(consecutive(), calls)),
         "count_window" => rt.block_on(run(count_window(), calls)),
         "time_window" => rt.block_on(run(time_window(), calls)),
+        "consecutive_leaked" => rt.block_on(run(consecutive_leaked(), calls)),
+        "count_window_leaked" => rt.block_on(run(count_window_leaked(), calls)),
+        "time_window_leaked" => rt.block_on(run(time_window_leaked(), calls)),
         "failsafe" => rt.block_on(run(failsafe_service(), calls)),
         "tower_resilience" => rt.block_on(run(tower_resilience(), calls)),
         other => panic!("no case {other:?}"),

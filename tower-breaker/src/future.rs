@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tower_classify::{BoxError, Classify, Outcome};
 
 use crate::error::CircuitOpen;
+use crate::hold::{Counted, Hold};
 use crate::state::Permit;
 
 #[cfg(feature = "grpc")]
@@ -26,10 +27,10 @@ pin_project! {
     /// When the inner future completes, its result is classified and recorded.
     /// Dropping it first records nothing; if it was a half-open probe, its
     /// slot is given back so another call can probe.
-    pub struct ResponseFuture<F, C> {
+    pub struct ResponseFuture<F, C, H: Hold = Counted> {
         #[pin]
         state: ResponseState<F>,
-        recorder: Option<Recorder<C>>,
+        recorder: Option<Recorder<C, H>>,
     }
 }
 
@@ -48,9 +49,9 @@ pin_project! {
     }
 }
 
-impl<F, C> ResponseFuture<F, C> {
+impl<F, C, H: Hold> ResponseFuture<F, C, H> {
     #[inline]
-    pub(crate) fn called(future: F, recorder: Option<Recorder<C>>) -> Self {
+    pub(crate) fn called(future: F, recorder: Option<Recorder<C, H>>) -> Self {
         ResponseFuture {
             state: ResponseState::Called { future },
             recorder,
@@ -67,8 +68,9 @@ impl<F, C> ResponseFuture<F, C> {
     }
 }
 
-impl<F, C, T, E> Future for ResponseFuture<F, C>
+impl<F, C, H, T, E> Future for ResponseFuture<F, C, H>
 where
+    H: Hold,
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
     C: Classify<T, BoxError>,
@@ -98,7 +100,7 @@ where
     }
 }
 
-impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+impl<F, C, H: Hold> fmt::Debug for ResponseFuture<F, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ResponseState::Called { .. } => "called",
@@ -113,13 +115,13 @@ impl<F, C> fmt::Debug for ResponseFuture<F, C> {
 
 /// Records one admitted call's result: the permit, the classifier, and the
 /// start time when a slow-call threshold needs it.
-pub(crate) struct Recorder<C> {
-    permit: Permit,
+pub(crate) struct Recorder<C, H: Hold> {
+    permit: Permit<H>,
     classifier: C,
     started: Option<Instant>,
 }
 
-impl<C> fmt::Debug for Recorder<C> {
+impl<C, H: Hold> fmt::Debug for Recorder<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Recorder")
             .field("permit", &self.permit)
@@ -128,9 +130,9 @@ impl<C> fmt::Debug for Recorder<C> {
     }
 }
 
-impl<C> Recorder<C> {
+impl<C, H: Hold> Recorder<C, H> {
     #[inline]
-    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
+    pub(crate) fn new(permit: Permit<H>, classifier: C) -> Self {
         // The clock is read only when a slow-call threshold or a per-call
         // callback needs it, keeping the default closed path free of clock
         // reads.
@@ -172,7 +174,7 @@ impl<C> Recorder<C> {
     /// Keeps the permit, timed up to now, for an outcome known only later
     /// (gRPC trailers); the classifier is not needed any more.
     #[cfg(feature = "grpc")]
-    pub(crate) fn defer(self) -> Deferred {
+    pub(crate) fn defer(self) -> Deferred<H> {
         Deferred {
             elapsed: self.started.map(|started| started.elapsed()),
             permit: self.permit,
@@ -184,22 +186,22 @@ impl<C> Recorder<C> {
 /// [`complete`](Self::complete), or dropped unrecorded like a dropped
 /// response future (a probe's slot is given back).
 #[cfg(feature = "grpc")]
-pub(crate) struct Deferred {
-    permit: Permit,
+pub(crate) struct Deferred<H: Hold> {
+    permit: Permit<H>,
     /// The call's duration up to its response head; `None` without a
     /// slow-call threshold.
     elapsed: Option<Duration>,
 }
 
 #[cfg(feature = "grpc")]
-impl Deferred {
+impl<H: Hold> Deferred<H> {
     pub(crate) fn complete(mut self, outcome: Outcome) {
         self.permit.complete(outcome, self.elapsed);
     }
 }
 
 #[cfg(feature = "grpc")]
-impl fmt::Debug for Deferred {
+impl<H: Hold> fmt::Debug for Deferred<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Deferred")
             .field("permit", &self.permit)
@@ -223,6 +225,7 @@ mod tests {
         let size = std::mem::size_of::<Future>();
         println!("ResponseFuture over a 16-byte future: {size} bytes");
         assert!(size <= 80, "{size} bytes");
-        assert_eq!(std::mem::size_of::<Permit>(), 16);
+        assert_eq!(std::mem::size_of::<Permit<Counted>>(), 16);
+        assert_eq!(std::mem::size_of::<Permit<crate::Leaked>>(), 16);
     }
 }

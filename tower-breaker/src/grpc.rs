@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Deferred, Recorder, ResponseState, ResponseStateProj};
+use crate::hold::{Counted, Hold};
 use crate::layer::CircuitBreakerLayer;
 use crate::service::CircuitBreaker;
 use crate::state::State;
@@ -74,11 +75,11 @@ use crate::state::State;
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct GrpcCircuitBreakerLayer<C> {
-    inner: CircuitBreakerLayer<C>,
+pub struct GrpcCircuitBreakerLayer<C, H: Hold = Counted> {
+    inner: CircuitBreakerLayer<C, H>,
 }
 
-impl<C: fmt::Debug> fmt::Debug for GrpcCircuitBreakerLayer<C> {
+impl<C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreakerLayer<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcCircuitBreakerLayer")
             .field("inner", &self.inner)
@@ -86,24 +87,24 @@ impl<C: fmt::Debug> fmt::Debug for GrpcCircuitBreakerLayer<C> {
     }
 }
 
-impl<C> CircuitBreakerLayer<C> {
+impl<C, H: Hold> CircuitBreakerLayer<C, H> {
     /// The same breaker (same shared state), also judging gRPC calls by the
     /// `grpc-status` in their trailers; responses become
     /// `Response<GrpcBody<B>>`.
-    pub fn into_grpc(self) -> GrpcCircuitBreakerLayer<C> {
+    pub fn into_grpc(self) -> GrpcCircuitBreakerLayer<C, H> {
         GrpcCircuitBreakerLayer { inner: self }
     }
 }
 
-impl<C> GrpcCircuitBreakerLayer<C> {
+impl<C, H: Hold> GrpcCircuitBreakerLayer<C, H> {
     /// The admin handle of this layer's breaker.
     pub fn handle(&self) -> BreakerHandle {
         self.inner.handle()
     }
 }
 
-impl<S, C: Clone> Layer<S> for GrpcCircuitBreakerLayer<C> {
-    type Service = GrpcCircuitBreaker<S, C>;
+impl<S, C: Clone, H: Hold> Layer<S> for GrpcCircuitBreakerLayer<C, H> {
+    type Service = GrpcCircuitBreaker<S, C, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         GrpcCircuitBreaker {
@@ -115,11 +116,11 @@ impl<S, C: Clone> Layer<S> for GrpcCircuitBreakerLayer<C> {
 /// A service guarded by a circuit breaker that reads gRPC trailers; see
 /// [`GrpcCircuitBreakerLayer`].
 #[derive(Clone)]
-pub struct GrpcCircuitBreaker<S, C> {
-    inner: CircuitBreaker<S, C>,
+pub struct GrpcCircuitBreaker<S, C, H: Hold = Counted> {
+    inner: CircuitBreaker<S, C, H>,
 }
 
-impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for GrpcCircuitBreaker<S, C> {
+impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreaker<S, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcCircuitBreaker")
             .field("inner", &self.inner)
@@ -127,7 +128,7 @@ impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for GrpcCircuitBreaker<S, C> {
     }
 }
 
-impl<S, C> GrpcCircuitBreaker<S, C> {
+impl<S, C, H: Hold> GrpcCircuitBreaker<S, C, H> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref()
@@ -149,16 +150,17 @@ impl<S, C> GrpcCircuitBreaker<S, C> {
     }
 }
 
-impl<S, C, Req, B> Service<Req> for GrpcCircuitBreaker<S, C>
+impl<S, C, H, Req, B> Service<Req> for GrpcCircuitBreaker<S, C, H>
 where
+    H: Hold,
     S: Service<Req, Response = Response<B>>,
     S::Error: Into<BoxError>,
     C: Classify<Response<B>, BoxError> + Clone,
     B: Body,
 {
-    type Response = Response<GrpcBody<B>>;
+    type Response = Response<GrpcBody<B, H>>;
     type Error = BoxError;
-    type Future = GrpcResponseFuture<S::Future, C>;
+    type Future = GrpcResponseFuture<S::Future, C, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -193,21 +195,22 @@ pin_project! {
     /// settles the outcome; otherwise the call's permit moves into the
     /// response's [`GrpcBody`]. Dropping the future first records nothing,
     /// as for [`ResponseFuture`](crate::future::ResponseFuture).
-    pub struct GrpcResponseFuture<F, C> {
+    pub struct GrpcResponseFuture<F, C, H: Hold = Counted> {
         #[pin]
         state: ResponseState<F>,
-        recorder: Option<Recorder<C>>,
+        recorder: Option<Recorder<C, H>>,
     }
 }
 
-impl<F, C, B, E> Future for GrpcResponseFuture<F, C>
+impl<F, C, H, B, E> Future for GrpcResponseFuture<F, C, H>
 where
+    H: Hold,
     F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
     C: Classify<Response<B>, BoxError>,
     B: Body,
 {
-    type Output = Result<Response<GrpcBody<B>>, BoxError>;
+    type Output = Result<Response<GrpcBody<B, H>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -235,7 +238,7 @@ where
     }
 }
 
-impl<F, C> fmt::Debug for GrpcResponseFuture<F, C> {
+impl<F, C, H: Hold> fmt::Debug for GrpcResponseFuture<F, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ResponseState::Called { .. } => "called",
@@ -250,7 +253,10 @@ impl<F, C> fmt::Debug for GrpcResponseFuture<F, C> {
 
 /// Records what the head of `response` settles, or hands the permit to its
 /// body when only the trailers can.
-fn settle<B, C>(response: Response<B>, mut recorder: Recorder<C>) -> Response<GrpcBody<B>>
+fn settle<B, C, H: Hold>(
+    response: Response<B>,
+    mut recorder: Recorder<C, H>,
+) -> Response<GrpcBody<B, H>>
 where
     B: Body,
     C: Classify<Response<B>, BoxError>,
@@ -292,14 +298,14 @@ pin_project! {
     /// Dropped before its end (the client cancelled), it records nothing and
     /// a half-open probe's slot is given back, as for a dropped response
     /// future; [`into_inner`](Self::into_inner) before the end does the same.
-    pub struct GrpcBody<B> {
+    pub struct GrpcBody<B, H: Hold = Counted> {
         #[pin]
         inner: B,
-        awaiting: Option<Deferred>,
+        awaiting: Option<Deferred<H>>,
     }
 }
 
-impl<B> GrpcBody<B> {
+impl<B, H: Hold> GrpcBody<B, H> {
     /// A body whose outcome is already recorded (or never will be).
     fn settled(inner: B) -> Self {
         GrpcBody {
@@ -325,7 +331,7 @@ impl<B> GrpcBody<B> {
     }
 }
 
-impl<B: Body> Body for GrpcBody<B> {
+impl<B: Body, H: Hold> Body for GrpcBody<B, H> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -370,7 +376,7 @@ impl<B: Body> Body for GrpcBody<B> {
     }
 }
 
-impl<B: fmt::Debug> fmt::Debug for GrpcBody<B> {
+impl<B: fmt::Debug, H: Hold> fmt::Debug for GrpcBody<B, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcBody")
             .field("inner", &self.inner)

@@ -16,6 +16,7 @@ use tower_service::Service;
 use crate::admin::BreakerHandle;
 use crate::error::CircuitOpen;
 use crate::future::Recorder;
+use crate::hold::{Counted, Hold};
 use crate::layer::CircuitBreakerLayer;
 use crate::service::CircuitBreaker;
 
@@ -48,11 +49,11 @@ use crate::service::CircuitBreaker;
 /// # drop(app);
 /// ```
 #[derive(Clone)]
-pub struct HttpCircuitBreakerLayer<C> {
-    inner: CircuitBreakerLayer<C>,
+pub struct HttpCircuitBreakerLayer<C, H: Hold = Counted> {
+    inner: CircuitBreakerLayer<C, H>,
 }
 
-impl<C: fmt::Debug> fmt::Debug for HttpCircuitBreakerLayer<C> {
+impl<C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreakerLayer<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpCircuitBreakerLayer")
             .field("inner", &self.inner)
@@ -60,23 +61,23 @@ impl<C: fmt::Debug> fmt::Debug for HttpCircuitBreakerLayer<C> {
     }
 }
 
-impl<C> CircuitBreakerLayer<C> {
+impl<C, H: Hold> CircuitBreakerLayer<C, H> {
     /// The same breaker (same shared state), answering `503 CIRCUIT_OPEN`
     /// responses instead of [`CircuitOpen`] errors.
-    pub fn into_http(self) -> HttpCircuitBreakerLayer<C> {
+    pub fn into_http(self) -> HttpCircuitBreakerLayer<C, H> {
         HttpCircuitBreakerLayer { inner: self }
     }
 }
 
-impl<C> HttpCircuitBreakerLayer<C> {
+impl<C, H: Hold> HttpCircuitBreakerLayer<C, H> {
     /// The admin handle of this layer's breaker.
     pub fn handle(&self) -> BreakerHandle {
         self.inner.handle()
     }
 }
 
-impl<S, C: Clone> Layer<S> for HttpCircuitBreakerLayer<C> {
-    type Service = HttpCircuitBreaker<S, C>;
+impl<S, C: Clone, H: Hold> Layer<S> for HttpCircuitBreakerLayer<C, H> {
+    type Service = HttpCircuitBreaker<S, C, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         HttpCircuitBreaker {
@@ -88,11 +89,11 @@ impl<S, C: Clone> Layer<S> for HttpCircuitBreakerLayer<C> {
 /// A service guarded by a circuit breaker that answers `503` when open; see
 /// [`HttpCircuitBreakerLayer`].
 #[derive(Clone)]
-pub struct HttpCircuitBreaker<S, C> {
-    inner: CircuitBreaker<S, C>,
+pub struct HttpCircuitBreaker<S, C, H: Hold = Counted> {
+    inner: CircuitBreaker<S, C, H>,
 }
 
-impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for HttpCircuitBreaker<S, C> {
+impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreaker<S, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpCircuitBreaker")
             .field("inner", &self.inner)
@@ -100,7 +101,7 @@ impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for HttpCircuitBreaker<S, C> {
     }
 }
 
-impl<S, C> HttpCircuitBreaker<S, C> {
+impl<S, C, H: Hold> HttpCircuitBreaker<S, C, H> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref()
@@ -117,15 +118,16 @@ impl<S, C> HttpCircuitBreaker<S, C> {
     }
 }
 
-impl<S, C, Req, B> Service<Req> for HttpCircuitBreaker<S, C>
+impl<S, C, H, Req, B> Service<Req> for HttpCircuitBreaker<S, C, H>
 where
+    H: Hold,
     S: Service<Req, Response = Response<B>>,
     C: Classify<Response<B>, S::Error> + Clone,
     B: From<String>,
 {
     type Response = Response<B>;
     type Error = S::Error;
-    type Future = HttpResponseFuture<S::Future, C, B>;
+    type Future = HttpResponseFuture<S::Future, C, B, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready_with(cx, S::poll_ready)
@@ -190,10 +192,10 @@ fn ceil_secs(wait: Duration) -> u64 {
 
 pin_project! {
     /// Response future of [`HttpCircuitBreaker`].
-    pub struct HttpResponseFuture<F, C, B> {
+    pub struct HttpResponseFuture<F, C, B, H: Hold = Counted> {
         #[pin]
         state: HttpState<F, B>,
-        recorder: Option<Recorder<C>>,
+        recorder: Option<Recorder<C, H>>,
     }
 }
 
@@ -210,8 +212,9 @@ pin_project! {
     }
 }
 
-impl<F, C, B, E> Future for HttpResponseFuture<F, C, B>
+impl<F, C, B, H, E> Future for HttpResponseFuture<F, C, B, H>
 where
+    H: Hold,
     F: Future<Output = Result<Response<B>, E>>,
     C: Classify<Response<B>, E>,
 {
@@ -235,7 +238,7 @@ where
     }
 }
 
-impl<F, C, B> fmt::Debug for HttpResponseFuture<F, C, B> {
+impl<F, C, B, H: Hold> fmt::Debug for HttpResponseFuture<F, C, B, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             HttpState::Called { .. } => "called",

@@ -10,8 +10,10 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
+use crate::hold::Counted;
 use crate::layer::Builder;
 use crate::registry::Registry;
+use crate::state::Breaker;
 
 /// One breaker per key, computed from each request by a key function: a host,
 /// a route, a `channel:connector` pair. A dependency that fails opens only its
@@ -195,7 +197,7 @@ where
         if breaker.disabled {
             return ResponseFuture::called(self.inner.call(req), None);
         }
-        match breaker.admit() {
+        match Breaker::admit(&Counted(breaker)) {
             Ok(permit) => {
                 let recorder = Recorder::new(permit, self.classifier.clone());
                 ResponseFuture::called(self.inner.call(req), Some(recorder))

@@ -8,12 +8,13 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
+use crate::hold::{Counted, Hold, Leaked};
 use crate::instruments::{describe_metrics, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
-use crate::state::{Breaker, CallEvent, Mode, Settings, StateChange, MAX_PROBES};
+use crate::state::{CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
 ///
@@ -26,18 +27,22 @@ use crate::state::{Breaker, CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 /// result means; it is cloned into each response future, so keep it cheap to
 /// clone (the classifiers of `tower-classify` are `Copy` or share their
 /// configuration through an `Arc`).
+///
+/// `H` is how services hold the breaker: [`Counted`] by default, or
+/// [`Leaked`] after [`leak`](Self::leak).
 #[derive(Clone)]
-pub struct CircuitBreakerLayer<C> {
-    pub(crate) breaker: Arc<Breaker>,
+pub struct CircuitBreakerLayer<C, H: Hold = Counted> {
+    pub(crate) breaker: H,
     pub(crate) registry: Arc<Registry>,
     pub(crate) classifier: C,
 }
 
-impl<C: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C> {
+impl<C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreakerLayer<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let breaker = self.breaker.breaker();
         f.debug_struct("CircuitBreakerLayer")
-            .field("breaker", &self.breaker)
-            .field("settings", &self.breaker.settings)
+            .field("breaker", breaker)
+            .field("settings", &breaker.settings)
             .field("classifier", &self.classifier)
             .finish()
     }
@@ -60,6 +65,49 @@ impl<C> CircuitBreakerLayer<C> {
         (layer, handle)
     }
 
+    /// Keeps this layer's breaker for the rest of the process, so that its
+    /// services and response futures hold a plain `&'static` reference to
+    /// it ([`Leaked`]) instead of a counted one, as [`Box::leak`] does for a
+    /// value.
+    ///
+    /// A call that succeeds then writes nothing that other threads read,
+    /// under the consecutive-failures policy (the default): it only loads
+    /// the breaker's state. Without `leak`, every call moves the breaker's
+    /// reference count four times (the per-request clone of the service and
+    /// the call's permit, each made and dropped), and when several threads
+    /// call one breaker at once, that cache line moves between their cores
+    /// on every call. The crate's benchmarks measure both, on two threads.
+    ///
+    /// The breaker, its settings and its callbacks are never freed: use it
+    /// for a layer built once for the life of the process, as a server's
+    /// stack is, not for layers made per tenant or per connection.
+    /// Everything else is unchanged: clones share the breaker, and the
+    /// [admin handle](Self::handle) still lists, resets and forces it.
+    ///
+    /// ```
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_breaker::CircuitBreakerLayer;
+    /// use tower_classify::{BoxError, ErrorChainClassifier};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// // Built once, when the server starts.
+    /// let breaker = CircuitBreakerLayer::new(ErrorChainClassifier::new()).leak();
+    /// let service = breaker.layer(service_fn(|n: u32| async move { Ok::<_, BoxError>(n + 1) }));
+    /// assert_eq!(service.oneshot(41).await?, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leak(self) -> CircuitBreakerLayer<C, Leaked> {
+        CircuitBreakerLayer {
+            breaker: self.breaker.leak(),
+            registry: self.registry,
+            classifier: self.classifier,
+        }
+    }
+}
+
+impl<C, H: Hold> CircuitBreakerLayer<C, H> {
     /// The admin handle of this layer's breaker: list, reset, force.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle::new(Arc::clone(&self.registry))
@@ -74,11 +122,11 @@ impl CircuitBreakerLayer<()> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for CircuitBreakerLayer<C> {
-    type Service = CircuitBreaker<S, C>;
+impl<S, C: Clone, H: Hold> Layer<S> for CircuitBreakerLayer<C, H> {
+    type Service = CircuitBreaker<S, C, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::new(inner, Arc::clone(&self.breaker), self.classifier.clone())
+        CircuitBreaker::new(inner, self.breaker.clone(), self.classifier.clone())
     }
 }
 
@@ -375,7 +423,7 @@ impl Builder {
         let settings = Arc::new(self.settings);
         let (registry, breaker) = Registry::single(settings);
         Ok(CircuitBreakerLayer {
-            breaker,
+            breaker: Counted(breaker),
             registry: Arc::new(registry),
             classifier,
         })

@@ -20,6 +20,7 @@ mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]
 mod grpc;
+mod hold;
 #[cfg(feature = "http")]
 mod http;
 mod instruments;
@@ -38,6 +39,7 @@ pub use self::config::{BreakerConfig, FailureRateConfig, WindowConfig};
 pub use self::error::CircuitOpen;
 #[cfg(feature = "grpc")]
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
+pub use self::hold::{Counted, Hold, Leaked};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
 pub use self::instruments::describe_metrics;

@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
+use crate::hold::{Counted, Hold};
 use crate::state::{Breaker, Permit, Readiness, State};
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
@@ -31,10 +32,12 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// service was not made ready for it.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
-/// refusal decided by `poll_ready`.
-pub struct CircuitBreaker<S, C> {
+/// refusal decided by `poll_ready`. `H` is how the service holds it:
+/// [`Counted`], or [`Leaked`](crate::Leaked) for a layer made with
+/// [`leak`](crate::CircuitBreakerLayer::leak).
+pub struct CircuitBreaker<S, C, H: Hold = Counted> {
     inner: S,
-    breaker: Arc<Breaker>,
+    breaker: H,
     classifier: C,
     /// Boxed: pending mode is rare, and a null pointer is the cheapest
     /// thing for every clone of the service to carry and drop.
@@ -50,8 +53,8 @@ struct Wait {
     until: Option<Pin<Box<Sleep>>>,
 }
 
-impl<S, C> CircuitBreaker<S, C> {
-    pub(crate) fn new(inner: S, breaker: Arc<Breaker>, classifier: C) -> Self {
+impl<S, C, H: Hold> CircuitBreaker<S, C, H> {
+    pub(crate) fn new(inner: S, breaker: H, classifier: C) -> Self {
         CircuitBreaker {
             inner,
             breaker,
@@ -78,21 +81,26 @@ impl<S, C> CircuitBreaker<S, C> {
 
     /// The breaker's current state.
     pub fn state(&self) -> State {
-        self.breaker.state()
+        self.breaker().state()
+    }
+
+    #[inline]
+    fn breaker(&self) -> &Breaker {
+        self.breaker.breaker()
     }
 
     /// Admits or refuses one call. `Ok(None)` in disabled mode.
     #[inline]
-    pub(crate) fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
+    pub(crate) fn admit(&mut self) -> Result<Option<Permit<H>>, CircuitOpen> {
         if self.refuse_next {
             self.refuse_next = false;
-            let remaining = self.breaker.refusing().flatten();
-            return Err(self.breaker.rejection(remaining));
+            let remaining = self.breaker().refusing().flatten();
+            return Err(self.breaker().rejection(remaining));
         }
-        if self.breaker.disabled {
+        if self.breaker().disabled {
             return Ok(None);
         }
-        self.breaker.admit().map(Some)
+        Breaker::admit(&self.breaker).map(Some)
     }
 
     /// `poll_ready` for both service flavours: the breaker first (pending
@@ -107,7 +115,7 @@ impl<S, C> CircuitBreaker<S, C> {
         if self.poll_breaker(cx).is_pending() {
             return Poll::Pending;
         }
-        if !self.breaker.disabled && self.breaker.refusing().is_some() {
+        if !self.breaker().disabled && self.breaker().refusing().is_some() {
             self.refuse_next = true;
             return Poll::Ready(Ok(()));
         }
@@ -128,7 +136,7 @@ impl<S, C> CircuitBreaker<S, C> {
     /// Pending mode: `Ready` once the breaker would admit a call.
     #[inline]
     pub(crate) fn poll_breaker(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.breaker.pending_when_open {
+        if !self.breaker().pending_when_open {
             return Poll::Ready(());
         }
         loop {
@@ -143,17 +151,17 @@ impl<S, C> CircuitBreaker<S, C> {
                 }
                 self.waiting = None;
             }
-            if self.breaker.readiness() == Readiness::Ready {
+            if self.breaker().readiness() == Readiness::Ready {
                 return Poll::Ready(());
             }
-            let Some(notify) = self.breaker.change_notifier() else {
+            let Some(notify) = self.breaker().change_notifier() else {
                 return Poll::Ready(());
             };
             // Register for the next change *before* looking again, so a
             // change between the two looks is not missed.
             let mut changed = Box::pin(Arc::clone(notify).notified_owned());
             changed.as_mut().enable();
-            self.waiting = match self.breaker.readiness() {
+            self.waiting = match self.breaker().readiness() {
                 Readiness::Ready => return Poll::Ready(()),
                 Readiness::Until(at) => Some(Box::new(Wait {
                     changed,
@@ -168,7 +176,7 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 }
 
-impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
+impl<S: Clone, C: Clone, H: Hold> Clone for CircuitBreaker<S, C, H> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
@@ -180,26 +188,27 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     }
 }
 
-impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for CircuitBreaker<S, C> {
+impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreaker<S, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
             .field("inner", &self.inner)
-            .field("breaker", &self.breaker)
+            .field("breaker", self.breaker())
             .field("classifier", &self.classifier)
             .field("waiting", &self.waiting.is_some())
             .finish()
     }
 }
 
-impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
+impl<S, C, H, Req> Service<Req> for CircuitBreaker<S, C, H>
 where
+    H: Hold,
     S: Service<Req>,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError> + Clone,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = ResponseFuture<S::Future, C, H>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

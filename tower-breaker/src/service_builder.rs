@@ -3,6 +3,7 @@
 use tower::ServiceBuilder;
 use tower_layer::Stack;
 
+use crate::hold::Hold;
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::layer::CircuitBreakerLayer;
 
@@ -42,11 +43,11 @@ mod sealed {
 /// ```
 pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
     /// Adds a [`CircuitBreakerLayer`] (or one built with
-    /// [`Builder::build`](crate::Builder::build)).
-    fn circuit_breaker<C>(
+    /// [`Builder::build`](crate::Builder::build), leaked or not).
+    fn circuit_breaker<C, H: Hold>(
         self,
-        layer: CircuitBreakerLayer<C>,
-    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<C>, L>>;
+        layer: CircuitBreakerLayer<C, H>,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<C, H>, L>>;
 
     /// Adds a [`KeyedCircuitBreakerLayer`]: one breaker per key.
     fn keyed_circuit_breaker<C, F>(
@@ -56,10 +57,10 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
-    fn circuit_breaker<C>(
+    fn circuit_breaker<C, H: Hold>(
         self,
-        layer: CircuitBreakerLayer<C>,
-    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<C>, L>> {
+        layer: CircuitBreakerLayer<C, H>,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<C, H>, L>> {
         self.layer(layer)
     }
 

@@ -31,6 +31,7 @@ use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
 use crate::eviction::ClosedNotices;
+use crate::hold::Hold;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -516,84 +517,88 @@ impl Breaker {
 
     /// Admits a call or refuses it. The closed path is one atomic load.
     #[inline]
-    pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
-        let word = self.load();
+    pub(crate) fn admit<H: Hold>(holder: &H) -> Result<Permit<H>, CircuitOpen> {
+        let this = holder.breaker();
+        let word = this.load();
         if word.is_closed() {
-            return Ok(self.permit(word.epoch(), false));
+            return Ok(Self::permit(holder, word.epoch(), false));
         }
-        self.admit_slow(word)
+        Self::admit_slow(holder, word)
     }
 
     #[inline]
-    fn permit(self: &Arc<Self>, epoch: u64, probe: bool) -> Permit {
+    fn permit<H: Hold>(holder: &H, epoch: u64, probe: bool) -> Permit<H> {
         Permit {
-            breaker: Arc::clone(self),
+            breaker: holder.clone(),
             bits: epoch << 2 | u64::from(probe) << 1,
         }
     }
 
     #[cold]
-    fn admit_slow(self: &Arc<Self>, mut word: Word) -> Result<Permit, CircuitOpen> {
+    fn admit_slow<H: Hold>(holder: &H, mut word: Word) -> Result<Permit<H>, CircuitOpen> {
+        let this = holder.breaker();
         let now = Instant::now();
         loop {
             match word.state() {
-                State::Closed | State::ForcedClosed => return Ok(self.permit(word.epoch(), false)),
-                State::ForcedOpen => return self.refuse(word, None),
+                State::Closed | State::ForcedClosed => {
+                    return Ok(Self::permit(holder, word.epoch(), false))
+                }
+                State::ForcedOpen => return Self::refuse(holder, word, None),
                 State::Open => {
-                    let until = self.open_until.load(Ordering::Acquire);
-                    let at = self.offset(now);
+                    let until = this.open_until.load(Ordering::Acquire);
+                    let at = this.offset(now);
                     if at < until {
-                        return self.refuse(word, Some(Duration::from_nanos(until - at)));
+                        return Self::refuse(holder, word, Some(Duration::from_nanos(until - at)));
                     }
                     // Recovery timeout over: this caller turns the breaker
                     // half-open and takes the first probe slot in one CAS.
                     // The probes' deadline is written first, as `open_until`
                     // is, so no reader sees a half-open period without one.
-                    self.probes_due.store(
-                        self.deadline_after(now, self.settings.probe_timeout),
+                    this.probes_due.store(
+                        this.deadline_after(now, this.settings.probe_timeout),
                         Ordering::Release,
                     );
                     let next = word.next(State::HalfOpen).with_slots(Slots {
                         claimed: 1,
                         ..Slots::NONE
                     });
-                    match self.cas(word, next) {
+                    match this.cas(word, next) {
                         Ok(()) => {
-                            self.changed(State::Open, State::HalfOpen, now, None, false);
+                            this.changed(State::Open, State::HalfOpen, now, None, false);
                             breaker_event!(
                                 debug,
-                                self,
+                                this,
                                 probe = 1,
-                                probes = self.settings.probes,
+                                probes = this.settings.probes,
                                 "circuit breaker admitted a half-open probe"
                             );
-                            return Ok(self.permit(next.epoch(), true));
+                            return Ok(Self::permit(holder, next.epoch(), true));
                         }
                         Err(actual) => word = actual,
                     }
                 }
                 State::HalfOpen => {
-                    if word.claimed() >= u64::from(self.settings.probes) {
-                        if self.lapse_probes(word, now) {
-                            word = self.load();
+                    if word.claimed() >= u64::from(this.settings.probes) {
+                        if this.lapse_probes(word, now) {
+                            word = this.load();
                             continue;
                         }
-                        return self.refuse(word, None);
+                        return Self::refuse(holder, word, None);
                     }
                     let next = word.with_slots(Slots {
                         claimed: word.claimed() + 1,
                         ..word.slots()
                     });
-                    match self.cas(word, next) {
+                    match this.cas(word, next) {
                         Ok(()) => {
                             breaker_event!(
                                 debug,
-                                self,
+                                this,
                                 probe = next.claimed(),
-                                probes = self.settings.probes,
+                                probes = this.settings.probes,
                                 "circuit breaker admitted a half-open probe"
                             );
-                            return Ok(self.permit(word.epoch(), true));
+                            return Ok(Self::permit(holder, word.epoch(), true));
                         }
                         Err(actual) => word = actual,
                     }
@@ -602,23 +607,24 @@ impl Breaker {
         }
     }
 
-    fn refuse(
-        self: &Arc<Self>,
+    fn refuse<H: Hold>(
+        holder: &H,
         word: Word,
         remaining: Option<Duration>,
-    ) -> Result<Permit, CircuitOpen> {
-        if self.settings.mode == Mode::MetricsOnly {
+    ) -> Result<Permit<H>, CircuitOpen> {
+        let this = holder.breaker();
+        if this.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
-            self.instruments.would_reject.increment(1);
+            this.instruments.would_reject.increment(1);
             breaker_event!(
                 debug,
-                self,
+                this,
                 state = word.state().as_str(),
                 "circuit breaker would reject a call (metrics-only mode lets it through)"
             );
-            return Ok(self.permit(word.epoch(), false));
+            return Ok(Self::permit(holder, word.epoch(), false));
         }
-        Err(self.rejection(remaining))
+        Err(this.rejection(remaining))
     }
 
     /// Counts and builds one refusal.
@@ -1113,15 +1119,15 @@ impl Breaker {
 /// The right to make one call, taken in [`Breaker::admit`]. Completing it
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
-pub(crate) struct Permit {
-    breaker: Arc<Breaker>,
+pub(crate) struct Permit<H: Hold> {
+    breaker: H,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.
     bits: u64,
 }
 
-impl fmt::Debug for Permit {
+impl<H: Hold> fmt::Debug for Permit<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
             .field("key", &self.breaker().key)
@@ -1131,13 +1137,13 @@ impl fmt::Debug for Permit {
     }
 }
 
-impl Permit {
+impl<H: Hold> Permit<H> {
     const DONE: u64 = 1;
     const PROBE: u64 = 2;
 
     #[inline]
     pub(crate) fn breaker(&self) -> &Breaker {
-        &self.breaker
+        self.breaker.breaker()
     }
 
     fn epoch(&self) -> u64 {
@@ -1178,11 +1184,11 @@ impl Permit {
     }
 }
 
-impl Drop for Permit {
+impl<H: Hold> Drop for Permit<H> {
     #[inline]
     fn drop(&mut self) {
         if self.bits & (Self::DONE | Self::PROBE) == Self::PROBE {
-            self.breaker.record_probe(self.epoch(), Verdict::Neutral);
+            self.breaker().record_probe(self.epoch(), Verdict::Neutral);
         }
     }
 }
