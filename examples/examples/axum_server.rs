@@ -16,7 +16,7 @@
 //! The stack the handler calls the inventory through, outermost first:
 //!
 //! ```text
-//! HandleError → DeadLetter → CircuitBreaker → Retry → CountAttempts → hyper client
+//! HandleError → DeadLetter → CircuitBreaker → Retry → hyper client
 //! ```
 //!
 //! - **`HandleErrorLayer` outermost**: the layers below fail calls on their
@@ -36,8 +36,8 @@
 //!   the layers below a `ReplayBody`: it streams each frame to the client as
 //!   it arrives and records it (up to a limit), and the retry layer replays
 //!   that recording, so no `ReplayBodyLayer` is needed.
-//! - **`CountAttempts` under `Retry`**: counts the attempts the retry layer
-//!   makes, for the dead-letter entry.
+//! - **`Retry` innermost**: it owns the retries and their waits, and reports
+//!   how many attempts it made to the dead-letter layer, for the entry.
 //!
 //! The same `ServiceBuilder` also works on `Router::layer` to protect your
 //! own handlers (the router accepts the bodies these layers hand on); here
@@ -66,7 +66,7 @@ use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::HttpClassifier;
 use tower_poison::replay::{http_request, replay, ReplayOutcome};
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
-use tower_poison::{CountAttemptsLayer, DeadLetterLayer, ReplayBody, StoreFailed};
+use tower_poison::{DeadLetterLayer, ReplayBody, StoreFailed};
 use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
 use tower_retry_budget::{Backoff, RetryLayer};
 
@@ -163,7 +163,6 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
         )
         .layer(breaker)
         .layer(retry)
-        .layer(CountAttemptsLayer::new())
         .service(http_client_for::<StackBody>());
     Ok(BoxCloneSyncService::new(stack))
 }

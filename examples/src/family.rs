@@ -1,7 +1,7 @@
 //! The demo's resilient stacks, built from the family:
 //!
 //! ```text
-//! full family:    DeadLetter → Retry (+ budget) → CircuitBreaker → CountAttempts → HTTP client
+//! full family:    DeadLetter → Retry (+ budget) → CircuitBreaker → HTTP client
 //! budget only:                      ReplayBody → Retry (+ budget) → HTTP client
 //! ```
 //!
@@ -29,7 +29,7 @@ use tower::{BoxError, ServiceBuilder};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, RedbStore};
-use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
+use tower_poison::DeadLetterLayer;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
@@ -173,7 +173,6 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
         .layer(DeadLetterLayer::new(store.clone()).label("demo-upstream"))
         .layer(retry)
         .layer(breaker)
-        .layer(CountAttemptsLayer::new())
         .service(http_client_for::<StackBody>());
     Ok((
         HttpService::new(stack),

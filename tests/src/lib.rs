@@ -58,11 +58,12 @@ pub const REPLAY_LIMIT: usize = 64 * 1024;
 /// The documented order, outermost first:
 ///
 /// ```text
-/// DeadLetter → CircuitBreaker → Retry → CountAttempts → client
+/// DeadLetter → CircuitBreaker → Retry → client
 /// ```
 ///
 /// The dead-letter layer hands the layers below it a `ReplayBody` that
-/// streams and records the request body once; the retry layer replays it.
+/// streams and records the request body once; the retry layer replays it,
+/// and reports its attempts to the dead-letter layer.
 pub fn default_order<St>(
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,
@@ -75,7 +76,6 @@ where
         .layer(dead_letter)
         .layer(breaker)
         .layer(retry)
-        .layer(CountAttemptsLayer::new())
         .service(http_client_for());
     HttpService::new(stack)
 }
@@ -85,6 +85,10 @@ where
 /// ```text
 /// DeadLetter → Retry → CircuitBreaker → CountAttempts → client
 /// ```
+///
+/// `CountAttempts` is not needed under this family's retry layer, which
+/// reports its own attempts; it is here so that the tests cover both
+/// counting at once, which must count each attempt once.
 pub fn retry_outside_breaker<St>(
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,

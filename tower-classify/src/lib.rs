@@ -23,6 +23,7 @@ mod log_limit;
 mod outcome;
 mod retry_on;
 
+pub mod attempts;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod deadline;

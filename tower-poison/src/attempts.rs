@@ -1,13 +1,12 @@
 //! Counting the attempts a retry layer makes below the dead-letter layer.
 //!
-//! [`CountAttempts`] counts into the dead-letter call being polled on its
-//! thread: [`DeadLetter`](crate::DeadLetter) makes its tally current while
-//! it calls the inner service and while it polls the call's future, and a
-//! `CountAttempts` below it (same task, as a retry layer's attempts are)
-//! adds to it. A thread-local tally costs a call that succeeds no
-//! allocation and the request no extension, which every retry would copy.
+//! [`DeadLetter`](crate::DeadLetter) makes a tally current on its thread
+//! while it calls the inner service and while it polls the call's future
+//! (see [`tower_classify::attempts`]). A retry layer of this family below
+//! it reports its own attempts there; under any other retry layer (tower's
+//! own), [`CountAttempts`] counts each attempt that goes by (same task, as
+//! a retry layer's attempts are).
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -16,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pin_project_lite::pin_project;
+use tower_classify::attempts::{self, AttemptTally, TallyScope};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -96,76 +96,21 @@ impl AttemptCounter {
     }
 }
 
-/// What [`CountAttempts`] saw of one dead-letter call's attempts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Tally {
-    started: u32,
-    finished: u32,
-}
-
-thread_local! {
-    /// The tally of the dead-letter call being called or polled on this
-    /// thread, if any.
-    static CURRENT: Cell<Option<Tally>> = const { Cell::new(None) };
-}
-
 /// A dead-letter call's attempts, as it hands them to its record.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Attempts {
-    /// Attempts started (0 when no [`CountAttempts`] is below).
+    /// Attempts started (0 when nothing below reports them).
     pub(crate) started: u32,
     /// When the first attempt was seen finished, if the call went on
     /// after it.
     pub(crate) first_done: Option<SystemTime>,
 }
 
-/// A dead-letter call's tally made current on this thread, so that a
-/// [`CountAttempts`] called meanwhile adds to it; the tally the thread held
-/// before is current again when the scope ends, even by a panic (a
-/// dead-letter call inside another one).
-///
-/// A guard rather than a closure: the inner service's future is returned
-/// straight to the caller, not moved out through one more frame (a stack's
-/// future is a few hundred bytes).
-pub(crate) struct TallyScope {
-    outer: Option<Tally>,
-}
-
-impl TallyScope {
-    #[inline]
-    pub(crate) fn enter(tally: Tally) -> Self {
-        TallyScope {
-            outer: CURRENT.replace(Some(tally)),
-        }
-    }
-
-    /// Ends the scope: the tally as `CountAttempts` left it.
-    #[inline]
-    pub(crate) fn exit(self) -> Tally {
-        CURRENT.get().unwrap_or_default()
-    }
-}
-
-impl Drop for TallyScope {
-    #[inline]
-    fn drop(&mut self) {
-        CURRENT.set(self.outer);
-    }
-}
-
-/// Adds to the current call's tally, if there is one.
-fn note(update: impl FnOnce(&mut Tally)) {
-    if let Some(mut tally) = CURRENT.get() {
-        update(&mut tally);
-        CURRENT.set(Some(tally));
-    }
-}
-
 /// Calls the inner service of a dead-letter call with a fresh tally
 /// current (the first attempt of a retry layer below is made there).
 macro_rules! tallied {
     ($call:expr) => {{
-        let scope = $crate::attempts::TallyScope::enter(Default::default());
+        let scope = tower_classify::attempts::TallyScope::enter(Default::default());
         $crate::attempts::Tallied::in_scope($call, scope)
     }};
 }
@@ -177,7 +122,7 @@ pin_project! {
     pub(crate) struct Tallied<F> {
         #[pin]
         call: F,
-        tally: Tally,
+        tally: AttemptTally,
         first_done: Option<SystemTime>,
     }
 }
@@ -236,9 +181,12 @@ impl<F: Future> Future for Tallied<F> {
 /// ```
 ///
 /// Each attempt counts towards the nearest dead-letter call above it on
-/// the same task (the retry layers of tower and of this family make their
-/// attempts in the caller's task). Across a `Buffer` or a spawned task,
-/// carry an [`AttemptCounter`] in the request instead.
+/// the same task (retry layers make their attempts in the caller's task).
+/// tower-retry-budget's retry layer reports its attempts itself and needs
+/// none; under it, this layer counts nothing twice (see
+/// [`tower_classify::attempts`]). Use it under another retry layer, such as
+/// tower's own. Across a `Buffer` or a spawned task, carry an
+/// [`AttemptCounter`] in the request instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountAttemptsLayer {
     _priv: (),
@@ -300,7 +248,7 @@ where
         let counter = request.extensions().get::<AttemptCounter>().cloned();
         match &counter {
             Some(counter) => counter.record_attempt(),
-            None => note(|tally| tally.started += 1),
+            None => attempts::attempt_started(),
         }
         CountedFuture {
             future: self.inner.call(request),
@@ -329,7 +277,7 @@ impl<F: Future> Future for CountedFuture<F> {
             Some(counter) => counter.record_done(SystemTime::now()),
             // No clock read here, on every attempt: the dead-letter call
             // reads one only if it goes on after its first attempt.
-            None => note(|tally| tally.finished += 1),
+            None => attempts::attempt_finished(),
         }
         Poll::Ready(output)
     }

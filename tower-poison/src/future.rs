@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
+use tower_classify::attempts::TallyScope;
 use tower_classify::{BoxError, Classify};
 
-use crate::attempts::{Tallied, TallyScope};
+use crate::attempts::Tallied;
 use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
 use crate::poison::Counted;
 use crate::service::{Shared, Verdict};

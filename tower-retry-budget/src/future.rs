@@ -425,6 +425,7 @@ where
                         }
                     };
                     *this.attempts += 1;
+                    tower_classify::attempts::report_attempts(*this.attempts, *this.attempts - 1);
                     if *this.attempts > this.policy.max_retries {
                         // The last retry: nothing more is made from it.
                         *this.kept = None;
@@ -477,6 +478,9 @@ where
             telemetry::record_attempt(spans, Some(failure));
         }
         let attempts = *this.attempts;
+        // A dead-letter layer above records the attempts of a call that
+        // fails; a call that succeeds at once never gets here.
+        tower_classify::attempts::report_attempts(attempts, attempts);
         let report = &policy.replay;
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying

@@ -6,18 +6,16 @@ use http::HeaderName;
 use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer};
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 use tower_layer::Layer;
-use tower_poison::{
-    CountAttempts, CountAttemptsLayer, DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy,
-};
+use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, Jitter, Retry, RetryBuilder, RetryLayer};
 
 use crate::config::{BackoffKind, ResilienceConfig, RetryClass};
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
-/// dead letters, circuit breaker, retry, attempt counting.
+/// dead letters, circuit breaker, retry.
 pub type ResilienceService<S, St> = DeadLetter<
-    CircuitBreaker<Retry<CountAttempts<S>, HttpClassifier, HttpReplay>, HttpClassifier>,
+    CircuitBreaker<Retry<S, HttpClassifier, HttpReplay>, HttpClassifier>,
     St,
     HttpClassifier,
     HttpCapture,
@@ -26,12 +24,12 @@ pub type ResilienceService<S, St> = DeadLetter<
 /// The whole stack as one [`Layer`], outermost first:
 ///
 /// ```text
-/// DeadLetter → CircuitBreaker → Retry → CountAttempts → service
+/// DeadLetter → CircuitBreaker → Retry → service
 /// ```
 ///
 /// - the dead-letter layer sees each call's final outcome, so a call the
 ///   retries fixed is never stored and one they gave up on is stored once,
-///   with its attempt count (counted by `CountAttempts`, below the retries);
+///   with its attempt count (which the retry layer reports to it);
 /// - the breaker counts one failure per logical call, after its retries, and
 ///   while open refuses calls at once with
 ///   [`CircuitOpen`](tower_breaker::CircuitOpen);
@@ -87,8 +85,7 @@ impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
     type Service = ResilienceService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let counted = CountAttemptsLayer::new().layer(inner);
-        let retried = self.retry.layer(counted);
+        let retried = self.retry.layer(inner);
         let guarded = self.breaker.layer(retried);
         self.dead_letter.layer(guarded)
     }

@@ -1,0 +1,163 @@
+//! How many attempts a call made, reported by the layers that make them to
+//! the layer above that records them.
+//!
+//! A dead-letter entry says how many attempts a failed call made and when
+//! the first one failed. The attempts are made below the dead-letter
+//! layer, by a retry layer, on the same task: the dead-letter layer makes
+//! an [`AttemptTally`] current on its thread with [`TallyScope`] while it
+//! calls its inner service and while it polls the call's future, and a
+//! layer below reports into it:
+//!
+//! - a retry layer that counts its own attempts (tower-retry-budget's)
+//!   calls [`report_attempts`] when an attempt ends in a failure and when
+//!   it sends the next one. Its attempts are then known without a layer
+//!   under it, and a call that succeeds at once reports nothing;
+//! - a layer that sees every attempt go by without counting them
+//!   (tower-poison's `CountAttempts`, under a retry layer that does not
+//!   report) calls [`attempt_started`] and [`attempt_finished`].
+//!
+//! Both at once count each attempt once: a report raises the tally to the
+//! retry layer's own count, which the other layer's counting already
+//! reached. A thread-local tally costs a call that succeeds no allocation
+//! and its request no extension (which every retry would copy); nothing is
+//! reported across a `Buffer` or a spawned task, where the attempts run
+//! outside the scope.
+//!
+//! ```
+//! use tower_classify::attempts::{report_attempts, AttemptTally, TallyScope};
+//!
+//! // The recording layer, around its inner service's call or poll:
+//! let scope = TallyScope::enter(AttemptTally::default());
+//! // A retry layer below: its first attempt failed, the second is sent.
+//! report_attempts(1, 1);
+//! report_attempts(2, 1);
+//! let tally = scope.exit();
+//! assert_eq!((tally.started, tally.finished), (2, 1));
+//!
+//! // Outside a scope, a report goes nowhere.
+//! report_attempts(5, 5);
+//! ```
+
+use std::cell::Cell;
+
+/// The attempts of the call whose [`TallyScope`] is current, as the layers
+/// below reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptTally {
+    /// Attempts sent.
+    pub started: u32,
+    /// Attempts that ended (in a failure: the call went on, or ended).
+    pub finished: u32,
+}
+
+thread_local! {
+    /// The tally of the call being called or polled on this thread, if any.
+    static CURRENT: Cell<Option<AttemptTally>> = const { Cell::new(None) };
+}
+
+/// A call's tally made current on this thread until [`exit`](Self::exit),
+/// so that the layers it calls or polls meanwhile report into it. The
+/// tally the thread held before is current again when the scope ends, even
+/// by a panic (a recording layer inside another one).
+///
+/// A guard rather than a closure: the inner service's future is returned
+/// straight to the caller, not moved out through one more frame (a stack's
+/// future is a few hundred bytes).
+#[derive(Debug)]
+#[must_use = "the tally is current until the scope is exited or dropped"]
+pub struct TallyScope {
+    outer: Option<AttemptTally>,
+}
+
+impl TallyScope {
+    /// Makes `tally` current.
+    #[inline]
+    pub fn enter(tally: AttemptTally) -> Self {
+        TallyScope {
+            outer: CURRENT.replace(Some(tally)),
+        }
+    }
+
+    /// Ends the scope: the tally as the layers below left it.
+    #[inline]
+    pub fn exit(self) -> AttemptTally {
+        CURRENT.get().unwrap_or_default()
+    }
+}
+
+impl Drop for TallyScope {
+    #[inline]
+    fn drop(&mut self) {
+        CURRENT.set(self.outer);
+    }
+}
+
+/// Changes the current tally, if there is one.
+#[inline]
+fn update(change: impl FnOnce(&mut AttemptTally)) {
+    if let Some(mut tally) = CURRENT.get() {
+        change(&mut tally);
+        CURRENT.set(Some(tally));
+    }
+}
+
+/// A layer that makes its own attempts says how many it has `started` and
+/// how many have `finished` so far; the tally keeps the larger of each.
+#[inline]
+pub fn report_attempts(started: u32, finished: u32) {
+    update(|tally| {
+        tally.started = tally.started.max(started);
+        tally.finished = tally.finished.max(finished);
+    });
+}
+
+/// One more attempt went by, seen by a layer that does not count them.
+#[inline]
+pub fn attempt_started() {
+    update(|tally| tally.started += 1);
+}
+
+/// One attempt ended, seen by a layer that does not count them.
+#[inline]
+pub fn attempt_finished() {
+    update(|tally| tally.finished += 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counting_layer_and_a_reporting_one_count_each_attempt_once() {
+        let scope = TallyScope::enter(AttemptTally::default());
+        for attempt in 1..=3 {
+            attempt_started(); // under the retry layer
+            attempt_finished();
+            report_attempts(attempt, attempt); // the retry layer, after it
+        }
+        assert_eq!(
+            scope.exit(),
+            AttemptTally {
+                started: 3,
+                finished: 3
+            }
+        );
+    }
+
+    #[test]
+    fn scopes_nest_and_restore_the_outer_tally() {
+        let outer = TallyScope::enter(AttemptTally::default());
+        attempt_started();
+        {
+            let inner = TallyScope::enter(AttemptTally::default());
+            report_attempts(4, 3);
+            assert_eq!(inner.exit().started, 4);
+        }
+        assert_eq!(outer.exit().started, 1);
+        // No scope: nothing to report into.
+        report_attempts(9, 9);
+        attempt_started();
+        let scope = TallyScope::enter(AttemptTally::default());
+        assert_eq!(scope.exit(), AttemptTally::default());
+    }
+}
