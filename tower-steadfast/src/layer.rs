@@ -3,7 +3,7 @@
 use std::fmt;
 
 use http::HeaderName;
-use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer};
+use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer, Counted, Hold, Leaked};
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 use tower_layer::Layer;
 use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
@@ -13,9 +13,10 @@ use tower_retry_budget::{Backoff, Jitter, Retry, RetryBuilder, RetryLayer};
 use crate::config::{BackoffKind, ResilienceConfig, RetryClass};
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
-/// dead letters, circuit breaker, retry.
-pub type ResilienceService<S, St> = DeadLetter<
-    CircuitBreaker<Retry<S, HttpClassifier, HttpReplay>, HttpClassifier>,
+/// dead letters, circuit breaker, retry. `H` is how the breaker is held:
+/// [`Counted`], or [`Leaked`] after [`ResilienceLayer::leak_breaker`].
+pub type ResilienceService<S, St, H = Counted> = DeadLetter<
+    CircuitBreaker<Retry<S, HttpClassifier, HttpReplay>, HttpClassifier, H>,
     St,
     HttpClassifier,
     HttpCapture,
@@ -39,18 +40,33 @@ pub type ResilienceService<S, St> = DeadLetter<
 /// the store; two layers built by two calls of
 /// [`ResilienceConfig::layer`] share only the store.
 #[derive(Clone)]
-pub struct ResilienceLayer<St> {
+pub struct ResilienceLayer<St, H: Hold = Counted> {
     dead_letter: DeadLetterLayer<St>,
-    breaker: CircuitBreakerLayer<HttpClassifier>,
+    breaker: CircuitBreakerLayer<HttpClassifier, H>,
     retry: RetryLayer<HttpClassifier, HttpReplay>,
 }
 
 impl<St> ResilienceLayer<St> {
+    /// Keeps the breaker for the rest of the process, so that the stack's
+    /// calls move no reference count of it
+    /// ([`CircuitBreakerLayer::leak`]): for a stack built once when a
+    /// server starts, never for one built per tenant or on every
+    /// configuration reload, since the breaker is never freed.
+    pub fn leak_breaker(self) -> ResilienceLayer<St, Leaked> {
+        ResilienceLayer {
+            dead_letter: self.dead_letter,
+            breaker: self.breaker.leak(),
+            retry: self.retry,
+        }
+    }
+}
+
+impl<St, H: Hold> ResilienceLayer<St, H> {
     /// The stack of three layers built elsewhere, for example from
     /// [`ResilienceConfig`]'s builders with a name or callbacks added.
     pub fn new(
         dead_letter: DeadLetterLayer<St>,
-        breaker: CircuitBreakerLayer<HttpClassifier>,
+        breaker: CircuitBreakerLayer<HttpClassifier, H>,
         retry: RetryLayer<HttpClassifier, HttpReplay>,
     ) -> Self {
         ResilienceLayer {
@@ -71,7 +87,7 @@ impl<St> ResilienceLayer<St> {
     }
 }
 
-impl<St: fmt::Debug> fmt::Debug for ResilienceLayer<St> {
+impl<St: fmt::Debug, H: Hold> fmt::Debug for ResilienceLayer<St, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResilienceLayer")
             .field("dead_letter", &self.dead_letter)
@@ -81,8 +97,8 @@ impl<St: fmt::Debug> fmt::Debug for ResilienceLayer<St> {
     }
 }
 
-impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
-    type Service = ResilienceService<S, St>;
+impl<S, St: Clone, H: Hold> Layer<S> for ResilienceLayer<St, H> {
+    type Service = ResilienceService<S, St, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let retried = self.retry.layer(inner);

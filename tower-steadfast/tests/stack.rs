@@ -11,11 +11,11 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::CircuitOpen;
+use tower_breaker::{CircuitOpen, Hold};
 use tower_classify::FailureKind;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{DeadLetterEntry, PoisonMessage, ReplayBody};
-use tower_steadfast::ResilienceConfig;
+use tower_steadfast::{ResilienceConfig, ResilienceLayer};
 
 type Body = ReplayBody<Full<Bytes>>;
 
@@ -157,9 +157,22 @@ async fn a_call_failing_after_every_retry_lands_in_the_store_once() {
 #[tokio::test(start_paused = true)]
 async fn five_failed_calls_open_the_breaker_until_the_cooldown_has_passed() {
     let store = MemoryStore::new(100);
+    opens_until_the_cooldown(seed().layer("orders", store.clone()), store).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stack_whose_breaker_is_leaked_opens_and_recovers_alike() {
+    let store = MemoryStore::new(100);
+    let layer = seed().layer("orders", store.clone()).leak_breaker();
+    opens_until_the_cooldown(layer, store).await;
+}
+
+async fn opens_until_the_cooldown<H: Hold>(
+    layer: ResilienceLayer<MemoryStore, H>,
+    store: MemoryStore,
+) {
     let upstream = Upstream::new();
     // Down for the first 25 requests (five calls of five tries), then up.
-    let layer = seed().layer("orders", store.clone());
     let handle = layer.breaker_handle();
     let mut stack = ServiceBuilder::new()
         .layer(layer)
