@@ -4,14 +4,18 @@
 //! A dead-letter entry says how many attempts a failed call made and when
 //! the first one failed. The attempts are made below the dead-letter
 //! layer, by a retry layer, on the same task: the dead-letter layer makes
-//! an [`AttemptTally`] current on its thread with [`TallyScope`] while it
-//! calls its inner service and while it polls the call's future, and a
-//! layer below reports into it:
+//! an [`AttemptTally`] current on its thread while it calls its inner
+//! service ([`TallyScope::calling`]) and while it polls the call's future
+//! ([`TallyScope::enter`]), and a layer below reports into it:
 //!
 //! - a retry layer that counts its own attempts (tower-retry-budget's)
-//!   calls [`report_attempts`] when an attempt ends in a failure and when
-//!   it sends the next one. Its attempts are then known without a layer
-//!   under it, and a call that succeeds at once reports nothing;
+//!   asks [`called_by_recorder`] when it is called, and if so calls
+//!   [`report_attempts`] when an attempt ends in a failure and when it
+//!   sends the next one. Its attempts are then known without a layer under
+//!   it, and a call that succeeds at once reports nothing. A retry layer
+//!   that is only *polled* inside the scope (a client that a handler under
+//!   a server's dead-letter layer calls) was not called by the recording
+//!   layer, and its attempts are not that call's;
 //! - a layer that sees every attempt go by without counting them
 //!   (tower-poison's `CountAttempts`, under a retry layer that does not
 //!   report) calls [`attempt_started`] and [`attempt_finished`].
@@ -26,11 +30,22 @@
 //! ```
 //! use tower_classify::attempts::{report_attempts, AttemptTally, TallyScope};
 //!
-//! // The recording layer, around its inner service's call or poll:
-//! let scope = TallyScope::enter(AttemptTally::default());
-//! // A retry layer below: its first attempt failed, the second is sent.
+//! use tower_classify::attempts::called_by_recorder;
+//!
+//! // The recording layer, around its inner service's call:
+//! let scope = TallyScope::calling(AttemptTally::default());
+//! // A retry layer below, called now: it will report.
+//! let reports = called_by_recorder();
+//! assert!(reports);
+//! let tally = scope.exit();
+//!
+//! // The recording layer, around a poll of the call's future:
+//! let scope = TallyScope::enter(tally);
+//! // The retry layer: its first attempt failed, the second is sent.
 //! report_attempts(1, 1);
 //! report_attempts(2, 1);
+//! // A layer called only now, in a poll, does not report.
+//! assert!(!called_by_recorder());
 //! let tally = scope.exit();
 //! assert_eq!((tally.started, tally.finished), (2, 1));
 //!
@@ -50,9 +65,17 @@ pub struct AttemptTally {
     pub finished: u32,
 }
 
+/// The tally current on this thread, and whether the recording layer is
+/// calling its inner service (rather than polling the call's future).
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    tally: AttemptTally,
+    calling: bool,
+}
+
 thread_local! {
     /// The tally of the call being called or polled on this thread, if any.
-    static CURRENT: Cell<Option<AttemptTally>> = const { Cell::new(None) };
+    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
 }
 
 /// A call's tally made current on this thread until [`exit`](Self::exit),
@@ -66,22 +89,39 @@ thread_local! {
 #[derive(Debug)]
 #[must_use = "the tally is current until the scope is exited or dropped"]
 pub struct TallyScope {
-    outer: Option<AttemptTally>,
+    outer: Option<Current>,
 }
 
 impl TallyScope {
-    /// Makes `tally` current.
+    /// Makes `tally` current while the recording layer polls its call's
+    /// future.
     #[inline]
     pub fn enter(tally: AttemptTally) -> Self {
+        Self::with(tally, false)
+    }
+
+    /// Makes `tally` current while the recording layer calls its inner
+    /// service: a layer called meanwhile is the recording layer's, and
+    /// [`called_by_recorder`] says so.
+    #[inline]
+    pub fn calling(tally: AttemptTally) -> Self {
+        Self::with(tally, true)
+    }
+
+    #[inline]
+    fn with(tally: AttemptTally, calling: bool) -> Self {
         TallyScope {
-            outer: CURRENT.replace(Some(tally)),
+            outer: CURRENT.replace(Some(Current { tally, calling })),
         }
     }
 
     /// Ends the scope: the tally as the layers below left it.
     #[inline]
     pub fn exit(self) -> AttemptTally {
-        CURRENT.get().unwrap_or_default()
+        CURRENT
+            .get()
+            .map(|current| current.tally)
+            .unwrap_or_default()
     }
 }
 
@@ -95,14 +135,24 @@ impl Drop for TallyScope {
 /// Changes the current tally, if there is one.
 #[inline]
 fn update(change: impl FnOnce(&mut AttemptTally)) {
-    if let Some(mut tally) = CURRENT.get() {
-        change(&mut tally);
-        CURRENT.set(Some(tally));
+    if let Some(mut current) = CURRENT.get() {
+        change(&mut current.tally);
+        CURRENT.set(Some(current));
     }
+}
+
+/// Whether a recording layer is calling the layers below it right now: a
+/// layer that reports its attempts asks this when it is called, and
+/// reports only if it was called by the recording layer (see the
+/// [module](self)).
+#[inline]
+pub fn called_by_recorder() -> bool {
+    CURRENT.get().is_some_and(|current| current.calling)
 }
 
 /// A layer that makes its own attempts says how many it has `started` and
 /// how many have `finished` so far; the tally keeps the larger of each.
+/// Only a layer [called by the recorder](called_by_recorder) reports.
 #[inline]
 pub fn report_attempts(started: u32, finished: u32) {
     update(|tally| {
@@ -142,6 +192,22 @@ mod tests {
                 finished: 3
             }
         );
+    }
+
+    #[test]
+    fn only_a_scope_entered_for_the_call_says_so() {
+        assert!(!called_by_recorder());
+        let calling = TallyScope::calling(AttemptTally::default());
+        assert!(called_by_recorder());
+        {
+            // A recording layer polling inside the call (nested).
+            let polling = TallyScope::enter(AttemptTally::default());
+            assert!(!called_by_recorder());
+            drop(polling);
+        }
+        assert!(called_by_recorder());
+        drop(calling);
+        assert!(!called_by_recorder());
     }
 
     #[test]

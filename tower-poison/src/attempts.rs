@@ -110,7 +110,7 @@ pub(crate) struct Attempts {
 /// current (the first attempt of a retry layer below is made there).
 macro_rules! tallied {
     ($call:expr) => {{
-        let scope = tower_classify::attempts::TallyScope::enter(Default::default());
+        let scope = tower_classify::attempts::TallyScope::calling(Default::default());
         $crate::attempts::Tallied::in_scope($call, scope)
     }};
 }
@@ -182,9 +182,9 @@ impl<F: Future> Future for Tallied<F> {
 ///
 /// Each attempt counts towards the nearest dead-letter call above it on
 /// the same task (retry layers make their attempts in the caller's task).
-/// tower-retry-budget's retry layer reports its attempts itself and needs
-/// none; under it, this layer counts nothing twice (see
-/// [`tower_classify::attempts`]). Use it under another retry layer, such as
+/// tower-retry-budget's retry layer, called by the dead-letter layer,
+/// reports its attempts itself and needs none; under it, this layer counts
+/// nothing twice (see [`tower_classify::attempts`]). Use it under another retry layer, such as
 /// tower's own. Across a `Buffer` or a spawned task, carry an
 /// [`AttemptCounter`] in the request instead.
 #[derive(Debug, Clone, Copy, Default)]

@@ -77,7 +77,7 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
         pending: PendingRecord<R>,
         counted: Option<Counted>,
     ) -> Self {
-        let scope = TallyScope::enter(Default::default());
+        let scope = TallyScope::calling(Default::default());
         ResponseFuture {
             state: State::Calling {
                 call: Tallied::in_scope(call(), scope),

@@ -39,6 +39,9 @@ pin_project! {
         attempts: u32,
         // What the timer enforces while an attempt is in flight.
         limit: Limit,
+        // Called by a dead-letter layer (or another recorder of attempts)
+        // calling its inner service: the attempts are reported to it.
+        reports: bool,
         // Everything only a call with a limit, spans or a retry needs. A
         // call without them that succeeds allocates nothing, and the future
         // it moves around stays small.
@@ -177,6 +180,7 @@ where
             policy,
             attempts: 0,
             limit: Limit::None,
+            reports: false,
             cold: Some(cold),
         }
     }
@@ -201,6 +205,7 @@ where
             policy,
             attempts: 1,
             limit,
+            reports: tower_classify::attempts::called_by_recorder(),
             cold,
         }
     }
@@ -425,7 +430,12 @@ where
                         }
                     };
                     *this.attempts += 1;
-                    tower_classify::attempts::report_attempts(*this.attempts, *this.attempts - 1);
+                    if *this.reports {
+                        tower_classify::attempts::report_attempts(
+                            *this.attempts,
+                            *this.attempts - 1,
+                        );
+                    }
                     if *this.attempts > this.policy.max_retries {
                         // The last retry: nothing more is made from it.
                         *this.kept = None;
@@ -480,7 +490,9 @@ where
         let attempts = *this.attempts;
         // A dead-letter layer above records the attempts of a call that
         // fails; a call that succeeds at once never gets here.
-        tower_classify::attempts::report_attempts(attempts, attempts);
+        if *this.reports {
+            tower_classify::attempts::report_attempts(attempts, attempts);
+        }
         let report = &policy.replay;
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
