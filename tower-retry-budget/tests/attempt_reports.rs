@@ -39,9 +39,19 @@ fn retried(failures: u32) -> impl Service<u32, Response = u32, Error = BoxError,
     tower::util::MapFuture::new(service, |future| Box::pin(future) as Call)
 }
 
-/// Polls `call` to its end, each poll inside a polling scope of `tally`, as
-/// a dead-letter layer polls its inner future.
-fn poll_in_scope(mut call: Call, mut tally: AttemptTally) -> (Result<u32, BoxError>, AttemptTally) {
+/// Calls a retry layer over a service whose first `failures` calls fail,
+/// inside the scope `called_in` makes, then polls the call to its end with
+/// each poll inside a polling scope, as a dead-letter layer does: the
+/// call's result and what the retry layer reported.
+fn call_in(
+    called_in: fn(AttemptTally) -> TallyScope,
+    failures: u32,
+) -> (Result<u32, BoxError>, AttemptTally) {
+    let mut service = retried(failures);
+    let scope = called_in(AttemptTally::default());
+    let mut call = service.call(7);
+    let mut tally = scope.exit();
+    assert_eq!(tally, AttemptTally::default(), "nothing reported at call");
     let mut cx = Context::from_waker(Waker::noop());
     loop {
         let scope = TallyScope::enter(tally);
@@ -55,13 +65,7 @@ fn poll_in_scope(mut call: Call, mut tally: AttemptTally) -> (Result<u32, BoxErr
 
 #[test]
 fn a_retry_called_by_the_recording_layer_reports_every_attempt() {
-    let mut service = retried(2);
-    let scope = TallyScope::calling(AttemptTally::default());
-    let call = service.call(7);
-    let tally = scope.exit();
-    assert_eq!(tally, AttemptTally::default(), "nothing reported at call");
-
-    let (result, tally) = poll_in_scope(call, tally);
+    let (result, tally) = call_in(TallyScope::calling, 2);
     assert_eq!(result.unwrap(), 7);
     assert_eq!(
         tally,
@@ -74,11 +78,7 @@ fn a_retry_called_by_the_recording_layer_reports_every_attempt() {
 
 #[test]
 fn a_call_that_succeeds_at_once_reports_nothing() {
-    let mut service = retried(0);
-    let scope = TallyScope::calling(AttemptTally::default());
-    let call = service.call(7);
-    let tally = scope.exit();
-    let (result, tally) = poll_in_scope(call, tally);
+    let (result, tally) = call_in(TallyScope::calling, 0);
     assert_eq!(result.unwrap(), 7);
     assert_eq!(tally, AttemptTally::default());
 }
@@ -88,11 +88,7 @@ fn a_retry_called_only_while_the_recorder_polls_reports_nothing() {
     // A client called by a handler under a server's dead-letter layer: its
     // call happens inside the dead-letter layer's poll, not its call, and
     // its attempts are not the dead-letter call's.
-    let mut service = retried(2);
-    let scope = TallyScope::enter(AttemptTally::default());
-    let call = service.call(7);
-    let tally = scope.exit();
-    let (result, tally) = poll_in_scope(call, tally);
+    let (result, tally) = call_in(TallyScope::enter, 2);
     assert_eq!(result.unwrap(), 7);
     assert_eq!(tally, AttemptTally::default());
 }
