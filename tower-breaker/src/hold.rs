@@ -88,19 +88,18 @@ mod tests {
         ready(Ok(n))
     }
 
-    /// Clones the service, calls it and keeps the clones and the response
-    /// futures alive, then returns the breaker's reference count seen
-    /// meanwhile (less `before`).
-    fn counts_moved<L, S>(layer: &L, before: impl Fn() -> usize) -> usize
+    /// How far the breaker's reference count (read by `strong_count`)
+    /// rises while four clones of a service and one call on each are alive.
+    fn counts_moved<L, S>(layer: &L, strong_count: impl Fn() -> usize) -> usize
     where
         L: Layer<tower::util::ServiceFn<fn(u32) -> Answer>, Service = S>,
         S: Service<u32> + Clone,
     {
         let service = layer.layer(tower::service_fn(echo as fn(u32) -> Answer));
-        let start = before();
+        let start = strong_count();
         let mut clones: Vec<S> = (0..4).map(|_| service.clone()).collect();
         let futures: Vec<_> = clones.iter_mut().map(|clone| clone.call(7)).collect();
-        let during = before();
+        let during = strong_count();
         for future in futures {
             assert!(future.now_or_never().is_some());
         }
