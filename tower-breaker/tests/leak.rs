@@ -4,10 +4,9 @@
 use std::io;
 use std::time::Duration;
 
-use http::{Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
-use tower_classify::{BoxError, ErrorChainClassifier, HttpClassifier};
+use tower_classify::ErrorChainClassifier;
 
 /// Answers `Ok(n)` for even `n`, a refused connection for odd `n`.
 async fn dependency(n: u32) -> Result<u32, io::Error> {
@@ -63,8 +62,12 @@ async fn the_handle_forces_and_resets_a_leaked_breaker() {
     assert_eq!(service.clone().oneshot(2).await.unwrap(), 2);
 }
 
+#[cfg(feature = "http")]
 #[tokio::test(start_paused = true)]
 async fn a_leaked_http_breaker_answers_503_while_open() {
+    use http::{Response, StatusCode};
+    use tower_classify::{BoxError, HttpClassifier};
+
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(1)
         .build(HttpClassifier::new())
