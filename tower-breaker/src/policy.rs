@@ -205,6 +205,7 @@ impl WindowState {
     /// and returns the window's tally; a time window returns an empty tally
     /// for a success while it holds no failure and no slow call, which no
     /// success can open.
+    #[inline]
     pub(crate) fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         match self {
             WindowState::Count(w) => w.record(failed, slow),
@@ -235,10 +236,13 @@ impl WindowState {
 /// word. Writing a result swaps its two bits in, so every result is added to
 /// and later removed from the failure and slow counts exactly once.
 ///
-/// The common record, a success replacing a success, is one atomic
-/// read-modify-write: the `fetch_add` that takes a position. Its bits are then
-/// already what they should be, so a load confirms it and nothing is written
-/// (the same as a swap that changes nothing), and the counts are only read.
+/// The common record, a success into a full window of successes, writes
+/// nothing: such a ring is the same whichever position comes next, so the
+/// success changes neither its results nor its counts, and three loads show
+/// it. A success replacing a success in a window that holds a failure is
+/// one atomic read-modify-write, the `fetch_add` that takes a position (the
+/// failure must age out): its bits are then already what they should be, so
+/// a load confirms it and the counts are only read.
 #[derive(Debug)]
 pub(crate) struct CountWindow {
     size: u64,
@@ -322,7 +326,31 @@ impl CountWindow {
         }
     }
 
+    #[inline]
     fn record(&self, failed: bool, slow: bool) -> Tally {
+        if !failed && !slow && self.is_full_of_successes() {
+            // A record racing this one with a failure may have taken its
+            // position already and not yet counted it; this success is then
+            // ordered before it, and the failure ages out after `size` more
+            // records either way.
+            return Tally {
+                calls: self.size as u32,
+                failures: 0,
+                slow: 0,
+            };
+        }
+        self.record_in_ring(failed, slow)
+    }
+
+    /// Whether the last `size` results were all fast successes.
+    #[inline]
+    fn is_full_of_successes(&self) -> bool {
+        self.failures.load(Ordering::Relaxed) == 0
+            && self.slow.load(Ordering::Relaxed) == 0
+            && self.next.load(Ordering::Relaxed) >= self.size
+    }
+
+    fn record_in_ring(&self, failed: bool, slow: bool) -> Tally {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
         let position = self.position.of(index);
         let word = &self.results[(position / RESULTS_PER_WORD) as usize];
@@ -597,6 +625,45 @@ mod tests {
         );
         w.reset();
         assert_eq!(w.tally(), Tally::default());
+    }
+
+    /// Once the window is full, a fast success into a window holding no
+    /// failure and no slow call takes no position; every other record does,
+    /// so a failure still ages out after exactly `size` more records.
+    #[test]
+    fn a_success_into_a_full_window_of_successes_writes_nothing() {
+        let w = CountWindow::new(4);
+        let taken = |w: &CountWindow| w.next.load(Ordering::Relaxed);
+        for n in 1..=4 {
+            w.record(false, false);
+            assert_eq!(taken(&w), n, "a window not yet full counts every call");
+        }
+        for _ in 0..10 {
+            assert_eq!(
+                w.record(false, false),
+                Tally {
+                    calls: 4,
+                    failures: 0,
+                    slow: 0
+                }
+            );
+        }
+        assert_eq!(taken(&w), 4);
+        w.record(false, true);
+        w.record(true, false);
+        assert_eq!(taken(&w), 6);
+        for _ in 0..2 {
+            w.record(false, false);
+        }
+        assert_eq!(taken(&w), 8, "a window holding a failure moves on");
+        w.record(false, false);
+        assert_eq!(w.tally().slow, 0, "the slow call aged out");
+        assert_eq!(w.tally().failures, 1);
+        w.record(false, false);
+        assert_eq!(w.tally().failures, 0, "the failure aged out");
+        assert_eq!(taken(&w), 10);
+        w.record(false, false);
+        assert_eq!(taken(&w), 10);
     }
 
     #[test]

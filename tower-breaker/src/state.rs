@@ -841,7 +841,14 @@ impl Breaker {
     /// configured, a slow-call share) at or above its rate. Dividing (rather
     /// than multiplying the rate) keeps a share exactly at the rate exact: 3
     /// of 10 is 0.3.
+    #[inline]
     fn rate_reached(&self, tally: Tally) -> bool {
+        // A rate is above zero (`Policy::validate`), so a tally of neither
+        // failures nor slow calls never reaches it: the healthy case reads
+        // nothing else, and skips the division.
+        if tally.failures == 0 && tally.slow == 0 {
+            return false;
+        }
         let Policy::FailureRate {
             rate,
             minimum_calls,
@@ -850,8 +857,6 @@ impl Breaker {
         else {
             return false;
         };
-        // A rate is above zero (`Policy::validate`), so a count of zero never
-        // reaches it: the healthy case skips the division.
         let share = |count: u32| f64::from(count) / f64::from(tally.calls);
         tally.calls >= minimum_calls
             && ((tally.failures > 0 && share(tally.failures) >= rate)
