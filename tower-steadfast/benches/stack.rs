@@ -10,7 +10,8 @@
 //! - `breaker`: `config.breaker_builder().build(HttpClassifier::new())`;
 //! - `retry`: `config.retry_builder().build()`;
 //! - `stack`: `config.layer("bench", MemoryStore)`, DeadLetter →
-//!   CircuitBreaker → Retry → CountAttempts.
+//!   CircuitBreaker → Retry (the retry layer reports its attempts to the
+//!   dead-letter call itself).
 //!
 //! Each for a small `GET` and a `POST` with a 300-byte JSON body, built
 //! inside every iteration (bare included) so the request's cost cancels
