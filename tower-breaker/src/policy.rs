@@ -120,6 +120,13 @@ pub enum Window {
     /// open the breaker is judged again at the exact time, so an expired
     /// failure never opens it. Under paused tokio time (tests) every call
     /// reads tokio's clock.
+    ///
+    /// Every call writes its bucket (the failure rate needs every call), so
+    /// that threads recording at once do not write one cache line, a window
+    /// of at most 64 buckets keeps a copy of its buckets per CPU (up to 8,
+    /// each on cache lines of its own) and adds them up when it needs a
+    /// tally: 10 buckets take 1 KiB on 8 CPUs, against 80 bytes on one. A
+    /// longer window keeps one copy.
     #[non_exhaustive]
     Time {
         /// How far back the window reaches.
@@ -403,10 +410,24 @@ impl CountWindow {
 /// only after 2^23 buckets; a slot left untouched that long is read as
 /// stale-but-valid, an error bounded by one bucket's counts after hours
 /// (1 ms buckets) to months (1 s buckets) of silence.
+///
+/// Every call is counted (the failure rate's denominator), so every call
+/// writes. The buckets are striped so that threads recording at once do
+/// not write one cache line: each stripe is a copy of the ring on lines of
+/// its own, a thread adds to its own stripe (see [`thread_stripe`]), and a
+/// tally sums the stripes. Counts stay exact, as threads sharing a stripe
+/// still add atomically. A window of up to [`STRIPED_UP_TO`] buckets gets
+/// one stripe per CPU, up to [`MAX_STRIPES`]; a longer one, one stripe.
 #[derive(Debug)]
 pub(crate) struct TimeWindow {
     bucket_nanos: u64,
-    buckets: Box<[AtomicU64]>,
+    /// The stripes, `lines_per_stripe` lines each.
+    buckets: Box<[Line]>,
+    /// How many buckets the ring has.
+    ring: usize,
+    lines_per_stripe: usize,
+    /// The stripe count less one (a power of two).
+    stripe_mask: usize,
     /// The slow calls of each bucket, packed the same way (its sequence
     /// number, then the count in the calls field); only when slow calls
     /// are counted.
@@ -419,6 +440,59 @@ pub(crate) struct TimeWindow {
     /// window, the window holds neither and no success can open the
     /// breaker, so a success skips the tally.
     notable: AtomicU64,
+}
+
+/// Buckets on one cache line.
+const BUCKETS_PER_LINE: usize = 8;
+
+/// One cache line of a stripe's buckets.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Line([AtomicU64; BUCKETS_PER_LINE]);
+
+/// The most stripes a time window has: a window of 10 buckets then takes
+/// 1 KiB, against 80 bytes for one stripe.
+const MAX_STRIPES: usize = 8;
+
+/// The longest ring that is striped (at most 4 KiB a window of
+/// `MAX_STRIPES` stripes); a longer one has a single stripe.
+const STRIPED_UP_TO: usize = 64;
+
+/// How many stripes a window of `ring` buckets gets: one per CPU (a power
+/// of two, at most [`MAX_STRIPES`]), or one for a long ring.
+fn stripes_for(ring: usize) -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if ring > STRIPED_UP_TO {
+        return 1;
+    }
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
+    cpus.clamp(1, MAX_STRIPES).next_power_of_two()
+}
+
+/// This thread's stripe number, before it is masked to a window's stripe
+/// count: threads take numbers in turn the first time they record, so up
+/// to a window's stripe count of threads each write lines of their own.
+#[inline]
+fn thread_stripe() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    STRIPE
+        .try_with(|stripe| match stripe.get() {
+            usize::MAX => {
+                let taken =
+                    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & (usize::MAX >> 1);
+                stripe.set(taken);
+                taken
+            }
+            taken => taken,
+        })
+        // A thread that is ending records in the first stripe.
+        .unwrap_or(0)
 }
 
 /// Enough for `MAX_BUCKETS` slots.
@@ -500,11 +574,17 @@ impl TimeWindow {
         // At least a millisecond (`Window::validate`), so a period number
         // fits the 54 bits `period` keeps of it.
         let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
-        let unused = || (0..buckets).map(|_| AtomicU64::new(0)).collect();
+        let ring = buckets as usize;
+        let stripes = stripes_for(ring);
+        let lines_per_stripe = ring.div_ceil(BUCKETS_PER_LINE);
+        let line = |_| Line(std::array::from_fn(|_| AtomicU64::new(0)));
         TimeWindow {
             bucket_nanos: bucket_nanos as u64,
-            buckets: unused(),
-            slow: slow_calls.then(unused),
+            buckets: (0..stripes * lines_per_stripe).map(line).collect(),
+            ring,
+            lines_per_stripe,
+            stripe_mask: stripes - 1,
+            slow: slow_calls.then(|| (0..buckets).map(|_| AtomicU64::new(0)).collect()),
             period: AtomicU64::new(0),
             notable: AtomicU64::new(0),
         }
@@ -524,7 +604,7 @@ impl TimeWindow {
             return (seq, index as usize);
         }
         let seq = (nanos / self.bucket_nanos).min(u64::MAX >> PERIOD_INDEX_BITS);
-        let index = seq % self.buckets.len() as u64;
+        let index = seq % self.ring as u64;
         self.period
             .store(seq << PERIOD_INDEX_BITS | index, Ordering::Relaxed);
         (seq, index as usize)
@@ -532,7 +612,8 @@ impl TimeWindow {
 
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         let (seq, index) = self.locate(now);
-        add(&self.buckets[index], seq, 1, u64::from(failed));
+        let stripe = thread_stripe() & self.stripe_mask;
+        add(self.bucket(stripe, index), seq, 1, u64::from(failed));
         if let (Some(buckets), true) = (&self.slow, slow) {
             add(&buckets[index], seq, 1, 0);
         }
@@ -554,8 +635,15 @@ impl TimeWindow {
     fn quiet_at(&self, seq: u64) -> bool {
         match self.notable.load(Ordering::Acquire) {
             0 => true,
-            after => (after - 1).saturating_add(self.buckets.len() as u64) <= seq,
+            after => (after - 1).saturating_add(self.ring as u64) <= seq,
         }
+    }
+
+    /// Bucket `index` of `stripe`.
+    #[inline]
+    fn bucket(&self, stripe: usize, index: usize) -> &AtomicU64 {
+        let line = &self.buckets[stripe * self.lines_per_stripe + index / BUCKETS_PER_LINE];
+        &line.0[index % BUCKETS_PER_LINE]
     }
 
     fn tally(&self, now: Duration) -> Tally {
@@ -564,14 +652,16 @@ impl TimeWindow {
     }
 
     fn tally_at(&self, seq: u64, mut index: usize) -> Tally {
-        let n = self.buckets.len();
+        let n = self.ring;
         let mut tally = Tally::default();
         // Newest first, walking the ring backwards: no division per bucket.
         for age in 0..(n as u64).min(seq + 1) {
             let expected = seq - age;
-            let (calls, failures) = read(&self.buckets[index], expected);
-            tally.calls = tally.calls.saturating_add(calls);
-            tally.failures = tally.failures.saturating_add(failures);
+            for stripe in 0..=self.stripe_mask {
+                let (calls, failures) = read(self.bucket(stripe, index), expected);
+                tally.calls = tally.calls.saturating_add(calls);
+                tally.failures = tally.failures.saturating_add(failures);
+            }
             if let Some(slow) = &self.slow {
                 tally.slow = tally.slow.saturating_add(read(&slow[index], expected).0);
             }
@@ -582,7 +672,8 @@ impl TimeWindow {
 
     fn reset(&self) {
         let slow = self.slow.iter().flat_map(|slow| slow.iter());
-        for bucket in self.buckets.iter().chain(slow) {
+        let striped = self.buckets.iter().flat_map(|line| line.0.iter());
+        for bucket in striped.chain(slow) {
             bucket.store(0, Ordering::Release);
         }
     }
@@ -740,6 +831,80 @@ mod tests {
             }
         );
         assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
+    }
+
+    /// Threads record into stripes of their own (here, as many threads as
+    /// stripes, so each has one to itself, and as many again, sharing), and
+    /// the tally counts every call of every stripe once.
+    #[test]
+    fn a_tally_sums_the_stripes_of_every_thread() {
+        let w = TimeWindow::new(Duration::from_secs(10), 10, false);
+        let threads = 2 * (w.stripe_mask + 1) as u64;
+        std::thread::scope(|scope| {
+            for thread in 0..threads {
+                let w = &w;
+                scope.spawn(move || {
+                    for call in 0..1_000u64 {
+                        let at = Duration::from_millis(thread * 1_000 + call % 1_000);
+                        w.record(call % 10 == 0, false, at);
+                    }
+                });
+            }
+        });
+        let tally = w.tally(Duration::from_millis(threads * 1_000 - 1));
+        let live = threads.min(10);
+        assert_eq!(
+            (tally.calls, tally.failures),
+            (live as u32 * 1_000, live as u32 * 100)
+        );
+        let lines = w.buckets.len();
+        assert_eq!(
+            lines,
+            (w.stripe_mask + 1) * 2,
+            "10 buckets take two lines a stripe"
+        );
+        w.reset();
+        assert_eq!(
+            w.tally(Duration::from_millis(threads * 1_000 - 1)),
+            Tally::default()
+        );
+    }
+
+    /// Each thread takes a stripe number of its own, and keeps it; no two
+    /// stripes of a window share a cache line.
+    #[test]
+    fn threads_write_stripes_on_lines_of_their_own() {
+        let mine = thread_stripe();
+        assert_eq!(thread_stripe(), mine);
+        let other = std::thread::spawn(thread_stripe).join().unwrap();
+        assert_ne!(other, mine);
+
+        let w = TimeWindow {
+            buckets: (0..4 * 2)
+                .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+            ring: 10,
+            lines_per_stripe: 2,
+            stripe_mask: 3,
+            ..TimeWindow::new(Duration::from_secs(10), 10, false)
+        };
+        let line_of = |stripe, index| w.bucket(stripe, index) as *const AtomicU64 as usize / 64;
+        for stripe in 0..4 {
+            for index in 0..10 {
+                for other in (0..4).filter(|other| *other != stripe) {
+                    assert!((0..10).all(|i| line_of(other, i) != line_of(stripe, index)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_ring_is_not_striped() {
+        assert!(stripes_for(STRIPED_UP_TO).is_power_of_two());
+        assert!(stripes_for(STRIPED_UP_TO) <= MAX_STRIPES);
+        assert_eq!(stripes_for(STRIPED_UP_TO + 1), 1);
+        let w = TimeWindow::new(Duration::from_secs(100), 1_000, false);
+        assert_eq!((w.stripe_mask, w.buckets.len()), (0, 125));
     }
 
     /// A success filed with a coarse reading one bucket late, into a slot
