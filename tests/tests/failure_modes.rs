@@ -1,8 +1,8 @@
 //! The failure modes between the layers, end to end over real sockets:
 //! refused connections, slow attempts, a spent retry budget, bodies too large
-//! to replay, cancelled calls, dropped probes and per-host breakers. Each
-//! test checks what crosses a crate boundary: how one layer's outcome is
-//! classified by the next through `tower-classify`.
+//! to replay, cancelled calls, dropped probes, per-host breakers and a
+//! hedged call. Each test checks what crosses a crate boundary: how one
+//! layer's outcome is classified by the next through `tower-classify`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use tower_poison::replay::{http_request, ReplayError};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
 use tower_retry_budget::budget::TpsBudget;
+use tower_retry_budget::hedge::HedgeLayer;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer, RetryStopped, StopReason};
 
 use examples::client::{http_client_for, HttpService};
@@ -531,4 +532,36 @@ async fn body_limits_are_inclusive() {
     assert!(stored[1].body.is_empty());
     assert_eq!(stored[1].body_len, Some(DEFAULT_BODY_LIMIT as u64 + 1));
     assert_eq!(stored[1].attempts, 1);
+}
+
+/// A hedged call whose attempts all fail: the hedge layer reports its
+/// attempts to the dead-letter layer as the retry layer does, so the entry
+/// counts the hedge too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_call_that_fails_is_stored_with_every_attempt() {
+    let upstream = ScriptedServer::start().await.unwrap();
+    upstream.script([
+        Reply::status(503).after(Duration::from_millis(300)),
+        Reply::status(503).after(Duration::from_millis(10)),
+    ]);
+    let store = MemoryStore::new(100);
+    let hedge = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .no_budget()
+        .build()
+        .unwrap();
+    let stack = HttpService::new(
+        ServiceBuilder::new()
+            .layer(dead_letters(&store))
+            .layer(hedge)
+            .service(http_client_for()),
+    );
+    let req = request(&upstream, Method::GET, "/search", "hedged", "");
+    let response = send(&stack, req).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(upstream.hits(), 2, "the first attempt and its hedge");
+
+    let stored = entries(&store).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].attempts, 2);
 }

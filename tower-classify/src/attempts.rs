@@ -8,10 +8,10 @@
 //! service ([`TallyScope::calling`]) and while it polls the call's future
 //! ([`TallyScope::enter`]), and a layer below reports into it:
 //!
-//! - a retry layer that counts its own attempts (tower-retry-budget's)
-//!   asks [`called_by_recorder`] when it is called, and if so calls
-//!   [`report_attempts`] when an attempt ends in a failure and when it
-//!   sends the next one. Its attempts are then known without a layer under
+//! - a layer that counts its own attempts (tower-retry-budget's retry and
+//!   hedge layers) asks [`called_by_recorder`] when it is called, and if
+//!   so calls [`report_attempts`] when an attempt ends in a failure and
+//!   when it sends the next one (a hedge: while others are in flight). Its attempts are then known without a layer under
 //!   it, and a call that succeeds at once reports nothing. A retry layer
 //!   that is only *polled* inside the scope (a client that a handler under
 //!   a server's dead-letter layer calls) was not called by the recording

@@ -1,6 +1,6 @@
-//! The retry layer reports its attempts to the recording layer (a
-//! dead-letter layer) that called it, through `tower_classify::attempts`,
-//! and to no other.
+//! The retry and hedge layers report their attempts to the recording layer
+//! (a dead-letter layer) that called them, through
+//! `tower_classify::attempts`, and to no other.
 
 use std::future::Future;
 use std::io;
@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use tower::{service_fn, Layer, Service};
 use tower_classify::attempts::{AttemptTally, TallyScope};
@@ -90,5 +91,95 @@ fn a_retry_called_only_while_the_recorder_polls_reports_nothing() {
     // its attempts are not the dead-letter call's.
     let (result, tally) = call_in(TallyScope::enter, 2);
     assert_eq!(result.unwrap(), 7);
+    assert_eq!(tally, AttemptTally::default());
+}
+
+/// A hedge layer (`max_attempts` 2) over a service whose attempts fail
+/// after the given times.
+fn hedged(
+    layer: tower_retry_budget::hedge::HedgeLayer,
+    fails_after_ms: &'static [u64],
+) -> impl Service<u32, Response = u32, Error = BoxError, Future = Call> {
+    let calls = Arc::new(AtomicU32::new(0));
+    let inner = service_fn(move |_: u32| {
+        let call = calls.fetch_add(1, Ordering::Relaxed) as usize;
+        async move {
+            let after = fails_after_ms[call.min(fails_after_ms.len() - 1)];
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            Err::<u32, BoxError>(io::Error::from(io::ErrorKind::ConnectionReset).into())
+        }
+    });
+    tower::util::MapFuture::new(layer.layer(inner), |future| Box::pin(future) as Call)
+}
+
+/// `call_in` for a call that runs on the tokio runtime's (paused) timers.
+async fn call_on_timers(
+    mut service: impl Service<u32, Response = u32, Error = BoxError, Future = Call>,
+    called_in: fn(AttemptTally) -> TallyScope,
+) -> (Result<u32, BoxError>, AttemptTally) {
+    let scope = called_in(AttemptTally::default());
+    let mut call = service.call(7);
+    let mut tally = scope.exit();
+    assert_eq!(tally, AttemptTally::default(), "nothing reported at call");
+    let result = std::future::poll_fn(|cx| {
+        let scope = TallyScope::enter(tally);
+        let polled = call.as_mut().poll(cx);
+        tally = scope.exit();
+        polled
+    })
+    .await;
+    (result, tally)
+}
+
+fn hedge_after_10ms() -> tower_retry_budget::hedge::HedgeLayer {
+    tower_retry_budget::hedge::HedgeLayer::builder()
+        .delay(Duration::from_millis(10))
+        .max_attempts(2)
+        .no_budget()
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_called_by_the_recording_layer_reports_every_attempt() {
+    // The first attempt fails at 100 ms; the hedge, sent at 10 ms, at 15.
+    let service = hedged(hedge_after_10ms(), &[100, 5]);
+    let (result, tally) = call_on_timers(service, TallyScope::calling).await;
+    assert!(result.is_err());
+    assert_eq!(
+        tally,
+        AttemptTally {
+            started: 2,
+            finished: 2
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhedged_call_that_fails_reports_its_one_attempt() {
+    // A percentile delay is unknown until the window holds enough samples:
+    // the first call is sent alone.
+    let layer = tower_retry_budget::hedge::HedgeLayer::builder()
+        .percentile(0.9)
+        .min_samples(10)
+        .no_budget()
+        .build()
+        .expect("valid");
+    let (result, tally) = call_on_timers(hedged(layer, &[5]), TallyScope::calling).await;
+    assert!(result.is_err());
+    assert_eq!(
+        tally,
+        AttemptTally {
+            started: 1,
+            finished: 1
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_called_only_while_the_recorder_polls_reports_nothing() {
+    let service = hedged(hedge_after_10ms(), &[100, 5]);
+    let (result, tally) = call_on_timers(service, TallyScope::enter).await;
+    assert!(result.is_err());
     assert_eq!(tally, AttemptTally::default());
 }

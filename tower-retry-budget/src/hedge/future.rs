@@ -36,6 +36,10 @@ pin_project! {
         // The caller's deadline left less than the minimum attempt time (this
         // much) at the call: no attempt was sent.
         expired: Option<Duration>,
+        // The attempts are reported to the recording layer that called this
+        // one (`tower_classify::attempts`): each failed attempt and each
+        // hedge sent.
+        reports: bool,
         policy: Arc<HedgePolicy<C, R>>,
     }
 }
@@ -63,6 +67,8 @@ pin_project! {
         due: bool,
         // Attempts sent, the first included.
         sent: u32,
+        // Attempts that answered.
+        answered: u32,
         hedges: Vec<InFlight<S::Future>>,
         // The latest retryable failure, kept while other attempts run.
         failed: Option<Result<S::Response, BoxError>>,
@@ -105,6 +111,7 @@ where
     pub(crate) fn unhedged(
         first: S::Future,
         started: Option<Instant>,
+        reports: bool,
         policy: Arc<HedgePolicy<C, R>>,
     ) -> Self {
         ResponseFuture {
@@ -112,6 +119,7 @@ where
             hedging: None,
             started,
             expired: None,
+            reports,
             policy,
         }
     }
@@ -124,6 +132,7 @@ where
             hedging: None,
             started: None,
             expired: Some(left),
+            reports: false,
             policy,
         }
     }
@@ -146,6 +155,7 @@ where
         delay: Duration,
         deadline: Option<Instant>,
         started: Option<Instant>,
+        reports: bool,
         policy: Arc<HedgePolicy<C, R>>,
     ) -> Self {
         let due_at = started.unwrap_or_else(Instant::now) + delay;
@@ -160,11 +170,13 @@ where
                 timer: None,
                 due: false,
                 sent: 1,
+                answered: 0,
                 hedges: Vec::new(),
                 failed: None,
             })),
             started,
             expired: None,
+            reports,
             policy,
         }
     }
@@ -202,8 +214,12 @@ where
                 let now = Instant::now();
                 policy.record_latency(now.saturating_duration_since(started), now);
             }
+            if *this.reports && outcome.as_failure().is_some() {
+                tower_classify::attempts::report_attempts(1, 1);
+            }
             return Poll::Ready(result);
         };
+        let reports = *this.reports;
         let mut hedging = hedging.as_mut().project();
         loop {
             if let Some(first) = this.first.as_mut().as_pin_mut() {
@@ -215,6 +231,7 @@ where
                         let now = Instant::now();
                         policy.record_latency(now.saturating_duration_since(started), now);
                     }
+                    answered(&mut hedging, reports, &outcome);
                     match verdict(&outcome) {
                         Verdict::Wins => {
                             cancel_hedges(policy, hedging.hedges);
@@ -242,6 +259,7 @@ where
                 let in_flight = hedging.hedges.swap_remove(i);
                 let result: Result<S::Response, BoxError> = result.map_err(Into::into);
                 let outcome = policy.classifier.classify(result.as_ref());
+                answered(&mut hedging, reports, &outcome);
                 match verdict(&outcome) {
                     Verdict::Wins => {
                         in_flight.span.record("outcome", "won");
@@ -333,6 +351,9 @@ where
             let span = policy.telemetry.hedge_span(attempt, *hedging.delay);
             let future = span.in_scope(|| service.call(request));
             policy.telemetry.sent(attempt);
+            if reports {
+                tower_classify::attempts::report_attempts(attempt, *hedging.answered);
+            }
             hedging.hedges.push(InFlight {
                 future: Box::pin(future),
                 attempt,
@@ -352,6 +373,18 @@ where
             }
             // Loop to poll the new hedge once, so it can wake the call.
         }
+    }
+}
+
+/// One more attempt answered with `outcome`; a failure is reported when
+/// the call `reports` its attempts.
+fn answered<S, Req, K>(hedging: &mut HedgingProj<'_, S, Req, K>, reports: bool, outcome: &Outcome)
+where
+    S: Service<Req>,
+{
+    *hedging.answered += 1;
+    if reports && outcome.as_failure().is_some() {
+        tower_classify::attempts::report_attempts(*hedging.sent, *hedging.answered);
     }
 }
 

@@ -107,6 +107,9 @@ where
         }
     }
     policy.deposit();
+    // Its attempts are a dead-letter call's only when that layer calls this
+    // one (see `tower_classify::attempts`).
+    let reports = tower_classify::attempts::called_by_recorder();
     // A hedge needs a delay (a percentile one is unknown until the
     // window has enough samples) and what it is made from, kept now:
     // the first attempt consumes `request`.
@@ -120,7 +123,7 @@ where
     match hedge {
         None => {
             let first = inner.call(request);
-            ResponseFuture::unhedged(first, started, Arc::clone(policy))
+            ResponseFuture::unhedged(first, started, reports, Arc::clone(policy))
         }
         Some((delay, kept)) => {
             // The service made ready by `poll_ready` takes the first
@@ -134,6 +137,7 @@ where
                 delay,
                 deadline,
                 started,
+                reports,
                 Arc::clone(policy),
             )
         }
