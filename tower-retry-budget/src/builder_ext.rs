@@ -3,6 +3,7 @@
 use tower::layer::util::Stack;
 use tower::ServiceBuilder;
 
+use crate::hold::Hold;
 use crate::RetryLayer;
 
 mod sealed {
@@ -34,17 +35,17 @@ mod sealed {
 /// ```
 pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
     /// Retries failed calls of the services below with `layer`.
-    fn retry_with<C, R>(
+    fn retry_with<C, R, H: Hold<C, R>>(
         self,
-        layer: RetryLayer<C, R>,
-    ) -> ServiceBuilder<Stack<RetryLayer<C, R>, L>>;
+        layer: RetryLayer<C, R, H>,
+    ) -> ServiceBuilder<Stack<RetryLayer<C, R, H>, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
-    fn retry_with<C, R>(
+    fn retry_with<C, R, H: Hold<C, R>>(
         self,
-        layer: RetryLayer<C, R>,
-    ) -> ServiceBuilder<Stack<RetryLayer<C, R>, L>> {
+        layer: RetryLayer<C, R, H>,
+    ) -> ServiceBuilder<Stack<RetryLayer<C, R, H>, L>> {
         self.layer(layer)
     }
 }

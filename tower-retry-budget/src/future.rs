@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitTooLong};
+use crate::hold::{Counted, Hold};
 use crate::policy::{Decision, Policy, RetryEvent, RetryState, RetryStopped, StopReason};
 use crate::replay::{Replay, StopReport};
 use crate::telemetry::{self, CallSpans, Telemetry};
@@ -23,8 +24,9 @@ pin_project! {
     ///
     /// Dropping it drops the attempt in flight and any pending sleep at once:
     /// nothing keeps running, no task is spawned and no timer stays registered.
+    /// `H` is how it holds the layer's settings (see [`Hold`]).
     #[project = ResponseFutureProj]
-    pub struct ResponseFuture<S, Req, C, R>
+    pub struct ResponseFuture<S, Req, C, R, H = Counted<C, R>>
     where
         S: Service<Req>,
         R: Replay<Req>,
@@ -35,7 +37,8 @@ pin_project! {
         // What each retry is made from, kept before the first attempt
         // consumed the request; `None` when no retry may be made.
         kept: Option<R::Kept>,
-        policy: Arc<Policy<C, R>>,
+        policy: H,
+        _settings: PhantomData<fn() -> (C, R)>,
         attempts: u32,
         // What the timer enforces while an attempt is in flight.
         limit: Limit,
@@ -165,19 +168,21 @@ fn in_span<T>(
     }
 }
 
-impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
+impl<S, Req, C, R, H> ResponseFuture<S, Req, C, R, H>
 where
     S: Service<Req>,
     R: Replay<Req>,
+    H: Hold<C, R>,
 {
     /// The future of a call whose deadline left no time for a first
     /// attempt: it ends with [`DeadlineExceeded`] when first polled.
-    pub(crate) fn expired(service: S, policy: Arc<Policy<C, R>>, cold: Box<Cold>) -> Self {
+    pub(crate) fn expired(service: S, policy: H, cold: Box<Cold>) -> Self {
         ResponseFuture {
             state: State::Expired,
             service,
             kept: None,
             policy,
+            _settings: PhantomData,
             attempts: 0,
             limit: Limit::None,
             reports: false,
@@ -191,11 +196,11 @@ where
         future: S::Future,
         service: S,
         kept: Option<R::Kept>,
-        policy: Arc<Policy<C, R>>,
+        policy: H,
         mut cold: Option<Box<Cold>>,
     ) -> Self {
         let limit = match cold.as_mut() {
-            Some(cold) => cold.arm_attempt(policy.attempt_timeout),
+            Some(cold) => cold.arm_attempt(policy.policy().attempt_timeout),
             None => Limit::None,
         };
         ResponseFuture {
@@ -203,6 +208,7 @@ where
             service,
             kept,
             policy,
+            _settings: PhantomData,
             attempts: 1,
             limit,
             reports: tower_classify::attempts::called_by_recorder(),
@@ -285,12 +291,13 @@ fn deadline_exceeded<C, R>(policy: &Policy<C, R>, cold: &mut Cold, attempts: u32
     ))
 }
 
-impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
+impl<S, Req, C, R, H> Future for ResponseFuture<S, Req, C, R, H>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
+    H: Hold<C, R>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -304,7 +311,7 @@ where
                 // Boxed before it is classified, so one classifier over
                 // `BoxError` serves any client's error type.
                 let result = ready!(future.poll(cx)).map_err(|err| AttemptError::Inner(err.into()));
-                let outcome = classify(&this.policy.classifier, &result);
+                let outcome = classify(&this.policy.policy().classifier, &result);
                 if !matches!(outcome, Outcome::Failure(_)) {
                     this.state.set(State::Done);
                     return Poll::Ready(result.map_err(AttemptError::into_box));
@@ -335,8 +342,8 @@ type Classified<Res> = (Result<Res, AttemptError<BoxError>>, Outcome);
 /// between until the call ends. `first` is the first attempt's result when
 /// the fast path of `poll` already has it.
 #[inline(never)]
-fn drive<S, Req, C, R>(
-    mut this: ResponseFutureProj<'_, S, Req, C, R>,
+fn drive<S, Req, C, R, H>(
+    mut this: ResponseFutureProj<'_, S, Req, C, R, H>,
     cx: &mut Context<'_>,
     mut first: Option<Classified<S::Response>>,
 ) -> Poll<Result<S::Response, BoxError>>
@@ -345,6 +352,7 @@ where
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
+    H: Hold<C, R>,
 {
     loop {
         let (result, outcome) = if let Some(ready) = first.take() {
@@ -368,7 +376,7 @@ where
                             this.state.set(State::Done);
                             if *this.limit == Limit::Deadline {
                                 return Poll::Ready(Err(deadline_exceeded(
-                                    this.policy,
+                                    this.policy.policy(),
                                     cold,
                                     *this.attempts,
                                 )));
@@ -406,7 +414,7 @@ where
                             if cold.retry.deadline.is_some() && cold.timer().poll(cx).is_ready() {
                                 this.state.set(State::Done);
                                 return Poll::Ready(Err(deadline_exceeded(
-                                    this.policy,
+                                    this.policy.policy(),
                                     cold,
                                     *this.attempts,
                                 )));
@@ -418,7 +426,8 @@ where
                         .kept
                         .as_ref()
                         .expect("a retry is decided only with something kept");
-                    let mut request = match this.policy.replay.replay(kept, *this.attempts) {
+                    let mut request = match this.policy.policy().replay.replay(kept, *this.attempts)
+                    {
                         Ok(request) => request,
                         // The body outgrew its recording since the retry
                         // was decided (a reader still streaming it).
@@ -436,11 +445,12 @@ where
                             *this.attempts - 1,
                         );
                     }
-                    if *this.attempts > this.policy.max_retries {
+                    if *this.attempts > this.policy.policy().max_retries {
                         // The last retry: nothing more is made from it.
                         *this.kept = None;
                     }
                     this.policy
+                        .policy()
                         .replay
                         .before_send(&mut request, cold.retry.deadline);
                     let future = match cold.spans.as_mut() {
@@ -450,22 +460,22 @@ where
                         }
                         None => this.service.call(request),
                     };
-                    *this.limit = cold.arm_attempt(this.policy.attempt_timeout);
+                    *this.limit = cold.arm_attempt(this.policy.policy().attempt_timeout);
                     this.state.set(State::Called { future });
                     continue;
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
                     let cold = this.cold.as_mut().expect("a deadline has cold state");
-                    return Poll::Ready(Err(deadline_exceeded(this.policy, cold, 0)));
+                    return Poll::Ready(Err(deadline_exceeded(this.policy.policy(), cold, 0)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
 
-            let outcome = classify(&this.policy.classifier, &result);
+            let outcome = classify(&this.policy.policy().classifier, &result);
             (result, outcome)
         };
-        let policy = &**this.policy;
+        let policy = this.policy.policy();
         let failure = match outcome {
             Outcome::Failure(failure) => failure,
             // The success path: nothing to decide.
@@ -599,7 +609,7 @@ where
     }
 }
 
-impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
+impl<S, Req, C, R, H> fmt::Debug for ResponseFuture<S, Req, C, R, H>
 where
     S: Service<Req>,
     R: Replay<Req>,

@@ -18,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod future;
 pub mod hedge;
+pub mod hold;
 mod layer;
 pub mod policy;
 pub mod replay;

@@ -1,12 +1,12 @@
 use std::fmt;
-use std::sync::Arc;
+use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
 use crate::future::{self, ResponseFuture};
-use crate::policy::Policy;
+use crate::hold::{Counted, Hold};
 use crate::replay::{Replay, StopReport};
 
 /// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
@@ -14,14 +14,21 @@ use crate::replay::{Replay, StopReport};
 /// Clones share the layer's settings and budget. Each call clones the inner
 /// service once, for the retries: the clone is driven ready again
 /// (`poll_ready`) before every retry, as the `Service` contract requires.
-pub struct Retry<S, C, R> {
+/// `H` is how the settings are held: [`Counted`] unless the layer was
+/// [leaked](crate::RetryLayer::leak).
+pub struct Retry<S, C, R, H = Counted<C, R>> {
     inner: S,
-    policy: Arc<Policy<C, R>>,
+    policy: H,
+    _settings: PhantomData<fn() -> (C, R)>,
 }
 
-impl<S, C, R> Retry<S, C, R> {
-    pub(crate) fn from_policy(inner: S, policy: Arc<Policy<C, R>>) -> Self {
-        Retry { inner, policy }
+impl<S, C, R, H> Retry<S, C, R, H> {
+    pub(crate) fn from_policy(inner: S, policy: H) -> Self {
+        Retry {
+            inner,
+            policy,
+            _settings: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -40,34 +47,42 @@ impl<S, C, R> Retry<S, C, R> {
     }
 }
 
-impl<S: Clone, C, R> Clone for Retry<S, C, R> {
+impl<S: Clone, C, R, H: Hold<C, R>> Clone for Retry<S, C, R, H> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
-            policy: Arc::clone(&self.policy),
+            policy: self.policy.clone(),
+            _settings: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, C: fmt::Debug, R: fmt::Debug> fmt::Debug for Retry<S, C, R> {
+impl<S, C, R, H> fmt::Debug for Retry<S, C, R, H>
+where
+    S: fmt::Debug,
+    C: fmt::Debug,
+    R: fmt::Debug,
+    H: Hold<C, R>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("inner", &self.inner)
-            .field("policy", &self.policy)
+            .field("policy", self.policy.policy())
             .finish()
     }
 }
 
-impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
+impl<S, C, R, H, Req> Service<Req> for Retry<S, C, R, H>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
+    H: Hold<C, R>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req, C, R>;
+    type Future = ResponseFuture<S, Req, C, R, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -94,24 +109,26 @@ pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
 /// taken first, it is one more value held across the copy of the
 /// request's head (36 instructions a call over HTTP).
 #[inline]
-pub(crate) fn start<S, C, R, Req>(
-    policy: &Arc<Policy<C, R>>,
+pub(crate) fn start<S, C, R, H, Req>(
+    held: &H,
     inner: &mut S,
     request: Req,
-) -> ResponseFuture<S, Req, C, R>
+) -> ResponseFuture<S, Req, C, R, H>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
+    H: Hold<C, R>,
 {
+    let policy = held.policy();
     let cold = match future::cold_state(policy, policy.replay.deadline(&request)) {
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
             // here: what `poll_ready` reserved (a concurrency permit, a
             // queue slot) is not held by a call that sends nothing.
-            return ResponseFuture::expired(inner.clone(), Arc::clone(policy), cold);
+            return ResponseFuture::expired(inner.clone(), held.clone(), cold);
         }
         cold => cold,
     };
@@ -130,5 +147,5 @@ where
     }
     let mut service = take_ready(inner);
     let first = future::first_call(&cold, &mut service, request);
-    ResponseFuture::new(first, service, kept, Arc::clone(policy), cold)
+    ResponseFuture::new(first, service, kept, held.clone(), cold)
 }
