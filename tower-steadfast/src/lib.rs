@@ -19,6 +19,6 @@ pub use self::config::{
     RetrySection,
 };
 pub use self::error::LoadError;
-pub use self::layer::{ResilienceLayer, ResilienceService};
+pub use self::layer::{ResilienceLayer, ResilienceService, RetryCounted, RetryLeaked};
 pub use self::load::MAX_ATTEMPTS_LIMIT;
 pub use self::schema::{json_schema, json_schema_text};

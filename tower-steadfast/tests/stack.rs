@@ -12,9 +12,10 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::{CircuitOpen, Hold};
-use tower_classify::FailureKind;
+use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{DeadLetterEntry, PoisonMessage, ReplayBody};
+use tower_retry_budget::replay::HttpReplay;
 use tower_steadfast::{ResilienceConfig, ResilienceLayer};
 
 type Body = ReplayBody<Full<Bytes>>;
@@ -167,10 +168,20 @@ async fn a_stack_whose_breaker_is_leaked_opens_and_recovers_alike() {
     opens_until_the_cooldown(layer, store).await;
 }
 
-async fn opens_until_the_cooldown<H: Hold>(
-    layer: ResilienceLayer<MemoryStore, H>,
+#[tokio::test(start_paused = true)]
+async fn a_stack_whose_breaker_and_retry_are_leaked_opens_and_recovers_alike() {
+    let store = MemoryStore::new(100);
+    let layer = seed().layer("orders", store.clone()).leak();
+    opens_until_the_cooldown(layer, store).await;
+}
+
+async fn opens_until_the_cooldown<H, RH>(
+    layer: ResilienceLayer<MemoryStore, H, RH>,
     store: MemoryStore,
-) {
+) where
+    H: Hold,
+    RH: tower_retry_budget::hold::Hold<HttpClassifier, HttpReplay> + Send + Sync + 'static,
+{
     let upstream = Upstream::new();
     // Down for the first 25 requests (five calls of five tries), then up.
     let handle = layer.breaker_handle();
