@@ -145,7 +145,10 @@ where
     if let Some(cold) = &cold {
         policy.replay.before_send(&mut request, cold.deadline());
     }
+    // Cloned before the first attempt is made, so that the attempt's
+    // future goes into the response future without a move around it.
+    let held = held.clone();
     let mut service = take_ready(inner);
     let first = future::first_call(&cold, &mut service, request);
-    ResponseFuture::new(first, service, kept, held.clone(), cold)
+    ResponseFuture::new(first, service, kept, held, cold)
 }
