@@ -3,19 +3,23 @@
 //!
 //! A dead-letter entry says how many attempts a failed call made and when
 //! the first one failed. The attempts are made below the dead-letter
-//! layer, by a retry layer, on the same task: the dead-letter layer makes
-//! an [`AttemptTally`] current on its thread while it calls its inner
-//! service ([`TallyScope::calling`]) and while it polls the call's future
-//! ([`TallyScope::enter`]), and a layer below reports into it:
+//! layer, by a retry or a hedge layer, on the same task: the dead-letter
+//! layer makes an [`AttemptTally`] current on its thread while it calls
+//! its inner service ([`TallyScope::calling`]) and while it polls the
+//! call's future ([`TallyScope::enter`]), and a layer below reports into
+//! it:
 //!
 //! - a layer that counts its own attempts (tower-retry-budget's retry and
-//!   hedge layers) asks [`called_by_recorder`] when it is called, and if
+//!   hedge layers) asks [`claim_reports`] when it is called, and if
 //!   so calls [`report_attempts`] when an attempt ends in a failure and
-//!   when it sends the next one (a hedge: while others are in flight). Its attempts are then known without a layer under
-//!   it, and a call that succeeds at once reports nothing. A retry layer
-//!   that is only *polled* inside the scope (a client that a handler under
-//!   a server's dead-letter layer calls) was not called by the recording
-//!   layer, and its attempts are not that call's;
+//!   when it sends the next one (a hedge: while others are in flight). Its
+//!   attempts are then known without a layer under it, and a call that
+//!   succeeds at once reports nothing. A layer that is only *polled*
+//!   inside the scope (a client that a handler under a server's
+//!   dead-letter layer calls) was not called by the recording layer, and
+//!   its attempts are not that call's. A reporting layer asks with
+//!   [`claim_reports`], which says yes to the outermost one only: under a
+//!   retry layer, a hedge layer's attempts are parts of the retry layer's;
 //! - a layer that sees every attempt go by without counting them
 //!   (tower-poison's `CountAttempts`, under a retry layer that does not
 //!   report) calls [`attempt_started`] and [`attempt_finished`].
@@ -28,15 +32,17 @@
 //! outside the scope.
 //!
 //! ```
-//! use tower_classify::attempts::{report_attempts, AttemptTally, TallyScope};
-//!
-//! use tower_classify::attempts::called_by_recorder;
+//! use tower_classify::attempts::{
+//!     called_by_recorder, claim_reports, report_attempts, AttemptTally, TallyScope,
+//! };
 //!
 //! // The recording layer, around its inner service's call:
 //! let scope = TallyScope::calling(AttemptTally::default());
 //! // A retry layer below, called now: it will report.
-//! let reports = called_by_recorder();
+//! let reports = claim_reports();
 //! assert!(reports);
+//! // A hedge layer the retry layer calls: the retry layer reports.
+//! assert!(!claim_reports());
 //! let tally = scope.exit();
 //!
 //! // The recording layer, around a poll of the call's future:
@@ -141,10 +147,33 @@ fn update(change: impl FnOnce(&mut AttemptTally)) {
     }
 }
 
-/// Whether a recording layer is calling the layers below it right now: a
-/// layer that reports its attempts asks this when it is called, and
-/// reports only if it was called by the recording layer (see the
-/// [module](self)).
+/// Whether the layer asking reports its attempts, claiming the call for
+/// it: true when the recording layer is calling the layers below it right
+/// now ([`called_by_recorder`]) and no reporting layer above this one
+/// claimed the call first. A layer that reports its attempts asks this
+/// when it is called, *before* it calls its inner service, so that a
+/// reporting layer below it (a hedge layer under a retry layer) does not
+/// report too: the outermost reporting layer's attempts are the call's.
+/// The two counts differ (each of a retry layer's attempts may be hedged),
+/// and a tally of the larger would mix them.
+#[inline]
+pub fn claim_reports() -> bool {
+    match CURRENT.get() {
+        Some(current) if current.calling => {
+            CURRENT.set(Some(Current {
+                calling: false,
+                ..current
+            }));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Whether a recording layer is calling the layers below it right now,
+/// and no reporting layer has [claimed](claim_reports) the call yet (see
+/// the [module](self)). A layer that reports asks [`claim_reports`]
+/// instead, which also claims the call.
 #[inline]
 pub fn called_by_recorder() -> bool {
     CURRENT.get().is_some_and(|current| current.calling)
@@ -152,7 +181,7 @@ pub fn called_by_recorder() -> bool {
 
 /// A layer that makes its own attempts says how many it has `started` and
 /// how many have `finished` so far; the tally keeps the larger of each.
-/// Only a layer [called by the recorder](called_by_recorder) reports.
+/// Only the layer that [claimed the call](claim_reports) reports.
 #[inline]
 pub fn report_attempts(started: u32, finished: u32) {
     update(|tally| {
@@ -208,6 +237,22 @@ mod tests {
         assert!(called_by_recorder());
         drop(calling);
         assert!(!called_by_recorder());
+    }
+
+    #[test]
+    fn only_the_first_layer_to_claim_a_call_reports() {
+        assert!(!claim_reports(), "no recorder");
+        let calling = TallyScope::calling(AttemptTally::default());
+        assert!(claim_reports(), "the outermost reporting layer");
+        // The reporting layer below it, called by it.
+        assert!(!claim_reports());
+        assert!(!called_by_recorder());
+        report_attempts(1, 0); // the claiming layer's report still counts
+        assert_eq!(calling.exit().started, 1);
+
+        let polling = TallyScope::enter(AttemptTally::default());
+        assert!(!claim_reports(), "only polled");
+        drop(polling);
     }
 
     #[test]

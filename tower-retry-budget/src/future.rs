@@ -191,13 +191,15 @@ where
     }
 
     /// The future of a call whose first attempt is `future`. `cold` is
-    /// `Some` when the call has a limit or spans.
+    /// `Some` when the call has a limit or spans; `reports` when the call
+    /// reports its attempts to the recording layer that called it.
     pub(crate) fn new(
         future: S::Future,
         service: S,
         kept: Option<R::Kept>,
         policy: H,
         mut cold: Option<Box<Cold>>,
+        reports: bool,
     ) -> Self {
         let limit = match cold.as_mut() {
             Some(cold) => cold.arm_attempt(policy.policy().attempt_timeout),
@@ -211,7 +213,7 @@ where
             _settings: PhantomData,
             attempts: 1,
             limit,
-            reports: tower_classify::attempts::called_by_recorder(),
+            reports,
             cold,
         }
     }

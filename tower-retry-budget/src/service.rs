@@ -149,6 +149,11 @@ where
     // future goes into the response future without a move around it.
     let held = held.clone();
     let mut service = take_ready(inner);
+    // Called by a dead-letter layer (or another recorder of attempts), the
+    // call reports its attempts to it, and a reporting layer below (a
+    // hedge) does not: claimed before the first attempt is made (see
+    // `tower_classify::attempts`).
+    let reports = tower_classify::attempts::claim_reports();
     let first = future::first_call(&cold, &mut service, request);
-    ResponseFuture::new(first, service, kept, held, cold)
+    ResponseFuture::new(first, service, kept, held, cold, reports)
 }

@@ -183,3 +183,66 @@ async fn a_hedge_called_only_while_the_recorder_polls_reports_nothing() {
     assert!(result.is_err());
     assert_eq!(tally, AttemptTally::default());
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_a_retry_layer_a_hedge_leaves_the_report_to_it() {
+    // The retry layer's one attempt is hedged: two requests are sent, and
+    // both fail. The call made one attempt of the retry layer's (the one
+    // its `RetryStopped` counts); the hedge, called by the retry layer
+    // rather than by the recorder, reports nothing of its own.
+    let retry = RetryLayer::builder().max_retries(0).build().expect("valid");
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let inner = service_fn(move |_: u32| {
+        let call = counter.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let after = if call == 0 { 100 } else { 5 };
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            Err::<u32, BoxError>(io::Error::from(io::ErrorKind::ConnectionReset).into())
+        }
+    });
+    let stack = retry.layer(hedge_after_10ms().layer(inner));
+    let service = tower::util::MapFuture::new(stack, |future| Box::pin(future) as Call);
+    let (result, tally) = call_on_timers(service, TallyScope::calling).await;
+    assert!(result.is_err());
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        2,
+        "the attempt and its hedge"
+    );
+    assert_eq!(
+        tally,
+        AttemptTally {
+            started: 1,
+            finished: 1
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_call_dropped_in_flight_has_reported_both_attempts_sent() {
+    // A timeout above the hedge layer ends the call at 50 ms, while both
+    // attempts run: both were sent, neither finished.
+    let mut service = hedged(hedge_after_10ms(), &[100, 100]);
+    let scope = TallyScope::calling(AttemptTally::default());
+    let mut call = service.call(7);
+    let mut tally = scope.exit();
+    let deadline = tokio::time::sleep(Duration::from_millis(50));
+    tokio::pin!(deadline);
+    std::future::poll_fn(|cx| {
+        let scope = TallyScope::enter(tally);
+        let polled = call.as_mut().poll(cx);
+        tally = scope.exit();
+        assert!(polled.is_pending(), "both attempts take 100 ms");
+        deadline.as_mut().poll(cx)
+    })
+    .await;
+    drop(call);
+    assert_eq!(
+        tally,
+        AttemptTally {
+            started: 2,
+            finished: 0
+        }
+    );
+}
