@@ -10,7 +10,10 @@ use crate::policy::Policy;
 /// layer's settings, classifier and budget: [`Counted`] (the default) or
 /// [`Leaked`] (see [`RetryLayer::leak`](crate::RetryLayer::leak)).
 ///
-/// Sealed: these two types are its only implementations.
+/// Sealed: these two types are its only implementations. Both are `Send`,
+/// `Sync` and `'static` when the classifier `C` and the replay `R` are
+/// (what a service spawned on a multi-threaded runtime needs); code generic
+/// over the hold states those bounds itself.
 // The bound is the crate's own trait, so that no other type implements it.
 #[allow(private_bounds)]
 pub trait Hold<C, R>: Holds<C, R> + Clone {}

@@ -23,10 +23,10 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 ///
 /// Built by [`RetryLayer::http`], [`RetryLayer::builder`], [`RetryLayer::http_builder`] or a
 /// [preset](crate::policy). All settings, the classifier and the retry budget
-/// live behind one `Arc`: every clone of the layer and every service it makes
-/// share them, so the budget counts the traffic of all of them together.
-/// `H` is how they are held: [`Counted`] unless the layer was
-/// [leaked](Self::leak).
+/// live in one place, behind an `Arc` ([`Counted`]) or, once the layer is
+/// [leaked](Self::leak), a `&'static` reference ([`Leaked`]): every clone of
+/// the layer and every service it makes share them, so the budget counts
+/// the traffic of all of them together.
 pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest, H = Counted<C, R>> {
     policy: H,
     _settings: PhantomData<fn() -> (C, R)>,
