@@ -18,6 +18,11 @@ use tower_retry_budget::RetryLayer;
 
 type Call = Pin<Box<dyn Future<Output = Result<u32, BoxError>> + Send>>;
 
+/// The tally of `started` attempts, `finished` of them ended.
+fn attempts(started: u32, finished: u32) -> AttemptTally {
+    AttemptTally { started, finished }
+}
+
 /// A retry layer over a service whose first `failures` calls are refused.
 fn retried(failures: u32) -> impl Service<u32, Response = u32, Error = BoxError, Future = Call> {
     let calls = Arc::new(AtomicU32::new(0));
@@ -68,13 +73,7 @@ fn call_in(
 fn a_retry_called_by_the_recording_layer_reports_every_attempt() {
     let (result, tally) = call_in(TallyScope::calling, 2);
     assert_eq!(result.unwrap(), 7);
-    assert_eq!(
-        tally,
-        AttemptTally {
-            started: 3,
-            finished: 2
-        }
-    );
+    assert_eq!(tally, attempts(3, 2));
 }
 
 #[test]
@@ -146,13 +145,7 @@ async fn a_hedge_called_by_the_recording_layer_reports_every_attempt() {
     let service = hedged(hedge_after_10ms(), &[100, 5]);
     let (result, tally) = call_on_timers(service, TallyScope::calling).await;
     assert!(result.is_err());
-    assert_eq!(
-        tally,
-        AttemptTally {
-            started: 2,
-            finished: 2
-        }
-    );
+    assert_eq!(tally, attempts(2, 2));
 }
 
 #[tokio::test(start_paused = true)]
@@ -167,13 +160,7 @@ async fn an_unhedged_call_that_fails_reports_its_one_attempt() {
         .expect("valid");
     let (result, tally) = call_on_timers(hedged(layer, &[5]), TallyScope::calling).await;
     assert!(result.is_err());
-    assert_eq!(
-        tally,
-        AttemptTally {
-            started: 1,
-            finished: 1
-        }
-    );
+    assert_eq!(tally, attempts(1, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -210,13 +197,7 @@ async fn under_a_retry_layer_a_hedge_leaves_the_report_to_it() {
         2,
         "the attempt and its hedge"
     );
-    assert_eq!(
-        tally,
-        AttemptTally {
-            started: 1,
-            finished: 1
-        }
-    );
+    assert_eq!(tally, attempts(1, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -238,11 +219,5 @@ async fn a_hedged_call_dropped_in_flight_has_reported_both_attempts_sent() {
     })
     .await;
     drop(call);
-    assert_eq!(
-        tally,
-        AttemptTally {
-            started: 2,
-            finished: 0
-        }
-    );
+    assert_eq!(tally, attempts(2, 0));
 }
