@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use crate::error::{BudgetExhausted, DeadlineExceeded, PreviousFailure, WaitTooLong};
 use crate::hold::{Counted, Hold};
-use crate::policy::{Decision, Policy, RetryEvent, RetryState, RetryStopped, StopReason};
+use crate::policy::{Decision, Policy, RetryEvent, RetryState, RetryStopped, Stop, StopReason};
 use crate::replay::{Replay, StopReport};
 use crate::telemetry::{self, CallSpans, Telemetry};
 
@@ -509,7 +509,9 @@ where
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
             // here would multiply what it refused to add.
-            Ok(response) if report.spent_below(response) => Decision::Stop(StopReason::Budget),
+            Ok(response) if report.spent_below(response) => {
+                Decision::Stop(Stop::HandBack(StopReason::Budget))
+            }
             _ => policy.decide(
                 failure,
                 attempts,
@@ -519,51 +521,14 @@ where
                 &mut cold.retry,
             ),
         };
-        let stopped = |reason| RetryStopped { reason, attempts };
         let wait = match decision {
             Decision::Retry(wait) => wait,
-            Decision::Stop(reason) => {
+            Decision::Stop(stop) => {
                 this.state.set(State::Done);
+                let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 policy.listeners.gave_up(attempts, reason, failure);
-                return Poll::Ready(match result {
-                    Ok(response) => report.hand_back(response, stopped(reason), failure),
-                    Err(err) => Err(err.into_box()),
-                });
-            }
-            // The upstream's own answer (a 503 with its body and
-            // `Retry-After`) is worth more to the caller than an error
-            // of ours; only an error is replaced.
-            Decision::Budget => {
-                this.state.set(State::Done);
-                let reason = StopReason::Budget;
-                cold.end_span(attempts, Some(failure), Some(reason));
-                policy.listeners.gave_up(attempts, reason, failure);
-                return Poll::Ready(match result {
-                    Ok(response) => report.hand_back(response, stopped(reason), failure),
-                    Err(err) => Err(Box::new(BudgetExhausted::new(
-                        attempts,
-                        failure,
-                        Some(err.into_box()),
-                    ))),
-                });
-            }
-            Decision::TooLong {
-                wait,
-                limit,
-                reason,
-            } => {
-                this.state.set(State::Done);
-                let stop = StopReason::WaitTooLong;
-                cold.end_span(attempts, Some(failure), Some(stop));
-                policy.listeners.gave_up(attempts, stop, failure);
-                let (cause, head) = match result {
-                    Ok(response) => (None, report.keep_head(response)),
-                    Err(err) => (Some(err.into_box()), None),
-                };
-                return Poll::Ready(Err(Box::new(WaitTooLong::new(
-                    wait, limit, reason, attempts, failure, cause, head,
-                ))));
+                return Poll::Ready(stopped(stop, result, report, failure, attempts));
             }
         };
 
@@ -607,6 +572,56 @@ where
             let now = Instant::now();
             cold.arm(now.checked_add(wait).unwrap_or_else(|| now + FOREVER));
             this.state.set(State::Waiting);
+        }
+    }
+}
+
+/// What the caller gets when the loop stops (`stop`) after `attempts`
+/// with the last attempt's `result`:
+///
+/// - a failure not retried: handed back as it is, a response marked with
+///   why retrying stopped;
+/// - a spent budget: the upstream's own answer (a 503 with its body and
+///   `Retry-After`) is worth more to the caller than an error of ours, so
+///   only an error is replaced, by [`BudgetExhausted`];
+/// - a wait longer than allowed: [`WaitTooLong`], holding the error or the
+///   response's head.
+fn stopped<Res, R>(
+    stop: Stop,
+    result: Result<Res, AttemptError<BoxError>>,
+    report: &R,
+    failure: Failure,
+    attempts: u32,
+) -> Result<Res, BoxError>
+where
+    R: StopReport<Res>,
+{
+    let reason = stop.reason();
+    match (stop, result) {
+        (Stop::HandBack(_) | Stop::Budget, Ok(response)) => {
+            report.hand_back(response, RetryStopped { reason, attempts }, failure)
+        }
+        (Stop::HandBack(_), Err(err)) => Err(err.into_box()),
+        (Stop::Budget, Err(err)) => Err(Box::new(BudgetExhausted::new(
+            attempts,
+            failure,
+            Some(err.into_box()),
+        ))),
+        (
+            Stop::TooLong {
+                wait,
+                limit,
+                reason,
+            },
+            result,
+        ) => {
+            let (cause, head) = match result {
+                Ok(response) => (None, report.keep_head(response)),
+                Err(err) => (Some(err.into_box()), None),
+            };
+            Err(Box::new(WaitTooLong::new(
+                wait, limit, reason, attempts, failure, cause, head,
+            )))
         }
     }
 }

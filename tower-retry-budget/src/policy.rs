@@ -231,11 +231,19 @@ const SHED_JITTER: f64 = 0.25;
 
 /// What to do after a failed attempt.
 pub(crate) enum Decision {
-    /// A failure not retried: hand it back, a response marked with why.
-    Stop(StopReason),
     /// Sleep this long, then make the next attempt.
     Retry(Duration),
-    /// Stop with [`BudgetExhausted`](crate::error::BudgetExhausted).
+    /// End the call.
+    Stop(Stop),
+}
+
+/// How a call that stops retrying ends.
+pub(crate) enum Stop {
+    /// A failure not retried: hand it back, a response marked with why.
+    HandBack(StopReason),
+    /// The budget is spent: an error becomes
+    /// [`BudgetExhausted`](crate::error::BudgetExhausted), a response is
+    /// handed back marked.
     Budget,
     /// Stop with [`WaitTooLong`](crate::error::WaitTooLong).
     TooLong {
@@ -243,6 +251,17 @@ pub(crate) enum Decision {
         limit: Duration,
         reason: WaitLimit,
     },
+}
+
+impl Stop {
+    /// Why retrying stopped.
+    pub(crate) fn reason(&self) -> StopReason {
+        match self {
+            Stop::HandBack(reason) => *reason,
+            Stop::Budget => StopReason::Budget,
+            Stop::TooLong { .. } => StopReason::WaitTooLong,
+        }
+    }
 }
 
 /// What a call carries from one attempt to the next, for the decisions.
@@ -308,7 +327,7 @@ impl<C, R> Policy<C, R> {
                 return self.stop(StopReason::Shed, attempts, failure);
             }
         } else if !self.retry_if.allows(&failure) {
-            return Decision::Stop(StopReason::NotRetried);
+            return Decision::Stop(Stop::HandBack(StopReason::NotRetried));
         }
         if attempts > self.max_retries {
             return self.stop(StopReason::Attempts, attempts, failure);
@@ -320,7 +339,7 @@ impl<C, R> Policy<C, R> {
                 class = failure.kind.as_str(),
                 "request cannot be replayed; not retrying"
             );
-            return Decision::Stop(StopReason::NotReplayable);
+            return Decision::Stop(Stop::HandBack(StopReason::NotReplayable));
         }
         let computed = state
             .backoff
@@ -342,11 +361,11 @@ impl<C, R> Policy<C, R> {
             if wait > self.max_wait {
                 self.telemetry
                     .gave_up(StopReason::WaitTooLong, attempts, failure);
-                return Decision::TooLong {
+                return Decision::Stop(Stop::TooLong {
                     wait,
                     limit: self.max_wait,
                     reason: WaitLimit::MaxWait,
-                };
+                });
             }
         }
         if let Some(deadline) = state.deadline {
@@ -357,11 +376,11 @@ impl<C, R> Policy<C, R> {
                 if hinted.is_some() && !shed {
                     self.telemetry
                         .gave_up(StopReason::WaitTooLong, attempts, failure);
-                    return Decision::TooLong {
+                    return Decision::Stop(Stop::TooLong {
                         wait,
                         limit: left,
                         reason: WaitLimit::Deadline,
-                    };
+                    });
                 }
                 // A computed sleep that would cross the deadline is not started.
                 return self.stop(StopReason::Deadline, attempts, failure);
@@ -374,7 +393,7 @@ impl<C, R> Policy<C, R> {
                 self.telemetry.budget_exhausted();
                 self.telemetry
                     .gave_up(StopReason::Budget, attempts, failure);
-                return Decision::Budget;
+                return Decision::Stop(Stop::Budget);
             }
         }
         if shed {
@@ -385,7 +404,7 @@ impl<C, R> Policy<C, R> {
 
     fn stop(&self, reason: StopReason, attempts: u32, failure: Failure) -> Decision {
         self.telemetry.gave_up(reason, attempts, failure);
-        Decision::Stop(reason)
+        Decision::Stop(Stop::HandBack(reason))
     }
 }
 
