@@ -18,11 +18,18 @@
 //!   inside the scope (a client that a handler under a server's
 //!   dead-letter layer calls) was not called by the recording layer, and
 //!   its attempts are not that call's. A reporting layer asks with
-//!   [`claim_reports`], which says yes to the outermost one only: under a
-//!   retry layer, a hedge layer's attempts are parts of the retry layer's;
+//!   [`claim_reports`], which says yes to the first one called only, the
+//!   outermost on the request's way down: under a retry layer, a hedge
+//!   layer's attempts are parts of the retry layer's, and under a hedge
+//!   layer, a retry layer's retries are parts of the hedge's attempts. (A
+//!   layer in between that calls another reporting client in its own
+//!   `call`, before its inner service, hands that client the claim: make
+//!   such side calls outside the recording layer's call, or after.);
 //! - a layer that sees every attempt go by without counting them
 //!   (tower-poison's `CountAttempts`, under a retry layer that does not
-//!   report) calls [`attempt_started`] and [`attempt_finished`].
+//!   report) calls [`attempt_started`] and [`attempt_finished`]. Put it
+//!   where it sees the attempts the reporting layer counts: under a hedge
+//!   layer it also counts every hedge, and the tally then mixes the two.
 //!
 //! Both at once count each attempt once: a report raises the tally to the
 //! retry layer's own count, which the other layer's counting already
@@ -108,7 +115,8 @@ impl TallyScope {
 
     /// Makes `tally` current while the recording layer calls its inner
     /// service: a layer called meanwhile is the recording layer's, and
-    /// [`called_by_recorder`] says so.
+    /// [`called_by_recorder`] says so until a reporting layer
+    /// [claims](claim_reports) the call.
     #[inline]
     pub fn calling(tally: AttemptTally) -> Self {
         Self::with(tally, true)
@@ -149,11 +157,11 @@ fn update(change: impl FnOnce(&mut AttemptTally)) {
 
 /// Whether the layer asking reports its attempts, claiming the call for
 /// it: true when the recording layer is calling the layers below it right
-/// now ([`called_by_recorder`]) and no reporting layer above this one
-/// claimed the call first. A layer that reports its attempts asks this
-/// when it is called, *before* it calls its inner service, so that a
-/// reporting layer below it (a hedge layer under a retry layer) does not
-/// report too: the outermost reporting layer's attempts are the call's.
+/// now ([`called_by_recorder`]) and no reporting layer claimed the call
+/// first. A layer that reports its attempts asks this when it is called,
+/// *before* it calls its inner service, so that a reporting layer below it
+/// (a hedge layer under a retry layer) does not report too: the first
+/// reporting layer called, the outermost, has the call's attempts.
 /// The two counts differ (each of a retry layer's attempts may be hedged),
 /// and a tally of the larger would mix them.
 #[inline]

@@ -528,7 +528,8 @@ where
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 policy.listeners.gave_up(attempts, reason, failure);
-                return Poll::Ready(stopped(stop, result, report, failure, attempts));
+                let marked = RetryStopped { reason, attempts };
+                return Poll::Ready(stopped(stop, marked, result, report, failure));
             }
         };
 
@@ -576,8 +577,8 @@ where
     }
 }
 
-/// What the caller gets when the loop stops (`stop`) after `attempts`
-/// with the last attempt's `result`:
+/// What the caller gets when the loop stops (`stop`, `marked` with why and
+/// after how many attempts) with the last attempt's `result`:
 ///
 /// - a failure not retried: handed back as it is, a response marked with
 ///   why retrying stopped;
@@ -588,18 +589,18 @@ where
 ///   response's head.
 fn stopped<Res, R>(
     stop: Stop,
+    marked: RetryStopped,
     result: Result<Res, AttemptError<BoxError>>,
     report: &R,
     failure: Failure,
-    attempts: u32,
 ) -> Result<Res, BoxError>
 where
     R: StopReport<Res>,
 {
-    let reason = stop.reason();
+    let attempts = marked.attempts;
     match (stop, result) {
         (Stop::HandBack(_) | Stop::Budget, Ok(response)) => {
-            report.hand_back(response, RetryStopped { reason, attempts }, failure)
+            report.hand_back(response, marked, failure)
         }
         (Stop::HandBack(_), Err(err)) => Err(err.into_box()),
         (Stop::Budget, Err(err)) => Err(Box::new(BudgetExhausted::new(
@@ -611,7 +612,7 @@ where
             Stop::TooLong {
                 wait,
                 limit,
-                reason,
+                reason: limited_by,
             },
             result,
         ) => {
@@ -620,7 +621,7 @@ where
                 Err(err) => (Some(err.into_box()), None),
             };
             Err(Box::new(WaitTooLong::new(
-                wait, limit, reason, attempts, failure, cause, head,
+                wait, limit, limited_by, attempts, failure, cause, head,
             )))
         }
     }

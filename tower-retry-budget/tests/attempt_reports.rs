@@ -173,10 +173,11 @@ async fn a_hedge_called_only_while_the_recorder_polls_reports_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn under_a_retry_layer_a_hedge_leaves_the_report_to_it() {
-    // The retry layer's one attempt is hedged: two requests are sent, and
-    // both fail. The call made one attempt of the retry layer's (the one
-    // its `RetryStopped` counts); the hedge, called by the retry layer
-    // rather than by the recorder, reports nothing of its own.
+    // The retry layer's one attempt (no retries: a budget spent, say) is
+    // hedged: two requests are sent, and both fail. The call made one
+    // attempt of the retry layer's; the hedge, called by the retry layer
+    // after it claimed the call, reports nothing of its own (it would
+    // report two, and the tally keeps the larger).
     let retry = RetryLayer::builder().max_retries(0).build().expect("valid");
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
@@ -220,4 +221,38 @@ async fn a_hedged_call_dropped_in_flight_has_reported_both_attempts_sent() {
     .await;
     drop(call);
     assert_eq!(tally, attempts(2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_a_hedge_layer_the_retries_are_parts_of_its_attempts() {
+    // The hedge layer, called first, has the call: its one attempt (no
+    // delay known yet: unhedged) ran a retry loop of three attempts below,
+    // which reports nothing of its own.
+    let hedge = tower_retry_budget::hedge::HedgeLayer::builder()
+        .percentile(0.9)
+        .min_samples(10)
+        .no_budget()
+        .build()
+        .expect("valid");
+    let retry = RetryLayer::builder()
+        .max_retries(2)
+        .backoff(Backoff::none())
+        .build()
+        .expect("valid");
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let inner = service_fn(move |_: u32| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        async { Err::<u32, BoxError>(io::Error::from(io::ErrorKind::ConnectionReset).into()) }
+    });
+    let stack = hedge.layer(retry.layer(inner));
+    let service = tower::util::MapFuture::new(stack, |future| Box::pin(future) as Call);
+    let (result, tally) = call_on_timers(service, TallyScope::calling).await;
+    assert!(result.is_err());
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        3,
+        "the retry loop's attempts"
+    );
+    assert_eq!(tally, attempts(1, 1));
 }
