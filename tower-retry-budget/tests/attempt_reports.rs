@@ -139,6 +139,17 @@ fn hedge_after_10ms() -> tower_retry_budget::hedge::HedgeLayer {
         .expect("valid")
 }
 
+/// A hedge layer whose delay is not known yet: a percentile delay is
+/// unknown until the window holds enough samples, and a call is sent alone.
+fn hedge_not_yet_known() -> tower_retry_budget::hedge::HedgeLayer {
+    tower_retry_budget::hedge::HedgeLayer::builder()
+        .percentile(0.9)
+        .min_samples(10)
+        .no_budget()
+        .build()
+        .expect("valid")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hedge_called_by_the_recording_layer_reports_every_attempt() {
     // The first attempt fails at 100 ms; the hedge, sent at 10 ms, at 15.
@@ -150,14 +161,7 @@ async fn a_hedge_called_by_the_recording_layer_reports_every_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unhedged_call_that_fails_reports_its_one_attempt() {
-    // A percentile delay is unknown until the window holds enough samples:
-    // the first call is sent alone.
-    let layer = tower_retry_budget::hedge::HedgeLayer::builder()
-        .percentile(0.9)
-        .min_samples(10)
-        .no_budget()
-        .build()
-        .expect("valid");
+    let layer = hedge_not_yet_known();
     let (result, tally) = call_on_timers(hedged(layer, &[5]), TallyScope::calling).await;
     assert!(result.is_err());
     assert_eq!(tally, attempts(1, 1));
@@ -228,12 +232,7 @@ async fn under_a_hedge_layer_the_retries_are_parts_of_its_attempts() {
     // The hedge layer, called first, has the call: its one attempt (no
     // delay known yet: unhedged) ran a retry loop of three attempts below,
     // which reports nothing of its own.
-    let hedge = tower_retry_budget::hedge::HedgeLayer::builder()
-        .percentile(0.9)
-        .min_samples(10)
-        .no_budget()
-        .build()
-        .expect("valid");
+    let hedge = hedge_not_yet_known();
     let retry = RetryLayer::builder()
         .max_retries(2)
         .backoff(Backoff::none())
