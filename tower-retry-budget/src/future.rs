@@ -356,6 +356,7 @@ where
     R: Replay<Req> + StopReport<S::Response>,
     H: Hold<C, R>,
 {
+    let policy = this.policy.policy();
     loop {
         let (result, outcome) = if let Some(ready) = first.take() {
             ready
@@ -378,7 +379,7 @@ where
                             this.state.set(State::Done);
                             if *this.limit == Limit::Deadline {
                                 return Poll::Ready(Err(deadline_exceeded(
-                                    this.policy.policy(),
+                                    policy,
                                     cold,
                                     *this.attempts,
                                 )));
@@ -416,7 +417,7 @@ where
                             if cold.retry.deadline.is_some() && cold.timer().poll(cx).is_ready() {
                                 this.state.set(State::Done);
                                 return Poll::Ready(Err(deadline_exceeded(
-                                    this.policy.policy(),
+                                    policy,
                                     cold,
                                     *this.attempts,
                                 )));
@@ -428,8 +429,7 @@ where
                         .kept
                         .as_ref()
                         .expect("a retry is decided only with something kept");
-                    let mut request = match this.policy.policy().replay.replay(kept, *this.attempts)
-                    {
+                    let mut request = match policy.replay.replay(kept, *this.attempts) {
                         Ok(request) => request,
                         // The body outgrew its recording since the retry
                         // was decided (a reader still streaming it).
@@ -447,14 +447,11 @@ where
                             *this.attempts - 1,
                         );
                     }
-                    if *this.attempts > this.policy.policy().max_retries {
+                    if *this.attempts > policy.max_retries {
                         // The last retry: nothing more is made from it.
                         *this.kept = None;
                     }
-                    this.policy
-                        .policy()
-                        .replay
-                        .before_send(&mut request, cold.retry.deadline);
+                    policy.replay.before_send(&mut request, cold.retry.deadline);
                     let future = match cold.spans.as_mut() {
                         Some(spans) => {
                             spans.attempt = Telemetry::attempt_span(&spans.call, *this.attempts);
@@ -462,22 +459,21 @@ where
                         }
                         None => this.service.call(request),
                     };
-                    *this.limit = cold.arm_attempt(this.policy.policy().attempt_timeout);
+                    *this.limit = cold.arm_attempt(policy.attempt_timeout);
                     this.state.set(State::Called { future });
                     continue;
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
                     let cold = this.cold.as_mut().expect("a deadline has cold state");
-                    return Poll::Ready(Err(deadline_exceeded(this.policy.policy(), cold, 0)));
+                    return Poll::Ready(Err(deadline_exceeded(policy, cold, 0)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
 
-            let outcome = classify(&this.policy.policy().classifier, &result);
+            let outcome = classify(&policy.classifier, &result);
             (result, outcome)
         };
-        let policy = this.policy.policy();
         let failure = match outcome {
             Outcome::Failure(failure) => failure,
             // The success path: nothing to decide.
