@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod body;
 pub mod budget;
 mod builder_ext;
+mod cold;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod error;

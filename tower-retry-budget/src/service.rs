@@ -5,7 +5,8 @@ use std::task::{Context, Poll};
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
-use crate::future::{self, ResponseFuture};
+use crate::cold;
+use crate::future::ResponseFuture;
 use crate::hold::{Counted, Hold};
 use crate::replay::{Replay, StopReport};
 
@@ -122,7 +123,7 @@ where
     H: Hold<C, R>,
 {
     let policy = held.policy();
-    let cold = match future::cold_state(policy, policy.replay.deadline(&request)) {
+    let cold = match cold::cold_state(policy, policy.replay.deadline(&request)) {
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
@@ -154,6 +155,6 @@ where
     // hedge) does not: claimed before the first attempt is made (see
     // `tower_classify::attempts`).
     let reports = tower_classify::attempts::claim_reports();
-    let first = future::first_call(&cold, &mut service, request);
+    let first = cold::first_call(&cold, &mut service, request);
     ResponseFuture::new(first, service, kept, held, cold, reports)
 }

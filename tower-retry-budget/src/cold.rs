@@ -1,0 +1,192 @@
+//! A call's cold state: what only a call with a limit, spans or a retry
+//! needs, boxed so that a call without them allocates nothing and its
+//! response future stays small.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tower_classify::{BoxError, Failure, FailureKind};
+use tower_service::Service;
+
+use crate::error::{DeadlineExceeded, PreviousFailure};
+use crate::policy::{Policy, RetryState, StopReason};
+use crate::telemetry::{self, CallSpans};
+
+/// The state of a call past its simple first attempt.
+#[derive(Default)]
+pub(crate) struct Cold {
+    pub(crate) retry: RetryState,
+    // One timer, reused: the attempt's limit while `Called`, the backoff
+    // while `Waiting`, the deadline while `Readying`.
+    timer: Option<Pin<Box<Sleep>>>,
+    // How the attempt before the one in flight failed, for the error
+    // that may end the loop; kept only when the call has a deadline.
+    pub(crate) previous: Option<PreviousFailure>,
+    pub(crate) spans: Option<CallSpans>,
+}
+
+/// Which limit the timer enforces on the attempt in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    None,
+    /// The per-attempt timeout: the attempt fails as a timeout.
+    AttemptTimeout,
+    /// The loop's deadline: the whole call ends.
+    Deadline,
+}
+
+/// A wait past the end of `Instant` is armed this far ahead instead.
+const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+impl Cold {
+    /// The loop's deadline, if it has one.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.retry.deadline
+    }
+
+    /// Arms the timer for an attempt starting now and says what it enforces.
+    pub(crate) fn arm_attempt(&mut self, attempt_timeout: Option<Duration>) -> Limit {
+        let deadline = self.retry.deadline;
+        let attempt_end = attempt_timeout.and_then(|t| Instant::now().checked_add(t));
+        let (end, limit) = match (attempt_end, deadline) {
+            (None, None) => return Limit::None,
+            (Some(end), Some(deadline)) if deadline <= end => (deadline, Limit::Deadline),
+            (Some(end), _) => (end, Limit::AttemptTimeout),
+            (None, Some(deadline)) => (deadline, Limit::Deadline),
+        };
+        self.arm(end);
+        limit
+    }
+
+    pub(crate) fn arm(&mut self, end: Instant) {
+        match &mut self.timer {
+            Some(sleep) => sleep.as_mut().reset(end),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(end))),
+        }
+    }
+
+    /// Arms the timer for a wait starting now; a wait past the end of
+    /// `Instant` is as good as forever.
+    pub(crate) fn arm_wait(&mut self, wait: Duration) {
+        let now = Instant::now();
+        self.arm(now.checked_add(wait).unwrap_or_else(|| now + FOREVER));
+    }
+
+    pub(crate) fn timer(&mut self) -> Pin<&mut Sleep> {
+        self.timer
+            .as_mut()
+            .expect("a timer is armed for a limit")
+            .as_mut()
+    }
+
+    /// Records how the call ended on its span, if it has one.
+    pub(crate) fn end_span(
+        &self,
+        attempts: u32,
+        failure: Option<Failure>,
+        stop: Option<StopReason>,
+    ) {
+        if let Some(spans) = &self.spans {
+            telemetry::record_end(spans, attempts, failure);
+            if let Some(stop) = stop {
+                spans.call.record("stop_reason", stop.as_str());
+            }
+        }
+    }
+}
+
+/// Runs `f` inside the span `which` picks, if the call has spans: the
+/// attempt's span is the parent of whatever the service below logs or
+/// traces.
+#[inline]
+pub(crate) fn in_span<T>(
+    cold: &Option<Box<Cold>>,
+    which: fn(&CallSpans) -> &tracing::Span,
+    f: impl FnOnce() -> T,
+) -> T {
+    match cold.as_ref().and_then(|cold| cold.spans.as_ref()) {
+        Some(spans) => which(spans).in_scope(f),
+        None => f(),
+    }
+}
+
+/// The cold state of a new call: `None` unless it has a deadline (the
+/// layer's or the caller's), an attempt timeout or spans. `call` makes it
+/// before the first attempt, so that the attempt runs inside its span.
+#[inline]
+pub(crate) fn cold_state<C, R>(
+    policy: &Policy<C, R>,
+    caller: Option<tower_classify::deadline::Deadline>,
+) -> Option<Box<Cold>> {
+    if policy.deadline.is_none()
+        && caller.is_none()
+        && policy.attempt_timeout.is_none()
+        && !policy.telemetry.spans_wanted()
+    {
+        return None;
+    }
+    make_cold_state(policy, caller)
+}
+
+#[cold]
+fn make_cold_state<C, R>(
+    policy: &Policy<C, R>,
+    caller: Option<tower_classify::deadline::Deadline>,
+) -> Option<Box<Cold>> {
+    let spans = policy.telemetry.call_spans();
+    let now = Instant::now();
+    let own = policy
+        .deadline
+        .and_then(|deadline| now.checked_add(deadline));
+    let deadline = match (own, caller) {
+        (Some(own), Some(caller)) => Some(own.min(caller.instant())),
+        (own, caller) => own.or(caller.map(|caller| caller.instant())),
+    };
+    if spans.is_none() && deadline.is_none() && policy.attempt_timeout.is_none() {
+        return None;
+    }
+    Some(Box::new(Cold {
+        retry: RetryState {
+            deadline,
+            deadline_total: deadline
+                .map(|deadline| deadline.saturating_duration_since(now))
+                .unwrap_or_default(),
+            ..RetryState::default()
+        },
+        spans,
+        ..Cold::default()
+    }))
+}
+
+/// Calls `service` inside the first attempt's span, if there is one.
+pub(crate) fn first_call<S: Service<Req>, Req>(
+    cold: &Option<Box<Cold>>,
+    service: &mut S,
+    request: Req,
+) -> S::Future {
+    in_span(cold, |spans| &spans.attempt, || service.call(request))
+}
+
+/// Ends the call on its deadline after `attempts` attempts: its span, its
+/// metrics and listeners, and the [`DeadlineExceeded`] the caller gets.
+pub(crate) fn deadline_exceeded<C, R>(
+    policy: &Policy<C, R>,
+    cold: &mut Cold,
+    attempts: u32,
+) -> BoxError {
+    let failure = Failure::new(FailureKind::Timeout);
+    cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
+    policy
+        .telemetry
+        .gave_up(StopReason::Deadline, attempts, failure);
+    // The attempt in flight ran out of time.
+    policy
+        .listeners
+        .gave_up(attempts, StopReason::Deadline, failure);
+    Box::new(DeadlineExceeded::new(
+        cold.retry.deadline_total,
+        attempts,
+        cold.previous.take(),
+    ))
+}
