@@ -917,6 +917,7 @@ impl Breaker {
                 continue;
             }
             let next = if slots.succeeded + slots.failed >= probes {
+                self.enter_closed();
                 word.next(State::Closed)
             } else {
                 word.with_slots(slots)
@@ -924,7 +925,6 @@ impl Breaker {
             match self.cas(word, next) {
                 Ok(()) => {
                     if next.state() == State::Closed {
-                        // The counts were reset when the breaker opened.
                         self.changed(State::HalfOpen, State::Closed, Instant::now(), None, false);
                     } else if verdict == Verdict::Neutral {
                         // A slot is free again: callers parked in a pending
@@ -955,10 +955,11 @@ impl Breaker {
             return false;
         }
         self.open_streak.store(streak, Ordering::Release);
-        // Reset now, not when the breaker closes again: results of the old
-        // period no longer count (their epoch is gone), so the counts are
-        // clean the moment a probe closes it, with no window in which a new
-        // failure meets stale counts.
+        // Results of the old period no longer count (their epoch is gone):
+        // the counts an operator reads while the breaker is open are empty.
+        // A call that checked its epoch just before the CAS may still write
+        // into them; they are cleared again before the breaker closes
+        // (`enter_closed`).
         self.clear_counts();
         self.changed(from.state(), State::Open, now, Some(wait), false);
         true
@@ -971,10 +972,31 @@ impl Breaker {
         }
     }
 
+    /// Makes the counts ready for a closed period about to start: cleared
+    /// *before* the breaker closes, while no call can count in them, so no
+    /// result of the new period meets stale counts. A result is checked
+    /// against its epoch ([`counts`](Self::counts)) and then written, two
+    /// steps: cleared only when the breaker opened, the counts kept the
+    /// writes of calls that passed the check just before it, and the next
+    /// closed period started with stale failures (a count window's ring and
+    /// counts could even disagree for good, one result off). The calls of
+    /// the last closed period have had the whole open period to finish
+    /// their writes.
+    fn enter_closed(&self) {
+        self.clear_counts();
+    }
+
     /// An operator's transition: reset (to closed), force open, force
-    /// closed. Returns the state left; [`announce_forced`](Self::announce_forced)
+    /// closed. A reset clears the counts before the breaker closes, as a
+    /// probe's close does; reset while it is closed, the clearing races the
+    /// results its calls are writing, and a count window's failure count
+    /// can come out one off until the breaker next opens or is reset.
+    /// Returns the state left; [`announce_forced`](Self::announce_forced)
     /// then reports the change (the registry calls it once it holds no lock).
     pub(crate) fn set_forced(&self, to: State) -> State {
+        if to == State::Closed {
+            self.enter_closed();
+        }
         let mut word = self.load();
         loop {
             match self.cas(word, word.next(to)) {
@@ -982,8 +1004,12 @@ impl Breaker {
                 Err(actual) => word = actual,
             }
         }
-        if to != State::ForcedOpen {
+        if to == State::ForcedClosed {
+            // Nothing counts while forced closed; the counts an operator
+            // reads are empty, and cleared again before it closes.
             self.clear_counts();
+        }
+        if to != State::ForcedOpen {
             self.open_streak.store(0, Ordering::Release);
         }
         word.state()
@@ -1195,5 +1221,72 @@ impl<H: Hold> Drop for Permit<H> {
         if self.bits & (Self::DONE | Self::PROBE) == Self::PROBE {
             self.breaker().record_probe(self.epoch(), Verdict::Neutral);
         }
+    }
+}
+
+#[cfg(all(test, not(breaker_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use tower_classify::{ErrorChainClassifier, FailureKind, Outcome};
+
+    use super::*;
+    use crate::hold::Holds;
+    use crate::{CircuitBreakerLayer, Window};
+
+    fn failure() -> Outcome {
+        Outcome::failure(FailureKind::ServerError)
+    }
+
+    /// Opens a breaker with four failures, lets three more failures be
+    /// written into its counts after it opened (calls that checked their
+    /// epoch just before it opened, then wrote), closes it with a probe,
+    /// and records one failure: under half of four calls, it must stay
+    /// closed.
+    async fn late_writes_do_not_reach_the_next_closed_period(window: Window) {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_rate(0.5, 4, window)
+            .recovery_timeout(Duration::from_secs(1))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        for _ in 0..4 {
+            Breaker::admit(holder)
+                .expect("closed")
+                .complete(failure(), None);
+        }
+        assert_eq!(breaker.state(), State::Open);
+
+        let counts = breaker.window.as_ref().expect("a rate policy's window");
+        for _ in 0..3 {
+            counts.record(true, false, breaker.window_now(true));
+        }
+
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let mut probe = Breaker::admit(holder).expect("a half-open probe");
+        probe.complete(Outcome::Success, None);
+        assert_eq!(breaker.state(), State::Closed);
+        assert_eq!(counts.tally(breaker.window_now(true)), Tally::default());
+
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        assert_eq!(
+            breaker.state(),
+            State::Closed,
+            "one failure of one call, under the minimum of four"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_count_window_closes_empty_whatever_was_written_while_open() {
+        late_writes_do_not_reach_the_next_closed_period(Window::count(10)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_window_closes_empty_whatever_was_written_while_open() {
+        late_writes_do_not_reach_the_next_closed_period(Window::time(Duration::from_secs(60)))
+            .await;
     }
 }
