@@ -299,8 +299,11 @@ impl Remainder {
 /// race so that the result leaving is taken off before the record that put
 /// it in has added it, and the count must go briefly below zero to come out
 /// exact. Such a count is read as zero ([`settled`]). A record racing a
-/// [reset](CountWindow::reset) (the breaker opening) can leave a count one
-/// off until the next reset, as a saturating count could.
+/// [reset](CountWindow::reset) could leave a count one off until the next
+/// reset; the breaker resets a window when it opens and again just before
+/// it closes, when the last closed period's calls have had the whole open
+/// period to write (an operator's reset of a closed breaker is the
+/// exception, see `Breaker::set_forced`).
 fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
     settled(match (was, now) {
         (false, true) => count.fetch_add(1, Ordering::AcqRel).wrapping_add(1),
@@ -403,7 +406,10 @@ impl CountWindow {
 
 /// Buckets of `length / buckets` each. A bucket is one `u64` holding a
 /// written flag, the bucket's sequence number (23 bits), its calls and its
-/// failures (20 bits each, saturating). A record adds to its bucket with one
+/// failures (20 bits each). A full bucket takes no more records: it keeps
+/// the share of its first million calls, where counts saturating apart
+/// would let the failures run on past the calls and inflate the rate. A
+/// record adds to its bucket with one
 /// `fetch_add` while the bucket is of its period and far from full; starting
 /// a bucket afresh for a later period is a compare-and-swap, so a bucket that
 /// rolls over never mixes counts of two periods. A sequence number repeats
@@ -535,7 +541,8 @@ const LATER_BY_LESS_THAN: u64 = 1 << 16;
 /// starting it afresh when it still holds an older period. A slot already
 /// holding a *later* period takes the counts as they are: the record read the
 /// coarse clock a little late, and must not wipe the newer bucket out.
-fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) {
+/// `false` when the bucket was full and took nothing (see [`TimeWindow`]).
+fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) -> bool {
     let mut current = slot.load(Ordering::Acquire);
     loop {
         let (seq, had_calls, had_failures) = match unpack(current) {
@@ -543,19 +550,20 @@ fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) {
             Some((s, c, f)) if s.wrapping_sub(seq) & SEQ_MASK < LATER_BY_LESS_THAN => {
                 if c < ADD_BELOW && f < ADD_BELOW {
                     slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::AcqRel);
-                    return;
+                    return true;
                 }
                 (s, c, f)
             }
             _ => (seq, 0, 0),
         };
-        let next = pack(
-            seq,
-            (had_calls + calls).min(COUNT_MAX),
-            (had_failures + failures).min(COUNT_MAX),
-        );
+        // Failures never outnumber calls, so a bucket with room for the
+        // calls has room for the failures.
+        if had_calls + calls > COUNT_MAX {
+            return false;
+        }
+        let next = pack(seq, had_calls + calls, had_failures + failures);
         match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return,
+            Ok(_) => return true,
             Err(actual) => current = actual,
         }
     }
@@ -613,8 +621,10 @@ impl TimeWindow {
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         let (seq, index) = self.locate(now);
         let stripe = thread_stripe() & self.stripe_mask;
-        add(self.bucket(stripe, index), seq, 1, u64::from(failed));
-        if let (Some(buckets), true) = (&self.slow, slow) {
+        // A call its full bucket did not take is not counted as slow either:
+        // the slow share stays a share of the calls counted.
+        let counted = add(self.bucket(stripe, index), seq, 1, u64::from(failed));
+        if let (Some(buckets), true, true) = (&self.slow, slow, counted) {
             add(&buckets[index], seq, 1, 0);
         }
         if failed || slow {
@@ -929,22 +939,43 @@ mod tests {
         );
     }
 
-    /// Counts saturate at the field's maximum instead of carrying into the
-    /// next field, through the blind `fetch_add` and past it.
+    /// A full bucket takes nothing more, rather than carrying into the
+    /// next field (through the blind `fetch_add` and past it) or counting
+    /// failures past its calls.
     #[test]
-    fn a_full_bucket_saturates() {
+    fn a_full_bucket_takes_no_more() {
         let slot = AtomicU64::new(pack(5, ADD_BELOW - 1, 0));
-        add(&slot, 5, 1, 1);
+        assert!(add(&slot, 5, 1, 1));
         assert_eq!(read(&slot, 5), (ADD_BELOW as u32, 1));
         slot.store(pack(5, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
-        add(&slot, 5, 1, 1);
+        assert!(!add(&slot, 5, 1, 1));
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, COUNT_MAX as u32));
+        slot.store(pack(5, COUNT_MAX, 7), Ordering::Relaxed);
+        assert!(!add(&slot, 5, 1, 1));
+        assert_eq!(read(&slot, 5), (COUNT_MAX as u32, 7));
         // A reset bucket is empty whatever a racing add left in it.
         slot.store(0, Ordering::Relaxed);
         slot.fetch_add((1 << COUNT_BITS) | 1, Ordering::Relaxed);
         assert_eq!(read(&slot, 0), (0, 0));
         add(&slot, 0, 1, 0);
         assert_eq!(read(&slot, 0), (1, 0));
+    }
+
+    /// Two million calls in one bucket, one in ten failing: the window reads
+    /// the share of the calls it kept, not failures counted past saturated
+    /// calls (which read 19 %).
+    #[test]
+    fn a_full_time_bucket_keeps_its_failure_share() {
+        let w = TimeWindow::new(Duration::from_secs(600), 10, true);
+        let now = Duration::from_secs(1);
+        for call in 0..2_000_000u32 {
+            w.record(call % 10 == 0, call % 10 == 0, now);
+        }
+        let tally = w.tally(now);
+        assert_eq!(tally.calls as u64, COUNT_MAX);
+        let share = f64::from(tally.failures) / f64::from(tally.calls);
+        assert!((share - 0.1).abs() < 0.001, "failure share {share}");
+        assert_eq!(tally.slow, tally.failures, "slow share as kept");
     }
 
     proptest::proptest! {
