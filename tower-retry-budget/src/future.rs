@@ -281,12 +281,6 @@ where
                         }
                     };
                     *this.attempts += 1;
-                    if *this.reports {
-                        tower_classify::attempts::report_attempts(
-                            *this.attempts,
-                            *this.attempts - 1,
-                        );
-                    }
                     if *this.attempts > policy.max_retries {
                         // The last retry: nothing more is made from it.
                         *this.kept = None;
@@ -299,6 +293,16 @@ where
                         }
                         None => this.service.call(request),
                     };
+                    // Reported once it is sent, as a hedge does: a layer
+                    // below that counts the attempts going by
+                    // (`CountAttempts`) has counted this one by now, and the
+                    // report raises the tally to it rather than past it.
+                    if *this.reports {
+                        tower_classify::attempts::report_attempts(
+                            *this.attempts,
+                            *this.attempts - 1,
+                        );
+                    }
                     *this.limit = cold.arm_attempt(policy.attempt_timeout);
                     this.state.set(State::Called { future });
                     continue;

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tower::{service_fn, Layer, Service};
-use tower_classify::attempts::{AttemptTally, TallyScope};
+use tower_classify::attempts::{attempt_finished, attempt_started, AttemptTally, TallyScope};
 use tower_classify::BoxError;
 use tower_retry_budget::backoff::Backoff;
 use tower_retry_budget::RetryLayer;
@@ -25,10 +25,26 @@ fn attempts(started: u32, finished: u32) -> AttemptTally {
 
 /// A retry layer over a service whose first `failures` calls are refused.
 fn retried(failures: u32) -> impl Service<u32, Response = u32, Error = BoxError, Future = Call> {
+    retried_counting(failures, false)
+}
+
+/// [`retried`], with a layer under the retry layer that counts the
+/// attempts going by when `counting` (as tower-poison's `CountAttempts`
+/// does: started when called, finished when answered).
+fn retried_counting(
+    failures: u32,
+    counting: bool,
+) -> impl Service<u32, Response = u32, Error = BoxError, Future = Call> {
     let calls = Arc::new(AtomicU32::new(0));
     let inner = service_fn(move |n: u32| {
+        if counting {
+            attempt_started();
+        }
         let call = calls.fetch_add(1, Ordering::Relaxed);
         async move {
+            if counting {
+                attempt_finished();
+            }
             if call < failures {
                 Err::<u32, BoxError>(io::Error::from(io::ErrorKind::ConnectionRefused).into())
             } else {
@@ -53,11 +69,19 @@ fn call_in(
     called_in: fn(AttemptTally) -> TallyScope,
     failures: u32,
 ) -> (Result<u32, BoxError>, AttemptTally) {
-    let mut service = retried(failures);
+    call_service_in(retried(failures), called_in, AttemptTally::default())
+}
+
+/// [`call_in`], for any service, whose call leaves the tally at `at_call`.
+fn call_service_in(
+    mut service: impl Service<u32, Response = u32, Error = BoxError, Future = Call>,
+    called_in: fn(AttemptTally) -> TallyScope,
+    at_call: AttemptTally,
+) -> (Result<u32, BoxError>, AttemptTally) {
     let scope = called_in(AttemptTally::default());
     let mut call = service.call(7);
     let mut tally = scope.exit();
-    assert_eq!(tally, AttemptTally::default(), "nothing reported at call");
+    assert_eq!(tally, at_call, "reported at call");
     let mut cx = Context::from_waker(Waker::noop());
     loop {
         let scope = TallyScope::enter(tally);
@@ -74,6 +98,19 @@ fn a_retry_called_by_the_recording_layer_reports_every_attempt() {
     let (result, tally) = call_in(TallyScope::calling, 2);
     assert_eq!(result.unwrap(), 7);
     assert_eq!(tally, attempts(3, 2));
+}
+
+#[test]
+fn with_a_counting_layer_under_the_retry_layer_each_attempt_counts_once() {
+    // The counting layer counts an attempt as it is sent; the retry layer's
+    // report raises the tally to its own count, never past it.
+    let (result, tally) = call_service_in(
+        retried_counting(2, true),
+        TallyScope::calling,
+        attempts(1, 0),
+    );
+    assert_eq!(result.unwrap(), 7);
+    assert_eq!(tally, attempts(3, 3));
 }
 
 #[test]
