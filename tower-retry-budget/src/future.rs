@@ -246,6 +246,16 @@ where
                     );
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
+                        // Ready late, the deadline may no longer leave the
+                        // minimum attempt time `decide` saw room for.
+                        Poll::Ready(Ok(())) if policy.no_time_for_an_attempt(cold.deadline()) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(deadline_exceeded(
+                                policy,
+                                cold,
+                                *this.attempts,
+                            )));
+                        }
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(err)) => {
                             this.state.set(State::Done);

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_test::{assert_pending, assert_ready_ok, task};
+use tokio_test::{assert_pending, assert_ready_err, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
 use tower_retry_budget::backoff::{Backoff, Jitter};
@@ -574,6 +574,39 @@ async fn readiness_is_polled_again_before_each_retry() {
     assert_eq!(request, "hello");
     send.send_response("world");
     assert_eq!(assert_ready_ok!(response.poll()), "world");
+}
+
+/// Readiness that comes late does not send a retry the deadline no longer
+/// leaves the minimum attempt time for: the call ends on its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_retry_ready_too_late_for_the_minimum_attempt_time_is_not_sent() {
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    let layer = RetryLayer::builder()
+        .backoff(Backoff::none())
+        .deadline(S(1))
+        .min_attempt_time(MS(200))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(mock);
+
+    handle.allow(1);
+    assert_ready_ok!(task::spawn(service.ready()).poll());
+    let mut response = task::spawn(service.call("hello"));
+    assert_pending!(response.poll());
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+    // Retried at once (no backoff), but the service is not ready.
+    assert_pending!(response.poll());
+
+    tokio::time::advance(MS(950)).await;
+    handle.allow(1);
+    let error = assert_ready_err!(response.poll());
+    assert!(error.is::<DeadlineExceeded>(), "{error}");
+    assert!(
+        handle.poll_request().is_pending(),
+        "no retry sent with 50 ms left"
+    );
 }
 
 #[tokio::test(start_paused = true)]
