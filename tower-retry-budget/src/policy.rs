@@ -317,8 +317,11 @@ impl<C, R> Policy<C, R> {
                     left.checked_sub(wait)
                         .filter(|slack| !slack.is_zero())
                         .map(|slack| {
-                            // Later, never sooner: before `wait` the refusal stands.
-                            wait + wait.mul_f64(SHED_JITTER * fastrand::f64()).min(slack / 2)
+                            // Later, never sooner: before `wait` the refusal
+                            // stands. Nor past `max_wait`, which the refusal
+                            // itself fit: the jitter is ours, not asked for.
+                            let jitter = wait.mul_f64(SHED_JITTER * fastrand::f64());
+                            (wait + jitter.min(slack / 2)).min(self.max_wait)
                         })
                 }
                 _ => None,

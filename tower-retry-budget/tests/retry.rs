@@ -463,6 +463,35 @@ async fn shed_errors_are_waited_out_once_or_returned() {
     }
 }
 
+/// A refusal whose remaining time is exactly `max_wait` is waited out: the
+/// jitter added to a shed wait stays within `max_wait`, and is not taken
+/// for a server asking to wait longer than allowed.
+#[tokio::test(start_paused = true)]
+async fn a_shed_wait_of_exactly_max_wait_is_waited_out() {
+    let layer = RetryLayer::builder()
+        .max_retries(5)
+        .backoff(Backoff::none())
+        .deadline(S(10))
+        .max_wait(S(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    // The jitter is random: enough calls that one without the cap would
+    // (almost surely) draw some.
+    for _ in 0..20 {
+        let inner = Scripted::new(|n| {
+            if n == 0 {
+                Err(Box::new(Classified::shed("circuit open", Some(S(1)))) as BoxError)
+            } else {
+                Ok("closed")
+            }
+        });
+        let start = Instant::now();
+        assert_eq!(call(layer.layer(inner.clone())).await.unwrap(), "closed");
+        assert!(start.elapsed() <= MS(1_001), "{:?}", start.elapsed());
+    }
+}
+
 /// A retry layer outside another never retries the inner one's give-up: the
 /// `DoNotRetry` hint stops the storm from compounding.
 #[tokio::test(start_paused = true)]
