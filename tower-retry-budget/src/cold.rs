@@ -23,6 +23,9 @@ pub(crate) struct Cold {
     // How the attempt before the one in flight failed, for the error
     // that may end the loop; kept only when the call has a deadline.
     pub(crate) previous: Option<PreviousFailure>,
+    // How the attempt being retried failed, for a give-up that comes
+    // before the retry is sent.
+    pub(crate) retried: Option<Failure>,
     pub(crate) spans: Option<CallSpans>,
 }
 

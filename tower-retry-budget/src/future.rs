@@ -286,7 +286,10 @@ where
                         Err(err) => {
                             this.state.set(State::Done);
                             let reason = StopReason::NotReplayable;
-                            cold.end_span(*this.attempts, None, Some(reason));
+                            let failure = cold.retried.expect("a retry follows a failure");
+                            cold.end_span(*this.attempts, Some(failure), Some(reason));
+                            policy.telemetry.gave_up(reason, *this.attempts, failure);
+                            policy.listeners.gave_up(*this.attempts, reason, failure);
                             return Poll::Ready(Err(err));
                         }
                     };
@@ -397,6 +400,7 @@ where
             spans.attempt = tracing::Span::none();
         }
         policy.listeners.retried(&event);
+        cold.retried = Some(failure);
         // Kept for the `DeadlineExceeded` that may end the loop, which
         // only a deadline can; a response's body is dropped here, its
         // head kept.

@@ -463,7 +463,9 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Calls `callback` when a call ends in failure: the failure is handed
     /// back (or replaced by an error of this layer's), with why retrying
-    /// stopped ([`GiveUpEvent`]). Each call adds a callback.
+    /// stopped ([`GiveUpEvent`]). Each call adds a callback. A call whose
+    /// service fails `poll_ready` before a retry ends with that error and
+    /// no give-up: the service stopped, not the retrying.
     pub fn on_give_up<F>(mut self, callback: F) -> Self
     where
         F: Fn(&GiveUpEvent) + Send + Sync + 'static,

@@ -946,6 +946,54 @@ async fn item_7_every_listener_is_called_for_retries_give_ups_and_recoveries() {
     assert_eq!(recovered.lock().unwrap().len(), 1);
 }
 
+/// A replay that keeps every request and then cannot make the retry, as a
+/// streamed body that outgrew its recording during the attempt.
+struct FailsAtReplay;
+
+impl tower_retry_budget::replay::Replay<&'static str> for FailsAtReplay {
+    type Kept = ();
+
+    fn keep(&self, _: &&'static str) -> Option<()> {
+        Some(())
+    }
+
+    fn replay(&self, _: &(), _: u32) -> Result<&'static str, BoxError> {
+        Err("the body outgrew its recording".into())
+    }
+}
+
+impl tower_retry_budget::replay::StopReport<&'static str> for FailsAtReplay {}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_cannot_be_made_is_a_give_up() {
+    use tower_retry_budget::{GiveUpEvent, StopReason};
+    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    let layer = RetryLayer::builder()
+        .replay(FailsAtReplay)
+        .backoff(Backoff::none())
+        .no_budget()
+        .on_give_up({
+            let give_ups = give_ups.clone();
+            move |event| give_ups.lock().unwrap().push(*event)
+        })
+        .build()
+        .unwrap();
+    let inner = always_reset();
+    let err = call(layer.layer(inner.clone())).await.unwrap_err();
+    assert_eq!(err.to_string(), "the body outgrew its recording");
+    assert_eq!(inner.count(), 1);
+    let gave_up: Vec<_> = give_ups
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|event| (event.attempts, event.reason, event.failure.kind))
+        .collect();
+    assert_eq!(
+        gave_up,
+        [(1, StopReason::NotReplayable, FailureKind::Connection)]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn item_15_waiting_out_a_refusal_spends_no_budget() {
     // An empty budget (no floor, no share): no retry of a real failure is
