@@ -311,7 +311,10 @@ impl<C, R> HedgeBuilder<C, R> {
     /// Also asks `budget` before each hedge (each call adds one). A hedge
     /// is sent only when the layer's own budget and every shared budget
     /// allow it; it is then withdrawn from each. When a shared budget
-    /// refuses, the own budget gets its withdrawal back.
+    /// refuses, the own budget gets its withdrawal back; the shared budgets
+    /// asked before it do not (tower's [`Budget`] has no refund), so with
+    /// two or more shared budgets a refused hedge still spends what the
+    /// earlier ones allowed. Share one budget unless that is wanted.
     ///
     /// Pass a retry layer's budget so that retries and hedges together stay
     /// within it (Finagle's rule), or a gRFC A6
