@@ -549,7 +549,7 @@ fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) -> bool {
             // This period's bucket, or a later one.
             Some((s, c, f)) if s.wrapping_sub(seq) & SEQ_MASK < LATER_BY_LESS_THAN => {
                 if c < ADD_BELOW && f < ADD_BELOW {
-                    slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::AcqRel);
+                    slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::SeqCst);
                     return true;
                 }
                 (s, c, f)
@@ -562,7 +562,7 @@ fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) -> bool {
             return false;
         }
         let next = pack(seq, had_calls + calls, had_failures + failures);
-        match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+        match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::Acquire) {
             Ok(_) => return true,
             Err(actual) => current = actual,
         }
@@ -571,7 +571,7 @@ fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) -> bool {
 
 /// The calls and failures of the bucket of sequence `expected` in `slot`.
 fn read(slot: &AtomicU64, expected: u64) -> (u32, u32) {
-    match unpack(slot.load(Ordering::Acquire)) {
+    match unpack(slot.load(Ordering::SeqCst)) {
         Some((s, calls, failures)) if s == expected & SEQ_MASK => (calls as u32, failures as u32),
         _ => (0, 0),
     }
@@ -627,11 +627,19 @@ impl TimeWindow {
         if let (Some(buckets), true, true) = (&self.slow, slow, counted) {
             add(&buckets[index], seq, 1, 0);
         }
+        // Sequentially consistent, the bucket writes, `notable` and the
+        // tally's reads: a failure and a success recorded at once are two
+        // threads each writing one place and reading the other's, which
+        // acquire and release alone let both miss (ARM's `ldapr` may pass
+        // an earlier release store): the failure's tally without the
+        // success, the success finding the window quiet, and a rate that
+        // either order reaches would not open. On x86 this costs nothing:
+        // the writes are locked anyway and the loads are plain.
         if failed || slow {
             // Before the tally, so a success that sees this one's effect
             // on the window also sees it here.
             self.notable
-                .fetch_max(seq.wrapping_add(1), Ordering::AcqRel);
+                .fetch_max(seq.wrapping_add(1), Ordering::SeqCst);
         } else if self.quiet_at(seq) {
             // Neither a failure nor a slow call in the window: nothing for
             // the tally to find that could open. Its calls are left out.
@@ -643,7 +651,7 @@ impl TimeWindow {
     /// Whether the window at `seq` holds no failure and no slow call.
     #[inline]
     fn quiet_at(&self, seq: u64) -> bool {
-        match self.notable.load(Ordering::Acquire) {
+        match self.notable.load(Ordering::SeqCst) {
             0 => true,
             after => (after - 1).saturating_add(self.ring as u64) <= seq,
         }
