@@ -249,7 +249,10 @@ impl Settings {
         if self.recovery_jitter > 0.0 {
             // Downwards only, so the cap stays a cap; it spreads the probes of
             // many processes that opened together.
-            wait = wait.mul_f64(1.0 - self.recovery_jitter * fastrand::f64());
+            // A factor that rounds to 1 on a wait near `Duration::MAX` must
+            // not overflow it (`mul_f64` panics): the wait stays as it is.
+            let factor = 1.0 - self.recovery_jitter * fastrand::f64();
+            wait = Duration::try_from_secs_f64(wait.as_secs_f64() * factor).unwrap_or(wait);
         }
         wait
     }
@@ -1277,6 +1280,23 @@ mod tests {
             State::Closed,
             "one failure of one call, under the minimum of four"
         );
+    }
+
+    /// A jitter too small to shorten the longest recovery timeout leaves it
+    /// as it is: rounding it up must not overflow `Duration`.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_recovery_timeout_with_a_tiny_jitter_opens() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(u64::MAX))
+            .recovery_jitter(1e-20)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        assert_eq!(holder.breaker().state(), State::Open);
     }
 
     #[tokio::test(start_paused = true)]
