@@ -413,9 +413,10 @@ impl CountWindow {
 /// `fetch_add` while the bucket is of its period and far from full; starting
 /// a bucket afresh for a later period is a compare-and-swap, so a bucket that
 /// rolls over never mixes counts of two periods. A sequence number repeats
-/// only after 2^23 buckets; a slot left untouched that long is read as
-/// stale-but-valid, an error bounded by one bucket's counts after hours
-/// (1 ms buckets) to months (1 s buckets) of silence.
+/// only after 2^23 buckets; a slot left untouched exactly that long is read
+/// as stale-but-valid, an error bounded by one bucket's counts after hours
+/// (1 ms buckets) to months (1 s buckets) of silence (one untouched a
+/// little less long is told from a later bucket, see [`is_later`]).
 ///
 /// Every call is counted (the failure rate's denominator), so every call
 /// writes. The buckets are striped so that threads recording at once do
@@ -537,17 +538,30 @@ fn unpack(bucket: u64) -> Option<(u64, u64, u64)> {
 /// sequence numbers' cycle.
 const LATER_BY_LESS_THAN: u64 = 1 << 16;
 
+/// Whether a slot holding sequence `held` holds a period later than a
+/// record's `seq` that is no later than `latest`, the latest period the
+/// window has seen: a bucket written since by a record that read the clock
+/// later. Sequence numbers wrap, so a slot left untouched for nearly a
+/// whole cycle also looks a little later than `seq`; it is not a bucket of
+/// the recent past but one from before the cycle, ahead of `latest`.
+#[cold]
+fn is_later(held: u64, seq: u64, latest: u64) -> bool {
+    let by = held.wrapping_sub(seq) & SEQ_MASK;
+    by != 0 && by < LATER_BY_LESS_THAN && latest.wrapping_sub(held) & SEQ_MASK < LATER_BY_LESS_THAN
+}
+
 /// Adds `calls` and `failures` to the bucket of sequence `seq` in `slot`,
 /// starting it afresh when it still holds an older period. A slot already
-/// holding a *later* period takes the counts as they are: the record read the
-/// coarse clock a little late, and must not wipe the newer bucket out.
-/// `false` when the bucket was full and took nothing (see [`TimeWindow`]).
-fn add(slot: &AtomicU64, seq: u64, calls: u64, failures: u64) -> bool {
+/// holding a *later* period (see [`is_later`]) takes the counts as they
+/// are: the record read the coarse clock a little late, and must not wipe
+/// the newer bucket out. `false` when the bucket was full and took nothing
+/// (see [`TimeWindow`]).
+fn add(slot: &AtomicU64, seq: u64, latest: u64, calls: u64, failures: u64) -> bool {
     let mut current = slot.load(Ordering::Acquire);
     loop {
         let (seq, had_calls, had_failures) = match unpack(current) {
             // This period's bucket, or a later one.
-            Some((s, c, f)) if s.wrapping_sub(seq) & SEQ_MASK < LATER_BY_LESS_THAN => {
+            Some((s, c, f)) if s == seq & SEQ_MASK || is_later(s, seq, latest) => {
                 if c < ADD_BELOW && f < ADD_BELOW {
                     slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::SeqCst);
                     return true;
@@ -598,34 +612,42 @@ impl TimeWindow {
         }
     }
 
-    /// The bucket period of `now` and its slot. Two divisions cost more than
-    /// the rest of a record, so the last period found is kept and a
+    /// The bucket period of `now`, its slot, and the latest period the
+    /// window has seen (at least `now`'s). Two divisions cost more than the
+    /// rest of a record, so the latest period found is kept and a
     /// multiplication checks that `now` is still in it; only a record in a
-    /// new period divides. The kept period is a hint, checked every time:
-    /// threads racing to replace it are all right.
+    /// new period divides. The kept period only moves forward (a record
+    /// that read the clock late leaves it), and is checked every time.
     #[inline]
-    fn locate(&self, now: Duration) -> (u64, usize) {
+    fn locate(&self, now: Duration) -> (u64, usize, u64) {
         let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
         let kept = self.period.load(Ordering::Relaxed);
         let (seq, index) = (kept >> PERIOD_INDEX_BITS, kept & PERIOD_INDEX_MASK);
         if nanos.wrapping_sub(seq.wrapping_mul(self.bucket_nanos)) < self.bucket_nanos {
-            return (seq, index as usize);
+            return (seq, index as usize, seq);
         }
         let seq = (nanos / self.bucket_nanos).min(u64::MAX >> PERIOD_INDEX_BITS);
         let index = seq % self.ring as u64;
-        self.period
-            .store(seq << PERIOD_INDEX_BITS | index, Ordering::Relaxed);
-        (seq, index as usize)
+        let before = self
+            .period
+            .fetch_max(seq << PERIOD_INDEX_BITS | index, Ordering::Relaxed);
+        (seq, index as usize, seq.max(before >> PERIOD_INDEX_BITS))
     }
 
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
-        let (seq, index) = self.locate(now);
+        let (seq, index, latest) = self.locate(now);
         let stripe = thread_stripe() & self.stripe_mask;
         // A call its full bucket did not take is not counted as slow either:
         // the slow share stays a share of the calls counted.
-        let counted = add(self.bucket(stripe, index), seq, 1, u64::from(failed));
+        let counted = add(
+            self.bucket(stripe, index),
+            seq,
+            latest,
+            1,
+            u64::from(failed),
+        );
         if let (Some(buckets), true, true) = (&self.slow, slow, counted) {
-            add(&buckets[index], seq, 1, 0);
+            add(&buckets[index], seq, latest, 1, 0);
         }
         // Sequentially consistent, the bucket writes, `notable` and the
         // tally's reads: a failure and a success recorded at once are two
@@ -665,7 +687,7 @@ impl TimeWindow {
     }
 
     fn tally(&self, now: Duration) -> Tally {
-        let (seq, index) = self.locate(now);
+        let (seq, index, _) = self.locate(now);
         self.tally_at(seq, index)
     }
 
@@ -953,20 +975,37 @@ mod tests {
     #[test]
     fn a_full_bucket_takes_no_more() {
         let slot = AtomicU64::new(pack(5, ADD_BELOW - 1, 0));
-        assert!(add(&slot, 5, 1, 1));
+        assert!(add(&slot, 5, 5, 1, 1));
         assert_eq!(read(&slot, 5), (ADD_BELOW as u32, 1));
         slot.store(pack(5, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
-        assert!(!add(&slot, 5, 1, 1));
+        assert!(!add(&slot, 5, 5, 1, 1));
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, COUNT_MAX as u32));
         slot.store(pack(5, COUNT_MAX, 7), Ordering::Relaxed);
-        assert!(!add(&slot, 5, 1, 1));
+        assert!(!add(&slot, 5, 5, 1, 1));
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, 7));
         // A reset bucket is empty whatever a racing add left in it.
         slot.store(0, Ordering::Relaxed);
         slot.fetch_add((1 << COUNT_BITS) | 1, Ordering::Relaxed);
         assert_eq!(read(&slot, 0), (0, 0));
-        add(&slot, 0, 1, 0);
+        add(&slot, 0, 0, 1, 0);
         assert_eq!(read(&slot, 0), (1, 0));
+    }
+
+    /// Sequence numbers wrap after 2^23 periods: a slot untouched for a
+    /// little less than that holds a number a little *later* than a new
+    /// record's. It is an old bucket, ahead of the latest period the window
+    /// has seen, and is started afresh; taken for a later bucket, it hid the
+    /// record (read under another number) for up to 2^16 periods.
+    #[test]
+    fn a_slot_from_before_the_sequence_wrapped_is_started_afresh() {
+        let w = TimeWindow::new(Duration::from_millis(8), 8, false);
+        let period = |n: u64| Duration::from_micros(n * 1_000 + 500);
+        w.record(true, false, period(0));
+        // The same slot (a multiple of 8), 2^15 periods short of the cycle.
+        let wrapped = (1 << SEQ_BITS) - (1 << 15);
+        let tally = w.record(true, false, period(wrapped));
+        assert_eq!((tally.calls, tally.failures), (1, 1));
+        assert_eq!(w.tally(period(wrapped)).calls, 1);
     }
 
     /// Two million calls in one bucket, one in ten failing: the window reads
