@@ -616,14 +616,19 @@ impl TimeWindow {
     /// window has seen (at least `now`'s). Two divisions cost more than the
     /// rest of a record, so the latest period found is kept and a
     /// multiplication checks that `now` is still in it; only a record in a
-    /// new period divides. The kept period only moves forward (a record
-    /// that read the clock late leaves it), and is checked every time.
+    /// new period divides. The kept period only moves forward, and is
+    /// checked every time. A `now` before it (a coarse reading a little
+    /// behind another thread's) is taken as the kept period: a success is
+    /// filed in the newest bucket, and its tally sees that bucket.
     #[inline]
     fn locate(&self, now: Duration) -> (u64, usize, u64) {
         let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
         let kept = self.period.load(Ordering::Relaxed);
         let (seq, index) = (kept >> PERIOD_INDEX_BITS, kept & PERIOD_INDEX_MASK);
-        if nanos.wrapping_sub(seq.wrapping_mul(self.bucket_nanos)) < self.bucket_nanos {
+        let kept_end = seq
+            .wrapping_mul(self.bucket_nanos)
+            .saturating_add(self.bucket_nanos);
+        if nanos < kept_end {
             return (seq, index as usize, seq);
         }
         let seq = (nanos / self.bucket_nanos).min(u64::MAX >> PERIOD_INDEX_BITS);
@@ -947,17 +952,23 @@ mod tests {
         assert_eq!((w.stripe_mask, w.buckets.len()), (0, 125));
     }
 
-    /// A success filed with a coarse reading one bucket late, into a slot
-    /// that already holds the current bucket (one bucket per window), is
-    /// added to it rather than wiping its failure out.
+    /// A success filed with a coarse reading one bucket late, after a
+    /// record of the next bucket, is filed in that latest bucket (one
+    /// bucket per window: the same slot), rather than wiping its failure
+    /// out; its tally sees that bucket, so a success that reaches the
+    /// minimum number of calls there can open the breaker.
     #[test]
-    fn a_late_record_joins_a_later_bucket_instead_of_wiping_it() {
+    fn a_late_record_is_filed_in_the_latest_bucket() {
         let w = TimeWindow::new(Duration::from_secs(1), 1, false);
         w.record(true, false, Duration::from_millis(1_000));
         assert_eq!(
             w.record(false, false, Duration::from_millis(999)),
-            Tally::default(),
-            "the tally at the late reading sees its own period empty"
+            Tally {
+                calls: 2,
+                failures: 1,
+                slow: 0
+            },
+            "the tally of the late record sees the latest bucket"
         );
         assert_eq!(
             w.tally(Duration::from_millis(1_001)),
