@@ -1120,3 +1120,67 @@ mod tests {
         assert_eq!(err.field(), "failure_rate.window");
     }
 }
+
+/// Loom models of the windows' lock-free records (run with the crate's
+/// loom model, see `tests/loom.rs`): every interleaving of the records.
+#[cfg(all(test, breaker_loom))]
+mod loom_models {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    /// The results a count window's ring holds now: (failures, slow).
+    fn ring_counts(w: &CountWindow) -> (u32, u32) {
+        let mut counts = (0, 0);
+        for position in 0..w.size {
+            let word = w.results[(position / RESULTS_PER_WORD) as usize].load(Ordering::Acquire);
+            let bits = word >> ((position % RESULTS_PER_WORD) * RESULT_BITS);
+            counts.0 += (bits & FAILED != 0) as u32;
+            counts.1 += (bits & SLOW != 0) as u32;
+        }
+        counts
+    }
+
+    /// Two records racing into a window of two that holds one failure: a
+    /// slow failure and a success, the first taking the failure's position.
+    /// Whichever thread swaps first, the counts end equal to the ring's.
+    #[test]
+    fn loom_racing_records_leave_the_counts_equal_to_the_ring() {
+        loom::model(|| {
+            let w = Arc::new(CountWindow::new(2));
+            w.record(true, false);
+            let failing = {
+                let w = w.clone();
+                thread::spawn(move || {
+                    w.record(true, true);
+                })
+            };
+            w.record(false, false);
+            failing.join().unwrap();
+            let tally = w.tally();
+            assert_eq!(tally.calls, 2);
+            assert_eq!((tally.failures, tally.slow), ring_counts(&w));
+        });
+    }
+
+    /// A success that finds the window full of successes writes nothing;
+    /// racing a failure, the failure is counted either way.
+    #[test]
+    fn loom_a_success_skipping_its_write_never_hides_a_failure() {
+        loom::model(|| {
+            let w = Arc::new(CountWindow::new(2));
+            w.record(false, false);
+            w.record(false, false);
+            let failing = {
+                let w = w.clone();
+                thread::spawn(move || w.record(true, false))
+            };
+            w.record(false, false);
+            let failed = failing.join().unwrap();
+            assert_eq!(failed.failures, 1, "the failure's own tally");
+            assert_eq!(w.tally().failures, 1);
+            assert_eq!(ring_counts(&w), (1, 0));
+        });
+    }
+}

@@ -1,7 +1,8 @@
 //! The atomics the breaker's state machine is built on.
 //!
 //! Normally `std`'s. Under `--cfg breaker_loom` they are loom's, so the loom
-//! model test (`tests/loom.rs`) explores every interleaving of the probe claim.
+//! models explore every interleaving of the probe claim (`tests/loom.rs`)
+//! and of the count window's records (`policy.rs`, `loom_models`).
 //! A crate-specific cfg keeps tokio's own `--cfg loom` code switched off.
 
 #[cfg(breaker_loom)]
