@@ -349,6 +349,10 @@ impl<C, R> RetryBuilder<C, R> {
     /// One deadline for the whole loop, measured from the first attempt:
     /// attempts and sleeps together never pass it. A sleep that would cross
     /// it is not started; the last result is returned at once.
+    ///
+    /// A call with a deadline or an [attempt timeout](Self::attempt_timeout)
+    /// arms its timer when it is made, as `tower::timeout` does: it must be
+    /// called inside a tokio runtime with its time driver enabled.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Deadline::Fixed(deadline);
         self
