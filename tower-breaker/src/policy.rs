@@ -127,6 +127,13 @@ pub enum Window {
     /// each on cache lines of its own) and adds them up when it needs a
     /// tally: 10 buckets take 1 KiB on 8 CPUs, against 80 bytes on one. A
     /// longer window keeps one copy.
+    ///
+    /// A bucket's copy counts at most 1 048 575 calls; past that, calls of
+    /// the bucket's period on that copy are not counted (the bucket keeps
+    /// the failure share of the calls it took) until the next bucket. Cut
+    /// the window so that a bucket sees fewer calls per CPU: a 10-minute
+    /// window in 10 buckets fills one at about 17 000 calls a second on
+    /// one copy, and in 600 buckets never below a million a second.
     #[non_exhaustive]
     Time {
         /// How far back the window reaches.
@@ -539,15 +546,24 @@ fn unpack(bucket: u64) -> Option<(u64, u64, u64)> {
 const LATER_BY_LESS_THAN: u64 = 1 << 16;
 
 /// Whether a slot holding sequence `held` holds a period later than a
-/// record's `seq` that is no later than `latest`, the latest period the
-/// window has seen: a bucket written since by a record that read the clock
-/// later. Sequence numbers wrap, so a slot left untouched for nearly a
-/// whole cycle also looks a little later than `seq`; it is not a bucket of
-/// the recent past but one from before the cycle, ahead of `latest`.
+/// record's `seq` that is no later than the latest period the window has
+/// seen (`period`, see [`TimeWindow::locate`]): a bucket written since by a
+/// record that read the clock later. Sequence numbers wrap, so a slot left
+/// untouched for nearly a whole cycle also looks a little later than `seq`;
+/// it is not a bucket of the recent past but one from before the cycle,
+/// ahead of the latest period.
+///
+/// The latest period is read here, after the slot: the record that wrote
+/// the later bucket raised it before writing, so a slot read with its
+/// write is read with a latest period at least that late.
 #[cold]
-fn is_later(held: u64, seq: u64, latest: u64) -> bool {
+fn is_later(held: u64, seq: u64, period: &AtomicU64) -> bool {
     let by = held.wrapping_sub(seq) & SEQ_MASK;
-    by != 0 && by < LATER_BY_LESS_THAN && latest.wrapping_sub(held) & SEQ_MASK < LATER_BY_LESS_THAN
+    if by == 0 || by >= LATER_BY_LESS_THAN {
+        return false;
+    }
+    let latest = seq.max(period.load(Ordering::Acquire) >> PERIOD_INDEX_BITS);
+    latest.wrapping_sub(held) & SEQ_MASK < LATER_BY_LESS_THAN
 }
 
 /// Adds `calls` and `failures` to the bucket of sequence `seq` in `slot`,
@@ -556,12 +572,12 @@ fn is_later(held: u64, seq: u64, latest: u64) -> bool {
 /// are: the record read the coarse clock a little late, and must not wipe
 /// the newer bucket out. `false` when the bucket was full and took nothing
 /// (see [`TimeWindow`]).
-fn add(slot: &AtomicU64, seq: u64, latest: u64, calls: u64, failures: u64) -> bool {
+fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64) -> bool {
     let mut current = slot.load(Ordering::Acquire);
     loop {
         let (seq, had_calls, had_failures) = match unpack(current) {
             // This period's bucket, or a later one.
-            Some((s, c, f)) if s == seq & SEQ_MASK || is_later(s, seq, latest) => {
+            Some((s, c, f)) if s == seq & SEQ_MASK || is_later(s, seq, period) => {
                 if c < ADD_BELOW && f < ADD_BELOW {
                     slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::SeqCst);
                     return true;
@@ -612,16 +628,15 @@ impl TimeWindow {
         }
     }
 
-    /// The bucket period of `now`, its slot, and the latest period the
-    /// window has seen (at least `now`'s). Two divisions cost more than the
-    /// rest of a record, so the latest period found is kept and a
+    /// The bucket period of `now` and its slot. Two divisions cost more than
+    /// the rest of a record, so the latest period found is kept and a
     /// multiplication checks that `now` is still in it; only a record in a
     /// new period divides. The kept period only moves forward, and is
     /// checked every time. A `now` before it (a coarse reading a little
     /// behind another thread's) is taken as the kept period: a success is
     /// filed in the newest bucket, and its tally sees that bucket.
     #[inline]
-    fn locate(&self, now: Duration) -> (u64, usize, u64) {
+    fn locate(&self, now: Duration) -> (u64, usize) {
         let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
         let kept = self.period.load(Ordering::Relaxed);
         let (seq, index) = (kept >> PERIOD_INDEX_BITS, kept & PERIOD_INDEX_MASK);
@@ -629,30 +644,31 @@ impl TimeWindow {
             .wrapping_mul(self.bucket_nanos)
             .saturating_add(self.bucket_nanos);
         if nanos < kept_end {
-            return (seq, index as usize, seq);
+            return (seq, index as usize);
         }
         let seq = (nanos / self.bucket_nanos).min(u64::MAX >> PERIOD_INDEX_BITS);
         let index = seq % self.ring as u64;
-        let before = self
-            .period
-            .fetch_max(seq << PERIOD_INDEX_BITS | index, Ordering::Relaxed);
-        (seq, index as usize, seq.max(before >> PERIOD_INDEX_BITS))
+        // Raised before the record writes its bucket (see `is_later`).
+        self.period
+            .fetch_max(seq << PERIOD_INDEX_BITS | index, Ordering::AcqRel);
+        (seq, index as usize)
     }
 
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
-        let (seq, index, latest) = self.locate(now);
+        let (seq, index) = self.locate(now);
         let stripe = thread_stripe() & self.stripe_mask;
         // A call its full bucket did not take is not counted as slow either:
         // the slow share stays a share of the calls counted.
+        let period = &self.period;
         let counted = add(
             self.bucket(stripe, index),
             seq,
-            latest,
+            period,
             1,
             u64::from(failed),
         );
         if let (Some(buckets), true, true) = (&self.slow, slow, counted) {
-            add(&buckets[index], seq, latest, 1, 0);
+            add(&buckets[index], seq, period, 1, 0);
         }
         // Sequentially consistent, the bucket writes, `notable` and the
         // tally's reads: a failure and a success recorded at once are two
@@ -692,7 +708,7 @@ impl TimeWindow {
     }
 
     fn tally(&self, now: Duration) -> Tally {
-        let (seq, index, _) = self.locate(now);
+        let (seq, index) = self.locate(now);
         self.tally_at(seq, index)
     }
 
@@ -980,25 +996,41 @@ mod tests {
         );
     }
 
+    /// A window's kept period at `seq` (slot 0).
+    fn period(seq: u64) -> AtomicU64 {
+        AtomicU64::new(seq << PERIOD_INDEX_BITS)
+    }
+
+    /// A record of period 5 whose kept period was read before another
+    /// record raised it to 6 and wrote period 6 into the slot: it joins
+    /// that bucket (the latest period is read again with the slot) rather
+    /// than starting the slot afresh at 5 and wiping period 6 out.
+    #[test]
+    fn a_record_behind_a_bucket_written_since_joins_it() {
+        let slot = AtomicU64::new(pack(6, 1, 1));
+        assert!(add(&slot, 5, &period(6), 1, 0));
+        assert_eq!(read(&slot, 6), (2, 1));
+    }
+
     /// A full bucket takes nothing more, rather than carrying into the
     /// next field (through the blind `fetch_add` and past it) or counting
     /// failures past its calls.
     #[test]
     fn a_full_bucket_takes_no_more() {
         let slot = AtomicU64::new(pack(5, ADD_BELOW - 1, 0));
-        assert!(add(&slot, 5, 5, 1, 1));
+        assert!(add(&slot, 5, &period(5), 1, 1));
         assert_eq!(read(&slot, 5), (ADD_BELOW as u32, 1));
         slot.store(pack(5, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
-        assert!(!add(&slot, 5, 5, 1, 1));
+        assert!(!add(&slot, 5, &period(5), 1, 1));
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, COUNT_MAX as u32));
         slot.store(pack(5, COUNT_MAX, 7), Ordering::Relaxed);
-        assert!(!add(&slot, 5, 5, 1, 1));
+        assert!(!add(&slot, 5, &period(5), 1, 1));
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, 7));
         // A reset bucket is empty whatever a racing add left in it.
         slot.store(0, Ordering::Relaxed);
         slot.fetch_add((1 << COUNT_BITS) | 1, Ordering::Relaxed);
         assert_eq!(read(&slot, 0), (0, 0));
-        add(&slot, 0, 0, 1, 0);
+        add(&slot, 0, &period(0), 1, 0);
         assert_eq!(read(&slot, 0), (1, 0));
     }
 

@@ -993,7 +993,10 @@ impl Breaker {
     /// closed. A reset clears the counts before the breaker closes, as a
     /// probe's close does; reset while it is closed, the clearing races the
     /// results its calls are writing, and a count window's failure count
-    /// can come out one off until the breaker next opens or is reset.
+    /// can come out one off until the breaker next opens or is reset. So
+    /// can a reset that lands while the last probe closes the breaker: the
+    /// probe clears the counts before its CAS, which the reset makes fail,
+    /// and the clearing may meet the reset period's first results.
     /// Returns the state left; [`announce_forced`](Self::announce_forced)
     /// then reports the change (the registry calls it once it holds no lock).
     pub(crate) fn set_forced(&self, to: State) -> State {
