@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
-use tower_classify::{BoxError, Failure, FailureKind};
+use tower_classify::{BoxError, Failure};
 use tower_service::Service;
 
 use crate::error::{DeadlineExceeded, PreviousFailure};
@@ -66,6 +66,15 @@ impl Cold {
         match &mut self.timer {
             Some(sleep) => sleep.as_mut().reset(end),
             None => self.timer = Some(Box::pin(tokio::time::sleep_until(end))),
+        }
+    }
+
+    /// Arms the timer, if the call has a deadline, for the last moment a
+    /// retry may be sent: `min_attempt_time` before the deadline. A service
+    /// that is not ready by then ends the call.
+    pub(crate) fn arm_readiness(&mut self, min_attempt_time: Duration) {
+        if let Some(deadline) = self.retry.deadline {
+            self.arm(deadline.checked_sub(min_attempt_time).unwrap_or(deadline));
         }
     }
 
@@ -171,19 +180,20 @@ pub(crate) fn first_call<S: Service<Req>, Req>(
     in_span(cold, |spans| &spans.attempt, || service.call(request))
 }
 
-/// Ends the call on its deadline after `attempts` attempts: its span, its
-/// metrics and listeners, and the [`DeadlineExceeded`] the caller gets.
+/// Ends the call on its deadline after `attempts` attempts, the last of
+/// which failed with `failure` (a timeout when the deadline cut it): its
+/// span, its metrics and listeners, and the [`DeadlineExceeded`] the caller
+/// gets.
 pub(crate) fn deadline_exceeded<C, R>(
     policy: &Policy<C, R>,
     cold: &mut Cold,
     attempts: u32,
+    failure: Failure,
 ) -> BoxError {
-    let failure = Failure::new(FailureKind::Timeout);
     cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
     policy
         .telemetry
         .gave_up(StopReason::Deadline, attempts, failure);
-    // The attempt in flight ran out of time.
     policy
         .listeners
         .gave_up(attempts, StopReason::Deadline, failure);

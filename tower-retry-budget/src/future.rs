@@ -218,10 +218,13 @@ where
                             // The attempt is abandoned: drop it now.
                             this.state.set(State::Done);
                             if *this.limit == Limit::Deadline {
+                                // The attempt in flight ran out of time.
+                                let failure = Failure::new(FailureKind::Timeout);
                                 return Poll::Ready(Err(deadline_exceeded(
                                     policy,
                                     cold,
                                     *this.attempts,
+                                    failure,
                                 )));
                             }
                             Err(AttemptError::TimedOut)
@@ -232,9 +235,7 @@ where
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     ready!(cold.timer().poll(cx));
                     // The same timer now guards readiness against the deadline.
-                    if let Some(deadline) = cold.retry.deadline {
-                        cold.timer().reset(deadline);
-                    }
+                    cold.arm_readiness(policy.min_attempt_time);
                     this.state.set(State::Readying);
                     continue;
                 }
@@ -250,10 +251,12 @@ where
                         // minimum attempt time `decide` saw room for.
                         Poll::Ready(Ok(())) if policy.no_time_for_an_attempt(cold.deadline()) => {
                             this.state.set(State::Done);
+                            let failure = cold.retried.expect("a retry follows a failure");
                             return Poll::Ready(Err(deadline_exceeded(
                                 policy,
                                 cold,
                                 *this.attempts,
+                                failure,
                             )));
                         }
                         Poll::Ready(Ok(())) => {}
@@ -266,10 +269,12 @@ where
                         Poll::Pending => {
                             if cold.retry.deadline.is_some() && cold.timer().poll(cx).is_ready() {
                                 this.state.set(State::Done);
+                                let failure = cold.retried.expect("a retry follows a failure");
                                 return Poll::Ready(Err(deadline_exceeded(
                                     policy,
                                     cold,
                                     *this.attempts,
+                                    failure,
                                 )));
                             }
                             return Poll::Pending;
@@ -288,7 +293,8 @@ where
                             let reason = StopReason::NotReplayable;
                             let failure = cold.retried.expect("a retry follows a failure");
                             cold.end_span(*this.attempts, Some(failure), Some(reason));
-                            policy.telemetry.gave_up(reason, *this.attempts, failure);
+                            // As for a request found not replayable when the
+                            // retry is decided: the listeners, no metric.
                             policy.listeners.gave_up(*this.attempts, reason, failure);
                             return Poll::Ready(Err(err));
                         }
@@ -323,7 +329,8 @@ where
                 StateProj::Expired => {
                     this.state.set(State::Done);
                     let cold = this.cold.as_mut().expect("a deadline has cold state");
-                    return Poll::Ready(Err(deadline_exceeded(policy, cold, 0)));
+                    let failure = Failure::new(FailureKind::Timeout);
+                    return Poll::Ready(Err(deadline_exceeded(policy, cold, 0, failure)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
@@ -418,9 +425,7 @@ where
         if wait.is_zero() {
             // No sleep: straight to readiness, with the timer (if any)
             // guarding the deadline.
-            if let Some(deadline) = cold.retry.deadline {
-                cold.arm(deadline);
-            }
+            cold.arm_readiness(policy.min_attempt_time);
             this.state.set(State::Readying);
         } else {
             cold.arm_wait(wait);

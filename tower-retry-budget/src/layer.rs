@@ -400,7 +400,9 @@ impl<C, R> RetryBuilder<C, R> {
     /// plus this would reach the deadline is not made; the loop ends at
     /// once, its last failure handed back. A call whose caller's deadline
     /// leaves less than this (or nothing) sends nothing and ends with
-    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded). Must be below
+    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded), and so does a
+    /// retry whose service is not ready again this long before the
+    /// deadline (it is not sent, and the call ends then). Must be below
     /// [`deadline`](Self::deadline). The deadline is the earlier of
     /// [`deadline`](Self::deadline) and the caller's
     /// [`Deadline`](tower_classify::deadline::Deadline) request extension.

@@ -638,6 +638,52 @@ async fn a_retry_ready_too_late_for_the_minimum_attempt_time_is_not_sent() {
     );
 }
 
+/// A service that stays unready ends the call as soon as no retry could
+/// start with the minimum attempt time left, not at the deadline itself;
+/// the give-up names how the last attempt failed.
+#[tokio::test(start_paused = true)]
+async fn a_service_unready_past_the_last_moment_for_a_retry_ends_the_call_then() {
+    use tower_retry_budget::{GiveUpEvent, StopReason};
+    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    let layer = RetryLayer::builder()
+        .backoff(Backoff::none())
+        .deadline(S(1))
+        .min_attempt_time(MS(200))
+        .no_budget()
+        .on_give_up({
+            let give_ups = give_ups.clone();
+            move |event| give_ups.lock().unwrap().push(*event)
+        })
+        .build()
+        .unwrap();
+    let mut service = layer.layer(mock);
+
+    handle.allow(1);
+    assert_ready_ok!(task::spawn(service.ready()).poll());
+    let mut response = task::spawn(service.call("hello"));
+    assert_pending!(response.poll());
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+    assert_pending!(response.poll());
+
+    tokio::time::advance(MS(799)).await;
+    assert_pending!(response.poll());
+    tokio::time::advance(MS(1)).await;
+    let error = assert_ready_err!(response.poll());
+    assert!(error.is::<DeadlineExceeded>(), "{error}");
+    let gave_up: Vec<_> = give_ups
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|event| (event.attempts, event.reason, event.failure.kind))
+        .collect();
+    assert_eq!(
+        gave_up,
+        [(1, StopReason::Deadline, FailureKind::Connection)]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_dropped_future_leaves_nothing_running() {
     let inner = always_reset();
