@@ -247,9 +247,23 @@ where
                     );
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
-                        // Ready late, the deadline may no longer leave the
-                        // minimum attempt time `decide` saw room for.
-                        Poll::Ready(Ok(())) if policy.no_time_for_an_attempt(cold.deadline()) => {
+                        Poll::Ready(Err(err)) => {
+                            this.state.set(State::Done);
+                            let failure = Failure::new(FailureKind::ServerError);
+                            cold.end_span(*this.attempts, Some(failure), None);
+                            return Poll::Ready(Err(err.into()));
+                        }
+                        Poll::Ready(Ok(())) if !policy.no_time_for_an_attempt(cold.deadline()) => {}
+                        Poll::Pending
+                            if cold.retry.deadline.is_none()
+                                || cold.timer().poll(cx).is_pending() =>
+                        {
+                            return Poll::Pending
+                        }
+                        // Ready too late for the minimum attempt time
+                        // `decide` saw room for, or not ready by the last
+                        // moment a retry could start: none is sent.
+                        _ => {
                             this.state.set(State::Done);
                             let failure = cold.retried.expect("a retry follows a failure");
                             return Poll::Ready(Err(deadline_exceeded(
@@ -258,26 +272,6 @@ where
                                 *this.attempts,
                                 failure,
                             )));
-                        }
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(err)) => {
-                            this.state.set(State::Done);
-                            let failure = Failure::new(FailureKind::ServerError);
-                            cold.end_span(*this.attempts, Some(failure), None);
-                            return Poll::Ready(Err(err.into()));
-                        }
-                        Poll::Pending => {
-                            if cold.retry.deadline.is_some() && cold.timer().poll(cx).is_ready() {
-                                this.state.set(State::Done);
-                                let failure = cold.retried.expect("a retry follows a failure");
-                                return Poll::Ready(Err(deadline_exceeded(
-                                    policy,
-                                    cold,
-                                    *this.attempts,
-                                    failure,
-                                )));
-                            }
-                            return Poll::Pending;
                         }
                     }
                     let kept = this

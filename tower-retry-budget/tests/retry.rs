@@ -605,46 +605,17 @@ async fn readiness_is_polled_again_before_each_retry() {
     assert_eq!(assert_ready_ok!(response.poll()), "world");
 }
 
-/// Readiness that comes late does not send a retry the deadline no longer
-/// leaves the minimum attempt time for: the call ends on its deadline.
-#[tokio::test(start_paused = true)]
-async fn a_retry_ready_too_late_for_the_minimum_attempt_time_is_not_sent() {
-    let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
-    let layer = RetryLayer::builder()
-        .backoff(Backoff::none())
-        .deadline(S(1))
-        .min_attempt_time(MS(200))
-        .no_budget()
-        .build()
-        .unwrap();
-    let mut service = layer.layer(mock);
+type Mocked = tower_test::mock::Handle<&'static str, &'static str>;
 
-    handle.allow(1);
-    assert_ready_ok!(task::spawn(service.ready()).poll());
-    let mut response = task::spawn(service.call("hello"));
-    assert_pending!(response.poll());
-    let (_, send) = handle.next_request().await.unwrap();
-    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
-    // Retried at once (no backoff), but the service is not ready.
-    assert_pending!(response.poll());
-
-    tokio::time::advance(MS(950)).await;
-    handle.allow(1);
-    let error = assert_ready_err!(response.poll());
-    assert!(error.is::<DeadlineExceeded>(), "{error}");
-    assert!(
-        handle.poll_request().is_pending(),
-        "no retry sent with 50 ms left"
-    );
-}
-
-/// A service that stays unready ends the call as soon as no retry could
-/// start with the minimum attempt time left, not at the deadline itself;
-/// the give-up names how the last attempt failed.
-#[tokio::test(start_paused = true)]
-async fn a_service_unready_past_the_last_moment_for_a_retry_ends_the_call_then() {
-    use tower_retry_budget::{GiveUpEvent, StopReason};
-    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+/// A call through a retry layer (deadline 1 s, minimum attempt time 200 ms,
+/// no backoff) whose first attempt failed at time zero, now waiting for the
+/// service to be ready for its retry; and the give-ups reported.
+async fn waiting_for_readiness() -> (
+    task::Spawn<impl std::future::Future<Output = Result<&'static str, BoxError>>>,
+    Mocked,
+    Arc<Mutex<Vec<tower_retry_budget::GiveUpEvent>>>,
+) {
+    let give_ups = Arc::new(Mutex::new(Vec::new()));
     let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
     let layer = RetryLayer::builder()
         .backoff(Backoff::none())
@@ -665,8 +636,33 @@ async fn a_service_unready_past_the_last_moment_for_a_retry_ends_the_call_then()
     assert_pending!(response.poll());
     let (_, send) = handle.next_request().await.unwrap();
     send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+    // Retried at once (no backoff), but the service is not ready.
     assert_pending!(response.poll());
+    (response, handle, give_ups)
+}
 
+/// Readiness that comes late does not send a retry the deadline no longer
+/// leaves the minimum attempt time for: the call ends on its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_retry_ready_too_late_for_the_minimum_attempt_time_is_not_sent() {
+    let (mut response, mut handle, _) = waiting_for_readiness().await;
+    tokio::time::advance(MS(950)).await;
+    handle.allow(1);
+    let error = assert_ready_err!(response.poll());
+    assert!(error.is::<DeadlineExceeded>(), "{error}");
+    assert!(
+        handle.poll_request().is_pending(),
+        "no retry sent with 50 ms left"
+    );
+}
+
+/// A service that stays unready ends the call as soon as no retry could
+/// start with the minimum attempt time left, not at the deadline itself;
+/// the give-up names how the last attempt failed.
+#[tokio::test(start_paused = true)]
+async fn a_service_unready_past_the_last_moment_for_a_retry_ends_the_call_then() {
+    use tower_retry_budget::StopReason;
+    let (mut response, _handle, give_ups) = waiting_for_readiness().await;
     tokio::time::advance(MS(799)).await;
     assert_pending!(response.poll());
     tokio::time::advance(MS(1)).await;
