@@ -607,6 +607,17 @@ async fn readiness_is_polled_again_before_each_retry() {
 
 type Mocked = tower_test::mock::Handle<&'static str, &'static str>;
 
+/// The give-ups reported so far: attempts, why, and how the last failed.
+fn gave_up(
+    events: &Mutex<Vec<tower_retry_budget::GiveUpEvent>>,
+) -> Vec<(u32, tower_retry_budget::StopReason, FailureKind)> {
+    let events = events.lock().unwrap();
+    let summary = |event: &tower_retry_budget::GiveUpEvent| {
+        (event.attempts, event.reason, event.failure.kind)
+    };
+    events.iter().map(summary).collect()
+}
+
 /// A call through a retry layer (deadline 1 s, minimum attempt time 200 ms,
 /// no backoff) whose first attempt failed at time zero, now waiting for the
 /// service to be ready for its retry; and the give-ups reported.
@@ -668,14 +679,8 @@ async fn a_service_unready_past_the_last_moment_for_a_retry_ends_the_call_then()
     tokio::time::advance(MS(1)).await;
     let error = assert_ready_err!(response.poll());
     assert!(error.is::<DeadlineExceeded>(), "{error}");
-    let gave_up: Vec<_> = give_ups
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|event| (event.attempts, event.reason, event.failure.kind))
-        .collect();
     assert_eq!(
-        gave_up,
+        gave_up(&give_ups),
         [(1, StopReason::Deadline, FailureKind::Connection)]
     );
 }
@@ -971,14 +976,8 @@ async fn item_7_every_listener_is_called_for_retries_give_ups_and_recoveries() {
 
     // Never recovers: gives up after three attempts.
     call(layer.layer(always_reset())).await.unwrap_err();
-    let gave_up: Vec<_> = give_ups
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|event| (event.attempts, event.reason, event.failure.kind))
-        .collect();
     assert_eq!(
-        gave_up,
+        gave_up(&give_ups),
         [(3, StopReason::Attempts, FailureKind::Connection)]
     );
     // A first-attempt success is not a recovery.
@@ -1024,14 +1023,8 @@ async fn a_retry_that_cannot_be_made_is_a_give_up() {
     let err = call(layer.layer(inner.clone())).await.unwrap_err();
     assert_eq!(err.to_string(), "the body outgrew its recording");
     assert_eq!(inner.count(), 1);
-    let gave_up: Vec<_> = give_ups
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|event| (event.attempts, event.reason, event.failure.kind))
-        .collect();
     assert_eq!(
-        gave_up,
+        gave_up(&give_ups),
         [(1, StopReason::NotReplayable, FailureKind::Connection)]
     );
 }
