@@ -18,7 +18,8 @@ use crate::telemetry::{self, CallSpans};
 pub(crate) struct Cold {
     pub(crate) retry: RetryState,
     // One timer, reused: the attempt's limit while `Called`, the backoff
-    // while `Waiting`, the deadline while `Readying`.
+    // while `Waiting`, while `Readying` the last moment a retry may
+    // start (`arm_readiness`).
     timer: Option<Pin<Box<Sleep>>>,
     // How the attempt before the one in flight failed, for the error
     // that may end the loop; kept only when the call has a deadline.

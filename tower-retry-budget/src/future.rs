@@ -234,7 +234,7 @@ where
                 StateProj::Waiting => {
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     ready!(cold.timer().poll(cx));
-                    // The same timer now guards readiness against the deadline.
+                    // The same timer now bounds the wait for readiness.
                     cold.arm_readiness(policy.min_attempt_time);
                     this.state.set(State::Readying);
                     continue;
@@ -418,7 +418,7 @@ where
         }
         if wait.is_zero() {
             // No sleep: straight to readiness, with the timer (if any)
-            // guarding the deadline.
+            // bounding the wait for it.
             cold.arm_readiness(policy.min_attempt_time);
             this.state.set(State::Readying);
         } else {
