@@ -570,30 +570,31 @@ fn is_later(held: u64, seq: u64, period: &AtomicU64) -> bool {
 /// starting it afresh when it still holds an older period. A slot already
 /// holding a *later* period (see [`is_later`]) takes the counts as they
 /// are: the record read the coarse clock a little late, and must not wipe
-/// the newer bucket out. `false` when the bucket was full and took nothing
-/// (see [`TimeWindow`]).
-fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64) -> bool {
+/// the newer bucket out. Returns the period the counts were filed in
+/// (`seq`, or the later one), or `None` when the bucket was full and took
+/// nothing (see [`TimeWindow`]).
+fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64) -> Option<u64> {
     let mut current = slot.load(Ordering::Acquire);
     loop {
-        let (seq, had_calls, had_failures) = match unpack(current) {
+        let (held, had_calls, had_failures) = match unpack(current) {
             // This period's bucket, or a later one.
             Some((s, c, f)) if s == seq & SEQ_MASK || is_later(s, seq, period) => {
                 if c < ADD_BELOW && f < ADD_BELOW {
                     slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::SeqCst);
-                    return true;
+                    return Some(seq.wrapping_add(s.wrapping_sub(seq) & SEQ_MASK));
                 }
                 (s, c, f)
             }
-            _ => (seq, 0, 0),
+            _ => (seq & SEQ_MASK, 0, 0),
         };
         // Failures never outnumber calls, so a bucket with room for the
         // calls has room for the failures.
         if had_calls + calls > COUNT_MAX {
-            return false;
+            return None;
         }
-        let next = pack(seq, had_calls + calls, had_failures + failures);
+        let next = pack(held, had_calls + calls, had_failures + failures);
         match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::Acquire) {
-            Ok(_) => return true,
+            Ok(_) => return Some(seq.wrapping_add(held.wrapping_sub(seq) & SEQ_MASK)),
             Err(actual) => current = actual,
         }
     }
@@ -656,20 +657,33 @@ impl TimeWindow {
 
     fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         let (seq, index) = self.locate(now);
+        self.record_at(seq, index, failed, slow)
+    }
+
+    /// Records a call in period `seq` (slot `index`), found by `locate`
+    /// (which another record may have moved on since).
+    #[inline]
+    fn record_at(&self, seq: u64, index: usize, failed: bool, slow: bool) -> Tally {
         let stripe = thread_stripe() & self.stripe_mask;
         // A call its full bucket did not take is not counted as slow either:
         // the slow share stays a share of the calls counted.
         let period = &self.period;
-        let counted = add(
+        let filed = add(
             self.bucket(stripe, index),
             seq,
             period,
             1,
             u64::from(failed),
         );
-        if let (Some(buckets), true, true) = (&self.slow, slow, counted) {
+        if let (Some(buckets), true, Some(_)) = (&self.slow, slow, filed) {
             add(&buckets[index], seq, period, 1, 0);
         }
+        // The result is judged at the period it joined: a record that read
+        // the clock a little late and joined a later bucket must see that
+        // bucket in its tally and mark that period notable, or a deciding
+        // failure would tally an empty window and not open. The later
+        // period is in the same slot, so `index` still names it.
+        let seq = filed.unwrap_or(seq);
         // Sequentially consistent, the bucket writes, `notable` and the
         // tally's reads: a failure and a success recorded at once are two
         // threads each writing one place and reading the other's, which
@@ -1008,8 +1022,24 @@ mod tests {
     #[test]
     fn a_record_behind_a_bucket_written_since_joins_it() {
         let slot = AtomicU64::new(pack(6, 1, 1));
-        assert!(add(&slot, 5, &period(6), 1, 0));
+        assert_eq!(add(&slot, 5, &period(6), 1, 0), Some(6));
         assert_eq!(read(&slot, 6), (2, 1));
+    }
+
+    /// A failure of period 5 that joins the bucket of period 6 (written
+    /// since its `locate`) is judged at period 6: its tally sees that
+    /// bucket and it marks period 6 notable. Judged at 5, it tallied an
+    /// empty bucket (the deciding failure did not open) and the successes
+    /// after it found the window quiet.
+    #[test]
+    fn a_record_that_joins_a_later_bucket_is_judged_there() {
+        let w = TimeWindow::new(Duration::from_secs(1), 1, false);
+        let sixth = Duration::from_millis(6_500);
+        w.record(false, false, sixth);
+        let tally = w.record_at(5, 0, true, false);
+        assert_eq!((tally.calls, tally.failures), (2, 1));
+        let tally = w.record(false, false, sixth);
+        assert_eq!((tally.calls, tally.failures), (3, 1), "not judged quiet");
     }
 
     /// A full bucket takes nothing more, rather than carrying into the
@@ -1018,13 +1048,13 @@ mod tests {
     #[test]
     fn a_full_bucket_takes_no_more() {
         let slot = AtomicU64::new(pack(5, ADD_BELOW - 1, 0));
-        assert!(add(&slot, 5, &period(5), 1, 1));
+        assert_eq!(add(&slot, 5, &period(5), 1, 1), Some(5));
         assert_eq!(read(&slot, 5), (ADD_BELOW as u32, 1));
         slot.store(pack(5, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
-        assert!(!add(&slot, 5, &period(5), 1, 1));
+        assert_eq!(add(&slot, 5, &period(5), 1, 1), None);
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, COUNT_MAX as u32));
         slot.store(pack(5, COUNT_MAX, 7), Ordering::Relaxed);
-        assert!(!add(&slot, 5, &period(5), 1, 1));
+        assert_eq!(add(&slot, 5, &period(5), 1, 1), None);
         assert_eq!(read(&slot, 5), (COUNT_MAX as u32, 7));
         // A reset bucket is empty whatever a racing add left in it.
         slot.store(0, Ordering::Relaxed);
