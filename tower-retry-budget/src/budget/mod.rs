@@ -22,11 +22,15 @@
 //!
 //! # How the retry layer uses a budget
 //!
-//! [`Retry`](crate::Retry) calls [`Budget::deposit`] once per request (the first
-//! attempt, as Finagle's `RetryFilter` does) and [`Budget::withdraw`] before
-//! every retry. A budget is shared through an `Arc` by every clone of the layer
-//! and of the service it wraps; pass the same `Arc` to several layers to share
-//! one budget among them.
+//! [`Retry`](crate::Retry) calls [`Budget::deposit`] once per request (the
+//! first attempt, as Finagle's `RetryFilter` does) and [`Budget::withdraw`]
+//! before every retry, once it has decided to retry and before it waits. A
+//! retry that is then never sent (the caller dropped the call while it
+//! waited, or the service was still not ready when the deadline left no time
+//! for an attempt) has spent its withdrawal all the same: tower's [`Budget`]
+//! has no refund. A budget is shared through an `Arc` by every clone of the
+//! layer and of the service it wraps; pass the same `Arc` to several layers
+//! to share one budget among them.
 //!
 //! Both budgets are lock-free: the success path is an atomic load and an
 //! atomic add, where tower's `TpsBudget` takes a mutex on every call.
