@@ -284,6 +284,20 @@ pub struct DeadLetterEntry {
     /// [`replays`](Self::replays).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_replays: u64,
+    /// How many replays of this entry a server answered with a server error:
+    /// a recorded 5xx [`status`](ReplayRecord::status) other than 502 and
+    /// 504. [`http_request`](crate::replay::http_request) puts it in the
+    /// `Idempotency-Key` it makes: a server's idempotency guard may keep a
+    /// 5xx under the key it answered, so the next replay needs a new key to
+    /// be run at all. A replay that got no answer (a timeout, a lost
+    /// connection), or only a gateway's (502, 504: the server behind it may
+    /// have applied it), leaves the key as it was, so that the next replay is
+    /// recognised as the same request rather than applied twice. Only a
+    /// replay whose status was read counts (the CLI reads it; a
+    /// [`Replayer`](crate::replay::Replayer) does with
+    /// [`describe`](crate::replay::Replayer::describe)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replay_server_errors: u64,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -431,6 +445,7 @@ impl DeadLetterEntry {
             last_failed_at: failed_at,
             replays: Vec::new(),
             failed_replays: 0,
+            replay_server_errors: 0,
         }
     }
 
@@ -503,11 +518,17 @@ impl DeadLetterEntry {
     /// [`failed_replays`](Self::failed_replays) counts one more. The
     /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
     /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
-    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept.
+    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. A record of a
+    /// server error counts one more
+    /// [`replay_server_errors`](Self::replay_server_errors).
     pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
         self.failed_replays = self.failed_replays.saturating_add(1);
+        let server_error = |status| matches!(status, 500..=599) && !matches!(status, 502 | 504);
+        if record.status.is_some_and(server_error) {
+            self.replay_server_errors = self.replay_server_errors.saturating_add(1);
+        }
         record.attempt = self.attempts;
         self.replays.push(record);
         if self.replays.len() > REPLAY_HISTORY_LIMIT {
@@ -673,6 +694,7 @@ mod tests {
             last_failed_at: now + Duration::from_secs(2),
             replays: Vec::new(),
             failed_replays: 0,
+            replay_server_errors: 0,
         }
     }
 

@@ -23,10 +23,11 @@
 //!
 //! A crash between sending and removing leaves the entry claimed until the
 //! lease runs out, and then a later replay sends it again. For that case
-//! [`http_request`] sends an `Idempotency-Key` made of the entry id and its
-//! attempt count (`<id>-<attempts>`) when the request carried none, so a
-//! server that honours idempotency keys answers the second delivery from its
-//! first.
+//! [`http_request`] sends an `Idempotency-Key` made of the entry id and the
+//! number of replays a server answered with a 5xx (`<id>-<n>`) when the
+//! request carried none, so a server that honours idempotency keys answers
+//! the second delivery from its first. A replay that timed out or lost its
+//! connection leaves the key as it was, since the server may have applied it.
 //!
 //! # A replay that fails again
 //!
@@ -78,6 +79,16 @@ pub enum ReplayOutcome {
     Failed {
         /// The entry's attempt count now.
         attempts: u32,
+        /// How the replay's failure was classified.
+        kind: FailureKind,
+        /// The replay's failure, in one line.
+        error: String,
+    },
+    /// The service failed again, but the entry was removed while the
+    /// replay ran (purged, or delivered by a replay that took over once this
+    /// one's lease ran out): nothing was written back, so the removal
+    /// stands.
+    Gone {
         /// How the replay's failure was classified.
         kind: FailureKind,
         /// The replay's failure, in one line.
@@ -306,23 +317,6 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 return Ok(ReplayOutcome::Delivered);
             }
         };
-        // A dead-letter layer in the service may have added this failure
-        // to the entry already (it recognises the replay header); counting
-        // it here as well would count it twice.
-        if let Some(current) = store.get(id).await? {
-            if current.attempts > entry.attempts {
-                store.release(id, token).await?;
-                let (kind, error) = match current.last_replay() {
-                    Some(last) => (last.kind, last.error_text()),
-                    None => (failure.kind, current.error_text()),
-                };
-                return Ok(ReplayOutcome::Failed {
-                    attempts: current.attempts,
-                    kind,
-                    error,
-                });
-            }
-        }
         let record = match &result {
             Err(error) => ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
             Ok(response) => {
@@ -336,6 +330,37 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                     .with_status(self.describe.status_code(response))
             }
         };
+        // The entry is read again before it is updated, for two reasons.
+        match store.get(id).await? {
+            // It was removed while the call ran (purged, or delivered by a
+            // replay that took over after this one's lease ran out): `put`
+            // would store it anew, undoing the purge or sending a delivered
+            // entry again. (A removal between this read and the `put` is
+            // not caught: the stores have no conditional update.)
+            None => {
+                store.release(id, token).await?;
+                return Ok(ReplayOutcome::Gone {
+                    kind: failure.kind,
+                    error: record.error_text(),
+                });
+            }
+            // A dead-letter layer in the service added this failure to the
+            // entry already (it recognises the replay header); counting it
+            // here as well would count it twice.
+            Some(current) if current.attempts > entry.attempts => {
+                store.release(id, token).await?;
+                let (kind, error) = match current.last_replay() {
+                    Some(last) => (last.kind, last.error_text()),
+                    None => (failure.kind, current.error_text()),
+                };
+                return Ok(ReplayOutcome::Failed {
+                    attempts: current.attempts,
+                    kind,
+                    error,
+                });
+            }
+            Some(_) => {}
+        }
         let error = record.error_text();
         entry.record_replay(record, 1);
         let outcome = ReplayOutcome::Failed {
@@ -344,8 +369,8 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
             error,
         };
         // The update first, then the claim: released earlier, another
-        // replay could send the entry before its new attempt count (and so
-        // its new idempotency key) is stored.
+        // replay could send the entry before its new history (and so its
+        // idempotency key, after a 5xx) is stored.
         let kept = store.put(entry).await;
         // Given back even when the update failed, so the entry does not
         // wait out the lease; the update's error is the one reported.
@@ -366,12 +391,16 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
 /// `Connection` are left for the client to set.
 ///
 /// The request carries [`REPLAY_HEADER`] with the entry id, and
-/// `<entry id>-<attempts>` as its `Idempotency-Key` when the entry has none, so a server that honours idempotency keys delivers it once even when
-/// a crash makes a replay send it again (see the [module docs](self)). The
-/// attempt count is part of the key because a failed replay raises it: a
-/// server that keeps failed answers under their key (an idempotency guard
-/// keeps a 503 by default) then sees the next replay as a new request instead
-/// of answering it with the old failure.
+/// `<entry id>-<n>` as its `Idempotency-Key` when the entry has none, so a
+/// server that honours idempotency keys delivers it once even when a crash
+/// makes a replay send it again (see the [module docs](self)). `n` is
+/// [`replay_server_errors`](DeadLetterEntry::replay_server_errors), the
+/// replays a server answered with a 5xx: a server that keeps failed answers
+/// under their key (an idempotency guard keeps a 503 by default) then sees
+/// the next replay as a new request instead of answering it with the old
+/// failure. A replay that got no answer (a timeout, a lost connection) does
+/// not change the key: it may have been applied, and the next replay must be
+/// answered from it rather than applied twice.
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
 /// be a different request. So is one whose URI or body had a secret redacted
@@ -447,7 +476,7 @@ pub fn http_request(
         builder = builder.header(name, value);
     }
     if !has_key {
-        let key = HeaderValue::try_from(format!("{}-{}", entry.id, entry.attempts))?;
+        let key = HeaderValue::try_from(format!("{}-{}", entry.id, entry.replay_server_errors))?;
         builder = builder.header(idempotency_key, key);
     }
     builder = builder.header(replay_header, entry_id);

@@ -488,6 +488,7 @@ where
             last_failed_at,
             replays: Vec::new(),
             failed_replays: 0,
+            replay_server_errors: 0,
         }
     }
 
@@ -694,6 +695,7 @@ mod tests {
             last_failed_at: now,
             replays: Vec::new(),
             failed_replays: 0,
+            replay_server_errors: 0,
         }
     }
 

@@ -611,15 +611,15 @@ fn a_replay_carries_the_entry_id_as_idempotency_key_and_replay_mark() {
     let to: Uri = "http://replay.internal".parse().unwrap();
     let req = http_request(&e, &to, &[]).unwrap();
     let id = e.id.to_string();
-    assert_eq!(req.headers()["idempotency-key"], format!("{id}-2").as_str());
+    assert_eq!(req.headers()["idempotency-key"], format!("{id}-0").as_str());
     assert_eq!(req.headers()[REPLAY_HEADER], id.as_str());
 
-    // A failed replay raised the attempt count: the next replay is a new
+    // A server answered a replay with a 5xx: the next replay is a new
     // request to a server that keeps failed answers under their key.
     let mut failed_again = e.clone();
-    failed_again.attempts += 1;
+    failed_again.replay_server_errors += 1;
     let req = http_request(&failed_again, &to, &[]).unwrap();
-    assert_eq!(req.headers()["idempotency-key"], format!("{id}-3").as_str());
+    assert_eq!(req.headers()["idempotency-key"], format!("{id}-1").as_str());
 
     // A key the original request carried is the one sent again.
     let mut keyed = entry();
@@ -755,4 +755,105 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
             "the replay mark was stored"
         );
     }
+}
+
+/// A replay whose outcome is unknown (a timeout, or a gateway's 504) keeps
+/// its idempotency key: the server may have applied it, and the next
+/// replay must be answered from it, not applied again. Only a server's own
+/// 5xx, which a guard may keep under the key, moves the key on.
+#[tokio::test]
+async fn a_replay_changes_its_idempotency_key_only_after_a_server_error() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let answers = Arc::new(Mutex::new(vec![
+        Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        Ok(StatusCode::GATEWAY_TIMEOUT),
+        Ok(StatusCode::SERVICE_UNAVAILABLE),
+        Ok(StatusCode::OK),
+    ]));
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let (answer, seen) = (answers.clone(), keys.clone());
+    let mut service = service_fn(move |req: Request<Full<Bytes>>| {
+        let key = req.headers()["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        seen.lock().unwrap().push(key);
+        let answer = answer.lock().unwrap().remove(0);
+        async move {
+            let status = answer.map_err(BoxError::from)?;
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(status)
+                    .body(Bytes::new())
+                    .unwrap(),
+            )
+        }
+    });
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let classifier = HttpClassifier::new();
+    for _ in 0..4 {
+        replayer
+            .replay(e.id, &mut service, &classifier, to_request)
+            .await
+            .unwrap();
+    }
+    let id = e.id;
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(
+        keys,
+        [
+            format!("{id}-0"),
+            format!("{id}-0"),
+            format!("{id}-0"),
+            format!("{id}-1")
+        ],
+        "the key moves only after the 503"
+    );
+    assert!(answers.lock().unwrap().is_empty());
+    assert_eq!(store.get(id).await.unwrap(), None, "delivered at last");
+}
+
+/// An entry purged while its replay ran is not written back when the
+/// replay fails: the purge stands.
+#[tokio::test]
+async fn a_failed_replay_does_not_bring_back_an_entry_purged_meanwhile() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let purging = store.clone();
+    let mut service = service_fn(move |_req: Request<Full<Bytes>>| {
+        let store = purging.clone();
+        async move {
+            let purged = store
+                .purge(tower_poison::store::PurgeFilter::all())
+                .await
+                .unwrap();
+            assert_eq!(purged, 1);
+            Err::<Response<Bytes>, _>(BoxError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            )))
+        }
+    });
+    let outcome = replay(
+        &store,
+        e.id,
+        &mut service,
+        &HttpClassifier::new(),
+        to_request,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            ReplayOutcome::Gone {
+                kind: FailureKind::Timeout,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(store.get(e.id).await.unwrap(), None, "the purge stands");
 }

@@ -589,6 +589,10 @@ async fn replay_command(
                     json!({"attempts": attempts, "kind": kind.as_str(), "error": error}),
                 )
             }
+            Ok(ReplayOutcome::Gone { kind, error }) => {
+                failed += 1;
+                ("gone", json!({"kind": kind.as_str(), "error": error}))
+            }
             Ok(ReplayOutcome::NotFound) => {
                 failed += 1;
                 ("not_found", json!({}))

@@ -843,6 +843,7 @@ mod tests {
             last_failed_at: now,
             replays: Vec::new(),
             failed_replays: 0,
+            replay_server_errors: 0,
         }
     }
 
