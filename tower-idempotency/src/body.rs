@@ -237,6 +237,17 @@ pub(crate) trait Outcome: Send + Sync + 'static {
     fn record(self: Box<Self>, completion: Completion) -> Write;
 }
 
+/// A body's length as its head or the body itself declares it up front:
+/// its `Content-Length`, else an exact size hint (which hyper sends as the
+/// `Content-Length`). `None` when neither says.
+pub(crate) fn declared_len<B: Body>(headers: &http::HeaderMap, body: &B) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .or_else(|| body.size_hint().exact())
+}
+
 /// What polling a body for a frame gave.
 type Polled = Option<Result<Frame<Bytes>, BoxError>>;
 
@@ -252,20 +263,30 @@ pub(crate) struct Recorder {
     chunks: Vec<Bytes>,
     len: usize,
     limit: usize,
+    /// The body's length as declared up front (its `Content-Length`, or an
+    /// exact size hint), when it is.
+    declared: Option<u64>,
     /// The outcome being written, and what to hand on once it is.
     writing: Option<(Write, Polled)>,
 }
 
 impl Recorder {
     /// Records a response with head `parts` for `claim`, storing at most
-    /// `limit` bytes of body.
-    pub(crate) fn new(claim: Box<dyn Outcome>, parts: &Parts, limit: usize) -> Self {
+    /// `limit` bytes of body. `declared` is the body's length when it is
+    /// known up front (see [`declared_len`]).
+    pub(crate) fn new(
+        claim: Box<dyn Outcome>,
+        parts: &Parts,
+        declared: Option<u64>,
+        limit: usize,
+    ) -> Self {
         Recorder {
             claim: Some(claim),
             response: StoredResponse::new(parts.status, &parts.headers, Bytes::new()),
             chunks: Vec::new(),
             len: 0,
             limit,
+            declared,
             writing: None,
         }
     }
@@ -313,6 +334,15 @@ impl Recorder {
             }
             if !data.is_empty() {
                 self.chunks.push(data.clone());
+            }
+            // A body that has given all it declared is whole, whether or not
+            // it says it has ended: hyper stops polling an HTTP/1 body once
+            // its `Content-Length` is written, so waiting for the end would
+            // leave a response the client read in full recorded as
+            // cancelled. (Trailers after it, which only HTTP/2 could send
+            // with a length, are handed on but not stored.)
+            if self.declared == Some(self.len as u64) {
+                return Some(self.finish());
             }
         } else if let Some(trailers) = frame.trailers_ref() {
             // Trailers end the body.
@@ -595,7 +625,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        GuardBody::recorded(body, Recorder::new(Box::new(claim), &parts, limit))
+        GuardBody::recorded(body, Recorder::new(Box::new(claim), &parts, None, limit))
     }
 
     fn stored(body: &'static str, trailers: Option<&HeaderMap>) -> Completion {
@@ -654,6 +684,45 @@ mod tests {
         assert_eq!(told.take(), [Err("dropped")]);
     }
 
+    /// A body that has given all its `Content-Length` is recorded whole at
+    /// that frame, though it has not said it ended: hyper stops polling an
+    /// HTTP/1 body there, so waiting for the end recorded a response the
+    /// client read in full as cancelled.
+    #[tokio::test]
+    async fn a_body_is_whole_once_it_has_given_its_declared_length() {
+        let told = Told::default();
+        let claim = FakeClaim {
+            told: told.clone(),
+            release: None,
+            recorded: false,
+        };
+        let (parts, ()) = http::Response::builder()
+            .status(201)
+            .header("content-type", "text/plain")
+            .header("content-length", "5")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let frames = Frames::new(&[b"ab", b"cde"]);
+        let declared = declared_len(&parts.headers, &frames);
+        assert_eq!(declared, Some(5));
+        let mut body = GuardBody::recorded(
+            frames,
+            Recorder::new(Box::new(claim), &parts, declared, 100),
+        );
+        body.frame().await.unwrap().unwrap();
+        assert!(told.take().is_empty(), "not whole at 2 of 5 bytes");
+        let last = body.frame().await.unwrap().unwrap();
+        assert_eq!(last.into_data().unwrap(), "cde");
+        // Dropped here, as hyper drops it, without being polled to its end.
+        drop(body);
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", "text/plain".parse().unwrap());
+        headers.insert("content-length", "5".parse().unwrap());
+        let whole = StoredResponse::new(http::StatusCode::CREATED, &headers, "abcde".into());
+        assert_eq!(told.take(), [Ok(Completion::Response(whole))]);
+    }
+
     /// The last frame waits for the outcome to be written, and while it
     /// waits the body still counts it: `size_hint` and `is_end_stream` stay
     /// exact.
@@ -668,7 +737,8 @@ mod tests {
         };
         let (parts, ()) = http::Response::new(()).into_parts();
         let inner = http_body_util::Full::new(Bytes::from("whole"));
-        let mut body = GuardBody::recorded(inner, Recorder::new(Box::new(claim), &parts, 100));
+        let mut body =
+            GuardBody::recorded(inner, Recorder::new(Box::new(claim), &parts, Some(5), 100));
         assert_eq!(body.size_hint().exact(), Some(5));
         assert!(!body.is_end_stream());
         let waker = std::task::Waker::noop();

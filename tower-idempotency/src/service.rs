@@ -14,7 +14,7 @@ use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
 use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
-use crate::body::{compare, Compared, GuardBody, Recorder, RequestHash};
+use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
 use crate::error::{chain, StoreErrorKind};
 use crate::future::ResponseFuture;
 use crate::key;
@@ -295,7 +295,8 @@ where
         held.complete(Completion::Response(stored)).await;
         return Ok(Response::from_parts(parts, GuardBody::new(body)));
     }
-    if declared_len(&parts.headers, &body) > limit as u64 {
+    let declared = declared_len(&parts.headers, &body);
+    if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
         tracing::warn!(
             key = held.key(),
             limit,
@@ -304,22 +305,11 @@ where
         held.complete(Completion::NotKept(NotKept::TooLarge)).await;
         return Ok(Response::from_parts(parts, GuardBody::new(body)));
     }
-    let recorder = Recorder::new(Box::new(held), &parts, limit);
+    let recorder = Recorder::new(Box::new(held), &parts, declared, limit);
     Ok(Response::from_parts(
         parts,
         GuardBody::recorded(body, recorder),
     ))
-}
-
-/// The least a response body will be: its `Content-Length`, or what the body
-/// says of itself.
-fn declared_len<B: Body>(headers: &http::HeaderMap, body: &B) -> u64 {
-    let header = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    header.max(body.size_hint().lower())
 }
 
 /// The answer to a repeat of a completed key: its stored response, or the
