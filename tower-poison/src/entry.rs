@@ -257,7 +257,8 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_len: Option<u64>,
     /// The error and its `source()` chain, outermost first, one message per
-    /// level. A response classified as a failure is described in one line.
+    /// level, cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes. A
+    /// response classified as a failure is described in one line.
     pub error: Vec<String>,
     /// How the failure was classified.
     #[serde(with = "kind_serde")]
@@ -310,15 +311,17 @@ fn is_zero(count: &u64) -> bool {
 /// Enough to see whether a cause changed between replays (a 503 that became
 /// a 422), small enough that a replay loop left running cannot grow an entry
 /// past a few kilobytes: each record's error chain is cut to
-/// [`REPLAY_ERROR_LEVELS`] levels of at most [`REPLAY_ERROR_BYTES`] bytes.
+/// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
 pub const REPLAY_HISTORY_LIMIT: usize = 16;
 
-/// The most error-chain levels a [`ReplayRecord`] keeps.
-pub const REPLAY_ERROR_LEVELS: usize = 8;
+/// The most error-chain levels an entry's [`error`](DeadLetterEntry::error)
+/// or a [`ReplayRecord`] keeps.
+pub const ERROR_LEVELS: usize = 8;
 
-/// The most bytes of one error message a [`ReplayRecord`] keeps (cut at a
-/// character boundary, `…` appended).
-pub const REPLAY_ERROR_BYTES: usize = 512;
+/// The most bytes of one error message an entry or a [`ReplayRecord`] keeps
+/// (cut at a character boundary, `…` appended): an upstream error that
+/// quotes a whole response body must not fill the store.
+pub const ERROR_BYTES: usize = 512;
 
 /// One failed replay of a dead-letter entry, as the entry keeps it in
 /// [`DeadLetterEntry::replays`].
@@ -349,14 +352,9 @@ pub struct ReplayRecord {
 
 impl ReplayRecord {
     /// A replay that failed at `at` with a failure of `kind`, described by
-    /// `error` (cut to [`REPLAY_ERROR_LEVELS`] levels of
-    /// [`REPLAY_ERROR_BYTES`] bytes).
+    /// `error` (cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
     pub fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
-        let error = error
-            .into_iter()
-            .take(REPLAY_ERROR_LEVELS)
-            .map(|message| clip_message(message, REPLAY_ERROR_BYTES))
-            .collect();
+        let error = clip_chain(error);
         ReplayRecord {
             at,
             attempt: 0,
@@ -378,6 +376,15 @@ impl ReplayRecord {
     }
 }
 
+/// `chain` cut to [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
+pub(crate) fn clip_chain(chain: Vec<String>) -> Vec<String> {
+    chain
+        .into_iter()
+        .take(ERROR_LEVELS)
+        .map(|message| clip_message(message, ERROR_BYTES))
+        .collect()
+}
+
 /// `message` cut to at most `max` bytes at a character boundary, with `…`
 /// in place of what was cut.
 fn clip_message(mut message: String, max: usize) -> String {
@@ -397,7 +404,7 @@ fn clip_message(mut message: String, max: usize) -> String {
 impl DeadLetterEntry {
     /// An entry for a call labelled `label` that failed once, at
     /// `failed_at`, with a failure of `kind` described by `error` (outermost
-    /// first).
+    /// first; cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
     ///
     /// The id is generated for `failed_at`; there is no request (method,
     /// URI, headers, message id) and an empty body until the `with_…`
@@ -438,7 +445,7 @@ impl DeadLetterEntry {
             body: Bytes::new(),
             body_truncated: false,
             body_len: None,
-            error,
+            error: clip_chain(error),
             kind,
             attempts: 1,
             first_failed_at: failed_at,
@@ -787,12 +794,12 @@ mod tests {
 
     #[test]
     fn a_record_bounds_its_error_chain() {
-        let long = "é".repeat(REPLAY_ERROR_BYTES);
-        let chain: Vec<String> = (0..REPLAY_ERROR_LEVELS + 5).map(|_| long.clone()).collect();
+        let long = "é".repeat(ERROR_BYTES);
+        let chain: Vec<String> = (0..ERROR_LEVELS + 5).map(|_| long.clone()).collect();
         let record = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, chain);
-        assert_eq!(record.error.len(), REPLAY_ERROR_LEVELS);
+        assert_eq!(record.error.len(), ERROR_LEVELS);
         for message in &record.error {
-            assert!(message.len() <= REPLAY_ERROR_BYTES, "{}", message.len());
+            assert!(message.len() <= ERROR_BYTES, "{}", message.len());
             assert!(message.ends_with('…'));
         }
         let short = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, vec!["reset".into()]);

@@ -13,7 +13,7 @@ use crate::capture::{
     BodyRecording, CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT,
 };
 use crate::counts::DynFailureCountStore;
-use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayRecord};
+use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
@@ -325,6 +325,9 @@ where
                 (Err(error), chain, None)
             }
         };
+        // Bounded before it is kept anywhere (the entry, the poison
+        // detector's last failures): an error can quote a whole body.
+        let error = clip_chain(error);
         let record = pending.finish(BODY_WAIT, attempts).await;
         let failure = Failed {
             kind,

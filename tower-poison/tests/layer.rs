@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower::retry::{Policy, RetryLayer};
-use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_classify::{
     BoxError, Classified, Classify, ErrorChainClassifier, FailureKind, HttpClassifier,
 };
@@ -368,6 +368,35 @@ async fn poison_outcome_is_dead_lettered_on_the_first_failure() {
     assert_eq!(entries[0].attempts, 1);
     assert_eq!(entries[0].message_id.as_deref(), Some("msg-7"));
     assert_eq!(entries[0].error, ["payload fails schema validation"]);
+}
+
+/// An upstream error that quotes a whole body is stored cut to
+/// `ERROR_LEVELS` levels of `ERROR_BYTES` bytes: sixteen 4 MiB failures
+/// used to keep 64 MiB of error text in a store bounded by entry count.
+#[tokio::test]
+async fn a_huge_error_is_stored_cut_to_its_bound() {
+    let store = MemoryStore::new(100);
+    let huge = "x".repeat(4 << 20);
+    let mut service =
+        DeadLetterLayer::new(store.clone()).layer(service_fn(move |_req: Request<Body>| {
+            let error = UpstreamError(std::io::Error::other(huge.clone()));
+            async move { Err::<Response<Bytes>, BoxError>(error.into()) }
+        }));
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(request("{}"))
+        .await
+        .unwrap_err();
+    let entries = all(&store).await;
+    let [entry] = &entries[..] else {
+        panic!("one entry: {entries:?}")
+    };
+    assert_eq!(entry.error.len(), 2);
+    assert_eq!(entry.error[0], "upstream call failed");
+    assert!(entry.error[1].len() <= tower_poison::ERROR_BYTES);
+    assert!(entry.error[1].ends_with('…'));
 }
 
 /// A queue message, as a consumer's service receives it.
