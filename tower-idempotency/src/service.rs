@@ -15,7 +15,7 @@ use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
-use crate::error::{chain, StoreErrorKind};
+use crate::error::{chain, StoreError, StoreErrorKind};
 use crate::future::ResponseFuture;
 use crate::key;
 use crate::rejection::Rejection;
@@ -221,13 +221,22 @@ where
     let config = &shared.config;
     // The body part is not known until the handler has read the body.
     let head = key::head(&parts.method, &parts.uri);
-    let claim = match shared
-        .store
-        .claim(&key, &key::fingerprint(&head, None), config.in_flight_ttl)
-        .await
-    {
-        Ok(claim) => claim,
-        Err(error) if error.kind() == StoreErrorKind::Full => {
+    let claiming = run_claim(
+        shared.store.clone(),
+        key.clone(),
+        key::fingerprint(&head, None),
+        config.in_flight_ttl,
+    );
+    let (claim, acquired) = match claiming.await {
+        Some(Ok(claimed)) => claimed,
+        None => {
+            tracing::error!(
+                key,
+                "idempotency store panicked claiming a key; request refused"
+            );
+            return Ok(reject(Rejection::StoreUnavailable));
+        }
+        Some(Err(error)) if error.kind() == StoreErrorKind::Full => {
             tracing::warn!(
                 key,
                 error = chain(&error),
@@ -235,7 +244,7 @@ where
             );
             return Ok(reject(Rejection::StoreFull));
         }
-        Err(error) => {
+        Some(Err(error)) => {
             tracing::error!(
                 key,
                 error = chain(&error),
@@ -245,7 +254,13 @@ where
         }
     };
     let token = match claim {
-        Claim::Acquired(token) => token,
+        Claim::Acquired(token) => {
+            // Held from here on: its drop records the call as cancelled.
+            if let Some(acquired) = acquired {
+                acquired.keep();
+            }
+            token
+        }
         // The first request's handler may still be reading its body: only
         // the heads can be compared.
         Claim::InFlight { fingerprint } if key::parse_fingerprint(&fingerprint).0 != head => {
@@ -520,6 +535,73 @@ impl<St: IdempotencyStore> Drop for Held<St> {
     }
 }
 
+/// Claims `key`, to the end even if the call goes away meanwhile (see
+/// [`RunToEnd`]): a claim cut short could be applied in the store with no
+/// one left to know, holding the key for the whole in-flight TTL. A key
+/// acquired for a call that is gone is released by the [`Acquired`] that
+/// comes with it.
+fn run_claim<St: IdempotencyStore>(
+    store: St,
+    key: String,
+    fingerprint: String,
+    in_flight_ttl: Duration,
+) -> RunToEnd<Result<Claimed<St>, StoreError>> {
+    RunToEnd::new(async move {
+        let claim = store.claim(&key, &fingerprint, in_flight_ttl).await?;
+        let acquired = match &claim {
+            Claim::Acquired(token) => Some(Acquired {
+                store,
+                key,
+                token: Some(token.clone()),
+            }),
+            _ => None,
+        };
+        Ok((claim, acquired))
+    })
+}
+
+/// What a claim found, and the key to release if the call is gone by then.
+type Claimed<St> = (Claim, Option<Acquired<St>>);
+
+/// A key claimed for a call, released when dropped unless
+/// [`keep`](Self::keep) was called: dropped, the call went away before its
+/// handler could run, and nothing happened under the key.
+struct Acquired<St: IdempotencyStore> {
+    store: St,
+    key: String,
+    token: Option<ClaimToken>,
+}
+
+impl<St: IdempotencyStore> Acquired<St> {
+    /// The call has the claim: its [`Held`] answers for it from now on.
+    fn keep(mut self) {
+        self.token = None;
+    }
+}
+
+impl<St: IdempotencyStore> Drop for Acquired<St> {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
+        // Outside a runtime (it is shutting down) the claim lapses after the
+        // in-flight TTL.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                match store.release(&key, &token).await {
+                    Ok(_) => count("released"),
+                    Err(error) => tracing::error!(
+                        key,
+                        error = chain(&error),
+                        "idempotency store failed to release a key; it lapses after the in-flight TTL"
+                    ),
+                }
+            });
+        }
+    }
+}
+
 /// Extends `claim` every third of `in_flight_ttl` until aborted, or until
 /// the claim is found gone.
 async fn keep<St: IdempotencyStore>(
@@ -553,66 +635,81 @@ async fn keep<St: IdempotencyStore>(
 }
 
 /// A store write that runs to its end even if whoever waits for it goes
-/// away: polled in place first (a write to an in-memory store is done then,
-/// with no task to spawn), then, if it has to wait, in a task of its own
-/// that this future waits for; in place outside a tokio runtime.
-pub(crate) struct Write {
-    state: WriteState,
-}
-
-enum WriteState {
-    /// Polled only through `&mut`, so the mutex is never locked: it only
-    /// makes the write `Sync`, and with it the bodies that hold one.
-    Here(Mutex<Pin<Box<dyn Future<Output = ()> + Send>>>),
-    Spawned(tokio::task::JoinHandle<()>),
-    Done,
-}
+/// away (see [`RunToEnd`]).
+pub(crate) type Write = RunToEnd<()>;
 
 impl Write {
-    pub(crate) fn new(write: impl Future<Output = ()> + Send + 'static) -> Self {
-        Write {
-            state: WriteState::Here(Mutex::new(Box::pin(write))),
-        }
-    }
-
+    /// A write with nothing to do.
     pub(crate) fn done() -> Self {
-        Write {
-            state: WriteState::Done,
+        RunToEnd {
+            state: RunState::Done(Some(())),
         }
     }
 }
 
-impl Future for Write {
-    type Output = ();
+/// A store operation that runs to its end even if whoever waits for it goes
+/// away: polled in place first (an in-memory store is done then, with no
+/// task to spawn), then, if it has to wait, in a task of its own that this
+/// future waits for; in place outside a tokio runtime. A result the waiter
+/// never takes is dropped where it ends, so one that must be undone (an
+/// [`Acquired`] claim) undoes itself in its `Drop`.
+pub(crate) struct RunToEnd<T> {
+    state: RunState<T>,
+}
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+enum RunState<T> {
+    /// Polled only through `&mut`, so the mutex is never locked: it only
+    /// makes the operation `Sync`, and with it the bodies that hold one.
+    Here(Mutex<Pin<Box<dyn Future<Output = T> + Send>>>),
+    Spawned(tokio::task::JoinHandle<T>),
+    /// Its result, until it is taken.
+    Done(Option<T>),
+}
+
+impl<T: Send + 'static> RunToEnd<T> {
+    pub(crate) fn new(operation: impl Future<Output = T> + Send + 'static) -> Self {
+        RunToEnd {
+            state: RunState::Here(Mutex::new(Box::pin(operation))),
+        }
+    }
+}
+
+// The result is only ever moved, never pinned.
+impl<T> Unpin for RunToEnd<T> {}
+
+impl<T: Send + 'static> Future for RunToEnd<T> {
+    /// `None` when the operation, spawned, panicked or was dropped with the
+    /// runtime: it is over either way.
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         loop {
             match &mut self.state {
-                WriteState::Here(write) => {
-                    let write = write.get_mut().unwrap_or_else(PoisonError::into_inner);
-                    if write.as_mut().poll(cx).is_ready() {
-                        self.state = WriteState::Done;
-                        return Poll::Ready(());
+                RunState::Here(operation) => {
+                    let operation = operation.get_mut().unwrap_or_else(PoisonError::into_inner);
+                    if let Poll::Ready(output) = operation.as_mut().poll(cx) {
+                        self.state = RunState::Done(None);
+                        return Poll::Ready(Some(output));
                     }
                     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Poll::Pending;
                     };
-                    let WriteState::Here(write) =
-                        std::mem::replace(&mut self.state, WriteState::Done)
+                    let RunState::Here(operation) =
+                        std::mem::replace(&mut self.state, RunState::Done(None))
                     else {
                         unreachable!("matched above");
                     };
-                    let write = write.into_inner().unwrap_or_else(PoisonError::into_inner);
-                    self.state = WriteState::Spawned(runtime.spawn(write));
+                    let operation = operation
+                        .into_inner()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    self.state = RunState::Spawned(runtime.spawn(operation));
                 }
-                WriteState::Spawned(task) => {
-                    // A write that panicked, or was dropped with the runtime,
-                    // is over too.
-                    let _ = ready!(Pin::new(task).poll(cx));
-                    self.state = WriteState::Done;
-                    return Poll::Ready(());
+                RunState::Spawned(task) => {
+                    let output = ready!(Pin::new(task).poll(cx)).ok();
+                    self.state = RunState::Done(None);
+                    return Poll::Ready(output);
                 }
-                WriteState::Done => return Poll::Ready(()),
+                RunState::Done(output) => return Poll::Ready(output.take()),
             }
         }
     }

@@ -287,6 +287,70 @@ impl IdempotencyStore for FaultyCompletion {
     }
 }
 
+/// The memory store, answering a claim 100 ms after applying it (a round
+/// trip to a remote store).
+#[derive(Clone)]
+struct SlowClaim(MemoryIdempotencyStore);
+
+impl IdempotencyStore for SlowClaim {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.0.claim(key, fingerprint, ttl).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        claim
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        fingerprint: &str,
+        completion: Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0
+            .complete(key, claim, fingerprint, completion, ttl)
+            .await
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.extend(key, claim, ttl).await
+    }
+
+    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+}
+
+/// A call that goes away while its claim is on the wire (a timeout above
+/// the guard) never ran its handler: the claim, applied in the store, is
+/// released, and a repeat runs. Cut short with the call, it held the key
+/// for the in-flight TTL (5 minutes) with no one to release it.
+#[tokio::test(start_paused = true)]
+async fn a_call_gone_while_its_claim_was_under_way_leaves_the_key_free() {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(SlowClaim(memory())), &orders);
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        send(&service, post("/orders", "k-cut", "{}")),
+    )
+    .await;
+    assert!(cut.is_err(), "the call went away mid-claim");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let repeat = send(&service, post("/orders", "k-cut", "{}")).await;
+    assert_eq!(text(repeat).await.0, StatusCode::CREATED);
+    assert_eq!(orders.calls("/orders"), 1);
+}
+
 /// The request was applied but its response could not be stored: the client
 /// still gets the response, and the key stays claimed (repeats get 409 until
 /// the in-flight TTL) rather than being released for a second application.
