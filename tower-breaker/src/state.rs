@@ -592,6 +592,19 @@ impl Breaker {
                         claimed: word.claimed() + 1,
                         ..word.slots()
                     });
+                    if next.claimed() == u64::from(this.settings.probes) {
+                        // The last slot: the probes' deadline runs from now
+                        // (`probe_timeout` counts once every slot is taken),
+                        // not from the start of the half-open period, which
+                        // a probe given back (dropped, or neutral) and a
+                        // quiet spell may have left long past. Written
+                        // before the CAS, so no reader sees every slot taken
+                        // with the old deadline.
+                        this.probes_due.store(
+                            this.deadline_after(now, this.settings.probe_timeout),
+                            Ordering::Release,
+                        );
+                    }
                     match this.cas(word, next) {
                         Ok(()) => {
                             breaker_event!(
@@ -789,8 +802,10 @@ impl Breaker {
             None if !failed => {
                 // Load first: a store on every success would bounce the
                 // cache line between cores even when the count is already
-                // zero.
-                if self.consecutive.load(Ordering::Relaxed) != 0 {
+                // zero. A success of a past period must not clear the
+                // count of this one (checked only when there is a count to
+                // clear, so the healthy path reads one word).
+                if self.consecutive.load(Ordering::Relaxed) != 0 && self.counts(epoch) {
                     self.consecutive.store(0, Ordering::Relaxed);
                 }
                 return;

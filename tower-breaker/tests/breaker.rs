@@ -819,6 +819,72 @@ async fn item_3_a_hung_probe_is_reclaimed_after_the_probe_timeout() {
     assert_eq!(state_of(&admin), State::Closed, "a new probe decides");
 }
 
+/// `probe_timeout` counts from when the last slot is taken. It used to
+/// count from the start of the half-open period: a probe given back (here
+/// dropped by its caller) and a quiet spell left that long past, and the
+/// next call lapsed the new, healthy probe 10 ms after it was admitted,
+/// reopening the breaker with no failure seen.
+#[tokio::test(start_paused = true)]
+async fn item_3_a_probe_taken_later_gets_the_whole_probe_timeout() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(1))
+        .probe_timeout(Duration::from_secs(5))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_ready_ok!(svc.poll_ready());
+    let given_back = svc.call(1);
+    handle.next_request().await.unwrap();
+    drop(given_back);
+    assert_eq!(state_of(&admin), State::HalfOpen);
+
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_ready_ok!(svc.poll_ready());
+    let probe = svc.call(2);
+    let (_, answer) = handle.next_request().await.unwrap();
+    tokio::time::advance(Duration::from_millis(4_990)).await;
+    let busy = rejected(&mut svc, &mut handle);
+    assert_eq!(busy.remaining(), None, "half-open, its slot taken");
+    assert_eq!(state_of(&admin), State::HalfOpen, "the probe is not lapsed");
+    answer.send_response("ok");
+    assert_eq!(probe.await.unwrap(), "ok");
+    assert_eq!(state_of(&admin), State::Closed);
+}
+
+/// A success of a past closed period (admitted before the breaker opened,
+/// answering after it closed again) leaves the new period's failure count
+/// alone, as a failure of a past period does.
+#[tokio::test(start_paused = true)]
+async fn a_success_of_a_past_period_does_not_clear_the_failure_count() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(2)
+        .recovery_timeout(Duration::from_secs(1))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let admin = layer.handle();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    assert_ready_ok!(svc.poll_ready());
+    let slow = svc.call(100);
+    let (_, slow_answer) = handle.next_request().await.unwrap();
+    fail(&mut svc, &mut handle, 0).await;
+    fail(&mut svc, &mut handle, 1).await;
+    assert_eq!(state_of(&admin), State::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    succeed(&mut svc, &mut handle, 2).await;
+    assert_eq!(state_of(&admin), State::Closed);
+
+    fail(&mut svc, &mut handle, 3).await;
+    slow_answer.send_response("ok");
+    slow.await.unwrap();
+    assert_eq!(admin.get("default").unwrap().consecutive_failures, 1);
+    fail(&mut svc, &mut handle, 4).await;
+    assert_eq!(state_of(&admin), State::Open, "two in a row in this period");
+}
+
 #[tokio::test(start_paused = true)]
 async fn item_3_without_pending_mode_the_next_call_reclaims_an_overdue_probe() {
     let layer = CircuitBreakerLayer::builder()
