@@ -395,7 +395,11 @@ pub(crate) struct Breaker {
     /// Nanoseconds after `base` of the last state change.
     since: AtomicU64,
     consecutive: AtomicU32,
-    open_streak: AtomicU32,
+    /// How many times in a row the breaker reopened from half-open (low 32
+    /// bits), and the epoch of the half-open period the last reopening left
+    /// (high bits), so that every caller racing to reopen one period
+    /// computes the same streak (see [`open`](Self::open)).
+    open_streak: AtomicU64,
     window: Option<WindowState>,
     /// For a time window: the clock a success is filed by.
     coarse_clock: Option<CoarseClock>,
@@ -466,7 +470,7 @@ impl Breaker {
             probes_due: AtomicU64::new(0),
             since: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
-            open_streak: AtomicU32::new(0),
+            open_streak: AtomicU64::new(0),
             window,
             coarse_clock,
             failures: AtomicU64::new(0),
@@ -960,7 +964,17 @@ impl Breaker {
     /// word changed under us.
     fn open(&self, from: Word, now: Instant) -> bool {
         let streak = match from.state() {
-            State::HalfOpen => self.open_streak.load(Ordering::Acquire).saturating_add(1),
+            State::HalfOpen => {
+                let kept = self.open_streak.load(Ordering::Acquire);
+                // A racer that already reopened this very period left its
+                // epoch with the streak: the streak is that one, not one
+                // more, or a loser would write a longer deadline.
+                if kept >> 32 == from.epoch() {
+                    kept as u32
+                } else {
+                    (kept as u32).saturating_add(1)
+                }
+            }
             _ => 0,
         };
         let wait = self.settings.open_duration(streak);
@@ -972,7 +986,8 @@ impl Breaker {
         if self.cas(from, from.next(State::Open)).is_err() {
             return false;
         }
-        self.open_streak.store(streak, Ordering::Release);
+        self.open_streak
+            .store(from.epoch() << 32 | u64::from(streak), Ordering::Release);
         // Results of the old period no longer count (their epoch is gone):
         // the counts an operator reads while the breaker is open are empty.
         // A call that checked its epoch just before the CAS may still write
@@ -1315,6 +1330,38 @@ mod tests {
             .expect("closed")
             .complete(failure(), None);
         assert_eq!(holder.breaker().state(), State::Open);
+    }
+
+    /// Two callers reopening one half-open period: the one that loses the
+    /// CAS computes the winner's streak, not one more, so the deadline it
+    /// writes first is the winner's (2 s here), not twice it.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_loses_the_race_to_reopen_writes_the_same_deadline() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(1))
+            .max_recovery_timeout(Duration::from_secs(3600))
+            .recovery_jitter(0.0)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _probe = Breaker::admit(holder).expect("a half-open probe");
+        let half_open = breaker.load();
+        assert_eq!(half_open.state(), State::HalfOpen);
+        let now = Instant::now();
+        assert!(breaker.open(half_open, now), "the winner");
+        let deadline = breaker.open_until.load(Ordering::Acquire);
+        assert_eq!(
+            deadline,
+            breaker.deadline_after(now, Duration::from_secs(2))
+        );
+        assert!(!breaker.open(half_open, now), "the loser");
+        assert_eq!(breaker.open_until.load(Ordering::Acquire), deadline);
     }
 
     #[tokio::test(start_paused = true)]
