@@ -399,7 +399,7 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
                 .unwrap_or(u64::MAX)
                 .min(i32::MAX as u64) as i64,
         ),
-        Some(RetryHint::DoNotRetry) => Some(-1),
+        Some(RetryHint::DoNotRetry | RetryHint::Final) => Some(-1),
         None => None,
     };
     if let Some(millis) = pushback {

@@ -85,10 +85,16 @@ impl Failure {
     }
 
     /// `true` when a retry may fix this failure: the kind is
-    /// [transient](FailureKind::is_transient) and no hint said
-    /// [`RetryHint::DoNotRetry`].
+    /// [transient](FailureKind::is_transient) and no hint
+    /// [forbids a retry](Self::forbids_retry).
     pub fn is_retryable(&self) -> bool {
-        self.kind.is_transient() && self.hint != Some(RetryHint::DoNotRetry)
+        self.kind.is_transient() && !self.forbids_retry()
+    }
+
+    /// `true` when the hint says not to retry: [`RetryHint::DoNotRetry`]
+    /// or [`RetryHint::Final`].
+    pub const fn forbids_retry(&self) -> bool {
+        matches!(self.hint, Some(RetryHint::DoNotRetry | RetryHint::Final))
     }
 }
 
@@ -196,4 +202,11 @@ pub enum RetryHint {
     After(Duration),
     /// Do not retry at all (a negative or unreadable gRPC pushback).
     DoNotRetry,
+    /// Do not retry, and this answer is the call's whatever its other
+    /// attempts in flight would say: a status a gRPC hedging policy calls
+    /// fatal (one not in its `nonFatalStatusCodes`, gRFC A6). A hedging
+    /// layer returns it and cancels the other attempts, where after
+    /// [`DoNotRetry`](Self::DoNotRetry) (the server's pushback) it only
+    /// sends no more.
+    Final,
 }

@@ -96,13 +96,13 @@ pub struct RetryStopped {
 pub(crate) enum RetryIf {
     /// Retryable failures ([`Failure::is_retryable`]) of these classes.
     Classes(RetryOn),
-    /// A caller's predicate; a `DoNotRetry` hint still wins.
+    /// A caller's predicate; a hint that forbids a retry still wins.
     Predicate(Arc<dyn Fn(&Failure) -> bool + Send + Sync>),
 }
 
 impl RetryIf {
     pub(crate) fn allows(&self, failure: &Failure) -> bool {
-        if failure.hint == Some(RetryHint::DoNotRetry) {
+        if failure.forbids_retry() {
             return false;
         }
         match self {

@@ -794,3 +794,103 @@ async fn every_hedge_carries_the_number_of_attempts_before_it() {
         [None, Some("1".to_owned()), Some("2".to_owned())]
     );
 }
+
+/// Attempt 1 reads every frame 100 ms after the previous one (a slow
+/// server); any other attempt reads at once.
+fn slow_reader_server(
+    attempts: Arc<AtomicUsize>,
+) -> impl Service<
+    http::Request<Streamed>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    tower::service_fn(move |request: http::Request<Streamed>| {
+        let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            use http_body_util::BodyExt;
+            let mut body = request.into_body();
+            let mut all = Vec::new();
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame?.into_data() {
+                    all.extend_from_slice(&data);
+                }
+                if attempt == 1 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Ok(http::Response::new(String::from_utf8(all)?))
+        }
+    })
+}
+
+/// A streamed upload still under its limit when the hedge goes out, then
+/// read past it by the hedge while the first attempt lags: the first
+/// attempt's copy cannot be sent whole, and its error is not the call's
+/// answer. Taken as one, it cancelled the hedge that was sending the whole
+/// body, and an upload that succeeds unhedged failed.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_that_lost_its_body_to_another_does_not_answer_the_call() {
+    let (mut upload, original) = Upload::new(4);
+    let body = Streamed::new(original, 10);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let service = layer.layer(slow_reader_server(attempts.clone()));
+    let request = http::Request::put("/file").body(body).unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+    upload
+        .send_data(bytes::Bytes::from("hello, "))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
+    upload
+        .send_data(bytes::Bytes::from("world!!!"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    upload.send_data(bytes::Bytes::from(" end")).await.unwrap();
+    drop(upload);
+    let response = call.await.unwrap().expect("the hedge sends the whole body");
+    assert_eq!(response.body(), "hello, world!!! end");
+}
+
+/// A body that declares more than its limit is kept by no copy: whichever
+/// attempt reads first streams it, and the other's "cannot be replayed"
+/// waits for that one's answer.
+#[tokio::test(start_paused = true)]
+async fn a_body_over_its_limit_is_answered_by_the_attempt_that_read_it() {
+    type Sized = tower_retry_budget::body::ReplayBody<http_body_util::Full<bytes::Bytes>>;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counter = attempts.clone();
+    // Attempt 1 starts reading at 100 ms (a slow connect); attempt 2 reads
+    // at once and answers at 200 ms.
+    let server = tower::service_fn(move |request: http::Request<Sized>| {
+        let attempt = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            use http_body_util::BodyExt;
+            if attempt == 1 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let bytes = request.into_body().collect().await?.to_bytes();
+            if attempt != 1 {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            Ok::<_, BoxError>(http::Response::new(String::from_utf8(bytes.to_vec())?))
+        }
+    });
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let whole = http_body_util::Full::new(bytes::Bytes::from("hello world"));
+    let body = Sized::new(whole, 4);
+    let request = http::Request::put("/file").body(body).unwrap();
+    let response = layer.layer(server).oneshot(request).await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
+    let response = response.expect("the hedge read the whole body");
+    assert_eq!(response.body(), "hello world");
+}

@@ -1185,3 +1185,17 @@ async fn a_routed_call_clones_the_inner_service_at_most_once() {
         assert_eq!(clones.load(Ordering::Relaxed), expected, "{path}");
     }
 }
+
+/// A status outside `nonFatalStatusCodes` is fatal (gRFC A6): it is the
+/// call's answer at once and the other attempt is cancelled. It used to
+/// keep its default, transient kind and wait for the slow success.
+#[tokio::test(start_paused = true)]
+async fn a_fatal_status_of_a_transient_kind_answers_at_once() {
+    let (layer, _) = two_attempt_hedge(false);
+    // INTERNAL (13) is not in nonFatalStatusCodes ["UNAVAILABLE"].
+    let (service, _) = slow_grpc_server(&[(0, 1000), (13, 10)]);
+    let start = Instant::now();
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(grpc_code(&response), "13");
+    assert_eq!(start.elapsed(), MS(60));
+}

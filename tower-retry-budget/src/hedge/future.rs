@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tower_classify::{BoxError, Classify, FailureKind, Outcome};
+use tower_classify::{BoxError, Classify, FailureKind, Outcome, RetryHint};
 use tower_service::Service;
 use tracing::Span;
 
@@ -94,13 +94,51 @@ enum Verdict {
     Waits,
 }
 
-fn verdict(outcome: &Outcome) -> Verdict {
+fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
+    if lost_its_body(result) {
+        return Verdict::Waits;
+    }
     match outcome.as_failure() {
+        // A status the policy calls fatal (gRFC A6): the call's answer.
+        Some(failure) if failure.hint == Some(RetryHint::Final) => Verdict::Wins,
         Some(failure) if failure.kind.is_transient() || failure.kind == FailureKind::Shed => {
             Verdict::Waits
         }
         _ => Verdict::Wins,
     }
+}
+
+/// Whether an attempt failed because its copy of the request body could
+/// not be sent whole: another attempt read the body past what is kept (a
+/// streamed upload outgrew the recording limit, or declared more than it
+/// from the start), or the body failed under another attempt. That says
+/// nothing about the request, and the attempt reading the body decides:
+/// taken as the call's answer, it cancelled an attempt that was sending
+/// the whole body.
+#[cfg(feature = "http")]
+fn lost_its_body<T>(result: &Result<T, BoxError>) -> bool {
+    use http_body_replay::{ReplayError, ReplayErrorKind};
+
+    let Err(error) = result else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
+    while let Some(error) = cause {
+        if let Some(replay) = error.downcast_ref::<ReplayError>() {
+            return matches!(
+                replay.kind(),
+                ReplayErrorKind::NotReplayable | ReplayErrorKind::BodyFailedEarlier
+            );
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// Without the `http` feature there is no replayable body to lose.
+#[cfg(not(feature = "http"))]
+fn lost_its_body<T>(_: &Result<T, BoxError>) -> bool {
+    false
 }
 
 impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
@@ -232,7 +270,7 @@ where
                         policy.record_latency(now.saturating_duration_since(started), now);
                     }
                     answered(&mut hedging, reports, &outcome);
-                    match verdict(&outcome) {
+                    match verdict(&outcome, &result) {
                         Verdict::Wins => {
                             cancel_hedges(policy, hedging.hedges);
                             return Poll::Ready(result);
@@ -260,7 +298,7 @@ where
                 let result: Result<S::Response, BoxError> = result.map_err(Into::into);
                 let outcome = policy.classifier.classify(result.as_ref());
                 answered(&mut hedging, reports, &outcome);
-                match verdict(&outcome) {
+                match verdict(&outcome, &result) {
                     Verdict::Wins => {
                         in_flight.span.record("outcome", "won");
                         policy.telemetry.won(in_flight.attempt);

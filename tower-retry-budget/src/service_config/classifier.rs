@@ -130,9 +130,11 @@ impl GrpcRetryClassifier {
             };
             return Outcome::Failure(Failure::new(kind).with_hint_opt(pushback));
         }
+        // Outside the codes: not retried, and under a hedging policy the
+        // call's answer at once (the other attempts are cancelled).
         match default {
             Outcome::Failure(failure) => {
-                Outcome::Failure(Failure::new(failure.kind).with_hint(RetryHint::DoNotRetry))
+                Outcome::Failure(Failure::new(failure.kind).with_hint(RetryHint::Final))
             }
             other => other,
         }
@@ -176,7 +178,9 @@ impl GrpcRetryClassifier {
             // Keep the error's own kind and hint (a connection error stays
             // `Connection`, so a non-idempotent rule still sees it).
             Outcome::Failure(decided) if decided.is_retryable() => outcome,
-            Outcome::Failure(_) => Outcome::Failure(failure.with_hint(RetryHint::DoNotRetry)),
+            Outcome::Failure(decided) => {
+                Outcome::Failure(failure.with_hint(decided.hint.unwrap_or(RetryHint::Final)))
+            }
             decided => decided,
         }
     }
