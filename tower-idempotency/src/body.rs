@@ -613,19 +613,35 @@ mod tests {
         }
     }
 
-    fn recorded<B>(body: B, limit: usize, told: &Told) -> GuardBody<B> {
+    fn recorded<B: Body>(body: B, limit: usize, told: &Told) -> GuardBody<B> {
+        recorded_declaring(body, None, limit, told)
+    }
+
+    /// A recorded 201 `text/plain` response, its `Content-Length` the one
+    /// given.
+    fn recorded_declaring<B: Body>(
+        body: B,
+        content_length: Option<u64>,
+        limit: usize,
+        told: &Told,
+    ) -> GuardBody<B> {
         let claim = FakeClaim {
             told: told.clone(),
             release: None,
             recorded: false,
         };
-        let (parts, ()) = http::Response::builder()
+        let mut head = http::Response::builder()
             .status(201)
-            .header("content-type", "text/plain")
-            .body(())
-            .unwrap()
-            .into_parts();
-        GuardBody::recorded(body, Recorder::new(Box::new(claim), &parts, None, limit))
+            .header("content-type", "text/plain");
+        if let Some(length) = content_length {
+            head = head.header("content-length", length);
+        }
+        let (parts, ()) = head.body(()).unwrap().into_parts();
+        let declared = declared_len(&parts.headers, &body);
+        GuardBody::recorded(
+            body,
+            Recorder::new(Box::new(claim), &parts, declared, limit),
+        )
     }
 
     fn stored(body: &'static str, trailers: Option<&HeaderMap>) -> Completion {
@@ -691,25 +707,8 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_whole_once_it_has_given_its_declared_length() {
         let told = Told::default();
-        let claim = FakeClaim {
-            told: told.clone(),
-            release: None,
-            recorded: false,
-        };
-        let (parts, ()) = http::Response::builder()
-            .status(201)
-            .header("content-type", "text/plain")
-            .header("content-length", "5")
-            .body(())
-            .unwrap()
-            .into_parts();
         let frames = Frames::new(&[b"ab", b"cde"]);
-        let declared = declared_len(&parts.headers, &frames);
-        assert_eq!(declared, Some(5));
-        let mut body = GuardBody::recorded(
-            frames,
-            Recorder::new(Box::new(claim), &parts, declared, 100),
-        );
+        let mut body = recorded_declaring(frames, Some(5), 100, &told);
         body.frame().await.unwrap().unwrap();
         assert!(told.take().is_empty(), "not whole at 2 of 5 bytes");
         let last = body.frame().await.unwrap().unwrap();
