@@ -285,20 +285,22 @@ pub struct DeadLetterEntry {
     /// [`replays`](Self::replays).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_replays: u64,
-    /// How many replays of this entry a server answered with a server error:
-    /// a recorded 5xx [`status`](ReplayRecord::status) other than 502 and
-    /// 504. [`http_request`](crate::replay::http_request) puts it in the
+    /// How many replays of this entry a server answered with a server error
+    /// of its own ([`ReplayAnswer::ServerError`]) while the key was free to
+    /// move. [`http_request`](crate::replay::http_request) puts it in the
     /// `Idempotency-Key` it makes: a server's idempotency guard may keep a
     /// 5xx under the key it answered, so the next replay needs a new key to
-    /// be run at all. A replay that got no answer (a timeout, a lost
-    /// connection), or only a gateway's (502, 504: the server behind it may
-    /// have applied it), leaves the key as it was, so that the next replay is
-    /// recognised as the same request rather than applied twice. Only a
-    /// replay whose status was read counts (the CLI reads it; a
-    /// [`Replayer`](crate::replay::Replayer) does with
-    /// [`describe`](crate::replay::Replayer::describe)).
+    /// be run at all.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
+    /// A replay under the current key got no answer from the server itself
+    /// ([`ReplayAnswer::Unknown`]: a timeout, a lost connection, a gateway's
+    /// 502 or 504), so it may have been applied: from then on the key no
+    /// longer moves, and a server that honours it cannot run the request
+    /// twice. (A guard that kept a failure under it answers that failure
+    /// until its record expires.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_key_pinned: bool,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -322,6 +324,48 @@ pub const ERROR_LEVELS: usize = 8;
 /// (cut at a character boundary, `…` appended): an upstream error that
 /// quotes a whole response body must not fill the store.
 pub const ERROR_BYTES: usize = 512;
+
+/// What a failed replay's answer says about the idempotency key of the next
+/// replay (see [`DeadLetterEntry::note_replay_answer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplayAnswer {
+    /// The server answered with a server error of its own (a 5xx other than
+    /// 502 and 504), which an idempotency guard may keep under the key: the
+    /// next replay needs a new key to be run at all.
+    ServerError,
+    /// No answer from the server itself: a timeout, a lost connection, a
+    /// gateway's 502 or 504. The request may have been applied, so the next
+    /// replay must carry the same key.
+    Unknown,
+    /// Any other answer: a client error, an `in use` conflict, a call
+    /// refused before it was sent.
+    Other,
+}
+
+impl ReplayAnswer {
+    /// The answer of a replay whose failure is of `kind`: one that got a
+    /// response (`responded`), with HTTP status `status` when it was read,
+    /// or one that got an error instead. Without the status a gateway's 502
+    /// or 504 reads as the server's own error: replay with a response
+    /// description that reads it (the CLI's does, and
+    /// [`Replayer::describe`](crate::replay::Replayer::describe) takes one).
+    pub fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
+        match (responded, status) {
+            (true, Some(502 | 504)) => ReplayAnswer::Unknown,
+            (true, Some(500..=599)) => ReplayAnswer::ServerError,
+            (true, Some(_)) => ReplayAnswer::Other,
+            (true, None) if kind == FailureKind::ServerError => ReplayAnswer::ServerError,
+            (true, None) => ReplayAnswer::Other,
+            // No response: the server may have acted, unless the call
+            // provably never reached it.
+            (false, _) if matches!(kind, FailureKind::NotSent | FailureKind::Shed) => {
+                ReplayAnswer::Other
+            }
+            (false, _) => ReplayAnswer::Unknown,
+        }
+    }
+}
 
 /// One failed replay of a dead-letter entry, as the entry keeps it in
 /// [`DeadLetterEntry::replays`].
@@ -453,6 +497,7 @@ impl DeadLetterEntry {
             replays: Vec::new(),
             failed_replays: 0,
             replay_server_errors: 0,
+            replay_key_pinned: false,
         }
     }
 
@@ -525,22 +570,34 @@ impl DeadLetterEntry {
     /// [`failed_replays`](Self::failed_replays) counts one more. The
     /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
     /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
-    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. A record of a
-    /// server error counts one more
-    /// [`replay_server_errors`](Self::replay_server_errors).
+    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. What the
+    /// answer means for the replay's idempotency key is taken in by
+    /// [`note_replay_answer`](Self::note_replay_answer).
     pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
         self.failed_replays = self.failed_replays.saturating_add(1);
-        let server_error = |status| matches!(status, 500..=599) && !matches!(status, 502 | 504);
-        if record.status.is_some_and(server_error) {
-            self.replay_server_errors = self.replay_server_errors.saturating_add(1);
-        }
         record.attempt = self.attempts;
         self.replays.push(record);
         if self.replays.len() > REPLAY_HISTORY_LIMIT {
             let excess = self.replays.len() - REPLAY_HISTORY_LIMIT;
             self.replays.drain(..excess);
+        }
+    }
+
+    /// Takes in what a failed replay's answer says about the idempotency key
+    /// the next replay sends: an [`Unknown`](ReplayAnswer::Unknown) answer
+    /// pins the key ([`replay_key_pinned`](Self::replay_key_pinned)), and a
+    /// [`ServerError`](ReplayAnswer::ServerError) moves it on
+    /// ([`replay_server_errors`](Self::replay_server_errors)) unless it is
+    /// pinned.
+    pub fn note_replay_answer(&mut self, answer: ReplayAnswer) {
+        match answer {
+            ReplayAnswer::Unknown => self.replay_key_pinned = true,
+            ReplayAnswer::ServerError if !self.replay_key_pinned => {
+                self.replay_server_errors = self.replay_server_errors.saturating_add(1);
+            }
+            _ => {}
         }
     }
 
@@ -702,6 +759,7 @@ mod tests {
             replays: Vec::new(),
             failed_replays: 0,
             replay_server_errors: 0,
+            replay_key_pinned: false,
         }
     }
 
@@ -790,6 +848,31 @@ mod tests {
             stored.replays.last().unwrap().error,
             [format!("try {}", total - 1)]
         );
+    }
+
+    /// What each kind of answer does to the next replay's key.
+    #[test]
+    fn a_replay_answer_is_read_from_the_response_or_the_error() {
+        use FailureKind::*;
+        let cases = [
+            ((true, Some(503), ServerError), ReplayAnswer::ServerError),
+            ((true, Some(500), ServerError), ReplayAnswer::ServerError),
+            ((true, Some(502), ServerError), ReplayAnswer::Unknown),
+            ((true, Some(504), ServerError), ReplayAnswer::Unknown),
+            ((true, Some(409), Rejected), ReplayAnswer::Other),
+            ((true, Some(429), RateLimited), ReplayAnswer::Other),
+            ((true, None, ServerError), ReplayAnswer::ServerError),
+            ((true, None, Rejected), ReplayAnswer::Other),
+            ((false, None, Timeout), ReplayAnswer::Unknown),
+            ((false, None, Connection), ReplayAnswer::Unknown),
+            ((false, None, ServerError), ReplayAnswer::Unknown),
+            ((false, None, NotSent), ReplayAnswer::Other),
+            ((false, None, Shed), ReplayAnswer::Other),
+        ];
+        for ((responded, status, kind), expected) in cases {
+            let answer = ReplayAnswer::new(responded, status, kind);
+            assert_eq!(answer, expected, "{responded} {status:?} {kind:?}");
+        }
     }
 
     #[test]

@@ -318,6 +318,8 @@ where
                     let failure = Failed {
                         kind: failure.kind,
                         error,
+                        // The head came; a body error means the rest did not.
+                        responded: result.is_ok(),
                         status: None,
                     };
                     shared.on_failure(record, failure, result, counted).await

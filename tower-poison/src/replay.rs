@@ -24,10 +24,13 @@
 //! A crash between sending and removing leaves the entry claimed until the
 //! lease runs out, and then a later replay sends it again. For that case
 //! [`http_request`] sends an `Idempotency-Key` made of the entry id and the
-//! number of replays a server answered with a 5xx (`<id>-<n>`) when the
-//! request carried none, so a server that honours idempotency keys answers
-//! the second delivery from its first. A replay that timed out or lost its
-//! connection leaves the key as it was, since the server may have applied it.
+//! number of replays a server answered with a 5xx of its own (`<id>-<n>`)
+//! when the request carried none, so a server that honours idempotency keys
+//! does not run the request twice: it answers the second delivery from the
+//! first (or refuses it while the first is running). Once a replay got no
+//! answer from the server itself (a timeout, a lost connection, a gateway's
+//! 502 or 504) the key never moves again, since that replay may have been
+//! applied: see [`ReplayAnswer`](crate::ReplayAnswer).
 //!
 //! # A replay that fails again
 //!
@@ -53,7 +56,7 @@ use tower_classify::{BoxError, Classify, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::capture::DescribeResponse;
-use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayRecord};
+use crate::entry::{error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::redact::REDACTED;
 use crate::store::{Claim, DeadLetterStore, StoreError};
 
@@ -317,8 +320,11 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 return Ok(ReplayOutcome::Delivered);
             }
         };
-        let record = match &result {
-            Err(error) => ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
+        let (record, answer) = match &result {
+            Err(error) => (
+                ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
+                ReplayAnswer::new(false, None, failure.kind),
+            ),
             Ok(response) => {
                 let description = self.describe.describe_response(response);
                 let line = if description.is_empty() {
@@ -326,8 +332,12 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 } else {
                     description
                 };
-                ReplayRecord::new(SystemTime::now(), failure.kind, vec![line])
-                    .with_status(self.describe.status_code(response))
+                let status = self.describe.status_code(response);
+                (
+                    ReplayRecord::new(SystemTime::now(), failure.kind, vec![line])
+                        .with_status(status),
+                    ReplayAnswer::new(true, status, failure.kind),
+                )
             }
         };
         // The entry is read again before it is updated, for two reasons.
@@ -363,6 +373,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         }
         let error = record.error_text();
         entry.record_replay(record, 1);
+        entry.note_replay_answer(answer);
         let outcome = ReplayOutcome::Failed {
             attempts: entry.attempts,
             kind: failure.kind,
@@ -395,12 +406,13 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
 /// server that honours idempotency keys delivers it once even when a crash
 /// makes a replay send it again (see the [module docs](self)). `n` is
 /// [`replay_server_errors`](DeadLetterEntry::replay_server_errors), the
-/// replays a server answered with a 5xx: a server that keeps failed answers
-/// under their key (an idempotency guard keeps a 503 by default) then sees
-/// the next replay as a new request instead of answering it with the old
-/// failure. A replay that got no answer (a timeout, a lost connection) does
-/// not change the key: it may have been applied, and the next replay must be
-/// answered from it rather than applied twice.
+/// replays a server answered with a 5xx of its own: a server that keeps
+/// failed answers under their key (an idempotency guard keeps a 503 by
+/// default) then sees the next replay as a new request instead of
+/// answering it with the old failure. After a replay that got no answer
+/// from the server itself the key is
+/// [pinned](DeadLetterEntry::replay_key_pinned): that replay may have been
+/// applied, and the next one must be answered from it, not applied twice.
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
 /// be a different request. So is one whose URI or body had a secret redacted

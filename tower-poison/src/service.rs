@@ -13,7 +13,7 @@ use crate::capture::{
     BodyRecording, CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT,
 };
 use crate::counts::DynFailureCountStore;
-use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayRecord};
+use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
@@ -325,13 +325,11 @@ where
                 (Err(error), chain, None)
             }
         };
-        // Bounded before it is kept anywhere (the entry, the poison
-        // detector's last failures): an error can quote a whole body.
-        let error = clip_chain(error);
         let record = pending.finish(BODY_WAIT, attempts).await;
         let failure = Failed {
             kind,
             error,
+            responded: result.is_ok(),
             status,
         };
         self.on_failure(record, failure, result, counted).await
@@ -421,9 +419,16 @@ where
     ) -> Result<T, BoxError> {
         let Failed {
             kind,
-            error,
+            mut error,
+            responded,
             status,
         } = failure;
+        // Redacted, then bounded, before it is kept anywhere (the entry,
+        // the poison detector's last failures): an error can quote a whole
+        // body, and cut first, a secret across the cut would escape a hook
+        // that matches it whole.
+        self.redactor.redact_errors(&mut error);
+        let error = clip_chain(error);
         let now = SystemTime::now();
         let counted = self.poison.as_ref().zip(counted);
         if let Some((poison, counted)) = &counted {
@@ -448,7 +453,8 @@ where
             None => format!("{}/{}", self.label, kind),
         };
         let entry = self.entry(record, kind, error, attempts, first, now);
-        let entry = self.continue_replayed(entry, status).await;
+        let answer = ReplayAnswer::new(responded, status, kind);
+        let entry = self.continue_replayed(entry, status, answer).await;
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
@@ -472,8 +478,7 @@ where
     ) -> DeadLetterEntry {
         let mut headers = record.headers;
         self.redactor.redact(&mut headers);
-        let mut error = error;
-        self.redactor.redact_errors(&mut error);
+        // `error` comes redacted and bounded (`settle`).
         DeadLetterEntry {
             id: EntryId::generate(SystemTime::now()),
             label: self.label.to_string(),
@@ -492,6 +497,7 @@ where
             replays: Vec::new(),
             failed_replays: 0,
             replay_server_errors: 0,
+            replay_key_pinned: false,
         }
     }
 
@@ -514,6 +520,7 @@ where
         &self,
         mut entry: DeadLetterEntry,
         status: Option<u16>,
+        answer: ReplayAnswer,
     ) -> DeadLetterEntry {
         let mut replay_of = None;
         entry.headers.retain(|header| {
@@ -531,6 +538,7 @@ where
                 let record = ReplayRecord::new(entry.last_failed_at, entry.kind, entry.error)
                     .with_status(status);
                 stored.record_replay(record, entry.attempts);
+                stored.note_replay_answer(answer);
                 stored
             }
             _ => entry,
@@ -646,6 +654,8 @@ where
 pub(crate) struct Failed {
     pub(crate) kind: FailureKind,
     pub(crate) error: Vec<String>,
+    /// Whether the call got a response (rather than an error).
+    pub(crate) responded: bool,
     pub(crate) status: Option<u16>,
 }
 
@@ -699,6 +709,7 @@ mod tests {
             replays: Vec::new(),
             failed_replays: 0,
             replay_server_errors: 0,
+            replay_key_pinned: false,
         }
     }
 

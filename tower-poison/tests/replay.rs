@@ -757,21 +757,17 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
     }
 }
 
-/// A replay whose outcome is unknown (a timeout, or a gateway's 504) keeps
-/// its idempotency key: the server may have applied it, and the next
-/// replay must be answered from it, not applied again. Only a server's own
-/// 5xx, which a guard may keep under the key, moves the key on.
-#[tokio::test]
-async fn a_replay_changes_its_idempotency_key_only_after_a_server_error() {
-    let store = MemoryStore::new(10);
-    let e = entry();
-    store.put(e.clone()).await.unwrap();
-    let answers = Arc::new(Mutex::new(vec![
-        Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-        Ok(StatusCode::GATEWAY_TIMEOUT),
-        Ok(StatusCode::SERVICE_UNAVAILABLE),
-        Ok(StatusCode::OK),
-    ]));
+/// Sends one replay of `id` per answer in `answers` (a status, or an I/O
+/// error of that kind), through `replayer`; the idempotency keys sent.
+async fn keys_sent<D>(
+    replayer: &Replayer<'_, MemoryStore, D>,
+    id: EntryId,
+    answers: Vec<Result<StatusCode, std::io::ErrorKind>>,
+) -> Vec<String>
+where
+    D: tower_poison::DescribeResponse<Response<Bytes>>,
+{
+    let answers = Arc::new(Mutex::new(answers));
     let keys = Arc::new(Mutex::new(Vec::new()));
     let (answer, seen) = (answers.clone(), keys.clone());
     let mut service = service_fn(move |req: Request<Full<Bytes>>| {
@@ -782,7 +778,7 @@ async fn a_replay_changes_its_idempotency_key_only_after_a_server_error() {
         seen.lock().unwrap().push(key);
         let answer = answer.lock().unwrap().remove(0);
         async move {
-            let status = answer.map_err(BoxError::from)?;
+            let status = answer.map_err(|kind| BoxError::from(std::io::Error::from(kind)))?;
             Ok::<_, BoxError>(
                 Response::builder()
                     .status(status)
@@ -791,28 +787,67 @@ async fn a_replay_changes_its_idempotency_key_only_after_a_server_error() {
             )
         }
     });
-    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
     let classifier = HttpClassifier::new();
-    for _ in 0..4 {
+    while !answers.lock().unwrap().is_empty() {
         replayer
-            .replay(e.id, &mut service, &classifier, to_request)
+            .replay(id, &mut service, &classifier, to_request)
             .await
             .unwrap();
     }
+    let sent = keys.lock().unwrap().clone();
+    sent
+}
+
+/// The key moves on after a server's own 5xx (a guard may keep it), and
+/// never again once a replay's outcome was unknown (a timeout, a gateway's
+/// 504): that replay may have been applied, so a later 503 (a shedder in
+/// front of the guard) must not make the next replay a new request.
+#[tokio::test]
+async fn a_replay_key_moves_after_a_server_error_and_is_pinned_by_an_unknown_outcome() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    use std::io::ErrorKind::TimedOut;
+    let answers = vec![
+        Ok(StatusCode::SERVICE_UNAVAILABLE),
+        Err(TimedOut),
+        Ok(StatusCode::SERVICE_UNAVAILABLE),
+        Ok(StatusCode::GATEWAY_TIMEOUT),
+        Ok(StatusCode::OK),
+    ];
     let id = e.id;
-    let keys = keys.lock().unwrap().clone();
-    assert_eq!(
-        keys,
-        [
-            format!("{id}-0"),
-            format!("{id}-0"),
-            format!("{id}-0"),
-            format!("{id}-1")
-        ],
-        "the key moves only after the 503"
-    );
-    assert!(answers.lock().unwrap().is_empty());
+    let keys = keys_sent(&replayer, id, answers).await;
+    let key = |n: u32| format!("{id}-{n}");
+    assert_eq!(keys, [key(0), key(1), key(1), key(1), key(1)]);
     assert_eq!(store.get(id).await.unwrap(), None, "delivered at last");
+}
+
+/// A gateway's 504 pins the key as a timeout does; the default replayer,
+/// which reads no status, still moves the key after a server error.
+#[tokio::test]
+async fn a_gateway_timeout_pins_the_key_and_the_default_replayer_moves_it() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let id = e.id;
+    let key = |n: u32| format!("{id}-{n}");
+    let described = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let answers = vec![
+        Ok(StatusCode::GATEWAY_TIMEOUT),
+        Ok(StatusCode::INTERNAL_SERVER_ERROR),
+    ];
+    assert_eq!(keys_sent(&described, id, answers).await, [key(0), key(0)]);
+
+    let other = entry();
+    store.put(other.clone()).await.unwrap();
+    let plain = Replayer::new(&store);
+    let answers = vec![Ok(StatusCode::INTERNAL_SERVER_ERROR), Ok(StatusCode::OK)];
+    let id = other.id;
+    assert_eq!(
+        keys_sent(&plain, id, answers).await,
+        [format!("{id}-0"), format!("{id}-1")]
+    );
 }
 
 /// An entry purged while its replay ran is not written back when the

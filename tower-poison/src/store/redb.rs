@@ -844,6 +844,7 @@ mod tests {
             replays: Vec::new(),
             failed_replays: 0,
             replay_server_errors: 0,
+            replay_key_pinned: false,
         }
     }
 
