@@ -278,6 +278,8 @@ where
     let hash = Arc::new(RequestHash::new(body.is_end_stream()));
     let held = Held::new(&shared, key, token, head, Arc::clone(&hash));
     let body = GuardBody::hashed(body, hash);
+    // A response to HEAD has no body whatever its head says.
+    let bodiless = parts.method == http::Method::HEAD;
     let result = inner.call(Request::from_parts(parts, body)).await;
     let release = match Classify::<_, S::Error>::classify(&shared.classifier, result.as_ref()) {
         // Refused below the guard before the handler ran (an open breaker,
@@ -304,13 +306,17 @@ where
     }
     let (parts, body) = response.into_parts();
     let limit = config.response_body_limit;
-    if body.is_end_stream() {
-        // Nothing to stream (204, an empty body): recorded at once.
+    let declared = declared_len(&parts.headers, &body);
+    // Nothing to stream: recorded at once. A server never polls the body of
+    // a response that has none (a `Content-Length: 0`, a 204 or 304, an
+    // answer to HEAD) when the body does not say it has ended, so waiting
+    // for its end would record the response as cancelled.
+    let no_body = matches!(parts.status.as_u16(), 204 | 304) || declared == Some(0);
+    if body.is_end_stream() || no_body || bodiless {
         let stored = StoredResponse::new(parts.status, &parts.headers, Bytes::new());
         held.complete(Completion::Response(stored)).await;
         return Ok(Response::from_parts(parts, GuardBody::new(body)));
     }
-    let declared = declared_len(&parts.headers, &body);
     if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
         tracing::warn!(
             key = held.key(),

@@ -732,6 +732,59 @@ async fn a_content_length_over_the_limit_is_not_kept_from_the_start() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A body that never says it has ended and is never polled (as a server
+/// treats the body of a response that has none).
+struct Unending;
+
+impl http_body::Body for Unending {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// A response with no body to send (`Content-Length: 0`, a 204 or 304, an
+/// answer to HEAD) is recorded when the handler answers: a server never
+/// polls such a body, so one that does not say it has ended was recorded as
+/// cancelled, and every repeat got 409.
+#[tokio::test(start_paused = true)]
+async fn a_response_without_a_body_to_send_is_kept_at_once() {
+    let cases = [
+        ("POST", StatusCode::CREATED, Some("0")),
+        ("POST", StatusCode::NO_CONTENT, None),
+        ("POST", StatusCode::NOT_MODIFIED, None),
+        ("HEAD", StatusCode::OK, Some("7")),
+    ];
+    for (method, status, length) in cases {
+        let layer = IdempotencyGuardLayer::new(memory()).all_methods(true);
+        let service = layer.layer(service_fn(move |_: Request<GuardBody<Full<Bytes>>>| {
+            let mut response = Response::builder().status(status);
+            if let Some(length) = length {
+                response = response.header("content-length", length);
+            }
+            std::future::ready(Ok::<_, BoxError>(response.body(Unending).unwrap()))
+        }));
+        let request = || {
+            Request::builder()
+                .method(method)
+                .uri("/orders")
+                .header("idempotency-key", "k-empty")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        let first = service.clone().oneshot(request()).await.unwrap();
+        assert_eq!(first.status(), status);
+        drop(first);
+        let repeat = service.clone().oneshot(request()).await.unwrap();
+        assert_eq!(repeat.status(), status, "{method} {status} replayed");
+    }
+}
+
 // ===== The client side =====
 
 /// Each logical call gets one key; every retry of it (the retry layer sits
