@@ -21,7 +21,8 @@
 //! | [`Rejected`](FailureKind::Rejected), anything unrecognised | 2 `UNKNOWN` | — |
 //! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | — |
 //!
-//! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) is sent as pushback `-1`,
+//! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) (or
+//! [`Final`](RetryHint::Final)) is sent as pushback `-1`,
 //! which tells an A6 client not to retry at all: an exhausted retry budget
 //! stops the callers' retries too instead of multiplying them.
 //!

@@ -426,7 +426,7 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     /// Retries the failures `predicate` accepts, instead of the class set.
-    /// A [`DoNotRetry`](tower_classify::RetryHint::DoNotRetry) hint still wins.
+    /// A hint that forbids a retry ([`Failure::forbids_retry`]) still wins.
     pub fn retry_if<F>(mut self, predicate: F) -> Self
     where
         F: Fn(&Failure) -> bool + Send + Sync + 'static,

@@ -894,3 +894,41 @@ async fn a_body_over_its_limit_is_answered_by_the_attempt_that_read_it() {
     let response = response.expect("the hedge read the whole body");
     assert_eq!(response.body(), "hello world");
 }
+
+/// The attempt that read the body failed (a 503) before the other found its
+/// copy could not be sent: the call's answer is the 503, not the "cannot be
+/// replayed" error that said nothing of the request.
+#[tokio::test(start_paused = true)]
+async fn a_lost_body_does_not_hide_the_failure_of_the_attempt_that_read_it() {
+    type Sized = tower_retry_budget::body::ReplayBody<http_body_util::Full<bytes::Bytes>>;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counter = attempts.clone();
+    // Attempt 1 starts reading at 100 ms; attempt 2 reads at once and
+    // answers 503 at once.
+    let server = tower::service_fn(move |request: http::Request<Sized>| {
+        let attempt = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            use http_body_util::BodyExt;
+            if attempt == 1 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            request.into_body().collect().await?;
+            let response = http::Response::builder()
+                .status(http::StatusCode::SERVICE_UNAVAILABLE)
+                .body(String::new())?;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let whole = http_body_util::Full::new(bytes::Bytes::from("hello world"));
+    let request = http::Request::put("/file")
+        .body(Sized::new(whole, 4))
+        .unwrap();
+    let response = layer.layer(server).oneshot(request).await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
+    let response = response.expect("the hedge's answer, not the lost body");
+    assert_eq!(response.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+}

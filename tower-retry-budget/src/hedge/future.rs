@@ -92,11 +92,15 @@ enum Verdict {
     /// failures is a retry layer's job). A server's "do not retry" stops
     /// further hedges too, but does not cancel an attempt already running.
     Waits,
+    /// The attempt lost its body to another (see [`lost_its_body`]): it
+    /// waits as a failure does, and its error is the call's answer only if
+    /// no other attempt failed, for it says nothing of the request.
+    LostItsBody,
 }
 
 fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
     if lost_its_body(result) {
-        return Verdict::Waits;
+        return Verdict::LostItsBody;
     }
     match outcome.as_failure() {
         // A status the policy calls fatal (gRFC A6): the call's answer.
@@ -279,6 +283,10 @@ where
                             *hedging.failed = Some(result);
                             stop(&mut hedging);
                         }
+                        Verdict::LostItsBody => {
+                            hedging.failed.get_or_insert(result);
+                            stop(&mut hedging);
+                        }
                     }
                 }
             }
@@ -319,6 +327,11 @@ where
                     Verdict::Waits => {
                         in_flight.span.record("outcome", "failed");
                         *hedging.failed = Some(result);
+                        stop(&mut hedging);
+                    }
+                    Verdict::LostItsBody => {
+                        in_flight.span.record("outcome", "failed");
+                        hedging.failed.get_or_insert(result);
                         stop(&mut hedging);
                     }
                 }

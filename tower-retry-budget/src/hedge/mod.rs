@@ -8,14 +8,20 @@
 //! once:
 //!
 //! - a success wins, and so does a failure another attempt cannot fix
-//!   (`Rejected` or `Poison`: a `404`, a validation error);
-//! - a transient failure (a `503`, a reset connection, even with a "do not
-//!   retry" hint) or a local refusal (`Shed`: an open circuit or a full
-//!   queue below refused that attempt) waits for the other attempts, and
-//!   **no hedge is sent after it**: hedging answers slowness, and retrying
-//!   failures is a [retry layer](crate::RetryLayer)'s job, with its backoff
-//!   and budget. When every attempt failed, the latest failure is the
-//!   answer.
+//!   (`Rejected` or `Poison`: a `404`, a validation error; or any failure
+//!   marked [`RetryHint::Final`](tower_classify::RetryHint::Final), as a
+//!   gRPC hedging policy marks the statuses it calls fatal);
+//! - a transient failure (a `503`, a reset connection, even with a
+//!   server's "do not retry" hint) or a local refusal (`Shed`: an open
+//!   circuit or a full queue below refused that attempt) waits for the
+//!   other attempts, and **no hedge is sent after it**: hedging answers
+//!   slowness, and retrying failures is a [retry layer](crate::RetryLayer)'s
+//!   job, with its backoff and budget. When every attempt failed, the
+//!   latest failure is the answer;
+//! - an attempt whose copy of a streamed body could not be sent whole
+//!   (another attempt read the body past its recording limit) waits too,
+//!   and its "cannot be replayed" error is the answer only when no other
+//!   attempt failed.
 //!
 //! # The delay
 //!

@@ -27,7 +27,7 @@ const UNAVAILABLE: u32 = 14;
 /// |---|---|
 /// | `grpc-status: 0` | success |
 /// | a code in the set | a transient failure (the kind [`GrpcClassifier`] gives the code, or [`ServerError`](FailureKind::ServerError) for a code it calls permanent), hinted by `grpc-retry-pushback-ms` |
-/// | a code not in the set | the kind [`GrpcClassifier`] gives it, hinted [`DoNotRetry`](RetryHint::DoNotRetry): a breaker sharing the classifier still counts an `UNAVAILABLE`, the retry layer does not retry it; `CANCELLED` stays ignored |
+/// | a code not in the set | the kind [`GrpcClassifier`] gives it, hinted [`Final`](RetryHint::Final): a breaker sharing the classifier still counts an `UNAVAILABLE`, the retry layer does not retry it, a hedge layer returns it at once (A6's fatal status); `CANCELLED` stays ignored |
 /// | HTTP status without `grpc-status` | the code gRPC's [HTTP to gRPC mapping] gives it (`429`, `502`, `503`, `504` are `UNAVAILABLE`, `400` `INTERNAL`, ...), then as above |
 /// | `200` without `grpc-status` (the status comes in the trailers) | success: the server sent its headers, so A6 counts the call as committed and it is not retried |
 /// | an error | its [error-chain class](ErrorChainClassifier) read as the code a gRPC client reports for it: a lost connection `UNAVAILABLE`, a timeout `DEADLINE_EXCEEDED`, rate limiting `RESOURCE_EXHAUSTED`, a server error `UNKNOWN`; then as above |
