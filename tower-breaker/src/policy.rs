@@ -675,8 +675,9 @@ impl TimeWindow {
             1,
             u64::from(failed),
         );
-        if let (Some(buckets), true, Some(_)) = (&self.slow, slow, filed) {
-            add(&buckets[index], seq, period, 1, 0);
+        if let (Some(buckets), true, Some(filed)) = (&self.slow, slow, filed) {
+            // Filed with the call, so the slow share is of the same bucket.
+            add(&buckets[index], filed, period, 1, 0);
         }
         // The result is judged at the period it joined: a record that read
         // the clock a little late and joined a later bucket must see that
@@ -1040,6 +1041,18 @@ mod tests {
         assert_eq!((tally.calls, tally.failures), (2, 1));
         let tally = w.record(false, false, sixth);
         assert_eq!((tally.calls, tally.failures), (3, 1), "not judged quiet");
+    }
+
+    /// A slow call that joins a later bucket is counted slow in that
+    /// bucket, with the call.
+    #[test]
+    fn a_slow_call_that_joins_a_later_bucket_is_slow_there() {
+        let w = TimeWindow::new(Duration::from_secs(1), 1, true);
+        let sixth = Duration::from_millis(6_500);
+        w.record(false, false, sixth);
+        let tally = w.record_at(5, 0, false, true);
+        assert_eq!((tally.calls, tally.slow), (2, 1));
+        assert_eq!(w.tally(sixth).slow, 1);
     }
 
     /// A full bucket takes nothing more, rather than carrying into the
