@@ -93,10 +93,15 @@ impl AsDynError for std::convert::Infallible {
 ///    - `io::ErrorKind::InvalidData` and `InvalidInput` are
 ///      [`Rejected`](FailureKind::Rejected) (a malformed message will not
 ///      improve by being sent again);
-///    - `ConnectionRefused`, `HostUnreachable`, `NetworkUnreachable`,
-///      `AddrNotAvailable` and `NotConnected` are
-///      [`NotSent`](FailureKind::NotSent): the request never left;
-///    - every other `io::Error` is [`Connection`](FailureKind::Connection);
+///    - `ConnectionRefused` and `AddrNotAvailable`, which only a connect
+///      gives, are [`NotSent`](FailureKind::NotSent): the request never
+///      left;
+///    - every other `io::Error` is [`Connection`](FailureKind::Connection),
+///      `HostUnreachable`, `NetworkUnreachable` and `NotConnected` included:
+///      an established connection reports them too (Linux gives
+///      `EHOSTUNREACH` when retransmissions end after an ICMP unreachable),
+///      by when the server may have the request. Under a connect error
+///      (below) they are `NotSent`;
 ///    - with the `hyper` feature (on by default): `hyper::Error` timeouts are
 ///      `Timeout`, parse and user errors `Rejected`, a request hyper cancelled
 ///      before dispatching it `NotSent`, the rest (a connection closed before
@@ -198,11 +203,10 @@ fn io_kind(kind: io::ErrorKind) -> FailureKind {
     match kind {
         io::ErrorKind::TimedOut => FailureKind::Timeout,
         io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => FailureKind::Rejected,
-        io::ErrorKind::ConnectionRefused
-        | io::ErrorKind::HostUnreachable
-        | io::ErrorKind::NetworkUnreachable
-        | io::ErrorKind::AddrNotAvailable
-        | io::ErrorKind::NotConnected => FailureKind::NotSent,
+        // Only a connect gives these. Unreachable and not-connected errors
+        // also end established connections, so they are `Connection`
+        // unless a connect error wraps them (`classify_error`).
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::AddrNotAvailable => FailureKind::NotSent,
         _ => FailureKind::Connection,
     }
 }

@@ -127,8 +127,23 @@ async fn error_chain_table() {
         ),
         (
             io::Error::from(io::ErrorKind::HostUnreachable).into(),
+            fail(Connection),
+            "unreachable: an established connection reports it too",
+        ),
+        (
+            io::Error::from(io::ErrorKind::NetworkUnreachable).into(),
+            fail(Connection),
+            "unreachable: an established connection reports it too",
+        ),
+        (
+            io::Error::from(io::ErrorKind::NotConnected).into(),
+            fail(Connection),
+            "not connected: the connection may have carried the request",
+        ),
+        (
+            io::Error::from(io::ErrorKind::AddrNotAvailable).into(),
             fail(NotSent),
-            "unreachable: the request never left",
+            "no local address: the connect failed",
         ),
         (
             io::Error::from(io::ErrorKind::ConnectionReset).into(),
