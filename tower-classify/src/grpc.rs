@@ -25,7 +25,7 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// |---|---|
 /// | `OK` (0) | success |
 /// | `CANCELLED` (1) | ignored: the client gave up, the server said nothing |
-/// | `UNKNOWN` (2), `INTERNAL` (13), `UNAVAILABLE` (14), `DATA_LOSS` (15), unknown codes | [`ServerError`](FailureKind::ServerError) |
+/// | `UNKNOWN` (2), `INTERNAL` (13), `UNAVAILABLE` (14), `DATA_LOSS` (15), unknown codes, a `grpc-status` that cannot be read | [`ServerError`](FailureKind::ServerError) |
 /// | `DEADLINE_EXCEEDED` (4) | [`Timeout`](FailureKind::Timeout) |
 /// | `RESOURCE_EXHAUSTED` (8) | [`RateLimited`](FailureKind::RateLimited) |
 /// | every other code | [`Rejected`](FailureKind::Rejected) |
@@ -67,16 +67,20 @@ impl GrpcClassifier {
     }
 
     /// The `grpc-status` code in `headers` (response headers of a
-    /// trailers-only response, or trailers). `None` when it is absent or not a
-    /// number.
+    /// trailers-only response, or trailers). `None` when it is absent. A
+    /// value that is not a code written as gRPC writes one (decimal, no
+    /// sign, no leading zero: `ok`, `+0`, `00`) reads as 2 `UNKNOWN`, as
+    /// tonic reads it: a status nobody can read is not a success.
     pub fn status_code(headers: &HeaderMap) -> Option<u32> {
-        headers
-            .get(GRPC_STATUS)?
-            .to_str()
-            .ok()?
-            .trim()
-            .parse::<u32>()
-            .ok()
+        let digits = headers.get(GRPC_STATUS)?.as_bytes().trim_ascii();
+        let written_as_grpc = matches!(digits, [d] if d.is_ascii_digit())
+            || matches!(digits, [b'1'..=b'9', d] if d.is_ascii_digit());
+        Some(match written_as_grpc {
+            true => digits
+                .iter()
+                .fold(0, |code, digit| code * 10 + u32::from(digit - b'0')),
+            false => UNREADABLE_STATUS,
+        })
     }
 
     /// `true` for a `200` gRPC response (`content-type: application/grpc…`)
@@ -126,8 +130,9 @@ impl GrpcClassifier {
     }
 
     /// Classifies a header map holding `grpc-status` (response headers of a
-    /// trailers-only response, or trailers). `None` when it has no readable
-    /// `grpc-status`.
+    /// trailers-only response, or trailers). `None` when it has no
+    /// `grpc-status` (see [`status_code`](Self::status_code) for one that
+    /// cannot be read).
     pub fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
         status_outcome(trailers)
     }
@@ -135,7 +140,7 @@ impl GrpcClassifier {
     /// The outcome of a gRPC call whose response body has *ended*, from the
     /// trailers it ended with (`None`: it ended without any).
     ///
-    /// A readable `grpc-status` decides, as in
+    /// A `grpc-status` decides, as in
     /// [`classify_trailers`](Self::classify_trailers), hint included. A body
     /// that ended without one broke the protocol (a `200` stream must end with
     /// `grpc-status` in its trailers): it is [`MISSING_STATUS`], `UNKNOWN`,
@@ -166,6 +171,9 @@ impl GrpcClassifier {
             .unwrap_or(Self::code_outcome(MISSING_STATUS))
     }
 }
+
+/// The gRPC status of a `grpc-status` nobody can read: `UNKNOWN` (2).
+const UNREADABLE_STATUS: u32 = 2;
 
 /// The gRPC status of a response body that ended without `grpc-status`:
 /// `UNKNOWN` (2), the code tonic reports for it. See

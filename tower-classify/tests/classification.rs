@@ -348,7 +348,11 @@ fn grpc_pushback_and_http_fallback() {
         Some(fail(FailureKind::RateLimited))
     );
     trailers.insert("grpc-status", "x".parse().unwrap());
-    assert_eq!(classifier.classify_trailers(&trailers), None);
+    assert_eq!(
+        classifier.classify_trailers(&trailers),
+        Some(fail(FailureKind::ServerError)),
+        "an unreadable status is UNKNOWN"
+    );
 }
 
 #[test]
@@ -398,6 +402,19 @@ fn grpc_end_of_stream_reads_trailers_and_fails_a_missing_status() {
         Some(14)
     );
     assert_eq!(GrpcClassifier::status_code(&HeaderMap::new()), None);
+    // Present but not written as gRPC writes a code: UNKNOWN, as tonic reads
+    // it. Read as absent, a trailers-only response with it was a success.
+    for unreadable in ["ok", "fourteen", "+0", "00", "-1", "014", "100", ""] {
+        let headers = trailers(&[("grpc-status", unreadable)]);
+        assert_eq!(GrpcClassifier::status_code(&headers), Some(2), "{unreadable:?}");
+    }
+    let head_only = Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", "fourteen")
+        .body(())
+        .unwrap();
+    let outcome = Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&head_only));
+    assert_eq!(outcome, fail(FailureKind::ServerError));
 }
 
 #[test]
