@@ -139,6 +139,13 @@ impl ErrorChainClassifier {
 
     /// Classifies one error and its chain.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        self.recognised(error).unwrap_or(self.unknown)
+    }
+
+    /// What [`classify_error`](Self::classify_error) finds in the chain;
+    /// `None` when nothing in it is recognised (then it is
+    /// [unknown](Self::unknown_as)).
+    pub(crate) fn recognised(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
         let mut deepest = None;
         // A wrapper that knows the request was never sent (a connect error)
         // knows more than the I/O error beneath it about *that*.
@@ -146,7 +153,7 @@ impl ErrorChainClassifier {
         let mut current = Some(error);
         while let Some(err) = current {
             if let Some(classified) = err.downcast_ref::<Classified>() {
-                return Outcome::Failure(classified.failure());
+                return Some(Outcome::Failure(classified.failure()));
             }
             if let Some(outcome) = recognise(err) {
                 not_sent |= outcome.as_failure().map(|f| f.kind) == Some(FailureKind::NotSent);
@@ -167,10 +174,9 @@ impl ErrorChainClassifier {
                         Some(FailureKind::Connection | FailureKind::Timeout)
                     ) =>
             {
-                Outcome::failure(FailureKind::NotSent)
+                Some(Outcome::failure(FailureKind::NotSent))
             }
-            Some(outcome) => outcome,
-            None => self.unknown,
+            other => other,
         }
     }
 }

@@ -18,7 +18,8 @@
 //! | [`RateLimited`](FailureKind::RateLimited) | 8 `RESOURCE_EXHAUSTED` | the hint's wait |
 //! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | — |
 //! | [`Poison`](FailureKind::Poison) | 3 `INVALID_ARGUMENT` | — |
-//! | [`Rejected`](FailureKind::Rejected), anything unrecognised | 2 `UNKNOWN` | — |
+//! | [`Rejected`](FailureKind::Rejected) | 3 `INVALID_ARGUMENT` | — |
+//! | an error nothing recognises | 2 `UNKNOWN` | — |
 //! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | — |
 //!
 //! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) (or
@@ -364,8 +365,9 @@ pub fn status_code(outcome: &Outcome) -> u32 {
             | FailureKind::NotSent => 14,
             FailureKind::RateLimited => 8,
             FailureKind::Timeout => 4,
-            FailureKind::Poison => 3,
-            _ => 2,
+            // The request is wrong: a client's classifier reads the code
+            // back as rejected, so a run of bad requests trips no breaker.
+            FailureKind::Poison | FailureKind::Rejected => 3,
         },
     }
 }
@@ -387,8 +389,13 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
         }
         return headers;
     }
-    let outcome = settings.classifier.classify_error(&**error);
-    let code = status_code(&outcome);
+    // An error nothing recognises is `UNKNOWN`, as tonic sends it, and a
+    // client reads it as a server error, whatever this side's classifier
+    // calls it (rejected by default, so as not to retry it blindly).
+    let (outcome, code) = match settings.classifier.recognised(&**error) {
+        Some(outcome) => (outcome, status_code(&outcome)),
+        None => (settings.classifier.classify_error(&**error), 2),
+    };
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     if settings.messages {
         insert_message(&mut headers, &error.to_string());

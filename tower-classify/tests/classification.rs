@@ -406,7 +406,11 @@ fn grpc_end_of_stream_reads_trailers_and_fails_a_missing_status() {
     // it. Read as absent, a trailers-only response with it was a success.
     for unreadable in ["ok", "fourteen", "+0", "00", "-1", "014", "100", ""] {
         let headers = trailers(&[("grpc-status", unreadable)]);
-        assert_eq!(GrpcClassifier::status_code(&headers), Some(2), "{unreadable:?}");
+        assert_eq!(
+            GrpcClassifier::status_code(&headers),
+            Some(2),
+            "{unreadable:?}"
+        );
     }
     let head_only = Response::builder()
         .header("content-type", "application/grpc")

@@ -52,6 +52,10 @@ async fn each_failure_kind_gets_its_status() {
             Classified::new(Failure::new(FailureKind::Poison), "bad input").into(),
             "3",
         ),
+        (
+            Classified::new(Failure::new(FailureKind::Rejected), "no such sku").into(),
+            "3",
+        ),
         ("something nobody recognises".into(), "2"),
     ];
     for (error, code) in cases {
@@ -290,4 +294,35 @@ async fn an_error_that_is_a_grpc_status_keeps_it_through_status_of() {
         Some("2"),
         "without the hook"
     );
+}
+
+/// What the layer sends, a client's `GrpcClassifier` reads back as the same
+/// kind of failure: a rejected request stays rejected (it used to go out as
+/// `UNKNOWN`, a server error to the client, so bad requests opened the
+/// client's breaker), and an error nothing recognises is a server error.
+#[tokio::test]
+async fn a_client_reads_back_what_the_layer_sent() {
+    use tower_classify::{Classify, GrpcClassifier};
+    let cases: Vec<(BoxError, FailureKind)> = vec![
+        (
+            Classified::new(Failure::new(FailureKind::Rejected), "no such sku").into(),
+            FailureKind::Rejected,
+        ),
+        ("a bug nobody foresaw".into(), FailureKind::ServerError),
+        (
+            Classified::shed("circuit open", None).into(),
+            FailureKind::ServerError,
+        ),
+        (
+            tower::timeout::error::Elapsed::new().into(),
+            FailureKind::Timeout,
+        ),
+    ];
+    for (error, kind) in cases {
+        let text = error.to_string();
+        let response = answer(error).await;
+        let read = Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&response));
+        let read = read.as_failure().map(|failure| failure.kind);
+        assert_eq!(read, Some(kind), "{text}");
+    }
 }
