@@ -189,13 +189,26 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
         retry.max_ms = whole(value, &join(path, "max_ms"), &millis)?;
     }
     if retry.base_ms > retry.max_ms {
-        return Err(ConfigError::new(
-            join(path, "base_ms"),
-            format!(
-                "must not be more than max_ms ({}), the cap on every wait (got {})",
-                retry.max_ms, retry.base_ms
-            ),
-        ));
+        // Name the key the file set: a `max_ms` below the default `base_ms`
+        // is the one to change when `base_ms` was left out.
+        let (field, problem) = if map.contains_key("base_ms") {
+            (
+                "base_ms",
+                format!(
+                    "must not be more than max_ms ({}), the cap on every wait (got {})",
+                    retry.max_ms, retry.base_ms
+                ),
+            )
+        } else {
+            (
+                "max_ms",
+                format!(
+                    "must not be less than base_ms ({}, its default), the first wait (got {})",
+                    retry.base_ms, retry.max_ms
+                ),
+            )
+        };
+        return Err(ConfigError::new(join(path, field), problem));
     }
     if let Some(value) = map.get("jitter") {
         let field = join(path, "jitter");

@@ -213,6 +213,12 @@ const RULES: &[(&str, &str, &str)] = &[
         "retry.base_ms",
         "must not be more than max_ms (30000), the cap on every wait (got 40000)",
     ),
+    // Only max_ms was written: it is the key named, not the default base_ms.
+    (
+        "retry: {max_ms: 100}",
+        "retry.max_ms",
+        "must not be less than base_ms (200, its default), the first wait (got 100)",
+    ),
     (
         "retry: {max_ms: \"30s\"}",
         "retry.max_ms",
