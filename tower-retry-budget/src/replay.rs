@@ -185,11 +185,12 @@ mod http_replay {
             self
         }
 
-        /// Writes what is left of the loop's deadline (the earlier of the
-        /// layer's and the caller's [`Deadline`]) as `grpc-timeout` on every
-        /// attempt, just before it is sent, in gRPC's wire format rounded
-        /// down (default `false`). A request with no deadline keeps its
-        /// own header, if any.
+        /// Writes what is left of the loop's deadline (the earliest of the
+        /// layer's, the caller's [`Deadline`] and the `grpc-timeout` the
+        /// request came with, as tonic's `set_timeout` writes it) as
+        /// `grpc-timeout` on every attempt, just before it is sent, in
+        /// gRPC's wire format rounded down (default `false`). A request
+        /// with no deadline keeps its own header, if any.
         ///
         /// [`Deadline`]: tower_classify::deadline::Deadline
         pub fn grpc_timeout(mut self, yes: bool) -> Self {
@@ -264,10 +265,24 @@ mod http_replay {
         }
 
         fn deadline(&self, request: &Request<B>) -> Option<tower_classify::deadline::Deadline> {
-            request
-                .extensions()
-                .get::<tower_classify::deadline::Deadline>()
-                .copied()
+            use tower_classify::deadline::{parse_grpc_timeout, Deadline, GRPC_TIMEOUT};
+            let carried = request.extensions().get::<Deadline>().copied();
+            if !self.grpc_timeout {
+                return carried;
+            }
+            // A `grpc-timeout` the caller set (tonic's `set_timeout`) bounds
+            // the loop too: the header each attempt carries, rewritten from
+            // the loop's deadline, is never longer than the caller's own.
+            let asked = request
+                .headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| parse_grpc_timeout(value).ok())
+                .map(Deadline::after);
+            match (carried, asked) {
+                (Some(carried), Some(asked)) => Some(carried.min(asked)),
+                (carried, asked) => carried.or(asked),
+            }
         }
 
         fn before_send(&self, request: &mut Request<B>, deadline: Option<tokio::time::Instant>) {

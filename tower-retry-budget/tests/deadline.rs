@@ -243,3 +243,33 @@ async fn a_call_past_its_deadline_leaves_the_ready_service_ready() {
     assert!(error.is::<DeadlineExceeded>(), "{error}");
     assert!(arrivals.lock().unwrap().is_empty());
 }
+
+/// A `grpc-timeout` the caller set (tonic's `set_timeout`) is part of the
+/// loop's deadline: the header each attempt carries is what is left of it,
+/// never the longer deadline of the caller's `Deadline`, which used to
+/// overwrite it.
+#[tokio::test(start_paused = true)]
+async fn a_grpc_timeout_the_caller_set_is_never_lengthened() {
+    let start = Instant::now();
+    let arrivals = Arrivals::default();
+    let service = layer(Duration::from_millis(20)).layer(silent(start, arrivals.clone()));
+    let mut request = get_within(Duration::from_secs(10));
+    request
+        .headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static("150m"));
+    let error = service.oneshot(request).await.unwrap_err();
+    assert!(error.is::<DeadlineExceeded>(), "{error}");
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(150),
+        "the header's 150 ms"
+    );
+    let timeouts: Vec<_> = arrivals.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    assert_eq!(
+        timeouts,
+        [
+            Some(Duration::from_millis(150)),
+            Some(Duration::from_millis(40))
+        ]
+    );
+}
