@@ -123,6 +123,28 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
         self
     }
 
+    /// Redacts with `redactor`: its headers, query and JSON field names, and
+    /// its body and error-text hooks (see [`Redactor`]). Replaces what
+    /// [`redact_header`](Self::redact_header) added before; the built-in
+    /// lists are in every `Redactor`. An error-text hook sees each message
+    /// whole, before the message is cut to
+    /// [`ERROR_BYTES`](crate::ERROR_BYTES).
+    ///
+    /// ```
+    /// use tower_poison::store::MemoryStore;
+    /// use tower_poison::{DeadLetterLayer, Redactor};
+    ///
+    /// let redactor = Redactor::new()
+    ///     .with_name("ssn")
+    ///     .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
+    /// let layer = DeadLetterLayer::new(MemoryStore::new(1_000)).redactor(redactor);
+    /// # let _ = layer;
+    /// ```
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.shared.redactor = redactor;
+        self
+    }
+
     /// Turns on poison-message detection (see [`PoisonPolicy`]), counting
     /// in memory unless a [`count_store`](Self::count_store) is set.
     pub fn poison(mut self, policy: PoisonPolicy) -> Self {

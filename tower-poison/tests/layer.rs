@@ -399,6 +399,34 @@ async fn a_huge_error_is_stored_cut_to_its_bound() {
     assert!(entry.error[1].ends_with('…'));
 }
 
+/// A redactor given to the layer applies its hooks: the error-text hook
+/// sees each message whole, so a secret across the 512-byte cut is still
+/// redacted (cut first, its first part was stored).
+#[tokio::test]
+async fn a_layers_redactor_hooks_see_each_error_whole() {
+    let store = MemoryStore::new(100);
+    let redactor = tower_poison::Redactor::new()
+        .with_error_hook(|line| *line = line.replace("SECRET-TOKEN-123", "[token]"));
+    let message = format!("{}SECRET-TOKEN-123", "x".repeat(505));
+    let mut service = DeadLetterLayer::new(store.clone())
+        .redactor(redactor)
+        .layer(service_fn(move |_req: Request<Body>| {
+            let error = UpstreamError(std::io::Error::other(message.clone()));
+            async move { Err::<Response<Bytes>, BoxError>(error.into()) }
+        }));
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(request("{}"))
+        .await
+        .unwrap_err();
+    let entries = all(&store).await;
+    let stored = entries[0].error.join(": ");
+    assert!(!stored.contains("SECRET"), "{stored}");
+    assert!(stored.contains("[token]"), "{stored}");
+}
+
 /// A queue message, as a consumer's service receives it.
 #[derive(Debug, Clone)]
 struct Message {
