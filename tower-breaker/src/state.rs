@@ -561,9 +561,13 @@ impl Breaker {
                     // half-open and takes the first probe slot in one CAS.
                     // The probes' deadline is written first, as `open_until`
                     // is, so no reader sees a half-open period without one.
-                    this.probes_due.store(
+                    // Raised, never lowered: each period's deadline is later
+                    // than the last one's, so a caller that stalled before
+                    // this write and then lost its CAS cannot shorten the
+                    // deadline of a period that began meanwhile.
+                    this.probes_due.fetch_max(
                         this.deadline_after(now, this.settings.probe_timeout),
-                        Ordering::Release,
+                        Ordering::AcqRel,
                     );
                     let next = word.next(State::HalfOpen).with_slots(Slots {
                         claimed: 1,
@@ -603,10 +607,10 @@ impl Breaker {
                         // a probe given back (dropped, or neutral) and a
                         // quiet spell may have left long past. Written
                         // before the CAS, so no reader sees every slot taken
-                        // with the old deadline.
-                        this.probes_due.store(
+                        // with the old deadline, and raised only (above).
+                        this.probes_due.fetch_max(
                             this.deadline_after(now, this.settings.probe_timeout),
-                            Ordering::Release,
+                            Ordering::AcqRel,
                         );
                     }
                     match this.cas(word, next) {
