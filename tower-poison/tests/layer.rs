@@ -370,44 +370,11 @@ async fn poison_outcome_is_dead_lettered_on_the_first_failure() {
     assert_eq!(entries[0].error, ["payload fails schema validation"]);
 }
 
-/// An upstream error that quotes a whole body is stored cut to
-/// `ERROR_LEVELS` levels of `ERROR_BYTES` bytes: sixteen 4 MiB failures
-/// used to keep 64 MiB of error text in a store bounded by entry count.
-#[tokio::test]
-async fn a_huge_error_is_stored_cut_to_its_bound() {
+/// The error chain stored for one call that failed with an
+/// [`UpstreamError`] over an I/O error saying `message`, through a
+/// dead-letter layer with `redactor`.
+async fn stored_error(redactor: tower_poison::Redactor, message: String) -> Vec<String> {
     let store = MemoryStore::new(100);
-    let huge = "x".repeat(4 << 20);
-    let mut service =
-        DeadLetterLayer::new(store.clone()).layer(service_fn(move |_req: Request<Body>| {
-            let error = UpstreamError(std::io::Error::other(huge.clone()));
-            async move { Err::<Response<Bytes>, BoxError>(error.into()) }
-        }));
-    service
-        .ready()
-        .await
-        .unwrap()
-        .call(request("{}"))
-        .await
-        .unwrap_err();
-    let entries = all(&store).await;
-    let [entry] = &entries[..] else {
-        panic!("one entry: {entries:?}")
-    };
-    assert_eq!(entry.error.len(), 2);
-    assert_eq!(entry.error[0], "upstream call failed");
-    assert!(entry.error[1].len() <= tower_poison::ERROR_BYTES);
-    assert!(entry.error[1].ends_with('…'));
-}
-
-/// A redactor given to the layer applies its hooks: the error-text hook
-/// sees each message whole, so a secret across the 512-byte cut is still
-/// redacted (cut first, its first part was stored).
-#[tokio::test]
-async fn a_layers_redactor_hooks_see_each_error_whole() {
-    let store = MemoryStore::new(100);
-    let redactor = tower_poison::Redactor::new()
-        .with_error_hook(|line| *line = line.replace("SECRET-TOKEN-123", "[token]"));
-    let message = format!("{}SECRET-TOKEN-123", "x".repeat(505));
     let mut service = DeadLetterLayer::new(store.clone())
         .redactor(redactor)
         .layer(service_fn(move |_req: Request<Body>| {
@@ -422,7 +389,33 @@ async fn a_layers_redactor_hooks_see_each_error_whole() {
         .await
         .unwrap_err();
     let entries = all(&store).await;
-    let stored = entries[0].error.join(": ");
+    let [entry] = &entries[..] else {
+        panic!("one entry: {entries:?}")
+    };
+    entry.error.clone()
+}
+
+/// An upstream error that quotes a whole body is stored cut to
+/// `ERROR_LEVELS` levels of `ERROR_BYTES` bytes: sixteen 4 MiB failures
+/// used to keep 64 MiB of error text in a store bounded by entry count.
+#[tokio::test]
+async fn a_huge_error_is_stored_cut_to_its_bound() {
+    let error = stored_error(tower_poison::Redactor::new(), "x".repeat(4 << 20)).await;
+    assert_eq!(error.len(), 2);
+    assert_eq!(error[0], "upstream call failed");
+    assert!(error[1].len() <= tower_poison::ERROR_BYTES);
+    assert!(error[1].ends_with('…'));
+}
+
+/// A redactor given to the layer applies its hooks: the error-text hook
+/// sees each message whole, so a secret across the 512-byte cut is still
+/// redacted (cut first, its first part was stored).
+#[tokio::test]
+async fn a_layers_redactor_hooks_see_each_error_whole() {
+    let redactor = tower_poison::Redactor::new()
+        .with_error_hook(|line| *line = line.replace("SECRET-TOKEN-123", "[token]"));
+    let message = format!("{}SECRET-TOKEN-123", "x".repeat(505));
+    let stored = stored_error(redactor, message).await.join(": ");
     assert!(!stored.contains("SECRET"), "{stored}");
     assert!(stored.contains("[token]"), "{stored}");
 }

@@ -858,17 +858,20 @@ async fn an_attempt_that_lost_its_body_to_another_does_not_answer_the_call() {
     assert_eq!(response.body(), "hello, world!!! end");
 }
 
-/// A body that declares more than its limit is kept by no copy: whichever
-/// attempt reads first streams it, and the other's "cannot be replayed"
-/// waits for that one's answer.
-#[tokio::test(start_paused = true)]
-async fn a_body_over_its_limit_is_answered_by_the_attempt_that_read_it() {
-    type Sized = tower_retry_budget::body::ReplayBody<http_body_util::Full<bytes::Bytes>>;
+type Declared = tower_retry_budget::body::ReplayBody<http_body_util::Full<bytes::Bytes>>;
+
+/// Sends a PUT of "hello world", declared over its 4-byte recording limit
+/// (so no copy keeps it), hedged after 50 ms, to a server whose first
+/// attempt starts reading 100 ms late (a slow connect) and whose hedge
+/// reads at once and answers `status` with the body it read, after `after`.
+/// The call's answer, once the hedge was seen to be sent.
+async fn hedged_declared_body(
+    status: http::StatusCode,
+    after: Duration,
+) -> Result<http::Response<String>, BoxError> {
     let attempts = Arc::new(AtomicUsize::new(0));
     let counter = attempts.clone();
-    // Attempt 1 starts reading at 100 ms (a slow connect); attempt 2 reads
-    // at once and answers at 200 ms.
-    let server = tower::service_fn(move |request: http::Request<Sized>| {
+    let server = tower::service_fn(move |request: http::Request<Declared>| {
         let attempt = counter.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             use http_body_util::BodyExt;
@@ -877,45 +880,11 @@ async fn a_body_over_its_limit_is_answered_by_the_attempt_that_read_it() {
             }
             let bytes = request.into_body().collect().await?.to_bytes();
             if attempt != 1 {
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                tokio::time::sleep(after).await;
             }
-            Ok::<_, BoxError>(http::Response::new(String::from_utf8(bytes.to_vec())?))
-        }
-    });
-    let layer = HedgeLayer::http_builder()
-        .delay(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    let whole = http_body_util::Full::new(bytes::Bytes::from("hello world"));
-    let body = Sized::new(whole, 4);
-    let request = http::Request::put("/file").body(body).unwrap();
-    let response = layer.layer(server).oneshot(request).await;
-    assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
-    let response = response.expect("the hedge read the whole body");
-    assert_eq!(response.body(), "hello world");
-}
-
-/// The attempt that read the body failed (a 503) before the other found its
-/// copy could not be sent: the call's answer is the 503, not the "cannot be
-/// replayed" error that said nothing of the request.
-#[tokio::test(start_paused = true)]
-async fn a_lost_body_does_not_hide_the_failure_of_the_attempt_that_read_it() {
-    type Sized = tower_retry_budget::body::ReplayBody<http_body_util::Full<bytes::Bytes>>;
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let counter = attempts.clone();
-    // Attempt 1 starts reading at 100 ms; attempt 2 reads at once and
-    // answers 503 at once.
-    let server = tower::service_fn(move |request: http::Request<Sized>| {
-        let attempt = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        async move {
-            use http_body_util::BodyExt;
-            if attempt == 1 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            request.into_body().collect().await?;
             let response = http::Response::builder()
-                .status(http::StatusCode::SERVICE_UNAVAILABLE)
-                .body(String::new())?;
+                .status(status)
+                .body(String::from_utf8(bytes.to_vec())?)?;
             Ok::<_, BoxError>(response)
         }
     });
@@ -925,10 +894,31 @@ async fn a_lost_body_does_not_hide_the_failure_of_the_attempt_that_read_it() {
         .unwrap();
     let whole = http_body_util::Full::new(bytes::Bytes::from("hello world"));
     let request = http::Request::put("/file")
-        .body(Sized::new(whole, 4))
+        .body(Declared::new(whole, 4))
         .unwrap();
     let response = layer.layer(server).oneshot(request).await;
     assert_eq!(attempts.load(Ordering::SeqCst), 2, "the hedge was sent");
-    let response = response.expect("the hedge's answer, not the lost body");
+    response
+}
+
+/// A body that declares more than its limit is kept by no copy: whichever
+/// attempt reads first streams it, and the other's "cannot be replayed"
+/// waits for that one's answer.
+#[tokio::test(start_paused = true)]
+async fn a_body_over_its_limit_is_answered_by_the_attempt_that_read_it() {
+    let response = hedged_declared_body(http::StatusCode::OK, Duration::from_millis(150))
+        .await
+        .expect("the hedge read the whole body");
+    assert_eq!(response.body(), "hello world");
+}
+
+/// The attempt that read the body failed (a 503) before the other found its
+/// copy could not be sent: the call's answer is the 503, not the "cannot be
+/// replayed" error that said nothing of the request.
+#[tokio::test(start_paused = true)]
+async fn a_lost_body_does_not_hide_the_failure_of_the_attempt_that_read_it() {
+    let response = hedged_declared_body(http::StatusCode::SERVICE_UNAVAILABLE, Duration::ZERO)
+        .await
+        .expect("the hedge's answer, not the lost body");
     assert_eq!(response.status(), http::StatusCode::SERVICE_UNAVAILABLE);
 }
