@@ -301,6 +301,11 @@ pub struct DeadLetterEntry {
     /// until its record expires.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay_key_pinned: bool,
+    /// A replay was sending this entry and has not recorded how it went: it
+    /// is running, or it crashed or was dropped mid-call. The next replay
+    /// takes that as an [unknown](ReplayAnswer::Unknown) answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_in_flight: bool,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -346,23 +351,28 @@ pub enum ReplayAnswer {
 impl ReplayAnswer {
     /// The answer of a replay whose failure is of `kind`: one that got a
     /// response (`responded`), with HTTP status `status` when it was read,
-    /// or one that got an error instead. Without the status a gateway's 502
-    /// or 504 reads as the server's own error: replay with a response
-    /// description that reads it (the CLI's does, and
+    /// or one that got an error instead. A refusal before sending
+    /// (`NotSent`, `Shed`) is [`Other`](Self::Other), a timeout
+    /// [`Unknown`](Self::Unknown); only a read 5xx status is a
+    /// [`ServerError`](Self::ServerError), so a replayer that reads none
+    /// never moves the key: replay with a response description that reads
+    /// it (the CLI's does, and
     /// [`Replayer::describe`](crate::replay::Replayer::describe) takes one).
     pub fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
-        match (responded, status) {
-            (true, Some(502 | 504)) => ReplayAnswer::Unknown,
-            (true, Some(500..=599)) => ReplayAnswer::ServerError,
-            (true, Some(_)) => ReplayAnswer::Other,
-            (true, None) if kind == FailureKind::ServerError => ReplayAnswer::ServerError,
-            (true, None) => ReplayAnswer::Other,
-            // No response: the server may have acted, unless the call
-            // provably never reached it.
-            (false, _) if matches!(kind, FailureKind::NotSent | FailureKind::Shed) => {
-                ReplayAnswer::Other
-            }
-            (false, _) => ReplayAnswer::Unknown,
+        match kind {
+            // Refused before it was sent: nothing ran.
+            FailureKind::NotSent | FailureKind::Shed => ReplayAnswer::Other,
+            // A timeout, whoever reports it: the request may have run.
+            FailureKind::Timeout => ReplayAnswer::Unknown,
+            // No response: the server may have acted.
+            _ if !responded => ReplayAnswer::Unknown,
+            _ => match status {
+                Some(502 | 504) => ReplayAnswer::Unknown,
+                Some(500..=599) => ReplayAnswer::ServerError,
+                // A client error, or a status not read: the key stays (a
+                // gateway's 504 read as a server error would move it).
+                _ => ReplayAnswer::Other,
+            },
         }
     }
 }
@@ -498,6 +508,7 @@ impl DeadLetterEntry {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
+            replay_in_flight: false,
         }
     }
 
@@ -760,6 +771,7 @@ mod tests {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
+            replay_in_flight: false,
         }
     }
 
@@ -861,8 +873,14 @@ mod tests {
             ((true, Some(504), ServerError), ReplayAnswer::Unknown),
             ((true, Some(409), Rejected), ReplayAnswer::Other),
             ((true, Some(429), RateLimited), ReplayAnswer::Other),
-            ((true, None, ServerError), ReplayAnswer::ServerError),
-            ((true, None, Rejected), ReplayAnswer::Other),
+            ((true, Some(408), Timeout), ReplayAnswer::Unknown),
+            // A breaker's own 503: the request never ran.
+            ((true, Some(503), Shed), ReplayAnswer::Other),
+            // No status read (a gateway's 504 would look the same).
+            ((true, None, ServerError), ReplayAnswer::Other),
+            // gRPC: a trailers-only answer's HTTP status is 200.
+            ((true, Some(200), ServerError), ReplayAnswer::Other),
+            ((true, Some(200), Timeout), ReplayAnswer::Unknown),
             ((false, None, Timeout), ReplayAnswer::Unknown),
             ((false, None, Connection), ReplayAnswer::Unknown),
             ((false, None, ServerError), ReplayAnswer::Unknown),

@@ -30,7 +30,7 @@
 //! first (or refuses it while the first is running). Once a replay got no
 //! answer from the server itself (a timeout, a lost connection, a gateway's
 //! 502 or 504) the key never moves again, since that replay may have been
-//! applied: see [`ReplayAnswer`](crate::ReplayAnswer).
+//! applied: see [`ReplayAnswer`].
 //!
 //! # A replay that fails again
 //!
@@ -307,8 +307,25 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 return Err(ReplayError::Request(error));
             }
         };
-        let result = match poll_fn(|cx| service.poll_ready(cx)).await {
-            Ok(()) => service.call(request).await.map_err(Into::into),
+        // A replay that sent this entry and never recorded how it went (it
+        // crashed, or was dropped mid-call) may have been applied: the key
+        // stays as it is from now on.
+        if entry.replay_in_flight {
+            entry.note_replay_answer(ReplayAnswer::Unknown);
+        }
+        let ready = poll_fn(|cx| service.poll_ready(cx)).await;
+        let sent = ready.is_ok();
+        let result = match ready {
+            Ok(()) => {
+                // Marked before it is sent, so that the next replay knows if
+                // this one never records how it went.
+                entry.replay_in_flight = true;
+                if let Err(error) = store.put(entry.clone()).await {
+                    store.release(id, token).await?;
+                    return Err(error.into());
+                }
+                service.call(request).await.map_err(Into::into)
+            }
             Err(error) => Err(error.into()),
         };
         let failure = match classifier.classify(result.as_ref()) {
@@ -323,7 +340,11 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         let (record, answer) = match &result {
             Err(error) => (
                 ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
-                ReplayAnswer::new(false, None, failure.kind),
+                match sent {
+                    true => ReplayAnswer::new(false, None, failure.kind),
+                    // The service was not ready: nothing left.
+                    false => ReplayAnswer::Other,
+                },
             ),
             Ok(response) => {
                 let description = self.describe.describe_response(response);
@@ -374,6 +395,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         let error = record.error_text();
         entry.record_replay(record, 1);
         entry.note_replay_answer(answer);
+        entry.replay_in_flight = false;
         let outcome = ReplayOutcome::Failed {
             attempts: entry.attempts,
             kind: failure.kind,

@@ -712,6 +712,9 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     assert_eq!(record.status, Some(502));
     assert_eq!((record.attempt, record.kind), (3, FailureKind::ServerError));
     assert_eq!(record.at, kept.last_failed_at);
+    // A gateway's 502: the server behind it may have run the request.
+    assert!(kept.replay_key_pinned, "the layer noted the answer");
+    assert!(!kept.replay_in_flight, "the replay is recorded");
     assert_eq!(
         (kept.body, kept.uri),
         (e.body, e.uri),
@@ -823,31 +826,56 @@ async fn a_replay_key_moves_after_a_server_error_and_is_pinned_by_an_unknown_out
     assert_eq!(store.get(id).await.unwrap(), None, "delivered at last");
 }
 
-/// A gateway's 504 pins the key as a timeout does; the default replayer,
-/// which reads no status, still moves the key after a server error.
+/// A gateway's 504 pins the key as a timeout does (the 500 after it moves
+/// nothing); a replayer that reads no status never moves it, since it
+/// cannot tell a gateway's 504 from the server's own 500.
 #[tokio::test]
-async fn a_gateway_timeout_pins_the_key_and_the_default_replayer_moves_it() {
+async fn a_gateway_timeout_pins_the_key_and_a_replayer_reading_no_status_keeps_it() {
     let store = MemoryStore::new(10);
     let e = entry();
     store.put(e.clone()).await.unwrap();
     let id = e.id;
-    let key = |n: u32| format!("{id}-{n}");
     let described = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
     let answers = vec![
         Ok(StatusCode::GATEWAY_TIMEOUT),
         Ok(StatusCode::INTERNAL_SERVER_ERROR),
+        Ok(StatusCode::OK),
     ];
-    assert_eq!(keys_sent(&described, id, answers).await, [key(0), key(0)]);
+    let key = format!("{id}-0");
+    assert_eq!(keys_sent(&described, id, answers).await, [key.as_str(), &key, &key]);
 
     let other = entry();
     store.put(other.clone()).await.unwrap();
     let plain = Replayer::new(&store);
     let answers = vec![Ok(StatusCode::INTERNAL_SERVER_ERROR), Ok(StatusCode::OK)];
     let id = other.id;
-    assert_eq!(
-        keys_sent(&plain, id, answers).await,
-        [format!("{id}-0"), format!("{id}-1")]
-    );
+    let key = format!("{id}-0");
+    assert_eq!(keys_sent(&plain, id, answers).await, [key.as_str(), &key]);
+}
+
+/// A replay that sent the entry and never recorded how it went (its future
+/// was dropped mid-call, as a crash would end it) may have been applied:
+/// the next replay keeps the key even after a 503.
+#[tokio::test]
+async fn a_replay_that_never_recorded_its_answer_pins_the_key() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let mut hangs = service_fn(|_req: Request<Full<Bytes>>| {
+        std::future::pending::<Result<Response<Bytes>, BoxError>>()
+    });
+    let crashed = Replayer::new(&store).lease(Duration::ZERO);
+    let classifier = HttpClassifier::new();
+    let mut call = Box::pin(crashed.replay(e.id, &mut hangs, &classifier, to_request));
+    assert!(futures_poll_once(call.as_mut()).await.is_none());
+    drop(call);
+    assert!(store.get(e.id).await.unwrap().unwrap().replay_in_flight);
+
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let answers = vec![Ok(StatusCode::SERVICE_UNAVAILABLE), Ok(StatusCode::OK)];
+    let id = e.id;
+    let key = format!("{id}-0");
+    assert_eq!(keys_sent(&replayer, id, answers).await, [key.as_str(), &key]);
 }
 
 /// An entry purged while its replay ran is not written back when the
