@@ -142,6 +142,11 @@ impl ErrorChainClassifier {
         self.recognised(error).unwrap_or(self.unknown)
     }
 
+    /// What an error nothing recognises means.
+    pub(crate) const fn unknown(&self) -> Outcome {
+        self.unknown
+    }
+
     /// What [`classify_error`](Self::classify_error) finds in the chain;
     /// `None` when nothing in it is recognised (then it is
     /// [unknown](Self::unknown_as)).

@@ -140,7 +140,11 @@ impl GrpcStatusLayer {
         Self::default()
     }
 
-    /// Classifies errors with `classifier` instead.
+    /// Classifies errors with `classifier` instead. Its
+    /// [`unknown_as`](ErrorChainClassifier::unknown_as) decides the status
+    /// of an error nothing recognises: the default (rejected) sends 2
+    /// `UNKNOWN`, as tonic does, and any other outcome the status of the
+    /// table above (a server error 14 `UNAVAILABLE`, ignored 1 `CANCELLED`).
     pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
         self.settings.classifier = classifier;
         self
@@ -394,7 +398,14 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
     // calls it (rejected by default, so as not to retry it blindly).
     let (outcome, code) = match settings.classifier.recognised(&**error) {
         Some(outcome) => (outcome, status_code(&outcome)),
-        None => (settings.classifier.classify_error(&**error), 2),
+        None => {
+            let unknown = settings.classifier.unknown();
+            match unknown == ErrorChainClassifier::new().unknown() {
+                true => (unknown, 2),
+                // The layer's classifier says what unknown errors mean.
+                false => (unknown, status_code(&unknown)),
+            }
+        }
     };
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     if settings.messages {

@@ -326,3 +326,38 @@ async fn a_client_reads_back_what_the_layer_sent() {
         assert_eq!(read, Some(kind), "{text}");
     }
 }
+
+/// A classifier given to the layer says what an unrecognised error sends:
+/// the default sends `UNKNOWN`, a server error `UNAVAILABLE`, ignored
+/// `CANCELLED`.
+#[tokio::test]
+async fn the_layers_classifier_decides_what_an_unrecognised_error_sends() {
+    use tower_classify::{ErrorChainClassifier, Outcome};
+    let cases = [
+        (ErrorChainClassifier::new(), "2"),
+        (
+            ErrorChainClassifier::new().unknown_as(Outcome::failure(FailureKind::ServerError)),
+            "14",
+        ),
+        (
+            ErrorChainClassifier::new().unknown_as(Outcome::Ignored),
+            "1",
+        ),
+    ];
+    for (classifier, code) in cases {
+        let failing = service_fn(|_req: Request<()>| async {
+            Err::<Response<String>, BoxError>("a bug nobody foresaw".into())
+        });
+        let response = GrpcStatusLayer::new()
+            .classifier(classifier)
+            .layer(failing)
+            .oneshot(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(
+            header(&response, "grpc-status"),
+            Some(code),
+            "{classifier:?}"
+        );
+    }
+}

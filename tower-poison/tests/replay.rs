@@ -842,7 +842,10 @@ async fn a_gateway_timeout_pins_the_key_and_a_replayer_reading_no_status_keeps_i
         Ok(StatusCode::OK),
     ];
     let key = format!("{id}-0");
-    assert_eq!(keys_sent(&described, id, answers).await, [key.as_str(), &key, &key]);
+    assert_eq!(
+        keys_sent(&described, id, answers).await,
+        [key.as_str(), &key, &key]
+    );
 
     let other = entry();
     store.put(other.clone()).await.unwrap();
@@ -875,7 +878,10 @@ async fn a_replay_that_never_recorded_its_answer_pins_the_key() {
     let answers = vec![Ok(StatusCode::SERVICE_UNAVAILABLE), Ok(StatusCode::OK)];
     let id = e.id;
     let key = format!("{id}-0");
-    assert_eq!(keys_sent(&replayer, id, answers).await, [key.as_str(), &key]);
+    assert_eq!(
+        keys_sent(&replayer, id, answers).await,
+        [key.as_str(), &key]
+    );
 }
 
 /// An entry purged while its replay ran is not written back when the

@@ -459,8 +459,10 @@ impl<C> HedgeBuilder<C, crate::replay::HttpReplay> {
     }
 
     /// Writes what is left of the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) as `grpc-timeout`
-    /// on every attempt (see [`HttpReplay::grpc_timeout`](crate::replay::HttpReplay::grpc_timeout)).
+    /// [`Deadline`](tower_classify::deadline::Deadline), or of the
+    /// `grpc-timeout` the request came with when that is earlier, as
+    /// `grpc-timeout` on every attempt (see
+    /// [`HttpReplay::grpc_timeout`](crate::replay::HttpReplay::grpc_timeout)).
     pub fn grpc_timeout(mut self, yes: bool) -> Self {
         self.replay = self.replay.grpc_timeout(yes);
         self
