@@ -143,6 +143,7 @@ impl ErrorChainClassifier {
     }
 
     /// What an error nothing recognises means.
+    #[cfg(feature = "http")]
     pub(crate) const fn unknown(&self) -> Outcome {
         self.unknown
     }
