@@ -19,7 +19,7 @@
 //! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | — |
 //! | [`Poison`](FailureKind::Poison) | 3 `INVALID_ARGUMENT` | — |
 //! | [`Rejected`](FailureKind::Rejected) | 3 `INVALID_ARGUMENT` | — |
-//! | an error nothing recognises | 2 `UNKNOWN` | — |
+//! | an error nothing recognises | 2 `UNKNOWN` with the default classifier (see [`GrpcStatusLayer::classifier`]) | — |
 //! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | — |
 //!
 //! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) (or
@@ -30,7 +30,8 @@
 //! An error that already *is* a gRPC status (a `tonic::Status` from a
 //! tonic layer below) is sent as it is, code and message, once
 //! [`GrpcStatusLayer::status_of`] says how to recognise it; otherwise it is
-//! classified like any other error, and comes out `UNKNOWN`.
+//! classified like any other error, and with the default classifier comes
+//! out `UNKNOWN`.
 //!
 //! After the inner service's `poll_ready` fails, it is never polled or
 //! called again: every call gets that error's status.
@@ -163,7 +164,7 @@ impl GrpcStatusLayer {
     /// [`source`](std::error::Error::source)s in turn; the first answer
     /// wins. Without it, such an error is classified like any other, which
     /// for a `tonic::Status` (a kind of failure no classifier knows) means
-    /// `UNKNOWN`.
+    /// `UNKNOWN` with the default classifier.
     ///
     /// tower-classify does not depend on tonic; a tonic user passes
     ///
@@ -393,9 +394,10 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
         }
         return headers;
     }
-    // An error nothing recognises is `UNKNOWN`, as tonic sends it, and a
-    // client reads it as a server error, whatever this side's classifier
-    // calls it (rejected by default, so as not to retry it blindly).
+    // An error nothing recognises is `UNKNOWN` with the default classifier
+    // (which calls it rejected, so as not to retry it blindly), as tonic
+    // sends it, and a client reads it as a server error; a classifier given
+    // to the layer with another `unknown_as` decides it instead.
     let (outcome, code) = match settings.classifier.recognised(&**error) {
         Some(outcome) => (outcome, status_code(&outcome)),
         None => {

@@ -301,11 +301,6 @@ pub struct DeadLetterEntry {
     /// until its record expires.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay_key_pinned: bool,
-    /// A replay was sending this entry and has not recorded how it went: it
-    /// is running, or it crashed or was dropped mid-call. The next replay
-    /// takes that as an [unknown](ReplayAnswer::Unknown) answer.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub replay_in_flight: bool,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -508,7 +503,6 @@ impl DeadLetterEntry {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
-            replay_in_flight: false,
         }
     }
 
@@ -771,7 +765,6 @@ mod tests {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
-            replay_in_flight: false,
         }
     }
 

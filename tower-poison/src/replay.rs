@@ -307,25 +307,10 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 return Err(ReplayError::Request(error));
             }
         };
-        // A replay that sent this entry and never recorded how it went (it
-        // crashed, or was dropped mid-call) may have been applied: the key
-        // stays as it is from now on.
-        if entry.replay_in_flight {
-            entry.note_replay_answer(ReplayAnswer::Unknown);
-        }
         let ready = poll_fn(|cx| service.poll_ready(cx)).await;
         let sent = ready.is_ok();
         let result = match ready {
-            Ok(()) => {
-                // Marked before it is sent, so that the next replay knows if
-                // this one never records how it went.
-                entry.replay_in_flight = true;
-                if let Err(error) = store.put(entry.clone()).await {
-                    store.release(id, token).await?;
-                    return Err(error.into());
-                }
-                service.call(request).await.map_err(Into::into)
-            }
+            Ok(()) => service.call(request).await.map_err(Into::into),
             Err(error) => Err(error.into()),
         };
         let failure = match classifier.classify(result.as_ref()) {
@@ -395,7 +380,6 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         let error = record.error_text();
         entry.record_replay(record, 1);
         entry.note_replay_answer(answer);
-        entry.replay_in_flight = false;
         let outcome = ReplayOutcome::Failed {
             attempts: entry.attempts,
             kind: failure.kind,

@@ -498,7 +498,6 @@ where
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
-            replay_in_flight: false,
         }
     }
 
@@ -540,8 +539,6 @@ where
                     .with_status(status);
                 stored.record_replay(record, entry.attempts);
                 stored.note_replay_answer(answer);
-                // How the replay went is recorded: it is no longer in flight.
-                stored.replay_in_flight = false;
                 stored
             }
             _ => entry,
@@ -713,7 +710,6 @@ mod tests {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
-            replay_in_flight: false,
         }
     }
 

@@ -845,7 +845,6 @@ mod tests {
             failed_replays: 0,
             replay_server_errors: 0,
             replay_key_pinned: false,
-            replay_in_flight: false,
         }
     }
 
