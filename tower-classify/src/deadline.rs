@@ -63,6 +63,32 @@ impl Deadline {
     pub fn min(self, other: Deadline) -> Deadline {
         std::cmp::min(self, other)
     }
+
+    /// The deadline a header `name` of `headers` asks for, in the
+    /// `grpc-timeout` format, counted from now; `None` when it is absent or
+    /// malformed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_classify::deadline::{Deadline, GRPC_TIMEOUT};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert(GRPC_TIMEOUT, "250m".parse().unwrap());
+    /// let deadline = Deadline::from_header(&headers, GRPC_TIMEOUT).unwrap();
+    /// assert_eq!(deadline.remaining(), Duration::from_millis(250));
+    /// assert_eq!(Deadline::from_header(&headers, "x-timeout"), None);
+    /// # }
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn from_header(headers: &http::HeaderMap, name: &str) -> Option<Self> {
+        headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| parse_grpc_timeout(value).ok())
+            .map(Deadline::after)
+    }
 }
 
 fn far_future(now: Instant) -> Instant {
@@ -261,7 +287,7 @@ mod server {
     use tower::timeout::error::Elapsed;
     use tower::{Layer, Service};
 
-    use super::{parse_grpc_timeout, Deadline, GRPC_TIMEOUT};
+    use super::{Deadline, GRPC_TIMEOUT};
     use crate::BoxError;
 
     /// The server side of deadlines: turns an inbound `grpc-timeout` header
@@ -341,14 +367,7 @@ mod server {
 
     impl<S> DeadlineService<S> {
         fn deadline<B>(&self, request: &Request<B>) -> Option<Deadline> {
-            let from = |name: &str| {
-                request
-                    .headers()
-                    .get(name)
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(|value| parse_grpc_timeout(value).ok())
-                    .map(Deadline::after)
-            };
+            let from = |name: &str| Deadline::from_header(request.headers(), name);
             [
                 from(GRPC_TIMEOUT),
                 self.layer

@@ -265,7 +265,7 @@ mod http_replay {
         }
 
         fn deadline(&self, request: &Request<B>) -> Option<tower_classify::deadline::Deadline> {
-            use tower_classify::deadline::{parse_grpc_timeout, Deadline, GRPC_TIMEOUT};
+            use tower_classify::deadline::{Deadline, GRPC_TIMEOUT};
             let carried = request.extensions().get::<Deadline>().copied();
             if !self.grpc_timeout {
                 return carried;
@@ -273,16 +273,8 @@ mod http_replay {
             // A `grpc-timeout` the caller set (tonic's `set_timeout`) bounds
             // the loop too: the header each attempt carries, rewritten from
             // the loop's deadline, is never longer than the caller's own.
-            let asked = request
-                .headers()
-                .get(GRPC_TIMEOUT)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| parse_grpc_timeout(value).ok())
-                .map(Deadline::after);
-            match (carried, asked) {
-                (Some(carried), Some(asked)) => Some(carried.min(asked)),
-                (carried, asked) => carried.or(asked),
-            }
+            let asked = Deadline::from_header(request.headers(), GRPC_TIMEOUT);
+            carried.into_iter().chain(asked).min()
         }
 
         fn before_send(&self, request: &mut Request<B>, deadline: Option<tokio::time::Instant>) {
