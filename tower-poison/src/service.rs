@@ -453,8 +453,7 @@ where
             None => format!("{}/{}", self.label, kind),
         };
         let entry = self.entry(record, kind, error, attempts, first, now);
-        let answer = ReplayAnswer::new(responded, status, kind);
-        let entry = self.continue_replayed(entry, status, answer).await;
+        let entry = self.continue_replayed(entry, responded, status).await;
         let entry_id = entry.id;
         match self.dispose(entry, &key).await {
             Ok(()) => {
@@ -478,7 +477,7 @@ where
     ) -> DeadLetterEntry {
         let mut headers = record.headers;
         self.redactor.redact(&mut headers);
-        // `error` comes redacted and bounded (`settle`).
+        // `error` comes redacted and bounded (`on_failure`).
         DeadLetterEntry {
             id: EntryId::generate(SystemTime::now()),
             label: self.label.to_string(),
@@ -515,12 +514,14 @@ where
     /// The replay's failure goes to the entry's
     /// [replay history](DeadLetterEntry::record_replay) (with the response's
     /// `status`, when it has one): the entry's own error and kind stay those
-    /// of the original failure.
+    /// of the original failure. Whether the call got a response
+    /// (`responded`) and its status are the replay's
+    /// [answer](ReplayAnswer), which decides the next replay's key.
     async fn continue_replayed(
         &self,
         mut entry: DeadLetterEntry,
+        responded: bool,
         status: Option<u16>,
-        answer: ReplayAnswer,
     ) -> DeadLetterEntry {
         let mut replay_of = None;
         entry.headers.retain(|header| {
@@ -538,7 +539,7 @@ where
                 let record = ReplayRecord::new(entry.last_failed_at, entry.kind, entry.error)
                     .with_status(status);
                 stored.record_replay(record, entry.attempts);
-                stored.note_replay_answer(answer);
+                stored.note_replay_answer(ReplayAnswer::new(responded, status, entry.kind));
                 stored
             }
             _ => entry,
