@@ -581,7 +581,7 @@ fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64
             Some((s, c, f)) if s == seq & SEQ_MASK || is_later(s, seq, period) => {
                 if c < ADD_BELOW && f < ADD_BELOW {
                     slot.fetch_add((calls << COUNT_BITS) | failures, Ordering::SeqCst);
-                    return Some(seq.wrapping_add(s.wrapping_sub(seq) & SEQ_MASK));
+                    return Some(full_period(seq, s));
                 }
                 (s, c, f)
             }
@@ -594,10 +594,18 @@ fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64
         }
         let next = pack(held, had_calls + calls, had_failures + failures);
         match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::Acquire) {
-            Ok(_) => return Some(seq.wrapping_add(held.wrapping_sub(seq) & SEQ_MASK)),
+            Ok(_) => return Some(full_period(seq, held)),
             Err(actual) => current = actual,
         }
     }
+}
+
+/// The full period number of a bucket holding sequence `held` (the low
+/// bits), for a record of period `seq`: `seq` itself, or the later period
+/// `held` stands for (see [`is_later`]).
+#[inline]
+fn full_period(seq: u64, held: u64) -> u64 {
+    seq.wrapping_add(held.wrapping_sub(seq) & SEQ_MASK)
 }
 
 /// The calls and failures of the bucket of sequence `expected` in `slot`.
