@@ -130,8 +130,9 @@ pub enum FailureKind {
     /// The connection failed before the request was sent, so the server
     /// provably never saw it: refused, a failed connect or DNS lookup (an
     /// unreachable host when a connect error says so), a request the HTTP
-    /// client cancelled before writing it. Safe to resend even when the request is not idempotent.
-    /// The `connection` class of [`RetryOn`](crate::RetryOn) includes it.
+    /// client cancelled before writing it. Safe to resend even when the
+    /// request is not idempotent. The `connection` class of
+    /// [`RetryOn`](crate::RetryOn) includes it.
     NotSent,
     /// The request itself is wrong: other 4xx, authentication, validation, parse
     /// errors. Never retried and never trips a breaker.
