@@ -230,69 +230,23 @@ async fn a_store_that_cannot_answer_refuses_the_request_with_503() {
     assert_eq!(orders.calls("/orders"), 0, "never run unguarded");
 }
 
-/// The memory store with a fault in its completion write.
+/// The memory store with one fault.
 #[derive(Clone)]
-struct FaultyCompletion(MemoryIdempotencyStore, Fault);
+struct Faulty(MemoryIdempotencyStore, Fault);
 
 #[derive(Clone)]
 enum Fault {
-    /// The store went down mid-call: the write fails.
-    Fails,
-    /// The write takes a second (a slow network); `Notify` tells when one
-    /// has started.
-    Slow(Arc<tokio::sync::Notify>),
+    /// The store went down mid-call: the completion write fails.
+    CompleteFails,
+    /// The completion write takes a second (a slow network); `Notify`
+    /// tells when one has started.
+    CompleteSlow(Arc<tokio::sync::Notify>),
+    /// A claim is answered 100 ms after it was applied (a round trip to a
+    /// remote store).
+    ClaimAnsweredLate,
 }
 
-impl IdempotencyStore for FaultyCompletion {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.0.claim(key, fingerprint, ttl).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        claim: &ClaimToken,
-        fingerprint: &str,
-        completion: Completion,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        match &self.1 {
-            Fault::Fails => Err(StoreError::new(StoreErrorKind::Backend, "connection reset")),
-            Fault::Slow(started) => {
-                started.notify_one();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                self.0
-                    .complete(key, claim, fingerprint, completion, ttl)
-                    .await
-            }
-        }
-    }
-
-    async fn extend(
-        &self,
-        key: &str,
-        claim: &ClaimToken,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.extend(key, claim, ttl).await
-    }
-
-    async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
-        self.0.release(key, claim).await
-    }
-}
-
-/// The memory store, answering a claim 100 ms after applying it (a round
-/// trip to a remote store).
-#[derive(Clone)]
-struct SlowClaim(MemoryIdempotencyStore);
-
-impl IdempotencyStore for SlowClaim {
+impl IdempotencyStore for Faulty {
     async fn claim(
         &self,
         key: &str,
@@ -300,7 +254,9 @@ impl IdempotencyStore for SlowClaim {
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let claim = self.0.claim(key, fingerprint, ttl).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Fault::ClaimAnsweredLate = self.1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         claim
     }
 
@@ -312,6 +268,16 @@ impl IdempotencyStore for SlowClaim {
         completion: Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        match &self.1 {
+            Fault::CompleteFails => {
+                return Err(StoreError::new(StoreErrorKind::Backend, "connection reset"))
+            }
+            Fault::CompleteSlow(started) => {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Fault::ClaimAnsweredLate => {}
+        }
         self.0
             .complete(key, claim, fingerprint, completion, ttl)
             .await
@@ -338,7 +304,10 @@ impl IdempotencyStore for SlowClaim {
 #[tokio::test(start_paused = true)]
 async fn a_call_gone_while_its_claim_was_under_way_leaves_the_key_free() {
     let orders = Orders::default();
-    let service = guarded(IdempotencyGuardLayer::new(SlowClaim(memory())), &orders);
+    let service = guarded(
+        IdempotencyGuardLayer::new(Faulty(memory(), Fault::ClaimAnsweredLate)),
+        &orders,
+    );
     let cut = tokio::time::timeout(
         Duration::from_millis(50),
         send(&service, post("/orders", "k-cut", "{}")),
@@ -357,7 +326,7 @@ async fn a_call_gone_while_its_claim_was_under_way_leaves_the_key_free() {
 #[tokio::test(start_paused = true)]
 async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_held() {
     let orders = Orders::default();
-    let layer = IdempotencyGuardLayer::new(FaultyCompletion(memory(), Fault::Fails))
+    let layer = IdempotencyGuardLayer::new(Faulty(memory(), Fault::CompleteFails))
         .in_flight_ttl(Duration::from_secs(60));
     let service = guarded(layer, &orders);
     let first = send(&service, post("/orders", "k-lost", "{}")).await;
@@ -378,7 +347,7 @@ async fn a_response_the_store_cannot_keep_is_still_returned_and_the_key_stays_he
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_its_response_is_written_still_records_it() {
     let started = Arc::new(tokio::sync::Notify::new());
-    let store = FaultyCompletion(memory(), Fault::Slow(started.clone()));
+    let store = Faulty(memory(), Fault::CompleteSlow(started.clone()));
     let orders = Orders::default();
     let layer = IdempotencyGuardLayer::new(store).in_flight_ttl(Duration::from_secs(60));
     let service = guarded(layer, &orders);
