@@ -13,9 +13,12 @@ use crate::outcome::FailureKind;
 /// request provably never reached the server, the only connection failures
 /// after which a non-idempotent request is safe to resend.
 ///
-/// The default is the first four (so every transient kind). An empty set is a
-/// configuration error, not "retry nothing": a policy that retries nothing
-/// should say `max_retries: 0`.
+/// Two sets are equal when they hold the same kinds: `connection` always holds
+/// `not_sent`, so naming the first four classes, `RetryOn::ALL` and the
+/// default are one set, every transient kind (`ServerError`, `RateLimited`,
+/// `Connection`, `Timeout`, `NotSent`). An empty set is a configuration
+/// error, not "retry nothing": a policy that retries nothing should say
+/// `max_retries: 0`.
 ///
 /// ```
 /// use tower_classify::{FailureKind, RetryOn};
@@ -29,6 +32,8 @@ use crate::outcome::FailureKind;
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RetryOn {
+    /// A bit per class; `CONNECTION` always comes with `NOT_SENT` (see
+    /// [`from_bits`](Self::from_bits)), so equal sets have equal bits.
     bits: u8,
 }
 
@@ -95,7 +100,6 @@ impl RetryOn {
     /// `true` when `kind` is in the set.
     pub const fn contains(&self, kind: FailureKind) -> bool {
         match Self::bit(kind) {
-            Some(NOT_SENT) => self.bits & (NOT_SENT | CONNECTION) != 0,
             Some(bit) => self.bits & bit != 0,
             None => false,
         }
@@ -121,7 +125,11 @@ impl RetryOn {
         CLASSES.iter().find(|(_, n)| *n == name).map(|(k, _)| *k)
     }
 
-    fn from_bits(bits: u8) -> Result<Self, ConfigError> {
+    fn from_bits(mut bits: u8) -> Result<Self, ConfigError> {
+        if bits & CONNECTION != 0 {
+            // A request never sent is one kind of connection failure.
+            bits |= NOT_SENT;
+        }
         if bits == 0 {
             return Err(ConfigError::new(
                 "retry_on",

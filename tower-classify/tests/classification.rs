@@ -557,3 +557,45 @@ fn item_14_grpc_unavailable_is_one_kind_a_server_error() {
         fail(FailureKind::ServerError)
     );
 }
+
+/// Issue 31, item 2: two sets that hold the same kinds are equal (and hash
+/// alike), however they were written: the default, `ALL`, and the four
+/// classes named (`connection` holds `not_sent`).
+#[test]
+fn item_2_sets_holding_the_same_kinds_are_equal() {
+    use std::collections::HashSet;
+    let named = RetryOn::from_names(["http_5xx", "rate_limited", "connection", "timeout"]).unwrap();
+    let built = RetryOn::new([
+        FailureKind::ServerError,
+        FailureKind::RateLimited,
+        FailureKind::Connection,
+        FailureKind::Timeout,
+    ])
+    .unwrap();
+    for set in [named, built, RetryOn::default()] {
+        assert_eq!(format!("{set:?}"), format!("{:?}", RetryOn::ALL));
+        assert_eq!(set, RetryOn::ALL);
+    }
+    let distinct: HashSet<RetryOn> = [named, built, RetryOn::default(), RetryOn::ALL].into();
+    assert_eq!(distinct.len(), 1);
+    // Naming `not_sent` beside `connection` adds nothing.
+    assert_eq!(
+        RetryOn::from_names(["connection", "not_sent"]).unwrap(),
+        RetryOn::from_names(["connection"]).unwrap()
+    );
+    // `not_sent` alone is a narrower set, and not equal to `connection`.
+    assert_ne!(
+        RetryOn::from_names(["not_sent"]).unwrap(),
+        RetryOn::from_names(["connection"]).unwrap()
+    );
+    assert_eq!(
+        RetryOn::default().iter().collect::<Vec<_>>(),
+        [
+            FailureKind::ServerError,
+            FailureKind::RateLimited,
+            FailureKind::Connection,
+            FailureKind::Timeout,
+            FailureKind::NotSent,
+        ]
+    );
+}
