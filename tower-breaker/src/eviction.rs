@@ -1,6 +1,7 @@
-//! Which breaker a new key replaces when the registry is full, in amortised
-//! O(1): closed breakers first, least recently used first, open ones only when
-//! no closed one is left, forced ones never.
+//! Which breaker a new key replaces when the registry is full: closed
+//! breakers first, least recently used first (approximately, in amortised
+//! O(1)); open ones only when no closed one is left, then exactly the least
+//! recently used; forced ones never.
 //!
 //! # How
 //!
@@ -20,18 +21,29 @@
 //!   admin handle tells the registry, which puts it back);
 //! - otherwise it is the victim.
 //!
-//! Only when the closed queue is empty is the open queue examined the same
-//! way. A breaker in the open queue that closes again (its probes
-//! succeeded, or an operator reset it) posts a [`ClosedNotices`] notice,
+//! The coarse clock cannot order two uses between the same two new keys, so
+//! among closed breakers the choice is approximate. Among open ones it is
+//! exact: a breaker that is not closed is stamped on every use, and when it
+//! opens, from one sequence ([`EvictionNotices::stamp`]); those calls are
+//! refused or probes, off the closed fast path, so the shared counter costs
+//! the success path nothing. Only when the closed queue is empty is the open
+//! queue read, whole, for the lowest stamp. That scan is O(open breakers),
+//! but it is paid for: the breaker inserted in the victim's place is closed
+//! and is the next victim, so another scan needs another breaker to open
+//! first.
+//!
+//! A breaker in the open queue that closes again (its probes succeeded, or
+//! an operator reset it) posts a notice ([`EvictionNotices::post_closed`]),
 //! and the queues move it back before the next victim is chosen: the open
-//! queue's head is never taken while a closed breaker waits behind it. Every step but the last
-//! consumes something that happened since the breaker's previous step — a
-//! use, a state change, a force — so the work per new key is O(1) amortised
-//! over the calls and state changes it follows, whatever `max_breakers` is.
-//! State changes that race the examination cannot make it loop: after
-//! `2 × len` steps, breakers are no longer moved or given a second chance.
+//! queue is never read while a closed breaker waits in it. Every step of the
+//! closed queue's examination but the last consumes something that happened
+//! since the breaker's previous step — a use, a state change, a force — so
+//! the work per new key is O(1) amortised over the calls and state changes
+//! it follows, whatever `max_breakers` is. State changes that race the
+//! examination cannot make it loop: after `2 × len` steps, breakers are no
+//! longer moved or given a second chance.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::state::{Breaker, State};
@@ -83,31 +95,43 @@ impl List {
     };
 }
 
-/// The keys of a registry's breakers that closed again (probes succeeded,
-/// or an operator reset them) since the eviction queues last looked. A breaker
-/// posts at most one notice until it is read, so there are never more than
-/// `max_breakers` of them.
+/// What a keyed breaker tells its registry's eviction order: that it closed
+/// again, and the order of its uses while not closed.
 #[derive(Default)]
-pub(crate) struct ClosedNotices {
-    keys: Mutex<Vec<Arc<str>>>,
+pub(crate) struct EvictionNotices {
+    /// The keys of breakers that closed again (probes succeeded, or an
+    /// operator reset them) since the eviction queues last looked. A breaker
+    /// posts at most one notice until it is read, so there are never more
+    /// than `max_breakers` of them.
+    closed: Mutex<Vec<Arc<str>>>,
+    /// The last stamp handed out by [`stamp`](Self::stamp).
+    uses: AtomicU64,
 }
 
-impl ClosedNotices {
+impl EvictionNotices {
     /// Called on the state change, by the call (or operator) that made it.
-    pub(crate) fn post(&self, key: &Arc<str>) {
-        self.keys
+    pub(crate) fn post_closed(&self, key: &Arc<str>) {
+        self.closed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(Arc::clone(key));
     }
 
-    pub(crate) fn take(&self) -> Vec<Arc<str>> {
+    pub(crate) fn take_closed(&self) -> Vec<Arc<str>> {
         std::mem::take(
             &mut *self
-                .keys
+                .closed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         )
+    }
+
+    /// Records a use of a breaker that is not closed (a call looked it up,
+    /// or a call's failure opened it) in its `open_used`: one total order
+    /// over every such use in the registry.
+    pub(crate) fn stamp(&self, open_used: &AtomicU64) {
+        let now = self.uses.fetch_add(1, Ordering::Relaxed) + 1;
+        open_used.fetch_max(now, Ordering::Relaxed);
     }
 }
 
@@ -176,7 +200,7 @@ impl EvictionQueues {
         }
     }
 
-    /// Moves a breaker that posted a [`ClosedNotices`] notice from the open
+    /// Moves a breaker that posted a [`EvictionNotices::post_closed`] notice from the open
     /// queue back to the closed one, keeping its join time. A no-op unless
     /// `node` still holds `breaker`, queued as open, and it is closed now.
     pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
@@ -202,10 +226,9 @@ impl EvictionQueues {
         loop {
             let patient = patience > 0;
             patience = patience.saturating_sub(1);
-            let (id, from) = match (self.closed.head, self.open.head) {
-                (NIL, NIL) => return Victim::None,
-                (NIL, id) => (id, Queue::Open),
-                (id, _) => (id, Queue::Closed),
+            let id = match self.closed.head {
+                NIL => return self.evict_open(),
+                id => id,
             };
             let node = &self.nodes[id];
             let breaker = node
@@ -213,27 +236,21 @@ impl EvictionQueues {
                 .as_ref()
                 .expect("a queued node holds a breaker");
             let state = breaker.state();
-            if matches!(state, State::ForcedOpen | State::ForcedClosed) {
-                self.unlink(id);
-                self.nodes[id].queue = Queue::Parked;
+            if state.is_forced() {
+                self.park(id);
                 continue;
             }
             if patient {
-                let belongs = if state.is_open() {
-                    Queue::Open
-                } else {
-                    Queue::Closed
-                };
-                if belongs != from {
+                if state.is_open() {
                     // Keeps its join time: moving is not a use.
                     let joined = node.joined;
                     self.unlink(id);
-                    self.push(id, belongs, joined);
+                    self.push(id, Queue::Open, joined);
                     continue;
                 }
                 if breaker.last_used.load(Ordering::Relaxed) > node.joined {
                     self.unlink(id);
-                    self.push(id, from, now);
+                    self.push(id, Queue::Closed, now);
                     continue;
                 }
             }
@@ -244,6 +261,46 @@ impl EvictionQueues {
                 Victim::Closed(breaker)
             };
         }
+    }
+
+    /// No breaker is queued as closed: the open breaker with the lowest
+    /// [`EvictionNotices::stamp`], the least recently used. Forced breakers
+    /// met on the way are parked; one that closed again since its notice was
+    /// read is a closed victim, the only one there is.
+    fn evict_open(&mut self) -> Victim {
+        let mut oldest: Option<(u64, usize)> = None;
+        let mut id = self.open.head;
+        while id != NIL {
+            let node = &self.nodes[id];
+            let next = node.next;
+            let breaker = node
+                .breaker
+                .as_ref()
+                .expect("a queued node holds a breaker");
+            let state = breaker.state();
+            if state.is_forced() {
+                self.park(id);
+            } else if !state.is_open() {
+                return Victim::Closed(self.remove(id));
+            } else {
+                let used = breaker.open_used.load(Ordering::Relaxed);
+                if oldest.is_none_or(|(oldest, _)| used < oldest) {
+                    oldest = Some((used, id));
+                }
+            }
+            id = next;
+        }
+        match oldest {
+            Some((_, id)) => Victim::Open(self.remove(id)),
+            None => Victim::None,
+        }
+    }
+
+    /// Takes a breaker an operator forced out of the queues, until a reset
+    /// [`unpark`](Self::unpark)s it.
+    fn park(&mut self, id: usize) {
+        self.unlink(id);
+        self.nodes[id].queue = Queue::Parked;
     }
 
     fn list(&mut self, queue: Queue) -> &mut List {

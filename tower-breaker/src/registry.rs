@@ -23,7 +23,7 @@ use std::time::Duration;
 use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
-use crate::eviction::{ClosedNotices, EvictionQueues, Victim};
+use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
 use crate::instruments::{EvictionCounters, Instruments};
 use crate::state::{Breaker, Settings, State};
 
@@ -50,8 +50,8 @@ pub(crate) struct Registry {
     queues: Mutex<EvictionQueues>,
     /// The coarse clock of last-used stamps: one tick per new key.
     clock: AtomicU64,
-    /// Breakers that closed again, for the eviction queues.
-    closed_notices: Arc<ClosedNotices>,
+    /// What the breakers tell the eviction queues.
+    notices: Arc<EvictionNotices>,
     /// Counts every eviction, warned about or not.
     evictions: EvictionCounters,
     /// Evicting an open breaker warns at most once per [`WARNING_INTERVAL`].
@@ -101,7 +101,7 @@ impl Registry {
             hasher: RandomState::new(),
             queues: Mutex::new(EvictionQueues::new()),
             clock: AtomicU64::new(0),
-            closed_notices: Arc::default(),
+            notices: Arc::default(),
             evictions,
             open_eviction_warnings: LogLimit::new(WARNING_INTERVAL),
             overflow_warnings: LogLimit::new(WARNING_INTERVAL),
@@ -181,11 +181,16 @@ impl Registry {
 
     /// Stamps a breaker used now. Loads first: the stamp changes once per
     /// new key at most, and a store on every call would bounce the cache
-    /// line between cores.
+    /// line between cores. A breaker that is not closed is also stamped in
+    /// the exact order of uses the all-open eviction reads: its calls are
+    /// refused or probes, never the closed fast path.
     fn touch(&self, breaker: &Breaker) {
         let now = self.clock.load(Ordering::Relaxed);
         if breaker.last_used.load(Ordering::Relaxed) < now {
             breaker.last_used.store(now, Ordering::Relaxed);
+        }
+        if breaker.state() != State::Closed {
+            self.notices.stamp(&breaker.open_used);
         }
     }
 
@@ -209,7 +214,7 @@ impl Registry {
             Arc::clone(&self.settings),
             instruments,
             true,
-            Some(Arc::clone(&self.closed_notices)),
+            Some(Arc::clone(&self.notices)),
         ));
 
         let mut queues = self.lock_queues();
@@ -319,7 +324,7 @@ impl Registry {
 
     /// Moves the breakers that closed again back to the closed queue.
     fn read_closed_notices(&self, queues: &mut EvictionQueues) {
-        for key in self.closed_notices.take() {
+        for key in self.notices.take_closed() {
             if let Some(entry) = self.read(self.shard_of(&key)).get(&key) {
                 // Cleared first: closing again after this posts again.
                 entry.breaker.notice_posted.store(false, Ordering::Relaxed);

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
-use crate::eviction::ClosedNotices;
+use crate::eviction::EvictionNotices;
 use crate::hold::Hold;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
@@ -416,8 +416,12 @@ pub(crate) struct Breaker {
     /// The registry's coarse clock when this breaker was last looked up;
     /// see `Registry::breaker`.
     pub(crate) last_used: StdAtomicU64,
-    /// A keyed breaker's registry, told when the breaker closes again.
-    closed_notices: Option<Arc<ClosedNotices>>,
+    /// The stamp of its last use while not closed, or of its opening; see
+    /// [`EvictionNotices::stamp`].
+    pub(crate) open_used: StdAtomicU64,
+    /// A keyed breaker's registry, told when the breaker opens and when it
+    /// closes again.
+    notices: Option<Arc<EvictionNotices>>,
     /// A notice is posted and not yet read.
     pub(crate) notice_posted: StdAtomicBool,
 }
@@ -441,7 +445,7 @@ impl Breaker {
         settings: Arc<Settings>,
         instruments: Instruments,
         keyed: bool,
-        closed_notices: Option<Arc<ClosedNotices>>,
+        notices: Option<Arc<EvictionNotices>>,
     ) -> Self {
         let window = match settings.policy {
             Policy::FailureRate { window, .. } => {
@@ -479,7 +483,8 @@ impl Breaker {
             instruments,
             retired: StdAtomicBool::new(false),
             last_used: StdAtomicU64::new(0),
-            closed_notices,
+            open_used: StdAtomicU64::new(0),
+            notices,
             notice_posted: StdAtomicBool::new(false),
         }
     }
@@ -1073,12 +1078,16 @@ impl Breaker {
         if to == State::Open {
             self.opened.fetch_add(1, Ordering::Relaxed);
             self.instruments.opened.increment(1);
+            // The call whose failure opened it used it last.
+            if let Some(notices) = &self.notices {
+                notices.stamp(&self.open_used);
+            }
         }
         self.gauge(to);
         if to == State::Closed && from != State::Closed {
-            if let Some(notices) = &self.closed_notices {
+            if let Some(notices) = &self.notices {
                 if !self.notice_posted.swap(true, StdOrdering::Relaxed) {
-                    notices.post(&self.key);
+                    notices.post_closed(&self.key);
                 }
             }
         }

@@ -211,6 +211,36 @@ fn a_breaker_that_recovered_is_evicted_before_an_older_open_one() {
     );
 }
 
+/// Issue 31, item 1: when every breaker is open, the victim is exactly the
+/// least recently used one. `a`, `b` and `c` open in that order, then `b`,
+/// `a` and `c` are called (and refused) in that order: `b` is the least
+/// recently used, although it opened after `a` and every use came after the
+/// last new key.
+#[test]
+fn item_1_when_every_breaker_is_open_the_least_recently_used_goes() {
+    let (mut svc, handle) = keyed(3);
+    for key in ["a", "b", "c"] {
+        call(&mut svc, (key, true)).unwrap_err();
+    }
+    for key in ["b", "a", "c"] {
+        assert!(call(&mut svc, (key, false))
+            .unwrap_err()
+            .is::<CircuitOpen>());
+    }
+    call(&mut svc, ("d", false)).unwrap();
+    let names: Vec<_> = keys(&handle).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, ["a", "c", "d"], "`b` was the least recently used");
+
+    // And again with `d` open too: its opening is its last use.
+    call(&mut svc, ("d", true)).unwrap_err();
+    for key in ["a", "d"] {
+        call(&mut svc, (key, false)).unwrap_err();
+    }
+    call(&mut svc, ("e", false)).unwrap();
+    let names: Vec<_> = keys(&handle).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, ["a", "d", "e"], "`c` was the least recently used");
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Call(usize, bool),
@@ -241,10 +271,15 @@ proptest::proptest! {
         ops in proptest::collection::vec(op(), 1..80)
     ) {
         let (mut svc, handle) = keyed(4);
-        for op in ops {
+        // The index of each key's last call: its last use.
+        let mut last_used: HashMap<&str, usize> = HashMap::new();
+        for (index, op) in ops.into_iter().enumerate() {
             let before: HashMap<String, State> = keys(&handle).into_iter().collect();
             match op {
-                Op::Call(k, fails) => drop(call(&mut svc, (NAMES[k], fails))),
+                Op::Call(k, fails) => {
+                    drop(call(&mut svc, (NAMES[k], fails)));
+                    last_used.insert(NAMES[k], index);
+                }
                 Op::ForceOpen(k) => drop(handle.force_open(NAMES[k])),
                 Op::ForceClosed(k) => drop(handle.force_closed(NAMES[k])),
                 Op::Reset(k) => drop(handle.reset(NAMES[k])),
@@ -264,6 +299,13 @@ proptest::proptest! {
                         !before.values().any(|s| *s == State::Closed),
                         "evicted open {key} while a closed breaker was left: {before:?}"
                     );
+                    // Issue 31, item 1: exactly the least recently used.
+                    let oldest = before
+                        .iter()
+                        .filter(|(_, state)| state.is_open() && !state.is_forced())
+                        .min_by_key(|(key, _)| last_used[key.as_str()])
+                        .map(|(key, _)| key);
+                    proptest::prop_assert_eq!(Some(key), oldest, "{:?}", last_used);
                 }
             }
         }
