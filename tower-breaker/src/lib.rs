@@ -11,7 +11,6 @@
 mod admin;
 #[cfg(feature = "admin")]
 mod admin_router;
-mod coarse_clock;
 #[cfg(feature = "serde")]
 mod config;
 mod error;

@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::coarse_clock::{self, CoarseClock};
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
 use crate::eviction::EvictionNotices;
@@ -35,7 +34,7 @@ use crate::hold::Hold;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use tower_classify::Outcome;
+use tower_classify::{CoarseClock, Outcome};
 
 /// A breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -457,7 +456,7 @@ impl Breaker {
         let coarse_clock = window
             .as_ref()
             .is_some_and(WindowState::needs_clock)
-            .then(|| CoarseClock::new(base));
+            .then(|| CoarseClock::new(base, Duration::from_millis(1)));
         Breaker {
             key,
             keyed,
@@ -907,7 +906,7 @@ impl Breaker {
         };
         let nanos = match clock.offset() {
             Some(nanos) if !exact => nanos,
-            _ => self.offset(coarse_clock::precise_now()),
+            _ => self.offset(CoarseClock::precise_now()),
         };
         Duration::from_nanos(nanos)
     }

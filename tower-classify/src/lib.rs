@@ -17,6 +17,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod classify;
+mod coarse_clock;
 mod error;
 mod error_chain;
 mod log_limit;
@@ -42,6 +43,7 @@ pub mod tower_http;
 pub use self::classify::{
     classify_fn, Classify, ClassifyExt, ClassifyFn, Map, MapOutcome, Or, RetryOnFilter,
 };
+pub use self::coarse_clock::CoarseClock;
 pub use self::error::{BoxError, Classified, ConfigError};
 pub use self::error_chain::{AsDynError, ErrorChainClassifier};
 #[cfg(feature = "http")]
