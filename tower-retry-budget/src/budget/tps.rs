@@ -6,17 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::retry::budget::Budget;
-use tower_classify::ConfigError;
+use tower_classify::{CoarseClock, ConfigError};
 
 /// The ring of committed windows: ten full windows of `ttl / 10` plus the one
 /// being written, so the budget always sees between `ttl` and `ttl + ttl/10`
 /// of history.
 const SLOTS: usize = 11;
 const WINDOWS_PER_TTL: u32 = 10;
-
-/// Past this many uncommitted deposits, every this many reads the clock and
-/// rotates the windows (a power of two: the test is a mask).
-const ROTATE_EVERY: i64 = 64;
 
 /// What one retry costs, in budget units. Deposits are `retry_percent × UNIT`,
 /// so a percentage keeps six decimal places instead of being truncated to the
@@ -30,21 +26,20 @@ const UNIT: i64 = 1_000_000;
 /// The defaults (`TpsBudget::default()`) are Finagle's and tower's: a 10 s
 /// ttl, a floor of 10 retries per second and 20 %.
 ///
+/// Every deposit counts for `ttl` to `ttl + ttl/10` (the windows are a tenth
+/// of the ttl, as tower's are), whatever the traffic, busy or idle.
+///
 /// Unlike tower's `TpsBudget` it has no fractional-percent truncation: 0.6
-/// allows 60 retries per 100 requests, not 100. And it takes no lock: the time
-/// window is rotated by whichever caller first wins a compare-and-swap on the
-/// window's generation, and a deposit is one relaxed atomic add and no
-/// clock read when it need not be: the clock is read by every withdrawal, and
-/// by a deposit only while few deposits are uncommitted (0, 1, 2, 4, … 32 of
-/// them since the last rotation) and at every 64th after. A quiet budget (a
-/// rotation between most deposits) so credits every deposit to the window it
-/// was made in, as tower's does, and a busy one reads the clock about
-/// `7 + n / 64` times for `n` deposits in a window. A deposit that does not
-/// read the clock goes to the window of the last read: it may be credited to
-/// an earlier window than its own and expire before its `ttl`, never after,
-/// so the budget may allow fewer retries than Finagle's rule, never more; at
-/// most the deposits since the last read (half of those since the rotation,
-/// and at most 63) are so credited early.
+/// allows 60 retries per 100 requests, not 100. And it takes no lock and
+/// reads no clock to deposit: the time window is rotated by whichever caller
+/// first wins a compare-and-swap on the window's generation, and a deposit is
+/// one relaxed atomic add filed by a [`CoarseClock`] reading (one relaxed
+/// load of a reading that one process-wide thread refreshes every 10 ms while
+/// a budget exists). That reading may lag by its tick plus however long the
+/// thread was held up, so a deposit made within that lag of a window's start
+/// may be filed in the window before and count for that much less than
+/// `ttl`. Withdrawals read the clock itself. Under paused tokio time (tests)
+/// deposits read tokio's clock too, so `advance` moves them exactly.
 /// Under concurrent withdrawals the balance may go briefly negative by at most
 /// the number of callers racing (a check and a subtraction are not one step),
 /// the same tolerance tower's implementation has.
@@ -64,6 +59,8 @@ const UNIT: i64 = 1_000_000;
 /// ```
 pub struct TpsBudget {
     start: Instant,
+    /// What deposits file by (nanoseconds after `start`).
+    clock: CoarseClock,
     window_nanos: u64,
     /// The window index the writer currently accumulates.
     generation: AtomicU64,
@@ -100,9 +97,13 @@ impl TpsBudget {
             ));
         }
         let reserve = (f64::from(min_per_sec) * ttl.as_secs_f64() * UNIT as f64) as i64;
-        let window_nanos = (ttl / WINDOWS_PER_TTL).as_nanos() as u64;
+        let window = ttl / WINDOWS_PER_TTL;
+        let window_nanos = window.as_nanos() as u64;
+        let start = Instant::now();
         Ok(TpsBudget {
-            start: Instant::now(),
+            start,
+            // A tenth of a window at the finest: the clock's slower rate.
+            clock: CoarseClock::new(start, window / 10),
             window_nanos,
             generation: AtomicU64::new(0),
             window_end: AtomicU64::new(window_nanos),
@@ -139,7 +140,7 @@ impl TpsBudget {
     }
 
     fn elapsed_nanos(&self) -> u64 {
-        let elapsed = Instant::now().saturating_duration_since(self.start);
+        let elapsed = CoarseClock::precise_now().saturating_duration_since(self.start);
         // u64 nanoseconds last 584 years.
         u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
     }
@@ -151,7 +152,12 @@ impl TpsBudget {
     /// neighbouring window.
     #[inline]
     fn rotate(&self) {
-        let elapsed = self.elapsed_nanos();
+        self.rotate_at(self.elapsed_nanos());
+    }
+
+    /// [`rotate`](Self::rotate) as of `elapsed` nanoseconds after `start`.
+    #[inline]
+    fn rotate_at(&self, elapsed: u64) {
         if elapsed < self.window_end.load(Ordering::Acquire) {
             return;
         }
@@ -215,21 +221,15 @@ impl TpsBudget {
 }
 
 impl Budget for TpsBudget {
-    /// Adds one request's share: one relaxed load and one relaxed add, and
-    /// a clock read only while few deposits are uncommitted (0, 1, 2, 4, …
-    /// 32 of them) and at every 64th after.
+    /// Adds one request's share: the coarse clock's reading, a comparison
+    /// with the window's end, and one relaxed add.
     fn deposit(&self) {
-        let uncommitted = self.deposits.load(Ordering::Relaxed);
-        let read_clock = if uncommitted < ROTATE_EVERY {
-            // Zero or a power of two.
-            uncommitted & uncommitted.wrapping_sub(1) == 0
-        } else {
-            uncommitted & (ROTATE_EVERY - 1) == 0
+        let elapsed = match self.clock.offset() {
+            Some(elapsed) => elapsed,
+            None => self.elapsed_nanos(),
         };
-        if read_clock {
-            // Before adding, so that this deposit goes to the window of now.
-            self.rotate();
-        }
+        // Before adding, so that this deposit goes to the window of now.
+        self.rotate_at(elapsed);
         // Relaxed: a count, read with the others by the rotation's swaps.
         self.deposits.fetch_add(1, Ordering::Relaxed);
     }
@@ -331,11 +331,9 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn deposits_past_the_clock_read_are_credited_early_never_late() {
-        // 40 deposits at t = 0: the 33rd reads the clock last. 2 ttl later
-        // 10 more (they read no clock: 40 is neither a power of two nor a
-        // multiple of 64). Finagle's rule allows 10 retries; crediting the
-        // 10 to the window of the last read drops them: fewer, never more.
+    async fn item_3_deposits_after_a_gap_count_in_their_own_window() {
+        // 40 deposits at t = 0; 2 ttl later 10 more. Finagle's rule allows
+        // 10 retries: the 10 count in full, the 40 not at all.
         let budget = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
         for _ in 0..40 {
             budget.deposit();
@@ -344,8 +342,8 @@ mod tests {
         for _ in 0..10 {
             budget.deposit();
         }
-        assert_eq!(withdrawals(&budget, 100), 0);
-        // A quiet budget reads the clock on every deposit: exact.
+        assert_eq!(withdrawals(&budget, 100), 10);
+        // A quiet budget: each deposit in its own window.
         let quiet = TpsBudget::new(Duration::from_secs(1), 0, 1.0).unwrap();
         for _ in 0..10 {
             quiet.deposit();
@@ -356,11 +354,30 @@ mod tests {
         assert_eq!(withdrawals(&quiet, 100), 3);
     }
 
+    /// Issue 31, item 3: a budget idle past its ttl, then 100 deposits over
+    /// 0.8 s, allows exactly 20 % of them. Deposits made before the idle
+    /// spell, whatever their count, neither hide the new ones in an expired
+    /// window nor count themselves.
     #[tokio::test(start_paused = true)]
-    async fn a_steady_stream_gets_finagles_share_within_64_deposits() {
+    async fn item_3_deposits_after_an_idle_spell_all_count() {
+        for before in [0, 1, 3, 40, 63, 100, 1000] {
+            let budget = TpsBudget::new(Duration::from_secs(10), 0, 0.2).unwrap();
+            for _ in 0..before {
+                budget.deposit();
+            }
+            time::advance(Duration::from_secs(30)).await;
+            for _ in 0..100 {
+                budget.deposit();
+                time::advance(Duration::from_millis(8)).await;
+            }
+            assert_eq!(withdrawals(&budget, 1000), 20, "{before} deposits before");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_stream_gets_exactly_finagles_share() {
         // 100 requests per 100 ms window for 3 s, 50 %: the last ttl (1 s)
-        // holds 1,000 deposits, 500 retries; at most 63 deposits (31.5
-        // retries) may be credited early and expire.
+        // holds 1,000 deposits, 500 retries.
         let budget = TpsBudget::new(Duration::from_secs(1), 0, 0.5).unwrap();
         for _ in 0..30 {
             for _ in 0..100 {
@@ -369,7 +386,7 @@ mod tests {
             time::advance(Duration::from_millis(100)).await;
         }
         let retries = (0..2_000).filter(|_| budget.withdraw()).count();
-        assert!((500 - 32..=550).contains(&retries), "{retries} retries");
+        assert_eq!(retries, 500);
     }
 
     // tower's own `TpsBudget` tests (tower/src/retry/budget/tps_budget.rs),
