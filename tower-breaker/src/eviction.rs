@@ -104,7 +104,8 @@ pub(crate) struct EvictionNotices {
     /// posts at most one notice until it is read, so there are never more
     /// than `max_breakers` of them.
     closed: Mutex<Vec<Arc<str>>>,
-    /// The last stamp handed out by [`stamp`](Self::stamp).
+    /// The last stamp handed out by [`stamp`](Self::stamp); stamps start
+    /// at 1, so 0 is "never stamped".
     uses: AtomicU64,
 }
 
@@ -130,6 +131,12 @@ impl EvictionNotices {
     /// or a call's failure opened it) in its `open_used`: one total order
     /// over every such use in the registry.
     pub(crate) fn stamp(&self, open_used: &AtomicU64) {
+        let last = open_used.load(Ordering::Relaxed);
+        if last != 0 && last == self.uses.load(Ordering::Relaxed) {
+            // Already the most recent use: the order stays as it is. Under
+            // a flood of refusals for one key this writes nothing shared.
+            return;
+        }
         let now = self.uses.fetch_add(1, Ordering::Relaxed) + 1;
         open_used.fetch_max(now, Ordering::Relaxed);
     }
