@@ -237,12 +237,9 @@ impl EvictionQueues {
                 NIL => return self.evict_open(),
                 id => id,
             };
-            let node = &self.nodes[id];
-            let breaker = node
-                .breaker
-                .as_ref()
-                .expect("a queued node holds a breaker");
+            let breaker = self.queued(id);
             let state = breaker.state();
+            let joined = self.nodes[id].joined;
             if state.is_forced() {
                 self.park(id);
                 continue;
@@ -250,12 +247,11 @@ impl EvictionQueues {
             if patient {
                 if state.is_open() {
                     // Keeps its join time: moving is not a use.
-                    let joined = node.joined;
                     self.unlink(id);
                     self.push(id, Queue::Open, joined);
                     continue;
                 }
-                if breaker.last_used.load(Ordering::Relaxed) > node.joined {
+                if breaker.last_used.load(Ordering::Relaxed) > joined {
                     self.unlink(id);
                     self.push(id, Queue::Closed, now);
                     continue;
@@ -278,12 +274,8 @@ impl EvictionQueues {
         let mut oldest: Option<(u64, usize)> = None;
         let mut id = self.open.head;
         while id != NIL {
-            let node = &self.nodes[id];
-            let next = node.next;
-            let breaker = node
-                .breaker
-                .as_ref()
-                .expect("a queued node holds a breaker");
+            let next = self.nodes[id].next;
+            let breaker = self.queued(id);
             let state = breaker.state();
             if state.is_forced() {
                 self.park(id);
@@ -301,6 +293,13 @@ impl EvictionQueues {
             Some((_, id)) => Victim::Open(self.remove(id)),
             None => Victim::None,
         }
+    }
+
+    fn queued(&self, id: usize) -> &Arc<Breaker> {
+        self.nodes[id]
+            .breaker
+            .as_ref()
+            .expect("a queued node holds a breaker")
     }
 
     /// Takes a breaker an operator forced out of the queues, until a reset
