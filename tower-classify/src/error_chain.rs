@@ -114,8 +114,15 @@ impl AsDynError for std::convert::Infallible {
 ///    Change that with [`unknown_as`](Self::unknown_as).
 #[derive(Debug, Clone, Copy)]
 pub struct ErrorChainClassifier {
-    unknown: Outcome,
+    // `None` until `unknown_as` is called: a layer that answers errors
+    // (`GrpcStatusLayer`) tells the default apart from a caller who chose
+    // the same outcome.
+    unknown: Option<Outcome>,
 }
+
+/// What an error nothing recognises means unless
+/// [`unknown_as`](ErrorChainClassifier::unknown_as) says otherwise.
+pub(crate) const DEFAULT_UNKNOWN: Outcome = Outcome::failure(FailureKind::Rejected);
 
 impl Default for ErrorChainClassifier {
     fn default() -> Self {
@@ -126,25 +133,31 @@ impl Default for ErrorChainClassifier {
 impl ErrorChainClassifier {
     /// The classifier with the defaults above.
     pub const fn new() -> Self {
-        ErrorChainClassifier {
-            unknown: Outcome::failure(FailureKind::Rejected),
-        }
+        ErrorChainClassifier { unknown: None }
     }
 
     /// What an error that nothing recognises means (default: rejected).
+    ///
+    /// To classify, an explicit `unknown_as(Outcome::failure(Rejected))` is
+    /// the default. It is still a choice: `GrpcStatusLayer` (feature
+    /// `http`) answers such an error with the status of the chosen outcome
+    /// (`INVALID_ARGUMENT` for rejected), and with `UNKNOWN` when nothing
+    /// was chosen.
     pub const fn unknown_as(mut self, outcome: Outcome) -> Self {
-        self.unknown = outcome;
+        self.unknown = Some(outcome);
         self
     }
 
     /// Classifies one error and its chain.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
-        self.recognised(error).unwrap_or(self.unknown)
+        self.recognised(error)
+            .unwrap_or(self.unknown.unwrap_or(DEFAULT_UNKNOWN))
     }
 
-    /// What an error nothing recognises means.
+    /// What [`unknown_as`](Self::unknown_as) chose an error nothing
+    /// recognises to mean; `None` when it was not called.
     #[cfg(feature = "http")]
-    pub(crate) const fn unknown(&self) -> Outcome {
+    pub(crate) const fn chosen_unknown(&self) -> Option<Outcome> {
         self.unknown
     }
 

@@ -19,7 +19,7 @@
 //! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | — |
 //! | [`Poison`](FailureKind::Poison) | 3 `INVALID_ARGUMENT` | — |
 //! | [`Rejected`](FailureKind::Rejected) | 3 `INVALID_ARGUMENT` | — |
-//! | an error nothing recognises | 2 `UNKNOWN` with the default classifier (see [`GrpcStatusLayer::classifier`]) | — |
+//! | an error nothing recognises | 2 `UNKNOWN`, unless the layer's classifier chose what it means (see [`GrpcStatusLayer::classifier`]) | — |
 //! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | — |
 //!
 //! A hint of [`DoNotRetry`](RetryHint::DoNotRetry) (or
@@ -53,7 +53,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::error::BoxError;
-use crate::error_chain::ErrorChainClassifier;
+use crate::error_chain::{ErrorChainClassifier, DEFAULT_UNKNOWN};
 use crate::grpc::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use crate::outcome::{FailureKind, Outcome, RetryHint};
 
@@ -143,9 +143,10 @@ impl GrpcStatusLayer {
 
     /// Classifies errors with `classifier` instead. Its
     /// [`unknown_as`](ErrorChainClassifier::unknown_as) decides the status
-    /// of an error nothing recognises: the default (rejected) sends 2
-    /// `UNKNOWN`, as tonic does, and any other outcome the status of the
-    /// table above (a server error 14 `UNAVAILABLE`, ignored 1 `CANCELLED`).
+    /// of an error nothing recognises: without it, 2 `UNKNOWN`, as tonic
+    /// sends; with it, the status of the table above for the outcome
+    /// chosen, even the default's own (rejected 3 `INVALID_ARGUMENT`, a
+    /// server error 14 `UNAVAILABLE`, ignored 1 `CANCELLED`).
     pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
         self.settings.classifier = classifier;
         self
@@ -394,20 +395,17 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
         }
         return headers;
     }
-    // An error nothing recognises is `UNKNOWN` with the default classifier
-    // (which calls it rejected, so as not to retry it blindly), as tonic
-    // sends it, and a client reads it as a server error; a classifier given
-    // to the layer with another `unknown_as` decides it instead.
+    // An error nothing recognises is `UNKNOWN`, as tonic sends it and a
+    // client reads as a server error, unless the layer's classifier chose
+    // what it means (`unknown_as`), even as the default's own outcome. The
+    // default calls it rejected only so as not to retry it blindly: sent as
+    // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
     let (outcome, code) = match settings.classifier.recognised(&**error) {
         Some(outcome) => (outcome, status_code(&outcome)),
-        None => {
-            let unknown = settings.classifier.unknown();
-            match unknown == ErrorChainClassifier::new().unknown() {
-                true => (unknown, 2),
-                // The layer's classifier says what unknown errors mean.
-                false => (unknown, status_code(&unknown)),
-            }
-        }
+        None => match settings.classifier.chosen_unknown() {
+            Some(chosen) => (chosen, status_code(&chosen)),
+            None => (DEFAULT_UNKNOWN, 2),
+        },
     };
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     if settings.messages {

@@ -361,3 +361,43 @@ async fn the_layers_classifier_decides_what_an_unrecognised_error_sends() {
         );
     }
 }
+
+/// An explicit `unknown_as(Rejected)` is a choice, not the default: an
+/// error nothing recognises then sends the status a rejected request gets
+/// (`INVALID_ARGUMENT`), which a client reads back as rejected, while the
+/// default classifier still sends `UNKNOWN`. It used to send `UNKNOWN`
+/// too, for the choice was the default's own value.
+#[tokio::test]
+async fn item_8_an_explicit_unknown_as_rejected_sends_invalid_argument() {
+    use tower_classify::{ErrorChainClassifier, Outcome};
+    let explicit = ErrorChainClassifier::new().unknown_as(Outcome::failure(FailureKind::Rejected));
+    let cases = [
+        (ErrorChainClassifier::new(), "2"),
+        (ErrorChainClassifier::default(), "2"),
+        (explicit, "3"),
+    ];
+    for (classifier, code) in cases {
+        let failing = service_fn(|_req: Request<()>| async {
+            Err::<Response<String>, BoxError>("a bug nobody foresaw".into())
+        });
+        let response = GrpcStatusLayer::new()
+            .classifier(classifier)
+            .layer(failing)
+            .oneshot(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(
+            header(&response, "grpc-status"),
+            Some(code),
+            "{classifier:?}"
+        );
+    }
+    // Either way the classifier itself calls such an error rejected.
+    let error: BoxError = "a bug nobody foresaw".into();
+    for classifier in [ErrorChainClassifier::new(), explicit] {
+        assert_eq!(
+            classifier.classify_error(&*error),
+            Outcome::failure(FailureKind::Rejected)
+        );
+    }
+}
