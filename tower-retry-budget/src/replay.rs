@@ -99,6 +99,35 @@ pub trait StopReport<Res> {
     }
 }
 
+/// Whether an attempt failed because its copy of the request body could
+/// not be sent whole: another attempt read the body past what is kept (a
+/// streamed upload outgrew the recording limit, or declared more than it
+/// from the start), or the body failed under another attempt. That says
+/// nothing about the request: the answer of the attempt reading the body
+/// is the one to give.
+#[cfg(feature = "http")]
+pub(crate) fn lost_its_body(error: &BoxError) -> bool {
+    use http_body_replay::{ReplayError, ReplayErrorKind};
+
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
+    while let Some(error) = cause {
+        if let Some(replay) = error.downcast_ref::<ReplayError>() {
+            return matches!(
+                replay.kind(),
+                ReplayErrorKind::NotReplayable | ReplayErrorKind::BodyFailedEarlier
+            );
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// Without the `http` feature there is no replayable body to lose.
+#[cfg(not(feature = "http"))]
+pub(crate) fn lost_its_body(_: &BoxError) -> bool {
+    false
+}
+
 /// Replays any `Clone` request by cloning it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CloneRequest;

@@ -13,7 +13,7 @@ use tracing::Span;
 
 use super::policy::{HedgePolicy, Refusal};
 use crate::error::DeadlineExceeded;
-use crate::replay::Replay;
+use crate::replay::{lost_its_body, Replay};
 
 pin_project! {
     /// The response future of [`Hedge`](super::Hedge).
@@ -92,14 +92,16 @@ enum Verdict {
     /// failures is a retry layer's job). A server's "do not retry" stops
     /// further hedges too, but does not cancel an attempt already running.
     Waits,
-    /// The attempt lost its body to another (see [`lost_its_body`]): it
+    /// The attempt lost its body to another ([`lost_its_body`]): it
     /// waits as a failure does, and its error is the call's answer only if
-    /// no other attempt failed, for it says nothing of the request.
+    /// no other attempt failed, for it says nothing of the request. Taken
+    /// as the call's answer, it cancelled an attempt that was sending the
+    /// whole body.
     LostItsBody,
 }
 
 fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
-    if lost_its_body(result) {
+    if matches!(result, Err(error) if lost_its_body(error)) {
         return Verdict::LostItsBody;
     }
     match outcome.as_failure() {
@@ -110,39 +112,6 @@ fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
         }
         _ => Verdict::Wins,
     }
-}
-
-/// Whether an attempt failed because its copy of the request body could
-/// not be sent whole: another attempt read the body past what is kept (a
-/// streamed upload outgrew the recording limit, or declared more than it
-/// from the start), or the body failed under another attempt. That says
-/// nothing about the request, and the attempt reading the body decides:
-/// taken as the call's answer, it cancelled an attempt that was sending
-/// the whole body.
-#[cfg(feature = "http")]
-fn lost_its_body<T>(result: &Result<T, BoxError>) -> bool {
-    use http_body_replay::{ReplayError, ReplayErrorKind};
-
-    let Err(error) = result else {
-        return false;
-    };
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
-    while let Some(error) = cause {
-        if let Some(replay) = error.downcast_ref::<ReplayError>() {
-            return matches!(
-                replay.kind(),
-                ReplayErrorKind::NotReplayable | ReplayErrorKind::BodyFailedEarlier
-            );
-        }
-        cause = error.source();
-    }
-    false
-}
-
-/// Without the `http` feature there is no replayable body to lose.
-#[cfg(not(feature = "http"))]
-fn lost_its_body<T>(_: &Result<T, BoxError>) -> bool {
-    false
 }
 
 impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
