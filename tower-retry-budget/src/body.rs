@@ -16,6 +16,11 @@
 //! The retry layer asks the body whether it can be replayed *after* the
 //! attempt ([`TryCloneBody::can_replay`]), so whether a request is retried
 //! depends on what the attempt actually read, not on a guess made before.
+//! An attempt answered early may go on sending the body (an upload the
+//! server refused half way): while it does, the retry layer keeps that
+//! answer, and if the body outgrows its limit during the backoff (asked
+//! again when it ends) or under the retry, the caller gets that answer,
+//! marked with [`RetryStopped`](crate::RetryStopped), not a replay error.
 //!
 //! A [`DeadLetterLayer`](https://docs.rs/tower-poison) above the retry layer
 //! already hands the services below it a `ReplayBody`; the retry layer
@@ -83,6 +88,15 @@ pub trait TryCloneBody: Sized {
     fn can_replay(&self) -> bool {
         true
     }
+
+    /// Whether [`can_replay`](Self::can_replay) may yet turn `false`: a
+    /// copy made earlier (the one a failed attempt was sent) may still be
+    /// reading the body from its source. A [`ReplayBody`] says `true`
+    /// while another copy is alive and its original has not ended,
+    /// recorded whole; in-memory bodies never do.
+    fn still_streaming(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! clone_body {
@@ -118,6 +132,14 @@ impl<B> TryCloneBody for ReplayBody<B> {
 
     fn can_replay(&self) -> bool {
         ReplayBody::can_replay(self)
+    }
+
+    fn still_streaming(&self) -> bool {
+        // A copy alone reads nothing by itself: most failed attempts drop
+        // theirs, and the count spares the snapshot. Asked only after a
+        // failed attempt, the snapshot's copy of the recorded frames
+        // (refcounts, one list) is no cost on that path.
+        self.copies() > 1 && self.can_replay() && !self.recording().is_complete()
     }
 }
 

@@ -11,11 +11,12 @@ use tower_service::Service;
 
 use crate::error::{DeadlineExceeded, PreviousFailure};
 use crate::policy::{Policy, RetryState, StopReason};
+use crate::replay::StopReport;
 use crate::telemetry::{self, CallSpans};
 
-/// The state of a call past its simple first attempt.
-#[derive(Default)]
-pub(crate) struct Cold {
+/// The state of a call past its simple first attempt, whose attempts
+/// answer `Res`.
+pub(crate) struct Cold<Res> {
     pub(crate) retry: RetryState,
     // One timer, reused: the attempt's limit while `Called`, the backoff
     // while `Waiting`, while `Readying` the last moment a retry may
@@ -24,10 +25,30 @@ pub(crate) struct Cold {
     // How the attempt before the one in flight failed, for the error
     // that may end the loop; kept only when the call has a deadline.
     pub(crate) previous: Option<PreviousFailure>,
+    // The answer of the attempt being retried, kept whole instead of
+    // `previous` while that attempt may still be streaming the request's
+    // body (an upload it goes on sending after an early answer): if the
+    // body outgrows its recording before the retry is sent, or under the
+    // retry, this is the call's answer, not a replay error.
+    pub(crate) last: Option<Result<Res, BoxError>>,
     // How the attempt being retried failed, for a give-up that comes
     // before the retry is sent.
     pub(crate) retried: Option<Failure>,
     pub(crate) spans: Option<CallSpans>,
+}
+
+// Written out: derived, it would ask `Res: Default`.
+impl<Res> Default for Cold<Res> {
+    fn default() -> Self {
+        Cold {
+            retry: RetryState::default(),
+            timer: None,
+            previous: None,
+            last: None,
+            retried: None,
+            spans: None,
+        }
+    }
 }
 
 /// Which limit the timer enforces on the attempt in flight.
@@ -43,7 +64,30 @@ pub(crate) enum Limit {
 /// A wait past the end of `Instant` is armed this far ahead instead.
 const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
 
-impl Cold {
+impl<Res> Cold<Res> {
+    /// Lets go of the answer kept whole (its body, and the connection that
+    /// may hold), keeping what an error ending the loop needs of it
+    /// (`previous`, only when the call has a deadline): once the request's
+    /// body can no longer be lost, or when the deadline ends the call.
+    pub(crate) fn settle_last(&mut self, report: &impl StopReport<Res>) {
+        let Some(last) = self.last.take() else {
+            return;
+        };
+        if self.retry.deadline.is_none() {
+            return;
+        }
+        let failure = self.retried.expect("an answer is kept for a retry");
+        let (error, head) = match last {
+            Ok(response) => (None, report.keep_head(response)),
+            Err(error) => (Some(error), None),
+        };
+        self.previous = Some(PreviousFailure {
+            failure,
+            error,
+            head,
+        });
+    }
+
     /// The loop's deadline, if it has one.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.retry.deadline
@@ -113,8 +157,8 @@ impl Cold {
 /// attempt's span is the parent of whatever the service below logs or
 /// traces.
 #[inline]
-pub(crate) fn in_span<T>(
-    cold: &Option<Box<Cold>>,
+pub(crate) fn in_span<Res, T>(
+    cold: &Option<Box<Cold<Res>>>,
     which: fn(&CallSpans) -> &tracing::Span,
     f: impl FnOnce() -> T,
 ) -> T {
@@ -128,10 +172,10 @@ pub(crate) fn in_span<T>(
 /// layer's or the caller's), an attempt timeout or spans. `call` makes it
 /// before the first attempt, so that the attempt runs inside its span.
 #[inline]
-pub(crate) fn cold_state<C, R>(
+pub(crate) fn cold_state<C, R, Res>(
     policy: &Policy<C, R>,
     caller: Option<tower_classify::deadline::Deadline>,
-) -> Option<Box<Cold>> {
+) -> Option<Box<Cold<Res>>> {
     if policy.deadline.is_none()
         && caller.is_none()
         && policy.attempt_timeout.is_none()
@@ -143,10 +187,10 @@ pub(crate) fn cold_state<C, R>(
 }
 
 #[cold]
-fn make_cold_state<C, R>(
+fn make_cold_state<C, R, Res>(
     policy: &Policy<C, R>,
     caller: Option<tower_classify::deadline::Deadline>,
-) -> Option<Box<Cold>> {
+) -> Option<Box<Cold<Res>>> {
     let spans = policy.telemetry.call_spans();
     let now = Instant::now();
     let own = policy
@@ -174,7 +218,7 @@ fn make_cold_state<C, R>(
 
 /// Calls `service` inside the first attempt's span, if there is one.
 pub(crate) fn first_call<S: Service<Req>, Req>(
-    cold: &Option<Box<Cold>>,
+    cold: &Option<Box<Cold<S::Response>>>,
     service: &mut S,
     request: Req,
 ) -> S::Future {
@@ -185,12 +229,16 @@ pub(crate) fn first_call<S: Service<Req>, Req>(
 /// which failed with `failure` (a timeout when the deadline cut it): its
 /// span, its metrics and listeners, and the [`DeadlineExceeded`] the caller
 /// gets.
-pub(crate) fn deadline_exceeded<C, R>(
+pub(crate) fn deadline_exceeded<C, R, Res>(
     policy: &Policy<C, R>,
-    cold: &mut Cold,
+    cold: &mut Cold<Res>,
     attempts: u32,
     failure: Failure,
-) -> BoxError {
+) -> BoxError
+where
+    R: StopReport<Res>,
+{
+    cold.settle_last(&policy.replay);
     cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
     policy
         .telemetry

@@ -12,10 +12,10 @@ use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
 
 use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
-use crate::error::{BudgetExhausted, PreviousFailure, WaitTooLong};
+use crate::error::{BudgetExhausted, WaitTooLong};
 use crate::hold::{Counted, Hold};
 use crate::policy::{Decision, RetryEvent, RetryStopped, Stop, StopReason};
-use crate::replay::{Replay, StopReport};
+use crate::replay::{lost_its_body, Replay, StopReport};
 use crate::telemetry::{self, Telemetry};
 
 pin_project! {
@@ -47,7 +47,7 @@ pin_project! {
         // Everything only a call with a limit, spans or a retry needs. A
         // call without them that succeeds allocates nothing, and the future
         // it moves around stays small.
-        cold: Option<Box<Cold>>,
+        cold: Option<Box<Cold<S::Response>>>,
     }
 }
 
@@ -90,7 +90,7 @@ where
 {
     /// The future of a call whose deadline left no time for a first
     /// attempt: it ends with [`DeadlineExceeded`] when first polled.
-    pub(crate) fn expired(service: S, policy: H, cold: Box<Cold>) -> Self {
+    pub(crate) fn expired(service: S, policy: H, cold: Box<Cold<S::Response>>) -> Self {
         ResponseFuture {
             state: State::Expired,
             service,
@@ -112,7 +112,7 @@ where
         service: S,
         kept: Option<R::Kept>,
         policy: H,
-        mut cold: Option<Box<Cold>>,
+        mut cold: Option<Box<Cold<S::Response>>>,
         reports: bool,
     ) -> Self {
         let limit = match cold.as_mut() {
@@ -234,6 +234,18 @@ where
                 StateProj::Waiting => {
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     ready!(cold.timer().poll(cx));
+                    // An upload still streaming under the failed attempt
+                    // may have outgrown its recording during the sleep:
+                    // asked now, before readiness reserves what a retry
+                    // would use (a slot, a connection) for one that
+                    // cannot be made.
+                    if cold.last.is_some() {
+                        let kept = this.kept.as_ref().expect("a retry has something kept");
+                        if !policy.replay.can_replay(kept) {
+                            this.state.set(State::Done);
+                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
+                        }
+                    }
                     // The same timer now bounds the wait for readiness.
                     cold.arm_readiness(policy.min_attempt_time);
                     this.state.set(State::Readying);
@@ -278,10 +290,17 @@ where
                         .kept
                         .as_ref()
                         .expect("a retry is decided only with something kept");
+                    // Asked before the retry's own copy of the body exists.
+                    let still_streaming = policy.replay.still_streaming(kept);
                     let mut request = match policy.replay.replay(kept, *this.attempts) {
                         Ok(request) => request,
                         // The body outgrew its recording since the retry
-                        // was decided (a reader still streaming it).
+                        // was decided (a reader still streaming it): the
+                        // answer kept for this is the call's.
+                        Err(_) if cold.last.is_some() => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
+                        }
                         Err(err) => {
                             this.state.set(State::Done);
                             let reason = StopReason::NotReplayable;
@@ -293,6 +312,11 @@ where
                             return Poll::Ready(Err(err));
                         }
                     };
+                    // The answer being retried stays whole while the retry
+                    // runs only if the body may yet be lost under it.
+                    if !still_streaming {
+                        cold.settle_last(&policy.replay);
+                    }
                     *this.attempts += 1;
                     if *this.attempts > policy.max_retries {
                         // The last retry: nothing more is made from it.
@@ -360,6 +384,15 @@ where
             tower_classify::attempts::report_attempts(attempts, attempts);
         }
         let report = &policy.replay;
+        // A retry whose copy of the body was lost to the attempt before it,
+        // still streaming the upload: the answer of that attempt, kept for
+        // this, is the call's.
+        if cold.last.is_some()
+            && matches!(&result, Err(AttemptError::Inner(err)) if lost_its_body(err))
+        {
+            this.state.set(State::Done);
+            return Poll::Ready(hand_back_last(policy, cold, attempts));
+        }
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
             // here would multiply what it refused to add.
@@ -402,19 +435,19 @@ where
         }
         policy.listeners.retried(&event);
         cold.retried = Some(failure);
-        // Kept for the `DeadlineExceeded` that may end the loop, which
-        // only a deadline can; a response's body is dropped here, its
-        // head kept.
-        if cold.retry.deadline.is_some() {
-            let (error, head) = match result {
-                Ok(response) => (None, report.keep_head(response)),
-                Err(err) => (Some(err.into_box()), None),
-            };
-            cold.previous = Some(PreviousFailure {
-                failure,
-                error,
-                head,
-            });
+        // Kept whole while the body may still outgrow its recording under
+        // the attempt that failed (it is then the call's answer); else
+        // only for the `DeadlineExceeded` that may end the loop, which
+        // only a deadline can: a response's body is dropped here, its head
+        // kept.
+        cold.previous = None;
+        cold.last = Some(result.map_err(AttemptError::into_box));
+        let still_streaming = this
+            .kept
+            .as_ref()
+            .is_some_and(|kept| report.still_streaming(kept));
+        if !still_streaming {
+            cold.settle_last(report);
         }
         if wait.is_zero() {
             // No sleep: straight to readiness, with the timer (if any)
@@ -426,6 +459,39 @@ where
             this.state.set(State::Waiting);
         }
     }
+}
+
+/// Ends the call after `attempts` attempts with the answer kept whole while
+/// the request's body streamed (`cold.last`), the answer of the attempt
+/// being retried: the body outgrew its recording before the retry could
+/// be sent, or under the retry, which says nothing of the request. It is
+/// handed back as a failure not retried, marked
+/// [`NotReplayable`](StopReason::NotReplayable); the listeners hear of it
+/// with the failure handed back.
+fn hand_back_last<C, R, Res>(
+    policy: &crate::policy::Policy<C, R>,
+    cold: &mut Cold<Res>,
+    attempts: u32,
+) -> Result<Res, BoxError>
+where
+    R: StopReport<Res>,
+{
+    let last = cold.last.take().expect("an answer was kept");
+    let reason = StopReason::NotReplayable;
+    let failure = cold.retried.expect("a retry follows a failure");
+    cold.end_span(attempts, Some(failure), Some(reason));
+    // As for a request found not replayable when the retry is decided:
+    // the listeners, no metric.
+    policy.listeners.gave_up(attempts, reason, failure);
+    let marked = RetryStopped { reason, attempts };
+    let result = last.map_err(AttemptError::Inner);
+    stopped(
+        Stop::HandBack(reason),
+        marked,
+        result,
+        &policy.replay,
+        failure,
+    )
 }
 
 /// What the caller gets when the loop stops (`stop`, `marked` with why and

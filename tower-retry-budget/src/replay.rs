@@ -36,15 +36,33 @@ pub trait Replay<Req> {
     /// The request to send as attempt `previous_attempts + 1`, made from
     /// `kept`, or why it can no longer be made (a streamed body that
     /// outgrew its recording since [`can_replay`](Self::can_replay) was
-    /// asked): the call then ends with that error.
+    /// asked): the call then ends with the failed answer kept while the
+    /// body streamed (see [`still_streaming`](Self::still_streaming)), or
+    /// with that error if none was.
     fn replay(&self, kept: &Self::Kept, previous_attempts: u32) -> Result<Req, BoxError>;
 
     /// Whether a request can still be made from `kept`. Asked after each
     /// failed attempt, before the retry is decided: a streamed body that
-    /// outgrew its recording during the attempt cannot.
+    /// outgrew its recording during the attempt cannot. Asked again when
+    /// the backoff ends if the body was [still
+    /// streaming](Self::still_streaming).
     fn can_replay(&self, kept: &Self::Kept) -> bool {
         let _ = kept;
         true
+    }
+
+    /// Whether an attempt may still be reading the request from its source
+    /// (an upload the attempt goes on sending after an early answer), so
+    /// that [`can_replay`](Self::can_replay) may yet turn `false`. While it
+    /// may, the loop keeps the failed answer whole through the backoff and
+    /// the retry: if the request outgrows its recording before the retry
+    /// is sent, or under the retry, that answer goes back to the caller
+    /// instead of an error that says nothing of the request. `false` by
+    /// default; [`HttpReplay`] asks the body
+    /// ([`TryCloneBody::still_streaming`](crate::body::TryCloneBody::still_streaming)).
+    fn still_streaming(&self, kept: &Self::Kept) -> bool {
+        let _ = kept;
+        false
     }
 
     /// The caller's [`Deadline`](tower_classify::deadline::Deadline) carried
@@ -291,6 +309,10 @@ mod http_replay {
 
         fn can_replay(&self, kept: &KeptRequest<B>) -> bool {
             kept.body.can_replay()
+        }
+
+        fn still_streaming(&self, kept: &KeptRequest<B>) -> bool {
+            kept.body.still_streaming()
         }
 
         fn deadline(&self, request: &Request<B>) -> Option<tower_classify::deadline::Deadline> {

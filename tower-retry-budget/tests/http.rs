@@ -608,17 +608,30 @@ async fn a_retry_sends_the_head_the_caller_made() {
     }
 }
 
+// ===== item 7: an upload still streaming when its attempt failed
+
+/// A 503 that says which attempt answered it.
+fn unavailable_from(attempt: usize) -> Result<Response<()>, BoxError> {
+    Ok(Response::builder()
+        .status(503)
+        .header("x-attempt", attempt)
+        .body(())
+        .unwrap())
+}
+
 /// The retry is decided while the body can still be replayed, but a reader
-/// that goes on streaming it (here a task the failed attempt left behind)
-/// takes it past its recording before the retry is sent: the call ends with
-/// the replay error, and nothing is sent with a body that would fail half
-/// way.
+/// that goes on streaming it (a task the failed attempt left behind, as
+/// hyper's connection goes on sending an upload after an early answer)
+/// takes it past its recording during the backoff: no retry is sent, and
+/// the caller gets the server's 503, marked, rather than "cannot be
+/// replayed".
 #[tokio::test(start_paused = true)]
-async fn a_body_that_outgrows_its_recording_during_the_backoff_ends_the_call() {
+async fn item_7_an_upload_that_outgrows_its_limit_during_the_backoff_gets_the_503_back() {
+    use tower_retry_budget::{RetryStopped, StopReason};
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = calls.clone();
     let inner = tower::service_fn(move |request: Request<ReplayBody<Chunks>>| {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let attempt = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         async move {
             let mut body = request.into_body();
             // Two bytes read before the answer: still replayable.
@@ -627,7 +640,7 @@ async fn a_body_that_outgrows_its_recording_during_the_backoff_ends_the_call() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 while let Some(Ok(_)) = body.frame().await {}
             });
-            status(503)
+            unavailable_from(attempt)
         }
     });
     let service = ServiceBuilder::new()
@@ -635,18 +648,277 @@ async fn a_body_that_outgrows_its_recording_during_the_backoff_ends_the_call() {
         .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
         .service(inner);
     let put = Request::put("/").body(chunks(&["ab", "cd", "ef"])).unwrap();
-    let error = service.oneshot(put).await.unwrap_err();
-    let replay = error
-        .downcast_ref::<tower_retry_budget::body::ReplayError>()
-        .unwrap_or_else(|| panic!("not a replay error: {error}"));
+    let response = service
+        .oneshot(put)
+        .await
+        .expect("the server's answer, not the replay error");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["x-attempt"], "1");
+    let stopped = response.extensions().get::<RetryStopped>().unwrap();
     assert_eq!(
-        replay.kind(),
-        tower_retry_budget::body::ReplayErrorKind::NotReplayable
+        (stopped.reason, stopped.attempts),
+        (StopReason::NotReplayable, 1)
     );
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "no attempt with a broken body"
+    );
+}
+
+type Upload = http_body_util::channel::Channel<Bytes, std::io::Error>;
+type Streamed = ReplayBody<Upload>;
+
+/// The body is asked again as soon as the backoff ends: a body that
+/// outgrew its recording during it ends the call then, without waiting for
+/// the service to be ready for a retry that cannot be sent (a concurrency
+/// slot, a connection). Asked only when the retry is made, the call waited
+/// for a readiness that never came.
+#[tokio::test(start_paused = true)]
+async fn item_7_the_body_is_asked_again_after_the_backoff_before_readiness() {
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Streamed>, Response<()>>();
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(
+            RetryLayer::http_builder()
+                .backoff(Backoff::fixed(Duration::from_millis(100)).with_jitter(Jitter::None))
+                .build()
+                .unwrap(),
+        )
+        .service(mock);
+    handle.allow(1);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    let (request, answer) = handle.next_request().await.unwrap();
+    let mut body = request.into_body();
+    assert_eq!(
+        body.frame().await.unwrap().unwrap().into_data().unwrap(),
+        "ab"
+    );
+    // An early answer: two bytes read, the body can be replayed yet.
+    answer.send_response(unavailable_from(1).unwrap());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The first attempt's upload goes on during the backoff, past the limit.
+    upload.send_data(Bytes::from("cdef")).await.unwrap();
+    assert_eq!(
+        body.frame().await.unwrap().unwrap().into_data().unwrap(),
+        "cdef"
+    );
+    // No allowance is ever given for a retry.
+    let response = tokio::time::timeout(Duration::from_secs(1), call)
+        .await
+        .expect("the call ends when the backoff does")
+        .unwrap()
+        .expect("the server's answer, not the replay error");
+    assert_eq!(response.headers()["x-attempt"], "1");
+    let stopped = response.extensions().get::<RetryStopped>().unwrap();
+    assert_eq!(
+        (stopped.reason, stopped.attempts),
+        (StopReason::NotReplayable, 1)
+    );
+}
+
+/// The retry is sent while the body can still be replayed (no backoff), but
+/// the first attempt's upload runs past the limit before the retry reads
+/// it: the retry's copy fails, which says nothing of the request, and the
+/// caller gets the server's 503 to the first attempt, marked with the two
+/// attempts made, rather than "cannot be replayed".
+#[tokio::test(start_paused = true)]
+async fn item_7_a_retry_that_lost_its_copy_of_the_upload_answers_with_the_first_503() {
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let inner = tower::service_fn(move |request: Request<Streamed>| {
+        let attempt = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            let mut body = request.into_body();
+            if attempt == 1 {
+                body.frame().await.unwrap()?;
+                // Answered early; the upload goes on, as hyper's
+                // connection goes on sending it.
+                tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
+                return unavailable_from(attempt);
+            }
+            // A slow connect: the retry reads the body after the first
+            // attempt's upload ran past the limit.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            body.collect().await?;
+            status(200)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(
+            RetryLayer::http_builder()
+                .backoff(Backoff::none())
+                .build()
+                .unwrap(),
+        )
+        .service(inner);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "retried"
+    );
+    upload.send_data(Bytes::from("cdef")).await.unwrap();
+    upload.send_data(Bytes::from("gh")).await.unwrap();
+    drop(upload);
+    let response = call
+        .await
+        .unwrap()
+        .expect("the server's answer, not the replay error");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["x-attempt"], "1");
+    let stopped = response.extensions().get::<RetryStopped>().unwrap();
+    assert_eq!(
+        (stopped.reason, stopped.attempts),
+        (StopReason::NotReplayable, 2)
+    );
+}
+
+/// The answer kept while the upload streamed still names its head when the
+/// loop's deadline ends the call under the retry.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_under_a_retry_names_the_kept_answers_head() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = tower::service_fn(move |request: Request<Streamed>| {
+        let attempt = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            let mut body = request.into_body();
+            body.frame().await.unwrap()?;
+            if attempt > 1 {
+                // The retry: a server that never answers.
+                std::future::pending::<()>().await;
+            }
+            tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
+            unavailable_from(attempt)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(
+            RetryLayer::http_builder()
+                .backoff(Backoff::none())
+                .deadline(S(1))
+                .build()
+                .unwrap(),
+        )
+        .service(inner);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    let error = call.await.unwrap().unwrap_err();
+    let exceeded = error
+        .downcast_ref::<tower_retry_budget::error::DeadlineExceeded>()
+        .unwrap_or_else(|| panic!("not the deadline: {error}"));
+    assert_eq!(exceeded.attempts(), 2);
+    let head = exceeded.response_head().expect("the first answer's head");
+    let parts = head.parts().unwrap();
+    assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(parts.headers["x-attempt"], "1");
+}
+
+/// A response body that says when it is dropped.
+struct Tracked(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A server whose first attempt reads the body as `first` does, then
+/// answers 503 with a [`Tracked`] body; the retry reads the whole body and
+/// says whether the first answer was dropped before it was sent.
+fn tracked_server<B>(
+    first: fn(B) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> (
+    impl Service<Request<B>, Response = Response<Option<Tracked>>, Error = BoxError, Future: Send>
+        + Clone,
+    Arc<std::sync::atomic::AtomicBool>,
+)
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let was_dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = was_dropped.clone();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = tower::service_fn(move |request: Request<B>| {
+        let dropped = dropped.clone();
+        let seen = seen.clone();
+        let attempt = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            if attempt == 1 {
+                first(request.into_body()).await;
+                let tracked = Some(Tracked(dropped));
+                return Ok(Response::builder().status(503).body(tracked).unwrap());
+            }
+            let was = dropped.load(std::sync::atomic::Ordering::SeqCst);
+            seen.store(was, std::sync::atomic::Ordering::SeqCst);
+            request.into_body().collect().await.map_err(Into::into)?;
+            Ok::<_, BoxError>(Response::new(None))
+        }
+    });
+    (inner, was_dropped)
+}
+
+/// A failed answer is kept only while the body may still be lost: once it
+/// is recorded whole, the answer (its body, the connection it holds) is
+/// dropped before the backoff, as it always was.
+#[tokio::test(start_paused = true)]
+async fn a_failed_answer_is_dropped_before_the_backoff_once_the_body_is_recorded() {
+    let (inner, dropped) = tracked_server::<ReplayBody<Chunks>>(|body| {
+        Box::pin(async move {
+            body.collect().await.unwrap();
+        })
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
+        .service(inner);
+    let put = Request::put("/").body(chunks(&["ab", "cd"])).unwrap();
+    let response = service.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the first answer is not held through the retry"
+    );
+}
+
+/// Nor is it kept for an upload that the failed attempt stopped reading (it
+/// dropped its copy): the body can only be read on by the retry, which
+/// cannot lose it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_answer_is_dropped_when_the_failed_attempt_let_go_of_the_upload() {
+    let (inner, dropped) = tracked_server::<Streamed>(|mut body| {
+        Box::pin(async move {
+            body.frame().await.unwrap().unwrap();
+        })
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
+        .service(inner);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    upload.send_data(Bytes::from("cd")).await.unwrap();
+    drop(upload);
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the first answer is not held through the retry"
     );
 }
 
