@@ -197,6 +197,7 @@ impl MapOutcome for RetryOnFilter {
                 Outcome::Failure(Failure {
                     kind: FailureKind::Rejected,
                     hint: None,
+                    ..failure
                 })
             }
             other => other,

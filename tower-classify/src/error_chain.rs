@@ -1,11 +1,12 @@
 //! Classifying errors by walking their `source()` chain.
 
 use std::error::Error;
+use std::fmt;
 use std::io;
 
 use crate::classify::Classify;
 use crate::error::Classified;
-use crate::outcome::{Failure, FailureKind, Outcome};
+use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 
 /// Views an error value as `&dyn Error`, so classifiers can walk its chain.
 ///
@@ -112,12 +113,51 @@ impl AsDynError for std::convert::Infallible {
 /// 3. An error nothing recognises is [`Rejected`](FailureKind::Rejected) by
 ///    default: unknown errors fail fast rather than being retried blindly.
 ///    Change that with [`unknown_as`](Self::unknown_as).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct ErrorChainClassifier {
     // `None` until `unknown_as` is called: a layer that answers errors
     // (`GrpcStatusLayer`) tells the default apart from a caller who chose
     // the same outcome.
-    unknown: Option<Outcome>,
+    unknown: Option<Unknown>,
+}
+
+/// What an unrecognised error means: an [`Outcome`] without a
+/// [`refusal`](Failure::refusal), which no classifier's setting can prove.
+/// Kept in three words rather than an `Outcome`'s four, because layers keep
+/// a classifier in every response future.
+#[derive(Clone, Copy)]
+enum Unknown {
+    Success,
+    Ignored,
+    Failure(FailureKind, Option<RetryHint>),
+}
+
+impl Unknown {
+    const fn from_outcome(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Success => Unknown::Success,
+            Outcome::Ignored => Unknown::Ignored,
+            Outcome::Failure(failure) => Unknown::Failure(failure.kind, failure.hint),
+        }
+    }
+
+    const fn outcome(self) -> Outcome {
+        match self {
+            Unknown::Success => Outcome::Success,
+            Unknown::Ignored => Outcome::Ignored,
+            Unknown::Failure(kind, hint) => {
+                Outcome::Failure(Failure::new(kind).with_hint_opt(hint))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ErrorChainClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ErrorChainClassifier")
+            .field("unknown", &self.unknown())
+            .finish()
+    }
 }
 
 /// What an error nothing recognises means unless
@@ -136,7 +176,9 @@ impl ErrorChainClassifier {
         ErrorChainClassifier { unknown: None }
     }
 
-    /// What an error that nothing recognises means (default: rejected).
+    /// What an error that nothing recognises means (default: rejected). A
+    /// [`refusal`](Failure::refusal) in it is dropped: a setting cannot
+    /// prove that a request was refused.
     ///
     /// To classify, an explicit `unknown_as(Outcome::failure(Rejected))` is
     /// the default. It is still a choice: `GrpcStatusLayer` (feature
@@ -144,21 +186,31 @@ impl ErrorChainClassifier {
     /// (`INVALID_ARGUMENT` for rejected), and with `UNKNOWN` when nothing
     /// was chosen.
     pub const fn unknown_as(mut self, outcome: Outcome) -> Self {
-        self.unknown = Some(outcome);
+        self.unknown = Some(Unknown::from_outcome(outcome));
         self
     }
 
     /// Classifies one error and its chain.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
-        self.recognised(error)
-            .unwrap_or(self.unknown.unwrap_or(DEFAULT_UNKNOWN))
+        self.recognised(error).unwrap_or(self.unknown())
+    }
+
+    /// What an error nothing recognises means.
+    pub(crate) const fn unknown(&self) -> Outcome {
+        match self.unknown {
+            Some(unknown) => unknown.outcome(),
+            None => DEFAULT_UNKNOWN,
+        }
     }
 
     /// What [`unknown_as`](Self::unknown_as) chose an error nothing
     /// recognises to mean; `None` when it was not called.
     #[cfg(feature = "http")]
     pub(crate) const fn chosen_unknown(&self) -> Option<Outcome> {
-        self.unknown
+        match self.unknown {
+            Some(unknown) => Some(unknown.outcome()),
+            None => None,
+        }
     }
 
     /// What [`classify_error`](Self::classify_error) finds in the chain;

@@ -22,6 +22,7 @@ mod error;
 mod error_chain;
 mod log_limit;
 mod outcome;
+mod refusal;
 mod retry_on;
 
 pub mod attempts;
@@ -52,6 +53,7 @@ pub use self::grpc::GrpcClassifier;
 pub use self::http::HttpClassifier;
 pub use self::log_limit::LogLimit;
 pub use self::outcome::{Failure, FailureKind, Outcome, RetryHint};
+pub use self::refusal::RefusalToken;
 pub use self::retry_on::RetryOn;
 
 /// Which public types are `#[non_exhaustive]`, and the checks that they

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::refusal::RefusalToken;
+
 /// What one call's result means to a resilience layer.
 ///
 /// Every layer of the family asks the same [`Classify`](crate::Classify) value
@@ -46,7 +48,8 @@ impl Outcome {
     }
 }
 
-/// A failed call: what kind of failure, and what the server said about waiting.
+/// A failed call: what kind of failure, what the server said about waiting,
+/// and, for a refusal, whose request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Failure {
@@ -54,12 +57,29 @@ pub struct Failure {
     pub kind: FailureKind,
     /// What the other side (or a load-shedding layer) said about trying again.
     pub hint: Option<RetryHint>,
+    /// The [`RefusalToken`] of the request a layer refused without passing
+    /// it on; `None` for every other failure. It proves, to whoever gave the
+    /// request that token, that nothing behind the refusing layer saw it.
+    pub refusal: Option<RefusalToken>,
 }
 
 impl Failure {
     /// A failure of `kind` with no hint.
     pub const fn new(kind: FailureKind) -> Self {
-        Failure { kind, hint: None }
+        Failure {
+            kind,
+            hint: None,
+            refusal: None,
+        }
+    }
+
+    /// The same failure, made by refusing a request that carried `token`
+    /// (read from its extensions: `None` when it carried none) without
+    /// passing it on. Only a layer that refuses before calling what it
+    /// wraps may say so; see [`RefusalToken`].
+    pub const fn with_refusal(mut self, token: Option<RefusalToken>) -> Self {
+        self.refusal = token;
+        self
     }
 
     /// The same failure carrying `hint`.

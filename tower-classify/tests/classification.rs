@@ -599,3 +599,47 @@ fn item_2_sets_holding_the_same_kinds_are_equal() {
         ]
     );
 }
+
+/// Issue 31, item 5: a refusal's token reaches whoever classifies the
+/// refusal, as an error (anywhere in the chain) or as a response's `Failure`
+/// extension, through the combinators too; a setting never carries one.
+#[test]
+fn item_5_a_refusal_token_survives_classification() {
+    use tower_classify::RefusalToken;
+
+    let token = RefusalToken::issue();
+    assert_ne!(token, RefusalToken::issue(), "each call gets its own");
+    let refused = Failure::new(FailureKind::Shed).with_refusal(Some(token));
+    assert_eq!(refused.kind, FailureKind::Shed);
+
+    let error: BoxError = Box::new(Wrapper(Box::new(Classified::new(refused, "circuit open"))));
+    let outcome = classify_error(error);
+    assert_eq!(outcome.as_failure().unwrap().refusal, Some(token));
+
+    let mut answer = response(503);
+    answer.extensions_mut().insert(refused);
+    let outcome = Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&answer));
+    assert_eq!(outcome.as_failure().unwrap().refusal, Some(token));
+    let grpc = Classify::<_, BoxError>::classify(&GrpcClassifier::new(), Ok(&answer));
+    assert_eq!(grpc.as_failure().unwrap().refusal, Some(token));
+
+    // Narrowing what is transient rewrites the kind, not whose request it was.
+    let mut overloaded = response(503);
+    overloaded
+        .extensions_mut()
+        .insert(Failure::new(FailureKind::ServerError).with_refusal(Some(token)));
+    let narrowed = HttpClassifier::new().retry_on(RetryOn::from_names(["timeout"]).unwrap());
+    let outcome = Classify::<_, BoxError>::classify(&narrowed, Ok(&overloaded));
+    let failure = outcome.as_failure().unwrap();
+    assert_eq!(
+        (failure.kind, failure.refusal),
+        (FailureKind::Rejected, Some(token))
+    );
+
+    // A plain shed refusal proves nothing, and neither does a setting.
+    let unproven = Classified::shed("circuit open", None);
+    assert_eq!(unproven.failure().refusal, None);
+    let setting = ErrorChainClassifier::new().unknown_as(Outcome::Failure(refused));
+    let outcome = setting.classify_error(&fmt::Error);
+    assert_eq!(outcome, fail(FailureKind::Shed));
+}

@@ -93,10 +93,7 @@ impl ResponseRule {
             .and_then(|reader| reader.read(headers, body, now))
             .or(self.backoff)
             .map(RetryHint::After);
-        Some(Failure {
-            kind: FailureKind::RateLimited,
-            hint,
-        })
+        Some(Failure::new(FailureKind::RateLimited).with_hint_opt(hint))
     }
 
     fn condition_holds(&self, headers: &HeaderMap, body: Option<&[u8]>) -> bool {
