@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_classify::Classified;
+#[cfg(feature = "http")]
+use tower_classify::RefusalToken;
 
 /// The breaker refused a call: the circuit is open (or half-open with every
 /// probe slot taken). The inner service was not called.
@@ -27,6 +29,12 @@ use tower_classify::Classified;
 /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit.
+///
+/// When the breaker's HTTP or gRPC variant refuses a request that carries a
+/// [`RefusalToken`](tower_classify::RefusalToken) (an idempotency guard in
+/// front of it gave it one), the failure carries that token as its
+/// [`refusal`](tower_classify::Failure::refusal): proof, to that guard,
+/// that the service behind the breaker never saw the request.
 #[derive(Debug)]
 pub struct CircuitOpen {
     key: Arc<str>,
@@ -40,6 +48,17 @@ impl CircuitOpen {
             key,
             remaining,
             classified: Classified::shed("circuit open", remaining),
+        }
+    }
+
+    /// The same refusal, of a request that carried `token` (from its
+    /// extensions; `None` when it carried none).
+    #[cfg(feature = "http")]
+    pub(crate) fn refusing(self, token: Option<RefusalToken>) -> Self {
+        let failure = self.classified.failure().with_refusal(token);
+        CircuitOpen {
+            classified: Classified::new(failure, "circuit open"),
+            ..self
         }
     }
 

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use http::Response;
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_classify::{BoxError, Classify, FailureKind, GrpcClassifier, Outcome};
@@ -35,7 +35,9 @@ use crate::state::State;
 /// answering `Response<B>`, and the error is [`BoxError`] (a
 /// [`CircuitOpen`](crate::CircuitOpen) while open), as for
 /// [`CircuitBreakerLayer`]. Both fit tonic: a generated client takes a
-/// `Channel` wrapped in this layer as its `GrpcService`.
+/// `Channel` wrapped in this layer as its `GrpcService`. A refused request's
+/// [`RefusalToken`](tower_classify::RefusalToken), when it carries one, goes
+/// into the `CircuitOpen` (see there).
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -150,10 +152,10 @@ impl<S, C, H: Hold> GrpcCircuitBreaker<S, C, H> {
     }
 }
 
-impl<S, C, H, Req, B> Service<Req> for GrpcCircuitBreaker<S, C, H>
+impl<S, C, H, ReqB, B> Service<Request<ReqB>> for GrpcCircuitBreaker<S, C, H>
 where
     H: Hold,
-    S: Service<Req, Response = Response<B>>,
+    S: Service<Request<ReqB>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     C: Classify<Response<B>, BoxError> + Clone,
     B: Body,
@@ -167,7 +169,7 @@ where
             .poll_ready_with(cx, |inner, cx| inner.poll_ready(cx).map_err(Into::into))
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         match self.inner.admit() {
             Ok(permit) => {
                 let recorder = permit.map(|p| Recorder::new(p, self.inner.classifier().clone()));
@@ -180,7 +182,7 @@ where
             }
             Err(open) => GrpcResponseFuture {
                 state: ResponseState::Rejected {
-                    error: Some(Box::new(open)),
+                    error: Some(Box::new(open.refusing(req.extensions().get().copied()))),
                 },
                 recorder: None,
             },

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_classify::Classify;
 use tower_layer::Layer;
@@ -32,6 +32,12 @@ use crate::service::CircuitBreaker;
 /// needs a `HandleErrorLayer` under axum; a response needs neither. The error
 /// type stays the inner service's, so it stacks under `axum::Router::layer`
 /// as is.
+///
+/// The answer's `Failure` extension is a [`Shed`](tower_classify::FailureKind::Shed)
+/// failure; when the refused request carried a
+/// [`RefusalToken`](tower_classify::RefusalToken) (an idempotency guard in
+/// front gave it one), the failure carries it, proving to that guard that
+/// the service behind the breaker never saw the request.
 ///
 /// It judges each call by its response head and returns the inner body as it
 /// is; a gRPC status that arrives in the trailers is not seen. For a gRPC
@@ -118,10 +124,10 @@ impl<S, C, H: Hold> HttpCircuitBreaker<S, C, H> {
     }
 }
 
-impl<S, C, H, Req, B> Service<Req> for HttpCircuitBreaker<S, C, H>
+impl<S, C, H, ReqB, B> Service<Request<ReqB>> for HttpCircuitBreaker<S, C, H>
 where
     H: Hold,
-    S: Service<Req, Response = Response<B>>,
+    S: Service<Request<ReqB>, Response = Response<B>>,
     C: Classify<Response<B>, S::Error> + Clone,
     B: From<String>,
 {
@@ -133,7 +139,7 @@ where
         self.inner.poll_ready_with(cx, S::poll_ready)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         match self.inner.admit() {
             Ok(permit) => {
                 let recorder = permit.map(|p| Recorder::new(p, self.inner.classifier().clone()));
@@ -146,7 +152,9 @@ where
             }
             Err(open) => HttpResponseFuture {
                 state: HttpState::Rejected {
-                    response: Some(open_response(&open)),
+                    response: Some(open_response(
+                        &open.refusing(req.extensions().get().copied()),
+                    )),
                 },
                 recorder: None,
             },

@@ -328,3 +328,25 @@ fn the_body_and_future_are_send_and_sync_where_the_inner_ones_are() {
     fn unpin<T: Unpin>() {}
     unpin::<GrpcBody<Full<Bytes>>>();
 }
+
+/// Issue 31, item 5: the gRPC variant's `CircuitOpen` carries the refused
+/// request's `RefusalToken`, and none when the request had none.
+#[tokio::test(start_paused = true)]
+async fn item_5_a_circuit_open_error_carries_the_refused_requests_token() {
+    use tower_classify::{ErrorChainClassifier, RefusalToken};
+
+    let (mut svc, handle) = breaker(threshold(1));
+    assert!(handle.force_open("default"));
+    let token = RefusalToken::issue();
+    let mut request = Request::new(in_trailers("0"));
+    request.extensions_mut().insert(token);
+    let error = svc.ready().await.unwrap().call(request).await.unwrap_err();
+    let open = error.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
+    assert_eq!(open.failure().refusal, Some(token));
+    let outcome = ErrorChainClassifier::new().classify_error(&*error);
+    assert_eq!(outcome.as_failure().unwrap().refusal, Some(token));
+
+    let error = call(&mut svc, in_trailers("0")).await.unwrap_err();
+    let open = error.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
+    assert_eq!(open.failure().refusal, None);
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
-use tower_classify::{BoxError, Classify, FailureKind, HttpClassifier};
+use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
@@ -59,4 +59,34 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     let failure = outcome.as_failure().expect("a failure");
     assert_eq!(failure.kind, FailureKind::Shed);
     assert_eq!(failure.retry_after(), Some(Duration::from_millis(15_500)));
+}
+
+/// Issue 31, item 5: an open HTTP breaker copies the refused request's
+/// `RefusalToken` into its 503's `Failure`, the proof an idempotency guard
+/// in front of it needs; a request without one gets a refusal without one.
+#[tokio::test(start_paused = true)]
+async fn item_5_an_open_circuits_503_carries_the_refused_requests_token() {
+    let layer = CircuitBreakerLayer::builder()
+        .build(HttpClassifier::new())
+        .unwrap()
+        .into_http();
+    assert!(layer.handle().force_open("default"));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
+
+    let token = RefusalToken::issue();
+    let mut request = Request::new(());
+    request.extensions_mut().insert(token);
+    let refused = svc.clone().oneshot(request).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let failure = refused.extensions().get::<Failure>().unwrap();
+    assert_eq!(
+        (failure.kind, failure.refusal),
+        (FailureKind::Shed, Some(token))
+    );
+
+    let refused = svc.clone().oneshot(Request::new(())).await.unwrap();
+    let failure = refused.extensions().get::<Failure>().unwrap();
+    assert_eq!((failure.kind, failure.refusal), (FailureKind::Shed, None));
 }

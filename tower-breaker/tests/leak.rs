@@ -65,7 +65,7 @@ async fn the_handle_forces_and_resets_a_leaked_breaker() {
 #[cfg(feature = "http")]
 #[tokio::test(start_paused = true)]
 async fn a_leaked_http_breaker_answers_503_while_open() {
-    use http::{Response, StatusCode};
+    use http::{Request, Response, StatusCode};
     use tower_classify::{BoxError, HttpClassifier};
 
     let layer = CircuitBreakerLayer::builder()
@@ -75,17 +75,17 @@ async fn a_leaked_http_breaker_answers_503_while_open() {
         .leak()
         .into_http();
     let handle = layer.handle();
-    let service = layer.layer(service_fn(|status: u16| async move {
+    let service = layer.layer(service_fn(|request: Request<u16>| async move {
         let mut response = Response::new(String::new());
-        *response.status_mut() = StatusCode::from_u16(status).unwrap();
+        *response.status_mut() = StatusCode::from_u16(*request.body()).unwrap();
         Ok::<_, BoxError>(response)
     }));
 
-    let failed = service.clone().oneshot(503).await.unwrap();
+    let failed = service.clone().oneshot(Request::new(503)).await.unwrap();
     assert_eq!(failed.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(handle.get("default").unwrap().state, State::Open);
 
-    let refused = service.clone().oneshot(200).await.unwrap();
+    let refused = service.clone().oneshot(Request::new(200)).await.unwrap();
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         refused.body().contains("CIRCUIT_OPEN"),
