@@ -14,7 +14,10 @@
 //!   streaming ones, which is asked again after each attempt), optionally
 //!   marking each retry with an attempt-number header. It keeps the head as
 //!   a [`RequestHead`](http_body_replay::RequestHead), one buffer, rather
-//!   than a second `http::Request`.
+//!   than a second `http::Request`. Retries carry the request's extensions,
+//!   except its [`RefusalToken`](tower_classify::RefusalToken): a refusal of
+//!   a retry cannot prove that the service never saw the request, since an
+//!   earlier attempt may have reached it.
 
 use tower_classify::{BoxError, Failure};
 
@@ -176,7 +179,7 @@ mod http_replay {
     use http::{Extensions, HeaderName, HeaderValue, Request, Response};
     use http_body_replay::{ReplayError, ReplayErrorKind, RequestHead};
     use tower_classify::http::Idempotency;
-    use tower_classify::{BoxError, Failure, GrpcClassifier};
+    use tower_classify::{BoxError, Failure, GrpcClassifier, RefusalToken};
 
     use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
@@ -300,6 +303,12 @@ mod http_replay {
                 .to_request(body)
                 .ok_or("the request's head could not be copied for a retry")?;
             *copy.extensions_mut() = kept.extensions.clone();
+            // A refusal of a retry proves nothing about the attempts before
+            // it, which may have reached the service: no retry carries the
+            // token that lets a refusal say so (see `RefusalToken`). Removed
+            // here, not when the request is kept, so a call that succeeds at
+            // once pays nothing for it.
+            copy.extensions_mut().remove::<RefusalToken>();
             if let Some(name) = &self.attempt_header {
                 copy.headers_mut()
                     .insert(name.clone(), HeaderValue::from(previous_attempts));

@@ -1192,3 +1192,46 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.headers["x-throttled"], "true");
 }
+
+/// Issue 31, item 5: the first attempt carries the request's
+/// `RefusalToken`, no retry does (its other extensions it keeps), so a layer
+/// below that refuses a retry cannot claim the service never saw the
+/// request: the first attempt may have reached it.
+#[tokio::test(start_paused = true)]
+async fn item_5_no_retry_carries_the_refusal_token() {
+    use tower_classify::RefusalToken;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Tenant(&'static str);
+
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let inner = tower::service_fn({
+        let seen = Arc::clone(&seen);
+        move |request: Request<String>| {
+            let mut seen = seen.lock().unwrap();
+            let extensions = request.extensions();
+            seen.push((
+                extensions.get::<RefusalToken>().copied(),
+                extensions.get::<Tenant>().cloned(),
+            ));
+            std::future::ready(status(if seen.len() < 3 { 503 } else { 200 }))
+        }
+    });
+    let layer = RetryLayer::http_builder().backoff(fast()).build().unwrap();
+    let token = RefusalToken::issue();
+    let mut request = Request::get("/orders").body(String::new()).unwrap();
+    request.extensions_mut().insert(token);
+    request.extensions_mut().insert(Tenant("acme"));
+
+    let response = layer.layer(inner).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let tenant = Some(Tenant("acme"));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (Some(token), tenant.clone()),
+            (None, tenant.clone()),
+            (None, tenant)
+        ]
+    );
+}
