@@ -48,8 +48,8 @@ pub struct IdempotencyConfig {
     /// Free the key on a transient answer (default `false`; see
     /// [`IdempotencyGuardLayer::release_on_transient`] for the risk).
     pub release_on_transient: bool,
-    /// Free the key on a refusal made before the handler ran (default
-    /// `true`; see [`IdempotencyGuardLayer::release_on_shed`]).
+    /// Free the key on a refusal proven to be made before the handler ran
+    /// (default `true`; see [`IdempotencyGuardLayer::release_on_shed`]).
     pub release_on_shed: bool,
     /// What counts as a transient or shed answer (the shared HTTP classifier
     /// configuration).

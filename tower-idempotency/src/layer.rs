@@ -19,8 +19,9 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// Defaults: a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
 /// whose node crashed lapses after it), responses up to 1 MiB stored, only
 /// non-idempotent methods guarded (POST, PATCH and extension methods), no client scope,
-/// transient answers stored like any other, [`HttpClassifier`] recognising
-/// refusals made below the guard before the handler ran.
+/// transient answers stored like any other, keys freed for refusals proven
+/// to be made before the handler ran, [`HttpClassifier`] classifying
+/// answers.
 ///
 /// Clones of the layer and the services it makes share the store.
 #[derive(Clone)]
@@ -101,20 +102,27 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
         self
     }
 
-    /// Frees the key when the outcome is a
-    /// [`Shed`](tower_classify::FailureKind::Shed) failure (default `true`):
-    /// a refusal made between the guard and the handler, before the handler
-    /// ran — an open circuit breaker, an exhausted budget, a load shedder
-    /// (the family's own refusals carry that classification). The client's
-    /// retry then runs the request once the dependency is back, instead of
-    /// being answered the stored refusal for the whole TTL.
+    /// Frees the key when a layer between the guard and the handler refused
+    /// the request *before the handler ran*, and proves it (default
+    /// `true`): the client's retry then runs the request once the
+    /// dependency is back, instead of being answered the stored refusal for
+    /// the whole TTL.
     ///
-    /// The guard cannot see whether the handler ran; it trusts the
-    /// classification. A handler that acts and *then* passes on a
-    /// downstream's shed refusal as its own result (the error itself, or a
-    /// response still carrying the `Failure` extension) would have its key
-    /// freed after its side effect: map such a refusal to an error or
-    /// response of your own, or turn this off.
+    /// The proof is a [`RefusalToken`]: the guard hands each request down
+    /// with a fresh one in its extensions, and a refusing layer that never
+    /// passed the request on copies it into its refusal's
+    /// [`Failure`](tower_classify::Failure) (tower-breaker's HTTP and gRPC
+    /// variants do). Only a failure carrying the token of this very request
+    /// frees the key. A refusal the handler passes on from a dependency it
+    /// called (a `CircuitOpen` returned with `?`, that dependency's `503
+    /// CIRCUIT_OPEN`) answers a request the handler built, which carries no
+    /// token: the handler ran, and the key is kept like any other answer's.
+    /// A refusal without the proof (tower's `LoadShed`, a breaker that
+    /// takes any request type) keeps the key too. A handler that forwards
+    /// the guarded request itself, extensions included (a proxy), forwards
+    /// the token with it; see [`RefusalToken`] for what that means.
+    ///
+    /// [`RefusalToken`]: tower_classify::RefusalToken
     pub fn release_on_shed(mut self, yes: bool) -> Self {
         self.config.release_on_shed = yes;
         self
@@ -133,9 +141,10 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
         self
     }
 
-    /// Uses `classifier` to recognise outcomes: a
-    /// [`Shed`](tower_classify::FailureKind::Shed) failure frees the key (see
-    /// [`release_on_shed`](Self::release_on_shed)), and with
+    /// Uses `classifier` to recognise outcomes: a failure carrying this
+    /// request's refusal token frees the key (see
+    /// [`release_on_shed`](Self::release_on_shed); a classifier that drops
+    /// the token frees none), and with
     /// [`release_on_transient`](Self::release_on_transient) so does a
     /// transient failure.
     pub fn classifier<C2>(self, classifier: C2) -> IdempotencyGuardLayer<St, C2> {

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
-use tower_classify::{BoxError, Classify, FailureKind, Outcome};
+use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 
 use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
@@ -80,7 +80,9 @@ impl fmt::Debug for Config {
 /// [crate docs](crate) for the rules.
 ///
 /// It takes `Request<B>` and hands the inner service `Request<GuardBody<B>>`
-/// (the original body, hashed for the fingerprint as the handler reads it);
+/// (the original body, hashed for the fingerprint as the handler reads it,
+/// and for a guarded request a fresh
+/// [`RefusalToken`](tower_classify::RefusalToken) in the extensions);
 /// it returns `Response<GuardBody<ResB>>` (the inner response's body,
 /// streamed as it comes and recorded for repeats, a stored body, or the
 /// guard's own answer). Its error is the inner service's: the guard's own
@@ -206,7 +208,7 @@ async fn guarded_call<S, St, C, B, ResB>(
     mut inner: S,
     shared: Arc<Shared<St, C>>,
     key: String,
-    parts: Parts,
+    mut parts: Parts,
     body: B,
 ) -> Result<Response<GuardBody<ResB>>, S::Error>
 where
@@ -280,11 +282,17 @@ where
     let body = GuardBody::hashed(body, hash);
     // A response to HEAD has no body whatever its head says.
     let bodiless = parts.method == http::Method::HEAD;
+    // Only a refusal carrying this token was made of this very request by a
+    // layer that did not pass it on: a refusal the handler passes on from a
+    // dependency it called answers another request (see `RefusalToken`).
+    // It replaces any token an outer layer put in.
+    let refusal = RefusalToken::issue();
+    parts.extensions.insert(refusal);
     let result = inner.call(Request::from_parts(parts, body)).await;
     let release = match Classify::<_, S::Error>::classify(&shared.classifier, result.as_ref()) {
-        // Refused below the guard before the handler ran (an open breaker,
-        // a load shedder): nothing happened, the client may try again.
-        Outcome::Failure(failure) if failure.kind == FailureKind::Shed => config.release_on_shed,
+        // Refused below the guard before the handler ran (an open breaker
+        // in front of it): nothing happened, the client may try again.
+        Outcome::Failure(failure) if failure.refusal == Some(refusal) => config.release_on_shed,
         Outcome::Failure(failure) => config.release_on_transient && failure.kind.is_transient(),
         Outcome::Success | Outcome::Ignored => false,
     };

@@ -81,6 +81,31 @@ async fn memory_release_on_transient_is_an_opt_in() {
     release_on_transient_is_an_opt_in(memory()).await;
 }
 
+/// Issue 31, item 5 (a): a handler that did its side effect, then returned
+/// a downstream breaker's `CircuitOpen` (a `Shed` error), keeps its key.
+#[tokio::test(start_paused = true)]
+async fn item_5_a_downstream_circuit_open_passed_on_after_the_side_effect_keeps_the_key() {
+    a_refusal_passed_on_after_acting_keeps_the_key(memory(), "/acted-then-circuit-open").await;
+}
+
+/// Issue 31, item 5 (b): the same with a 503 carrying the `Failure`
+/// extension.
+#[tokio::test(start_paused = true)]
+async fn item_5_a_downstream_503_with_the_failure_extension_keeps_the_key() {
+    a_refusal_passed_on_after_acting_keeps_the_key(memory(), "/acted-then-503").await;
+}
+
+/// Issue 31, item 5: only this request's token proves anything; a refusal
+/// carrying another call's keeps the key too.
+#[tokio::test(start_paused = true)]
+async fn item_5_a_refusal_of_another_calls_request_keeps_the_key() {
+    a_refusal_passed_on_after_acting_keeps_the_key(memory(), "/acted-then-503-of-another-call")
+        .await;
+}
+
+/// Issue 31, item 5 (c): a refusal by a layer between the guard and the
+/// handler, carrying the request's token, frees the key (see also
+/// `tests/tests/idempotency_refusals.rs` with the real breaker).
 #[tokio::test(start_paused = true)]
 async fn memory_shed_refusals_free_the_key() {
     shed_refusals_free_the_key(memory()).await;

@@ -96,6 +96,9 @@ on_redis! {
     redis_transient_answers_and_errors_run_once => |store| transient_answers_and_errors_run_once(store);
     redis_release_on_transient_is_an_opt_in => |store| release_on_transient_is_an_opt_in(store);
     redis_shed_refusals_free_the_key => |store| shed_refusals_free_the_key(store);
+    redis_item_5_a_downstream_circuit_open_passed_on_after_the_side_effect_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-circuit-open");
+    redis_item_5_a_downstream_503_with_the_failure_extension_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503");
+    redis_item_5_a_refusal_of_another_calls_request_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503-of-another-call");
     redis_trailers_are_replayed => |store| trailers_are_replayed(store);
     redis_keys_expire_after_the_ttl => |store| keys_expire_after_the_ttl(store, Duration::from_secs(2), real_wait);
     redis_in_flight_claims_lapse => |store| in_flight_claims_lapse(store, Duration::from_secs(2), real_wait);

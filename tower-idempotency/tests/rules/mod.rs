@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_classify::{BoxError, Classified, Failure, FailureKind};
+use tower_classify::{BoxError, Classified, Failure, FailureKind, RefusalToken};
 use tower_idempotency::store::{Claim, ClaimToken, Completion, IdempotencyStore, StoredResponse};
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
 
@@ -66,7 +66,8 @@ impl Body for Chunks {
 pub struct Orders {
     calls: Arc<Mutex<HashMap<String, usize>>>,
     /// Paths refused once as a layer below the guard would (an open
-    /// breaker): before the handler, which does not count the call.
+    /// breaker, with the request's `RefusalToken`): before the handler,
+    /// which does not count the call.
     refused: Arc<Mutex<HashMap<String, usize>>>,
     /// `/slow` waits for a permit, so a test can hold a request in flight;
     /// the bodies of `/trickle` and `/flood` wait for one before their last
@@ -131,8 +132,12 @@ impl Orders {
                 *n += 1;
                 *n == 1
             };
+            // Refused as a layer between the guard and the handler refuses:
+            // with the token the guard gave this request.
+            let refused = Failure::new(FailureKind::Shed)
+                .with_refusal(request.extensions().get::<RefusalToken>().copied());
             if first && path == "/shed" {
-                return Err(Classified::shed("circuit open", None).into());
+                return Err(Classified::new(refused, "circuit open").into());
             }
             if first {
                 let mut response = Response::new(OrderBody {
@@ -141,11 +146,31 @@ impl Orders {
                     trailers: None,
                 });
                 *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                response
-                    .extensions_mut()
-                    .insert(Failure::new(FailureKind::Shed));
+                response.extensions_mut().insert(refused);
                 return Ok(response);
             }
+        }
+        if path.starts_with("/acted-then") {
+            // The handler acted (the order is written), then called a
+            // dependency whose breaker was open, and passes its refusal on
+            // as its own answer.
+            self.count(&path);
+            if path == "/acted-then-circuit-open" {
+                return Err(Classified::shed("circuit open", None).into());
+            }
+            // A refusal that proves something, but of another call's request.
+            let another_call =
+                (path == "/acted-then-503-of-another-call").then(RefusalToken::issue);
+            let mut response = Response::new(OrderBody {
+                chunks: vec![Bytes::from("circuit open")],
+                gate: None,
+                trailers: None,
+            });
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+                .extensions_mut()
+                .insert(Failure::new(FailureKind::Shed).with_refusal(another_call));
+            return Ok(response);
         }
         let mut body = request.into_body();
         if path == "/peek" {
@@ -607,8 +632,9 @@ pub async fn release_on_transient_is_an_opt_in<St: IdempotencyStore>(store: St) 
 }
 
 /// A refusal made below the guard before the handler ran (an open breaker,
-/// as an error or as its 503 response) frees the key: the retry runs, once.
-/// With `release_on_shed(false)` the refusal is stored like any answer.
+/// as an error or as its 503 response), carrying the request's
+/// `RefusalToken`, frees the key: the retry runs, once. With
+/// `release_on_shed(false)` the refusal is stored like any answer.
 pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
@@ -641,6 +667,33 @@ pub async fn shed_refusals_free_the_key<St: IdempotencyStore>(store: St) {
         (kept.refused("/shed-response"), kept.calls("/shed-response")),
         (1, 0)
     );
+}
+
+/// A handler that acted and then passed on a dependency's refusal (an open
+/// breaker's error, or its 503 carrying the `Failure` extension, with no
+/// token or another call's) ran: its key is kept, and a repeat is answered
+/// without running it again.
+pub async fn a_refusal_passed_on_after_acting_keeps_the_key<St: IdempotencyStore>(
+    store: St,
+    path: &str,
+) {
+    let orders = Orders::default();
+    let service = guarded(IdempotencyGuardLayer::new(store), &orders);
+    let key = format!("k{path}");
+    match service.clone().oneshot(post(path, &key, "{}")).await {
+        Err(error) => {
+            assert_eq!(error.to_string(), "circuit open");
+            assert_not_kept(&service, post(path, &key, "{}"), "service_error").await;
+        }
+        Ok(first) => {
+            let (status, body) = text(first).await;
+            assert_eq!((status.as_u16(), body.as_str()), (503, "circuit open"));
+            let repeat = send(&service, post(path, &key, "{}")).await;
+            assert!(replayed(&repeat), "the refusal is the stored answer");
+            assert_eq!(repeat.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+    assert_eq!(orders.calls(path), 1, "the handler ran once");
 }
 
 /// A response ended by trailers (gRPC's `grpc-status`) is replayed with
