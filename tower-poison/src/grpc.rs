@@ -15,7 +15,7 @@ use tower_classify::{BoxError, Classify, FailureKind, GrpcClassifier, Outcome};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::attempts::{tallied, Attempts};
+use crate::attempts::{tallied, Attempts, Tallied};
 use crate::capture::{BodyRecording, CaptureRequest, HttpCapture, PendingRecord, BODY_WAIT};
 use crate::entry::error_chain;
 use crate::layer::DeadLetterLayer;
@@ -173,7 +173,10 @@ impl<S, St, C> GrpcDeadLetter<S, St, C> {
 impl<S, St, C, ReqB, ResB> Service<Request<ReqB>> for GrpcDeadLetter<S, St, C>
 where
     HttpCapture: CaptureRequest<Request<ReqB>, Request = Request<ReplayBody<ReqB>>>,
-    S: Service<Request<ReplayBody<ReqB>>, Response = Response<ResB>>,
+    // Already asked of a body by `HttpCapture`; said here too for the
+    // request held until a count store decided.
+    Request<ReplayBody<ReqB>>: Send + 'static,
+    S: Service<Request<ReplayBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
     ResB: Body + Send + 'static,
@@ -192,56 +195,83 @@ where
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = Arc::clone(self.inner.shared());
         let (request, pending) = shared.capture.capture(request);
-        let admission = match shared.admit(&pending) {
+        let decision = match shared.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
                 return GrpcResponseFuture::new(
                     async move { Err(shared.stop(stop, pending).await) },
                 );
             }
-            admission => admission,
+            Admission::Now(Decision::Process(counted)) => {
+                let call = tallied!(self.inner.get_mut().call(request));
+                return GrpcResponseFuture::new(respond(call, shared, pending, counted));
+            }
+            Admission::Later(decision) => decision,
         };
-        let call = tallied!(self.inner.get_mut().call(request));
+        // As in `DeadLetter::call`: a client that sends in `call` (tonic's
+        // `Channel`) must not see a message the count store then diverts,
+        // so the client made ready is called only once the count decided,
+        // and a clone stays here to be made ready for the next call.
+        let clone = self.inner.get_ref().clone();
+        let mut inner = std::mem::replace(self.inner.get_mut(), clone);
         GrpcResponseFuture::new(async move {
-            let counted = match admission.decision().await {
+            let counted = match decision.await {
                 Decision::Process(counted) => counted,
-                Decision::Stop(stop) => {
-                    drop(call);
-                    return Err(shared.stop(stop, pending).await);
-                }
+                Decision::Stop(stop) => return Err(shared.stop(stop, pending).await),
             };
-            // Boxed before it is classified, so one classifier over
-            // `BoxError` serves any client's error type.
-            let (result, attempts) = call.await;
-            match result.map_err(Into::<BoxError>::into) {
-                Ok(response) if GrpcClassifier::status_in_trailers(&response) => {
-                    let mut end: Option<Box<dyn SettleAtEnd>> = Some(Box::new(EndOfCall {
-                        shared,
-                        pending,
-                        counted,
-                        attempts,
-                    }));
-                    if response.body().is_end_stream() {
-                        // Over before it began: no trailers will come.
-                        let (outcome, error) = ending(None);
-                        if let Some(end) = end.take() {
-                            end.settle(outcome, error, Ok(())).await?;
-                        }
-                    }
-                    Ok(response.map(|inner| GrpcBody {
-                        inner,
-                        end,
-                        writing: None,
-                    }))
-                }
-                result => {
-                    let verdict = shared.verdict(&result);
-                    Ok(shared
-                        .settle(result, verdict, pending, counted, attempts)
-                        .await?
-                        .map(GrpcBody::settled))
+            let call = tallied!(inner.call(request));
+            respond(call, shared, pending, counted).await
+        })
+    }
+}
+
+/// Awaits the inner call and settles what its head settles; a response
+/// whose outcome is in its trailers is settled by its [`GrpcBody`].
+async fn respond<F, E, ResB, St, C, R>(
+    call: Tallied<F>,
+    shared: Arc<Shared<St, C, HttpCapture>>,
+    pending: PendingRecord<R>,
+    counted: Option<Counted>,
+) -> Result<Response<GrpcBody<ResB>>, BoxError>
+where
+    F: Future<Output = Result<Response<ResB>, E>>,
+    E: Into<BoxError>,
+    ResB: Body + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    St: DeadLetterStore,
+    C: Classify<Response<ResB>, BoxError> + Send + Sync + 'static,
+    R: BodyRecording,
+{
+    // Boxed before it is classified, so one classifier over `BoxError`
+    // serves any client's error type.
+    let (result, attempts) = call.await;
+    match result.map_err(Into::<BoxError>::into) {
+        Ok(response) if GrpcClassifier::status_in_trailers(&response) => {
+            let mut end: Option<Box<dyn SettleAtEnd>> = Some(Box::new(EndOfCall {
+                shared,
+                pending,
+                counted,
+                attempts,
+            }));
+            if response.body().is_end_stream() {
+                // Over before it began: no trailers will come.
+                let (outcome, error) = ending(None);
+                if let Some(end) = end.take() {
+                    end.settle(outcome, error, Ok(())).await?;
                 }
             }
-        })
+            Ok(response.map(|inner| GrpcBody {
+                inner,
+                end,
+                writing: None,
+            }))
+        }
+        result => {
+            let verdict = shared.verdict(&result);
+            Ok(shared
+                .settle(result, verdict, pending, counted, attempts)
+                .await?
+                .map(GrpcBody::settled))
+        }
     }
 }
 

@@ -47,18 +47,15 @@ use crate::store::StoreError;
 ///   consumers shares a [`RedisFailureCounts`](crate::counts)
 ///   store (see [`DeadLetterLayer::count_store`](crate::DeadLetterLayer::count_store)).
 ///
-/// A store that answers at once (memory, or a count from the request) is
-/// consulted before the inner service is called. A store that waits (Redis,
-/// redb) is awaited before the inner service's future is first polled: the
-/// layer needs no `Clone` of the inner service, so it makes the inner `call`
-/// right away and drops the unpolled future if the message is diverted.
-/// That keeps a diverted message from a service that does its work when its
-/// future is polled (axum handlers, `service_fn`, hyper-util's pooled
-/// `Client`), but **not** from one that acts inside `call`: hyper's
-/// `SendRequest` and tonic's `Channel` send the request there, and
-/// `RateLimit` spends its permit. In front of such a service, take the count
-/// from the request ([`DeliveryCount`](crate::counts::DeliveryCount)) or keep
-/// it in memory.
+/// Whatever the store, a diverted message never reaches the inner service:
+/// not its future, and not its `call` either, where hyper's `SendRequest`
+/// and tonic's `Channel` send a request and `RateLimit` spends its permit. A
+/// store that answers at once (memory, or a count from the request) is
+/// consulted before the inner service is called, in place. A store that
+/// waits (Redis, redb) is awaited first, and the inner service is called
+/// only after it decided: the layer takes the service it made ready along
+/// and leaves a clone in its place, as tower's `Retry` and users of
+/// `Buffer` do, which is why the layer's services need `S: Clone`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     max_attempts: u32,
@@ -141,16 +138,6 @@ pub(crate) enum Stop {
 pub(crate) enum Admission {
     Now(Decision),
     Later(Pin<Box<dyn Future<Output = Decision> + Send>>),
-}
-
-impl Admission {
-    /// The decision, waiting for the store if it has to.
-    pub(crate) async fn decision(self) -> Decision {
-        match self {
-            Admission::Now(decision) => decision,
-            Admission::Later(decision) => decision.await,
-        }
-    }
 }
 
 /// The last failure of a message, as this process saw it, for the entry

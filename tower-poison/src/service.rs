@@ -44,6 +44,17 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 /// [`ReplayBody`](http_body_replay::ReplayBody) that records it on the way
 /// (see [`HttpCapture`](crate::HttpCapture)). The recording is read only when
 /// the call failed.
+///
+/// # `S: Clone`
+///
+/// The inner service must be `Clone` (and `Send + 'static`), as for tower's
+/// `Retry`. With a poison count store that has to be waited for, a call
+/// takes the inner service it was made ready for along, leaves a clone in
+/// its place, and calls the taken one only once the count decided, so a
+/// diverted message never reaches the inner `call` (see
+/// [`PoisonPolicy`](crate::PoisonPolicy)). When the decision is known at
+/// once (no poison detection, counts in memory or from the request) nothing
+/// is cloned. A service that is not `Clone` goes behind tower's `Buffer`.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
@@ -197,7 +208,8 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
 impl<S, Req, St, C, Cap> Service<Req> for DeadLetter<S, St, C, Cap>
 where
     Cap: CaptureRequest<Req> + DescribeResponse<S::Response> + Send + Sync + 'static,
-    S: Service<Cap::Request>,
+    Cap::Request: Send + 'static,
+    S: Service<Cap::Request> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
     S::Error: Into<BoxError> + Send,
@@ -214,9 +226,9 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        // Nothing is awaited before the inner service is called: the body
-        // streams through, recorded on the way, and is read back only if the
-        // call fails.
+        // Nothing is awaited before the inner service is called but a
+        // count store's decision: the body streams through, recorded on the
+        // way, and is read back only if the call fails.
         let (request, pending) = shared.capture.capture(request);
         let admission = match shared.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
@@ -239,17 +251,19 @@ where
             Admission::Now(Decision::Stop(_)) => unreachable!("returned above"),
             Admission::Later(decision) => decision,
         };
-        let call = tallied!(self.inner.call(request));
+        // The count store has to be waited for, and a service that acts in
+        // `call` (hyper's `SendRequest`, tonic's `Channel`, `RateLimit`)
+        // must not see a message that is then diverted: the service made
+        // ready is taken along and called only once the count decided, and
+        // a clone stays here to be made ready for the next call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::boxed(async move {
             let counted = match decision.await {
                 Decision::Process(counted) => counted,
-                Decision::Stop(stop) => {
-                    // Never polled: the message goes no further than the
-                    // inner service's `call` (see `PoisonPolicy`).
-                    drop(call);
-                    return Err(shared.stop(stop, pending).await);
-                }
+                Decision::Stop(stop) => return Err(shared.stop(stop, pending).await),
             };
+            let call = tallied!(inner.call(request));
             ResponseFuture::calling(call, shared, pending, counted).await
         })
     }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
-use tower::{service_fn, Layer, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind, GrpcClassifier};
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoreFull};
@@ -164,7 +164,7 @@ async fn a_reset_stream_is_stored_and_its_error_handed_on() {
 async fn a_body_dropped_before_its_end_stores_nothing_and_frames_pass_as_they_arrive() {
     let store = MemoryStore::new(10);
     let (mut sender, body) = Channel::<Bytes, BoxError>::new(1);
-    let body = std::sync::Mutex::new(Some(body));
+    let body = std::sync::Arc::new(std::sync::Mutex::new(Some(body)));
     let service = layer(&store).layer(service_fn(move |_: Request<Upload>| {
         let body = body.lock().unwrap().take().unwrap();
         async move {
@@ -268,4 +268,74 @@ async fn a_body_dropped_while_its_entry_is_written_still_keeps_the_entry() {
     drop(body);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(entries(&store).await.len(), 1);
+}
+
+/// Poison counts behind a store that answers only after a yield, as a
+/// network store does.
+#[derive(Clone, Default)]
+struct WaitingCounts {
+    counts: tower_poison::counts::MemoryFailureCounts,
+}
+
+impl tower_poison::counts::FailureCountStore for WaitingCounts {
+    async fn count_delivery(
+        &self,
+        key: &tower_poison::counts::MessageKey,
+        now: std::time::SystemTime,
+    ) -> Result<tower_poison::counts::DeliveryTally, tower_poison::store::StoreError> {
+        tokio::task::yield_now().await;
+        self.counts.count_delivery(key, now).await
+    }
+
+    async fn forget(
+        &self,
+        key: &tower_poison::counts::MessageKey,
+    ) -> Result<(), tower_poison::store::StoreError> {
+        tokio::task::yield_now().await;
+        self.counts.forget(key).await
+    }
+}
+
+/// A gRPC client sends inside `call` (tonic's `Channel`): with a count
+/// store that waits, a message over the poison limit must not be called at
+/// all, so the handle of a tower-test mock never receives it.
+#[tokio::test]
+async fn item_4_a_diverted_grpc_message_never_reaches_a_client_that_sends_in_call() {
+    let store = MemoryStore::new(10);
+    let (client, mut handle) = tower_test::mock::pair::<Request<Upload>, Response<Answer>>();
+    let mut service = DeadLetterLayer::new(store.clone())
+        .classifier(GrpcClassifier::new())
+        .message_id_header("x-message-id".parse().unwrap())
+        .poison(tower_poison::PoisonPolicy::new(1).unwrap())
+        .count_store(WaitingCounts::default())
+        .into_grpc()
+        .layer(client);
+    let message = || {
+        let mut request = call_request();
+        request
+            .headers_mut()
+            .insert("x-message-id", "m-1".parse().unwrap());
+        request
+    };
+    // Under the limit: sent once the count is in, and fails.
+    let (first, ()) = tokio::join!(
+        async { service.ready().await?.call(message()).await },
+        async {
+            let (_request, respond) = handle.next_request().await.expect("sent");
+            respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        }
+    );
+    assert!(first.is_err());
+    // Over it: diverted, never handed to the client.
+    let error = match service.ready().await.unwrap().call(message()).await {
+        Err(error) => error,
+        Ok(_) => panic!("the message over the limit was processed"),
+    };
+    assert!(error.is::<tower_poison::PoisonMessage>(), "{error}");
+    let mut next = tokio_test::task::spawn(handle.next_request());
+    assert!(
+        next.poll().is_pending(),
+        "the diverted message was sent by the client's `call`"
+    );
+    assert_eq!(entries(&store).await[0].kind, FailureKind::Poison);
 }

@@ -420,6 +420,36 @@ async fn a_store_that_waits_still_keeps_a_diverted_message_from_the_service() {
     assert_eq!(store.counts.deliveries(&MessageKey::new("m-6")), None);
 }
 
+/// A consumer that acts inside `call` (hyper's `SendRequest` and tonic's
+/// `Channel` send there, `RateLimit` spends its permit): a tower-test mock,
+/// whose handle receives each request as soon as `call` is made.
+#[tokio::test]
+async fn item_4_a_store_that_waits_keeps_a_diverted_message_from_a_service_that_acts_in_call() {
+    let (consumer, mut handle) = tower_test::mock::pair::<Message, ()>();
+    let mut service = DeadLetterLayer::new(MemoryStore::new(10))
+        .classifier(ErrorChainClassifier::new())
+        .capture(describe_fn(describe))
+        .poison(PoisonPolicy::new(1).unwrap())
+        .count_store(SlowStore::default())
+        .layer(consumer);
+    let m = message("m-9");
+    // The first delivery is under the limit: sent once the count is in.
+    let (first, ()) = tokio::join!(deliver(&mut service, &m), async {
+        let (request, respond) = handle.next_request().await.expect("sent");
+        assert_eq!(request.id, "m-9");
+        respond.send_error(std::io::Error::other("rejected"));
+    });
+    assert!(first.unwrap_err().is::<std::io::Error>());
+    // The second is over it: diverted, and never handed to the consumer.
+    let error = deliver(&mut service, &m).await.unwrap_err();
+    assert!(error.is::<PoisonMessage>(), "{error}");
+    let mut next = tokio_test::task::spawn(handle.next_request());
+    assert!(
+        next.poll().is_pending(),
+        "the diverted message was sent by the consumer's `call`"
+    );
+}
+
 // ===== the queue's count on an HTTP request =====
 
 type Http = Request<Full<Bytes>>;
