@@ -296,7 +296,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
     {
         let store = self.store;
         let (mut entry, token) = match store.claim(id, SystemTime::now(), self.lease).await? {
-            Claim::Claimed { entry, token } => (entry, token),
+            Claim::Claimed { entry, token, .. } => (entry, token),
             Claim::Held { until } => return Ok(ReplayOutcome::InProgress { until }),
             Claim::NotFound => return Ok(ReplayOutcome::NotFound),
         };

@@ -368,7 +368,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
 /// The token of a claim that succeeded.
 fn claimed(claim: Claim) -> (DeadLetterEntry, ClaimToken) {
     match claim {
-        Claim::Claimed { entry, token } => (entry, token),
+        Claim::Claimed { entry, token, .. } => (entry, token),
         other => panic!("expected Claimed, got {other:?}"),
     }
 }
@@ -528,6 +528,74 @@ async fn redis_claims_are_ended_only_by_their_own_token() {
     );
     store.release(e.id, b).await.unwrap();
     claimed(store.claim(e.id, now, lease).await.unwrap());
+}
+
+/// Whether the claim that succeeded followed one that lapsed unreleased.
+fn after_lapse(claim: Claim) -> (bool, ClaimToken) {
+    match claim {
+        Claim::Claimed {
+            token,
+            previous_claim_lapsed,
+            ..
+        } => (previous_claim_lapsed, token),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// A claim whose lease Redis expired before anyone released it (its
+/// replayer crashed after sending, or is still sending) is reported to the
+/// next claimant; a released claim, or one ended with its entry, is not.
+#[tokio::test]
+async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased() {
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let name = support::unique("lapsed");
+    let _cleanup = support::Cleanup::queue(&url, &name);
+    let store = RedisDeadLetterStore::connect(&url, name.clone())
+        .await
+        .unwrap();
+    let now = SystemTime::now();
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    let (lapsed, _crashed) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "the first claim follows none");
+    // Replayer A never comes back; once Redis ends its lease B hears of it.
+    expire_claim(&url, &name, e.id).await;
+    let (lapsed, b) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(lapsed, "A's claim lapsed unreleased");
+    // A put (a dead-letter layer recording B's failure) leaves that as it is.
+    store.put(e.clone()).await.unwrap();
+    store.release(e.id, b).await.unwrap();
+    let (lapsed, c) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "B released its claim");
+    // C outlives its lease but releases it in the end: no lapse either.
+    expire_claim(&url, &name, e.id).await;
+    store.release(e.id, c).await.unwrap();
+    let (lapsed, _d) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "C released its claim late, but released it");
+    // D's claim lapses, but the entry is removed (delivered) and stored
+    // anew: its next claim follows no claim of that entry.
+    expire_claim(&url, &name, e.id).await;
+    assert!(store.remove(e.id).await.unwrap());
+    store.put(e.clone()).await.unwrap();
+    let (lapsed, _) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "a remove ends the claim with its entry");
+    // So does a purge.
+    expire_claim(&url, &name, e.id).await;
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    store.put(e.clone()).await.unwrap();
+    let (lapsed, _) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "a purge ends the claim with its entry");
+    // A zero lease has lapsed at once.
+    let f = entry("orders", FailureKind::ServerError, now);
+    store.put(f.clone()).await.unwrap();
+    let (lapsed, _) = after_lapse(store.claim(f.id, now, Duration::ZERO).await.unwrap());
+    assert!(!lapsed);
+    let (lapsed, _) = after_lapse(store.claim(f.id, now, lease).await.unwrap());
+    assert!(lapsed, "a zero lease is over at once");
 }
 
 #[tokio::test]

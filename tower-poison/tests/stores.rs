@@ -544,7 +544,7 @@ async fn a_tiny_writer_queue_makes_puts_wait_and_keeps_them_all() {
 /// The token of a claim that succeeded.
 fn claimed(claim: Claim) -> (DeadLetterEntry, ClaimToken) {
     match claim {
-        Claim::Claimed { entry, token } => (entry, token),
+        Claim::Claimed { entry, token, .. } => (entry, token),
         other => panic!("expected Claimed, got {other:?}"),
     }
 }
@@ -675,6 +675,156 @@ async fn a_claim_is_ended_only_by_its_own_token(store: impl DeadLetterStore) {
     );
     store.release(e.id, b).await.unwrap();
     claimed(store.claim(e.id, later, lease).await.unwrap());
+}
+
+/// Whether the claim that succeeded followed one that lapsed unreleased.
+fn after_lapse(claim: Claim) -> (bool, ClaimToken) {
+    match claim {
+        Claim::Claimed {
+            token,
+            previous_claim_lapsed,
+            ..
+        } => (previous_claim_lapsed, token),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// A claim whose lease ran out before anyone released it (its replayer
+/// crashed after sending, or is still sending) is reported to the next
+/// claimant; a claim that was released, or ended with its entry, is not.
+async fn a_claim_that_lapsed_unreleased_is_reported(store: impl DeadLetterStore) {
+    let now = whole_millis(SystemTime::now());
+    let lease = Duration::from_secs(30);
+    let e = entry("orders", FailureKind::ServerError, now);
+    store.put(e.clone()).await.unwrap();
+
+    let (lapsed, _crashed) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
+    assert!(!lapsed, "the first claim follows none");
+    // Replayer A never comes back; once its lease is over B hears of it.
+    let later = now + lease;
+    let (lapsed, b) = after_lapse(store.claim(e.id, later, lease).await.unwrap());
+    assert!(lapsed, "A's claim lapsed unreleased");
+    // A put (a dead-letter layer recording B's failure) leaves that as it is.
+    store.put(e.clone()).await.unwrap();
+    // B gives its claim back: C's claim follows a released one.
+    store.release(e.id, b).await.unwrap();
+    let (lapsed, c) = after_lapse(store.claim(e.id, later, lease).await.unwrap());
+    assert!(!lapsed, "B released its claim");
+    // C outlives its lease but releases it in the end: no lapse either.
+    let much_later = later + lease * 2;
+    store.release(e.id, c).await.unwrap();
+    let (lapsed, _d) = after_lapse(store.claim(e.id, much_later, lease).await.unwrap());
+    assert!(!lapsed, "C released its claim late, but released it");
+    // D's claim lapses, but the entry is removed (delivered) and stored
+    // anew: its next claim follows no claim of that entry.
+    assert!(store.remove(e.id).await.unwrap());
+    store.put(e.clone()).await.unwrap();
+    let next = much_later + lease * 2;
+    let (lapsed, _) = after_lapse(store.claim(e.id, next, lease).await.unwrap());
+    assert!(!lapsed, "a remove ends the claim with its entry");
+    // So does a purge.
+    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    store.put(e.clone()).await.unwrap();
+    let (lapsed, _) = after_lapse(store.claim(e.id, next + lease * 2, lease).await.unwrap());
+    assert!(!lapsed, "a purge ends the claim with its entry");
+}
+
+#[tokio::test]
+async fn item_6_the_memory_store_reports_a_claim_that_lapsed_unreleased() {
+    a_claim_that_lapsed_unreleased_is_reported(MemoryStore::new(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_the_redb_store_reports_a_claim_that_lapsed_unreleased() {
+    let dir = tempfile::tempdir().unwrap();
+    a_claim_that_lapsed_unreleased_is_reported(
+        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+    )
+    .await;
+}
+
+/// The child of `item_6_a_redb_claim_outlives_the_replayer_process`: claims
+/// two entries, gives one claim back, says which is which, and waits to be
+/// killed, as a replayer that dies while sending the other does. Ignored so
+/// that it runs only when the parent asks for it.
+#[test]
+#[ignore = "the child role of item_6_a_redb_claim_outlives_the_replayer_process"]
+fn claiming_child() {
+    let Ok(path) = std::env::var("TOWER_POISON_CLAIMING_CHILD") else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let store = RedbStore::open(&path).unwrap();
+        let mut claims = Vec::new();
+        for _ in 0..2 {
+            let e = entry("orders", FailureKind::ServerError, SystemTime::now());
+            store.put(e.clone()).await.unwrap();
+            let claim = store.claim(e.id, SystemTime::now(), Duration::from_secs(30));
+            claims.push((e.id, claimed(claim.await.unwrap()).1));
+        }
+        let (released, token) = claims[0];
+        store.release(released, token).await.unwrap();
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "CLAIMED {} RELEASED {released}", claims[1].0).unwrap();
+        stdout.flush().unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A replayer process killed after it claimed (and sent) an entry: the
+/// claim is in the file when it is opened again, and the next claim, after
+/// the lease, hears that it lapsed unreleased. The claim it gave back before
+/// it died stays given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_a_redb_claim_outlives_the_replayer_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "claiming_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("TOWER_POISON_CLAIMING_CHILD", &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Blocks until the child has claimed: nothing to wait out.
+    let line = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        // After the harness's `test claiming_child ... `, on its line.
+        .find_map(|line| Some(line.split_once("CLAIMED ")?.1.to_owned()))
+        .expect("the child claimed its entries");
+    let (held, released) = line.split_once(" RELEASED ").unwrap();
+    let (held, released) = (
+        held.parse::<EntryId>().unwrap(),
+        released.parse::<EntryId>().unwrap(),
+    );
+    // `Child::kill` sends SIGKILL on Unix: no destructor, no flush runs.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let store = RedbStore::open(&path).unwrap();
+    let after_the_lease = SystemTime::now() + Duration::from_secs(60);
+    let lease = Duration::from_secs(30);
+    let (lapsed, _) = after_lapse(store.claim(held, after_the_lease, lease).await.unwrap());
+    assert!(
+        lapsed,
+        "the killed replayer's claim was lost with its process"
+    );
+    let (lapsed, _) = after_lapse(store.claim(released, after_the_lease, lease).await.unwrap());
+    assert!(!lapsed, "the release was lost with the process");
 }
 
 #[tokio::test]

@@ -41,8 +41,9 @@ pub struct MemoryStore {
 struct State {
     entries: BTreeMap<EntryId, DeadLetterEntry>,
     /// Each claim: its token and when its lease ends, in milliseconds since
-    /// the Unix epoch. Only ids present in `entries`: remove and purge end
-    /// a claim.
+    /// the Unix epoch. Kept past its lease until released, so the next
+    /// claim can tell it lapsed unreleased. Only ids present in `entries`:
+    /// remove and purge end a claim.
     claims: HashMap<EntryId, Held>,
     /// How many entries each label has, updated under the same lock as
     /// `entries`; a label leaves the map with its last entry, so it holds
@@ -190,17 +191,25 @@ impl DeadLetterStore for MemoryStore {
         let Some(entry) = state.entries.get(&id).cloned() else {
             return Ok(Claim::NotFound);
         };
-        if let Some(held) = state.claims.get(&id) {
-            if held.until > millis_since_epoch(now) {
+        // A claim stays in the map past its lease until it is released or
+        // its entry removed: one found here whose lease is over lapsed
+        // unreleased.
+        let previous_claim_lapsed = match state.claims.get(&id) {
+            Some(held) if held.until > millis_since_epoch(now) => {
                 return Ok(Claim::Held {
                     until: time_from_millis(held.until),
                 });
             }
-        }
+            held => held.is_some(),
+        };
         let token = ClaimToken::generate();
         let until = lease_end(now, lease);
         state.claims.insert(id, Held { token, until });
-        Ok(Claim::Claimed { entry, token })
+        Ok(Claim::Claimed {
+            entry,
+            token,
+            previous_claim_lapsed,
+        })
     }
 
     async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {

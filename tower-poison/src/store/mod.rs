@@ -33,7 +33,10 @@
 //! lease ran out cannot end the claim of the replayer that took over. A lease
 //! is advisory and ends by itself: a replayer that crashes between sending
 //! and removing leaves an entry that can be claimed again once the lease is
-//! over, so a replay is at least once, never lost.
+//! over, so a replay is at least once, never lost; and the claim that takes
+//! it over is told that the one before it lapsed unreleased
+//! ([`Claim::Claimed::previous_claim_lapsed`]), so the replay keeps the
+//! idempotency key of a send that may have been applied.
 
 use std::collections::{BTreeMap, HashMap};
 use std::error::Error;
@@ -171,6 +174,15 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     ///
     /// A claim is a lease, not a lock: it ends by itself, so a replayer that
     /// dies holding one delays the entry's replay by at most `lease`.
+    ///
+    /// A claim whose lease ended before anyone [released](Self::release) it
+    /// is still remembered, until it is released or its entry removed: the
+    /// next claim reports it
+    /// ([`previous_claim_lapsed`](Claim::Claimed::previous_claim_lapsed)),
+    /// since its replayer may have sent the entry and died before recording
+    /// how that went. The lapse is kept with the claim (the memory store's
+    /// claims, redb's claim table, a Redis hash of unreleased claims), not
+    /// written to the entry.
     fn claim(
         &self,
         id: EntryId,
@@ -234,6 +246,13 @@ pub enum Claim {
         entry: DeadLetterEntry,
         /// What [`DeadLetterStore::release`] needs to end this claim.
         token: ClaimToken,
+        /// `true` when the claim before this one ran out of lease without
+        /// being released: its replayer may have sent the entry and then
+        /// died (or is still sending it), so that send may have been
+        /// applied. A [`Replayer`](crate::replay::Replayer) then pins the
+        /// entry's idempotency key, as after an
+        /// [unknown answer](crate::ReplayAnswer::Unknown).
+        previous_claim_lapsed: bool,
     },
     /// Another replayer holds it until `until`.
     Held {

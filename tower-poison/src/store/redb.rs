@@ -86,10 +86,11 @@ const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("d
 ///
 /// A [claim](DeadLetterStore::claim) is checked and written in one write
 /// transaction, so two claims of one entry never both succeed, and a release
-/// checks the claim's token in one too. Claims commit
-/// with [`Durability::None`] (no `fsync`): redb's file lock means only this
-/// process uses them, and a crash that loses a claim ends a lease early,
-/// which is what a lease is for; the next durable `put` persists them anyway.
+/// checks the claim's token in one too. Claims and releases commit durably
+/// (an `fsync` each, once per replayed entry): a replayer process killed
+/// after sending leaves its claim in the file, so the next replay, in the
+/// next process, hears that it lapsed unreleased; and a release that
+/// happened is not lost to be taken for one.
 ///
 /// # Threads
 ///
@@ -714,17 +715,18 @@ impl DeadLetterStore for RedbStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         self.blocking(move |db| {
-            let mut txn = db.begin_write().map_err(backend)?;
-            txn.set_durability(Durability::None)
-                .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+            let txn = db.begin_write().map_err(backend)?;
             let claim = {
                 let entries = txn.open_table(ENTRIES).map_err(backend)?;
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
-                let held = claims
+                // A claim stays in the table past its lease until it is
+                // released or its entry removed: one found whose lease is
+                // over lapsed unreleased.
+                let previous = claims
                     .get(id.as_u128())
                     .map_err(backend)?
-                    .map(|held| held.value().0)
-                    .filter(|&until| until > millis_since_epoch(now));
+                    .map(|held| held.value().0);
+                let held = previous.filter(|&until| until > millis_since_epoch(now));
                 let stored = entries.get(id.as_u128()).map_err(backend)?;
                 let claim = match (stored, held) {
                     (None, _) => Claim::NotFound,
@@ -737,7 +739,11 @@ impl DeadLetterStore for RedbStore {
                         claims
                             .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
                             .map_err(backend)?;
-                        Claim::Claimed { entry, token }
+                        Claim::Claimed {
+                            entry,
+                            token,
+                            previous_claim_lapsed: previous.is_some(),
+                        }
                     }
                 };
                 claim
@@ -754,9 +760,7 @@ impl DeadLetterStore for RedbStore {
 
     async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
         self.blocking(move |db| {
-            let mut txn = db.begin_write().map_err(backend)?;
-            txn.set_durability(Durability::None)
-                .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+            let txn = db.begin_write().map_err(backend)?;
             let released = {
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
                 let holds = claims

@@ -107,6 +107,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// | `tower-poison:{NAME}:dead-letter-bytes` | string | the total size of the stored JSON, for [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) |
 /// | `tower-poison:{NAME}:label-depths` | hash | each label → how many entries it has, for the layer's `tower_poison_dlq_depth{label}` gauge; a label leaves with its last entry |
 /// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: its [token](crate::store::ClaimToken), expiring with the lease (`PX`) |
+/// | `tower-poison:{NAME}:unreleased-claims` | hash | each entry id → the token of its latest claim, until that claim is released or the entry removed: a claim key gone while its token is still here lapsed unreleased |
 ///
 /// A name must not be empty or start with `}` (either would leave the hash
 /// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
@@ -157,6 +158,14 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// caller's `now` plus the key's `PTTL`. A release deletes the key only if
 /// it still holds the caller's token, in one script.
 ///
+/// The same script notes the claim's token in the `unreleased-claims` hash,
+/// where a release (with that token) or the entry's removal deletes it. A
+/// claim that finds its entry free while the hash still holds a token
+/// follows a claim that lapsed unreleased, and says so
+/// ([`previous_claim_lapsed`](crate::Claim::Claimed::previous_claim_lapsed)).
+/// The hash has a field per claimed entry at most, and loses it with the
+/// entry.
+///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_poison::store::StoreError> {
 /// use tower_poison::store::RedisDeadLetterStore;
@@ -189,6 +198,7 @@ struct Keys {
     ids: String,
     bytes: String,
     labels: String,
+    unreleased_claims: String,
     claim_prefix: String,
 }
 
@@ -209,6 +219,7 @@ impl Keys {
             ids: format!("{base}ids"),
             bytes: format!("{base}dead-letter-bytes"),
             labels: format!("{base}label-depths"),
+            unreleased_claims: format!("{base}unreleased-claims"),
             claim_prefix: format!("{base}claim:"),
             name,
         })
@@ -334,9 +345,10 @@ return {0, redis.call('HINCRBY', KEYS[4], ARGV[5], 1)}
 ";
 
 /// Removes entries by id, with their claims: KEYS = entries, ids, bytes,
-/// label depths, then the claim key of each entry; ARGV = for each entry its id and the
-/// JSON it must still have, or `''` for any (purge: do not remove an entry
-/// that was replaced since it was read). Returns how many were removed.
+/// label depths, unreleased claims, then the claim key of each entry; ARGV =
+/// for each entry its id and the JSON it must still have, or `''` for any
+/// (purge: do not remove an entry that was replaced since it was read).
+/// Returns how many were removed.
 const REMOVE: &str = r"
 local removed = 0
 for i = 1, #ARGV, 2 do
@@ -349,20 +361,24 @@ for i = 1, #ARGV, 2 do
     redis.call('DECRBY', KEYS[3], string.len(json))
     redis.call('HDEL', KEYS[1], ARGV[i])
     redis.call('ZREM', KEYS[2], ARGV[i])
-    redis.call('DEL', KEYS[4 + (i + 1) / 2])
+    redis.call('HDEL', KEYS[5], ARGV[i])
+    redis.call('DEL', KEYS[5 + (i + 1) / 2])
     removed = removed + 1
   end
 end
 return removed
 ";
 
-/// Claims an entry: KEYS = entries, the entry's claim; ARGV = id, the new
-/// claim's token, the lease in milliseconds. The lease runs on Redis's clock
-/// (`SET NX PX`); a zero lease ends at once, so it takes no key but is still
-/// refused while another claim runs. Returns `{'claimed', entry JSON}`,
-/// `{'held', milliseconds the other claim has left}` (`-1`: no expiry) or
-/// `{'missing'}`. The milliseconds go as text (`%.0f`, since Lua's
-/// `tostring` writes numbers past 14 digits with an exponent).
+/// Claims an entry: KEYS = entries, the entry's claim, unreleased claims;
+/// ARGV = id, the new claim's token, the lease in milliseconds. The lease
+/// runs on Redis's clock (`SET NX PX`); a zero lease ends at once, so it
+/// takes no key but is still refused while another claim runs. The token is
+/// noted as unreleased; one found there already belongs to a claim whose key
+/// expired before it was released. Returns `{'claimed', entry JSON}` or
+/// `{'claimed', entry JSON, 'lapsed'}`, `{'held', milliseconds the other
+/// claim has left}` (`-1`: no expiry) or `{'missing'}`. The milliseconds go
+/// as text (`%.0f`, since Lua's `tostring` writes numbers past 14 digits
+/// with an exponent).
 const CLAIM: &str = r"
 local json = redis.call('HGET', KEYS[1], ARGV[1])
 if not json then return {'missing'} end
@@ -374,14 +390,22 @@ else
   local left = redis.call('PTTL', KEYS[2])
   if left ~= -2 then return {'held', string.format('%.0f', left)} end
 end
+local lapsed = redis.call('HSET', KEYS[3], ARGV[1], ARGV[2]) == 0
+if lapsed then return {'claimed', json, 'lapsed'} end
 return {'claimed', json}
 ";
 
-/// Ends a claim if `token` still holds it: KEYS = the claim; ARGV = token.
-/// Returns 1 when it ended it.
+/// Ends a claim if `token` still holds it: KEYS = the claim, unreleased
+/// claims; ARGV = token, id. A claim whose key has expired is still released
+/// from the unreleased claims, so the next claim does not take it for
+/// lapsed. Returns 1 when it ended it.
 const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then released = redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
+  released = redis.call('HDEL', KEYS[2], ARGV[2])
+end
+return released
 ";
 
 static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT));
@@ -518,7 +542,8 @@ impl RedisDeadLetterStore {
             .key(&keys.entries)
             .key(&keys.ids)
             .key(&keys.bytes)
-            .key(&keys.labels);
+            .key(&keys.labels)
+            .key(&keys.unreleased_claims);
         for (id, json) in entries {
             invocation
                 .key(keys.claim(*id))
@@ -689,6 +714,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let reply: Vec<Vec<u8>> = CLAIM_SCRIPT
             .key(&keys.entries)
             .key(keys.claim(id))
+            .key(&keys.unreleased_claims)
             .arg(id.to_string())
             .arg(token_text(token))
             .arg(saturating_millis(lease))
@@ -696,9 +722,10 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .await
             .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
         match reply.as_slice() {
-            [status, json] if status == b"claimed" => Ok(Claim::Claimed {
+            [status, json, lapsed @ ..] if status == b"claimed" => Ok(Claim::Claimed {
                 entry: decode_json(json)?,
                 token,
+                previous_claim_lapsed: lapsed == [b"lapsed"],
             }),
             [status, left] if status == b"held" => {
                 let left = std::str::from_utf8(left)
@@ -717,9 +744,12 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
+        let keys = &self.shared.keys;
         let _released: u8 = RELEASE_SCRIPT
-            .key(self.shared.keys.claim(id))
+            .key(keys.claim(id))
+            .key(&keys.unreleased_claims)
             .arg(token_text(token))
+            .arg(id.to_string())
             .invoke_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("release entry {id}"), e))?;
@@ -802,7 +832,13 @@ mod tests {
             let claim = keys.claim(EntryId::from_u128(42));
             let tag = hash_tag(&keys.entries);
             assert_ne!(tag, keys.entries, "{name:?}: the key has a hash tag");
-            for key in [&keys.ids, &keys.bytes, &keys.labels, &claim] {
+            for key in [
+                &keys.ids,
+                &keys.bytes,
+                &keys.labels,
+                &keys.unreleased_claims,
+                &claim,
+            ] {
                 assert_eq!(hash_tag(key), tag, "{name:?}: {key}");
             }
         }
@@ -810,6 +846,10 @@ mod tests {
         assert_eq!(keys.entries, "tower-poison:{orders:dlq}:dead-letters");
         assert_eq!(keys.ids, "tower-poison:{orders:dlq}:ids");
         assert_eq!(keys.bytes, "tower-poison:{orders:dlq}:dead-letter-bytes");
+        assert_eq!(
+            keys.unreleased_claims,
+            "tower-poison:{orders:dlq}:unreleased-claims"
+        );
         assert_eq!(
             keys.claim(EntryId::from_u128(1)),
             "tower-poison:{orders:dlq}:claim:00000000000000000000000000000001"
