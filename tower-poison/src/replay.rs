@@ -30,7 +30,13 @@
 //! first (or refuses it while the first is running). Once a replay got no
 //! answer from the server itself (a timeout, a lost connection, a gateway's
 //! 502 or 504) the key never moves again, since that replay may have been
-//! applied: see [`ReplayAnswer`].
+//! applied: see [`ReplayAnswer`]. The same goes for a replayer that crashed
+//! after sending: it records nothing, but the store tells the next claim
+//! that the claim before it lapsed unreleased
+//! ([`Claim::Claimed`]`{ previous_claim_lapsed: true, .. }`), and the
+//! replay pins the key before it sends. It records the pin with its own
+//! answer; when it cannot (the request cannot be built, the update fails)
+//! it leaves its claim to lapse in turn, so the next replay is told again.
 //!
 //! # A replay that fails again
 //!
@@ -295,15 +301,33 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
     {
         let store = self.store;
-        let (mut entry, token) = match store.claim(id, SystemTime::now(), self.lease).await? {
-            Claim::Claimed { entry, token, .. } => (entry, token),
-            Claim::Held { until } => return Ok(ReplayOutcome::InProgress { until }),
-            Claim::NotFound => return Ok(ReplayOutcome::NotFound),
-        };
+        let (mut entry, token, previous_claim_lapsed) =
+            match store.claim(id, SystemTime::now(), self.lease).await? {
+                Claim::Claimed {
+                    entry,
+                    token,
+                    previous_claim_lapsed,
+                } => (entry, token, previous_claim_lapsed),
+                Claim::Held { until } => return Ok(ReplayOutcome::InProgress { until }),
+                Claim::NotFound => return Ok(ReplayOutcome::NotFound),
+            };
+        // The replayer before this one let its claim lapse unreleased: it
+        // may have sent the entry and died before recording how that went,
+        // so its send may have been applied. From now on the key stays the
+        // one it sent, as after an answer that never came.
+        let lapse_unrecorded = previous_claim_lapsed && !entry.replay_key_pinned;
+        if previous_claim_lapsed {
+            entry.note_replay_answer(ReplayAnswer::Unknown);
+        }
         let request = match to_request(&entry) {
             Ok(request) => request,
             Err(error) => {
-                store.release(id, token).await?;
+                // A lapse the entry does not record yet is known only from
+                // this claim: it is left to lapse in turn, so that the next
+                // replay learns of it from the store as this one did.
+                if !lapse_unrecorded {
+                    store.release(id, token).await?;
+                }
                 return Err(ReplayError::Request(error));
             }
         };
@@ -363,8 +387,21 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
             // A dead-letter layer in the service added this failure to the
             // entry already (it recognises the replay header); counting it
             // here as well would count it twice.
-            Some(current) if current.attempts > entry.attempts => {
-                store.release(id, token).await?;
+            Some(mut current) if current.attempts > entry.attempts => {
+                // The layer knew nothing of a lapsed claim and may have
+                // moved the key after a 5xx: the key this replay sent is
+                // the one that stays.
+                let mut pinned = Ok(());
+                if lapse_unrecorded && !current.replay_key_pinned {
+                    current.replay_server_errors = entry.replay_server_errors;
+                    current.replay_key_pinned = true;
+                    pinned = store.put(current.clone()).await;
+                }
+                // As below: a lapse not recorded stays in the claim.
+                if pinned.is_ok() || !lapse_unrecorded {
+                    store.release(id, token).await?;
+                }
+                pinned?;
                 let (kind, error) = match current.last_replay() {
                     Some(last) => (last.kind, last.error_text()),
                     None => (failure.kind, current.error_text()),
@@ -390,8 +427,14 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         // idempotency key, after a 5xx) is stored.
         let kept = store.put(entry).await;
         // Given back even when the update failed, so the entry does not
-        // wait out the lease; the update's error is the one reported.
-        let released = store.release(id, token).await;
+        // wait out the lease; the update's error is the one reported. Not
+        // when the update was to record a lapsed claim: then the claim is
+        // left to lapse in turn, so the next replay learns of it from the
+        // store as this one did.
+        let released = match kept.is_ok() || !lapse_unrecorded {
+            true => store.release(id, token).await,
+            false => Ok(()),
+        };
         kept?;
         released?;
         Ok(outcome)

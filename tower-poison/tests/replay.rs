@@ -761,12 +761,13 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
 
 /// Sends one replay of `id` per answer in `answers` (a status, or an I/O
 /// error of that kind), through `replayer`; the idempotency keys sent.
-async fn keys_sent<D>(
-    replayer: &Replayer<'_, MemoryStore, D>,
+async fn keys_sent<St, D>(
+    replayer: &Replayer<'_, St, D>,
     id: EntryId,
     answers: Vec<Result<StatusCode, std::io::ErrorKind>>,
 ) -> Vec<String>
 where
+    St: DeadLetterStore,
     D: tower_poison::DescribeResponse<Response<Bytes>>,
 {
     let answers = Arc::new(Mutex::new(answers));
@@ -853,6 +854,192 @@ async fn a_gateway_timeout_pins_the_key_and_a_replayer_reading_no_status_keeps_i
     let id = other.id;
     let key = format!("{id}-0");
     assert_eq!(keys_sent(&plain, id, answers).await, [key.as_str(), &key]);
+}
+
+/// Replayer A sends the entry and dies before it hears back (its future is
+/// dropped once the service has the request), leaving its claim unreleased.
+/// Its send may have been applied, so once that claim has lapsed the next
+/// replay must keep A's key, even after a 503 of its own (a load shedder in
+/// front of the server's idempotency guard): the replay after that sends
+/// A's key again, not a new one the guard would run.
+async fn a_crashed_replayers_send_keeps_its_key<St: DeadLetterStore>(store: St) {
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let id = e.id;
+    let (sent, lost_send) = oneshot::channel::<String>();
+    let sent = Arc::new(Mutex::new(Some(sent)));
+    let mut dies = service_fn(move |req: Request<Full<Bytes>>| {
+        let key = req.headers()["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        if let Some(sent) = sent.lock().unwrap().take() {
+            let _ = sent.send(key);
+        }
+        std::future::pending::<Result<Response<Bytes>, BoxError>>()
+    });
+    // A zero lease: A's claim has lapsed by the time B claims the entry.
+    let crashed = Replayer::new(&store).lease(Duration::ZERO);
+    let classifier = HttpClassifier::new();
+    let lost_key = tokio::select! {
+        outcome = crashed.replay(id, &mut dies, &classifier, to_request) => {
+            panic!("the crashed replay finished: {outcome:?}")
+        }
+        key = lost_send => key.unwrap(),
+    };
+    assert_eq!(lost_key, format!("{id}-0"));
+
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let answers = vec![Ok(StatusCode::SERVICE_UNAVAILABLE), Ok(StatusCode::OK)];
+    assert_eq!(
+        keys_sent(&replayer, id, answers).await,
+        [lost_key.as_str(), &lost_key],
+        "the 503 after a lapsed claim moved the key: the lost send can run twice"
+    );
+    assert_eq!(store.get(id).await.unwrap(), None, "delivered at last");
+}
+
+#[tokio::test]
+async fn item_6_a_crashed_replayers_send_keeps_its_key_in_memory() {
+    a_crashed_replayers_send_keeps_its_key(MemoryStore::new(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    a_crashed_replayers_send_keeps_its_key(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
+        .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redis() {
+    use tower_poison::store::RedisDeadLetterStore;
+    let Some(url) = support::shared_redis().await else {
+        return;
+    };
+    let name = support::unique("crashed-replayer");
+    let _cleanup = support::Cleanup::queue(&url, &name);
+    let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+    a_crashed_replayers_send_keeps_its_key(store).await;
+}
+
+/// The same, when the replayed service has a dead-letter layer over the
+/// store: the layer records B's 503 in the entry itself, knowing nothing of
+/// the lapsed claim, and the key must still stay A's.
+#[tokio::test]
+async fn item_6_a_layer_in_the_service_keeps_the_key_a_lapsed_claim_pinned() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let id = e.id;
+    // What a replayer that crashed after sending leaves: its claim, never
+    // released, its (zero) lease over.
+    let Claim::Claimed { .. } = store
+        .claim(id, SystemTime::now(), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("the entry is free");
+    };
+    let keys = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = keys.clone();
+    let handler = service_fn(move |req: Request<Body>| {
+        let key = req.headers()["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let mut seen = seen.lock().unwrap();
+        seen.push(key);
+        // A load shedder's 503 first, then the server's answer.
+        let status = match seen.len() {
+            1 => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::OK,
+        };
+        async move {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(status)
+                    .body(Bytes::new())
+                    .unwrap(),
+            )
+        }
+    });
+    let mut service = tower::ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()).label("orders"))
+        .service(handler);
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let classifier = HttpClassifier::new();
+    let outcome = replayer
+        .replay(id, &mut service, &classifier, to_request)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::Failed { .. }),
+        "{outcome:?}"
+    );
+    let kept = store.get(id).await.unwrap().unwrap();
+    assert_eq!(kept.failed_replays, 1, "the layer recorded the 503 once");
+    let outcome = replayer
+        .replay(id, &mut service, &classifier, to_request)
+        .await
+        .unwrap();
+    assert_eq!(outcome, ReplayOutcome::Delivered);
+    let key = format!("{id}-0");
+    assert_eq!(
+        *keys.lock().unwrap(),
+        [key.as_str(), &key],
+        "the layer's record of the 503 moved the key"
+    );
+}
+
+/// A replay that took over a lapsed claim and cannot record the pin in the
+/// entry (here its request cannot be built) leaves its own claim to lapse,
+/// so the replay after it is told of the lapse as well; without a lapse to
+/// pass on, the claim is given back as before.
+#[tokio::test]
+async fn a_lapse_the_entry_cannot_record_stays_in_the_claim() {
+    let store = MemoryStore::new(10);
+    let e = entry();
+    store.put(e.clone()).await.unwrap();
+    let cannot_build = |_: &DeadLetterEntry| -> Result<Request<Full<Bytes>>, BoxError> {
+        Err("no destination for this entry".into())
+    };
+    let mut unused = service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, BoxError>(Response::new(Bytes::new()))
+    });
+    let classifier = HttpClassifier::new();
+    let replayer = Replayer::new(&store).lease(Duration::ZERO);
+    // Released: the next claim follows a released one.
+    let error = replayer
+        .replay(e.id, &mut unused, &classifier, cannot_build)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ReplayError::Request(_)), "{error}");
+    // Every lease is zero: each claim, at a fresh now, finds the one
+    // before it over.
+    let now = SystemTime::now;
+    let lapsed = |claim: Claim| match claim {
+        Claim::Claimed {
+            previous_claim_lapsed,
+            ..
+        } => previous_claim_lapsed,
+        other => panic!("expected Claimed, got {other:?}"),
+    };
+    assert!(!lapsed(
+        store.claim(e.id, now(), Duration::ZERO).await.unwrap()
+    ));
+    // That claim lapses unreleased (a crashed replayer); the next replay
+    // cannot record it and keeps it in its own claim.
+    let error = replayer
+        .replay(e.id, &mut unused, &classifier, cannot_build)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ReplayError::Request(_)), "{error}");
+    assert!(!store.get(e.id).await.unwrap().unwrap().replay_key_pinned);
+    assert!(lapsed(
+        store.claim(e.id, now(), Duration::ZERO).await.unwrap()
+    ));
 }
 
 /// An entry purged while its replay ran is not written back when the
