@@ -291,24 +291,30 @@ fn crash_child() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_entries_survive_sigkill() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("dlq.redb");
-    let mut child = Command::new(std::env::current_exe().unwrap())
+/// Runs this binary's ignored test `name` as a child process, handing it
+/// the store's `path` in the variable `var`; its stdout is piped.
+fn spawn_child(name: &str, var: &str, path: &std::path::Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "crash_child",
+            name,
             "--ignored",
             "--nocapture",
             "--test-threads",
             "1",
         ])
-        .env("TOWER_POISON_CRASH_CHILD", &path)
+        .env(var, path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_entries_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dlq.redb");
+    let mut child = spawn_child("crash_child", "TOWER_POISON_CRASH_CHILD", &path);
     let stdout = child.stdout.take().unwrap();
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let reading = acked.clone();
@@ -784,20 +790,7 @@ fn claiming_child() {
 async fn item_6_a_redb_claim_outlives_the_replayer_process() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dlq.redb");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "claiming_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("TOWER_POISON_CLAIMING_CHILD", &path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child("claiming_child", "TOWER_POISON_CLAIMING_CHILD", &path);
     let stdout = child.stdout.take().unwrap();
     // Blocks until the child has claimed: nothing to wait out.
     let line = BufReader::new(stdout)
