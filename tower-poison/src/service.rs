@@ -261,7 +261,14 @@ where
         ResponseFuture::boxed(async move {
             let counted = match decision.await {
                 Decision::Process(counted) => counted,
-                Decision::Stop(stop) => return Err(shared.stop(stop, pending).await),
+                Decision::Stop(stop) => {
+                    // The request's copy of the body goes first: the entry
+                    // reads what is left of the body only once no other
+                    // copy could be reading it. The service goes too,
+                    // with whatever its readiness reserved.
+                    drop((request, inner));
+                    return Err(shared.stop(stop, pending).await);
+                }
             };
             let call = tallied!(inner.call(request));
             ResponseFuture::calling(call, shared, pending, counted).await

@@ -450,6 +450,46 @@ async fn item_4_a_store_that_waits_keeps_a_diverted_message_from_a_service_that_
     );
 }
 
+/// Issue 31, item 4: a message diverted after a count store that waits is
+/// stored with its whole body. The request (and its copy of the body) is
+/// held until the count decides; held on through the entry's write, the
+/// entry could not read the rest of the body and stored none of it.
+#[tokio::test]
+async fn item_4_a_message_diverted_after_a_waiting_count_keeps_its_body() {
+    let dead_letters = MemoryStore::new(10);
+    let mut service = DeadLetterLayer::new(dead_letters.clone())
+        .message_id_header("x-message-id".parse().unwrap())
+        .poison(PoisonPolicy::new(1).unwrap())
+        .count_store(SlowStore::default())
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(StatusCode::SERVICE_UNAVAILABLE)
+                    .body(Bytes::new())
+                    .unwrap(),
+            )
+        }));
+    let order = || {
+        Request::post("http://localhost/orders")
+            .header("x-message-id", "m-10")
+            .body(Full::new(Bytes::from_static(br#"{"order":7}"#)))
+            .unwrap()
+    };
+    let first = service.ready().await.unwrap().call(order()).await;
+    assert_eq!(first.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error = service.ready().await.unwrap().call(order()).await.unwrap_err();
+    assert!(error.is::<PoisonMessage>(), "{error}");
+    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let diverted = entries
+        .iter()
+        .find(|entry| entry.kind == FailureKind::Poison)
+        .expect("the diverted message is stored");
+    assert_eq!(
+        (&diverted.body[..], diverted.body_truncated),
+        (&br#"{"order":7}"#[..], false)
+    );
+}
+
 // ===== the queue's count on an HTTP request =====
 
 type Http = Request<Full<Bytes>>;
