@@ -40,6 +40,8 @@ struct Reader<B> {
     trailers_yielded: bool,
     /// Yielded its end (or an error): nothing more comes.
     finished: bool,
+    /// Has polled the original (counted in `Shared::reading`).
+    read_original: bool,
 }
 
 struct Shared<B> {
@@ -55,6 +57,8 @@ struct Shared<B> {
     has_waiters: AtomicBool,
     /// Copies alive, this one included.
     copies: AtomicUsize,
+    /// Copies alive that have polled the original.
+    reading: AtomicUsize,
     state: Mutex<State<B>>,
 }
 
@@ -166,6 +170,7 @@ impl<B: Body + Unpin> ReplayBody<B> {
             flags: AtomicU8::new(0),
             has_waiters: AtomicBool::new(false),
             copies: AtomicUsize::new(1),
+            reading: AtomicUsize::new(0),
             state: Mutex::new(State {
                 original: (!ended).then_some(body),
                 recorded: Recorded::default(),
@@ -206,6 +211,18 @@ impl<B> ReplayBody<B> {
         match &self.inner {
             Inner::Ended { .. } => 1,
             Inner::Reading(reader) => reader.shared.copies.load(Ordering::Acquire),
+        }
+    }
+
+    /// How many copies that have read from the original (not only from the
+    /// recording) are still alive: an attempt that may go on sending the
+    /// body. Copies that only replayed the recording, or were never read,
+    /// are not counted; neither are those of a body that had ended when it
+    /// was wrapped.
+    pub fn copies_reading(&self) -> usize {
+        match &self.inner {
+            Inner::Ended { .. } => 0,
+            Inner::Reading(reader) => reader.shared.reading.load(Ordering::Acquire),
         }
     }
 
@@ -326,6 +343,7 @@ impl<B> Reader<B> {
             yielded: 0,
             trailers_yielded: false,
             finished: false,
+            read_original: false,
         }
     }
 }
@@ -370,7 +388,13 @@ where
             ))));
         }
         let polled = match state.original.as_mut() {
-            Some(original) if !original.is_end_stream() => Pin::new(original).poll_frame(cx),
+            Some(original) if !original.is_end_stream() => {
+                if !self.read_original {
+                    self.read_original = true;
+                    shared.reading.fetch_add(1, Ordering::Relaxed);
+                }
+                Pin::new(original).poll_frame(cx)
+            }
             _ => Poll::Ready(None),
         };
         match polled {
@@ -467,6 +491,9 @@ where
 impl<B> Drop for Reader<B> {
     fn drop(&mut self) {
         self.shared.copies.fetch_sub(1, Ordering::Release);
+        if self.read_original {
+            self.shared.reading.fetch_sub(1, Ordering::Release);
+        }
         // Nobody waits in the common case: skip the lock. A copy that waits
         // set the flag under the lock before this copy's last poll took it,
         // or it polled the original after this copy and holds the wake-up

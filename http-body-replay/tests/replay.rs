@@ -399,3 +399,27 @@ fn copies_counts_the_copies_alive() {
     drop(copy);
     assert_eq!(body.copies(), 1);
 }
+
+/// Only a copy that polled the original counts as reading it, until it is
+/// dropped: an idle copy, or one that only replayed the recording, does not.
+#[tokio::test]
+async fn copies_reading_counts_the_copies_that_read_the_original() {
+    let body = ReplayBody::new(Script::chunks(&["ab", "cd"]), 8);
+    let idle = body.clone();
+    assert_eq!(idle.copies_reading(), 0);
+    let mut first = body.clone();
+    first.frame().await.unwrap().unwrap();
+    assert_eq!(idle.copies_reading(), 1, "the copy that read it");
+    let mut second = body.clone();
+    second.frame().await.unwrap().unwrap();
+    assert_eq!(idle.copies_reading(), 1, "a replay of the recording");
+    drop(first);
+    assert_eq!(idle.copies_reading(), 0);
+    // The second copy reads on past the recording: it reads the original.
+    second.frame().await.unwrap().unwrap();
+    assert_eq!(idle.copies_reading(), 1);
+    drop((second, body));
+    assert_eq!(idle.copies_reading(), 0);
+    let ended = ReplayBody::new(Full::new(Bytes::new()), 8);
+    assert_eq!(ended.copies_reading(), 0);
+}

@@ -92,7 +92,8 @@ pub trait TryCloneBody: Sized {
     /// Whether [`can_replay`](Self::can_replay) may yet turn `false`: a
     /// copy made earlier (the one a failed attempt was sent) may still be
     /// reading the body from its source. A [`ReplayBody`] says `true`
-    /// while another copy is alive and its original has not ended,
+    /// while a copy that read from the original is alive
+    /// ([`ReplayBody::copies_reading`]) and the original has not ended,
     /// recorded whole; in-memory bodies never do.
     fn still_streaming(&self) -> bool {
         false
@@ -135,11 +136,12 @@ impl<B> TryCloneBody for ReplayBody<B> {
     }
 
     fn still_streaming(&self) -> bool {
-        // A copy alone reads nothing by itself: most failed attempts drop
-        // theirs, and the count spares the snapshot. Asked only after a
-        // failed attempt, the snapshot's copy of the recorded frames
-        // (refcounts, one list) is no cost on that path.
-        self.copies() > 1 && self.can_replay() && !self.recording().is_complete()
+        // Only a copy that read from the original can go on reading it: an
+        // idle copy (a dead-letter layer's above) never does. Most failed
+        // attempts drop theirs, and the count spares the snapshot. Asked
+        // only after a failed attempt, the snapshot's copy of the recorded
+        // frames (refcounts, one list) is no cost on that path.
+        self.copies_reading() > 0 && self.can_replay() && !self.recording().is_complete()
     }
 }
 

@@ -922,6 +922,45 @@ async fn a_failed_answer_is_dropped_when_the_failed_attempt_let_go_of_the_upload
     );
 }
 
+/// The same with a copy of the body held above the retry layer for the
+/// whole call, as a dead-letter layer's is: that copy never reads the
+/// upload, so it does not make the first answer look still streaming.
+#[tokio::test(start_paused = true)]
+async fn a_failed_answer_is_dropped_when_only_an_idle_copy_of_the_upload_is_left() {
+    let (inner, dropped) = tracked_server::<Streamed>(|mut body| {
+        Box::pin(async move {
+            body.frame().await.unwrap().unwrap();
+        })
+    });
+    let retry = ServiceBuilder::new()
+        .layer(RetryLayer::http_builder().backoff(fast()).build().unwrap())
+        .service(inner);
+    let holding_a_copy = tower::service_fn(move |request: Request<Streamed>| {
+        let idle_copy = request.body().clone();
+        let call = retry.clone().oneshot(request);
+        async move {
+            let answer = call.await;
+            drop(idle_copy);
+            answer
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(4))
+        .service(holding_a_copy);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    upload.send_data(Bytes::from("cd")).await.unwrap();
+    drop(upload);
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the first answer is not held through the retry"
+    );
+}
+
 #[tokio::test]
 async fn the_inner_service_is_called_before_the_body_arrives() {
     let (mut upload, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
