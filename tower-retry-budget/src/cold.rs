@@ -30,7 +30,9 @@ pub(crate) struct Cold<Res> {
     // body (an upload it goes on sending after an early answer): if the
     // body outgrows its recording before the retry is sent, or under the
     // retry, this is the call's answer, not a replay error.
-    pub(crate) last: Option<Result<Res, BoxError>>,
+    // Boxed: the cold state is made for every call with a limit or spans,
+    // and a response would grow it for all of them.
+    pub(crate) last: Option<Box<Result<Res, BoxError>>>,
     // How the attempt being retried failed, for a give-up that comes
     // before the retry is sent.
     pub(crate) retried: Option<Failure>,
@@ -77,7 +79,7 @@ impl<Res> Cold<Res> {
             return;
         }
         let failure = self.retried.expect("an answer is kept for a retry");
-        let (error, head) = match last {
+        let (error, head) = match *last {
             Ok(response) => (None, report.keep_head(response)),
             Err(error) => (Some(error), None),
         };

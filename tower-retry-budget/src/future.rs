@@ -245,6 +245,11 @@ where
                             this.state.set(State::Done);
                             return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
                         }
+                        // Ended (or let go) during the sleep: nothing left
+                        // to keep the answer for while readiness is awaited.
+                        if !policy.replay.still_streaming(kept) {
+                            cold.settle_last(&policy.replay);
+                        }
                     }
                     // The same timer now bounds the wait for readiness.
                     cold.arm_readiness(policy.min_attempt_time);
@@ -261,6 +266,7 @@ where
                     match ready {
                         Poll::Ready(Err(err)) => {
                             this.state.set(State::Done);
+                            cold.last = None;
                             let failure = Failure::new(FailureKind::ServerError);
                             cold.end_span(*this.attempts, Some(failure), None);
                             return Poll::Ready(Err(err.into()));
@@ -441,7 +447,7 @@ where
         // only a deadline can: a response's body is dropped here, its head
         // kept.
         cold.previous = None;
-        cold.last = Some(result.map_err(AttemptError::into_box));
+        cold.last = Some(Box::new(result.map_err(AttemptError::into_box)));
         let still_streaming = this
             .kept
             .as_ref()
@@ -476,7 +482,7 @@ fn hand_back_last<C, R, Res>(
 where
     R: StopReport<Res>,
 {
-    let last = cold.last.take().expect("an answer was kept");
+    let last = *cold.last.take().expect("an answer was kept");
     let reason = StopReason::NotReplayable;
     let failure = cold.retried.expect("a retry follows a failure");
     cold.end_span(attempts, Some(failure), Some(reason));
