@@ -922,3 +922,41 @@ async fn a_lost_body_does_not_hide_the_failure_of_the_attempt_that_read_it() {
         .expect("the hedge's answer, not the lost body");
     assert_eq!(response.status(), http::StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// Issue 31, item 5: a refusal that proves the first attempt went no
+/// further (it carries the caller's `RefusalToken`) says nothing of a hedge
+/// that was sent: it never replaces the hedge's failure as the call's
+/// answer, or a guard above would free a key whose handler the hedge
+/// reached. Here the hedge fails at 60 ms; the first attempt, queued, is
+/// refused at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn item_5_a_first_attempts_proven_refusal_never_replaces_a_hedges_failure() {
+    use tower_classify::{Failure, RefusalToken};
+    let service = tower::service_fn(|request: http::Request<String>| async move {
+        match request.extensions().get::<RefusalToken>().copied() {
+            Some(token) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let refused = Failure::new(FailureKind::Shed).with_refusal(Some(token));
+                Err::<http::Response<String>, BoxError>(Box::new(Classified::new(
+                    refused,
+                    "circuit open",
+                )))
+            }
+            None => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Err(Box::new(io::Error::from(io::ErrorKind::ConnectionReset)) as BoxError)
+            }
+        }
+    });
+    let layer = HedgeLayer::http_builder()
+        .delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let mut request = http::Request::get("/").body(String::new()).unwrap();
+    request.extensions_mut().insert(RefusalToken::issue());
+    let error = layer.layer(service).oneshot(request).await.unwrap_err();
+    assert!(
+        error.is::<io::Error>(),
+        "the hedge's failure is the answer, not the first attempt's refusal: {error}"
+    );
+}

@@ -243,7 +243,21 @@ where
                         policy.record_latency(now.saturating_duration_since(started), now);
                     }
                     answered(&mut hedging, reports, &outcome);
-                    match verdict(&outcome, &result) {
+                    let verdict = match verdict(&outcome, &result) {
+                        // A refusal proving the first attempt went no
+                        // further (its `RefusalToken`: hedges carry none)
+                        // says nothing of a hedge that was sent, which may
+                        // have reached a guard's handler: like a lost body,
+                        // it answers only if no other attempt failed.
+                        Verdict::Waits
+                            if *hedging.sent > 1
+                                && outcome.as_failure().is_some_and(|f| f.refusal.is_some()) =>
+                        {
+                            Verdict::LostItsBody
+                        }
+                        verdict => verdict,
+                    };
+                    match verdict {
                         Verdict::Wins => {
                             cancel_hedges(policy, hedging.hedges);
                             return Poll::Ready(result);
