@@ -55,6 +55,10 @@ impl CircuitOpen {
     /// extensions; `None` when it carried none).
     #[cfg(feature = "http")]
     pub(crate) fn refusing(self, token: Option<RefusalToken>) -> Self {
+        if token.is_none() {
+            // Nothing to prove: most refusals of an outage end here.
+            return self;
+        }
         let failure = self.classified.failure().with_refusal(token);
         CircuitOpen {
             classified: Classified::new(failure, "circuit open"),

@@ -477,7 +477,13 @@ async fn item_4_a_message_diverted_after_a_waiting_count_keeps_its_body() {
     };
     let first = service.ready().await.unwrap().call(order()).await;
     assert_eq!(first.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
-    let error = service.ready().await.unwrap().call(order()).await.unwrap_err();
+    let error = service
+        .ready()
+        .await
+        .unwrap()
+        .call(order())
+        .await
+        .unwrap_err();
     assert!(error.is::<PoisonMessage>(), "{error}");
     let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
     let diverted = entries
