@@ -319,13 +319,15 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         if previous_claim_lapsed {
             entry.note_replay_answer(ReplayAnswer::Unknown);
         }
+        // A lapse the entry does not record yet is known only from this
+        // claim: unless the entry was written with the pin, the claim is
+        // left to lapse in turn, so that the next replay learns of it from
+        // the store as this one did.
+        let gives_back = |pin_written: bool| pin_written || !lapse_unrecorded;
         let request = match to_request(&entry) {
             Ok(request) => request,
             Err(error) => {
-                // A lapse the entry does not record yet is known only from
-                // this claim: it is left to lapse in turn, so that the next
-                // replay learns of it from the store as this one did.
-                if !lapse_unrecorded {
+                if gives_back(false) {
                     store.release(id, token).await?;
                 }
                 return Err(ReplayError::Request(error));
@@ -397,8 +399,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                     current.replay_key_pinned = true;
                     pinned = store.put(current.clone()).await;
                 }
-                // As below: a lapse not recorded stays in the claim.
-                if pinned.is_ok() || !lapse_unrecorded {
+                if gives_back(pinned.is_ok()) {
                     store.release(id, token).await?;
                 }
                 pinned?;
@@ -427,13 +428,12 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         // idempotency key, after a 5xx) is stored.
         let kept = store.put(entry).await;
         // Given back even when the update failed, so the entry does not
-        // wait out the lease; the update's error is the one reported. Not
-        // when the update was to record a lapsed claim: then the claim is
-        // left to lapse in turn, so the next replay learns of it from the
-        // store as this one did.
-        let released = match kept.is_ok() || !lapse_unrecorded {
-            true => store.release(id, token).await,
-            false => Ok(()),
+        // wait out the lease (unless the update was to record a lapsed
+        // claim); the update's error is the one reported.
+        let released = if gives_back(kept.is_ok()) {
+            store.release(id, token).await
+        } else {
+            Ok(())
         };
         kept?;
         released?;
