@@ -72,14 +72,24 @@ impl<Res> Cold<Res> {
     /// (`previous`, only when the call has a deadline): once the request's
     /// body can no longer be lost, or when the deadline ends the call.
     pub(crate) fn settle_last(&mut self, report: &impl StopReport<Res>) {
-        let Some(last) = self.last.take() else {
-            return;
-        };
+        if let Some(last) = self.last.take() {
+            self.keep_previous(*last, report);
+        }
+    }
+
+    /// Keeps of the answer of the attempt being retried what an error
+    /// ending the loop needs (only when the call has a deadline): a
+    /// response's head, or the error.
+    pub(crate) fn keep_previous(
+        &mut self,
+        answer: Result<Res, BoxError>,
+        report: &impl StopReport<Res>,
+    ) {
         if self.retry.deadline.is_none() {
             return;
         }
         let failure = self.retried.expect("an answer is kept for a retry");
-        let (error, head) = match *last {
+        let (error, head) = match answer {
             Ok(response) => (None, report.keep_head(response)),
             Err(error) => (Some(error), None),
         };

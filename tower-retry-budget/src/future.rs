@@ -447,13 +447,15 @@ where
         // only a deadline can: a response's body is dropped here, its head
         // kept.
         cold.previous = None;
-        cold.last = Some(Box::new(result.map_err(AttemptError::into_box)));
+        let answer = result.map_err(AttemptError::into_box);
         let still_streaming = this
             .kept
             .as_ref()
             .is_some_and(|kept| report.still_streaming(kept));
-        if !still_streaming {
-            cold.settle_last(report);
+        if still_streaming {
+            cold.last = Some(Box::new(answer));
+        } else {
+            cold.keep_previous(answer, report);
         }
         if wait.is_zero() {
             // No sleep: straight to readiness, with the timer (if any)
