@@ -43,12 +43,14 @@ pub struct BreakerConfig {
     /// A failure-rate policy instead of consecutive failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_rate: Option<FailureRateConfig>,
-    /// See [`Builder::recovery_timeout`] (default `"30s"`).
+    /// A fixed open period; see [`Builder::recovery_timeout`]. Absent: the
+    /// default schedule (1 s, doubling per failed probe up to 5 s, jittered).
     #[serde(
-        default = "default_recovery_timeout",
-        with = "tower_classify::duration::serde"
+        default,
+        with = "tower_classify::duration::serde::option",
+        skip_serializing_if = "Option::is_none"
     )]
-    pub recovery_timeout: Duration,
+    pub recovery_timeout: Option<Duration>,
     /// See [`Builder::max_recovery_timeout`].
     #[serde(
         default,
@@ -59,9 +61,10 @@ pub struct BreakerConfig {
     /// See [`Builder::recovery_multiplier`] (default 2).
     #[serde(default = "default_multiplier")]
     pub recovery_multiplier: f64,
-    /// See [`Builder::recovery_jitter`] (default 0).
-    #[serde(default)]
-    pub recovery_jitter: f64,
+    /// See [`Builder::recovery_jitter`] (default 0.2, or 0 with a fixed
+    /// `recovery_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_jitter: Option<f64>,
     /// See [`Builder::probes`] (default 1).
     #[serde(default = "default_probes")]
     pub probes: u32,
@@ -129,9 +132,6 @@ pub struct WindowConfig {
     pub buckets: Option<u32>,
 }
 
-fn default_recovery_timeout() -> Duration {
-    Duration::from_secs(30)
-}
 fn default_multiplier() -> f64 {
     2.0
 }
@@ -152,10 +152,10 @@ impl Default for BreakerConfig {
             mode: Mode::default(),
             failure_threshold: None,
             failure_rate: None,
-            recovery_timeout: default_recovery_timeout(),
+            recovery_timeout: None,
             max_recovery_timeout: None,
             recovery_multiplier: default_multiplier(),
-            recovery_jitter: 0.0,
+            recovery_jitter: None,
             probes: default_probes(),
             probe_timeout: default_probe_timeout(),
             slow_call_threshold: None,
@@ -194,9 +194,7 @@ impl BreakerConfig {
     pub fn builder(&self) -> Result<Builder, ConfigError> {
         let mut builder = Builder::new()
             .mode(self.mode)
-            .recovery_timeout(self.recovery_timeout)
             .recovery_multiplier(self.recovery_multiplier)
-            .recovery_jitter(self.recovery_jitter)
             .probes(self.probes)
             .probe_timeout(self.probe_timeout)
             .pending_when_open(self.pending_when_open)
@@ -224,6 +222,12 @@ impl BreakerConfig {
             }
             (None, None) => builder,
         };
+        if let Some(timeout) = self.recovery_timeout {
+            builder = builder.recovery_timeout(timeout);
+        }
+        if let Some(jitter) = self.recovery_jitter {
+            builder = builder.recovery_jitter(jitter);
+        }
         if let Some(max) = self.max_recovery_timeout {
             builder = builder.max_recovery_timeout(max);
         }

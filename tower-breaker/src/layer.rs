@@ -50,7 +50,9 @@ impl<C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreakerLayer<C, H> {
 
 impl<C> CircuitBreakerLayer<C> {
     /// A breaker with the defaults: open after 5 consecutive transient
-    /// failures, stay open 30 s, then admit one probe.
+    /// failures, stay open 1 s, then admit one probe; each failed probe
+    /// doubles the next open period, up to 5 s (see
+    /// [`Builder::recovery_timeout`]).
     pub fn new(classifier: C) -> Self {
         Builder::new()
             .build(classifier)
@@ -137,6 +139,12 @@ impl<S, C: Clone, H: Hold> Layer<S> for CircuitBreakerLayer<C, H> {
 #[derive(Clone)]
 pub struct Builder {
     settings: Settings,
+    /// The user set the open period: it is fixed unless a maximum is set too.
+    recovery_timeout_set: bool,
+    /// The user set the maximum open period.
+    max_recovery_timeout_set: bool,
+    /// The user set the jitter.
+    recovery_jitter_set: bool,
 }
 
 impl fmt::Debug for Builder {
@@ -154,16 +162,26 @@ impl Default for Builder {
 }
 
 impl Builder {
+    /// The first open period of the default schedule.
+    const FIRST_OPEN_PERIOD: Duration = Duration::from_secs(1);
+    /// The longest open period of the default schedule.
+    const LONGEST_OPEN_PERIOD: Duration = Duration::from_secs(5);
+    /// The default schedule's jitter.
+    const OPEN_PERIOD_JITTER: f64 = 0.2;
+
     /// The defaults.
     pub fn new() -> Self {
         Builder {
+            recovery_timeout_set: false,
+            max_recovery_timeout_set: false,
+            recovery_jitter_set: false,
             settings: Settings {
                 name: Arc::from("default"),
                 policy: Policy::default(),
-                recovery_timeout: Duration::from_secs(30),
-                max_recovery_timeout: None,
+                recovery_timeout: Self::FIRST_OPEN_PERIOD,
+                max_recovery_timeout: Some(Self::LONGEST_OPEN_PERIOD),
                 recovery_multiplier: 2.0,
-                recovery_jitter: 0.0,
+                recovery_jitter: Self::OPEN_PERIOD_JITTER,
                 probes: 1,
                 probe_timeout: Duration::from_secs(60),
                 slow_call_threshold: None,
@@ -204,17 +222,43 @@ impl Builder {
         self.policy(Policy::failure_rate(rate, minimum_calls, window))
     }
 
-    /// How long the breaker stays open before admitting a probe (default 30 s).
+    /// A fixed open period: the breaker stays open this long before it
+    /// admits a probe, every time it opens (unless
+    /// [`max_recovery_timeout`](Self::max_recovery_timeout) lets it grow),
+    /// and no jitter shortens it unless [`recovery_jitter`](Self::recovery_jitter)
+    /// asks for one.
+    ///
+    /// Without it the open period backs off: 1 s the first time, then twice
+    /// as long after each failed probe, up to 5 s, each period shortened by
+    /// a random share of up to 20 %; a probe that succeeds starts the
+    /// schedule again. A short first period sees a dependency that is back
+    /// within about a second, the doubling keeps a long outage's probes
+    /// rare, and the jitter keeps processes that opened together from
+    /// probing together.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
+        self.recovery_timeout_set = true;
+        if !self.max_recovery_timeout_set {
+            self.settings.max_recovery_timeout = None;
+        }
+        if !self.recovery_jitter_set {
+            self.settings.recovery_jitter = 0.0;
+        }
         self
     }
 
-    /// Grow the open time on every reopen in a row (a probe failed again):
-    /// `recovery_timeout × multiplier^n`, capped at `max`. Off by default:
-    /// every open lasts `recovery_timeout`.
+    /// Grow the open period on every reopen in a row (a probe failed again):
+    /// `first × multiplier^n`, capped at `max`, where `first` is
+    /// [`recovery_timeout`](Self::recovery_timeout) (1 s when it is not
+    /// set). The default schedule's cap is 5 s; with `recovery_timeout` set
+    /// and no maximum, every open lasts `recovery_timeout`.
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
         self.settings.max_recovery_timeout = Some(max);
+        self.max_recovery_timeout_set = true;
+        if !self.recovery_timeout_set {
+            // The default first period must not exceed a shorter cap.
+            self.settings.recovery_timeout = Self::FIRST_OPEN_PERIOD.min(max);
+        }
         self
     }
 
@@ -225,11 +269,13 @@ impl Builder {
         self
     }
 
-    /// Shorten each open time by a random share of up to `jitter` (in
-    /// `[0, 1)`, default 0), so processes that opened together do not all
-    /// probe at the same moment.
+    /// Shorten each open period by a random share of up to `jitter` (in
+    /// `[0, 1)`), so processes that opened together do not all probe at the
+    /// same moment. Default 0.2, or 0 once a fixed
+    /// [`recovery_timeout`](Self::recovery_timeout) is set.
     pub fn recovery_jitter(mut self, jitter: f64) -> Self {
         self.settings.recovery_jitter = jitter;
+        self.recovery_jitter_set = true;
         self
     }
 

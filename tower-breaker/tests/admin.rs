@@ -13,6 +13,7 @@ type Req = (&'static str, bool);
 fn keyed() -> (impl Service<Req, Error = BoxError>, BreakerHandle) {
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(2)
+        .recovery_timeout(Duration::from_secs(30))
         .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
         .unwrap();
     let handle = layer.handle();

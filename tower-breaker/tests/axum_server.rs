@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::error_handling::HandleErrorLayer;
 use axum::http::StatusCode;
@@ -49,6 +50,7 @@ async fn axum_app_maps_circuit_open_to_503_over_a_real_socket() {
     let hits = Arc::new(AtomicUsize::new(0));
     let breaker = CircuitBreakerLayer::builder()
         .failure_threshold(3)
+        .recovery_timeout(Duration::from_secs(30))
         .build(HttpClassifier::new())
         .unwrap();
     let app = Router::new()

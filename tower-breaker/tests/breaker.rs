@@ -85,7 +85,11 @@ async fn opens_after_exactly_five_consecutive_transient_failures() {
     fail(&mut svc, &mut handle, 4).await;
     assert_eq!(state_of(&admin), State::Open);
     let open = rejected(&mut svc, &mut handle);
-    assert_eq!(open.remaining(), Some(Duration::from_secs(30)));
+    let first = open.remaining().unwrap();
+    assert!(
+        (Duration::from_millis(800)..=Duration::from_secs(1)).contains(&first),
+        "the default first open period is 1 s, jittered down by up to 20 %: {first:?}"
+    );
     assert_eq!(admin.get("default").unwrap().opened, 1);
 }
 
@@ -311,6 +315,7 @@ async fn probe_success_closes_and_probe_failure_reopens() {
     let changes = Arc::new(Mutex::new(Vec::new()));
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(30))
         .on_state_change({
             let changes = Arc::clone(&changes);
             move |change| changes.lock().unwrap().push((change.from, change.to))
@@ -406,6 +411,63 @@ async fn open_time_grows_while_probes_keep_failing_and_is_capped() {
         rejected(&mut svc, &mut handle).remaining(),
         Some(Duration::from_secs(10))
     );
+}
+
+/// The default schedule (SPEC 5b): the first open period is about a
+/// second, each failed probe doubles the next one, jittered down by up to
+/// 20 %, up to 5 s; a probe that succeeds starts it again.
+#[tokio::test(start_paused = true)]
+async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset() {
+    for _ in 0..20 {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let (mut svc, mut handle) = mock::spawn_layer(layer);
+        fail(&mut svc, &mut handle, 0).await;
+        let mut periods = Vec::new();
+        for id in 1..6 {
+            let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
+            periods.push(wait);
+            tokio::time::advance(wait).await;
+            fail(&mut svc, &mut handle, id).await;
+        }
+        for (period, full_ms) in periods.iter().zip([1_000u64, 2_000, 4_000, 5_000, 5_000]) {
+            let full = Duration::from_millis(full_ms);
+            assert!(
+                *period <= full && *period >= full.mul_f64(0.8),
+                "{periods:?}: each period in [0.8, 1] x 1 s, 2 s, 4 s, then the 5 s cap"
+            );
+        }
+        let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
+        tokio::time::advance(wait).await;
+        succeed(&mut svc, &mut handle, 10).await;
+        fail(&mut svc, &mut handle, 11).await;
+        let first = rejected(&mut svc, &mut handle).remaining().unwrap();
+        assert!(
+            first <= Duration::from_secs(1),
+            "a success starts the schedule again: {first:?}"
+        );
+    }
+}
+
+/// A fixed `recovery_timeout` is what it says: every open lasts exactly
+/// that long, however many probes failed.
+#[tokio::test(start_paused = true)]
+async fn a_recovery_timeout_set_is_a_fixed_open_period() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(7))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    for id in 1..5 {
+        let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
+        assert_eq!(wait, Duration::from_secs(7));
+        tokio::time::advance(wait).await;
+        fail(&mut svc, &mut handle, id).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -1104,6 +1166,7 @@ async fn item_7_every_state_change_listener_is_called() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(30))
         .on_state_change({
             let seen = Arc::clone(&seen);
             move |change| seen.lock().unwrap().push(("first", change.to))

@@ -14,14 +14,17 @@ fn parse(json: &str) -> Result<BreakerConfig, serde_json::Error> {
 fn defaults_and_human_durations() {
     let config = parse("{}").unwrap();
     assert_eq!(config, BreakerConfig::default());
-    assert_eq!(config.recovery_timeout, Duration::from_secs(30));
+    assert_eq!(
+        config.recovery_timeout, None,
+        "the default backing-off schedule"
+    );
     let config = parse(
         r#"{"mode": "metrics_only", "failure_threshold": 3, "recovery_timeout": "1m30s",
             "slow_call_threshold": "250ms", "probes": 2}"#,
     )
     .unwrap();
     assert_eq!(config.mode, Mode::MetricsOnly);
-    assert_eq!(config.recovery_timeout, Duration::from_secs(90));
+    assert_eq!(config.recovery_timeout, Some(Duration::from_secs(90)));
     assert_eq!(config.slow_call_threshold, Some(Duration::from_millis(250)));
     config
         .builder()
