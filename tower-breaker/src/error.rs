@@ -39,15 +39,21 @@ use tower_classify::RefusalToken;
 pub struct CircuitOpen {
     key: Arc<str>,
     remaining: Option<Duration>,
+    retry_after: Option<Duration>,
     classified: Classified,
 }
 
 impl CircuitOpen {
-    pub(crate) fn new(key: Arc<str>, remaining: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        key: Arc<str>,
+        remaining: Option<Duration>,
+        retry_after: Option<Duration>,
+    ) -> Self {
         CircuitOpen {
             key,
             remaining,
-            classified: Classified::shed("circuit open", remaining),
+            retry_after,
+            classified: Classified::shed("circuit open", retry_after),
         }
     }
 
@@ -71,6 +77,18 @@ impl CircuitOpen {
     /// probes succeed) or forced open by an operator.
     pub fn remaining(&self) -> Option<Duration> {
         self.remaining
+    }
+
+    /// When the caller should try again: the end of the open period plus
+    /// its place in the release ramp (twice as long as the period had run
+    /// when the call was refused), so that the calls waiting out one open
+    /// period come back spread out, in the order they came, instead of all
+    /// at once when it ends. It is the hint the refusal's
+    /// [`failure`](Self::failure) carries to a retry layer and, with the
+    /// `http` feature, the `Retry-After` of the `503` answer. `None` when
+    /// [`remaining`](Self::remaining) is.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// The classification this refusal carries: a

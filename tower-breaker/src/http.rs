@@ -164,7 +164,7 @@ where
 
 /// The `503 CIRCUIT_OPEN` answer for `open`.
 fn open_response<B: From<String>>(open: &CircuitOpen) -> Response<B> {
-    let secs = open.remaining().map(ceil_secs);
+    let secs = open.retry_after().map(ceil_secs);
     let body = match secs {
         Some(secs) => {
             format!(

@@ -257,6 +257,10 @@ impl Settings {
     }
 }
 
+/// How much longer than the open period had run a refused call's release
+/// is put off, past the end of the period; see [`Breaker::rejection`].
+const RELEASE_SPREAD: u32 = 2;
+
 // Layout of the state word, low bits first.
 const STATE_BITS: u32 = 3;
 const SLOT_BITS: u32 = 12;
@@ -655,7 +659,14 @@ impl Breaker {
         Err(this.rejection(remaining))
     }
 
-    /// Counts and builds one refusal.
+    /// Counts and builds one refusal. A refusal while open tells the caller
+    /// when to come back ([`CircuitOpen::retry_after`]): at the end of the
+    /// open period, plus [`RELEASE_SPREAD`] times how long the period had
+    /// run when the call came. Callers refused early in the period come back
+    /// first, those refused late come back last, so the calls that wait out
+    /// the period are released over a ramp twice its length rather than on
+    /// one tick: at a steady arrival rate they add at most half of it to
+    /// the new calls, in arrival order.
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.instruments.rejected.increment(1);
@@ -668,7 +679,13 @@ impl Breaker {
             "circuit breaker rejected a call"
         );
         self.call_event(CallKind::Rejected(remaining), None);
-        CircuitOpen::new(Arc::clone(&self.key), remaining)
+        let retry_after = remaining.map(|remaining| {
+            let open_for = self
+                .offset(Instant::now())
+                .saturating_sub(self.since.load(Ordering::Acquire));
+            remaining.saturating_add(Duration::from_nanos(open_for).saturating_mul(RELEASE_SPREAD))
+        });
+        CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
 
     /// Tells every per-call callback.

@@ -214,7 +214,9 @@ async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
     let outcome = ErrorChainClassifier::new().classify_error(&*err);
     let failure = outcome.as_failure().unwrap();
     assert_eq!(failure.kind, FailureKind::Shed);
-    assert_eq!(failure.retry_after(), Some(Duration::from_secs(10)));
+    // 10 s left of the period, plus twice the 2 s it had run: its place in
+    // the release ramp.
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(14)));
     assert!(!outcome.is_retryable());
     assert_eq!(err.to_string(), "circuit open");
 }
@@ -449,6 +451,37 @@ async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset(
             "a success starts the schedule again: {first:?}"
         );
     }
+}
+
+/// Calls refused while open are told to come back at the end of the period
+/// plus twice as long as it had run when they came: in arrival order, over
+/// a ramp twice the period long, so at a steady rate the calls that waited
+/// add at most half the arrival rate to the new calls (SPEC 5b, no herd).
+#[tokio::test(start_paused = true)]
+async fn refused_calls_are_released_in_arrival_order_over_a_ramp() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(4))
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+    let (mut svc, mut handle) = mock::spawn_layer(layer);
+    fail(&mut svc, &mut handle, 0).await;
+    let start = tokio::time::Instant::now();
+    let mut releases = Vec::new();
+    for step_ms in [0u64, 1_000, 1_000, 1_000, 999] {
+        tokio::time::advance(Duration::from_millis(step_ms)).await;
+        let open = rejected(&mut svc, &mut handle);
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            open.remaining(),
+            Some(start + Duration::from_secs(4) - now),
+            "the open time left is unchanged"
+        );
+        releases.push((now + open.retry_after().unwrap() - start).as_millis());
+    }
+    // Refused at 0, 1, 2, 3 and 3.999 s into a 4 s period: released at
+    // 4 s + 2 x those.
+    assert_eq!(releases, [4_000, 6_000, 8_000, 10_000, 11_998]);
 }
 
 /// A fixed `recovery_timeout` is what it says: every open lasts exactly
