@@ -80,13 +80,13 @@ impl CircuitOpen {
     }
 
     /// When the caller should try again: the end of the open period plus
-    /// its place in the release ramp (twice as long as the period had run
-    /// when the call was refused), so that the calls waiting out one open
-    /// period come back spread out, in the order they came, instead of all
-    /// at once when it ends. It is the hint the refusal's
+    /// twice the time it had left, three times [`remaining`](Self::remaining).
+    /// The calls waiting out one open period so come back spread over a
+    /// ramp twice its length, the last refused first, instead of all at
+    /// once when it ends. It is the hint the refusal's
     /// [`failure`](Self::failure) carries to a retry layer and, with the
     /// `http` feature, the `Retry-After` of the `503` answer. `None` when
-    /// [`remaining`](Self::remaining) is.
+    /// `remaining` is.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }

@@ -257,8 +257,8 @@ impl Settings {
     }
 }
 
-/// How much longer than the open period had run a refused call's release
-/// is put off, past the end of the period; see [`Breaker::rejection`].
+/// How many times its remaining open time a refused call's release is put
+/// off past the end of the period; see [`Breaker::rejection`].
 const RELEASE_SPREAD: u32 = 2;
 
 // Layout of the state word, low bits first.
@@ -661,12 +661,13 @@ impl Breaker {
 
     /// Counts and builds one refusal. A refusal while open tells the caller
     /// when to come back ([`CircuitOpen::retry_after`]): at the end of the
-    /// open period, plus [`RELEASE_SPREAD`] times how long the period had
-    /// run when the call came. Callers refused early in the period come back
-    /// first, those refused late come back last, so the calls that wait out
-    /// the period are released over a ramp twice its length rather than on
-    /// one tick: at a steady arrival rate they add at most half of it to
-    /// the new calls, in arrival order.
+    /// open period plus [`RELEASE_SPREAD`] times the time it had left. The
+    /// calls that wait out a period are so released over a ramp twice its
+    /// length, not on one tick: at a steady arrival rate they add at most
+    /// half that rate to the new calls. The last refused come back first
+    /// (last in, first out): a caller with a deadline has the most time
+    /// left when it came last, and one that came early and can no longer
+    /// wait gives up rather than holding a place.
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.instruments.rejected.increment(1);
@@ -679,12 +680,7 @@ impl Breaker {
             "circuit breaker rejected a call"
         );
         self.call_event(CallKind::Rejected(remaining), None);
-        let retry_after = remaining.map(|remaining| {
-            let open_for = self
-                .offset(Instant::now())
-                .saturating_sub(self.since.load(Ordering::Acquire));
-            remaining.saturating_add(Duration::from_nanos(open_for).saturating_mul(RELEASE_SPREAD))
-        });
+        let retry_after = remaining.map(|remaining| remaining.saturating_mul(RELEASE_SPREAD + 1));
         CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
 

@@ -214,9 +214,9 @@ async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
     let outcome = ErrorChainClassifier::new().classify_error(&*err);
     let failure = outcome.as_failure().unwrap();
     assert_eq!(failure.kind, FailureKind::Shed);
-    // 10 s left of the period, plus twice the 2 s it had run: its place in
-    // the release ramp.
-    assert_eq!(failure.retry_after(), Some(Duration::from_secs(14)));
+    // 10 s left of the period, plus twice that: its place in the release
+    // ramp.
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(30)));
     assert!(!outcome.is_retryable());
     assert_eq!(err.to_string(), "circuit open");
 }
@@ -454,11 +454,11 @@ async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset(
 }
 
 /// Calls refused while open are told to come back at the end of the period
-/// plus twice as long as it had run when they came: in arrival order, over
-/// a ramp twice the period long, so at a steady rate the calls that waited
-/// add at most half the arrival rate to the new calls (SPEC 5b, no herd).
+/// plus twice the time it had left: over a ramp twice the period long, the
+/// last refused first, so at a steady rate the calls that waited add at
+/// most half the arrival rate to the new calls (SPEC 5b, no herd).
 #[tokio::test(start_paused = true)]
-async fn refused_calls_are_released_in_arrival_order_over_a_ramp() {
+async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(1)
         .recovery_timeout(Duration::from_secs(4))
@@ -479,9 +479,9 @@ async fn refused_calls_are_released_in_arrival_order_over_a_ramp() {
         );
         releases.push((now + open.retry_after().unwrap() - start).as_millis());
     }
-    // Refused at 0, 1, 2, 3 and 3.999 s into a 4 s period: released at
-    // 4 s + 2 x those.
-    assert_eq!(releases, [4_000, 6_000, 8_000, 10_000, 11_998]);
+    // Refused with 4, 3, 2, 1 and 0.001 s left of a period ending at 4 s:
+    // released at 4 s + twice that, within [4 s, 12 s].
+    assert_eq!(releases, [12_000, 10_000, 8_000, 6_000, 4_002]);
 }
 
 /// A fixed `recovery_timeout` is what it says: every open lasts exactly
