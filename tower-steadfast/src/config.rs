@@ -203,17 +203,20 @@ pub struct CircuitBreakerSection {
     /// circuit; at least 1.
     #[schemars(range(min = 1))]
     pub(crate) consecutive_failures: u32,
-    /// Seconds the circuit stays open before one trial call is let through;
-    /// at least 1.
+    /// Seconds the circuit stays open before one trial call is let through,
+    /// every time it opens; at least 1. Absent (the default): the open
+    /// period backs off, 1 s the first time, doubling after each failed
+    /// trial call up to 5 s, jittered, so a dependency that is back is seen
+    /// within about a second.
     #[schemars(range(min = 1))]
-    pub(crate) cooldown_secs: u64,
+    pub(crate) cooldown_secs: Option<u64>,
 }
 
 impl Default for CircuitBreakerSection {
     fn default() -> Self {
         CircuitBreakerSection {
             consecutive_failures: 5,
-            cooldown_secs: 60,
+            cooldown_secs: None,
         }
     }
 }
@@ -224,9 +227,10 @@ impl CircuitBreakerSection {
         self.consecutive_failures
     }
 
-    /// How long the circuit stays open before a trial call.
-    pub fn cooldown(&self) -> Duration {
-        Duration::from_secs(self.cooldown_secs)
+    /// How long the circuit stays open before a trial call, when a fixed
+    /// period was asked for; `None`: the breaker's backing-off schedule.
+    pub fn cooldown(&self) -> Option<Duration> {
+        self.cooldown_secs.map(Duration::from_secs)
     }
 }
 

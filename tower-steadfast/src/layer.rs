@@ -207,14 +207,18 @@ impl ResilienceConfig {
     }
 
     /// The breaker's builder with the `circuit_breaker` section applied:
-    /// open after `consecutive_failures` failed calls in a row, stay open
-    /// `cooldown_secs`, then let one trial call through. Add a
-    /// [`name`](tower_breaker::Builder::name) (metrics label, default
-    /// `default`) or callbacks before building.
+    /// open after `consecutive_failures` failed calls in a row, then let one
+    /// trial call through after `cooldown_secs` (a fixed period) or, without
+    /// it, after the breaker's backing-off open period (1 s, doubling per
+    /// failed trial up to 5 s). Add a [`name`](tower_breaker::Builder::name)
+    /// (metrics label, default `default`) or callbacks before building.
     pub fn breaker_builder(&self) -> tower_breaker::Builder {
-        CircuitBreakerLayer::builder()
-            .failure_threshold(self.circuit_breaker.consecutive_failures)
-            .recovery_timeout(self.circuit_breaker.cooldown())
+        let builder = CircuitBreakerLayer::builder()
+            .failure_threshold(self.circuit_breaker.consecutive_failures);
+        match self.circuit_breaker.cooldown() {
+            Some(cooldown) => builder.recovery_timeout(cooldown),
+            None => builder,
+        }
     }
 
     /// The dead-letter layer over `store` with the `poison` section applied:

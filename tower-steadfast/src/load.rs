@@ -275,7 +275,7 @@ fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, C
         )? as u32;
     }
     if let Some(value) = map.get("cooldown_secs") {
-        breaker.cooldown_secs = whole(
+        breaker.cooldown_secs = Some(whole(
             value,
             &join(path, "cooldown_secs"),
             &WholeRule {
@@ -284,7 +284,7 @@ fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, C
                 max: u64::MAX,
                 range: Cow::Borrowed("1 or more"),
             },
-        )?;
+        )?);
     }
     Ok(breaker)
 }

@@ -44,7 +44,10 @@ fn the_documented_block_loads_unchanged_in_every_format() {
     assert!(retry.jitter());
     assert_eq!(retry.retry_on(), RetryClass::ALL);
     assert_eq!(yaml.circuit_breaker().consecutive_failures(), 5);
-    assert_eq!(yaml.circuit_breaker().cooldown(), Duration::from_secs(60));
+    assert_eq!(
+        yaml.circuit_breaker().cooldown(),
+        Some(Duration::from_secs(60))
+    );
     assert_eq!(yaml.poison().max_row_attempts(), 3);
     assert_eq!(yaml.poison().action(), PoisonAction::Dlq);
     assert_eq!(yaml.poison().message_id_header(), None);
@@ -55,7 +58,22 @@ fn the_documented_block_loads_unchanged_in_every_format() {
 
 #[test]
 fn the_documented_values_are_the_defaults() {
-    assert_eq!(load("seed.yaml").unwrap(), ResilienceConfig::default());
+    // The seed's block writes every key with its default value except
+    // `cooldown_secs: 60`, which asks for a fixed open period; without it
+    // the open period backs off from 1 s.
+    let seed = load("seed.yaml").unwrap();
+    let default = ResilienceConfig::default();
+    assert_eq!(seed.retry(), default.retry());
+    assert_eq!(seed.poison(), default.poison());
+    assert_eq!(
+        seed.circuit_breaker().consecutive_failures(),
+        default.circuit_breaker().consecutive_failures()
+    );
+    assert_eq!(
+        seed.circuit_breaker().cooldown(),
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(default.circuit_breaker().cooldown(), None);
     assert_eq!(
         ResilienceConfig::from_yaml_str("resilience: {}").unwrap(),
         ResilienceConfig::default()

@@ -75,5 +75,9 @@ fn the_schema_states_the_ranges_and_defaults() {
     assert_eq!(retry["retry_on"]["minItems"], 1);
     let breaker = &schema["$defs"]["CircuitBreakerSection"]["properties"];
     assert_eq!(breaker["cooldown_secs"]["minimum"], 1);
-    assert_eq!(breaker["cooldown_secs"]["default"], 60);
+    assert_eq!(
+        breaker["cooldown_secs"]["default"],
+        Value::Null,
+        "absent: the breaker's backing-off open period"
+    );
 }

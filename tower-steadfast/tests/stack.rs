@@ -175,6 +175,42 @@ async fn a_stack_whose_breaker_and_retry_are_leaked_opens_and_recovers_alike() {
     opens_until_the_cooldown(layer, store).await;
 }
 
+/// Without `cooldown_secs` the open period backs off from about a second
+/// (SPEC 5b): the first trial call comes within 1 s of the fifth failure.
+#[tokio::test(start_paused = true)]
+async fn without_a_cooldown_the_first_trial_call_comes_within_a_second() {
+    let store = MemoryStore::new(100);
+    let layer = ResilienceConfig::default().layer("orders", store);
+    let upstream = Upstream::new();
+    let mut stack = ServiceBuilder::new()
+        .layer(layer)
+        .service(upstream.service(|n| {
+            if n < 25 {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            }
+        }));
+    for _ in 0..5 {
+        let response = stack.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let refused = stack.ready().await.unwrap().call(get()).await.unwrap_err();
+    let open = refused.downcast_ref::<CircuitOpen>().expect("open");
+    let remaining = open.remaining().unwrap();
+    assert!(
+        (Duration::from_millis(800)..=Duration::from_secs(1)).contains(&remaining),
+        "{remaining:?}"
+    );
+    tokio::time::advance(remaining).await;
+    let response = stack.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the trial call closes it"
+    );
+}
+
 async fn opens_until_the_cooldown<H, RH>(
     layer: ResilienceLayer<MemoryStore, H, RH>,
     store: MemoryStore,
