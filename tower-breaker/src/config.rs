@@ -43,6 +43,10 @@ pub struct BreakerConfig {
     /// A failure-rate policy instead of consecutive failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_rate: Option<FailureRateConfig>,
+    /// Adaptive throttling instead of opening; see
+    /// [`Policy::AdaptiveThrottle`]. Exclusive with the two above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// A fixed open period; see [`Builder::recovery_timeout`]. Absent: the
     /// default schedule (1 s, doubling per failed probe up to 5 s, jittered).
     #[serde(
@@ -111,6 +115,18 @@ pub struct FailureRateConfig {
     pub window: WindowConfig,
 }
 
+/// The `adaptive_throttle` table: `{ "k": 2, "window": { "calls": 100 } }`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AdaptiveThrottleConfig {
+    /// Requests allowed per accept before any is refused (default 2).
+    #[serde(default = "default_throttle_k")]
+    pub k: f64,
+    /// The window requests and accepts are counted over.
+    pub window: WindowConfig,
+}
+
 /// The `window` table: `{ "calls": 100 }` for the last 100 calls, or
 /// `{ "length": "60s" }` (optionally `"buckets": 10`) for the last minute.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -132,6 +148,9 @@ pub struct WindowConfig {
     pub buckets: Option<u32>,
 }
 
+fn default_throttle_k() -> f64 {
+    2.0
+}
 fn default_multiplier() -> f64 {
     2.0
 }
@@ -152,6 +171,7 @@ impl Default for BreakerConfig {
             mode: Mode::default(),
             failure_threshold: None,
             failure_rate: None,
+            adaptive_throttle: None,
             recovery_timeout: None,
             max_recovery_timeout: None,
             recovery_multiplier: default_multiplier(),
@@ -205,14 +225,32 @@ impl BreakerConfig {
         if let Some(name) = &self.name {
             builder = builder.name(name.as_str());
         }
+        let policies = [
+            self.failure_threshold.is_some(),
+            self.failure_rate.is_some(),
+            self.adaptive_throttle.is_some(),
+        ];
+        if policies.into_iter().filter(|set| *set).count() > 1 {
+            let field = if self.adaptive_throttle.is_some() {
+                "adaptive_throttle"
+            } else {
+                "failure_rate"
+            };
+            return Err(ConfigError::new(
+                field,
+                "set one of `failure_threshold`, `failure_rate` and `adaptive_throttle`",
+            ));
+        }
+        if let Some(throttle) = &self.adaptive_throttle {
+            let window = throttle
+                .window
+                .window()
+                .map_err(|e| e.within("window").within("adaptive_throttle"))?;
+            builder = builder.adaptive_throttle(throttle.k, window);
+        }
         builder = match (self.failure_threshold, &self.failure_rate) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "failure_rate",
-                    "set either `failure_threshold` or `failure_rate`, not both",
-                ))
-            }
-            (Some(threshold), None) => builder.failure_threshold(threshold),
+            // Both set was refused above.
+            (Some(threshold), _) => builder.failure_threshold(threshold),
             (None, Some(rate)) => {
                 let window = rate
                     .window

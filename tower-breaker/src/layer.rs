@@ -222,6 +222,14 @@ impl Builder {
         self.policy(Policy::failure_rate(rate, minimum_calls, window))
     }
 
+    /// Never open; throttle instead, refusing calls at random as the backend
+    /// accepts fewer than one in `k` (2 in the SRE book) over `window`. See
+    /// [`Policy::AdaptiveThrottle`], and the crate's README for when to
+    /// throttle and when to break.
+    pub fn adaptive_throttle(self, k: f64, window: Window) -> Self {
+        self.policy(Policy::adaptive_throttle(k, window))
+    }
+
     /// A fixed open period: the breaker stays open this long before it
     /// admits a probe, every time it opens (unless
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) lets it grow),

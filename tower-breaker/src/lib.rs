@@ -34,7 +34,7 @@ mod sync;
 
 pub use self::admin::{BreakerHandle, BreakerSnapshot};
 #[cfg(feature = "serde")]
-pub use self::config::{BreakerConfig, FailureRateConfig, WindowConfig};
+pub use self::config::{AdaptiveThrottleConfig, BreakerConfig, FailureRateConfig, WindowConfig};
 pub use self::error::CircuitOpen;
 #[cfg(feature = "grpc")]
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};

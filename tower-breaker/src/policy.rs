@@ -36,6 +36,34 @@ pub enum Policy {
         /// Which calls the rate is measured over.
         window: Window,
     },
+    /// Never open; instead, while closed, refuse each call at random with
+    /// the probability of client-side adaptive throttling (Google SRE book,
+    /// "Handling Overload"): `max(0, (requests − k × accepts) / (requests + 1))`
+    /// over the sliding `window`. A call the backend answered is an accept,
+    /// even when it answered with an error of the request's own
+    /// ([`Rejected`](tower_classify::FailureKind::Rejected),
+    /// [`Poison`](tower_classify::FailureKind::Poison)); transient failures
+    /// and shed calls are not. Every call counts as a request, those this
+    /// breaker refused included. A refusal is the same [`CircuitOpen`](crate::CircuitOpen)
+    /// an open circuit gives (without a remaining time), with the same
+    /// metrics, events and HTTP or gRPC answer.
+    ///
+    /// While the backend accepts at least one call in `k`, nothing is
+    /// refused; below that, the share refused rises until what is sent is
+    /// about `k` times what the backend accepts. A partial outage is so
+    /// served as far as the backend can serve it, and a full outage is left
+    /// a trickle of calls (about one in `requests + 1`) that sees the
+    /// backend's return, after which the refused share falls as accepts
+    /// fill the window. The window sets how fast: a count window of `n`
+    /// calls recovers within a few times `n` calls whatever the rate.
+    #[non_exhaustive]
+    AdaptiveThrottle {
+        /// How many requests per accept are allowed before any is refused:
+        /// 2 in the SRE book. At least 1.
+        k: f64,
+        /// Which calls requests and accepts are counted over.
+        window: Window,
+    },
 }
 
 impl Default for Policy {
@@ -57,6 +85,21 @@ impl Policy {
             rate,
             minimum_calls,
             window,
+        }
+    }
+
+    /// Throttle instead of opening; see [`Policy::AdaptiveThrottle`].
+    pub const fn adaptive_throttle(k: f64, window: Window) -> Self {
+        Policy::AdaptiveThrottle { k, window }
+    }
+
+    /// The sliding window this policy keeps, if any.
+    pub(crate) fn window(&self) -> Option<Window> {
+        match *self {
+            Policy::ConsecutiveFailures { .. } => None,
+            Policy::FailureRate { window, .. } | Policy::AdaptiveThrottle { window, .. } => {
+                Some(window)
+            }
         }
     }
 
@@ -97,12 +140,24 @@ impl Policy {
                     }
                 }
             }
+            Policy::AdaptiveThrottle { k, window } => {
+                if !(k >= 1.0 && k.is_finite()) {
+                    return Err(ConfigError::new(
+                        "adaptive_throttle.k",
+                        format!("must be a finite number of at least 1, got {k}"),
+                    ));
+                }
+                window
+                    .validate()
+                    .map_err(|e| e.within("adaptive_throttle"))?;
+            }
         }
         Ok(())
     }
 }
 
-/// The calls a [`Policy::FailureRate`] is measured over.
+/// The calls a [`Policy::FailureRate`] or [`Policy::AdaptiveThrottle`] is
+/// measured over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Window {

@@ -34,7 +34,7 @@ use crate::hold::Hold;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use tower_classify::{CoarseClock, Outcome};
+use tower_classify::{CoarseClock, FailureKind, Outcome};
 
 /// A breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,6 +103,7 @@ impl State {
 
     const fn from_code(code: u64) -> State {
         match code {
+            THROTTLING_CODE => State::Closed,
             1 => State::Open,
             2 => State::HalfOpen,
             3 => State::ForcedOpen,
@@ -261,6 +262,11 @@ impl Settings {
 /// off past the end of the period; see [`Breaker::rejection`].
 const RELEASE_SPREAD: u32 = 2;
 
+/// The state word's code for a closed breaker under
+/// [`Policy::AdaptiveThrottle`]: closed, but not the closed code, so that
+/// its calls leave the one-load closed path and draw against the throttle.
+const THROTTLING_CODE: u64 = 5;
+
 // Layout of the state word, low bits first.
 const STATE_BITS: u32 = 3;
 const SLOT_BITS: u32 = 12;
@@ -295,6 +301,13 @@ impl Word {
     #[inline]
     const fn is_closed(self) -> bool {
         self.0 & STATE_MASK == State::Closed.code()
+    }
+    const fn is_throttling(self) -> bool {
+        self.0 & STATE_MASK == THROTTLING_CODE
+    }
+    /// This closed word, as a throttling breaker writes it.
+    const fn throttling(self) -> Word {
+        Word(self.0 & !STATE_MASK | THROTTLING_CODE)
     }
     const fn epoch(self) -> u64 {
         self.0 >> EPOCH_SHIFT
@@ -357,6 +370,24 @@ impl Verdict {
             _ => Verdict::Neutral,
         }
     }
+
+    /// The verdict of [adaptive throttling](Policy::AdaptiveThrottle): a
+    /// success is an accept, and so is any answer of the backend's, even
+    /// one refusing the request itself (rejected, poison); transient and
+    /// shed failures are not.
+    #[inline]
+    fn of_throttled(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Success => Verdict::Success,
+            Outcome::Failure(failure)
+                if failure.kind.is_transient() || failure.kind == FailureKind::Shed =>
+            {
+                Verdict::Failure
+            }
+            Outcome::Failure(_) => Verdict::Success,
+            _ => Verdict::Neutral,
+        }
+    }
 }
 
 /// What `poll_ready` should wait for in [pending mode](crate::Builder::pending_when_open).
@@ -388,6 +419,8 @@ pub(crate) struct Breaker {
     /// Per-call callbacks are registered: the call's duration is measured.
     pub(crate) call_listeners: bool,
     pub(crate) pending_when_open: bool,
+    /// `k` of [`Policy::AdaptiveThrottle`], for a throttling breaker.
+    throttle: Option<f64>,
     base: Instant,
     word: AtomicU64,
     /// Nanoseconds after `base` when the open period ends.
@@ -450,12 +483,15 @@ impl Breaker {
         keyed: bool,
         notices: Option<Arc<EvictionNotices>>,
     ) -> Self {
-        let window = match settings.policy {
-            Policy::FailureRate { window, .. } => {
-                Some(WindowState::new(window, settings.slow_call_rate.is_some()))
-            }
-            Policy::ConsecutiveFailures { .. } => None,
+        let window = settings
+            .policy
+            .window()
+            .map(|window| WindowState::new(window, settings.slow_call_rate.is_some()));
+        let throttle = match settings.policy {
+            Policy::AdaptiveThrottle { k, .. } => Some(k),
+            _ => None,
         };
+        let closed = Word::new(State::Closed, 0, Slots::NONE);
         let base = Instant::now();
         let coarse_clock = window
             .as_ref()
@@ -469,10 +505,14 @@ impl Breaker {
             slow_apart: settings.slow_call_rate.is_some(),
             call_listeners: !settings.on_call.is_empty(),
             pending_when_open: settings.pending_when_open,
+            throttle,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
             settings,
             base,
-            word: AtomicU64::new(Word::new(State::Closed, 0, Slots::NONE).0),
+            word: AtomicU64::new(match throttle {
+                Some(_) => closed.throttling().0,
+                None => closed.0,
+            }),
             open_until: AtomicU64::new(0),
             probes_due: AtomicU64::new(0),
             since: AtomicU64::new(0),
@@ -552,6 +592,9 @@ impl Breaker {
     #[cold]
     fn admit_slow<H: Hold>(holder: &H, mut word: Word) -> Result<Permit<H>, CircuitOpen> {
         let this = holder.breaker();
+        if word.is_throttling() {
+            return Self::admit_throttled(holder, word);
+        }
         let now = Instant::now();
         loop {
             match word.state() {
@@ -637,6 +680,36 @@ impl Breaker {
                 }
             }
         }
+    }
+
+    /// A throttling breaker's admission: refused at random with the
+    /// probability of [`Policy::AdaptiveThrottle`], counted as a request
+    /// the backend did not accept.
+    fn admit_throttled<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+        let this = holder.breaker();
+        let probability = this.throttle_probability();
+        if probability > 0.0 && fastrand::f64() < probability {
+            if this.settings.mode == Mode::Enforce {
+                if let Some(window) = &this.window {
+                    window.record(true, false, this.window_now(false));
+                }
+            }
+            return Self::refuse(holder, word, None);
+        }
+        Ok(Self::permit(holder, word.epoch(), false))
+    }
+
+    /// The share of calls a throttling breaker refuses now:
+    /// `max(0, (requests − k × accepts) / (requests + 1))` over its window,
+    /// 0 for any other breaker.
+    pub(crate) fn throttle_probability(&self) -> f64 {
+        let (Some(k), Some(window)) = (self.throttle, &self.window) else {
+            return 0.0;
+        };
+        let tally = window.tally(self.window_now(false));
+        let requests = f64::from(tally.calls);
+        let accepts = f64::from(tally.calls - tally.failures);
+        ((requests - k * accepts) / (requests + 1.0)).max(0.0)
     }
 
     fn refuse<H: Hold>(
@@ -841,14 +914,21 @@ impl Breaker {
                 }
                 let threshold = match self.settings.policy {
                     Policy::ConsecutiveFailures { threshold } => threshold,
-                    // `Breaker::new` gives every rate policy a window.
-                    Policy::FailureRate { .. } => return,
+                    // `Breaker::new` gives the other policies a window.
+                    Policy::FailureRate { .. } | Policy::AdaptiveThrottle { .. } => return,
                 };
                 self.consecutive.fetch_add(1, Ordering::AcqRel) + 1 >= threshold
             }
             // A success can tip the rate too: the call that reaches the
             // minimum may be one.
             Some(window) => {
+                if self.throttle.is_some() {
+                    // A throttle never opens: it only keeps its counts.
+                    if self.load().epoch() == epoch {
+                        window.record(failed, false, self.window_now(false));
+                    }
+                    return;
+                }
                 if !self.counts(epoch) {
                     return;
                 }
@@ -949,7 +1029,9 @@ impl Breaker {
             }
             let reopen = verdict == Verdict::Failure
                 && match self.settings.policy {
-                    Policy::ConsecutiveFailures { .. } => true,
+                    // A throttle has no probes of its own: only an operator
+                    // opens it.
+                    Policy::ConsecutiveFailures { .. } | Policy::AdaptiveThrottle { .. } => true,
                     Policy::FailureRate { rate, .. } => slots.failed as f64 / probes as f64 >= rate,
                 };
             if reopen {
@@ -961,7 +1043,7 @@ impl Breaker {
             }
             let next = if slots.succeeded + slots.failed >= probes {
                 self.enter_closed();
-                word.next(State::Closed)
+                self.closed_word(word.next(State::Closed))
             } else {
                 word.with_slots(slots)
             };
@@ -1019,6 +1101,16 @@ impl Breaker {
         true
     }
 
+    /// `word` as this breaker writes it: a closed word of a throttling
+    /// breaker keeps it off the one-load closed path.
+    fn closed_word(&self, word: Word) -> Word {
+        if self.throttle.is_some() && word.is_closed() {
+            word.throttling()
+        } else {
+            word
+        }
+    }
+
     fn clear_counts(&self) {
         self.consecutive.store(0, Ordering::Release);
         if let Some(window) = &self.window {
@@ -1056,7 +1148,7 @@ impl Breaker {
         }
         let mut word = self.load();
         loop {
-            match self.cas(word, word.next(to)) {
+            match self.cas(word, self.closed_word(word.next(to))) {
                 Ok(()) => break,
                 Err(actual) => word = actual,
             }
@@ -1257,7 +1349,10 @@ impl<H: Hold> Permit<H> {
             (elapsed, breaker.slow_call_threshold),
             (Some(elapsed), Some(threshold)) if elapsed >= threshold
         );
-        let verdict = Verdict::of(outcome, slow, breaker.slow_apart);
+        let verdict = match breaker.throttle {
+            None => Verdict::of(outcome, slow, breaker.slow_apart),
+            Some(_) => Verdict::of_throttled(outcome),
+        };
         breaker.record(
             self.epoch(),
             self.is_probe(),
@@ -1387,6 +1482,67 @@ mod tests {
         );
         assert!(!breaker.open(half_open, now), "the loser");
         assert_eq!(breaker.open_until.load(Ordering::Acquire), deadline);
+    }
+
+    /// SPEC 5b: a throttling breaker refuses with the SRE book's
+    /// probability, `max(0, (requests − k × accepts) / (requests + 1))`.
+    #[tokio::test(start_paused = true)]
+    async fn the_throttle_refuses_with_the_sre_probability() {
+        let layer = CircuitBreakerLayer::builder()
+            .adaptive_throttle(2.0, Window::count(10_000))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        let window = breaker.window.as_ref().expect("a throttle's window");
+        let fill = |requests: u32, accepts: u32| {
+            window.reset();
+            // The calls not accepted first: they are the oldest.
+            for n in 0..requests {
+                window.record(n < requests - accepts, false, Duration::ZERO);
+            }
+        };
+        for (requests, accepts) in [
+            (0, 0),
+            (10, 5),
+            (10, 4),
+            (100, 0),
+            (1_000, 200),
+            (1_000, 600),
+        ] {
+            fill(requests, accepts);
+            let expected = ((f64::from(requests) - 2.0 * f64::from(accepts))
+                / (f64::from(requests) + 1.0))
+                .max(0.0);
+            assert_eq!(
+                breaker.throttle_probability(),
+                expected,
+                "{requests} requests, {accepts} accepts"
+            );
+        }
+
+        // Drawn: 10,000 requests of which 2,000 accepts, the newest. Every
+        // call now fails, refused or not, and pushes out one of the oldest
+        // (a failure too), so the probability stays (10,000 − 4,000) /
+        // 10,001 throughout.
+        fill(10_000, 2_000);
+        fastrand::seed(11);
+        let draws = 2_000;
+        let mut refused = 0;
+        for _ in 0..draws {
+            match Breaker::admit(holder) {
+                Ok(mut permit) => permit.complete(failure(), None),
+                Err(_) => refused += 1,
+            }
+        }
+        let expected = f64::from(draws) * 6_000.0 / 10_001.0;
+        // Three standard deviations of a binomial draw.
+        let spread = 3.0 * (f64::from(draws) * 0.6 * 0.4).sqrt();
+        assert!(
+            (f64::from(refused) - expected).abs() < spread,
+            "{refused} refused, expected {expected:.0} ± {spread:.0}"
+        );
+        assert_eq!(breaker.state(), State::Closed, "a throttle never opens");
     }
 
     #[tokio::test(start_paused = true)]

@@ -45,6 +45,18 @@ fn unknown_keys_are_refused() {
 }
 
 #[test]
+fn an_adaptive_throttle_from_a_file() {
+    let config = parse(r#"{"adaptive_throttle": {"window": {"calls": 100}}}"#).unwrap();
+    let throttle = config.adaptive_throttle.as_ref().unwrap();
+    assert_eq!(throttle.k, 2.0, "the SRE book's k by default");
+    config
+        .builder()
+        .unwrap()
+        .build(ErrorChainClassifier::new())
+        .unwrap();
+}
+
+#[test]
 fn invalid_values_name_their_field() {
     let field = |json: &str| {
         let config = parse(json).unwrap();
@@ -69,6 +81,18 @@ fn invalid_values_name_their_field() {
             r#"{"failure_threshold": 3, "failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {"calls": 10}}}"#
         ),
         "failure_rate"
+    );
+    assert_eq!(
+        field(r#"{"failure_threshold": 3, "adaptive_throttle": {"window": {"calls": 100}}}"#),
+        "adaptive_throttle"
+    );
+    assert_eq!(
+        field(r#"{"adaptive_throttle": {"k": 0.5, "window": {"calls": 100}}}"#),
+        "adaptive_throttle.k"
+    );
+    assert_eq!(
+        field(r#"{"adaptive_throttle": {"window": {"calls": 0}}}"#),
+        "adaptive_throttle.window"
     );
     assert_eq!(
         field(r#"{"failure_rate": {"rate": 0.5, "minimum_calls": 5, "window": {}}}"#),
