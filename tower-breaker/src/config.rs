@@ -78,6 +78,13 @@ pub struct BreakerConfig {
         with = "tower_classify::duration::serde"
     )]
     pub probe_timeout: Duration,
+    /// See [`Builder::slow_start`] (default none).
+    #[serde(
+        default,
+        with = "tower_classify::duration::serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slow_start: Option<Duration>,
     /// See [`Builder::slow_call_threshold`].
     #[serde(
         default,
@@ -178,6 +185,7 @@ impl Default for BreakerConfig {
             recovery_jitter: None,
             probes: default_probes(),
             probe_timeout: default_probe_timeout(),
+            slow_start: None,
             slow_call_threshold: None,
             slow_call_rate: None,
             pending_when_open: false,
@@ -268,6 +276,9 @@ impl BreakerConfig {
         }
         if let Some(max) = self.max_recovery_timeout {
             builder = builder.max_recovery_timeout(max);
+        }
+        if let Some(window) = self.slow_start {
+            builder = builder.slow_start(window);
         }
         if let Some(slow) = self.slow_call_threshold {
             builder = builder.slow_call_threshold(slow);

@@ -184,6 +184,7 @@ impl Builder {
                 recovery_jitter: Self::OPEN_PERIOD_JITTER,
                 probes: 1,
                 probe_timeout: Duration::from_secs(60),
+                slow_start: Duration::ZERO,
                 slow_call_threshold: None,
                 slow_call_rate: None,
                 mode: Mode::Enforce,
@@ -308,6 +309,21 @@ impl Builder {
     /// `Duration::MAX` to wait for ever.
     pub fn probe_timeout(mut self, timeout: Duration) -> Self {
         self.settings.probe_timeout = timeout;
+        self
+    }
+
+    /// After a probe closes the breaker, admit a share of calls rising
+    /// linearly from a tenth to all of them over `window` (Envoy's
+    /// `slow_start_window`), for a dependency that needs warming before it
+    /// takes its full load (cold caches, a pool refilling). A call refused
+    /// meanwhile gets a [`CircuitOpen`](crate::CircuitOpen) without a
+    /// remaining open time, telling it to come back at a random point of
+    /// what is left of the window. Off by default (zero): the calls that
+    /// waited out the open period already come back spread over a ramp
+    /// (see [`CircuitOpen::retry_after`](crate::CircuitOpen::retry_after)),
+    /// and a slow start refuses calls the dependency could have served.
+    pub fn slow_start(mut self, window: Duration) -> Self {
+        self.settings.slow_start = window;
         self
     }
 

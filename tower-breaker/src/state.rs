@@ -103,7 +103,7 @@ impl State {
 
     const fn from_code(code: u64) -> State {
         match code {
-            THROTTLING_CODE => State::Closed,
+            THROTTLING_CODE | SLOW_START_CODE => State::Closed,
             1 => State::Open,
             2 => State::HalfOpen,
             3 => State::ForcedOpen,
@@ -198,6 +198,7 @@ pub(crate) struct Settings {
     pub(crate) recovery_jitter: f64,
     pub(crate) probes: u32,
     pub(crate) probe_timeout: Duration,
+    pub(crate) slow_start: Duration,
     pub(crate) slow_call_threshold: Option<Duration>,
     pub(crate) slow_call_rate: Option<f64>,
     pub(crate) mode: Mode,
@@ -219,6 +220,7 @@ impl fmt::Debug for Settings {
             .field("recovery_jitter", &self.recovery_jitter)
             .field("probes", &self.probes)
             .field("probe_timeout", &self.probe_timeout)
+            .field("slow_start", &self.slow_start)
             .field("slow_call_threshold", &self.slow_call_threshold)
             .field("slow_call_rate", &self.slow_call_rate)
             .field("mode", &self.mode)
@@ -262,6 +264,21 @@ impl Settings {
 /// off past the end of the period; see [`Breaker::rejection`].
 const RELEASE_SPREAD: u32 = 2;
 
+/// When a call refused with `remaining` open time should come back: see
+/// [`Breaker::rejection`].
+fn release_after(remaining: Option<Duration>) -> Option<Duration> {
+    remaining.map(|remaining| remaining.saturating_mul(RELEASE_SPREAD + 1))
+}
+
+/// The state word's code for a breaker that closed less than its
+/// [slow start](crate::Builder::slow_start) ago: closed, but off the
+/// one-load closed path, admitting a rising share of calls.
+const SLOW_START_CODE: u64 = 6;
+
+/// The share of calls a slow start admits at its beginning (Envoy's
+/// `min_weight_percent` default).
+const SLOW_START_FLOOR: f64 = 0.1;
+
 /// The state word's code for a closed breaker under
 /// [`Policy::AdaptiveThrottle`]: closed, but not the closed code, so that
 /// its calls leave the one-load closed path and draw against the throttle.
@@ -301,6 +318,22 @@ impl Word {
     #[inline]
     const fn is_closed(self) -> bool {
         self.0 & STATE_MASK == State::Closed.code()
+    }
+    const fn is_slow_starting(self) -> bool {
+        self.0 & STATE_MASK == SLOW_START_CODE
+    }
+    /// Closed, whichever way: its calls are counted towards opening.
+    const fn counts_calls(self) -> bool {
+        let code = self.0 & STATE_MASK;
+        code == State::Closed.code() || code == SLOW_START_CODE
+    }
+    /// This word with the plain closed code.
+    const fn plainly_closed(self) -> Word {
+        Word(self.0 & !STATE_MASK | State::Closed.code())
+    }
+    /// This closed word, as a breaker in its slow start writes it.
+    const fn slow_starting(self) -> Word {
+        Word(self.0 & !STATE_MASK | SLOW_START_CODE)
     }
     const fn is_throttling(self) -> bool {
         self.0 & STATE_MASK == THROTTLING_CODE
@@ -595,6 +628,9 @@ impl Breaker {
         if word.is_throttling() {
             return Self::admit_throttled(holder, word);
         }
+        if word.is_slow_starting() {
+            return Self::admit_slow_start(holder, word);
+        }
         let now = Instant::now();
         loop {
             match word.state() {
@@ -699,6 +735,34 @@ impl Breaker {
         Ok(Self::permit(holder, word.epoch(), false))
     }
 
+    /// A breaker in its slow start admits a share of calls rising linearly
+    /// from [`SLOW_START_FLOOR`] to all of them over the window; a call
+    /// refused is told to come back at a random point of what is left of
+    /// it. Past the window, the breaker is plainly closed again (same
+    /// epoch: the counts go on).
+    fn admit_slow_start<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+        let this = holder.breaker();
+        let window = this.settings.slow_start;
+        let since_close = Duration::from_nanos(
+            this.offset(Instant::now())
+                .saturating_sub(this.since.load(Ordering::Acquire)),
+        );
+        let Some(left) = window
+            .checked_sub(since_close)
+            .filter(|left| !left.is_zero())
+        else {
+            // A racing caller may have done it already, or the breaker moved
+            // on; either way this call is admitted as a closed one.
+            let _ = this.cas(word, word.plainly_closed());
+            return Ok(Self::permit(holder, word.epoch(), false));
+        };
+        let share = (since_close.as_secs_f64() / window.as_secs_f64()).max(SLOW_START_FLOOR);
+        if fastrand::f64() < share {
+            return Ok(Self::permit(holder, word.epoch(), false));
+        }
+        Self::refuse_until(holder, word, None, Some(left.mul_f64(fastrand::f64())))
+    }
+
     /// The share of calls a throttling breaker refuses now:
     /// `max(0, (requests − k × accepts) / (requests + 1))` over its window,
     /// 0 for any other breaker.
@@ -717,6 +781,17 @@ impl Breaker {
         word: Word,
         remaining: Option<Duration>,
     ) -> Result<Permit<H>, CircuitOpen> {
+        Self::refuse_until(holder, word, remaining, release_after(remaining))
+    }
+
+    /// [`refuse`](Self::refuse), telling the caller to come back after
+    /// `retry_after`.
+    fn refuse_until<H: Hold>(
+        holder: &H,
+        word: Word,
+        remaining: Option<Duration>,
+        retry_after: Option<Duration>,
+    ) -> Result<Permit<H>, CircuitOpen> {
         let this = holder.breaker();
         if this.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
@@ -729,7 +804,7 @@ impl Breaker {
             );
             return Ok(Self::permit(holder, word.epoch(), false));
         }
-        Err(this.rejection(remaining))
+        Err(this.refusal(remaining, retry_after))
     }
 
     /// Counts and builds one refusal. A refusal while open tells the caller
@@ -742,6 +817,12 @@ impl Breaker {
     /// left when it came last, and one that came early and can no longer
     /// wait gives up rather than holding a place.
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
+        self.refusal(remaining, release_after(remaining))
+    }
+
+    /// Counts and builds one refusal that tells the caller to come back
+    /// after `retry_after`.
+    fn refusal(&self, remaining: Option<Duration>, retry_after: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.instruments.rejected.increment(1);
         // Per call, so never above `debug`: an outage must not turn every
@@ -753,7 +834,6 @@ impl Breaker {
             "circuit breaker rejected a call"
         );
         self.call_event(CallKind::Rejected(remaining), None);
-        let retry_after = remaining.map(|remaining| remaining.saturating_mul(RELEASE_SPREAD + 1));
         CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
 
@@ -945,7 +1025,7 @@ impl Breaker {
         };
         if trip {
             let word = self.load();
-            if word.epoch() == epoch && word.is_closed() {
+            if word.epoch() == epoch && word.counts_calls() {
                 self.open(word, Instant::now());
             }
         }
@@ -957,7 +1037,7 @@ impl Breaker {
     #[inline]
     fn counts(&self, epoch: u64) -> bool {
         let word = self.load();
-        word.epoch() == epoch && word.is_closed()
+        word.epoch() == epoch && word.counts_calls()
     }
 
     /// The rate policy's test: enough calls, and a failure share (or, when
@@ -1043,7 +1123,12 @@ impl Breaker {
             }
             let next = if slots.succeeded + slots.failed >= probes {
                 self.enter_closed();
-                self.closed_word(word.next(State::Closed))
+                let closed = self.closed_word(word.next(State::Closed));
+                if self.settings.slow_start.is_zero() || closed.is_throttling() {
+                    closed
+                } else {
+                    closed.slow_starting()
+                }
             } else {
                 word.with_slots(slots)
             };

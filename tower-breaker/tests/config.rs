@@ -20,12 +20,13 @@ fn defaults_and_human_durations() {
     );
     let config = parse(
         r#"{"mode": "metrics_only", "failure_threshold": 3, "recovery_timeout": "1m30s",
-            "slow_call_threshold": "250ms", "probes": 2}"#,
+            "slow_call_threshold": "250ms", "probes": 2, "slow_start": "2s"}"#,
     )
     .unwrap();
     assert_eq!(config.mode, Mode::MetricsOnly);
     assert_eq!(config.recovery_timeout, Some(Duration::from_secs(90)));
     assert_eq!(config.slow_call_threshold, Some(Duration::from_millis(250)));
+    assert_eq!(config.slow_start, Some(Duration::from_secs(2)));
     config
         .builder()
         .unwrap()
