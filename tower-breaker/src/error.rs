@@ -79,14 +79,19 @@ impl CircuitOpen {
         self.remaining
     }
 
-    /// When the caller should try again: the end of the open period plus
-    /// twice the time it had left, three times [`remaining`](Self::remaining).
-    /// The calls waiting out one open period so come back spread over a
-    /// ramp twice its length, the last refused first, instead of all at
-    /// once when it ends. It is the hint the refusal's
-    /// [`failure`](Self::failure) carries to a retry layer and, with the
-    /// `http` feature, the `Retry-After` of the `503` answer. `None` when
-    /// `remaining` is.
+    /// When the caller should try again, for a call refused in the last
+    /// quarter of an open period: the end of the period plus three times the
+    /// time it had left, four times [`remaining`](Self::remaining). The
+    /// calls waiting out one period so come back spread over a ramp three
+    /// times as long as they arrived in, the last refused first, instead of
+    /// all at once when it ends, and before a next period would end if the
+    /// probe failed. `None` for a call refused earlier in the period (it
+    /// could only come back onto the next period's callers), or while the
+    /// breaker is half-open, forced open or throttling; a refusal of a
+    /// [slow start](crate::Builder::slow_start) names a point of what is
+    /// left of it. It is the hint the refusal's [`failure`](Self::failure)
+    /// carries to a retry layer and, with the `http` feature, the
+    /// `Retry-After` of the `503` answer.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }

@@ -51,7 +51,7 @@ impl<C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreakerLayer<C, H> {
 impl<C> CircuitBreakerLayer<C> {
     /// A breaker with the defaults: open after 5 consecutive transient
     /// failures, stay open 1 s, then admit one probe; each failed probe
-    /// doubles the next open period, up to 5 s (see
+    /// doubles the next open period, up to 2 s (see
     /// [`Builder::recovery_timeout`]).
     pub fn new(classifier: C) -> Self {
         Builder::new()
@@ -165,7 +165,7 @@ impl Builder {
     /// The first open period of the default schedule.
     const FIRST_OPEN_PERIOD: Duration = Duration::from_secs(1);
     /// The longest open period of the default schedule.
-    const LONGEST_OPEN_PERIOD: Duration = Duration::from_secs(5);
+    const LONGEST_OPEN_PERIOD: Duration = Duration::from_secs(2);
     /// The default schedule's jitter.
     const OPEN_PERIOD_JITTER: f64 = 0.2;
 
@@ -238,12 +238,15 @@ impl Builder {
     /// asks for one.
     ///
     /// Without it the open period backs off: 1 s the first time, then twice
-    /// as long after each failed probe, up to 5 s, each period shortened by
+    /// as long after each failed probe, up to 2 s, each period shortened by
     /// a random share of up to 20 %; a probe that succeeds starts the
-    /// schedule again. A short first period sees a dependency that is back
-    /// within about a second, the doubling keeps a long outage's probes
-    /// rare, and the jitter keeps processes that opened together from
-    /// probing together.
+    /// schedule again. A dependency that is back is seen within one or two
+    /// seconds: every call refused until then is lost to a caller that
+    /// cannot wait, so the cap is short. A long outage costs one failed
+    /// probe every 1.6 to 2 s; raise the cap with
+    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
+    /// processes and keys would probe one dead dependency. The jitter keeps
+    /// processes that opened together from probing together.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;

@@ -262,13 +262,13 @@ impl Settings {
 
 /// How many times its remaining open time a refused call's release is put
 /// off past the end of the period; see [`Breaker::rejection`].
-const RELEASE_SPREAD: u32 = 2;
+const RELEASE_SPREAD: u32 = 3;
 
-/// When a call refused with `remaining` open time should come back: see
-/// [`Breaker::rejection`].
-fn release_after(remaining: Option<Duration>) -> Option<Duration> {
-    remaining.map(|remaining| remaining.saturating_mul(RELEASE_SPREAD + 1))
-}
+/// The share of an open period at its end whose refusals are told when to
+/// come back; see [`Breaker::rejection`]. With [`RELEASE_SPREAD`] they come
+/// back within the first three quarters of the next period's length, which
+/// even a jittered next period outlasts.
+const RELEASE_WINDOW_DIVISOR: u64 = 4;
 
 /// The state word's code for a breaker that closed less than its
 /// [slow start](crate::Builder::slow_start) ago: closed, but off the
@@ -781,7 +781,8 @@ impl Breaker {
         word: Word,
         remaining: Option<Duration>,
     ) -> Result<Permit<H>, CircuitOpen> {
-        Self::refuse_until(holder, word, remaining, release_after(remaining))
+        let retry_after = holder.breaker().release_after(remaining);
+        Self::refuse_until(holder, word, remaining, retry_after)
     }
 
     /// [`refuse`](Self::refuse), telling the caller to come back after
@@ -807,17 +808,31 @@ impl Breaker {
         Err(this.refusal(remaining, retry_after))
     }
 
-    /// Counts and builds one refusal. A refusal while open tells the caller
-    /// when to come back ([`CircuitOpen::retry_after`]): at the end of the
-    /// open period plus [`RELEASE_SPREAD`] times the time it had left. The
-    /// calls that wait out a period are so released over a ramp twice its
-    /// length, not on one tick: at a steady arrival rate they add at most
-    /// half that rate to the new calls. The last refused come back first
-    /// (last in, first out): a caller with a deadline has the most time
-    /// left when it came last, and one that came early and can no longer
-    /// wait gives up rather than holding a place.
+    /// Counts and builds one refusal. A call refused in the last quarter of
+    /// an open period is told when to come back ([`CircuitOpen::retry_after`]):
+    /// at the end of the period plus [`RELEASE_SPREAD`] times the time it
+    /// had left, the last refused first. The calls that wait out a period
+    /// are so released over a ramp three times as long as they arrived in:
+    /// at a steady arrival rate they add at most a third of it to the new
+    /// calls. The ramp ends within three quarters of a period after the
+    /// end, before the next period would end if the probe failed: then
+    /// they meet that period and give up, instead of piling onto the
+    /// callers of the next ones. A call refused earlier gets no such hint:
+    /// it could only be served after the probe by joining that pile.
     pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
-        self.refusal(remaining, release_after(remaining))
+        self.refusal(remaining, self.release_after(remaining))
+    }
+
+    /// When a call refused with `remaining` open time should come back: see
+    /// [`rejection`](Self::rejection).
+    fn release_after(&self, remaining: Option<Duration>) -> Option<Duration> {
+        let remaining = remaining?;
+        let period = self
+            .open_until
+            .load(Ordering::Acquire)
+            .saturating_sub(self.since.load(Ordering::Acquire));
+        (remaining.as_nanos() <= u128::from(period / RELEASE_WINDOW_DIVISOR))
+            .then(|| remaining.saturating_mul(RELEASE_SPREAD + 1))
     }
 
     /// Counts and builds one refusal that tells the caller to come back

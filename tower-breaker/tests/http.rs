@@ -39,7 +39,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
         assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "passed through");
         assert_eq!(response.body(), "bad gateway");
     }
-    tokio::time::advance(Duration::from_millis(4_500)).await;
+    tokio::time::advance(Duration::from_millis(15_500)).await;
 
     let response = svc.clone().oneshot(Request::new(())).await.unwrap();
     assert_eq!(
@@ -50,19 +50,19 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         response.headers()["retry-after"],
-        "47",
-        "15.5 s left, plus twice that (its place in the release ramp), rounded up"
+        "18",
+        "4.5 s left (the period's last quarter), plus three times that (its place in the release ramp)"
     );
     assert_eq!(response.headers()["content-type"], "application/json");
     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
     assert_eq!(body["code"], "CIRCUIT_OPEN");
-    assert_eq!(body["retry_after_secs"], 47);
+    assert_eq!(body["retry_after_secs"], 18);
 
     // Layers around it see the answer as shed load, not as a server error.
     let outcome = Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&response));
     let failure = outcome.as_failure().expect("a failure");
     assert_eq!(failure.kind, FailureKind::Shed);
-    assert_eq!(failure.retry_after(), Some(Duration::from_millis(46_500)));
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(18)));
 }
 
 /// Issue 31, item 5: an open HTTP breaker copies the refused request's

@@ -206,7 +206,7 @@ pub struct CircuitBreakerSection {
     /// Seconds the circuit stays open before one trial call is let through,
     /// every time it opens; at least 1. Absent (the default): the open
     /// period backs off, 1 s the first time, doubling after each failed
-    /// trial call up to 5 s, jittered, so a dependency that is back is seen
+    /// trial call up to 2 s, jittered, so a dependency that is back is seen
     /// within about a second.
     #[schemars(range(min = 1))]
     pub(crate) cooldown_secs: Option<u64>,
