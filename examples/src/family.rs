@@ -19,14 +19,15 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use tokio::time::Instant;
 use tower::retry::budget::Budget;
 use tower::{BoxError, ServiceBuilder};
-use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State, StateChange};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, RedbStore};
 use tower_poison::DeadLetterLayer;
@@ -40,6 +41,7 @@ use crate::client::{http_client_for, HttpService};
 #[derive(Debug, Clone)]
 pub struct FamilyHandles {
     breaker: BreakerHandle,
+    breaker_closes: BreakerCloses,
     budget: Arc<CountingBudget>,
     store: RedbStore,
 }
@@ -77,6 +79,32 @@ impl FamilyHandles {
     /// The breaker's admin handle.
     pub fn breaker(&self) -> &BreakerHandle {
         &self.breaker
+    }
+
+    /// The first time the breaker closed at or after `since`, if it did.
+    pub fn first_close_since(&self, since: Instant) -> Option<Instant> {
+        self.breaker_closes.first_since(since)
+    }
+}
+
+/// When the breaker closed, in order: the admin handle shows the state now,
+/// the demo needs to know when the traffic it held back was let go.
+#[derive(Debug, Clone, Default)]
+struct BreakerCloses(Arc<Mutex<Vec<Instant>>>);
+
+impl BreakerCloses {
+    fn record(&self, change: &StateChange<'_>) {
+        if change.to == State::Closed {
+            self.0
+                .lock()
+                .expect("no panics while locked")
+                .push(Instant::now());
+        }
+    }
+
+    fn first_since(&self, since: Instant) -> Option<Instant> {
+        let closes = self.0.lock().expect("no panics while locked");
+        closes.iter().copied().find(|closed| *closed >= since)
     }
 }
 
@@ -158,6 +186,7 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     let store = RedbStore::open(dead_letters)?;
 
     let (retry, budget) = budgeted_retry(classifier.clone())?;
+    let breaker_closes = BreakerCloses::default();
 
     // The demo's phases last seconds, so the breaker probes after 1 s rather
     // than the production default of 30 s. It counts attempts, so five failed
@@ -166,6 +195,10 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
         .name("upstream")
         .failure_threshold(5)
         .recovery_timeout(Duration::from_secs(1))
+        .on_state_change({
+            let closes = breaker_closes.clone();
+            move |change| closes.record(change)
+        })
         .build(classifier.clone())?;
     let breaker_handle = breaker.handle();
 
@@ -178,6 +211,7 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
         HttpService::new(stack),
         FamilyHandles {
             breaker: breaker_handle,
+            breaker_closes,
             budget,
             store,
         },

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -127,40 +127,44 @@ impl Schedule {
     }
 }
 
-/// What the upstream saw: requests per phase and per time bucket.
+/// What the upstream saw: requests per phase, and when each one arrived.
 #[derive(Debug)]
 pub struct UpstreamStats {
     started: Instant,
+    length: Duration,
     bucket: Duration,
-    buckets: Vec<AtomicU64>,
+    /// Every request's arrival, as time since `started`, in order. Kept
+    /// whole rather than bucketed so that any window can be measured
+    /// afterwards (the chart's 250 ms buckets, the recovery peak's 100 ms).
+    arrivals: Mutex<Vec<Duration>>,
     by_phase: [AtomicU64; 5],
-    total: AtomicU64,
 }
 
 impl UpstreamStats {
     fn new(started: Instant, bucket: Duration, length: Duration) -> Self {
-        let count = (length.as_millis() / bucket.as_millis().max(1)) as usize + 1;
         UpstreamStats {
             started,
+            length,
             bucket,
-            buckets: (0..count.min(100_000)).map(|_| AtomicU64::new(0)).collect(),
+            arrivals: Mutex::new(Vec::new()),
             by_phase: Default::default(),
-            total: AtomicU64::new(0),
         }
     }
 
     fn record(&self, phase: Phase) {
-        self.total.fetch_add(1, Ordering::Relaxed);
         self.by_phase[phase.index()].fetch_add(1, Ordering::Relaxed);
-        let index = (self.started.elapsed().as_millis() / self.bucket.as_millis().max(1)) as usize;
-        if let Some(bucket) = self.buckets.get(index) {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
+        let mut arrivals = self.arrivals();
+        // The clock is read under the lock, so the arrivals stay sorted.
+        arrivals.push(self.started.elapsed());
+    }
+
+    fn arrivals(&self) -> MutexGuard<'_, Vec<Duration>> {
+        self.arrivals.lock().expect("no panics while locked")
     }
 
     /// Every request received.
     pub fn total(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
+        self.arrivals().len() as u64
     }
 
     /// Requests received during `phase`.
@@ -168,16 +172,42 @@ impl UpstreamStats {
         self.by_phase[phase.index()].load(Ordering::Relaxed)
     }
 
-    /// Requests per second in each time bucket.
-    pub fn rate_series(&self) -> Vec<f64> {
-        let per_second = 1.0 / self.bucket.as_secs_f64();
-        self.buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed) as f64 * per_second)
-            .collect()
+    /// The most requests that arrived within `width` of one another, among
+    /// those that arrived between `from` and `to` (since the start): the
+    /// busiest `width`-long window of that stretch, wherever it begins.
+    pub fn busiest_window(&self, width: Duration, from: Duration, to: Duration) -> u64 {
+        let arrivals = self.arrivals();
+        let first = arrivals.partition_point(|at| *at < from);
+        let end = arrivals.partition_point(|at| *at < to);
+        let stretch = &arrivals[first..end];
+        // The busiest window can be taken to begin at an arrival: slide one
+        // pointer over the window's first arrival, the other past its last.
+        let mut past_last = 0;
+        let mut busiest = 0;
+        for (first_in, at) in stretch.iter().enumerate() {
+            while past_last < stretch.len() && stretch[past_last] < *at + width {
+                past_last += 1;
+            }
+            busiest = busiest.max(past_last - first_in);
+        }
+        busiest as u64
     }
 
-    /// The width of one time bucket.
+    /// Requests per second in each time bucket, from the start to the end
+    /// of the schedule.
+    pub fn rate_series(&self) -> Vec<f64> {
+        let bucket_of = |at: Duration| (at.as_millis() / self.bucket.as_millis().max(1)) as usize;
+        let mut counts = vec![0u64; bucket_of(self.length) + 1];
+        for at in self.arrivals().iter() {
+            if let Some(count) = counts.get_mut(bucket_of(*at)) {
+                *count += 1;
+            }
+        }
+        let per_second = 1.0 / self.bucket.as_secs_f64();
+        counts.into_iter().map(|c| c as f64 * per_second).collect()
+    }
+
+    /// The width of one time bucket of [`rate_series`](Self::rate_series).
     pub fn bucket(&self) -> Duration {
         self.bucket
     }
