@@ -10,12 +10,15 @@
 //!
 //! The family puts the retry layer *outside* the breaker (Polly's and
 //! Resilience4j's order): the breaker judges single attempts, so its
-//! half-open probe is one attempt and it sees the upstream recover at once,
-//! while a request refused by the open circuit waits out its remaining time
-//! (once, jittered, within the retry deadline, spending no budget) and is
-//! then sent to the recovered upstream. With the breaker outside, the probe
-//! is a whole retry loop that sleeps out the upstream's `Retry-After`, and
-//! the circuit stays open up to that long after the upstream is back.
+//! half-open probe is one attempt and it sees the upstream recover as soon
+//! as the open period ends. A request refused by the open circuit is told to
+//! come back after three times the period's remaining time (the breaker's
+//! release ramp); the retry layer waits that out once, jittered, spending no
+//! budget, when it fits the retry deadline and the 2 s maximum backoff delay,
+//! and otherwise gives the refusal back at once. With the breaker outside,
+//! the probe is a whole retry loop that sleeps out the upstream's
+//! `Retry-After`, and the circuit stays open up to that long after the
+//! upstream is back.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,13 +191,14 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     let (retry, budget) = budgeted_retry(classifier.clone())?;
     let breaker_closes = BreakerCloses::default();
 
-    // The demo's phases last seconds, so the breaker probes after 1 s rather
-    // than the production default of 30 s. It counts attempts, so five failed
-    // attempts open it.
+    // The breaker's defaults, the threshold spelled out: it counts attempts
+    // (the retry layer is outside), so five failed attempts in a row open
+    // it. Its open periods back off (1 s, doubling with jitter, up to 5 s),
+    // and each refusal says when to come back, on a ramp past the period's
+    // end rather than all at its end.
     let breaker = CircuitBreakerLayer::builder()
         .name("upstream")
         .failure_threshold(5)
-        .recovery_timeout(Duration::from_secs(1))
         .on_state_change({
             let closes = breaker_closes.clone();
             move |change| closes.record(change)
