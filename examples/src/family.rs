@@ -11,11 +11,11 @@
 //! The family puts the retry layer *outside* the breaker (Polly's and
 //! Resilience4j's order): the breaker judges single attempts, so its
 //! half-open probe is one attempt and it sees the upstream recover as soon
-//! as the open period ends. A request refused by the open circuit is told to
-//! come back after three times the period's remaining time (the breaker's
-//! release ramp); the retry layer waits that out once, jittered, spending no
-//! budget, when it fits the retry deadline and the 2 s maximum backoff delay,
-//! and otherwise gives the refusal back at once. With the breaker outside,
+//! as the open period ends. A request refused in the last fifth of an open
+//! period is told to come back after five times the period's remaining time
+//! (the breaker's release ramp); the retry layer waits that out once,
+//! jittered, spending no budget, when it fits the retry deadline and the 2 s
+//! maximum backoff delay. A refusal without that hint goes back at once. With the breaker outside,
 //! the probe is a whole retry loop that sleeps out the upstream's
 //! `Retry-After`, and the circuit stays open up to that long after the
 //! upstream is back.

@@ -643,9 +643,9 @@ static PARTIAL_OUTAGE: Simulated = Simulated::new(
 // The SPEC's goals (5b), each for the columns that meet it. What is not
 // met, and why (the tables show it):
 //
-// - the breaker's family serves 95.5 % of the 20 s after the long outage,
+// - the breaker's family serves 96.5 % of the 20 s after the long outage,
 //   not 98 %: its last open period (up to 2 s) ends after the upstream's
-//   return, and only the calls refused in its last quarter come back;
+//   return, and only the calls refused in its last fifth come back;
 // - in the partial outage neither family serves 45 %: the breaker opens on
 //   five failures in a row, which half the calls failing gives every few
 //   dozen calls; the throttle's `k = 2` is exactly neutral when half the

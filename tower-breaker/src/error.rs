@@ -80,9 +80,9 @@ impl CircuitOpen {
     }
 
     /// When the caller should try again, for a call refused in the last
-    /// quarter of an open period: the end of the period plus three times the
-    /// time it had left, four times [`remaining`](Self::remaining). The
-    /// calls waiting out one period so come back spread over a ramp three
+    /// fifth of an open period: the end of the period plus four times the
+    /// time it had left, five times [`remaining`](Self::remaining). The
+    /// calls waiting out one period so come back spread over a ramp four
     /// times as long as they arrived in, the last refused first, instead of
     /// all at once when it ends, and before a next period would end if the
     /// probe failed. `None` for a call refused earlier in the period (it

@@ -262,13 +262,14 @@ impl Settings {
 
 /// How many times its remaining open time a refused call's release is put
 /// off past the end of the period; see [`Breaker::rejection`].
-const RELEASE_SPREAD: u32 = 3;
+const RELEASE_SPREAD: u32 = 4;
 
 /// The share of an open period at its end whose refusals are told when to
 /// come back; see [`Breaker::rejection`]. With [`RELEASE_SPREAD`] they come
-/// back within the first three quarters of the next period's length, which
-/// even a jittered next period outlasts.
-const RELEASE_WINDOW_DIVISOR: u64 = 4;
+/// back within the first four fifths of the period's length after it,
+/// which the next period outlasts (a fixed one, or one jittered by up to
+/// the default 20 %).
+const RELEASE_WINDOW_DIVISOR: u64 = 5;
 
 /// The state word's code for a breaker that closed less than its
 /// [slow start](crate::Builder::slow_start) ago: closed, but off the
@@ -808,13 +809,13 @@ impl Breaker {
         Err(this.refusal(remaining, retry_after))
     }
 
-    /// Counts and builds one refusal. A call refused in the last quarter of
+    /// Counts and builds one refusal. A call refused in the last fifth of
     /// an open period is told when to come back ([`CircuitOpen::retry_after`]):
     /// at the end of the period plus [`RELEASE_SPREAD`] times the time it
     /// had left, the last refused first. The calls that wait out a period
-    /// are so released over a ramp three times as long as they arrived in:
-    /// at a steady arrival rate they add at most a third of it to the new
-    /// calls. The ramp ends within three quarters of a period after the
+    /// are so released over a ramp four times as long as they arrived in:
+    /// at a steady arrival rate they add at most a quarter of it to the new
+    /// calls. The ramp ends within four fifths of a period after the
     /// end, before the next period would end if the probe failed: then
     /// they meet that period and give up, instead of piling onto the
     /// callers of the next ones. A call refused earlier gets no such hint:

@@ -214,9 +214,9 @@ async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
     let outcome = ErrorChainClassifier::new().classify_error(&*err);
     let failure = outcome.as_failure().unwrap();
     assert_eq!(failure.kind, FailureKind::Shed);
-    // 2 s left of the period (within its last quarter), plus three times
+    // 2 s left of the period (within its last fifth), plus four times
     // that: its place in the release ramp.
-    assert_eq!(failure.retry_after(), Some(Duration::from_secs(8)));
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(10)));
     assert!(!outcome.is_retryable());
     assert_eq!(err.to_string(), "circuit open");
 }
@@ -453,11 +453,11 @@ async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset(
     }
 }
 
-/// Calls refused in the last quarter of an open period are told to come
-/// back at its end plus three times the time it had left: over a ramp three
+/// Calls refused in the last fifth of an open period are told to come
+/// back at its end plus four times the time it had left: over a ramp four
 /// times as long as they arrived in, the last refused first, so at a steady
-/// rate they add at most a third of the arrival rate to the new calls
-/// (SPEC 5b, no herd), and all within three quarters of a period after it,
+/// rate they add at most a quarter of the arrival rate to the new calls
+/// (SPEC 5b, no herd), and all within four fifths of a period after it,
 /// before a next period would end. Calls refused earlier get no hint.
 #[tokio::test(start_paused = true)]
 async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
@@ -470,7 +470,7 @@ async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
     fail(&mut svc, &mut handle, 0).await;
     let start = tokio::time::Instant::now();
     let mut releases = Vec::new();
-    for step_ms in [0u64, 2_000, 500, 500, 500, 499] {
+    for step_ms in [0u64, 2_000, 1_000, 200, 400, 399] {
         tokio::time::advance(Duration::from_millis(step_ms)).await;
         let open = rejected(&mut svc, &mut handle);
         let now = tokio::time::Instant::now();
@@ -485,11 +485,11 @@ async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
                 .map(|after| (now + after - start).as_millis()),
         );
     }
-    // Refused with 4, 2, 1.5, 1, 0.5 and 0.001 s left of a period ending
-    // at 4 s: the first three are more than a quarter of it from its end.
+    // Refused with 4, 2, 1, 0.8, 0.4 and 0.001 s left of a period ending
+    // at 4 s: the first three are more than a fifth of it from its end.
     assert_eq!(
         releases,
-        [None, None, None, Some(7_000), Some(5_500), Some(4_003)]
+        [None, None, None, Some(7_200), Some(5_600), Some(4_004)]
     );
 }
 

@@ -39,7 +39,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
         assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "passed through");
         assert_eq!(response.body(), "bad gateway");
     }
-    tokio::time::advance(Duration::from_millis(15_500)).await;
+    tokio::time::advance(Duration::from_millis(16_500)).await;
 
     let response = svc.clone().oneshot(Request::new(())).await.unwrap();
     assert_eq!(
@@ -51,7 +51,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     assert_eq!(
         response.headers()["retry-after"],
         "18",
-        "4.5 s left (the period's last quarter), plus three times that (its place in the release ramp)"
+        "3.5 s left (the period's last fifth), plus four times that (its place in the release ramp)"
     );
     assert_eq!(response.headers()["content-type"], "application/json");
     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
@@ -62,7 +62,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     let outcome = Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&response));
     let failure = outcome.as_failure().expect("a failure");
     assert_eq!(failure.kind, FailureKind::Shed);
-    assert_eq!(failure.retry_after(), Some(Duration::from_secs(18)));
+    assert_eq!(failure.retry_after(), Some(Duration::from_millis(17_500)));
 }
 
 /// Issue 31, item 5: an open HTTP breaker copies the refused request's
