@@ -300,7 +300,7 @@ impl<C, R> Policy<C, R> {
         state: &mut RetryState,
     ) -> Decision {
         // A load-shedding refusal below us (a breaker's open circuit): never
-        // retried at once. Its remaining time is waited out once, and only
+        // retried at once. Its hint (when to come back) is waited out once, and only
         // when the caller set a deadline it fits in and it is no longer than
         // `max_delay`: with no deadline every caller would sleep out the whole
         // recovery and come back on the same tick.
