@@ -42,9 +42,9 @@ use tower_classify::{CoarseClock, FailureKind, Outcome};
 pub enum State {
     /// Calls pass; counted failures are measured against the [`Policy`].
     Closed,
-    /// Calls fail at once with [`CircuitOpen`] until the recovery timeout ends.
+    /// Calls fail at once with [`CircuitOpen`] until the open period ends.
     Open,
-    /// The recovery timeout ended: the configured number of probe calls pass,
+    /// The open period ended: the configured number of probe calls pass,
     /// everything else still fails fast. Probe successes close the breaker; a
     /// probe failure reopens it.
     HalfOpen,
@@ -235,7 +235,7 @@ impl fmt::Debug for Settings {
 
 impl Settings {
     /// How long the breaker stays open after its `streak`-th reopen in a row
-    /// (0 for an open from closed): the recovery timeout, grown exponentially
+    /// (0 for an open from closed): the first period, grown exponentially
     /// when a maximum is configured, capped, then jittered downwards.
     pub(crate) fn open_duration(&self, streak: u32) -> Duration {
         let mut wait = self.recovery_timeout;
