@@ -175,6 +175,15 @@ async fn a_stack_whose_breaker_and_retry_are_leaked_opens_and_recovers_alike() {
     opens_until_the_cooldown(layer, store).await;
 }
 
+/// Down for the first 25 requests (five calls of five tries), then up.
+fn down_for_five_calls(n: usize) -> StatusCode {
+    if n < 25 {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
 /// Without `cooldown_secs` the open period backs off from about a second
 /// (SPEC 5b): the first trial call comes within 1 s of the fifth failure.
 #[tokio::test(start_paused = true)]
@@ -184,13 +193,7 @@ async fn without_a_cooldown_the_first_trial_call_comes_within_a_second() {
     let upstream = Upstream::new();
     let mut stack = ServiceBuilder::new()
         .layer(layer)
-        .service(upstream.service(|n| {
-            if n < 25 {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::OK
-            }
-        }));
+        .service(upstream.service(down_for_five_calls));
     for _ in 0..5 {
         let response = stack.ready().await.unwrap().call(get()).await.unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -219,17 +222,10 @@ async fn opens_until_the_cooldown<H, RH>(
     RH: tower_retry_budget::hold::Hold<HttpClassifier, HttpReplay> + Send + Sync + 'static,
 {
     let upstream = Upstream::new();
-    // Down for the first 25 requests (five calls of five tries), then up.
     let handle = layer.breaker_handle();
     let mut stack = ServiceBuilder::new()
         .layer(layer)
-        .service(upstream.service(|n| {
-            if n < 25 {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::OK
-            }
-        }));
+        .service(upstream.service(down_for_five_calls));
 
     for call in 0..5 {
         let response = stack.ready().await.unwrap().call(get()).await.unwrap();
