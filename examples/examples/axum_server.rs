@@ -144,8 +144,8 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
         // instead of a request held open for minutes.
         .max_wait(Duration::from_secs(10))
         .build()?;
-    // Short timings so the example runs in seconds; the production defaults
-    // are 5 failures and 30 s.
+    // Short timings so the example runs in seconds; the defaults are 5
+    // failures and open periods backing off from 1 s to 2 s.
     let breaker = CircuitBreakerLayer::builder()
         .name("inventory")
         .failure_threshold(3)

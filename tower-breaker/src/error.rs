@@ -24,8 +24,8 @@ use tower_classify::RefusalToken;
 ///
 /// Its [`source`](std::error::Error::source) is a
 /// [`tower_classify::Classified`] of kind
-/// [`Shed`](tower_classify::FailureKind::Shed) carrying the remaining open time
-/// as its hint, so any layer that classifies with
+/// [`Shed`](tower_classify::FailureKind::Shed) carrying
+/// [`retry_after`](CircuitOpen::retry_after) as its hint, so any layer that classifies with
 /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit.
@@ -97,8 +97,8 @@ impl CircuitOpen {
     }
 
     /// The classification this refusal carries: a
-    /// [`Shed`](tower_classify::FailureKind::Shed) failure whose hint is the
-    /// remaining open time.
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure whose hint is
+    /// [`retry_after`](Self::retry_after).
     pub fn failure(&self) -> tower_classify::Failure {
         self.classified.failure()
     }

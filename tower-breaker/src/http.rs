@@ -21,8 +21,10 @@ use crate::layer::CircuitBreakerLayer;
 use crate::service::CircuitBreaker;
 
 /// Like [`CircuitBreakerLayer`], but an open circuit *answers*: `503 Service
-/// Unavailable`, a `Retry-After` header with the remaining open time in whole
-/// seconds (rounded up; absent when unknown), and a JSON body
+/// Unavailable`, a `Retry-After` header in whole seconds (rounded up) with
+/// [`CircuitOpen::retry_after`] (the caller's place on the release ramp), or
+/// the remaining open time for a call refused before the period's last
+/// fifth (absent when neither is known), and a JSON body
 ///
 /// ```json
 /// {"code":"CIRCUIT_OPEN","message":"circuit open","retry_after_secs":12}
@@ -164,7 +166,10 @@ where
 
 /// The `503 CIRCUIT_OPEN` answer for `open`.
 fn open_response<B: From<String>>(open: &CircuitOpen) -> Response<B> {
-    let secs = open.retry_after().map(ceil_secs);
+    // A call refused early in an open period has no place on the release
+    // ramp; an HTTP caller still gets what an open circuit promises it, the
+    // time left.
+    let secs = open.retry_after().or(open.remaining()).map(ceil_secs);
     let body = match secs {
         Some(secs) => {
             format!(

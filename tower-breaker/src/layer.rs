@@ -261,9 +261,10 @@ impl Builder {
 
     /// Grow the open period on every reopen in a row (a probe failed again):
     /// `first × multiplier^n`, capped at `max`, where `first` is
-    /// [`recovery_timeout`](Self::recovery_timeout) (1 s when it is not
-    /// set). The default schedule's cap is 5 s; with `recovery_timeout` set
-    /// and no maximum, every open lasts `recovery_timeout`.
+    /// [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
+    /// 1 s or `max` if shorter). The default schedule's cap is 2 s; with
+    /// `recovery_timeout` set and no maximum, every open lasts
+    /// `recovery_timeout`.
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
         self.settings.max_recovery_timeout = Some(max);
         self.max_recovery_timeout_set = true;
@@ -283,8 +284,9 @@ impl Builder {
 
     /// Shorten each open period by a random share of up to `jitter` (in
     /// `[0, 1)`), so processes that opened together do not all probe at the
-    /// same moment. Default 0.2, or 0 once a fixed
-    /// [`recovery_timeout`](Self::recovery_timeout) is set.
+    /// same moment. Default 0.2, or 0 once
+    /// [`recovery_timeout`](Self::recovery_timeout) is set (with or without
+    /// a maximum).
     pub fn recovery_jitter(mut self, jitter: f64) -> Self {
         self.settings.recovery_jitter = jitter;
         self.recovery_jitter_set = true;

@@ -360,6 +360,9 @@ impl Word {
     const fn next(self, state: State) -> Word {
         Word::new(state, self.epoch() + 1, Slots::NONE)
     }
+    /// A half-open word with other slots. Only for half-open words: it
+    /// rebuilds the code from the decoded state, which would turn a
+    /// throttling or slow-starting closed word into a plain closed one.
     const fn with_slots(self, slots: Slots) -> Word {
         Word::new(self.state(), self.epoch(), slots)
     }
@@ -464,6 +467,11 @@ pub(crate) struct Breaker {
     probes_due: AtomicU64,
     /// Nanoseconds after `base` of the last state change.
     since: AtomicU64,
+    /// Nanoseconds after `base` when the current open period, or slow
+    /// start, began. Written before the CAS that starts it, as `open_until`
+    /// is, so that a caller that sees the new word reads this one too
+    /// (`since` is written only after the change).
+    period_start: AtomicU64,
     consecutive: AtomicU32,
     /// How many times in a row the breaker reopened from half-open (low 32
     /// bits), and the epoch of the half-open period the last reopening left
@@ -550,6 +558,7 @@ impl Breaker {
             open_until: AtomicU64::new(0),
             probes_due: AtomicU64::new(0),
             since: AtomicU64::new(0),
+            period_start: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             open_streak: AtomicU64::new(0),
             window,
@@ -746,7 +755,7 @@ impl Breaker {
         let window = this.settings.slow_start;
         let since_close = Duration::from_nanos(
             this.offset(Instant::now())
-                .saturating_sub(this.since.load(Ordering::Acquire)),
+                .saturating_sub(this.period_start.load(Ordering::Acquire)),
         );
         let Some(left) = window
             .checked_sub(since_close)
@@ -831,7 +840,7 @@ impl Breaker {
         let period = self
             .open_until
             .load(Ordering::Acquire)
-            .saturating_sub(self.since.load(Ordering::Acquire));
+            .saturating_sub(self.period_start.load(Ordering::Acquire));
         (remaining.as_nanos() <= u128::from(period / RELEASE_WINDOW_DIVISOR))
             .then(|| remaining.saturating_mul(RELEASE_SPREAD + 1))
     }
@@ -1019,8 +1028,10 @@ impl Breaker {
             // minimum may be one.
             Some(window) => {
                 if self.throttle.is_some() {
-                    // A throttle never opens: it only keeps its counts.
-                    if self.load().epoch() == epoch {
+                    // A throttle never opens: it only keeps its counts (none
+                    // while an operator forces it closed).
+                    let word = self.load();
+                    if word.epoch() == epoch && (word.counts_calls() || word.is_throttling()) {
                         window.record(failed, false, self.window_now(false));
                     }
                     return;
@@ -1143,6 +1154,8 @@ impl Breaker {
                 if self.settings.slow_start.is_zero() || closed.is_throttling() {
                     closed
                 } else {
+                    self.period_start
+                        .store(self.offset(Instant::now()), Ordering::Release);
                     closed.slow_starting()
                 }
             } else {
@@ -1185,6 +1198,7 @@ impl Breaker {
         // Written before the CAS so no reader ever sees `Open` with the last
         // period's (past) deadline. A writer that then loses the CAS differs
         // from the winner only by the moments between them.
+        self.period_start.store(self.offset(now), Ordering::Release);
         self.open_until
             .store(self.deadline_after(now, wait), Ordering::Release);
         if self.cas(from, from.next(State::Open)).is_err() {

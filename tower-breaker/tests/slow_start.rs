@@ -50,8 +50,13 @@ async fn just_closed() -> (
     (svc, admin, failing)
 }
 
-/// The share of `calls` calls admitted now (paused time stands still).
-fn admitted_share(svc: &(impl Service<u32, Error = BoxError> + Clone), calls: u32) -> f64 {
+/// The share of `calls` calls admitted now (paused time stands still),
+/// `left` before the slow start ends.
+fn admitted_share(
+    svc: &(impl Service<u32, Error = BoxError> + Clone),
+    calls: u32,
+    left: Duration,
+) -> f64 {
     let mut admitted = 0;
     for id in 0..calls {
         match svc
@@ -65,10 +70,7 @@ fn admitted_share(svc: &(impl Service<u32, Error = BoxError> + Clone), calls: u3
                 let open = error.downcast::<CircuitOpen>().expect("only refusals fail");
                 assert_eq!(open.remaining(), None, "the breaker is closed");
                 let back = open.retry_after().expect("told when to come back");
-                assert!(
-                    back <= WINDOW,
-                    "within what is left of the window: {back:?}"
-                );
+                assert!(back <= left, "within what is left of the window: {back:?}");
             }
         }
     }
@@ -80,16 +82,22 @@ async fn the_admitted_share_rises_from_a_tenth_to_all_over_the_window() {
     fastrand::seed(21);
     let (svc, _admin, _failing) = just_closed().await;
     let mut shares = Vec::new();
+    let mut elapsed = Duration::ZERO;
     for step in [0, 3, 3, 3] {
         tokio::time::advance(Duration::from_secs(step)).await;
-        shares.push(admitted_share(&svc, 2_000));
+        elapsed += Duration::from_secs(step);
+        shares.push(admitted_share(&svc, 2_000, WINDOW - elapsed));
     }
     // At 0, 3, 6 and 9 s of a 10 s window: 0.1 (the floor), 0.3, 0.6, 0.9.
     for (share, expected) in shares.iter().zip([0.1, 0.3, 0.6, 0.9]) {
         assert!((share - expected).abs() < 0.04, "{shares:?}");
     }
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(admitted_share(&svc, 2_000), 1.0, "the window is over");
+    assert_eq!(
+        admitted_share(&svc, 2_000, Duration::ZERO),
+        1.0,
+        "the window is over"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -207,8 +207,9 @@ pub struct CircuitBreakerSection {
     /// every time it opens; at least 1. Absent (the default): the open
     /// period backs off, 1 s the first time, doubling after each failed
     /// trial call up to 2 s, jittered, so a dependency that is back is seen
-    /// within about a second.
-    #[schemars(range(min = 1))]
+    /// within one or two seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64", range(min = 1))]
     pub(crate) cooldown_secs: Option<u64>,
 }
 
