@@ -490,8 +490,9 @@ impl Figures {
         let until = first_success.map_or(log.calls.len(), |at| {
             at + millis(PEAK_WINDOW_AFTER_FIRST_SUCCESS)
         });
+        // Any 100 ms, not only those on a bucket's edge: a window starting at
+        // every millisecond, so a burst straddling an edge counts whole.
         let busiest = (returns..until)
-            .step_by(bucket)
             .map(|from| log.calls_in(from..from + bucket))
             .max()
             .unwrap_or(0);

@@ -226,7 +226,9 @@ impl Builder {
     /// Never open; throttle instead, refusing calls at random as the backend
     /// accepts fewer than one in `k` (2 in the SRE book) over `window`. See
     /// [`Policy::AdaptiveThrottle`], and the crate's README for when to
-    /// throttle and when to break.
+    /// throttle and when to break. The settings of opening and closing
+    /// (the recovery timeouts, probes, slow start, slow calls) have no
+    /// effect on a throttle.
     pub fn adaptive_throttle(self, k: f64, window: Window) -> Self {
         self.policy(Policy::adaptive_throttle(k, window))
     }

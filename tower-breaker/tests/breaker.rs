@@ -420,6 +420,7 @@ async fn open_time_grows_while_probes_keep_failing_and_is_capped() {
 /// 20 %, up to 2 s; a probe that succeeds starts it again.
 #[tokio::test(start_paused = true)]
 async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset() {
+    let mut jittered = 0;
     for _ in 0..20 {
         let layer = CircuitBreakerLayer::builder()
             .failure_threshold(1)
@@ -440,6 +441,9 @@ async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset(
                 *period <= full && *period >= full.mul_f64(0.8),
                 "{periods:?}: each period in [0.8, 1] x 1 s, then the 2 s cap"
             );
+            if *period < full {
+                jittered += 1;
+            }
         }
         let wait = rejected(&mut svc, &mut handle).remaining().unwrap();
         tokio::time::advance(wait).await;
@@ -451,6 +455,10 @@ async fn by_default_open_periods_start_at_a_second_double_with_jitter_and_reset(
             "a success starts the schedule again: {first:?}"
         );
     }
+    assert!(
+        jittered > 50,
+        "the periods are jittered: {jittered} of 100 shortened"
+    );
 }
 
 /// Calls refused in the last fifth of an open period are told to come
