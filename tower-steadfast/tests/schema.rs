@@ -75,9 +75,12 @@ fn the_schema_states_the_ranges_and_defaults() {
     assert_eq!(retry["retry_on"]["minItems"], 1);
     let breaker = &schema["$defs"]["CircuitBreakerSection"]["properties"];
     assert_eq!(breaker["cooldown_secs"]["minimum"], 1);
-    assert_eq!(
-        breaker["cooldown_secs"]["default"],
-        Value::Null,
-        "absent: the breaker's backing-off open period"
-    );
+    // Left out, the breaker's backing-off open period: no default value,
+    // and the section's default leaves the key out.
+    assert_eq!(breaker["cooldown_secs"]["type"], "integer");
+    assert!(breaker["cooldown_secs"].get("default").is_none());
+    let section_default =
+        &schema["$defs"]["ResilienceConfig"]["properties"]["circuit_breaker"]["default"];
+    assert_eq!(section_default["consecutive_failures"], 5);
+    assert!(section_default.get("cooldown_secs").is_none());
 }
