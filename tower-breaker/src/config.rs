@@ -48,7 +48,8 @@ pub struct BreakerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// A fixed open period; see [`Builder::recovery_timeout`]. Absent: the
-    /// default schedule (1 s, doubling per failed probe up to 2 s, jittered).
+    /// default schedule (500 ms, doubling per failed probe up to 1 s,
+    /// jittered).
     #[serde(
         default,
         with = "tower_classify::duration::serde::option",

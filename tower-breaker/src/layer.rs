@@ -50,8 +50,8 @@ impl<C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreakerLayer<C, H> {
 
 impl<C> CircuitBreakerLayer<C> {
     /// A breaker with the defaults: open after 5 consecutive transient
-    /// failures, stay open 1 s, then admit one probe; each failed probe
-    /// doubles the next open period, up to 2 s (see
+    /// failures, stay open half a second, then admit one probe; each failed
+    /// probe doubles the next open period, up to 1 s (see
     /// [`Builder::recovery_timeout`]).
     pub fn new(classifier: C) -> Self {
         Builder::new()
@@ -163,9 +163,9 @@ impl Default for Builder {
 
 impl Builder {
     /// The first open period of the default schedule.
-    const FIRST_OPEN_PERIOD: Duration = Duration::from_secs(1);
+    const FIRST_OPEN_PERIOD: Duration = Duration::from_millis(500);
     /// The longest open period of the default schedule.
-    const LONGEST_OPEN_PERIOD: Duration = Duration::from_secs(2);
+    const LONGEST_OPEN_PERIOD: Duration = Duration::from_secs(1);
     /// The default schedule's jitter.
     const OPEN_PERIOD_JITTER: f64 = 0.2;
 
@@ -239,13 +239,13 @@ impl Builder {
     /// and no jitter shortens it unless [`recovery_jitter`](Self::recovery_jitter)
     /// asks for one.
     ///
-    /// Without it the open period backs off: 1 s the first time, then twice
-    /// as long after each failed probe, up to 2 s, each period shortened by
-    /// a random share of up to 20 %; a probe that succeeds starts the
-    /// schedule again. A dependency that is back is seen within one or two
-    /// seconds: every call refused until then is lost to a caller that
-    /// cannot wait, so the cap is short. A long outage costs one failed
-    /// probe every 1.6 to 2 s; raise the cap with
+    /// Without it the open period backs off: 500 ms the first time, then
+    /// twice as long after each failed probe, up to 1 s, each period
+    /// shortened by a random share of up to 20 %; a probe that succeeds
+    /// starts the schedule again. A dependency that is back is seen within a
+    /// second: every call refused until then is lost to a caller that cannot
+    /// wait, so the cap is short. A long outage costs one failed probe every
+    /// 0.8 to 1 s; raise the cap with
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
     /// processes and keys would probe one dead dependency. The jitter keeps
     /// processes that opened together from probing together.
@@ -264,7 +264,7 @@ impl Builder {
     /// Grow the open period on every reopen in a row (a probe failed again):
     /// `first × multiplier^n`, capped at `max`, where `first` is
     /// [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
-    /// 1 s or `max` if shorter). The default schedule's cap is 2 s; with
+    /// 500 ms or `max` if shorter). The default schedule's cap is 1 s; with
     /// `recovery_timeout` set and no maximum, every open lasts
     /// `recovery_timeout`.
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {

@@ -205,9 +205,9 @@ pub struct CircuitBreakerSection {
     pub(crate) consecutive_failures: u32,
     /// Seconds the circuit stays open before one trial call is let through,
     /// every time it opens; at least 1. Absent (the default): the open
-    /// period backs off, 1 s the first time, doubling after each failed
-    /// trial call up to 2 s, jittered, so a dependency that is back is seen
-    /// within one or two seconds.
+    /// period backs off, 500 ms the first time, doubling after each failed
+    /// trial call up to 1 s, jittered, so a dependency that is back is seen
+    /// within a second.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "u64", range(min = 1))]
     pub(crate) cooldown_secs: Option<u64>,

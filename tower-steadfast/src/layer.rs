@@ -209,8 +209,8 @@ impl ResilienceConfig {
     /// The breaker's builder with the `circuit_breaker` section applied:
     /// open after `consecutive_failures` failed calls in a row, then let one
     /// trial call through after `cooldown_secs` (a fixed period) or, without
-    /// it, after the breaker's backing-off open period (1 s, doubling per
-    /// failed trial up to 2 s). Add a [`name`](tower_breaker::Builder::name)
+    /// it, after the breaker's backing-off open period (500 ms, doubling per
+    /// failed trial up to 1 s). Add a [`name`](tower_breaker::Builder::name)
     /// (metrics label, default `default`) or callbacks before building.
     pub fn breaker_builder(&self) -> tower_breaker::Builder {
         let builder = CircuitBreakerLayer::builder()

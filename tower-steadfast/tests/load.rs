@@ -60,7 +60,7 @@ fn the_documented_block_loads_unchanged_in_every_format() {
 fn the_documented_values_are_the_defaults() {
     // The seed's block writes every key with its default value except
     // `cooldown_secs: 60`, which asks for a fixed open period; without it
-    // the open period backs off from 1 s.
+    // the open period backs off from 500 ms.
     let seed = load("seed.yaml").unwrap();
     let default = ResilienceConfig::default();
     assert_eq!(seed.retry(), default.retry());
