@@ -91,7 +91,8 @@ impl CircuitOpen {
     /// [slow start](crate::Builder::slow_start) names a point of what is
     /// left of it. It is the hint the refusal's [`failure`](Self::failure)
     /// carries to a retry layer and, with the `http` feature, the
-    /// `Retry-After` of the `503` answer.
+    /// `Retry-After` of the `503` answer; a `503` refused without it says
+    /// the [`remaining`](Self::remaining) open time instead.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }

@@ -94,8 +94,7 @@ impl<S, C, H: Hold> CircuitBreaker<S, C, H> {
     pub(crate) fn admit(&mut self) -> Result<Option<Permit<H>>, CircuitOpen> {
         if self.refuse_next {
             self.refuse_next = false;
-            let remaining = self.breaker().refusing().flatten();
-            return Err(self.breaker().rejection(remaining));
+            return Err(self.breaker().rejection());
         }
         if self.breaker().disabled {
             return Ok(None);

@@ -647,12 +647,12 @@ impl Breaker {
                 State::Closed | State::ForcedClosed => {
                     return Ok(Self::permit(holder, word.epoch(), false))
                 }
-                State::ForcedOpen => return Self::refuse(holder, word, None),
+                State::ForcedOpen => return Self::refuse(holder, word),
                 State::Open => {
                     let until = this.open_until.load(Ordering::Acquire);
                     let at = this.offset(now);
                     if at < until {
-                        return Self::refuse(holder, word, Some(Duration::from_nanos(until - at)));
+                        return Self::refuse_open(holder, word, until, at);
                     }
                     // Recovery timeout over: this caller turns the breaker
                     // half-open and takes the first probe slot in one CAS.
@@ -691,7 +691,7 @@ impl Breaker {
                             word = this.load();
                             continue;
                         }
-                        return Self::refuse(holder, word, None);
+                        return Self::refuse(holder, word);
                     }
                     let next = word.with_slots(Slots {
                         claimed: word.claimed() + 1,
@@ -740,7 +740,7 @@ impl Breaker {
                     window.record(true, false, this.window_now(false));
                 }
             }
-            return Self::refuse(holder, word, None);
+            return Self::refuse(holder, word);
         }
         Ok(Self::permit(holder, word.epoch(), false))
     }
@@ -786,13 +786,23 @@ impl Breaker {
         ((requests - k * accepts) / (requests + 1.0)).max(0.0)
     }
 
-    fn refuse<H: Hold>(
+    /// Refuses a call where no open period says when to come back: forced
+    /// open, every probe slot taken, throttled.
+    fn refuse<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+        Self::refuse_until(holder, word, None, None)
+    }
+
+    /// Refuses a call arriving at `at` in the open period ending at `until`
+    /// (both as [`offset`](Self::offset)s), with its place on the release
+    /// ramp if it has one.
+    fn refuse_open<H: Hold>(
         holder: &H,
         word: Word,
-        remaining: Option<Duration>,
+        until: u64,
+        at: u64,
     ) -> Result<Permit<H>, CircuitOpen> {
-        let retry_after = holder.breaker().release_after(remaining);
-        Self::refuse_until(holder, word, remaining, retry_after)
+        let (remaining, retry_after) = holder.breaker().release_after(until, at);
+        Self::refuse_until(holder, word, Some(remaining), retry_after)
     }
 
     /// [`refuse`](Self::refuse), telling the caller to come back after
@@ -829,20 +839,31 @@ impl Breaker {
     /// they meet that period and give up, instead of piling onto the
     /// callers of the next ones. A call refused earlier gets no such hint:
     /// it could only be served after the probe by joining that pile.
-    pub(crate) fn rejection(&self, remaining: Option<Duration>) -> CircuitOpen {
-        self.refusal(remaining, self.release_after(remaining))
+    pub(crate) fn rejection(&self) -> CircuitOpen {
+        if self.load().state() == State::Open {
+            let until = self.open_until.load(Ordering::Acquire);
+            let at = self.offset(Instant::now());
+            if at < until {
+                let (remaining, retry_after) = self.release_after(until, at);
+                return self.refusal(Some(remaining), retry_after);
+            }
+        }
+        self.refusal(None, None)
     }
 
-    /// When a call refused with `remaining` open time should come back: see
-    /// [`rejection`](Self::rejection).
-    fn release_after(&self, remaining: Option<Duration>) -> Option<Duration> {
-        let remaining = remaining?;
-        let period = self
-            .open_until
-            .load(Ordering::Acquire)
-            .saturating_sub(self.period_start.load(Ordering::Acquire));
-        (remaining.as_nanos() <= u128::from(period / RELEASE_WINDOW_DIVISOR))
-            .then(|| remaining.saturating_mul(RELEASE_SPREAD + 1))
+    /// The time left of the open period ending at `until` for a call
+    /// refused at `at`, and when it should come back: see
+    /// [`rejection`](Self::rejection). The period is the one `until` ends,
+    /// read from the same load the caller compared, so a refusal that
+    /// stalls across a reopening never mixes two periods (it then gets no
+    /// hint: the newer period started after `until` was read).
+    fn release_after(&self, until: u64, at: u64) -> (Duration, Option<Duration>) {
+        let remaining = until - at;
+        let period = until.saturating_sub(self.period_start.load(Ordering::Acquire));
+        let remaining_time = Duration::from_nanos(remaining);
+        let retry_after = (remaining <= period / RELEASE_WINDOW_DIVISOR)
+            .then(|| remaining_time.saturating_mul(RELEASE_SPREAD + 1));
+        (remaining_time, retry_after)
     }
 
     /// Counts and builds one refusal that tells the caller to come back
@@ -1597,6 +1618,44 @@ mod tests {
         );
         assert!(!breaker.open(half_open, now), "the loser");
         assert_eq!(breaker.open_until.load(Ordering::Acquire), deadline);
+    }
+
+    /// A refusal's place on the release ramp is judged against the period
+    /// whose end it compared: one that stalls while a newer period starts
+    /// gets no hint, rather than the old period's time left measured
+    /// against the new period's length.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_placed_against_the_period_it_compared() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(10))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        let until = breaker.open_until.load(Ordering::Acquire);
+        let late = until - Duration::from_secs(1).as_nanos() as u64;
+        assert_eq!(
+            breaker.release_after(until, late),
+            (Duration::from_secs(1), Some(Duration::from_secs(5))),
+            "1 s left of 10: the last fifth, back after five times that"
+        );
+        let early = until - Duration::from_secs(3).as_nanos() as u64;
+        assert_eq!(breaker.release_after(until, early).1, None);
+        // A newer 10 s period started after `until` was read.
+        let newer = until + 1;
+        breaker.period_start.store(newer, Ordering::Release);
+        breaker.open_until.store(
+            newer + Duration::from_secs(10).as_nanos() as u64,
+            Ordering::Release,
+        );
+        assert_eq!(
+            breaker.release_after(until, late),
+            (Duration::from_secs(1), None)
+        );
     }
 
     /// SPEC 5b: a throttling breaker refuses with the SRE book's

@@ -65,6 +65,44 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     assert_eq!(failure.retry_after(), Some(Duration::from_millis(17_500)));
 }
 
+/// A call refused before the last fifth of an open period has no place on
+/// the release ramp (`CircuitOpen::retry_after` is `None`), but the `503`
+/// still tells an HTTP caller what an open circuit promises: the time left,
+/// rounded up. Layers around it see no hint in its `Failure`, as a retry
+/// layer in process would: they give up at once rather than pile onto the
+/// close.
+#[tokio::test(start_paused = true)]
+async fn an_early_refusals_503_says_the_time_left() {
+    let layer = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(20))
+        .build(HttpClassifier::new())
+        .unwrap()
+        .into_http();
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::builder().status(502).body(String::new()).unwrap())
+    }));
+    let opened = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(opened.status(), StatusCode::BAD_GATEWAY);
+    tokio::time::advance(Duration::from_millis(5_500)).await;
+
+    let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        response.headers()["retry-after"],
+        "15",
+        "14.5 s left, rounded up; no ramp place this early"
+    );
+    let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+    assert_eq!(body["retry_after_secs"], 15);
+    let failure = response
+        .extensions()
+        .get::<Failure>()
+        .expect("the refusal's failure");
+    assert_eq!(failure.kind, FailureKind::Shed);
+    assert_eq!(failure.retry_after(), None, "{failure:?}");
+}
+
 /// Issue 31, item 5: an open HTTP breaker copies the refused request's
 /// `RefusalToken` into its 503's `Failure`, the proof an idempotency guard
 /// in front of it needs; a request without one gets a refusal without one.
