@@ -7,9 +7,12 @@
 //! Every attempt is recorded by the breaker, so it opens sooner; the retry
 //! layer then meets the breaker's `CircuitOpen` (a `Shed` failure through
 //! `tower-classify`, the crates do not know each other) and must not spin on
-//! it: it returns it at once, or waits the remaining open time out once when
-//! that fits inside its deadline. Either way the upstream sees a bounded,
-//! exact number of attempts.
+//! it. A refusal early in an open period carries no hint, and the retry layer
+//! returns it at once; one in the period's last fifth carries its
+//! `retry_after` (five times the open time left: a place on the breaker's
+//! release ramp), which the retry layer waits out once when it fits inside
+//! its deadline. Either way the upstream sees a bounded, exact number of
+//! attempts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +23,7 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use tower::ServiceBuilder;
-use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
+use tower_breaker::{CallKind, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 
@@ -31,8 +34,8 @@ use integration_tests::{
 };
 
 /// The breaker opens after two attempts of the first call; the third attempt
-/// meets `CircuitOpen` with 30 s to go, which does not fit the retry loop's
-/// 5 s deadline, so the retry layer gives up at once instead of using its
+/// meets `CircuitOpen` with 30 s to go, early in the period, so the refusal
+/// carries no hint and the retry layer gives up at once instead of using its
 /// four remaining retries. Later calls are refused before any attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
@@ -97,40 +100,72 @@ async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
 /// A refusal early in an open period carries no place on the breaker's
 /// release ramp: the retry layer gives it back at once rather than wait.
 /// One in the period's last fifth does: the retry layer waits it out once,
-/// and the attempt after the wait is the probe. A 200 ms open period.
+/// and the attempt after the wait is the probe. A 1 s open period, so that
+/// a loaded machine's scheduling delays cannot carry either call out of the
+/// part of the period it is meant for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_outside_breaker_waits_out_a_refusal_late_in_the_open_period() {
-    let recovery = Duration::from_millis(200);
+    let recovery = Duration::from_secs(1);
+    let last_fifth = recovery / 5;
     let upstream = ScriptedServer::start().await.unwrap();
     upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
-    let (breaker, handle) = breaker(2, recovery);
-    let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
+    // Each refusal's remaining open time, and when it was made: what the
+    // retry layer was told, seen from the breaker's side.
+    let refusals = Arc::new(Mutex::new(Vec::<(Duration, Instant)>::new()));
+    let layer = CircuitBreakerLayer::builder()
+        .name(BREAKER)
+        .failure_threshold(2)
+        .recovery_timeout(recovery)
+        .on_call({
+            let refusals = refusals.clone();
+            move |event| {
+                if let CallKind::Rejected(Some(remaining)) = event.kind {
+                    refusals.lock().unwrap().push((remaining, Instant::now()));
+                }
+            }
+        })
+        .build(HttpClassifier::new())
+        .unwrap();
+    let handle = layer.handle();
+    let stack = retry_outside_breaker(dead_letters(&store), layer, retry(5));
 
-    let started = Instant::now();
-    let result = send(
+    let error = send(
         &stack,
         request(&upstream, Method::GET, "/items", "first", ""),
     )
-    .await;
-    let opened = upstream.received()[1].at;
-    assert_eq!(upstream.hits(), 2, "two attempts open the breaker");
-    let error = result.expect_err("refused 20 ms into the open period");
-    assert!(error.is::<CircuitOpen>(), "{error}");
-    assert!(
-        started.elapsed() < recovery / 2,
-        "given back at once, not waited out: {:?}",
-        started.elapsed()
+    .await
+    .expect_err("refused 20 ms into the open period");
+    assert_eq!(
+        upstream.hits(),
+        2,
+        "two attempts open the breaker; the early refusal is given back at once"
     );
-    assert_eq!(handle.get(BREAKER).unwrap().state, State::Open);
+    let open = error
+        .downcast_ref::<CircuitOpen>()
+        .unwrap_or_else(|| panic!("expected CircuitOpen, got {error}"));
+    assert!(
+        open.remaining().unwrap() > last_fifth,
+        "{:?}",
+        open.remaining()
+    );
+    assert_eq!(open.retry_after(), None, "no place on the ramp");
+    let snapshot = handle.get(BREAKER).unwrap();
+    assert_eq!(snapshot.state, State::Open);
+    assert_eq!(snapshot.rejected, 1);
     assert_eq!(store.depth().await.unwrap(), 1);
 
-    // Late in the period (170 ms of 200), a call is refused with a place on
-    // the ramp, waits it out, and its next attempt is the probe; the
-    // upstream is back by then. (Should the sleep overrun the period, the
-    // call is the probe itself: the outcome is the same.)
+    // Aim just inside the last fifth, by the breaker's own clock (a sleep
+    // ends late, never early): a call delayed by up to nine tenths of it
+    // still lands in it. It is refused with a place on the ramp, waits it
+    // out, and its next attempt is the probe; the upstream is back by then.
     upstream.otherwise(Reply::ok("ok"));
-    tokio::time::sleep_until((opened + Duration::from_millis(170)).into()).await;
+    let remaining_open = handle
+        .get(BREAKER)
+        .unwrap()
+        .remaining_open
+        .expect("open, so timed");
+    tokio::time::sleep(remaining_open.saturating_sub(last_fifth * 9 / 10)).await;
     let response = send(
         &stack,
         request(&upstream, Method::GET, "/items", "second", ""),
@@ -138,12 +173,28 @@ async fn retry_outside_breaker_waits_out_a_refusal_late_in_the_open_period() {
     .await
     .expect("the probe succeeds after the wait");
     assert_eq!(response.status(), 200);
-    assert_eq!(upstream.hits(), 3);
-    assert!(
-        upstream.received()[2].at >= opened + recovery,
-        "the probe came after the open period"
+    assert_eq!(upstream.hits(), 3, "the refusal never reached the upstream");
+
+    let refusals = refusals.lock().unwrap().clone();
+    assert_eq!(
+        refusals.len(),
+        2,
+        "the second call was refused once, then waited; not the probe itself"
     );
-    assert_eq!(handle.get(BREAKER).unwrap().state, State::Closed);
+    let (remaining, refused_at) = refusals[1];
+    assert!(
+        remaining <= last_fifth,
+        "refused with {remaining:?} to go: not in the last fifth"
+    );
+    let waited = upstream.received()[2].at - refused_at;
+    assert!(
+        waited >= remaining * 5,
+        "the probe came {waited:?} after a refusal with {remaining:?} to go: \
+         the retry layer did not wait out its `retry_after`"
+    );
+    let snapshot = handle.get(BREAKER).unwrap();
+    assert_eq!(snapshot.rejected, 2);
+    assert_eq!(snapshot.state, State::Closed);
 }
 
 /// Across processes: a server protects its handler with the breaker's HTTP

@@ -432,6 +432,23 @@ fn any_config_yaml() -> impl Strategy<Value = String> {
         )
 }
 
+/// A block whose `circuit_breaker` section has any valid
+/// `consecutive_failures` and a `cooldown_secs` of `cooldown`, or none at
+/// all; with what it holds.
+fn any_breaker_section_yaml() -> impl Strategy<Value = (u32, Option<u64>, String)> {
+    // TOML integers are signed 64-bit: a larger cooldown could not be
+    // written back to TOML at all.
+    (1u32..1000, proptest::option::of(1u64..=i64::MAX as u64)).prop_map(|(failures, cooldown)| {
+        let cooldown_line = cooldown
+            .map(|secs| format!("    cooldown_secs: {secs}\n"))
+            .unwrap_or_default();
+        let yaml = format!(
+            "resilience:\n  circuit_breaker:\n    consecutive_failures: {failures}\n{cooldown_line}"
+        );
+        (failures, cooldown, yaml)
+    })
+}
+
 proptest! {
     /// Any valid block loads, and what it loads writes back (in each
     /// format) to text that loads to the same configuration.
@@ -446,6 +463,38 @@ proptest! {
         prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
         // Building the stack never fails for a loaded configuration.
         let _ = config.layer("orders", tower_poison::store::MemoryStore::new(1));
+    }
+
+    /// `cooldown_secs` left out stays out: the breaker's backing-off
+    /// schedule (`cooldown()` is `None`), and the config written back in
+    /// every format leaves the key out rather than writing it as null, which
+    /// the loader refuses. Given, it is the fixed period, written back as is.
+    #[test]
+    fn an_absent_cooldown_stays_absent_through_every_format(
+        (failures, cooldown, yaml) in any_breaker_section_yaml()
+    ) {
+        let config = ResilienceConfig::from_yaml_str(&yaml).unwrap();
+        let breaker = config.circuit_breaker();
+        prop_assert_eq!(breaker.consecutive_failures(), failures);
+        prop_assert_eq!(breaker.cooldown(), cooldown.map(Duration::from_secs));
+
+        let json = serde_json::to_value(&config).unwrap();
+        let written = json["circuit_breaker"].get("cooldown_secs").cloned();
+        prop_assert_eq!(written, cooldown.map(serde_json::Value::from));
+        let toml = toml::to_string(&config).unwrap();
+        prop_assert_eq!(toml.contains("cooldown_secs"), cooldown.is_some(), "{}", toml);
+        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        prop_assert_eq!(yaml_again.contains("cooldown_secs"), cooldown.is_some(), "{}", yaml_again);
+
+        prop_assert_eq!(&ResilienceConfig::from_json_str(&json.to_string()).unwrap(), &config);
+        prop_assert_eq!(&ResilienceConfig::from_toml_str(&toml).unwrap(), &config);
+        prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
+
+        let null = format!(
+            "resilience:\n  circuit_breaker:\n    consecutive_failures: {failures}\n    cooldown_secs: null\n"
+        );
+        let refused = ResilienceConfig::from_yaml_str(&null).unwrap_err();
+        prop_assert_eq!(refused.field(), Some("resilience.circuit_breaker.cooldown_secs"));
     }
 
     /// Any whole number outside 1..=17 is refused for max_attempts, by name.
