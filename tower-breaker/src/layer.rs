@@ -363,7 +363,11 @@ impl Builder {
     /// While open, make `poll_ready` return `Pending` (until the recovery
     /// timeout ends or the state changes) instead of failing calls. For
     /// balancers, which then route around this endpoint. Off by default
-    /// (tower's load-shed pattern: ready, then fail fast in `call`).
+    /// (tower's load-shed pattern: ready, then fail fast in `call`). Every
+    /// waiting service becomes ready together when the breaker closes: no
+    /// release ramp spreads them; where many requests wait on clones, add
+    /// [`slow_start`](Self::slow_start), which admits a rising share of them
+    /// and tells the others when to come back.
     /// Ignored by keyed breakers, whose key is known only in `call`.
     pub fn pending_when_open(mut self, yes: bool) -> Self {
         self.settings.pending_when_open = yes;
