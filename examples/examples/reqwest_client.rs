@@ -28,7 +28,7 @@ use http_body_util::{BodyExt, Full};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_retry_budget::backoff::Backoff;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-use tower_retry_budget::{RetryLayer, ServiceBuilderExt};
+use tower_retry_budget::RetryLayer;
 
 /// reqwest as an `http::Request` → `http::Response` service whose error is
 /// `reqwest::Error` itself.
@@ -68,7 +68,7 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     let mut client = ServiceBuilder::new()
         .layer(ReplayBodyLayer::new(64 * 1024))
-        .retry_with(
+        .layer(
             RetryLayer::http_builder()
                 .name("catalog")
                 .max_retries(3)

@@ -28,7 +28,6 @@ mod layer;
 mod policy;
 mod registry;
 mod service;
-mod service_builder;
 mod state;
 mod sync;
 
@@ -47,7 +46,6 @@ pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
 pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
-pub use self::service_builder::ServiceBuilderExt;
 pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};
 
 /// Which public types are `#[non_exhaustive]`, and the checks that they

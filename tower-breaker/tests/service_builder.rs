@@ -1,12 +1,12 @@
-//! Issue 14: `ServiceBuilderExt` puts the breaker in a `ServiceBuilder`
-//! stack, inside the layers added before it.
+//! Issue 14: `.layer(breaker)` puts the breaker in a `ServiceBuilder`
+//! stack, inside the layers added before it; a keyed one too.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::{CircuitBreakerLayer, CircuitOpen, ServiceBuilderExt, State};
+use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
 fn refused() -> io::Error {
@@ -28,7 +28,7 @@ async fn circuit_breaker_guards_the_service_inside_the_layers_before_it() {
             mapped_in.fetch_add(1, Ordering::Relaxed);
             req
         })
-        .circuit_breaker(layer)
+        .layer(layer)
         .service(service_fn(move |_: ()| {
             reached_in.fetch_add(1, Ordering::Relaxed);
             async { Err::<(), _>(refused()) }
@@ -61,15 +61,15 @@ async fn keyed_circuit_breaker_keeps_one_breaker_per_key() {
         })
         .unwrap();
     let handle = layer.handle();
-    let mut service = ServiceBuilder::new()
-        .keyed_circuit_breaker(layer)
-        .service(service_fn(|(_, fails): (&'static str, bool)| async move {
+    let mut service = ServiceBuilder::new().layer(layer).service(service_fn(
+        |(_, fails): (&'static str, bool)| async move {
             if fails {
                 Err::<(), BoxError>(refused().into())
             } else {
                 Ok(())
             }
-        }));
+        },
+    ));
     let mut send = |req| service.call(req);
     send(("down", true)).await.unwrap_err();
     assert!(send(("down", false)).await.unwrap_err().is::<CircuitOpen>());

@@ -10,7 +10,6 @@
 
 mod action;
 mod attempts;
-mod builder;
 mod capture;
 pub mod config;
 pub mod counts;
@@ -29,7 +28,6 @@ pub mod store;
 
 pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
-pub use self::builder::ServiceBuilderExt;
 pub use self::capture::{
     describe_fn, BodyRecording, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture,
     NoRecording, PendingRecord, RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,

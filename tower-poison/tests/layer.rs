@@ -793,22 +793,21 @@ async fn a_servers_layer_stores_only_what_an_operator_acts_on() {
     }
 }
 
-/// `.dead_letter(layer)` is `.layer(layer)`: the same stack type, and the
-/// layer it adds stores failures of the services below it.
+/// In a `ServiceBuilder`, `.layer(layer)` adds the dead-letter layer in
+/// order: it stores failures of the services below it, the inner one first.
 #[tokio::test]
-async fn service_builder_dead_letter_adds_the_layer_in_order() {
+async fn service_builder_adds_the_dead_letter_layer_in_order() {
     use tower::layer::util::{Identity, Stack};
     use tower::ServiceBuilder;
     use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
-    use tower_poison::ServiceBuilderExt;
 
     let store = MemoryStore::new(100);
     let builder: ServiceBuilder<Stack<DeadLetterLayer<MemoryStore>, Identity>> =
-        ServiceBuilder::new().dead_letter(DeadLetterLayer::new(store.clone()).label("outer"));
+        ServiceBuilder::new().layer(DeadLetterLayer::new(store.clone()).label("outer"));
     // A second one below the first: both see the failure, the inner one
     // first.
     let service = builder
-        .dead_letter(DeadLetterLayer::new(store.clone()).label("inner"))
+        .layer(DeadLetterLayer::new(store.clone()).label("inner"))
         .service_fn(|_: Request<_>| async {
             Ok::<_, BoxError>(
                 http::Response::builder()

@@ -12,7 +12,6 @@ pub mod backoff;
 #[cfg(feature = "http")]
 pub mod body;
 pub mod budget;
-mod builder_ext;
 mod cold;
 #[cfg(feature = "serde")]
 pub mod config;
@@ -29,7 +28,6 @@ pub mod service_config;
 mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
-pub use self::builder_ext::ServiceBuilderExt;
 pub use self::hedge::{Hedge, HedgeBuilder, HedgeLayer};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
 pub use self::policy::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
