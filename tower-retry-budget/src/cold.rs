@@ -10,7 +10,8 @@ use tower_classify::{BoxError, Failure};
 use tower_service::Service;
 
 use crate::error::{DeadlineExceeded, PreviousFailure};
-use crate::policy::{Policy, RetryState, StopReason};
+use crate::events::StopReason;
+use crate::policy::{Policy, RetryState};
 use crate::replay::StopReport;
 use crate::telemetry::{self, CallSpans};
 

@@ -13,8 +13,9 @@ use tower_service::Service;
 
 use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
 use crate::error::{BudgetExhausted, WaitTooLong};
+use crate::events::{RetryEvent, RetryStopped, StopReason};
 use crate::hold::{Counted, Hold};
-use crate::policy::{Decision, RetryEvent, RetryStopped, Stop, StopReason};
+use crate::policy::{Decision, Stop};
 use crate::replay::{lost_its_body, Replay, StopReport};
 use crate::telemetry::{self, Telemetry};
 

@@ -8,8 +8,9 @@ use tower_layer::Layer;
 
 use crate::backoff::Backoff;
 use crate::budget::{Budget, TpsBudget};
+use crate::events::{GiveUpEvent, Listeners, RetryEvent, SuccessAfterRetries};
 use crate::hold::{Counted, Hold, Leaked};
-use crate::policy::{GiveUpEvent, Listeners, Policy, RetryEvent, RetryIf, SuccessAfterRetries};
+use crate::policy::{Policy, RetryIf};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
 use crate::telemetry::Telemetry;
@@ -22,7 +23,7 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 /// Retries failed calls of the service it wraps; see the [crate docs](crate).
 ///
 /// Built by [`RetryLayer::http`], [`RetryLayer::builder`], [`RetryLayer::http_builder`] or a
-/// [preset](crate::policy). All settings, the classifier and the retry budget
+/// [preset](crate::presets). All settings, the classifier and the retry budget
 /// live in one place, behind an `Arc` ([`Counted`]) or, once the layer is
 /// [leaked](Self::leak), a `&'static` reference ([`Leaked`]): every clone of
 /// the layer and every service it makes share them, so the budget counts

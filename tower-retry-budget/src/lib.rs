@@ -16,11 +16,14 @@ mod cold;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod error;
+mod events;
 pub mod future;
 pub mod hedge;
 pub mod hold;
 mod layer;
-pub mod policy;
+mod policy;
+#[cfg(feature = "http")]
+pub mod presets;
 pub mod replay;
 mod service;
 #[cfg(feature = "grpc-service-config")]
@@ -28,8 +31,8 @@ pub mod service_config;
 mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
+pub use self::events::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::hedge::{Hedge, HedgeBuilder, HedgeLayer};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
-pub use self::policy::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::service::Retry;
 pub use self::telemetry::describe_metrics;

@@ -1,5 +1,6 @@
 //! What is retried, how often and for how long: the settings every clone of
-//! a [`RetryLayer`](crate::RetryLayer) shares, and the presets.
+//! a [`RetryLayer`](crate::RetryLayer) shares, and the decision after each
+//! attempt.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,84 +13,7 @@ use tokio::time::Instant;
 use crate::backoff::{Backoff, BackoffIter};
 use crate::budget::Budget;
 use crate::error::WaitLimit;
-
-/// One retry about to happen, as passed to an
-/// [`on_retry`](crate::RetryBuilder::on_retry) callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RetryEvent {
-    /// The attempt about to be made (2 for the first retry).
-    pub attempt: u32,
-    /// Why the previous attempt failed.
-    pub failure: Failure,
-    /// How long the layer sleeps before it.
-    pub wait: Duration,
-}
-
-/// Why the loop handed a failed result back instead of retrying it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StopReason {
-    /// The failure is not one this layer retries (a client error, a
-    /// `DoNotRetry` hint, a class outside `retry_on`).
-    NotRetried,
-    /// `max_retries` retries were made.
-    Attempts,
-    /// The next sleep would have crossed the loop's deadline.
-    Deadline,
-    /// The retry budget was spent: the dependency is failing for many
-    /// callers, and retrying would add load to an outage.
-    Budget,
-    /// A load-shedding refusal below (an open circuit) that did not fit in
-    /// the deadline.
-    Shed,
-    /// The request could not be sent again (not idempotent, or its body
-    /// outgrew the replay limit).
-    NotReplayable,
-    /// The server asked for a wait longer than `max_wait` or past the
-    /// deadline ([`WaitTooLong`](crate::error::WaitTooLong)).
-    WaitTooLong,
-}
-
-impl StopReason {
-    /// A short, stable name for logs and metric labels (`budget`, …).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            StopReason::NotRetried => "not_retried",
-            StopReason::Attempts => "attempts",
-            StopReason::Deadline => "deadline",
-            StopReason::Budget => "budget",
-            StopReason::Shed => "shed",
-            StopReason::NotReplayable => "not_replayable",
-            StopReason::WaitTooLong => "wait_too_long",
-        }
-    }
-}
-
-/// A failed response's note of why it was handed back: the
-/// [`HttpReplay`](crate::replay::HttpReplay) strategy puts it in the
-/// response's extensions.
-///
-/// A retry layer *outside* this one hands a response that carries
-/// [`StopReason::Budget`] back as it is, so two retry layers cannot multiply
-/// the load the inner budget just refused to add.
-///
-/// ```
-/// use tower_retry_budget::policy::{RetryStopped, StopReason};
-///
-/// fn why(response: &http::Response<()>) -> Option<StopReason> {
-///     response.extensions().get::<RetryStopped>().map(|stopped| stopped.reason)
-/// }
-/// # assert_eq!(why(&http::Response::new(())), None);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RetryStopped {
-    /// Why retrying stopped.
-    pub reason: StopReason,
-    /// The attempts made, the first included.
-    pub attempts: u32,
-}
+use crate::events::{Listeners, StopReason};
 
 /// Which failures are retried.
 #[derive(Clone)]
@@ -117,66 +41,6 @@ impl fmt::Debug for RetryIf {
         match self {
             RetryIf::Classes(classes) => classes.fmt(f),
             RetryIf::Predicate(_) => f.write_str("<predicate>"),
-        }
-    }
-}
-
-/// A call that ended in failure, as passed to an
-/// [`on_give_up`](crate::RetryBuilder::on_give_up) callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct GiveUpEvent {
-    /// The attempts made, the first included.
-    pub attempts: u32,
-    /// Why retrying stopped.
-    pub reason: StopReason,
-    /// How the last attempt failed.
-    pub failure: Failure,
-}
-
-/// A call that succeeded after retries, as passed to an
-/// [`on_success_after_retries`](crate::RetryBuilder::on_success_after_retries)
-/// callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SuccessAfterRetries {
-    /// The attempts made, the successful one included (at least 2).
-    pub attempts: u32,
-}
-
-/// A registered callback for events of type `E`.
-pub(crate) type Callback<E> = Arc<dyn Fn(&E) + Send + Sync>;
-
-/// Every registered callback, each kind called in the order added.
-#[derive(Clone, Default)]
-pub(crate) struct Listeners {
-    pub(crate) retry: Vec<Callback<RetryEvent>>,
-    pub(crate) give_up: Vec<Callback<GiveUpEvent>>,
-    pub(crate) recovered: Vec<Callback<SuccessAfterRetries>>,
-}
-
-impl Listeners {
-    pub(crate) fn retried(&self, event: &RetryEvent) {
-        for callback in &self.retry {
-            callback(event);
-        }
-    }
-
-    pub(crate) fn gave_up(&self, attempts: u32, reason: StopReason, failure: Failure) {
-        let event = GiveUpEvent {
-            attempts,
-            reason,
-            failure,
-        };
-        for callback in &self.give_up {
-            callback(&event);
-        }
-    }
-
-    pub(crate) fn recovered(&self, attempts: u32) {
-        let event = SuccessAfterRetries { attempts };
-        for callback in &self.recovered {
-            callback(&event);
         }
     }
 }
@@ -408,85 +272,5 @@ impl<C, R> Policy<C, R> {
     fn stop(&self, reason: StopReason, attempts: u32, failure: Failure) -> Decision {
         self.telemetry.gave_up(reason, attempts, failure);
         Decision::Stop(Stop::HandBack(reason))
-    }
-}
-
-#[cfg(feature = "http")]
-pub use self::presets::{default_retry, default_retry_non_idempotent};
-
-#[cfg(feature = "http")]
-mod presets {
-    use std::time::Duration;
-
-    use http::StatusCode;
-    use tower_classify::http::StatusSet;
-    use tower_classify::{FailureKind, HttpClassifier, RetryOn};
-
-    use crate::backoff::{Backoff, Jitter};
-    use crate::layer::RetryBuilder;
-    use crate::replay::HttpReplay;
-
-    /// Google's HTTP backoff: 1 s, ×1.25, at most 60 s, no jitter.
-    const GOOGLE_BACKOFF: Backoff = Backoff::exponential(Duration::from_secs(1))
-        .with_multiplier(1.25)
-        .with_max_delay(Duration::from_secs(60))
-        .with_jitter(Jitter::None);
-
-    fn statuses(codes: &[StatusCode]) -> StatusSet {
-        codes.iter().copied().collect()
-    }
-
-    /// Google Cloud Workflows' `http.default_retry` (documented at
-    /// <https://cloud.google.com/workflows/docs/reference/stdlib/http/default_retry>): HTTP 429, 502,
-    /// 503 and 504, connection errors and timeouts; 5 retries; backoff 1 s
-    /// initial, multiplier 1.25, at most 60 s.
-    ///
-    /// Idempotency rules stay on: POST and PATCH are retried only with an
-    /// `Idempotency-Key` header. Google's delays are stated without jitter, so
-    /// the preset has none; add it with `.backoff(...)` if many clients share
-    /// a dependency. Every setting can be changed before `build()`.
-    ///
-    /// ```
-    /// use tower_retry_budget::policy::default_retry;
-    /// let layer = default_retry().build().unwrap();
-    /// # let _ = layer;
-    /// ```
-    pub fn default_retry() -> RetryBuilder<HttpClassifier, HttpReplay> {
-        let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::BAD_GATEWAY,
-            StatusCode::SERVICE_UNAVAILABLE,
-            StatusCode::GATEWAY_TIMEOUT,
-        ]));
-        RetryBuilder::new(classifier, HttpReplay::new())
-            .max_retries(5)
-            .backoff(GOOGLE_BACKOFF)
-    }
-
-    /// Google Cloud Workflows' `http.default_retry_non_idempotent`: HTTP 429
-    /// and 503 and connection *failures* only; 5 retries; the same backoff.
-    ///
-    /// This is the policy Google gives *non-idempotent* steps, so it retries
-    /// POST and PATCH too (`retry_non_idempotent(true)`): the failures it
-    /// retries are those where the server did not act on the request. So no
-    /// timeouts (a timed-out call may have been applied) and, of connection
-    /// errors, only [`NotSent`](FailureKind::NotSent) ones (refused, DNS, a
-    /// failed connect): a connection lost after the request was written may
-    /// have been acted on, and sending it again could apply it twice.
-    pub fn default_retry_non_idempotent() -> RetryBuilder<HttpClassifier, HttpReplay> {
-        let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::SERVICE_UNAVAILABLE,
-        ]));
-        let classes = RetryOn::new([
-            FailureKind::ServerError,
-            FailureKind::RateLimited,
-            FailureKind::NotSent,
-        ])
-        .expect("a non-empty set of transient kinds");
-        RetryBuilder::new(classifier, HttpReplay::new().retry_non_idempotent(true))
-            .max_retries(5)
-            .backoff(GOOGLE_BACKOFF)
-            .retry_on(classes)
     }
 }

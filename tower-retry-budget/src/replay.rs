@@ -22,7 +22,7 @@
 use tower_classify::{BoxError, Failure};
 
 use crate::error::ResponseHead;
-use crate::policy::RetryStopped;
+use crate::events::RetryStopped;
 
 /// Keeps what a retry needs of a request, and makes each retry from it.
 pub trait Replay<Req> {
@@ -184,7 +184,7 @@ mod http_replay {
     use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
     use crate::error::{FailedSuccess, ResponseHead};
-    use crate::policy::{RetryStopped, StopReason};
+    use crate::events::{RetryStopped, StopReason};
 
     /// Replays `http::Request`s that are idempotent and whose body can be copied.
     ///

@@ -10,7 +10,7 @@ use tower_classify::{Failure, LogLimit};
 use tracing::field::Empty;
 use tracing::Span;
 
-use crate::policy::StopReason;
+use crate::events::StopReason;
 
 /// The metrics the retry layer emits, with their descriptions.
 const COUNTERS: [(&str, &str); 3] = [

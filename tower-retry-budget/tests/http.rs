@@ -15,7 +15,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_classify::BoxError;
 use tower_retry_budget::backoff::{Backoff, Jitter};
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-use tower_retry_budget::policy::{default_retry, default_retry_non_idempotent};
+use tower_retry_budget::presets::{default_retry, default_retry_non_idempotent};
 use tower_retry_budget::RetryLayer;
 
 const S: fn(u64) -> Duration = Duration::from_secs;

@@ -183,7 +183,7 @@ async fn item_13_the_non_idempotent_preset_does_not_resend_a_post_the_server_rea
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = hang_up_once(listener, 1);
-    let service = tower_retry_budget::policy::default_retry_non_idempotent()
+    let service = tower_retry_budget::presets::default_retry_non_idempotent()
         .backoff(Backoff::none())
         .build()
         .unwrap()
@@ -217,7 +217,7 @@ async fn item_13_the_non_idempotent_preset_resends_a_post_that_was_never_sent() 
         tokio::time::sleep(Duration::from_millis(150)).await;
         serve(TcpListener::bind(addr).await.unwrap(), 1).await;
     });
-    let service = tower_retry_budget::policy::default_retry_non_idempotent()
+    let service = tower_retry_budget::presets::default_retry_non_idempotent()
         .backoff(Backoff::fixed(Duration::from_millis(50)).with_jitter(Jitter::None))
         .max_retries(16)
         .deadline(Duration::from_secs(5))
