@@ -15,7 +15,8 @@ use super::{
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// The dead-letter store for a fleet: one Redis queue shared by every node,
-/// read by the CLI (`tower-poison --store redis://host:6379 --stream NAME …`).
+/// read by the operator CLI (`tower-poison-cli`: `tower-poison --store
+/// redis://host:6379 --stream NAME …`).
 ///
 /// # Layout
 ///
