@@ -15,13 +15,14 @@ use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 
 use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
-use crate::error::{chain, StoreError, StoreErrorKind};
+use crate::error::chain;
 use crate::future::ResponseFuture;
 use crate::key;
 use crate::rejection::Rejection;
 use crate::store::{
     bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, StoredResponse,
 };
+use crate::{StoreError, StoreErrorKind};
 
 /// The header a replayed response carries.
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, NotKept, RedisIdempotencyStore,
+    Claim, Completion, IdempotencyStore, NotKept, RedisConnectOptions, RedisIdempotencyStore,
 };
 use tower_idempotency::IdempotencyGuardLayer;
 
@@ -50,7 +50,7 @@ async fn redis(name: &str) -> Option<RedisIdempotencyStore> {
         fastrand::u64(..)
     );
     let connect = RedisIdempotencyStore::builder()
-        .connection_timeout(Duration::from_secs(2))
+        .options(RedisConnectOptions::new().connection_timeout(Duration::from_secs(2)))
         .connect(&url, prefix);
     match tokio::time::timeout(Duration::from_secs(3), connect).await {
         Ok(Ok(store)) => Some(store),
@@ -321,8 +321,11 @@ async fn redis_down_answers_503_and_never_runs_the_handler() {
     let mut store = None;
     for _ in 0..100 {
         let connect = RedisIdempotencyStore::builder()
-            .connection_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_secs(1))
+            .options(
+                RedisConnectOptions::new()
+                    .connection_timeout(Duration::from_millis(300))
+                    .response_timeout(Duration::from_secs(1)),
+            )
             .connect(&url, "orders:idem:");
         if let Ok(connected) = connect.await {
             store = Some(connected);

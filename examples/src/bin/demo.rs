@@ -228,7 +228,7 @@ async fn main() -> Result<(), tower::BoxError> {
     println!("\nchart of upstream load: {}", args.chart.display());
     println!("dead-letter store:      {}", args.dead_letters.display());
     println!(
-        "inspect it with:        cargo run -p tower-poison --features cli -- --store {} stats",
+        "inspect it with:        cargo run -p tower-poison-cli -- --store {} stats",
         args.dead_letters.display()
     );
 

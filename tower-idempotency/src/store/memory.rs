@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
-use crate::error::{StoreError, StoreErrorKind};
+use crate::{StoreError, StoreErrorKind};
 
 /// The bytes a record costs besides its key, fingerprint and response: the
 /// map's slot, the record's fields and the queue entry that orders it. An

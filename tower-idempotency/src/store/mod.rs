@@ -34,7 +34,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
+use crate::StoreError;
 
 mod memory;
 #[cfg(feature = "redis")]
@@ -43,6 +43,11 @@ mod redis;
 pub use self::memory::MemoryIdempotencyStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisIdempotencyStore, RedisIdempotencyStoreBuilder};
+/// How [`RedisIdempotencyStore`] connects, as `tower-poison`'s Redis stores
+/// do (from `tower-store-support`).
+///
+#[cfg(feature = "redis")]
+pub use tower_store_support::RedisConnectOptions;
 
 /// The longest TTL a store applies; longer ones are cut to it, so that no
 /// configured value can overflow a clock or a store's expiry arithmetic.

@@ -4,11 +4,12 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError, Script};
+use redis::aio::ConnectionManager;
+use redis::{RedisError, Script};
+use tower_store_support::{redact_url, RedisConnectOptions};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
-use crate::error::StoreError;
+use crate::StoreError;
 
 /// An idempotency store every node of a fleet shares, on Redis.
 ///
@@ -68,8 +69,7 @@ struct Shared {
 /// Configures and connects a [`RedisIdempotencyStore`].
 #[derive(Debug, Clone)]
 pub struct RedisIdempotencyStoreBuilder {
-    connection_timeout: Duration,
-    response_timeout: Duration,
+    options: RedisConnectOptions,
     max_record_bytes: usize,
 }
 
@@ -80,25 +80,20 @@ impl Default for RedisIdempotencyStoreBuilder {
 }
 
 impl RedisIdempotencyStoreBuilder {
-    /// The defaults: 1 s to connect, 5 s for a reply, records up to 2 MiB.
+    /// The defaults: the default connection options (1 s to connect, 5 s
+    /// for a reply, one reconnection attempt), records up to 2 MiB.
     pub const fn new() -> Self {
         RedisIdempotencyStoreBuilder {
-            connection_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(5),
+            options: RedisConnectOptions::new(),
             max_record_bytes: 2 << 20,
         }
     }
 
-    /// Gives up on connecting after `timeout` (default 1 s), so a call made
-    /// while Redis is down gets a `503` instead of hanging.
-    pub const fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// Gives up on a command's reply after `timeout` (default 5 s).
-    pub const fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+    /// How to connect (timeouts, reconnection). The default connection
+    /// timeout (1 s) makes a call made while Redis is down get a `503`
+    /// instead of hanging.
+    pub const fn options(mut self, options: RedisConnectOptions) -> Self {
+        self.options = options;
         self
     }
 
@@ -117,36 +112,15 @@ impl RedisIdempotencyStoreBuilder {
         url: &str,
         prefix: impl Into<String>,
     ) -> Result<RedisIdempotencyStore, StoreError> {
-        let shown = redact_url(url);
-        let client = Client::open(url)
-            .map_err(|e| StoreError::backend(format!("invalid redis url {shown:?}"), e))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| StoreError::backend(format!("cannot connect to redis at {shown}"), e))?;
+        let connection = self.options.connect(url).await?;
         Ok(RedisIdempotencyStore {
             connection,
             shared: Arc::new(Shared {
                 prefix: prefix.into(),
-                url: shown,
+                url: redact_url(url),
                 max_record_bytes: self.max_record_bytes,
             }),
         })
-    }
-}
-
-/// `url` without its password, for messages and logs.
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://[redacted]@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -366,14 +340,5 @@ mod tests {
             millis(Duration::MAX),
             super::super::MAX_TTL.as_millis() as u64
         );
-    }
-
-    #[test]
-    fn urls_are_shown_without_their_password() {
-        assert_eq!(
-            redact_url("redis://:hunter2@cache:6379/0"),
-            "redis://[redacted]@cache:6379/0"
-        );
-        assert_eq!(redact_url("redis://cache:6379"), "redis://cache:6379");
     }
 }

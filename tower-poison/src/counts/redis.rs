@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime};
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 use tower_classify::ConfigError;
+use tower_store_support::{redact_url, RedisConnectOptions};
 
 use super::{
     epoch_millis, from_epoch_millis, sha256_hex, DeliveryTally, FailureCountStore, MessageKey,
 };
-use crate::store::redis::redact_url;
-use crate::store::{RedisConnectOptions, StoreError};
+use crate::store::StoreError;
 
 /// Delivery counts in Redis, shared by every consumer of a queue: a fleet of
 /// N consumers diverts a poison message after `max_attempts` deliveries in

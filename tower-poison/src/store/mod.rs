@@ -39,8 +39,6 @@
 //! idempotency key of a send that may have been applied.
 
 use std::collections::{BTreeMap, HashMap};
-use std::error::Error;
-use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -52,13 +50,31 @@ mod memory;
 #[cfg(feature = "redb")]
 mod redb;
 #[cfg(feature = "redis")]
-pub(crate) mod redis;
+mod redis;
 
 pub use self::memory::MemoryStore;
 #[cfg(feature = "redb")]
 pub use self::redb::{RedbStore, RedbStoreBuilder};
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisConnectOptions, RedisDeadLetterStore, RedisDeadLetterStoreBuilder};
+pub use self::redis::{RedisDeadLetterStore, RedisDeadLetterStoreBuilder};
+/// How the Redis stores ([`RedisDeadLetterStore`] and
+/// [`RedisFailureCounts`](crate::counts::RedisFailureCounts)) connect, as
+/// `tower-idempotency`'s Redis store does (from `tower-store-support`).
+///
+#[cfg(feature = "redis")]
+pub use tower_store_support::RedisConnectOptions;
+/// What a dead-letter or poison count store fails with: the one store error
+/// of the whole family (from `tower-store-support`; `tower-idempotency`'s
+/// stores fail with it too).
+///
+/// The dead-letter layer turns it into [`StoreFull`](crate::StoreFull) (of
+/// kind [`StoreErrorKind::Full`]: the store kept nothing and evicted
+/// nothing) or [`StoreFailed`](crate::StoreFailed), and poison detection
+/// into [`CountStoreFailed`](crate::CountStoreFailed); each has it as its
+/// [`source`](std::error::Error::source).
+///
+pub use tower_store_support::StoreError;
+pub use tower_store_support::StoreErrorKind;
 
 /// A place to keep dead-letter entries.
 ///
@@ -513,82 +529,6 @@ impl LabelDepths {
                 self.0.remove(label);
             }
         }
-    }
-}
-
-/// A store could not do what was asked.
-///
-/// The [`kind`](Self::kind) tells a full store (back-pressure) from a broken
-/// one; the source, when there is one, is the backend's own error.
-#[derive(Debug)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    message: String,
-    source: Option<Box<dyn Error + Send + Sync>>,
-}
-
-/// What kind of store failure a [`StoreError`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The store is at its capacity.
-    Full,
-    /// The backend failed (I/O, a lock, a closed store).
-    Backend,
-    /// A stored entry could not be decoded.
-    Corrupt,
-}
-
-impl StoreError {
-    /// An error of `kind` described by `message`.
-    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
-        StoreError {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A backend failure caused by `source`.
-    pub fn backend(
-        message: impl Into<String>,
-        source: impl Into<Box<dyn Error + Send + Sync>>,
-    ) -> Self {
-        StoreError {
-            kind: StoreErrorKind::Backend,
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// A stored value that could not be decoded, because of `source`.
-    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
-    pub(crate) fn corrupt(
-        message: impl Into<String>,
-        source: impl Into<Box<dyn Error + Send + Sync>>,
-    ) -> Self {
-        StoreError {
-            kind: StoreErrorKind::Corrupt,
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// What kind of failure this is.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl Error for StoreError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
     }
 }
 

@@ -491,7 +491,10 @@ async fn entries_of(store: &RedbStore) -> Vec<DeadLetterEntry> {
     store.list(ListQuery::new()).await.unwrap().entries
 }
 
+// tower-poison's Redis test helpers (the shared server, skipping without
+// one, cleaning up a queue), one copy for both crates.
 #[cfg(feature = "redis")]
+#[path = "../../tower-poison/tests/support/mod.rs"]
 mod support;
 
 /// Two tower stacks ("two nodes") sharing one Redis: the dead letters both

@@ -243,7 +243,7 @@ async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
 async fn run_redis(_cli: Cli, url: &str) -> Result<ExitCode, Failure> {
     Err(format!(
         "{url} is a Redis store, and this tower-poison was built without the `redis` feature \
-         (cargo install tower-poison --features cli,redis)"
+         (cargo install tower-poison-cli --features redis)"
     )
     .into())
 }
