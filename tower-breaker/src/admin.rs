@@ -21,7 +21,8 @@ use crate::state::State;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let (layer, handle) = CircuitBreakerLayer::pair(ErrorChainClassifier::new());
+/// let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
+/// let handle = layer.handle();
 /// assert!(handle.force_open("default"));
 /// assert_eq!(handle.get("default").unwrap().state, State::ForcedOpen);
 /// assert_eq!(handle.reset_all(), 1);

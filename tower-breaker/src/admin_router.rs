@@ -48,7 +48,8 @@ impl BreakerHandle {
     /// use tower_breaker::CircuitBreakerLayer;
     /// use tower_classify::HttpClassifier;
     ///
-    /// let (layer, handle) = CircuitBreakerLayer::pair(HttpClassifier::new());
+    /// let layer = CircuitBreakerLayer::new(HttpClassifier::new());
+    /// let handle = layer.handle();
     /// let admin: axum::Router = handle.router("a-long-random-operator-token")?;
     /// # drop((layer, admin));
     /// # Ok::<(), tower_classify::ConfigError>(())

@@ -59,14 +59,6 @@ impl<C> CircuitBreakerLayer<C> {
             .expect("the default configuration is valid")
     }
 
-    /// A breaker with the defaults and its [admin handle](BreakerHandle),
-    /// in the style of tower-http's `pair()` constructors.
-    pub fn pair(classifier: C) -> (Self, BreakerHandle) {
-        let layer = Self::new(classifier);
-        let handle = layer.handle();
-        (layer, handle)
-    }
-
     /// Keeps this layer's breaker for the rest of the process, so that its
     /// services and response futures hold a plain `&'static` reference to
     /// it ([`Leaked`]) instead of a counted one, as [`Box::leak`] does for a

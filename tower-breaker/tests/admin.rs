@@ -108,8 +108,9 @@ async fn force_closed_admits_everything_and_never_trips() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn pair_gives_the_handle_of_a_plain_breaker() {
-    let (layer, handle) = CircuitBreakerLayer::pair(ErrorChainClassifier::new());
+async fn the_handle_of_a_plain_breaker_controls_it() {
+    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
+    let handle = layer.handle();
     let mut svc = layer.layer(service_fn(|()| async { Ok::<_, io::Error>(()) }));
     assert!(handle.force_open("default"));
     let err = svc.call(()).now_or_never().unwrap().unwrap_err();
