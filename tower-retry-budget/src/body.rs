@@ -58,6 +58,43 @@
 //! assert_eq!(*seen.lock().unwrap(), ["v2", "v2"]);
 //! # Ok(()) }
 //! ```
+//!
+//! # tonic
+//!
+//! A tonic `Channel` takes `http::Request<tonic::body::Body>`. Wrap the body
+//! above the retry layer and convert it back below it: client- and
+//! bidi-streaming calls keep streaming, each message reaching the server as
+//! it is sent. Classify with [`GrpcClassifier`](tower_classify::GrpcClassifier)
+//! (`grpc-status`, `grpc-retry-pushback-ms`). Every gRPC call is a POST, so
+//! opt in explicitly for methods that are safe to repeat (gRPC's own retry
+//! policy is per method, too), or let a gRPC service config choose per
+//! method (`service_config`, feature `grpc-service-config`).
+//! `examples/examples/tonic_client.rs` in the repository runs this stack
+//! against a tonic server.
+//!
+//! ```
+//! use tower::ServiceBuilder;
+//! use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
+//! use tower_retry_budget::RetryLayer;
+//! # fn main() -> Result<(), tower_classify::BoxError> {
+//! # // A stand-in for a `tonic::transport::Channel`.
+//! # let channel = tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+//! #     Ok::<_, std::io::Error>(http::Response::new(tonic::body::Body::default()))
+//! # });
+//!
+//! let retry = RetryLayer::http_builder()
+//!     .classifier(tower_classify::GrpcClassifier::new())
+//!     .retry_non_idempotent(true)
+//!     .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+//!     .build()?;
+//! let channel = ServiceBuilder::new()
+//!     .layer(ReplayBodyLayer::new(64 * 1024))
+//!     .layer(retry)
+//!     .map_request(|r: http::Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
+//!     .service(channel);
+//! # drop(channel);
+//! # Ok(()) }
+//! ```
 
 use std::task::{Context, Poll};
 

@@ -242,6 +242,36 @@ mod http_replay {
         /// gRPC's wire format rounded down (default `false`). A request
         /// with no deadline keeps its own header, if any.
         ///
+        /// A caller's 150 ms deadline, as the server below sees it:
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use bytes::Bytes;
+        /// use http_body_util::Full;
+        /// use tower::{service_fn, Layer, ServiceExt};
+        /// use tower_classify::deadline::{parse_grpc_timeout, Deadline};
+        /// use tower_retry_budget::{body::ReplayBody, replay::HttpReplay, RetryLayer};
+        ///
+        /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+        /// # async fn main() -> Result<(), tower_classify::BoxError> {
+        /// let layer = RetryLayer::http_builder()
+        ///     .replay(HttpReplay::new().grpc_timeout(true))
+        ///     .attempt_timeout(Duration::from_millis(100))
+        ///     .min_attempt_time(Duration::from_millis(20))
+        ///     .build()?;
+        /// let upstream = service_fn(|request: http::Request<ReplayBody<Full<Bytes>>>| async move {
+        ///     // The server sees what is left of the caller's 150 ms.
+        ///     let left = parse_grpc_timeout(request.headers()["grpc-timeout"].to_str()?)?;
+        ///     Ok::<_, tower_classify::BoxError>(http::Response::new(left))
+        /// });
+        /// let mut request = http::Request::get("http://inventory/items/7")
+        ///     .body(ReplayBody::new(Full::new(Bytes::new()), 1024))?;
+        /// request.extensions_mut().insert(Deadline::after(Duration::from_millis(150)));
+        /// let response = layer.layer(upstream).oneshot(request).await?;
+        /// assert_eq!(*response.body(), Duration::from_millis(150));
+        /// # Ok(()) }
+        /// ```
+        ///
         /// [`Deadline`]: tower_classify::deadline::Deadline
         pub fn grpc_timeout(mut self, yes: bool) -> Self {
             self.grpc_timeout = yes;

@@ -9,7 +9,7 @@
 //! defaults (p95 from `max_extra_load` 5 %).
 //!
 //! `cargo test -p tower-retry-budget --release --test hedge_simulation -- --nocapture`
-//! prints the table the README shows.
+//! prints the table the crate's BENCHMARKS.md shows.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -19,7 +19,7 @@
 //! body to its end; the response is dropped the same way everywhere. The
 //! figure to read is `(stack − bare) / Σ(layer − bare)`.
 //!
-//! Run (see the crate README):
+//! Run (figures and the instruction-count command: the crate's BENCHMARKS.md):
 //! `cargo bench -p tower-steadfast --bench stack -- --warm-up-time 1 --measurement-time 3`.
 
 use bench_support::{bench, count_spec, drive, Handler};
