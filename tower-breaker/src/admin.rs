@@ -10,8 +10,8 @@ use crate::state::State;
 /// An operator's handle on a layer's breakers: list them, reset one or all,
 /// force one open or closed.
 ///
-/// Get it from [`CircuitBreakerLayer::pair`](crate::CircuitBreakerLayer::pair)
-/// or any layer's `handle()`. It is cheap to clone and shares the breakers'
+/// Get it from any layer's `handle()`
+/// ([`CircuitBreakerLayer::handle`](crate::CircuitBreakerLayer::handle)). It is cheap to clone and shares the breakers'
 /// live state. With the `admin` feature, `router` serves it as
 /// JSON behind a bearer token.
 ///
