@@ -12,7 +12,7 @@
 //! - `layer_redb_group_commit`: the same through `DeadLetterLayer` over a
 //!   failing service (capture, classify, redact, store).
 //!
-//! Run (see the crate README):
+//! Run (the figures are in the crate's BENCHMARKS.md):
 //! `cargo bench -p tower-poison --bench enqueue --no-run`, then the printed
 //! binary with `--bench --warm-up-time 1 --measurement-time 3`.
 

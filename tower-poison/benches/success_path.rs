@@ -13,7 +13,7 @@
 //! overhead (layer − bare); the service reads the request body to its end
 //! and the response is dropped the same way in every variant.
 //!
-//! Run (see the crate README):
+//! Run (the figures are in the crate's BENCHMARKS.md):
 //! `cargo bench -p tower-poison --bench success_path -- --warm-up-time 1 --measurement-time 3`.
 
 use bench_support::{bench, count_spec, drive, Handler};

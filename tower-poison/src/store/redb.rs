@@ -73,8 +73,8 @@ const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("d
 /// *one* transaction and acknowledges each only after that transaction
 /// commits. A lone entry is never held back waiting for company, so batching
 /// adds no latency; under bursts it shares one `fsync` between many entries.
-/// `max_batch(1)` gives one commit per entry. See the crate README for the
-/// measured difference.
+/// `max_batch(1)` gives one commit per entry. `BENCHMARKS.md`, in the
+/// crate's package, has the measured difference.
 ///
 /// The writer's queue is bounded
 /// ([`max_pending_writes`](RedbStoreBuilder::max_pending_writes), default
