@@ -183,11 +183,16 @@ impl<F: Future> Future for Tallied<F> {
 /// Each attempt counts towards the nearest dead-letter call above it on
 /// the same task (retry layers make their attempts in the caller's task).
 /// tower-retry-budget's retry and hedge layers, called by the dead-letter
-/// layer, report their attempts themselves and need none; right under the
+/// layer, report their attempts themselves and need none: called directly,
+/// or through layers that call their inner service in their own `call`, as
+/// the breaker does (when both are stacked, the outer one reports); not
+/// when they are only polled under the dead-letter call (a client that a
+/// handler under a server-side dead-letter layer calls). Right under the
 /// layer that reports, this layer counts nothing twice (see
 /// [`tower_classify::attempts`]), but under a hedge layer it counts every
-/// hedge too. Use it under another retry layer, such as tower's own. Across a `Buffer` or a spawned task, carry an
-/// [`AttemptCounter`] in the request instead.
+/// hedge too. Use it under another retry layer, such as tower's own. Across
+/// a `Buffer` or a spawned task, carry an [`AttemptCounter`] in the request
+/// instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountAttemptsLayer {
     _priv: (),

@@ -35,6 +35,43 @@ pub const SERVER_KINDS: [FailureKind; 6] = [
 ///
 /// Clones of the layer, and every service it makes, share the poison counts
 /// and the drop log.
+///
+/// # In a stack
+///
+/// Outermost, so that it sees each call's final outcome (see the crate
+/// docs' [layer order](crate#layer-order)):
+///
+/// ```
+/// # #[cfg(not(feature = "redb"))] fn main() {}
+/// # #[cfg(feature = "redb")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # use bytes::Bytes;
+/// # use http::{Request, Response};
+/// # use http_body_util::Full;
+/// # use tower::layer::util::Identity;
+/// # use tower_poison::ReplayBody;
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("dead-letters.redb");
+/// # // Stand-ins: the layers of tower-breaker and tower-retry-budget (see their
+/// # // docs) go here.
+/// # let (circuit_breaker, retry) = (Identity::new(), Identity::new());
+/// # let client = tower::service_fn(|_: Request<ReplayBody<Full<Bytes>>>| async {
+/// #     Ok::<_, std::io::Error>(Response::new(Bytes::new()))
+/// # });
+/// use tower::ServiceBuilder;
+/// use tower_poison::store::RedbStore;
+///
+/// let store = RedbStore::open(&path)?; // /var/lib/orders/dead-letters.redb
+/// let layer = tower_poison::DeadLetterLayer::new(store).label("orders");
+/// let service = ServiceBuilder::new()
+///     .layer(layer)                       // outermost
+///     .layer(circuit_breaker)             // tower-breaker
+///     .layer(retry)                       // tower-retry-budget
+///     .service(client);
+/// # drop(service);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct DeadLetterLayer<St, C = HttpClassifier, Cap = HttpCapture> {
     shared: Shared<St, C, Cap>,

@@ -15,6 +15,39 @@ pub(crate) const STORE_FULL_TOTAL: &str = "tower_poison_dlq_store_full_total";
 /// Building a layer calls it, so an exporter installed before the layers
 /// are built describes every series; call it yourself after installing a
 /// recorder later. Repeating it is harmless.
+///
+/// # What a dead-letter layer reports
+///
+/// Every metric carries the layer's [label](crate::DeadLetterLayer::label):
+///
+/// | metric | type | labels | meaning |
+/// |---|---|---|---|
+/// | `tower_poison_dead_lettered_total` | counter | `action`, `label` | failed calls the [action](crate::Action) disposed of |
+/// | `tower_poison_dlq_depth` | gauge | `label` | entries the layer's label has in the store, from the write's own result (no extra round trip) |
+/// | `tower_poison_dlq_store_full_total` | counter | `label` | calls a full store refused ([`StoreFull`](crate::error::StoreFull)) |
+///
+/// A refusal of a full store is logged at `warn` at most once every 10 s
+/// per label (with `since_last_warning`, the refusals held back since), the
+/// others at `debug`; a refused call is not counted as dead-lettered. Each dead-lettered call is a `tracing` event (`warn` for
+/// a stored entry, with the entry id, label, kind, attempts and the URI's
+/// path; see [`Action`](crate::Action) for the other actions). A call that
+/// succeeds records no metric and emits no event.
+///
+/// # The depth gauge
+///
+/// The depth is per label: layers with different labels sharing one store
+/// each report their own. Every store here keeps a count per label, updated
+/// with the entries themselves (the memory store under its lock, redb in the
+/// write transaction, Redis in the put and remove scripts, in a
+/// `tower-poison:{NAME}:label-depths` hash), so `remove` and `purge` count
+/// too, and a label leaves the count with its last entry, so the counts never
+/// hold more labels than the store holds entries. A redb file from before
+/// label counts is counted when it is opened; a Redis queue from before them
+/// counts only the entries written since (the gauge never goes below zero;
+/// the CLI's `stats`, which scans, reports exact `by_label` counts). A store
+/// of your own reports a label's depth by implementing
+/// [`put_with_depth`](crate::store::DeadLetterStore::put_with_depth); the
+/// provided one reports none, and the layer then sets no gauge.
 pub fn describe_metrics() {
     metrics::describe_counter!(
         DEAD_LETTERED_TOTAL,

@@ -49,6 +49,28 @@
 //! entry. Anything a caller could send with a copied mark is some other
 //! request, and is stored as a new entry: the mark can neither hide a failure
 //! nor rewrite an entry's request, so ids need not be secret.
+//!
+//! # Replay history
+//!
+//! A failed replay never overwrites what the entry says about the original
+//! failure: its [`error`](crate::DeadLetterEntry::error),
+//! [`kind`](crate::DeadLetterEntry::kind) and
+//! [`first_failed_at`](crate::DeadLetterEntry::first_failed_at) stay as
+//! they were. It raises [`attempts`](crate::DeadLetterEntry::attempts) (by
+//! one for a [`Replayer`], by the layer's own count when a dead-letter layer
+//! in the service records it), moves
+//! [`last_failed_at`](crate::DeadLetterEntry::last_failed_at), and adds a
+//! [`ReplayRecord`] to
+//! [`replays`](crate::DeadLetterEntry::replays): when it failed, the attempt
+//! number, the failure kind, the HTTP status (when there was a response) and
+//! the error chain or status line. The entry keeps the latest
+//! [`REPLAY_HISTORY_LIMIT`](crate::REPLAY_HISTORY_LIMIT) records, each error
+//! cut to [`ERROR_LEVELS`](crate::ERROR_LEVELS) levels of
+//! [`ERROR_BYTES`](crate::ERROR_BYTES), and counts every failed replay in
+//! [`failed_replays`](crate::DeadLetterEntry::failed_replays), so a replay
+//! loop left running cannot grow it without bound. The CLI's `show` prints
+//! the history (`--json`: the `replays` array). Entries stored before there
+//! was a history read as having none.
 
 use std::fmt;
 use std::future::poll_fn;

@@ -47,8 +47,9 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 ///
 /// # `S: Clone`
 ///
-/// The inner service must be `Clone` (and `Send + 'static`), as for tower's
-/// `Retry`. With a poison count store that has to be waited for, a call
+/// The inner service must be `Clone` (and `Send + 'static`, the request
+/// `Send`), as for tower's `Retry`, here and under
+/// [`into_grpc`](crate::DeadLetterLayer::into_grpc) alike. With a poison count store that has to be waited for, a call
 /// takes the inner service it was made ready for along, leaves a clone in
 /// its place, and calls the taken one only once the count decided, so a
 /// diverted message never reaches the inner `call` (see

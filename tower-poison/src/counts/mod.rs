@@ -65,7 +65,9 @@ pub use self::redis::{RedisFailureCounts, RedisFailureCountsBuilder};
 /// with [`CountStoreFailed`](crate::error::CountStoreFailed) *without*
 /// calling the inner service: the consumer does not acknowledge it, so the
 /// queue delivers it again once the store is back. A message is never
-/// processed uncounted, nor acknowledged unprocessed.
+/// processed uncounted, nor acknowledged unprocessed. A store that cannot
+/// [`forget`](Self::forget) a message after a success only logs a warning:
+/// the success stands.
 pub trait FailureCountStore: Clone + Send + Sync + 'static {
     /// Counts one delivery of `key` that is about to be processed; the tally
     /// includes it. `now` is the delivery's time, kept as the first

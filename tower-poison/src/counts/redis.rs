@@ -41,11 +41,48 @@ use crate::store::StoreError;
 /// bounds the rest. The TTL is converted to milliseconds saturating at 100
 /// years, so no value can overflow Redis's expiry arithmetic.
 ///
+/// The number of count keys is bounded by the TTL, not by a cap: a flood of
+/// distinct failing ids leaves one key each for `ttl`. Keep the counts in a
+/// Redis database (or instance) of their own with an eviction policy
+/// (`volatile-ttl` evicts the counts nearest expiry), and the dead-letter
+/// [`RedisDeadLetterStore`](crate::store::RedisDeadLetterStore) in one with
+/// `maxmemory-policy noeviction`: under memory pressure a count may then be
+/// forgotten (a message gets more deliveries), but an acknowledged dead
+/// letter or the store's byte counter never is.
+///
 /// # Failures
 ///
 /// While Redis is unreachable, counting fails: the layer fails the delivery
 /// with [`CountStoreFailed`](crate::error::CountStoreFailed) without calling
-/// the inner service, and the queue redelivers it later.
+/// the inner service, and the queue redelivers it later. A count that
+/// cannot be *forgotten* after a success is only logged (`warn`).
+///
+/// # Example
+///
+/// Every consumer of the `orders` queue shares one count, so a message is
+/// diverted after 3 deliveries in all, not 3 to each consumer:
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # use tower_poison::RequestRecord;
+/// # struct Message { id: String }
+/// # fn describe(m: &Message) -> RequestRecord {
+/// #     RequestRecord { message_id: Some(m.id.clone()), ..RequestRecord::default() }
+/// # }
+/// # let store = tower_poison::store::MemoryStore::new(10_000);
+/// use tower_poison::counts::RedisFailureCounts;
+/// use tower_poison::{describe_fn, DeadLetterLayer, PoisonPolicy};
+///
+/// let counts = RedisFailureCounts::connect("redis://redis:6379", "orders").await?;
+/// let layer = DeadLetterLayer::new(store)
+///     .capture(describe_fn(describe))
+///     .poison(PoisonPolicy::new(3)?)
+///     .count_store(counts); // every consumer: 3 deliveries in all, not 3 each
+/// # drop(layer);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RedisFailureCounts {
     connection: ConnectionManager,

@@ -18,6 +18,11 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// oldest silently is exactly the loss a dead-letter queue exists to prevent.
 /// Replacing an existing id always succeeds.
 ///
+/// It counts entries, not bytes: each is at most the layer's body limit, the
+/// request's headers and its error chain (cut to
+/// [`ERROR_LEVELS`](crate::ERROR_LEVELS) levels of
+/// [`ERROR_BYTES`](crate::ERROR_BYTES)), plus its replay history.
+///
 /// [Claims](DeadLetterStore::claim) are kept under the same lock as the
 /// entries, so a claim and a put or remove of the same id never interleave.
 ///

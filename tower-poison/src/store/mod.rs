@@ -22,7 +22,10 @@
 //! past either limit fails with [`StoreErrorKind::Full`] and keeps nothing;
 //! the layer turns that into [`StoreFull`](crate::StoreFull), so a caller
 //! (a queue consumer) knows the failed call was neither processed nor kept.
-//! Nothing already stored is ever evicted to make room.
+//! Nothing already stored is ever evicted to make room (dead letters are
+//! evidence). Replacing an entry counts only the difference in size, and one
+//! no larger always succeeds; `remove` and `purge` give their bytes back;
+//! `u64::MAX` lifts a limit.
 //!
 //! # Claims
 //!
@@ -198,7 +201,9 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     /// since its replayer may have sent the entry and died before recording
     /// how that went. The lapse is kept with the claim (the memory store's
     /// claims, redb's claim table, a Redis hash of unreleased claims), not
-    /// written to the entry.
+    /// written to the entry. A store of your own reports it too: one that
+    /// always says `false` leaves a crashed replayer's send unknown to the
+    /// next replay.
     fn claim(
         &self,
         id: EntryId,

@@ -171,6 +171,25 @@ impl Limits {
 }
 
 /// Configures and opens a [`RedbStore`].
+///
+/// A store for a service whose dead letters should stay small, with a
+/// shorter writer queue than the default:
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("dead-letters.redb");
+/// use tower_poison::store::RedbStore;
+///
+/// let store = RedbStore::builder()
+///     .max_entries(10_000)
+///     .max_bytes(256 << 20)
+///     .max_pending_writes(256)
+///     .open(&path)?; // /var/lib/orders/dead-letters.redb
+/// # drop(store);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RedbStoreBuilder {
     max_batch: usize,

@@ -52,6 +52,10 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// (`ZRANGEBYLEX` from an exclusive `(id`, then `HMGET`), never loading the
 /// whole queue.
 ///
+/// Queues written by earlier versions (a stream under
+/// `tower-poison:{NAME}:entries` with an `index` hash, or the bare `NAME`)
+/// are not read: drain them with the version that wrote them.
+///
 /// # Durability
 ///
 /// `put` returns once Redis has applied the write. How durable that is
@@ -60,7 +64,17 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// (the restart test runs this way); with the default `everysec` up to a
 /// second of entries can be lost. A write Redis does not acknowledge (it is
 /// down, a timeout) is an error, and the layer fails the call with
-/// [`StoreFailed`](crate::StoreFailed): never a silent loss.
+/// [`StoreFailed`](crate::StoreFailed): never a silent loss. Give the queue
+/// a Redis database (or instance) with `maxmemory-policy noeviction`, so
+/// memory pressure never evicts an acknowledged entry or the byte counter.
+///
+/// While Redis is down a dead-lettered call fails with a message such as
+/// `redis dead-letter store orders:dlq at redis://… failed to keep entry …:
+/// broken pipe`, and the connection manager reconnects in the background (a
+/// 1 s connection timeout and a 5 s response timeout by default: see
+/// [`RedisConnectOptions`](crate::store::RedisConnectOptions), which
+/// `tower-idempotency`'s Redis store takes too). Passwords in URLs never
+/// appear in messages.
 ///
 /// # Limits
 ///
