@@ -44,6 +44,24 @@ pub struct DeliveryAttempt(pub u32);
 /// | [`deliveries`](Self::deliveries) | any | `1` |
 /// | [`redeliveries`](Self::redeliveries) | any | absent or `0` |
 ///
+/// An SQS worker behind Elastic Beanstalk's daemon, which forwards the
+/// message id and the receive count as headers:
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let store = tower_poison::store::MemoryStore::new(10_000);
+/// use http::HeaderName;
+/// use tower_poison::{DeadLetterLayer, DeliveryCount, PoisonPolicy};
+///
+/// let layer = DeadLetterLayer::new(store)
+///     .message_id_header(HeaderName::from_static("x-aws-sqsd-msgid"))
+///     .delivery_count(DeliveryCount::sqs())
+///     .poison(PoisonPolicy::new(3)?);
+/// # drop(layer);
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Hostile values
 ///
 /// A header is read as ASCII digits, with surrounding spaces or tabs
