@@ -14,8 +14,14 @@
 //!   whose services and futures hold a `&'static` breaker instead of a
 //!   counted one.
 //! - `contended_2_threads/*`: two OS threads, each with its own
-//!   current-thread runtime, awaiting calls on clones of one breaker at the
-//!   same moment; the figure is the wall time per call per thread.
+//!   current-thread runtime, awaiting calls on one breaker at the same
+//!   moment, each call on a clone of one service that both threads share,
+//!   as axum's router clones the service it keeps on whichever thread
+//!   serves the request; the figure is the wall time per call per thread.
+//!   `*_handed_clone`: each thread's calls clone a clone made for it on
+//!   the main thread beforehand, as a per-connection clone made where
+//!   connections are accepted is (a counted breaker's calls then count on
+//!   the main thread's share, from both threads).
 //!   `tower-resilience` is left out: under contention its future waits on a
 //!   lock and its figure swung by orders of magnitude from run to run.
 //! - `poll_once/*`: `poll_ready` + `call` + one poll of the (immediately
@@ -79,9 +85,12 @@ impl<B: failsafe::futures::CircuitBreaker> Service<u64> for Failsafe<B> {
 }
 
 /// The service every peer wraps, plus what the bench needs of it.
-trait Bench: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static {}
+trait Bench:
+    Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + Sync + 'static
+{
+}
 impl<S> Bench for S where
-    S: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + 'static
+    S: Service<u64, Error: std::fmt::Debug, Future: Send> + Clone + Send + Sync + 'static
 {
 }
 
@@ -176,16 +185,40 @@ fn awaited<S: Bench>(c: &mut Criterion, name: &str, service: S) {
 }
 
 /// Two threads, each with its own current-thread runtime, awaiting `iters`
-/// calls on clones of one service at the same moment; the time reported is
+/// calls on clones of `service` at the same moment; the time reported is
 /// the slower thread's wall time, so per call per thread.
 fn contended<S: Bench>(c: &mut Criterion, name: &str, service: S) {
+    // Both threads clone the one service (the other slot is unused).
+    let spare = service.clone();
+    contended_on(c, name, [service, spare], |[shared, _], _| shared);
+}
+
+/// The same, each thread's calls cloning a clone of `service` made for it on
+/// the main thread.
+fn contended_handed_clone<S: Bench>(c: &mut Criterion, name: &str, service: S) {
+    let name = format!("{name}_handed_clone");
+    contended_on(
+        c,
+        &name,
+        [service.clone(), service.clone()],
+        |clones, thread| &clones[thread],
+    );
+}
+
+/// Thread `n` of two awaits its calls on clones of `pick(services, n)`.
+fn contended_on<S: Bench>(
+    c: &mut Criterion,
+    name: &str,
+    services: [S; 2],
+    pick: impl Fn(&[S; 2], usize) -> &S + Sync,
+) {
     c.bench_function(&format!("contended_2_threads/{name}"), |b| {
         b.iter_custom(|iters| {
             let barrier = std::sync::Barrier::new(2);
             std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..2)
-                    .map(|_| {
-                        let service = service.clone();
+                    .map(|thread| {
+                        let service = pick(&services, thread);
                         let barrier = &barrier;
                         scope.spawn(move || {
                             let rt = runtime();
@@ -193,7 +226,7 @@ fn contended<S: Bench>(c: &mut Criterion, name: &str, service: S) {
                                 barrier.wait();
                                 let start = Instant::now();
                                 for n in 0..iters {
-                                    awaited_call(&service, n).await;
+                                    awaited_call(service, n).await;
                                 }
                                 start.elapsed()
                             })
@@ -272,6 +305,7 @@ fn closed_path(c: &mut Criterion) {
 
     contended(c, "bare", Bare);
     contended(c, "tower_breaker_consecutive", consecutive());
+    contended_handed_clone(c, "tower_breaker_consecutive", consecutive());
     contended(c, "tower_breaker_count_window", count_window());
     contended(c, "tower_breaker_time_window", time_window());
     contended(c, "tower_breaker_consecutive_leaked", consecutive_leaked());

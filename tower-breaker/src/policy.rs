@@ -538,11 +538,12 @@ fn stripes_for(ring: usize) -> usize {
     cpus.clamp(1, MAX_STRIPES).next_power_of_two()
 }
 
-/// This thread's stripe number, before it is masked to a window's stripe
-/// count: threads take numbers in turn the first time they record, so up
-/// to a window's stripe count of threads each write lines of their own.
+/// This thread's stripe number, before it is masked to a stripe count:
+/// threads take numbers in turn the first time they ask (to record in a time
+/// window, or for their share of a breaker; see `hold.rs`), so up to a
+/// stripe count of threads each write lines of their own.
 #[inline]
-fn thread_stripe() -> usize {
+pub(crate) fn thread_stripe() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::AtomicUsize;
 
@@ -560,7 +561,7 @@ fn thread_stripe() -> usize {
             }
             taken => taken,
         })
-        // A thread that is ending records in the first stripe.
+        // A thread that is ending takes the first stripe.
         .unwrap_or(0)
 }
 

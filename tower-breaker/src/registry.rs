@@ -24,6 +24,7 @@ use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
+use crate::hold::Share;
 use crate::instruments::{EvictionCounters, Instruments};
 use crate::state::{Breaker, Settings, State};
 
@@ -34,7 +35,8 @@ const SHARDS: usize = 16;
 type Shard = HashMap<Arc<str>, Entry>;
 
 struct Entry {
-    breaker: Arc<Breaker>,
+    /// The breaker, as a keyed call's permit holds it.
+    share: Arc<Share>,
     /// Its node in the eviction queues.
     node: usize,
 }
@@ -63,7 +65,7 @@ pub(crate) struct Registry {
     /// the insert lock.
     all_forced: AtomicBool,
     /// The breaker new keys share while `all_forced`.
-    overflow: OnceLock<Arc<Breaker>>,
+    overflow: OnceLock<Arc<Share>>,
 }
 
 /// The key of the breaker that new keys share while every kept breaker is
@@ -130,7 +132,7 @@ impl Registry {
         registry.write(shard).insert(
             name,
             Entry {
-                breaker: Arc::clone(&breaker),
+                share: Arc::new(Share::new(Arc::clone(&breaker))),
                 node,
             },
         );
@@ -164,12 +166,12 @@ impl Registry {
     }
 
     /// The breaker for `key`, created (and a victim evicted) when new.
-    pub(crate) fn breaker(&self, key: &str) -> Arc<Breaker> {
+    pub(crate) fn breaker(&self, key: &str) -> Arc<Share> {
         let shard = self.shard_of(key);
         let found = self
             .read(shard)
             .get(key)
-            .map(|entry| Arc::clone(&entry.breaker));
+            .map(|entry| Arc::clone(&entry.share));
         match found {
             Some(breaker) => {
                 self.touch(&breaker);
@@ -195,7 +197,7 @@ impl Registry {
     }
 
     #[cold]
-    fn insert(&self, key: &str, shard: usize) -> Arc<Breaker> {
+    fn insert(&self, key: &str, shard: usize) -> Arc<Share> {
         if self.all_forced.load(Ordering::Acquire) {
             // Nothing could be kept: build nothing, so a flood of new keys
             // allocates nothing per call.
@@ -222,7 +224,7 @@ impl Registry {
         // it is released.
         if let Some(entry) = self.read(shard).get(&key) {
             // Another call inserted the key while this one built a breaker.
-            let existing = Arc::clone(&entry.breaker);
+            let existing = Arc::clone(&entry.share);
             drop(queues);
             self.touch(&existing);
             return existing;
@@ -275,22 +277,23 @@ impl Registry {
         let node = queues.insert(Arc::clone(&breaker), now);
         // Before the breaker is visible: nothing can have changed its state.
         breaker.publish();
+        let share = Arc::new(Share::new(breaker));
         self.write(shard).insert(
             key,
             Entry {
-                breaker: Arc::clone(&breaker),
+                share: Arc::clone(&share),
                 node,
             },
         );
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
-        breaker
+        share
     }
 
     /// The breaker shared by every new key while all kept breakers are
     /// forced, created on first use; see [`OVERFLOW_KEY`].
     #[cold]
-    fn overflow(&self) -> Arc<Breaker> {
+    fn overflow(&self) -> Arc<Share> {
         match self.overflow_warnings.check() {
             Some(suppressed) => tracing::warn!(
                 breaker = %self.settings.name,
@@ -317,7 +320,7 @@ impl Registry {
                 None,
             );
             breaker.retire();
-            Arc::new(breaker)
+            Arc::new(Share::new(Arc::new(breaker)))
         });
         Arc::clone(overflow)
     }
@@ -327,8 +330,8 @@ impl Registry {
         for key in self.notices.take_closed() {
             if let Some(entry) = self.read(self.shard_of(&key)).get(&key) {
                 // Cleared first: closing again after this posts again.
-                entry.breaker.notice_posted.store(false, Ordering::Relaxed);
-                queues.closed_again(entry.node, &entry.breaker);
+                entry.share.notice_posted.store(false, Ordering::Relaxed);
+                queues.closed_again(entry.node, &entry.share.breaker);
             }
         }
     }
@@ -336,7 +339,7 @@ impl Registry {
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {
         self.read(self.shard_of(key))
             .get(key)
-            .map(|entry| Arc::clone(&entry.breaker))
+            .map(|entry| Arc::clone(&entry.share.breaker))
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<Breaker>> {
@@ -344,7 +347,7 @@ impl Registry {
             .flat_map(|shard| {
                 self.read(shard)
                     .values()
-                    .map(|entry| Arc::clone(&entry.breaker))
+                    .map(|entry| Arc::clone(&entry.share.breaker))
                     .collect::<Vec<_>>()
             })
             .collect()
@@ -357,7 +360,7 @@ impl Registry {
         let found = self
             .read(self.shard_of(key))
             .get(key)
-            .map(|entry| (Arc::clone(&entry.breaker), entry.node));
+            .map(|entry| (Arc::clone(&entry.share.breaker), entry.node));
         let Some(found) = found else {
             return false;
         };
@@ -372,7 +375,7 @@ impl Registry {
             .flat_map(|shard| {
                 self.read(shard)
                     .values()
-                    .map(|entry| (Arc::clone(&entry.breaker), entry.node))
+                    .map(|entry| (Arc::clone(&entry.share.breaker), entry.node))
                     .collect::<Vec<_>>()
             })
             .collect();

@@ -436,11 +436,12 @@ pub(crate) enum Readiness {
 }
 
 /// One breaker's live state. Every clone of a service (and, for a plain
-/// breaker, the layer it came from) holds the same `Arc<Breaker>`.
+/// breaker, the layer it came from) reaches the same `Arc<Breaker>`, through
+/// a share of it (see `hold.rs`) or a leaked reference.
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
-/// reference counts: every reference made or dropped (a service clone, a
-/// response future) writes the count, and without the gap that write would
+/// reference counts: a reference made or dropped on it (a thread's share, a
+/// keyed call's) writes the count, and without the gap that write would
 /// evict the state word every other core reads.
 #[repr(align(128))]
 pub(crate) struct Breaker {
