@@ -1,22 +1,32 @@
 //! The configuration types: one per section of the `resilience:` block.
 //!
+//! The block speaks the layers' own vocabulary: a backoff is a
+//! [`BackoffKind`], a jitter a [`Jitter`], the classes retried a
+//! [`RetryOn`], the action an [`Action`], each read by the layer's own
+//! parser. A key left out is `None` here and keeps the layer's own default,
+//! so every default of the stack is written once, in its layer (the root
+//! README lists them in one table). The one key no layer has a default for,
+//! `poison.max_row_attempts`, has its default here.
+//!
 //! Values of these types exist only after every rule was checked (by a
 //! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
 //! as the [`Default`]s), so building a stack from one cannot fail.
 
+use std::fmt;
 use std::time::Duration;
 
 use schemars::JsonSchema;
-use serde::Serialize;
-use tower_classify::FailureKind;
+use serde::{Serialize, Serializer};
+use tower_classify::RetryOn;
 use tower_poison::Action;
+use tower_retry_budget::{BackoffKind, Jitter};
 
 /// The whole `resilience:` block: how calls are retried, when the circuit
 /// opens, and what happens to a call that finally failed.
 ///
-/// Every section and every key may be left out, and then takes its
+/// Every section and every key may be left out, and then takes its layer's
 /// default. Unknown keys are refused.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 #[schemars(title = "resilience")]
 #[non_exhaustive]
@@ -46,185 +56,105 @@ impl ResilienceConfig {
     }
 }
 
-/// The `retry` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+/// The `retry` section. A key left out keeps the retry layer's default
+/// (see [`RetryBuilder`](tower_retry_budget::RetryBuilder)); each getter
+/// says what the block set, `None` for a key it left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct RetrySection {
     /// Total tries including the first (1 = no retry), 1 to 17.
-    #[schemars(range(min = 1, max = 17))]
-    pub(crate) max_attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u32", range(min = 1, max = 17))]
+    pub(crate) max_attempts: Option<u32>,
     /// How the wait between tries grows: `none` (no wait), `fixed` (always
-    /// `base_ms`) or `exponential` (`base_ms × 2^n` before retry n + 1).
-    pub(crate) backoff: BackoffKind,
+    /// `base_ms`), `linear` (`base_ms × n` before retry n) or `exponential`
+    /// (`base_ms × 2^(n−1)` before retry n).
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
+    #[schemars(with = "BackoffName")]
+    pub(crate) backoff: Option<BackoffKind>,
     /// The base wait, in milliseconds; not more than `max_ms`.
-    pub(crate) base_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
+    pub(crate) base_ms: Option<u64>,
     /// The cap on each wait, in milliseconds, applied before jitter.
-    pub(crate) max_ms: u64,
-    /// `true`: each wait is multiplied by a random factor in [0.5, 1.5).
-    pub(crate) jitter: bool,
-    /// The failure classes that are retried (at least one). Anything else,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
+    pub(crate) max_ms: Option<u64>,
+    /// Randomness in each wait, so that clients that failed together do not
+    /// retry together: `full` (uniform in [0, wait]), `equal` (in
+    /// [wait/2, wait]), `decorrelated`, `none`, or factors such as
+    /// `0.5..1.5`; `true` is `0.5..1.5` and `false` is `none`.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
+    #[schemars(with = "JitterSetting")]
+    pub(crate) jitter: Option<Jitter>,
+    /// The failure classes that are retried (at least one): `http_5xx`,
+    /// `rate_limited`, `connection`, `timeout`, `not_sent`. Anything else,
     /// and anything that is not transient (4xx other than 408 and 429),
     /// fails at once.
-    #[schemars(length(min = 1))]
-    pub(crate) retry_on: Vec<RetryClass>,
-}
-
-impl Default for RetrySection {
-    fn default() -> Self {
-        RetrySection {
-            max_attempts: 5,
-            backoff: BackoffKind::Exponential,
-            base_ms: 200,
-            max_ms: 30_000,
-            jitter: true,
-            retry_on: RetryClass::ALL.to_vec(),
-        }
-    }
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "class_names"
+    )]
+    #[schemars(with = "Vec<RetryClassName>", length(min = 1))]
+    pub(crate) retry_on: Option<RetryOn>,
 }
 
 impl RetrySection {
-    /// Total tries including the first.
-    pub fn max_attempts(&self) -> u32 {
+    /// Total tries including the first, if set.
+    pub fn max_attempts(&self) -> Option<u32> {
         self.max_attempts
     }
 
-    /// How the wait grows.
-    pub fn backoff(&self) -> BackoffKind {
+    /// How the wait grows, if set.
+    pub fn backoff(&self) -> Option<BackoffKind> {
         self.backoff
     }
 
-    /// The base wait.
-    pub fn base(&self) -> Duration {
-        Duration::from_millis(self.base_ms)
+    /// The base wait, if set.
+    pub fn base(&self) -> Option<Duration> {
+        self.base_ms.map(Duration::from_millis)
     }
 
-    /// The cap on each wait, before jitter.
-    pub fn max(&self) -> Duration {
-        Duration::from_millis(self.max_ms)
+    /// The cap on each wait, before jitter, if set.
+    pub fn max(&self) -> Option<Duration> {
+        self.max_ms.map(Duration::from_millis)
     }
 
-    /// Whether each wait is jittered by a factor in [0.5, 1.5).
-    pub fn jitter(&self) -> bool {
+    /// The jitter, if set (`true` reads as `0.5..1.5`, `false` as `none`).
+    pub fn jitter(&self) -> Option<Jitter> {
         self.jitter
     }
 
-    /// The classes retried, as written (duplicates removed).
-    pub fn retry_on(&self) -> &[RetryClass] {
-        &self.retry_on
+    /// The classes retried, if set.
+    pub fn retry_on(&self) -> Option<RetryOn> {
+        self.retry_on
     }
 }
 
-/// How the wait between tries grows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum BackoffKind {
-    /// No wait: retry at once.
-    None,
-    /// Always `base_ms`.
-    Fixed,
-    /// `base_ms` before the first retry, doubling on each retry after it,
-    /// capped at `max_ms`.
-    Exponential,
-}
-
-impl BackoffKind {
-    /// Every kind, in the order the documentation lists them.
-    pub const ALL: [BackoffKind; 3] = [
-        BackoffKind::None,
-        BackoffKind::Fixed,
-        BackoffKind::Exponential,
-    ];
-
-    /// The configuration name: `none`, `fixed` or `exponential`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            BackoffKind::None => "none",
-            BackoffKind::Fixed => "fixed",
-            BackoffKind::Exponential => "exponential",
-        }
-    }
-}
-
-/// A class of transient failure that `retry_on` can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum RetryClass {
-    /// HTTP 5xx server errors.
-    #[serde(rename = "http_5xx")]
-    Http5xx,
-    /// HTTP 429 and other rate-limit signals (`Retry-After` is honoured).
-    RateLimited,
-    /// Connection-level failures: DNS, refused, reset.
-    Connection,
-    /// Timeouts (HTTP 408 and timed-out calls).
-    Timeout,
-}
-
-impl RetryClass {
-    /// The four classes, the default of `retry_on`.
-    pub const ALL: [RetryClass; 4] = [
-        RetryClass::Http5xx,
-        RetryClass::RateLimited,
-        RetryClass::Connection,
-        RetryClass::Timeout,
-    ];
-
-    /// The configuration name: `http_5xx`, `rate_limited`, `connection` or
-    /// `timeout`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RetryClass::Http5xx => "http_5xx",
-            RetryClass::RateLimited => "rate_limited",
-            RetryClass::Connection => "connection",
-            RetryClass::Timeout => "timeout",
-        }
-    }
-
-    /// The failure kind the family's classifiers report for this class.
-    pub const fn failure_kind(self) -> FailureKind {
-        match self {
-            RetryClass::Http5xx => FailureKind::ServerError,
-            RetryClass::RateLimited => FailureKind::RateLimited,
-            RetryClass::Connection => FailureKind::Connection,
-            RetryClass::Timeout => FailureKind::Timeout,
-        }
-    }
-}
-
-/// The `circuit_breaker` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+/// The `circuit_breaker` section. A key left out keeps the breaker's
+/// default (see [`Builder`](tower_breaker::Builder)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct CircuitBreakerSection {
     /// Consecutive failed calls (each after all its retries) that open the
     /// circuit; at least 1.
-    #[schemars(range(min = 1))]
-    pub(crate) consecutive_failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u32", range(min = 1))]
+    pub(crate) consecutive_failures: Option<u32>,
     /// Seconds the circuit stays open before one trial call is let through,
-    /// every time it opens; at least 1. Absent (the default): the open
-    /// period backs off, 500 ms the first time, doubling after each failed
-    /// trial call up to 1 s, jittered, so a dependency that is back is seen
-    /// within a second.
+    /// every time it opens; at least 1. Absent: the breaker's open period,
+    /// which starts short and backs off after each failed trial call,
+    /// jittered, so a dependency that is back is seen soon.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "u64", range(min = 1))]
     pub(crate) cooldown_secs: Option<u64>,
 }
 
-impl Default for CircuitBreakerSection {
-    fn default() -> Self {
-        CircuitBreakerSection {
-            consecutive_failures: 5,
-            cooldown_secs: None,
-        }
-    }
-}
-
 impl CircuitBreakerSection {
-    /// Consecutive failed calls that open the circuit.
-    pub fn consecutive_failures(&self) -> u32 {
+    /// Consecutive failed calls that open the circuit, if set.
+    pub fn consecutive_failures(&self) -> Option<u32> {
         self.consecutive_failures
     }
 
@@ -235,6 +165,10 @@ impl CircuitBreakerSection {
     }
 }
 
+/// Failed deliveries of one message before it is diverted, when the block
+/// does not say (`poison.max_row_attempts`).
+pub(crate) const DEFAULT_ROW_ATTEMPTS: u32 = 3;
+
 /// The `poison` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -242,14 +176,16 @@ impl CircuitBreakerSection {
 pub struct PoisonSection {
     /// Failed deliveries of one message (requests carrying the same
     /// `message_id_header` value) after which it is diverted without
-    /// calling the service again; at least 1. Needs `message_id_header`
-    /// to have an effect.
+    /// calling the service again; at least 1 (default 3). Needs
+    /// `message_id_header` to have an effect.
     #[schemars(range(min = 1))]
     pub(crate) max_row_attempts: u32,
     /// What happens to a call that finally failed: `dlq` (store it; the
     /// store is passed when the stack is built), `drop` (count it, log it
     /// once) or `fail` (return the failure only).
-    pub(crate) action: PoisonAction,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "ActionName")]
+    pub(crate) action: Option<Action>,
     /// The request header that carries a message id (for example
     /// `x-message-id`). Absent: calls have no identity across deliveries
     /// and `max_row_attempts` does not apply.
@@ -261,8 +197,8 @@ pub struct PoisonSection {
 impl Default for PoisonSection {
     fn default() -> Self {
         PoisonSection {
-            max_row_attempts: 3,
-            action: PoisonAction::Dlq,
+            max_row_attempts: DEFAULT_ROW_ATTEMPTS,
+            action: None,
             message_id_header: None,
         }
     }
@@ -274,8 +210,8 @@ impl PoisonSection {
         self.max_row_attempts
     }
 
-    /// What happens to a call that finally failed.
-    pub fn action(&self) -> PoisonAction {
+    /// What happens to a call that finally failed, if set.
+    pub fn action(&self) -> Option<Action> {
         self.action
     }
 
@@ -285,38 +221,86 @@ impl PoisonSection {
     }
 }
 
-/// What happens to a call that finally failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+/// Writes a value by its configuration name (its `Display`).
+fn by_name<T: fmt::Display, S: Serializer>(
+    value: &Option<T>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => serializer.collect_str(value),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// Writes a set of classes as their configuration names.
+fn class_names<S: Serializer>(value: &Option<RetryOn>, serializer: S) -> Result<S::Ok, S::Error> {
+    match value {
+        // `connection` holds `not_sent`: the two names read back as the
+        // same set.
+        Some(set) => serializer.collect_seq(set.iter().filter_map(RetryOn::name_of)),
+        None => serializer.serialize_none(),
+    }
+}
+
+// The schema's names for the layers' types, which carry no schema of their
+// own. A test (`tests/schema.rs`) reads every name back through the layer's
+// parser, so these cannot drift from it.
+
+/// A backoff's name.
+#[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum PoisonAction {
-    /// Store it in the dead-letter store (the default).
+#[allow(dead_code)] // Only its schema is used.
+enum BackoffName {
+    /// No wait: retry at once.
+    None,
+    /// Always `base_ms`.
+    Fixed,
+    /// `base_ms × n` before retry n.
+    Linear,
+    /// `base_ms × 2^(n−1)` before retry n, capped at `max_ms`.
+    Exponential,
+}
+
+/// A jitter: `true` (`0.5..1.5`), `false` (`none`), or a name.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Only its schema is used.
+enum JitterSetting {
+    /// `true`: each wait times a random factor in [0.5, 1.5); `false`: none.
+    Switch(bool),
+    /// `full`, `equal`, `decorrelated`, `none`, or factors `LOW..HIGH`.
+    Name(
+        #[schemars(regex(pattern = r"^(none|full|equal|decorrelated|[0-9.]+\.\.[0-9.]+)$"))] String,
+    ),
+}
+
+/// A class of transient failure.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // Only its schema is used.
+enum RetryClassName {
+    /// HTTP 5xx server errors.
+    #[serde(rename = "http_5xx")]
+    Http5xx,
+    /// HTTP 429 and other rate-limit signals (`Retry-After` is honoured).
+    RateLimited,
+    /// Connection-level failures: DNS, refused, reset (`not_sent` included).
+    Connection,
+    /// Timeouts (HTTP 408 and timed-out calls).
+    Timeout,
+    /// Failures where the request provably never reached the server.
+    NotSent,
+}
+
+/// What happens to a call that finally failed.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // Only its schema is used.
+enum ActionName {
+    /// Store it in the dead-letter store.
     Dlq,
     /// Discard it: counted, logged once per key.
     Drop,
     /// Store nothing: the failure goes back to the caller only.
     Fail,
-}
-
-impl PoisonAction {
-    /// Every action, in the order the documentation lists them.
-    pub const ALL: [PoisonAction; 3] = [PoisonAction::Dlq, PoisonAction::Drop, PoisonAction::Fail];
-
-    /// The configuration name: `dlq`, `drop` or `fail`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            PoisonAction::Dlq => "dlq",
-            PoisonAction::Drop => "drop",
-            PoisonAction::Fail => "fail",
-        }
-    }
-
-    /// The dead-letter layer's action.
-    pub const fn to_action(self) -> Action {
-        match self {
-            PoisonAction::Dlq => Action::Dlq,
-            PoisonAction::Drop => Action::Drop,
-            PoisonAction::Fail => Action::Fail,
-        }
-    }
 }

@@ -4,14 +4,14 @@ use std::fmt;
 
 use http::HeaderName;
 use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer, Counted, Hold, Leaked};
-use tower_classify::{ConfigError, HttpClassifier, RetryOn};
+use tower_classify::{ConfigError, HttpClassifier};
 use tower_layer::Layer;
 use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
 use tower_retry_budget::hold as retry_hold;
 use tower_retry_budget::replay::HttpReplay;
-use tower_retry_budget::{Backoff, Jitter, Retry, RetryBuilder, RetryLayer};
+use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
-use crate::config::{BackoffKind, ResilienceConfig, RetryClass};
+use crate::config::ResilienceConfig;
 
 /// How the stack's retry layer holds its settings: counted, or leaked after
 /// [`ResilienceLayer::leak`].
@@ -180,41 +180,46 @@ impl ResilienceConfig {
     }
 
     /// The retry layer's builder with the `retry` section applied: total
-    /// attempts, the backoff and its cap, jitter and the classes retried.
-    /// Everything else keeps the retry layer's defaults, notably its retry
-    /// budget (retries may add 20 % to recent traffic, plus 10 a second),
-    /// no deadline, and one attempt only for POST and PATCH without an
-    /// `Idempotency-Key` header.
+    /// attempts, the backoff and its cap, jitter and the classes retried,
+    /// each key the block left out at the retry layer's default.
+    /// Everything else keeps the retry layer's defaults too, notably its
+    /// retry budget (retries may add 20 % to recent traffic, plus 10 a
+    /// second), no deadline, and one attempt only for POST and PATCH
+    /// without an `Idempotency-Key` header.
     pub fn retry_builder(&self) -> RetryBuilder<HttpClassifier, HttpReplay> {
         let retry = &self.retry;
-        let backoff = match retry.backoff {
+        let defaults = Backoff::default();
+        let kind = retry.backoff.unwrap_or(defaults.kind());
+        let backoff = match kind {
             BackoffKind::None => Backoff::none(),
-            BackoffKind::Fixed => Backoff::fixed(retry.base()),
-            // base × 2^(n−1) before the n-th retry: base before the first.
-            BackoffKind::Exponential => Backoff::exponential(retry.base()).with_multiplier(2.0),
+            // The multiplier is the layer's: 2, so that `exponential` is
+            // base × 2^(n−1) before the n-th retry.
+            kind => Backoff::new(kind, retry.base().unwrap_or(defaults.initial_delay()))
+                .with_max_delay(retry.max().unwrap_or(defaults.max_delay()))
+                .with_jitter(retry.jitter.unwrap_or(defaults.jitter())),
         };
-        let backoff = match (retry.backoff, retry.jitter) {
-            (BackoffKind::None, _) | (_, false) => backoff.with_jitter(Jitter::None),
-            (_, true) => backoff.with_jitter(Jitter::HALF_TO_ONE_AND_A_HALF),
+        let mut builder = RetryLayer::http_builder().backoff(backoff);
+        if let Some(attempts) = retry.max_attempts {
+            builder = builder.max_attempts(attempts);
         }
-        .with_max_delay(retry.max());
-        let classes = RetryOn::new(retry.retry_on.iter().map(|c| RetryClass::failure_kind(*c)))
-            .expect(CHECKED);
-        RetryLayer::http_builder()
-            .max_attempts(retry.max_attempts)
-            .backoff(backoff)
-            .retry_on(classes)
+        if let Some(classes) = retry.retry_on {
+            builder = builder.retry_on(classes);
+        }
+        builder
     }
 
     /// The breaker's builder with the `circuit_breaker` section applied:
     /// open after `consecutive_failures` failed calls in a row, then let one
-    /// trial call through after `cooldown_secs` (a fixed period) or, without
-    /// it, after the breaker's backing-off open period (500 ms, doubling per
-    /// failed trial up to 1 s). Add a [`name`](tower_breaker::Builder::name)
-    /// (metrics label, default `default`) or callbacks before building.
+    /// trial call through after `cooldown_secs` (a fixed period), each key
+    /// the block left out at the breaker's default (its backing-off open
+    /// period, for `cooldown_secs`). Add a
+    /// [`name`](tower_breaker::Builder::name) (metrics label, default
+    /// `default`) or callbacks before building.
     pub fn breaker_builder(&self) -> tower_breaker::Builder {
-        let builder = CircuitBreakerLayer::builder()
-            .failure_threshold(self.circuit_breaker.consecutive_failures);
+        let mut builder = CircuitBreakerLayer::builder();
+        if let Some(threshold) = self.circuit_breaker.consecutive_failures {
+            builder = builder.failure_threshold(threshold);
+        }
         match self.circuit_breaker.cooldown() {
             Some(cooldown) => builder.recovery_timeout(cooldown),
             None => builder,
@@ -226,7 +231,11 @@ impl ResilienceConfig {
     /// after `max_row_attempts` failed deliveries of one message id.
     pub fn dead_letter_layer<St>(&self, store: St) -> DeadLetterLayer<St> {
         let poison = &self.poison;
-        let layer = DeadLetterLayer::new(store).action(poison.action.to_action());
+        let layer = DeadLetterLayer::new(store);
+        let layer = match poison.action {
+            Some(action) => layer.action(action),
+            None => layer,
+        };
         match &poison.message_id_header {
             Some(name) => layer
                 .message_id_header(HeaderName::from_bytes(name.as_bytes()).expect(CHECKED))
@@ -292,12 +301,12 @@ mod tests {
     #[test]
     fn refusals_of_the_layers_builders_name_the_configuration_key() {
         let mut config = ResilienceConfig::default();
-        config.retry.max_attempts = 0;
+        config.retry.max_attempts = Some(0);
         let error = check_with_layers(&config, "resilience").unwrap_err();
         assert_eq!(error.field(), "resilience.retry.max_attempts");
 
         let mut config = ResilienceConfig::default();
-        config.circuit_breaker.consecutive_failures = 0;
+        config.circuit_breaker.consecutive_failures = Some(0);
         let error = check_with_layers(&config, "").unwrap_err();
         assert_eq!(error.field(), "circuit_breaker.consecutive_failures");
         assert_eq!(error.reason(), "must be at least 1");
@@ -316,6 +325,27 @@ mod tests {
         // One name for all three layers.
         assert_eq!(layer.breaker_handle().list()[0].key, "orders");
         assert_eq!(layer.retry.name(), "orders");
-        assert_eq!(config.retry_builder().build().unwrap().max_retries(), 4);
+    }
+
+    /// Every default of the stack is its layer's: a block that leaves every
+    /// key out builds the layers as their own builders do.
+    #[test]
+    fn an_empty_block_builds_the_layers_defaults() {
+        let config = ResilienceConfig::from_value(&serde_json::json!({})).unwrap();
+        assert_eq!(config, ResilienceConfig::default());
+        let retry = config.retry_builder().build().unwrap();
+        let layers_own = RetryLayer::http_builder().build().unwrap();
+        assert_eq!(retry.max_retries(), layers_own.max_retries());
+        assert_eq!(retry.backoff(), layers_own.backoff());
+        assert_eq!(retry.deadline(), layers_own.deadline());
+        assert_eq!(
+            format!("{:?}", config.breaker_builder()),
+            format!("{:?}", CircuitBreakerLayer::builder()),
+        );
+        let store = tower_poison::store::MemoryStore::new(1);
+        assert_eq!(
+            format!("{:?}", config.dead_letter_layer(store.clone())),
+            format!("{:?}", DeadLetterLayer::new(store)),
+        );
     }
 }

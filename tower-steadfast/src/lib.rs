@@ -14,10 +14,7 @@ mod layer;
 mod load;
 mod schema;
 
-pub use self::config::{
-    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
-    RetrySection,
-};
+pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService, RetryCounted, RetryLeaked};
 pub use self::load::MAX_ATTEMPTS_LIMIT;

@@ -8,19 +8,16 @@
 //! they know neither the path nor the unit.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::str::FromStr;
 
 use http::HeaderName;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
-use tower_classify::ConfigError;
-use tower_retry_budget::MAX_RETRIES_LIMIT;
+use tower_classify::{ConfigError, RetryOn};
+use tower_retry_budget::{Backoff, Jitter, MAX_RETRIES_LIMIT};
 
-use crate::config::{
-    BackoffKind, CircuitBreakerSection, PoisonAction, PoisonSection, ResilienceConfig, RetryClass,
-    RetrySection,
-};
+use crate::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 #[cfg(any(feature = "yaml", feature = "toml", feature = "json"))]
 use crate::error::LoadError;
 
@@ -156,7 +153,7 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
         return Ok(retry);
     };
     if let Some(value) = map.get("max_attempts") {
-        retry.max_attempts = whole(
+        retry.max_attempts = Some(whole(
             value,
             &join(path, "max_attempts"),
             &WholeRule {
@@ -165,16 +162,10 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
                 max: u64::from(MAX_ATTEMPTS_LIMIT),
                 range: Cow::Owned(format!("from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}")),
             },
-        )? as u32;
+        )? as u32);
     }
     if let Some(value) = map.get("backoff") {
-        retry.backoff = one_of(
-            value,
-            &join(path, "backoff"),
-            "backoff",
-            &BackoffKind::ALL,
-            BackoffKind::as_str,
-        )?;
+        retry.backoff = Some(named(value, &join(path, "backoff"), "`exponential`")?);
     }
     let millis = WholeRule {
         unit: " of milliseconds",
@@ -183,20 +174,27 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
         range: Cow::Borrowed("0 or more"),
     };
     if let Some(value) = map.get("base_ms") {
-        retry.base_ms = whole(value, &join(path, "base_ms"), &millis)?;
+        retry.base_ms = Some(whole(value, &join(path, "base_ms"), &millis)?);
     }
     if let Some(value) = map.get("max_ms") {
-        retry.max_ms = whole(value, &join(path, "max_ms"), &millis)?;
+        retry.max_ms = Some(whole(value, &join(path, "max_ms"), &millis)?);
     }
-    if retry.base_ms > retry.max_ms {
-        // Name the key the file set: a `max_ms` below the default `base_ms`
-        // is the one to change when `base_ms` was left out.
-        let (field, problem) = if map.contains_key("base_ms") {
+    let defaults = Backoff::default();
+    let base = retry.base().unwrap_or(defaults.initial_delay());
+    let max = retry.max().unwrap_or(defaults.max_delay());
+    if base > max {
+        // Name the key the block set: when only one of the two was set, the
+        // other is the retry layer's default, and the one set is to change.
+        let (field, problem) = if retry.base_ms.is_some() {
+            let max = match retry.max_ms {
+                Some(_) => format!("{}", max.as_millis()),
+                None => format!("{}, its default", max.as_millis()),
+            };
             (
                 "base_ms",
                 format!(
-                    "must not be more than max_ms ({}), the cap on every wait (got {})",
-                    retry.max_ms, retry.base_ms
+                    "must not be more than max_ms ({max}), the cap on every wait (got {})",
+                    base.as_millis()
                 ),
             )
         } else {
@@ -204,62 +202,64 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
                 "max_ms",
                 format!(
                     "must not be less than base_ms ({}, its default), the first wait (got {})",
-                    retry.base_ms, retry.max_ms
+                    base.as_millis(),
+                    max.as_millis()
                 ),
             )
         };
         return Err(ConfigError::new(join(path, field), problem));
     }
     if let Some(value) = map.get("jitter") {
-        let field = join(path, "jitter");
-        retry.jitter = value.as_bool().ok_or_else(|| {
-            ConfigError::new(
-                field,
-                format!("must be true or false (got {})", describe(value)),
-            )
-        })?;
+        retry.jitter = Some(match value {
+            // A switch: on is ±50 % around each wait, off is none.
+            Value::Bool(true) => Jitter::HALF_TO_ONE_AND_A_HALF,
+            Value::Bool(false) => Jitter::None,
+            other => named(other, &join(path, "jitter"), "true, false or `full`")?,
+        });
     }
     if let Some(value) = map.get("retry_on") {
-        retry.retry_on = retry_on(value, &join(path, "retry_on"))?;
+        retry.retry_on = Some(retry_on(value, &join(path, "retry_on"))?);
     }
     Ok(retry)
 }
 
-fn retry_on(value: &Value, path: &str) -> Result<Vec<RetryClass>, ConfigError> {
-    let expected = expected(&RetryClass::ALL, RetryClass::as_str);
+fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
     let Value::Array(items) = value else {
         return Err(ConfigError::new(
             path.to_owned(),
             format!(
-                "must be a list of classes, some of {expected} (got {})",
+                "must be a list of classes such as [http_5xx, timeout] (got {})",
                 describe(value)
             ),
         ));
     };
     if items.is_empty() {
+        // The parser refuses this too; here it also says how to get every class.
+        let error = RetryOn::from_names(Vec::<&str>::new()).unwrap_err();
         return Err(ConfigError::new(
             path.to_owned(),
-            format!(
-                "must name at least one class, some of {expected}; \
-                 leave the key out to retry all four"
-            ),
+            format!("{}; leave the key out to retry every class", error.reason()),
         ));
     }
-    let mut seen = HashSet::new();
-    let mut classes = Vec::new();
+    let mut names = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let class = one_of(
-            item,
-            &format!("{path}[{i}]"),
-            "class",
-            &RetryClass::ALL,
-            RetryClass::as_str,
-        )?;
-        if seen.insert(class) {
-            classes.push(class);
+        let name = item
+            .as_str()
+            .filter(|name| RetryOn::from_names([name]).is_ok());
+        match name {
+            Some(name) => names.push(name),
+            None => {
+                // The retry layer's parser says what it expects.
+                let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
+                let error = RetryOn::from_names([text]).unwrap_err();
+                return Err(ConfigError::new(
+                    format!("{path}[{i}]"),
+                    error.reason().to_owned(),
+                ));
+            }
         }
     }
-    Ok(classes)
+    Ok(RetryOn::from_names(names).expect("every name was read and the list is not empty"))
 }
 
 fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, ConfigError> {
@@ -268,11 +268,11 @@ fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, C
         return Ok(breaker);
     };
     if let Some(value) = map.get("consecutive_failures") {
-        breaker.consecutive_failures = whole(
+        breaker.consecutive_failures = Some(whole(
             value,
             &join(path, "consecutive_failures"),
             &WholeRule::at_least_one(" of failed calls"),
-        )? as u32;
+        )? as u32);
     }
     if let Some(value) = map.get("cooldown_secs") {
         breaker.cooldown_secs = Some(whole(
@@ -302,13 +302,7 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
         )? as u32;
     }
     if let Some(value) = map.get("action") {
-        poison.action = one_of(
-            value,
-            &join(path, "action"),
-            "action",
-            &PoisonAction::ALL,
-            PoisonAction::as_str,
-        )?;
+        poison.action = Some(named(value, &join(path, "action"), "`dlq`")?);
     }
     if let Some(value) = map.get("message_id_header") {
         let field = join(path, "message_id_header");
@@ -422,39 +416,22 @@ fn whole(value: &Value, path: &str, rule: &WholeRule) -> Result<u64, ConfigError
     Ok(n)
 }
 
-fn one_of<T: Copy>(
+/// A name in a layer's own vocabulary, read by the layer's own parser, whose
+/// refusal says what it expects. `example` shows a right value when the
+/// value is not text at all.
+fn named<T: FromStr<Err = ConfigError>>(
     value: &Value,
     path: &str,
-    what: &str,
-    all: &[T],
-    name: fn(T) -> &'static str,
+    example: &str,
 ) -> Result<T, ConfigError> {
-    let expected = expected(all, name);
     let Some(text) = value.as_str() else {
         return Err(ConfigError::new(
             path.to_owned(),
-            format!("must be one of {expected} (got {})", describe(value)),
+            format!("must be a name such as {example} (got {})", describe(value)),
         ));
     };
-    all.iter()
-        .copied()
-        .find(|item| name(*item) == text)
-        .ok_or_else(|| {
-            ConfigError::new(
-                path.to_owned(),
-                format!("unknown {what} `{text}`; expected {expected}"),
-            )
-        })
-}
-
-/// `a, b or c`.
-fn expected<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> String {
-    let names: Vec<&str> = all.iter().map(|item| name(*item)).collect();
-    match names.split_last() {
-        Some((last, [])) => (*last).to_owned(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
-    }
+    text.parse()
+        .map_err(|error: ConfigError| ConfigError::new(path.to_owned(), error.reason().to_owned()))
 }
 
 /// `a, b, c`.

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_steadfast::{BackoffKind, LoadError, PoisonAction, ResilienceConfig, RetryClass};
+use tower_classify::{FailureKind, RetryOn};
+use tower_poison::Action;
+use tower_retry_budget::{BackoffKind, Jitter};
+use tower_steadfast::{LoadError, ResilienceConfig};
 
 fn fixture(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,19 +40,20 @@ fn refusal(name: &str) -> (String, String) {
 fn the_documented_block_loads_unchanged_in_every_format() {
     let yaml = load("seed.yaml").unwrap();
     let retry = yaml.retry();
-    assert_eq!(retry.max_attempts(), 5);
-    assert_eq!(retry.backoff(), BackoffKind::Exponential);
-    assert_eq!(retry.base(), Duration::from_millis(200));
-    assert_eq!(retry.max(), Duration::from_secs(30));
-    assert!(retry.jitter());
-    assert_eq!(retry.retry_on(), RetryClass::ALL);
-    assert_eq!(yaml.circuit_breaker().consecutive_failures(), 5);
+    assert_eq!(retry.max_attempts(), Some(5));
+    assert_eq!(retry.backoff(), Some(BackoffKind::Exponential));
+    assert_eq!(retry.base(), Some(Duration::from_millis(200)));
+    assert_eq!(retry.max(), Some(Duration::from_secs(30)));
+    // `jitter: true` is the seed's ±50 % around each wait.
+    assert_eq!(retry.jitter(), Some(Jitter::HALF_TO_ONE_AND_A_HALF));
+    assert_eq!(retry.retry_on(), Some(RetryOn::ALL));
+    assert_eq!(yaml.circuit_breaker().consecutive_failures(), Some(5));
     assert_eq!(
         yaml.circuit_breaker().cooldown(),
         Some(Duration::from_secs(60))
     );
     assert_eq!(yaml.poison().max_row_attempts(), 3);
-    assert_eq!(yaml.poison().action(), PoisonAction::Dlq);
+    assert_eq!(yaml.poison().action(), Some(Action::Dlq));
     assert_eq!(yaml.poison().message_id_header(), None);
 
     assert_eq!(load("seed.toml").unwrap(), yaml);
@@ -57,23 +61,29 @@ fn the_documented_block_loads_unchanged_in_every_format() {
 }
 
 #[test]
-fn the_documented_values_are_the_defaults() {
-    // The seed's block writes every key with its default value except
-    // `cooldown_secs: 60`, which asks for a fixed open period; without it
-    // the open period backs off from 500 ms.
+fn keys_left_out_keep_the_layers_defaults() {
+    // The seed's block writes its values; a key it leaves out is absent,
+    // and the stack builds it at the layer's own default.
     let seed = load("seed.yaml").unwrap();
     let default = ResilienceConfig::default();
-    assert_eq!(seed.retry(), default.retry());
-    assert_eq!(seed.poison(), default.poison());
+    assert_eq!(default.retry().max_attempts(), None);
+    assert_eq!(default.retry().backoff(), None);
+    assert_eq!(default.retry().jitter(), None);
+    assert_eq!(default.retry().retry_on(), None);
+    assert_eq!(default.circuit_breaker().consecutive_failures(), None);
+    assert_eq!(default.circuit_breaker().cooldown(), None);
+    assert_eq!(default.poison().action(), None);
+    // `max_row_attempts` has no layer default: 3, as the seed writes it.
     assert_eq!(
-        seed.circuit_breaker().consecutive_failures(),
-        default.circuit_breaker().consecutive_failures()
+        seed.poison().max_row_attempts(),
+        default.poison().max_row_attempts()
     );
     assert_eq!(
         seed.circuit_breaker().cooldown(),
         Some(Duration::from_secs(60))
     );
-    assert_eq!(default.circuit_breaker().cooldown(), None);
+    // Every retry key the seed writes is read as written.
+    assert_ne!(seed.retry(), default.retry());
     assert_eq!(
         ResilienceConfig::from_yaml_str("resilience: {}").unwrap(),
         ResilienceConfig::default()
@@ -95,8 +105,8 @@ fn the_wrapper_is_optional() {
     let wrapped = "resilience:\n  retry:\n    max_attempts: 2\n    backoff: fixed\n";
     let config = ResilienceConfig::from_yaml_str(bare).unwrap();
     assert_eq!(config, ResilienceConfig::from_yaml_str(wrapped).unwrap());
-    assert_eq!(config.retry().max_attempts(), 2);
-    assert_eq!(config.retry().backoff(), BackoffKind::Fixed);
+    assert_eq!(config.retry().max_attempts(), Some(2));
+    assert_eq!(config.retry().backoff(), Some(BackoffKind::Fixed));
 }
 
 #[test]
@@ -115,7 +125,7 @@ fn an_unknown_backoff_is_refused_naming_the_key() {
     assert_eq!(field, "resilience.retry.backoff");
     assert_eq!(
         reason,
-        "unknown backoff `quadratic`; expected none, fixed or exponential"
+        "unknown backoff `quadratic`; expected `none`, `fixed`, `linear` or `exponential`"
     );
 }
 
@@ -149,7 +159,7 @@ fn an_empty_retry_on_is_refused_in_every_format() {
             "{name}: {reason}"
         );
         assert!(
-            reason.contains("leave the key out to retry all four"),
+            reason.contains("leave the key out to retry every class"),
             "{reason}"
         );
     }
@@ -177,7 +187,7 @@ fn an_unknown_action_is_refused_naming_the_key() {
     assert_eq!(field, "resilience.poison.action");
     assert_eq!(
         reason,
-        "unknown action `archive`; expected dlq, drop or fail"
+        "unknown action \"archive\"; expected dlq, drop or fail"
     );
 }
 
@@ -227,15 +237,15 @@ const RULES: &[(&str, &str, &str)] = &[
         "must not be more than max_ms (400), the cap on every wait (got 500)",
     ),
     (
-        "retry: {base_ms: 40000}",
+        "retry: {base_ms: 70000}",
         "retry.base_ms",
-        "must not be more than max_ms (30000), the cap on every wait (got 40000)",
+        "must not be more than max_ms (60000, its default), the cap on every wait (got 70000)",
     ),
     // Only max_ms was written: it is the key named, not the default base_ms.
     (
         "retry: {max_ms: 100}",
         "retry.max_ms",
-        "must not be less than base_ms (200, its default), the first wait (got 100)",
+        "must not be less than base_ms (1000, its default), the first wait (got 100)",
     ),
     (
         "retry: {max_ms: \"30s\"}",
@@ -245,28 +255,39 @@ const RULES: &[(&str, &str, &str)] = &[
     (
         "retry: {jitter: yes}",
         "retry.jitter",
-        "must be true or false (got the text \"yes\")",
+        "unknown jitter `yes`; expected `none`, `full`, `equal`, `decorrelated` or factors \
+         such as `0.5..1.5`",
+    ),
+    (
+        "retry: {jitter: 2}",
+        "retry.jitter",
+        "must be a name such as true, false or `full` (got 2)",
+    ),
+    (
+        "retry: {jitter: \"1.5..0.5\"}",
+        "retry.jitter",
+        "factors 1.5..0.5 must satisfy 0 <= low <= high <= 10",
     ),
     (
         "retry: {backoff: 2}",
         "retry.backoff",
-        "must be one of none, fixed or exponential (got 2)",
+        "must be a name such as `exponential` (got 2)",
     ),
     (
-        "retry: {backoff: linear}",
+        "retry: {backoff: quadratic}",
         "retry.backoff",
-        "unknown backoff `linear`; expected none, fixed or exponential",
+        "unknown backoff `quadratic`; expected `none`, `fixed`, `linear` or `exponential`",
     ),
     (
         "retry: {retry_on: [http_5xx, teapot]}",
         "retry.retry_on[1]",
-        "unknown class `teapot`; expected http_5xx, rate_limited, connection or timeout",
+        "unknown class `teapot`; expected one of `http_5xx`, `rate_limited`, `connection`, \
+         `timeout`, `not_sent`",
     ),
     (
         "retry: {retry_on: timeout}",
         "retry.retry_on",
-        "must be a list of classes, some of http_5xx, rate_limited, connection or timeout \
-         (got the text \"timeout\")",
+        "must be a list of classes such as [http_5xx, timeout] (got the text \"timeout\")",
     ),
     (
         "circuit_breaker: {consecutive_failures: 0}",
@@ -339,16 +360,19 @@ fn the_limits_themselves_are_accepted() {
     .unwrap();
     assert_eq!(
         config.retry().max_attempts(),
-        tower_steadfast::MAX_ATTEMPTS_LIMIT
+        Some(tower_steadfast::MAX_ATTEMPTS_LIMIT)
     );
-    assert_eq!(config.retry().retry_on(), [RetryClass::Timeout]);
+    assert_eq!(
+        config.retry().retry_on(),
+        Some(RetryOn::new([FailureKind::Timeout]).unwrap())
+    );
     assert_eq!(config.poison().message_id_header(), Some("x-message-id"));
     assert_eq!(
         ResilienceConfig::from_yaml_str("retry: {max_attempts: 1}")
             .unwrap()
             .retry()
             .max_attempts(),
-        1
+        Some(1)
     );
 }
 
@@ -391,7 +415,7 @@ fn the_block_embeds_in_an_application_config_with_serde() {
     let app: AppConfig =
         serde_yaml::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
             .unwrap();
-    assert_eq!(app.resilience.retry().max_attempts(), 3);
+    assert_eq!(app.resilience.retry().max_attempts(), Some(3));
 
     let error = serde_yaml::from_str::<AppConfig>(
         "listen: 0.0.0.0:8080\nresilience:\n  retry:\n    base_ms: -5\n",
@@ -405,31 +429,82 @@ fn the_block_embeds_in_an_application_config_with_serde() {
     );
 }
 
+/// A valid block in which every key may be left out; a key left out must
+/// stay out when the block is written back.
 fn any_config_yaml() -> impl Strategy<Value = String> {
-    (
-        1u32..=17,
-        prop::sample::select(vec!["none", "fixed", "exponential"]),
-        0u64..=60_000,
-        0u64..=60_000,
-        any::<bool>(),
-        prop::sample::subsequence(vec!["http_5xx", "rate_limited", "connection", "timeout"], 1..=4),
-        1u32..=100,
-        1u64..=3_600,
-        1u32..=10,
-        prop::sample::select(vec!["dlq", "drop", "fail"]),
+    use proptest::option::of;
+    let retry = (
+        of(1u32..=17),
+        of(prop::sample::select(vec![
+            "none",
+            "fixed",
+            "linear",
+            "exponential",
+        ])),
+        (0u64..=60_000, 0u64..=60_000, any::<(bool, bool)>()),
+        of(prop::sample::select(vec![
+            "true",
+            "false",
+            "full",
+            "equal",
+            "none",
+            "decorrelated",
+            "0.5..1.5",
+            "0.5..1",
+        ])),
+        of(prop::sample::subsequence(
+            vec![
+                "http_5xx",
+                "rate_limited",
+                "connection",
+                "timeout",
+                "not_sent",
+            ],
+            1..=5,
+        )),
+    );
+    let others = (
+        of(1u32..=100),
+        of(1u64..=3_600),
+        of(1u32..=10),
+        of(prop::sample::select(vec!["dlq", "drop", "fail"])),
+    );
+    (retry, others).prop_map(
+        |((attempts, backoff, (a, b, (with_base, with_max)), jitter, classes), others)| {
+            let (failures, cooldown, rows, action) = others;
+            // The wait's base may not pass its cap; a key left out is the
+            // retry layer's (a 1 s base, a 60 s cap).
+            let (base, max) = match (with_base, with_max) {
+                (true, true) => (Some(a.min(b)), Some(a.max(b))),
+                (true, false) => (Some(a), None),
+                (false, true) => (None, Some(a.max(1_000))),
+                (false, false) => (None, None),
+            };
+            let line = |key: &str, value: Option<String>| {
+                value
+                    .map(|v| format!("    {key}: {v}\n"))
+                    .unwrap_or_default()
+            };
+            format!(
+                "resilience:\n  retry:\n{}{}{}{}{}{}  circuit_breaker:\n{}{}  poison:\n{}{}",
+                line("max_attempts", attempts.map(|v| v.to_string())),
+                line("backoff", backoff.map(str::to_owned)),
+                line("base_ms", base.map(|v| v.to_string())),
+                line("max_ms", max.map(|v| v.to_string())),
+                line(
+                    "jitter",
+                    jitter.map(|v| format!("\"{v}\"")
+                        .replace("\"true\"", "true")
+                        .replace("\"false\"", "false"))
+                ),
+                line("retry_on", classes.map(|c| format!("[{}]", c.join(", ")))),
+                line("consecutive_failures", failures.map(|v| v.to_string())),
+                line("cooldown_secs", cooldown.map(|v| v.to_string())),
+                line("max_row_attempts", rows.map(|v| v.to_string())),
+                line("action", action.map(str::to_owned)),
+            )
+        },
     )
-        .prop_map(
-            |(attempts, backoff, a, b, jitter, classes, failures, cooldown, rows, action)| {
-                let (base, max) = (a.min(b), a.max(b));
-                format!(
-                    "resilience:\n  retry:\n    max_attempts: {attempts}\n    backoff: {backoff}\n    \
-                     base_ms: {base}\n    max_ms: {max}\n    jitter: {jitter}\n    \
-                     retry_on: [{}]\n  circuit_breaker:\n    consecutive_failures: {failures}\n    \
-                     cooldown_secs: {cooldown}\n  poison:\n    max_row_attempts: {rows}\n    action: {action}\n",
-                    classes.join(", ")
-                )
-            },
-        )
 }
 
 /// A block whose `circuit_breaker` section has any valid
@@ -475,7 +550,7 @@ proptest! {
     ) {
         let config = ResilienceConfig::from_yaml_str(&yaml).unwrap();
         let breaker = config.circuit_breaker();
-        prop_assert_eq!(breaker.consecutive_failures(), failures);
+        prop_assert_eq!(breaker.consecutive_failures(), Some(failures));
         prop_assert_eq!(breaker.cooldown(), cooldown.map(Duration::from_secs));
 
         let json = serde_json::to_value(&config).unwrap();

@@ -66,21 +66,81 @@ fn the_schema_and_the_loader_accept_the_same_keys() {
 }
 
 #[test]
-fn the_schema_states_the_ranges_and_defaults() {
+fn the_schema_states_the_ranges_and_leaves_defaults_to_the_layers() {
     let schema = serde_json::to_value(tower_steadfast::json_schema()).unwrap();
     let retry = &schema["$defs"]["RetrySection"]["properties"];
     assert_eq!(retry["max_attempts"]["minimum"], 1);
     assert_eq!(retry["max_attempts"]["maximum"], 17);
-    assert_eq!(retry["max_attempts"]["default"], 5);
     assert_eq!(retry["retry_on"]["minItems"], 1);
     let breaker = &schema["$defs"]["CircuitBreakerSection"]["properties"];
     assert_eq!(breaker["cooldown_secs"]["minimum"], 1);
-    // Left out, the breaker's backing-off open period: no default value,
-    // and the section's default leaves the key out.
     assert_eq!(breaker["cooldown_secs"]["type"], "integer");
-    assert!(breaker["cooldown_secs"].get("default").is_none());
-    let section_default =
-        &schema["$defs"]["ResilienceConfig"]["properties"]["circuit_breaker"]["default"];
-    assert_eq!(section_default["consecutive_failures"], 5);
-    assert!(section_default.get("cooldown_secs").is_none());
+    // A key left out is the layer's default: the schema states no default
+    // value for it, and a section's default leaves every such key out.
+    for (section, keys) in [
+        (
+            "RetrySection",
+            &[
+                "max_attempts",
+                "backoff",
+                "base_ms",
+                "max_ms",
+                "jitter",
+                "retry_on",
+            ][..],
+        ),
+        (
+            "CircuitBreakerSection",
+            &["consecutive_failures", "cooldown_secs"][..],
+        ),
+        ("PoisonSection", &["action"][..]),
+    ] {
+        for key in keys {
+            let property = &schema["$defs"][section]["properties"][key];
+            assert!(property.get("default").is_none(), "{section}.{key}");
+        }
+    }
+    let block = &schema["$defs"]["ResilienceConfig"]["properties"];
+    assert_eq!(block["retry"]["default"], serde_json::json!({}));
+    assert_eq!(block["circuit_breaker"]["default"], serde_json::json!({}));
+    // The one key without a layer default.
+    assert_eq!(block["poison"]["default"]["max_row_attempts"], 3);
+}
+
+/// The `const` names of one of the schema's name definitions.
+fn names(schema: &Value, definition: &str) -> Vec<String> {
+    schema["$defs"][definition]["oneOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{definition} lists no names"))
+        .iter()
+        .map(|name| name["const"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The block speaks the layers' vocabulary: every name the schema offers is
+/// one the layer's own parser reads, so the two cannot drift apart.
+#[test]
+fn the_schemas_names_are_the_layers_names() {
+    let schema = serde_json::to_value(tower_steadfast::json_schema()).unwrap();
+    let backoffs = names(&schema, "BackoffName");
+    assert_eq!(backoffs.len(), 4);
+    for name in &backoffs {
+        name.parse::<tower_retry_budget::BackoffKind>()
+            .unwrap_or_else(|e| panic!("backoff `{name}`: {e}"));
+    }
+    let classes = names(&schema, "RetryClassName");
+    assert_eq!(
+        tower_classify::RetryOn::from_names(&classes).unwrap(),
+        tower_classify::RetryOn::ALL,
+        "the schema names every class"
+    );
+    for name in names(&schema, "ActionName") {
+        name.parse::<tower_poison::Action>()
+            .unwrap_or_else(|e| panic!("action `{name}`: {e}"));
+    }
+    for name in ["none", "full", "equal", "decorrelated", "0.5..1.5"] {
+        name.parse::<tower_retry_budget::Jitter>().unwrap();
+        let yaml = format!("retry: {{jitter: \"{name}\"}}");
+        tower_steadfast::ResilienceConfig::from_yaml_str(&yaml).unwrap();
+    }
 }

@@ -189,7 +189,10 @@ fn down_for_five_calls(n: usize) -> StatusCode {
 #[tokio::test(start_paused = true)]
 async fn without_a_cooldown_the_first_trial_call_comes_within_half_a_second() {
     let store = MemoryStore::new(100);
-    let layer = ResilienceConfig::default().layer("orders", store);
+    // Five tries a call, as `down_for_five_calls` counts them; the
+    // `circuit_breaker` section is left out.
+    let config = ResilienceConfig::from_yaml_str("retry: {max_attempts: 5}").unwrap();
+    let layer = config.layer("orders", store);
     let upstream = Upstream::new();
     let mut stack = ServiceBuilder::new()
         .layer(layer)
