@@ -28,8 +28,40 @@ use crate::state::State;
 /// head sees every such call succeed, so it never opens. This layer's
 /// services wrap each response body in a [`GrpcBody`]; when the head leaves
 /// the outcome open, the body holds the call's place in the breaker until the
-/// body ends, and the trailers' `grpc-status` decides. See the
-/// [crate docs](crate#grpc-failures-in-trailers) for the rules.
+/// body ends, and the trailers' `grpc-status` decides.
+///
+/// # Rules
+///
+/// - The classifier judges the head first. Only a head it calls a success,
+///   with status `200`, a content type `application/grpc…` and no
+///   `grpc-status`, leaves the outcome to the trailers; anything else (a
+///   trailers-only response, another status or content type) is settled by
+///   the head, and its body passes through with nothing left to do. A
+///   `grpc-retry-pushback-ms` in the trailers is read as in a head.
+/// - What the body records when it ends, or records nothing when dropped, is
+///   listed on [`GrpcBody`].
+/// - A half-open probe is judged at its trailers too, so a probe that is a
+///   long stream holds its slot while it runs; past
+///   [`probe_timeout`](crate::Builder::probe_timeout) it is lapsed like a
+///   hung probe: the breaker reopens, and the stream's later `grpc-status: 0`
+///   counts for nothing. For long streams (watches, subscriptions), set
+///   `probe_timeout` above the longest one, or keep them out of the breaker
+///   that guards the unary calls.
+/// - A [slow-call threshold](crate::Builder::slow_call_threshold) times the
+///   call up to its response head, so a long server stream is not a slow
+///   call.
+/// - Through tonic, an open circuit reaches the caller as a `tonic::Status`
+///   whose `source()` is the `CircuitOpen`, with the code `UNKNOWN` (tonic's
+///   for any service error), unless tower-classify's `GrpcStatusLayer` in
+///   front of the breaker answers it as `UNAVAILABLE` with
+///   `grpc-retry-pushback-ms`.
+/// - Retries still decide on the head: once a response has started, gRPC
+///   does not retry it (gRFC A6), so a failure in the trailers reaches the
+///   breaker, not a retry layer.
+///
+/// It is opt-in because it changes the response type; the plain layer and
+/// [`into_http`](CircuitBreakerLayer::into_http) judge the head and return
+/// the inner body as it is.
 ///
 /// The response type is `Response<GrpcBody<B>>` for an inner service
 /// answering `Response<B>`, and the error is [`BoxError`] (a

@@ -141,6 +141,26 @@ impl<S, C: Clone, H: Hold> Layer<S> for CircuitBreakerLayer<C, H> {
 /// [`KeyedCircuitBreakerLayer`]. Every setting has a documented default;
 /// [`build`](Self::build) refuses invalid values with a [`ConfigError`] that
 /// names the field.
+///
+/// # Against Resilience4j and Polly
+///
+/// The settings a user migrating from those libraries relies on work the
+/// same: a failure-rate trip tested on every recorded call (a share exactly
+/// at the rate opens), a count or time window with a minimum number of
+/// calls, N half-open probes judged together, a maximum wait in half-open, a
+/// slow-call rate apart from the failure rate, every listener called,
+/// per-call events. Where this breaker differs, it is on purpose:
+///
+/// | behaviour | Resilience4j / Polly | here | why |
+/// |---|---|---|---|
+/// | default trip policy | a failure rate (Resilience4j 50 % of 100 calls; Polly 10 % over 30 s, at least 100 calls) | 5 consecutive transient failures; a failure rate is one call away | a dependency that fails every call should open after a handful of calls, not a hundred |
+/// | what counts as a failure | every exception, unless ignored | only the transient kinds of `tower-classify` (server error, rate limited, timeout, connection) | a rejected request (a 4xx, a validation error) says nothing about the dependency's health |
+/// | wait in half-open | `maxWaitDurationInHalfOpenState`, 0 (for ever) by default | `probe_timeout`, 60 s by default | a probe hung with no timeout below it must not hold the only slot for good |
+/// | several probes | the verdict waits for every permitted call | reopens as soon as the probes' failure share reaches the rate | more answers cannot lower a share already reached; the upstream is spared the rest |
+/// | slow calls | on by default (60 s, 100 %) | off; a threshold alone counts slow successes as failures, `slow_call_rate` gives them a rate of their own | no hidden clock reads on the closed path |
+/// | counts after opening | kept until the next transition | reset when the breaker opens, and again just before it closes | a failure that lands while the breaker closes again never meets stale counts, nor do the results that calls of the last closed period wrote just after it opened |
+/// | a refused call | `CallNotPermittedException` | a `CircuitOpen` error carrying the remaining open time and when to come back (classified `Shed`), or a `503` with `Retry-After` | a retry layer around it can wait it out, the callers spread over a ramp, and an HTTP caller gets an answer |
+/// | open period | a fixed `waitDurationInOpenState` (60 s) / `BreakDuration` (5 s), exponential on request | 500 ms, doubling per failed probe up to 1 s, jittered; fixed on request | a dependency that is back is seen within a second |
 #[derive(Clone)]
 pub struct Builder {
     settings: Settings,
