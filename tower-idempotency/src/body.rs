@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tower_classify::BoxError;
 
 use crate::key::{BodyHasher, BodyPart};
-use crate::service::Write;
+use crate::run_to_end::Write;
 use crate::store::{Completion, NotKept, StoredResponse};
 
 pin_project! {

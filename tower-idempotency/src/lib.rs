@@ -17,6 +17,7 @@ mod key;
 mod layer;
 mod observability;
 mod rejection;
+mod run_to_end;
 mod service;
 pub mod store;
 

@@ -1,9 +1,7 @@
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{ready, Context, Poll};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +17,7 @@ use crate::error::chain;
 use crate::future::ResponseFuture;
 use crate::key;
 use crate::rejection::Rejection;
+use crate::run_to_end::{RunToEnd, Write};
 use crate::store::{
     bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, StoredResponse,
 };
@@ -645,87 +644,6 @@ async fn keep<St: IdempotencyStore>(
                 error = chain(&error),
                 "idempotency store failed to extend a claim; it lapses after the in-flight TTL unless a later extension lands"
             ),
-        }
-    }
-}
-
-/// A store write that runs to its end even if whoever waits for it goes
-/// away (see [`RunToEnd`]).
-pub(crate) type Write = RunToEnd<()>;
-
-impl Write {
-    /// A write with nothing to do.
-    pub(crate) fn done() -> Self {
-        RunToEnd {
-            state: RunState::Done(Some(())),
-        }
-    }
-}
-
-/// A store operation that runs to its end even if whoever waits for it goes
-/// away: polled in place first (an in-memory store is done then, with no
-/// task to spawn), then, if it has to wait, in a task of its own that this
-/// future waits for; in place outside a tokio runtime. A result the waiter
-/// never takes is dropped where it ends, so one that must be undone (an
-/// [`Acquired`] claim) undoes itself in its `Drop`.
-pub(crate) struct RunToEnd<T> {
-    state: RunState<T>,
-}
-
-enum RunState<T> {
-    /// Polled only through `&mut`, so the mutex is never locked: it only
-    /// makes the operation `Sync`, and with it the bodies that hold one.
-    Here(Mutex<Pin<Box<dyn Future<Output = T> + Send>>>),
-    Spawned(tokio::task::JoinHandle<T>),
-    /// Its result, until it is taken.
-    Done(Option<T>),
-}
-
-impl<T: Send + 'static> RunToEnd<T> {
-    pub(crate) fn new(operation: impl Future<Output = T> + Send + 'static) -> Self {
-        RunToEnd {
-            state: RunState::Here(Mutex::new(Box::pin(operation))),
-        }
-    }
-}
-
-// The result is only ever moved, never pinned.
-impl<T> Unpin for RunToEnd<T> {}
-
-impl<T: Send + 'static> Future for RunToEnd<T> {
-    /// `None` when the operation, spawned, panicked or was dropped with the
-    /// runtime: it is over either way.
-    type Output = Option<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        loop {
-            match &mut self.state {
-                RunState::Here(operation) => {
-                    let operation = operation.get_mut().unwrap_or_else(PoisonError::into_inner);
-                    if let Poll::Ready(output) = operation.as_mut().poll(cx) {
-                        self.state = RunState::Done(None);
-                        return Poll::Ready(Some(output));
-                    }
-                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                        return Poll::Pending;
-                    };
-                    let RunState::Here(operation) =
-                        std::mem::replace(&mut self.state, RunState::Done(None))
-                    else {
-                        unreachable!("matched above");
-                    };
-                    let operation = operation
-                        .into_inner()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    self.state = RunState::Spawned(runtime.spawn(operation));
-                }
-                RunState::Spawned(task) => {
-                    let output = ready!(Pin::new(task).poll(cx)).ok();
-                    self.state = RunState::Done(None);
-                    return Poll::Ready(output);
-                }
-                RunState::Done(output) => return Poll::Ready(output.take()),
-            }
         }
     }
 }
