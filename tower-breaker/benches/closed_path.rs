@@ -10,9 +10,6 @@
 //!   on a current-thread tokio runtime (criterion runs the whole iteration
 //!   loop inside one `block_on`, so the executor's share is small and the
 //!   same for every peer).
-//! - `*_leaked`: the same three policies with `CircuitBreakerLayer::leak`,
-//!   whose services and futures hold a `&'static` breaker instead of a
-//!   counted one.
 //! - `contended_2_threads/*`: two OS threads, each with its own
 //!   current-thread runtime, awaiting calls on one breaker at the same
 //!   moment, each call on a clone of one service that both threads share,
@@ -20,8 +17,8 @@
 //!   serves the request; the figure is the wall time per call per thread.
 //!   `*_handed_clone`: each thread's calls clone a clone made for it on
 //!   the main thread beforehand, as a per-connection clone made where
-//!   connections are accepted is (a counted breaker's calls then count on
-//!   the main thread's share, from both threads).
+//!   connections are accepted is (the calls then count on the main
+//!   thread's share of the breaker, from both threads).
 //!   `tower-resilience` is left out: under contention its future waits on a
 //!   lock and its figure swung by orders of magnitude from run to run.
 //! - `poll_once/*`: `poll_ready` + `call` + one poll of the (immediately
@@ -125,21 +122,6 @@ fn count_window() -> impl Bench {
 
 fn time_window() -> impl Bench {
     time_window_layer().layer(Bare)
-}
-
-/// The same policies with [`CircuitBreakerLayer::leak`]: services and
-/// futures hold a `&'static` breaker, so no reference count moves. Each
-/// bench case leaks one breaker, once.
-fn consecutive_leaked() -> impl Bench {
-    consecutive_layer().leak().layer(Bare)
-}
-
-fn count_window_leaked() -> impl Bench {
-    count_window_layer().leak().layer(Bare)
-}
-
-fn time_window_leaked() -> impl Bench {
-    time_window_layer().leak().layer(Bare)
 }
 
 fn tower_resilience() -> impl Bench {
@@ -293,13 +275,6 @@ fn closed_path(c: &mut Criterion) {
     awaited(c, "tower_breaker_consecutive", consecutive());
     awaited(c, "tower_breaker_count_window", count_window());
     awaited(c, "tower_breaker_time_window", time_window());
-    awaited(c, "tower_breaker_consecutive_leaked", consecutive_leaked());
-    awaited(
-        c,
-        "tower_breaker_count_window_leaked",
-        count_window_leaked(),
-    );
-    awaited(c, "tower_breaker_time_window_leaked", time_window_leaked());
     awaited(c, "failsafe", failsafe_service());
     awaited(c, "tower_resilience", tower_resilience());
 
@@ -308,13 +283,6 @@ fn closed_path(c: &mut Criterion) {
     contended_handed_clone(c, "tower_breaker_consecutive", consecutive());
     contended(c, "tower_breaker_count_window", count_window());
     contended(c, "tower_breaker_time_window", time_window());
-    contended(c, "tower_breaker_consecutive_leaked", consecutive_leaked());
-    contended(
-        c,
-        "tower_breaker_count_window_leaked",
-        count_window_leaked(),
-    );
-    contended(c, "tower_breaker_time_window_leaked", time_window_leaked());
     contended(c, "failsafe", failsafe_service());
 
     poll_once(c, "bare", Bare);
@@ -347,9 +315,6 @@ fn count(spec: &str) {
         "consecutive" => rt.block_on(run(consecutive(), calls)),
         "count_window" => rt.block_on(run(count_window(), calls)),
         "time_window" => rt.block_on(run(time_window(), calls)),
-        "consecutive_leaked" => rt.block_on(run(consecutive_leaked(), calls)),
-        "count_window_leaked" => rt.block_on(run(count_window_leaked(), calls)),
-        "time_window_leaked" => rt.block_on(run(time_window_leaked(), calls)),
         "failsafe" => rt.block_on(run(failsafe_service(), calls)),
         "tower_resilience" => rt.block_on(run(tower_resilience(), calls)),
         other => panic!("no case {other:?}"),

@@ -12,7 +12,7 @@ bench=$(bench_binary tower-breaker closed_path)
 bare=$(per_call CLOSED_PATH_COUNT bare)
 failsafe=$(($(per_call CLOSED_PATH_COUNT failsafe) - bare))
 printf '%-18s %10s %10s %22s\n' case Ir/call overhead "overhead / failsafe's"
-for case in bare consecutive count_window time_window consecutive_leaked count_window_leaked time_window_leaked failsafe tower_resilience; do
+for case in bare consecutive count_window time_window failsafe tower_resilience; do
     total=$(per_call CLOSED_PATH_COUNT "$case")
     overhead=$((total - bare))
     ratio=$(awk -v a="$overhead" -v b="$failsafe" 'BEGIN { printf "%.2f", a / b }')

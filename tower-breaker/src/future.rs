@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use tower_classify::{BoxError, Classify, Outcome};
 
 use crate::error::CircuitOpen;
-use crate::hold::{Counted, Hold};
 use crate::state::Permit;
 
 #[cfg(feature = "grpc")]
@@ -27,10 +26,10 @@ pin_project! {
     /// When the inner future completes, its result is classified and recorded.
     /// Dropping it first records nothing; if it was a half-open probe, its
     /// slot is given back so another call can probe.
-    pub struct ResponseFuture<F, C, H: Hold = Counted> {
+    pub struct ResponseFuture<F, C> {
         #[pin]
         state: ResponseState<F>,
-        recorder: Option<Recorder<C, H>>,
+        recorder: Option<Recorder<C>>,
     }
 }
 
@@ -49,9 +48,9 @@ pin_project! {
     }
 }
 
-impl<F, C, H: Hold> ResponseFuture<F, C, H> {
+impl<F, C> ResponseFuture<F, C> {
     #[inline]
-    pub(crate) fn called(future: F, recorder: Option<Recorder<C, H>>) -> Self {
+    pub(crate) fn called(future: F, recorder: Option<Recorder<C>>) -> Self {
         ResponseFuture {
             state: ResponseState::Called { future },
             recorder,
@@ -68,9 +67,8 @@ impl<F, C, H: Hold> ResponseFuture<F, C, H> {
     }
 }
 
-impl<F, C, H, T, E> Future for ResponseFuture<F, C, H>
+impl<F, C, T, E> Future for ResponseFuture<F, C>
 where
-    H: Hold,
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
     C: Classify<T, BoxError>,
@@ -100,7 +98,7 @@ where
     }
 }
 
-impl<F, C, H: Hold> fmt::Debug for ResponseFuture<F, C, H> {
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ResponseState::Called { .. } => "called",
@@ -115,13 +113,13 @@ impl<F, C, H: Hold> fmt::Debug for ResponseFuture<F, C, H> {
 
 /// Records one admitted call's result: the permit, the classifier, and the
 /// start time when a slow-call threshold needs it.
-pub(crate) struct Recorder<C, H: Hold> {
-    permit: Permit<H>,
+pub(crate) struct Recorder<C> {
+    permit: Permit,
     classifier: C,
     started: Option<Instant>,
 }
 
-impl<C, H: Hold> fmt::Debug for Recorder<C, H> {
+impl<C> fmt::Debug for Recorder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Recorder")
             .field("permit", &self.permit)
@@ -130,9 +128,9 @@ impl<C, H: Hold> fmt::Debug for Recorder<C, H> {
     }
 }
 
-impl<C, H: Hold> Recorder<C, H> {
+impl<C> Recorder<C> {
     #[inline]
-    pub(crate) fn new(permit: Permit<H>, classifier: C) -> Self {
+    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
         // The clock is read only when a slow-call threshold or a per-call
         // callback needs it, keeping the default closed path free of clock
         // reads.
@@ -174,7 +172,7 @@ impl<C, H: Hold> Recorder<C, H> {
     /// Keeps the permit, timed up to now, for an outcome known only later
     /// (gRPC trailers); the classifier is not needed any more.
     #[cfg(feature = "grpc")]
-    pub(crate) fn defer(self) -> Deferred<H> {
+    pub(crate) fn defer(self) -> Deferred {
         Deferred {
             elapsed: self.started.map(|started| started.elapsed()),
             permit: self.permit,
@@ -186,22 +184,22 @@ impl<C, H: Hold> Recorder<C, H> {
 /// [`complete`](Self::complete), or dropped unrecorded like a dropped
 /// response future (a probe's slot is given back).
 #[cfg(feature = "grpc")]
-pub(crate) struct Deferred<H: Hold> {
-    permit: Permit<H>,
+pub(crate) struct Deferred {
+    permit: Permit,
     /// The call's duration up to its response head; `None` without a
     /// slow-call threshold.
     elapsed: Option<Duration>,
 }
 
 #[cfg(feature = "grpc")]
-impl<H: Hold> Deferred<H> {
+impl Deferred {
     pub(crate) fn complete(mut self, outcome: Outcome) {
         self.permit.complete(outcome, self.elapsed);
     }
 }
 
 #[cfg(feature = "grpc")]
-impl<H: Hold> fmt::Debug for Deferred<H> {
+impl fmt::Debug for Deferred {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Deferred")
             .field("permit", &self.permit)
@@ -225,7 +223,6 @@ mod tests {
         let size = std::mem::size_of::<Future>();
         println!("ResponseFuture over a 16-byte future: {size} bytes");
         assert!(size <= 80, "{size} bytes");
-        assert_eq!(std::mem::size_of::<Permit<Counted>>(), 16);
-        assert_eq!(std::mem::size_of::<Permit<crate::Leaked>>(), 16);
+        assert_eq!(std::mem::size_of::<Permit>(), 16);
     }
 }

@@ -15,7 +15,6 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Deferred, Recorder, ResponseState, ResponseStateProj};
-use crate::hold::{Counted, Hold};
 use crate::layer::CircuitBreakerLayer;
 use crate::service::CircuitBreaker;
 use crate::state::State;
@@ -109,11 +108,11 @@ use crate::state::State;
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct GrpcCircuitBreakerLayer<C, H: Hold = Counted> {
-    inner: CircuitBreakerLayer<C, H>,
+pub struct GrpcCircuitBreakerLayer<C> {
+    inner: CircuitBreakerLayer<C>,
 }
 
-impl<C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreakerLayer<C, H> {
+impl<C: fmt::Debug> fmt::Debug for GrpcCircuitBreakerLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcCircuitBreakerLayer")
             .field("inner", &self.inner)
@@ -121,24 +120,24 @@ impl<C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreakerLayer<C, H> {
     }
 }
 
-impl<C, H: Hold> CircuitBreakerLayer<C, H> {
+impl<C> CircuitBreakerLayer<C> {
     /// The same breaker (same shared state), also judging gRPC calls by the
     /// `grpc-status` in their trailers; responses become
     /// `Response<GrpcBody<B>>`.
-    pub fn into_grpc(self) -> GrpcCircuitBreakerLayer<C, H> {
+    pub fn into_grpc(self) -> GrpcCircuitBreakerLayer<C> {
         GrpcCircuitBreakerLayer { inner: self }
     }
 }
 
-impl<C, H: Hold> GrpcCircuitBreakerLayer<C, H> {
+impl<C> GrpcCircuitBreakerLayer<C> {
     /// The admin handle of this layer's breaker.
     pub fn handle(&self) -> BreakerHandle {
         self.inner.handle()
     }
 }
 
-impl<S, C: Clone, H: Hold> Layer<S> for GrpcCircuitBreakerLayer<C, H> {
-    type Service = GrpcCircuitBreaker<S, C, H>;
+impl<S, C: Clone> Layer<S> for GrpcCircuitBreakerLayer<C> {
+    type Service = GrpcCircuitBreaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         GrpcCircuitBreaker {
@@ -150,11 +149,11 @@ impl<S, C: Clone, H: Hold> Layer<S> for GrpcCircuitBreakerLayer<C, H> {
 /// A service guarded by a circuit breaker that reads gRPC trailers; see
 /// [`GrpcCircuitBreakerLayer`].
 #[derive(Clone)]
-pub struct GrpcCircuitBreaker<S, C, H: Hold = Counted> {
-    inner: CircuitBreaker<S, C, H>,
+pub struct GrpcCircuitBreaker<S, C> {
+    inner: CircuitBreaker<S, C>,
 }
 
-impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreaker<S, C, H> {
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for GrpcCircuitBreaker<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcCircuitBreaker")
             .field("inner", &self.inner)
@@ -162,7 +161,7 @@ impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for GrpcCircuitBreaker<S,
     }
 }
 
-impl<S, C, H: Hold> GrpcCircuitBreaker<S, C, H> {
+impl<S, C> GrpcCircuitBreaker<S, C> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref()
@@ -184,17 +183,16 @@ impl<S, C, H: Hold> GrpcCircuitBreaker<S, C, H> {
     }
 }
 
-impl<S, C, H, ReqB, B> Service<Request<ReqB>> for GrpcCircuitBreaker<S, C, H>
+impl<S, C, ReqB, B> Service<Request<ReqB>> for GrpcCircuitBreaker<S, C>
 where
-    H: Hold,
     S: Service<Request<ReqB>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     C: Classify<Response<B>, BoxError> + Clone,
     B: Body,
 {
-    type Response = Response<GrpcBody<B, H>>;
+    type Response = Response<GrpcBody<B>>;
     type Error = BoxError;
-    type Future = GrpcResponseFuture<S::Future, C, H>;
+    type Future = GrpcResponseFuture<S::Future, C>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -229,22 +227,21 @@ pin_project! {
     /// settles the outcome; otherwise the call's permit moves into the
     /// response's [`GrpcBody`]. Dropping the future first records nothing,
     /// as for [`ResponseFuture`](crate::future::ResponseFuture).
-    pub struct GrpcResponseFuture<F, C, H: Hold = Counted> {
+    pub struct GrpcResponseFuture<F, C> {
         #[pin]
         state: ResponseState<F>,
-        recorder: Option<Recorder<C, H>>,
+        recorder: Option<Recorder<C>>,
     }
 }
 
-impl<F, C, H, B, E> Future for GrpcResponseFuture<F, C, H>
+impl<F, C, B, E> Future for GrpcResponseFuture<F, C>
 where
-    H: Hold,
     F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
     C: Classify<Response<B>, BoxError>,
     B: Body,
 {
-    type Output = Result<Response<GrpcBody<B, H>>, BoxError>;
+    type Output = Result<Response<GrpcBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -272,7 +269,7 @@ where
     }
 }
 
-impl<F, C, H: Hold> fmt::Debug for GrpcResponseFuture<F, C, H> {
+impl<F, C> fmt::Debug for GrpcResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ResponseState::Called { .. } => "called",
@@ -287,10 +284,7 @@ impl<F, C, H: Hold> fmt::Debug for GrpcResponseFuture<F, C, H> {
 
 /// Records what the head of `response` settles, or hands the permit to its
 /// body when only the trailers can.
-fn settle<B, C, H: Hold>(
-    response: Response<B>,
-    mut recorder: Recorder<C, H>,
-) -> Response<GrpcBody<B, H>>
+fn settle<B, C>(response: Response<B>, mut recorder: Recorder<C>) -> Response<GrpcBody<B>>
 where
     B: Body,
     C: Classify<Response<B>, BoxError>,
@@ -332,14 +326,14 @@ pin_project! {
     /// Dropped before its end (the client cancelled), it records nothing and
     /// a half-open probe's slot is given back, as for a dropped response
     /// future; [`into_inner`](Self::into_inner) before the end does the same.
-    pub struct GrpcBody<B, H: Hold = Counted> {
+    pub struct GrpcBody<B> {
         #[pin]
         inner: B,
-        awaiting: Option<Deferred<H>>,
+        awaiting: Option<Deferred>,
     }
 }
 
-impl<B, H: Hold> GrpcBody<B, H> {
+impl<B> GrpcBody<B> {
     /// A body whose outcome is already recorded (or never will be).
     fn settled(inner: B) -> Self {
         GrpcBody {
@@ -365,7 +359,7 @@ impl<B, H: Hold> GrpcBody<B, H> {
     }
 }
 
-impl<B: Body, H: Hold> Body for GrpcBody<B, H> {
+impl<B: Body> Body for GrpcBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -410,7 +404,7 @@ impl<B: Body, H: Hold> Body for GrpcBody<B, H> {
     }
 }
 
-impl<B: fmt::Debug, H: Hold> fmt::Debug for GrpcBody<B, H> {
+impl<B: fmt::Debug> fmt::Debug for GrpcBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcBody")
             .field("inner", &self.inner)

@@ -16,7 +16,6 @@ use tower_service::Service;
 use crate::admin::BreakerHandle;
 use crate::error::CircuitOpen;
 use crate::future::Recorder;
-use crate::hold::{Counted, Hold};
 use crate::layer::CircuitBreakerLayer;
 use crate::service::CircuitBreaker;
 
@@ -57,11 +56,11 @@ use crate::service::CircuitBreaker;
 /// # drop(app);
 /// ```
 #[derive(Clone)]
-pub struct HttpCircuitBreakerLayer<C, H: Hold = Counted> {
-    inner: CircuitBreakerLayer<C, H>,
+pub struct HttpCircuitBreakerLayer<C> {
+    inner: CircuitBreakerLayer<C>,
 }
 
-impl<C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreakerLayer<C, H> {
+impl<C: fmt::Debug> fmt::Debug for HttpCircuitBreakerLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpCircuitBreakerLayer")
             .field("inner", &self.inner)
@@ -69,23 +68,23 @@ impl<C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreakerLayer<C, H> {
     }
 }
 
-impl<C, H: Hold> CircuitBreakerLayer<C, H> {
+impl<C> CircuitBreakerLayer<C> {
     /// The same breaker (same shared state), answering `503 CIRCUIT_OPEN`
     /// responses instead of [`CircuitOpen`] errors.
-    pub fn into_http(self) -> HttpCircuitBreakerLayer<C, H> {
+    pub fn into_http(self) -> HttpCircuitBreakerLayer<C> {
         HttpCircuitBreakerLayer { inner: self }
     }
 }
 
-impl<C, H: Hold> HttpCircuitBreakerLayer<C, H> {
+impl<C> HttpCircuitBreakerLayer<C> {
     /// The admin handle of this layer's breaker.
     pub fn handle(&self) -> BreakerHandle {
         self.inner.handle()
     }
 }
 
-impl<S, C: Clone, H: Hold> Layer<S> for HttpCircuitBreakerLayer<C, H> {
-    type Service = HttpCircuitBreaker<S, C, H>;
+impl<S, C: Clone> Layer<S> for HttpCircuitBreakerLayer<C> {
+    type Service = HttpCircuitBreaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         HttpCircuitBreaker {
@@ -97,11 +96,11 @@ impl<S, C: Clone, H: Hold> Layer<S> for HttpCircuitBreakerLayer<C, H> {
 /// A service guarded by a circuit breaker that answers `503` when open; see
 /// [`HttpCircuitBreakerLayer`].
 #[derive(Clone)]
-pub struct HttpCircuitBreaker<S, C, H: Hold = Counted> {
-    inner: CircuitBreaker<S, C, H>,
+pub struct HttpCircuitBreaker<S, C> {
+    inner: CircuitBreaker<S, C>,
 }
 
-impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreaker<S, C, H> {
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for HttpCircuitBreaker<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpCircuitBreaker")
             .field("inner", &self.inner)
@@ -109,7 +108,7 @@ impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for HttpCircuitBreaker<S,
     }
 }
 
-impl<S, C, H: Hold> HttpCircuitBreaker<S, C, H> {
+impl<S, C> HttpCircuitBreaker<S, C> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref()
@@ -126,16 +125,15 @@ impl<S, C, H: Hold> HttpCircuitBreaker<S, C, H> {
     }
 }
 
-impl<S, C, H, ReqB, B> Service<Request<ReqB>> for HttpCircuitBreaker<S, C, H>
+impl<S, C, ReqB, B> Service<Request<ReqB>> for HttpCircuitBreaker<S, C>
 where
-    H: Hold,
     S: Service<Request<ReqB>, Response = Response<B>>,
     C: Classify<Response<B>, S::Error> + Clone,
     B: From<String>,
 {
     type Response = Response<B>;
     type Error = S::Error;
-    type Future = HttpResponseFuture<S::Future, C, B, H>;
+    type Future = HttpResponseFuture<S::Future, C, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready_with(cx, S::poll_ready)
@@ -205,10 +203,10 @@ fn ceil_secs(wait: Duration) -> u64 {
 
 pin_project! {
     /// Response future of [`HttpCircuitBreaker`].
-    pub struct HttpResponseFuture<F, C, B, H: Hold = Counted> {
+    pub struct HttpResponseFuture<F, C, B> {
         #[pin]
         state: HttpState<F, B>,
-        recorder: Option<Recorder<C, H>>,
+        recorder: Option<Recorder<C>>,
     }
 }
 
@@ -225,9 +223,8 @@ pin_project! {
     }
 }
 
-impl<F, C, B, H, E> Future for HttpResponseFuture<F, C, B, H>
+impl<F, C, B, E> Future for HttpResponseFuture<F, C, B>
 where
-    H: Hold,
     F: Future<Output = Result<Response<B>, E>>,
     C: Classify<Response<B>, E>,
 {
@@ -251,7 +248,7 @@ where
     }
 }
 
-impl<F, C, B, H: Hold> fmt::Debug for HttpResponseFuture<F, C, B, H> {
+impl<F, C, B> fmt::Debug for HttpResponseFuture<F, C, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             HttpState::Called { .. } => "called",

@@ -10,9 +10,9 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
-use crate::hold::Counted;
 use crate::layer::Builder;
 use crate::registry::Registry;
+use crate::share::BreakerRef;
 use crate::state::Breaker;
 
 /// One breaker per key, computed from each request by a key function: a host,
@@ -197,7 +197,7 @@ where
         if breaker.disabled {
             return ResponseFuture::called(self.inner.call(req), None);
         }
-        match Breaker::admit(&Counted(breaker)) {
+        match Breaker::admit(&BreakerRef(breaker)) {
             Ok(permit) => {
                 let recorder = Recorder::new(permit, self.classifier.clone());
                 ResponseFuture::called(self.inner.call(req), Some(recorder))

@@ -8,12 +8,12 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
-use crate::hold::{Counted, Hold, Leaked, Share};
 use crate::instruments::{describe_metrics, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
+use crate::share::{BreakerRef, Share};
 use crate::state::{CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
@@ -27,16 +27,13 @@ use crate::state::{CallEvent, Mode, Settings, StateChange, MAX_PROBES};
 /// result means; it is cloned into each response future, so keep it cheap to
 /// clone (the classifiers of `tower-classify` are `Copy` or share their
 /// configuration through an `Arc`).
-///
-/// `H` is how services hold the breaker: [`Counted`] by default, or
-/// [`Leaked`] after [`leak`](Self::leak).
-pub struct CircuitBreakerLayer<C, H: Hold = Counted> {
-    pub(crate) breaker: H,
+pub struct CircuitBreakerLayer<C> {
+    pub(crate) breaker: BreakerRef,
     pub(crate) registry: Arc<Registry>,
     pub(crate) classifier: C,
 }
 
-impl<C: Clone, H: Hold> Clone for CircuitBreakerLayer<C, H> {
+impl<C: Clone> Clone for CircuitBreakerLayer<C> {
     /// Written by hand: a clone of the layer (axum's `Router::layer` makes
     /// one per route) keeps handing out a share of the breaker per thread,
     /// as the layer does, rather than holding the cloning thread's share.
@@ -49,7 +46,7 @@ impl<C: Clone, H: Hold> Clone for CircuitBreakerLayer<C, H> {
     }
 }
 
-impl<C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreakerLayer<C, H> {
+impl<C: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let breaker = self.breaker.breaker();
         f.debug_struct("CircuitBreakerLayer")
@@ -71,50 +68,6 @@ impl<C> CircuitBreakerLayer<C> {
             .expect("the default configuration is valid")
     }
 
-    /// Keeps this layer's breaker for the rest of the process, so that its
-    /// services and response futures hold a plain `&'static` reference to
-    /// it ([`Leaked`]) instead of a counted one, as [`Box::leak`] does for a
-    /// value.
-    ///
-    /// A call that succeeds then writes nothing at all, under the
-    /// consecutive-failures policy (the default): it only loads the
-    /// breaker's state. Without `leak`, every call moves a reference count
-    /// four times (the per-request clone of the service and the call's
-    /// permit, each made and dropped): the count of the calling thread's own
-    /// share of the breaker, so threads calling one breaker at once do not
-    /// write one cache line, but each call still pays the four writes. The
-    /// crate's benchmarks measure both, on one thread and on two.
-    ///
-    /// The breaker, its settings and its callbacks are never freed: use it
-    /// for a layer built once for the life of the process, as a server's
-    /// stack is, not for layers made per tenant or per connection.
-    /// Everything else is unchanged: clones share the breaker, and the
-    /// [admin handle](Self::handle) still lists, resets and forces it.
-    ///
-    /// ```
-    /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_breaker::CircuitBreakerLayer;
-    /// use tower_classify::{BoxError, ErrorChainClassifier};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), BoxError> {
-    /// // Built once, when the server starts.
-    /// let breaker = CircuitBreakerLayer::new(ErrorChainClassifier::new()).leak();
-    /// let service = breaker.layer(service_fn(|n: u32| async move { Ok::<_, BoxError>(n + 1) }));
-    /// assert_eq!(service.oneshot(41).await?, 42);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn leak(self) -> CircuitBreakerLayer<C, Leaked> {
-        CircuitBreakerLayer {
-            breaker: self.breaker.leak(),
-            registry: self.registry,
-            classifier: self.classifier,
-        }
-    }
-}
-
-impl<C, H: Hold> CircuitBreakerLayer<C, H> {
     /// The admin handle of this layer's breaker: list, reset, force.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle::new(Arc::clone(&self.registry))
@@ -129,8 +82,8 @@ impl CircuitBreakerLayer<()> {
     }
 }
 
-impl<S, C: Clone, H: Hold> Layer<S> for CircuitBreakerLayer<C, H> {
-    type Service = CircuitBreaker<S, C, H>;
+impl<S, C: Clone> Layer<S> for CircuitBreakerLayer<C> {
+    type Service = CircuitBreaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         CircuitBreaker::new(inner, self.breaker.owner(), self.classifier.clone())
@@ -529,7 +482,7 @@ impl Builder {
         let settings = Arc::new(self.settings);
         let (registry, breaker) = Registry::single(settings);
         Ok(CircuitBreakerLayer {
-            breaker: Counted(Arc::new(Share::with_thread_shares(breaker))),
+            breaker: BreakerRef(Arc::new(Share::with_thread_shares(breaker))),
             registry: Arc::new(registry),
             classifier,
         })

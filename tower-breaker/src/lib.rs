@@ -19,7 +19,6 @@ mod eviction;
 pub mod future;
 #[cfg(feature = "grpc")]
 mod grpc;
-mod hold;
 #[cfg(feature = "http")]
 mod http;
 mod instruments;
@@ -28,6 +27,7 @@ mod layer;
 mod policy;
 mod registry;
 mod service;
+mod share;
 mod state;
 mod sync;
 
@@ -37,7 +37,6 @@ pub use self::config::{AdaptiveThrottleConfig, BreakerConfig, FailureRateConfig,
 pub use self::error::CircuitOpen;
 #[cfg(feature = "grpc")]
 pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
-pub use self::hold::{Counted, Hold, Leaked};
 #[cfg(feature = "http")]
 pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
 pub use self::instruments::describe_metrics;

@@ -540,7 +540,7 @@ fn stripes_for(ring: usize) -> usize {
 
 /// This thread's stripe number, before it is masked to a stripe count:
 /// threads take numbers in turn the first time they ask (to record in a time
-/// window, or for their share of a breaker; see `hold.rs`), so up to a
+/// window, or for their share of a breaker; see `share.rs`), so up to a
 /// stripe count of threads each write lines of their own.
 #[inline]
 pub(crate) fn thread_stripe() -> usize {

@@ -24,8 +24,8 @@ use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
-use crate::hold::Share;
 use crate::instruments::{EvictionCounters, Instruments};
+use crate::share::Share;
 use crate::state::{Breaker, Settings, State};
 
 /// Enough shards that calls from a few dozen cores seldom share one; few

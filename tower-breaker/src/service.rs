@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
-use crate::hold::{Counted, Hold};
+use crate::share::BreakerRef;
 use crate::state::{Breaker, Permit, Readiness, State};
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
@@ -32,12 +32,10 @@ use crate::state::{Breaker, Permit, Readiness, State};
 /// service was not made ready for it.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
-/// refusal decided by `poll_ready`. `H` is how the service holds it:
-/// [`Counted`], or [`Leaked`](crate::Leaked) for a layer made with
-/// [`leak`](crate::CircuitBreakerLayer::leak).
-pub struct CircuitBreaker<S, C, H: Hold = Counted> {
+/// refusal decided by `poll_ready`.
+pub struct CircuitBreaker<S, C> {
     inner: S,
-    breaker: H,
+    breaker: BreakerRef,
     classifier: C,
     /// Boxed: pending mode is rare, and a null pointer is the cheapest
     /// thing for every clone of the service to carry and drop.
@@ -53,8 +51,8 @@ struct Wait {
     until: Option<Pin<Box<Sleep>>>,
 }
 
-impl<S, C, H: Hold> CircuitBreaker<S, C, H> {
-    pub(crate) fn new(inner: S, breaker: H, classifier: C) -> Self {
+impl<S, C> CircuitBreaker<S, C> {
+    pub(crate) fn new(inner: S, breaker: BreakerRef, classifier: C) -> Self {
         CircuitBreaker {
             inner,
             breaker,
@@ -91,7 +89,7 @@ impl<S, C, H: Hold> CircuitBreaker<S, C, H> {
 
     /// Admits or refuses one call. `Ok(None)` in disabled mode.
     #[inline]
-    pub(crate) fn admit(&mut self) -> Result<Option<Permit<H>>, CircuitOpen> {
+    pub(crate) fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
         if self.refuse_next {
             self.refuse_next = false;
             return Err(self.breaker().rejection());
@@ -175,7 +173,7 @@ impl<S, C, H: Hold> CircuitBreaker<S, C, H> {
     }
 }
 
-impl<S: Clone, C: Clone, H: Hold> Clone for CircuitBreaker<S, C, H> {
+impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
@@ -187,7 +185,7 @@ impl<S: Clone, C: Clone, H: Hold> Clone for CircuitBreaker<S, C, H> {
     }
 }
 
-impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreaker<S, C, H> {
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for CircuitBreaker<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
             .field("inner", &self.inner)
@@ -198,16 +196,15 @@ impl<S: fmt::Debug, C: fmt::Debug, H: Hold> fmt::Debug for CircuitBreaker<S, C, 
     }
 }
 
-impl<S, C, H, Req> Service<Req> for CircuitBreaker<S, C, H>
+impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
 where
-    H: Hold,
     S: Service<Req>,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError> + Clone,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C, H>;
+    type Future = ResponseFuture<S::Future, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

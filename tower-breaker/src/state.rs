@@ -30,9 +30,9 @@ use tokio::time::Instant;
 use crate::error::CircuitOpen;
 use crate::events::breaker_event;
 use crate::eviction::EvictionNotices;
-use crate::hold::Hold;
 use crate::instruments::{Instruments, MetricsLabel};
 use crate::policy::{Policy, Tally, WindowState};
+use crate::share::BreakerRef;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use tower_classify::{CoarseClock, FailureKind, Outcome};
 
@@ -437,7 +437,7 @@ pub(crate) enum Readiness {
 
 /// One breaker's live state. Every clone of a service (and, for a plain
 /// breaker, the layer it came from) reaches the same `Arc<Breaker>`, through
-/// a share of it (see `hold.rs`) or a leaked reference.
+/// a share of it (see `share.rs`).
 ///
 /// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
 /// reference counts: a reference made or dropped on it (a thread's share, a
@@ -616,7 +616,7 @@ impl Breaker {
 
     /// Admits a call or refuses it. The closed path is one atomic load.
     #[inline]
-    pub(crate) fn admit<H: Hold>(holder: &H) -> Result<Permit<H>, CircuitOpen> {
+    pub(crate) fn admit(holder: &BreakerRef) -> Result<Permit, CircuitOpen> {
         let this = holder.breaker();
         let word = this.load();
         if word.is_closed() {
@@ -626,7 +626,7 @@ impl Breaker {
     }
 
     #[inline]
-    fn permit<H: Hold>(holder: &H, epoch: u64, probe: bool) -> Permit<H> {
+    fn permit(holder: &BreakerRef, epoch: u64, probe: bool) -> Permit {
         Permit {
             breaker: holder.clone(),
             bits: epoch << 2 | u64::from(probe) << 1,
@@ -634,7 +634,7 @@ impl Breaker {
     }
 
     #[cold]
-    fn admit_slow<H: Hold>(holder: &H, mut word: Word) -> Result<Permit<H>, CircuitOpen> {
+    fn admit_slow(holder: &BreakerRef, mut word: Word) -> Result<Permit, CircuitOpen> {
         let this = holder.breaker();
         if word.is_throttling() {
             return Self::admit_throttled(holder, word);
@@ -732,7 +732,7 @@ impl Breaker {
     /// A throttling breaker's admission: refused at random with the
     /// probability of [`Policy::AdaptiveThrottle`], counted as a request
     /// the backend did not accept.
-    fn admit_throttled<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+    fn admit_throttled(holder: &BreakerRef, word: Word) -> Result<Permit, CircuitOpen> {
         let this = holder.breaker();
         let probability = this.throttle_probability();
         if probability > 0.0 && fastrand::f64() < probability {
@@ -751,7 +751,7 @@ impl Breaker {
     /// refused is told to come back at a random point of what is left of
     /// it. Past the window, the breaker is plainly closed again (same
     /// epoch: the counts go on).
-    fn admit_slow_start<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+    fn admit_slow_start(holder: &BreakerRef, word: Word) -> Result<Permit, CircuitOpen> {
         let this = holder.breaker();
         let window = this.settings.slow_start;
         let since_close = Duration::from_nanos(
@@ -789,31 +789,31 @@ impl Breaker {
 
     /// Refuses a call where no open period says when to come back: forced
     /// open, every probe slot taken, throttled.
-    fn refuse<H: Hold>(holder: &H, word: Word) -> Result<Permit<H>, CircuitOpen> {
+    fn refuse(holder: &BreakerRef, word: Word) -> Result<Permit, CircuitOpen> {
         Self::refuse_until(holder, word, None, None)
     }
 
     /// Refuses a call arriving at `at` in the open period ending at `until`
     /// (both as [`offset`](Self::offset)s), with its place on the release
     /// ramp if it has one.
-    fn refuse_open<H: Hold>(
-        holder: &H,
+    fn refuse_open(
+        holder: &BreakerRef,
         word: Word,
         until: u64,
         at: u64,
-    ) -> Result<Permit<H>, CircuitOpen> {
+    ) -> Result<Permit, CircuitOpen> {
         let (remaining, retry_after) = holder.breaker().release_after(until, at);
         Self::refuse_until(holder, word, Some(remaining), retry_after)
     }
 
     /// [`refuse`](Self::refuse), telling the caller to come back after
     /// `retry_after`.
-    fn refuse_until<H: Hold>(
-        holder: &H,
+    fn refuse_until(
+        holder: &BreakerRef,
         word: Word,
         remaining: Option<Duration>,
         retry_after: Option<Duration>,
-    ) -> Result<Permit<H>, CircuitOpen> {
+    ) -> Result<Permit, CircuitOpen> {
         let this = holder.breaker();
         if this.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
@@ -1440,15 +1440,15 @@ impl Breaker {
 /// The right to make one call, taken in [`Breaker::admit`]. Completing it
 /// records the result; dropping an uncompleted probe permit gives its slot
 /// back, so a cancelled probe cannot wedge the breaker half-open.
-pub(crate) struct Permit<H: Hold> {
-    breaker: H,
+pub(crate) struct Permit {
+    breaker: BreakerRef,
     /// `epoch << 2 | probe << 1 | done`. One word rather than three fields:
     /// the permit is written once and copied whole, and mixed-width fields
     /// made that copy stall on store forwarding in the closed-path bench.
     bits: u64,
 }
 
-impl<H: Hold> fmt::Debug for Permit<H> {
+impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
             .field("key", &self.breaker().key)
@@ -1458,7 +1458,7 @@ impl<H: Hold> fmt::Debug for Permit<H> {
     }
 }
 
-impl<H: Hold> Permit<H> {
+impl Permit {
     const DONE: u64 = 1;
     const PROBE: u64 = 2;
 
@@ -1508,7 +1508,7 @@ impl<H: Hold> Permit<H> {
     }
 }
 
-impl<H: Hold> Drop for Permit<H> {
+impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
         if self.bits & (Self::DONE | Self::PROBE) == Self::PROBE {
@@ -1524,7 +1524,6 @@ mod tests {
     use tower_classify::{ErrorChainClassifier, FailureKind, Outcome};
 
     use super::*;
-    use crate::hold::Holds;
     use crate::{CircuitBreakerLayer, Window};
 
     fn failure() -> Outcome {

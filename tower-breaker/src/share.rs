@@ -1,5 +1,5 @@
-//! How services and calls hold their breaker: [`Counted`], the default, or
-//! [`Leaked`].
+//! How services and calls hold their breaker: a [`BreakerRef`], counted
+//! on the calling thread's own share of the breaker.
 //!
 //! # Why a share per thread
 //!
@@ -27,6 +27,16 @@
 //! accepted) holds the first thread's share, without the table, and its
 //! clones count there from every thread, as every reference did before the
 //! shares.
+//!
+//! # Why no leaked breaker
+//!
+//! The crate once let a layer leak its breaker for the rest of the process
+//! (`leak()`), so that services and permits held a plain `&'static` and a
+//! successful call wrote nothing at all: four reference-count writes a call
+//! saved, on lines of the calling thread's own. It put a type parameter on
+//! every public type for a saving no user asked for, and the shares above
+//! took away the part of the cost that grew with threads. The closed-path
+//! benchmark keeps the counted path's instruction count in view instead.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -34,35 +44,11 @@ use std::sync::{Arc, OnceLock};
 use crate::policy::thread_stripe;
 use crate::state::Breaker;
 
-/// How a [`CircuitBreaker`](crate::CircuitBreaker)'s services and response
-/// futures hold its breaker: [`Counted`] (the default) or [`Leaked`] (see
-/// [`CircuitBreakerLayer::leak`](crate::CircuitBreakerLayer::leak)).
-///
-/// Sealed: these two types are its only implementations.
-// The bound is the crate's own trait, so that no other type implements it.
-#[allow(private_bounds)]
-pub trait Hold: Holds + Clone + Send + Sync + 'static {}
-
-/// The breaker a [`Hold`] holds.
-pub(crate) trait Holds {
-    fn breaker(&self) -> &Breaker;
-
-    /// Another reference of the same kind, for what lives long and is
-    /// cloned per request (a layer's clone, a service the layer builds): a
-    /// layer's keeps handing out shares per thread, where `clone` gives one
-    /// that counts on the calling thread's share.
-    fn owner(&self) -> Self;
-}
-
-/// A breaker held by a reference count: each per-request clone of the
-/// service and each call's permit moves the count of the calling thread's
-/// own share of the breaker, not one that every thread writes.
-pub struct Counted(pub(crate) Arc<Share>);
-
-/// A breaker leaked for the rest of the process: a plain `&'static`
-/// reference, copied without writing anything.
-#[derive(Clone, Copy)]
-pub struct Leaked(&'static Breaker);
+/// A counted reference to a breaker, as services, layers and permits
+/// hold it: cloning it moves the count of the calling thread's own share of
+/// the breaker (when this reference hands shares out, as a layer's and the
+/// services' it built do), not one that every thread writes.
+pub(crate) struct BreakerRef(pub(crate) Arc<Share>);
 
 /// One counted reference to a breaker, with a count of its own.
 ///
@@ -113,18 +99,7 @@ impl std::ops::Deref for Share {
     }
 }
 
-impl Counted {
-    /// This breaker, never freed from now on.
-    pub(crate) fn leak(self) -> Leaked {
-        // The count stays above zero for good: the breaker outlives every
-        // reference, and the registry's reference (the admin handle's) still
-        // sees it. The shares are let go.
-        let kept: &'static Arc<Breaker> = Box::leak(Box::new(Arc::clone(&self.0.breaker)));
-        Leaked(kept)
-    }
-}
-
-impl Clone for Counted {
+impl Clone for BreakerRef {
     /// A reference counted on this thread's share, when this one hands
     /// shares out (a layer's, a service's the layer built); else on the
     /// same share.
@@ -135,44 +110,29 @@ impl Clone for Counted {
                 .get_or_init(|| Arc::new(Share::new(Arc::clone(&self.0.breaker)))),
             None => &self.0,
         };
-        Counted(Arc::clone(share))
+        BreakerRef(Arc::clone(share))
     }
 }
 
-impl Hold for Counted {}
-impl Hold for Leaked {}
-
-impl Holds for Counted {
+impl BreakerRef {
+    /// The breaker.
     #[inline]
-    fn breaker(&self) -> &Breaker {
+    pub(crate) fn breaker(&self) -> &Breaker {
         &self.0.breaker
     }
 
-    fn owner(&self) -> Self {
-        Counted(Arc::clone(&self.0))
+    /// Another reference to the same share, for what lives long and is
+    /// cloned per request (a layer's clone, a service the layer builds): a
+    /// layer's keeps handing out shares per thread, where `clone` gives one
+    /// that counts on the calling thread's share.
+    pub(crate) fn owner(&self) -> Self {
+        BreakerRef(Arc::clone(&self.0))
     }
 }
 
-impl Holds for Leaked {
-    #[inline]
-    fn breaker(&self) -> &Breaker {
-        self.0
-    }
-
-    fn owner(&self) -> Self {
-        *self
-    }
-}
-
-impl fmt::Debug for Counted {
+impl fmt::Debug for BreakerRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Counted").field(&self.0.key).finish()
-    }
-}
-
-impl fmt::Debug for Leaked {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Leaked").field(&self.0.key).finish()
+        f.debug_tuple("BreakerRef").field(&self.0.key).finish()
     }
 }
 
@@ -216,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_count_on_their_threads_share_and_a_leaked_breaker_on_nothing() {
+    fn calls_count_on_their_threads_share() {
         let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
         let breaker = Arc::clone(&layer.breaker.0.breaker);
         let layers_share = Arc::clone(&layer.breaker.0);
@@ -243,23 +203,13 @@ mod tests {
         assert!(Arc::ptr_eq(&cloned_layer.breaker.0, &layers_share));
         assert!(Arc::ptr_eq(&cloned_layer.breaker.clone().0, &this_threads));
         drop(cloned_layer);
-
-        let leaked = layer.leak();
-        let after_leak = Arc::strong_count(&breaker);
-        let leaked = service(&leaked);
-        assert_eq!(counts_moved(&leaked, || Arc::strong_count(&breaker)), 0);
-        assert_eq!(
-            Arc::strong_count(&breaker),
-            after_leak,
-            "the leaked reference stays"
-        );
     }
 
     /// The shares keep nothing alive: once the layer, its services and
     /// their calls (on this thread and another) are gone, so is the
     /// breaker.
     #[test]
-    fn a_counted_breaker_is_freed_with_its_last_reference() {
+    fn a_breaker_is_freed_with_its_last_reference() {
         let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
         let breaker = Arc::downgrade(&layer.breaker.0.breaker);
         let counted = service(&layer);

@@ -1,5 +1,7 @@
-//! `CircuitBreakerLayer::leak`: a breaker held by `&'static` behaves as the
-//! counted one does, for every flavour of the service and for its handle.
+//! One breaker shared by every clone of a layer's service, for every flavour
+//! of the service and for its handle. (These cases once ran on a leaked
+//! breaker, held by `&'static`; `leak()` is gone and they run on the one
+//! way services hold their breaker.)
 
 use std::io;
 use std::time::Duration;
@@ -18,13 +20,12 @@ async fn dependency(n: u32) -> Result<u32, io::Error> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_leaked_breaker_opens_refuses_probes_and_closes() {
+async fn a_shared_breaker_opens_refuses_probes_and_closes() {
     let layer = CircuitBreakerLayer::builder()
         .failure_threshold(2)
         .recovery_timeout(Duration::from_secs(10))
         .build(ErrorChainClassifier::new())
-        .unwrap()
-        .leak();
+        .unwrap();
     let handle = layer.handle();
     let service = layer.layer(service_fn(dependency));
 
@@ -49,8 +50,8 @@ async fn a_leaked_breaker_opens_refuses_probes_and_closes() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_handle_forces_and_resets_a_leaked_breaker() {
-    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new()).leak();
+async fn the_handle_forces_and_resets_a_shared_breaker() {
+    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
     let handle = layer.handle();
     let service = layer.layer(service_fn(dependency));
 
@@ -64,7 +65,7 @@ async fn the_handle_forces_and_resets_a_leaked_breaker() {
 
 #[cfg(feature = "http")]
 #[tokio::test(start_paused = true)]
-async fn a_leaked_http_breaker_answers_503_while_open() {
+async fn a_shared_http_breaker_answers_503_while_open() {
     use http::{Request, Response, StatusCode};
     use tower_classify::{BoxError, HttpClassifier};
 
@@ -72,7 +73,6 @@ async fn a_leaked_http_breaker_answers_503_while_open() {
         .failure_threshold(1)
         .build(HttpClassifier::new())
         .unwrap()
-        .leak()
         .into_http();
     let handle = layer.handle();
     let service = layer.layer(service_fn(|request: Request<u16>| async move {
@@ -96,8 +96,8 @@ async fn a_leaked_http_breaker_answers_503_while_open() {
 }
 
 #[tokio::test]
-async fn leaked_services_cross_threads() {
-    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new()).leak();
+async fn shared_services_cross_threads() {
+    let layer = CircuitBreakerLayer::new(ErrorChainClassifier::new());
     let service = layer.layer(service_fn(dependency));
     let calls: Vec<_> = (0..4u32)
         .map(|n| {
