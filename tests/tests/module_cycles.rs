@@ -42,7 +42,6 @@ const KNOWN: &[(&str, &[&[&str]])] = &[
                 "cold",
                 "future",
                 "hedge",
-                "hold",
                 "layer",
                 "policy",
                 "presets",

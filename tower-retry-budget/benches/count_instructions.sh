@@ -23,7 +23,7 @@ if [ "$mode" = success_path ]; then
     bare=$(per_call SUCCESS_PATH_COUNT bare)
     printf '%-28s %10s %10s %22s\n' "case" "Ir/call" "overhead" "overhead / tower's"
     tower=$(($(per_call SUCCESS_PATH_COUNT tower) - bare))
-    for case in bare ours leaked tower resilience; do
+    for case in bare ours tower resilience; do
         total=$(per_call SUCCESS_PATH_COUNT "$case")
         overhead=$((total - bare))
         ratio=$(awk -v a="$overhead" -v b="$tower" 'BEGIN { printf "%.2f", a / b }')

@@ -3,8 +3,6 @@
 //! - `bare`: the service alone;
 //! - `tower-retry-budget`: our `Retry` with a `TpsBudget` and the default
 //!   classifier (`ErrorChainClassifier`);
-//! - `tower-retry-budget, leaked`: the same layer after `RetryLayer::leak`,
-//!   its settings held by a `&'static` reference instead of an `Arc`;
 //! - `tower::retry + TpsBudget`: tower's `Retry` with the budget policy from
 //!   tower's own documentation (deposit on success);
 //! - `tower-resilience-retry`: its `RetryLayer` with 3 attempts.
@@ -122,12 +120,6 @@ fn ours(
     ours_layer().layer(Echo)
 }
 
-fn ours_leaked(
-) -> impl Service<u64, Response = u64, Error = impl std::fmt::Debug, Future: Send> + Clone + Send + 'static
-{
-    ours_layer().leak().layer(Echo)
-}
-
 fn towers() -> tower::retry::Retry<TowerPolicy, Echo> {
     tower::retry::RetryLayer::new(TowerPolicy {
         budget: Arc::new(TpsBudget::default()),
@@ -154,11 +146,6 @@ fn awaited_path(c: &mut Criterion) {
     });
     let service = ours();
     group.bench_function("tower-retry-budget", |b| {
-        b.to_async(&runtime)
-            .iter(|| awaited(&service, black_box(7)))
-    });
-    let service = ours_leaked();
-    group.bench_function("tower-retry-budget, leaked", |b| {
         b.to_async(&runtime)
             .iter(|| awaited(&service, black_box(7)))
     });
@@ -215,10 +202,6 @@ fn contended_path(c: &mut Criterion) {
     group.bench_function("tower-retry-budget", |b| {
         b.iter_custom(|iters| contended(&service, iters))
     });
-    let service = ours_leaked();
-    group.bench_function("tower-retry-budget, leaked", |b| {
-        b.iter_custom(|iters| contended(&service, iters))
-    });
     let service = towers();
     group.bench_function("tower::retry + TpsBudget", |b| {
         b.iter_custom(|iters| contended(&service, iters))
@@ -246,11 +229,6 @@ fn success_path(c: &mut Criterion) {
         b.iter(|| once(&mut ours, &mut cx, black_box(7)))
     });
 
-    let mut leaked = ours_leaked();
-    group.bench_function("tower-retry-budget, leaked", |b| {
-        b.iter(|| once(&mut leaked, &mut cx, black_box(7)))
-    });
-
     let mut towers = towers();
     group.bench_function("tower::retry + TpsBudget", |b| {
         b.iter(|| once(&mut towers, &mut cx, black_box(7)))
@@ -266,7 +244,7 @@ fn success_path(c: &mut Criterion) {
 
 criterion_group!(benches, awaited_path, contended_path, success_path);
 
-/// `SUCCESS_PATH_COUNT=<bare|ours|leaked|tower|resilience>,<calls>`: that many
+/// `SUCCESS_PATH_COUNT=<bare|ours|tower|resilience>,<calls>`: that many
 /// awaited calls of one case in one `block_on`, then exit, for an
 /// instruction count under callgrind (`benches/count_instructions.sh
 /// success_path`), which repeats exactly where wall-clock time does not.
@@ -291,10 +269,9 @@ fn count(spec: &str) {
     match case {
         "bare" => runtime.block_on(run(Echo, calls)),
         "ours" => runtime.block_on(run(ours(), calls)),
-        "leaked" => runtime.block_on(run(ours_leaked(), calls)),
         "tower" => runtime.block_on(run(towers(), calls)),
         "resilience" => runtime.block_on(run(resilience(), calls)),
-        other => panic!("case is bare, ours, leaked, tower or resilience, not {other}"),
+        other => panic!("case is bare, ours, tower or resilience, not {other}"),
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
@@ -14,8 +14,7 @@ use tower_service::Service;
 use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
 use crate::error::{BudgetExhausted, WaitTooLong};
 use crate::events::{RetryEvent, RetryStopped, StopReason};
-use crate::hold::{Counted, Hold};
-use crate::policy::{Decision, Stop};
+use crate::policy::{Decision, Policy, Stop};
 use crate::replay::{lost_its_body, Replay, StopReport};
 use crate::telemetry::{self, Telemetry};
 
@@ -24,9 +23,8 @@ pin_project! {
     ///
     /// Dropping it drops the attempt in flight and any pending sleep at once:
     /// nothing keeps running, no task is spawned and no timer stays registered.
-    /// `H` is how it holds the layer's settings (see [`Hold`]).
     #[project = ResponseFutureProj]
-    pub struct ResponseFuture<S, Req, C, R, H = Counted<C, R>>
+    pub struct ResponseFuture<S, Req, C, R>
     where
         S: Service<Req>,
         R: Replay<Req>,
@@ -37,8 +35,7 @@ pin_project! {
         // What each retry is made from, kept before the first attempt
         // consumed the request; `None` when no retry may be made.
         kept: Option<R::Kept>,
-        policy: H,
-        _settings: PhantomData<fn() -> (C, R)>,
+        policy: Arc<Policy<C, R>>,
         attempts: u32,
         // What the timer enforces while an attempt is in flight.
         limit: Limit,
@@ -83,21 +80,23 @@ impl<E: Into<BoxError>> AttemptError<E> {
     }
 }
 
-impl<S, Req, C, R, H> ResponseFuture<S, Req, C, R, H>
+impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
     R: Replay<Req>,
-    H: Hold<C, R>,
 {
     /// The future of a call whose deadline left no time for a first
     /// attempt: it ends with [`DeadlineExceeded`] when first polled.
-    pub(crate) fn expired(service: S, policy: H, cold: Box<Cold<S::Response>>) -> Self {
+    pub(crate) fn expired(
+        service: S,
+        policy: Arc<Policy<C, R>>,
+        cold: Box<Cold<S::Response>>,
+    ) -> Self {
         ResponseFuture {
             state: State::Expired,
             service,
             kept: None,
             policy,
-            _settings: PhantomData,
             attempts: 0,
             limit: Limit::None,
             reports: false,
@@ -112,12 +111,12 @@ where
         future: S::Future,
         service: S,
         kept: Option<R::Kept>,
-        policy: H,
+        policy: Arc<Policy<C, R>>,
         mut cold: Option<Box<Cold<S::Response>>>,
         reports: bool,
     ) -> Self {
         let limit = match cold.as_mut() {
-            Some(cold) => cold.arm_attempt(policy.policy().attempt_timeout),
+            Some(cold) => cold.arm_attempt(policy.attempt_timeout),
             None => Limit::None,
         };
         ResponseFuture {
@@ -125,7 +124,6 @@ where
             service,
             kept,
             policy,
-            _settings: PhantomData,
             attempts: 1,
             limit,
             reports,
@@ -134,13 +132,12 @@ where
     }
 }
 
-impl<S, Req, C, R, H> Future for ResponseFuture<S, Req, C, R, H>
+impl<S, Req, C, R> Future for ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
-    H: Hold<C, R>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -154,7 +151,7 @@ where
                 // Boxed before it is classified, so one classifier over
                 // `BoxError` serves any client's error type.
                 let result = ready!(future.poll(cx)).map_err(|err| AttemptError::Inner(err.into()));
-                let outcome = classify(&this.policy.policy().classifier, &result);
+                let outcome = classify(&this.policy.classifier, &result);
                 if !matches!(outcome, Outcome::Failure(_)) {
                     this.state.set(State::Done);
                     return Poll::Ready(result.map_err(AttemptError::into_box));
@@ -185,8 +182,8 @@ type Classified<Res> = (Result<Res, AttemptError<BoxError>>, Outcome);
 /// between until the call ends. `first` is the first attempt's result when
 /// the fast path of `poll` already has it.
 #[inline(never)]
-fn drive<S, Req, C, R, H>(
-    mut this: ResponseFutureProj<'_, S, Req, C, R, H>,
+fn drive<S, Req, C, R>(
+    mut this: ResponseFutureProj<'_, S, Req, C, R>,
     cx: &mut Context<'_>,
     mut first: Option<Classified<S::Response>>,
 ) -> Poll<Result<S::Response, BoxError>>
@@ -195,9 +192,8 @@ where
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
-    H: Hold<C, R>,
 {
-    let policy = this.policy.policy();
+    let policy = &**this.policy;
     loop {
         let (result, outcome) = if let Some(ready) = first.take() {
             ready
@@ -553,7 +549,7 @@ where
     }
 }
 
-impl<S, Req, C, R, H> fmt::Debug for ResponseFuture<S, Req, C, R, H>
+impl<S, Req, C, R> fmt::Debug for ResponseFuture<S, Req, C, R>
 where
     S: Service<Req>,
     R: Replay<Req>,

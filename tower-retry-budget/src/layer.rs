@@ -1,5 +1,4 @@
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +8,6 @@ use tower_layer::Layer;
 use crate::backoff::Backoff;
 use crate::budget::{Budget, TpsBudget};
 use crate::events::{GiveUpEvent, Listeners, RetryEvent, SuccessAfterRetries};
-use crate::hold::{Counted, Hold, Leaked};
 use crate::policy::{Policy, RetryIf};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
@@ -24,28 +22,25 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 ///
 /// Built by [`RetryLayer::http`], [`RetryLayer::builder`], [`RetryLayer::http_builder`] or a
 /// [preset](crate::presets). All settings, the classifier and the retry budget
-/// live in one place, behind an `Arc` ([`Counted`]) or, once the layer is
-/// [leaked](Self::leak), a `&'static` reference ([`Leaked`]): every clone of
-/// the layer and every service it makes share them, so the budget counts
-/// the traffic of all of them together.
-pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest, H = Counted<C, R>> {
-    policy: H,
-    _settings: PhantomData<fn() -> (C, R)>,
+/// live in one place, behind an `Arc`: every clone of the layer, every
+/// service it makes and every call's response future share them, so the
+/// budget counts the traffic of all of them together.
+pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest> {
+    policy: Arc<Policy<C, R>>,
 }
 
-impl<C, R, H: Hold<C, R>> Clone for RetryLayer<C, R, H> {
+impl<C, R> Clone for RetryLayer<C, R> {
     fn clone(&self) -> Self {
         RetryLayer {
-            policy: self.policy.clone(),
-            _settings: PhantomData,
+            policy: Arc::clone(&self.policy),
         }
     }
 }
 
-impl<C: fmt::Debug, R: fmt::Debug, H: Hold<C, R>> fmt::Debug for RetryLayer<C, R, H> {
+impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryLayer<C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
-            .field("policy", self.policy.policy())
+            .field("policy", &self.policy)
             .finish()
     }
 }
@@ -92,84 +87,40 @@ impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
 }
 
 impl<C, R> RetryLayer<C, R> {
-    /// Keeps this layer's settings, classifier and budget for the rest of
-    /// the process, so that its services and response futures hold a plain
-    /// `&'static` reference to them ([`Leaked`]) instead of a counted one,
-    /// as [`Box::leak`] does for a value.
-    ///
-    /// Without `leak`, every call moves the settings' reference count four
-    /// times (the per-request clone of the service and the response future,
-    /// each made and dropped): four atomic read-modify-writes on one cache
-    /// line, which moves between the cores of threads calling at once. A
-    /// call that succeeds then writes only its budget deposit. The crate's
-    /// benchmarks measure both.
-    ///
-    /// The settings are never freed: use it for a layer built once for the
-    /// life of the process, as a server's or a client's stack is, not for
-    /// layers made per tenant or per connection. Everything else is
-    /// unchanged: clones share the settings and the budget.
-    ///
-    /// ```
-    /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_classify::BoxError;
-    /// use tower_retry_budget::RetryLayer;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), BoxError> {
-    /// // Built once, when the process starts.
-    /// let retry = RetryLayer::builder().max_retries(2).build()?.leak();
-    /// let service = retry.layer(service_fn(|n: u32| async move { Ok::<_, BoxError>(n + 1) }));
-    /// assert_eq!(service.oneshot(41).await?, 42);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn leak(self) -> RetryLayer<C, R, Leaked<C, R>>
-    where
-        C: 'static,
-        R: 'static,
-    {
-        RetryLayer {
-            policy: self.policy.leak(),
-            _settings: PhantomData,
-        }
-    }
-}
-
-impl<C, R, H: Hold<C, R>> RetryLayer<C, R, H> {
-    /// How the layer holds its settings.
+    /// The settings, as the layer's services and their calls share them.
     #[cfg(test)]
-    pub(crate) fn held(&self) -> &H {
+    pub(crate) fn shared(&self) -> &Arc<Policy<C, R>> {
         &self.policy
     }
 
     /// The layer's name in metrics labels, events and spans.
     pub fn name(&self) -> &str {
-        self.policy.policy().telemetry.name()
+        self.policy.telemetry.name()
     }
 
     /// The maximum number of retries after the first attempt.
     pub fn max_retries(&self) -> u32 {
-        self.policy.policy().max_retries
+        self.policy.max_retries
     }
 
     /// The deadline for the whole loop, if any.
     pub fn deadline(&self) -> Option<Duration> {
-        self.policy.policy().deadline
+        self.policy.deadline
     }
 
     /// The per-attempt timeout, if any.
     pub fn attempt_timeout(&self) -> Option<Duration> {
-        self.policy.policy().attempt_timeout
+        self.policy.attempt_timeout
     }
 
     /// The backoff.
     pub fn backoff(&self) -> Backoff {
-        self.policy.policy().backoff
+        self.policy.backoff
     }
 }
 
 #[cfg(feature = "grpc-service-config")]
-impl<C, R, H: Hold<C, R>> RetryLayer<C, R, H> {
+impl<C, R> RetryLayer<C, R> {
     /// The call [`Retry::call`] makes, on the per-method router's
     /// service made ready for it, without building a layer's service around
     /// a clone that its call would clone again.
@@ -177,7 +128,7 @@ impl<C, R, H: Hold<C, R>> RetryLayer<C, R, H> {
         &self,
         service: &mut S,
         request: Req,
-    ) -> crate::future::ResponseFuture<S, Req, C, R, H>
+    ) -> crate::future::ResponseFuture<S, Req, C, R>
     where
         S: tower_service::Service<Req> + Clone,
         S::Error: Into<tower_classify::BoxError>,
@@ -188,11 +139,11 @@ impl<C, R, H: Hold<C, R>> RetryLayer<C, R, H> {
     }
 }
 
-impl<S, C, R, H: Hold<C, R>> Layer<S> for RetryLayer<C, R, H> {
-    type Service = Retry<S, C, R, H>;
+impl<S, C, R> Layer<S> for RetryLayer<C, R> {
+    type Service = Retry<S, C, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::from_policy(inner, self.policy.clone())
+        Retry::from_policy(inner, Arc::clone(&self.policy))
     }
 }
 
@@ -556,7 +507,7 @@ impl<C, R> RetryBuilder<C, R> {
             BudgetChoice::Shared(budget) => Some(budget),
         };
         Ok(RetryLayer {
-            policy: Counted(Arc::new(Policy {
+            policy: Arc::new(Policy {
                 classifier: self.classifier,
                 replay: self.replay,
                 retry_if: self.retry_if,
@@ -570,8 +521,7 @@ impl<C, R> RetryBuilder<C, R> {
                 budget,
                 listeners: self.listeners,
                 telemetry: Telemetry::new(self.name),
-            })),
-            _settings: PhantomData,
+            }),
         })
     }
 }

@@ -19,7 +19,6 @@ pub mod error;
 mod events;
 pub mod future;
 pub mod hedge;
-pub mod hold;
 mod layer;
 mod policy;
 #[cfg(feature = "http")]

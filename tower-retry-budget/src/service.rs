@@ -1,5 +1,5 @@
 use std::fmt;
-use std::marker::PhantomData;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_classify::{BoxError, Classify};
@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use crate::cold;
 use crate::future::ResponseFuture;
-use crate::hold::{Counted, Hold};
+use crate::policy::Policy;
 use crate::replay::{Replay, StopReport};
 
 /// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
@@ -15,21 +15,14 @@ use crate::replay::{Replay, StopReport};
 /// Clones share the layer's settings and budget. Each call clones the inner
 /// service once, for the retries: the clone is driven ready again
 /// (`poll_ready`) before every retry, as the `Service` contract requires.
-/// `H` is how the settings are held: [`Counted`] unless the layer was
-/// [leaked](crate::RetryLayer::leak).
-pub struct Retry<S, C, R, H = Counted<C, R>> {
+pub struct Retry<S, C, R> {
     inner: S,
-    policy: H,
-    _settings: PhantomData<fn() -> (C, R)>,
+    policy: Arc<Policy<C, R>>,
 }
 
-impl<S, C, R, H> Retry<S, C, R, H> {
-    pub(crate) fn from_policy(inner: S, policy: H) -> Self {
-        Retry {
-            inner,
-            policy,
-            _settings: PhantomData,
-        }
+impl<S, C, R> Retry<S, C, R> {
+    pub(crate) fn from_policy(inner: S, policy: Arc<Policy<C, R>>) -> Self {
+        Retry { inner, policy }
     }
 
     /// The inner service.
@@ -48,42 +41,39 @@ impl<S, C, R, H> Retry<S, C, R, H> {
     }
 }
 
-impl<S: Clone, C, R, H: Hold<C, R>> Clone for Retry<S, C, R, H> {
+impl<S: Clone, C, R> Clone for Retry<S, C, R> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
-            policy: self.policy.clone(),
-            _settings: PhantomData,
+            policy: Arc::clone(&self.policy),
         }
     }
 }
 
-impl<S, C, R, H> fmt::Debug for Retry<S, C, R, H>
+impl<S, C, R> fmt::Debug for Retry<S, C, R>
 where
     S: fmt::Debug,
     C: fmt::Debug,
     R: fmt::Debug,
-    H: Hold<C, R>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("inner", &self.inner)
-            .field("policy", self.policy.policy())
+            .field("policy", &self.policy)
             .finish()
     }
 }
 
-impl<S, C, R, H, Req> Service<Req> for Retry<S, C, R, H>
+impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
-    H: Hold<C, R>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req, C, R, H>;
+    type Future = ResponseFuture<S, Req, C, R>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -110,26 +100,25 @@ pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
 /// taken first, it is one more value held across the copy of the
 /// request's head (36 instructions a call over HTTP).
 #[inline]
-pub(crate) fn start<S, C, R, H, Req>(
-    held: &H,
+pub(crate) fn start<S, C, R, Req>(
+    shared: &Arc<Policy<C, R>>,
     inner: &mut S,
     request: Req,
-) -> ResponseFuture<S, Req, C, R, H>
+) -> ResponseFuture<S, Req, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response, BoxError>,
     R: Replay<Req> + StopReport<S::Response>,
-    H: Hold<C, R>,
 {
-    let policy = held.policy();
+    let policy = &**shared;
     let cold = match cold::cold_state(policy, policy.replay.deadline(&request)) {
         Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
             // here: what `poll_ready` reserved (a concurrency permit, a
             // queue slot) is not held by a call that sends nothing.
-            return ResponseFuture::expired(inner.clone(), held.clone(), cold);
+            return ResponseFuture::expired(inner.clone(), Arc::clone(shared), cold);
         }
         cold => cold,
     };
@@ -148,7 +137,7 @@ where
     }
     // Cloned before the first attempt is made, so that the attempt's
     // future goes into the response future without a move around it.
-    let held = held.clone();
+    let shared = Arc::clone(shared);
     let mut service = take_ready(inner);
     // Called by a dead-letter layer (or another recorder of attempts), the
     // call reports its attempts to it, and a reporting layer below (a
@@ -156,5 +145,44 @@ where
     // `tower_classify::attempts`).
     let reports = tower_classify::attempts::claim_reports();
     let first = cold::first_call(&cold, &mut service, request);
-    ResponseFuture::new(first, service, kept, held, cold, reports)
+    ResponseFuture::new(first, service, kept, shared, cold, reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{ready, Future, Ready};
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    use crate::RetryLayer;
+
+    type Answer = Ready<Result<u32, std::io::Error>>;
+
+    fn echo(n: u32) -> Answer {
+        ready(Ok(n))
+    }
+
+    /// Each clone of a service and each call's response future holds one
+    /// count of the layer's settings, and gives it back when dropped.
+    #[test]
+    fn services_and_calls_share_the_layers_settings() {
+        let layer = RetryLayer::builder().build().unwrap();
+        let settings = Arc::clone(layer.shared());
+        let strong = || Arc::strong_count(&settings);
+        let service = layer.layer(tower::service_fn(echo as fn(u32) -> Answer));
+        let start = strong();
+        let mut clones: Vec<_> = (0..4).map(|_| service.clone()).collect();
+        let futures: Vec<_> = clones.iter_mut().map(|clone| clone.call(7)).collect();
+        assert_eq!(strong() - start, 8);
+        let mut cx = Context::from_waker(Waker::noop());
+        for future in futures {
+            assert!(pin!(future).poll(&mut cx).is_ready());
+        }
+        drop(clones);
+        assert_eq!(strong(), start);
+    }
 }

@@ -1,5 +1,7 @@
-//! `RetryLayer::leak`: a layer whose settings are held by `&'static`
-//! retries, keeps its deadline and shares its budget as a counted one does.
+//! A layer's settings are shared by its services and its clones: a
+//! service retries, keeps its deadline, and clones of the layer share its
+//! budget. (These cases once ran on a leaked layer, its settings held by
+//! `&'static`; `leak()` is gone and they run on the one shared `Arc`.)
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,15 +20,14 @@ fn reset() -> BoxError {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_leaked_layer_retries_until_an_attempt_succeeds() {
+async fn a_layer_retries_until_an_attempt_succeeds() {
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
     let layer = RetryLayer::builder()
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(10)))
         .build()
-        .unwrap()
-        .leak();
+        .unwrap();
     let service = layer.layer(service_fn(move |n: u32| {
         let call = counter.fetch_add(1, Ordering::SeqCst);
         async move {
@@ -42,13 +43,12 @@ async fn a_leaked_layer_retries_until_an_attempt_succeeds() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_leaked_layer_keeps_its_deadline() {
+async fn a_layer_keeps_its_deadline() {
     let layer = RetryLayer::builder()
         .max_retries(3)
         .deadline(Duration::from_millis(250))
         .build()
-        .unwrap()
-        .leak();
+        .unwrap();
     let service = layer.layer(service_fn(|n: u32| async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok::<_, BoxError>(n)
@@ -63,7 +63,7 @@ async fn a_leaked_layer_keeps_its_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn clones_of_a_leaked_layer_share_its_budget() {
+async fn clones_of_a_layer_share_its_budget() {
     // One retry in reserve (one a second over one second) and none earned
     // by traffic, for the layer and every clone of it.
     let budget = TpsBudget::new(Duration::from_secs(1), 1, 0.0).unwrap();
@@ -72,8 +72,7 @@ async fn clones_of_a_leaked_layer_share_its_budget() {
         .backoff(Backoff::none())
         .budget(budget)
         .build()
-        .unwrap()
-        .leak();
+        .unwrap();
     let calls = Arc::new(AtomicU32::new(0));
     let failing = |calls: Arc<AtomicU32>| {
         service_fn(move |_: u32| {
