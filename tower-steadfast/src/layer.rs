@@ -3,30 +3,19 @@
 use std::fmt;
 
 use http::HeaderName;
-use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer, Counted, Hold, Leaked};
+use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer};
 use tower_classify::{ConfigError, HttpClassifier};
 use tower_layer::Layer;
 use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
-use tower_retry_budget::hold as retry_hold;
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
 use crate::config::ResilienceConfig;
 
-/// How the stack's retry layer holds its settings: counted, or leaked after
-/// [`ResilienceLayer::leak`].
-pub type RetryCounted = retry_hold::Counted<HttpClassifier, HttpReplay>;
-
-/// The retry layer's settings after [`ResilienceLayer::leak`].
-pub type RetryLeaked = retry_hold::Leaked<HttpClassifier, HttpReplay>;
-
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
-/// dead letters, circuit breaker, retry. `H` is how the breaker is held:
-/// [`Counted`], or [`Leaked`] after [`ResilienceLayer::leak_breaker`] or
-/// [`ResilienceLayer::leak`]; `RH` how the retry layer holds its settings
-/// ([`RetryLeaked`] after [`ResilienceLayer::leak`]).
-pub type ResilienceService<S, St, H = Counted, RH = RetryCounted> = DeadLetter<
-    CircuitBreaker<Retry<S, HttpClassifier, HttpReplay, RH>, HttpClassifier, H>,
+/// dead letters, circuit breaker, retry.
+pub type ResilienceService<S, St> = DeadLetter<
+    CircuitBreaker<Retry<S, HttpClassifier, HttpReplay>, HttpClassifier>,
     St,
     HttpClassifier,
     HttpCapture,
@@ -50,55 +39,19 @@ pub type ResilienceService<S, St, H = Counted, RH = RetryCounted> = DeadLetter<
 /// the store; two layers built by two calls of
 /// [`ResilienceConfig::layer`] share only the store.
 #[derive(Clone)]
-pub struct ResilienceLayer<St, H: Hold = Counted, RH = RetryCounted>
-where
-    RH: retry_hold::Hold<HttpClassifier, HttpReplay>,
-{
+pub struct ResilienceLayer<St> {
     dead_letter: DeadLetterLayer<St>,
-    breaker: CircuitBreakerLayer<HttpClassifier, H>,
-    retry: RetryLayer<HttpClassifier, HttpReplay, RH>,
+    breaker: CircuitBreakerLayer<HttpClassifier>,
+    retry: RetryLayer<HttpClassifier, HttpReplay>,
 }
 
 impl<St> ResilienceLayer<St> {
-    /// Keeps the breaker for the rest of the process, so that the stack's
-    /// calls move no reference count of it
-    /// ([`CircuitBreakerLayer::leak`]): for a stack built once when a
-    /// server starts, never for one built per tenant or on every
-    /// configuration reload, since the breaker is never freed.
-    pub fn leak_breaker(self) -> ResilienceLayer<St, Leaked> {
-        ResilienceLayer {
-            dead_letter: self.dead_letter,
-            breaker: self.breaker.leak(),
-            retry: self.retry,
-        }
-    }
-
-    /// Keeps the breaker and the retry layer's settings (its classifier and
-    /// budget included) for the rest of the process
-    /// ([`CircuitBreakerLayer::leak`], [`RetryLayer::leak`]), so that a
-    /// call moves neither's reference count: for a stack built once when a
-    /// process starts, never for one built per tenant or on every
-    /// configuration reload, since neither is ever freed.
-    pub fn leak(self) -> ResilienceLayer<St, Leaked, RetryLeaked> {
-        ResilienceLayer {
-            dead_letter: self.dead_letter,
-            breaker: self.breaker.leak(),
-            retry: self.retry.leak(),
-        }
-    }
-}
-
-impl<St, H, RH> ResilienceLayer<St, H, RH>
-where
-    H: Hold,
-    RH: retry_hold::Hold<HttpClassifier, HttpReplay>,
-{
     /// The stack of three layers built elsewhere, for example from
     /// [`ResilienceConfig`]'s builders with a name or callbacks added.
     pub fn new(
         dead_letter: DeadLetterLayer<St>,
-        breaker: CircuitBreakerLayer<HttpClassifier, H>,
-        retry: RetryLayer<HttpClassifier, HttpReplay, RH>,
+        breaker: CircuitBreakerLayer<HttpClassifier>,
+        retry: RetryLayer<HttpClassifier, HttpReplay>,
     ) -> Self {
         ResilienceLayer {
             dead_letter,
@@ -118,12 +71,7 @@ where
     }
 }
 
-impl<St, H, RH> fmt::Debug for ResilienceLayer<St, H, RH>
-where
-    St: fmt::Debug,
-    H: Hold,
-    RH: retry_hold::Hold<HttpClassifier, HttpReplay>,
-{
+impl<St: fmt::Debug> fmt::Debug for ResilienceLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResilienceLayer")
             .field("dead_letter", &self.dead_letter)
@@ -133,13 +81,8 @@ where
     }
 }
 
-impl<S, St, H, RH> Layer<S> for ResilienceLayer<St, H, RH>
-where
-    St: Clone,
-    H: Hold,
-    RH: retry_hold::Hold<HttpClassifier, HttpReplay>,
-{
-    type Service = ResilienceService<S, St, H, RH>;
+impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
+    type Service = ResilienceService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let retried = self.retry.layer(inner);

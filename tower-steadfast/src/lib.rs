@@ -16,6 +16,6 @@ mod schema;
 
 pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 pub use self::error::LoadError;
-pub use self::layer::{ResilienceLayer, ResilienceService, RetryCounted, RetryLeaked};
+pub use self::layer::{ResilienceLayer, ResilienceService};
 pub use self::load::MAX_ATTEMPTS_LIMIT;
 pub use self::schema::{json_schema, json_schema_text};

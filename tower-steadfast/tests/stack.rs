@@ -11,11 +11,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::{CircuitOpen, Hold};
-use tower_classify::{FailureKind, HttpClassifier};
+use tower_breaker::CircuitOpen;
+use tower_classify::FailureKind;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{DeadLetterEntry, PoisonMessage, ReplayBody};
-use tower_retry_budget::replay::HttpReplay;
 use tower_steadfast::{ResilienceConfig, ResilienceLayer};
 
 type Body = ReplayBody<Full<Bytes>>;
@@ -161,20 +160,6 @@ async fn five_failed_calls_open_the_breaker_until_the_cooldown_has_passed() {
     opens_until_the_cooldown(seed().layer("orders", store.clone()), store).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stack_whose_breaker_is_leaked_opens_and_recovers_alike() {
-    let store = MemoryStore::new(100);
-    let layer = seed().layer("orders", store.clone()).leak_breaker();
-    opens_until_the_cooldown(layer, store).await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_stack_whose_breaker_and_retry_are_leaked_opens_and_recovers_alike() {
-    let store = MemoryStore::new(100);
-    let layer = seed().layer("orders", store.clone()).leak();
-    opens_until_the_cooldown(layer, store).await;
-}
-
 /// Down for the first 25 requests (five calls of five tries), then up.
 fn down_for_five_calls(n: usize) -> StatusCode {
     if n < 25 {
@@ -217,13 +202,7 @@ async fn without_a_cooldown_the_first_trial_call_comes_within_half_a_second() {
     );
 }
 
-async fn opens_until_the_cooldown<H, RH>(
-    layer: ResilienceLayer<MemoryStore, H, RH>,
-    store: MemoryStore,
-) where
-    H: Hold,
-    RH: tower_retry_budget::hold::Hold<HttpClassifier, HttpReplay> + Send + Sync + 'static,
-{
+async fn opens_until_the_cooldown(layer: ResilienceLayer<MemoryStore>, store: MemoryStore) {
     let upstream = Upstream::new();
     let handle = layer.breaker_handle();
     let mut stack = ServiceBuilder::new()
