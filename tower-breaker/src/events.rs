@@ -34,7 +34,7 @@ impl fmt::Debug for LoggedKey<'_> {
 /// `tracing` as is.
 macro_rules! breaker_event {
     ($level:ident, $breaker:expr, $($rest:tt)+) => {{
-        let breaker: &$crate::state::Breaker = $breaker;
+        let breaker: &$crate::machine::Breaker = $breaker;
         if breaker.keyed {
             ::tracing::$level!(
                 breaker = %breaker.settings.name,

@@ -46,7 +46,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::state::{Breaker, State};
+use crate::machine::Breaker;
+use crate::state::State;
 
 const NIL: usize = usize::MAX;
 

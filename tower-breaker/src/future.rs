@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower_classify::{BoxError, Classify, Outcome};
 
 use crate::error::CircuitOpen;
-use crate::state::Permit;
+use crate::permit::Permit;
 
 #[cfg(feature = "grpc")]
 pub use crate::grpc::GrpcResponseFuture;

@@ -11,9 +11,9 @@ use tower_service::Service;
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
 use crate::layer::Builder;
+use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::share::BreakerRef;
-use crate::state::Breaker;
 
 /// One breaker per key, computed from each request by a key function: a host,
 /// a route, a `channel:connector` pair. A dependency that fails opens only its

@@ -13,8 +13,10 @@ use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
+use crate::settings::Settings;
 use crate::share::{BreakerRef, Share};
-use crate::state::{CallEvent, Mode, Settings, StateChange, MAX_PROBES};
+use crate::state::{CallEvent, Mode, StateChange};
+use crate::word::MAX_PROBES;
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
 ///

@@ -24,12 +24,16 @@ mod http;
 mod instruments;
 mod keyed;
 mod layer;
+mod machine;
+mod permit;
 mod policy;
 mod registry;
 mod service;
+mod settings;
 mod share;
 mod state;
 mod sync;
+mod word;
 
 pub use self::admin::{BreakerHandle, BreakerSnapshot};
 #[cfg(feature = "serde")]

@@ -25,8 +25,10 @@ use tower_classify::LogLimit;
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
 use crate::instruments::{EvictionCounters, Instruments};
+use crate::machine::Breaker;
+use crate::settings::Settings;
 use crate::share::Share;
-use crate::state::{Breaker, Settings, State};
+use crate::state::State;
 
 /// Enough shards that calls from a few dozen cores seldom share one; few
 /// enough that listing every breaker stays cheap.

@@ -13,8 +13,10 @@ use tower_service::Service;
 
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
+use crate::machine::{Breaker, Readiness};
+use crate::permit::Permit;
 use crate::share::BreakerRef;
-use crate::state::{Breaker, Permit, Readiness, State};
+use crate::state::State;
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
 ///

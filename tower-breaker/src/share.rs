@@ -41,8 +41,8 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use crate::machine::Breaker;
 use crate::policy::thread_stripe;
-use crate::state::Breaker;
 
 /// A counted reference to a breaker, as services, layers and permits
 /// hold it: cloning it moves the count of the calling thread's own share of

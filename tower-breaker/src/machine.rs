@@ -1,0 +1,1343 @@
+//! The state machine: closed → open → half-open → closed or open again.
+//!
+//! A [`Breaker`] keeps its state in one word (`word.rs`, where "Why one
+//! word" explains the encoding) and moves it by compare-and-swap: admitting
+//! a call ([`Breaker::admission`], which also claims half-open probe slots),
+//! recording its result ([`Breaker::complete`]), opening, closing, and an
+//! operator's forcing ([`Breaker::set_forced`]).
+
+use std::fmt;
+use std::sync::atomic::{
+    AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, Ordering as StdOrdering,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::CircuitOpen;
+use crate::events::breaker_event;
+use crate::eviction::EvictionNotices;
+use crate::instruments::Instruments;
+use crate::policy::{Policy, Tally, WindowState};
+use crate::settings::Settings;
+use crate::state::{CallEvent, CallKind, Mode, State, StateChange};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::word::{Slots, Word};
+use tower_classify::{CoarseClock, FailureKind, Outcome};
+
+/// How many times its remaining open time a refused call's release is put
+/// off past the end of the period; see [`Breaker::rejection`].
+const RELEASE_SPREAD: u32 = 4;
+
+/// The share of an open period at its end whose refusals are told when to
+/// come back; see [`Breaker::rejection`]. With [`RELEASE_SPREAD`] they come
+/// back within the first four fifths of the period's length after it,
+/// which the next period outlasts (a fixed one, or one jittered by up to
+/// the default 20 %).
+const RELEASE_WINDOW_DIVISOR: u64 = 5;
+
+/// The share of calls a slow start admits at its beginning (Envoy's
+/// `min_weight_percent` default).
+const SLOW_START_FLOOR: f64 = 0.1;
+
+/// What one result means to the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Success,
+    Failure,
+    /// Says nothing about the dependency: not counted, and a probe slot it
+    /// held is given back.
+    Neutral,
+}
+
+impl Verdict {
+    /// The verdict on a call. Without a slow-call rate (`slow_apart` false)
+    /// a slow success is a failure; with one it stays a success and counts
+    /// towards the slow-call rate instead.
+    #[inline]
+    pub(crate) fn of(outcome: Outcome, slow: bool, slow_apart: bool) -> Self {
+        match outcome {
+            Outcome::Success if slow && !slow_apart => Verdict::Failure,
+            Outcome::Success => Verdict::Success,
+            Outcome::Failure(failure) if failure.kind.is_transient() => Verdict::Failure,
+            _ => Verdict::Neutral,
+        }
+    }
+
+    /// The verdict of [adaptive throttling](Policy::AdaptiveThrottle): a
+    /// success is an accept, and so is any answer of the backend's, even
+    /// one refusing the request itself (rejected, poison); transient and
+    /// shed failures are not.
+    #[inline]
+    fn of_throttled(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Success => Verdict::Success,
+            Outcome::Failure(failure)
+                if failure.kind.is_transient() || failure.kind == FailureKind::Shed =>
+            {
+                Verdict::Failure
+            }
+            Outcome::Failure(_) => Verdict::Success,
+            _ => Verdict::Neutral,
+        }
+    }
+}
+
+/// What `poll_ready` should wait for in [pending mode](crate::Builder::pending_when_open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    Ready,
+    Until(Instant),
+    Change,
+}
+/// One breaker's live state. Every clone of a service (and, for a plain
+/// breaker, the layer it came from) reaches the same `Arc<Breaker>`, through
+/// a share of it (see `share.rs`).
+///
+/// Aligned to 128 bytes so that it starts two cache lines after the `Arc`'s
+/// reference counts: a reference made or dropped on it (a thread's share, a
+/// keyed call's) writes the count, and without the gap that write would
+/// evict the state word every other core reads.
+#[repr(align(128))]
+pub(crate) struct Breaker {
+    pub(crate) key: Arc<str>,
+    /// One of a keyed layer's breakers: its events carry the key as well
+    /// as the layer's name.
+    pub(crate) keyed: bool,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) disabled: bool,
+    /// Copied out of `settings` so the hot path reads one allocation.
+    pub(crate) slow_call_threshold: Option<Duration>,
+    slow_apart: bool,
+    /// Per-call callbacks are registered: the call's duration is measured.
+    pub(crate) call_listeners: bool,
+    pub(crate) pending_when_open: bool,
+    /// `k` of [`Policy::AdaptiveThrottle`], for a throttling breaker.
+    throttle: Option<f64>,
+    base: Instant,
+    word: AtomicU64,
+    /// Nanoseconds after `base` when the open period ends.
+    open_until: AtomicU64,
+    /// Nanoseconds after `base` when the probes of the half-open period
+    /// must have answered; past it, their slots are reclaimed.
+    probes_due: AtomicU64,
+    /// Nanoseconds after `base` of the last state change.
+    since: AtomicU64,
+    /// Nanoseconds after `base` when the current open period, or slow
+    /// start, began. Written before the CAS that starts it, as `open_until`
+    /// is, so that a caller that sees the new word reads this one too
+    /// (`since` is written only after the change).
+    period_start: AtomicU64,
+    consecutive: AtomicU32,
+    /// How many times in a row the breaker reopened from half-open (low 32
+    /// bits), and the epoch of the half-open period the last reopening left
+    /// (high bits), so that every caller racing to reopen one period
+    /// computes the same streak (see [`open`](Self::open)).
+    open_streak: AtomicU64,
+    window: Option<WindowState>,
+    /// For a time window: the clock a success is filed by.
+    coarse_clock: Option<CoarseClock>,
+    failures: AtomicU64,
+    rejected: AtomicU64,
+    opened: AtomicU64,
+    changed: Option<Arc<Notify>>,
+    instruments: Instruments,
+    /// Evicted from its registry (or never kept): it stops reporting its
+    /// state, so a late result cannot bring back an evicted key's series.
+    /// The registry's bookkeeping, not part of the state machine: `std`'s
+    /// atomics even under loom.
+    retired: StdAtomicBool,
+    /// The registry's coarse clock when this breaker was last looked up;
+    /// see `Registry::breaker`.
+    pub(crate) last_used: StdAtomicU64,
+    /// The stamp of its last use while not closed, or of its opening; see
+    /// [`EvictionNotices::stamp`].
+    pub(crate) open_used: StdAtomicU64,
+    /// A keyed breaker's registry, told when the breaker opens and when it
+    /// closes again.
+    notices: Option<Arc<EvictionNotices>>,
+    /// A notice is posted and not yet read.
+    pub(crate) notice_posted: StdAtomicBool,
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Breaker")
+            .field("key", &self.key)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Breaker {
+    /// A closed breaker for `key`, reporting through `instruments`. Its state
+    /// gauge is written only once the registry keeps it
+    /// ([`publish`](Self::publish)): a breaker built for a key another call
+    /// inserted first is dropped without a word.
+    pub(crate) fn new(
+        key: Arc<str>,
+        settings: Arc<Settings>,
+        instruments: Instruments,
+        keyed: bool,
+        notices: Option<Arc<EvictionNotices>>,
+    ) -> Self {
+        let window = settings
+            .policy
+            .window()
+            .map(|window| WindowState::new(window, settings.slow_call_rate.is_some()));
+        let throttle = match settings.policy {
+            Policy::AdaptiveThrottle { k, .. } => Some(k),
+            _ => None,
+        };
+        let closed = Word::new(State::Closed, 0, Slots::NONE);
+        let base = Instant::now();
+        let coarse_clock = window
+            .as_ref()
+            .is_some_and(WindowState::needs_clock)
+            .then(|| CoarseClock::new(base, Duration::from_millis(1)));
+        Breaker {
+            key,
+            keyed,
+            disabled: settings.mode == Mode::Disabled,
+            slow_call_threshold: settings.slow_call_threshold,
+            slow_apart: settings.slow_call_rate.is_some(),
+            call_listeners: !settings.on_call.is_empty(),
+            pending_when_open: settings.pending_when_open,
+            throttle,
+            changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
+            settings,
+            base,
+            word: AtomicU64::new(match throttle {
+                Some(_) => closed.throttling().0,
+                None => closed.0,
+            }),
+            open_until: AtomicU64::new(0),
+            probes_due: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+            period_start: AtomicU64::new(0),
+            consecutive: AtomicU32::new(0),
+            open_streak: AtomicU64::new(0),
+            window,
+            coarse_clock,
+            failures: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            instruments,
+            retired: StdAtomicBool::new(false),
+            last_used: StdAtomicU64::new(0),
+            open_used: StdAtomicU64::new(0),
+            notices,
+            notice_posted: StdAtomicBool::new(false),
+        }
+    }
+
+    /// Reports the state of a breaker the registry now keeps, when its
+    /// label is its own (a new breaker must not hide the state of another
+    /// breaker sharing the label).
+    pub(crate) fn publish(&self) {
+        self.instruments.publish(self.state());
+    }
+
+    /// The registry let go of this breaker (evicted, or never kept). Calls
+    /// still in flight may finish on it; it no longer reports its state.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, StdOrdering::Relaxed);
+        // See `gauge`: a state write racing this one is redone as a reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
+        self.instruments.retire();
+    }
+
+    #[inline]
+    fn load(&self) -> Word {
+        Word(self.word.load(Ordering::Acquire))
+    }
+
+    fn cas(&self, current: Word, next: Word) -> Result<(), Word> {
+        self.word
+            .compare_exchange(current.0, next.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(Word)
+    }
+
+    fn offset(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.base)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.load().state()
+    }
+
+    /// Admits a call or refuses it. The closed path is one atomic load.
+    #[inline]
+    pub(crate) fn admission(&self) -> Result<Admission, CircuitOpen> {
+        let word = self.load();
+        if word.is_closed() {
+            return Ok(Admission::new(word.epoch(), false));
+        }
+        self.admit_slow(word)
+    }
+
+    #[cold]
+    fn admit_slow(&self, mut word: Word) -> Result<Admission, CircuitOpen> {
+        if word.is_throttling() {
+            return self.admit_throttled(word);
+        }
+        if word.is_slow_starting() {
+            return self.admit_slow_start(word);
+        }
+        let now = Instant::now();
+        loop {
+            match word.state() {
+                State::Closed | State::ForcedClosed => {
+                    return Ok(Admission::new(word.epoch(), false))
+                }
+                State::ForcedOpen => return self.refuse(word),
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    let at = self.offset(now);
+                    if at < until {
+                        return self.refuse_open(word, until, at);
+                    }
+                    // Recovery timeout over: this caller turns the breaker
+                    // half-open and takes the first probe slot in one CAS.
+                    // The probes' deadline is written first, as `open_until`
+                    // is, so no reader sees a half-open period without one.
+                    // Raised, never lowered: each period's deadline is later
+                    // than the last one's, so a caller that stalled before
+                    // this write and then lost its CAS cannot shorten the
+                    // deadline of a period that began meanwhile.
+                    self.probes_due.fetch_max(
+                        self.deadline_after(now, self.settings.probe_timeout),
+                        Ordering::AcqRel,
+                    );
+                    let next = word.next(State::HalfOpen).with_slots(Slots {
+                        claimed: 1,
+                        ..Slots::NONE
+                    });
+                    match self.cas(word, next) {
+                        Ok(()) => {
+                            self.changed(State::Open, State::HalfOpen, now, None, false);
+                            breaker_event!(
+                                debug,
+                                self,
+                                probe = 1,
+                                probes = self.settings.probes,
+                                "circuit breaker admitted a half-open probe"
+                            );
+                            return Ok(Admission::new(next.epoch(), true));
+                        }
+                        Err(actual) => word = actual,
+                    }
+                }
+                State::HalfOpen => {
+                    if word.claimed() >= u64::from(self.settings.probes) {
+                        if self.lapse_probes(word, now) {
+                            word = self.load();
+                            continue;
+                        }
+                        return self.refuse(word);
+                    }
+                    let next = word.with_slots(Slots {
+                        claimed: word.claimed() + 1,
+                        ..word.slots()
+                    });
+                    if next.claimed() == u64::from(self.settings.probes) {
+                        // The last slot: the probes' deadline runs from now
+                        // (`probe_timeout` counts once every slot is taken),
+                        // not from the start of the half-open period, which
+                        // a probe given back (dropped, or neutral) and a
+                        // quiet spell may have left long past. Written
+                        // before the CAS, so no reader sees every slot taken
+                        // with the old deadline, and raised only (above).
+                        self.probes_due.fetch_max(
+                            self.deadline_after(now, self.settings.probe_timeout),
+                            Ordering::AcqRel,
+                        );
+                    }
+                    match self.cas(word, next) {
+                        Ok(()) => {
+                            breaker_event!(
+                                debug,
+                                self,
+                                probe = next.claimed(),
+                                probes = self.settings.probes,
+                                "circuit breaker admitted a half-open probe"
+                            );
+                            return Ok(Admission::new(word.epoch(), true));
+                        }
+                        Err(actual) => word = actual,
+                    }
+                }
+            }
+        }
+    }
+
+    /// A throttling breaker's admission: refused at random with the
+    /// probability of [`Policy::AdaptiveThrottle`], counted as a request
+    /// the backend did not accept.
+    fn admit_throttled(&self, word: Word) -> Result<Admission, CircuitOpen> {
+        let probability = self.throttle_probability();
+        if probability > 0.0 && fastrand::f64() < probability {
+            if self.settings.mode == Mode::Enforce {
+                if let Some(window) = &self.window {
+                    window.record(true, false, self.window_now(false));
+                }
+            }
+            return self.refuse(word);
+        }
+        Ok(Admission::new(word.epoch(), false))
+    }
+
+    /// A breaker in its slow start admits a share of calls rising linearly
+    /// from [`SLOW_START_FLOOR`] to all of them over the window; a call
+    /// refused is told to come back at a random point of what is left of
+    /// it. Past the window, the breaker is plainly closed again (same
+    /// epoch: the counts go on).
+    fn admit_slow_start(&self, word: Word) -> Result<Admission, CircuitOpen> {
+        let window = self.settings.slow_start;
+        let since_close = Duration::from_nanos(
+            self.offset(Instant::now())
+                .saturating_sub(self.period_start.load(Ordering::Acquire)),
+        );
+        let Some(left) = window
+            .checked_sub(since_close)
+            .filter(|left| !left.is_zero())
+        else {
+            // A racing caller may have done it already, or the breaker moved
+            // on; either way this call is admitted as a closed one.
+            let _ = self.cas(word, word.plainly_closed());
+            return Ok(Admission::new(word.epoch(), false));
+        };
+        let share = (since_close.as_secs_f64() / window.as_secs_f64()).max(SLOW_START_FLOOR);
+        if fastrand::f64() < share {
+            return Ok(Admission::new(word.epoch(), false));
+        }
+        self.refuse_until(word, None, Some(left.mul_f64(fastrand::f64())))
+    }
+
+    /// The share of calls a throttling breaker refuses now:
+    /// `max(0, (requests − k × accepts) / (requests + 1))` over its window,
+    /// 0 for any other breaker.
+    pub(crate) fn throttle_probability(&self) -> f64 {
+        let (Some(k), Some(window)) = (self.throttle, &self.window) else {
+            return 0.0;
+        };
+        let tally = window.tally(self.window_now(false));
+        let requests = f64::from(tally.calls);
+        let accepts = f64::from(tally.calls - tally.failures);
+        ((requests - k * accepts) / (requests + 1.0)).max(0.0)
+    }
+
+    /// Refuses a call where no open period says when to come back: forced
+    /// open, every probe slot taken, throttled.
+    fn refuse(&self, word: Word) -> Result<Admission, CircuitOpen> {
+        self.refuse_until(word, None, None)
+    }
+
+    /// Refuses a call arriving at `at` in the open period ending at `until`
+    /// (both as [`offset`](Self::offset)s), with its place on the release
+    /// ramp if it has one.
+    fn refuse_open(&self, word: Word, until: u64, at: u64) -> Result<Admission, CircuitOpen> {
+        let (remaining, retry_after) = self.release_after(until, at);
+        self.refuse_until(word, Some(remaining), retry_after)
+    }
+
+    /// [`refuse`](Self::refuse), telling the caller to come back after
+    /// `retry_after`.
+    fn refuse_until(
+        &self,
+        word: Word,
+        remaining: Option<Duration>,
+        retry_after: Option<Duration>,
+    ) -> Result<Admission, CircuitOpen> {
+        if self.settings.mode == Mode::MetricsOnly {
+            // Admitted, but as an ordinary call: it cannot decide a probe.
+            self.instruments.would_reject.increment(1);
+            breaker_event!(
+                debug,
+                self,
+                state = word.state().as_str(),
+                "circuit breaker would reject a call (metrics-only mode lets it through)"
+            );
+            return Ok(Admission::new(word.epoch(), false));
+        }
+        Err(self.refusal(remaining, retry_after))
+    }
+
+    /// Counts and builds one refusal. A call refused in the last fifth of
+    /// an open period is told when to come back ([`CircuitOpen::retry_after`]):
+    /// at the end of the period plus [`RELEASE_SPREAD`] times the time it
+    /// had left, the last refused first. The calls that wait out a period
+    /// are so released over a ramp four times as long as they arrived in:
+    /// at a steady arrival rate they add at most a quarter of it to the new
+    /// calls. The ramp ends within four fifths of a period after the
+    /// end, before the next period would end if the probe failed: then
+    /// they meet that period and give up, instead of piling onto the
+    /// callers of the next ones. A call refused earlier gets no such hint:
+    /// it could only be served after the probe by joining that pile.
+    pub(crate) fn rejection(&self) -> CircuitOpen {
+        if self.load().state() == State::Open {
+            let until = self.open_until.load(Ordering::Acquire);
+            let at = self.offset(Instant::now());
+            if at < until {
+                let (remaining, retry_after) = self.release_after(until, at);
+                return self.refusal(Some(remaining), retry_after);
+            }
+        }
+        self.refusal(None, None)
+    }
+
+    /// The time left of the open period ending at `until` for a call
+    /// refused at `at`, and when it should come back: see
+    /// [`rejection`](Self::rejection). The period is the one `until` ends,
+    /// read from the same load the caller compared, so a refusal that
+    /// stalls across a reopening never mixes two periods (it then gets no
+    /// hint: the newer period started after `until` was read).
+    fn release_after(&self, until: u64, at: u64) -> (Duration, Option<Duration>) {
+        let remaining = until - at;
+        let period = until.saturating_sub(self.period_start.load(Ordering::Acquire));
+        let remaining_time = Duration::from_nanos(remaining);
+        let retry_after = (remaining <= period / RELEASE_WINDOW_DIVISOR)
+            .then(|| remaining_time.saturating_mul(RELEASE_SPREAD + 1));
+        (remaining_time, retry_after)
+    }
+
+    /// Counts and builds one refusal that tells the caller to come back
+    /// after `retry_after`.
+    fn refusal(&self, remaining: Option<Duration>, retry_after: Option<Duration>) -> CircuitOpen {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.instruments.rejected.increment(1);
+        // Per call, so never above `debug`: an outage must not turn every
+        // refused request into a log line; the state change was logged.
+        breaker_event!(
+            debug,
+            self,
+            remaining = ?remaining,
+            "circuit breaker rejected a call"
+        );
+        self.call_event(CallKind::Rejected(remaining), None);
+        CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
+    }
+
+    /// Tells every per-call callback.
+    fn call_event(&self, kind: CallKind, elapsed: Option<Duration>) {
+        if !self.call_listeners {
+            return;
+        }
+        let event = CallEvent {
+            key: &self.key,
+            kind,
+            elapsed,
+        };
+        for callback in &self.settings.on_call {
+            callback(&event);
+        }
+    }
+
+    /// `Some(remaining open time)` when a call arriving now would be refused
+    /// (enforce mode only); `None` when it would be admitted. Closed: one load.
+    #[inline]
+    pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
+        let word = self.load();
+        if word.is_closed() || self.settings.mode != Mode::Enforce {
+            return None;
+        }
+        self.refusing_slow(word)
+    }
+
+    #[cold]
+    fn refusing_slow(&self, mut word: Word) -> Option<Option<Duration>> {
+        let now = Instant::now();
+        loop {
+            return match word.state() {
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    let at = self.offset(now);
+                    (at < until).then(|| Some(Duration::from_nanos(until - at)))
+                }
+                State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => {
+                    if self.lapse_probes(word, now) {
+                        word = self.load();
+                        continue;
+                    }
+                    Some(None)
+                }
+                State::ForcedOpen => Some(None),
+                State::Closed | State::HalfOpen | State::ForcedClosed => None,
+            };
+        }
+    }
+
+    /// What a `poll_ready` in pending mode waits for. Reclaims the slots of
+    /// probes that are overdue, so a waiter woken by their deadline finds
+    /// the breaker open again rather than spinning.
+    pub(crate) fn readiness(&self) -> Readiness {
+        if self.settings.mode != Mode::Enforce {
+            return Readiness::Ready;
+        }
+        let now = Instant::now();
+        loop {
+            let word = self.load();
+            return match word.state() {
+                State::Closed | State::ForcedClosed => Readiness::Ready,
+                State::Open => {
+                    let until = self.open_until.load(Ordering::Acquire);
+                    if self.offset(now) >= until {
+                        Readiness::Ready
+                    } else {
+                        Readiness::Until(self.base + Duration::from_nanos(until))
+                    }
+                }
+                State::HalfOpen if word.claimed() < u64::from(self.settings.probes) => {
+                    Readiness::Ready
+                }
+                State::HalfOpen => {
+                    if self.lapse_probes(word, now) {
+                        continue;
+                    }
+                    let due = self.probes_due.load(Ordering::Acquire);
+                    Readiness::Until(self.base + Duration::from_nanos(due))
+                }
+                State::ForcedOpen => Readiness::Change,
+            };
+        }
+    }
+
+    /// Reopens a half-open breaker whose probes have all been admitted and
+    /// not all answered by their deadline: a probe hung with no timeout
+    /// below it must not hold the slots for good. Their late results carry
+    /// the old epoch and count for nothing. `true` when it reopened (or the
+    /// word moved on meanwhile: look again).
+    fn lapse_probes(&self, word: Word, now: Instant) -> bool {
+        if self.offset(now) < self.probes_due.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.open(word, now) {
+            breaker_event!(
+                warn,
+                self,
+                probe_timeout = ?self.settings.probe_timeout,
+                "half-open probes did not answer in time; reopening"
+            );
+        }
+        true
+    }
+
+    /// Nanoseconds after `base` of `now + wait`, saturating.
+    fn deadline_after(&self, now: Instant, wait: Duration) -> u64 {
+        self.offset(now)
+            .saturating_add(wait.as_nanos().min(u128::from(u64::MAX)) as u64)
+    }
+
+    pub(crate) fn change_notifier(&self) -> Option<&Arc<Notify>> {
+        self.changed.as_ref()
+    }
+
+    /// Records the result of a call admitted in `epoch` (holding a probe
+    /// slot if `probe`) and tells the per-call callbacks.
+    #[inline]
+    pub(crate) fn complete(
+        &self,
+        epoch: u64,
+        probe: bool,
+        outcome: Outcome,
+        elapsed: Option<Duration>,
+    ) {
+        let slow = matches!(
+            (elapsed, self.slow_call_threshold),
+            (Some(elapsed), Some(threshold)) if elapsed >= threshold
+        );
+        let verdict = match self.throttle {
+            None => Verdict::of(outcome, slow, self.slow_apart),
+            Some(_) => Verdict::of_throttled(outcome),
+        };
+        self.record(epoch, probe, verdict, slow && self.slow_apart);
+        if self.call_listeners {
+            let kind = match (verdict, outcome) {
+                (Verdict::Neutral, _) => CallKind::Ignored,
+                (_, Outcome::Failure(failure)) => CallKind::Failure(failure.kind),
+                _ if slow => CallKind::SlowCall,
+                _ => CallKind::Success,
+            };
+            self.call_event(kind, elapsed);
+        }
+    }
+
+    /// A probe admitted in `epoch` was dropped unanswered: its slot goes
+    /// back, so a cancelled probe cannot wedge the breaker half-open.
+    pub(crate) fn give_back_probe(&self, epoch: u64) {
+        self.record_probe(epoch, Verdict::Neutral);
+    }
+
+    #[inline]
+    fn record(&self, epoch: u64, probe: bool, verdict: Verdict, slow: bool) {
+        if probe {
+            // A probe that answered, but slowly, has not shown the
+            // dependency healthy.
+            let verdict = match verdict {
+                Verdict::Success if slow => Verdict::Failure,
+                verdict => verdict,
+            };
+            self.record_probe(epoch, verdict);
+        } else {
+            self.record_closed(epoch, verdict, slow);
+        }
+    }
+
+    #[inline]
+    fn record_closed(&self, epoch: u64, verdict: Verdict, slow: bool) {
+        let failed = match verdict {
+            Verdict::Neutral => return,
+            Verdict::Success => false,
+            Verdict::Failure => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        };
+        let trip = match &self.window {
+            None if !failed => {
+                // Load first: a store on every success would bounce the
+                // cache line between cores even when the count is already
+                // zero. A success of a past period must not clear the
+                // count of this one (checked only when there is a count to
+                // clear, so the healthy path reads one word).
+                if self.consecutive.load(Ordering::Relaxed) != 0 && self.counts(epoch) {
+                    self.consecutive.store(0, Ordering::Relaxed);
+                }
+                return;
+            }
+            None => {
+                if !self.counts(epoch) {
+                    return;
+                }
+                let threshold = match self.settings.policy {
+                    Policy::ConsecutiveFailures { threshold } => threshold,
+                    // `Breaker::new` gives the other policies a window.
+                    Policy::FailureRate { .. } | Policy::AdaptiveThrottle { .. } => return,
+                };
+                self.consecutive.fetch_add(1, Ordering::AcqRel) + 1 >= threshold
+            }
+            // A success can tip the rate too: the call that reaches the
+            // minimum may be one.
+            Some(window) => {
+                if self.throttle.is_some() {
+                    // A throttle never opens: it only keeps its counts (none
+                    // while an operator forces it closed).
+                    let word = self.load();
+                    if word.epoch() == epoch && (word.counts_calls() || word.is_throttling()) {
+                        window.record(failed, false, self.window_now(false));
+                    }
+                    return;
+                }
+                if !self.counts(epoch) {
+                    return;
+                }
+                // A failure may open the breaker: filed at the exact time. A
+                // success by the coarse clock, and judged again at the exact
+                // time when the coarse tally would open, so an expired
+                // failure never does.
+                let tally = window.record(failed, slow, self.window_now(failed));
+                self.rate_reached(tally)
+                    && (failed
+                        || self.coarse_clock.is_none()
+                        || self.rate_reached(window.tally(self.window_now(true))))
+            }
+        };
+        if trip {
+            let word = self.load();
+            if word.epoch() == epoch && word.counts_calls() {
+                self.open(word, Instant::now());
+            }
+        }
+    }
+
+    /// Whether a result admitted in `epoch` counts towards opening: not when
+    /// it was admitted in an earlier period (the counts were reset when the
+    /// breaker opened), nor while the breaker is forced closed.
+    #[inline]
+    fn counts(&self, epoch: u64) -> bool {
+        let word = self.load();
+        word.epoch() == epoch && word.counts_calls()
+    }
+
+    /// The rate policy's test: enough calls, and a failure share (or, when
+    /// configured, a slow-call share) at or above its rate. Dividing (rather
+    /// than multiplying the rate) keeps a share exactly at the rate exact: 3
+    /// of 10 is 0.3.
+    #[inline]
+    fn rate_reached(&self, tally: Tally) -> bool {
+        // A rate is above zero (`Policy::validate`), so a tally of neither
+        // failures nor slow calls never reaches it: the healthy case reads
+        // nothing else, and skips the division.
+        if tally.failures == 0 && tally.slow == 0 {
+            return false;
+        }
+        let Policy::FailureRate {
+            rate,
+            minimum_calls,
+            ..
+        } = self.settings.policy
+        else {
+            return false;
+        };
+        let share = |count: u32| f64::from(count) / f64::from(tally.calls);
+        tally.calls >= minimum_calls
+            && ((tally.failures > 0 && share(tally.failures) >= rate)
+                || (tally.slow > 0
+                    && self
+                        .settings
+                        .slow_call_rate
+                        .is_some_and(|slow_rate| share(tally.slow) >= slow_rate)))
+    }
+
+    /// The time a time window files a result at (zero for a count window):
+    /// the coarse clock's unless `exact`.
+    #[inline]
+    fn window_now(&self, exact: bool) -> Duration {
+        let Some(clock) = &self.coarse_clock else {
+            return Duration::ZERO;
+        };
+        let nanos = match clock.offset() {
+            Some(nanos) if !exact => nanos,
+            _ => self.offset(CoarseClock::precise_now()),
+        };
+        Duration::from_nanos(nanos)
+    }
+
+    /// Records a probe's result. The probes of one half-open period are
+    /// judged together: under the consecutive-failures policy one failure
+    /// reopens; under the rate policy the probes' own failure share is held
+    /// against the rate, and the breaker reopens as soon as it is reached
+    /// (more answers cannot lower it) and closes when every probe answered
+    /// below it.
+    fn record_probe(&self, epoch: u64, verdict: Verdict) {
+        if verdict == Verdict::Failure {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let probes = u64::from(self.settings.probes);
+        let mut word = self.load();
+        loop {
+            if word.epoch() != epoch || word.state() != State::HalfOpen {
+                return;
+            }
+            let mut slots = word.slots();
+            match verdict {
+                Verdict::Success => slots.succeeded += 1,
+                Verdict::Failure => slots.failed += 1,
+                // Says nothing: the slot goes back for another caller.
+                Verdict::Neutral => slots.claimed = slots.claimed.saturating_sub(1),
+            }
+            let reopen = verdict == Verdict::Failure
+                && match self.settings.policy {
+                    // A throttle has no probes of its own: only an operator
+                    // opens it.
+                    Policy::ConsecutiveFailures { .. } | Policy::AdaptiveThrottle { .. } => true,
+                    Policy::FailureRate { rate, .. } => slots.failed as f64 / probes as f64 >= rate,
+                };
+            if reopen {
+                if self.open(word, Instant::now()) {
+                    return;
+                }
+                word = self.load();
+                continue;
+            }
+            let next = if slots.succeeded + slots.failed >= probes {
+                self.enter_closed();
+                let closed = self.closed_word(word.next(State::Closed));
+                if self.settings.slow_start.is_zero() || closed.is_throttling() {
+                    closed
+                } else {
+                    self.period_start
+                        .store(self.offset(Instant::now()), Ordering::Release);
+                    closed.slow_starting()
+                }
+            } else {
+                word.with_slots(slots)
+            };
+            match self.cas(word, next) {
+                Ok(()) => {
+                    if next.state() == State::Closed {
+                        self.changed(State::HalfOpen, State::Closed, Instant::now(), None, false);
+                    } else if verdict == Verdict::Neutral {
+                        // A slot is free again: callers parked in a pending
+                        // `poll_ready` may take it.
+                        self.wake_waiters();
+                    }
+                    return;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Opens the breaker from `from` (closed or half-open). `false` when the
+    /// word changed under us.
+    fn open(&self, from: Word, now: Instant) -> bool {
+        let streak = match from.state() {
+            State::HalfOpen => {
+                let kept = self.open_streak.load(Ordering::Acquire);
+                // A racer that already reopened this very period left its
+                // epoch with the streak: the streak is that one, not one
+                // more, or a loser would write a longer deadline.
+                if kept >> 32 == from.epoch() {
+                    kept as u32
+                } else {
+                    (kept as u32).saturating_add(1)
+                }
+            }
+            _ => 0,
+        };
+        let wait = self.settings.open_duration(streak);
+        // Written before the CAS so no reader ever sees `Open` with the last
+        // period's (past) deadline. A writer that then loses the CAS differs
+        // from the winner only by the moments between them.
+        self.period_start.store(self.offset(now), Ordering::Release);
+        self.open_until
+            .store(self.deadline_after(now, wait), Ordering::Release);
+        if self.cas(from, from.next(State::Open)).is_err() {
+            return false;
+        }
+        self.open_streak
+            .store(from.epoch() << 32 | u64::from(streak), Ordering::Release);
+        // Results of the old period no longer count (their epoch is gone):
+        // the counts an operator reads while the breaker is open are empty.
+        // A call that checked its epoch just before the CAS may still write
+        // into them; they are cleared again before the breaker closes
+        // (`enter_closed`).
+        self.clear_counts();
+        self.changed(from.state(), State::Open, now, Some(wait), false);
+        true
+    }
+
+    /// `word` as this breaker writes it: a closed word of a throttling
+    /// breaker keeps it off the one-load closed path.
+    fn closed_word(&self, word: Word) -> Word {
+        if self.throttle.is_some() && word.is_closed() {
+            word.throttling()
+        } else {
+            word
+        }
+    }
+
+    fn clear_counts(&self) {
+        self.consecutive.store(0, Ordering::Release);
+        if let Some(window) = &self.window {
+            window.reset();
+        }
+    }
+
+    /// Makes the counts ready for a closed period about to start: cleared
+    /// *before* the breaker closes, while no call can count in them, so no
+    /// result of the new period meets stale counts. A result is checked
+    /// against its epoch ([`counts`](Self::counts)) and then written, two
+    /// steps: cleared only when the breaker opened, the counts kept the
+    /// writes of calls that passed the check just before it, and the next
+    /// closed period started with stale failures (a count window's ring and
+    /// counts could even disagree for good, one result off). The calls of
+    /// the last closed period have had the whole open period to finish
+    /// their writes.
+    fn enter_closed(&self) {
+        self.clear_counts();
+    }
+
+    /// An operator's transition: reset (to closed), force open, force
+    /// closed. A reset clears the counts before the breaker closes, as a
+    /// probe's close does; reset while it is closed, the clearing races the
+    /// results its calls are writing, and a count window's failure count
+    /// can come out one off until the breaker next opens or is reset. So
+    /// can a reset that lands while the last probe closes the breaker: the
+    /// probe clears the counts before its CAS, which the reset makes fail,
+    /// and the clearing may meet the reset period's first results.
+    /// Returns the state left; [`announce_forced`](Self::announce_forced)
+    /// then reports the change (the registry calls it once it holds no lock).
+    pub(crate) fn set_forced(&self, to: State) -> State {
+        if to == State::Closed {
+            self.enter_closed();
+        }
+        let mut word = self.load();
+        loop {
+            match self.cas(word, self.closed_word(word.next(to))) {
+                Ok(()) => break,
+                Err(actual) => word = actual,
+            }
+        }
+        if to == State::ForcedClosed {
+            // Nothing counts while forced closed; the counts an operator
+            // reads are empty, and cleared again before it closes.
+            self.clear_counts();
+        }
+        if to != State::ForcedOpen {
+            self.open_streak.store(0, Ordering::Release);
+        }
+        word.state()
+    }
+
+    /// Reports an operator's transition made by [`set_forced`](Self::set_forced):
+    /// gauge, event, callbacks, waiters.
+    pub(crate) fn announce_forced(&self, from: State, to: State) {
+        self.changed(from, to, Instant::now(), None, true);
+    }
+
+    fn changed(
+        &self,
+        from: State,
+        to: State,
+        now: Instant,
+        open_for: Option<Duration>,
+        by_operator: bool,
+    ) {
+        self.since.store(self.offset(now), Ordering::Release);
+        if to == State::Open {
+            self.opened.fetch_add(1, Ordering::Relaxed);
+            self.instruments.opened.increment(1);
+            // The call whose failure opened it used it last.
+            if let Some(notices) = &self.notices {
+                notices.stamp(&self.open_used);
+            }
+        }
+        self.gauge(to);
+        if to == State::Closed && from != State::Closed {
+            if let Some(notices) = &self.notices {
+                if !self.notice_posted.swap(true, StdOrdering::Relaxed) {
+                    notices.post_closed(&self.key);
+                }
+            }
+        }
+        let key = &*self.key;
+        match (to, by_operator) {
+            (State::Open | State::ForcedOpen, false) => breaker_event!(
+                warn,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                open_for = ?open_for,
+                "circuit breaker opened"
+            ),
+            (_, false) => breaker_event!(
+                info,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state changed"
+            ),
+            // An operator's decision is worth a line whatever it is; opening
+            // still warns, since it sheds the dependency's whole traffic.
+            (State::ForcedOpen, true) => breaker_event!(
+                warn,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker forced open by an operator"
+            ),
+            (_, true) => breaker_event!(
+                info,
+                self,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state set by an operator"
+            ),
+        }
+        let change = StateChange {
+            key,
+            from,
+            to,
+            open_for,
+        };
+        for callback in &self.settings.on_state_change {
+            callback(&change);
+        }
+        self.wake_waiters();
+    }
+
+    /// Wakes every `poll_ready` parked in pending mode: after each state
+    /// change and each probe slot given back.
+    fn wake_waiters(&self) {
+        if let Some(notify) = &self.changed {
+            notify.notify_waiters();
+        }
+    }
+
+    fn gauge(&self, state: State) {
+        if self.retired.load(StdOrdering::Relaxed) {
+            return;
+        }
+        self.instruments.set_state(state);
+        // An eviction may have retired the breaker while this write was
+        // under way, its reset to closed landing first: then this write left
+        // an evicted key's series at a state nothing will update. Look again
+        // and reset it once more. The fences pair with `retire`'s: if this
+        // load misses the flag, this write is ordered before the reset.
+        std::sync::atomic::fence(StdOrdering::SeqCst);
+        if self.retired.load(StdOrdering::Relaxed) {
+            self.instruments.retire();
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> crate::admin::BreakerSnapshot {
+        let now = Instant::now();
+        let at = self.offset(now);
+        let word = self.load();
+        let state = word.state();
+        let remaining_open = (state == State::Open).then(|| {
+            Duration::from_nanos(self.open_until.load(Ordering::Acquire).saturating_sub(at))
+        });
+        let tally = match &self.window {
+            Some(window) => window.tally(Duration::from_nanos(at)),
+            None => Tally::default(),
+        };
+        crate::admin::BreakerSnapshot {
+            key: self.key.to_string(),
+            state,
+            time_in_state: Duration::from_nanos(
+                at.saturating_sub(self.since.load(Ordering::Acquire)),
+            ),
+            remaining_open,
+            consecutive_failures: self.consecutive.load(Ordering::Acquire),
+            window_calls: tally.calls,
+            window_failures: tally.failures,
+            failures: self.failures.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            opened: self.opened.load(Ordering::Relaxed),
+            probes_in_flight: if state == State::HalfOpen {
+                let slots = word.slots();
+                slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// A call admitted by [`Breaker::admission`]: the epoch it was admitted in,
+/// and whether it holds a probe slot. A `Permit` (`permit.rs`) keeps it
+/// until the call's result is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Admission {
+    pub(crate) epoch: u64,
+    pub(crate) probe: bool,
+}
+
+impl Admission {
+    #[inline]
+    const fn new(epoch: u64, probe: bool) -> Self {
+        Admission { epoch, probe }
+    }
+}
+
+#[cfg(all(test, not(breaker_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use tower_classify::{ErrorChainClassifier, FailureKind, Outcome};
+
+    use super::*;
+    use crate::{CircuitBreakerLayer, Window};
+
+    fn failure() -> Outcome {
+        Outcome::failure(FailureKind::ServerError)
+    }
+
+    /// Opens a breaker with four failures, lets three more failures be
+    /// written into its counts after it opened (calls that checked their
+    /// epoch just before it opened, then wrote), closes it with a probe,
+    /// and records one failure: under half of four calls, it must stay
+    /// closed.
+    async fn late_writes_do_not_reach_the_next_closed_period(window: Window) {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_rate(0.5, 4, window)
+            .recovery_timeout(Duration::from_secs(1))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        for _ in 0..4 {
+            Breaker::admit(holder)
+                .expect("closed")
+                .complete(failure(), None);
+        }
+        assert_eq!(breaker.state(), State::Open);
+
+        let counts = breaker.window.as_ref().expect("a rate policy's window");
+        for _ in 0..3 {
+            counts.record(true, false, breaker.window_now(true));
+        }
+
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let mut probe = Breaker::admit(holder).expect("a half-open probe");
+        probe.complete(Outcome::Success, None);
+        assert_eq!(breaker.state(), State::Closed);
+        assert_eq!(counts.tally(breaker.window_now(true)), Tally::default());
+
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        assert_eq!(
+            breaker.state(),
+            State::Closed,
+            "one failure of one call, under the minimum of four"
+        );
+    }
+
+    /// A jitter too small to shorten the longest recovery timeout leaves it
+    /// as it is: rounding it up must not overflow `Duration`.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_recovery_timeout_with_a_tiny_jitter_opens() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(u64::MAX))
+            .recovery_jitter(1e-20)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        assert_eq!(holder.breaker().state(), State::Open);
+    }
+
+    /// Two callers reopening one half-open period: the one that loses the
+    /// CAS computes the winner's streak, not one more, so the deadline it
+    /// writes first is the winner's (2 s here), not twice it.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_loses_the_race_to_reopen_writes_the_same_deadline() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(1))
+            .max_recovery_timeout(Duration::from_secs(3600))
+            .recovery_jitter(0.0)
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _probe = Breaker::admit(holder).expect("a half-open probe");
+        let half_open = breaker.load();
+        assert_eq!(half_open.state(), State::HalfOpen);
+        let now = Instant::now();
+        assert!(breaker.open(half_open, now), "the winner");
+        let deadline = breaker.open_until.load(Ordering::Acquire);
+        assert_eq!(
+            deadline,
+            breaker.deadline_after(now, Duration::from_secs(2))
+        );
+        assert!(!breaker.open(half_open, now), "the loser");
+        assert_eq!(breaker.open_until.load(Ordering::Acquire), deadline);
+    }
+
+    /// A refusal's place on the release ramp is judged against the period
+    /// whose end it compared: one that stalls while a newer period starts
+    /// gets no hint, rather than the old period's time left measured
+    /// against the new period's length.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_placed_against_the_period_it_compared() {
+        let layer = CircuitBreakerLayer::builder()
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(10))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        Breaker::admit(holder)
+            .expect("closed")
+            .complete(failure(), None);
+        let until = breaker.open_until.load(Ordering::Acquire);
+        let late = until - Duration::from_secs(1).as_nanos() as u64;
+        assert_eq!(
+            breaker.release_after(until, late),
+            (Duration::from_secs(1), Some(Duration::from_secs(5))),
+            "1 s left of 10: the last fifth, back after five times that"
+        );
+        let early = until - Duration::from_secs(3).as_nanos() as u64;
+        assert_eq!(breaker.release_after(until, early).1, None);
+        // A newer 10 s period started after `until` was read.
+        let newer = until + 1;
+        breaker.period_start.store(newer, Ordering::Release);
+        breaker.open_until.store(
+            newer + Duration::from_secs(10).as_nanos() as u64,
+            Ordering::Release,
+        );
+        assert_eq!(
+            breaker.release_after(until, late),
+            (Duration::from_secs(1), None)
+        );
+    }
+
+    /// SPEC 5b: a throttling breaker refuses with the SRE book's
+    /// probability, `max(0, (requests − k × accepts) / (requests + 1))`.
+    #[tokio::test(start_paused = true)]
+    async fn the_throttle_refuses_with_the_sre_probability() {
+        let layer = CircuitBreakerLayer::builder()
+            .adaptive_throttle(2.0, Window::count(10_000))
+            .build(ErrorChainClassifier::new())
+            .unwrap();
+        let holder = &layer.breaker;
+        let breaker = holder.breaker();
+        let window = breaker.window.as_ref().expect("a throttle's window");
+        let fill = |requests: u32, accepts: u32| {
+            window.reset();
+            // The calls not accepted first: they are the oldest.
+            for n in 0..requests {
+                window.record(n < requests - accepts, false, Duration::ZERO);
+            }
+        };
+        for (requests, accepts) in [
+            (0, 0),
+            (10, 5),
+            (10, 4),
+            (100, 0),
+            (1_000, 200),
+            (1_000, 600),
+        ] {
+            fill(requests, accepts);
+            let expected = ((f64::from(requests) - 2.0 * f64::from(accepts))
+                / (f64::from(requests) + 1.0))
+                .max(0.0);
+            assert_eq!(
+                breaker.throttle_probability(),
+                expected,
+                "{requests} requests, {accepts} accepts"
+            );
+        }
+
+        // Drawn: 10,000 requests of which 2,000 accepts, the newest. Every
+        // call now fails, refused or not, and pushes out one of the oldest
+        // (a failure too), so the probability stays (10,000 − 4,000) /
+        // 10,001 throughout.
+        fill(10_000, 2_000);
+        fastrand::seed(11);
+        let draws = 2_000;
+        let mut refused = 0;
+        for _ in 0..draws {
+            match Breaker::admit(holder) {
+                Ok(mut permit) => permit.complete(failure(), None),
+                Err(_) => refused += 1,
+            }
+        }
+        let expected = f64::from(draws) * 6_000.0 / 10_001.0;
+        // Three standard deviations of a binomial draw.
+        let spread = 3.0 * (f64::from(draws) * 0.6 * 0.4).sqrt();
+        assert!(
+            (f64::from(refused) - expected).abs() < spread,
+            "{refused} refused, expected {expected:.0} ± {spread:.0}"
+        );
+        assert_eq!(breaker.state(), State::Closed, "a throttle never opens");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_count_window_closes_empty_whatever_was_written_while_open() {
+        late_writes_do_not_reach_the_next_closed_period(Window::count(10)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_window_closes_empty_whatever_was_written_while_open() {
+        late_writes_do_not_reach_the_next_closed_period(Window::time(Duration::from_secs(60)))
+            .await;
+    }
+}
