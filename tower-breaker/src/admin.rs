@@ -4,6 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::state::State;
 
@@ -76,6 +79,35 @@ pub struct BreakerSnapshot {
 // Successes are not counted at all: a shared counter written on every call
 // would cost the closed path a contended atomic write.
 
+impl BreakerSnapshot {
+    /// `breaker` as it is now.
+    fn of(breaker: &Breaker) -> Self {
+        let now = Instant::now();
+        let word = breaker.load();
+        let state = word.state();
+        let tally = breaker.tally(now);
+        let totals = breaker.totals();
+        BreakerSnapshot {
+            key: breaker.key.to_string(),
+            state,
+            time_in_state: breaker.time_in_state(now),
+            remaining_open: (state == State::Open).then(|| breaker.remaining_open(now)),
+            consecutive_failures: breaker.consecutive_failures(),
+            window_calls: tally.calls,
+            window_failures: tally.failures,
+            failures: totals.failures,
+            rejected: totals.rejected,
+            opened: totals.opened,
+            probes_in_flight: if state == State::HalfOpen {
+                let slots = word.slots();
+                slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32
+            } else {
+                0
+            },
+        }
+    }
+}
+
 impl BreakerHandle {
     pub(crate) fn new(registry: Arc<Registry>) -> Self {
         BreakerHandle { registry }
@@ -83,14 +115,19 @@ impl BreakerHandle {
 
     /// Every breaker, sorted by key.
     pub fn list(&self) -> Vec<BreakerSnapshot> {
-        let mut list: Vec<_> = self.registry.all().iter().map(|b| b.snapshot()).collect();
+        let mut list: Vec<_> = self
+            .registry
+            .all()
+            .iter()
+            .map(|b| BreakerSnapshot::of(b))
+            .collect();
         list.sort_by(|a, b| a.key.cmp(&b.key));
         list
     }
 
     /// The breaker for `key`, if there is one.
     pub fn get(&self, key: &str) -> Option<BreakerSnapshot> {
-        self.registry.get(key).map(|b| b.snapshot())
+        self.registry.get(key).map(|b| BreakerSnapshot::of(&b))
     }
 
     /// Closes the breaker for `key` and clears its failure counts (also

@@ -24,6 +24,7 @@ mod http;
 mod instruments;
 mod keyed;
 mod layer;
+mod listeners;
 mod machine;
 mod permit;
 mod policy;

@@ -7,9 +7,7 @@
 //! operator's forcing ([`Breaker::set_forced`]).
 
 use std::fmt;
-use std::sync::atomic::{
-    AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, Ordering as StdOrdering,
-};
+use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +15,6 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CircuitOpen;
-use crate::events::breaker_event;
-use crate::eviction::EvictionNotices;
-use crate::instruments::Instruments;
 use crate::policy::{Policy, Tally, WindowState};
 use crate::settings::Settings;
 use crate::state::{CallEvent, CallKind, Mode, State, StateChange};
@@ -92,6 +87,46 @@ pub(crate) enum Readiness {
     Until(Instant),
     Change,
 }
+
+/// What a breaker's machine reports, to the one [`Observer`] it owns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Report {
+    /// A transition, by the machine or by an operator.
+    Changed(Transition),
+    /// A half-open probe slot was claimed: the `probe`-th of the period.
+    ProbeAdmitted { probe: u64 },
+    /// The half-open probes did not all answer by their deadline: the
+    /// breaker reopened (reported after its `Changed`).
+    ProbesLapsed,
+    /// A call was refused; the remaining open time when it is known.
+    Rejected { remaining: Option<Duration> },
+    /// A metrics-only breaker let through a call it would have refused in `state`.
+    WouldReject { state: State },
+    /// The registry keeps this new breaker, in `State`.
+    Kept(State),
+    /// The registry let go of this breaker (evicted, or never kept).
+    LetGo,
+}
+
+/// One state change as the machine reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Transition {
+    pub(crate) from: State,
+    pub(crate) to: State,
+    /// For an opening: how long it stays open.
+    pub(crate) open_for: Option<Duration>,
+    /// An operator's reset or force rather than the machine's own step.
+    pub(crate) by_operator: bool,
+}
+
+/// Whoever listens to a breaker: metrics, `tracing` events and a keyed
+/// registry's eviction notices (`listeners.rs`). The machine decides and
+/// reports; it names none of its listeners, and they read it, never the
+/// other way round. Reported on transitions, refusals and probe claims,
+/// never on an admitted closed call: the closed path reports nothing.
+pub(crate) trait Observer: Send + Sync {
+    fn report(&self, breaker: &Breaker, report: Report);
+}
 /// One breaker's live state. Every clone of a service (and, for a plain
 /// breaker, the layer it came from) reaches the same `Arc<Breaker>`, through
 /// a share of it (see `share.rs`).
@@ -143,21 +178,18 @@ pub(crate) struct Breaker {
     rejected: AtomicU64,
     opened: AtomicU64,
     changed: Option<Arc<Notify>>,
-    instruments: Instruments,
-    /// Evicted from its registry (or never kept): it stops reporting its
-    /// state, so a late result cannot bring back an evicted key's series.
-    /// The registry's bookkeeping, not part of the state machine: `std`'s
-    /// atomics even under loom.
-    retired: StdAtomicBool,
+    /// Told of every transition and refusal: metrics, events, a keyed
+    /// registry's eviction notices (`listeners.rs`).
+    observer: Box<dyn Observer>,
+    /// The registry's bookkeeping from here on, not part of the state
+    /// machine: `std`'s atomics even under loom.
+    ///
     /// The registry's coarse clock when this breaker was last looked up;
     /// see `Registry::breaker`.
     pub(crate) last_used: StdAtomicU64,
     /// The stamp of its last use while not closed, or of its opening; see
-    /// [`EvictionNotices::stamp`].
+    /// `EvictionNotices::stamp`.
     pub(crate) open_used: StdAtomicU64,
-    /// A keyed breaker's registry, told when the breaker opens and when it
-    /// closes again.
-    notices: Option<Arc<EvictionNotices>>,
     /// A notice is posted and not yet read.
     pub(crate) notice_posted: StdAtomicBool,
 }
@@ -172,16 +204,15 @@ impl fmt::Debug for Breaker {
 }
 
 impl Breaker {
-    /// A closed breaker for `key`, reporting through `instruments`. Its state
-    /// gauge is written only once the registry keeps it
-    /// ([`publish`](Self::publish)): a breaker built for a key another call
-    /// inserted first is dropped without a word.
+    /// A closed breaker for `key`, reporting to `observer`. It reports its
+    /// state only once the registry keeps it ([`publish`](Self::publish)): a
+    /// breaker built for a key another call inserted first is dropped
+    /// without a word.
     pub(crate) fn new(
         key: Arc<str>,
         settings: Arc<Settings>,
-        instruments: Instruments,
         keyed: bool,
-        notices: Option<Arc<EvictionNotices>>,
+        observer: Box<dyn Observer>,
     ) -> Self {
         let window = settings
             .policy
@@ -224,34 +255,22 @@ impl Breaker {
             failures: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             opened: AtomicU64::new(0),
-            instruments,
-            retired: StdAtomicBool::new(false),
+            observer,
             last_used: StdAtomicU64::new(0),
             open_used: StdAtomicU64::new(0),
-            notices,
             notice_posted: StdAtomicBool::new(false),
         }
     }
 
-    /// Reports the state of a breaker the registry now keeps, when its
-    /// label is its own (a new breaker must not hide the state of another
-    /// breaker sharing the label).
+    /// Reports the state of a breaker the registry now keeps.
     pub(crate) fn publish(&self) {
-        self.instruments.publish(self.state());
+        self.observer.report(self, Report::Kept(self.state()));
     }
 
     /// The registry let go of this breaker (evicted, or never kept). Calls
     /// still in flight may finish on it; it no longer reports its state.
     pub(crate) fn retire(&self) {
-        self.retired.store(true, StdOrdering::Relaxed);
-        // See `gauge`: a state write racing this one is redone as a reset.
-        std::sync::atomic::fence(StdOrdering::SeqCst);
-        self.instruments.retire();
-    }
-
-    #[inline]
-    fn load(&self) -> Word {
-        Word(self.word.load(Ordering::Acquire))
+        self.observer.report(self, Report::LetGo);
     }
 
     fn cas(&self, current: Word, next: Word) -> Result<(), Word> {
@@ -321,13 +340,8 @@ impl Breaker {
                     match self.cas(word, next) {
                         Ok(()) => {
                             self.changed(State::Open, State::HalfOpen, now, None, false);
-                            breaker_event!(
-                                debug,
-                                self,
-                                probe = 1,
-                                probes = self.settings.probes,
-                                "circuit breaker admitted a half-open probe"
-                            );
+                            self.observer
+                                .report(self, Report::ProbeAdmitted { probe: 1 });
                             return Ok(Admission::new(next.epoch(), true));
                         }
                         Err(actual) => word = actual,
@@ -360,13 +374,8 @@ impl Breaker {
                     }
                     match self.cas(word, next) {
                         Ok(()) => {
-                            breaker_event!(
-                                debug,
-                                self,
-                                probe = next.claimed(),
-                                probes = self.settings.probes,
-                                "circuit breaker admitted a half-open probe"
-                            );
+                            let probe = next.claimed();
+                            self.observer.report(self, Report::ProbeAdmitted { probe });
                             return Ok(Admission::new(word.epoch(), true));
                         }
                         Err(actual) => word = actual,
@@ -456,13 +465,8 @@ impl Breaker {
     ) -> Result<Admission, CircuitOpen> {
         if self.settings.mode == Mode::MetricsOnly {
             // Admitted, but as an ordinary call: it cannot decide a probe.
-            self.instruments.would_reject.increment(1);
-            breaker_event!(
-                debug,
-                self,
-                state = word.state().as_str(),
-                "circuit breaker would reject a call (metrics-only mode lets it through)"
-            );
+            let state = word.state();
+            self.observer.report(self, Report::WouldReject { state });
             return Ok(Admission::new(word.epoch(), false));
         }
         Err(self.refusal(remaining, retry_after))
@@ -510,15 +514,7 @@ impl Breaker {
     /// after `retry_after`.
     fn refusal(&self, remaining: Option<Duration>, retry_after: Option<Duration>) -> CircuitOpen {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        self.instruments.rejected.increment(1);
-        // Per call, so never above `debug`: an outage must not turn every
-        // refused request into a log line; the state change was logged.
-        breaker_event!(
-            debug,
-            self,
-            remaining = ?remaining,
-            "circuit breaker rejected a call"
-        );
+        self.observer.report(self, Report::Rejected { remaining });
         self.call_event(CallKind::Rejected(remaining), None);
         CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
@@ -617,12 +613,7 @@ impl Breaker {
             return false;
         }
         if self.open(word, now) {
-            breaker_event!(
-                warn,
-                self,
-                probe_timeout = ?self.settings.probe_timeout,
-                "half-open probes did not answer in time; reopening"
-            );
+            self.observer.report(self, Report::ProbesLapsed);
         }
         true
     }
@@ -993,54 +984,15 @@ impl Breaker {
         self.since.store(self.offset(now), Ordering::Release);
         if to == State::Open {
             self.opened.fetch_add(1, Ordering::Relaxed);
-            self.instruments.opened.increment(1);
-            // The call whose failure opened it used it last.
-            if let Some(notices) = &self.notices {
-                notices.stamp(&self.open_used);
-            }
         }
-        self.gauge(to);
-        if to == State::Closed && from != State::Closed {
-            if let Some(notices) = &self.notices {
-                if !self.notice_posted.swap(true, StdOrdering::Relaxed) {
-                    notices.post_closed(&self.key);
-                }
-            }
-        }
+        let transition = Transition {
+            from,
+            to,
+            open_for,
+            by_operator,
+        };
+        self.observer.report(self, Report::Changed(transition));
         let key = &*self.key;
-        match (to, by_operator) {
-            (State::Open | State::ForcedOpen, false) => breaker_event!(
-                warn,
-                self,
-                from = from.as_str(),
-                to = to.as_str(),
-                open_for = ?open_for,
-                "circuit breaker opened"
-            ),
-            (_, false) => breaker_event!(
-                info,
-                self,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state changed"
-            ),
-            // An operator's decision is worth a line whatever it is; opening
-            // still warns, since it sheds the dependency's whole traffic.
-            (State::ForcedOpen, true) => breaker_event!(
-                warn,
-                self,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker forced open by an operator"
-            ),
-            (_, true) => breaker_event!(
-                info,
-                self,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state set by an operator"
-            ),
-        }
         let change = StateChange {
             key,
             from,
@@ -1061,55 +1013,59 @@ impl Breaker {
         }
     }
 
-    fn gauge(&self, state: State) {
-        if self.retired.load(StdOrdering::Relaxed) {
-            return;
-        }
-        self.instruments.set_state(state);
-        // An eviction may have retired the breaker while this write was
-        // under way, its reset to closed landing first: then this write left
-        // an evicted key's series at a state nothing will update. Look again
-        // and reset it once more. The fences pair with `retire`'s: if this
-        // load misses the flag, this write is ordered before the reset.
-        std::sync::atomic::fence(StdOrdering::SeqCst);
-        if self.retired.load(StdOrdering::Relaxed) {
-            self.instruments.retire();
+    /// The state word as it is now. With the readings below, what the admin
+    /// handle shows (`admin.rs`).
+    #[inline]
+    pub(crate) fn load(&self) -> Word {
+        Word(self.word.load(Ordering::Acquire))
+    }
+
+    /// How long it has been in its state at `now`.
+    pub(crate) fn time_in_state(&self, now: Instant) -> Duration {
+        Duration::from_nanos(
+            self.offset(now)
+                .saturating_sub(self.since.load(Ordering::Acquire)),
+        )
+    }
+
+    /// The time left at `now` of the open period (of the last one, if it
+    /// is no longer open).
+    pub(crate) fn remaining_open(&self, now: Instant) -> Duration {
+        Duration::from_nanos(
+            self.open_until
+                .load(Ordering::Acquire)
+                .saturating_sub(self.offset(now)),
+        )
+    }
+
+    /// The window's counts at `now` (none without a window).
+    pub(crate) fn tally(&self, now: Instant) -> Tally {
+        match &self.window {
+            Some(window) => window.tally(Duration::from_nanos(self.offset(now))),
+            None => Tally::default(),
         }
     }
 
-    pub(crate) fn snapshot(&self) -> crate::admin::BreakerSnapshot {
-        let now = Instant::now();
-        let at = self.offset(now);
-        let word = self.load();
-        let state = word.state();
-        let remaining_open = (state == State::Open).then(|| {
-            Duration::from_nanos(self.open_until.load(Ordering::Acquire).saturating_sub(at))
-        });
-        let tally = match &self.window {
-            Some(window) => window.tally(Duration::from_nanos(at)),
-            None => Tally::default(),
-        };
-        crate::admin::BreakerSnapshot {
-            key: self.key.to_string(),
-            state,
-            time_in_state: Duration::from_nanos(
-                at.saturating_sub(self.since.load(Ordering::Acquire)),
-            ),
-            remaining_open,
-            consecutive_failures: self.consecutive.load(Ordering::Acquire),
-            window_calls: tally.calls,
-            window_failures: tally.failures,
+    /// Counted failures in a row (consecutive-failures policy).
+    pub(crate) fn consecutive_failures(&self) -> u32 {
+        self.consecutive.load(Ordering::Acquire)
+    }
+
+    /// Lifetime totals: counted failures, refusals, openings.
+    pub(crate) fn totals(&self) -> Totals {
+        Totals {
             failures: self.failures.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
             opened: self.opened.load(Ordering::Relaxed),
-            probes_in_flight: if state == State::HalfOpen {
-                let slots = word.slots();
-                slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32
-            } else {
-                0
-            },
         }
     }
+}
+
+/// A breaker's lifetime totals; see [`Breaker::totals`].
+pub(crate) struct Totals {
+    pub(crate) failures: u64,
+    pub(crate) rejected: u64,
+    pub(crate) opened: u64,
 }
 
 /// A call admitted by [`Breaker::admission`]: the epoch it was admitted in,

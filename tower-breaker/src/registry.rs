@@ -25,6 +25,7 @@ use tower_classify::LogLimit;
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
 use crate::instruments::{EvictionCounters, Instruments};
+use crate::listeners::Listeners;
 use crate::machine::Breaker;
 use crate::settings::Settings;
 use crate::share::Share;
@@ -124,9 +125,8 @@ impl Registry {
         let breaker = Arc::new(Breaker::new(
             Arc::clone(&name),
             settings,
-            instruments,
             false,
-            None,
+            Box::new(Listeners::new(instruments, None)),
         ));
         breaker.publish();
         let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
@@ -216,9 +216,8 @@ impl Registry {
         let breaker = Arc::new(Breaker::new(
             Arc::clone(&key),
             Arc::clone(&self.settings),
-            instruments,
             true,
-            Some(Arc::clone(&self.notices)),
+            Box::new(Listeners::new(instruments, Some(Arc::clone(&self.notices)))),
         ));
 
         let mut queues = self.lock_queues();
@@ -317,9 +316,8 @@ impl Registry {
             let breaker = Breaker::new(
                 Arc::from(OVERFLOW_KEY),
                 Arc::clone(&self.settings),
-                instruments,
                 true,
-                None,
+                Box::new(Listeners::new(instruments, None)),
             );
             breaker.retire();
             Arc::new(Share::new(Arc::new(breaker)))

@@ -12,9 +12,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum State {
-    /// Calls pass; counted failures are measured against the [`Policy`].
+    /// Calls pass; counted failures are measured against the [`Policy`](crate::Policy).
     Closed,
-    /// Calls fail at once with [`CircuitOpen`] until the open period ends.
+    /// Calls fail at once with [`CircuitOpen`](crate::CircuitOpen) until the open period ends.
     Open,
     /// The open period ended: the configured number of probe calls pass,
     /// everything else still fails fast. Probe successes close the breaker; a

@@ -1,0 +1,162 @@
+//! What listens to a breaker's machine: its metric handles, its `tracing`
+//! events, and a keyed registry's eviction notices. The machine reports to
+//! one [`Observer`]; this is the one the registry gives every breaker.
+
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::events::breaker_event;
+use crate::eviction::EvictionNotices;
+use crate::instruments::Instruments;
+use crate::machine::{Breaker, Observer, Report, Transition};
+use crate::state::State;
+
+/// A breaker's listeners.
+pub(crate) struct Listeners {
+    instruments: Instruments,
+    /// A keyed breaker's registry, told when the breaker opens and when it
+    /// closes again.
+    notices: Option<Arc<EvictionNotices>>,
+    /// Evicted from its registry (or never kept): it stops reporting its
+    /// state, so a late result cannot bring back an evicted key's series.
+    retired: AtomicBool,
+}
+
+impl Listeners {
+    pub(crate) fn new(instruments: Instruments, notices: Option<Arc<EvictionNotices>>) -> Self {
+        Listeners {
+            instruments,
+            notices,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    fn changed(&self, breaker: &Breaker, transition: Transition) {
+        let Transition {
+            from,
+            to,
+            open_for,
+            by_operator,
+        } = transition;
+        if to == State::Open {
+            self.instruments.opened.increment(1);
+            // The call whose failure opened it used it last.
+            if let Some(notices) = &self.notices {
+                notices.stamp(&breaker.open_used);
+            }
+        }
+        self.gauge(to);
+        if to == State::Closed && from != State::Closed {
+            if let Some(notices) = &self.notices {
+                if !breaker.notice_posted.swap(true, Ordering::Relaxed) {
+                    notices.post_closed(&breaker.key);
+                }
+            }
+        }
+        match (to, by_operator) {
+            (State::Open | State::ForcedOpen, false) => breaker_event!(
+                warn,
+                breaker,
+                from = from.as_str(),
+                to = to.as_str(),
+                open_for = ?open_for,
+                "circuit breaker opened"
+            ),
+            (_, false) => breaker_event!(
+                info,
+                breaker,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state changed"
+            ),
+            // An operator's decision is worth a line whatever it is; opening
+            // still warns, since it sheds the dependency's whole traffic.
+            (State::ForcedOpen, true) => breaker_event!(
+                warn,
+                breaker,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker forced open by an operator"
+            ),
+            (_, true) => breaker_event!(
+                info,
+                breaker,
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker state set by an operator"
+            ),
+        }
+    }
+
+    fn gauge(&self, state: State) {
+        if self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        self.instruments.set_state(state);
+        // An eviction may have retired the breaker while this write was
+        // under way, its reset to closed landing first: then this write left
+        // an evicted key's series at a state nothing will update. Look again
+        // and reset it once more. The fences pair with `let_go`'s: if this
+        // load misses the flag, this write is ordered before the reset.
+        fence(Ordering::SeqCst);
+        if self.retired.load(Ordering::Relaxed) {
+            self.instruments.retire();
+        }
+    }
+
+    /// The registry let go of the breaker. Calls still in flight may finish
+    /// on it; it no longer reports its state.
+    fn let_go(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        // See `gauge`: a state write racing this one is redone as a reset.
+        fence(Ordering::SeqCst);
+        self.instruments.retire();
+    }
+}
+
+impl Observer for Listeners {
+    fn report(&self, breaker: &Breaker, report: Report) {
+        match report {
+            Report::Changed(transition) => self.changed(breaker, transition),
+            Report::ProbeAdmitted { probe } => breaker_event!(
+                debug,
+                breaker,
+                probe,
+                probes = breaker.settings.probes,
+                "circuit breaker admitted a half-open probe"
+            ),
+            Report::ProbesLapsed => breaker_event!(
+                warn,
+                breaker,
+                probe_timeout = ?breaker.settings.probe_timeout,
+                "half-open probes did not answer in time; reopening"
+            ),
+            Report::Rejected { remaining } => {
+                self.instruments.rejected.increment(1);
+                // Per call, so never above `debug`: an outage must not turn
+                // every refused request into a log line; the state change
+                // was logged.
+                breaker_event!(
+                    debug,
+                    breaker,
+                    remaining = ?remaining,
+                    "circuit breaker rejected a call"
+                );
+            }
+            Report::WouldReject { state } => {
+                self.instruments.would_reject.increment(1);
+                breaker_event!(
+                    debug,
+                    breaker,
+                    state = state.as_str(),
+                    "circuit breaker would reject a call (metrics-only mode lets it through)"
+                );
+            }
+            // The state of a breaker the registry now keeps, when its label
+            // is its own (a new breaker must not hide the state of another
+            // breaker sharing the label).
+            Report::Kept(state) => self.instruments.publish(state),
+            Report::LetGo => self.let_go(),
+        }
+    }
+}
