@@ -34,6 +34,7 @@ mod settings;
 mod share;
 mod state;
 mod sync;
+mod window;
 mod word;
 
 pub use self::admin::{BreakerHandle, BreakerSnapshot};

@@ -15,10 +15,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CircuitOpen;
-use crate::policy::{Policy, Tally, WindowState};
+use crate::policy::Policy;
 use crate::settings::Settings;
 use crate::state::{CallEvent, CallKind, Mode, State, StateChange};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::window::{Tally, WindowState};
 use crate::word::{Slots, Word};
 use tower_classify::{CoarseClock, FailureKind, Outcome};
 

@@ -42,7 +42,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::machine::Breaker;
-use crate::policy::thread_stripe;
+use crate::window::thread_stripe;
 
 /// A counted reference to a breaker, as services, layers and permits
 /// hold it: cloning it moves the count of the calling thread's own share of

@@ -2,7 +2,7 @@
 //!
 //! Normally `std`'s. Under `--cfg breaker_loom` they are loom's, so the loom
 //! models explore every interleaving of the probe claim (`tests/loom.rs`)
-//! and of the count window's records (`policy.rs`, `loom_models`).
+//! and of the count window's records (`window.rs`, `loom_models`).
 //! A crate-specific cfg keeps tokio's own `--cfg loom` code switched off.
 
 #[cfg(breaker_loom)]
