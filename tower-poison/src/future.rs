@@ -12,6 +12,7 @@ use tower_classify::{BoxError, Classify};
 
 use crate::attempts::Tallied;
 use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
+use crate::open::OpenCall;
 use crate::poison::Counted;
 use crate::service::{Shared, Verdict};
 use crate::store::DeadLetterStore;
@@ -24,7 +25,9 @@ pin_project! {
     /// Response future of [`DeadLetter`](crate::DeadLetter).
     ///
     /// A call that succeeds is the inner future and a classification of its
-    /// result, in place: no allocation, no store. Only the steps that need
+    /// result, in place: no allocation, no store (an HTTP response's body
+    /// goes back in a [`SettleBody`](tower_classify::SettleBody) that only
+    /// passes frames through, unless the classifier left the call open). Only the steps that need
     /// the store (a failure to write, a poison message to divert) or a count
     /// store (a delivery count to wait for, a success's count to forget with
     /// poison detection on) run in a boxed future, made when they begin.
@@ -99,17 +102,18 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
     }
 }
 
-impl<F, Res, E, St, C, Cap, R> Future for ResponseFuture<F, Res, St, C, Cap, R>
+impl<F, Res, E, Out, St, C, Cap, R> Future for ResponseFuture<F, Out, St, C, Cap, R>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError>,
     Res: Send + 'static,
+    Out: Send + 'static,
     St: DeadLetterStore,
     C: Classify<Res, BoxError> + Send + Sync + 'static,
-    Cap: DescribeResponse<Res> + Send + Sync + 'static,
+    Cap: DescribeResponse<Res, Response = Out> + Send + Sync + 'static,
     R: BodyRecording,
 {
-    type Output = Result<Res, BoxError>;
+    type Output = Result<Out, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
@@ -127,18 +131,41 @@ where
                     // an error only: a response is not moved).
                     let result = result.map_err(Into::<BoxError>::into);
                     let counted = counted.take();
-                    match shared.verdict(&result) {
+                    let outcome = match shared.classifier.classify_head(result.as_ref()) {
+                        Some(outcome) => outcome,
+                        None => match result {
+                            // Its body settles it (boxed once: a streamed
+                            // call, never one its head settled).
+                            Ok(response) => {
+                                let pending = pending.take().expect("polled after it ended");
+                                let shared = Arc::clone(shared);
+                                let open = OpenCall::new::<St, C, Cap, R, Res>(
+                                    Arc::clone(&shared),
+                                    pending,
+                                    counted,
+                                    attempts,
+                                );
+                                return Poll::Ready(Ok(shared.capture.hand_back(response, Some(open))));
+                            }
+                            // An error has no body to wait for.
+                            Err(_) => shared.classifier.classify(result.as_ref()),
+                        },
+                    };
+                    match shared.verdict(outcome) {
                         Verdict::Succeeded if !shared.forgets(&counted) => {
-                            return Poll::Ready(result)
+                            return Poll::Ready(result.map(|res| shared.capture.hand_back(res, None)))
                         }
-                        Verdict::NotStored => return Poll::Ready(result),
+                        Verdict::NotStored => {
+                            return Poll::Ready(result.map(|res| shared.capture.hand_back(res, None)))
+                        }
                         verdict => {
                             let shared = Arc::clone(shared);
                             let pending = pending.take().expect("polled after it ended");
                             async move {
-                                shared
+                                let result = shared
                                     .settle(result, verdict, pending, counted, attempts)
-                                    .await
+                                    .await;
+                                result.map(|res| shared.capture.hand_back(res, None))
                             }
                         }
                     }

@@ -1,0 +1,254 @@
+//! Calls whose head leaves them open: settled where the response body ends.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+use tokio::task::JoinHandle;
+use tower_classify::{BoxError, Classify, GrpcClassifier, OnEnd, Outcome, StreamEnd};
+
+use crate::attempts::Attempts;
+use crate::capture::{BodyRecording, PendingRecord, BODY_WAIT};
+use crate::entry::error_chain;
+use crate::poison::Counted;
+use crate::service::{Failed, Shared};
+use crate::store::DeadLetterStore;
+
+/// A call whose classifier left it open at the head
+/// ([`Classify::classify_head`] answered `None`): its response body, a
+/// [`SettleBody`](tower_classify::SettleBody), settles it where it ends.
+///
+/// A gRPC server answers most failures with a `200` head and puts
+/// `grpc-status` in the trailers; with a [`GrpcClassifier`] (or a classifier
+/// built around one) the layer's classifier judges those trailers
+/// ([`Classify::classify_end`]):
+///
+/// - a failure is written to the store as an entry whose error reads
+///   `grpc-status 14: <grpc-message>`, *before* the trailers reach the
+///   caller; if the store cannot write, the caller gets
+///   [`StoreFailed`](crate::StoreFailed) ([`StoreFull`](crate::StoreFull)
+///   when it is at its limits) instead of the trailers (nothing
+///   acknowledged is lost). The write finishes even if the caller drops the
+///   body meanwhile;
+/// - a body that ends without `grpc-status` is `UNKNOWN`, a failure;
+/// - a body error (a reset stream) is a
+///   [connection](tower_classify::FailureKind::Connection) failure with the
+///   error's chain;
+/// - a body dropped before its end (the caller cancelled) records nothing.
+///
+/// Every other call is settled by its head, and its body passes through.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use bytes::Bytes;
+/// use http::{HeaderMap, Request, Response};
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_classify::{BoxError, GrpcClassifier};
+/// use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
+/// use tower_poison::{DeadLetterLayer, ReplayBody};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let store = MemoryStore::new(100);
+/// let layer = DeadLetterLayer::new(store.clone()).classifier(GrpcClassifier::new());
+/// // `200`, one message, then trailers `grpc-status: 14`.
+/// let service = layer.layer(service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+///     let mut trailers = HeaderMap::new();
+///     trailers.insert("grpc-status", "14".parse().unwrap());
+///     trailers.insert("grpc-message", "no%20backend".parse().unwrap());
+///     let body = Full::new(Bytes::from_static(b"\0\0\0\0\0"))
+///         .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+///     let response = Response::builder().header("content-type", "application/grpc");
+///     Ok::<_, BoxError>(response.body(body)?)
+/// }));
+///
+/// let request = Request::post("/greeter.Greeter/SayHello").body(Full::new(Bytes::new()))?;
+/// let response = service.oneshot(request).await?;
+/// assert_eq!(response.status(), 200);
+/// assert!(response.body().awaits_end());
+/// response.into_body().collect().await?;
+/// let entries = store.list(ListQuery::default()).await?.entries;
+/// assert_eq!(entries[0].error, ["grpc-status 14: no backend"]);
+/// # Ok(())
+/// # }
+/// ```
+pub struct OpenCall {
+    call: Box<dyn SettleAtEnd>,
+}
+
+impl OpenCall {
+    pub(crate) fn new<St, C, Cap, R, Res>(
+        shared: Arc<Shared<St, C, Cap>>,
+        pending: PendingRecord<R>,
+        counted: Option<Counted>,
+        attempts: Attempts,
+    ) -> Self
+    where
+        St: DeadLetterStore,
+        C: Classify<Res, BoxError> + Send + Sync + 'static,
+        Cap: Send + Sync + 'static,
+        R: BodyRecording,
+        Res: 'static,
+    {
+        OpenCall {
+            call: Box::new(EndOfCall {
+                shared,
+                pending,
+                counted,
+                attempts,
+                response: PhantomData::<fn() -> Res>,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for OpenCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenCall").finish_non_exhaustive()
+    }
+}
+
+/// The store's write of an open call's entry, if any.
+type Write = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+impl OnEnd for OpenCall {
+    type Future = Write;
+
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        self.call.classify_end(end)
+    }
+
+    fn settle(self, outcome: Outcome, end: StreamEnd<'_>) -> Write {
+        self.call.settle(outcome, end)
+    }
+}
+
+/// [`OpenCall`]'s settling, without the types it was made with.
+trait SettleAtEnd: Send {
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome;
+    fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write;
+}
+
+struct EndOfCall<St, C, Cap, R, Res> {
+    shared: Arc<Shared<St, C, Cap>>,
+    pending: PendingRecord<R>,
+    counted: Option<Counted>,
+    attempts: Attempts,
+    response: PhantomData<fn() -> Res>,
+}
+
+impl<St, C, Cap, R, Res> SettleAtEnd for EndOfCall<St, C, Cap, R, Res>
+where
+    St: DeadLetterStore,
+    C: Classify<Res, BoxError> + Send + Sync + 'static,
+    Cap: Send + Sync + 'static,
+    R: BodyRecording,
+    Res: 'static,
+{
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        self.shared.classifier.classify_end(end)
+    }
+
+    fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write {
+        let EndOfCall {
+            shared,
+            pending,
+            counted,
+            attempts,
+            ..
+        } = *self;
+        let failure = match (outcome, end) {
+            // The caller went away: nothing is known of the call.
+            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
+                kind: failure.kind,
+                error: describe(end),
+                // The head came; a body error means the rest did not.
+                responded: !matches!(end, StreamEnd::Error(_)),
+                status: None,
+            },
+            // Not stored, as a head's failure of that kind: its delivery
+            // stays counted, as it did not succeed.
+            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
+                return Box::pin(std::future::ready(Ok(())));
+            }
+            (Outcome::Success | Outcome::Ignored, _) => {
+                return detach(Box::pin(async move {
+                    shared.succeeded(counted).await;
+                    Ok(())
+                }));
+            }
+        };
+        detach(Box::pin(async move {
+            let record = pending.finish(BODY_WAIT, attempts).await;
+            shared.on_failure(record, failure, Ok(()), counted).await
+        }))
+    }
+}
+
+/// An entry's error for a body that ended as `end` did.
+fn describe(end: StreamEnd<'_>) -> Vec<String> {
+    match end {
+        StreamEnd::Trailers(trailers) => vec![trailers_text(trailers)],
+        StreamEnd::Error(error) => error_chain(error),
+        StreamEnd::Dropped => Vec::new(),
+    }
+}
+
+fn trailers_text(trailers: Option<&HeaderMap>) -> String {
+    let code = trailers.and_then(GrpcClassifier::status_code);
+    let message = trailers.and_then(GrpcClassifier::status_message);
+    match (code, message) {
+        (Some(code), Some(message)) => format!("grpc-status {code}: {message}"),
+        (Some(code), None) => format!("grpc-status {code}"),
+        (None, _) => "the response body ended without a grpc-status".to_owned(),
+    }
+}
+
+/// `write`, polled in place while it is ready at once (a store that answers
+/// at once costs no task); once it waits, spawned on the current tokio
+/// runtime, so that it finishes even if the body awaiting it is dropped.
+fn detach(write: Write) -> Write {
+    Box::pin(Detach::Inline(Some(write)))
+}
+
+enum Detach {
+    Inline(Option<Write>),
+    Spawned(JoinHandle<Result<(), BoxError>>),
+}
+
+impl Future for Detach {
+    type Output = Result<(), BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match this {
+                Detach::Inline(write) => {
+                    let future = write.as_mut().expect("polled after it ended");
+                    if let Poll::Ready(written) = future.as_mut().poll(cx) {
+                        *write = None;
+                        return Poll::Ready(written);
+                    }
+                    // Outside a runtime it stays here, awaited by the body.
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        return Poll::Pending;
+                    };
+                    let task = runtime.spawn(write.take().expect("taken once"));
+                    *this = Detach::Spawned(task);
+                }
+                Detach::Spawned(task) => {
+                    return Pin::new(task)
+                        .poll(cx)
+                        .map(|joined| joined.unwrap_or_else(|join| Err(join.into())));
+                }
+            }
+        }
+    }
+}
