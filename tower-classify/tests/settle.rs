@@ -3,11 +3,13 @@
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
-use http_body::Body;
+use http_body::{Body, Frame};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
 use tower_classify::{
@@ -170,24 +172,24 @@ async fn the_last_frame_waits_for_the_settling_and_an_error_replaces_it() {
     let (done, wait) = tokio::sync::oneshot::channel();
     let mut body = SettleBody::new(answer(Some(trailers("14"))), Waits(wait));
     body.frame().await.unwrap().unwrap();
-    let mut last = poll_once(&mut body);
-    assert!(last.is_none(), "held while the settling runs");
+    assert!(
+        poll_once(&mut body).is_pending(),
+        "held while the settling runs"
+    );
     done.send(Err("store full".into())).unwrap();
-    last = poll_once(&mut body);
-    let error = last.unwrap().unwrap().unwrap_err();
+    let Poll::Ready(Some(Err(error))) = poll_once(&mut body) else {
+        panic!("the store's error replaces the last frame");
+    };
     assert_eq!(error.to_string(), "store full");
 }
 
-/// Polls `body` once: `None` while pending.
-fn poll_once<B: Body + Unpin>(
-    body: &mut B,
-) -> Option<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
-    match std::pin::Pin::new(body).poll_frame(&mut cx) {
-        std::task::Poll::Ready(frame) => Some(frame),
-        std::task::Poll::Pending => None,
-    }
+/// What one poll of a body gives.
+type Polled<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
+
+/// Polls `body` once.
+fn poll_once<B: Body + Unpin>(body: &mut B) -> Polled<B> {
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(body).poll_frame(&mut cx)
 }
 
 #[test]

@@ -145,7 +145,9 @@ where
                                     counted,
                                     attempts,
                                 );
-                                return Poll::Ready(Ok(shared.capture.hand_back(response, Some(open))));
+                                return Poll::Ready(Ok(shared
+                                    .capture
+                                    .hand_back(response, Some(open))));
                             }
                             // An error has no body to wait for.
                             Err(_) => shared.classifier.classify(result.as_ref()),
@@ -153,10 +155,14 @@ where
                     };
                     match shared.verdict(outcome) {
                         Verdict::Succeeded if !shared.forgets(&counted) => {
-                            return Poll::Ready(result.map(|res| shared.capture.hand_back(res, None)))
+                            return Poll::Ready(
+                                result.map(|res| shared.capture.hand_back(res, None)),
+                            )
                         }
                         Verdict::NotStored => {
-                            return Poll::Ready(result.map(|res| shared.capture.hand_back(res, None)))
+                            return Poll::Ready(
+                                result.map(|res| shared.capture.hand_back(res, None)),
+                            )
                         }
                         verdict => {
                             let shared = Arc::clone(shared);

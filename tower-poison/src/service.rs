@@ -213,7 +213,8 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
 
 impl<S, Req, St, C, Cap, Res> Service<Req> for DeadLetter<S, St, C, Cap>
 where
-    Cap: CaptureRequest<Req> + DescribeResponse<S::Response, Response = Res> + Send + Sync + 'static,
+    Cap:
+        CaptureRequest<Req> + DescribeResponse<S::Response, Response = Res> + Send + Sync + 'static,
     Cap::Request: Send + 'static,
     S: Service<Cap::Request> + Clone + Send + 'static,
     S::Future: Send + 'static,

@@ -536,10 +536,7 @@ fn http_message(headers: &[(&str, &str)]) -> Http {
 
 /// Delivers `request` to a consumer whose count store is down: a request
 /// the layer reads a count from never reaches the store.
-async fn outcome(
-    reader: DeliveryCount,
-    request: Http,
-) -> (Result<Answer, BoxError>, usize, usize) {
+async fn outcome(reader: DeliveryCount, request: Http) -> (Result<Answer, BoxError>, usize, usize) {
     let processed = Arc::new(AtomicUsize::new(0));
     let asked = Arc::new(AtomicUsize::new(0));
     let store = DownStore {

@@ -68,7 +68,10 @@ fn post() -> Request<Full<Bytes>> {
 }
 
 /// Polls one call through `service` to its end: it must be ready at once.
-fn call_through<S, B>(service: &mut S, request: Request<Full<Bytes>>) -> Result<StatusCode, S::Error>
+fn call_through<S, B>(
+    service: &mut S,
+    request: Request<Full<Bytes>>,
+) -> Result<StatusCode, S::Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>>,
 {
