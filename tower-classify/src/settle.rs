@@ -106,17 +106,19 @@ pin_project! {
     pub struct SettleBody<B, F: OnEnd> {
         #[pin]
         inner: B,
-        end: Armed<F>,
         #[pin]
-        settling: Settling<F::Future>,
+        state: State<F, F::Future>,
     }
 }
 
 pin_project! {
-    #[project = SettlingProjection]
-    enum Settling<Fut> {
-        Idle,
-        Waiting {
+    #[project = StateProjection]
+    enum State<F: OnEnd, Fut> {
+        // The head settled the call, or the body's end did.
+        Settled,
+        // Waiting for the end.
+        Open { end: Armed<F> },
+        Settling {
             #[pin]
             future: Fut,
             // What the caller gets once `future` resolved well: the last
@@ -147,8 +149,9 @@ impl<B, F: OnEnd> SettleBody<B, F> {
     pub fn new(inner: B, on_end: F) -> Self {
         SettleBody {
             inner,
-            end: Armed(Some(on_end)),
-            settling: Settling::Idle,
+            state: State::Open {
+                end: Armed(Some(on_end)),
+            },
         }
     }
 
@@ -156,19 +159,13 @@ impl<B, F: OnEnd> SettleBody<B, F> {
     pub fn settled(inner: B) -> Self {
         SettleBody {
             inner,
-            end: Armed(None),
-            settling: Settling::Idle,
+            state: State::Settled,
         }
     }
 
     /// `true` while the call waits for this body's end.
     pub fn awaits_end(&self) -> bool {
-        self.end.0.is_some() || matches!(self.settling, Settling::Waiting { .. })
-    }
-
-    /// The inner body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
+        !matches!(self.state, State::Settled)
     }
 
     /// Consumes `self`, returning the inner body; an open call is settled
@@ -197,20 +194,23 @@ where
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
         let mut this = self.project();
         loop {
-            if let SettlingProjection::Waiting { future, held } = this.settling.as_mut().project() {
-                let settled = ready!(future.poll(cx));
-                let held = std::mem::replace(held, Box::new(()));
-                this.settling.set(Settling::Idle);
-                return Poll::Ready(match settled {
-                    Ok(()) => *held.downcast::<Held<B::Data>>().expect("held as this type"),
-                    Err(error) => Some(Err(error)),
-                });
-            }
-            let frame = ready!(this.inner.as_mut().poll_frame(cx));
-            if this.end.0.is_none() {
-                return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-            }
-            let held: Held<B::Data> = match frame {
+            let end = match this.state.as_mut().project() {
+                StateProjection::Settled => {
+                    let frame = ready!(this.inner.as_mut().poll_frame(cx));
+                    return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+                }
+                StateProjection::Settling { future, held } => {
+                    let settled = ready!(future.poll(cx));
+                    let held = std::mem::replace(held, Box::new(()));
+                    this.state.set(State::Settled);
+                    return Poll::Ready(match settled {
+                        Ok(()) => *held.downcast::<Held<B::Data>>().expect("held as this type"),
+                        Err(error) => Some(Err(error)),
+                    });
+                }
+                StateProjection::Open { end } => end,
+            };
+            let held: Held<B::Data> = match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) if !frame.is_trailers() && !this.inner.is_end_stream() => {
                     return Poll::Ready(Some(Ok(frame)));
                 }
@@ -218,15 +218,15 @@ where
                 Some(Err(error)) => Some(Err(error.into())),
                 None => None,
             };
-            let end = match &held {
+            let ended = match &held {
                 Some(Ok(frame)) => StreamEnd::Trailers(frame.trailers_ref()),
                 Some(Err(error)) => StreamEnd::Error(&**error),
                 None => StreamEnd::Trailers(None),
             };
-            let on_end = this.end.0.take().expect("checked above");
-            let outcome = on_end.classify_end(end);
-            let future = on_end.settle(outcome, end);
-            this.settling.set(Settling::Waiting {
+            let on_end = end.0.take().expect("open until its end");
+            let outcome = on_end.classify_end(ended);
+            let future = on_end.settle(outcome, ended);
+            this.state.set(State::Settling {
                 future,
                 held: Box::new(held),
             });
