@@ -163,7 +163,9 @@ pub trait ClassifyExt: Sized {
     ///
     /// Use it to put a narrow classifier in front of a general one, for example
     /// one that recognises an application's own "try later" payload in front of
-    /// the HTTP status classifier: the first failure found wins.
+    /// the HTTP status classifier: the first failure found wins. A call
+    /// either leaves open at the head stays open unless the other finds a
+    /// failure there; at the end of its body `self` judges first, then `other`.
     fn or<C>(self, other: C) -> Or<Self, C> {
         Or {
             first: self,

@@ -38,7 +38,8 @@ use crate::store::DeadLetterStore;
 /// - a body error (a reset stream) is a
 ///   [connection](tower_classify::FailureKind::Connection) failure with the
 ///   error's chain;
-/// - a body dropped before its end (the caller cancelled) records nothing.
+/// - a body dropped before its end (the caller cancelled, or never read
+///   it, even one already over) records nothing.
 ///
 /// Every other call is settled by its head, and its body passes through.
 ///
