@@ -2,19 +2,22 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use http::HeaderMap;
 use pin_project_lite::pin_project;
 use tower_classify::attempts::TallyScope;
-use tower_classify::{BoxError, Classify};
+use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, StreamEnd};
 
-use crate::attempts::Tallied;
-use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
-use crate::open::OpenCall;
+use crate::attempts::{Attempts, Tallied};
+use crate::capture::{BodyRecording, DescribeResponse, PendingRecord, BODY_WAIT};
+use crate::entry::error_chain;
+use crate::open::{detach, OpenCall, SettleAtEnd, Write};
 use crate::poison::Counted;
-use crate::service::{Shared, Verdict};
+use crate::service::{Failed, Shared, Verdict};
 use crate::store::DeadLetterStore;
 
 /// A future that runs a step of a dead-letter call needing the store (its
@@ -139,12 +142,13 @@ where
                             Ok(response) => {
                                 let pending = pending.take().expect("polled after it ended");
                                 let shared = Arc::clone(shared);
-                                let open = OpenCall::new::<St, C, Cap, R, Res>(
-                                    Arc::clone(&shared),
+                                let open = OpenCall::new(Box::new(EndOfCall {
+                                    shared: Arc::clone(&shared),
                                     pending,
                                     counted,
                                     attempts,
-                                );
+                                    response: PhantomData::<fn() -> Res>,
+                                }));
                                 return Poll::Ready(Ok(shared
                                     .capture
                                     .hand_back(response, Some(open))));
@@ -187,5 +191,84 @@ where
 impl<F, Res, St, C, Cap, R> fmt::Debug for ResponseFuture<F, Res, St, C, Cap, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// What an [`OpenCall`] settles: the call's state, kept until its response
+/// body ends.
+struct EndOfCall<St, C, Cap, R, Res> {
+    shared: Arc<Shared<St, C, Cap>>,
+    pending: PendingRecord<R>,
+    counted: Option<Counted>,
+    attempts: Attempts,
+    response: PhantomData<fn() -> Res>,
+}
+
+impl<St, C, Cap, R, Res> SettleAtEnd for EndOfCall<St, C, Cap, R, Res>
+where
+    St: DeadLetterStore,
+    C: Classify<Res, BoxError> + Send + Sync + 'static,
+    Cap: Send + Sync + 'static,
+    R: BodyRecording,
+    Res: 'static,
+{
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        self.shared.classifier.classify_end(end)
+    }
+
+    fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write {
+        let EndOfCall {
+            shared,
+            pending,
+            counted,
+            attempts,
+            ..
+        } = *self;
+        let failure = match (outcome, end) {
+            // The caller went away: nothing is known of the call.
+            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
+                kind: failure.kind,
+                error: describe(end),
+                // The head came; a body error means the rest did not.
+                responded: !matches!(end, StreamEnd::Error(_)),
+                status: None,
+            },
+            // Not stored, as a head's failure of that kind: its delivery
+            // stays counted, as it did not succeed.
+            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
+                return Box::pin(std::future::ready(Ok(())));
+            }
+            (Outcome::Success | Outcome::Ignored, _) => {
+                return detach(Box::pin(async move {
+                    shared.succeeded(counted).await;
+                    Ok(())
+                }));
+            }
+        };
+        detach(Box::pin(async move {
+            let record = pending.finish(BODY_WAIT, attempts).await;
+            shared.on_failure(record, failure, Ok(()), counted).await
+        }))
+    }
+}
+
+/// An entry's error for a body that ended as `end` did.
+fn describe(end: StreamEnd<'_>) -> Vec<String> {
+    match end {
+        StreamEnd::Trailers(trailers) => vec![trailers_text(trailers)],
+        StreamEnd::Error(error) => error_chain(error),
+        StreamEnd::Dropped => Vec::new(),
+    }
+}
+
+fn trailers_text(trailers: Option<&HeaderMap>) -> String {
+    let code = trailers.and_then(GrpcClassifier::status_code);
+    let message = trailers.and_then(GrpcClassifier::status_message);
+    match (code, message) {
+        (Some(code), Some(message)) => format!("grpc-status {code}: {message}"),
+        (Some(code), None) => format!("grpc-status {code}"),
+        (None, _) => "the response body ended without a grpc-status".to_owned(),
     }
 }

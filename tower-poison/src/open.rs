@@ -2,21 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::HeaderMap;
 use tokio::task::JoinHandle;
-use tower_classify::{BoxError, Classify, GrpcClassifier, OnEnd, Outcome, StreamEnd};
-
-use crate::attempts::Attempts;
-use crate::capture::{BodyRecording, PendingRecord, BODY_WAIT};
-use crate::entry::error_chain;
-use crate::poison::Counted;
-use crate::service::{Failed, Shared};
-use crate::store::DeadLetterStore;
+use tower_classify::{BoxError, OnEnd, Outcome, StreamEnd};
 
 /// A call whose classifier left it open at the head
 /// ([`Classify::classify_head`] answered `None`): its response body, a
@@ -83,28 +73,8 @@ pub struct OpenCall {
 }
 
 impl OpenCall {
-    pub(crate) fn new<St, C, Cap, R, Res>(
-        shared: Arc<Shared<St, C, Cap>>,
-        pending: PendingRecord<R>,
-        counted: Option<Counted>,
-        attempts: Attempts,
-    ) -> Self
-    where
-        St: DeadLetterStore,
-        C: Classify<Res, BoxError> + Send + Sync + 'static,
-        Cap: Send + Sync + 'static,
-        R: BodyRecording,
-        Res: 'static,
-    {
-        OpenCall {
-            call: Box::new(EndOfCall {
-                shared,
-                pending,
-                counted,
-                attempts,
-                response: PhantomData::<fn() -> Res>,
-            }),
-        }
+    pub(crate) fn new(call: Box<dyn SettleAtEnd>) -> Self {
+        OpenCall { call }
     }
 }
 
@@ -115,7 +85,7 @@ impl fmt::Debug for OpenCall {
 }
 
 /// The store's write of an open call's entry, if any.
-type Write = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+pub(crate) type Write = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 
 impl OnEnd for OpenCall {
     type Future = Write;
@@ -129,93 +99,17 @@ impl OnEnd for OpenCall {
     }
 }
 
-/// [`OpenCall`]'s settling, without the types it was made with.
-trait SettleAtEnd: Send {
+/// [`OpenCall`]'s settling, without the types it was made with (the
+/// layer's call state, in `future.rs`).
+pub(crate) trait SettleAtEnd: Send {
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome;
     fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write;
-}
-
-struct EndOfCall<St, C, Cap, R, Res> {
-    shared: Arc<Shared<St, C, Cap>>,
-    pending: PendingRecord<R>,
-    counted: Option<Counted>,
-    attempts: Attempts,
-    response: PhantomData<fn() -> Res>,
-}
-
-impl<St, C, Cap, R, Res> SettleAtEnd for EndOfCall<St, C, Cap, R, Res>
-where
-    St: DeadLetterStore,
-    C: Classify<Res, BoxError> + Send + Sync + 'static,
-    Cap: Send + Sync + 'static,
-    R: BodyRecording,
-    Res: 'static,
-{
-    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
-        self.shared.classifier.classify_end(end)
-    }
-
-    fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write {
-        let EndOfCall {
-            shared,
-            pending,
-            counted,
-            attempts,
-            ..
-        } = *self;
-        let failure = match (outcome, end) {
-            // The caller went away: nothing is known of the call.
-            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
-                kind: failure.kind,
-                error: describe(end),
-                // The head came; a body error means the rest did not.
-                responded: !matches!(end, StreamEnd::Error(_)),
-                status: None,
-            },
-            // Not stored, as a head's failure of that kind: its delivery
-            // stays counted, as it did not succeed.
-            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
-                return Box::pin(std::future::ready(Ok(())));
-            }
-            (Outcome::Success | Outcome::Ignored, _) => {
-                return detach(Box::pin(async move {
-                    shared.succeeded(counted).await;
-                    Ok(())
-                }));
-            }
-        };
-        detach(Box::pin(async move {
-            let record = pending.finish(BODY_WAIT, attempts).await;
-            shared.on_failure(record, failure, Ok(()), counted).await
-        }))
-    }
-}
-
-/// An entry's error for a body that ended as `end` did.
-fn describe(end: StreamEnd<'_>) -> Vec<String> {
-    match end {
-        StreamEnd::Trailers(trailers) => vec![trailers_text(trailers)],
-        StreamEnd::Error(error) => error_chain(error),
-        StreamEnd::Dropped => Vec::new(),
-    }
-}
-
-fn trailers_text(trailers: Option<&HeaderMap>) -> String {
-    let code = trailers.and_then(GrpcClassifier::status_code);
-    let message = trailers.and_then(GrpcClassifier::status_message);
-    match (code, message) {
-        (Some(code), Some(message)) => format!("grpc-status {code}: {message}"),
-        (Some(code), None) => format!("grpc-status {code}"),
-        (None, _) => "the response body ended without a grpc-status".to_owned(),
-    }
 }
 
 /// `write`, polled in place while it is ready at once (a store that answers
 /// at once costs no task); once it waits, spawned on the current tokio
 /// runtime, so that it finishes even if the body awaiting it is dropped.
-fn detach(write: Write) -> Write {
+pub(crate) fn detach(write: Write) -> Write {
     Box::pin(Detach::Inline(Some(write)))
 }
 
