@@ -9,13 +9,15 @@ use tokio::task::JoinHandle;
 use tower_classify::{BoxError, OnEnd, Outcome, StreamEnd};
 
 /// A call whose classifier left it open at the head
-/// ([`Classify::classify_head`] answered `None`): its response body, a
+/// ([`Classify::classify_head`](tower_classify::Classify::classify_head)
+/// answered `None`): its response body, a
 /// [`SettleBody`](tower_classify::SettleBody), settles it where it ends.
 ///
 /// A gRPC server answers most failures with a `200` head and puts
-/// `grpc-status` in the trailers; with a [`GrpcClassifier`] (or a classifier
-/// built around one) the layer's classifier judges those trailers
-/// ([`Classify::classify_end`]):
+/// `grpc-status` in the trailers; with a
+/// [`GrpcClassifier`](tower_classify::GrpcClassifier) (or a classifier built
+/// around one) the layer's classifier judges those trailers
+/// ([`Classify::classify_end`](tower_classify::Classify::classify_end)):
 ///
 /// - a failure is written to the store as an entry whose error reads
 ///   `grpc-status 14: <grpc-message>`, *before* the trailers reach the
