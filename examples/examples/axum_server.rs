@@ -66,7 +66,7 @@ use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::HttpClassifier;
 use tower_poison::replay::{http_request, replay, ReplayOutcome};
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
-use tower_poison::{DeadLetterLayer, ReplayBody, StoreFailed};
+use tower_poison::{DeadLetterLayer, OpenCall, ReplayBody, SettleBody, StoreFailed};
 use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
 use tower_retry_budget::{Backoff, RetryLayer};
 
@@ -154,8 +154,12 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
     let stack = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(error_response))
         // The client reads each body to the end (`Response<Bytes>`), which
-        // classifiers' body rules can see; axum answers with its own `Body`.
-        .map_response(|response: http::Response<Bytes>| response.map(axum::body::Body::from))
+        // classifiers' body rules can see; the dead-letter layer hands it back
+        // in a `SettleBody` (an HTTP call is settled by its head, so it only
+        // holds the bytes); axum answers with its own `Body`.
+        .map_response(|response: http::Response<SettleBody<Bytes, OpenCall>>| {
+            response.map(|body| axum::body::Body::from(body.into_inner()))
+        })
         .layer(
             DeadLetterLayer::new(store)
                 .classifier(classifier)

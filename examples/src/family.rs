@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Response;
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::retry::budget::Budget;
@@ -33,7 +34,7 @@ use tower::{BoxError, ServiceBuilder};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State, StateChange};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, RedbStore};
-use tower_poison::DeadLetterLayer;
+use tower_poison::{DeadLetterLayer, OpenCall, SettleBody};
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
@@ -207,6 +208,11 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     let breaker_handle = breaker.handle();
 
     let stack = ServiceBuilder::new()
+        // The body comes back in a `SettleBody`; an HTTP call is settled by
+        // its head, so the buffered body is taken out as it was.
+        .map_response(|response: Response<SettleBody<Bytes, OpenCall>>| {
+            response.map(SettleBody::into_inner)
+        })
         .layer(DeadLetterLayer::new(store.clone()).label("demo-upstream"))
         .layer(retry)
         .layer(breaker)

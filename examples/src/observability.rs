@@ -16,13 +16,13 @@ use axum::http::StatusCode;
 use axum::routing;
 use axum::Router;
 use bytes::Bytes;
-use http::{Request, Uri};
+use http::{Request, Response, Uri};
 use http_body_util::Full;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_poison::store::MemoryStore;
-use tower_poison::ReplayBody;
+use tower_poison::{OpenCall, ReplayBody, SettleBody};
 use tower_steadfast::ResilienceConfig;
 
 use crate::client::{http_client_for, HttpRequest, HttpResponse};
@@ -62,6 +62,11 @@ struct Gateway {
 /// A client to `uri` through the stack named `name`.
 fn downstream(config: &ResilienceConfig, name: &str, uri: Uri) -> Downstream {
     let client = ServiceBuilder::new()
+        // The stack's body is a `SettleBody`; HTTP calls are settled by
+        // their head, so the buffered body is taken out as it was.
+        .map_response(|response: Response<SettleBody<Bytes, OpenCall>>| {
+            response.map(SettleBody::into_inner)
+        })
         .layer(config.layer(name, MemoryStore::new(1_000)))
         .service(http_client_for::<ReplayBody<Full<Bytes>>>());
     Downstream {

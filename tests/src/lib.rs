@@ -36,7 +36,7 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery};
-use tower_poison::{CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer};
+use tower_poison::{CountAttemptsLayer, DeadLetterEntry, DeadLetterLayer, OpenCall, SettleBody};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 
@@ -73,6 +73,7 @@ where
     St: DeadLetterStore,
 {
     let stack = ServiceBuilder::new()
+        .map_response(buffered)
         .layer(dead_letter)
         .layer(breaker)
         .layer(retry)
@@ -98,12 +99,20 @@ where
     St: DeadLetterStore,
 {
     let stack = ServiceBuilder::new()
+        .map_response(buffered)
         .layer(dead_letter)
         .layer(retry)
         .layer(breaker)
         .layer(CountAttemptsLayer::new())
         .service(http_client_for());
     HttpService::new(stack)
+}
+
+/// The dead-letter layer's answer with its body taken out of the
+/// `SettleBody` (an HTTP call is settled by its head: it holds only the
+/// client's buffered bytes).
+pub fn buffered(response: http::Response<SettleBody<Bytes, OpenCall>>) -> HttpResponse {
+    response.map(SettleBody::into_inner)
 }
 
 /// Sends `request` through `stack` once.

@@ -347,6 +347,7 @@ async fn keyed_breakers_isolate_a_failing_host() {
     let handle = breaker.handle();
     let stack = HttpService::new(
         ServiceBuilder::new()
+            .map_response(integration_tests::buffered)
             .layer(DeadLetterLayer::new(store.clone()))
             .layer(breaker)
             .layer(retry(1))
@@ -552,6 +553,7 @@ async fn a_hedged_call_that_fails_is_stored_with_every_attempt() {
         .unwrap();
     let stack = HttpService::new(
         ServiceBuilder::new()
+            .map_response(integration_tests::buffered)
             .layer(dead_letters(&store))
             .layer(hedge)
             .service(http_client_for()),

@@ -363,6 +363,7 @@ fn family(upstream: Upstream) -> HttpService {
         .expect("the default breaker settings are valid");
     HttpService::new(
         ServiceBuilder::new()
+            .map_response(integration_tests::buffered)
             .layer(DeadLetterLayer::new(MemoryStore::new(DEAD_LETTER_CAPACITY)))
             .layer(caller_retry())
             .layer(breaker)
@@ -380,6 +381,7 @@ fn family_throttled(upstream: Upstream) -> HttpService {
         .expect("valid throttle settings");
     HttpService::new(
         ServiceBuilder::new()
+            .map_response(integration_tests::buffered)
             .layer(DeadLetterLayer::new(MemoryStore::new(DEAD_LETTER_CAPACITY)))
             .layer(caller_retry())
             .layer(throttle)
@@ -406,6 +408,7 @@ fn family_for_partial_outages(upstream: Upstream) -> HttpService {
         .expect("valid retry settings");
     HttpService::new(
         ServiceBuilder::new()
+            .map_response(integration_tests::buffered)
             .layer(DeadLetterLayer::new(MemoryStore::new(DEAD_LETTER_CAPACITY)))
             .layer(retry)
             .layer(throttle)

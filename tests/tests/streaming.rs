@@ -35,7 +35,9 @@ use tower_retry_budget::RetryLayer;
 const PATIENCE: Duration = Duration::from_secs(10);
 
 type Upload = Channel<Bytes, BoxError>;
-type Stack = BoxCloneSyncService<Request<Upload>, Response<Incoming>, BoxError>;
+type Stack<B = Incoming> = BoxCloneSyncService<Request<Upload>, Response<B>, BoxError>;
+/// The response body of a stack with a dead-letter layer outermost.
+type Settled = tower_poison::SettleBody<Incoming, tower_poison::OpenCall>;
 
 /// An HTTP/2 server on 127.0.0.1 that answers at once and echoes each
 /// request frame back as a response frame the moment it arrives. It notes
@@ -130,7 +132,11 @@ fn retry() -> RetryLayer<HttpClassifier, tower_retry_budget::replay::HttpReplay>
 
 /// Sends three frames through `stack`, each only after the echo of the one
 /// before came back.
-async fn ping_pong(stack: Stack, addr: SocketAddr) {
+async fn ping_pong<B>(stack: Stack<B>, addr: SocketAddr)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
     let (mut upload, body) = Upload::new(1);
     let request = Request::put(format!("http://{addr}/echo"))
         .body(body)
@@ -179,7 +185,7 @@ async fn a_full_duplex_call_completes_through_the_dead_letter_layer() {
 
 /// The documented client stack, outermost first:
 /// `DeadLetter → CircuitBreaker → Retry → CountAttempts → client`.
-fn full_stack<S>(client: S, store: MemoryStore) -> Stack
+fn full_stack<S>(client: S, store: MemoryStore) -> Stack<Settled>
 where
     S: Service<
             Request<tower_poison::ReplayBody<Upload>>,

@@ -4,6 +4,8 @@ use std::fmt;
 
 use crate::outcome::{Failure, FailureKind, Outcome};
 use crate::retry_on::RetryOn;
+#[cfg(feature = "http")]
+use crate::settle::StreamEnd;
 
 /// Decides what one call's result means.
 ///
@@ -14,28 +16,102 @@ use crate::retry_on::RetryOn;
 ///
 /// Classifiers must be cheap to call: every layer calls them once per attempt.
 /// Those shipped here are `Clone` and share their configuration through `Arc`.
+///
+/// # When a call is over
+///
+/// Most calls are settled by their head: the status, or the error. A
+/// streamed response can say how it went only where its body ends: a gRPC
+/// server answers `200` and puts `grpc-status` in the trailers. A layer that
+/// must know the real outcome asks [`classify_head`](Self::classify_head)
+/// instead of `classify`; when it answers `None`, the layer wraps the body in
+/// a [`SettleBody`](crate::SettleBody), which asks
+/// [`classify_end`](Self::classify_end) once, where the body ends (trailers,
+/// a body error, or the caller dropping it). Both methods are provided: a
+/// classifier that only reads heads implements `classify` alone.
+/// [`GrpcClassifier`](crate::GrpcClassifier) leaves a `200` gRPC response
+/// without `grpc-status` in its head open and judges its trailers; the
+/// combinators ([`Or`], [`Map`]) and `&C`, `Arc<C>` pass both on, so a
+/// classifier built around it judges the trailers its own way.
 pub trait Classify<Res, E> {
     /// Classifies one result.
     fn classify(&self, result: Result<&Res, &E>) -> Outcome;
-}
 
-impl<C, Res, E> Classify<Res, E> for &C
-where
-    C: Classify<Res, E> + ?Sized,
-{
-    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
-        (**self).classify(result)
+    /// Classifies one result whose response may still be streaming: `None`
+    /// when its head does not settle the call, which
+    /// [`classify_end`](Self::classify_end) then judges where the response's
+    /// body ends. By default the head settles every call, as
+    /// [`classify`](Self::classify) says.
+    ///
+    /// ```
+    /// use http::Response;
+    /// use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome};
+    ///
+    /// let grpc = GrpcClassifier::new();
+    /// let streaming = Response::builder()
+    ///     .header("content-type", "application/grpc")
+    ///     .body(())
+    ///     .unwrap();
+    /// // The status comes in the trailers: the head settles nothing.
+    /// assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&streaming)), None);
+    /// let plain = Response::new(());
+    /// assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&plain)), Some(Outcome::Success));
+    /// ```
+    fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
+        Some(self.classify(result))
+    }
+
+    /// Judges the end of a response body whose head left its call open
+    /// ([`classify_head`](Self::classify_head) answered `None`).
+    ///
+    /// By default a body that ends is a success (trailers or none), a body
+    /// error a [`Connection`](FailureKind::Connection) failure, and a body
+    /// dropped before its end [ignored](Outcome::Ignored): the caller went
+    /// away, which says nothing about the other side.
+    ///
+    /// ```
+    /// use http::{HeaderMap, Response};
+    /// use tower_classify::{BoxError, Classify, FailureKind, GrpcClassifier, Outcome, StreamEnd};
+    ///
+    /// fn end(end: StreamEnd<'_>) -> Outcome {
+    ///     Classify::<Response<()>, BoxError>::classify_end(&GrpcClassifier::new(), end)
+    /// }
+    /// let mut trailers = HeaderMap::new();
+    /// trailers.insert("grpc-status", "0".parse().unwrap());
+    /// assert_eq!(end(StreamEnd::Trailers(Some(&trailers))), Outcome::Success);
+    /// trailers.insert("grpc-status", "14".parse().unwrap());
+    /// assert!(end(StreamEnd::Trailers(Some(&trailers))).is_retryable());
+    /// assert_eq!(end(StreamEnd::Dropped), Outcome::Ignored);
+    /// ```
+    #[cfg(feature = "http")]
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        end.default_outcome()
     }
 }
 
-impl<C, Res, E> Classify<Res, E> for std::sync::Arc<C>
-where
-    C: Classify<Res, E> + ?Sized,
-{
-    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
-        (**self).classify(result)
-    }
+/// `&C` and `Arc<C>` are the classifier they point to, ends included.
+macro_rules! forward_classify {
+    ($($pointer:ty),*) => {$(
+        impl<C, Res, E> Classify<Res, E> for $pointer
+        where
+            C: Classify<Res, E> + ?Sized,
+        {
+            fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+                (**self).classify(result)
+            }
+
+            fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
+                (**self).classify_head(result)
+            }
+
+            #[cfg(feature = "http")]
+            fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+                (**self).classify_end(end)
+            }
+        }
+    )*};
 }
+
+forward_classify!(&C, std::sync::Arc<C>);
 
 /// A classifier made from a closure; see [`classify_fn`].
 #[derive(Clone, Copy)]
@@ -87,7 +163,9 @@ pub trait ClassifyExt: Sized {
     ///
     /// Use it to put a narrow classifier in front of a general one, for example
     /// one that recognises an application's own "try later" payload in front of
-    /// the HTTP status classifier: the first failure found wins.
+    /// the HTTP status classifier: the first failure found wins. A call
+    /// either leaves open at the head stays open unless the other finds a
+    /// failure there; at the end of its body `self` judges first, then `other`.
     fn or<C>(self, other: C) -> Or<Self, C> {
         Or {
             first: self,
@@ -139,6 +217,27 @@ where
             decided => decided,
         }
     }
+
+    /// Open while either leaves the call open and neither found a
+    /// failure: a failure found at the head settles the call at once.
+    fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
+        match self.first.classify_head(result) {
+            Some(Outcome::Success) => self.second.classify_head(result),
+            Some(decided) => Some(decided),
+            None => match self.second.classify_head(result) {
+                Some(failure @ Outcome::Failure(_)) => Some(failure),
+                _ => None,
+            },
+        }
+    }
+
+    #[cfg(feature = "http")]
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        match self.first.classify_end(end) {
+            Outcome::Success => self.second.classify_end(end),
+            decided => decided,
+        }
+    }
 }
 
 /// The classifier returned by [`ClassifyExt::map`] and [`ClassifyExt::retry_on`].
@@ -179,6 +278,16 @@ where
 {
     fn classify(&self, result: Result<&Res, &E>) -> Outcome {
         self.f.map_outcome(self.inner.classify(result))
+    }
+
+    fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
+        let outcome = self.inner.classify_head(result)?;
+        Some(self.f.map_outcome(outcome))
+    }
+
+    #[cfg(feature = "http")]
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        self.f.map_outcome(self.inner.classify_end(end))
     }
 }
 

@@ -9,6 +9,7 @@ use crate::error_chain::{AsDynError, ErrorChainClassifier};
 use crate::hint::parse_grpc_pushback;
 use crate::http::HttpClassifier;
 use crate::outcome::{Failure, FailureKind, Outcome};
+use crate::settle::StreamEnd;
 
 /// The `grpc-status` header or trailer.
 pub const GRPC_STATUS: &str = "grpc-status";
@@ -34,9 +35,10 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// "trailers-only" response (the form servers use for an immediate error, and
 /// tonic for every error it returns before the body) carries it. A response
 /// whose status arrives in trailers looks successful here, because the trailers
-/// come only at the end of the body; classify them with
-/// [`classify_end_of_stream`](Self::classify_end_of_stream) where the body
-/// ends (`tower-breaker`'s gRPC layer does). A non-200 HTTP status without
+/// come only at the end of the body. A layer that watches the end asks
+/// [`classify_head`](Classify::classify_head), which leaves such a response
+/// open, and judges its trailers with [`classify_end`](Classify::classify_end)
+/// where the body ends (see [`SettleBody`](crate::SettleBody)). A non-200 HTTP status without
 /// `grpc-status` is classified as HTTP.
 ///
 /// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value
@@ -218,6 +220,32 @@ where
                 }
             }
             Err(err) => self.errors.classify_error(err.as_dyn_error()),
+        }
+    }
+
+    /// Leaves open a `200` gRPC response without `grpc-status` in its head
+    /// ([`status_in_trailers`](Self::status_in_trailers)); settles every
+    /// other result as [`classify`](Classify::classify) does.
+    fn classify_head(&self, result: Result<&Response<B>, &E>) -> Option<Outcome> {
+        match result {
+            Ok(response)
+                if Self::status_in_trailers(response)
+                    && response.extensions().get::<Failure>().is_none() =>
+            {
+                None
+            }
+            result => Some(self.classify(result)),
+        }
+    }
+
+    /// Judges the trailers with
+    /// [`classify_end_of_stream`](Self::classify_end_of_stream): a body that
+    /// ends without `grpc-status` is `UNKNOWN`. A body error and a drop are
+    /// judged as [`Classify::classify_end`] does by default.
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        match end {
+            StreamEnd::Trailers(trailers) => Self::classify_end_of_stream(trailers),
+            other => other.default_outcome(),
         }
     }
 }

@@ -24,6 +24,8 @@ mod log_limit;
 mod outcome;
 mod refusal;
 mod retry_on;
+#[cfg(feature = "http")]
+mod settle;
 
 pub mod attempts;
 #[cfg(feature = "serde")]
@@ -55,6 +57,8 @@ pub use self::log_limit::LogLimit;
 pub use self::outcome::{Failure, FailureKind, Outcome, RetryHint};
 pub use self::refusal::RefusalToken;
 pub use self::retry_on::RetryOn;
+#[cfg(feature = "http")]
+pub use self::settle::{OnEnd, SettleBody, StreamEnd};
 
 /// Which public types are `#[non_exhaustive]`, and the checks that they
 /// stay so (each `compile_fail` block must fail; the last block is the

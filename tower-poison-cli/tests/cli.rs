@@ -507,7 +507,11 @@ async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
     use tower::util::BoxCloneService;
     use tower_poison::store::RedisDeadLetterStore;
 
-    type Node = BoxCloneService<Request<Full<Bytes>>, Response<Full<Bytes>>, BoxError>;
+    type Node = BoxCloneService<
+        Request<Full<Bytes>>,
+        Response<tower_poison::SettleBody<Full<Bytes>, tower_poison::OpenCall>>,
+        BoxError,
+    >;
 
     let Some(url) = support::shared_redis().await else {
         return;

@@ -10,11 +10,13 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_replay::{ReplayBody, RequestHead};
 use http_body_util::BodyExt;
+use tower_classify::SettleBody;
 
 use crate::attempts::{AttemptCounter, Attempts};
 use crate::counts::delivery::read_extension;
 use crate::counts::DeliveryCount;
 use crate::entry::StoredHeader;
+use crate::open::OpenCall;
 
 /// What a [`CaptureRequest`] records about one request.
 ///
@@ -75,8 +77,21 @@ pub trait CaptureRequest<Req> {
 }
 
 /// Describes a response that was classified as a failure, for the entry's
-/// error text (a response is not an error and has no chain).
+/// error text (a response is not an error and has no chain), and hands each
+/// response back to the caller.
 pub trait DescribeResponse<Res> {
+    /// The response the layer hands back: for [`HttpCapture`], the same
+    /// response with its body in a [`SettleBody`], which settles a call its
+    /// head left open ([`OpenCall`]); for [`describe_fn`], `Res` itself.
+    type Response;
+
+    /// Hands `response` back to the caller; `open` when the classifier left
+    /// the call open at the head, to be settled where the response's body
+    /// ends. A capture whose responses have no body to watch drops `open`:
+    /// the call is then settled as a body dropped before its end is, with
+    /// nothing recorded.
+    fn hand_back(&self, response: Res, open: Option<OpenCall>) -> Self::Response;
+
     /// One line describing `response`.
     fn describe_response(&self, response: &Res) -> String;
 
@@ -424,6 +439,17 @@ fn stored_headers(head: &RequestHead) -> Vec<StoredHeader> {
 }
 
 impl<B> DescribeResponse<Response<B>> for HttpCapture {
+    type Response = Response<SettleBody<B, OpenCall>>;
+
+    fn hand_back(&self, response: Response<B>, open: Option<OpenCall>) -> Self::Response {
+        // A call its head settled gets its body back as it was, in place:
+        // no allocation, nothing watched.
+        response.map(|body| match open {
+            Some(open) => SettleBody::new(body, open),
+            None => SettleBody::settled(body),
+        })
+    }
+
     fn describe_response(&self, response: &Response<B>) -> String {
         format!("HTTP {}", response.status())
     }
@@ -478,6 +504,12 @@ where
 }
 
 impl<F, Res> DescribeResponse<Res> for DescribeFn<F> {
+    type Response = Res;
+
+    fn hand_back(&self, response: Res, _open: Option<OpenCall>) -> Res {
+        response
+    }
+
     fn describe_response(&self, _response: &Res) -> String {
         "the response was classified as a failure".to_owned()
     }

@@ -2,18 +2,22 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use http::HeaderMap;
 use pin_project_lite::pin_project;
 use tower_classify::attempts::TallyScope;
-use tower_classify::{BoxError, Classify};
+use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, StreamEnd};
 
-use crate::attempts::Tallied;
-use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
+use crate::attempts::{Attempts, Tallied};
+use crate::capture::{BodyRecording, DescribeResponse, PendingRecord, BODY_WAIT};
+use crate::entry::error_chain;
+use crate::open::{detach, OpenCall, SettleAtEnd, Write};
 use crate::poison::Counted;
-use crate::service::{Shared, Verdict};
+use crate::service::{Failed, Shared, Verdict};
 use crate::store::DeadLetterStore;
 
 /// A future that runs a step of a dead-letter call needing the store (its
@@ -24,7 +28,9 @@ pin_project! {
     /// Response future of [`DeadLetter`](crate::DeadLetter).
     ///
     /// A call that succeeds is the inner future and a classification of its
-    /// result, in place: no allocation, no store. Only the steps that need
+    /// result, in place: no allocation, no store (an HTTP response's body
+    /// goes back in a [`SettleBody`](tower_classify::SettleBody) that only
+    /// passes frames through, unless the classifier left the call open). Only the steps that need
     /// the store (a failure to write, a poison message to divert) or a count
     /// store (a delivery count to wait for, a success's count to forget with
     /// poison detection on) run in a boxed future, made when they begin.
@@ -99,17 +105,18 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
     }
 }
 
-impl<F, Res, E, St, C, Cap, R> Future for ResponseFuture<F, Res, St, C, Cap, R>
+impl<F, Res, E, Out, St, C, Cap, R> Future for ResponseFuture<F, Out, St, C, Cap, R>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError>,
     Res: Send + 'static,
+    Out: Send + 'static,
     St: DeadLetterStore,
     C: Classify<Res, BoxError> + Send + Sync + 'static,
-    Cap: DescribeResponse<Res> + Send + Sync + 'static,
+    Cap: DescribeResponse<Res, Response = Out> + Send + Sync + 'static,
     R: BodyRecording,
 {
-    type Output = Result<Res, BoxError>;
+    type Output = Result<Out, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
@@ -127,18 +134,48 @@ where
                     // an error only: a response is not moved).
                     let result = result.map_err(Into::<BoxError>::into);
                     let counted = counted.take();
-                    match shared.verdict(&result) {
+                    let outcome = match shared.classifier.classify_head(result.as_ref()) {
+                        Some(outcome) => outcome,
+                        None => match result {
+                            // Its body settles it (boxed once: a streamed
+                            // call, never one its head settled).
+                            Ok(response) => {
+                                let pending = pending.take().expect("polled after it ended");
+                                let shared = Arc::clone(shared);
+                                let open = OpenCall::new(Box::new(EndOfCall {
+                                    shared: Arc::clone(&shared),
+                                    pending,
+                                    counted,
+                                    attempts,
+                                    response: PhantomData::<fn() -> Res>,
+                                }));
+                                return Poll::Ready(Ok(shared
+                                    .capture
+                                    .hand_back(response, Some(open))));
+                            }
+                            // An error has no body to wait for.
+                            Err(_) => shared.classifier.classify(result.as_ref()),
+                        },
+                    };
+                    match shared.verdict(outcome) {
                         Verdict::Succeeded if !shared.forgets(&counted) => {
-                            return Poll::Ready(result)
+                            return Poll::Ready(
+                                result.map(|res| shared.capture.hand_back(res, None)),
+                            )
                         }
-                        Verdict::NotStored => return Poll::Ready(result),
+                        Verdict::NotStored => {
+                            return Poll::Ready(
+                                result.map(|res| shared.capture.hand_back(res, None)),
+                            )
+                        }
                         verdict => {
                             let shared = Arc::clone(shared);
                             let pending = pending.take().expect("polled after it ended");
                             async move {
-                                shared
+                                let result = shared
                                     .settle(result, verdict, pending, counted, attempts)
-                                    .await
+                                    .await;
+                                result.map(|res| shared.capture.hand_back(res, None))
                             }
                         }
                     }
@@ -154,5 +191,84 @@ where
 impl<F, Res, St, C, Cap, R> fmt::Debug for ResponseFuture<F, Res, St, C, Cap, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// What an [`OpenCall`] settles: the call's state, kept until its response
+/// body ends.
+struct EndOfCall<St, C, Cap, R, Res> {
+    shared: Arc<Shared<St, C, Cap>>,
+    pending: PendingRecord<R>,
+    counted: Option<Counted>,
+    attempts: Attempts,
+    response: PhantomData<fn() -> Res>,
+}
+
+impl<St, C, Cap, R, Res> SettleAtEnd for EndOfCall<St, C, Cap, R, Res>
+where
+    St: DeadLetterStore,
+    C: Classify<Res, BoxError> + Send + Sync + 'static,
+    Cap: Send + Sync + 'static,
+    R: BodyRecording,
+    Res: 'static,
+{
+    fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
+        self.shared.classifier.classify_end(end)
+    }
+
+    fn settle(self: Box<Self>, outcome: Outcome, end: StreamEnd<'_>) -> Write {
+        let EndOfCall {
+            shared,
+            pending,
+            counted,
+            attempts,
+            ..
+        } = *self;
+        let failure = match (outcome, end) {
+            // The caller went away: nothing is known of the call.
+            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
+                kind: failure.kind,
+                error: describe(end),
+                // The head came; a body error means the rest did not.
+                responded: !matches!(end, StreamEnd::Error(_)),
+                status: None,
+            },
+            // Not stored, as a head's failure of that kind: its delivery
+            // stays counted, as it did not succeed.
+            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
+            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
+                return Box::pin(std::future::ready(Ok(())));
+            }
+            (Outcome::Success | Outcome::Ignored, _) => {
+                return detach(Box::pin(async move {
+                    shared.succeeded(counted).await;
+                    Ok(())
+                }));
+            }
+        };
+        detach(Box::pin(async move {
+            let record = pending.finish(BODY_WAIT, attempts).await;
+            shared.on_failure(record, failure, Ok(()), counted).await
+        }))
+    }
+}
+
+/// An entry's error for a body that ended as `end` did.
+fn describe(end: StreamEnd<'_>) -> Vec<String> {
+    match end {
+        StreamEnd::Trailers(trailers) => vec![trailers_text(trailers)],
+        StreamEnd::Error(error) => error_chain(error),
+        StreamEnd::Dropped => Vec::new(),
+    }
+}
+
+fn trailers_text(trailers: Option<&HeaderMap>) -> String {
+    let code = trailers.and_then(GrpcClassifier::status_code);
+    let message = trailers.and_then(GrpcClassifier::status_message);
+    match (code, message) {
+        (Some(code), Some(message)) => format!("grpc-status {code}: {message}"),
+        (Some(code), None) => format!("grpc-status {code}"),
+        (None, _) => "the response body ended without a grpc-status".to_owned(),
     }
 }

@@ -208,6 +208,11 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     }
 
     /// Uses `classifier` to decide which results are failures.
+    ///
+    /// For gRPC, pass a [`GrpcClassifier`](tower_classify::GrpcClassifier),
+    /// or a classifier built around one (`.map`, `.or`): a call whose status
+    /// comes in the trailers is then judged by this classifier where its
+    /// response body ends (see [`OpenCall`](crate::OpenCall)).
     pub fn classifier<C2>(self, classifier: C2) -> DeadLetterLayer<St, C2, Cap> {
         let Shared {
             store,

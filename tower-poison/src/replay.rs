@@ -269,6 +269,12 @@ pub struct Replayer<'a, St, D = ClassificationOnly> {
 pub struct ClassificationOnly;
 
 impl<Res> DescribeResponse<Res> for ClassificationOnly {
+    type Response = Res;
+
+    fn hand_back(&self, response: Res, _open: Option<crate::OpenCall>) -> Res {
+        response
+    }
+
     fn describe_response(&self, _response: &Res) -> String {
         String::new()
     }

@@ -45,11 +45,20 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 /// (see [`HttpCapture`](crate::HttpCapture)). The recording is read only when
 /// the call failed.
 ///
+/// An HTTP response comes back with its body in a
+/// [`SettleBody`](tower_classify::SettleBody). When the head settles the
+/// call (every HTTP status, a gRPC trailers-only answer) the body passes
+/// through untouched; when the classifier leaves the call open (a gRPC
+/// `200` whose status comes in the trailers, see
+/// [`Classify::classify_head`]) the body settles it where it ends, as
+/// [`OpenCall`](crate::OpenCall) describes. gRPC is a matter of the
+/// classifier: pass a [`GrpcClassifier`](tower_classify::GrpcClassifier), or
+/// one built around it, and it judges the trailers.
+///
 /// # `S: Clone`
 ///
 /// The inner service must be `Clone` (and `Send + 'static`, the request
-/// `Send`), as for tower's `Retry`, here and under
-/// [`into_grpc`](crate::DeadLetterLayer::into_grpc) alike. With a poison count store that has to be waited for, a call
+/// `Send`), as for tower's `Retry`. With a poison count store that has to be waited for, a call
 /// takes the inner service it was made ready for along, leaves a clone in
 /// its place, and calls the taken one only once the count decided, so a
 /// diverted message never reaches the inner `call` (see
@@ -180,10 +189,6 @@ impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
     pub fn store(&self) -> &St {
         &self.shared.store
     }
-
-    pub(crate) fn shared(&self) -> &Arc<Shared<St, C, Cap>> {
-        &self.shared
-    }
 }
 
 impl<S: Clone, St, C, Cap> Clone for DeadLetter<S, St, C, Cap> {
@@ -206,9 +211,10 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
     }
 }
 
-impl<S, Req, St, C, Cap> Service<Req> for DeadLetter<S, St, C, Cap>
+impl<S, Req, St, C, Cap, Res> Service<Req> for DeadLetter<S, St, C, Cap>
 where
-    Cap: CaptureRequest<Req> + DescribeResponse<S::Response> + Send + Sync + 'static,
+    Cap:
+        CaptureRequest<Req> + DescribeResponse<S::Response, Response = Res> + Send + Sync + 'static,
     Cap::Request: Send + 'static,
     S: Service<Cap::Request> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -216,10 +222,11 @@ where
     S::Error: Into<BoxError> + Send,
     St: DeadLetterStore,
     C: Classify<S::Response, BoxError> + Send + Sync + 'static,
+    Res: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = Res;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S::Response, St, C, Cap, Cap::Recording>;
+    type Future = ResponseFuture<S::Future, Res, St, C, Cap, Cap::Recording>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -290,12 +297,9 @@ pub(crate) enum Verdict {
 }
 
 impl<St, C, Cap> Shared<St, C, Cap> {
-    /// Classifies a call's result, once.
-    pub(crate) fn verdict<Res, E>(&self, result: &Result<Res, E>) -> Verdict
-    where
-        C: Classify<Res, E>,
-    {
-        match self.classifier.classify(result.as_ref()) {
+    /// What a call's `outcome` asks of the layer.
+    pub(crate) fn verdict(&self, outcome: Outcome) -> Verdict {
+        match outcome {
             Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
                 Verdict::Failed(failure.kind)
             }

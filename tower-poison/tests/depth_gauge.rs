@@ -132,13 +132,16 @@ fn depth_gauges(
     gauges.clone()
 }
 
+/// The body of a dead-letter layer's answer.
+type Answer = tower_poison::SettleBody<Bytes, tower_poison::OpenCall>;
+
 /// A layer labelled `label` over `store` whose every call fails with a 500.
 fn failing<St: DeadLetterStore>(
     store: St,
     label: &'static str,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<Bytes>,
+    Response = Response<Answer>,
     Error = BoxError,
     Future: Send,
 > + Clone {
@@ -150,7 +153,7 @@ fn failing<St: DeadLetterStore>(
 }
 
 async fn fail(
-    mut service: impl Service<Request<Full<Bytes>>, Response = Response<Bytes>, Error = BoxError>,
+    mut service: impl Service<Request<Full<Bytes>>, Response = Response<Answer>, Error = BoxError>,
     times: usize,
 ) {
     for _ in 0..times {

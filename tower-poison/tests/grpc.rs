@@ -48,10 +48,10 @@ async fn entries(store: &MemoryStore) -> Vec<DeadLetterEntry> {
     store.list(ListQuery::default()).await.unwrap().entries
 }
 
-fn layer(store: &MemoryStore) -> tower_poison::GrpcDeadLetterLayer<MemoryStore, GrpcClassifier> {
-    DeadLetterLayer::new(store.clone())
-        .classifier(GrpcClassifier::new())
-        .into_grpc()
+/// gRPC is a matter of the classifier: the same layer, given a
+/// `GrpcClassifier`, settles calls whose status comes in the trailers.
+fn layer(store: &MemoryStore) -> DeadLetterLayer<MemoryStore, GrpcClassifier> {
+    DeadLetterLayer::new(store.clone()).classifier(GrpcClassifier::new())
 }
 
 #[tokio::test]
@@ -64,7 +64,7 @@ async fn a_failure_in_the_trailers_is_stored_with_its_status_before_the_caller_s
     }));
     let response = service.oneshot(call_request()).await.unwrap();
     assert_eq!(response.status(), 200);
-    assert!(response.body().awaits_trailers());
+    assert!(response.body().awaits_end());
     assert!(entries(&store).await.is_empty(), "not known before the end");
     let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
@@ -105,7 +105,7 @@ async fn ok_trailers_store_nothing_and_trailers_only_errors_are_settled_by_the_h
         .body(Full::new(Bytes::new()))
         .unwrap();
     let response = service.oneshot(request).await.unwrap();
-    assert!(!response.body().awaits_trailers());
+    assert!(!response.body().awaits_end());
     let entry = entries(&store).await.remove(0);
     assert_eq!(entry.kind, FailureKind::Rejected);
 }
@@ -254,7 +254,6 @@ async fn a_body_dropped_while_its_entry_is_written_still_keeps_the_entry() {
     let store = MemoryStore::new(10);
     let service = DeadLetterLayer::new(SlowStore(store.clone()))
         .classifier(GrpcClassifier::new())
-        .into_grpc()
         .layer(service_fn(|_: Request<Upload>| async {
             Ok::<_, BoxError>(answer(Some(trailers("14"))))
         }));
@@ -308,7 +307,6 @@ async fn item_4_a_diverted_grpc_message_never_reaches_a_client_that_sends_in_cal
         .message_id_header("x-message-id".parse().unwrap())
         .poison(tower_poison::PoisonPolicy::new(1).unwrap())
         .count_store(WaitingCounts::default())
-        .into_grpc()
         .layer(client);
     let message = || {
         let mut request = call_request();
@@ -338,4 +336,49 @@ async fn item_4_a_diverted_grpc_message_never_reaches_a_client_that_sends_in_cal
         "the diverted message was sent by the client's `call`"
     );
     assert_eq!(entries(&store).await[0].kind, FailureKind::Poison);
+}
+
+/// The trailers are judged by the layer's classifier, not by a gRPC
+/// classifier of the layer's own: a classifier built around
+/// `GrpcClassifier` that forgives `UNAVAILABLE` and makes `NOT_FOUND`
+/// poison is obeyed at the end of the body.
+#[tokio::test]
+async fn the_users_classifier_judges_the_trailers() {
+    use tower_classify::{ClassifyExt, Failure, Outcome};
+
+    let forgiving = GrpcClassifier::new().map(|outcome: Outcome| match outcome {
+        Outcome::Failure(failure) if failure.kind == FailureKind::ServerError => Outcome::Success,
+        Outcome::Failure(failure) if failure.kind == FailureKind::Rejected => {
+            Outcome::Failure(Failure::new(FailureKind::Poison))
+        }
+        other => other,
+    });
+    let store = MemoryStore::new(10);
+    let service = DeadLetterLayer::new(store.clone())
+        .classifier(forgiving)
+        .layer(service_fn(|req: Request<Upload>| async move {
+            let status = match req.uri().path().ends_with("Missing") {
+                true => "5",
+                false => "14",
+            };
+            Ok::<_, BoxError>(answer(Some(trailers(status))))
+        }));
+
+    // `UNAVAILABLE` in the trailers: the plain gRPC classifier stores it,
+    // this one forgives it.
+    let response = service.clone().oneshot(call_request()).await.unwrap();
+    assert!(response.body().awaits_end());
+    let collected = response.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers(), Some(&trailers("14")));
+    assert!(entries(&store).await.is_empty());
+
+    // `NOT_FOUND`: poison, by this classifier's word.
+    let request = Request::post("/greeter.Greeter/Missing")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    let entry = entries(&store).await.remove(0);
+    assert_eq!(entry.kind, FailureKind::Poison);
+    assert_eq!(entry.error, ["grpc-status 5"]);
 }

@@ -743,7 +743,7 @@ async fn readiness_is_the_inner_services() {
     assert_eq!(req.uri().path(), "/charges");
     respond.send_response(Response::new(Bytes::from_static(b"ok")));
     let response = call.await.unwrap().unwrap();
-    assert_eq!(response.into_body(), "ok");
+    assert_eq!(response.into_body().into_inner(), "ok");
 }
 
 /// Issue 13: a server's dead-letter layer keeps what an operator must act

@@ -499,12 +499,14 @@ async fn item_4_a_message_diverted_after_a_waiting_count_keeps_its_body() {
 // ===== the queue's count on an HTTP request =====
 
 type Http = Request<Full<Bytes>>;
+/// What the dead-letter layer answers an HTTP call with.
+type Answer = Response<tower_poison::SettleBody<Bytes, tower_poison::OpenCall>>;
 
 fn http_consumer(
     reader: DeliveryCount,
     store: impl FailureCountStore,
     processed: Arc<AtomicUsize>,
-) -> impl Service<Http, Response = Response<Bytes>, Error = BoxError> + Clone {
+) -> impl Service<Http, Response = Answer, Error = BoxError> + Clone {
     DeadLetterLayer::new(MemoryStore::new(10))
         .message_id_header("x-message-id".parse().unwrap())
         .delivery_count(reader)
@@ -534,10 +536,7 @@ fn http_message(headers: &[(&str, &str)]) -> Http {
 
 /// Delivers `request` to a consumer whose count store is down: a request
 /// the layer reads a count from never reaches the store.
-async fn outcome(
-    reader: DeliveryCount,
-    request: Http,
-) -> (Result<Response<Bytes>, BoxError>, usize, usize) {
+async fn outcome(reader: DeliveryCount, request: Http) -> (Result<Answer, BoxError>, usize, usize) {
     let processed = Arc::new(AtomicUsize::new(0));
     let asked = Arc::new(AtomicUsize::new(0));
     let store = DownStore {
@@ -554,7 +553,7 @@ async fn outcome(
     )
 }
 
-fn diverted_after(result: &Result<Response<Bytes>, BoxError>) -> Option<u32> {
+fn diverted_after(result: &Result<Answer, BoxError>) -> Option<u32> {
     let error = result.as_ref().err()?;
     error
         .downcast_ref::<PoisonMessage>()

@@ -658,8 +658,12 @@ type Body = tower_poison::ReplayBody<Full<Bytes>>;
 fn still_failing<St: DeadLetterStore>(
     store: St,
     label: &'static str,
-) -> impl Service<Request<Full<Bytes>>, Response = Response<Bytes>, Error = BoxError, Future: Send> + Clone
-{
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_poison::SettleBody<Bytes, tower_poison::OpenCall>>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
     let handler = service_fn(|_req: Request<Body>| async {
         Ok::<_, BoxError>(
             Response::builder()

@@ -68,9 +68,12 @@ fn post() -> Request<Full<Bytes>> {
 }
 
 /// Polls one call through `service` to its end: it must be ready at once.
-fn call_through<S>(service: &mut S, request: Request<Full<Bytes>>) -> Result<StatusCode, S::Error>
+fn call_through<S, B>(
+    service: &mut S,
+    request: Request<Full<Bytes>>,
+) -> Result<StatusCode, S::Error>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>>,
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
 {
     let mut cx = Context::from_waker(Waker::noop());
     assert!(service.poll_ready(&mut cx).is_ready());
@@ -83,9 +86,9 @@ where
 
 /// Allocations the layer makes for one successful call of each request, on
 /// top of what the bare service makes.
-fn success_allocations<S>(mut layered: S) -> Vec<usize>
+fn success_allocations<S, B>(mut layered: S) -> Vec<usize>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>>,
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
 {
     let mut bare = Answer(StatusCode::OK);
