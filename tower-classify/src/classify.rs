@@ -41,21 +41,26 @@ pub trait Classify<Res, E> {
     /// [`classify_end`](Self::classify_end) then judges where the response's
     /// body ends. By default the head settles every call, as
     /// [`classify`](Self::classify) says.
-    ///
-    /// ```
-    /// use http::Response;
-    /// use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome};
-    ///
-    /// let grpc = GrpcClassifier::new();
-    /// let streaming = Response::builder()
-    ///     .header("content-type", "application/grpc")
-    ///     .body(())
-    ///     .unwrap();
-    /// // The status comes in the trailers: the head settles nothing.
-    /// assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&streaming)), None);
-    /// let plain = Response::new(());
-    /// assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&plain)), Some(Outcome::Success));
-    /// ```
+    // The example needs the gRPC classifier, which comes with `http`.
+    #[cfg_attr(
+        feature = "http",
+        doc = r#"
+```
+use http::Response;
+use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome};
+
+let grpc = GrpcClassifier::new();
+let streaming = Response::builder()
+    .header("content-type", "application/grpc")
+    .body(())
+    .unwrap();
+// The status comes in the trailers: the head settles nothing.
+assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&streaming)), None);
+let plain = Response::new(());
+assert_eq!(Classify::<_, BoxError>::classify_head(&grpc, Ok(&plain)), Some(Outcome::Success));
+```
+"#
+    )]
     fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
         Some(self.classify(result))
     }
