@@ -17,30 +17,39 @@ use crate::settle::StreamEnd;
 /// Classifiers must be cheap to call: every layer calls them once per attempt.
 /// Those shipped here are `Clone` and share their configuration through `Arc`.
 ///
-/// # When a call is over
-///
-/// Most calls are settled by their head: the status, or the error. A
-/// streamed response can say how it went only where its body ends: a gRPC
-/// server answers `200` and puts `grpc-status` in the trailers. A layer that
-/// must know the real outcome asks [`classify_head`](Self::classify_head)
-/// instead of `classify`; when it answers `None`, the layer wraps the body in
-/// a [`SettleBody`](crate::SettleBody), which asks
-/// [`classify_end`](Self::classify_end) once, where the body ends (trailers,
-/// a body error, or the caller dropping it). Both methods are provided: a
-/// classifier that only reads heads implements `classify` alone.
-/// [`GrpcClassifier`](crate::GrpcClassifier) leaves a `200` gRPC response
-/// without `grpc-status` in its head open and judges its trailers; the
-/// combinators ([`Or`], [`Map`]) and `&C`, `Arc<C>` pass both on, so a
-/// classifier built around it judges the trailers its own way.
+// How a call settles past its head is the `http` feature's: its types and
+// `classify_end` come with it, and the docs link them only where they exist.
+#[cfg_attr(
+    feature = "http",
+    doc = r#"
+# When a call is over
+
+Most calls are settled by their head: the status, or the error. A
+streamed response can say how it went only where its body ends: a gRPC
+server answers `200` and puts `grpc-status` in the trailers. A layer that
+must know the real outcome asks [`classify_head`](Self::classify_head)
+instead of `classify`; when it answers `None`, the layer wraps the body in
+a [`SettleBody`](crate::SettleBody), which asks
+[`classify_end`](Self::classify_end) once, where the body ends (trailers,
+a body error, or the caller dropping it). Both methods are provided: a
+classifier that only reads heads implements `classify` alone.
+[`GrpcClassifier`](crate::GrpcClassifier) leaves a `200` gRPC response
+without `grpc-status` in its head open and judges its trailers; the
+combinators ([`Or`], [`Map`]) and `&C`, `Arc<C>` pass both on, so a
+classifier built around it judges the trailers its own way.
+"#
+)]
 pub trait Classify<Res, E> {
     /// Classifies one result.
     fn classify(&self, result: Result<&Res, &E>) -> Outcome;
 
     /// Classifies one result whose response may still be streaming: `None`
-    /// when its head does not settle the call, which
-    /// [`classify_end`](Self::classify_end) then judges where the response's
-    /// body ends. By default the head settles every call, as
-    /// [`classify`](Self::classify) says.
+    /// when its head does not settle the call. By default the head settles
+    /// every call, as [`classify`](Self::classify) says.
+    #[cfg_attr(
+        feature = "http",
+        doc = "\nA call left open is judged by [`classify_end`](Self::classify_end) where its response's body ends."
+    )]
     // The example needs the gRPC classifier, which comes with `http`.
     #[cfg_attr(
         feature = "http",
