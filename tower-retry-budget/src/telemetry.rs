@@ -36,12 +36,13 @@ const SLEEP_HISTOGRAM: (&str, &str) = (
 /// How often a give-up is logged at `warn`; the rest go to `debug`.
 const GIVE_UP_WARN_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Registers the descriptions of the retry layer's metrics with the
-/// installed `metrics` recorder.
+/// Registers the descriptions of the retry and hedge layers' metrics with
+/// the installed `metrics` recorder.
 ///
-/// [`RetryBuilder::build`](crate::RetryBuilder::build) calls it, so an
-/// exporter installed before the layers are built describes every series;
-/// call it yourself after installing a recorder later.
+/// [`RetryBuilder::build`](crate::RetryBuilder::build) and
+/// [`HedgeBuilder::build`](crate::HedgeBuilder::build) call it for their
+/// layer, so an exporter installed before the layers are built describes
+/// every series; call it yourself after installing a recorder later.
 ///
 /// # What a retry layer reports
 ///
@@ -75,9 +76,30 @@ const GIVE_UP_WARN_INTERVAL: Duration = Duration::from_secs(10);
 /// `since_last_warning`, the number of give-ups it stands for, so an outage
 /// shows without a line per call.
 ///
-/// A [hedge layer](crate::hedge::HedgeLayer) reports under its own name:
-/// see [`hedge::describe_metrics`](crate::hedge::describe_metrics).
+/// A [hedge layer](crate::hedge::HedgeLayer) reports under its own name.
+///
+/// # What a hedge layer reports
+///
+/// Everything carries the layer's [name](crate::HedgeBuilder::name), the
+/// `hedge` label of every metric:
+///
+/// | metric | type | labels | meaning |
+/// |---|---|---|---|
+/// | `tower_hedge_sent_total` | counter | `hedge` | hedges sent: attempts after a call's first |
+/// | `tower_hedge_won_total` | counter | `hedge` | calls answered by a hedge rather than by their first attempt |
+/// | `tower_hedge_cancelled_total` | counter | `hedge` | attempts dropped because another attempt of the call answered first |
+/// | `tower_hedge_refused_total` | counter | `hedge`, `reason` | hedges due but not sent (`budget`, `deadline`, `not_ready`, `not_replayable`) |
+/// | `tower_hedge_delay_seconds` | gauge | `hedge` | the current percentile delay (NaN before enough samples) |
+///
+/// Each hedge runs inside a `hedge_attempt` span at `debug`, made only when
+/// a subscriber records it.
 pub fn describe_metrics() {
+    describe_retry_metrics();
+    crate::hedge::describe_metrics();
+}
+
+/// Registers the retry layer's metric descriptions (see [`describe_metrics`]).
+pub(crate) fn describe_retry_metrics() {
     for (name, description) in COUNTERS {
         metrics::describe_counter!(name, Unit::Count, description);
     }
