@@ -31,7 +31,6 @@ mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
 pub use self::events::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
-pub use self::hedge::{Hedge, HedgeBuilder, HedgeLayer};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
 pub use self::service::Retry;
 pub use self::telemetry::describe_metrics;

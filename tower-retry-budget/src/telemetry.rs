@@ -40,7 +40,7 @@ const GIVE_UP_WARN_INTERVAL: Duration = Duration::from_secs(10);
 /// the installed `metrics` recorder.
 ///
 /// [`RetryBuilder::build`](crate::RetryBuilder::build) and
-/// [`HedgeBuilder::build`](crate::HedgeBuilder::build) call it for their
+/// [`HedgeBuilder::build`](crate::hedge::HedgeBuilder::build) call it for their
 /// layer, so an exporter installed before the layers are built describes
 /// every series; call it yourself after installing a recorder later.
 ///
@@ -80,7 +80,7 @@ const GIVE_UP_WARN_INTERVAL: Duration = Duration::from_secs(10);
 ///
 /// # What a hedge layer reports
 ///
-/// Everything carries the layer's [name](crate::HedgeBuilder::name), the
+/// Everything carries the layer's [name](crate::hedge::HedgeBuilder::name), the
 /// `hedge` label of every metric:
 ///
 /// | metric | type | labels | meaning |

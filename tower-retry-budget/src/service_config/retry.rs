@@ -59,7 +59,7 @@ pub(crate) type GrpcRetryBuilder = RetryBuilder<GrpcRetryClassifier, HttpReplay>
 
 impl RetryPolicyConfig {
     /// The policy's backoff: exponential from `initialBackoff` by
-    /// `backoffMultiplier`, capped at `maxBackoff`, then [`A6_JITTER`].
+    /// `backoffMultiplier`, capped at `maxBackoff`, then A6's jitter, `[0.8, 1.2)`.
     ///
     /// Refuses a `backoffMultiplier` below 1 (see the [module docs](self)).
     pub(crate) fn backoff(&self) -> Result<Backoff, ConfigError> {
