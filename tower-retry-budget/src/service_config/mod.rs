@@ -28,12 +28,13 @@
 //! }"#).unwrap();
 //!
 //! let method = config.method_config("/helloworld.Greeter/SayHello").unwrap();
-//! let retry = method.retry_policy().unwrap();
-//! assert_eq!(retry.max_attempts(), 4);
-//! assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
-//! assert!(retry.retryable_status_codes().contains(14));
 //! assert_eq!(method.timeout(), Some(Duration::from_secs(2)));
+//! let retry = method.retry_builder(config.retry_throttle().as_ref())?.build()?;
+//! assert_eq!(retry.max_retries(), 3); // maxAttempts 4
+//! assert_eq!(retry.backoff().initial_delay(), Duration::from_millis(100));
+//! assert_eq!(retry.deadline(), Some(Duration::from_secs(2)));
 //! assert!(config.method_config("/other.Service/Call").is_none());
+//! # Ok::<(), tower_classify::ConfigError>(())
 //! ```
 //!
 //! # Validation
