@@ -20,8 +20,9 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 
 /// Retries failed calls of the service it wraps; see the [crate docs](crate).
 ///
-/// Built by [`RetryLayer::builder`], [`RetryLayer::http_builder`] or from a
-/// configuration. All settings, the classifier and the retry budget
+/// Built by [`RetryLayer::builder`], [`RetryLayer::http_builder`] (or one of
+/// Google's [presets](crate::presets) built on it) or from a configuration.
+/// All settings, the classifier and the retry budget
 /// live in one place, behind an `Arc`: every clone of the layer, every
 /// service it makes and every call's response future share them, so the
 /// budget counts the traffic of all of them together.
