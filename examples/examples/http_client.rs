@@ -84,7 +84,7 @@ fn client(budget: Option<Arc<dyn Budget + Send + Sync>>) -> Result<Client, BoxEr
             );
         });
     let retry = match budget {
-        Some(budget) => retry.shared_budget(budget),
+        Some(budget) => retry.budget(budget),
         None => retry.no_budget(),
     }
     .build()?;
@@ -101,7 +101,7 @@ fn quiet_client(budget: Option<Arc<dyn Budget + Send + Sync>>) -> Result<Client,
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(1)));
     let retry = match budget {
-        Some(budget) => retry.shared_budget(budget),
+        Some(budget) => retry.budget(budget),
         None => retry.no_budget(),
     }
     .build()?;

@@ -167,7 +167,7 @@ fn budgeted_retry(
                 .with_jitter(Jitter::Full),
         )
         .deadline(Duration::from_secs(5))
-        .shared_budget(budget.clone())
+        .budget(budget.clone())
         .build()?;
     Ok((retry, budget))
 }

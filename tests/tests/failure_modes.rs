@@ -170,7 +170,9 @@ async fn budget_exhausted_still_opens_the_breaker() {
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(20)).with_jitter(Jitter::None))
         .deadline(Duration::from_secs(5))
-        .budget(TpsBudget::new(Duration::from_secs(10), 0, 0.0).unwrap())
+        .budget(Arc::new(
+            TpsBudget::new(Duration::from_secs(10), 0, 0.0).unwrap(),
+        ))
         .build()
         .unwrap();
     let stack = default_order(dead_letters(&store), breaker, retry);

@@ -403,7 +403,9 @@ fn family_for_partial_outages(upstream: Upstream) -> HttpService {
         .expect("valid throttle settings");
     let retry = RetryLayer::http_builder()
         .deadline(DEADLINE)
-        .budget(TokenBucketBudget::new(10, 0.1).expect("valid bucket settings"))
+        .budget(Arc::new(
+            TokenBucketBudget::new(10, 0.1).expect("valid bucket settings"),
+        ))
         .build()
         .expect("valid retry settings");
     HttpService::new(

@@ -10,6 +10,7 @@
 //! and the dead-letter store's contents. Timings are asserted only as lower
 //! bounds (a wait the server asked for) or as generous upper bounds.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::header::AUTHORIZATION;
@@ -516,7 +517,9 @@ async fn retry_budget_caps_amplification_during_an_outage() {
         .max_retries(3)
         .backoff(Backoff::fixed(Duration::from_millis(5)).with_jitter(Jitter::None))
         .deadline(Duration::from_secs(5))
-        .budget(TpsBudget::new(Duration::from_secs(10), 1, 0.2).unwrap())
+        .budget(Arc::new(
+            TpsBudget::new(Duration::from_secs(10), 1, 0.2).unwrap(),
+        ))
         .build()
         .unwrap();
     let stack = default_order(dead_letters(&store), breaker, retry);

@@ -69,7 +69,9 @@ fn ours() -> tower_retry_budget::Retry<
     tower_retry_budget::replay::HttpReplay,
 > {
     RetryLayer::http_builder()
-        .budget(tower_retry_budget::budget::TpsBudget::default())
+        .budget(std::sync::Arc::new(
+            tower_retry_budget::budget::TpsBudget::default(),
+        ))
         .build()
         .unwrap()
         .layer(Handler)

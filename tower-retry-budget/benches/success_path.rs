@@ -109,7 +109,9 @@ where
 fn ours_layer() -> RetryLayer {
     RetryLayer::builder()
         .max_retries(3)
-        .budget(tower_retry_budget::budget::TpsBudget::default())
+        .budget(std::sync::Arc::new(
+            tower_retry_budget::budget::TpsBudget::default(),
+        ))
         .build()
         .unwrap()
 }

@@ -93,9 +93,9 @@ pub enum Jitter {
     Equal,
     /// Uniform in `[initial_delay, 3 × previous sleep]`, capped at `max_delay`.
     Decorrelated,
-    /// Uniform in `[low × d, high × d)`. `[0.5, 1.5)` is
-    /// [`Jitter::HALF_TO_ONE_AND_A_HALF`], "50–100 %" is
-    /// [`Jitter::HALF_TO_FULL`].
+    /// Uniform in `[low × d, high × d)`: `{ low: 0.5, high: 1.5 }` is ±50 %
+    /// around the computed delay, `{ low: 0.5, high: 1.0 }` is 50–100 % of
+    /// it (a sleep never exceeds it).
     Proportional {
         /// The smallest factor.
         low: f64,
@@ -105,20 +105,8 @@ pub enum Jitter {
 }
 
 impl Jitter {
-    /// `[0.5, 1.5) × d`: ±50 % around the computed delay.
-    pub const HALF_TO_ONE_AND_A_HALF: Jitter = Jitter::Proportional {
-        low: 0.5,
-        high: 1.5,
-    };
-    /// `[0.5, 1.0) × d`: 50–100 % of the computed delay, so a sleep never
-    /// exceeds it.
-    pub const HALF_TO_FULL: Jitter = Jitter::Proportional {
-        low: 0.5,
-        high: 1.0,
-    };
-
     /// Checks the factors of a proportional jitter: finite, `0 ≤ low ≤ high ≤ 10`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if let Jitter::Proportional { low, high } = *self {
             if !(low.is_finite() && high.is_finite() && 0.0 <= low && low <= high && high <= 10.0) {
                 return Err(ConfigError::new(
@@ -283,7 +271,7 @@ impl Backoff {
     }
 
     /// Checks the settings; errors name the field (`multiplier`, `jitter`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return Err(ConfigError::new(
                 "multiplier",
@@ -468,14 +456,23 @@ mod tests {
             Jitter::Full,
             Jitter::Equal,
             Jitter::Decorrelated,
-            Jitter::HALF_TO_ONE_AND_A_HALF,
-            Jitter::HALF_TO_FULL,
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.5,
+            },
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.0,
+            },
         ] {
             assert_eq!(j.to_string().parse::<Jitter>().unwrap(), j);
         }
         assert_eq!(
             "0.5..1.5".parse::<Jitter>().unwrap(),
-            Jitter::HALF_TO_ONE_AND_A_HALF
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.5
+            }
         );
     }
 
@@ -514,12 +511,12 @@ mod tests {
 
         #[test]
         fn half_to_one_and_a_half(seed: u64) {
-            check_bounds(Jitter::HALF_TO_ONE_AND_A_HALF, seed, |d| (d / 2, d.mul_f64(1.5)));
+            check_bounds(Jitter::Proportional { low: 0.5, high: 1.5 }, seed, |d| (d / 2, d.mul_f64(1.5)));
         }
 
         #[test]
         fn fifty_to_hundred_percent(seed: u64) {
-            check_bounds(Jitter::HALF_TO_FULL, seed, |d| (d / 2, d));
+            check_bounds(Jitter::Proportional { low: 0.5, high: 1.0 }, seed, |d| (d / 2, d));
         }
 
         #[test]

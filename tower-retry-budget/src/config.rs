@@ -26,6 +26,7 @@
 //! assert_eq!(err.field(), "max_retries");
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -194,7 +195,7 @@ impl RetryConfig {
         self.http_builder().map(drop)
     }
 
-    /// Applies the settings to an HTTP builder ([`RetryLayer::http`](crate::RetryLayer::http)).
+    /// Applies the settings to an HTTP builder ([`RetryLayer::http_builder`](crate::RetryLayer::http_builder)'s).
     pub fn http_builder(&self) -> Result<RetryBuilder<HttpClassifier, HttpReplay>, ConfigError> {
         let mut classifier = HttpClassifier::new();
         if let Some(codes) = &self.retryable_statuses {
@@ -294,17 +295,17 @@ impl RetryConfig {
                 ttl,
                 min_per_sec,
                 retry_percent,
-            }) => builder.budget(
+            }) => builder.budget(Arc::new(
                 TpsBudget::new(*ttl, *min_per_sec, *retry_percent)
                     .map_err(|e| e.within("budget"))?,
-            ),
+            )),
             Some(BudgetConfig::TokenBucket {
                 max_tokens,
                 token_ratio,
-            }) => builder.budget(
+            }) => builder.budget(Arc::new(
                 TokenBucketBudget::new(*max_tokens, *token_ratio)
                     .map_err(|e| e.within("budget"))?,
-            ),
+            )),
         };
         // The builder checks the rest (zero durations) with the same field names.
         builder.check()?;
@@ -398,7 +399,13 @@ mod tests {
         let layer = config.http_builder().unwrap().build().unwrap();
         assert_eq!(layer.max_retries(), 4);
         assert_eq!(layer.deadline(), Some(Duration::from_millis(7500)));
-        assert_eq!(layer.backoff().jitter(), Jitter::HALF_TO_ONE_AND_A_HALF);
+        assert_eq!(
+            layer.backoff().jitter(),
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.5
+            }
+        );
         assert_eq!(layer.backoff().kind(), BackoffKind::Linear);
         let err = parse(r#"{"deadline": "soon"}"#).unwrap_err().to_string();
         assert!(err.contains("soon"), "{err}");

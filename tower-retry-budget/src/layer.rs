@@ -20,8 +20,9 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 
 /// Retries failed calls of the service it wraps; see the [crate docs](crate).
 ///
-/// Built by [`RetryLayer::http`], [`RetryLayer::builder`], [`RetryLayer::http_builder`] or a
-/// [preset](crate::presets). All settings, the classifier and the retry budget
+/// Built by [`RetryLayer::builder`], [`RetryLayer::http_builder`] (or one of
+/// Google's [presets](crate::presets) built on it) or from a configuration.
+/// All settings, the classifier and the retry budget
 /// live in one place, behind an `Arc`: every clone of the layer, every
 /// service it makes and every call's response future share them, so the
 /// budget counts the traffic of all of them together.
@@ -56,27 +57,19 @@ impl RetryLayer {
 
 #[cfg(feature = "http")]
 impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
-    /// The layer for `http::Request`s with every default: the
+    /// A builder for `http::Request`s with every HTTP default: the
     /// [`HttpClassifier`](tower_classify::HttpClassifier) (5xx, 429, 408,
     /// `Retry-After`, connection errors and timeouts),
     /// [`HttpReplay`](crate::replay::HttpReplay) (idempotent methods only),
     /// 3 retries with exponential backoff and full jitter, and a retry
-    /// budget. [`http_builder`](Self::http_builder) changes any of them.
+    /// budget. Change any of them before [`build`](RetryBuilder::build).
     ///
     /// ```
     /// use tower_retry_budget::RetryLayer;
     ///
-    /// let layer = RetryLayer::http();
+    /// let layer = RetryLayer::http_builder().build().unwrap();
     /// assert_eq!(layer.max_retries(), 3);
     /// ```
-    pub fn http() -> Self {
-        Self::http_builder()
-            .build()
-            .expect("the default configuration is valid")
-    }
-
-    /// A builder for `http::Request`s, starting from the defaults of
-    /// [`http`](Self::http).
     pub fn http_builder() -> RetryBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay>
     {
         RetryBuilder::new(
@@ -214,7 +207,7 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
 
 impl<C, R> RetryBuilder<C, R> {
     /// A builder with `classifier` and `replay` and the defaults above.
-    pub fn new(classifier: C, replay: R) -> Self {
+    pub(crate) fn new(classifier: C, replay: R) -> Self {
         RetryBuilder {
             classifier,
             replay,
@@ -387,17 +380,10 @@ impl<C, R> RetryBuilder<C, R> {
         self
     }
 
-    /// Limits retries with `budget`, shared by every clone of the layer.
-    pub fn budget<B>(mut self, budget: B) -> Self
-    where
-        B: Budget + Send + Sync + 'static,
-    {
-        self.budget = BudgetChoice::Shared(Arc::new(budget));
-        self
-    }
-
-    /// Limits retries with a budget shared with other layers.
-    pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+    /// Limits retries with `budget`, shared by every clone of the layer;
+    /// pass a clone of the same `Arc` to other layers to share it with them
+    /// too.
+    pub fn budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
         self.budget = BudgetChoice::Shared(budget);
         self
     }
@@ -497,7 +483,7 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Checks the settings and builds the layer. Errors name the field.
     pub fn build(self) -> Result<RetryLayer<C, R>, ConfigError> {
-        crate::telemetry::describe_metrics();
+        crate::telemetry::describe_retry_metrics();
         let max_retries = self.resolve_retries()?;
         self.backoff.validate().map_err(|e| e.within("backoff"))?;
         let deadline = self.resolve_deadline(max_retries)?;
@@ -523,22 +509,5 @@ impl<C, R> RetryBuilder<C, R> {
                 telemetry: Telemetry::new(self.name),
             }),
         })
-    }
-}
-
-#[cfg(feature = "http")]
-impl<C> RetryBuilder<C, crate::replay::HttpReplay> {
-    /// Retries POST and PATCH too (default `false`: they get exactly one
-    /// attempt unless they carry an `Idempotency-Key` header).
-    pub fn retry_non_idempotent(mut self, yes: bool) -> Self {
-        self.replay = self.replay.retry_non_idempotent(yes);
-        self
-    }
-
-    /// Marks each retry with `name: N`, N the attempts sent before it
-    /// (e.g. `grpc-previous-rpc-attempts`).
-    pub fn attempt_header(mut self, name: http::HeaderName) -> Self {
-        self.replay = self.replay.attempt_header(name);
-        self
     }
 }

@@ -36,48 +36,9 @@ const SLEEP_HISTOGRAM: (&str, &str) = (
 /// How often a give-up is logged at `warn`; the rest go to `debug`.
 const GIVE_UP_WARN_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Registers the descriptions of the retry layer's metrics with the
-/// installed `metrics` recorder.
-///
-/// [`RetryBuilder::build`](crate::RetryBuilder::build) calls it, so an
-/// exporter installed before the layers are built describes every series;
-/// call it yourself after installing a recorder later.
-///
-/// # What a retry layer reports
-///
-/// Everything a layer reports carries its [name](crate::RetryBuilder::name):
-/// the `retry` label of every metric, a field of every event and span.
-///
-/// | metric | type | labels | meaning |
-/// |---|---|---|---|
-/// | `tower_retry_retries_total` | counter | `retry`, `class` | retries sent, by the failure class that caused them |
-/// | `tower_retry_giveups_total` | counter | `retry`, `reason` | calls ended failed because a retry was not allowed |
-/// | `tower_retry_budget_exhausted_total` | counter | `retry` | retries refused by the budget |
-/// | `tower_retry_sleep_seconds` | histogram | `retry` | time slept before a retry |
-///
-/// Spans, at `debug` (as tower-http's `TraceLayer`), are made only when a
-/// subscriber records them (a call without one costs one null pointer):
-///
-/// - `retry` per logical call: `retry` (the name), `attempts`, `outcome`
-///   (`success` or `failure`), `error.type` (the class of the last
-///   failure), and `stop_reason` when the layer stopped retrying
-///   (`attempts`, `deadline`, `budget`, `wait_too_long`, `shed`,
-///   `not_retried`, `not_replayable`);
-/// - `retry_attempt` per attempt, a child of the call's span and the parent
-///   of whatever the service below logs or traces: `attempt` (1-based),
-///   `http.request.resend_count` on every attempt after the first
-///   (OpenTelemetry's name), `outcome`, `error.type`, and `wait`, the sleep
-///   before the next attempt when it failed and is retried. A failed
-///   attempt's span ends when it fails, not after the sleep.
-///
-/// Events: `debug` per retry (attempt, class, wait) and per give-up; a
-/// give-up is also logged at `warn`, at most once per 10 s per layer, with
-/// `since_last_warning`, the number of give-ups it stands for, so an outage
-/// shows without a line per call.
-///
-/// A [hedge layer](crate::hedge::HedgeLayer) reports under its own name:
-/// see [`hedge::describe_metrics`](crate::hedge::describe_metrics).
-pub fn describe_metrics() {
+/// Registers the retry layer's metric descriptions (see
+/// [`describe_metrics`](crate::describe_metrics)).
+pub(crate) fn describe_retry_metrics() {
     for (name, description) in COUNTERS {
         metrics::describe_counter!(name, Unit::Count, description);
     }

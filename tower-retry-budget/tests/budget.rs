@@ -60,7 +60,7 @@ async fn storm(
         .max_retries(3)
         .backoff(Backoff::none());
     let builder = match budget {
-        Some(budget) => builder.shared_budget(budget),
+        Some(budget) => builder.budget(budget),
         None => builder.no_budget(),
     };
     let service = builder.build().unwrap().layer(outage.clone());
@@ -141,7 +141,7 @@ async fn fractional_percent_is_honoured_through_the_layer() {
         let service = RetryLayer::builder()
             .max_retries(1)
             .backoff(Backoff::none())
-            .shared_budget(budget)
+            .budget(budget)
             .build()
             .unwrap()
             .layer(outage.clone());

@@ -12,6 +12,7 @@ use tower_classify::{BoxError, Classified, FailureKind};
 use tower_layer::Layer;
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::hedge::HedgeLayer;
+use tower_retry_budget::replay::HttpReplay;
 
 type Answer = Result<&'static str, BoxError>;
 
@@ -366,7 +367,10 @@ fn http_echo(
 async fn http_hedges_carry_the_attempt_header_and_spare_non_idempotent_requests() {
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
-        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .replay(
+            HttpReplay::new()
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
+        )
         .build()
         .unwrap();
     let mut service = layer.layer(http_echo(Duration::from_secs(1)));
@@ -396,8 +400,11 @@ async fn http_hedges_carry_the_attempt_header_and_spare_non_idempotent_requests(
     // ...or the layer is told the endpoint deduplicates.
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
-        .hedge_non_idempotent(true)
-        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .replay(
+            HttpReplay::new()
+                .retry_non_idempotent(true)
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
+        )
         .build()
         .unwrap();
     let post = http::Request::post("/").body(String::from("pay")).unwrap();
@@ -783,7 +790,10 @@ async fn every_hedge_carries_the_number_of_attempts_before_it() {
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
         .max_attempts(3)
-        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .replay(
+            HttpReplay::new()
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
+        )
         .build()
         .unwrap();
     let get = http::Request::get("/").body(String::new()).unwrap();

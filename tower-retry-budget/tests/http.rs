@@ -16,6 +16,7 @@ use tower_classify::BoxError;
 use tower_retry_budget::backoff::{Backoff, Jitter};
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::presets::{default_retry, default_retry_non_idempotent};
+use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::RetryLayer;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -124,7 +125,7 @@ async fn patch_is_retried_only_when_opted_in() {
     let (inner, log) = server::<String>(unavailable_then_ok(1));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .retry_non_idempotent(true)
+        .replay(HttpReplay::new().retry_non_idempotent(true))
         .build()
         .unwrap();
     let patch = Request::patch("/doc").body("x".to_owned()).unwrap();
@@ -205,7 +206,10 @@ async fn attempt_header_marks_retries() {
     let (inner, log) = server::<String>(unavailable_then_ok(2));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        .replay(
+            HttpReplay::new()
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
+        )
         .build()
         .unwrap();
     layer
@@ -555,7 +559,7 @@ async fn a_retry_sends_the_head_the_caller_made() {
     });
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .attempt_header(http::HeaderName::from_static("x-attempt"))
+        .replay(HttpReplay::new().attempt_header(http::HeaderName::from_static("x-attempt")))
         .build()
         .unwrap();
     let mut secret = http::HeaderValue::from_static("Bearer s3cret");
@@ -1091,7 +1095,7 @@ async fn item_10_a_spent_budget_hands_back_the_upstreams_response_marked() {
     use tower_retry_budget::{RetryStopped, StopReason};
     let (inner, log) = server::<String>(|_| unavailable_for("1"));
     let layer = RetryLayer::http_builder()
-        .budget(spent_budget())
+        .budget(Arc::new(spent_budget()))
         .build()
         .unwrap();
     let response = layer
@@ -1145,7 +1149,7 @@ async fn item_10_every_failed_response_handed_back_says_why() {
 async fn item_10_an_outer_retry_hands_back_a_response_the_inner_budget_refused() {
     let (inner, log) = server::<String>(|_| status(503));
     let inner_retry = RetryLayer::http_builder()
-        .budget(spent_budget())
+        .budget(Arc::new(spent_budget()))
         .build()
         .unwrap();
     let outer_retry = RetryLayer::http_builder()
@@ -1194,8 +1198,7 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
     use tower_classify::http::ResponseRule;
     use tower_classify::{FailureKind, HttpClassifier};
     use tower_retry_budget::error::FailedSuccess;
-    use tower_retry_budget::replay::HttpReplay;
-    use tower_retry_budget::{RetryBuilder, StopReason};
+    use tower_retry_budget::StopReason;
 
     let throttled = ResponseRule::builder()
         .match_success(true)
@@ -1209,15 +1212,13 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
             .body(())
             .unwrap())
     });
-    let layer = RetryBuilder::new(
-        HttpClassifier::new().with_rules([throttled]),
-        HttpReplay::new(),
-    )
-    .max_retries(2)
-    .backoff(fast())
-    .no_budget()
-    .build()
-    .unwrap();
+    let layer = RetryLayer::http_builder()
+        .classifier(HttpClassifier::new().with_rules([throttled]))
+        .max_retries(2)
+        .backoff(fast())
+        .no_budget()
+        .build()
+        .unwrap();
     let err = layer
         .layer(inner)
         .oneshot(Request::get("/").body(String::new()).unwrap())

@@ -59,7 +59,7 @@ proptest! {
         latency in 0u64..300,
         delay in 0u64..200,
         deadline in proptest::option::of(100u64..3000),
-        jitter in prop_oneof![Just(Jitter::None), Just(Jitter::Full), Just(Jitter::Equal), Just(Jitter::HALF_TO_ONE_AND_A_HALF)],
+        jitter in prop_oneof![Just(Jitter::None), Just(Jitter::Full), Just(Jitter::Equal), Just(Jitter::Proportional { low: 0.5, high: 1.5 })],
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()

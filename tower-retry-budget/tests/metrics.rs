@@ -149,7 +149,9 @@ async fn retries_give_ups_budget_and_sleeps_are_counted() {
     });
     let layer = RetryLayer::builder()
         .name("payments")
-        .budget(TpsBudget::new(Duration::from_secs(1), 0, 0.0).unwrap())
+        .budget(Arc::new(
+            TpsBudget::new(Duration::from_secs(1), 0, 0.0).unwrap(),
+        ))
         .build()
         .unwrap();
     layer.layer(outage).oneshot(()).await.unwrap_err();

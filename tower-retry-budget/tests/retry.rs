@@ -158,8 +158,20 @@ async fn jitter_bounds_for_every_kind_on_paused_time() {
         (Jitter::None, |d| (d, d)),
         (Jitter::Full, |d| (Duration::ZERO, d)),
         (Jitter::Equal, |d| (d / 2, d)),
-        (Jitter::HALF_TO_ONE_AND_A_HALF, |d| (d / 2, d.mul_f64(1.5))),
-        (Jitter::HALF_TO_FULL, |d| (d / 2, d)),
+        (
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.5,
+            },
+            |d| (d / 2, d.mul_f64(1.5)),
+        ),
+        (
+            Jitter::Proportional {
+                low: 0.5,
+                high: 1.0,
+            },
+            |d| (d / 2, d),
+        ),
     ];
     for (jitter, bounds) in cases {
         for _ in 0..20 {
@@ -499,7 +511,7 @@ async fn an_outer_retry_does_not_retry_an_inner_budget_exhaustion() {
     let inner = always_reset();
     let empty = TpsBudget::new(S(1), 0, 0.0).unwrap();
     let inner_layer = RetryLayer::builder()
-        .budget(empty)
+        .budget(Arc::new(empty))
         .backoff(Backoff::none())
         .build()
         .unwrap();
@@ -737,7 +749,7 @@ async fn clones_share_the_budget() {
     let layer = RetryLayer::builder()
         .max_retries(1)
         .backoff(Backoff::none())
-        .shared_budget(budget.clone())
+        .budget(budget.clone())
         .build()
         .unwrap();
     let inner = always_reset();
@@ -1038,7 +1050,7 @@ async fn item_15_waiting_out_a_refusal_spends_no_budget() {
         .max_retries(3)
         .backoff(Backoff::none())
         .deadline(S(10))
-        .budget(TpsBudget::new(S(1), 0, 0.0).unwrap())
+        .budget(Arc::new(TpsBudget::new(S(1), 0, 0.0).unwrap()))
         .build()
         .unwrap();
     let inner = Scripted::new(|n| {

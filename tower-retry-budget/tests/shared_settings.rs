@@ -70,7 +70,7 @@ async fn clones_of_a_layer_share_its_budget() {
     let layer = RetryLayer::builder()
         .max_retries(3)
         .backoff(Backoff::none())
-        .budget(budget)
+        .budget(Arc::new(budget))
         .build()
         .unwrap();
     let calls = Arc::new(AtomicU32::new(0));

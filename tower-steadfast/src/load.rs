@@ -212,7 +212,10 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     if let Some(value) = map.get("jitter") {
         retry.jitter = Some(match value {
             // A switch: on is ±50 % around each wait, off is none.
-            Value::Bool(true) => Jitter::HALF_TO_ONE_AND_A_HALF,
+            Value::Bool(true) => Jitter::Proportional {
+                low: 0.5,
+                high: 1.5,
+            },
             Value::Bool(false) => Jitter::None,
             other => named(other, &join(path, "jitter"), "true, false or `full`")?,
         });

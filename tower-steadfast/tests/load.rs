@@ -45,7 +45,13 @@ fn the_documented_block_loads_unchanged_in_every_format() {
     assert_eq!(retry.base(), Some(Duration::from_millis(200)));
     assert_eq!(retry.max(), Some(Duration::from_secs(30)));
     // `jitter: true` is the seed's ±50 % around each wait.
-    assert_eq!(retry.jitter(), Some(Jitter::HALF_TO_ONE_AND_A_HALF));
+    assert_eq!(
+        retry.jitter(),
+        Some(Jitter::Proportional {
+            low: 0.5,
+            high: 1.5
+        })
+    );
     assert_eq!(retry.retry_on(), Some(RetryOn::ALL));
     assert_eq!(yaml.circuit_breaker().consecutive_failures(), Some(5));
     assert_eq!(

@@ -124,21 +124,6 @@ impl TpsBudget {
         self.balance() as f64 / UNIT as f64
     }
 
-    /// The time window.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The floor, in retries per second.
-    pub fn min_per_sec(&self) -> u32 {
-        self.min_per_sec
-    }
-
-    /// The fraction of requests that may be retried (0.2 is 20 %).
-    pub fn retry_percent(&self) -> f64 {
-        self.retry_percent
-    }
-
     fn elapsed_nanos(&self) -> u64 {
         let elapsed = CoarseClock::precise_now().saturating_duration_since(self.start);
         // u64 nanoseconds last 584 years.

@@ -14,7 +14,7 @@ use crate::replay::CloneRequest;
 
 /// The most attempts a hedged call may have in flight, as gRFC A6 caps
 /// `maxAttempts`.
-pub const MAX_HEDGE_ATTEMPTS: u32 = 5;
+const MAX_HEDGE_ATTEMPTS: u32 = 5;
 
 /// Sends a hedge (a second copy of a request) when the first attempt is
 /// slow; see the [module docs](crate::hedge).
@@ -170,7 +170,7 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgeBuilder<C, R> {
 
 impl<C, R> HedgeBuilder<C, R> {
     /// A builder with `classifier` and `replay` and the defaults above.
-    pub fn new(classifier: C, replay: R) -> Self {
+    pub(crate) fn new(classifier: C, replay: R) -> Self {
         HedgeBuilder {
             classifier,
             replay,
@@ -437,34 +437,5 @@ impl<C, R> HedgeBuilder<C, R> {
                 telemetry: HedgeTelemetry::new(self.name),
             }),
         })
-    }
-}
-
-#[cfg(feature = "http")]
-impl<C> HedgeBuilder<C, crate::replay::HttpReplay> {
-    /// Hedges POST and PATCH too (default `false`: they are never hedged
-    /// unless they carry an `Idempotency-Key` header). Only for endpoints
-    /// that deduplicate: a hedge is a second copy sent while the first may
-    /// still be acted on.
-    pub fn hedge_non_idempotent(mut self, yes: bool) -> Self {
-        self.replay = self.replay.retry_non_idempotent(yes);
-        self
-    }
-
-    /// Marks each hedge with `name: N`, N the attempts sent before it
-    /// (gRPC's `grpc-previous-rpc-attempts`).
-    pub fn attempt_header(mut self, name: http::HeaderName) -> Self {
-        self.replay = self.replay.attempt_header(name);
-        self
-    }
-
-    /// Writes what is left of the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline), or of the
-    /// `grpc-timeout` the request came with when that is earlier, as
-    /// `grpc-timeout` on every attempt (see
-    /// [`HttpReplay::grpc_timeout`](crate::replay::HttpReplay::grpc_timeout)).
-    pub fn grpc_timeout(mut self, yes: bool) -> Self {
-        self.replay = self.replay.grpc_timeout(yes);
-        self
     }
 }

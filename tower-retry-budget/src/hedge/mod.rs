@@ -54,8 +54,9 @@
 //! Only a request its [`Replay`](crate::replay::Replay) can copy:
 //! [`HedgeLayer::http_builder`] uses [`HttpReplay`](crate::replay::HttpReplay),
 //! so POST and PATCH are never hedged unless they carry an
-//! `Idempotency-Key` or [`hedge_non_idempotent`](HedgeBuilder::hedge_non_idempotent)
-//! is set, and a streamed body is hedged only while its
+//! `Idempotency-Key` or the builder is given
+//! [`.replay(HttpReplay::new().retry_non_idempotent(true))`](crate::replay::HttpReplay::retry_non_idempotent),
+//! and a streamed body is hedged only while its
 //! [`ReplayBody`](crate::body::ReplayBody) recording holds it. A hedge is
 //! not sent when less than [`min_attempt_time`](HedgeBuilder::min_attempt_time)
 //! is left before the caller's [`Deadline`](tower_classify::deadline::Deadline).
@@ -136,6 +137,6 @@ mod service;
 mod telemetry;
 
 pub use self::future::ResponseFuture;
-pub use self::layer::{HedgeBuilder, HedgeLayer, MAX_HEDGE_ATTEMPTS};
+pub use self::layer::{HedgeBuilder, HedgeLayer};
 pub use self::service::Hedge;
-pub use self::telemetry::describe_metrics;
+pub(crate) use self::telemetry::describe_metrics;

@@ -31,28 +31,9 @@ const DELAY: (&str, &str) = (
     "The current percentile delay before a hedge is sent (NaN before enough samples).",
 );
 
-/// Registers the descriptions of the hedge layer's metrics with the
-/// installed `metrics` recorder.
-///
-/// [`HedgeBuilder::build`](super::HedgeBuilder::build) calls it; call it
-/// yourself after installing a recorder later.
-///
-/// # What a hedge layer reports
-///
-/// Everything carries the layer's [name](super::HedgeBuilder::name), the
-/// `hedge` label of every metric:
-///
-/// | metric | type | labels | meaning |
-/// |---|---|---|---|
-/// | `tower_hedge_sent_total` | counter | `hedge` | hedges sent: attempts after a call's first |
-/// | `tower_hedge_won_total` | counter | `hedge` | calls answered by a hedge rather than by their first attempt |
-/// | `tower_hedge_cancelled_total` | counter | `hedge` | attempts dropped because another attempt of the call answered first |
-/// | `tower_hedge_refused_total` | counter | `hedge`, `reason` | hedges due but not sent (`budget`, `deadline`, `not_ready`, `not_replayable`) |
-/// | `tower_hedge_delay_seconds` | gauge | `hedge` | the current percentile delay (NaN before enough samples) |
-///
-/// Each hedge runs inside a `hedge_attempt` span at `debug`, made only when
-/// a subscriber records it.
-pub fn describe_metrics() {
+/// Registers the hedge layer's metric descriptions; documented, with the
+/// retry layer's, at [`describe_metrics`](crate::describe_metrics).
+pub(crate) fn describe_metrics() {
     for (name, description) in [SENT, WON, CANCELLED, REFUSED] {
         metrics::describe_counter!(name, Unit::Count, description);
     }

@@ -95,19 +95,9 @@ impl GrpcRetryClassifier {
         self
     }
 
-    /// The codes retried.
-    pub fn retryable_codes(&self) -> StatusCodes {
-        self.retryable
-    }
-
-    /// The throttle counted in, if any.
-    pub fn throttle(&self) -> Option<&Arc<RetryThrottle>> {
-        self.throttle.as_ref()
-    }
-
     /// The outcome of a call that ended with gRPC status `code` and,
     /// optionally, a pushback; counted in the throttle.
-    pub fn classify_code(&self, code: u32, pushback: Option<RetryHint>) -> Outcome {
+    pub(crate) fn classify_code(&self, code: u32, pushback: Option<RetryHint>) -> Outcome {
         if let Some(throttle) = &self.throttle {
             if code == 0 {
                 throttle.record_success();

@@ -8,24 +8,13 @@
 //! ([`tower_classify::duration`], `"1m30s"`): a service config comes from the
 //! service owner, in gRPC's format, so it is read exactly as gRPC reads it.
 //!
-//! ```
-//! use std::time::Duration;
-//! use tower_retry_budget::service_config::duration::{format_proto_duration, parse_proto_duration};
-//!
-//! assert_eq!(parse_proto_duration("0.1s").unwrap(), Duration::from_millis(100));
-//! assert_eq!(parse_proto_duration("0.000000001s").unwrap(), Duration::from_nanos(1));
-//! assert!(parse_proto_duration("-1s").is_err()); // no A6 duration may be negative
-//! assert!(parse_proto_duration("100ms").is_err()); // seconds only
-//! assert_eq!(format_proto_duration(Duration::from_millis(1500)), "1.500s");
-//! ```
-//!
 //! [proto3 JSON mapping]: https://protobuf.dev/programming-guides/proto3/#json
 
 use std::fmt;
 use std::time::Duration;
 
 /// The largest number of seconds a protobuf `Duration` holds (10,000 years).
-pub const MAX_PROTO_DURATION_SECS: u64 = 315_576_000_000;
+pub(crate) const MAX_PROTO_DURATION_SECS: u64 = 315_576_000_000;
 
 /// The longest input worth reading: a sign, twelve digits of seconds, a
 /// point, nine digits of nanoseconds and the `s`. Anything longer is refused
@@ -34,7 +23,7 @@ const MAX_INPUT_LEN: usize = 24;
 
 /// A duration string that is not a non-negative protobuf JSON `Duration`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProtoDurationError {
+pub(crate) struct ProtoDurationError {
     reason: &'static str,
 }
 
@@ -44,7 +33,8 @@ impl ProtoDurationError {
     }
 
     /// Why the string was refused.
-    pub fn reason(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn reason(&self) -> &'static str {
         self.reason
     }
 }
@@ -70,7 +60,7 @@ impl std::error::Error for ProtoDurationError {}
 /// digits (finer than a nanosecond), more than
 /// [`MAX_PROTO_DURATION_SECS`] seconds, and any input longer than a valid
 /// duration can be.
-pub fn parse_proto_duration(input: &str) -> Result<Duration, ProtoDurationError> {
+pub(crate) fn parse_proto_duration(input: &str) -> Result<Duration, ProtoDurationError> {
     if input.len() > MAX_INPUT_LEN {
         return Err(ProtoDurationError::new(
             "it is longer than any valid duration",
@@ -132,7 +122,8 @@ pub fn parse_proto_duration(input: &str) -> Result<Duration, ProtoDurationError>
 ///
 /// The result reads back with [`parse_proto_duration`] to the same value
 /// for every duration up to [`MAX_PROTO_DURATION_SECS`] seconds.
-pub fn format_proto_duration(duration: Duration) -> String {
+#[cfg(test)]
+pub(crate) fn format_proto_duration(duration: Duration) -> String {
     let secs = duration.as_secs();
     let nanos = duration.subsec_nanos();
     if nanos == 0 {
@@ -219,6 +210,22 @@ mod tests {
             let err = parse_proto_duration(input).expect_err(input);
             assert_eq!(err.reason(), reason, "{input:?}");
         }
+    }
+
+    /// What the module docs showed before the module became private.
+    #[test]
+    fn reads_seconds_only_and_never_negative() {
+        assert_eq!(
+            parse_proto_duration("0.1s").unwrap(),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse_proto_duration("0.000000001s").unwrap(),
+            Duration::from_nanos(1)
+        );
+        assert!(parse_proto_duration("-1s").is_err()); // no A6 duration may be negative
+        assert!(parse_proto_duration("100ms").is_err()); // seconds only
+        assert_eq!(format_proto_duration(Duration::from_millis(1500)), "1.500s");
     }
 
     #[test]

@@ -1,14 +1,13 @@
 //! From a service config's hedging policy to a [`HedgeBuilder`].
 //!
-//! [`HedgingPolicyConfig::hedge_builder`] and [`MethodConfig::hedge_builder`]
-//! give a builder for `http::Request`s that follows [gRFC A6]'s hedging:
+//! [`MethodConfig::hedge_builder`] gives a builder for `http::Request`s that follows [gRFC A6]'s hedging:
 //!
 //! | A6 | the builder |
 //! |---|---|
 //! | `maxAttempts` in flight, at most 5 | [`max_attempts`](HedgeBuilder::max_attempts) |
 //! | attempt `n` sent `hedgingDelay × (n − 1)` after the first; 0 sends them all at once | a fixed [`delay`](HedgeBuilder::delay) |
 //! | a `nonFatalStatusCodes` answer lets the other attempts go on; any other answer is the call's, and the rest are cancelled | [`GrpcRetryClassifier`] over those codes |
-//! | hedges carry `grpc-previous-rpc-attempts` | [`attempt_header`](HedgeBuilder::attempt_header) |
+//! | hedges carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
 //! | `retryThrottling` stops hedges at or below half its tokens | the shared [`RetryThrottle`] ([`MethodConfig::hedge_builder`]) |
 //!
 //! Where this differs from A6:
@@ -46,34 +45,19 @@ use crate::replay::HttpReplay;
 const MAX_HEDGING_DELAY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The builder these conversions return.
-pub type GrpcHedgeBuilder = HedgeBuilder<GrpcRetryClassifier, HttpReplay>;
+pub(crate) type GrpcHedgeBuilder = HedgeBuilder<GrpcRetryClassifier, HttpReplay>;
 
 impl HedgingPolicyConfig {
     /// A builder with this policy, no throttle and the layer's default
     /// extra-load budget; see the [module docs](self).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_retry_budget::service_config::ServiceConfig;
-    ///
-    /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [{
-    ///     "name": [{ "service": "pkg.Svc" }],
-    ///     "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s",
-    ///                        "nonFatalStatusCodes": ["UNAVAILABLE"] }
-    /// }]}"#).unwrap();
-    /// let policy = config.method_configs()[0].hedging_policy().unwrap();
-    /// let layer = policy.hedge_builder().build().unwrap();
-    /// assert_eq!(layer.max_attempts(), 3);
-    /// assert_eq!(layer.current_delay(), Some(Duration::from_millis(50)));
-    /// ```
-    pub fn hedge_builder(&self) -> GrpcHedgeBuilder {
+    pub(crate) fn hedge_builder(&self) -> GrpcHedgeBuilder {
         HedgeBuilder::new(
             GrpcRetryClassifier::new(self.non_fatal_status_codes()),
-            HttpReplay::new(),
+            // Every gRPC call is a POST; the policy says what is hedged.
+            HttpReplay::new()
+                .retry_non_idempotent(true)
+                .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS)),
         )
-        // Every gRPC call is a POST; the policy says what is hedged.
-        .hedge_non_idempotent(true)
-        .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS))
         .max_attempts(self.max_attempts())
         .delay(self.hedging_delay().min(MAX_HEDGING_DELAY))
     }
@@ -85,7 +69,24 @@ impl MethodConfig {
     /// [`retry_builder`](Self::retry_builder)); `throttle`, the server's
     /// [`RetryThrottle`], is counted by the classifier and asked before
     /// each hedge, and then replaces the layer's own budget, as in A6.
-    pub fn hedge_builder(&self, throttle: Option<&Arc<RetryThrottle>>) -> Option<GrpcHedgeBuilder> {
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_budget::service_config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [{
+    ///     "name": [{ "service": "pkg.Svc" }],
+    ///     "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s",
+    ///                        "nonFatalStatusCodes": ["UNAVAILABLE"] }
+    /// }]}"#).unwrap();
+    /// let method = config.method_config("/pkg.Svc/Get").unwrap();
+    /// let layer = method.hedge_builder(None).unwrap().build().unwrap();
+    /// assert_eq!(layer.current_delay(), Some(Duration::from_millis(50)));
+    /// ```
+    pub fn hedge_builder(
+        &self,
+        throttle: Option<&Arc<RetryThrottle>>,
+    ) -> Option<HedgeBuilder<GrpcRetryClassifier, HttpReplay>> {
         let policy = self.hedging_policy()?;
         let mut builder = policy.hedge_builder();
         if let Some(throttle) = throttle {

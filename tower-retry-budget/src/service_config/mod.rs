@@ -28,12 +28,13 @@
 //! }"#).unwrap();
 //!
 //! let method = config.method_config("/helloworld.Greeter/SayHello").unwrap();
-//! let retry = method.retry_policy().unwrap();
-//! assert_eq!(retry.max_attempts(), 4);
-//! assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
-//! assert!(retry.retryable_status_codes().contains(14));
 //! assert_eq!(method.timeout(), Some(Duration::from_secs(2)));
+//! let retry = method.retry_builder(config.retry_throttle().as_ref())?.build()?;
+//! assert_eq!(retry.max_retries(), 3); // maxAttempts 4
+//! assert_eq!(retry.backoff().initial_delay(), Duration::from_millis(100));
+//! assert_eq!(retry.deadline(), Some(Duration::from_secs(2)));
 //! assert!(config.method_config("/other.Service/Call").is_none());
+//! # Ok::<(), tower_classify::ConfigError>(())
 //! ```
 //!
 //! # Validation
@@ -48,8 +49,8 @@
 //!
 //! | field | rule |
 //! |---|---|
-//! | `retryPolicy.maxAttempts`, `hedgingPolicy.maxAttempts` | required integer ≥ 2; above 5 is read as 5 ([`MAX_ATTEMPTS_LIMIT`]), not refused |
-//! | `retryPolicy.initialBackoff`, `.maxBackoff` | required [duration] > 0 |
+//! | `retryPolicy.maxAttempts`, `hedgingPolicy.maxAttempts` | required integer ≥ 2; above 5 (A6's client-side limit) is read as 5, not refused |
+//! | `retryPolicy.initialBackoff`, `.maxBackoff` | required duration > 0 |
 //! | `retryPolicy.backoffMultiplier` | required number > 0 |
 //! | `retryPolicy.retryableStatusCodes` | required, non-empty; each a code 1–16 or its name in any case (`OK` is refused: a success is never retried) |
 //! | `hedgingPolicy.hedgingDelay` | optional duration ≥ 0 (default 0) |
@@ -60,9 +61,13 @@
 //! | `retryThrottling.maxTokens` | required integer in (0, 1000] |
 //! | `retryThrottling.tokenRatio` | required number > 0; decimals past the third are cut (0.5466 is 0.546), and a ratio that is 0 once cut is refused |
 //!
-//! Durations are negative-free [protobuf JSON durations](duration)
-//! (`"0.1s"`); status codes are numbers or case-insensitive names
-//! ([`status`]).
+//! Durations are negative-free [protobuf JSON durations] (`"0.1s"`,
+//! `"1.000340012s"`: seconds with at most nine fractional digits, then
+//! `s`; not the family's human syntax, `"1m30s"`, since a service config
+//! is read exactly as gRPC reads it); status codes are numbers or
+//! case-insensitive names (`14`, `"UNAVAILABLE"`, `"unavailable"`).
+//!
+//! [protobuf JSON durations]: https://protobuf.dev/programming-guides/proto3/#json
 //!
 //! # Which method config a call uses
 //!
@@ -75,8 +80,7 @@
 //!
 //! # Retrying with a policy
 //!
-//! [`MethodConfig::retry_builder`] (or [`RetryPolicyConfig::retry_builder`])
-//! gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
+//! [`MethodConfig::retry_builder`] gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
 //! A6's semantics: see [`retry`] for each rule. Throttling
 //! (`retryThrottling`) is a [`RetryThrottle`], one per server, shared by the
 //! layers of all its methods.
@@ -149,12 +153,14 @@ use std::time::Duration;
 use tower_classify::ConfigError;
 
 mod classifier;
-pub mod duration;
+mod duration;
 pub mod hedge;
 mod parse;
 pub mod retry;
 mod router;
-pub mod status;
+mod status;
+#[cfg(test)]
+mod tests;
 mod throttle;
 
 pub use self::classifier::GrpcRetryClassifier;
@@ -164,7 +170,7 @@ pub use self::throttle::RetryThrottle;
 
 /// The most attempts a policy gets: A6's client-side limit. A larger
 /// `maxAttempts` is read as this value.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
+pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A parsed and validated gRPC service config: its method configs and its
 /// retry throttling.
@@ -242,12 +248,14 @@ impl ServiceConfig {
     }
 
     /// The method configs, in the order of the JSON.
-    pub fn method_configs(&self) -> &[MethodConfig] {
+    #[cfg(test)]
+    pub(crate) fn method_configs(&self) -> &[MethodConfig] {
         &self.method_configs
     }
 
     /// The `retryThrottling` section, if any.
-    pub fn retry_throttling(&self) -> Option<&RetryThrottlingConfig> {
+    #[cfg(test)]
+    pub(crate) fn retry_throttling(&self) -> Option<&RetryThrottlingConfig> {
         self.retry_throttling.as_ref()
     }
 
@@ -301,7 +309,8 @@ impl ServiceConfig {
 
     /// The method config for `service` and `method`, by the same rules as
     /// [`method_config`](Self::method_config).
-    pub fn method_config_for(&self, service: &str, method: &str) -> Option<&MethodConfig> {
+    #[cfg(test)]
+    pub(crate) fn method_config_for(&self, service: &str, method: &str) -> Option<&MethodConfig> {
         self.method_configs.get(self.entry_for(service, method)?)
     }
 
@@ -314,7 +323,8 @@ impl ServiceConfig {
     }
 
     /// The default method config (a name without `service`), if any.
-    pub fn default_method_config(&self) -> Option<&MethodConfig> {
+    #[cfg(test)]
+    pub(crate) fn default_method_config(&self) -> Option<&MethodConfig> {
         self.method_configs.get(self.index.default?)
     }
 }
@@ -337,12 +347,12 @@ enum Policy {
 impl MethodConfig {
     /// The names this config applies to. An entry without names applies to
     /// no call (gRPC skips it).
-    pub fn names(&self) -> &[MethodName] {
+    pub(crate) fn names(&self) -> &[MethodName] {
         &self.names
     }
 
     /// The retry policy, if this config has one.
-    pub fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
+    pub(crate) fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
         match &self.policy {
             Some(Policy::Retry(policy)) => Some(policy),
             _ => None,
@@ -350,7 +360,7 @@ impl MethodConfig {
     }
 
     /// The hedging policy, if this config has one.
-    pub fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
+    pub(crate) fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
         match &self.policy {
             Some(Policy::Hedging(policy)) => Some(policy),
             _ => None,
@@ -363,7 +373,8 @@ impl MethodConfig {
     }
 
     /// `waitForReady`, if set.
-    pub fn wait_for_ready(&self) -> Option<bool> {
+    #[cfg(test)]
+    pub(crate) fn wait_for_ready(&self) -> Option<bool> {
         self.wait_for_ready
     }
 }
@@ -371,19 +382,19 @@ impl MethodConfig {
 /// One `name` of a method config: a service and, optionally, one of its
 /// methods. An empty `service` is the default name, which has no method.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MethodName {
+pub(crate) struct MethodName {
     service: String,
     method: Option<String>,
 }
 
 impl MethodName {
     /// The service, `package.Service`; empty for the default name.
-    pub fn service(&self) -> &str {
+    pub(crate) fn service(&self) -> &str {
         &self.service
     }
 
     /// The method; `None` for a name that covers the whole service.
-    pub fn method(&self) -> Option<&str> {
+    pub(crate) fn method(&self) -> Option<&str> {
         self.method.as_deref()
     }
 }
@@ -400,7 +411,7 @@ impl std::fmt::Display for MethodName {
 
 /// A validated `retryPolicy`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicyConfig {
+pub(crate) struct RetryPolicyConfig {
     max_attempts: u32,
     initial_backoff: Duration,
     max_backoff: Duration,
@@ -410,28 +421,33 @@ pub struct RetryPolicyConfig {
 
 impl RetryPolicyConfig {
     /// Attempts in all, the first included: 2–5 (a larger `maxAttempts`
-    /// is read as [`MAX_ATTEMPTS_LIMIT`]).
-    pub fn max_attempts(&self) -> u32 {
+    /// is read as `MAX_ATTEMPTS_LIMIT`).
+    #[cfg(test)]
+    pub(crate) fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
     /// The backoff before the first retry (before jitter).
-    pub fn initial_backoff(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn initial_backoff(&self) -> Duration {
         self.initial_backoff
     }
 
     /// The cap on the backoff (before jitter).
-    pub fn max_backoff(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn max_backoff(&self) -> Duration {
         self.max_backoff
     }
 
     /// The backoff's growth factor per retry.
-    pub fn backoff_multiplier(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn backoff_multiplier(&self) -> f64 {
         self.backoff_multiplier
     }
 
     /// The status codes that are retried.
-    pub fn retryable_status_codes(&self) -> StatusCodes {
+    #[cfg(test)]
+    pub(crate) fn retryable_status_codes(&self) -> StatusCodes {
         self.retryable_status_codes
     }
 }
@@ -440,7 +456,7 @@ impl RetryPolicyConfig {
 /// [`hedge_builder`](Self::hedge_builder) makes a
 /// [`HedgeLayer`](crate::hedge::HedgeLayer) from it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HedgingPolicyConfig {
+pub(crate) struct HedgingPolicyConfig {
     max_attempts: u32,
     hedging_delay: Duration,
     non_fatal_status_codes: StatusCodes,
@@ -448,42 +464,37 @@ pub struct HedgingPolicyConfig {
 
 impl HedgingPolicyConfig {
     /// Attempts in all, the original included: 2–5.
-    pub fn max_attempts(&self) -> u32 {
+    pub(crate) fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
     /// The delay between hedged attempts (zero: all at once).
-    pub fn hedging_delay(&self) -> Duration {
+    pub(crate) fn hedging_delay(&self) -> Duration {
         self.hedging_delay
     }
 
     /// The codes after which the other hedged attempts go on (may be empty).
-    pub fn non_fatal_status_codes(&self) -> StatusCodes {
+    pub(crate) fn non_fatal_status_codes(&self) -> StatusCodes {
         self.non_fatal_status_codes
     }
 }
 
 /// A validated `retryThrottling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryThrottlingConfig {
+pub(crate) struct RetryThrottlingConfig {
     max_tokens: u32,
     token_ratio_thousandths: u32,
 }
 
 impl RetryThrottlingConfig {
     /// The size of the token bucket, 1–1000.
-    pub fn max_tokens(&self) -> u32 {
+    pub(crate) fn max_tokens(&self) -> u32 {
         self.max_tokens
     }
 
     /// The tokens a success adds, in thousandths (A6 keeps three decimals:
     /// `0.1` is 100).
-    pub fn token_ratio_thousandths(&self) -> u32 {
+    pub(crate) fn token_ratio_thousandths(&self) -> u32 {
         self.token_ratio_thousandths
-    }
-
-    /// The tokens a success adds.
-    pub fn token_ratio(&self) -> f64 {
-        f64::from(self.token_ratio_thousandths) / 1000.0
     }
 }

@@ -1,19 +1,18 @@
 //! From a service config's retry policy to a [`RetryBuilder`].
 //!
-//! [`RetryPolicyConfig::retry_builder`] and [`MethodConfig::retry_builder`]
-//! give a builder for `http::Request`s (a tonic `Channel`'s requests, with
+//! [`MethodConfig::retry_builder`] gives a builder for `http::Request`s (a tonic `Channel`'s requests, with
 //! their body made replayable by [`ReplayBodyLayer`](crate::body::ReplayBodyLayer))
 //! that follows [gRFC A6]:
 //!
 //! | A6 | the builder |
 //! |---|---|
 //! | `maxAttempts` attempts in all, at most 5 | [`max_attempts`](RetryBuilder::max_attempts) |
-//! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with [`A6_JITTER`] |
+//! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with a jitter of `[0.8, 1.2)` |
 //! | only `retryableStatusCodes` are retried | [`GrpcRetryClassifier`] |
 //! | a pushback of `n` ms: retry after exactly `n` ms; negative or unreadable: do not retry | the classifier's hint, which replaces the computed backoff |
 //! | after a pushback, the backoff starts again at `initialBackoff` | [`restart_backoff_after_hint(true)`](RetryBuilder::restart_backoff_after_hint) |
-//! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`retry_non_idempotent(true)`](RetryBuilder::retry_non_idempotent) |
-//! | retries carry `grpc-previous-rpc-attempts` | [`attempt_header`](RetryBuilder::attempt_header) |
+//! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`HttpReplay::retry_non_idempotent(true)`](HttpReplay::retry_non_idempotent) |
+//! | retries carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
 //! | `timeout` bounds the whole call, every attempt included | [`deadline`](RetryBuilder::deadline) ([`MethodConfig::retry_builder`]) |
 //! | `retryThrottling` | a shared [`RetryThrottle`]: the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
 //! | no retry policy: no retries | one attempt ([`MethodConfig::retry_builder`]) |
@@ -47,23 +46,23 @@ use crate::replay::HttpReplay;
 
 /// The request header that tells the server how many attempts came
 /// before this one (A6 "Exposed Retry Metadata").
-pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+pub(crate) const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
 /// A6's jitter: each delay multiplied by a random factor in `[0.8, 1.2)`.
-pub const A6_JITTER: Jitter = Jitter::Proportional {
+pub(crate) const A6_JITTER: Jitter = Jitter::Proportional {
     low: 0.8,
     high: 1.2,
 };
 
 /// The builder these conversions return.
-pub type GrpcRetryBuilder = RetryBuilder<GrpcRetryClassifier, HttpReplay>;
+pub(crate) type GrpcRetryBuilder = RetryBuilder<GrpcRetryClassifier, HttpReplay>;
 
 impl RetryPolicyConfig {
     /// The policy's backoff: exponential from `initialBackoff` by
-    /// `backoffMultiplier`, capped at `maxBackoff`, then [`A6_JITTER`].
+    /// `backoffMultiplier`, capped at `maxBackoff`, then A6's jitter, `[0.8, 1.2)`.
     ///
     /// Refuses a `backoffMultiplier` below 1 (see the [module docs](self)).
-    pub fn backoff(&self) -> Result<Backoff, ConfigError> {
+    pub(crate) fn backoff(&self) -> Result<Backoff, ConfigError> {
         if self.backoff_multiplier < 1.0 {
             return Err(ConfigError::new(
                 "backoffMultiplier",
@@ -80,12 +79,27 @@ impl RetryPolicyConfig {
     }
 
     /// The classifier retrying exactly the policy's `retryableStatusCodes`.
-    pub fn classifier(&self) -> GrpcRetryClassifier {
+    pub(crate) fn classifier(&self) -> GrpcRetryClassifier {
         GrpcRetryClassifier::new(self.retryable_status_codes)
     }
 
     /// A builder with this policy and nothing else of the method config
     /// (no deadline, no throttle); see the [module docs](self).
+    #[cfg(test)]
+    pub(crate) fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
+        Ok(grpc_builder(self.classifier(), self.max_attempts).backoff(self.backoff()?))
+    }
+}
+
+impl MethodConfig {
+    /// A builder for the calls this method config applies to: its retry
+    /// policy (see the [module docs](self)) or, without one, a single
+    /// attempt; its `timeout` as the deadline of the whole call; and
+    /// `throttle`, the server's [`RetryThrottle`] from
+    /// [`ServiceConfig::retry_throttle`](super::ServiceConfig::retry_throttle),
+    /// counted by the classifier and asked before each retry.
+    ///
+    /// Errors name the field (`retryPolicy.backoffMultiplier`).
     ///
     /// ```
     /// use tower_retry_budget::service_config::ServiceConfig;
@@ -95,28 +109,14 @@ impl RetryPolicyConfig {
     ///     "retryPolicy": { "maxAttempts": 10, "initialBackoff": "0.1s", "maxBackoff": "1s",
     ///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] }
     /// }]}"#).unwrap();
-    /// let policy = config.method_configs()[0].retry_policy().unwrap();
-    /// let layer = policy.retry_builder().unwrap().build().unwrap();
+    /// let method = config.method_config("/pkg.Svc/Get").unwrap();
+    /// let layer = method.retry_builder(None).unwrap().build().unwrap();
     /// assert_eq!(layer.max_retries(), 4); // 10 attempts are capped to 5
     /// ```
-    pub fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
-        Ok(grpc_builder(self.classifier(), self.max_attempts).backoff(self.backoff()?))
-    }
-}
-
-impl MethodConfig {
-    /// A builder for the calls this method config applies to: its retry
-    /// policy ([`RetryPolicyConfig::retry_builder`]) or, without one, a
-    /// single attempt; its `timeout` as the deadline of the whole call; and
-    /// `throttle`, the server's [`RetryThrottle`] from
-    /// [`ServiceConfig::retry_throttle`](super::ServiceConfig::retry_throttle),
-    /// counted by the classifier and asked before each retry.
-    ///
-    /// Errors name the field (`retryPolicy.backoffMultiplier`).
     pub fn retry_builder(
         &self,
         throttle: Option<&Arc<RetryThrottle>>,
-    ) -> Result<GrpcRetryBuilder, ConfigError> {
+    ) -> Result<RetryBuilder<GrpcRetryClassifier, HttpReplay>, ConfigError> {
         let mut builder = match self.retry_policy() {
             Some(policy) => {
                 let backoff = policy.backoff().map_err(|err| err.within("retryPolicy"))?;
@@ -135,7 +135,7 @@ impl MethodConfig {
             builder = builder.deadline(timeout);
         }
         if let Some(throttle) = throttle {
-            builder = builder.shared_budget(Arc::clone(throttle) as Arc<_>);
+            builder = builder.budget(Arc::clone(throttle) as Arc<_>);
         }
         Ok(builder)
     }
@@ -152,9 +152,10 @@ fn with_throttle(
 }
 
 fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetryBuilder {
-    RetryBuilder::new(classifier, HttpReplay::new())
+    let replay = HttpReplay::new()
         .retry_non_idempotent(true)
-        .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS))
+        .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS));
+    RetryBuilder::new(classifier, replay)
         .max_attempts(max_attempts)
         .restart_backoff_after_hint(true)
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// The gRPC status codes 0–16, by number, as the gRPC status code list
 /// (`doc/statuscodes.md` in `grpc/grpc`) names them.
-pub const STATUS_CODE_NAMES: [&str; 17] = [
+pub(crate) const STATUS_CODE_NAMES: [&str; 17] = [
     "OK",
     "CANCELLED",
     "UNKNOWN",
@@ -30,7 +30,7 @@ pub const STATUS_CODE_NAMES: [&str; 17] = [
 /// both 14). `None` for any other name.
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
-pub fn status_code_from_name(name: &str) -> Option<u32> {
+pub(crate) fn status_code_from_name(name: &str) -> Option<u32> {
     STATUS_CODE_NAMES
         .iter()
         .position(|known| known.eq_ignore_ascii_case(name))
@@ -38,7 +38,7 @@ pub fn status_code_from_name(name: &str) -> Option<u32> {
 }
 
 /// The name of status `code`, `None` above 16.
-pub fn status_code_name(code: u32) -> Option<&'static str> {
+pub(crate) fn status_code_name(code: u32) -> Option<&'static str> {
     STATUS_CODE_NAMES.get(code as usize).copied()
 }
 

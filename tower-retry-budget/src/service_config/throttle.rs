@@ -18,38 +18,26 @@ const MILLI: u64 = 1000;
 /// Hedged RPCs"), for one server.
 ///
 /// - The token count starts at `maxTokens` and stays in `[0, maxTokens]`.
-/// - [`record_failure`](Self::record_failure) takes one token: call it for
+/// - `record_failure` takes one token: call it for
 ///   an attempt that failed with a retryable (or non-fatal) status, or with
 ///   a pushback that said not to retry. Other failures (`INVALID_ARGUMENT`,
 ///   ...) say nothing about the server's load and are not recorded.
-/// - [`record_success`](Self::record_success) adds `tokenRatio`.
-/// - [`allows_retry`](Self::allows_retry) is `true` only while the count is
+/// - `record_success` adds `tokenRatio`.
+/// - `allows_retry` is `true` only while the count is
 ///   *greater than* `maxTokens / 2`: at exactly half, retries and hedges
 ///   stop until successes lift it above.
 ///
 /// Lock-free (one `AtomicU64`) and meant to be shared through an `Arc` by
 /// the retry layers of every method of the server. It is also a tower
 /// [`Budget`]: [`withdraw`](Budget::withdraw) asks
-/// [`allows_retry`](Self::allows_retry) without spending anything and
+/// `allows_retry` without spending anything and
 /// [`deposit`](Budget::deposit) does nothing, because the counting is done
 /// by [`GrpcRetryClassifier::with_throttle`](super::GrpcRetryClassifier::with_throttle),
 /// which sees each attempt's status.
 ///
-/// ```
-/// use tower_retry_budget::service_config::RetryThrottle;
-///
-/// // A6's example: 10 tokens, 0.1 per success.
-/// let throttle = RetryThrottle::new(10, 0.1).unwrap();
-/// for _ in 0..4 {
-///     throttle.record_failure();
-/// }
-/// assert_eq!(throttle.tokens(), 6.0);
-/// assert!(throttle.allows_retry()); // 6 > 5
-/// throttle.record_failure();
-/// assert!(!throttle.allows_retry()); // 5 is not above 10 / 2
-/// throttle.record_success();
-/// assert!(throttle.allows_retry()); // 5.1 > 5
-/// ```
+/// A6's own example (10 tokens, 0.1 per success: four failures leave 6
+/// and allow retries, a fifth leaves 5 and stops them, one success lifts it
+/// to 5.1 and allows them again) is this type's first unit test.
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 pub struct RetryThrottle {
@@ -86,7 +74,7 @@ impl RetryThrottle {
     }
 
     /// A full throttle for a validated `retryThrottling` section.
-    pub fn from_config(config: &RetryThrottlingConfig) -> Self {
+    pub(crate) fn from_config(config: &RetryThrottlingConfig) -> Self {
         Self::with_milli(
             config.max_tokens(),
             u64::from(config.token_ratio_thousandths()),
@@ -103,7 +91,7 @@ impl RetryThrottle {
     }
 
     /// One successful attempt: adds `tokenRatio`, at most up to `maxTokens`.
-    pub fn record_success(&self) {
+    pub(crate) fn record_success(&self) {
         let (ratio, max) = (self.ratio_milli_tokens, self.max_milli_tokens);
         // The closure always returns `Some`, so the update cannot fail.
         let _ = self
@@ -115,7 +103,7 @@ impl RetryThrottle {
 
     /// One failed attempt that counts (see the type's docs): takes one
     /// token, never below zero.
-    pub fn record_failure(&self) {
+    pub(crate) fn record_failure(&self) {
         let _ = self
             .milli_tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
@@ -124,7 +112,7 @@ impl RetryThrottle {
     }
 
     /// `true` while the token count is greater than `maxTokens / 2`.
-    pub fn allows_retry(&self) -> bool {
+    pub(crate) fn allows_retry(&self) -> bool {
         // tokens > max / 2, without the division's rounding.
         self.milli_tokens.load(Ordering::Acquire) * 2 > self.max_milli_tokens
     }
@@ -135,17 +123,18 @@ impl RetryThrottle {
     }
 
     /// The token count in thousandths, exact.
-    pub fn milli_tokens(&self) -> u64 {
+    pub(crate) fn milli_tokens(&self) -> u64 {
         self.milli_tokens.load(Ordering::Acquire)
     }
 
     /// `maxTokens`.
-    pub fn max_tokens(&self) -> u32 {
+    pub(crate) fn max_tokens(&self) -> u32 {
         (self.max_milli_tokens / MILLI) as u32
     }
 
     /// `tokenRatio` in thousandths, as kept.
-    pub fn token_ratio_thousandths(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn token_ratio_thousandths(&self) -> u64 {
         self.ratio_milli_tokens
     }
 }

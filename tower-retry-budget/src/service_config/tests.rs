@@ -7,15 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::error::WaitTooLong;
+use crate::service_config::{
+    GrpcRetryClassifier, MethodConfig, RetryThrottle, ServiceConfig, StatusCodes,
+};
 use http::{HeaderMap, Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_classify::hint::parse_grpc_pushback;
 use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, RetryHint};
-use tower_retry_budget::error::WaitTooLong;
-use tower_retry_budget::service_config::{
-    GrpcRetryClassifier, MethodConfig, RetryThrottle, ServiceConfig, StatusCodes,
-};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -474,7 +474,7 @@ fn method_config(retry_policy: &str) -> ServiceConfig {
 fn retry_policy_layer(
     attempts: u32,
     codes: &[&str],
-) -> tower_retry_budget::RetryLayer<GrpcRetryClassifier, tower_retry_budget::replay::HttpReplay> {
+) -> crate::RetryLayer<GrpcRetryClassifier, crate::replay::HttpReplay> {
     let codes = serde_json::to_string(codes).unwrap();
     let config = method_config(&format!(
         r#"{{"maxAttempts": {attempts}, "initialBackoff": "0.1s", "maxBackoff": "1s",
@@ -739,7 +739,7 @@ fn method_configs_become_builders() {
     assert_eq!(layer.backoff().max_delay(), MS(10));
     assert_eq!(
         layer.backoff().jitter(),
-        tower_retry_budget::service_config::retry::A6_JITTER
+        crate::service_config::retry::A6_JITTER
     );
     // Without a policy: one attempt, as A6 says ("retries ... will not be enabled").
     let bar = config.method_config("/MyService/Bar").unwrap();
@@ -782,10 +782,7 @@ fn hedging_config(policy: &str) -> ServiceConfig {
 fn two_attempt_hedge(
     throttled: bool,
 ) -> (
-    tower_retry_budget::hedge::HedgeLayer<
-        GrpcRetryClassifier,
-        tower_retry_budget::replay::HttpReplay,
-    >,
+    crate::hedge::HedgeLayer<GrpcRetryClassifier, crate::replay::HttpReplay>,
     Option<Arc<RetryThrottle>>,
 ) {
     let config = hedging_config(
@@ -1045,7 +1042,7 @@ async fn the_methods_timeout_bounds_a_hedged_call() {
     let start = Instant::now();
     let error = layer.layer(service).oneshot(request()).await.unwrap_err();
     let exceeded = error
-        .downcast_ref::<tower_retry_budget::error::DeadlineExceeded>()
+        .downcast_ref::<crate::error::DeadlineExceeded>()
         .unwrap_or_else(|| panic!("DeadlineExceeded: {error}"));
     assert_eq!(start.elapsed(), MS(100));
     // The hedge at 80 ms had 20 ms left; the one due at 160 ms never went.
@@ -1068,10 +1065,7 @@ async fn the_callers_deadline_bounds_a_hedged_method_without_a_timeout() {
         .insert(tower_classify::deadline::Deadline::after(MS(100)));
     let start = Instant::now();
     let error = layer.layer(service).oneshot(call).await.unwrap_err();
-    assert!(
-        error.is::<tower_retry_budget::error::DeadlineExceeded>(),
-        "{error}"
-    );
+    assert!(error.is::<crate::error::DeadlineExceeded>(), "{error}");
     assert_eq!(start.elapsed(), MS(100), "as a retried method would end");
     assert_eq!(seen.lock().unwrap().len(), 2);
 }
