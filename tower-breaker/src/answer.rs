@@ -17,9 +17,6 @@ use std::time::Duration;
 #[cfg(feature = "http")]
 use http::{header, HeaderValue, Response, StatusCode};
 
-#[cfg(feature = "http")]
-use crate::error::CircuitOpen;
-
 /// A refused call fails with a [`CircuitOpen`](crate::CircuitOpen) error,
 /// boxed, and every call is judged by its result as it arrives (its
 /// response head, or its error). For any request and response type; the
@@ -174,7 +171,7 @@ pub struct HttpError;
 
 /// The `503 CIRCUIT_OPEN` answer for `open`.
 #[cfg(feature = "http")]
-pub(crate) fn open_response<B: From<String>>(open: &CircuitOpen) -> Response<B> {
+pub(crate) fn open_response<B: From<String>>(open: &crate::error::CircuitOpen) -> Response<B> {
     // A call refused early in an open period has no place on the release
     // ramp; an HTTP caller still gets what an open circuit promises it, the
     // time left.
