@@ -365,3 +365,86 @@ async fn item_5_a_circuit_open_error_carries_the_refused_requests_token() {
     let open = error.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
     assert_eq!(open.failure().refusal, None);
 }
+
+/// The classifier the user passed judges the end of the body, not a
+/// `GrpcClassifier` of the breaker's own: one that calls every failure a
+/// success never opens the breaker, however the trailers read.
+#[tokio::test(start_paused = true)]
+async fn the_users_classifier_judges_the_trailers() {
+    use tower_classify::{ClassifyExt, Outcome};
+
+    let lenient = GrpcClassifier::new().map(|outcome| match outcome {
+        Outcome::Failure(_) => Outcome::Success,
+        outcome => outcome,
+    });
+    let layer = threshold(1).build(lenient).unwrap().answer(HttpError);
+    let handle = layer.handle();
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, BoxError>(in_trailers("14"))
+    }));
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert!(response.body().awaits_end(), "the head leaves it open");
+        assert_eq!(
+            response.into_body().collect().await.unwrap().trailers(),
+            Some(&status("14"))
+        );
+    }
+    let snap = snapshot(&handle);
+    assert_eq!(snap.state, State::Closed);
+    assert_eq!(snap.failures, 0);
+}
+
+/// A classifier that counts a body its caller dropped mid-stream as a
+/// timeout: the breaker records what it says, where by default a drop
+/// records nothing.
+#[derive(Clone)]
+struct DropIsATimeout(GrpcClassifier);
+
+impl<B: 'static> tower_classify::Classify<Response<B>, BoxError> for DropIsATimeout {
+    fn classify(&self, result: Result<&Response<B>, &BoxError>) -> tower_classify::Outcome {
+        self.0.classify(result)
+    }
+
+    fn classify_head(
+        &self,
+        result: Result<&Response<B>, &BoxError>,
+    ) -> Option<tower_classify::Outcome> {
+        self.0.classify_head(result)
+    }
+
+    fn classify_end(&self, end: tower_classify::StreamEnd<'_>) -> tower_classify::Outcome {
+        use tower_classify::{FailureKind, Outcome, StreamEnd};
+        match end {
+            StreamEnd::Dropped => Outcome::failure(FailureKind::Timeout),
+            end => tower_classify::Classify::<Response<B>, BoxError>::classify_end(&self.0, end),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drop_the_classifier_calls_a_failure_is_recorded() {
+    let layer = threshold(1)
+        .build(DropIsATimeout(GrpcClassifier::new()))
+        .unwrap()
+        .answer(HttpError);
+    let handle = layer.handle();
+    let mut svc = BoxService::new(layer.layer(service_fn(
+        |req: Request<Response<TestBody>>| async move { Ok::<_, BoxError>(req.into_body()) },
+    )));
+    let (mut tx, answer) = streamed();
+    let mut response = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(answer))
+        .await
+        .unwrap();
+    tx.send_data(Bytes::from_static(b"first")).await.unwrap();
+    response.body_mut().frame().await.unwrap().unwrap();
+    assert_eq!(snapshot(&handle).state, State::Closed);
+    drop(response);
+    let snap = snapshot(&handle);
+    assert_eq!(snap.state, State::Open);
+    assert_eq!(snap.failures, 1);
+}
