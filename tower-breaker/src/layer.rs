@@ -109,6 +109,17 @@ impl CircuitBreakerLayer<()> {
     }
 }
 
+// Here rather than with the keyed layer: both layers are made by the
+// builder, and the keyed layer's module need not know it.
+impl<C, F> KeyedCircuitBreakerLayer<C, F> {
+    /// Keyed breakers with the defaults; see [`Builder::build_keyed`] for the rest.
+    pub fn new(classifier: C, key_fn: F) -> Self {
+        Builder::new()
+            .build_keyed(classifier, key_fn)
+            .expect("the default configuration is valid")
+    }
+}
+
 impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
     type Service = CircuitBreaker<S, C, A>;
 
