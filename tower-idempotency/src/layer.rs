@@ -116,11 +116,12 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// the token of this very request frees the key. A refusal the handler
     /// passes on from a dependency it called (a `CircuitOpen` returned with
     /// `?`, that dependency's `503 CIRCUIT_OPEN`) answers a request the
-    /// handler built, which carries no token: the handler ran, and the key is kept like any other answer's.
-    /// A refusal without the proof (tower's `LoadShed`, a breaker that
-    /// takes any request type) keeps the key too. A handler that forwards
-    /// the guarded request itself, extensions included (a proxy), forwards
-    /// the token with it; see [`RefusalToken`] for what that means.
+    /// handler built, which carries no token: the handler ran, and the key
+    /// is kept like any other answer's. A refusal without the proof
+    /// (tower's `LoadShed`, a breaker with the `Plain` answer, which takes
+    /// any request type) keeps the key too. A handler that forwards the
+    /// guarded request itself, extensions included (a proxy), forwards the
+    /// token with it; see [`RefusalToken`] for what that means.
     ///
     /// [`RefusalToken`]: tower_classify::RefusalToken
     pub fn release_on_shed(mut self, yes: bool) -> Self {
