@@ -19,7 +19,7 @@
 //! - **`DeadLetterLayer::for_server`**: keeps the requests an operator acts
 //!   on — 5xx answers, timeouts — and not a scanner's 404s nor the breaker's
 //!   own refusals.
-//! - **`CircuitBreakerLayer::into_http`**: after three failed requests in a
+//! - **`CircuitBreakerLayer::answer(Http503)`**: after three failed requests in a
 //!   row the handlers are not called; callers get `503` with `Retry-After`
 //!   and a JSON body at once, until one trial request finds the database
 //!   back.
@@ -40,6 +40,7 @@ use axum::routing::get;
 use axum::Router;
 use examples::observability::{get as http_get, serve};
 use tower::{BoxError, ServiceBuilder};
+use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
@@ -87,7 +88,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(store_failed))
                 .layer(DeadLetterLayer::for_server(store.clone()).label("reports"))
-                .layer(breaker.into_http()),
+                .layer(breaker.answer(Http503)),
         );
     let addr = serve(app).await?;
     let url = |id: u32| format!("http://{addr}/reports/{id}");

@@ -21,6 +21,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
+use tower_breaker::answer::{Http503, HttpError};
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen};
 use tower_classify::{ErrorChainClassifier, HttpClassifier};
 use tower_idempotency::store::MemoryIdempotencyStore;
@@ -131,13 +132,13 @@ async fn item_5_a_handler_that_returns_a_downstream_circuit_open_runs_once() {
     );
 }
 
-/// (b) The same with the breaker's HTTP variant: the handler passes on the
+/// (b) The same with the breaker's `Http503` answer: the handler passes on the
 /// dependency's `503 CIRCUIT_OPEN` (which carries the `Failure` extension)
 /// as its own answer, after writing the order. It is stored and replayed.
 #[tokio::test(start_paused = true)]
 async fn item_5_a_handler_that_passes_on_a_downstream_503_circuit_open_runs_once() {
     let (breaker, _handle) = open_breaker_layer(HttpClassifier::new());
-    let inventory = Inventory::new(breaker.into_http().layer(service_fn(
+    let inventory = Inventory::new(breaker.answer(Http503).layer(service_fn(
         |_: Request<Body>| async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::new()))) },
     )));
     let written = Arc::new(AtomicUsize::new(0));
@@ -189,7 +190,7 @@ async fn item_5_a_breaker_between_the_guard_and_the_handler_frees_the_key() {
             async { Ok::<_, BoxError>(created()) }
         }
     });
-    let service = guard().layer(breaker.into_http().layer(handler));
+    let service = guard().layer(breaker.answer(Http503).layer(handler));
 
     let refused = service.clone().oneshot(order("c")).await.unwrap();
     assert_eq!(
@@ -216,8 +217,9 @@ async fn item_5_a_breaker_between_the_guard_and_the_handler_frees_the_key() {
     );
 }
 
-/// (c) with the error-returning gRPC variant between the guard and the
-/// handler: its `CircuitOpen` error frees the key too.
+/// (c) with a gRPC breaker (a `GrpcClassifier`, the error-returning
+/// `HttpError` answer) between the guard and the handler: its `CircuitOpen`
+/// error frees the key too.
 #[tokio::test(start_paused = true)]
 async fn item_5_a_grpc_breakers_circuit_open_between_the_guard_and_the_handler_frees_the_key() {
     let (breaker, handle) = open_breaker_layer(tower_classify::GrpcClassifier::new());
@@ -229,7 +231,7 @@ async fn item_5_a_grpc_breakers_circuit_open_between_the_guard_and_the_handler_f
             async { Ok::<_, BoxError>(created()) }
         }
     });
-    let service = guard().layer(breaker.into_grpc().layer(handler));
+    let service = guard().layer(breaker.answer(HttpError).layer(handler));
 
     let error = service.clone().oneshot(order("c-grpc")).await.unwrap_err();
     assert!(error.is::<CircuitOpen>(), "{error}");

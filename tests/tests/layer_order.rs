@@ -214,7 +214,7 @@ async fn client_retry_honours_a_server_breakers_retry_after() {
         .recovery_timeout(Duration::from_millis(900))
         .build(HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(tower_breaker::answer::Http503);
     let server_handle = server_breaker.handle();
     let counter = handled.clone();
     let app = Router::new()

@@ -30,9 +30,11 @@ use tower_classify::RefusalToken;
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit.
 ///
-/// When the breaker's HTTP or gRPC variant refuses a request that carries a
-/// [`RefusalToken`](tower_classify::RefusalToken) (an idempotency guard in
-/// front of it gave it one), the failure carries that token as its
+/// When a breaker answering HTTP requests (the `http` feature's
+/// [answers](crate::answer), `Http503` and `HttpError`) refuses a request
+/// that carries a [`RefusalToken`](tower_classify::RefusalToken) (an
+/// idempotency guard in front of it gave it one), the failure carries that
+/// token as its
 /// [`refusal`](tower_classify::Failure::refusal): proof, to that guard,
 /// that the service behind the breaker never saw the request.
 #[derive(Debug)]

@@ -2,72 +2,91 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-#[cfg(feature = "grpc")]
-use std::time::Duration;
 
+#[cfg(feature = "http")]
+use http::Response;
+#[cfg(feature = "http")]
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_classify::{BoxError, Classify, Outcome};
-
-use crate::error::CircuitOpen;
-use crate::permit::Permit;
-
-#[cfg(feature = "grpc")]
-pub use crate::grpc::GrpcResponseFuture;
 #[cfg(feature = "http")]
-pub use crate::http::HttpResponseFuture;
+use tower_classify::{SettleBody, StreamEnd};
+
+use crate::answer::Plain;
+#[cfg(feature = "http")]
+use crate::answer::{open_response, Http503, HttpError};
+use crate::error::CircuitOpen;
+#[cfg(feature = "http")]
+use crate::open::OpenCall;
+use crate::permit::Permit;
 
 pin_project! {
     /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) and
-    /// [`KeyedCircuitBreaker`](crate::KeyedCircuitBreaker).
+    /// [`KeyedCircuitBreaker`](crate::KeyedCircuitBreaker); `A` is the
+    /// breaker's [answer](crate::answer).
     ///
-    /// When the inner future completes, its result is classified and recorded.
-    /// Dropping it first records nothing; if it was a half-open probe, its
-    /// slot is given back so another call can probe.
-    pub struct ResponseFuture<F, C> {
+    /// When the inner future completes, its result is classified and
+    /// recorded; under the `HttpError` answer a response whose head leaves
+    /// the call open is recorded where its body ends instead. A refused call
+    /// resolves at once, to the [`CircuitOpen`] error or, under `Http503`,
+    /// to the `503` answer. Dropping the future first records nothing; if
+    /// it was a half-open probe, its slot is given back so another call can
+    /// probe.
+    pub struct ResponseFuture<F, C, A = Plain> {
         #[pin]
         state: ResponseState<F>,
         recorder: Option<Recorder<C>>,
+        answer: PhantomData<fn() -> A>,
     }
 }
 
 pin_project! {
     #[project = ResponseStateProj]
-    pub(crate) enum ResponseState<F> {
+    enum ResponseState<F> {
         Called {
             #[pin]
             future: F,
         },
-        // Boxed at once: the caller gets a `BoxError` anyway, and keeping the
-        // large error out of line keeps the common (called) future small.
+        // Boxed at once: a plain caller gets a `BoxError` anyway, and
+        // keeping the large error out of line keeps the common (called)
+        // future small.
         Rejected {
-            error: Option<BoxError>,
+            open: Option<Box<CircuitOpen>>,
         },
     }
 }
 
-impl<F, C> ResponseFuture<F, C> {
+impl<F, C, A> ResponseFuture<F, C, A> {
     #[inline]
     pub(crate) fn called(future: F, recorder: Option<Recorder<C>>) -> Self {
         ResponseFuture {
             state: ResponseState::Called { future },
             recorder,
+            answer: PhantomData,
         }
     }
 
-    pub(crate) fn rejected(error: CircuitOpen) -> Self {
+    pub(crate) fn rejected(open: CircuitOpen) -> Self {
         ResponseFuture {
             state: ResponseState::Rejected {
-                error: Some(Box::new(error)),
+                open: Some(Box::new(open)),
             },
             recorder: None,
+            answer: PhantomData,
         }
     }
 }
 
-impl<F, C, T, E> Future for ResponseFuture<F, C>
+/// The refusal a rejected future resolves to, once.
+fn take_refusal(open: &mut Option<Box<CircuitOpen>>) -> Box<CircuitOpen> {
+    open.take().expect("ResponseFuture polled after completion")
+}
+
+impl<F, C, T, E> Future for ResponseFuture<F, C, Plain>
 where
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
@@ -91,14 +110,70 @@ where
                 *this.recorder = None;
                 Poll::Ready(result)
             }
-            ResponseStateProj::Rejected { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+            ResponseStateProj::Rejected { open } => Poll::Ready(Err(take_refusal(open))),
         }
     }
 }
 
-impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+#[cfg(feature = "http")]
+impl<F, C, B, E> Future for ResponseFuture<F, C, Http503>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    C: Classify<Response<B>, E>,
+    B: From<String>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.state.project() {
+            ResponseStateProj::Called { future } => {
+                let result = ready!(future.poll(cx));
+                if let Some(recorder) = this.recorder.as_mut() {
+                    recorder.record(result.as_ref());
+                }
+                *this.recorder = None;
+                Poll::Ready(result)
+            }
+            ResponseStateProj::Rejected { open } => {
+                Poll::Ready(Ok(open_response(&take_refusal(open))))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl<F, C, B, E> Future for ResponseFuture<F, C, HttpError>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    C: Classify<Response<B>, BoxError>,
+    B: Body,
+{
+    type Output = Result<Response<SettleBody<B, OpenCall<C>>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.state.project() {
+            ResponseStateProj::Called { future } => {
+                let result = ready!(future.poll(cx)).map_err(Into::<BoxError>::into);
+                let Some(mut recorder) = this.recorder.take() else {
+                    return Poll::Ready(result.map(|response| response.map(SettleBody::settled)));
+                };
+                Poll::Ready(match result {
+                    Ok(response) => Ok(recorder.settle_head(response)),
+                    Err(error) => {
+                        recorder.record::<Response<B>, _>(Err(&error));
+                        Err(error)
+                    }
+                })
+            }
+            ResponseStateProj::Rejected { open } => Poll::Ready(Err(take_refusal(open))),
+        }
+    }
+}
+
+impl<F, C, A> fmt::Debug for ResponseFuture<F, C, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ResponseState::Called { .. } => "called",
@@ -153,15 +228,6 @@ impl<C> Recorder<C> {
         self.complete(outcome);
     }
 
-    /// What the classifier says of `result`, recording nothing.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn classify<T, E>(&self, result: Result<&T, &E>) -> Outcome
-    where
-        C: Classify<T, E>,
-    {
-        self.classifier.classify(result)
-    }
-
     /// Records `outcome`, timed from the call's start to now.
     #[inline]
     pub(crate) fn complete(&mut self, outcome: Outcome) {
@@ -169,43 +235,46 @@ impl<C> Recorder<C> {
         self.permit.complete(outcome, elapsed);
     }
 
-    /// Keeps the permit, timed up to now, for an outcome known only later
-    /// (gRPC trailers); the classifier is not needed any more.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn defer(self) -> Deferred {
-        Deferred {
-            elapsed: self.started.map(|started| started.elapsed()),
-            permit: self.permit,
-        }
+    /// Records what the head of `response` settles, or hands the call to
+    /// its body when only the body's end can.
+    #[cfg(feature = "http")]
+    fn settle_head<B>(mut self, response: Response<B>) -> Response<SettleBody<B, OpenCall<C>>>
+    where
+        B: Body,
+        C: Classify<Response<B>, BoxError>,
+    {
+        let outcome = match self.classifier.classify_head(Ok(&response)) {
+            Some(outcome) => outcome,
+            // Over before it began: it ends now, without trailers.
+            None if response.body().is_end_stream() => {
+                Classify::<Response<B>, BoxError>::classify_end(
+                    &self.classifier,
+                    StreamEnd::Trailers(None),
+                )
+            }
+            None => {
+                let Recorder {
+                    permit,
+                    classifier,
+                    started,
+                } = self;
+                let elapsed = started.map(|started| started.elapsed());
+                let open = OpenCall::new(permit, elapsed, classifier, judge_end::<C, B>);
+                return response.map(|body| SettleBody::new(body, open));
+            }
+        };
+        self.complete(outcome);
+        response.map(SettleBody::settled)
     }
 }
 
-/// A call's permit whose outcome comes after its response: recorded with
-/// [`complete`](Self::complete), or dropped unrecorded like a dropped
-/// response future (a probe's slot is given back).
-#[cfg(feature = "grpc")]
-pub(crate) struct Deferred {
-    permit: Permit,
-    /// The call's duration up to its response head; `None` without a
-    /// slow-call threshold.
-    elapsed: Option<Duration>,
-}
-
-#[cfg(feature = "grpc")]
-impl Deferred {
-    pub(crate) fn complete(mut self, outcome: Outcome) {
-        self.permit.complete(outcome, self.elapsed);
-    }
-}
-
-#[cfg(feature = "grpc")]
-impl fmt::Debug for Deferred {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Deferred")
-            .field("permit", &self.permit)
-            .field("elapsed", &self.elapsed)
-            .finish()
-    }
+/// `classifier`'s judgement of how a body of a `Response<B>` ended.
+#[cfg(feature = "http")]
+fn judge_end<C, B>(classifier: &C, end: StreamEnd<'_>) -> Outcome
+where
+    C: Classify<Response<B>, BoxError>,
+{
+    classifier.classify_end(end)
 }
 
 #[cfg(all(test, not(breaker_loom)))]

@@ -10,7 +10,6 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
-use crate::layer::Builder;
 use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::share::BreakerRef;
@@ -21,8 +20,8 @@ use crate::share::BreakerRef;
 ///
 /// # Bounds
 ///
-/// The map is bounded at [`max_breakers`](Builder::max_breakers). A new key
-/// beyond that evicts the least recently used breaker that is **closed**:
+/// The map is bounded at [`max_breakers`](crate::Builder::max_breakers). A
+/// new key beyond that evicts the least recently used breaker that is **closed**:
 /// evicting an open breaker would re-admit full load to a dependency known to
 /// be broken. Only when no breaker is closed does an open (or half-open) one
 /// go, the least recently used, with a `tracing` warning (at most one per
@@ -57,9 +56,10 @@ use crate::share::BreakerRef;
 /// Each breaker registers its metric handles once, when it is created (with
 /// the recorder installed at that moment), and updates them without a
 /// lookup. By default every breaker of the layer is labelled with the
-/// layer's [name](Builder::name), so the exporter's series stay few whatever
-/// the keys; [`Builder::metrics_label`] labels them by key or by a bounded
-/// function of it (see [`MetricsLabel`](crate::MetricsLabel) for the
+/// layer's [name](crate::Builder::name), so the exporter's series stay few
+/// whatever the keys;
+/// [`Builder::metrics_label`](crate::Builder::metrics_label) labels them by
+/// key or by a bounded function of it (see [`MetricsLabel`](crate::MetricsLabel) for the
 /// cardinality rule).
 ///
 /// ```
@@ -100,13 +100,6 @@ impl<C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreakerLayer<C, F> {
 }
 
 impl<C, F> KeyedCircuitBreakerLayer<C, F> {
-    /// Keyed breakers with the defaults; see [`Builder::build_keyed`] for the rest.
-    pub fn new(classifier: C, key_fn: F) -> Self {
-        Builder::new()
-            .build_keyed(classifier, key_fn)
-            .expect("the default configuration is valid")
-    }
-
     pub(crate) fn from_parts(registry: Arc<Registry>, classifier: C, key_fn: F) -> Self {
         KeyedCircuitBreakerLayer {
             registry,

@@ -8,6 +8,7 @@ use tower_classify::ConfigError;
 use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
+use crate::answer::Plain;
 use crate::instruments::{describe_metrics, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{Policy, Window};
@@ -29,13 +30,22 @@ use crate::word::MAX_PROBES;
 /// result means; it is cloned into each response future, so keep it cheap to
 /// clone (the classifiers of `tower-classify` are `Copy` or share their
 /// configuration through an `Arc`).
-pub struct CircuitBreakerLayer<C> {
+///
+/// `A` is what an open circuit answers, chosen with
+/// [`answer`](Self::answer) from the [`answer`](crate::answer) module: by
+/// default ([`Plain`]) a [`CircuitOpen`](crate::CircuitOpen) error; with the
+/// `http` feature, `Http503` answers an HTTP server's callers `503`, and
+/// `HttpError` judges an HTTP or gRPC client's calls where their response
+/// bodies end (gRPC trailers). A protocol is a classifier and an answer,
+/// never another layer type.
+pub struct CircuitBreakerLayer<C, A = Plain> {
     pub(crate) breaker: BreakerRef,
     pub(crate) registry: Arc<Registry>,
     pub(crate) classifier: C,
+    answer: A,
 }
 
-impl<C: Clone> Clone for CircuitBreakerLayer<C> {
+impl<C: Clone, A: Clone> Clone for CircuitBreakerLayer<C, A> {
     /// Written by hand: a clone of the layer (axum's `Router::layer` makes
     /// one per route) keeps handing out a share of the breaker per thread,
     /// as the layer does, rather than holding the cloning thread's share.
@@ -44,17 +54,19 @@ impl<C: Clone> Clone for CircuitBreakerLayer<C> {
             breaker: self.breaker.owner(),
             registry: Arc::clone(&self.registry),
             classifier: self.classifier.clone(),
+            answer: self.answer.clone(),
         }
     }
 }
 
-impl<C: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C> {
+impl<C: fmt::Debug, A: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let breaker = self.breaker.breaker();
         f.debug_struct("CircuitBreakerLayer")
             .field("breaker", breaker)
             .field("settings", &breaker.settings)
             .field("classifier", &self.classifier)
+            .field("answer", &self.answer)
             .finish()
     }
 }
@@ -68,6 +80,19 @@ impl<C> CircuitBreakerLayer<C> {
         Builder::new()
             .build(classifier)
             .expect("the default configuration is valid")
+    }
+}
+
+impl<C, A> CircuitBreakerLayer<C, A> {
+    /// The same breaker (same shared state), answering as `answer` says:
+    /// one of the types of the [`answer`](crate::answer) module.
+    pub fn answer<B>(self, answer: B) -> CircuitBreakerLayer<C, B> {
+        CircuitBreakerLayer {
+            breaker: self.breaker,
+            registry: self.registry,
+            classifier: self.classifier,
+            answer,
+        }
     }
 
     /// The admin handle of this layer's breaker: list, reset, force.
@@ -84,11 +109,27 @@ impl CircuitBreakerLayer<()> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for CircuitBreakerLayer<C> {
-    type Service = CircuitBreaker<S, C>;
+// Here rather than with the keyed layer: both layers are made by the
+// builder, and the keyed layer's module need not know it.
+impl<C, F> KeyedCircuitBreakerLayer<C, F> {
+    /// Keyed breakers with the defaults; see [`Builder::build_keyed`] for the rest.
+    pub fn new(classifier: C, key_fn: F) -> Self {
+        Builder::new()
+            .build_keyed(classifier, key_fn)
+            .expect("the default configuration is valid")
+    }
+}
+
+impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
+    type Service = CircuitBreaker<S, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::new(inner, self.breaker.owner(), self.classifier.clone())
+        CircuitBreaker::new(
+            inner,
+            self.breaker.owner(),
+            self.classifier.clone(),
+            self.answer.clone(),
+        )
     }
 }
 
@@ -487,6 +528,7 @@ impl Builder {
             breaker: BreakerRef(Arc::new(Share::with_thread_shares(breaker))),
             registry: Arc::new(registry),
             classifier,
+            answer: Plain,
         })
     }
 

@@ -11,21 +11,20 @@
 mod admin;
 #[cfg(feature = "admin")]
 mod admin_router;
+pub mod answer;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
 mod events;
 mod eviction;
 pub mod future;
-#[cfg(feature = "grpc")]
-mod grpc;
-#[cfg(feature = "http")]
-mod http;
 mod instruments;
 mod keyed;
 mod layer;
 mod listeners;
 mod machine;
+#[cfg(feature = "http")]
+mod open;
 mod permit;
 mod policy;
 mod registry;
@@ -41,14 +40,12 @@ pub use self::admin::{BreakerHandle, BreakerSnapshot};
 #[cfg(feature = "serde")]
 pub use self::config::{AdaptiveThrottleConfig, BreakerConfig, FailureRateConfig, WindowConfig};
 pub use self::error::CircuitOpen;
-#[cfg(feature = "grpc")]
-pub use self::grpc::{GrpcBody, GrpcCircuitBreaker, GrpcCircuitBreakerLayer};
-#[cfg(feature = "http")]
-pub use self::http::{HttpCircuitBreaker, HttpCircuitBreakerLayer};
 pub use self::instruments::describe_metrics;
 pub use self::instruments::MetricsLabel;
 pub use self::keyed::{KeyedCircuitBreaker, KeyedCircuitBreakerLayer};
 pub use self::layer::{Builder, CircuitBreakerLayer};
+#[cfg(feature = "http")]
+pub use self::open::OpenCall;
 pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
 pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};

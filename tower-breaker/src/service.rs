@@ -6,23 +6,38 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+#[cfg(feature = "http")]
+use http::{Request, Response};
+#[cfg(feature = "http")]
+use http_body::Body;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Sleep;
+#[cfg(feature = "http")]
+use tower_classify::SettleBody;
 use tower_classify::{BoxError, Classify};
 use tower_service::Service;
 
+use crate::answer::Plain;
+#[cfg(feature = "http")]
+use crate::answer::{Http503, HttpError};
 use crate::error::CircuitOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::machine::{Breaker, Readiness};
+#[cfg(feature = "http")]
+use crate::open::OpenCall;
 use crate::permit::Permit;
 use crate::share::BreakerRef;
 use crate::state::State;
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
 ///
-/// `poll_ready` forwards the inner service's readiness; `call` fails at once
-/// with [`CircuitOpen`] when the breaker refuses the call, without touching
-/// the inner service (tower's load-shed pattern). With
+/// `A` is the breaker's [answer](crate::answer): what a refused call gets,
+/// and whether a response is judged at its head or where its body ends.
+///
+/// `poll_ready` forwards the inner service's readiness; `call` refuses at
+/// once when the breaker refuses the call, without touching the inner
+/// service (tower's load-shed pattern): a [`CircuitOpen`] error, or under
+/// the `Http503` answer a `503` response. With
 /// [`pending_when_open`](crate::Builder::pending_when_open), `poll_ready`
 /// instead returns `Pending` while the breaker is open.
 ///
@@ -35,10 +50,11 @@ use crate::state::State;
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
 /// refusal decided by `poll_ready`.
-pub struct CircuitBreaker<S, C> {
+pub struct CircuitBreaker<S, C, A = Plain> {
     inner: S,
     breaker: BreakerRef,
     classifier: C,
+    answer: A,
     /// Boxed: pending mode is rare, and a null pointer is the cheapest
     /// thing for every clone of the service to carry and drop.
     waiting: Option<Box<Wait>>,
@@ -53,12 +69,13 @@ struct Wait {
     until: Option<Pin<Box<Sleep>>>,
 }
 
-impl<S, C> CircuitBreaker<S, C> {
-    pub(crate) fn new(inner: S, breaker: BreakerRef, classifier: C) -> Self {
+impl<S, C, A> CircuitBreaker<S, C, A> {
+    pub(crate) fn new(inner: S, breaker: BreakerRef, classifier: C, answer: A) -> Self {
         CircuitBreaker {
             inner,
             breaker,
             classifier,
+            answer,
             waiting: None,
             refuse_next: false,
         }
@@ -91,7 +108,7 @@ impl<S, C> CircuitBreaker<S, C> {
 
     /// Admits or refuses one call. `Ok(None)` in disabled mode.
     #[inline]
-    pub(crate) fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
+    fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
         if self.refuse_next {
             self.refuse_next = false;
             return Err(self.breaker().rejection());
@@ -102,11 +119,33 @@ impl<S, C> CircuitBreaker<S, C> {
         Breaker::admit(&self.breaker).map(Some)
     }
 
-    /// `poll_ready` for both service flavours: the breaker first (pending
-    /// mode, or a refusal that makes the inner service's readiness moot),
-    /// then the inner service.
+    /// `call` for every answer: the inner service's call with a recorder,
+    /// or the refusal that `refused` makes of the breaker's and the
+    /// request's.
     #[inline]
-    pub(crate) fn poll_ready_with<E>(
+    fn call_with<Req>(
+        &mut self,
+        req: Req,
+        refused: impl FnOnce(CircuitOpen, &Req) -> CircuitOpen,
+    ) -> ResponseFuture<S::Future, C, A>
+    where
+        S: Service<Req>,
+        C: Clone,
+    {
+        match self.admit() {
+            Ok(permit) => {
+                let recorder = permit.map(|p| Recorder::new(p, self.classifier.clone()));
+                ResponseFuture::called(self.inner.call(req), recorder)
+            }
+            Err(open) => ResponseFuture::rejected(refused(open, &req)),
+        }
+    }
+
+    /// `poll_ready` for every answer: the breaker first (pending mode, or a
+    /// refusal that makes the inner service's readiness moot), then the
+    /// inner service.
+    #[inline]
+    fn poll_ready_with<E>(
         &mut self,
         cx: &mut Context<'_>,
         poll_inner: impl FnOnce(&mut S, &mut Context<'_>) -> Poll<Result<(), E>>,
@@ -122,19 +161,9 @@ impl<S, C> CircuitBreaker<S, C> {
         poll_inner(&mut self.inner, cx)
     }
 
-    #[cfg(feature = "http")]
-    pub(crate) fn classifier(&self) -> &C {
-        &self.classifier
-    }
-
-    #[cfg(feature = "http")]
-    pub(crate) fn inner_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
     /// Pending mode: `Ready` once the breaker would admit a call.
     #[inline]
-    pub(crate) fn poll_breaker(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_breaker(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if !self.breaker().pending_when_open {
             return Poll::Ready(());
         }
@@ -175,30 +204,32 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 }
 
-impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
+impl<S: Clone, C: Clone, A: Clone> Clone for CircuitBreaker<S, C, A> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
             breaker: self.breaker.clone(),
             classifier: self.classifier.clone(),
+            answer: self.answer.clone(),
             waiting: None,
             refuse_next: false,
         }
     }
 }
 
-impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for CircuitBreaker<S, C> {
+impl<S: fmt::Debug, C: fmt::Debug, A: fmt::Debug> fmt::Debug for CircuitBreaker<S, C, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
             .field("inner", &self.inner)
             .field("breaker", self.breaker())
             .field("classifier", &self.classifier)
+            .field("answer", &self.answer)
             .field("waiting", &self.waiting.is_some())
             .finish()
     }
 }
 
-impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
+impl<S, C, Req> Service<Req> for CircuitBreaker<S, C, Plain>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
@@ -215,12 +246,54 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        match self.admit() {
-            Ok(permit) => {
-                let recorder = permit.map(|p| Recorder::new(p, self.classifier.clone()));
-                ResponseFuture::called(self.inner.call(req), recorder)
-            }
-            Err(open) => ResponseFuture::rejected(open),
-        }
+        self.call_with(req, |open, _| open)
+    }
+}
+
+/// The refusal of `req`, carrying its
+/// [`RefusalToken`](tower_classify::RefusalToken) when it has one.
+#[cfg(feature = "http")]
+fn refusing<B>(open: CircuitOpen, req: &Request<B>) -> CircuitOpen {
+    open.refusing(req.extensions().get().copied())
+}
+
+#[cfg(feature = "http")]
+impl<S, C, ReqB, B> Service<Request<ReqB>> for CircuitBreaker<S, C, Http503>
+where
+    S: Service<Request<ReqB>, Response = Response<B>>,
+    C: Classify<Response<B>, S::Error> + Clone,
+    B: From<String>,
+{
+    type Response = Response<B>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, C, Http503>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_ready_with(cx, S::poll_ready)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        self.call_with(req, refusing)
+    }
+}
+
+#[cfg(feature = "http")]
+impl<S, C, ReqB, B> Service<Request<ReqB>> for CircuitBreaker<S, C, HttpError>
+where
+    S: Service<Request<ReqB>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    C: Classify<Response<B>, BoxError> + Clone,
+    B: Body,
+{
+    type Response = Response<SettleBody<B, OpenCall<C>>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C, HttpError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_ready_with(cx, |inner, cx| inner.poll_ready(cx).map_err(Into::into))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        self.call_with(req, refusing)
     }
 }

@@ -1,6 +1,6 @@
-//! The `grpc` variant: a gRPC status that arrives in the trailers is recorded
-//! where the body ends.
-#![cfg(feature = "grpc")]
+//! gRPC through the `HttpError` answer and a `GrpcClassifier`: a gRPC status
+//! that arrives in the trailers is recorded where the body ends.
+#![cfg(feature = "http")]
 
 use std::time::Duration;
 
@@ -13,16 +13,22 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use tower::util::BoxService;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, GrpcBody, State};
-use tower_classify::{BoxError, GrpcClassifier};
+use tower_breaker::answer::HttpError;
+use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, OpenCall, State};
+use tower_classify::{BoxError, GrpcClassifier, SettleBody};
 
 type TestBody = UnsyncBoxBody<Bytes, BoxError>;
+/// The response body of a gRPC breaker.
+type GrpcBody<B> = SettleBody<B, OpenCall<GrpcClassifier>>;
 type Svc = BoxService<Request<Response<TestBody>>, Response<GrpcBody<TestBody>>, BoxError>;
 
 /// A breaker around a service that answers each request with the response it
 /// carries, so each test decides every answer.
 fn breaker(builder: tower_breaker::Builder) -> (Svc, BreakerHandle) {
-    let layer = builder.build(GrpcClassifier::new()).unwrap().into_grpc();
+    let layer = builder
+        .build(GrpcClassifier::new())
+        .unwrap()
+        .answer(HttpError);
     let handle = layer.handle();
     let echo =
         service_fn(
@@ -87,7 +93,7 @@ async fn failures_that_arrive_only_in_trailers_open_the_breaker() {
     for _ in 0..3 {
         let response = call(&mut svc, in_trailers("14")).await.unwrap();
         assert_eq!(response.status(), 200);
-        assert!(response.body().awaits_trailers());
+        assert!(response.body().awaits_end());
         responses.push(response);
     }
     // Three `200` heads: nothing is known until the trailers.
@@ -203,7 +209,7 @@ async fn frames_pass_through_as_they_arrive() {
     assert_eq!(trailers.into_trailers().unwrap(), status("14"));
     // Recorded as the trailers passed, before the reader saw the end.
     assert_eq!(snapshot(&handle).state, State::Open);
-    assert!(!body.awaits_trailers());
+    assert!(!body.awaits_end());
     drop(tx);
     assert!(body.frame().await.is_none());
 }
@@ -218,8 +224,8 @@ async fn a_grpc_body_that_ends_without_a_status_is_a_failure() {
         .await
         .unwrap();
     let body = response.body_mut();
+    // The inner body's hint: five bytes.
     assert_eq!(body.size_hint().exact(), Some(5));
-    assert_eq!(body.size_hint().exact(), body.get_ref().size_hint().exact());
     assert!(!body.is_end_stream());
 
     body.frame().await.unwrap().unwrap();
@@ -255,9 +261,9 @@ async fn the_head_decides_trailers_only_and_non_grpc_responses() {
     // Trailers-only: `grpc-status` in the head decides at once.
     let trailers_only = |code| grpc_head().header("grpc-status", code).body(empty());
     let response = call(&mut svc, trailers_only("0").unwrap()).await.unwrap();
-    assert!(!response.body().awaits_trailers());
+    assert!(!response.body().awaits_end());
     let response = call(&mut svc, trailers_only("14").unwrap()).await.unwrap();
-    assert!(!response.body().awaits_trailers());
+    assert!(!response.body().awaits_end());
     assert_eq!(
         snapshot(&handle).state,
         State::Open,
@@ -268,7 +274,7 @@ async fn the_head_decides_trailers_only_and_non_grpc_responses() {
     // Not gRPC: a 200 ending without trailers is a success, a 503 a failure.
     let plain = Response::builder().header("content-type", "text/plain");
     let response = call(&mut svc, plain.body(text()).unwrap()).await.unwrap();
-    assert!(!response.body().awaits_trailers());
+    assert!(!response.body().awaits_end());
     assert_eq!(read_to_end(response).await, None);
     assert_eq!(snapshot(&handle).state, State::Closed);
     let unavailable = Response::builder().status(503).body(text()).unwrap();
@@ -289,7 +295,7 @@ async fn the_head_decides_trailers_only_and_non_grpc_responses() {
         .body(text())
         .unwrap();
     let response = call(&mut svc, proto).await.unwrap();
-    assert!(response.body().awaits_trailers());
+    assert!(response.body().awaits_end());
 }
 
 #[tokio::test(start_paused = true)]
@@ -307,7 +313,10 @@ async fn a_slow_call_is_timed_to_its_head_not_to_its_trailers() {
     assert_eq!(snapshot(&handle).state, State::Closed);
 
     // A head that took 2 s is, even with `grpc-status: 0`.
-    let layer = builder.build(GrpcClassifier::new()).unwrap().into_grpc();
+    let layer = builder
+        .build(GrpcClassifier::new())
+        .unwrap()
+        .answer(HttpError);
     let handle = layer.handle();
     let slow = layer.layer(service_fn(|_: Request<()>| async {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -319,17 +328,23 @@ async fn a_slow_call_is_timed_to_its_head_not_to_its_trailers() {
     assert_eq!(snapshot(&handle).state, State::Open);
 }
 
+/// The body is `Send` and `Unpin` but not `Sync`: `SettleBody` holds the
+/// last frame type-erased as `dyn Any + Send` while its call settles. A
+/// body is polled through `&mut`, so hyper and tonic ask `Send` of it, not
+/// `Sync`.
 #[test]
-fn the_body_and_future_are_send_and_sync_where_the_inner_ones_are() {
+fn the_body_is_send_and_the_future_send_and_sync_where_the_inner_ones_are() {
+    fn send<T: Send>() {}
     fn send_sync<T: Send + Sync>() {}
-    send_sync::<GrpcBody<Full<Bytes>>>();
-    send_sync::<tower_breaker::future::GrpcResponseFuture<std::future::Ready<()>, GrpcClassifier>>(
-    );
+    send::<GrpcBody<Full<Bytes>>>();
+    send_sync::<
+        tower_breaker::future::ResponseFuture<std::future::Ready<()>, GrpcClassifier, HttpError>,
+    >();
     fn unpin<T: Unpin>() {}
     unpin::<GrpcBody<Full<Bytes>>>();
 }
 
-/// Issue 31, item 5: the gRPC variant's `CircuitOpen` carries the refused
+/// Issue 31, item 5: a gRPC breaker's `CircuitOpen` carries the refused
 /// request's `RefusalToken`, and none when the request had none.
 #[tokio::test(start_paused = true)]
 async fn item_5_a_circuit_open_error_carries_the_refused_requests_token() {
@@ -349,4 +364,87 @@ async fn item_5_a_circuit_open_error_carries_the_refused_requests_token() {
     let error = call(&mut svc, in_trailers("0")).await.unwrap_err();
     let open = error.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
     assert_eq!(open.failure().refusal, None);
+}
+
+/// The classifier the user passed judges the end of the body, not a
+/// `GrpcClassifier` of the breaker's own: one that calls every failure a
+/// success never opens the breaker, however the trailers read.
+#[tokio::test(start_paused = true)]
+async fn the_users_classifier_judges_the_trailers() {
+    use tower_classify::{ClassifyExt, Outcome};
+
+    let lenient = GrpcClassifier::new().map(|outcome| match outcome {
+        Outcome::Failure(_) => Outcome::Success,
+        outcome => outcome,
+    });
+    let layer = threshold(1).build(lenient).unwrap().answer(HttpError);
+    let handle = layer.handle();
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, BoxError>(in_trailers("14"))
+    }));
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert!(response.body().awaits_end(), "the head leaves it open");
+        assert_eq!(
+            response.into_body().collect().await.unwrap().trailers(),
+            Some(&status("14"))
+        );
+    }
+    let snap = snapshot(&handle);
+    assert_eq!(snap.state, State::Closed);
+    assert_eq!(snap.failures, 0);
+}
+
+/// A classifier that counts a body its caller dropped mid-stream as a
+/// timeout: the breaker records what it says, where by default a drop
+/// records nothing.
+#[derive(Clone)]
+struct DropIsATimeout(GrpcClassifier);
+
+impl<B: 'static> tower_classify::Classify<Response<B>, BoxError> for DropIsATimeout {
+    fn classify(&self, result: Result<&Response<B>, &BoxError>) -> tower_classify::Outcome {
+        self.0.classify(result)
+    }
+
+    fn classify_head(
+        &self,
+        result: Result<&Response<B>, &BoxError>,
+    ) -> Option<tower_classify::Outcome> {
+        self.0.classify_head(result)
+    }
+
+    fn classify_end(&self, end: tower_classify::StreamEnd<'_>) -> tower_classify::Outcome {
+        use tower_classify::{FailureKind, Outcome, StreamEnd};
+        match end {
+            StreamEnd::Dropped => Outcome::failure(FailureKind::Timeout),
+            end => tower_classify::Classify::<Response<B>, BoxError>::classify_end(&self.0, end),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drop_the_classifier_calls_a_failure_is_recorded() {
+    let layer = threshold(1)
+        .build(DropIsATimeout(GrpcClassifier::new()))
+        .unwrap()
+        .answer(HttpError);
+    let handle = layer.handle();
+    let mut svc = BoxService::new(layer.layer(service_fn(
+        |req: Request<Response<TestBody>>| async move { Ok::<_, BoxError>(req.into_body()) },
+    )));
+    let (mut tx, answer) = streamed();
+    let mut response = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(answer))
+        .await
+        .unwrap();
+    tx.send_data(Bytes::from_static(b"first")).await.unwrap();
+    response.body_mut().frame().await.unwrap().unwrap();
+    assert_eq!(snapshot(&handle).state, State::Closed);
+    drop(response);
+    let snap = snapshot(&handle);
+    assert_eq!(snap.state, State::Open);
+    assert_eq!(snap.failures, 1);
 }

@@ -1,4 +1,4 @@
-//! The `http` variant answers `503 CIRCUIT_OPEN` with `Retry-After`.
+//! The `Http503` answer: an open circuit answers `503 CIRCUIT_OPEN` with `Retry-After`.
 #![cfg(feature = "http")]
 
 use std::convert::Infallible;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
+use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
@@ -18,7 +19,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(Http503);
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(service_fn({
         let calls = Arc::clone(&calls);
@@ -78,7 +79,7 @@ async fn an_early_refusals_503_says_the_time_left() {
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(Http503);
     let svc = layer.layer(service_fn(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::builder().status(502).body(String::new()).unwrap())
     }));
@@ -111,7 +112,7 @@ async fn item_5_an_open_circuits_503_carries_the_refused_requests_token() {
     let layer = CircuitBreakerLayer::builder()
         .build(HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(Http503);
     assert!(layer.handle().force_open("default"));
     let svc = layer.layer(service_fn(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::new(String::new()))

@@ -73,7 +73,7 @@ async fn a_shared_http_breaker_answers_503_while_open() {
         .failure_threshold(1)
         .build(HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(tower_breaker::answer::Http503);
     let handle = layer.handle();
     let service = layer.layer(service_fn(|request: Request<u16>| async move {
         let mut response = Response::new(String::new());

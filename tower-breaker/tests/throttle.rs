@@ -191,7 +191,7 @@ async fn over_http_a_refusal_is_the_open_circuits_503() {
         .adaptive_throttle(2.0, Window::count(10))
         .build(tower_classify::HttpClassifier::new())
         .unwrap()
-        .into_http();
+        .answer(tower_breaker::answer::Http503);
     let svc = layer.layer(service_fn(|_: http::Request<()>| async {
         Ok::<_, BoxError>(
             http::Response::builder()

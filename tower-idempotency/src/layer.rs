@@ -111,16 +111,17 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// The proof is a [`RefusalToken`]: the guard hands each request down
     /// with a fresh one in its extensions, and a refusing layer that never
     /// passed the request on copies it into its refusal's
-    /// [`Failure`](tower_classify::Failure) (tower-breaker's HTTP and gRPC
-    /// variants do). Only a failure carrying the token of this very request
-    /// frees the key. A refusal the handler passes on from a dependency it
-    /// called (a `CircuitOpen` returned with `?`, that dependency's `503
-    /// CIRCUIT_OPEN`) answers a request the handler built, which carries no
-    /// token: the handler ran, and the key is kept like any other answer's.
-    /// A refusal without the proof (tower's `LoadShed`, a breaker that
-    /// takes any request type) keeps the key too. A handler that forwards
-    /// the guarded request itself, extensions included (a proxy), forwards
-    /// the token with it; see [`RefusalToken`] for what that means.
+    /// [`Failure`](tower_classify::Failure) (a tower-breaker answering HTTP
+    /// requests, `Http503` or `HttpError`, does). Only a failure carrying
+    /// the token of this very request frees the key. A refusal the handler
+    /// passes on from a dependency it called (a `CircuitOpen` returned with
+    /// `?`, that dependency's `503 CIRCUIT_OPEN`) answers a request the
+    /// handler built, which carries no token: the handler ran, and the key
+    /// is kept like any other answer's. A refusal without the proof
+    /// (tower's `LoadShed`, a breaker with the `Plain` answer, which takes
+    /// any request type) keeps the key too. A handler that forwards the
+    /// guarded request itself, extensions included (a proxy), forwards the
+    /// token with it; see [`RefusalToken`] for what that means.
     ///
     /// [`RefusalToken`]: tower_classify::RefusalToken
     pub fn release_on_shed(mut self, yes: bool) -> Self {

@@ -38,7 +38,7 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 ///
 /// A response carrying a [`Failure`] in its extensions is classified as that
 /// failure, whatever its status. This is how a layer that answers on its own
-/// keeps its meaning for the layers around it: the breaker's HTTP variant
+/// keeps its meaning for the layers around it: a breaker answering `Http503`
 /// answers an open circuit with `503` (so that a server still replies), and
 /// attaches a [`Shed`](FailureKind::Shed) failure so that a dead-letter layer
 /// or a client breaker outside it does not count it as a server error.
