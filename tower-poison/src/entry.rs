@@ -118,14 +118,6 @@ pub struct EntryIdPrefix {
 }
 
 impl EntryIdPrefix {
-    /// The prefix that is all of `id`: it matches `id` alone.
-    pub const fn exact(id: EntryId) -> Self {
-        EntryIdPrefix {
-            low: id.0,
-            digits: 32,
-        }
-    }
-
     /// The first and the last id the prefix matches.
     pub const fn range(self) -> (EntryId, EntryId) {
         let free_bits = 4 * (32 - self.digits);
@@ -149,13 +141,8 @@ impl EntryIdPrefix {
     }
 
     /// How many digits the prefix has.
-    pub const fn len(self) -> usize {
+    const fn len(self) -> usize {
         self.digits as usize
-    }
-
-    /// Always `false`: a prefix has at least one digit.
-    pub const fn is_empty(self) -> bool {
-        false
     }
 }
 
@@ -191,9 +178,13 @@ impl FromStr for EntryIdPrefix {
     }
 }
 
+/// The prefix that is all of `id`: it matches `id` alone.
 impl From<EntryId> for EntryIdPrefix {
     fn from(id: EntryId) -> Self {
-        EntryIdPrefix::exact(id)
+        EntryIdPrefix {
+            low: id.0,
+            digits: 32,
+        }
     }
 }
 
@@ -286,7 +277,7 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_replays: u64,
     /// How many replays of this entry a server answered with a server error
-    /// of its own ([`ReplayAnswer::ServerError`]) while the key was free to
+    /// of its own (a 5xx other than 502 and 504) while the key was free to
     /// move. [`http_request`](crate::replay::http_request) puts it in the
     /// `Idempotency-Key` it makes: a server's idempotency guard may keep a
     /// 5xx under the key it answered, so the next replay needs a new key to
@@ -294,8 +285,8 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
     /// A replay under the current key got no answer from the server itself
-    /// ([`ReplayAnswer::Unknown`]: a timeout, a lost connection, a gateway's
-    /// 502 or 504), so it may have been applied: from then on the key no
+    /// (a timeout, a lost connection, a gateway's 502 or 504), or the claim
+    /// before a replay's lapsed unreleased, so it may have been applied: from then on the key no
     /// longer moves, and a server that honours it cannot run the request
     /// twice. (A guard that kept a failure under it answers that failure
     /// until its record expires.)
@@ -329,7 +320,7 @@ pub const ERROR_BYTES: usize = 512;
 /// replay (see [`DeadLetterEntry::note_replay_answer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ReplayAnswer {
+pub(crate) enum ReplayAnswer {
     /// The server answered with a server error of its own (a 5xx other than
     /// 502 and 504), which an idempotency guard may keep under the key: the
     /// next replay needs a new key to be run at all.
@@ -353,7 +344,7 @@ impl ReplayAnswer {
     /// never moves the key: replay with a response description that reads
     /// it (the CLI's does, and
     /// [`Replayer::describe`](crate::replay::Replayer::describe) takes one).
-    pub fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
+    pub(crate) fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
         match kind {
             // Refused before it was sent: nothing ran.
             FailureKind::NotSent | FailureKind::Shed => ReplayAnswer::Other,
@@ -414,7 +405,7 @@ impl ReplayRecord {
     }
 
     /// The same record for a response with HTTP status `status`.
-    pub fn with_status(mut self, status: Option<u16>) -> Self {
+    pub(crate) fn with_status(mut self, status: Option<u16>) -> Self {
         self.status = status;
         self
     }
@@ -456,26 +447,30 @@ impl DeadLetterEntry {
     /// first; cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
     ///
     /// The id is generated for `failed_at`; there is no request (method,
-    /// URI, headers, message id) and an empty body until the `with_…`
-    /// methods add them. A dead-letter layer builds its entries itself: this
-    /// is for stores, tests and tools that make entries of their own.
+    /// URI, headers, message id) and an empty body until you set those
+    /// fields, which are public. A dead-letter layer builds its entries
+    /// itself: this is for stores, tests and tools that make entries of
+    /// their own.
     ///
     /// ```
     /// use std::time::SystemTime;
     /// use tower_classify::FailureKind;
-    /// use tower_poison::DeadLetterEntry;
+    /// use tower_poison::{DeadLetterEntry, StoredHeader};
     ///
-    /// let entry = DeadLetterEntry::new(
+    /// let mut entry = DeadLetterEntry::new(
     ///     "orders",
     ///     FailureKind::ServerError,
     ///     vec!["HTTP 503 Service Unavailable".into()],
     ///     SystemTime::now(),
-    /// )
-    /// .with_request("POST", "http://orders.internal/orders")
-    /// .with_header("content-type", "application/json")
-    /// .with_body(r#"{"sku":42}"#)
-    /// .with_attempts(3);
-    /// assert_eq!(entry.attempts, 3);
+    /// );
+    /// entry.method = Some("POST".into());
+    /// entry.uri = Some("http://orders.internal/orders".into());
+    /// entry.headers.push(StoredHeader {
+    ///     name: "content-type".into(),
+    ///     value: "application/json".into(),
+    /// });
+    /// entry.body = r#"{"sku":42}"#.into();
+    /// entry.attempts = 3;
     /// assert_eq!(entry.first_failed_at, entry.last_failed_at);
     /// ```
     pub fn new(
@@ -506,55 +501,6 @@ impl DeadLetterEntry {
         }
     }
 
-    /// The same entry with id `id`.
-    pub fn with_id(mut self, id: EntryId) -> Self {
-        self.id = id;
-        self
-    }
-
-    /// The same entry for the queue message `message_id`.
-    pub fn with_message_id(mut self, message_id: impl Into<String>) -> Self {
-        self.message_id = Some(message_id.into());
-        self
-    }
-
-    /// The same entry for a request of `method` to `uri`.
-    pub fn with_request(mut self, method: impl Into<String>, uri: impl Into<String>) -> Self {
-        self.method = Some(method.into());
-        self.uri = Some(uri.into());
-        self
-    }
-
-    /// The same entry with one more request header (stored as given: redact
-    /// it first if it is a secret).
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push(StoredHeader {
-            name: name.into(),
-            value: value.into(),
-        });
-        self
-    }
-
-    /// The same entry with request body `body`, whole.
-    pub fn with_body(mut self, body: impl Into<Bytes>) -> Self {
-        self.body = body.into();
-        self.body_truncated = false;
-        self.body_len = None;
-        self
-    }
-
-    /// The same entry after `attempts` failed attempts.
-    pub fn with_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = attempts;
-        self
-    }
-
-    /// The same entry whose last attempt failed at `at` (its first stays).
-    pub fn with_last_failed_at(mut self, at: SystemTime) -> Self {
-        self.last_failed_at = at;
-        self
-    }
-
     /// How long ago the first attempt failed, measured against `now`.
     pub fn age(&self, now: SystemTime) -> Duration {
         now.duration_since(self.first_failed_at).unwrap_or_default()
@@ -576,8 +522,10 @@ impl DeadLetterEntry {
     /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
     /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
     /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. What the
-    /// answer means for the replay's idempotency key is taken in by
-    /// [`note_replay_answer`](Self::note_replay_answer).
+    /// answer means for the replay's idempotency key
+    /// ([`replay_server_errors`](Self::replay_server_errors),
+    /// [`replay_key_pinned`](Self::replay_key_pinned)) is recorded by the
+    /// replayer or layer that made the replay.
     pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
@@ -596,7 +544,7 @@ impl DeadLetterEntry {
     /// [`ServerError`](ReplayAnswer::ServerError) moves it on
     /// ([`replay_server_errors`](Self::replay_server_errors)) unless it is
     /// pinned.
-    pub fn note_replay_answer(&mut self, answer: ReplayAnswer) {
+    pub(crate) fn note_replay_answer(&mut self, answer: ReplayAnswer) {
         match answer {
             ReplayAnswer::Unknown => self.replay_key_pinned = true,
             ReplayAnswer::ServerError if !self.replay_key_pinned => {
@@ -604,11 +552,6 @@ impl DeadLetterEntry {
             }
             _ => {}
         }
-    }
-
-    /// The latest failed replay, if any.
-    pub fn last_replay(&self) -> Option<&ReplayRecord> {
-        self.replays.last()
     }
 
     /// The entry encoded for storage (JSON).
@@ -929,8 +872,8 @@ mod tests {
         assert!(upper.matches(id));
         let other: EntryIdPrefix = "0190c4".parse().unwrap();
         assert!(!other.matches(id));
-        assert!(EntryIdPrefix::exact(id).is_whole());
-        assert_eq!(EntryIdPrefix::exact(id).range(), (id, id));
+        assert!(EntryIdPrefix::from(id).is_whole());
+        assert_eq!(EntryIdPrefix::from(id).range(), (id, id));
         for bad in ["", "xyz", "+1", &"0".repeat(33)] {
             let error = bad.parse::<EntryIdPrefix>().unwrap_err();
             assert!(error.to_string().contains("1 to 32 hex digits"), "{error}");

@@ -30,7 +30,8 @@
 //! first (or refuses it while the first is running). Once a replay got no
 //! answer from the server itself (a timeout, a lost connection, a gateway's
 //! 502 or 504) the key never moves again, since that replay may have been
-//! applied: see [`ReplayAnswer`]. The same goes for a replayer that crashed
+//! applied ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)).
+//! The same goes for a replayer that crashed
 //! after sending: it records nothing, but the store tells the next claim
 //! that the claim before it lapsed unreleased
 //! ([`Claim::Claimed`]`{ previous_claim_lapsed: true, .. }`), and the
@@ -188,8 +189,8 @@ impl From<StoreError> for ReplayError {
 /// # use tower_poison::DeadLetterEntry;
 /// # use tower_classify::FailureKind;
 /// # let now = SystemTime::now();
-/// # let entry = DeadLetterEntry::new("jobs", FailureKind::ServerError, vec!["boom".into()], now)
-/// #     .with_body("payload");
+/// # let mut entry = DeadLetterEntry::new("jobs", FailureKind::ServerError, vec!["boom".into()], now);
+/// # entry.body = "payload".into();
 ///
 /// let store = MemoryStore::new(100);
 /// let id = entry.id;
@@ -431,7 +432,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                     store.release(id, token).await?;
                 }
                 pinned?;
-                let (kind, error) = match current.last_replay() {
+                let (kind, error) = match current.replays.last() {
                     Some(last) => (last.kind, last.error_text()),
                     None => (failure.kind, current.error_text()),
                 };

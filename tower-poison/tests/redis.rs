@@ -24,17 +24,19 @@ use tower_poison::{
 const DAY: Duration = Duration::from_secs(86_400);
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
-    DeadLetterEntry::new(
+    let mut entry = DeadLetterEntry::new(
         label,
         kind,
         vec!["upstream failed".into()],
         whole_millis(first_failed_at),
-    )
-    .with_id(EntryId::generate(SystemTime::now()))
-    .with_request("POST", "http://example.internal/orders")
-    .with_body(Bytes::from_static(b"{\"sku\":42}"))
-    .with_attempts(3)
-    .with_last_failed_at(whole_millis(SystemTime::now()))
+    );
+    entry.id = EntryId::generate(SystemTime::now());
+    entry.method = Some("POST".into());
+    entry.uri = Some("http://example.internal/orders".into());
+    entry.body = Bytes::from_static(b"{\"sku\":42}");
+    entry.attempts = 3;
+    entry.last_failed_at = whole_millis(SystemTime::now());
+    entry
 }
 
 fn whole_millis(time: SystemTime) -> SystemTime {

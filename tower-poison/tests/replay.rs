@@ -24,19 +24,28 @@ use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
 fn entry() -> DeadLetterEntry {
     let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    DeadLetterEntry::new(
+    let mut entry = DeadLetterEntry::new(
         "orders",
         FailureKind::ServerError,
         vec!["HTTP 503 Service Unavailable".into()],
         then,
-    )
-    .with_request("PUT", "http://orders.internal/orders/7?notify=false")
-    .with_header("content-type", "application/json")
-    .with_header("authorization", REDACTED)
-    .with_header("host", "orders.internal")
-    .with_body(Bytes::from_static(b"{\"qty\":2}"))
-    .with_attempts(2)
-    .with_last_failed_at(then + Duration::from_secs(5))
+    );
+    entry.method = Some("PUT".into());
+    entry.uri = Some("http://orders.internal/orders/7?notify=false".into());
+    entry.headers = [
+        ("content-type", "application/json"),
+        ("authorization", REDACTED),
+        ("host", "orders.internal"),
+    ]
+    .map(|(name, value)| StoredHeader {
+        name: name.into(),
+        value: value.into(),
+    })
+    .into();
+    entry.body = Bytes::from_static(b"{\"qty\":2}");
+    entry.attempts = 2;
+    entry.last_failed_at = then + Duration::from_secs(5);
+    entry
 }
 
 fn to_request(e: &DeadLetterEntry) -> Result<Request<Full<Bytes>>, BoxError> {
@@ -183,7 +192,7 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         }
     );
     let kept = store.get(e.id).await.unwrap().unwrap();
-    let third = kept.last_replay().unwrap();
+    let third = kept.replays.last().unwrap();
     assert_eq!((third.attempt, third.status), (5, Some(503)));
     assert_eq!(third.error, ["HTTP 503 Service Unavailable"]);
     assert_eq!(kept.error, e.error);
@@ -219,7 +228,7 @@ async fn replay_history_is_bounded(store: impl DeadLetterStore) {
     assert_eq!(kept.attempts, e.attempts + total as u32);
     // The oldest records went: the first kept is the fifth replay.
     assert_eq!(kept.replays[0].attempt, e.attempts + 5);
-    assert_eq!(kept.last_replay().unwrap().attempt, kept.attempts);
+    assert_eq!(kept.replays.last().unwrap().attempt, kept.attempts);
     let limit = tower_poison::REPLAY_HISTORY_LIMIT;
     // Past the limit a replay replaces a record instead of adding one:
     // four more replays grow the entry by less than one record (only by
@@ -711,7 +720,7 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     assert_eq!(kept.error, e.error, "the original error stays");
     assert_eq!(kept.kind, e.kind);
     assert_eq!(kept.failed_replays, 1, "the failure was recorded once");
-    let record = kept.last_replay().expect("the layer recorded the replay");
+    let record = kept.replays.last().expect("the layer recorded the replay");
     assert_eq!(record.error, ["HTTP 502 Bad Gateway"]);
     assert_eq!(record.status, Some(502));
     assert_eq!((record.attempt, record.kind), (3, FailureKind::ServerError));
