@@ -17,7 +17,10 @@ use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome};
 use tower_poison::replay::{http_request, ReplayError};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
-use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
+use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
+
+/// The dead-letter layer's default body limit, as its docs give it.
+const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::hedge::HedgeLayer;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer, RetryStopped, StopReason};

@@ -166,7 +166,10 @@ fn call_that_fails_after_retries_lands_in_the_store_with_every_field() {
                 .layer(
                     DeadLetterLayer::new(store.clone())
                         .label("payments")
-                        .redact_header("x-tenant-token".parse().unwrap()),
+                        .redactor(
+                            tower_poison::Redactor::new()
+                                .with_header("x-tenant-token".parse().unwrap()),
+                        ),
                 )
                 .layer(RetryLayer::new(RetryClassified { remaining: 3 }))
                 .layer(CountAttemptsLayer::new())
