@@ -105,7 +105,7 @@ impl DeliveryTally {
 
 /// A message id in a bounded form that is safe to use as a store key.
 ///
-/// An id of at most [`MAX_VERBATIM`](Self::MAX_VERBATIM) bytes of printable
+/// An id of at most 128 bytes of printable
 /// ASCII (`!` to `~`, no spaces or control bytes) is kept readable as
 /// `id:<id>`; any other id becomes `sha256:<64 hex digits>` of its bytes. The
 /// two prefixes keep the forms apart, so no verbatim id can collide with a
@@ -116,7 +116,7 @@ pub struct MessageKey(String);
 
 impl MessageKey {
     /// The longest id kept verbatim, in bytes.
-    pub const MAX_VERBATIM: usize = 128;
+    const MAX_VERBATIM: usize = 128;
 
     /// The longest key, in bytes (`id:` and 128 bytes).
     pub const MAX_LEN: usize = 3 + Self::MAX_VERBATIM;

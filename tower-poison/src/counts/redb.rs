@@ -68,11 +68,11 @@ impl Default for RedbFailureCountsBuilder {
 
 impl RedbFailureCountsBuilder {
     /// The defaults: 100 000 keys.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedbFailureCountsBuilder { capacity: 100_000 }
     }
 
-    /// Remembers at most `capacity` keys (at least 1).
+    /// Remembers at most `capacity` keys (at least 1; default 100,000).
     pub fn capacity(mut self, capacity: u64) -> Result<Self, ConfigError> {
         if capacity == 0 {
             return Err(ConfigError::new(
@@ -114,11 +114,6 @@ impl RedbFailureCounts {
     /// A builder for other settings.
     pub const fn builder() -> RedbFailureCountsBuilder {
         RedbFailureCountsBuilder::new()
-    }
-
-    /// The file the counts live in.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
     }
 
     /// How many keys are remembered.

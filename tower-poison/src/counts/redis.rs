@@ -117,15 +117,16 @@ const MAX_QUEUE_VERBATIM: usize = 64;
 
 impl RedisFailureCountsBuilder {
     /// A TTL of 14 days and the default connection options.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedisFailureCountsBuilder {
             ttl: Duration::from_secs(14 * 24 * 3_600),
             options: RedisConnectOptions::new(),
         }
     }
 
-    /// Forgets a message's count `ttl` after its latest delivery (at least
-    /// 1 ms; longer than 100 years is treated as 100 years).
+    /// Forgets a message's count `ttl` after its latest delivery (default
+    /// 14 days; at least 1 ms; longer than 100 years is treated as 100
+    /// years).
     pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl.as_millis() == 0 {
             return Err(ConfigError::new(

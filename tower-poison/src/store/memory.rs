@@ -72,11 +72,6 @@ impl MemoryStore {
         }
     }
 
-    /// The most entries the store holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding the lock, so a poisoned lock still
         // guards consistent data.
