@@ -44,7 +44,6 @@ pub use self::observability::describe_metrics;
 pub use self::open::OpenCall;
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
-pub use self::replay::replay;
 pub use self::service::DeadLetter;
 pub use self::store::{Claim, ClaimToken};
 pub use http_body_replay::ReplayBody;

@@ -15,9 +15,7 @@ use tokio::sync::oneshot;
 use tower::service_fn;
 use tower::{Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
-use tower_poison::replay::{
-    http_request, replay, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER,
-};
+use tower_poison::replay::{http_request, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::DeadLetterLayer;
 use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
@@ -66,15 +64,10 @@ async fn replay_success_removes_the_entry(store: impl DeadLetterStore) {
             Ok::<_, BoxError>(Response::new(Bytes::new()))
         }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(outcome, ReplayOutcome::Delivered);
     assert_eq!(store.get(e.id).await.unwrap(), None);
 
@@ -102,15 +95,10 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         )
     });
     let before = SystemTime::now();
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(
         outcome,
         ReplayOutcome::Failed {
@@ -141,15 +129,10 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
     let mut refused = service_fn(|_req: Request<Full<Bytes>>| async {
         Err::<Response<Bytes>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut refused,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut refused, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(matches!(
         outcome,
         ReplayOutcome::Failed {
@@ -279,41 +262,26 @@ async fn truncated_or_missing_entries_are_not_replayed() {
     let mut service = service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, BoxError>(Response::new(Bytes::new()))
     });
-    let error = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap_err();
+    let error = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap_err();
     assert!(matches!(error, ReplayError::Request(_)));
     assert!(error.to_string().contains("truncated body"), "{error}");
     assert!(store.get(e.id).await.unwrap().is_some(), "entry kept");
     // The claim was given back: the next replay is refused for the same
     // reason, not told another replay holds the entry.
-    let again = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap_err();
+    let again = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap_err();
     assert!(matches!(again, ReplayError::Request(_)), "{again}");
 
     let missing = EntryId::generate(SystemTime::now());
-    let outcome = replay(
-        &store,
-        missing,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(missing, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(outcome, ReplayOutcome::NotFound);
 }
 
@@ -375,20 +343,21 @@ async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
     });
     let mut second_service = slow.clone();
     let classifier = HttpClassifier::new();
-    let first = replay(&store, e.id, &mut slow, &classifier, to_request);
+    let replayer = Replayer::new(&store);
+    let first = replayer.replay(e.id, &mut slow, &classifier, to_request);
     let second = async {
         call_started
             .await
             .expect("the first replay calls the service");
-        let outcome = replay(
-            &store,
-            e.id,
-            &mut second_service,
-            &HttpClassifier::new(),
-            to_request,
-        )
-        .await
-        .unwrap();
+        let outcome = Replayer::new(&store)
+            .replay(
+                e.id,
+                &mut second_service,
+                &HttpClassifier::new(),
+                to_request,
+            )
+            .await
+            .unwrap();
         finish.send(()).unwrap();
         outcome
     };
@@ -442,15 +411,10 @@ async fn a_failure_the_layer_records_keeps_the_entry_claimed<St: DeadLetterStore
             }
         })
     };
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, ReplayOutcome::Failed { attempts: 3, .. }),
         "{outcome:?}"
@@ -522,15 +486,10 @@ async fn a_replay_whose_lease_ran_out_leaves_the_next_replays_claim<St: DeadLett
         counted.fetch_add(1, Ordering::SeqCst);
         async { Ok::<_, BoxError>(Response::new(Bytes::new())) }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut c_service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut c_service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, ReplayOutcome::InProgress { .. }),
         "A ended B's claim: {outcome:?}"
@@ -595,7 +554,8 @@ async fn a_replay_that_never_finished_holds_the_entry_for_its_lease() {
     let mut works = service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, BoxError>(Response::new(Bytes::new()))
     });
-    let outcome = replay(&store, e.id, &mut works, &HttpClassifier::new(), to_request)
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut works, &HttpClassifier::new(), to_request)
         .await
         .unwrap();
     assert!(
@@ -692,15 +652,10 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     let e = entry();
     store.put(e.clone()).await.unwrap();
     let mut service = still_failing(store.clone(), "orders");
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(
             outcome,
@@ -1076,15 +1031,10 @@ async fn a_failed_replay_does_not_bring_back_an_entry_purged_meanwhile() {
             )))
         }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(
             outcome,
