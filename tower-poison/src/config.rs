@@ -118,7 +118,7 @@ pub enum DeliveryCountConfig {
 
 impl DeliveryCountConfig {
     /// The reader, or an error naming the field.
-    pub fn build(&self) -> Result<DeliveryCount, ConfigError> {
+    pub(crate) fn build(&self) -> Result<DeliveryCount, ConfigError> {
         Ok(match self {
             DeliveryCountConfig::Sqs => DeliveryCount::sqs(),
             DeliveryCountConfig::Rabbitmq => DeliveryCount::rabbitmq(),

@@ -38,12 +38,12 @@ impl EntryId {
     }
 
     /// The identifier as a number (its storage key).
-    pub const fn as_u128(self) -> u128 {
+    pub(crate) const fn as_u128(self) -> u128 {
         self.0
     }
 
     /// The identifier with number `value`.
-    pub const fn from_u128(value: u128) -> Self {
+    pub(crate) const fn from_u128(value: u128) -> Self {
         EntryId(value)
     }
 }
@@ -217,6 +217,10 @@ pub struct StoredHeader {
 /// the layer's body limit, and not at all when it is larger
 /// ([`body_truncated`](Self::body_truncated) set, its length in
 /// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
+///
+/// The stores keep an entry as its JSON encoding (`serde_json` of this
+/// type, whose `Serialize` and `Deserialize` are the stored form), and
+/// their byte limits count that encoding's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct DeadLetterEntry {
@@ -248,7 +252,9 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_len: Option<u64>,
     /// The error and its `source()` chain, outermost first, one message per
-    /// level, cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes. A
+    /// level, cut to 8 levels of at most 512 bytes (at a character
+    /// boundary, `…` appended), so an upstream error that quotes a whole
+    /// response body cannot fill the store. A
     /// response classified as a failure is described in one line.
     pub error: Vec<String>,
     /// How the failure was classified.
@@ -265,7 +271,7 @@ pub struct DeadLetterEntry {
     #[serde(with = "time_serde")]
     pub last_failed_at: SystemTime,
     /// The latest failed replays, oldest first: at most
-    /// [`REPLAY_HISTORY_LIMIT`] of them, so that an entry replayed again and
+    /// 16 of them, so that an entry replayed again and
     /// again stays bounded in size. [`failed_replays`](Self::failed_replays)
     /// counts them all.
     ///
@@ -305,16 +311,16 @@ fn is_zero(count: &u64) -> bool {
 /// a 422), small enough that a replay loop left running cannot grow an entry
 /// past a few kilobytes: each record's error chain is cut to
 /// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
-pub const REPLAY_HISTORY_LIMIT: usize = 16;
+pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 
 /// The most error-chain levels an entry's [`error`](DeadLetterEntry::error)
 /// or a [`ReplayRecord`] keeps.
-pub const ERROR_LEVELS: usize = 8;
+pub(crate) const ERROR_LEVELS: usize = 8;
 
 /// The most bytes of one error message an entry or a [`ReplayRecord`] keeps
 /// (cut at a character boundary, `…` appended): an upstream error that
 /// quotes a whole response body must not fill the store.
-pub const ERROR_BYTES: usize = 512;
+pub(crate) const ERROR_BYTES: usize = 512;
 
 /// What a failed replay's answer says about the idempotency key of the next
 /// replay (see [`DeadLetterEntry::note_replay_answer`]).
@@ -392,7 +398,7 @@ pub struct ReplayRecord {
 
 impl ReplayRecord {
     /// A replay that failed at `at` with a failure of `kind`, described by
-    /// `error` (cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
+    /// `error` (cut, as an entry's [`error`](DeadLetterEntry::error) is).
     pub fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
         let error = clip_chain(error);
         ReplayRecord {
@@ -444,7 +450,7 @@ fn clip_message(mut message: String, max: usize) -> String {
 impl DeadLetterEntry {
     /// An entry for a call labelled `label` that failed once, at
     /// `failed_at`, with a failure of `kind` described by `error` (outermost
-    /// first; cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
+    /// first; cut as the [`error`](Self::error) field says).
     ///
     /// The id is generated for `failed_at`; there is no request (method,
     /// URI, headers, message id) and an empty body until you set those
@@ -521,7 +527,7 @@ impl DeadLetterEntry {
     /// [`failed_replays`](Self::failed_replays) counts one more. The
     /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
     /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
-    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. What the
+    /// the latest 16 records are kept. What the
     /// answer means for the replay's idempotency key
     /// ([`replay_server_errors`](Self::replay_server_errors),
     /// [`replay_key_pinned`](Self::replay_key_pinned)) is recorded by the
@@ -555,13 +561,13 @@ impl DeadLetterEntry {
     }
 
     /// The entry encoded for storage (JSON).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain data with string keys cannot fail.
         serde_json::to_vec(self).expect("a dead-letter entry serializes")
     }
 
     /// An entry decoded from [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(bytes)
     }
 }

@@ -166,8 +166,8 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// Redacts with `redactor`: its headers, query and JSON field names, and
     /// its body and error-text hooks (see [`Redactor`]); the built-in lists
     /// are in every `Redactor`. An error-text hook sees each message
-    /// whole, before the message is cut to
-    /// [`ERROR_BYTES`](crate::ERROR_BYTES).
+    /// whole, before the message is cut to its bound (see
+    /// [`DeadLetterEntry::error`](crate::DeadLetterEntry::error)).
     ///
     /// ```
     /// use tower_poison::store::MemoryStore;

@@ -35,7 +35,7 @@ pub use self::capture::{
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, ParseEntryIdError,
-    ReplayRecord, StoredHeader, ERROR_BYTES, ERROR_LEVELS, REPLAY_HISTORY_LIMIT,
+    ReplayRecord, StoredHeader,
 };
 pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;

@@ -65,9 +65,8 @@
 //! [`replays`](crate::DeadLetterEntry::replays): when it failed, the attempt
 //! number, the failure kind, the HTTP status (when there was a response) and
 //! the error chain or status line. The entry keeps the latest
-//! [`REPLAY_HISTORY_LIMIT`](crate::REPLAY_HISTORY_LIMIT) records, each error
-//! cut to [`ERROR_LEVELS`](crate::ERROR_LEVELS) levels of
-//! [`ERROR_BYTES`](crate::ERROR_BYTES), and counts every failed replay in
+//! 16 records, each error cut as the entry's own
+//! [`error`](crate::DeadLetterEntry::error) is, and counts every failed replay in
 //! [`failed_replays`](crate::DeadLetterEntry::failed_replays), so a replay
 //! loop left running cannot grow it without bound. The CLI's `show` prints
 //! the history (`--json`: the `replays` array). Entries stored before there
@@ -189,7 +188,7 @@ impl From<StoreError> for ReplayError {
 /// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
 ///     Ok::<_, std::io::Error>(body.len())
 /// });
-/// let missing = EntryId::from_u128(7);
+/// let missing: EntryId = "0190c3a1000000000000000000000007".parse().unwrap();
 /// let outcome = replayer
 ///     .replay(missing, &mut handler, &ErrorChainClassifier::new(), |entry| {
 ///         Ok(entry.body.clone())

@@ -316,7 +316,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
     let written: Vec<DeadLetterEntry> = (0..3)
         .map(|_| entry("orders", FailureKind::ServerError, now))
         .collect();
-    let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
+    let size = |e: &DeadLetterEntry| serde_json::to_vec(e).unwrap().len() as u64;
     let total: u64 = written.iter().map(size).sum();
     let name = support::unique("bytes");
     let _cleanup = support::Cleanup::queue(&url, &name);

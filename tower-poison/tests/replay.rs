@@ -20,6 +20,10 @@ use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::DeadLetterLayer;
 use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
+/// How many failed replays an entry keeps, as `DeadLetterEntry::replays`
+/// says.
+const REPLAY_HISTORY_LIMIT: usize = 16;
+
 fn entry() -> DeadLetterEntry {
     let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let mut entry = DeadLetterEntry::new(
@@ -197,22 +201,26 @@ async fn replay_history_is_bounded(store: impl DeadLetterStore) {
     });
     let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
     let mut sizes = Vec::new();
-    let total = tower_poison::REPLAY_HISTORY_LIMIT + 4;
+    let total = REPLAY_HISTORY_LIMIT + 4;
     for _ in 0..total {
         replayer
             .replay(e.id, &mut failing, &HttpClassifier::new(), to_request)
             .await
             .unwrap();
-        sizes.push(store.get(e.id).await.unwrap().unwrap().to_bytes().len());
+        sizes.push(
+            serde_json::to_vec(&store.get(e.id).await.unwrap().unwrap())
+                .unwrap()
+                .len(),
+        );
     }
     let kept = store.get(e.id).await.unwrap().unwrap();
     assert_eq!(kept.failed_replays, total as u64);
-    assert_eq!(kept.replays.len(), tower_poison::REPLAY_HISTORY_LIMIT);
+    assert_eq!(kept.replays.len(), REPLAY_HISTORY_LIMIT);
     assert_eq!(kept.attempts, e.attempts + total as u32);
     // The oldest records went: the first kept is the fifth replay.
     assert_eq!(kept.replays[0].attempt, e.attempts + 5);
     assert_eq!(kept.replays.last().unwrap().attempt, kept.attempts);
-    let limit = tower_poison::REPLAY_HISTORY_LIMIT;
+    let limit = REPLAY_HISTORY_LIMIT;
     // Past the limit a replay replaces a record instead of adding one:
     // four more replays grow the entry by less than one record (only by
     // wider attempt numbers).

@@ -472,7 +472,7 @@ async fn redb_max_bytes_counts_encoded_sizes_across_replace_remove_purge_and_reo
     let written: Vec<DeadLetterEntry> = (0..3)
         .map(|_| entry("orders", FailureKind::ServerError, now))
         .collect();
-    let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
+    let size = |e: &DeadLetterEntry| serde_json::to_vec(e).unwrap().len() as u64;
     let total: u64 = written.iter().map(size).sum();
     let open = || RedbStore::builder().max_bytes(total).open(&path).unwrap();
     let mut bigger = entry("orders", FailureKind::ServerError, now);

@@ -497,7 +497,7 @@ pub struct Stats {
 
 impl Stats {
     /// Counts `entry` in the statistics, its age measured against `now`.
-    pub fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
+    pub(crate) fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
         self.depth += 1;
         *self
             .by_kind
