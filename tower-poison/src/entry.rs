@@ -417,7 +417,7 @@ impl ReplayRecord {
     }
 
     /// The error chain in one line, levels joined with `": "`.
-    pub fn error_text(&self) -> String {
+    pub(crate) fn error_text(&self) -> String {
         self.error.join(": ")
     }
 }
@@ -561,12 +561,14 @@ impl DeadLetterEntry {
     }
 
     /// The entry encoded for storage (JSON).
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain data with string keys cannot fail.
         serde_json::to_vec(self).expect("a dead-letter entry serializes")
     }
 
     /// An entry decoded from [`to_bytes`](Self::to_bytes).
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
     pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(bytes)
     }

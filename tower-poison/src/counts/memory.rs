@@ -118,7 +118,8 @@ impl MemoryFailureCounts {
     }
 
     /// Deliveries counted for `key`, if it is remembered.
-    pub fn deliveries(&self, key: &MessageKey) -> Option<u32> {
+    #[cfg(test)]
+    fn deliveries(&self, key: &MessageKey) -> Option<u32> {
         self.state().counts.get(key).map(|c| c.deliveries)
     }
 

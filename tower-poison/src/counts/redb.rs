@@ -39,7 +39,7 @@ const ORDER: TableDefinition<'_, u64, &str> = TableDefinition::new("poison_deliv
 /// 100 000): counting a new key in a full store forgets the key first counted
 /// longest ago (a second table orders keys by when they were first counted,
 /// so finding it is a lookup, not a scan). Keys are
-/// [`MessageKey`]s, at most [`MessageKey::MAX_LEN`] bytes, so the file is
+/// [`MessageKey`]s, at most 131 bytes, so the file is
 /// bounded too.
 ///
 /// Blocking work runs in [`tokio::task::spawn_blocking`].

@@ -24,7 +24,7 @@ use crate::store::StoreError;
 /// One hash per message, `tower-poison:{<queue>}:failures:<key>`, with the
 /// fields `n` (deliveries) and `first` (the first delivery, ms since the
 /// epoch). `<key>` is the message's [`MessageKey`] (at most
-/// [`MessageKey::MAX_LEN`] bytes, never the raw id); `<queue>` is the queue
+/// 131 bytes, never the raw id); `<queue>` is the queue
 /// name given at connect, kept when it is at most 64 bytes of printable
 /// ASCII without braces or colons, and replaced by its SHA-256 otherwise. The braces make the queue a
 /// hash tag: on Redis Cluster every count of a queue lives in one slot.
@@ -202,13 +202,8 @@ impl RedisFailureCounts {
     }
 
     /// The Redis key holding `key`'s count.
-    pub fn redis_key(&self, key: &MessageKey) -> String {
+    fn redis_key(&self, key: &MessageKey) -> String {
         format!("{}{}", self.shared.prefix, key.as_str())
-    }
-
-    /// The TTL sent with each count, in milliseconds.
-    pub fn ttl_millis(&self) -> u64 {
-        self.shared.ttl_ms
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
