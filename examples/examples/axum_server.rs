@@ -64,7 +64,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::HttpClassifier;
-use tower_poison::replay::{http_request, replay, ReplayOutcome};
+use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
 use tower_poison::{DeadLetterLayer, OpenCall, ReplayBody, SettleBody, StoreFailed};
 use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
@@ -306,10 +306,11 @@ async fn main() -> Result<ExitCode, BoxError> {
     let classifier = HttpClassifier::new();
     let mut delivered = 0;
     for entry in &entries {
-        let outcome = replay(&store, entry.id, &mut client, &classifier, |entry| {
-            http_request(entry, &destination, &[])
-        })
-        .await?;
+        let outcome = Replayer::new(&store)
+            .replay(entry.id, &mut client, &classifier, |entry| {
+                http_request(entry, &destination, &[])
+            })
+            .await?;
         delivered += usize::from(outcome == ReplayOutcome::Delivered);
     }
     let left = store.depth().await?;

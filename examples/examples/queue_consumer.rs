@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_classify::{Classified, ErrorChainClassifier, FailureKind, Outcome};
-use tower_poison::replay::{replay, ReplayOutcome};
+use tower_poison::replay::{ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, RedbStore};
 use tower_poison::{
     describe_fn, DeadLetterLayer, PoisonMessage, PoisonPolicy, RequestRecord, StoreFailed,
@@ -229,14 +229,15 @@ async fn main() -> Result<ExitCode, BoxError> {
     let mut fixed = service_fn(move |message: Message| handle(message, true, fixed_calls.clone()));
     let mut outcomes = BTreeMap::new();
     for entry in &entries {
-        let outcome = replay(&store, entry.id, &mut fixed, &errors, |entry| {
-            Ok(Message {
-                id: entry.message_id.clone().unwrap_or_default(),
-                payload: entry.body.clone(),
-                delivery: entry.attempts + 1,
+        let outcome = Replayer::new(&store)
+            .replay(entry.id, &mut fixed, &errors, |entry| {
+                Ok(Message {
+                    id: entry.message_id.clone().unwrap_or_default(),
+                    payload: entry.body.clone(),
+                    delivery: entry.attempts + 1,
+                })
             })
-        })
-        .await?;
+            .await?;
         let id = entry.message_id.clone().unwrap_or_default();
         match &outcome {
             ReplayOutcome::Delivered => println!("  {id}: delivered, removed from the store"),

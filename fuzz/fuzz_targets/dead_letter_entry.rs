@@ -1,5 +1,5 @@
-//! Stored dead-letter entries (`DeadLetterEntry::from_bytes`, which the redb
-//! and Redis stores decode every stored value with).
+//! Stored dead-letter entries (`DeadLetterEntry`'s JSON form, which the redb
+//! and Redis stores decode every stored value from with `serde_json`).
 //!
 //! Input: the stored bytes. An entry built from the same bytes (with a body
 //! that need not be UTF-8) is also encoded and decoded.
@@ -10,16 +10,17 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use tower_classify::FailureKind;
-use tower_poison::{DeadLetterEntry, EntryId, ReplayRecord};
+use tower_poison::{DeadLetterEntry, EntryId, ReplayRecord, StoredHeader};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(entry) = DeadLetterEntry::from_bytes(data) {
+    if let Ok(entry) = serde_json::from_slice::<DeadLetterEntry>(data) {
         // Whatever a store held, once decoded it encodes to bytes that
         // decode to the same entry, and encoding is stable.
-        let encoded = entry.to_bytes();
-        let decoded = DeadLetterEntry::from_bytes(&encoded).expect("an encoded entry decodes");
+        let encoded = serde_json::to_vec(&entry).unwrap();
+        let decoded: DeadLetterEntry =
+            serde_json::from_slice(&encoded).expect("an encoded entry decodes");
         assert_eq!(decoded, entry);
-        assert_eq!(decoded.to_bytes(), encoded);
+        assert_eq!(serde_json::to_vec(&decoded).unwrap(), encoded);
         let _ = entry.age(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
         let _ = entry.error_text();
     }
@@ -39,22 +40,27 @@ fuzz_target!(|data: &[u8]| {
             kinds[(number >> 5) as usize % kinds.len()],
             vec![text.clone(), text.clone()],
             at,
-        )
-        .with_id(EntryId::from_u128(number))
-        .with_header(text.clone(), text.clone())
-        .with_body(Bytes::copy_from_slice(body))
-        .with_attempts((number >> 64) as u32)
-        .with_last_failed_at(at + Duration::from_millis(u64::from(head[15])));
+        );
+        entry.id = format!("{number:032x}").parse::<EntryId>().unwrap();
+        entry.headers.push(StoredHeader {
+            name: text.clone(),
+            value: text.clone(),
+        });
+        entry.body = Bytes::copy_from_slice(body);
+        entry.attempts = (number >> 64) as u32;
+        entry.last_failed_at = at + Duration::from_millis(u64::from(head[15]));
         entry.message_id = (number & 1 == 1).then(|| text.clone());
         entry.method = (number & 2 == 2).then(|| text.clone());
         entry.uri = (number & 4 == 4).then(|| text.clone());
         entry.body_truncated = number & 8 == 8;
         entry.body_len = (number & 16 == 16).then_some(body.len() as u64);
         if number & 32 == 32 {
-            let record = ReplayRecord::new(at, entry.kind, vec![text]).with_status(Some(head[14].into()));
+            let mut record = ReplayRecord::new(at, entry.kind, vec![text]);
+            record.status = Some(head[14].into());
             entry.record_replay(record, 1);
         }
-        let decoded = DeadLetterEntry::from_bytes(&entry.to_bytes()).expect("an entry decodes");
+        let encoded = serde_json::to_vec(&entry).unwrap();
+        let decoded: DeadLetterEntry = serde_json::from_slice(&encoded).expect("an entry decodes");
         assert_eq!(decoded, entry);
     }
 });

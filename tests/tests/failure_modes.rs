@@ -15,9 +15,12 @@ use tokio::io::AsyncReadExt;
 use tower::ServiceBuilder;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome};
-use tower_poison::replay::{http_request, ReplayError};
+use tower_poison::replay::{http_request, ReplayError, Replayer};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
-use tower_poison::{CountAttemptsLayer, DeadLetterLayer, DEFAULT_BODY_LIMIT};
+use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
+
+/// The dead-letter layer's default body limit, as its docs give it.
+const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::hedge::HedgeLayer;
 use tower_retry_budget::{Backoff, Jitter, RetryLayer, RetryStopped, StopReason};
@@ -244,14 +247,11 @@ async fn oversized_body_sent_once_whole_and_never_replayed_truncated() {
 
     let mut replayer = http_client_for::<Full<Bytes>>();
     let destination = upstream.uri();
-    let result = tower_poison::replay(
-        &store,
-        entry.id,
-        &mut replayer,
-        &HttpClassifier::new(),
-        |e| http_request(e, &destination, &[]),
-    )
-    .await;
+    let result = Replayer::new(&store)
+        .replay(entry.id, &mut replayer, &HttpClassifier::new(), |e| {
+            http_request(e, &destination, &[])
+        })
+        .await;
     assert!(matches!(result, Err(ReplayError::Request(_))), "{result:?}");
     assert_eq!(upstream.hits(), 1, "nothing was sent");
     assert_eq!(store.depth().await.unwrap(), 1, "the entry is kept");

@@ -17,7 +17,7 @@ use http::header::AUTHORIZATION;
 use http::{HeaderValue, Method, Request};
 use tower_breaker::{CircuitOpen, State};
 use tower_classify::{FailureKind, HttpClassifier};
-use tower_poison::replay::{http_request, ReplayOutcome};
+use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::{DeadLetterEntry, DeadLetterLayer, REDACTED};
 use tower_retry_budget::budget::TpsBudget;
@@ -448,15 +448,10 @@ async fn poison_request_dead_lettered_and_replayable() {
     let to_request = |e: &DeadLetterEntry| http_request(e, &destination, &fresh);
 
     // Still rejected: the entry stays, its attempts counted.
-    let outcome = tower_poison::replay(
-        &store,
-        id,
-        &mut replayer,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(id, &mut replayer, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     match outcome {
         ReplayOutcome::Failed { attempts, kind, .. } => {
             assert_eq!(attempts, 2);
@@ -469,15 +464,10 @@ async fn poison_request_dead_lettered_and_replayable() {
 
     // Fixed: delivered and removed.
     upstream.otherwise(Reply::status(201).body("created"));
-    let outcome = tower_poison::replay(
-        &store,
-        id,
-        &mut replayer,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(id, &mut replayer, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(outcome, ReplayOutcome::Delivered);
     assert_eq!(store.depth().await.unwrap(), 0);
     assert!(store.get(id).await.unwrap().is_none());

@@ -416,7 +416,7 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
                 httpdate::fmt_http_date(replay.at),
                 replay.attempt,
                 replay.kind,
-                replay.error_text()
+                replay.error.join(": ")
             );
         }
     }

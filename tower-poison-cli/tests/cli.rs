@@ -399,7 +399,7 @@ async fn replay_to_a_real_server_removes_delivered_and_keeps_failed_entries() {
     // failure is kept as it was.
     let original = all.iter().find(|e| e.id == left[0].id).unwrap();
     assert_eq!(left[0].error, original.error);
-    let record = left[0].last_replay().expect("the replay is recorded");
+    let record = left[0].replays.last().expect("the replay is recorded");
     assert_eq!(record.status, Some(500));
     assert_eq!(record.attempt, 2);
     assert_eq!(record.kind.as_str(), "server_error");

@@ -25,21 +25,26 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
-use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoredHeader};
 
 const CONCURRENCY: usize = 64;
 
 fn entry() -> DeadLetterEntry {
-    DeadLetterEntry::new(
+    let mut entry = DeadLetterEntry::new(
         "orders",
         FailureKind::ServerError,
         vec!["HTTP 503 Service Unavailable".into()],
         SystemTime::now(),
-    )
-    .with_request("POST", "http://orders.internal/orders")
-    .with_header("content-type", "application/json")
-    .with_body(vec![b'x'; 1024])
-    .with_attempts(3)
+    );
+    entry.method = Some("POST".into());
+    entry.uri = Some("http://orders.internal/orders".into());
+    entry.headers.push(StoredHeader {
+        name: "content-type".into(),
+        value: "application/json".into(),
+    });
+    entry.body = vec![b'x'; 1024].into();
+    entry.attempts = 3;
+    entry
 }
 
 async fn enqueue_concurrently<St: DeadLetterStore>(store: &St) {

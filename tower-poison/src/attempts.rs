@@ -69,12 +69,12 @@ impl AttemptCounter {
     }
 
     /// How many attempts were counted.
-    pub fn attempts(&self) -> u32 {
+    pub(crate) fn attempts(&self) -> u32 {
         self.inner.started.load(Ordering::Relaxed)
     }
 
     /// When the first attempt finished, if one did.
-    pub fn first_done(&self) -> Option<SystemTime> {
+    pub(crate) fn first_done(&self) -> Option<SystemTime> {
         match self.inner.first_done.load(Ordering::Relaxed) {
             0 => None,
             millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),

@@ -246,12 +246,12 @@ impl PendingRecord {
 
 impl<R> PendingRecord<R> {
     /// The message id poison detection counts by.
-    pub fn message_id(&self) -> Option<&str> {
+    pub(crate) fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()
     }
 
     /// Which delivery of the message this is, when the request says.
-    pub fn delivery(&self) -> Option<u32> {
+    pub(crate) fn delivery(&self) -> Option<u32> {
         self.delivery
     }
 }
@@ -299,23 +299,24 @@ impl<R> fmt::Debug for PendingRecord<R> {
 }
 
 /// The default body limit of [`HttpCapture`]: 64 KiB.
-pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
 /// How long a failed call's entry waits for the rest of a body the service
 /// did not read to its end.
-pub const BODY_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 
 /// Captures `http::Request<B>`: method, URI, headers and the body up to a
 /// byte limit, **without reading anything ahead**.
 ///
 /// The inner service receives the body as a [`ReplayBody`]: each frame
 /// reaches it as the client sends it, and is recorded on the way (the same
-/// refcounted bytes, no copy) up to [`body_limit`](Self::body_limit). The
+/// refcounted bytes, no copy) up to the layer's
+/// [`body_limit`](crate::DeadLetterLayer::body_limit) (64 KiB by default). The
 /// recording is read only if the call fails:
 ///
 /// - a body within the limit is stored whole; if the service stopped
 ///   reading early (a refused connection), the rest is read then, for at
-///   most [`BODY_WAIT`];
+///   most a second;
 /// - a larger body is not stored at all: the entry says it was not
 ///   captured and how many bytes were read
 ///   ([`body_len`](RequestRecord::body_len)), and the call is never held up.
@@ -341,7 +342,10 @@ impl Default for HttpCapture {
 }
 
 impl HttpCapture {
-    /// Captures with a body limit of [`DEFAULT_BODY_LIMIT`].
+    /// Captures with a body limit of 64 KiB, no message id and no delivery
+    /// count (the layer's [`body_limit`](crate::DeadLetterLayer::body_limit),
+    /// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
+    /// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them).
     pub const fn new() -> Self {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
@@ -351,27 +355,19 @@ impl HttpCapture {
     }
 
     /// Records (and so keeps and replays) at most `limit` bytes of each body.
-    pub const fn body_limit(mut self, limit: usize) -> Self {
+    pub(crate) const fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
         self
     }
 
-    /// Reads the message id for poison detection from header `name` (for
-    /// example `x-message-id` on a push subscription's requests).
-    ///
-    /// Like a [`DeliveryCount`](crate::counts::DeliveryCount) header, the id
-    /// is believed: it must come from the queue (or a hop you trust). A
-    /// caller that can set it can push another message's count towards the
-    /// limit, or reset it with a success.
-    pub fn message_id_header(mut self, name: HeaderName) -> Self {
+    /// Reads the message id for poison detection from header `name`.
+    pub(crate) fn message_id_header(mut self, name: HeaderName) -> Self {
         self.message_id_header = Some(name);
         self
     }
 
-    /// Reads the queue's delivery count with `reader` (see
-    /// [`DeliveryCount`]). A [`DeliveryAttempt`](crate::DeliveryAttempt)
-    /// extension is read with or without one.
-    pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
+    /// Reads the queue's delivery count with `reader`.
+    pub(crate) fn delivery_count(mut self, reader: DeliveryCount) -> Self {
         self.delivery_count = Some(reader);
         self
     }

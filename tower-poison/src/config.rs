@@ -37,6 +37,7 @@ use crate::capture::DEFAULT_BODY_LIMIT;
 use crate::counts::DeliveryCount;
 use crate::layer::DeadLetterLayer;
 use crate::poison::PoisonPolicy;
+use crate::redact::Redactor;
 
 /// The configuration of an HTTP [`DeadLetterLayer`].
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -117,7 +118,7 @@ pub enum DeliveryCountConfig {
 
 impl DeliveryCountConfig {
     /// The reader, or an error naming the field.
-    pub fn build(&self) -> Result<DeliveryCount, ConfigError> {
+    pub(crate) fn build(&self) -> Result<DeliveryCount, ConfigError> {
         Ok(match self {
             DeliveryCountConfig::Sqs => DeliveryCount::sqs(),
             DeliveryCountConfig::Rabbitmq => DeliveryCount::rabbitmq(),
@@ -147,10 +148,12 @@ impl DeadLetterConfig {
             .label(self.label.as_str())
             .action(self.action)
             .body_limit(self.body_limit);
+        let mut redactor = Redactor::new();
         for (i, name) in self.redact_headers.iter().enumerate() {
             let name = header_name(name).map_err(|e| e.within(&format!("redact_headers[{i}]")))?;
-            layer = layer.redact_header(name);
+            redactor = redactor.with_header(name);
         }
+        layer = layer.redactor(redactor);
         if let Some(name) = &self.message_id_header {
             let name = header_name(name).map_err(|e| e.within("message_id_header"))?;
             layer = layer.message_id_header(name);

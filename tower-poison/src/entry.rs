@@ -38,12 +38,12 @@ impl EntryId {
     }
 
     /// The identifier as a number (its storage key).
-    pub const fn as_u128(self) -> u128 {
+    pub(crate) const fn as_u128(self) -> u128 {
         self.0
     }
 
     /// The identifier with number `value`.
-    pub const fn from_u128(value: u128) -> Self {
+    pub(crate) const fn from_u128(value: u128) -> Self {
         EntryId(value)
     }
 }
@@ -118,14 +118,6 @@ pub struct EntryIdPrefix {
 }
 
 impl EntryIdPrefix {
-    /// The prefix that is all of `id`: it matches `id` alone.
-    pub const fn exact(id: EntryId) -> Self {
-        EntryIdPrefix {
-            low: id.0,
-            digits: 32,
-        }
-    }
-
     /// The first and the last id the prefix matches.
     pub const fn range(self) -> (EntryId, EntryId) {
         let free_bits = 4 * (32 - self.digits);
@@ -149,13 +141,8 @@ impl EntryIdPrefix {
     }
 
     /// How many digits the prefix has.
-    pub const fn len(self) -> usize {
+    const fn len(self) -> usize {
         self.digits as usize
-    }
-
-    /// Always `false`: a prefix has at least one digit.
-    pub const fn is_empty(self) -> bool {
-        false
     }
 }
 
@@ -191,9 +178,13 @@ impl FromStr for EntryIdPrefix {
     }
 }
 
+/// The prefix that is all of `id`: it matches `id` alone.
 impl From<EntryId> for EntryIdPrefix {
     fn from(id: EntryId) -> Self {
-        EntryIdPrefix::exact(id)
+        EntryIdPrefix {
+            low: id.0,
+            digits: 32,
+        }
     }
 }
 
@@ -226,6 +217,10 @@ pub struct StoredHeader {
 /// the layer's body limit, and not at all when it is larger
 /// ([`body_truncated`](Self::body_truncated) set, its length in
 /// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
+///
+/// The stores keep an entry as its JSON encoding (`serde_json` of this
+/// type, whose `Serialize` and `Deserialize` are the stored form), and
+/// their byte limits count that encoding's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct DeadLetterEntry {
@@ -257,7 +252,9 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_len: Option<u64>,
     /// The error and its `source()` chain, outermost first, one message per
-    /// level, cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes. A
+    /// level, cut to 8 levels of at most 512 bytes (at a character
+    /// boundary, `…` appended), so an upstream error that quotes a whole
+    /// response body cannot fill the store. A
     /// response classified as a failure is described in one line.
     pub error: Vec<String>,
     /// How the failure was classified.
@@ -274,7 +271,7 @@ pub struct DeadLetterEntry {
     #[serde(with = "time_serde")]
     pub last_failed_at: SystemTime,
     /// The latest failed replays, oldest first: at most
-    /// [`REPLAY_HISTORY_LIMIT`] of them, so that an entry replayed again and
+    /// 16 of them, so that an entry replayed again and
     /// again stays bounded in size. [`failed_replays`](Self::failed_replays)
     /// counts them all.
     ///
@@ -286,7 +283,7 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_replays: u64,
     /// How many replays of this entry a server answered with a server error
-    /// of its own ([`ReplayAnswer::ServerError`]) while the key was free to
+    /// of its own (a 5xx other than 502 and 504) while the key was free to
     /// move. [`http_request`](crate::replay::http_request) puts it in the
     /// `Idempotency-Key` it makes: a server's idempotency guard may keep a
     /// 5xx under the key it answered, so the next replay needs a new key to
@@ -294,8 +291,8 @@ pub struct DeadLetterEntry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
     /// A replay under the current key got no answer from the server itself
-    /// ([`ReplayAnswer::Unknown`]: a timeout, a lost connection, a gateway's
-    /// 502 or 504), so it may have been applied: from then on the key no
+    /// (a timeout, a lost connection, a gateway's 502 or 504), or the claim
+    /// before a replay's lapsed unreleased, so it may have been applied: from then on the key no
     /// longer moves, and a server that honours it cannot run the request
     /// twice. (A guard that kept a failure under it answers that failure
     /// until its record expires.)
@@ -314,22 +311,22 @@ fn is_zero(count: &u64) -> bool {
 /// a 422), small enough that a replay loop left running cannot grow an entry
 /// past a few kilobytes: each record's error chain is cut to
 /// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
-pub const REPLAY_HISTORY_LIMIT: usize = 16;
+pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 
 /// The most error-chain levels an entry's [`error`](DeadLetterEntry::error)
 /// or a [`ReplayRecord`] keeps.
-pub const ERROR_LEVELS: usize = 8;
+pub(crate) const ERROR_LEVELS: usize = 8;
 
 /// The most bytes of one error message an entry or a [`ReplayRecord`] keeps
 /// (cut at a character boundary, `…` appended): an upstream error that
 /// quotes a whole response body must not fill the store.
-pub const ERROR_BYTES: usize = 512;
+pub(crate) const ERROR_BYTES: usize = 512;
 
 /// What a failed replay's answer says about the idempotency key of the next
 /// replay (see [`DeadLetterEntry::note_replay_answer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ReplayAnswer {
+pub(crate) enum ReplayAnswer {
     /// The server answered with a server error of its own (a 5xx other than
     /// 502 and 504), which an idempotency guard may keep under the key: the
     /// next replay needs a new key to be run at all.
@@ -353,7 +350,7 @@ impl ReplayAnswer {
     /// never moves the key: replay with a response description that reads
     /// it (the CLI's does, and
     /// [`Replayer::describe`](crate::replay::Replayer::describe) takes one).
-    pub fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
+    pub(crate) fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
         match kind {
             // Refused before it was sent: nothing ran.
             FailureKind::NotSent | FailureKind::Shed => ReplayAnswer::Other,
@@ -401,7 +398,7 @@ pub struct ReplayRecord {
 
 impl ReplayRecord {
     /// A replay that failed at `at` with a failure of `kind`, described by
-    /// `error` (cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
+    /// `error` (cut, as an entry's [`error`](DeadLetterEntry::error) is).
     pub fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
         let error = clip_chain(error);
         ReplayRecord {
@@ -414,13 +411,13 @@ impl ReplayRecord {
     }
 
     /// The same record for a response with HTTP status `status`.
-    pub fn with_status(mut self, status: Option<u16>) -> Self {
+    pub(crate) fn with_status(mut self, status: Option<u16>) -> Self {
         self.status = status;
         self
     }
 
     /// The error chain in one line, levels joined with `": "`.
-    pub fn error_text(&self) -> String {
+    pub(crate) fn error_text(&self) -> String {
         self.error.join(": ")
     }
 }
@@ -453,29 +450,33 @@ fn clip_message(mut message: String, max: usize) -> String {
 impl DeadLetterEntry {
     /// An entry for a call labelled `label` that failed once, at
     /// `failed_at`, with a failure of `kind` described by `error` (outermost
-    /// first; cut to [`ERROR_LEVELS`] levels of [`ERROR_BYTES`] bytes).
+    /// first; cut as the [`error`](Self::error) field says).
     ///
     /// The id is generated for `failed_at`; there is no request (method,
-    /// URI, headers, message id) and an empty body until the `with_…`
-    /// methods add them. A dead-letter layer builds its entries itself: this
-    /// is for stores, tests and tools that make entries of their own.
+    /// URI, headers, message id) and an empty body until you set those
+    /// fields, which are public. A dead-letter layer builds its entries
+    /// itself: this is for stores, tests and tools that make entries of
+    /// their own.
     ///
     /// ```
     /// use std::time::SystemTime;
     /// use tower_classify::FailureKind;
-    /// use tower_poison::DeadLetterEntry;
+    /// use tower_poison::{DeadLetterEntry, StoredHeader};
     ///
-    /// let entry = DeadLetterEntry::new(
+    /// let mut entry = DeadLetterEntry::new(
     ///     "orders",
     ///     FailureKind::ServerError,
     ///     vec!["HTTP 503 Service Unavailable".into()],
     ///     SystemTime::now(),
-    /// )
-    /// .with_request("POST", "http://orders.internal/orders")
-    /// .with_header("content-type", "application/json")
-    /// .with_body(r#"{"sku":42}"#)
-    /// .with_attempts(3);
-    /// assert_eq!(entry.attempts, 3);
+    /// );
+    /// entry.method = Some("POST".into());
+    /// entry.uri = Some("http://orders.internal/orders".into());
+    /// entry.headers.push(StoredHeader {
+    ///     name: "content-type".into(),
+    ///     value: "application/json".into(),
+    /// });
+    /// entry.body = r#"{"sku":42}"#.into();
+    /// entry.attempts = 3;
     /// assert_eq!(entry.first_failed_at, entry.last_failed_at);
     /// ```
     pub fn new(
@@ -506,55 +507,6 @@ impl DeadLetterEntry {
         }
     }
 
-    /// The same entry with id `id`.
-    pub fn with_id(mut self, id: EntryId) -> Self {
-        self.id = id;
-        self
-    }
-
-    /// The same entry for the queue message `message_id`.
-    pub fn with_message_id(mut self, message_id: impl Into<String>) -> Self {
-        self.message_id = Some(message_id.into());
-        self
-    }
-
-    /// The same entry for a request of `method` to `uri`.
-    pub fn with_request(mut self, method: impl Into<String>, uri: impl Into<String>) -> Self {
-        self.method = Some(method.into());
-        self.uri = Some(uri.into());
-        self
-    }
-
-    /// The same entry with one more request header (stored as given: redact
-    /// it first if it is a secret).
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push(StoredHeader {
-            name: name.into(),
-            value: value.into(),
-        });
-        self
-    }
-
-    /// The same entry with request body `body`, whole.
-    pub fn with_body(mut self, body: impl Into<Bytes>) -> Self {
-        self.body = body.into();
-        self.body_truncated = false;
-        self.body_len = None;
-        self
-    }
-
-    /// The same entry after `attempts` failed attempts.
-    pub fn with_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = attempts;
-        self
-    }
-
-    /// The same entry whose last attempt failed at `at` (its first stays).
-    pub fn with_last_failed_at(mut self, at: SystemTime) -> Self {
-        self.last_failed_at = at;
-        self
-    }
-
     /// How long ago the first attempt failed, measured against `now`.
     pub fn age(&self, now: SystemTime) -> Duration {
         now.duration_since(self.first_failed_at).unwrap_or_default()
@@ -575,9 +527,11 @@ impl DeadLetterEntry {
     /// [`failed_replays`](Self::failed_replays) counts one more. The
     /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
     /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
-    /// the latest [`REPLAY_HISTORY_LIMIT`] records are kept. What the
-    /// answer means for the replay's idempotency key is taken in by
-    /// [`note_replay_answer`](Self::note_replay_answer).
+    /// the latest 16 records are kept. What the
+    /// answer means for the replay's idempotency key
+    /// ([`replay_server_errors`](Self::replay_server_errors),
+    /// [`replay_key_pinned`](Self::replay_key_pinned)) is recorded by the
+    /// replayer or layer that made the replay.
     pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
@@ -596,7 +550,7 @@ impl DeadLetterEntry {
     /// [`ServerError`](ReplayAnswer::ServerError) moves it on
     /// ([`replay_server_errors`](Self::replay_server_errors)) unless it is
     /// pinned.
-    pub fn note_replay_answer(&mut self, answer: ReplayAnswer) {
+    pub(crate) fn note_replay_answer(&mut self, answer: ReplayAnswer) {
         match answer {
             ReplayAnswer::Unknown => self.replay_key_pinned = true,
             ReplayAnswer::ServerError if !self.replay_key_pinned => {
@@ -606,19 +560,16 @@ impl DeadLetterEntry {
         }
     }
 
-    /// The latest failed replay, if any.
-    pub fn last_replay(&self) -> Option<&ReplayRecord> {
-        self.replays.last()
-    }
-
     /// The entry encoded for storage (JSON).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain data with string keys cannot fail.
         serde_json::to_vec(self).expect("a dead-letter entry serializes")
     }
 
     /// An entry decoded from [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+    #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(bytes)
     }
 }
@@ -929,8 +880,8 @@ mod tests {
         assert!(upper.matches(id));
         let other: EntryIdPrefix = "0190c4".parse().unwrap();
         assert!(!other.matches(id));
-        assert!(EntryIdPrefix::exact(id).is_whole());
-        assert_eq!(EntryIdPrefix::exact(id).range(), (id, id));
+        assert!(EntryIdPrefix::from(id).is_whole());
+        assert_eq!(EntryIdPrefix::from(id).range(), (id, id));
         for bad in ["", "xyz", "+1", &"0".repeat(33)] {
             let error = bad.parse::<EntryIdPrefix>().unwrap_err();
             assert!(error.to_string().contains("1 to 32 hex digits"), "{error}");

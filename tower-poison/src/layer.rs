@@ -111,13 +111,20 @@ impl<St> DeadLetterLayer<St> {
 }
 
 impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
-    /// Keeps at most `limit` bytes of each request body (default 64 KiB).
+    /// Keeps at most `limit` bytes of each request body (default 64 KiB):
+    /// see [`HttpCapture`] for what happens to a larger one.
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.shared.capture = self.shared.capture.body_limit(limit);
         self
     }
 
-    /// Reads the message id for poison detection from header `name`.
+    /// Reads the message id for poison detection from header `name` (for
+    /// example `x-message-id` on a push subscription's requests).
+    ///
+    /// Like a [`DeliveryCount`] header, the id is believed: it must come
+    /// from the queue (or a hop you trust). A caller that can set it can
+    /// push another message's count towards the limit, or reset it with a
+    /// success.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
         self.shared.capture = self.shared.capture.message_id_header(name);
         self
@@ -125,7 +132,9 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
 
     /// Reads the queue's delivery count from each request with `reader`
     /// (for example [`DeliveryCount::sqs`]); where it finds one, poison
-    /// detection uses it instead of the count store.
+    /// detection uses it instead of the count store. A
+    /// [`DeliveryAttempt`](crate::DeliveryAttempt) extension is read with or
+    /// without a reader.
     pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
         self.shared.capture = self.shared.capture.delivery_count(reader);
         self
@@ -154,24 +163,18 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
         self
     }
 
-    /// Also redacts header `name` (the built-in list is always redacted).
-    pub fn redact_header(mut self, name: HeaderName) -> Self {
-        self.shared.redactor = self.shared.redactor.with_header(name);
-        self
-    }
-
     /// Redacts with `redactor`: its headers, query and JSON field names, and
-    /// its body and error-text hooks (see [`Redactor`]). Replaces what
-    /// [`redact_header`](Self::redact_header) added before; the built-in
-    /// lists are in every `Redactor`. An error-text hook sees each message
-    /// whole, before the message is cut to
-    /// [`ERROR_BYTES`](crate::ERROR_BYTES).
+    /// its body and error-text hooks (see [`Redactor`]); the built-in lists
+    /// are in every `Redactor`. An error-text hook sees each message
+    /// whole, before the message is cut to its bound (see
+    /// [`DeadLetterEntry::error`](crate::DeadLetterEntry::error)).
     ///
     /// ```
     /// use tower_poison::store::MemoryStore;
     /// use tower_poison::{DeadLetterLayer, Redactor};
     ///
     /// let redactor = Redactor::new()
+    ///     .with_header("x-tenant-token".parse().unwrap())
     ///     .with_name("ssn")
     ///     .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
     /// let layer = DeadLetterLayer::new(MemoryStore::new(1_000)).redactor(redactor);

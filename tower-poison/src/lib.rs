@@ -30,12 +30,12 @@ pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
 pub use self::capture::{
     describe_fn, BodyRecording, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture,
-    NoRecording, PendingRecord, RequestRecord, BODY_WAIT, DEFAULT_BODY_LIMIT,
+    NoRecording, PendingRecord, RequestRecord,
 };
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
     error_chain, kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, ParseEntryIdError,
-    ReplayAnswer, ReplayRecord, StoredHeader, ERROR_BYTES, ERROR_LEVELS, REPLAY_HISTORY_LIMIT,
+    ReplayRecord, StoredHeader,
 };
 pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;
@@ -44,7 +44,6 @@ pub use self::observability::describe_metrics;
 pub use self::open::OpenCall;
 pub use self::poison::PoisonPolicy;
 pub use self::redact::{Redactor, REDACTED};
-pub use self::replay::replay;
 pub use self::service::DeadLetter;
 pub use self::store::{Claim, ClaimToken};
 pub use http_body_replay::ReplayBody;

@@ -85,11 +85,6 @@ impl PoisonPolicy {
         self.capacity = capacity;
         Ok(self)
     }
-
-    /// The number of failed deliveries after which a message is diverted.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
 }
 
 /// Poison detection as a layer runs it: the policy, where deliveries are

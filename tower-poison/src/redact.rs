@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
+use http::header::{HeaderName, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
 
 use crate::entry::StoredHeader;
 
@@ -68,16 +68,38 @@ const SENSITIVE_NAMES: [&str; 14] = [
 ///   bodies and for error texts.
 ///
 /// ```
-/// use tower_poison::Redactor;
+/// # tokio_test::block_on(async {
+/// use http::Request;
+/// use http_body_util::Full;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
+/// use tower_poison::{DeadLetterLayer, Redactor, REDACTED};
 ///
+/// let store = MemoryStore::new(100);
 /// let redactor = Redactor::new().with_header("x-session".parse().unwrap());
-/// assert!(redactor.is_sensitive("Authorization"));
-/// assert!(redactor.is_sensitive("X-Session"));
-/// assert!(!redactor.is_sensitive("content-type"));
+/// let layer = DeadLetterLayer::new(store.clone()).redactor(redactor);
+/// let failing = service_fn(|_: Request<_>| async {
+///     Err::<http::Response<()>, _>(std::io::Error::other("connection reset"))
+/// });
+/// let request = Request::post("https://bob:hunter2@api.example/v1?access_token=abc&page=2")
+///     .header("authorization", "Bearer abc")
+///     .header("x-session", "s3cr3t")
+///     .header("content-type", "application/json")
+///     .body(Full::new(bytes::Bytes::from_static(br#"{"password":"hunter2","sku":42}"#)))
+///     .unwrap();
+/// let _ = layer.layer(failing).oneshot(request).await;
+///
+/// let entry = store.list(ListQuery::new()).await.unwrap().entries.remove(0);
+/// let header = |name: &str| entry.headers.iter().find(|h| h.name == name).unwrap().value.clone();
+/// assert_eq!(header("authorization"), REDACTED);
+/// assert_eq!(header("x-session"), REDACTED);
+/// assert_eq!(header("content-type"), "application/json");
 /// assert_eq!(
-///     redactor.redact_uri("https://bob:hunter2@api.example/v1?access_token=abc&page=2"),
-///     "https://[redacted]@api.example/v1?access_token=[redacted]&page=2"
+///     entry.uri.as_deref(),
+///     Some("https://[redacted]@api.example/v1?access_token=[redacted]&page=2")
 /// );
+/// assert_eq!(entry.body, r#"{"password":"[redacted]","sku":42}"#);
+/// # });
 /// ```
 #[derive(Clone)]
 pub struct Redactor {
@@ -144,7 +166,7 @@ impl Redactor {
 
     /// `uri` without its userinfo and with the values of sensitive query
     /// parameters replaced.
-    pub fn redact_uri(&self, uri: &str) -> String {
+    pub(crate) fn redact_uri(&self, uri: &str) -> String {
         let (before_fragment, fragment) = match uri.find('#') {
             Some(at) => uri.split_at(at),
             None => (uri, ""),
@@ -197,7 +219,7 @@ impl Redactor {
     /// depth), then the body hook. Text that does not parse as JSON (a body
     /// cut short, say) has the same fields redacted where `"name": value`
     /// appears in it; a body that is not text is kept as it is.
-    pub fn redact_body(&self, body: Bytes) -> Bytes {
+    pub(crate) fn redact_body(&self, body: Bytes) -> Bytes {
         // `None`: nothing redacted, the body stays as it is.
         let redacted = match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(mut json) if json.is_object() || json.is_array() => {
@@ -306,7 +328,7 @@ impl Redactor {
     }
 
     /// Runs the error hook on every line of an error chain.
-    pub fn redact_errors(&self, errors: &mut [String]) {
+    pub(crate) fn redact_errors(&self, errors: &mut [String]) {
         if let Some(hook) = &self.error_hook {
             for line in errors {
                 hook(line);
@@ -325,32 +347,19 @@ impl Redactor {
     }
 
     /// `true` when a header called `name` (any case) is redacted.
-    pub fn is_sensitive(&self, name: &str) -> bool {
+    pub(crate) fn is_sensitive(&self, name: &str) -> bool {
         self.names
             .iter()
             .any(|sensitive| sensitive.as_str().eq_ignore_ascii_case(name))
     }
 
     /// Redacts stored headers in place.
-    pub fn redact(&self, headers: &mut [StoredHeader]) {
+    pub(crate) fn redact(&self, headers: &mut [StoredHeader]) {
         for header in headers {
             if self.is_sensitive(&header.name) {
                 header.value = REDACTED.to_owned();
             }
         }
-    }
-
-    /// The headers of a request, redacted, as an entry stores them.
-    pub fn redact_map(&self, headers: &HeaderMap) -> Vec<StoredHeader> {
-        let mut stored: Vec<StoredHeader> = headers
-            .iter()
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            })
-            .collect();
-        self.redact(&mut stored);
-        stored
     }
 }
 
@@ -398,7 +407,22 @@ pub(crate) fn path_of(uri: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use http::header::HeaderMap;
+
     use super::*;
+
+    /// The headers of a request, redacted, as an entry stores them.
+    fn redact_map(redactor: &Redactor, headers: &HeaderMap) -> Vec<StoredHeader> {
+        let mut stored: Vec<StoredHeader> = headers
+            .iter()
+            .map(|(name, value)| StoredHeader {
+                name: name.as_str().to_owned(),
+                value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            })
+            .collect();
+        redactor.redact(&mut stored);
+        stored
+    }
 
     #[test]
     fn uris_lose_userinfo_and_sensitive_query_values() {
@@ -505,7 +529,7 @@ mod tests {
         headers.insert("content-type", "application/json".parse().unwrap());
 
         let redactor = Redactor::new().with_header(HeaderName::from_static("x-tenant-token"));
-        let stored = redactor.redact_map(&headers);
+        let stored = redact_map(&redactor, &headers);
 
         assert_eq!(stored.len(), 8);
         for header in &stored {

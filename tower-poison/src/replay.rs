@@ -1,7 +1,7 @@
 //! Sending dead-letter entries through a service again.
 //!
-//! [`replay`] sends one entry: when the service succeeds (as the classifier
-//! sees it) the entry is removed; when it fails the entry stays, with its
+//! [`Replayer::replay`] sends one entry: when the service succeeds (as the
+//! classifier sees it) the entry is removed; when it fails the entry stays, with its
 //! attempt count, last failure time, error and kind updated. [`http_request`]
 //! turns an HTTP entry back into a request for a given destination; the
 //! `tower-poison replay` command uses both.
@@ -30,7 +30,8 @@
 //! first (or refuses it while the first is running). Once a replay got no
 //! answer from the server itself (a timeout, a lost connection, a gateway's
 //! 502 or 504) the key never moves again, since that replay may have been
-//! applied: see [`ReplayAnswer`]. The same goes for a replayer that crashed
+//! applied ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)).
+//! The same goes for a replayer that crashed
 //! after sending: it records nothing, but the store tells the next claim
 //! that the claim before it lapsed unreleased
 //! ([`Claim::Claimed`]`{ previous_claim_lapsed: true, .. }`), and the
@@ -64,9 +65,8 @@
 //! [`replays`](crate::DeadLetterEntry::replays): when it failed, the attempt
 //! number, the failure kind, the HTTP status (when there was a response) and
 //! the error chain or status line. The entry keeps the latest
-//! [`REPLAY_HISTORY_LIMIT`](crate::REPLAY_HISTORY_LIMIT) records, each error
-//! cut to [`ERROR_LEVELS`](crate::ERROR_LEVELS) levels of
-//! [`ERROR_BYTES`](crate::ERROR_BYTES), and counts every failed replay in
+//! 16 records, each error cut as the entry's own
+//! [`error`](crate::DeadLetterEntry::error) is, and counts every failed replay in
 //! [`failed_replays`](crate::DeadLetterEntry::failed_replays), so a replay
 //! loop left running cannot grow it without bound. The CLI's `show` prints
 //! the history (`--json`: the `replays` array). Entries stored before there
@@ -97,9 +97,9 @@ pub const REPLAY_HEADER: &str = "dead-letter-replay";
 
 /// How long a replay holds an entry before another replay may send it, when
 /// [`Replayer::lease`] does not say.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
+const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
-/// What [`replay`] did.
+/// What [`Replayer::replay`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReplayOutcome {
@@ -170,64 +170,9 @@ impl From<StoreError> for ReplayError {
     }
 }
 
-/// Sends entry `id` through `service` once, claiming it for
-/// [`DEFAULT_LEASE`] first (see [`Replayer`] for another lease).
-///
-/// `to_request` builds the request from the entry (for HTTP,
-/// [`http_request`]); `classifier` decides whether the response is a success,
-/// exactly as in the layer. The service's errors are boxed before they are
-/// classified, so an [`HttpClassifier`](tower_classify::HttpClassifier) or
-/// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) works as is.
-///
-/// ```
-/// # tokio_test::block_on(async {
-/// use std::time::SystemTime;
-/// use tower_classify::ErrorChainClassifier;
-/// use tower_poison::replay::{replay, ReplayOutcome};
-/// use tower_poison::store::{DeadLetterStore, MemoryStore};
-/// # use tower_poison::DeadLetterEntry;
-/// # use tower_classify::FailureKind;
-/// # let now = SystemTime::now();
-/// # let entry = DeadLetterEntry::new("jobs", FailureKind::ServerError, vec!["boom".into()], now)
-/// #     .with_body("payload");
-///
-/// let store = MemoryStore::new(100);
-/// let id = entry.id;
-/// store.put(entry).await.unwrap();
-///
-/// // The job handler works now: the entry is delivered and removed.
-/// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
-///     Ok::<_, std::io::Error>(body.len())
-/// });
-/// let outcome = replay(&store, id, &mut handler, &ErrorChainClassifier::new(), |entry| {
-///     Ok(entry.body.clone())
-/// })
-/// .await
-/// .unwrap();
-/// assert_eq!(outcome, ReplayOutcome::Delivered);
-/// assert_eq!(store.depth().await.unwrap(), 0);
-/// # });
-/// ```
-pub async fn replay<St, S, Req, C, F>(
-    store: &St,
-    id: EntryId,
-    service: &mut S,
-    classifier: &C,
-    to_request: F,
-) -> Result<ReplayOutcome, ReplayError>
-where
-    St: DeadLetterStore,
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-    C: Classify<S::Response, BoxError>,
-    F: FnOnce(&DeadLetterEntry) -> Result<Req, BoxError>,
-{
-    Replayer::new(store)
-        .replay(id, service, classifier, to_request)
-        .await
-}
-
-/// Replays entries of one store, with a lease other than [`DEFAULT_LEASE`].
+/// Replays entries of one store: [`replay`](Self::replay) sends one entry,
+/// claiming it first for a lease of five minutes, or
+/// [another](Self::lease).
 ///
 /// ```
 /// # tokio_test::block_on(async {
@@ -243,7 +188,7 @@ where
 /// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
 ///     Ok::<_, std::io::Error>(body.len())
 /// });
-/// let missing = EntryId::from_u128(7);
+/// let missing: EntryId = "0190c3a1000000000000000000000007".parse().unwrap();
 /// let outcome = replayer
 ///     .replay(missing, &mut handler, &ErrorChainClassifier::new(), |entry| {
 ///         Ok(entry.body.clone())
@@ -281,7 +226,7 @@ impl<Res> DescribeResponse<Res> for ClassificationOnly {
 }
 
 impl<'a, St: DeadLetterStore> Replayer<'a, St> {
-    /// Replays entries of `store`, holding each for [`DEFAULT_LEASE`].
+    /// Replays entries of `store`, holding each for five minutes.
     pub fn new(store: &'a St) -> Self {
         Replayer {
             store,
@@ -292,7 +237,8 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
 }
 
 impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
-    /// Holds each entry for `lease` while it is sent.
+    /// Holds each entry for `lease` while it is sent (default five
+    /// minutes).
     ///
     /// Make it longer than the slowest call: when a call outlasts the lease,
     /// another replay may send the same entry meanwhile.
@@ -313,7 +259,50 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         }
     }
 
-    /// Sends entry `id` through `service` once; see [`replay`].
+    /// Sends entry `id` through `service` once, claiming it for the lease
+    /// first.
+    ///
+    /// `to_request` builds the request from the entry (for HTTP,
+    /// [`http_request`]); `classifier` decides whether the response is a
+    /// success, exactly as in the layer. The service's errors are boxed
+    /// before they are classified, so an
+    /// [`HttpClassifier`](tower_classify::HttpClassifier) or
+    /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) works
+    /// as is.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use std::time::SystemTime;
+    /// use tower_classify::{ErrorChainClassifier, FailureKind};
+    /// use tower_poison::replay::{ReplayOutcome, Replayer};
+    /// use tower_poison::store::{DeadLetterStore, MemoryStore};
+    /// use tower_poison::DeadLetterEntry;
+    ///
+    /// let store = MemoryStore::new(100);
+    /// let mut entry = DeadLetterEntry::new(
+    ///     "jobs",
+    ///     FailureKind::ServerError,
+    ///     vec!["boom".into()],
+    ///     SystemTime::now(),
+    /// );
+    /// entry.body = "payload".into();
+    /// let id = entry.id;
+    /// store.put(entry).await.unwrap();
+    ///
+    /// // The job handler works now: the entry is delivered and removed.
+    /// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
+    ///     Ok::<_, std::io::Error>(body.len())
+    /// });
+    /// let outcome = Replayer::new(&store)
+    ///     .replay(id, &mut handler, &ErrorChainClassifier::new(), |entry| {
+    ///         Ok(entry.body.clone())
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(outcome, ReplayOutcome::Delivered);
+    /// assert_eq!(store.depth().await.unwrap(), 0);
+    /// # });
+    /// ```
     pub async fn replay<S, Req, C, F>(
         &self,
         id: EntryId,
@@ -431,7 +420,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                     store.release(id, token).await?;
                 }
                 pinned?;
-                let (kind, error) = match current.last_replay() {
+                let (kind, error) = match current.replays.last() {
                     Some(last) => (last.kind, last.error_text()),
                     None => (failure.kind, current.error_text()),
                 };

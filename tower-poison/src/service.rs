@@ -184,11 +184,6 @@ impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    /// The store entries are written to.
-    pub fn store(&self) -> &St {
-        &self.shared.store
-    }
 }
 
 impl<S: Clone, St, C, Cap> Clone for DeadLetter<S, St, C, Cap> {

@@ -11,7 +11,11 @@ use tower::retry::{Policy, RetryLayer};
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_classify::{BoxError, Classify, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
-use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, BODY_WAIT};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody};
+
+/// How long the layer waits for the rest of a body the service left unread
+/// (its documented second).
+const BODY_WAIT: Duration = Duration::from_secs(1);
 
 async fn entries(store: &MemoryStore) -> Vec<DeadLetterEntry> {
     store.list(ListQuery::default()).await.unwrap().entries

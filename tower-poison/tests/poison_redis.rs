@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use sha2::Digest;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_classify::{BoxError, ErrorChainClassifier, FailureKind};
 use tower_poison::counts::{FailureCountStore, MessageKey, RedisFailureCounts};
@@ -30,13 +31,21 @@ fn describe(message: &Message) -> RequestRecord {
 }
 
 /// Two connections to the shared server, keeping the counts of one queue
-/// that no other test uses.
-async fn two_consumers_counts(name: &str) -> Option<(RedisFailureCounts, RedisFailureCounts)> {
+/// that no other test uses; and the queue's name.
+async fn two_consumers_counts(
+    name: &str,
+) -> Option<(RedisFailureCounts, RedisFailureCounts, String)> {
     let url = support::shared_redis().await?;
     let queue = format!("{}-{:08x}", name, fastrand::u32(..));
     let a = RedisFailureCounts::connect(&url, &queue).await.unwrap();
     let b = RedisFailureCounts::connect(&url, &queue).await.unwrap();
-    Some((a, b))
+    Some((a, b, queue))
+}
+
+/// The Redis key of `key`'s count in queue `tag`, as `RedisFailureCounts`
+/// documents its layout.
+fn count_key(tag: &str, key: &MessageKey) -> String {
+    format!("tower-poison:{{{tag}}}:failures:{}", key.as_str())
 }
 
 async fn redis() -> redis::aio::MultiplexedConnection {
@@ -56,7 +65,7 @@ where
 
 #[tokio::test]
 async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries_in_all() {
-    let Some((counts_a, counts_b)) = two_consumers_counts("fleet").await else {
+    let Some((counts_a, counts_b, queue)) = two_consumers_counts("fleet").await else {
         return;
     };
     let dead_letters = MemoryStore::new(100);
@@ -76,7 +85,7 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
                 }
             }))
     };
-    let mut a = consumer(counts_a.clone());
+    let mut a = consumer(counts_a);
     let mut b = consumer(counts_b);
     let poison = Message { id: "m-1".into() };
 
@@ -87,7 +96,7 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
         assert!(error.is::<std::io::Error>(), "delivery {delivery}: {error}");
     }
     assert_eq!(processed.load(Ordering::SeqCst), 3);
-    let key = counts_a.redis_key(&MessageKey::new("m-1"));
+    let key = count_key(&queue, &MessageKey::new("m-1"));
     let (n, pttl): (u32, i64) = redis::pipe()
         .hget(&key, "n")
         .cmd("PTTL")
@@ -96,7 +105,8 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
         .await
         .unwrap();
     assert_eq!(n, 3, "one count for the fleet");
-    assert!(pttl > 0 && pttl as u64 <= counts_a.ttl_millis(), "{pttl}");
+    // At most the default TTL, 14 days.
+    assert!(pttl > 0 && pttl as u64 <= 14 * 24 * 3_600 * 1_000, "{pttl}");
 
     // The fourth delivery — B's second — is diverted: 3 in all, not 6.
     let error = deliver(&mut b, &poison).await.unwrap_err();
@@ -118,7 +128,7 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
 
 #[tokio::test]
 async fn a_delivery_that_crashed_on_one_consumer_counts_on_the_other() {
-    let Some((counts_a, counts_b)) = two_consumers_counts("crash").await else {
+    let Some((counts_a, counts_b, _)) = two_consumers_counts("crash").await else {
         return;
     };
     let (started, mut began) = tokio::sync::mpsc::unbounded_channel();
@@ -163,8 +173,12 @@ async fn redis_keys_are_hash_tagged_and_bounded_and_expire() {
         .await
         .unwrap();
     let huge = MessageKey::new(&"\u{0}x".repeat(1 << 19));
-    let key = counts.redis_key(&huge);
-    assert!(key.len() <= 64 + MessageKey::MAX_LEN, "{} bytes", key.len());
+    // A queue name with braces or colons is tagged by its SHA-256.
+    let digest = sha2::Sha256::digest(b"orders{eu}:v1");
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let key = count_key(&format!("sha256:{hex}"), &huge);
+    // A message key is at most 131 bytes (`MessageKey`'s docs).
+    assert!(key.len() <= 64 + 131, "{} bytes", key.len());
     // One hash tag, whatever the queue name holds.
     let open = key.find('{').unwrap();
     let close = key[open..].find('}').unwrap() + open;

@@ -32,8 +32,8 @@ fn prefix(text: &str) -> EntryIdPrefix {
 async fn prefixes_match_a_range_of_ids(store: impl DeadLetterStore) {
     let now = SystemTime::now();
     for text in IDS {
-        let entry =
-            DeadLetterEntry::new("orders", FailureKind::ServerError, vec![], now).with_id(id(text));
+        let mut entry = DeadLetterEntry::new("orders", FailureKind::ServerError, vec![], now);
+        entry.id = id(text);
         store.put(entry).await.unwrap();
     }
     let found = |matches: PrefixMatches| {

@@ -15,28 +15,39 @@ use tokio::sync::oneshot;
 use tower::service_fn;
 use tower::{Service, ServiceExt};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
-use tower_poison::replay::{
-    http_request, replay, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER,
-};
+use tower_poison::replay::{http_request, ReplayError, ReplayOutcome, Replayer, REPLAY_HEADER};
 use tower_poison::store::{DeadLetterStore, MemoryStore, RedbStore};
 use tower_poison::DeadLetterLayer;
 use tower_poison::{Claim, DeadLetterEntry, EntryId, StoredHeader, REDACTED};
 
+/// How many failed replays an entry keeps, as `DeadLetterEntry::replays`
+/// says.
+const REPLAY_HISTORY_LIMIT: usize = 16;
+
 fn entry() -> DeadLetterEntry {
     let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    DeadLetterEntry::new(
+    let mut entry = DeadLetterEntry::new(
         "orders",
         FailureKind::ServerError,
         vec!["HTTP 503 Service Unavailable".into()],
         then,
-    )
-    .with_request("PUT", "http://orders.internal/orders/7?notify=false")
-    .with_header("content-type", "application/json")
-    .with_header("authorization", REDACTED)
-    .with_header("host", "orders.internal")
-    .with_body(Bytes::from_static(b"{\"qty\":2}"))
-    .with_attempts(2)
-    .with_last_failed_at(then + Duration::from_secs(5))
+    );
+    entry.method = Some("PUT".into());
+    entry.uri = Some("http://orders.internal/orders/7?notify=false".into());
+    entry.headers = [
+        ("content-type", "application/json"),
+        ("authorization", REDACTED),
+        ("host", "orders.internal"),
+    ]
+    .map(|(name, value)| StoredHeader {
+        name: name.into(),
+        value: value.into(),
+    })
+    .into();
+    entry.body = Bytes::from_static(b"{\"qty\":2}");
+    entry.attempts = 2;
+    entry.last_failed_at = then + Duration::from_secs(5);
+    entry
 }
 
 fn to_request(e: &DeadLetterEntry) -> Result<Request<Full<Bytes>>, BoxError> {
@@ -57,15 +68,10 @@ async fn replay_success_removes_the_entry(store: impl DeadLetterStore) {
             Ok::<_, BoxError>(Response::new(Bytes::new()))
         }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(outcome, ReplayOutcome::Delivered);
     assert_eq!(store.get(e.id).await.unwrap(), None);
 
@@ -93,15 +99,10 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         )
     });
     let before = SystemTime::now();
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(
         outcome,
         ReplayOutcome::Failed {
@@ -132,15 +133,10 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
     let mut refused = service_fn(|_req: Request<Full<Bytes>>| async {
         Err::<Response<Bytes>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut refused,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut refused, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(matches!(
         outcome,
         ReplayOutcome::Failed {
@@ -183,7 +179,7 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         }
     );
     let kept = store.get(e.id).await.unwrap().unwrap();
-    let third = kept.last_replay().unwrap();
+    let third = kept.replays.last().unwrap();
     assert_eq!((third.attempt, third.status), (5, Some(503)));
     assert_eq!(third.error, ["HTTP 503 Service Unavailable"]);
     assert_eq!(kept.error, e.error);
@@ -205,22 +201,26 @@ async fn replay_history_is_bounded(store: impl DeadLetterStore) {
     });
     let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
     let mut sizes = Vec::new();
-    let total = tower_poison::REPLAY_HISTORY_LIMIT + 4;
+    let total = REPLAY_HISTORY_LIMIT + 4;
     for _ in 0..total {
         replayer
             .replay(e.id, &mut failing, &HttpClassifier::new(), to_request)
             .await
             .unwrap();
-        sizes.push(store.get(e.id).await.unwrap().unwrap().to_bytes().len());
+        sizes.push(
+            serde_json::to_vec(&store.get(e.id).await.unwrap().unwrap())
+                .unwrap()
+                .len(),
+        );
     }
     let kept = store.get(e.id).await.unwrap().unwrap();
     assert_eq!(kept.failed_replays, total as u64);
-    assert_eq!(kept.replays.len(), tower_poison::REPLAY_HISTORY_LIMIT);
+    assert_eq!(kept.replays.len(), REPLAY_HISTORY_LIMIT);
     assert_eq!(kept.attempts, e.attempts + total as u32);
     // The oldest records went: the first kept is the fifth replay.
     assert_eq!(kept.replays[0].attempt, e.attempts + 5);
-    assert_eq!(kept.last_replay().unwrap().attempt, kept.attempts);
-    let limit = tower_poison::REPLAY_HISTORY_LIMIT;
+    assert_eq!(kept.replays.last().unwrap().attempt, kept.attempts);
+    let limit = REPLAY_HISTORY_LIMIT;
     // Past the limit a replay replaces a record instead of adding one:
     // four more replays grow the entry by less than one record (only by
     // wider attempt numbers).
@@ -270,41 +270,26 @@ async fn truncated_or_missing_entries_are_not_replayed() {
     let mut service = service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, BoxError>(Response::new(Bytes::new()))
     });
-    let error = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap_err();
+    let error = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap_err();
     assert!(matches!(error, ReplayError::Request(_)));
     assert!(error.to_string().contains("truncated body"), "{error}");
     assert!(store.get(e.id).await.unwrap().is_some(), "entry kept");
     // The claim was given back: the next replay is refused for the same
     // reason, not told another replay holds the entry.
-    let again = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap_err();
+    let again = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap_err();
     assert!(matches!(again, ReplayError::Request(_)), "{again}");
 
     let missing = EntryId::generate(SystemTime::now());
-    let outcome = replay(
-        &store,
-        missing,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(missing, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert_eq!(outcome, ReplayOutcome::NotFound);
 }
 
@@ -366,20 +351,21 @@ async fn concurrent_replays_deliver_once(store: impl DeadLetterStore) {
     });
     let mut second_service = slow.clone();
     let classifier = HttpClassifier::new();
-    let first = replay(&store, e.id, &mut slow, &classifier, to_request);
+    let replayer = Replayer::new(&store);
+    let first = replayer.replay(e.id, &mut slow, &classifier, to_request);
     let second = async {
         call_started
             .await
             .expect("the first replay calls the service");
-        let outcome = replay(
-            &store,
-            e.id,
-            &mut second_service,
-            &HttpClassifier::new(),
-            to_request,
-        )
-        .await
-        .unwrap();
+        let outcome = Replayer::new(&store)
+            .replay(
+                e.id,
+                &mut second_service,
+                &HttpClassifier::new(),
+                to_request,
+            )
+            .await
+            .unwrap();
         finish.send(()).unwrap();
         outcome
     };
@@ -433,15 +419,10 @@ async fn a_failure_the_layer_records_keeps_the_entry_claimed<St: DeadLetterStore
             }
         })
     };
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, ReplayOutcome::Failed { attempts: 3, .. }),
         "{outcome:?}"
@@ -513,15 +494,10 @@ async fn a_replay_whose_lease_ran_out_leaves_the_next_replays_claim<St: DeadLett
         counted.fetch_add(1, Ordering::SeqCst);
         async { Ok::<_, BoxError>(Response::new(Bytes::new())) }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut c_service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut c_service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, ReplayOutcome::InProgress { .. }),
         "A ended B's claim: {outcome:?}"
@@ -586,7 +562,8 @@ async fn a_replay_that_never_finished_holds_the_entry_for_its_lease() {
     let mut works = service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, BoxError>(Response::new(Bytes::new()))
     });
-    let outcome = replay(&store, e.id, &mut works, &HttpClassifier::new(), to_request)
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut works, &HttpClassifier::new(), to_request)
         .await
         .unwrap();
     assert!(
@@ -683,15 +660,10 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     let e = entry();
     store.put(e.clone()).await.unwrap();
     let mut service = still_failing(store.clone(), "orders");
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(
             outcome,
@@ -711,7 +683,7 @@ async fn a_failed_replay_through_a_dead_letter_layer_updates_the_original_entry(
     assert_eq!(kept.error, e.error, "the original error stays");
     assert_eq!(kept.kind, e.kind);
     assert_eq!(kept.failed_replays, 1, "the failure was recorded once");
-    let record = kept.last_replay().expect("the layer recorded the replay");
+    let record = kept.replays.last().expect("the layer recorded the replay");
     assert_eq!(record.error, ["HTTP 502 Bad Gateway"]);
     assert_eq!(record.status, Some(502));
     assert_eq!((record.attempt, record.kind), (3, FailureKind::ServerError));
@@ -1067,15 +1039,10 @@ async fn a_failed_replay_does_not_bring_back_an_entry_purged_meanwhile() {
             )))
         }
     });
-    let outcome = replay(
-        &store,
-        e.id,
-        &mut service,
-        &HttpClassifier::new(),
-        to_request,
-    )
-    .await
-    .unwrap();
+    let outcome = Replayer::new(&store)
+        .replay(e.id, &mut service, &HttpClassifier::new(), to_request)
+        .await
+        .unwrap();
     assert!(
         matches!(
             outcome,

@@ -17,24 +17,30 @@ use tower_poison::store::{
 };
 use tower_poison::{
     Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFull,
+    StoredHeader,
 };
 
 fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLetterEntry {
     // Stored times have millisecond precision; start from whole
     // milliseconds so entries compare equal after a round trip.
-    DeadLetterEntry::new(
+    let mut entry = DeadLetterEntry::new(
         label,
         kind,
         vec!["upstream failed".into(), "connection reset".into()],
         whole_millis(first_failed_at),
-    )
-    .with_id(EntryId::generate(SystemTime::now()))
-    .with_message_id("m-1")
-    .with_request("POST", "http://example.internal/orders")
-    .with_header("content-type", "application/json")
-    .with_body(Bytes::from_static(b"{\"sku\":42}"))
-    .with_attempts(3)
-    .with_last_failed_at(whole_millis(SystemTime::now()))
+    );
+    entry.id = EntryId::generate(SystemTime::now());
+    entry.message_id = Some("m-1".into());
+    entry.method = Some("POST".into());
+    entry.uri = Some("http://example.internal/orders".into());
+    entry.headers.push(StoredHeader {
+        name: "content-type".into(),
+        value: "application/json".into(),
+    });
+    entry.body = Bytes::from_static(b"{\"sku\":42}");
+    entry.attempts = 3;
+    entry.last_failed_at = whole_millis(SystemTime::now());
+    entry
 }
 
 fn whole_millis(time: SystemTime) -> SystemTime {
@@ -466,7 +472,7 @@ async fn redb_max_bytes_counts_encoded_sizes_across_replace_remove_purge_and_reo
     let written: Vec<DeadLetterEntry> = (0..3)
         .map(|_| entry("orders", FailureKind::ServerError, now))
         .collect();
-    let size = |e: &DeadLetterEntry| e.to_bytes().len() as u64;
+    let size = |e: &DeadLetterEntry| serde_json::to_vec(e).unwrap().len() as u64;
     let total: u64 = written.iter().map(size).sum();
     let open = || RedbStore::builder().max_bytes(total).open(&path).unwrap();
     let mut bigger = entry("orders", FailureKind::ServerError, now);

@@ -1,7 +1,6 @@
 //! Delivery counts a queue puts on the request.
 
 use http::header::HeaderName;
-use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderValue};
 
 /// Which delivery of its message a request is (1 for the first), as counted
@@ -135,20 +134,9 @@ impl DeliveryCount {
         }
     }
 
-    /// The header read.
-    pub fn header(&self) -> &HeaderName {
-        &self.header
-    }
-
-    /// Which delivery `parts` is (1 for the first): the [`DeliveryAttempt`]
-    /// extension if there is one, else this header; `None` when neither
-    /// gives a usable count.
-    pub fn read(&self, parts: &Parts) -> Option<u32> {
-        self.read_from(&parts.headers, &parts.extensions)
-    }
-
-    /// [`read`](Self::read) from a request's headers and extensions, for a
-    /// caller that has the request rather than its parts.
+    /// Which delivery a request with `headers` and `extensions` is (1 for
+    /// the first): the [`DeliveryAttempt`] extension if there is one, else
+    /// this header; `None` when neither gives a usable count.
     pub(crate) fn read_from(&self, headers: &HeaderMap, extensions: &Extensions) -> Option<u32> {
         if let Some(attempt) = read_extension(extensions) {
             return Some(attempt);
@@ -201,7 +189,15 @@ pub(crate) fn parse_count(value: &HeaderValue) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use http::request::Parts;
+
     use super::*;
+
+    impl DeliveryCount {
+        fn read(&self, parts: &Parts) -> Option<u32> {
+            self.read_from(&parts.headers, &parts.extensions)
+        }
+    }
 
     fn parts(headers: &[(&str, &[u8])]) -> Parts {
         let mut request = http::Request::builder();

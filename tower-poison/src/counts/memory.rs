@@ -52,8 +52,8 @@ struct Count {
 }
 
 impl MemoryFailureCounts {
-    /// The default capacity.
-    pub const DEFAULT_CAPACITY: usize = 10_000;
+    /// The capacity of the default store.
+    const DEFAULT_CAPACITY: usize = 10_000;
 
     /// A store remembering at most `capacity` message ids (at least 1).
     pub fn new(capacity: usize) -> Result<Self, ConfigError> {
@@ -118,7 +118,8 @@ impl MemoryFailureCounts {
     }
 
     /// Deliveries counted for `key`, if it is remembered.
-    pub fn deliveries(&self, key: &MessageKey) -> Option<u32> {
+    #[cfg(test)]
+    fn deliveries(&self, key: &MessageKey) -> Option<u32> {
         self.state().counts.get(key).map(|c| c.deliveries)
     }
 

@@ -30,7 +30,8 @@
 //! Message ids come from whoever publishes to the queue. A store never sees
 //! one directly: it sees a [`MessageKey`], the id itself when it is short
 //! printable ASCII, or its SHA-256 digest otherwise, so a key (and a Redis key
-//! built from it) is at most [`MessageKey::MAX_LEN`] bytes.
+//! built from it) is at most 131 bytes (`id:` and 128 bytes; a digest
+//! key, `sha256:` and 64 hex digits, is shorter).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -105,21 +106,22 @@ impl DeliveryTally {
 
 /// A message id in a bounded form that is safe to use as a store key.
 ///
-/// An id of at most [`MAX_VERBATIM`](Self::MAX_VERBATIM) bytes of printable
+/// An id of at most 128 bytes of printable
 /// ASCII (`!` to `~`, no spaces or control bytes) is kept readable as
 /// `id:<id>`; any other id becomes `sha256:<64 hex digits>` of its bytes. The
 /// two prefixes keep the forms apart, so no verbatim id can collide with a
 /// digest, and SHA-256 keeps a publisher from crafting two long ids that
-/// share a count.
+/// share a count. A key is at most 131 bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MessageKey(String);
 
 impl MessageKey {
     /// The longest id kept verbatim, in bytes.
-    pub const MAX_VERBATIM: usize = 128;
+    const MAX_VERBATIM: usize = 128;
 
     /// The longest key, in bytes (`id:` and 128 bytes).
-    pub const MAX_LEN: usize = 3 + Self::MAX_VERBATIM;
+    #[cfg(test)]
+    const MAX_LEN: usize = 3 + Self::MAX_VERBATIM;
 
     /// The key of message id `id`.
     pub fn new(id: &str) -> Self {

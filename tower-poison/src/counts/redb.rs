@@ -39,7 +39,7 @@ const ORDER: TableDefinition<'_, u64, &str> = TableDefinition::new("poison_deliv
 /// 100 000): counting a new key in a full store forgets the key first counted
 /// longest ago (a second table orders keys by when they were first counted,
 /// so finding it is a lookup, not a scan). Keys are
-/// [`MessageKey`]s, at most [`MessageKey::MAX_LEN`] bytes, so the file is
+/// [`MessageKey`]s, at most 131 bytes, so the file is
 /// bounded too.
 ///
 /// Blocking work runs in [`tokio::task::spawn_blocking`].
@@ -68,11 +68,11 @@ impl Default for RedbFailureCountsBuilder {
 
 impl RedbFailureCountsBuilder {
     /// The defaults: 100 000 keys.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedbFailureCountsBuilder { capacity: 100_000 }
     }
 
-    /// Remembers at most `capacity` keys (at least 1).
+    /// Remembers at most `capacity` keys (at least 1; default 100,000).
     pub fn capacity(mut self, capacity: u64) -> Result<Self, ConfigError> {
         if capacity == 0 {
             return Err(ConfigError::new(
@@ -114,11 +114,6 @@ impl RedbFailureCounts {
     /// A builder for other settings.
     pub const fn builder() -> RedbFailureCountsBuilder {
         RedbFailureCountsBuilder::new()
-    }
-
-    /// The file the counts live in.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
     }
 
     /// How many keys are remembered.

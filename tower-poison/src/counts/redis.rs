@@ -24,7 +24,7 @@ use crate::store::StoreError;
 /// One hash per message, `tower-poison:{<queue>}:failures:<key>`, with the
 /// fields `n` (deliveries) and `first` (the first delivery, ms since the
 /// epoch). `<key>` is the message's [`MessageKey`] (at most
-/// [`MessageKey::MAX_LEN`] bytes, never the raw id); `<queue>` is the queue
+/// 131 bytes, never the raw id); `<queue>` is the queue
 /// name given at connect, kept when it is at most 64 bytes of printable
 /// ASCII without braces or colons, and replaced by its SHA-256 otherwise. The braces make the queue a
 /// hash tag: on Redis Cluster every count of a queue lives in one slot.
@@ -117,15 +117,16 @@ const MAX_QUEUE_VERBATIM: usize = 64;
 
 impl RedisFailureCountsBuilder {
     /// A TTL of 14 days and the default connection options.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedisFailureCountsBuilder {
             ttl: Duration::from_secs(14 * 24 * 3_600),
             options: RedisConnectOptions::new(),
         }
     }
 
-    /// Forgets a message's count `ttl` after its latest delivery (at least
-    /// 1 ms; longer than 100 years is treated as 100 years).
+    /// Forgets a message's count `ttl` after its latest delivery (default
+    /// 14 days; at least 1 ms; longer than 100 years is treated as 100
+    /// years).
     pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl.as_millis() == 0 {
             return Err(ConfigError::new(
@@ -201,13 +202,8 @@ impl RedisFailureCounts {
     }
 
     /// The Redis key holding `key`'s count.
-    pub fn redis_key(&self, key: &MessageKey) -> String {
+    fn redis_key(&self, key: &MessageKey) -> String {
         format!("{}{}", self.shared.prefix, key.as_str())
-    }
-
-    /// The TTL sent with each count, in milliseconds.
-    pub fn ttl_millis(&self) -> u64 {
-        self.shared.ttl_ms
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {

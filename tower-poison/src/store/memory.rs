@@ -19,9 +19,8 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// Replacing an existing id always succeeds.
 ///
 /// It counts entries, not bytes: each is at most the layer's body limit, the
-/// request's headers and its error chain (cut to
-/// [`ERROR_LEVELS`](crate::ERROR_LEVELS) levels of
-/// [`ERROR_BYTES`](crate::ERROR_BYTES)), plus its replay history.
+/// request's headers and its error chain (cut to 8 levels of at most 512
+/// bytes), plus its replay history.
 ///
 /// [Claims](DeadLetterStore::claim) are kept under the same lock as the
 /// entries, so a claim and a put or remove of the same id never interleave.
@@ -70,11 +69,6 @@ impl MemoryStore {
             inner: Arc::new(Mutex::new(State::default())),
             capacity,
         }
-    }
-
-    /// The most entries the store holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

@@ -271,8 +271,8 @@ pub enum Claim {
         /// being released: its replayer may have sent the entry and then
         /// died (or is still sending it), so that send may have been
         /// applied. A [`Replayer`](crate::replay::Replayer) then pins the
-        /// entry's idempotency key, as after an
-        /// [unknown answer](crate::ReplayAnswer::Unknown).
+        /// entry's idempotency key, as after a replay that got no answer
+        /// ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)).
         previous_claim_lapsed: bool,
     },
     /// Another replayer holds it until `until`.
@@ -497,7 +497,7 @@ pub struct Stats {
 
 impl Stats {
     /// Counts `entry` in the statistics, its age measured against `now`.
-    pub fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
+    pub(crate) fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
         self.depth += 1;
         *self
             .by_kind

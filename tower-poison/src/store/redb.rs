@@ -204,34 +204,15 @@ impl Default for RedbStoreBuilder {
 }
 
 impl RedbStoreBuilder {
-    /// The default number of entries a store holds: 100,000.
-    ///
-    /// More than an operator triages by hand, and small enough that a full
-    /// `list`, `stats` or `purge` stays a matter of seconds.
-    pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
-
-    /// The default total size of the stored entries: 1 GiB.
-    ///
-    /// With the layer's 64 KiB body limit that is at least 16,000 entries
-    /// with full bodies, and the whole default entry count for entries of up
-    /// to 10 KiB, while a scanner's flood cannot fill the disk.
-    pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
-
-    /// The default bound of the writer's queue: 1024 entries.
-    ///
-    /// Four full group commits' worth, so the writer always has a batch
-    /// ready under load, while the queue holds at most a few tens of MiB.
-    pub const DEFAULT_MAX_PENDING_WRITES: usize = 1024;
-
     /// The defaults: group commit of up to 256 entries, at most 100,000
     /// entries and 1 GiB, a writer queue of 1024.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedbStoreBuilder {
             max_batch: 256,
-            max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
+            max_pending_writes: 1024,
             limits: Limits {
-                max_entries: Self::DEFAULT_MAX_ENTRIES,
-                max_bytes: Self::DEFAULT_MAX_BYTES,
+                max_entries: 100_000,
+                max_bytes: 1 << 30,
             },
         }
     }
@@ -243,17 +224,19 @@ impl RedbStoreBuilder {
         self
     }
 
-    /// Holds at most `max_entries` entries (default
-    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); a `put` of a
-    /// new id past it fails with [`StoreErrorKind::Full`]. `u64::MAX`
+    /// Holds at most `max_entries` entries (default 100,000: more than an
+    /// operator triages by hand, and few enough that a full `list`, `stats`
+    /// or `purge` stays a matter of seconds); a `put` of a new id past it
+    /// fails with [`StoreErrorKind::Full`]. `u64::MAX`
     /// removes the bound.
     pub const fn max_entries(mut self, max_entries: u64) -> Self {
         self.limits.max_entries = max_entries;
         self
     }
 
-    /// Holds at most `max_bytes` of encoded entries (default
-    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)); a `put` that would
+    /// Holds at most `max_bytes` of encoded entries (default 1 GiB: with the
+    /// layer's 64 KiB body limit at least 16,000 entries with full bodies,
+    /// while a scanner's flood cannot fill the disk); a `put` that would
     /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
     /// counts the difference in size. `u64::MAX` removes the bound.
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
@@ -262,9 +245,8 @@ impl RedbStoreBuilder {
     }
 
     /// Queues at most `max_pending_writes` entries for the writer thread
-    /// (default
-    /// [`DEFAULT_MAX_PENDING_WRITES`](Self::DEFAULT_MAX_PENDING_WRITES));
-    /// past it `put` waits for room. Zero is treated as one.
+    /// (default 1024: four full group commits, so the writer always has a
+    /// batch ready under load); past it `put` waits for room. Zero is treated as one.
     pub const fn max_pending_writes(mut self, max_pending_writes: usize) -> Self {
         self.max_pending_writes = if max_pending_writes == 0 {
             1
@@ -358,11 +340,6 @@ impl RedbStore {
     /// A builder for other settings.
     pub const fn builder() -> RedbStoreBuilder {
         RedbStoreBuilder::new()
-    }
-
-    /// The file the store lives in.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
     }
 
     async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>

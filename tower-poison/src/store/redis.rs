@@ -184,39 +184,29 @@ impl Default for RedisDeadLetterStoreBuilder {
 }
 
 impl RedisDeadLetterStoreBuilder {
-    /// The default number of entries a queue holds: 100,000, as for the
-    /// redb store (more than an operator triages, few enough to scan).
-    pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
-
-    /// The default total size of a queue's entries: 256 MiB.
-    ///
-    /// Smaller than the redb store's 1 GiB because Redis keeps it all in
-    /// memory, usually beside other data: enough for the whole default entry
-    /// count at about 2.5 KiB an entry (a typical request with a small body),
-    /// or 4,000 entries with full 64 KiB bodies.
-    pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
-
     /// The defaults: at most 100,000 entries and 256 MiB, default
     /// connection options.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedisDeadLetterStoreBuilder {
-            max_entries: Self::DEFAULT_MAX_ENTRIES,
-            max_bytes: Self::DEFAULT_MAX_BYTES,
+            max_entries: 100_000,
+            max_bytes: 256 << 20,
             options: RedisConnectOptions::new(),
         }
     }
 
-    /// Holds at most `max_entries` entries (default
-    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); a `put` of a new
-    /// id past it fails with [`StoreErrorKind::Full`]. `u64::MAX` removes
+    /// Holds at most `max_entries` entries (default 100,000, as for the redb
+    /// store); a `put` of a new id past it fails with [`StoreErrorKind::Full`]. `u64::MAX` removes
     /// the bound.
     pub const fn max_entries(mut self, max_entries: u64) -> Self {
         self.max_entries = max_entries;
         self
     }
 
-    /// Holds at most `max_bytes` of encoded entries (default
-    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)); a `put` that would
+    /// Holds at most `max_bytes` of encoded entries (default 256 MiB,
+    /// smaller than the redb store's because Redis keeps it all in memory,
+    /// usually beside other data: the whole default entry count at about
+    /// 2.5 KiB an entry, or 4,000 entries with full 64 KiB bodies); a `put`
+    /// that would
     /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
     /// counts the difference in size. `u64::MAX` removes the bound.
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
@@ -377,11 +367,6 @@ impl RedisDeadLetterStore {
     /// A builder for other settings.
     pub const fn builder() -> RedisDeadLetterStoreBuilder {
         RedisDeadLetterStoreBuilder::new()
-    }
-
-    /// The queue's name, as passed to [`connect`](Self::connect).
-    pub fn stream(&self) -> &str {
-        &self.shared.keys.name
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
