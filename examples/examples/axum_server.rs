@@ -145,7 +145,7 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
         .max_wait(Duration::from_secs(10))
         .build()?;
     // Short timings so the example runs in seconds; the defaults are 5
-    // failures and open periods backing off from 500 ms to 1 s.
+    // failures and open periods backing off from 250 ms to 500 ms.
     let breaker = CircuitBreakerLayer::builder()
         .name("inventory")
         .failure_threshold(3)

@@ -197,7 +197,7 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // failed after their retries, and once open it saves each caller the whole
     // loop (4 attempts and 3 sleeps), not one attempt. It opens after 2 such
     // calls here so the example is short (the default is 5); it stays open
-    // 30 s, a fixed period (the default backs off from 500 ms to 1 s), before it
+    // 30 s, a fixed period (the default backs off from 250 ms to 500 ms), before it
     // lets a probe through.
     let breaker = CircuitBreakerLayer::builder()
         .name("greeter")

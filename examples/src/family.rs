@@ -194,7 +194,7 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
 
     // The breaker's defaults, the threshold spelled out: it counts attempts
     // (the retry layer is outside), so five failed attempts in a row open
-    // it. Its open periods back off (500 ms, doubling with jitter, up to 1 s),
+    // it. Its open periods back off (250 ms, doubling with jitter, up to 500 ms),
     // and each refusal in a period's last fifth says when to come back, on
     // a ramp past the period's end rather than all at its end.
     let breaker = CircuitBreakerLayer::builder()

@@ -87,8 +87,8 @@ async fn opens_after_exactly_five_consecutive_transient_failures() {
     let open = rejected(&mut svc, &mut handle);
     let first = open.remaining().unwrap();
     assert!(
-        (Duration::from_millis(400)..=Duration::from_millis(500)).contains(&first),
-        "the default first open period is 500 ms, jittered down by up to 20 %: {first:?}"
+        (Duration::from_millis(200)..=Duration::from_millis(250)).contains(&first),
+        "the default first open period is 250 ms, jittered down by up to 20 %: {first:?}"
     );
     assert_eq!(admin.get("default").unwrap().opened, 1);
 }
@@ -415,11 +415,11 @@ async fn open_time_grows_while_probes_keep_failing_and_is_capped() {
     );
 }
 
-/// The default schedule (SPEC 5b): the first open period is half a
-/// second, each failed probe doubles the next one, jittered down by up to
-/// 20 %, up to 1 s; a probe that succeeds starts it again.
+/// The default schedule (SPEC 5b): the first open period is a quarter of
+/// a second, each failed probe doubles the next one, jittered down by up to
+/// 20 %, up to half a second; a probe that succeeds starts it again.
 #[tokio::test(start_paused = true)]
-async fn by_default_open_periods_start_at_half_a_second_double_with_jitter_and_reset() {
+async fn by_default_open_periods_start_at_a_quarter_second_double_with_jitter_and_reset() {
     let mut jittered = 0;
     for _ in 0..20 {
         let layer = CircuitBreakerLayer::builder()
@@ -435,11 +435,11 @@ async fn by_default_open_periods_start_at_half_a_second_double_with_jitter_and_r
             tokio::time::advance(wait).await;
             fail(&mut svc, &mut handle, id).await;
         }
-        for (period, full_ms) in periods.iter().zip([500u64, 1_000, 1_000, 1_000, 1_000]) {
+        for (period, full_ms) in periods.iter().zip([250u64, 500, 500, 500, 500]) {
             let full = Duration::from_millis(full_ms);
             assert!(
                 *period <= full && *period >= full.mul_f64(0.8),
-                "{periods:?}: each period in [0.8, 1] x 500 ms, then the 1 s cap"
+                "{periods:?}: each period in [0.8, 1] x 250 ms, then the 500 ms cap"
             );
             if *period < full {
                 jittered += 1;
@@ -451,7 +451,7 @@ async fn by_default_open_periods_start_at_half_a_second_double_with_jitter_and_r
         fail(&mut svc, &mut handle, 11).await;
         let first = rejected(&mut svc, &mut handle).remaining().unwrap();
         assert!(
-            first <= Duration::from_millis(500),
+            first <= Duration::from_millis(250),
             "a success starts the schedule again: {first:?}"
         );
     }

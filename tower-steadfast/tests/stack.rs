@@ -169,10 +169,11 @@ fn down_for_five_calls(n: usize) -> StatusCode {
     }
 }
 
-/// Without `cooldown_secs` the open period backs off from half a second
-/// (SPEC 5b): the first trial call comes within 500 ms of the fifth failure.
+/// Without `cooldown_secs` the open period backs off from a quarter of a
+/// second (SPEC 5b): the first trial call comes within 250 ms of the fifth
+/// failure.
 #[tokio::test(start_paused = true)]
-async fn without_a_cooldown_the_first_trial_call_comes_within_half_a_second() {
+async fn without_a_cooldown_the_first_trial_call_comes_within_a_quarter_second() {
     let store = MemoryStore::new(100);
     // Five tries a call, as `down_for_five_calls` counts them; the
     // `circuit_breaker` section is left out.
@@ -190,7 +191,7 @@ async fn without_a_cooldown_the_first_trial_call_comes_within_half_a_second() {
     let open = refused.downcast_ref::<CircuitOpen>().expect("open");
     let remaining = open.remaining().unwrap();
     assert!(
-        (Duration::from_millis(400)..=Duration::from_millis(500)).contains(&remaining),
+        (Duration::from_millis(200)..=Duration::from_millis(250)).contains(&remaining),
         "{remaining:?}"
     );
     tokio::time::advance(remaining).await;
