@@ -49,7 +49,10 @@
 //! refuses a retry here, and the fleet sees exactly what it sees with no
 //! budget at all. Without the floor the fleet adds at most 20 % of its
 //! recent requests. [`Rule::floor_never_binds`] states when the floor alone
-//! covers every retry a client can ask for.
+//! covers every retry a client can ask for. (The 20 % is a bound over a
+//! budget's history, not a rate: the clients meet the outage together, so
+//! their budgets fill and drain in step, and the fleet's retries come in
+//! waves a ttl apart.)
 //!
 //! `cargo test -p integration-tests --test fleet_budget -- --nocapture`
 //! prints the upstream's load per 5 s (client requests and upstream calls,
@@ -278,8 +281,7 @@ impl Rule {
     fn floor_never_binds(self) -> bool {
         let span = HISTORY + DEADLINE;
         let requests = span.as_nanos() / REQUEST_INTERVAL.as_nanos() + 1;
-        u128::from(MAX_RETRIES) * requests
-            <= u128::from(self.floor) * TTL.as_nanos() / 1_000_000_000
+        u128::from(MAX_RETRIES) * requests <= u128::from(self.floor) * u128::from(TTL.as_secs())
     }
 }
 
@@ -541,7 +543,7 @@ fn table(runs: &[(&'static Column, Run)]) -> String {
         )
         .unwrap();
     }
-    table.push_str(" |\n| busiest second | | ");
+    table.push_str(" |\n| busiest second | |");
     for (_, run) in runs {
         let (second, amplification) = busiest_second(run);
         write!(
@@ -552,7 +554,7 @@ fn table(runs: &[(&'static Column, Run)]) -> String {
         )
         .unwrap();
     }
-    table.push_str(" |\n| rule's bound, outage | | ");
+    table.push_str(" |\n| rule's bound, outage | |");
     for (column, run) in runs {
         write!(table, " | {}", bound_cell(column, run)).unwrap();
     }
@@ -678,10 +680,12 @@ fn a_per_client_floor_lets_a_fleet_of_slow_clients_retry_every_request() {
     );
 }
 
-/// The constants the rule is stated with are the default budget's: a fresh
-/// `TpsBudget::default()` holds its floor for a ttl, and the zero floor none.
+/// The constants the rule is stated with are the defaults: a fresh
+/// `TpsBudget::default()` holds its floor for a ttl, the zero floor none,
+/// and a layer retries a request 3 times.
 #[tokio::test(start_paused = true)]
 async fn the_rule_is_the_default_budgets() {
+    assert_eq!(default_budget().max_retries(), MAX_RETRIES);
     let default = TpsBudget::default();
     assert_eq!(
         default.available(),
