@@ -74,6 +74,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::{BoxError, ServiceBuilder};
+use tower_breaker::answer::HttpError;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State};
 use tower_classify::grpc_status::GrpcStatusLayer;
 use tower_classify::GrpcClassifier;
@@ -198,12 +199,15 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // loop (4 attempts and 3 sleeps), not one attempt. It opens after 2 such
     // calls here so the example is short (the default is 5); it stays open
     // 30 s, a fixed period (the default backs off from 250 ms to 500 ms), before it
-    // lets a probe through.
+    // lets a probe through. `HttpError` has the classifier judge a call
+    // where its response body ends, from the trailers' `grpc-status`: a
+    // server streaming replies answers `200` first.
     let breaker = CircuitBreakerLayer::builder()
         .name("greeter")
         .failure_threshold(2)
         .recovery_timeout(Duration::from_secs(30))
-        .build(classifier)?;
+        .build(classifier)?
+        .answer(HttpError);
     let handle = breaker.handle();
 
     let stack = ServiceBuilder::new()
@@ -212,6 +216,8 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
         // open circuit is `UNAVAILABLE` with `grpc-retry-pushback-ms`, a
         // retry loop out of time `DEADLINE_EXCEEDED`), as a server would.
         .layer(GrpcStatusLayer::new())
+        // The body the breaker watches, back in tonic's body type.
+        .map_response(|response: http::Response<_>| response.map(tonic::body::Body::new))
         .layer(breaker)
         // Records the encoded request stream (up to 64 KiB) as it is sent, so
         // it can be sent again; nothing is read ahead.

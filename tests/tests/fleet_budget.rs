@@ -577,7 +577,9 @@ fn bound_cell(column: &Column, run: &Run) -> String {
 
 /// Every budgeted column keeps to its rule: each client over the whole run,
 /// and the fleet in the outage, in every 5 s of the table and in every
-/// second.
+/// second. It binds for the zero floor; the default budget's bound is above
+/// what three retries a request can reach (its floor allows more than a
+/// quiet client asks, see the test that compares it with no budget).
 #[test]
 fn goal_every_budgeted_fleet_stays_within_its_rule() {
     for (column, run) in runs() {
@@ -628,6 +630,8 @@ fn goal_without_a_floor_the_fleet_adds_at_most_20_percent_of_its_recent_requests
     let requests = run.requests_in(OUTAGE) as f64;
     let bound = 1.0 + rule.retries_within(run, OUTAGE) / requests;
     let recent = run.requests_in(OUTAGE.start.saturating_sub(HISTORY)..OUTAGE.end) as f64;
+    // A check of the rule's own arithmetic, not of the run: with no floor
+    // its bound is the percentage's term alone.
     assert!(
         bound <= 1.0 + PERCENT * recent / requests + 1e-9,
         "no floor: the bound is the percentage's term alone, {bound:.3}"

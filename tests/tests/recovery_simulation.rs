@@ -686,7 +686,7 @@ static PARTIAL_OUTAGE: Simulated = Simulated::new(
 
 /// How many returns a sweep runs: the outage is [`RETURN_STEP`] longer each
 /// time, so the upstream comes back at twelve points 2.1 s apart in all,
-/// past the longest default open period (1 s) and its release ramp.
+/// past the longest default open period (500 ms) and its release ramp.
 const RETURNS: u32 = 12;
 /// A step no open period of the default schedule is a multiple of.
 const RETURN_STEP: Duration = Duration::from_millis(173);

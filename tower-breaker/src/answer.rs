@@ -20,7 +20,8 @@ use http::{header, HeaderValue, Response, StatusCode};
 /// A refused call fails with a [`CircuitOpen`](crate::CircuitOpen) error,
 /// boxed, and every call is judged by its result as it arrives (its
 /// response head, or its error). For any request and response type; the
-/// default.
+/// default. Not for gRPC: a call that answers `200` and fails in its
+/// trailers is judged a success here; use `HttpError`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Plain;
 

@@ -267,7 +267,8 @@ impl Builder {
     /// half a second: every call refused until then is lost to a caller that
     /// cannot wait, so the cap is short (with a 1 s cap, a return just after
     /// a failed probe cost 3.4 % of the next 20 s in the workspace's recovery
-    /// simulation; with this one, at most 1.9 %). A long outage costs one
+    /// simulation; with this one, 1.9 % at the sweep's worst, and at most
+    /// about 2 %: four fifths of 500 ms). A long outage costs one
     /// failed probe every 0.4 to 0.5 s; raise the cap with
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
     /// processes and keys would probe one dead dependency. The jitter keeps

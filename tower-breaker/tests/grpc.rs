@@ -328,15 +328,13 @@ async fn a_slow_call_is_timed_to_its_head_not_to_its_trailers() {
     assert_eq!(snapshot(&handle).state, State::Open);
 }
 
-/// The body is `Send` and `Unpin` but not `Sync`: `SettleBody` holds the
-/// last frame type-erased as `dyn Any + Send` while its call settles. A
-/// body is polled through `&mut`, so hyper and tonic ask `Send` of it, not
-/// `Sync`.
+/// The body and the future are `Send + Sync` where the inner ones are, as
+/// `BodyExt::boxed` and `reqwest::Body::wrap` ask of a body; the body is
+/// `Unpin` too.
 #[test]
-fn the_body_is_send_and_the_future_send_and_sync_where_the_inner_ones_are() {
-    fn send<T: Send>() {}
+fn the_body_and_the_future_are_send_and_sync_where_the_inner_ones_are() {
     fn send_sync<T: Send + Sync>() {}
-    send::<GrpcBody<Full<Bytes>>>();
+    send_sync::<GrpcBody<Full<Bytes>>>();
     send_sync::<
         tower_breaker::future::ResponseFuture<std::future::Ready<()>, GrpcClassifier, HttpError>,
     >();

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use http::HeaderMap;
@@ -125,8 +126,11 @@ pin_project! {
             // frame, the body's error, or the end. Held type-erased so that
             // `SettleBody<B, F>` names a type for any `B` (a client answering
             // `Response<Bytes>` still gets a response type), and is a body
-            // where `B` is one; only the end of an open call boxes it.
-            held: Box<dyn Any + Send>,
+            // where `B` is one; only the end of an open call boxes it. The
+            // mutex is never locked (the value is reached through `&mut`):
+            // it makes the body `Sync` where its parts are, as
+            // `BodyExt::boxed` asks.
+            held: Mutex<Box<dyn Any + Send>>,
         },
     }
 }
@@ -201,6 +205,7 @@ where
                 }
                 StateProjection::Settling { future, held } => {
                     let settled = ready!(future.poll(cx));
+                    let held = held.get_mut().unwrap_or_else(PoisonError::into_inner);
                     let held = std::mem::replace(held, Box::new(()));
                     this.state.set(State::Settled);
                     return Poll::Ready(match settled {
@@ -228,7 +233,7 @@ where
             let future = on_end.settle(outcome, ended);
             this.state.set(State::Settling {
                 future,
-                held: Box::new(held),
+                held: Mutex::new(Box::new(held)),
             });
         }
     }

@@ -250,12 +250,12 @@ mod http_replay {
         /// use http_body_util::Full;
         /// use tower::{service_fn, Layer, ServiceExt};
         /// use tower_classify::deadline::{parse_grpc_timeout, Deadline};
-        /// use tower_retry_budget::{body::ReplayBody, replay::HttpReplay, RetryLayer};
+        /// use tower_retry_budget::{body::ReplayBody, RetryLayer};
         ///
         /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
         /// # async fn main() -> Result<(), tower_classify::BoxError> {
         /// let layer = RetryLayer::http_builder()
-        ///     .replay(HttpReplay::new().grpc_timeout(true))
+        ///     .map_replay(|replay| replay.grpc_timeout(true))
         ///     .attempt_timeout(Duration::from_millis(100))
         ///     .min_attempt_time(Duration::from_millis(20))
         ///     .build()?;

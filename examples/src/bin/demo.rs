@@ -70,11 +70,11 @@ const MAX_RECOVERY_PEAK: f64 = 1.5;
 const SUCCESS_GOAL: f64 = 1.0;
 /// What the exit status enforces instead of [`SUCCESS_GOAL`], as a guard
 /// against regressions. The breaker sees the upstream's return only at its
-/// next probe, up to one open period (1 s) later, and the calls refused
+/// next probe, up to one open period (500 ms) later, and the calls refused
 /// before the period's last fifth fail, as do the last throttled calls the
 /// other stacks retry into the recovered phase: depending on where the
-/// periods fall against the demo's phases, the family serves from about 1
-/// to 2.5 points below the budget stack.
+/// periods fall against the demo's phases, the family serves from about 0.5
+/// to 2 points below the budget stack.
 const SUCCESS_GUARD: f64 = 4.0;
 
 #[tokio::main]

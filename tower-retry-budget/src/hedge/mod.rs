@@ -55,7 +55,7 @@
 //! [`HedgeLayer::http_builder`] uses [`HttpReplay`](crate::replay::HttpReplay),
 //! so POST and PATCH are never hedged unless they carry an
 //! `Idempotency-Key` or the builder is given
-//! [`.replay(HttpReplay::new().retry_non_idempotent(true))`](crate::replay::HttpReplay::retry_non_idempotent),
+//! [`.map_replay(|replay| replay.retry_non_idempotent(true))`](crate::replay::HttpReplay::retry_non_idempotent),
 //! and a streamed body is hedged only while its
 //! [`ReplayBody`](crate::body::ReplayBody) recording holds it. A hedge is
 //! not sent when less than [`min_attempt_time`](HedgeBuilder::min_attempt_time)

@@ -372,9 +372,10 @@ impl MethodConfig {
         self.timeout
     }
 
-    /// `waitForReady`, if set.
-    #[cfg(test)]
-    pub(crate) fn wait_for_ready(&self) -> Option<bool> {
+    /// `waitForReady`, if set. The layers do not act on it (waiting for a
+    /// connection is the channel's business): it is read and checked so
+    /// that a caller who does can find it.
+    pub fn wait_for_ready(&self) -> Option<bool> {
         self.wait_for_ready
     }
 }

@@ -519,6 +519,31 @@ async fn retries_a_retryable_code_with_a6_backoff_and_attempt_header() {
     assert!(MS(160) <= second && second <= MS(240), "{second:?}");
 }
 
+/// `map_replay` changes the replay a method's config chose and keeps what
+/// it set: a gRPC call (a POST) is still retried, with its attempt header,
+/// after `grpc_timeout` is turned on.
+#[tokio::test(start_paused = true)]
+async fn map_replay_keeps_what_the_method_config_set_on_the_replay() {
+    let (service, seen) = grpc_server(|n| grpc_response(if n < 1 { 14 } else { 0 }, None));
+    let config = method_config(
+        r#"{"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
+    );
+    let policy = config.method_configs()[0].retry_policy().unwrap();
+    let layer = policy
+        .retry_builder()
+        .unwrap()
+        .no_budget()
+        .map_replay(|replay| replay.grpc_timeout(true))
+        .build()
+        .unwrap();
+    let response = layer.layer(service).oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "the POST is retried");
+    assert_eq!(seen[1].1["grpc-previous-rpc-attempts"], "1");
+}
+
 #[test]
 fn the_backoff_is_capped_at_max_backoff_before_jitter() {
     let config = method_config(
