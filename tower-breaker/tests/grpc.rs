@@ -181,6 +181,28 @@ async fn a_body_dropped_mid_stream_records_nothing() {
     assert_eq!(snapshot(&handle).state, State::Closed);
 }
 
+/// A caller that takes the inner body out (`SettleBody::into_inner`)
+/// before its end settles the call as dropped: a half-open probe gives its
+/// slot back, unjudged.
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_body_is_taken_out_gives_its_slot_back() {
+    let (mut svc, handle) = breaker(threshold(1));
+    read_to_end(call(&mut svc, in_trailers("14")).await.unwrap()).await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let (_tx, answer) = streamed();
+    let probe = call(&mut svc, answer).await.unwrap();
+    assert_eq!(snapshot(&handle).probes_in_flight, 1);
+    let inner = probe.into_body().into_inner();
+    let snap = snapshot(&handle);
+    assert_eq!(snap.state, State::HalfOpen);
+    assert_eq!(snap.probes_in_flight, 0);
+    assert_eq!(snap.failures, 1);
+    drop(inner);
+
+    read_to_end(call(&mut svc, in_trailers("0")).await.unwrap()).await;
+    assert_eq!(snapshot(&handle).state, State::Closed);
+}
+
 #[tokio::test(start_paused = true)]
 async fn frames_pass_through_as_they_arrive() {
     let (mut svc, handle) = breaker(threshold(1));
