@@ -253,12 +253,6 @@ fn acknowledged_dead_letter(answer: &Option<Answer>) -> bool {
     })
 }
 
-fn completed(answer: &Option<Answer>) -> bool {
-    answer
-        .as_ref()
-        .is_some_and(|a| a.status == StatusCode::CREATED)
-}
-
 /// What the client was told was kept.
 #[derive(Debug, Default)]
 struct Ledger {
@@ -267,8 +261,37 @@ struct Ledger {
     dead_letters: HashSet<String>,
     /// Message ids answered `202 diverted`.
     poison: HashSet<String>,
-    /// Idempotency keys answered `201`.
-    keys: HashSet<String>,
+    /// Idempotency keys answered `201`, each with how many of its `201`s
+    /// were not replays (runs the client saw).
+    keys: HashMap<String, usize>,
+    /// Every idempotency key sent.
+    keys_sent: HashSet<String>,
+    /// Every poison message id delivered.
+    poison_sent: HashSet<String>,
+    /// Each poison message's deliveries answered `500 poison`: runs the
+    /// client saw (Redis's own count goes with Redis's data).
+    poison_runs: HashMap<String, usize>,
+    /// Phase 2's requests that got no whole answer (the killed node's).
+    unanswered: usize,
+    /// Phase 2's `503`s (a store unreachable while Redis restarted).
+    refused: usize,
+}
+
+impl Ledger {
+    fn note(&mut self, answer: &Option<Answer>) {
+        match answer {
+            None => self.unanswered += 1,
+            Some(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => self.refused += 1,
+            Some(_) => {}
+        }
+    }
+
+    fn note_key(&mut self, key: &str, answer: &Option<Answer>) {
+        self.keys_sent.insert(key.to_owned());
+        if let Some(a) = answer.as_ref().filter(|a| a.status == StatusCode::CREATED) {
+            *self.keys.entry(key.to_owned()).or_insert(0) += usize::from(!a.replayed);
+        }
+    }
 }
 
 // ===== Redis, read by the test
@@ -368,7 +391,8 @@ async fn phase_1(client: &HttpClient, ports: &[u16], url: &str, ledger: &mut Led
         let repeat = send(client, ports[k % 3], &key, &headers).await.unwrap();
         assert_eq!(repeat.status, StatusCode::CREATED, "{key}: {repeat:?}");
         assert!(repeat.replayed, "{key}: {repeat:?}");
-        ledger.keys.insert(key.clone());
+        ledger.keys.insert(key.clone(), 1);
+        ledger.keys_sent.insert(key.clone());
     }
     for k in 0..12 {
         assert_eq!(
@@ -426,7 +450,9 @@ async fn phase_1(client: &HttpClient, ports: &[u16], url: &str, ledger: &mut Led
             }
         }
         assert_eq!(runs(&mut redis, &id).await, u64::from(MAX_ATTEMPTS), "{id}");
-        ledger.poison.insert(id);
+        ledger.poison.insert(id.clone());
+        ledger.poison_runs.insert(id.clone(), MAX_ATTEMPTS as usize);
+        ledger.poison_sent.insert(id);
     }
 
     // Every acknowledged dead letter listed once, nothing else.
@@ -456,6 +482,32 @@ where
 
 // ===== Phase 2: a Redis restart and a node's SIGKILL under load
 
+/// Delivers poison message `id` over `ports` in turn, at most `deliveries`
+/// times, until it is diverted: how many runs failed as poison, and whether
+/// it was diverted. A `503` (Redis away) is delivered again.
+async fn deliver_poison(
+    client: &HttpClient,
+    ports: &[u16],
+    id: &str,
+    deliveries: u32,
+) -> (usize, bool) {
+    let headers = [
+        ("x-message-id", id),
+        ("x-request-id", id),
+        ("x-poison", "1"),
+    ];
+    let mut runs = 0;
+    for delivery in 0..deliveries as usize {
+        let answer = send(client, ports[delivery % ports.len()], id, &headers).await;
+        match answer.as_ref().map(|a| (a.status, a.body.as_str())) {
+            Some((StatusCode::ACCEPTED, _)) => return (runs, true),
+            Some((StatusCode::INTERNAL_SERVER_ERROR, "poison")) => runs += 1,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    (runs, false)
+}
+
 /// Sends until `stop`: a new key (then its duplicate to the next node), a
 /// failing request, and a slow key, in turn, over the nodes still in
 /// `ports`.
@@ -472,29 +524,64 @@ async fn load(
         let port = alive[n % alive.len()];
         let next = alive[(n + 1) % alive.len()];
         let id = format!("p2-{worker}-{n}");
-        match n % 3 {
+        match n % 4 {
             0 => {
                 let headers = [("idempotency-key", id.as_str()), ("x-request-id", &id)];
                 for port in [port, next] {
-                    if completed(&send(&client, port, &id, &headers).await) {
-                        ledger.lock().unwrap().keys.insert(id.clone());
-                    }
+                    let answer = send(&client, port, &id, &headers).await;
+                    let mut ledger = ledger.lock().unwrap();
+                    ledger.note(&answer);
+                    ledger.note_key(&id, &answer);
                 }
             }
             1 => {
                 let headers = [("x-request-id", id.as_str()), ("x-fail", "1")];
-                if acknowledged_dead_letter(&send(&client, port, &id, &headers).await) {
-                    ledger.lock().unwrap().dead_letters.insert(id);
+                let answer = send(&client, port, &id, &headers).await;
+                let mut ledger = ledger.lock().unwrap();
+                ledger.note(&answer);
+                if acknowledged_dead_letter(&answer) {
+                    ledger.dead_letters.insert(id);
                 }
             }
-            _ => {
+            2 => {
                 let headers = [
                     ("idempotency-key", id.as_str()),
                     ("x-request-id", &id),
                     ("x-delay-ms", "150"),
                 ];
-                if completed(&send(&client, port, &id, &headers).await) {
-                    ledger.lock().unwrap().keys.insert(id);
+                let answer = send(&client, port, &id, &headers).await;
+                let mut ledger = ledger.lock().unwrap();
+                ledger.note(&answer);
+                ledger.note_key(&id, &answer);
+            }
+            _ => {
+                // A poison message, delivered over the nodes until it is
+                // diverted (at most twice the limit).
+                let headers = [
+                    ("x-message-id", id.as_str()),
+                    ("x-request-id", &id),
+                    ("x-poison", "1"),
+                ];
+                ledger.lock().unwrap().poison_sent.insert(id.clone());
+                for delivery in 0..2 * MAX_ATTEMPTS as usize {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let alive = ports.lock().unwrap().clone();
+                    let port = alive[(n + delivery) % alive.len()];
+                    let answer = send(&client, port, &id, &headers).await;
+                    let mut ledger = ledger.lock().unwrap();
+                    ledger.note(&answer);
+                    match answer.as_ref().map(|a| (a.status, a.body.as_str())) {
+                        Some((StatusCode::ACCEPTED, _)) => {
+                            ledger.poison.insert(id.clone());
+                            break;
+                        }
+                        Some((StatusCode::INTERNAL_SERVER_ERROR, "poison")) => {
+                            *ledger.poison_runs.entry(id.clone()).or_insert(0) += 1;
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
@@ -512,7 +599,19 @@ struct Row {
     listed_unacknowledged: usize,
     keys_completed: usize,
     keys_kept: usize,
+    /// Completed keys whose outcome was never recorded: still in flight.
+    keys_held: usize,
+    /// Keys the client saw run twice (a second `201` that was no replay).
     keys_ran_again: usize,
+    /// Keys whose handler counted more than one run in Redis.
+    keys_counted_twice: usize,
+    poison_sent: usize,
+    /// Poison messages whose handler counted more than `MAX_ATTEMPTS` runs.
+    poison_over_limit: usize,
+    /// Runs of the poison message delivered across the restart.
+    straddling_runs: usize,
+    unanswered: usize,
+    refused: usize,
 }
 
 async fn run(binary: &Path, durability: Durability) -> Row {
@@ -544,20 +643,66 @@ async fn run(binary: &Path, durability: Durability) -> Row {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(600)).await;
+    // A poison message with all but one of its runs before the restart:
+    // where Redis kept its count, one more run and it is diverted.
+    let straddling = "p2-straddling";
+    let delivered = deliver_poison(&client, &ports[..2], straddling, MAX_ATTEMPTS - 1).await;
+    assert_eq!(delivered.0, MAX_ATTEMPTS as usize - 1, "{straddling}");
     redis.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _restarted = RedisProcess::start(binary, dir.path(), port, durability);
     tokio::time::sleep(Duration::from_millis(600)).await;
+    let (runs_after, diverted) = deliver_poison(&client, &ports[..2], straddling, 20).await;
+    {
+        let mut ledger = ledger.lock().unwrap();
+        ledger.poison_sent.insert(straddling.to_owned());
+        ledger
+            .poison_runs
+            .insert(straddling.to_owned(), delivered.0 + runs_after);
+        if diverted {
+            ledger.poison.insert(straddling.to_owned());
+        }
+    }
     // No new requests to node 2; those in flight (slow keys among them)
     // die with it.
+    // Node 2 dies with three keyed requests in its handler (they answer
+    // after 2 s): their keys stay claimed, so no other node runs them.
     alive.lock().unwrap().retain(|p| *p != ports[2]);
+    let in_flight: Vec<String> = (0..3).map(|i| format!("p2-killed-{i}")).collect();
+    let mut dying = Vec::new();
+    for key in &in_flight {
+        let (client, key, port) = (client.clone(), key.clone(), ports[2]);
+        dying.push(tokio::spawn(async move {
+            let headers = [
+                ("idempotency-key", key.as_str()),
+                ("x-request-id", &key),
+                ("x-delay-ms", "2000"),
+            ];
+            send(&client, port, &key, &headers).await
+        }));
+    }
+    let mut counter = redis_connection(&url).await;
+    let started = Instant::now();
+    for key in &in_flight {
+        while runs(&mut counter, key).await == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{key} never ran"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     nodes[2].kill();
+    for answer in dying {
+        let answer = answer.await.unwrap();
+        assert!(answer.is_none(), "the killed node answered: {answer:?}");
+    }
     tokio::time::sleep(Duration::from_millis(800)).await;
     stop.store(true, Ordering::SeqCst);
     for worker in workers {
         worker.await.unwrap();
     }
-    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
+    let mut ledger = std::mem::take(&mut *ledger.lock().unwrap());
 
     // What Redis has now, against what the client was told.
     let entries = all_entries(&url).await;
@@ -576,17 +721,39 @@ async fn run(binary: &Path, durability: Durability) -> Row {
             .iter()
             .filter(|id| poison.contains_key(*id))
             .count();
-    // A key whose repeat is replayed was kept; one that runs again was not.
+    // A completed key whose repeat is replayed was kept; one that runs
+    // again was not. One whose outcome Redis did not take (it was away when
+    // the response ended) stays in flight, its repeats refused with 409
+    // until the in-flight TTL: held, not run again.
+    let completed: Vec<String> = ledger.keys.keys().cloned().collect();
     let mut keys_kept = 0;
-    let mut keys_ran_again = 0;
-    for (i, key) in ledger.keys.iter().enumerate() {
+    let mut keys_held = 0;
+    for (i, key) in completed.iter().enumerate() {
         let headers = [("idempotency-key", key.as_str()), ("x-request-id", key)];
         let answer = send(&client, ports[i % 2], key, &headers).await;
-        match answer {
-            Some(a) if a.status == StatusCode::CREATED && a.replayed => keys_kept += 1,
-            Some(a) if a.status == StatusCode::CREATED => keys_ran_again += 1,
+        match &answer {
+            Some(a) if a.status == StatusCode::CREATED => keys_kept += usize::from(a.replayed),
+            Some(a) if a.status == StatusCode::CONFLICT => keys_held += 1,
             other => panic!("{}: repeat of {key}: {other:?}", durability.name()),
         }
+        ledger.note_key(key, &answer);
+    }
+    for (i, key) in in_flight.iter().enumerate() {
+        let headers = [("idempotency-key", key.as_str()), ("x-request-id", key)];
+        let repeat = send(&client, ports[i % 2], key, &headers).await.unwrap();
+        assert_eq!(repeat.status, StatusCode::CONFLICT, "{key}: {repeat:?}");
+        assert_eq!(runs(&mut counter, key).await, 1, "{key}");
+    }
+    let mut redis = redis_connection(&url).await;
+    let mut keys_counted_twice = 0;
+    for key in &ledger.keys_sent {
+        keys_counted_twice += usize::from(runs(&mut redis, key).await > 1);
+    }
+    let mut poison_over_limit = 0;
+    for id in &ledger.poison_sent {
+        let counted = runs(&mut redis, id).await as usize;
+        let seen = ledger.poison_runs.get(id).copied().unwrap_or(0);
+        poison_over_limit += usize::from(counted.max(seen) > MAX_ATTEMPTS as usize);
     }
     drop(nodes);
     Row {
@@ -595,9 +762,16 @@ async fn run(binary: &Path, durability: Durability) -> Row {
         listed_acknowledged,
         lost: acknowledged - listed_acknowledged,
         listed_unacknowledged: entries.len() - listed_acknowledged,
-        keys_completed: ledger.keys.len(),
+        keys_completed: completed.len(),
         keys_kept,
-        keys_ran_again,
+        keys_held,
+        keys_ran_again: ledger.keys.values().filter(|runs| **runs > 1).count(),
+        keys_counted_twice,
+        poison_sent: ledger.poison_sent.len(),
+        poison_over_limit,
+        straddling_runs: ledger.poison_runs["p2-straddling"],
+        unanswered: ledger.unanswered,
+        refused: ledger.refused,
     }
 }
 
@@ -621,19 +795,26 @@ async fn a_fleet_of_three_processes_counts_exactly_and_keeps_acknowledged_entrie
     }
 
     println!(
-        "\n{:<22} {:>13} {:>9} {:>5} {:>14} {:>10} {:>5} {:>10}",
+        "\n{:<20} | {:>7} {:>6} {:>4} {:>6} | {:>4} {:>4} {:>4} {:>9} {:>7} | {:>6} {:>6} {:>10} | {:>8} {:>4}",
         "redis durability",
-        "dead letters",
+        "DL ack",
         "listed",
         "lost",
-        "listed, unack",
-        "keys done",
+        "unack",
+        "keys",
         "kept",
-        "ran again"
+        "held",
+        "ran again",
+        "count>1",
+        "poison",
+        "over 3",
+        "straddling",
+        "no answer",
+        "503"
     );
     for row in &rows {
         println!(
-            "{:<22} {:>13} {:>9} {:>5} {:>14} {:>10} {:>5} {:>10}",
+            "{:<20} | {:>7} {:>6} {:>4} {:>6} | {:>4} {:>4} {:>4} {:>9} {:>7} | {:>6} {:>6} {:>10} | {:>8} {:>4}",
             row.durability.name(),
             row.acknowledged,
             row.listed_acknowledged,
@@ -641,7 +822,14 @@ async fn a_fleet_of_three_processes_counts_exactly_and_keeps_acknowledged_entrie
             row.listed_unacknowledged,
             row.keys_completed,
             row.keys_kept,
-            row.keys_ran_again
+            row.keys_held,
+            row.keys_ran_again,
+            row.keys_counted_twice,
+            row.poison_sent,
+            row.poison_over_limit,
+            row.straddling_runs,
+            row.unanswered,
+            row.refused
         );
     }
     println!("fleet test: {:.1} s", started.elapsed().as_secs_f64());
@@ -653,4 +841,7 @@ async fn a_fleet_of_three_processes_counts_exactly_and_keeps_acknowledged_entrie
     assert!(always.acknowledged > 9 + 9 + 4, "phase 2 acknowledged some");
     assert_eq!(always.lost, 0, "{always:?}");
     assert_eq!(always.keys_ran_again, 0, "{always:?}");
+    assert_eq!(always.keys_counted_twice, 0, "{always:?}");
+    assert_eq!(always.poison_over_limit, 0, "{always:?}");
+    assert_eq!(always.straddling_runs, MAX_ATTEMPTS as usize, "{always:?}");
 }
