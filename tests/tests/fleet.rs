@@ -663,10 +663,9 @@ async fn run(binary: &Path, durability: Durability) -> Row {
             ledger.poison.insert(straddling.to_owned());
         }
     }
-    // No new requests to node 2; those in flight (slow keys among them)
-    // die with it.
-    // Node 2 dies with three keyed requests in its handler (they answer
-    // after 2 s): their keys stay claimed, so no other node runs them.
+    // No new requests to node 2, which dies with three keyed requests in
+    // its handler (they would answer after 2 s) besides any of the load's:
+    // their keys stay claimed, so no other node runs them.
     alive.lock().unwrap().retain(|p| *p != ports[2]);
     let in_flight: Vec<String> = (0..3).map(|i| format!("p2-killed-{i}")).collect();
     let mut dying = Vec::new();
