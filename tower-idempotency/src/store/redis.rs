@@ -4,9 +4,8 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
-use tower_store_support::{redact_url, RedisConnectOptions};
+use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
 use crate::StoreError;
@@ -56,7 +55,7 @@ use crate::StoreError;
 /// ```
 #[derive(Clone)]
 pub struct RedisIdempotencyStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     shared: Arc<Shared>,
 }
 
