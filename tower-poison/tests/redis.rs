@@ -764,6 +764,57 @@ async fn connecting_to_an_absent_redis_names_it_without_the_password() {
     assert!(!text.contains("hunter2"));
 }
 
+/// What the cluster runs check: a script whose keys lie in two slots is
+/// refused (`CROSSSLOT`), as every script of the store would be if one of
+/// its keys lost the queue's hash tag; the same script on two keys of one
+/// queue runs.
+#[tokio::test]
+async fn the_cluster_refuses_a_script_whose_keys_span_two_slots() {
+    let Some(url) = support::redis_at(support::Target::Cluster).await else {
+        return;
+    };
+    let mut connection = raw_connection(&url).await;
+    let script = redis::Script::new("return redis.call('EXISTS', KEYS[1], KEYS[2])");
+    let probe = connection.clone();
+    let slot = |key: String| {
+        let mut connection = probe.clone();
+        async move {
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            slot
+        }
+    };
+    let name = support::unique("slots");
+    let (one, other) = (key(&name, "ids"), key(&name, "dead-letters"));
+    assert_eq!(slot(one.clone()).await, slot(other.clone()).await);
+    let found: i64 = script
+        .key(&one)
+        .key(&other)
+        .invoke_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(found, 0);
+
+    // Untagged, the two keys of one queue land in two slots.
+    let untagged = |part: &str| format!("tower-poison:{name}:{part}");
+    let (one, other) = (untagged("ids"), untagged("dead-letters"));
+    assert_ne!(slot(one.clone()).await, slot(other.clone()).await);
+    let refused = script
+        .key(&one)
+        .key(&other)
+        .invoke_async::<i64>(&mut connection)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().to_uppercase().contains("CROSSSLOT"),
+        "{refused}"
+    );
+}
+
 support::redis_suites! {
     a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry,
     redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting,
