@@ -103,7 +103,8 @@ impl RedisIdempotencyStoreBuilder {
         self
     }
 
-    /// Connects to `url` (`redis://host:port/db`), failing if Redis does not
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]), failing if Redis does not
     /// answer now; every key is stored under `prefix`. The connection
     /// reconnects in the background after an outage.
     pub async fn connect(
@@ -160,7 +161,8 @@ static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
 impl RedisIdempotencyStore {
-    /// Connects to `url` (`redis://host:port/db`) with the default options;
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) with the default options;
     /// every key is stored under `prefix` (such as `"orders:idem:"`).
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, StoreError> {
         RedisIdempotencyStoreBuilder::new()

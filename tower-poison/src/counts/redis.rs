@@ -143,7 +143,9 @@ impl RedisFailureCountsBuilder {
         self
     }
 
-    /// Connects to `url` and keeps the counts of queue `queue`.
+    /// Connects to `url` (one server, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) and keeps the counts of
+    /// queue `queue`.
     pub async fn connect(self, url: &str, queue: &str) -> Result<RedisFailureCounts, StoreError> {
         let connection = self.options.connect(url).await?;
         Ok(RedisFailureCounts {

@@ -355,7 +355,8 @@ struct Scan {
 }
 
 impl RedisDeadLetterStore {
-    /// Connects to `url` (`redis://host:port/db`) with the default options and
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) with the default options and
     /// uses the queue `stream` (one per queue; see the key layout above).
     pub async fn connect(url: &str, stream: impl Into<String>) -> Result<Self, StoreError> {
         RedisDeadLetterStoreBuilder::new()
