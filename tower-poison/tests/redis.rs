@@ -764,6 +764,25 @@ async fn connecting_to_an_absent_redis_names_it_without_the_password() {
     assert!(!text.contains("hunter2"));
 }
 
+/// The same for a cluster whose nodes are all absent: every node is named,
+/// none with its password.
+#[tokio::test]
+async fn connecting_to_an_absent_cluster_names_its_nodes_without_the_password() {
+    let (a, b) = (support::free_port(), support::free_port());
+    let url = format!("redis://:hunter2@127.0.0.1:{a},redis://:hunter2@127.0.0.1:{b}");
+    let error = RedisDeadLetterStore::connect(&url, "dlq")
+        .await
+        .unwrap_err();
+    let text = tower_poison::error_chain(&error).join(": ");
+    assert!(
+        text.contains(&format!(
+            "cannot connect to redis at redis://[redacted]@127.0.0.1:{a},redis://[redacted]@127.0.0.1:{b}"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"));
+}
+
 /// What the cluster runs check: a script whose keys lie in two slots is
 /// refused (`CROSSSLOT`), as every script of the store would be if one of
 /// its keys lost the queue's hash tag; the same script on two keys of one

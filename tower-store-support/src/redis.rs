@@ -82,7 +82,8 @@ impl RedisConnectOptions {
     }
 
     /// Reconnection attempts after a connection is lost (default 1), with a
-    /// short exponential backoff between them.
+    /// short exponential backoff between them. On a cluster a call may also
+    /// follow two redirections (a slot that moved, a key being migrated).
     pub const fn reconnect_retries(mut self, retries: usize) -> Self {
         self.reconnect_retries = retries;
         self
@@ -104,7 +105,7 @@ impl RedisConnectOptions {
             let client = ClusterClient::builder(nodes)
                 .connection_timeout(self.connection_timeout)
                 .response_timeout(self.response_timeout)
-                .retries(u32::try_from(self.reconnect_retries).unwrap_or(u32::MAX))
+                .retries(cluster_retries(self.reconnect_retries))
                 .min_retry_wait(millis(MIN_RETRY_DELAY))
                 .max_retry_wait(millis(MAX_RETRY_DELAY))
                 .build()
@@ -126,6 +127,15 @@ impl RedisConnectOptions {
         };
         Ok(RedisConnection(connection))
     }
+}
+
+/// The cluster client counts a redirection as a retry: two more than the
+/// reconnection attempts let a call follow a moved slot (`MOVED`) and then a
+/// key still migrating (`ASK`).
+fn cluster_retries(reconnect_retries: usize) -> u32 {
+    u32::try_from(reconnect_retries)
+        .unwrap_or(u32::MAX)
+        .saturating_add(2)
 }
 
 fn millis(duration: Duration) -> u64 {
