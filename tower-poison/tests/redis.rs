@@ -810,6 +810,18 @@ async fn the_cluster_refuses_a_script_whose_keys_span_two_slots() {
     let name = support::unique("slots");
     let (one, other) = (key(&name, "ids"), key(&name, "dead-letters"));
     assert_eq!(slot(one.clone()).await, slot(other.clone()).await);
+    // One seed node (a trailing comma) is enough to reach every slot.
+    let seed = format!("{},", url.split(',').next().unwrap());
+    let mut from_seed = raw_connection(&seed).await;
+    assert!(from_seed.is_cluster());
+    for n in 0..16 {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key(&format!("{name}-{n}"), "ids"))
+            .query_async(&mut from_seed)
+            .await
+            .unwrap();
+        assert!(!exists);
+    }
     let found: i64 = script
         .key(&one)
         .key(&other)

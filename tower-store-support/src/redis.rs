@@ -25,10 +25,10 @@ use crate::{redact_url, StoreError};
 ///   ([`ClusterConnection`]): it learns the slot map from the first node
 ///   that answers, sends each command to the node that owns its key's slot,
 ///   and follows `MOVED` and `ASK` when slots move. Name two or more nodes so
-///   that it can start while one of them is down (a one-node cluster, as in a
-///   test, is named twice: `redis://h:7000,redis://h:7000`). Every URL of the
-///   list carries the same password, if any; a database number is refused by
-///   a cluster (it has only database 0).
+///   that it can start while one of them is down; one node alone is written
+///   with a trailing comma (`redis://h:7000,`). Every URL of the
+///   list carries the same password, if any, and no database number (Redis
+///   Cluster has only database 0).
 ///
 /// On a cluster every command and script of one call must name keys of one
 /// slot (Redis refuses the others with `CROSSSLOT`): each store puts all the
