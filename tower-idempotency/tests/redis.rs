@@ -6,6 +6,12 @@
 //! `redis://127.0.0.1:6379`); the outage test starts a private
 //! `redis-server`. Without them a test prints why it is skipped and passes,
 //! unless `TOWER_IDEMPOTENCY_REQUIRE_REDIS=1` (as in CI) makes that a failure.
+//!
+//! The suites run twice: `single::` on the shared server, `cluster::` on the
+//! Redis Cluster whose nodes `TOWER_REDIS_CLUSTER_URLS` lists
+//! (`redis://127.0.0.1:7000,redis://127.0.0.1:7001,…`), where a script whose
+//! keys span two slots is refused (`CROSSSLOT`); without it they are skipped
+//! the same way, unless `TOWER_REDIS_REQUIRE_CLUSTER=1` (as in CI).
 
 mod rules;
 
@@ -15,7 +21,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, NotKept, RedisConnectOptions, RedisIdempotencyStore,
+    Claim, Completion, IdempotencyStore, NotKept, RedisConnectOptions, RedisConnection,
+    RedisIdempotencyStore,
 };
 use tower_idempotency::IdempotencyGuardLayer;
 
@@ -23,27 +30,64 @@ use rules::*;
 
 const URL_VAR: &str = "TOWER_IDEMPOTENCY_REDIS_URL";
 const REQUIRE_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_REDIS";
+const CLUSTER_VAR: &str = "TOWER_REDIS_CLUSTER_URLS";
+const REQUIRE_CLUSTER_VAR: &str = "TOWER_REDIS_REQUIRE_CLUSTER";
 
-fn redis_url() -> String {
-    std::env::var(URL_VAR).unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+/// Where a suite runs: the shared server, or the Redis Cluster named by
+/// `TOWER_REDIS_CLUSTER_URLS` (its nodes' URLs, comma-separated), where a
+/// script whose keys span two slots is refused.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Single,
+    Cluster,
 }
 
-/// Skips the calling test (prints why), or fails it when Redis is required.
-fn skip(reason: &str) {
-    if std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1") {
-        panic!("{reason}; {REQUIRE_VAR}=1 makes this a failure");
+impl Target {
+    fn url(self) -> Option<String> {
+        match self {
+            Target::Single => {
+                Some(std::env::var(URL_VAR).unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()))
+            }
+            Target::Cluster => std::env::var(CLUSTER_VAR)
+                .ok()
+                .filter(|urls| !urls.is_empty()),
+        }
     }
-    // Straight to the stream: the harness captures `eprintln!` of passing
-    // tests, and a skip must be seen.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED: {reason} (start redis-server, or set {URL_VAR}; {REQUIRE_VAR}=1 makes this a failure)"
-    );
+
+    /// Skips the calling test (prints why), or fails it when Redis (or the
+    /// cluster) is required.
+    fn skip(self, reason: &str) {
+        let (require, hint) = match self {
+            Target::Single => (REQUIRE_VAR, format!("start redis-server, or set {URL_VAR}")),
+            Target::Cluster => (
+                REQUIRE_CLUSTER_VAR,
+                format!(
+                    "start a Redis Cluster and list its nodes in {CLUSTER_VAR}, as .ci/run does"
+                ),
+            ),
+        };
+        if std::env::var(require).is_ok_and(|v| v == "1") {
+            panic!("{reason}; {require}=1 makes this a failure");
+        }
+        // Straight to the stream: the harness captures `eprintln!` of passing
+        // tests, and a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {reason} ({hint}; {require}=1 makes this a failure)"
+        );
+    }
 }
 
-/// A store on the shared server with a prefix no other test (or run) uses.
-async fn redis(name: &str) -> Option<RedisIdempotencyStore> {
-    let url = redis_url();
+fn skip(reason: &str) {
+    Target::Single.skip(reason);
+}
+
+/// A store on `target` with a prefix no other test (or run) uses.
+async fn redis(target: Target, name: &str) -> Option<RedisIdempotencyStore> {
+    let Some(url) = target.url() else {
+        target.skip(&format!("{CLUSTER_VAR} is not set"));
+        return None;
+    };
     let prefix = format!(
         "tower-idempotency-test:{name}:{}:{:016x}:",
         std::process::id(),
@@ -55,81 +99,119 @@ async fn redis(name: &str) -> Option<RedisIdempotencyStore> {
     match tokio::time::timeout(Duration::from_secs(3), connect).await {
         Ok(Ok(store)) => Some(store),
         _ => {
-            skip(&format!("no Redis server answers at {url}"));
+            target.skip(&format!("no Redis answers at {url}"));
             None
         }
     }
+}
+
+/// `target`'s URL, once [`redis`] connected to it.
+fn url(target: Target) -> String {
+    target.url().expect("the target is configured")
 }
 
 async fn real_wait(duration: Duration) {
     tokio::time::sleep(duration).await;
 }
 
-async fn raw_connection() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis_url().as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
+/// A connection of the stores' own kind, for looking at keys directly.
+async fn raw_connection(target: Target) -> RedisConnection {
+    RedisConnectOptions::new()
+        .connect(&url(target))
         .await
         .unwrap()
 }
 
+/// Each suite twice: on the shared server (`single::`) and on the cluster
+/// (`cluster::`).
 macro_rules! on_redis {
-    ($($name:ident => |$store:ident| $body:expr;)*) => {$(
-        #[tokio::test]
-        async fn $name() {
-            let Some($store) = redis(stringify!($name)).await else {
-                return;
-            };
-            $body.await;
+    ($($name:ident => |$target:ident, $store:ident| $body:expr;)*) => {
+        mod single {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let $target = Target::Single;
+                    let Some($store) = redis($target, stringify!($name)).await else {
+                        return;
+                    };
+                    $body.await;
+                }
+            )*
         }
-    )*};
+        mod cluster {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let $target = Target::Cluster;
+                    let Some($store) = redis($target, stringify!($name)).await else {
+                        return;
+                    };
+                    $body.await;
+                }
+            )*
+        }
+    };
 }
 
 on_redis! {
-    redis_replays_the_first_response => |store| replays_the_first_response(store);
-    redis_conflicts_while_in_flight => |store| conflicts_while_in_flight(store);
-    redis_refuses_a_reused_key_for_another_request => |store| refuses_a_reused_key_for_another_request(store);
-    redis_the_body_counts_as_far_as_the_handler_read_it => |store| the_body_counts_as_far_as_the_handler_read_it(store);
-    redis_a_streamed_response_is_recorded_when_it_ends => |store| a_streamed_response_is_recorded_when_it_ends(store);
-    redis_a_response_body_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_response_body_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
-    redis_refuses_a_key_over_255_characters => |store| refuses_a_key_over_255_characters(store);
-    redis_transient_answers_and_errors_run_once => |store| transient_answers_and_errors_run_once(store);
-    redis_release_on_transient_is_an_opt_in => |store| release_on_transient_is_an_opt_in(store);
-    redis_shed_refusals_free_the_key => |store| shed_refusals_free_the_key(store);
-    redis_item_5_a_downstream_circuit_open_passed_on_after_the_side_effect_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-circuit-open");
-    redis_item_5_a_downstream_503_with_the_failure_extension_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503");
-    redis_item_5_a_refusal_of_another_calls_request_keeps_the_key => |store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503-of-another-call");
-    redis_trailers_are_replayed => |store| trailers_are_replayed(store);
-    redis_keys_expire_after_the_ttl => |store| keys_expire_after_the_ttl(store, Duration::from_secs(2), real_wait);
-    redis_in_flight_claims_lapse => |store| in_flight_claims_lapse(store, Duration::from_secs(2), real_wait);
-    redis_a_request_slower_than_the_in_flight_ttl_keeps_its_key => |store| a_request_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
-    redis_a_call_dropped_in_the_handler_runs_once => |store| a_call_dropped_in_the_handler_runs_once(store);
-    redis_a_call_dropped_in_the_response_body_runs_once => |store| a_call_dropped_in_the_response_body_runs_once(store);
-    redis_an_over_limit_response_runs_once => |store| an_over_limit_response_runs_once(store);
-    redis_scopes_keys_by_client => |store| scopes_keys_by_client(store);
-    redis_idempotent_methods_and_unkeyed_requests_pass_through => |store| idempotent_methods_and_unkeyed_requests_pass_through(store);
+    redis_replays_the_first_response => |_target, store| replays_the_first_response(store);
+    redis_conflicts_while_in_flight => |_target, store| conflicts_while_in_flight(store);
+    redis_refuses_a_reused_key_for_another_request => |_target, store| refuses_a_reused_key_for_another_request(store);
+    redis_the_body_counts_as_far_as_the_handler_read_it => |_target, store| the_body_counts_as_far_as_the_handler_read_it(store);
+    redis_a_streamed_response_is_recorded_when_it_ends => |_target, store| a_streamed_response_is_recorded_when_it_ends(store);
+    redis_a_response_body_slower_than_the_in_flight_ttl_keeps_its_key => |_target, store| a_response_body_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
+    redis_refuses_a_key_over_255_characters => |_target, store| refuses_a_key_over_255_characters(store);
+    redis_transient_answers_and_errors_run_once => |_target, store| transient_answers_and_errors_run_once(store);
+    redis_release_on_transient_is_an_opt_in => |_target, store| release_on_transient_is_an_opt_in(store);
+    redis_shed_refusals_free_the_key => |_target, store| shed_refusals_free_the_key(store);
+    redis_item_5_a_downstream_circuit_open_passed_on_after_the_side_effect_keeps_the_key => |_target, store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-circuit-open");
+    redis_item_5_a_downstream_503_with_the_failure_extension_keeps_the_key => |_target, store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503");
+    redis_item_5_a_refusal_of_another_calls_request_keeps_the_key => |_target, store| a_refusal_passed_on_after_acting_keeps_the_key(store, "/acted-then-503-of-another-call");
+    redis_trailers_are_replayed => |_target, store| trailers_are_replayed(store);
+    redis_keys_expire_after_the_ttl => |_target, store| keys_expire_after_the_ttl(store, Duration::from_secs(2), real_wait);
+    redis_in_flight_claims_lapse => |_target, store| in_flight_claims_lapse(store, Duration::from_secs(2), real_wait);
+    redis_a_request_slower_than_the_in_flight_ttl_keeps_its_key => |_target, store| a_request_slower_than_the_in_flight_ttl_keeps_its_key(store, Duration::from_secs(1));
+    redis_a_call_dropped_in_the_handler_runs_once => |_target, store| a_call_dropped_in_the_handler_runs_once(store);
+    redis_a_call_dropped_in_the_response_body_runs_once => |_target, store| a_call_dropped_in_the_response_body_runs_once(store);
+    redis_an_over_limit_response_runs_once => |_target, store| an_over_limit_response_runs_once(store);
+    redis_scopes_keys_by_client => |_target, store| scopes_keys_by_client(store);
+    redis_idempotent_methods_and_unkeyed_requests_pass_through => |_target, store| idempotent_methods_and_unkeyed_requests_pass_through(store);
+    redis_a_duplicate_on_node_b_is_replayed_from_node_a => |target, store| a_duplicate_on_node_b_is_replayed_from_node_a(target, store);
+    redis_keys_carry_their_namespace_hash_tag_and_ttl => |target, store| keys_carry_their_namespace_hash_tag_and_ttl(target, store);
+    redis_a_record_over_the_size_cap_is_recorded_as_not_kept => |target, store| a_record_over_the_size_cap_is_recorded_as_not_kept(target, store);
+    redis_a_corrupt_record_answers_503_without_running_the_handler => |target, store| a_corrupt_record_answers_503_without_running_the_handler(target, store);
 }
 
 /// Two connections (two nodes) with the same prefix race for one key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_concurrent_repeats_run_once_across_two_nodes() {
-    let Some(node_1) = redis("race").await else {
+async fn concurrent_repeats_run_once_across_two_nodes(target: Target) {
+    let Some(node_1) = redis(target, "race").await else {
         return;
     };
-    let node_2 = RedisIdempotencyStore::connect(&redis_url(), node_1.prefix())
+    let node_2 = RedisIdempotencyStore::connect(&url(target), node_1.prefix())
         .await
         .unwrap();
     concurrent_repeats_run_once(node_1, node_2).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_concurrent_repeats_run_once_across_two_nodes() {
+    concurrent_repeats_run_once_across_two_nodes(Target::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_concurrent_repeats_run_once_across_two_nodes() {
+    concurrent_repeats_run_once_across_two_nodes(Target::Cluster).await;
+}
+
 /// A duplicate that a load balancer sends to node B is replayed from the
 /// response node A stored; B's handler is never called.
-#[tokio::test]
-async fn a_duplicate_on_node_b_is_replayed_from_node_a() {
-    let Some(node_a) = redis("two-nodes").await else {
-        return;
-    };
-    let node_b = RedisIdempotencyStore::connect(&redis_url(), node_a.prefix())
+async fn a_duplicate_on_node_b_is_replayed_from_node_a(
+    target: Target,
+    node_a: RedisIdempotencyStore,
+) {
+    let node_b = RedisIdempotencyStore::connect(&url(target), node_a.prefix())
         .await
         .unwrap();
     let (orders_a, orders_b) = (Orders::default(), Orders::default());
@@ -150,11 +232,7 @@ async fn a_duplicate_on_node_b_is_replayed_from_node_a() {
 /// the cluster hash tag, so a `}` a client sends cannot cut it short), carry
 /// their TTL in Redis itself (`PX`), and any configured TTL is cut to a
 /// value Redis accepts.
-#[tokio::test]
-async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
-    let Some(store) = redis("layout").await else {
-        return;
-    };
+async fn keys_carry_their_namespace_hash_tag_and_ttl(target: Target, store: RedisIdempotencyStore) {
     let orders = Orders::default();
     let service = guarded(IdempotencyGuardLayer::new(store.clone()), &orders);
     call(&service, post("/orders", "k-pttl", "{}")).await;
@@ -176,7 +254,7 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
         braces[..store.prefix().len() + 18],
         key[..store.prefix().len() + 18]
     );
-    let mut connection = raw_connection().await;
+    let mut connection = raw_connection(target).await;
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
         .query_async(&mut connection)
@@ -219,14 +297,13 @@ async fn redis_keys_carry_their_namespace_hash_tag_and_ttl() {
 
 /// A record over the store's size cap is not written; the key is completed
 /// as "not kept: too large", so the repeat is refused, not run.
-#[tokio::test]
-async fn a_record_over_the_size_cap_is_recorded_as_not_kept() {
-    let Some(probe) = redis("cap").await else {
-        return;
-    };
+async fn a_record_over_the_size_cap_is_recorded_as_not_kept(
+    target: Target,
+    probe: RedisIdempotencyStore,
+) {
     let store = RedisIdempotencyStore::builder()
         .max_record_bytes(1024)
-        .connect(&redis_url(), probe.prefix())
+        .connect(&url(target), probe.prefix())
         .await
         .unwrap();
     let orders = Orders::default();
@@ -248,12 +325,11 @@ async fn a_record_over_the_size_cap_is_recorded_as_not_kept() {
 /// A record that is not the store's (garbage, or larger than anything it
 /// writes) is a corrupt store: the guard answers 503 and runs nothing, and
 /// never panics.
-#[tokio::test]
-async fn a_corrupt_record_answers_503_without_running_the_handler() {
-    let Some(store) = redis("corrupt").await else {
-        return;
-    };
-    let mut connection = raw_connection().await;
+async fn a_corrupt_record_answers_503_without_running_the_handler(
+    target: Target,
+    store: RedisIdempotencyStore,
+) {
+    let mut connection = raw_connection(target).await;
     let huge = format!(
         r#"{{"state":"completed","fingerprint":"{}"}}"#,
         "f".repeat(5 << 20)

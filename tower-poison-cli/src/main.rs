@@ -53,8 +53,8 @@ use tower_service::Service;
 #[command(name = "tower-poison", version)]
 struct Cli {
     /// The dead-letter store: a redb file, or a Redis server
-    /// (`redis://host:port/db`, with the `redis` feature) holding the queue
-    /// named by --stream.
+    /// (`redis://host:port/db`, with the `redis` feature; a Redis Cluster's
+    /// node URLs comma-separated) holding the queue named by --stream.
     #[arg(
         long,
         global = true,

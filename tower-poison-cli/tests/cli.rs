@@ -502,6 +502,22 @@ mod support;
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
+    if let Some(url) = support::redis_at(support::Target::Single).await {
+        two_nodes_share_one_redis(url).await;
+    }
+}
+
+/// The same on a Redis Cluster: the CLI takes the nodes' URLs as its store.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_redis_cluster_for_replays_and_dead_letters() {
+    if let Some(url) = support::redis_at(support::Target::Cluster).await {
+        two_nodes_share_one_redis(url).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn two_nodes_share_one_redis(url: String) {
     use std::collections::BTreeSet;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tower::util::BoxCloneService;
@@ -513,9 +529,6 @@ async fn two_nodes_share_one_redis_for_replays_and_dead_letters() {
         BoxError,
     >;
 
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
     let stream = support::unique("fleet-dlq");
     let _cleanup = support::Cleanup::queue(&url, &stream);
 

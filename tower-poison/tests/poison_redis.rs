@@ -1,7 +1,8 @@
 //! Poison counts shared by a fleet through Redis: two consumers (two
 //! connections, as two processes would have) divert a poison message after
 //! `max_attempts` deliveries in all, a crashed delivery counts on the other
-//! consumer, and keys are hash-tagged, bounded and expire.
+//! consumer, and keys are hash-tagged, bounded and expire. On the shared
+//! server (`single::`) and on a Redis Cluster (`cluster::`, see `support`).
 
 mod support;
 
@@ -30,16 +31,16 @@ fn describe(message: &Message) -> RequestRecord {
     }
 }
 
-/// Two connections to the shared server, keeping the counts of one queue
+/// Two connections to `url`, keeping the counts of one queue
 /// that no other test uses; and the queue's name.
 async fn two_consumers_counts(
+    url: &str,
     name: &str,
-) -> Option<(RedisFailureCounts, RedisFailureCounts, String)> {
-    let url = support::shared_redis().await?;
+) -> (RedisFailureCounts, RedisFailureCounts, String) {
     let queue = format!("{}-{:08x}", name, fastrand::u32(..));
-    let a = RedisFailureCounts::connect(&url, &queue).await.unwrap();
-    let b = RedisFailureCounts::connect(&url, &queue).await.unwrap();
-    Some((a, b, queue))
+    let a = RedisFailureCounts::connect(url, &queue).await.unwrap();
+    let b = RedisFailureCounts::connect(url, &queue).await.unwrap();
+    (a, b, queue)
 }
 
 /// The Redis key of `key`'s count in queue `tag`, as `RedisFailureCounts`
@@ -48,12 +49,8 @@ fn count_key(tag: &str, key: &MessageKey) -> String {
     format!("tower-poison:{{{tag}}}:failures:{}", key.as_str())
 }
 
-async fn redis() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+async fn redis(url: &str) -> tower_poison::store::RedisConnection {
+    support::raw_connection(url).await.unwrap()
 }
 
 async fn deliver<S>(service: &mut S, message: &Message) -> Result<(), BoxError>
@@ -63,11 +60,10 @@ where
     service.ready().await?.call(message.clone()).await
 }
 
-#[tokio::test]
-async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries_in_all() {
-    let Some((counts_a, counts_b, queue)) = two_consumers_counts("fleet").await else {
-        return;
-    };
+async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries_in_all(
+    url: String,
+) {
+    let (counts_a, counts_b, queue) = two_consumers_counts(&url, "fleet").await;
     let dead_letters = MemoryStore::new(100);
     let processed = Arc::new(AtomicUsize::new(0));
     let consumer = |counts: RedisFailureCounts| {
@@ -101,7 +97,7 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
         .hget(&key, "n")
         .cmd("PTTL")
         .arg(&key)
-        .query_async(&mut redis().await)
+        .query_async(&mut redis(&url).await)
         .await
         .unwrap();
     assert_eq!(n, 3, "one count for the fleet");
@@ -120,17 +116,14 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
     // Dead-lettered: the fleet's count is gone.
     let exists: bool = redis::cmd("EXISTS")
         .arg(&key)
-        .query_async(&mut redis().await)
+        .query_async(&mut redis(&url).await)
         .await
         .unwrap();
     assert!(!exists);
 }
 
-#[tokio::test]
-async fn a_delivery_that_crashed_on_one_consumer_counts_on_the_other() {
-    let Some((counts_a, counts_b, _)) = two_consumers_counts("crash").await else {
-        return;
-    };
+async fn a_delivery_that_crashed_on_one_consumer_counts_on_the_other(url: String) {
+    let (counts_a, counts_b, _) = two_consumers_counts(&url, "crash").await;
     let (started, mut began) = tokio::sync::mpsc::unbounded_channel();
     let consumer = |counts: RedisFailureCounts, started: tokio::sync::mpsc::UnboundedSender<()>| {
         DeadLetterLayer::new(MemoryStore::new(10))
@@ -161,11 +154,7 @@ async fn a_delivery_that_crashed_on_one_consumer_counts_on_the_other() {
     assert!(began.try_recv().is_err(), "B never processed it");
 }
 
-#[tokio::test]
-async fn redis_keys_are_hash_tagged_and_bounded_and_expire() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn redis_keys_are_hash_tagged_and_bounded_and_expire(url: String) {
     let counts = RedisFailureCounts::builder()
         .ttl(Duration::from_secs(30))
         .unwrap()
@@ -203,14 +192,14 @@ async fn redis_keys_are_hash_tagged_and_bounded_and_expire() {
     assert_eq!(kept_ms, first_ms, "the first delivery's time is kept");
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
-        .query_async(&mut redis().await)
+        .query_async(&mut redis(&url).await)
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= 30_000, "{pttl}");
     counts.forget(&huge).await.unwrap();
     let exists: bool = redis::cmd("EXISTS")
         .arg(&key)
-        .query_async(&mut redis().await)
+        .query_async(&mut redis(&url).await)
         .await
         .unwrap();
     assert!(!exists);
@@ -262,4 +251,10 @@ async fn while_redis_is_down_a_delivery_fails_unprocessed() {
     // consumer does not acknowledge the message, and the queue redelivers it.
     assert_eq!(processed.load(Ordering::SeqCst), 0);
     assert_eq!(dead_letters.depth().await.unwrap(), 0);
+}
+
+support::redis_suites! {
+    redis_keys_are_hash_tagged_and_bounded_and_expire,
+    two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries_in_all,
+    a_delivery_that_crashed_on_one_consumer_counts_on_the_other,
 }

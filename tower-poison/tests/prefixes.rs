@@ -112,11 +112,7 @@ async fn redb_store_matches_prefixes() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
-async fn redis_store_matches_prefixes() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn redis_store_matches_prefixes(url: String) {
     let name = support::unique("prefixes");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = tower_poison::store::RedisDeadLetterStore::connect(&url, name)
@@ -168,4 +164,9 @@ impl DeadLetterStore for ListOnly {
 #[tokio::test]
 async fn the_provided_prefix_match_pages_through_list() {
     prefixes_match_a_range_of_ids(ListOnly(MemoryStore::new(100))).await;
+}
+
+#[cfg(feature = "redis")]
+support::redis_suites! {
+    redis_store_matches_prefixes,
 }

@@ -1,6 +1,10 @@
 //! The Redis dead-letter store (one queue shared by a fleet), and the store through a
 //! Redis restart: persistence keeps what was acknowledged, and a call made
 //! while Redis is down fails with a clear error.
+//!
+//! The suites run on the shared server (`single::`) and on a Redis Cluster
+//! (`cluster::`, see `support`), where a script whose keys span two slots is
+//! refused.
 
 mod support;
 
@@ -13,8 +17,8 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_classify::{BoxError, FailureKind};
 use tower_poison::store::{
-    DeadLetterStore, ListQuery, PurgeFilter, RedisConnectOptions, RedisDeadLetterStore,
-    StoreErrorKind,
+    DeadLetterStore, ListQuery, PurgeFilter, RedisConnectOptions, RedisConnection,
+    RedisDeadLetterStore, StoreErrorKind,
 };
 use tower_poison::{
     Claim, ClaimToken, DeadLetterEntry, DeadLetterLayer, EntryId, ReplayBody, StoreFailed,
@@ -44,23 +48,19 @@ fn whole_millis(time: SystemTime) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
 }
 
-/// A store on a queue of its own, and what deletes the queue's keys after
-/// the test.
-async fn shared_store(name: &str) -> Option<(RedisDeadLetterStore, support::Cleanup)> {
-    let url = support::shared_redis().await?;
+/// A store on a queue of its own at `url`, and what deletes the queue's
+/// keys after the test.
+async fn shared_store(url: &str, name: &str) -> (RedisDeadLetterStore, support::Cleanup) {
     let name = support::unique(name);
-    let cleanup = support::Cleanup::queue(&url, &name);
-    Some((
-        RedisDeadLetterStore::connect(&url, name).await.unwrap(),
+    let cleanup = support::Cleanup::queue(url, &name);
+    (
+        RedisDeadLetterStore::connect(url, name).await.unwrap(),
         cleanup,
-    ))
+    )
 }
 
-#[tokio::test]
-async fn redis_store_pages_filters_and_purges_by_age() {
-    let Some((store, _cleanup)) = shared_store("paging").await else {
-        return;
-    };
+async fn redis_store_pages_filters_and_purges_by_age(url: String) {
+    let (store, _cleanup) = shared_store(&url, "paging").await;
     let now = SystemTime::now();
     let mut old_ids = HashSet::new();
     let mut written = Vec::new();
@@ -147,11 +147,8 @@ async fn redis_store_pages_filters_and_purges_by_age() {
 /// `put` of an existing id (a failed replay updating its entry) keeps one
 /// entry, in its place; a page cursor whose entry went away still resumes
 /// right after it.
-#[tokio::test]
-async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
-    let Some((store, _cleanup)) = shared_store("upsert").await else {
-        return;
-    };
+async fn redis_store_replaces_an_entry_in_place_of_adding_one(url: String) {
+    let (store, _cleanup) = shared_store(&url, "upsert").await;
     let now = SystemTime::now();
     let a = entry("orders", FailureKind::Timeout, now);
     let b = entry("orders", FailureKind::Timeout, now);
@@ -187,11 +184,8 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one() {
 /// cursor's entry is rewritten (a failed replay) and the next page is still
 /// the next two, then the next cursor's entry is removed and the last page
 /// is still the last two. Nothing is skipped or repeated.
-#[tokio::test]
-async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_removed() {
-    let Some((store, _cleanup)) = shared_store("stable-paging").await else {
-        return;
-    };
+async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_removed(url: String) {
+    let (store, _cleanup) = shared_store(&url, "stable-paging").await;
     let now = SystemTime::now();
     let written: Vec<DeadLetterEntry> = (0..6)
         .map(|_| entry("orders", FailureKind::ServerError, now))
@@ -227,13 +221,9 @@ async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_remo
     assert_eq!(store.stats(now).await.unwrap().depth, 5);
 }
 
-/// A plain connection for looking at the keys themselves.
-async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+/// A connection for looking at the keys themselves.
+async fn raw_connection(url: &str) -> RedisConnection {
+    support::raw_connection(url).await.unwrap()
 }
 
 /// The documented key of `part` of queue `name`.
@@ -241,11 +231,9 @@ fn key(name: &str, part: &str) -> String {
     format!("tower-poison:{{{name}}}:{part}")
 }
 
-#[tokio::test]
-async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry(
+    url: String,
+) {
     let name = support::unique("full");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::builder()
@@ -307,11 +295,7 @@ async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_ackno
     assert_eq!(ordered, 3);
 }
 
-#[tokio::test]
-async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(url: String) {
     let now = SystemTime::now();
     let written: Vec<DeadLetterEntry> = (0..3)
         .map(|_| entry("orders", FailureKind::ServerError, now))
@@ -326,7 +310,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
         .await
         .unwrap();
     let connection = raw_connection(&url).await;
-    let counted = |mut connection: redis::aio::MultiplexedConnection| {
+    let counted = |mut connection: RedisConnection| {
         let key = key(&name, "dead-letter-bytes");
         async move {
             let bytes: Option<u64> = redis::cmd("GET")
@@ -397,11 +381,9 @@ async fn claim_ttl(url: &str, name: &str, id: EntryId) -> i64 {
         .unwrap()
 }
 
-#[tokio::test]
-async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and_release() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and_release(
+    url: String,
+) {
     let name = support::unique("claims");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::connect(&url, name.clone())
@@ -490,11 +472,7 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
 /// Redis clock): the layer's `put` during A's call leaves A's claim, and
 /// after A's lease has run out and B took over, A's late release leaves B's
 /// claim, so C still finds the entry held.
-#[tokio::test]
-async fn redis_claims_are_ended_only_by_their_own_token() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn redis_claims_are_ended_only_by_their_own_token(url: String) {
     let name = support::unique("owners");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::connect(&url, name.clone())
@@ -547,11 +525,7 @@ fn after_lapse(claim: Claim) -> (bool, ClaimToken) {
 /// A claim whose lease Redis expired before anyone released it (its
 /// replayer crashed after sending, or is still sending) is reported to the
 /// next claimant; a released claim, or one ended with its entry, is not.
-#[tokio::test]
-async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased() {
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
+async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased(url: String) {
     let name = support::unique("lapsed");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::connect(&url, name.clone())
@@ -600,11 +574,8 @@ async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased() {
     assert!(lapsed, "a zero lease is over at once");
 }
 
-#[tokio::test]
-async fn redis_claim_leases_saturate_for_any_duration() {
-    let Some((store, _cleanup)) = shared_store("ttl").await else {
-        return;
-    };
+async fn redis_claim_leases_saturate_for_any_duration(url: String) {
+    let (store, _cleanup) = shared_store(&url, "ttl").await;
     let now = SystemTime::now();
     let e = entry("orders", FailureKind::ServerError, now);
     store.put(e.clone()).await.unwrap();
@@ -625,11 +596,8 @@ async fn redis_claim_leases_saturate_for_any_duration() {
 
 /// More entries than one scan page (512): purge, oldest_age and stats page
 /// through the stream and see every entry.
-#[tokio::test]
-async fn redis_scans_page_through_more_than_one_page() {
-    let Some((store, _cleanup)) = shared_store("pages").await else {
-        return;
-    };
+async fn redis_scans_page_through_more_than_one_page(url: String) {
+    let (store, _cleanup) = shared_store(&url, "pages").await;
     let now = SystemTime::now();
     let count = 1_300u32;
     for i in 0..count {
@@ -794,4 +762,99 @@ async fn connecting_to_an_absent_redis_names_it_without_the_password() {
         "{text}"
     );
     assert!(!text.contains("hunter2"));
+}
+
+/// The same for a cluster whose nodes are all absent: every node is named,
+/// none with its password.
+#[tokio::test]
+async fn connecting_to_an_absent_cluster_names_its_nodes_without_the_password() {
+    let (a, b) = (support::free_port(), support::free_port());
+    let url = format!("redis://:hunter2@127.0.0.1:{a},redis://:hunter2@127.0.0.1:{b}");
+    let error = RedisDeadLetterStore::connect(&url, "dlq")
+        .await
+        .unwrap_err();
+    let text = tower_poison::error_chain(&error).join(": ");
+    assert!(
+        text.contains(&format!(
+            "cannot connect to redis at redis://[redacted]@127.0.0.1:{a},redis://[redacted]@127.0.0.1:{b}"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"));
+}
+
+/// What the cluster runs check: a script whose keys lie in two slots is
+/// refused (`CROSSSLOT`), as every script of the store would be if one of
+/// its keys lost the queue's hash tag; the same script on two keys of one
+/// queue runs.
+#[tokio::test]
+async fn the_cluster_refuses_a_script_whose_keys_span_two_slots() {
+    let Some(url) = support::redis_at(support::Target::Cluster).await else {
+        return;
+    };
+    let mut connection = raw_connection(&url).await;
+    let script = redis::Script::new("return redis.call('EXISTS', KEYS[1], KEYS[2])");
+    let probe = connection.clone();
+    let slot = |key: String| {
+        let mut connection = probe.clone();
+        async move {
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            slot
+        }
+    };
+    let name = support::unique("slots");
+    let (one, other) = (key(&name, "ids"), key(&name, "dead-letters"));
+    assert_eq!(slot(one.clone()).await, slot(other.clone()).await);
+    // One seed node (a trailing comma) is enough to reach every slot.
+    let seed = format!("{},", url.split(',').next().unwrap());
+    let mut from_seed = raw_connection(&seed).await;
+    assert!(from_seed.is_cluster());
+    for n in 0..16 {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key(&format!("{name}-{n}"), "ids"))
+            .query_async(&mut from_seed)
+            .await
+            .unwrap();
+        assert!(!exists);
+    }
+    let found: i64 = script
+        .key(&one)
+        .key(&other)
+        .invoke_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(found, 0);
+
+    // Untagged, the two keys of one queue land in two slots.
+    let untagged = |part: &str| format!("tower-poison:{name}:{part}");
+    let (one, other) = (untagged("ids"), untagged("dead-letters"));
+    assert_ne!(slot(one.clone()).await, slot(other.clone()).await);
+    let refused = script
+        .key(&one)
+        .key(&other)
+        .invoke_async::<i64>(&mut connection)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().to_uppercase().contains("CROSSSLOT"),
+        "{refused}"
+    );
+}
+
+support::redis_suites! {
+    a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_acknowledged_entry,
+    redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting,
+    redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and_release,
+    redis_claims_are_ended_only_by_their_own_token,
+    item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased,
+    redis_store_pages_filters_and_purges_by_age,
+    redis_store_replaces_an_entry_in_place_of_adding_one,
+    redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_removed,
+    redis_claim_leases_saturate_for_any_duration,
+    redis_scans_page_through_more_than_one_page,
 }

@@ -525,12 +525,10 @@ async fn redb_claims_survive_the_layers_put_and_a_slow_replayers_release() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
-async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow_release() {
+async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow_release(
+    url: String,
+) {
     use tower_poison::store::RedisDeadLetterStore;
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
     for test in ["concurrent", "layer", "lease", "failure", "history"] {
         let name = support::unique(test);
         let _cleanup = support::Cleanup::queue(&url, &name);
@@ -888,12 +886,8 @@ async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redb() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
-async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redis() {
+async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redis(url: String) {
     use tower_poison::store::RedisDeadLetterStore;
-    let Some(url) = support::shared_redis().await else {
-        return;
-    };
     let name = support::unique("crashed-replayer");
     let _cleanup = support::Cleanup::queue(&url, &name);
     let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
@@ -1054,4 +1048,10 @@ async fn a_failed_replay_does_not_bring_back_an_entry_purged_meanwhile() {
         "{outcome:?}"
     );
     assert_eq!(store.get(e.id).await.unwrap(), None, "the purge stands");
+}
+
+#[cfg(feature = "redis")]
+support::redis_suites! {
+    redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow_release,
+    item_6_a_crashed_replayers_send_keeps_its_key_in_redis,
 }

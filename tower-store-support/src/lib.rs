@@ -15,5 +15,5 @@ mod url;
 
 pub use self::error::{StoreError, StoreErrorKind};
 #[cfg(feature = "redis")]
-pub use self::redis::RedisConnectOptions;
+pub use self::redis::{RedisConnectOptions, RedisConnection};
 pub use self::url::redact_url;

@@ -1,20 +1,48 @@
 //! How the Redis stores connect.
 
+use std::fmt;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Client;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::{redact_url, StoreError};
 
-/// How a Redis store connects: one reconnecting [`ConnectionManager`] per
-/// store, shared by its clones.
+/// How a Redis store connects: one reconnecting connection per store,
+/// shared by its clones, to one Redis server or to a Redis Cluster.
+///
+/// # One server or a cluster
+///
+/// The URL a store is given says which:
+///
+/// - one URL (`redis://host:port/db`, `rediss://…`, `redis+unix://…`) is one
+///   server, through the `redis` crate's [`ConnectionManager`];
+/// - a comma-separated list of URLs
+///   (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`) names nodes of a
+///   **Redis Cluster**, through the crate's cluster client
+///   ([`ClusterConnection`]): it learns the slot map from the first node
+///   that answers, sends each command to the node that owns its key's slot,
+///   and follows `MOVED` and `ASK` when slots move. Name two or more nodes so
+///   that it can start while one of them is down; one node alone is written
+///   with a trailing comma (`redis://h:7000,`). Every URL of the
+///   list carries the same password, if any, and no database number (Redis
+///   Cluster has only database 0).
+///
+/// On a cluster every command and script of one call must name keys of one
+/// slot (Redis refuses the others with `CROSSSLOT`): each store puts all the
+/// keys one call touches under one hash tag. Its docs say which.
+///
+/// # Timeouts
 ///
 /// The defaults fail a command quickly while Redis is unreachable (a 1 s
 /// connection timeout, one reconnection attempt, a 5 s response timeout), so
 /// a call made during an outage gets a clear error instead of hanging; the
-/// manager reconnects in the background (waiting 50 ms to 500 ms between
-/// attempts) and later calls succeed again.
+/// connection reconnects in the background (waiting 50 ms to 500 ms between
+/// attempts) and later calls succeed again. On a cluster the same settings
+/// apply to each node's connection, and the response timeout also bounds a
+/// whole command with its redirections and retries.
 #[derive(Debug, Clone)]
 pub struct RedisConnectOptions {
     connection_timeout: Duration,
@@ -27,6 +55,9 @@ impl Default for RedisConnectOptions {
         Self::new()
     }
 }
+
+const MIN_RETRY_DELAY: Duration = Duration::from_millis(50);
+const MAX_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 impl RedisConnectOptions {
     /// The defaults described above.
@@ -51,27 +82,124 @@ impl RedisConnectOptions {
     }
 
     /// Reconnection attempts after a connection is lost (default 1), with a
-    /// short exponential backoff between them.
+    /// short exponential backoff between them. On a cluster a call may also
+    /// follow two redirections (a slot that moved, a key being migrated).
     pub const fn reconnect_retries(mut self, retries: usize) -> Self {
         self.reconnect_retries = retries;
         self
     }
 
-    /// Connects to `url` (`redis://host:port/db`), failing if Redis does not
-    /// answer now. The error names the URL without its password
-    /// ([`redact_url`]).
-    pub async fn connect(&self, url: &str) -> Result<ConnectionManager, StoreError> {
+    /// Connects to `url`, one server (`redis://host:port/db`) or a cluster
+    /// (a comma-separated list of its nodes' URLs; see above), failing if
+    /// Redis does not answer now. The error names the URL without its
+    /// password ([`redact_url`]).
+    pub async fn connect(&self, url: &str) -> Result<RedisConnection, StoreError> {
         let shown = redact_url(url);
-        let client = Client::open(url)
-            .map_err(|e| StoreError::backend(format!("invalid redis url {shown:?}"), e))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(self.reconnect_retries)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
-        ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| StoreError::backend(format!("cannot connect to redis at {shown}"), e))
+        let invalid = |e| StoreError::backend(format!("invalid redis url {shown:?}"), e);
+        let unreachable = |e| StoreError::backend(format!("cannot connect to redis at {shown}"), e);
+        let connection = if url.contains(',') {
+            let nodes = url
+                .split(',')
+                .map(str::trim)
+                .filter(|node| !node.is_empty());
+            let client = ClusterClient::builder(nodes)
+                .connection_timeout(self.connection_timeout)
+                .response_timeout(self.response_timeout)
+                .retries(cluster_retries(self.reconnect_retries))
+                .min_retry_wait(millis(MIN_RETRY_DELAY))
+                .max_retry_wait(millis(MAX_RETRY_DELAY))
+                .build()
+                .map_err(invalid)?;
+            let connection = client.get_async_connection().await.map_err(unreachable)?;
+            Connection::Cluster(connection)
+        } else {
+            let client = Client::open(url).map_err(invalid)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.connection_timeout))
+                .set_response_timeout(Some(self.response_timeout))
+                .set_number_of_retries(self.reconnect_retries)
+                .set_min_delay(MIN_RETRY_DELAY)
+                .set_max_delay(MAX_RETRY_DELAY);
+            let manager = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(unreachable)?;
+            Connection::Single(manager)
+        };
+        Ok(RedisConnection(connection))
+    }
+}
+
+/// The cluster client counts a redirection as a retry: two more than the
+/// reconnection attempts let a call follow a moved slot (`MOVED`) and then a
+/// key still migrating (`ASK`).
+fn cluster_retries(reconnect_retries: usize) -> u32 {
+    u32::try_from(reconnect_retries)
+        .unwrap_or(u32::MAX)
+        .saturating_add(2)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A store's connection to Redis, made by [`RedisConnectOptions::connect`]:
+/// to one server or to a cluster, used alike through
+/// [`ConnectionLike`] (`query_async`, `invoke_async`). Clones share the
+/// connection.
+#[derive(Clone)]
+pub struct RedisConnection(Connection);
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisConnection {
+    /// `true` when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.0, Connection::Cluster(_))
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.0 {
+            Connection::Single(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.0 {
+            Connection::Single(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+            Connection::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Connection::Single(connection) => connection.get_db(),
+            Connection::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0 {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_tuple("RedisConnection").field(&kind).finish()
     }
 }

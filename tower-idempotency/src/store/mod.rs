@@ -47,7 +47,7 @@ pub use self::redis::{RedisIdempotencyStore, RedisIdempotencyStoreBuilder};
 /// do (from `tower-store-support`).
 ///
 #[cfg(feature = "redis")]
-pub use tower_store_support::RedisConnectOptions;
+pub use tower_store_support::{RedisConnectOptions, RedisConnection};
 
 /// The longest TTL a store applies; longer ones are cut to it, so that no
 /// configured value can overflow a clock or a store's expiry arithmetic.

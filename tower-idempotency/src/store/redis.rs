@@ -4,9 +4,8 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
-use tower_store_support::{redact_url, RedisConnectOptions};
+use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
 use crate::StoreError;
@@ -56,7 +55,7 @@ use crate::StoreError;
 /// ```
 #[derive(Clone)]
 pub struct RedisIdempotencyStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     shared: Arc<Shared>,
 }
 
@@ -104,7 +103,8 @@ impl RedisIdempotencyStoreBuilder {
         self
     }
 
-    /// Connects to `url` (`redis://host:port/db`), failing if Redis does not
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]), failing if Redis does not
     /// answer now; every key is stored under `prefix`. The connection
     /// reconnects in the background after an outage.
     pub async fn connect(
@@ -161,7 +161,8 @@ static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
 impl RedisIdempotencyStore {
-    /// Connects to `url` (`redis://host:port/db`) with the default options;
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) with the default options;
     /// every key is stored under `prefix` (such as `"orders:idem:"`).
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, StoreError> {
         RedisIdempotencyStoreBuilder::new()

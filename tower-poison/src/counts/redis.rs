@@ -4,10 +4,9 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 use tower_classify::ConfigError;
-use tower_store_support::{redact_url, RedisConnectOptions};
+use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
     epoch_millis, from_epoch_millis, sha256_hex, DeliveryTally, FailureCountStore, MessageKey,
@@ -85,7 +84,7 @@ use crate::store::StoreError;
 /// ```
 #[derive(Clone)]
 pub struct RedisFailureCounts {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     shared: Arc<Shared>,
 }
 
@@ -144,7 +143,9 @@ impl RedisFailureCountsBuilder {
         self
     }
 
-    /// Connects to `url` and keeps the counts of queue `queue`.
+    /// Connects to `url` (one server, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) and keeps the counts of
+    /// queue `queue`.
     pub async fn connect(self, url: &str, queue: &str) -> Result<RedisFailureCounts, StoreError> {
         let connection = self.options.connect(url).await?;
         Ok(RedisFailureCounts {

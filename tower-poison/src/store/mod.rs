@@ -60,12 +60,6 @@ pub use self::memory::MemoryStore;
 pub use self::redb::{RedbStore, RedbStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisDeadLetterStore, RedisDeadLetterStoreBuilder};
-/// How the Redis stores ([`RedisDeadLetterStore`] and
-/// [`RedisFailureCounts`](crate::counts::RedisFailureCounts)) connect, as
-/// `tower-idempotency`'s Redis store does (from `tower-store-support`).
-///
-#[cfg(feature = "redis")]
-pub use tower_store_support::RedisConnectOptions;
 /// What a dead-letter or poison count store fails with: the one store error
 /// of the whole family (from `tower-store-support`; `tower-idempotency`'s
 /// stores fail with it too).
@@ -78,6 +72,12 @@ pub use tower_store_support::RedisConnectOptions;
 ///
 pub use tower_store_support::StoreError;
 pub use tower_store_support::StoreErrorKind;
+/// How the Redis stores ([`RedisDeadLetterStore`] and
+/// [`RedisFailureCounts`](crate::counts::RedisFailureCounts)) connect, as
+/// `tower-idempotency`'s Redis store does (from `tower-store-support`).
+///
+#[cfg(feature = "redis")]
+pub use tower_store_support::{RedisConnectOptions, RedisConnection};
 
 /// A place to keep dead-letter entries.
 ///

@@ -4,9 +4,8 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
-use tower_store_support::{redact_url, RedisConnectOptions};
+use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
     millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
@@ -118,7 +117,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// ```
 #[derive(Clone)]
 pub struct RedisDeadLetterStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     shared: Arc<Shared>,
 }
 
@@ -356,7 +355,8 @@ struct Scan {
 }
 
 impl RedisDeadLetterStore {
-    /// Connects to `url` (`redis://host:port/db`) with the default options and
+    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
+    /// comma-separated: see [`RedisConnectOptions`]) with the default options and
     /// uses the queue `stream` (one per queue; see the key layout above).
     pub async fn connect(url: &str, stream: impl Into<String>) -> Result<Self, StoreError> {
         RedisDeadLetterStoreBuilder::new()

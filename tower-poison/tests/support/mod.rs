@@ -5,6 +5,13 @@
 //! Without a server a Redis test prints why it is skipped and passes, unless
 //! `TOWER_POISON_REQUIRE_REDIS=1` (as in CI), which turns the absence into a
 //! failure.
+//!
+//! [`redis_suites!`] runs a suite twice: `single::` on the shared server and
+//! `cluster::` on the Redis Cluster whose nodes `TOWER_REDIS_CLUSTER_URLS`
+//! lists (`redis://127.0.0.1:7000,redis://127.0.0.1:7001,…`), where a
+//! command or script whose keys span two slots is refused (`CROSSSLOT`).
+//! Without it the cluster runs are skipped the same way, unless
+//! `TOWER_REDIS_REQUIRE_CLUSTER=1` (as in CI).
 
 #![allow(dead_code)]
 
@@ -16,6 +23,48 @@ use std::time::{Duration, Instant};
 
 pub const URL_VAR: &str = "TOWER_POISON_REDIS_URL";
 pub const REQUIRE_VAR: &str = "TOWER_POISON_REQUIRE_REDIS";
+pub const CLUSTER_VAR: &str = "TOWER_REDIS_CLUSTER_URLS";
+pub const REQUIRE_CLUSTER_VAR: &str = "TOWER_REDIS_REQUIRE_CLUSTER";
+
+/// Where a suite runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// The shared server.
+    Single,
+    /// The Redis Cluster named by `TOWER_REDIS_CLUSTER_URLS`.
+    Cluster,
+}
+
+/// Each named `async fn NAME(url: String)` of the calling test file as two
+/// tests: `single::NAME` on the shared server and `cluster::NAME` on the
+/// cluster, each skipped (or failed, when required) without its Redis.
+#[allow(unused_macros)]
+macro_rules! redis_suites {
+    ($($name:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(url) = crate::support::redis_at(crate::support::Target::Single).await {
+                        super::$name(url).await;
+                    }
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(url) = crate::support::redis_at(crate::support::Target::Cluster).await {
+                        super::$name(url).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use redis_suites;
 
 pub fn redis_url() -> String {
     std::env::var(URL_VAR).unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -38,22 +87,58 @@ pub fn skip(reason: &str) {
     );
 }
 
+/// Skips the calling cluster test (prints why), or fails it when the
+/// cluster is required.
+pub fn skip_cluster(reason: &str) {
+    if std::env::var(REQUIRE_CLUSTER_VAR).is_ok_and(|v| v == "1") {
+        panic!("{reason}; {REQUIRE_CLUSTER_VAR}=1 makes this a failure");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {reason} (start a Redis Cluster and list its nodes in {CLUSTER_VAR}, as .ci/run does; {REQUIRE_CLUSTER_VAR}=1 makes this a failure)"
+    );
+}
+
 /// The shared server's URL when it answers `PING`.
 pub async fn shared_redis() -> Option<String> {
-    let url = redis_url();
+    redis_at(Target::Single).await
+}
+
+/// `target`'s URL (for the cluster, its nodes' URLs, comma-separated) when
+/// it answers `PING` through the stores' own connection.
+pub async fn redis_at(target: Target) -> Option<String> {
+    let (url, skip): (String, fn(&str)) = match target {
+        Target::Single => (redis_url(), skip),
+        Target::Cluster => match std::env::var(CLUSTER_VAR) {
+            Ok(urls) if !urls.is_empty() => (urls, skip_cluster),
+            _ => {
+                skip_cluster(&format!("{CLUSTER_VAR} is not set"));
+                return None;
+            }
+        },
+    };
     let answered = async {
-        let client = redis::Client::open(url.as_str()).ok()?;
-        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let mut connection = raw_connection(&url).await.ok()?;
         let pong: String = redis::cmd("PING").query_async(&mut connection).await.ok()?;
         (pong == "PONG").then_some(())
     };
     match tokio::time::timeout(Duration::from_secs(3), answered).await {
         Ok(Some(())) => Some(url),
         _ => {
-            skip(&format!("no Redis server answers at {url}"));
+            skip(&format!("no Redis answers at {url}"));
             None
         }
     }
+}
+
+/// A connection of the stores' own kind (one server or a cluster), for
+/// looking at keys directly.
+pub async fn raw_connection(
+    url: &str,
+) -> Result<tower_poison::store::RedisConnection, tower_poison::store::StoreError> {
+    tower_poison::store::RedisConnectOptions::new()
+        .connect(url)
+        .await
 }
 
 /// A name no other test (or earlier run) uses, so tests run in parallel on
@@ -183,33 +268,40 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        // Synchronous: a drop cannot await, and this is a test's last step.
-        let Ok(client) = redis::Client::open(self.url.as_str()) else {
-            return;
-        };
-        let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
-            return;
-        };
-        let mut cursor = 0u64;
-        loop {
-            let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&self.pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query(&mut connection)
-            else {
-                return;
-            };
-            if !keys.is_empty() {
-                let _: redis::RedisResult<u64> =
-                    redis::cmd("DEL").arg(&keys).query(&mut connection);
-            }
-            if next == 0 {
-                return;
-            }
-            cursor = next;
+        // A cluster's nodes one by one: each scans only its own keys, and
+        // the keys of one queue share a slot, so one `DEL` takes them.
+        for node in self.url.split(',') {
+            clean_node(node, &self.pattern);
         }
+    }
+}
+
+fn clean_node(url: &str, pattern: &str) {
+    // Synchronous: a drop cannot await, and this is a test's last step.
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
+        return;
+    };
+    let mut cursor = 0u64;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(&mut connection)
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _: redis::RedisResult<u64> = redis::cmd("DEL").arg(&keys).query(&mut connection);
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
     }
 }
