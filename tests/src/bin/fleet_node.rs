@@ -30,9 +30,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{BoxError, Router};
-use redis::aio::ConnectionManager;
+
 use tower::ServiceBuilder;
-use tower_idempotency::store::{RedisConnectOptions, RedisIdempotencyStore};
+use tower_idempotency::store::{RedisConnectOptions, RedisConnection, RedisIdempotencyStore};
 use tower_idempotency::IdempotencyGuardLayer;
 use tower_poison::counts::RedisFailureCounts;
 use tower_poison::store::RedisDeadLetterStore;
@@ -43,7 +43,7 @@ const MAX_ATTEMPTS: u32 = 3;
 
 #[derive(Clone)]
 struct Handler {
-    counter: ConnectionManager,
+    counter: RedisConnection,
     namespace: String,
     node: String,
 }
