@@ -8,6 +8,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 
+use crate::url::split_list;
 use crate::{redact_url, StoreError};
 
 /// How a Redis store connects: one reconnecting connection per store,
@@ -43,6 +44,15 @@ use crate::{redact_url, StoreError};
 /// attempts) and later calls succeed again. On a cluster the same settings
 /// apply to each node's connection, and the response timeout also bounds a
 /// whole command with its redirections and retries.
+///
+/// One difference a cluster brings: where one server's connection answers a
+/// dropped connection with an error, the cluster client sends the command
+/// again on a new one, so a command that ran just before a node restarted
+/// or failed over can run twice. A poison count may then be one delivery
+/// ahead (a message diverted one delivery early), and an idempotency claim
+/// or a dead-letter claim may meet its own first run and answer "in flight"
+/// or "held" until its lease ends. Nothing is stored twice: the stores'
+/// writes are keyed, so repeating them changes nothing.
 #[derive(Debug, Clone)]
 pub struct RedisConnectOptions {
     connection_timeout: Duration,
@@ -97,9 +107,10 @@ impl RedisConnectOptions {
         let shown = redact_url(url);
         let invalid = |e| StoreError::backend(format!("invalid redis url {shown:?}"), e);
         let unreachable = |e| StoreError::backend(format!("cannot connect to redis at {shown}"), e);
-        let connection = if url.contains(',') {
-            let nodes = url
-                .split(',')
+        let pieces = split_list(url);
+        let connection = if pieces.len() > 1 {
+            let nodes = pieces
+                .into_iter()
                 .map(str::trim)
                 .filter(|node| !node.is_empty());
             let client = ClusterClient::builder(nodes)
