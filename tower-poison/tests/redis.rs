@@ -745,16 +745,18 @@ async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outag
     assert_eq!(dead_letters.depth().await.unwrap(), 21);
 }
 
+/// The error chain, joined, of connecting a store to `url`, which fails.
+async fn connect_error(url: &str) -> String {
+    let error = RedisDeadLetterStore::connect(url, "dlq").await.unwrap_err();
+    tower_poison::error_chain(&error).join(": ")
+}
+
 /// A call made before Redis was ever reachable: connecting fails with a
 /// clear error naming the server (and never its password).
 #[tokio::test]
 async fn connecting_to_an_absent_redis_names_it_without_the_password() {
     let port = support::free_port();
-    let url = format!("redis://:hunter2@127.0.0.1:{port}");
-    let error = RedisDeadLetterStore::connect(&url, "dlq")
-        .await
-        .unwrap_err();
-    let text = tower_poison::error_chain(&error).join(": ");
+    let text = connect_error(&format!("redis://:hunter2@127.0.0.1:{port}")).await;
     assert!(
         text.contains(&format!(
             "cannot connect to redis at redis://[redacted]@127.0.0.1:{port}"
@@ -769,11 +771,10 @@ async fn connecting_to_an_absent_redis_names_it_without_the_password() {
 #[tokio::test]
 async fn connecting_to_an_absent_cluster_names_its_nodes_without_the_password() {
     let (a, b) = (support::free_port(), support::free_port());
-    let url = format!("redis://:hunter2@127.0.0.1:{a},redis://:hunter2@127.0.0.1:{b}");
-    let error = RedisDeadLetterStore::connect(&url, "dlq")
-        .await
-        .unwrap_err();
-    let text = tower_poison::error_chain(&error).join(": ");
+    let text = connect_error(&format!(
+        "redis://:hunter2@127.0.0.1:{a},redis://:hunter2@127.0.0.1:{b}"
+    ))
+    .await;
     assert!(
         text.contains(&format!(
             "cannot connect to redis at redis://[redacted]@127.0.0.1:{a},redis://[redacted]@127.0.0.1:{b}"
