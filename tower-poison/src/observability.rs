@@ -1,6 +1,6 @@
 //! The metrics the layer emits, and their descriptions.
 
-/// Failed calls the action disposed of, by `action` and `label`.
+/// Failed calls the action disposed of, by `action`, `kind` and `label`.
 pub(crate) const DEAD_LETTERED_TOTAL: &str = "tower_poison_dead_lettered_total";
 
 /// How many entries a label has in the store, by `label`.
@@ -8,6 +8,15 @@ pub(crate) const DLQ_DEPTH: &str = "tower_poison_dlq_depth";
 
 /// Calls a full store refused, by `label`.
 pub(crate) const STORE_FULL_TOTAL: &str = "tower_poison_dlq_store_full_total";
+
+/// Replays finished, by the entry's `label` and the `outcome`.
+pub(crate) const REPLAYED_TOTAL: &str = "tower_poison_replayed_total";
+
+/// Counts a replay of an entry labelled `label` that ended in `outcome`.
+pub(crate) fn replayed(label: &str, outcome: &'static str) {
+    metrics::counter!(REPLAYED_TOTAL, "label" => label.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
 
 /// Registers the descriptions (kind, unit, meaning) of this crate's
 /// metrics with the installed `metrics` recorder.
@@ -22,9 +31,10 @@ pub(crate) const STORE_FULL_TOTAL: &str = "tower_poison_dlq_store_full_total";
 ///
 /// | metric | type | labels | meaning |
 /// |---|---|---|---|
-/// | `tower_poison_dead_lettered_total` | counter | `action`, `label` | failed calls the [action](crate::Action) disposed of |
+/// | `tower_poison_dead_lettered_total` | counter | `action`, `kind`, `label` | failed calls the [action](crate::Action) disposed of, by their [`FailureKind`](tower_classify::FailureKind) (`poison` for poison input) |
 /// | `tower_poison_dlq_depth` | gauge | `label` | entries the layer's label has in the store, from the write's own result (no extra round trip) |
 /// | `tower_poison_dlq_store_full_total` | counter | `label` | calls a full store refused ([`StoreFull`](crate::error::StoreFull)) |
+/// | `tower_poison_replayed_total` | counter | `label` (the entry's), `outcome` | replays a [`Replayer`](crate::replay::Replayer) in this process finished: `delivered` (removed), `failed` (kept, the failure added), `gone` (removed by someone else while it ran) |
 ///
 /// A refusal of a full store is logged at `warn` at most once every 10 s
 /// per label (with `since_last_warning`, the refusals held back since), the
@@ -53,7 +63,7 @@ pub fn describe_metrics() {
         DEAD_LETTERED_TOTAL,
         metrics::Unit::Count,
         "Calls that finally failed and were disposed of by the dead-letter action \
-         (dlq: stored, drop: counted and logged, fail: propagated)"
+         (dlq: stored, drop: counted and logged, fail: propagated), by failure kind"
     );
     metrics::describe_gauge!(
         DLQ_DEPTH,
@@ -64,5 +74,11 @@ pub fn describe_metrics() {
         STORE_FULL_TOTAL,
         metrics::Unit::Count,
         "Failed calls a dead-letter store at its limits refused to keep (the call failed with StoreFull)"
+    );
+    metrics::describe_counter!(
+        REPLAYED_TOTAL,
+        metrics::Unit::Count,
+        "Dead-letter replays finished, by outcome (delivered: removed, failed: kept with the \
+         failure added, gone: removed by someone else meanwhile)"
     );
 }

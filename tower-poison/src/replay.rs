@@ -227,7 +227,12 @@ impl<Res> DescribeResponse<Res> for ClassificationOnly {
 
 impl<'a, St: DeadLetterStore> Replayer<'a, St> {
     /// Replays entries of `store`, holding each for five minutes.
+    ///
+    /// Each replay that sends its entry is counted in
+    /// `tower_poison_replayed_total` (see
+    /// [`describe_metrics`](crate::describe_metrics)).
     pub fn new(store: &'a St) -> Self {
+        crate::observability::describe_metrics();
         Replayer {
             store,
             lease: DEFAULT_LEASE,
@@ -362,6 +367,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 // Removing the entry ends every claim on it: it is
                 // delivered, there is nothing left to replay.
                 store.remove(id).await?;
+                crate::observability::replayed(&entry.label, "delivered");
                 return Ok(ReplayOutcome::Delivered);
             }
         };
@@ -398,6 +404,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
             // not caught: the stores have no conditional update.)
             None => {
                 store.release(id, token).await?;
+                crate::observability::replayed(&entry.label, "gone");
                 return Ok(ReplayOutcome::Gone {
                     kind: failure.kind,
                     error: record.error_text(),
@@ -420,6 +427,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                     store.release(id, token).await?;
                 }
                 pinned?;
+                crate::observability::replayed(&entry.label, "failed");
                 let (kind, error) = match current.replays.last() {
                     Some(last) => (last.kind, last.error_text()),
                     None => (failure.kind, current.error_text()),
@@ -433,6 +441,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
             Some(_) => {}
         }
         let error = record.error_text();
+        let label = entry.label.clone();
         entry.record_replay(record, 1);
         entry.note_replay_answer(answer);
         let outcome = ReplayOutcome::Failed {
@@ -454,6 +463,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         };
         kept?;
         released?;
+        crate::observability::replayed(&label, "failed");
         Ok(outcome)
     }
 }

@@ -616,6 +616,7 @@ where
                 metrics::counter!(
                     crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
+                    "kind" => kind.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);
@@ -632,6 +633,7 @@ where
                 metrics::counter!(
                     crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
+                    "kind" => entry.kind.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);
@@ -655,6 +657,7 @@ where
                 metrics::counter!(
                     crate::observability::DEAD_LETTERED_TOTAL,
                     "action" => action.as_str(),
+                    "kind" => entry.kind.as_str(),
                     "label" => label.to_owned()
                 )
                 .increment(1);

@@ -239,6 +239,15 @@ fn call_that_fails_after_retries_lands_in_the_store_with_every_field() {
         recorded.counter("tower_poison_dead_lettered_total", "dlq"),
         1
     );
+    // Counted under the entry's kind too: poison input apart from outages.
+    let kinds: Vec<&str> = recorded
+        .0
+        .iter()
+        .filter(|(name, ..)| name == "tower_poison_dead_lettered_total")
+        .flat_map(|(_, labels, _)| labels.iter().filter(|(k, _)| k == "kind"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(kinds, [FailureKind::NotSent.as_str()]);
     assert_eq!(recorded.gauge("tower_poison_dlq_depth"), Some(1.0));
 }
 

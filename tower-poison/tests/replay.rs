@@ -1055,3 +1055,81 @@ support::redis_suites! {
     redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow_release,
     item_6_a_crashed_replayers_send_keeps_its_key_in_redis,
 }
+
+/// Every replay that sent its entry is counted under the entry's label, by
+/// how it ended: delivered, failed (kept), or gone (removed meanwhile).
+#[test]
+fn finished_replays_are_counted_by_label_and_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let store = MemoryStore::new(10);
+    let [delivered, failed, gone] = [entry(), entry(), entry()];
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async {
+                for e in [&delivered, &failed, &gone] {
+                    store.put(e.clone()).await.unwrap();
+                }
+                let answer = |status: StatusCode| {
+                    service_fn(move |_: Request<Full<Bytes>>| async move {
+                        Ok::<_, BoxError>(Response::builder().status(status).body(Bytes::new())?)
+                    })
+                };
+                let replayer = Replayer::new(&store);
+                let classifier = HttpClassifier::new();
+                let mut ok = answer(StatusCode::OK);
+                let outcome = replayer.replay(delivered.id, &mut ok, &classifier, to_request);
+                assert_eq!(outcome.await.unwrap(), ReplayOutcome::Delivered);
+                let mut unavailable = answer(StatusCode::SERVICE_UNAVAILABLE);
+                let outcome = replayer.replay(failed.id, &mut unavailable, &classifier, to_request);
+                assert!(matches!(
+                    outcome.await.unwrap(),
+                    ReplayOutcome::Failed { .. }
+                ));
+                // An operator purges the entry while its replay runs.
+                let (purging_store, id) = (store.clone(), gone.id);
+                let mut purged = service_fn(move |_: Request<Full<Bytes>>| {
+                    let store = purging_store.clone();
+                    async move {
+                        store.remove(id).await?;
+                        Ok::<_, BoxError>(Response::builder().status(503).body(Bytes::new())?)
+                    }
+                });
+                let outcome = replayer.replay(gone.id, &mut purged, &classifier, to_request);
+                assert!(matches!(outcome.await.unwrap(), ReplayOutcome::Gone { .. }));
+                // Not found: nothing was sent, nothing is counted.
+                let outcome = replayer.replay(delivered.id, &mut ok, &classifier, to_request);
+                assert_eq!(outcome.await.unwrap(), ReplayOutcome::NotFound);
+            })
+    });
+    let mut counted: Vec<(Vec<String>, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "tower_poison_replayed_total")
+        .map(|(key, _, _, value)| {
+            let labels = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("a counter")
+            };
+            (labels, n)
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            (vec!["label=orders".into(), "outcome=delivered".into()], 1),
+            (vec!["label=orders".into(), "outcome=failed".into()], 1),
+            (vec!["label=orders".into(), "outcome=gone".into()], 1),
+        ]
+    );
+}
