@@ -20,7 +20,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -33,11 +33,12 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use serde_json::Value;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
-use tower_classify::ErrorChainClassifier;
+use tower_classify::{ErrorChainClassifier, FailureKind};
 use tower_idempotency::store::MemoryIdempotencyStore;
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
-use tower_poison::store::MemoryStore;
-use tower_poison::{DeadLetterLayer, ReplayBody, StoreFull};
+use tower_poison::replay::{ReplayOutcome, Replayer};
+use tower_poison::store::{DeadLetterStore, MemoryStore};
+use tower_poison::{DeadLetterEntry, DeadLetterLayer, ReplayBody, StoreFull};
 use tower_retry_budget::backoff::{Backoff, Jitter};
 use tower_retry_budget::budget::TpsBudget;
 use tower_retry_budget::hedge::HedgeLayer;
@@ -189,7 +190,7 @@ fn parse_exposition(text: &str) -> Rendered {
     rendered
 }
 
-/// Drives each layer of the family once, under `name`, so that every metric
+/// Drives each layer of the family once, so that every metric
 /// it registers has a series.
 async fn drive_every_layer() {
     let reset = || io::Error::from(io::ErrorKind::ConnectionReset);
@@ -319,6 +320,27 @@ async fn drive_every_layer() {
     assert_eq!(kept.status(), 503);
     let full = dlq.oneshot(post().unwrap()).await.unwrap_err();
     assert!(full.is::<StoreFull>(), "{full}");
+    // An entry replayed and delivered.
+    let store = MemoryStore::new(1);
+    let entry = DeadLetterEntry::new(
+        "payments",
+        FailureKind::ServerError,
+        vec!["HTTP 503 Service Unavailable".into()],
+        SystemTime::now(),
+    );
+    let id = entry.id;
+    store.put(entry).await.unwrap();
+    let mut delivering = service_fn(|_: ()| async { Ok::<_, io::Error>(()) });
+    let outcome = Replayer::new(&store)
+        .replay(
+            id,
+            &mut delivering,
+            &ErrorChainClassifier::new(),
+            |_| Ok(()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, ReplayOutcome::Delivered);
 
     // The idempotency guard: room for one record, so a second key evicts
     // the first.
