@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use examples::observability::parse_scrape;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use metrics::{
@@ -129,22 +130,19 @@ impl Recorder for Exporters {
         }
     }
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
-        let all = self.recorders.iter();
-        Counter::from_arc(Arc::new(Fan(all
-            .map(|r| r.register_counter(key, metadata))
-            .collect())))
+        let each = self.recorders.iter();
+        let each = each.map(|r| r.register_counter(key, metadata));
+        Counter::from_arc(Arc::new(Fan(each.collect())))
     }
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
-        let all = self.recorders.iter();
-        Gauge::from_arc(Arc::new(Fan(all
-            .map(|r| r.register_gauge(key, metadata))
-            .collect())))
+        let each = self.recorders.iter();
+        let each = each.map(|r| r.register_gauge(key, metadata));
+        Gauge::from_arc(Arc::new(Fan(each.collect())))
     }
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
-        let all = self.recorders.iter();
-        Histogram::from_arc(Arc::new(Fan(all
-            .map(|r| r.register_histogram(key, metadata))
-            .collect())))
+        let each = self.recorders.iter();
+        let each = each.map(|r| r.register_histogram(key, metadata));
+        Histogram::from_arc(Arc::new(Fan(each.collect())))
     }
 }
 
@@ -154,38 +152,11 @@ type Rendered = BTreeMap<String, BTreeSet<String>>;
 /// The names and label names of a Prometheus text exposition.
 fn parse_exposition(text: &str) -> Rendered {
     let mut rendered = Rendered::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = rendered.entry(line[..name_end].to_owned()).or_default();
-        if line[name_end..].starts_with('{') {
-            let mut rest = &line[name_end + 1..];
-            // `key="value"` pairs; a value may hold `\"`, `,` or `}`.
-            while let Some(eq) = rest.find('=') {
-                labels.insert(rest[..eq].trim_start_matches(',').trim().to_owned());
-                let mut chars = rest[eq + 2..].char_indices();
-                let mut close = None;
-                while let Some((i, c)) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => {
-                            close = Some(eq + 2 + i);
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                rest = &rest[close.expect("a closed label value") + 1..];
-                if rest.starts_with('}') {
-                    break;
-                }
-            }
-        }
+    for sample in parse_scrape(text) {
+        rendered
+            .entry(sample.name)
+            .or_default()
+            .extend(sample.labels.into_iter().map(|(key, _)| key));
     }
     rendered
 }
