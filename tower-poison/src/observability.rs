@@ -21,9 +21,9 @@ pub(crate) fn replayed(label: &str, outcome: &'static str) {
 /// Registers the descriptions (kind, unit, meaning) of this crate's
 /// metrics with the installed `metrics` recorder.
 ///
-/// Building a layer calls it, so an exporter installed before the layers
-/// are built describes every series; call it yourself after installing a
-/// recorder later. Repeating it is harmless.
+/// Building a layer or a [`Replayer`](crate::replay::Replayer) calls it, so
+/// an exporter installed before they are built describes every series; call
+/// it yourself after installing a recorder later. Repeating it is harmless.
 ///
 /// # What a dead-letter layer reports
 ///
