@@ -5,8 +5,10 @@
 //! [`RetryOn`], the action an [`Action`], each read by the layer's own
 //! parser. A key left out is `None` here and keeps the layer's own default,
 //! so every default of the stack is written once, in its layer (the root
-//! README lists them in one table). The one key no layer has a default for,
-//! `poison.max_row_attempts`, has its default here.
+//! README lists them in one table). The keys no layer has a default for
+//! have theirs here: `poison.max_row_attempts`, and the call's deadline and
+//! attempt timeout, which the retry layer leaves unbounded but a request
+//! handler must not.
 //!
 //! Values of these types exist only after every rule was checked (by a
 //! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
@@ -98,7 +100,37 @@ pub struct RetrySection {
     )]
     #[schemars(with = "Vec<RetryClassName>", length(min = 1))]
     pub(crate) retry_on: Option<RetryOn>,
+    /// The call's deadline, in milliseconds, at least 1 (default 10 000):
+    /// every attempt and every wait together, from the first attempt. A
+    /// wait that would cross it (a `Retry-After` included) is not started:
+    /// the call answers at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64", range(min = 1))]
+    pub(crate) deadline_ms: Option<u64>,
+    /// Each attempt's timeout, in milliseconds, at least 1 (default
+    /// 3 000); an attempt that takes longer fails as a `timeout` and may
+    /// be retried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64", range(min = 1))]
+    pub(crate) attempt_timeout_ms: Option<u64>,
 }
+
+/// The call's deadline when the block does not say (`retry.deadline_ms`).
+///
+/// The retry layer has no deadline of its own, so that a queue consumer
+/// may wait as long as it likes; the stack this crate builds is meant for
+/// a request handler calling a dependency, where nothing should wait
+/// unbounded. Ten seconds is well below the 30–60 s after which the
+/// proxies and load balancers in front of a handler give up on it, so
+/// the handler answers (with the error it has) before they do, and still
+/// leaves room for a few attempts and waits.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Each attempt's timeout when the block does not say
+/// (`retry.attempt_timeout_ms`): a third of the deadline or so, so that one
+/// hung connection cannot take the whole deadline and a retry still has
+/// time to run.
+pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl RetrySection {
     /// Total tries including the first, if set.
@@ -129,6 +161,16 @@ impl RetrySection {
     /// The classes retried, if set.
     pub fn retry_on(&self) -> Option<RetryOn> {
         self.retry_on
+    }
+
+    /// The call's deadline, if set.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline_ms.map(Duration::from_millis)
+    }
+
+    /// Each attempt's timeout, if set.
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        self.attempt_timeout_ms.map(Duration::from_millis)
     }
 }
 

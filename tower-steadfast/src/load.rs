@@ -26,13 +26,15 @@ pub(crate) const WRAPPER_KEY: &str = "resilience";
 /// The keys of the block itself.
 pub(crate) const BLOCK_KEYS: [&str; 3] = ["retry", "circuit_breaker", "poison"];
 /// The keys of the `retry` section.
-pub(crate) const RETRY_KEYS: [&str; 6] = [
+pub(crate) const RETRY_KEYS: [&str; 8] = [
     "max_attempts",
     "backoff",
     "base_ms",
     "max_ms",
     "jitter",
     "retry_on",
+    "deadline_ms",
+    "attempt_timeout_ms",
 ];
 /// The keys of the `circuit_breaker` section.
 pub(crate) const CIRCUIT_BREAKER_KEYS: [&str; 2] = ["consecutive_failures", "cooldown_secs"];
@@ -222,6 +224,22 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     }
     if let Some(value) = map.get("retry_on") {
         retry.retry_on = Some(retry_on(value, &join(path, "retry_on"))?);
+    }
+    let positive_millis = WholeRule {
+        unit: " of milliseconds",
+        min: 1,
+        max: u64::MAX,
+        range: Cow::Borrowed("1 or more"),
+    };
+    if let Some(value) = map.get("deadline_ms") {
+        retry.deadline_ms = Some(whole(value, &join(path, "deadline_ms"), &positive_millis)?);
+    }
+    if let Some(value) = map.get("attempt_timeout_ms") {
+        retry.attempt_timeout_ms = Some(whole(
+            value,
+            &join(path, "attempt_timeout_ms"),
+            &positive_millis,
+        )?);
     }
     Ok(retry)
 }

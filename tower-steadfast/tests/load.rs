@@ -208,7 +208,8 @@ fn an_unknown_key_is_refused_by_name_in_every_format() {
         assert_eq!(field, "resilience.retry.max_retries", "{name}");
         assert_eq!(
             reason,
-            "unknown key; expected max_attempts, backoff, base_ms, max_ms, jitter, retry_on",
+            "unknown key; expected max_attempts, backoff, base_ms, max_ms, jitter, retry_on, \
+             deadline_ms, attempt_timeout_ms",
             "{name}"
         );
     }
@@ -296,6 +297,16 @@ const RULES: &[(&str, &str, &str)] = &[
         "must be a list of classes such as [http_5xx, timeout] (got the text \"timeout\")",
     ),
     (
+        "retry: {deadline_ms: 0}",
+        "retry.deadline_ms",
+        "must be a whole number of milliseconds, 1 or more (got 0)",
+    ),
+    (
+        "retry: {attempt_timeout_ms: \"3s\"}",
+        "retry.attempt_timeout_ms",
+        "must be a whole number of milliseconds, 1 or more (got the text \"3s\")",
+    ),
+    (
         "circuit_breaker: {consecutive_failures: 0}",
         "circuit_breaker.consecutive_failures",
         "must be a whole number of failed calls, 1 or more (got 0)",
@@ -324,7 +335,7 @@ const RULES: &[(&str, &str, &str)] = &[
         "retry: 5",
         "retry",
         "must be a section with the keys max_attempts, backoff, base_ms, max_ms, jitter, \
-         retry_on (got 5)",
+         retry_on, deadline_ms, attempt_timeout_ms (got 5)",
     ),
     (
         "retries: {}",

@@ -1,0 +1,185 @@
+//! What a new user meets in the first hour behind a request handler: the
+//! stack built from the defaults never holds a handler past its deadline.
+//! Driven over an HTTP service on a paused clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tokio::time::Instant;
+use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_poison::store::MemoryStore;
+use tower_poison::ReplayBody;
+use tower_steadfast::ResilienceConfig;
+
+type Body = ReplayBody<Full<Bytes>>;
+
+/// The call deadline a handler gets on defaults, as the README promises.
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+fn get() -> Request<Full<Bytes>> {
+    Request::get("http://upstream.test/orders/7")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// An upstream that always answers 429 with `Retry-After: seconds`, and
+/// records when each request arrived.
+fn rate_limited(
+    seconds: u64,
+    arrivals: Arc<Mutex<Vec<Instant>>>,
+) -> impl Service<Request<Body>, Response = Response<Full<Bytes>>, Error = BoxError, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    service_fn(move |_request: Request<Body>| {
+        arrivals.lock().unwrap().push(Instant::now());
+        async move {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .header("retry-after", seconds.to_string())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }
+    })
+}
+
+/// Calls a stack built from the defaults over a downstream answering 429
+/// with `Retry-After: seconds`; returns how long the call took, its
+/// result, and when each attempt arrived (from the call's start).
+async fn call_rate_limited(
+    seconds: u64,
+) -> (Duration, Result<StatusCode, BoxError>, Vec<Duration>) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let stack = ServiceBuilder::new()
+        .layer(ResilienceConfig::default().layer("orders", MemoryStore::new(100)))
+        .service(rate_limited(seconds, Arc::clone(&arrivals)));
+    let start = Instant::now();
+    // Bounded here only so that a stack without a deadline fails the test
+    // rather than hanging it.
+    let result = tokio::time::timeout(Duration::from_secs(4 * 3600), stack.oneshot(get()))
+        .await
+        .expect("the call ends")
+        .map(|response| response.status());
+    let took = start.elapsed();
+    let arrivals = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| *t - start)
+        .collect();
+    (took, result, arrivals)
+}
+
+/// `Retry-After: 2` fits in the deadline: each wait is honoured, and the
+/// call ends well within the deadline.
+#[tokio::test(start_paused = true)]
+async fn first_hour_1_a_short_retry_after_is_honoured_within_the_deadline() {
+    let (took, result, arrivals) = call_rate_limited(2).await;
+    assert!(took <= DEFAULT_DEADLINE, "took {took:?}");
+    assert!(arrivals.len() >= 2, "the hint was waited out: {arrivals:?}");
+    for pair in arrivals.windows(2) {
+        assert!(pair[1] - pair[0] >= Duration::from_secs(2), "{arrivals:?}");
+    }
+    // Whether the last 429 or the loop's refusal of a wait past the
+    // deadline ends the call, it ends by the deadline.
+    match result {
+        Ok(status) => assert_eq!(status, StatusCode::TOO_MANY_REQUESTS),
+        Err(error) => assert!(
+            error
+                .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
+                .is_some(),
+            "{error}"
+        ),
+    }
+}
+
+/// A hint that cannot fit in the time left is not slept: the call answers
+/// at once, at the attempt that got it.
+#[tokio::test(start_paused = true)]
+async fn first_hour_1_a_retry_after_past_the_deadline_answers_at_once() {
+    // An hour: no attempt after the first, no wait at all.
+    let (took, result, arrivals) = call_rate_limited(3600).await;
+    assert_eq!(took, Duration::ZERO, "answered at once");
+    assert_eq!(arrivals, [Duration::ZERO]);
+    let error = result.unwrap_err();
+    let too_long = error
+        .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
+        .unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(too_long.wait(), Duration::from_secs(3600));
+    assert_eq!(
+        too_long
+            .response_head()
+            .and_then(|head| head.parts())
+            .map(|parts| parts.status),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "the downstream's answer is kept"
+    );
+
+    // Four seconds fit twice in ten, not three times: the third attempt's
+    // hint is refused at once, at 8 s, rather than slept to 12 s.
+    let (took, result, arrivals) = call_rate_limited(4).await;
+    assert_eq!(
+        arrivals,
+        [0, 4, 8].map(Duration::from_secs),
+        "two waits of 4 s"
+    );
+    assert_eq!(took, Duration::from_secs(8), "no third wait");
+    let error = result.unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
+            .is_some(),
+        "{error}"
+    );
+}
+
+/// A downstream that never answers: each attempt is cut by the attempt
+/// timeout and the whole call by the deadline.
+#[tokio::test(start_paused = true)]
+async fn first_hour_1_a_hung_downstream_is_cut_at_the_deadline() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&arrivals);
+    let hung = service_fn(move |_request: Request<Body>| {
+        seen.lock().unwrap().push(Instant::now());
+        std::future::pending::<Result<Response<Full<Bytes>>, BoxError>>()
+    });
+    let stack = ServiceBuilder::new()
+        .layer(ResilienceConfig::default().layer("orders", MemoryStore::new(100)))
+        .service(hung);
+    let start = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(3600), stack.oneshot(get()))
+        .await
+        .expect("the stack ends the call itself");
+    assert!(result.is_err());
+    assert!(start.elapsed() <= DEFAULT_DEADLINE, "{:?}", start.elapsed());
+    assert!(
+        arrivals.lock().unwrap().len() >= 2,
+        "an attempt that hangs is cut and retried"
+    );
+}
+
+/// The block's keys set the retry layer's own deadline and attempt timeout.
+#[tokio::test(start_paused = true)]
+async fn first_hour_1_the_block_sets_the_deadline_and_the_attempt_timeout() {
+    let config =
+        ResilienceConfig::from_yaml_str("retry: {deadline_ms: 4000, attempt_timeout_ms: 500}")
+            .unwrap();
+    assert_eq!(config.retry().deadline(), Some(Duration::from_secs(4)));
+    assert_eq!(
+        config.retry().attempt_timeout(),
+        Some(Duration::from_millis(500))
+    );
+    let retry = config.retry_builder().build().unwrap();
+    assert_eq!(retry.deadline(), Some(Duration::from_secs(4)));
+    assert_eq!(retry.attempt_timeout(), Some(Duration::from_millis(500)));
+
+    // Left out, the block's own defaults, which the README states.
+    let retry = ResilienceConfig::default().retry_builder().build().unwrap();
+    assert_eq!(retry.deadline(), Some(DEFAULT_DEADLINE));
+    assert_eq!(retry.attempt_timeout(), Some(Duration::from_secs(3)));
+}
