@@ -17,6 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(feature = "json-schema")]
 use schemars::JsonSchema;
 use serde::{Serialize, Serializer};
 use tower_classify::RetryOn;
@@ -28,9 +29,10 @@ use tower_retry_budget::{BackoffKind, Jitter};
 ///
 /// Every section and every key may be left out, and then takes its layer's
 /// default. Unknown keys are refused.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
-#[schemars(title = "resilience")]
+#[cfg_attr(feature = "json-schema", schemars(title = "resilience"))]
 #[non_exhaustive]
 pub struct ResilienceConfig {
     /// How failed calls are retried.
@@ -61,34 +63,38 @@ impl ResilienceConfig {
 /// The `retry` section. A key left out keeps the retry layer's default
 /// (see [`RetryBuilder`](tower_retry_budget::RetryBuilder)); each getter
 /// says what the block set, `None` for a key it left out.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct RetrySection {
     /// Total tries including the first (1 = no retry), 1 to 17.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u32", range(min = 1, max = 17))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u32", range(min = 1, max = 17))
+    )]
     pub(crate) max_attempts: Option<u32>,
     /// How the wait between tries grows: `none` (no wait), `fixed` (always
     /// `base_ms`), `linear` (`base_ms × n` before retry n) or `exponential`
     /// (`base_ms × 2^(n−1)` before retry n).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
-    #[schemars(with = "BackoffName")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "BackoffName"))]
     pub(crate) backoff: Option<BackoffKind>,
     /// The base wait, in milliseconds; not more than `max_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64"))]
     pub(crate) base_ms: Option<u64>,
     /// The cap on each wait, in milliseconds, applied before jitter.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64"))]
     pub(crate) max_ms: Option<u64>,
     /// Randomness in each wait, so that clients that failed together do not
     /// retry together: `full` (uniform in [0, wait]), `equal` (in
     /// [wait/2, wait]), `decorrelated`, `none`, or factors such as
     /// `0.5..1.5`; `true` is `0.5..1.5` and `false` is `none`.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
-    #[schemars(with = "JitterSetting")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "JitterSetting"))]
     pub(crate) jitter: Option<Jitter>,
     /// The failure classes that are retried (at least one): `http_5xx`,
     /// `rate_limited`, `connection`, `timeout`, `not_sent`. Anything else,
@@ -98,20 +104,23 @@ pub struct RetrySection {
         skip_serializing_if = "Option::is_none",
         serialize_with = "class_names"
     )]
-    #[schemars(with = "Vec<RetryClassName>", length(min = 1))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "Vec<RetryClassName>", length(min = 1))
+    )]
     pub(crate) retry_on: Option<RetryOn>,
     /// The call's deadline, in milliseconds, at least 1 (default 10 000):
     /// every attempt and every wait together, from the first attempt. A
     /// wait that would cross it (a `Retry-After` included) is not started:
     /// the call answers at once.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
     pub(crate) deadline_ms: Option<u64>,
     /// Each attempt's timeout, in milliseconds, at least 1 (default
     /// 3 000); an attempt that takes longer fails as a `timeout` and may
     /// be retried.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
     pub(crate) attempt_timeout_ms: Option<u64>,
 }
 
@@ -176,21 +185,22 @@ impl RetrySection {
 
 /// The `circuit_breaker` section. A key left out keeps the breaker's
 /// default (see [`Builder`](tower_breaker::Builder)).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct CircuitBreakerSection {
     /// Consecutive failed calls (each after all its retries) that open the
     /// circuit; at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u32", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u32", range(min = 1)))]
     pub(crate) consecutive_failures: Option<u32>,
     /// Seconds the circuit stays open before one trial call is let through,
     /// every time it opens; at least 1. Absent: the breaker's open period,
     /// which starts short and backs off after each failed trial call,
     /// jittered, so a dependency that is back is seen soon.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
     pub(crate) cooldown_secs: Option<u64>,
 }
 
@@ -212,7 +222,8 @@ impl CircuitBreakerSection {
 pub(crate) const DEFAULT_ROW_ATTEMPTS: u32 = 3;
 
 /// The `poison` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct PoisonSection {
@@ -220,19 +231,19 @@ pub struct PoisonSection {
     /// `message_id_header` value) after which it is diverted without
     /// calling the service again; at least 1 (default 3). Needs
     /// `message_id_header` to have an effect.
-    #[schemars(range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(range(min = 1)))]
     pub(crate) max_row_attempts: u32,
     /// What happens to a call that finally failed: `dlq` (store it; the
     /// store is passed when the stack is built), `drop` (count it, log it
     /// once) or `fail` (return the failure only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "ActionName")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "ActionName"))]
     pub(crate) action: Option<Action>,
     /// The request header that carries a message id (for example
     /// `x-message-id`). Absent: calls have no identity across deliveries
     /// and `max_row_attempts` does not apply.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "String")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "String"))]
     pub(crate) message_id_header: Option<String>,
 }
 
@@ -289,6 +300,7 @@ fn class_names<S: Serializer>(value: &Option<RetryOn>, serializer: S) -> Result<
 // parser, so these cannot drift from it.
 
 /// A backoff's name.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.
@@ -304,6 +316,7 @@ enum BackoffName {
 }
 
 /// A jitter: `true` (`0.5..1.5`), `false` (`none`), or a name.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(untagged)]
 #[allow(dead_code)] // Only its schema is used.
@@ -317,6 +330,7 @@ enum JitterSetting {
 }
 
 /// A class of transient failure.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.
@@ -335,6 +349,7 @@ enum RetryClassName {
 }
 
 /// What happens to a call that finally failed.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.

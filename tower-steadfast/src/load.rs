@@ -50,7 +50,7 @@ impl ResilienceConfig {
     /// document's top-level `resilience:` key holding it.
     #[cfg(feature = "yaml")]
     pub fn from_yaml_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_yaml::from_str(text).map_err(|e| LoadError::Syntax {
+        let value: Value = yaml_serde::from_str(text).map_err(|e| LoadError::Syntax {
             format: "YAML",
             message: e.to_string(),
         })?;

@@ -183,3 +183,60 @@ async fn first_hour_1_the_block_sets_the_deadline_and_the_attempt_timeout() {
     assert_eq!(retry.deadline(), Some(DEFAULT_DEADLINE));
     assert_eq!(retry.attempt_timeout(), Some(Duration::from_secs(3)));
 }
+
+/// The crates a build compiles for `cargo tree`'s arguments `args`
+/// (normal dependencies only), or `None` when cargo cannot be run here.
+fn compiled_crates(args: &[&str]) -> Option<Vec<String>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    assert!(
+        output.status.success(),
+        "cargo tree {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Some(
+        text.lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// The default features compile what reading a YAML file needs: a
+/// maintained YAML crate, no TOML, no JSON Schema, no store; and the
+/// memory store, from `tower-poison` without its default feature, compiles
+/// no redb.
+#[test]
+fn first_hour_7_the_default_features_compile_only_the_common_path() {
+    let Some(facade) = compiled_crates(&["-p", "tower-steadfast"]) else {
+        eprintln!("cargo cannot be run here: skipped");
+        return;
+    };
+    assert!(facade.iter().any(|name| name == "yaml_serde"), "{facade:?}");
+    for heavy in [
+        "serde_yaml",
+        "unsafe-libyaml",
+        "toml",
+        "schemars",
+        "redb",
+        "redis",
+    ] {
+        assert!(
+            !facade.iter().any(|name| name == heavy),
+            "tower-steadfast's defaults compile {heavy}"
+        );
+    }
+
+    let memory_store = compiled_crates(&["-p", "tower-poison", "--no-default-features"])
+        .expect("cargo ran once already");
+    assert!(
+        !memory_store.iter().any(|name| name == "redb"),
+        "{memory_store:?}"
+    );
+}

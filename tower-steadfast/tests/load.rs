@@ -430,11 +430,11 @@ fn the_block_embeds_in_an_application_config_with_serde() {
         resilience: ResilienceConfig,
     }
     let app: AppConfig =
-        serde_yaml::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
+        yaml_serde::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
             .unwrap();
     assert_eq!(app.resilience.retry().max_attempts(), Some(3));
 
-    let error = serde_yaml::from_str::<AppConfig>(
+    let error = yaml_serde::from_str::<AppConfig>(
         "listen: 0.0.0.0:8080\nresilience:\n  retry:\n    base_ms: -5\n",
     )
     .unwrap_err();
@@ -551,7 +551,7 @@ proptest! {
         prop_assert_eq!(&ResilienceConfig::from_json_str(&json).unwrap(), &config);
         let toml = toml::to_string(&config).unwrap();
         prop_assert_eq!(&ResilienceConfig::from_toml_str(&toml).unwrap(), &config);
-        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        let yaml_again = yaml_serde::to_string(&config).unwrap();
         prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
         // Building the stack never fails for a loaded configuration.
         let _ = config.layer("orders", tower_poison::store::MemoryStore::new(1));
@@ -575,7 +575,7 @@ proptest! {
         prop_assert_eq!(written, cooldown.map(serde_json::Value::from));
         let toml = toml::to_string(&config).unwrap();
         prop_assert_eq!(toml.contains("cooldown_secs"), cooldown.is_some(), "{}", toml);
-        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        let yaml_again = yaml_serde::to_string(&config).unwrap();
         prop_assert_eq!(yaml_again.contains("cooldown_secs"), cooldown.is_some(), "{}", yaml_again);
 
         prop_assert_eq!(&ResilienceConfig::from_json_str(&json.to_string()).unwrap(), &config);

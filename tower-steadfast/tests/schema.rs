@@ -8,7 +8,7 @@ use serde_json::Value;
 
 const SCHEMA_FILE: &str = "schema/resilience.schema.json";
 const UPDATE: &str =
-    "cargo run -p tower-steadfast --example print_schema > tower-steadfast/schema/resilience.schema.json";
+    "cargo run -p tower-steadfast --features json-schema --example print_schema > tower-steadfast/schema/resilience.schema.json";
 
 #[test]
 fn the_checked_in_schema_is_current() {
