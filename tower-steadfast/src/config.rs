@@ -58,6 +58,71 @@ impl ResilienceConfig {
     pub fn poison(&self) -> &PoisonSection {
         &self.poison
     }
+
+    /// The keys the block set that have no effect given the others, one
+    /// sentence each, starting with the key's path in the block
+    /// (`poison.max_row_attempts has no effect without …`). Loading a
+    /// block logs each as a `tracing` warning; empty for a block whose
+    /// every key does something.
+    ///
+    /// ```
+    /// # #[cfg(feature = "yaml")] {
+    /// use tower_steadfast::ResilienceConfig;
+    ///
+    /// let config = ResilienceConfig::from_yaml_str("poison: {max_row_attempts: 5}").unwrap();
+    /// assert!(config.warnings()[0].starts_with("poison.max_row_attempts has no effect"));
+    /// # }
+    /// ```
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let retry = &self.retry;
+        let poison = &self.poison;
+        if poison.max_row_attempts.is_some() && poison.message_id_header.is_none() {
+            warnings.push(
+                "poison.max_row_attempts has no effect without poison.message_id_header: \
+                 calls have no identity across deliveries, so each call that finally \
+                 failed goes to the action once"
+                    .to_owned(),
+            );
+        }
+        // Every key that shapes the retries, and whether the block set it.
+        let shaping = [
+            ("backoff", retry.backoff.is_some()),
+            ("base_ms", retry.base_ms.is_some()),
+            ("max_ms", retry.max_ms.is_some()),
+            ("jitter", retry.jitter.is_some()),
+            ("retry_on", retry.retry_on.is_some()),
+        ];
+        if retry.max_attempts == Some(1) {
+            for (key, _) in shaping.iter().filter(|(_, set)| *set) {
+                warnings.push(format!(
+                    "retry.{key} has no effect with retry.max_attempts: 1, which makes no retry"
+                ));
+            }
+        } else if retry.backoff == Some(BackoffKind::None) {
+            for (key, _) in shaping[1..4].iter().filter(|(_, set)| *set) {
+                warnings.push(format!(
+                    "retry.{key} has no effect with retry.backoff: none, which retries at once"
+                ));
+            }
+        }
+        if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
+            let said = |set: Option<u64>| if set.is_some() { "" } else { ", its default" };
+            let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
+            let timeout = retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT);
+            if timeout >= deadline {
+                warnings.push(format!(
+                    "retry.attempt_timeout_ms ({}{}) has no effect: retry.deadline_ms ({}{}) \
+                     ends every attempt first",
+                    timeout.as_millis(),
+                    said(retry.attempt_timeout_ms),
+                    deadline.as_millis(),
+                    said(retry.deadline_ms),
+                ));
+            }
+        }
+        warnings
+    }
 }
 
 /// The `retry` section. A key left out keeps the retry layer's default
@@ -114,13 +179,19 @@ pub struct RetrySection {
     /// wait that would cross it (a `Retry-After` included) is not started:
     /// the call answers at once.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u64", range(min = 1), extend("default" = DEFAULT_DEADLINE_MS))
+    )]
     pub(crate) deadline_ms: Option<u64>,
     /// Each attempt's timeout, in milliseconds, at least 1 (default
     /// 3 000); an attempt that takes longer fails as a `timeout` and may
     /// be retried.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u64", range(min = 1), extend("default" = DEFAULT_ATTEMPT_TIMEOUT_MS))
+    )]
     pub(crate) attempt_timeout_ms: Option<u64>,
 }
 
@@ -133,13 +204,16 @@ pub struct RetrySection {
 /// proxies and load balancers in front of a handler give up on it, so
 /// the handler answers (with the error it has) before they do, and still
 /// leaves room for a few attempts and waits.
-pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(DEFAULT_DEADLINE_MS);
+const DEFAULT_DEADLINE_MS: u64 = 10_000;
 
 /// Each attempt's timeout when the block does not say
 /// (`retry.attempt_timeout_ms`): a third of the deadline or so, so that one
 /// hung connection cannot take the whole deadline and a retry still has
 /// time to run.
-pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration =
+    Duration::from_millis(DEFAULT_ATTEMPT_TIMEOUT_MS);
+const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
 
 impl RetrySection {
     /// Total tries including the first, if set.
@@ -222,7 +296,7 @@ impl CircuitBreakerSection {
 pub(crate) const DEFAULT_ROW_ATTEMPTS: u32 = 3;
 
 /// The `poison` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
@@ -231,8 +305,12 @@ pub struct PoisonSection {
     /// `message_id_header` value) after which it is diverted without
     /// calling the service again; at least 1 (default 3). Needs
     /// `message_id_header` to have an effect.
-    #[cfg_attr(feature = "json-schema", schemars(range(min = 1)))]
-    pub(crate) max_row_attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u32", range(min = 1), extend("default" = DEFAULT_ROW_ATTEMPTS))
+    )]
+    pub(crate) max_row_attempts: Option<u32>,
     /// What happens to a call that finally failed: `dlq` (store it; the
     /// store is passed when the stack is built), `drop` (count it, log it
     /// once) or `fail` (return the failure only).
@@ -247,20 +325,11 @@ pub struct PoisonSection {
     pub(crate) message_id_header: Option<String>,
 }
 
-impl Default for PoisonSection {
-    fn default() -> Self {
-        PoisonSection {
-            max_row_attempts: DEFAULT_ROW_ATTEMPTS,
-            action: None,
-            message_id_header: None,
-        }
-    }
-}
-
 impl PoisonSection {
-    /// Failed deliveries of one message before it is diverted.
+    /// Failed deliveries of one message before it is diverted (3 when the
+    /// block does not say).
     pub fn max_row_attempts(&self) -> u32 {
-        self.max_row_attempts
+        self.max_row_attempts.unwrap_or(DEFAULT_ROW_ATTEMPTS)
     }
 
     /// What happens to a call that finally failed, if set.

@@ -190,7 +190,7 @@ impl ResilienceConfig {
         match &poison.message_id_header {
             Some(name) => layer
                 .message_id_header(HeaderName::from_bytes(name.as_bytes()).expect(CHECKED))
-                .poison(PoisonPolicy::new(poison.max_row_attempts).expect(CHECKED)),
+                .poison(PoisonPolicy::new(poison.max_row_attempts()).expect(CHECKED)),
             None => layer,
         }
     }
@@ -240,7 +240,7 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         };
         refusal("circuit_breaker", key, error)
     })?;
-    PoisonPolicy::new(config.poison.max_row_attempts)
+    PoisonPolicy::new(config.poison.max_row_attempts())
         .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
     Ok(())
 }
@@ -265,7 +265,7 @@ mod tests {
         assert_eq!(error.reason(), "must be at least 1");
 
         let mut config = ResilienceConfig::default();
-        config.poison.max_row_attempts = 0;
+        config.poison.max_row_attempts = Some(0);
         let error = check_with_layers(&config, "").unwrap_err();
         assert_eq!(error.field(), "poison.max_row_attempts");
     }

@@ -146,6 +146,15 @@ fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
     // The layers' own builders check their settings too; running them here
     // keeps the promise that nothing is refused later, at build time.
     crate::layer::check_with_layers(&config, path)?;
+    for warning in config.warnings() {
+        // The block's own path (`resilience.`) in front, as errors have it.
+        let at = if path.is_empty() {
+            String::new()
+        } else {
+            format!("{path}.")
+        };
+        tracing::warn!("resilience configuration: {at}{warning}");
+    }
     Ok(config)
 }
 
@@ -316,11 +325,11 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
         return Ok(poison);
     };
     if let Some(value) = map.get("max_row_attempts") {
-        poison.max_row_attempts = whole(
+        poison.max_row_attempts = Some(whole(
             value,
             &join(path, "max_row_attempts"),
             &WholeRule::at_least_one(" of failed deliveries"),
-        )? as u32;
+        )? as u32);
     }
     if let Some(value) = map.get("action") {
         poison.action = Some(named(value, &join(path, "action"), "`dlq`")?);

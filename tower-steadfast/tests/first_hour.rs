@@ -240,3 +240,101 @@ fn first_hour_7_the_default_features_compile_only_the_common_path() {
         "{memory_store:?}"
     );
 }
+
+/// Records the message of every event emitted on this thread.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut text = String::new();
+            event.record(&mut Message(&mut text));
+            self.0.lock().unwrap().push(text);
+        }
+    }
+}
+
+/// Loads `yaml` and returns the warnings logged while loading it.
+fn load_warnings(yaml: &str) -> (ResilienceConfig, Vec<String>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let seen = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(seen.clone());
+    let config = tracing::subscriber::with_default(subscriber, || {
+        ResilienceConfig::from_yaml_str(yaml).unwrap()
+    });
+    let logged = seen.0.lock().unwrap().clone();
+    (config, logged)
+}
+
+/// A key that does nothing given the others is said at load, not silently
+/// ignored: the seed block's `max_row_attempts: 3` without a
+/// `message_id_header`, retry settings with `max_attempts: 1` or
+/// `backoff: none`, an attempt timeout the deadline always beats.
+#[test]
+fn first_hour_6_settings_that_do_nothing_are_warned_about_at_load() {
+    let seed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/seed.yaml"
+    ))
+    .unwrap();
+    let (config, logged) = load_warnings(&seed);
+    let expected = "poison.max_row_attempts has no effect without poison.message_id_header";
+    assert_eq!(config.warnings().len(), 1, "{:?}", config.warnings());
+    assert!(config.warnings()[0].starts_with(expected));
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(
+        logged[0].contains(&format!("resilience.{expected}")),
+        "the log names the key's path in the document: {logged:?}"
+    );
+
+    // With the header, the same key works: nothing to say.
+    let (config, logged) =
+        load_warnings("poison: {max_row_attempts: 3, message_id_header: x-message-id}");
+    assert!(
+        config.warnings().is_empty() && logged.is_empty(),
+        "{logged:?}"
+    );
+    // The default stack, an empty block: nothing to say either.
+    let (config, logged) = load_warnings("");
+    assert!(
+        config.warnings().is_empty() && logged.is_empty(),
+        "{logged:?}"
+    );
+
+    let (config, _) =
+        load_warnings("retry: {max_attempts: 1, backoff: fixed, retry_on: [timeout]}");
+    assert_eq!(
+        config.warnings(),
+        [
+            "retry.backoff has no effect with retry.max_attempts: 1, which makes no retry",
+            "retry.retry_on has no effect with retry.max_attempts: 1, which makes no retry",
+        ]
+    );
+    let (config, _) = load_warnings("retry: {backoff: none, base_ms: 100, jitter: full}");
+    assert_eq!(
+        config.warnings(),
+        [
+            "retry.base_ms has no effect with retry.backoff: none, which retries at once",
+            "retry.jitter has no effect with retry.backoff: none, which retries at once",
+        ]
+    );
+    let (config, _) = load_warnings("retry: {deadline_ms: 2000}");
+    assert_eq!(
+        config.warnings(),
+        [
+            "retry.attempt_timeout_ms (3000, its default) has no effect: retry.deadline_ms \
+          (2000) ends every attempt first"
+        ]
+    );
+    let (config, _) = load_warnings("retry: {deadline_ms: 5000, attempt_timeout_ms: 1000}");
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+}
