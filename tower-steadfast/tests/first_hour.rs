@@ -338,3 +338,49 @@ fn first_hour_6_settings_that_do_nothing_are_warned_about_at_load() {
     let (config, _) = load_warnings("retry: {deadline_ms: 5000, attempt_timeout_ms: 1000}");
     assert!(config.warnings().is_empty(), "{:?}", config.warnings());
 }
+
+/// The facade builds the one recommended order, retry inside the breaker:
+/// the breaker counts whole calls (each after all its tries), and while it
+/// is open a call reaches the upstream not once and waits for nothing.
+#[tokio::test(start_paused = true)]
+async fn first_hour_5_the_facade_builds_retry_inside_the_breaker() {
+    let config = ResilienceConfig::from_yaml_str(
+        "retry: {max_attempts: 3, backoff: none}\n\
+         circuit_breaker: {consecutive_failures: 2, cooldown_secs: 30}",
+    )
+    .unwrap();
+    let calls = Arc::new(Mutex::new(0usize));
+    let seen = Arc::clone(&calls);
+    let down = service_fn(move |_request: Request<Body>| {
+        *seen.lock().unwrap() += 1;
+        async {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(StatusCode::SERVICE_UNAVAILABLE)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }
+    });
+    let mut stack = ServiceBuilder::new()
+        .layer(config.layer("orders", MemoryStore::new(100)))
+        .service(down);
+
+    for call in 1..=2 {
+        let response = stack.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Retry outside the breaker would have met an open circuit at the
+        // second call's first attempt, after two attempts in all.
+        assert_eq!(*calls.lock().unwrap(), 3 * call, "every try of call {call}");
+    }
+    let start = Instant::now();
+    let refused = stack.ready().await.unwrap().call(get()).await.unwrap_err();
+    assert!(
+        refused
+            .downcast_ref::<tower_breaker::CircuitOpen>()
+            .is_some(),
+        "{refused}"
+    );
+    assert_eq!(*calls.lock().unwrap(), 6, "no call reaches the upstream");
+    assert_eq!(start.elapsed(), Duration::ZERO, "and none waits");
+}
