@@ -9,7 +9,9 @@
 //! retry layer replays; the budget-only stack wraps the body itself.
 //!
 //! The family puts the retry layer *outside* the breaker (Polly's and
-//! Resilience4j's order): the breaker judges single attempts, so its
+//! Resilience4j's order), as the root README's layer-order rule says for an
+//! upstream that throttles with `Retry-After`, as this one does for a whole
+//! phase (the facade's default puts it inside): the breaker judges single attempts, so its
 //! half-open probe is one attempt and it sees the upstream recover as soon
 //! as the open period ends. A request refused in the last fifth of an open
 //! period is told to come back after five times the period's remaining time

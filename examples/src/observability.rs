@@ -40,7 +40,6 @@ resilience:
     consecutive_failures: 3
     cooldown_secs: 60
   poison:
-    max_row_attempts: 3
     action: dlq
 "#;
 

@@ -12,10 +12,10 @@ struct Yaml;
 
 impl Format for Yaml {
     fn read<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-        serde_yaml::from_slice(bytes).ok()
+        yaml_serde::from_slice(bytes).ok()
     }
     fn write<T: Serialize>(value: &T) -> Option<Vec<u8>> {
-        serde_yaml::to_string(value).ok().map(String::into_bytes)
+        yaml_serde::to_string(value).ok().map(String::into_bytes)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Prints the JSON Schema of a resilience configuration document.
 //!
 //! ```text
-//! cargo run -p tower-steadfast --example print_schema > tower-steadfast/schema/resilience.schema.json
+//! cargo run -p tower-steadfast --features json-schema --example print_schema > tower-steadfast/schema/resilience.schema.json
 //! ```
 
 fn main() {

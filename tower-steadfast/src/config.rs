@@ -5,8 +5,10 @@
 //! [`RetryOn`], the action an [`Action`], each read by the layer's own
 //! parser. A key left out is `None` here and keeps the layer's own default,
 //! so every default of the stack is written once, in its layer (the root
-//! README lists them in one table). The one key no layer has a default for,
-//! `poison.max_row_attempts`, has its default here.
+//! README lists them in one table). The keys no layer has a default for
+//! have theirs here: `poison.max_row_attempts`, and the call's deadline and
+//! attempt timeout, which the retry layer leaves unbounded but a request
+//! handler must not.
 //!
 //! Values of these types exist only after every rule was checked (by a
 //! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
@@ -15,6 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(feature = "json-schema")]
 use schemars::JsonSchema;
 use serde::{Serialize, Serializer};
 use tower_classify::RetryOn;
@@ -26,9 +29,10 @@ use tower_retry_budget::{BackoffKind, Jitter};
 ///
 /// Every section and every key may be left out, and then takes its layer's
 /// default. Unknown keys are refused.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
-#[schemars(title = "resilience")]
+#[cfg_attr(feature = "json-schema", schemars(title = "resilience"))]
 #[non_exhaustive]
 pub struct ResilienceConfig {
     /// How failed calls are retried.
@@ -54,39 +58,108 @@ impl ResilienceConfig {
     pub fn poison(&self) -> &PoisonSection {
         &self.poison
     }
+
+    /// The keys the block set that have no effect given the others, one
+    /// sentence each, starting with the key's path in the block
+    /// (`poison.max_row_attempts has no effect without …`). Loading a
+    /// block logs each as a `tracing` warning; empty for a block whose
+    /// every key does something.
+    ///
+    /// ```
+    /// # #[cfg(feature = "yaml")] {
+    /// use tower_steadfast::ResilienceConfig;
+    ///
+    /// let config = ResilienceConfig::from_yaml_str("poison: {max_row_attempts: 5}").unwrap();
+    /// assert!(config.warnings()[0].starts_with("poison.max_row_attempts has no effect"));
+    /// # }
+    /// ```
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let retry = &self.retry;
+        let poison = &self.poison;
+        if poison.max_row_attempts.is_some() && poison.message_id_header.is_none() {
+            warnings.push(
+                "poison.max_row_attempts has no effect without poison.message_id_header: \
+                 calls have no identity across deliveries, so each call that finally \
+                 failed goes to the action once"
+                    .to_owned(),
+            );
+        }
+        // Every key that shapes the retries, and whether the block set it.
+        let shaping = [
+            ("backoff", retry.backoff.is_some()),
+            ("base_ms", retry.base_ms.is_some()),
+            ("max_ms", retry.max_ms.is_some()),
+            ("jitter", retry.jitter.is_some()),
+            ("retry_on", retry.retry_on.is_some()),
+        ];
+        if retry.max_attempts == Some(1) {
+            for (key, _) in shaping.iter().filter(|(_, set)| *set) {
+                warnings.push(format!(
+                    "retry.{key} has no effect with retry.max_attempts: 1, which makes no retry"
+                ));
+            }
+        } else if retry.backoff == Some(BackoffKind::None) {
+            for (key, _) in shaping[1..4].iter().filter(|(_, set)| *set) {
+                warnings.push(format!(
+                    "retry.{key} has no effect with retry.backoff: none, which retries at once"
+                ));
+            }
+        }
+        if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
+            let said = |set: Option<u64>| if set.is_some() { "" } else { ", its default" };
+            let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
+            let timeout = retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT);
+            if timeout >= deadline {
+                warnings.push(format!(
+                    "retry.attempt_timeout_ms ({}{}) has no effect: retry.deadline_ms ({}{}) \
+                     ends every attempt first",
+                    timeout.as_millis(),
+                    said(retry.attempt_timeout_ms),
+                    deadline.as_millis(),
+                    said(retry.deadline_ms),
+                ));
+            }
+        }
+        warnings
+    }
 }
 
 /// The `retry` section. A key left out keeps the retry layer's default
 /// (see [`RetryBuilder`](tower_retry_budget::RetryBuilder)); each getter
 /// says what the block set, `None` for a key it left out.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct RetrySection {
     /// Total tries including the first (1 = no retry), 1 to 17.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u32", range(min = 1, max = 17))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u32", range(min = 1, max = 17))
+    )]
     pub(crate) max_attempts: Option<u32>,
     /// How the wait between tries grows: `none` (no wait), `fixed` (always
     /// `base_ms`), `linear` (`base_ms × n` before retry n) or `exponential`
     /// (`base_ms × 2^(n−1)` before retry n).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
-    #[schemars(with = "BackoffName")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "BackoffName"))]
     pub(crate) backoff: Option<BackoffKind>,
     /// The base wait, in milliseconds; not more than `max_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64"))]
     pub(crate) base_ms: Option<u64>,
     /// The cap on each wait, in milliseconds, applied before jitter.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64"))]
     pub(crate) max_ms: Option<u64>,
     /// Randomness in each wait, so that clients that failed together do not
     /// retry together: `full` (uniform in [0, wait]), `equal` (in
     /// [wait/2, wait]), `decorrelated`, `none`, or factors such as
     /// `0.5..1.5`; `true` is `0.5..1.5` and `false` is `none`.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "by_name")]
-    #[schemars(with = "JitterSetting")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "JitterSetting"))]
     pub(crate) jitter: Option<Jitter>,
     /// The failure classes that are retried (at least one): `http_5xx`,
     /// `rate_limited`, `connection`, `timeout`, `not_sent`. Anything else,
@@ -96,9 +169,51 @@ pub struct RetrySection {
         skip_serializing_if = "Option::is_none",
         serialize_with = "class_names"
     )]
-    #[schemars(with = "Vec<RetryClassName>", length(min = 1))]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "Vec<RetryClassName>", length(min = 1))
+    )]
     pub(crate) retry_on: Option<RetryOn>,
+    /// The call's deadline, in milliseconds, at least 1 (default 10 000):
+    /// every attempt and every wait together, from the first attempt. A
+    /// wait that would cross it (a `Retry-After` included) is not started:
+    /// the call answers at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u64", range(min = 1), extend("default" = DEFAULT_DEADLINE_MS))
+    )]
+    pub(crate) deadline_ms: Option<u64>,
+    /// Each attempt's timeout, in milliseconds, at least 1 (default
+    /// 3 000); an attempt that takes longer fails as a `timeout` and may
+    /// be retried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u64", range(min = 1), extend("default" = DEFAULT_ATTEMPT_TIMEOUT_MS))
+    )]
+    pub(crate) attempt_timeout_ms: Option<u64>,
 }
+
+/// The call's deadline when the block does not say (`retry.deadline_ms`).
+///
+/// The retry layer has no deadline of its own, so that a queue consumer
+/// may wait as long as it likes; the stack this crate builds is meant for
+/// a request handler calling a dependency, where nothing should wait
+/// unbounded. Ten seconds is well below the 30–60 s after which the
+/// proxies and load balancers in front of a handler give up on it, so
+/// the handler answers (with the error it has) before they do, and still
+/// leaves room for a few attempts and waits.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(DEFAULT_DEADLINE_MS);
+const DEFAULT_DEADLINE_MS: u64 = 10_000;
+
+/// Each attempt's timeout when the block does not say
+/// (`retry.attempt_timeout_ms`): a third of the deadline or so, so that one
+/// hung connection cannot take the whole deadline and a retry still has
+/// time to run.
+pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration =
+    Duration::from_millis(DEFAULT_ATTEMPT_TIMEOUT_MS);
+const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
 
 impl RetrySection {
     /// Total tries including the first, if set.
@@ -130,25 +245,36 @@ impl RetrySection {
     pub fn retry_on(&self) -> Option<RetryOn> {
         self.retry_on
     }
+
+    /// The call's deadline, if set.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline_ms.map(Duration::from_millis)
+    }
+
+    /// Each attempt's timeout, if set.
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        self.attempt_timeout_ms.map(Duration::from_millis)
+    }
 }
 
 /// The `circuit_breaker` section. A key left out keeps the breaker's
 /// default (see [`Builder`](tower_breaker::Builder)).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct CircuitBreakerSection {
     /// Consecutive failed calls (each after all its retries) that open the
     /// circuit; at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u32", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u32", range(min = 1)))]
     pub(crate) consecutive_failures: Option<u32>,
     /// Seconds the circuit stays open before one trial call is let through,
     /// every time it opens; at least 1. Absent: the breaker's open period,
     /// which starts short and backs off after each failed trial call,
     /// jittered, so a dependency that is back is seen soon.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "u64", range(min = 1))]
+    #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
     pub(crate) cooldown_secs: Option<u64>,
 }
 
@@ -170,7 +296,8 @@ impl CircuitBreakerSection {
 pub(crate) const DEFAULT_ROW_ATTEMPTS: u32 = 3;
 
 /// The `poison` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct PoisonSection {
@@ -178,36 +305,31 @@ pub struct PoisonSection {
     /// `message_id_header` value) after which it is diverted without
     /// calling the service again; at least 1 (default 3). Needs
     /// `message_id_header` to have an effect.
-    #[schemars(range(min = 1))]
-    pub(crate) max_row_attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(with = "u32", range(min = 1), extend("default" = DEFAULT_ROW_ATTEMPTS))
+    )]
+    pub(crate) max_row_attempts: Option<u32>,
     /// What happens to a call that finally failed: `dlq` (store it; the
     /// store is passed when the stack is built), `drop` (count it, log it
     /// once) or `fail` (return the failure only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "ActionName")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "ActionName"))]
     pub(crate) action: Option<Action>,
     /// The request header that carries a message id (for example
     /// `x-message-id`). Absent: calls have no identity across deliveries
     /// and `max_row_attempts` does not apply.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "String")]
+    #[cfg_attr(feature = "json-schema", schemars(with = "String"))]
     pub(crate) message_id_header: Option<String>,
 }
 
-impl Default for PoisonSection {
-    fn default() -> Self {
-        PoisonSection {
-            max_row_attempts: DEFAULT_ROW_ATTEMPTS,
-            action: None,
-            message_id_header: None,
-        }
-    }
-}
-
 impl PoisonSection {
-    /// Failed deliveries of one message before it is diverted.
+    /// Failed deliveries of one message before it is diverted (3 when the
+    /// block does not say).
     pub fn max_row_attempts(&self) -> u32 {
-        self.max_row_attempts
+        self.max_row_attempts.unwrap_or(DEFAULT_ROW_ATTEMPTS)
     }
 
     /// What happens to a call that finally failed, if set.
@@ -247,6 +369,7 @@ fn class_names<S: Serializer>(value: &Option<RetryOn>, serializer: S) -> Result<
 // parser, so these cannot drift from it.
 
 /// A backoff's name.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.
@@ -262,6 +385,7 @@ enum BackoffName {
 }
 
 /// A jitter: `true` (`0.5..1.5`), `false` (`none`), or a name.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(untagged)]
 #[allow(dead_code)] // Only its schema is used.
@@ -275,6 +399,7 @@ enum JitterSetting {
 }
 
 /// A class of transient failure.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.
@@ -293,6 +418,7 @@ enum RetryClassName {
 }
 
 /// What happens to a call that finally failed.
+#[cfg(feature = "json-schema")]
 #[derive(JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)] // Only its schema is used.

@@ -10,7 +10,7 @@ use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
-use crate::config::ResilienceConfig;
+use crate::config::{ResilienceConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
 /// dead letters, circuit breaker, retry.
@@ -124,10 +124,15 @@ impl ResilienceConfig {
 
     /// The retry layer's builder with the `retry` section applied: total
     /// attempts, the backoff and its cap, jitter and the classes retried,
-    /// each key the block left out at the retry layer's default.
-    /// Everything else keeps the retry layer's defaults too, notably its
-    /// retry budget (retries may add 20 % to recent traffic, plus 10 a
-    /// second), no deadline, and one attempt only for POST and PATCH
+    /// each key the block left out at the retry layer's default; and the
+    /// call's [deadline](RetryBuilder::deadline) and
+    /// [attempt timeout](RetryBuilder::attempt_timeout), 10 s and 3 s when
+    /// left out (the retry layer has none: a request handler must not
+    /// wait unbounded). Everything else keeps the retry layer's defaults
+    /// too, notably its retry budget (retries may add 20 % to recent
+    /// traffic, plus 10 a second), a longest honoured `Retry-After` of 1 h
+    /// (the deadline cuts it shorter: a wait that cannot fit in the time
+    /// left is not started), and one attempt only for POST and PATCH
     /// without an `Idempotency-Key` header.
     pub fn retry_builder(&self) -> RetryBuilder<HttpClassifier, HttpReplay> {
         let retry = &self.retry;
@@ -141,7 +146,10 @@ impl ResilienceConfig {
                 .with_max_delay(retry.max().unwrap_or(defaults.max_delay()))
                 .with_jitter(retry.jitter.unwrap_or(defaults.jitter())),
         };
-        let mut builder = RetryLayer::http_builder().backoff(backoff);
+        let mut builder = RetryLayer::http_builder()
+            .backoff(backoff)
+            .deadline(retry.deadline().unwrap_or(DEFAULT_DEADLINE))
+            .attempt_timeout(retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT));
         if let Some(attempts) = retry.max_attempts {
             builder = builder.max_attempts(attempts);
         }
@@ -182,7 +190,7 @@ impl ResilienceConfig {
         match &poison.message_id_header {
             Some(name) => layer
                 .message_id_header(HeaderName::from_bytes(name.as_bytes()).expect(CHECKED))
-                .poison(PoisonPolicy::new(poison.max_row_attempts).expect(CHECKED)),
+                .poison(PoisonPolicy::new(poison.max_row_attempts()).expect(CHECKED)),
             None => layer,
         }
     }
@@ -215,6 +223,8 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
             "max_retries" | "max_attempts" => Some("max_attempts"),
             "retry_on" => Some("retry_on"),
             "backoff.kind" => Some("backoff"),
+            "deadline" => Some("deadline_ms"),
+            "attempt_timeout" => Some("attempt_timeout_ms"),
             _ => None,
         };
         refusal("retry", key, error)
@@ -230,7 +240,7 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         };
         refusal("circuit_breaker", key, error)
     })?;
-    PoisonPolicy::new(config.poison.max_row_attempts)
+    PoisonPolicy::new(config.poison.max_row_attempts())
         .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
     Ok(())
 }
@@ -255,7 +265,7 @@ mod tests {
         assert_eq!(error.reason(), "must be at least 1");
 
         let mut config = ResilienceConfig::default();
-        config.poison.max_row_attempts = 0;
+        config.poison.max_row_attempts = Some(0);
         let error = check_with_layers(&config, "").unwrap_err();
         assert_eq!(error.field(), "poison.max_row_attempts");
     }
@@ -270,8 +280,9 @@ mod tests {
         assert_eq!(layer.retry.name(), "orders");
     }
 
-    /// Every default of the stack is its layer's: a block that leaves every
-    /// key out builds the layers as their own builders do.
+    /// Every default of the stack is its layer's but the call's bounds: a
+    /// block that leaves every key out builds the layers as their own
+    /// builders do, with a deadline and an attempt timeout added.
     #[test]
     fn an_empty_block_builds_the_layers_defaults() {
         let config = ResilienceConfig::from_value(&serde_json::json!({})).unwrap();
@@ -280,7 +291,12 @@ mod tests {
         let layers_own = RetryLayer::http_builder().build().unwrap();
         assert_eq!(retry.max_retries(), layers_own.max_retries());
         assert_eq!(retry.backoff(), layers_own.backoff());
-        assert_eq!(retry.deadline(), layers_own.deadline());
+        // Except the two bounds a request handler needs, which the retry
+        // layer leaves out.
+        assert_eq!(layers_own.deadline(), None);
+        assert_eq!(retry.deadline(), Some(DEFAULT_DEADLINE));
+        assert_eq!(layers_own.attempt_timeout(), None);
+        assert_eq!(retry.attempt_timeout(), Some(DEFAULT_ATTEMPT_TIMEOUT));
         assert_eq!(
             format!("{:?}", config.breaker_builder()),
             format!("{:?}", CircuitBreakerLayer::builder()),

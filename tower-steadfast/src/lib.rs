@@ -12,10 +12,12 @@ pub mod config;
 pub mod error;
 mod layer;
 mod load;
+#[cfg(feature = "json-schema")]
 mod schema;
 
 pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};
 pub use self::load::MAX_ATTEMPTS_LIMIT;
+#[cfg(feature = "json-schema")]
 pub use self::schema::{json_schema, json_schema_text};

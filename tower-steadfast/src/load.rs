@@ -26,13 +26,15 @@ pub(crate) const WRAPPER_KEY: &str = "resilience";
 /// The keys of the block itself.
 pub(crate) const BLOCK_KEYS: [&str; 3] = ["retry", "circuit_breaker", "poison"];
 /// The keys of the `retry` section.
-pub(crate) const RETRY_KEYS: [&str; 6] = [
+pub(crate) const RETRY_KEYS: [&str; 8] = [
     "max_attempts",
     "backoff",
     "base_ms",
     "max_ms",
     "jitter",
     "retry_on",
+    "deadline_ms",
+    "attempt_timeout_ms",
 ];
 /// The keys of the `circuit_breaker` section.
 pub(crate) const CIRCUIT_BREAKER_KEYS: [&str; 2] = ["consecutive_failures", "cooldown_secs"];
@@ -48,7 +50,7 @@ impl ResilienceConfig {
     /// document's top-level `resilience:` key holding it.
     #[cfg(feature = "yaml")]
     pub fn from_yaml_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_yaml::from_str(text).map_err(|e| LoadError::Syntax {
+        let value: Value = yaml_serde::from_str(text).map_err(|e| LoadError::Syntax {
             format: "YAML",
             message: e.to_string(),
         })?;
@@ -144,6 +146,15 @@ fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
     // The layers' own builders check their settings too; running them here
     // keeps the promise that nothing is refused later, at build time.
     crate::layer::check_with_layers(&config, path)?;
+    for warning in config.warnings() {
+        // The block's own path (`resilience.`) in front, as errors have it.
+        let at = if path.is_empty() {
+            String::new()
+        } else {
+            format!("{path}.")
+        };
+        tracing::warn!("resilience configuration: {at}{warning}");
+    }
     Ok(config)
 }
 
@@ -223,6 +234,22 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     if let Some(value) = map.get("retry_on") {
         retry.retry_on = Some(retry_on(value, &join(path, "retry_on"))?);
     }
+    let positive_millis = WholeRule {
+        unit: " of milliseconds",
+        min: 1,
+        max: u64::MAX,
+        range: Cow::Borrowed("1 or more"),
+    };
+    if let Some(value) = map.get("deadline_ms") {
+        retry.deadline_ms = Some(whole(value, &join(path, "deadline_ms"), &positive_millis)?);
+    }
+    if let Some(value) = map.get("attempt_timeout_ms") {
+        retry.attempt_timeout_ms = Some(whole(
+            value,
+            &join(path, "attempt_timeout_ms"),
+            &positive_millis,
+        )?);
+    }
     Ok(retry)
 }
 
@@ -298,11 +325,11 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
         return Ok(poison);
     };
     if let Some(value) = map.get("max_row_attempts") {
-        poison.max_row_attempts = whole(
+        poison.max_row_attempts = Some(whole(
             value,
             &join(path, "max_row_attempts"),
             &WholeRule::at_least_one(" of failed deliveries"),
-        )? as u32;
+        )? as u32);
     }
     if let Some(value) = map.get("action") {
         poison.action = Some(named(value, &join(path, "action"), "`dlq`")?);

@@ -208,7 +208,8 @@ fn an_unknown_key_is_refused_by_name_in_every_format() {
         assert_eq!(field, "resilience.retry.max_retries", "{name}");
         assert_eq!(
             reason,
-            "unknown key; expected max_attempts, backoff, base_ms, max_ms, jitter, retry_on",
+            "unknown key; expected max_attempts, backoff, base_ms, max_ms, jitter, retry_on, \
+             deadline_ms, attempt_timeout_ms",
             "{name}"
         );
     }
@@ -296,6 +297,16 @@ const RULES: &[(&str, &str, &str)] = &[
         "must be a list of classes such as [http_5xx, timeout] (got the text \"timeout\")",
     ),
     (
+        "retry: {deadline_ms: 0}",
+        "retry.deadline_ms",
+        "must be a whole number of milliseconds, 1 or more (got 0)",
+    ),
+    (
+        "retry: {attempt_timeout_ms: \"3s\"}",
+        "retry.attempt_timeout_ms",
+        "must be a whole number of milliseconds, 1 or more (got the text \"3s\")",
+    ),
+    (
         "circuit_breaker: {consecutive_failures: 0}",
         "circuit_breaker.consecutive_failures",
         "must be a whole number of failed calls, 1 or more (got 0)",
@@ -324,7 +335,7 @@ const RULES: &[(&str, &str, &str)] = &[
         "retry: 5",
         "retry",
         "must be a section with the keys max_attempts, backoff, base_ms, max_ms, jitter, \
-         retry_on (got 5)",
+         retry_on, deadline_ms, attempt_timeout_ms (got 5)",
     ),
     (
         "retries: {}",
@@ -419,11 +430,11 @@ fn the_block_embeds_in_an_application_config_with_serde() {
         resilience: ResilienceConfig,
     }
     let app: AppConfig =
-        serde_yaml::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
+        yaml_serde::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
             .unwrap();
     assert_eq!(app.resilience.retry().max_attempts(), Some(3));
 
-    let error = serde_yaml::from_str::<AppConfig>(
+    let error = yaml_serde::from_str::<AppConfig>(
         "listen: 0.0.0.0:8080\nresilience:\n  retry:\n    base_ms: -5\n",
     )
     .unwrap_err();
@@ -540,7 +551,7 @@ proptest! {
         prop_assert_eq!(&ResilienceConfig::from_json_str(&json).unwrap(), &config);
         let toml = toml::to_string(&config).unwrap();
         prop_assert_eq!(&ResilienceConfig::from_toml_str(&toml).unwrap(), &config);
-        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        let yaml_again = yaml_serde::to_string(&config).unwrap();
         prop_assert_eq!(&ResilienceConfig::from_yaml_str(&yaml_again).unwrap(), &config);
         // Building the stack never fails for a loaded configuration.
         let _ = config.layer("orders", tower_poison::store::MemoryStore::new(1));
@@ -564,7 +575,7 @@ proptest! {
         prop_assert_eq!(written, cooldown.map(serde_json::Value::from));
         let toml = toml::to_string(&config).unwrap();
         prop_assert_eq!(toml.contains("cooldown_secs"), cooldown.is_some(), "{}", toml);
-        let yaml_again = serde_yaml::to_string(&config).unwrap();
+        let yaml_again = yaml_serde::to_string(&config).unwrap();
         prop_assert_eq!(yaml_again.contains("cooldown_secs"), cooldown.is_some(), "{}", yaml_again);
 
         prop_assert_eq!(&ResilienceConfig::from_json_str(&json.to_string()).unwrap(), &config);

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 const SCHEMA_FILE: &str = "schema/resilience.schema.json";
 const UPDATE: &str =
-    "cargo run -p tower-steadfast --example print_schema > tower-steadfast/schema/resilience.schema.json";
+    "cargo run -p tower-steadfast --features json-schema --example print_schema > tower-steadfast/schema/resilience.schema.json";
 
 #[test]
 fn the_checked_in_schema_is_current() {
@@ -103,8 +103,14 @@ fn the_schema_states_the_ranges_and_leaves_defaults_to_the_layers() {
     let block = &schema["$defs"]["ResilienceConfig"]["properties"];
     assert_eq!(block["retry"]["default"], serde_json::json!({}));
     assert_eq!(block["circuit_breaker"]["default"], serde_json::json!({}));
-    // The one key without a layer default.
-    assert_eq!(block["poison"]["default"]["max_row_attempts"], 3);
+    assert_eq!(block["poison"]["default"], serde_json::json!({}));
+    // The keys without a layer default state the block's own.
+    assert_eq!(
+        schema["$defs"]["PoisonSection"]["properties"]["max_row_attempts"]["default"],
+        3
+    );
+    assert_eq!(retry["deadline_ms"]["default"], 10_000);
+    assert_eq!(retry["attempt_timeout_ms"]["default"], 3_000);
 }
 
 /// The `const` names of one of the schema's name definitions.
