@@ -59,8 +59,8 @@ fn dashboard() -> Value {
         .expect("ops/grafana-dashboard.json is JSON")
 }
 
-fn alert_rules() -> serde_yaml::Value {
-    serde_yaml::from_str(&read_ops("alerts.yml")).expect("ops/alerts.yml is YAML")
+fn alert_rules() -> yaml_serde::Value {
+    yaml_serde::from_str(&read_ops("alerts.yml")).expect("ops/alerts.yml is YAML")
 }
 
 // ===== A recorder feeding two Prometheus exporters
@@ -550,7 +550,7 @@ fn dashboard_queries(dashboard: &Value) -> Vec<Query> {
     queries
 }
 
-fn rule_queries(rules: &serde_yaml::Value) -> Vec<(Query, BTreeSet<String>)> {
+fn rule_queries(rules: &yaml_serde::Value) -> Vec<(Query, BTreeSet<String>)> {
     let mut queries = Vec::new();
     for group in rules["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
