@@ -8,12 +8,16 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin-page")]
+mod admin_page;
 pub mod config;
 pub mod error;
 mod layer;
 mod load;
 mod schema;
 
+#[cfg(feature = "admin-page")]
+pub use self::admin_page::AdminPage;
 pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};
