@@ -131,7 +131,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let listener = TcpListener::bind(("127.0.0.1", args.port)).await?;
     let address = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    println!("admin page: http://{address}/admin/");
+    println!("admin page: http://{address}/admin/index.html");
     println!("token: {token}");
 
     // Traffic: an order every 150 ms, a payment every 100 ms.

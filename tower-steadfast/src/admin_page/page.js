@@ -105,8 +105,11 @@
       row.dataset.key = b.key;
       cell(row, b.key, 'wrap key');
       cell(row, b.state, 'state state-' + b.state);
-      cell(row, b.window_failures + ' / ' + b.window_calls + ' calls', 'num');
+      // A consecutive-failures breaker keeps no window: its count is the
+      // run of failures in a row.
+      cell(row, b.window_calls > 0 ? b.window_failures + ' of ' + b.window_calls + ' calls' : '–', 'num');
       cell(row, b.consecutive_failures, 'num');
+      cell(row, b.failures, 'num');
       cell(row, b.state === 'open' ? duration(b.next_probe_ms) : '', 'num');
       cell(row, rate(b.rejected, before[b.key], seconds), 'num');
       cell(row, b.opened, 'num');
