@@ -7,8 +7,9 @@
 //! cargo run -p examples --example admin_page -- --exit-after 3   # a short run that checks itself
 //! ```
 //!
-//! It prints the page's address and its token: open the address, paste the
-//! token, and force breakers, replay or purge dead letters from the page.
+//! It prints the page's address and its token (random, or `ADMIN_PAGE_TOKEN`
+//! when set): open the address, paste the token, and force breakers, replay
+//! or purge dead letters from the page.
 //!
 //! - `orders` goes down for a few seconds (every request `503`): its calls
 //!   fail after their retries, its breaker opens, and the failed calls (and
@@ -16,6 +17,9 @@
 //!   recovers, the breaker closes after its cooldown, and the stored orders
 //!   can be replayed from the page. Served until Ctrl-C, it goes down again
 //!   every 30 seconds.
+//! - Every request's body carries a note written as HTML markup
+//!   (`<img src=x onerror=…>`): the page shows it, in an entry, as those
+//!   characters.
 //! - `payments` fails one request in four once: the retry layer fixes each
 //!   of those, which the page shows as retries and recoveries.
 //!
@@ -153,7 +157,10 @@ async fn main() -> Result<ExitCode, BoxError> {
                 let request = Request::post(&url)
                     .header(header::CONTENT_TYPE, "application/json")
                     .header("idempotency-key", format!("{path}-{n}"))
-                    .body(Full::from(format!(r#"{{"{path}":{n}}}"#)))
+                    // The note is markup: the page shows it as text.
+                    .body(Full::from(format!(
+                        r#"{{"{path}":{n},"note":"<img src=x onerror=alert(1)>"}}"#
+                    )))
                     .expect("a valid request");
                 let service = service.clone();
                 // Each call on its own task: a call waiting out its retries
@@ -162,6 +169,13 @@ async fn main() -> Result<ExitCode, BoxError> {
                     let _ = service.oneshot(request).await;
                 });
             }
+        });
+    }
+
+    if once {
+        tokio::spawn(async move {
+            tokio::time::sleep_until((started + OUTAGE).into()).await;
+            println!("orders upstream recovered");
         });
     }
 

@@ -490,7 +490,8 @@ async fn the_page_needs_no_token_and_a_slashless_address_is_sent_where_its_asset
     let app = axum::Router::new().nest("/admin", f.router.clone());
     let (status, headers, _) = send(&app, get("/admin", None)).await;
     assert!(status.is_redirection(), "{status}");
-    assert_eq!(headers[header::LOCATION], "/admin/index.html");
+    // Relative, so it stays on this site: `/admin/index.html`.
+    assert_eq!(headers[header::LOCATION], "./admin/index.html");
     let (status, headers, page) = send(&app, get("/admin/index.html", None)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers[header::CONTENT_TYPE]

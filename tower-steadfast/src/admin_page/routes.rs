@@ -68,11 +68,14 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 /// The page, at `/` and `/index.html`. Its script and style are named
 /// relative to it, so the page reached at an address without a trailing
 /// slash (`/admin` under `nest("/admin", …)`, which does not route
-/// `/admin/`) is sent to `/admin/index.html`.
+/// `/admin/`) is sent on to `admin/index.html` next to it. The redirect is
+/// relative and names one path segment, so it cannot point at another
+/// site.
 pub(crate) async fn page(OriginalUri(original): OriginalUri) -> Response {
     let path = original.path();
     if !path.ends_with('/') && !path.ends_with("/index.html") {
-        return Redirect::to(&format!("{path}/index.html")).into_response();
+        let last = path.rsplit('/').next().unwrap_or_default();
+        return Redirect::to(&format!("./{last}/index.html")).into_response();
     }
     asset("text/html; charset=utf-8", PAGE_HTML)
 }
@@ -174,9 +177,6 @@ pub(crate) async fn state(State(shared): Page, Query(query): Query<StateQuery>) 
             "breakers_total": total,
             "dead_letters": stores,
             "retries": retries,
-            // No stack this page serves has a hedge layer; budgets report
-            // only the calls they refused (`budget_exhausted`).
-            "hedges": [],
             "limits": {"breakers": MAX_BREAKERS, "newest": newest, "scan": SCAN_LIMIT},
     }))
     .into_response()
