@@ -225,6 +225,24 @@ async fn a_cross_origin_post_is_refused_even_with_the_token() {
     );
     assert_eq!(f.store.depth().await.unwrap(), 1);
 
+    // A form post (what a forged cross-site form can send) is not JSON:
+    // refused before it is read, even with the token and no origin.
+    let mut form = post("/api/breakers/force-open", json!({}));
+    form.headers_mut().remove(header::ORIGIN);
+    form.headers_mut().remove("sec-fetch-site");
+    form.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "application/x-www-form-urlencoded".parse().unwrap(),
+    );
+    *form.body_mut() = Full::from("key=orders");
+    let (status, _) = json_of(&f.router, form).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    assert_eq!(
+        f.stack.breaker_handle().get("orders").unwrap().state,
+        State::Closed
+    );
+
     // The same requests from the page's own origin go through.
     let (status, _) = json_of(
         &f.router,
@@ -509,4 +527,27 @@ async fn the_page_needs_no_token_and_a_slashless_address_is_sent_where_its_asset
     *wrong_method.method_mut() = Method::GET;
     let (status, _) = json_of(&app, wrong_method).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn a_stack_built_by_hand_shows_its_breaker_and_says_its_retries_are_not_counted() {
+    let config = ResilienceConfig::default();
+    let store = MemoryStore::new(10);
+    let stack = ResilienceLayer::new(
+        config.dead_letter_layer(store),
+        config
+            .breaker_builder()
+            .name("by-hand")
+            .build(tower_classify::HttpClassifier::new())
+            .unwrap(),
+        config.retry_builder().name("by-hand").build().unwrap(),
+    );
+    let router = AdminPage::new(TOKEN).stack(&stack).router().unwrap();
+    let shown = state(&router).await;
+    assert_eq!(shown["breakers"][0]["key"], "by-hand");
+    assert_eq!(
+        shown["retries"],
+        json!([{"name": "by-hand", "counted": false}])
+    );
+    assert_eq!(shown["dead_letters"], json!([]));
 }
