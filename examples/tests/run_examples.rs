@@ -10,16 +10,20 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 9] = [
-    "axum_server",
-    "axum_hedged_downstream",
-    "axum_router_layer",
-    "reqwest_client",
-    "prometheus",
-    "idempotent_orders",
-    "tonic_client",
-    "http_client",
-    "queue_consumer",
+/// Each example and its arguments: those that serve until Ctrl-C by
+/// default are given the argument that makes them check their story and
+/// exit.
+const EXAMPLES: [(&str, &[&str]); 10] = [
+    ("axum_server", &[]),
+    ("axum_hedged_downstream", &[]),
+    ("axum_router_layer", &[]),
+    ("reqwest_client", &[]),
+    ("prometheus", &[]),
+    ("idempotent_orders", &[]),
+    ("tonic_client", &[]),
+    ("http_client", &[]),
+    ("queue_consumer", &[]),
+    ("admin_page", &["--exit-after", "3"]),
 ];
 
 fn example_path(name: &str) -> PathBuf {
@@ -46,16 +50,19 @@ fn every_example_runs_to_completion() {
     // In parallel: each binds its own ports on 127.0.0.1:0.
     let runs: Vec<_> = EXAMPLES
         .iter()
-        .map(|name| {
+        .map(|(name, args)| {
             let path = example_path(name);
             std::thread::spawn(move || {
                 let started = Instant::now();
-                let output = Command::new(&path).output().expect("the example starts");
+                let output = Command::new(&path)
+                    .args(*args)
+                    .output()
+                    .expect("the example starts");
                 (output, started.elapsed())
             })
         })
         .collect();
-    for (name, run) in EXAMPLES.iter().zip(runs) {
+    for ((name, _), run) in EXAMPLES.iter().zip(runs) {
         let (output, took) = run.join().expect("the runner thread");
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);

@@ -55,15 +55,7 @@ impl BreakerHandle {
     /// # Ok::<(), tower_classify::ConfigError>(())
     /// ```
     pub fn router(&self, token: impl Into<String>) -> Result<Router, ConfigError> {
-        let token = token.into();
-        if token.len() < MIN_TOKEN_LEN {
-            return Err(ConfigError::new(
-                "admin.token",
-                format!("must be at least {MIN_TOKEN_LEN} bytes"),
-            ));
-        }
-        let token: Arc<[u8]> = Arc::from(token.into_bytes());
-        Ok(Router::new()
+        let routes = Router::new()
             .route("/breakers", get(list))
             .route("/breakers/one", get(one))
             .route("/breakers/reset", post(reset))
@@ -71,11 +63,37 @@ impl BreakerHandle {
             .route("/breakers/force-open", post(force_open))
             .route("/breakers/force-closed", post(force_closed))
             .fallback(|| async { StatusCode::NOT_FOUND })
-            .with_state(self.clone())
-            // `layer`, not `route_layer`: the fallback is guarded too, so an
-            // unauthenticated caller cannot even probe which paths exist.
-            .layer(middleware::from_fn_with_state(token, authorize)))
+            .with_state(self.clone());
+        require_token(routes, token)
     }
+}
+
+/// Puts `router` behind the bearer token that [`BreakerHandle::router`]
+/// requires, for other operator routes to share one check: every request, to
+/// every path (the fallback too, so an unauthenticated caller cannot probe
+/// which paths exist), must carry `Authorization: Bearer <token>`, compared
+/// in constant time; anything else is answered `401`. Tokens shorter than 16
+/// bytes are refused.
+///
+/// ```
+/// use axum::routing::get;
+///
+/// let routes = axum::Router::new().route("/status", get(|| async { "ok" }));
+/// let guarded = tower_breaker::require_token(routes, "a-long-random-operator-token")?;
+/// # drop(guarded);
+/// # Ok::<(), tower_classify::ConfigError>(())
+/// ```
+pub fn require_token(router: Router, token: impl Into<String>) -> Result<Router, ConfigError> {
+    let token = token.into();
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(ConfigError::new(
+            "admin.token",
+            format!("must be at least {MIN_TOKEN_LEN} bytes"),
+        ));
+    }
+    let token: Arc<[u8]> = Arc::from(token.into_bytes());
+    // `layer`, not `route_layer`: the fallback is guarded too.
+    Ok(router.layer(middleware::from_fn_with_state(token, authorize)))
 }
 
 async fn authorize(Extract(token): Extract<Arc<[u8]>>, request: Request, next: Next) -> Response {

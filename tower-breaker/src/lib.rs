@@ -37,6 +37,8 @@ mod window;
 mod word;
 
 pub use self::admin::{BreakerHandle, BreakerSnapshot};
+#[cfg(feature = "admin")]
+pub use self::admin_router::require_token;
 #[cfg(feature = "serde")]
 pub use self::config::{AdaptiveThrottleConfig, BreakerConfig, FailureRateConfig, WindowConfig};
 pub use self::error::CircuitOpen;

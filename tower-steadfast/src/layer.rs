@@ -43,6 +43,10 @@ pub struct ResilienceLayer<St> {
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,
     retry: RetryLayer<HttpClassifier, HttpReplay>,
+    /// The retry layer's events counted for the admin page; `None` for a
+    /// retry layer built elsewhere, whose events this crate never sees.
+    #[cfg(feature = "admin-page")]
+    retry_counts: Option<std::sync::Arc<crate::admin_page::RetryCounts>>,
 }
 
 impl<St> ResilienceLayer<St> {
@@ -57,6 +61,8 @@ impl<St> ResilienceLayer<St> {
             dead_letter,
             breaker,
             retry,
+            #[cfg(feature = "admin-page")]
+            retry_counts: None,
         }
     }
 
@@ -68,6 +74,17 @@ impl<St> ResilienceLayer<St> {
     /// The store failed calls are written to.
     pub fn store(&self) -> &St {
         self.dead_letter.store()
+    }
+
+    /// The retry layer's name (its metrics label).
+    #[cfg(feature = "admin-page")]
+    pub(crate) fn retry_name(&self) -> &str {
+        self.retry.name()
+    }
+
+    #[cfg(feature = "admin-page")]
+    pub(crate) fn retry_counts(&self) -> Option<&std::sync::Arc<crate::admin_page::RetryCounts>> {
+        self.retry_counts.as_ref()
     }
 }
 
@@ -111,6 +128,9 @@ impl ResilienceConfig {
     /// Each call builds new layers: a breaker and a retry budget of their
     /// own. Build once and clone the layer to share them.
     pub fn layer<St>(&self, name: &str, store: St) -> ResilienceLayer<St> {
+        let retry = self.retry_builder().name(name);
+        #[cfg(feature = "admin-page")]
+        let (retry, retry_counts) = crate::admin_page::RetryCounts::attach(retry);
         ResilienceLayer {
             dead_letter: self.dead_letter_layer(store).label(name),
             breaker: self
@@ -118,7 +138,9 @@ impl ResilienceConfig {
                 .name(name)
                 .build(HttpClassifier::new())
                 .expect(CHECKED),
-            retry: self.retry_builder().name(name).build().expect(CHECKED),
+            retry: retry.build().expect(CHECKED),
+            #[cfg(feature = "admin-page")]
+            retry_counts: Some(retry_counts),
         }
     }
 

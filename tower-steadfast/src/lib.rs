@@ -8,6 +8,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin-page")]
+mod admin_page;
 pub mod config;
 pub mod error;
 mod layer;
@@ -15,6 +17,8 @@ mod load;
 #[cfg(feature = "json-schema")]
 mod schema;
 
+#[cfg(feature = "admin-page")]
+pub use self::admin_page::AdminPage;
 pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};

@@ -1,0 +1,102 @@
+//! The same-origin check on writes. The token check is tower-breaker's
+//! [`require_token`](tower_breaker::require_token), shared with its admin
+//! router.
+
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// Refuses a request that changes something (any method but `GET` and
+/// `HEAD`) when a browser says it comes from another site: an `Origin` whose
+/// host is not the `Host` it was sent to, or `Sec-Fetch-Site: cross-site`.
+///
+/// The bearer token alone already stops a forged form post (a browser never
+/// adds it by itself); this check is the second lock, so that a page on
+/// another origin holding a leaked token still cannot drive the admin page
+/// from an operator's browser.
+pub(crate) async fn same_origin(request: Request, next: Next) -> Response {
+    let reads = matches!(*request.method(), Method::GET | Method::HEAD);
+    if reads || is_same_origin(request.headers()) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::FORBIDDEN,
+            Json(json!({"code": "CROSS_ORIGIN", "message": "writes must come from the admin page's own origin"})),
+        )
+            .into_response()
+    }
+}
+
+fn is_same_origin(headers: &HeaderMap) -> bool {
+    if headers
+        .get("sec-fetch-site")
+        .is_some_and(|site| site.as_bytes().eq_ignore_ascii_case(b"cross-site"))
+    {
+        return false;
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        // Not a browser's cross-origin request: browsers send `Origin` on
+        // every cross-origin POST.
+        return true;
+    };
+    let host = headers.get(header::HOST).map(|host| host.as_bytes());
+    // `Origin` is `scheme://host[:port]`, or `null` for an opaque origin
+    // (a sandboxed frame, a `data:` page), which is never this page.
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.split_once("://"))
+        .map(|(_, authority)| authority.as_bytes());
+    matches!((origin_host, host), (Some(a), Some(b)) if a.eq_ignore_ascii_case(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, value.parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn an_origin_must_name_the_host_it_was_sent_to() {
+        assert!(is_same_origin(&headers(&[("host", "127.0.0.1:8080")])));
+        assert!(is_same_origin(&headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:8080"),
+        ])));
+        assert!(!is_same_origin(&headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:8081"),
+        ])));
+        assert!(!is_same_origin(&headers(&[
+            ("host", "admin.internal"),
+            ("origin", "https://evil.example"),
+        ])));
+        assert!(!is_same_origin(&headers(&[
+            ("host", "admin.internal"),
+            ("origin", "null"),
+        ])));
+        // An origin with no Host to compare with is not trusted.
+        assert!(!is_same_origin(&headers(&[("origin", "http://a")])));
+    }
+
+    #[test]
+    fn a_cross_site_fetch_is_refused_even_without_an_origin() {
+        assert!(!is_same_origin(&headers(&[
+            ("host", "admin.internal"),
+            ("sec-fetch-site", "cross-site"),
+        ])));
+        assert!(is_same_origin(&headers(&[
+            ("host", "admin.internal"),
+            ("sec-fetch-site", "same-origin"),
+        ])));
+    }
+}
