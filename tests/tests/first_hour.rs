@@ -107,3 +107,130 @@ async fn first_hour_2_a_handler_answering_not_run_frees_the_key() {
         "the order is written once"
     );
 }
+
+/// Item 3: the root README's error table has a row for every public error
+/// type of the family, found in the sources (every `pub` type with an
+/// `impl Error for` it, directly or through a macro), so a new error type
+/// fails this test until it is documented there.
+#[test]
+fn first_hour_3_every_public_error_type_is_in_the_readme_table() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let table: Vec<&str> = readme
+        .split("\n## Every error the family returns\n")
+        .nth(1)
+        .expect("the README has the error section")
+        .lines()
+        .take_while(|line| !line.starts_with("## "))
+        .filter(|line| line.starts_with("| `"))
+        .collect();
+    let crates = [
+        "http-body-replay",
+        "tower-breaker",
+        "tower-classify",
+        "tower-idempotency",
+        "tower-poison",
+        "tower-retry-budget",
+        "tower-steadfast",
+        "tower-store-support",
+    ];
+    let mut found = Vec::new();
+    for krate in crates {
+        for file in rust_files(&root.join(krate).join("src")) {
+            let source = std::fs::read_to_string(&file).unwrap();
+            for name in error_types(&source) {
+                found.push((krate, name));
+            }
+        }
+    }
+    for expected in ["CircuitOpen", "BudgetExhausted", "StoreFull", "StoreFailed"] {
+        assert!(
+            found.iter().any(|(_, name)| name == expected),
+            "the scan finds {expected}: {found:?}"
+        );
+    }
+    let missing: Vec<_> = found
+        .iter()
+        .filter(|(krate, name)| {
+            !table.iter().any(|row| {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                cells.get(1) == Some(&format!("`{name}`").as_str()) && cells.get(2) == Some(krate)
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "public error types without a row in the README's error table: {missing:?}"
+    );
+}
+
+fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The public types of `source` that implement `std::error::Error`: named
+/// in an `impl … Error for Name` outside comments, or, for an impl inside a
+/// `macro_rules!` (`impl Error for $name`), the type each invocation of
+/// that macro names first.
+fn error_types(source: &str) -> Vec<String> {
+    let code: Vec<&str> = source
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with("//"))
+        .collect();
+    let mut names = Vec::new();
+    let mut macros = Vec::new();
+    let mut current_macro = None;
+    for line in &code {
+        if let Some(rest) = line.strip_prefix("macro_rules! ") {
+            current_macro = Some(rest.trim_end_matches(" {").to_owned());
+        }
+        let Some(rest) = line.strip_prefix("impl") else {
+            continue;
+        };
+        let Some((head, tail)) = rest.split_once(" for ") else {
+            continue;
+        };
+        let head = head.trim_start_matches(|c: char| c != ' ').trim();
+        if !matches!(head, "Error" | "std::error::Error" | "StdError") {
+            continue;
+        }
+        let name: String = tail
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+            .collect();
+        if name.starts_with('$') {
+            macros.extend(current_macro.clone());
+        } else {
+            names.push(name);
+        }
+    }
+    names.retain(|name| {
+        code.iter().any(|line| {
+            line.starts_with(&format!("pub struct {name}"))
+                || line.starts_with(&format!("pub enum {name}"))
+        })
+    });
+    // Each invocation `name! {` lists its doc attributes, then the type.
+    let public_in_macro = code.iter().any(|line| line.starts_with("pub struct $name"));
+    for mac in macros.into_iter().filter(|_| public_in_macro) {
+        let mut lines = code.iter();
+        while lines.any(|line| *line == format!("{mac}! {{")) {
+            let name = lines
+                .by_ref()
+                .find(|line| !line.starts_with("#[") && !line.is_empty())
+                .unwrap();
+            names.push(name.trim_end_matches(',').to_owned());
+        }
+    }
+    names
+}
