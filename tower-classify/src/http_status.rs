@@ -285,8 +285,9 @@ pub fn problem<B: From<String>>(error: &(impl AsDynError + ?Sized)) -> Response<
 /// the order again.
 ///
 /// The status and `Retry-After` are [`problem`]'s: an open circuit below is
-/// `503` with its wait. An error that classifies as no failure at all
-/// answers as [`Shed`](FailureKind::Shed), which is what a refusal is.
+/// `503` with its wait. The failure it carries is the error's
+/// classification, or [`Shed`](FailureKind::Shed) (what a refusal is) for
+/// an error nothing recognises, which still answers `500`.
 ///
 /// ```
 /// use std::time::Duration;
