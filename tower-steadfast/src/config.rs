@@ -192,6 +192,10 @@ pub struct PoisonSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "String")]
     pub(crate) message_id_header: Option<String>,
+    /// Store refusals that never reached the dependency, such as an open
+    /// circuit's (default `false`: they are returned to the caller
+    /// unstored, so an outage does not fill the store).
+    pub(crate) store_refusals: bool,
 }
 
 impl Default for PoisonSection {
@@ -200,6 +204,7 @@ impl Default for PoisonSection {
             max_row_attempts: DEFAULT_ROW_ATTEMPTS,
             action: None,
             message_id_header: None,
+            store_refusals: false,
         }
     }
 }
@@ -218,6 +223,11 @@ impl PoisonSection {
     /// The header carrying a message id, if any.
     pub fn message_id_header(&self) -> Option<&str> {
         self.message_id_header.as_deref()
+    }
+
+    /// Whether refusals that never reached the dependency are stored.
+    pub fn store_refusals(&self) -> bool {
+        self.store_refusals
     }
 }
 
