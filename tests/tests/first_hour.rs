@@ -234,3 +234,53 @@ fn error_types(source: &str) -> Vec<String> {
     }
     names
 }
+
+/// Item 3: an axum route whose own layers fail (a breaker in front of the
+/// handler) is served through `HttpStatusLayer`: the open circuit reaches the
+/// client as problem+json `503`.
+#[tokio::test]
+async fn first_hour_3_an_axum_route_behind_a_breaker_answers_problem_json() {
+    use std::time::Duration;
+    use tower::ServiceBuilder;
+    use tower_classify::http_status::HttpStatusLayer;
+    use tower_classify::HttpClassifier;
+
+    let breaker = CircuitBreakerLayer::builder()
+        .name("reports")
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(30))
+        .build(HttpClassifier::new())
+        .unwrap();
+    let failing = service_fn(|_: axum::extract::Request| async {
+        Ok::<_, BoxError>(StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    });
+    let route = ServiceBuilder::new()
+        .layer(HttpStatusLayer::new())
+        .layer(breaker)
+        .service(failing);
+    let app = Router::new().route_service("/reports", route);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/reports", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = http_client();
+    let get = || Request::get(&url).body(Full::new(Bytes::new())).unwrap();
+
+    let failed = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(
+        failed.status(),
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the handler's own answer"
+    );
+    let refused = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    // Early in the open period a refusal carries no wait (see
+    // `CircuitOpen::retry_after`), so none is sent.
+    assert!(!refused.headers().contains_key("retry-after"));
+    let body = String::from_utf8(refused.body().to_vec()).unwrap();
+    assert!(body.contains(r#""status":503"#), "{body}");
+    assert!(body.contains("circuit open"), "{body}");
+}
