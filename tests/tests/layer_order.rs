@@ -43,7 +43,9 @@ async fn retry_outside_breaker_does_not_spin_on_circuit_open() {
     upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(100);
     let (breaker, handle) = breaker(2, Duration::from_secs(30));
-    let stack = retry_outside_breaker(dead_letters(&store), breaker, retry(5));
+    // Refusals stored (off by default), to show each call stored once.
+    let dead_letters = dead_letters(&store).store_refusals(true);
+    let stack = retry_outside_breaker(dead_letters, breaker, retry(5));
 
     let started = Instant::now();
     let error = send(
@@ -128,7 +130,9 @@ async fn retry_outside_breaker_waits_out_a_refusal_late_in_the_open_period() {
         .build(HttpClassifier::new())
         .unwrap();
     let handle = layer.handle();
-    let stack = retry_outside_breaker(dead_letters(&store), layer, retry(5));
+    // Refusals stored (off by default), to show each call stored once.
+    let dead_letters = dead_letters(&store).store_refusals(true);
+    let stack = retry_outside_breaker(dead_letters, layer, retry(5));
 
     let error = send(
         &stack,

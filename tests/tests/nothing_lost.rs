@@ -10,7 +10,9 @@
 //!    down (always 500) and poison (422) requests, GETs and POSTs;
 //! 2. a full outage, which opens the breaker;
 //! 3. the upstream is healthy again but the breaker is still open: every
-//!    request is refused locally, and still not lost.
+//!    request is refused locally, and still not lost (the layer stores
+//!    refusals here, `store_refusals(true)`; by default it returns them to
+//!    the caller unstored, see `first_hour_4_…` in tower-poison).
 //!
 //! Requests are matched by their `x-request-id` header.
 
@@ -138,7 +140,11 @@ async fn nothing_lost_under_mixed_failures() {
     // Wave 1 has 8 transient failures in 24 calls, so a threshold of 20
     // cannot open during it; wave 2 (24 failures in a row) must open it.
     let (breaker, handle) = breaker(20, Duration::from_secs(30));
-    let stack = default_order(dead_letters(&store), breaker, retry(RETRIES));
+    // Refusals stored too (`store_refusals`, off by default, when a refusal
+    // is returned to its caller, who still holds the request): here every
+    // request that did not succeed must be in the store.
+    let dead_letters = dead_letters(&store).store_refusals(true);
+    let stack = default_order(dead_letters, breaker, retry(RETRIES));
     let mut results = HashMap::new();
 
     // Wave 1: mixed failures.

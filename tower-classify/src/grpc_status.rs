@@ -378,6 +378,51 @@ pub fn status_code(outcome: &Outcome) -> u32 {
     }
 }
 
+/// What an error comes to, as both status layers answer it (this one and
+/// its HTTP twin, [`HttpStatusLayer`](crate::http_status::HttpStatusLayer)):
+/// its classification, the gRPC status code for it, and the wait to send
+/// (`-1`: do not retry).
+pub(crate) struct Answer {
+    pub(crate) outcome: Outcome,
+    pub(crate) code: u32,
+    pub(crate) pushback: Option<i64>,
+}
+
+/// The answer to `error`, classified by `classifier`.
+pub(crate) fn answer(
+    error: &(dyn std::error::Error + 'static),
+    classifier: &ErrorChainClassifier,
+) -> Answer {
+    // An error nothing recognises is `UNKNOWN`, as tonic sends it and a
+    // client reads as a server error, unless the layer's classifier chose
+    // what it means (`unknown_as`), even as the default's own outcome. The
+    // default calls it rejected only so as not to retry it blindly: sent as
+    // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
+    let (outcome, code) = match classifier.recognised(error) {
+        Some(outcome) => (outcome, status_code(&outcome)),
+        None => match classifier.chosen_unknown() {
+            Some(chosen) => (chosen, status_code(&chosen)),
+            None => (DEFAULT_UNKNOWN, 2),
+        },
+    };
+    // A wait means something only where the status invites a retry.
+    let pushback = match outcome.as_failure().and_then(|failure| failure.hint) {
+        Some(_) if !matches!(code, 14 | 8) => None,
+        Some(RetryHint::After(wait)) => Some(
+            u64::try_from(wait.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(i32::MAX as u64) as i64,
+        ),
+        Some(RetryHint::DoNotRetry | RetryHint::Final) => Some(-1),
+        None => None,
+    };
+    Answer {
+        outcome,
+        code,
+        pushback,
+    }
+}
+
 fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {
     let mut response = Response::new(());
     *response.headers_mut() = status_headers(error, settings);
@@ -395,32 +440,12 @@ fn status_headers(error: &BoxError, settings: &Settings) -> HeaderMap {
         }
         return headers;
     }
-    // An error nothing recognises is `UNKNOWN`, as tonic sends it and a
-    // client reads as a server error, unless the layer's classifier chose
-    // what it means (`unknown_as`), even as the default's own outcome. The
-    // default calls it rejected only so as not to retry it blindly: sent as
-    // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
-    let (outcome, code) = match settings.classifier.recognised(&**error) {
-        Some(outcome) => (outcome, status_code(&outcome)),
-        None => match settings.classifier.chosen_unknown() {
-            Some(chosen) => (chosen, status_code(&chosen)),
-            None => (DEFAULT_UNKNOWN, 2),
-        },
-    };
-    headers.insert(GRPC_STATUS, HeaderValue::from(code));
+    let answer = answer(&**error, &settings.classifier);
+    headers.insert(GRPC_STATUS, HeaderValue::from(answer.code));
     if settings.messages {
         insert_message(&mut headers, &error.to_string());
     }
-    let pushback = match outcome.as_failure().and_then(|failure| failure.hint) {
-        Some(_) if !matches!(code, 14 | 8) => None,
-        Some(RetryHint::After(wait)) => Some(
-            u64::try_from(wait.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(i32::MAX as u64) as i64,
-        ),
-        Some(RetryHint::DoNotRetry | RetryHint::Final) => Some(-1),
-        None => None,
-    };
+    let pushback = answer.pushback;
     if let Some(millis) = pushback {
         headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
     }

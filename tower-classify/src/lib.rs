@@ -40,6 +40,8 @@ pub mod grpc_status;
 pub mod hint;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod http_status;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 

@@ -117,7 +117,9 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// passes on from a dependency it called (a `CircuitOpen` returned with
     /// `?`, that dependency's `503 CIRCUIT_OPEN`) answers a request the
     /// handler built, which carries no token: the handler ran, and the key
-    /// is kept like any other answer's. A refusal without the proof
+    /// is kept like any other answer's; a handler that refused before acting
+    /// answers with [`not_run`](tower_classify::http_status::not_run), which
+    /// copies the token for it. A refusal without the proof
     /// (tower's `LoadShed`, a breaker with the `Plain` answer, which takes
     /// any request type) keeps the key too. A handler that forwards the
     /// guarded request itself, extensions included (a proxy), forwards the

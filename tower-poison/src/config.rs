@@ -60,6 +60,10 @@ pub struct DeadLetterConfig {
     pub poison: Option<PoisonConfig>,
     /// What counts as a failure (the shared HTTP classifier configuration).
     pub classifier: HttpClassifierConfig,
+    /// Store refusals that never reached the dependency, such as an open
+    /// circuit's (default `false`: they are passed through to the caller;
+    /// see [`DeadLetterLayer::store_refusals`] for why).
+    pub store_refusals: bool,
 }
 
 impl Default for DeadLetterConfig {
@@ -72,6 +76,7 @@ impl Default for DeadLetterConfig {
             message_id_header: None,
             poison: None,
             classifier: HttpClassifierConfig::default(),
+            store_refusals: false,
         }
     }
 }
@@ -147,7 +152,8 @@ impl DeadLetterConfig {
             .classifier(classifier)
             .label(self.label.as_str())
             .action(self.action)
-            .body_limit(self.body_limit);
+            .body_limit(self.body_limit)
+            .store_refusals(self.store_refusals);
         let mut redactor = Redactor::new();
         for (i, name) in self.redact_headers.iter().enumerate() {
             let name = header_name(name).map_err(|e| e.within(&format!("redact_headers[{i}]")))?;

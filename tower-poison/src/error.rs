@@ -3,22 +3,26 @@
 use std::error::Error;
 use std::fmt;
 
-use tower_classify::{BoxError, Classified, FailureKind};
+use tower_classify::{BoxError, Classified, Failure, FailureKind};
 
 use crate::action::Action;
 use crate::entry::EntryId;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The error a call fails with when its entry could not be kept: [`StoreFull`]
-/// when the store is at its limits, [`StoreFailed`] otherwise.
+/// when the store is at its limits, [`StoreFailed`] otherwise. `refusal` is
+/// the call's classification when it was a refusal that never reached the
+/// dependency, which the error keeps.
 pub(crate) fn not_kept(
     entry_id: EntryId,
     store: StoreError,
     original: Option<BoxError>,
+    refusal: Option<Failure>,
 ) -> BoxError {
+    let refusal = refusal.map(|failure| Classified::new(failure, "refused call not kept"));
     match store.kind() {
-        StoreErrorKind::Full => StoreFull::new(entry_id, store, original).into(),
-        _ => StoreFailed::new(entry_id, store, original).into(),
+        StoreErrorKind::Full => StoreFull::new(entry_id, store, original, refusal).into(),
+        _ => StoreFailed::new(entry_id, store, original, refusal).into(),
     }
 }
 
@@ -33,6 +37,7 @@ macro_rules! not_kept_error {
             entry_id: EntryId,
             store: StoreError,
             original: Option<BoxError>,
+            refusal: Option<Classified>,
         }
 
         impl $name {
@@ -40,11 +45,13 @@ macro_rules! not_kept_error {
                 entry_id: EntryId,
                 store: StoreError,
                 original: Option<BoxError>,
+                refusal: Option<Classified>,
             ) -> Self {
                 $name {
                     entry_id,
                     store,
                     original,
+                    refusal,
                 }
             }
 
@@ -82,7 +89,10 @@ macro_rules! not_kept_error {
 
         impl Error for $name {
             fn source(&self) -> Option<&(dyn Error + 'static)> {
-                Some(&self.store)
+                match &self.refusal {
+                    Some(refusal) => Some(refusal),
+                    None => Some(&self.store),
+                }
             }
         }
     };
@@ -92,7 +102,8 @@ not_kept_error! {
     /// The dead-letter store could not keep an entry, so the call fails with this
     /// error instead of losing the entry silently.
     ///
-    /// [`source`](Error::source) is the [`StoreError`]; the call's own error, when
+    /// [`source`](Error::source) is the [`StoreError`] (for a refusal, see
+    /// [`StoreFull`]); the call's own error, when
     /// there was one, is kept in [`original`](Self::original). A queue consumer
     /// should *not* acknowledge a message whose call ended in this error: the
     /// message was neither processed nor dead-lettered.
@@ -112,6 +123,15 @@ not_kept_error! {
     /// [`source`](Error::source) is the [`StoreError`] (of kind
     /// [`Full`](StoreErrorKind::Full)) and the call's own error is kept in
     /// [`original`](Self::original).
+    ///
+    /// A refusal that never reached the dependency (an open circuit's,
+    /// stored under [`store_refusals`](crate::DeadLetterLayer::store_refusals))
+    /// stays a refusal: [`source`](Error::source) is then a [`Classified`]
+    /// with the refusal's classification (kind [`Shed`](FailureKind::Shed)
+    /// and its wait), so a retry layer, a breaker or an
+    /// `HttpStatusLayer` around this one answers it as the refusal it was
+    /// (`503` with `Retry-After`), not as a rejected request. The
+    /// [`StoreError`] is still [`store_error`](Self::store_error).
     StoreFull,
     "The store's error (what limit was reached).",
     "dead-letter store is full, entry {} not kept"

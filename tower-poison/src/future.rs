@@ -229,6 +229,7 @@ where
             (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
             (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
                 kind: failure.kind,
+                refusal: Failed::refusal(failure),
                 error: describe(end),
                 // The head came; a body error means the rest did not.
                 responded: !matches!(end, StreamEnd::Error(_)),

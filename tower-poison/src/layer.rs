@@ -31,7 +31,9 @@ pub const SERVER_KINDS: [FailureKind; 6] = [
 ///
 /// The defaults suit HTTP: [`HttpClassifier`] decides what a failure is,
 /// [`HttpCapture`] records method, URI, headers and up to 64 KiB of body, the
-/// action is [`Action::Dlq`] and the label is `"default"`.
+/// action is [`Action::Dlq`], the label is `"default"`, and refusals that
+/// never reached the dependency are passed through, not stored (see
+/// [`store_refusals`](Self::store_refusals)).
 ///
 /// Clones of the layer, and every service it makes, share the poison counts
 /// and the drop log.
@@ -95,7 +97,7 @@ impl<St> DeadLetterLayer<St> {
                 poison: None,
                 count_store: None,
                 drops: Arc::new(DropLog::default()),
-                stored: StoredKinds::ALL,
+                stored: StoredKinds::all_but_refusals(),
             },
         }
     }
@@ -103,8 +105,9 @@ impl<St> DeadLetterLayer<St> {
     /// A layer for a server: writes to `store` with the HTTP defaults, and
     /// stores only the failures of [`SERVER_KINDS`] (5xx, timeouts,
     /// connection failures, rate limiting and poison). Add `4xx`
-    /// ([`Rejected`](FailureKind::Rejected)) or shed refusals with
-    /// [`store_kinds`](Self::store_kinds).
+    /// ([`Rejected`](FailureKind::Rejected)) with
+    /// [`store_kinds`](Self::store_kinds), shed refusals with
+    /// [`store_refusals`](Self::store_refusals).
     pub fn for_server(store: St) -> Self {
         Self::new(store).store_kinds(SERVER_KINDS)
     }
@@ -156,10 +159,36 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
 
     /// Stores only failures of `kinds`; a failure of any other kind is
     /// handed back as it is, unstored, and counts towards no poison limit.
-    /// Every kind by default (a client's layer: nothing that failed is
-    /// lost); see [`for_server`](DeadLetterLayer::for_server).
+    /// By default every kind but refusals ([`Shed`](FailureKind::Shed), see
+    /// [`store_refusals`](Self::store_refusals)): a client's layer loses
+    /// nothing that failed; see [`for_server`](DeadLetterLayer::for_server).
     pub fn store_kinds(mut self, kinds: impl IntoIterator<Item = FailureKind>) -> Self {
         self.shared.stored = StoredKinds::of(kinds);
+        self
+    }
+
+    /// Stores refusals that never reached the dependency (`yes`), or
+    /// passes them through to the caller unstored (default `false`): a
+    /// failure of kind [`Shed`](FailureKind::Shed), such as an open
+    /// circuit's `CircuitOpen` or tower's `Overloaded`. It adds or removes
+    /// that one kind from the [`store_kinds`](Self::store_kinds) set, so
+    /// call it after `store_kinds` or [`for_server`](DeadLetterLayer::for_server).
+    ///
+    /// Why not stored by default: a refusal is not a failure of the
+    /// dependency, nothing in the entry would tell an operator more than the
+    /// breaker's own metrics do, and an outage refuses every call, so a
+    /// bounded store would fill with them and every call after that would
+    /// fail with `StoreFull` instead of its refusal. Nothing is lost by
+    /// passing one through: the caller gets the refusal itself (the
+    /// `CircuitOpen` error, or the breaker's `503` with its wait), never a
+    /// success, so it still holds the request. A queue consumer leaves such
+    /// a message unacknowledged and lets the queue redeliver it after the
+    /// wait. Store them when the caller cannot retry (fire-and-forget
+    /// calls), and replay them once the dependency is back; a full store
+    /// then answers with a [`StoreFull`](crate::StoreFull) that keeps the
+    /// refusal's classification and wait.
+    pub fn store_refusals(mut self, yes: bool) -> Self {
+        self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
         self
     }
 

@@ -4,7 +4,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use tower_classify::{BoxError, Classify, FailureKind, LogLimit, Outcome};
+use tower_classify::{BoxError, Classify, Failure, FailureKind, LogLimit, Outcome};
 use tower_service::Service;
 
 use crate::action::Action;
@@ -94,6 +94,21 @@ pub(crate) struct StoredKinds(u16);
 
 impl StoredKinds {
     pub(crate) const ALL: StoredKinds = StoredKinds(u16::MAX);
+
+    /// Every kind but a refusal that never reached the dependency
+    /// ([`Shed`](FailureKind::Shed)): what [`DeadLetterLayer::new`](crate::DeadLetterLayer::new) stores.
+    pub(crate) fn all_but_refusals() -> Self {
+        Self::ALL.with(FailureKind::Shed, false)
+    }
+
+    /// The same set with `kind` in it (`yes`) or not.
+    pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
+        if yes {
+            StoredKinds(self.0 | Self::bit(kind))
+        } else {
+            StoredKinds(self.0 & !Self::bit(kind))
+        }
+    }
 
     fn bit(kind: FailureKind) -> u16 {
         FailureKind::ALL
@@ -288,7 +303,7 @@ pub(crate) enum Verdict {
     /// is; its delivery stays counted, as it did not succeed.
     NotStored,
     /// A failure to dispose of.
-    Failed(FailureKind),
+    Failed(Failure),
 }
 
 impl<St, C, Cap> Shared<St, C, Cap> {
@@ -296,7 +311,7 @@ impl<St, C, Cap> Shared<St, C, Cap> {
     pub(crate) fn verdict(&self, outcome: Outcome) -> Verdict {
         match outcome {
             Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
-                Verdict::Failed(failure.kind)
+                Verdict::Failed(failure)
             }
             Outcome::Failure(_) => Verdict::NotStored,
             Outcome::Success | Outcome::Ignored => Verdict::Succeeded,
@@ -327,8 +342,8 @@ where
     where
         Cap: DescribeResponse<Res>,
     {
-        let kind = match verdict {
-            Verdict::Failed(kind) => kind,
+        let classified = match verdict {
+            Verdict::Failed(failure) => failure,
             Verdict::NotStored => return result,
             Verdict::Succeeded => {
                 self.succeeded(counted).await;
@@ -348,7 +363,8 @@ where
         };
         let record = pending.finish(BODY_WAIT, attempts).await;
         let failure = Failed {
-            kind,
+            kind: classified.kind,
+            refusal: Failed::refusal(classified),
             error,
             responded: result.is_ok(),
             status,
@@ -426,7 +442,7 @@ where
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
                 PoisonMessage::new(id, failures, self.action, stored).into()
             }
-            Err(store) => not_kept(entry_id, store, None),
+            Err(store) => not_kept(entry_id, store, None, None),
         }
     }
 
@@ -440,6 +456,7 @@ where
     ) -> Result<T, BoxError> {
         let Failed {
             kind,
+            refusal,
             mut error,
             responded,
             status,
@@ -483,7 +500,7 @@ where
                 }
                 result
             }
-            Err(store) => Err(not_kept(entry_id, store, result.err())),
+            Err(store) => Err(not_kept(entry_id, store, result.err(), refusal)),
         }
     }
 
@@ -678,10 +695,21 @@ where
 #[derive(Debug)]
 pub(crate) struct Failed {
     pub(crate) kind: FailureKind,
+    /// The whole classification of a refusal that never reached the
+    /// dependency ([`Shed`](FailureKind::Shed)): what an entry it could not
+    /// keep still stands for.
+    pub(crate) refusal: Option<Failure>,
     pub(crate) error: Vec<String>,
     /// Whether the call got a response (rather than an error).
     pub(crate) responded: bool,
     pub(crate) status: Option<u16>,
+}
+
+impl Failed {
+    /// `failure`, when it is a refusal.
+    pub(crate) fn refusal(failure: Failure) -> Option<Failure> {
+        (failure.kind == FailureKind::Shed).then_some(failure)
+    }
 }
 
 /// `true` when `replayed` is the request `stored` holds, as far as a replay

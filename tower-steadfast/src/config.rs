@@ -323,6 +323,10 @@ pub struct PoisonSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "json-schema", schemars(with = "String"))]
     pub(crate) message_id_header: Option<String>,
+    /// Store refusals that never reached the dependency, such as an open
+    /// circuit's (default `false`: they are returned to the caller
+    /// unstored, so an outage does not fill the store).
+    pub(crate) store_refusals: bool,
 }
 
 impl PoisonSection {
@@ -340,6 +344,11 @@ impl PoisonSection {
     /// The header carrying a message id, if any.
     pub fn message_id_header(&self) -> Option<&str> {
         self.message_id_header.as_deref()
+    }
+
+    /// Whether refusals that never reached the dependency are stored.
+    pub fn store_refusals(&self) -> bool {
+        self.store_refusals
     }
 }
 

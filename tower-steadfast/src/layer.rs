@@ -200,11 +200,11 @@ impl ResilienceConfig {
     }
 
     /// The dead-letter layer over `store` with the `poison` section applied:
-    /// the action and, when `message_id_header` is set, poison detection
+    /// the action, whether refusals are stored and, when `message_id_header` is set, poison detection
     /// after `max_row_attempts` failed deliveries of one message id.
     pub fn dead_letter_layer<St>(&self, store: St) -> DeadLetterLayer<St> {
         let poison = &self.poison;
-        let layer = DeadLetterLayer::new(store);
+        let layer = DeadLetterLayer::new(store).store_refusals(poison.store_refusals);
         let layer = match poison.action {
             Some(action) => layer.action(action),
             None => layer,

@@ -39,7 +39,12 @@ pub(crate) const RETRY_KEYS: [&str; 8] = [
 /// The keys of the `circuit_breaker` section.
 pub(crate) const CIRCUIT_BREAKER_KEYS: [&str; 2] = ["consecutive_failures", "cooldown_secs"];
 /// The keys of the `poison` section.
-pub(crate) const POISON_KEYS: [&str; 3] = ["max_row_attempts", "action", "message_id_header"];
+pub(crate) const POISON_KEYS: [&str; 4] = [
+    "max_row_attempts",
+    "action",
+    "message_id_header",
+    "store_refusals",
+];
 
 /// The most tries `max_attempts` allows: the first and the retry layer's
 /// largest number of retries.
@@ -352,6 +357,14 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
             ));
         }
         poison.message_id_header = Some(name.to_owned());
+    }
+    if let Some(value) = map.get("store_refusals") {
+        poison.store_refusals = value.as_bool().ok_or_else(|| {
+            ConfigError::new(
+                join(path, "store_refusals"),
+                format!("must be true or false (got {})", describe(value)),
+            )
+        })?;
     }
     Ok(poison)
 }

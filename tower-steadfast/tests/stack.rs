@@ -239,16 +239,37 @@ async fn opens_until_the_cooldown(layer: ResilienceLayer<MemoryStore>, store: Me
     assert_eq!(upstream.count(), 26);
     assert_eq!(handle.list()[0].state, tower_breaker::State::Closed);
 
-    // Five failed calls and two refusals were dead-lettered.
+    // The five failed calls were dead-lettered; the two refusals were
+    // returned to the caller, not stored (`poison.store_refusals`).
     let kinds: Vec<FailureKind> = stored(&store).await.iter().map(|e| e.kind).collect();
-    assert_eq!(
-        kinds,
-        [
-            [FailureKind::ServerError; 5].as_slice(),
-            &[FailureKind::Shed; 2]
-        ]
-        .concat()
-    );
+    assert_eq!(kinds, [FailureKind::ServerError; 5]);
+}
+
+/// Issue 36, item 4: the facade passes an open circuit's refusals through
+/// unstored by default, and stores them under `poison.store_refusals: true`.
+#[tokio::test(start_paused = true)]
+async fn first_hour_4_the_facade_stores_refusals_only_when_asked() {
+    for (yaml, kept) in [
+        ("retry: {max_attempts: 1}", 0),
+        (
+            "retry: {max_attempts: 1}\npoison: {store_refusals: true}",
+            1,
+        ),
+    ] {
+        let config = ResilienceConfig::from_yaml_str(yaml).unwrap();
+        assert_eq!(config.poison().store_refusals(), kept == 1);
+        let store = MemoryStore::new(10);
+        let layer = config.layer("orders", store.clone());
+        assert!(layer.breaker_handle().force_open("orders"));
+        let upstream = Upstream::new();
+        let mut stack = ServiceBuilder::new()
+            .layer(layer)
+            .service(upstream.service(|_| StatusCode::OK));
+        let refused = stack.ready().await.unwrap().call(get()).await.unwrap_err();
+        assert!(refused.is::<CircuitOpen>(), "the refusal itself: {refused}");
+        let kinds: Vec<FailureKind> = stored(&store).await.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, vec![FailureKind::Shed; kept], "{yaml}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
