@@ -79,11 +79,12 @@ async fn a_scrape_keeps_two_downstreams_apart_and_describes_every_series() {
             "label",
             "payments"
         ),
-        Some(5.0)
+        Some(3.0),
+        "the three failed calls; the two refusals are returned unstored (store_refusals is off by default)"
     );
     assert_eq!(
         value(&samples, "tower_poison_dlq_depth", "label", "payments"),
-        Some(5.0)
+        Some(3.0)
     );
     assert_eq!(
         value(&samples, "tower_poison_dlq_depth", "label", "inventory"),
