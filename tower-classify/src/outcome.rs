@@ -89,7 +89,7 @@ impl Failure {
     }
 
     /// The same failure carrying `hint` when there is one, unchanged otherwise.
-    pub const fn with_hint_opt(mut self, hint: Option<RetryHint>) -> Self {
+    pub(crate) const fn with_hint_opt(mut self, hint: Option<RetryHint>) -> Self {
         if hint.is_some() {
             self.hint = hint;
         }
