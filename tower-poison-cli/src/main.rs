@@ -266,7 +266,10 @@ async fn list(
     json: bool,
     now: SystemTime,
 ) -> Result<ExitCode, Failure> {
-    let mut query = ListQuery::new().limit(args.limit);
+    let mut query = ListQuery {
+        limit: args.limit,
+        ..ListQuery::new()
+    };
     query.after = args.after;
     query.kind = args.kind;
     query.label = args.label;
@@ -539,14 +542,17 @@ async fn replay_command(
         Some(id) => vec![resolve(store, id).await?],
         None => {
             let mut ids = Vec::new();
-            let mut query = ListQuery::new().limit(1000);
+            let mut query = ListQuery {
+                limit: 1000,
+                ..ListQuery::new()
+            };
             query.kind = args.kind;
             query.label = args.label.clone();
             loop {
                 let page = store.list(query.clone()).await?;
                 ids.extend(page.entries.iter().map(|e| e.id));
                 match page.next {
-                    Some(next) => query = query.after(next),
+                    Some(next) => query.after = Some(next),
                     None => break,
                 }
             }
@@ -665,13 +671,16 @@ async fn purge(
         (store.purge(filter).await?, true)
     } else {
         let mut matching = 0u64;
-        let mut query = ListQuery::new().limit(1000);
+        let mut query = ListQuery {
+            limit: 1000,
+            ..ListQuery::new()
+        };
         query.failed_before = filter.failed_before;
         loop {
             let page = store.list(query.clone()).await?;
             matching += page.entries.len() as u64;
             match page.next {
-                Some(next) => query = query.after(next),
+                Some(next) => query.after = Some(next),
                 None => break,
             }
         }
