@@ -644,3 +644,17 @@ fn item_5_a_refusal_token_survives_classification() {
     let outcome = setting.classify_error(&fmt::Error);
     assert_eq!(outcome, fail(FailureKind::Shed));
 }
+
+/// Every kind's name (`as_str`, the `Display`) parses back to the kind, and
+/// nothing else parses: the names dead-letter entries and configurations
+/// store are read back by `FromStr`.
+#[test]
+fn every_kind_name_parses_back() {
+    for kind in FailureKind::ALL {
+        assert_eq!(kind.as_str().parse::<FailureKind>(), Ok(kind));
+        assert_eq!(kind.to_string().parse::<FailureKind>(), Ok(kind));
+    }
+    let err = "nope".parse::<FailureKind>().unwrap_err();
+    assert_eq!(err.field(), "kind");
+    assert!(err.to_string().contains("server_error"), "{err}");
+}

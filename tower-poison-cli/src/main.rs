@@ -40,7 +40,7 @@ use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
-use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
+use tower_poison::{DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
@@ -172,13 +172,8 @@ fn parse_age(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_kind(text: &str) -> Result<FailureKind, String> {
-    kind_from_name(text).ok_or_else(|| {
-        let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-        format!(
-            "unknown failure kind {text:?}; expected one of {}",
-            names.join(", ")
-        )
-    })
+    text.parse::<FailureKind>()
+        .map_err(|e| e.reason().to_owned())
 }
 
 fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
