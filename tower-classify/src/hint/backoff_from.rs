@@ -148,14 +148,6 @@ impl BackoffFrom {
         })
     }
 
-    /// `true` when this reader needs the response body.
-    pub fn needs_body(&self) -> bool {
-        matches!(
-            self,
-            BackoffFrom::Body { .. } | BackoffFrom::CostBucket { .. }
-        )
-    }
-
     /// The wait this response states, if it states one readably. Absolute
     /// instants are measured from the response's `Date` header when present,
     /// else from `now`.
