@@ -7,7 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_poison::{kind_from_name, Action, EntryId};
+use tower_classify::FailureKind;
+use tower_poison::{Action, EntryId};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= 16 {
@@ -39,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    if let Some(kind) = kind_from_name(text) {
+    if let Ok(kind) = text.parse::<FailureKind>() {
         assert_eq!(kind.as_str(), text);
     }
     if let Ok(action) = text.parse::<Action>() {

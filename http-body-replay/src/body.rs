@@ -226,14 +226,6 @@ impl<B> ReplayBody<B> {
         }
     }
 
-    /// The recording limit this body was made with.
-    pub fn limit(&self) -> usize {
-        match &self.inner {
-            Inner::Ended { limit } => *limit,
-            Inner::Reading(reader) => reader.shared.limit,
-        }
-    }
-
     /// What has been read from the original so far, for a record of the
     /// request (a dead-letter entry, a log).
     pub fn recording(&self) -> Recording {

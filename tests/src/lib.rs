@@ -176,12 +176,15 @@ pub fn dead_letters<St: DeadLetterStore>(store: &St) -> DeadLetterLayer<St> {
 /// Every entry in `store`, in id order (all pages).
 pub async fn entries<St: DeadLetterStore>(store: &St) -> Vec<DeadLetterEntry> {
     let mut all = Vec::new();
-    let mut query = ListQuery::new().limit(1000);
+    let mut query = ListQuery {
+        limit: 1000,
+        ..ListQuery::new()
+    };
     loop {
         let page = store.list(query.clone()).await.expect("list entries");
         all.extend(page.entries);
         match page.next {
-            Some(next) => query = query.after(next),
+            Some(next) => query.after = Some(next),
             None => return all,
         }
     }

@@ -321,12 +321,21 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
         let listed = async {
             let store = RedisDeadLetterStore::connect(url, NAMESPACE).await?;
             let mut entries = Vec::new();
-            let mut query = ListQuery::new().limit(1000);
+            let mut query = ListQuery {
+                limit: 1000,
+                ..ListQuery::new()
+            };
             loop {
                 let page = store.list(query.clone()).await?;
                 entries.extend(page.entries);
                 match page.next {
-                    Some(next) => query = ListQuery::new().limit(1000).after(next),
+                    Some(next) => {
+                        query = ListQuery {
+                            limit: 1000,
+                            after: Some(next),
+                            ..ListQuery::new()
+                        }
+                    }
                     None => return Ok::<_, tower_poison::store::StoreError>(entries),
                 }
             }

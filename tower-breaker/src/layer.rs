@@ -190,8 +190,8 @@ impl Builder {
     /// The default schedule's jitter.
     const OPEN_PERIOD_JITTER: f64 = 0.2;
 
-    /// The defaults.
-    pub fn new() -> Self {
+    /// The defaults ([`CircuitBreakerLayer::builder`], `Builder::default()`).
+    pub(crate) fn new() -> Self {
         Builder {
             recovery_timeout_set: false,
             max_recovery_timeout_set: false,

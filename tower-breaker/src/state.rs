@@ -44,7 +44,7 @@ impl State {
     /// whether an operator forced it is the `tower_breaker_forced` gauge
     /// ([`is_forced`](Self::is_forced)), so `max(tower_breaker_state)` and
     /// alerts on `== 2` mean the same thing whoever opened the circuit.
-    pub const fn gauge_value(self) -> f64 {
+    pub(crate) const fn gauge_value(self) -> f64 {
         match self {
             State::Closed | State::ForcedClosed => 0.0,
             State::HalfOpen => 1.0,

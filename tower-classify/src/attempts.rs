@@ -40,7 +40,7 @@
 //!
 //! ```
 //! use tower_classify::attempts::{
-//!     called_by_recorder, claim_reports, report_attempts, AttemptTally, TallyScope,
+//!     claim_reports, report_attempts, AttemptTally, TallyScope,
 //! };
 //!
 //! // The recording layer, around its inner service's call:
@@ -58,7 +58,7 @@
 //! report_attempts(1, 1);
 //! report_attempts(2, 1);
 //! // A layer called only now, in a poll, does not report.
-//! assert!(!called_by_recorder());
+//! assert!(!claim_reports());
 //! let tally = scope.exit();
 //! assert_eq!((tally.started, tally.finished), (2, 1));
 //!
@@ -114,9 +114,8 @@ impl TallyScope {
     }
 
     /// Makes `tally` current while the recording layer calls its inner
-    /// service: a layer called meanwhile is the recording layer's, and
-    /// [`called_by_recorder`] says so until a reporting layer
-    /// [claims](claim_reports) the call.
+    /// service: a layer called meanwhile is the recording layer's, until a
+    /// reporting layer [claims](claim_reports) the call.
     #[inline]
     pub fn calling(tally: AttemptTally) -> Self {
         Self::with(tally, true)
@@ -157,7 +156,7 @@ fn update(change: impl FnOnce(&mut AttemptTally)) {
 
 /// Whether the layer asking reports its attempts, claiming the call for
 /// it: true when the recording layer is calling the layers below it right
-/// now ([`called_by_recorder`]) and no reporting layer claimed the call
+/// now ([`TallyScope::calling`]) and no reporting layer claimed the call
 /// first. A layer that reports its attempts asks this when it is called,
 /// *before* it calls its inner service, so that a reporting layer below it
 /// (a hedge layer under a retry layer) does not report too: the first
@@ -176,15 +175,6 @@ pub fn claim_reports() -> bool {
         }
         _ => false,
     }
-}
-
-/// Whether a recording layer is calling the layers below it right now,
-/// and no reporting layer has [claimed](claim_reports) the call yet (see
-/// the [module](self)). A layer that reports asks [`claim_reports`]
-/// instead, which also claims the call.
-#[inline]
-pub fn called_by_recorder() -> bool {
-    CURRENT.get().is_some_and(|current| current.calling)
 }
 
 /// A layer that makes its own attempts says how many it has `started` and
@@ -213,6 +203,13 @@ pub fn attempt_finished() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a recording layer is calling the layers below it right now,
+    /// and no reporting layer has claimed the call yet: what
+    /// [`claim_reports`] answers, without claiming.
+    fn called_by_recorder() -> bool {
+        CURRENT.get().is_some_and(|current| current.calling)
+    }
 
     #[test]
     fn a_counting_layer_and_a_reporting_one_count_each_attempt_once() {

@@ -110,7 +110,7 @@ pub struct ResponseRuleConfig {
 
 impl ResponseRuleConfig {
     /// Checks the rule and builds it.
-    pub fn build(&self) -> Result<ResponseRule, ConfigError> {
+    pub(crate) fn build(&self) -> Result<ResponseRule, ConfigError> {
         let mut builder = ResponseRule::builder()
             .statuses(self.status.iter().copied())
             .match_success(self.match_success);
@@ -202,7 +202,7 @@ pub enum BackoffFromConfig {
 
 impl BackoffFromConfig {
     /// Checks the reader and builds it.
-    pub fn build(&self) -> Result<BackoffFrom, ConfigError> {
+    pub(crate) fn build(&self) -> Result<BackoffFrom, ConfigError> {
         match self {
             BackoffFromConfig::Header { name, unit } => BackoffFrom::header(name, *unit),
             BackoffFromConfig::HeaderJson { name, path, unit } => {

@@ -54,16 +54,6 @@ impl Deadline {
         self.0.saturating_duration_since(Instant::now())
     }
 
-    /// Whether it has passed.
-    pub fn is_expired(&self) -> bool {
-        self.remaining().is_zero()
-    }
-
-    /// The earlier of `self` and `other`.
-    pub fn min(self, other: Deadline) -> Deadline {
-        std::cmp::min(self, other)
-    }
-
     /// The deadline a header `name` of `headers` asks for, in the
     /// `grpc-timeout` format, counted from now; `None` when it is absent or
     /// malformed.
@@ -248,8 +238,8 @@ mod tests {
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(deadline.remaining(), Duration::from_millis(50));
         tokio::time::advance(Duration::from_millis(60)).await;
-        assert!(deadline.is_expired());
-        assert!(!Deadline::after(Duration::MAX).is_expired());
+        assert_eq!(deadline.remaining(), Duration::ZERO, "passed: nothing left");
+        assert!(!Deadline::after(Duration::MAX).remaining().is_zero());
     }
 
     proptest::proptest! {

@@ -14,7 +14,7 @@ use crate::settle::StreamEnd;
 /// The `grpc-status` header or trailer.
 pub const GRPC_STATUS: &str = "grpc-status";
 /// The `grpc-message` header or trailer.
-pub const GRPC_MESSAGE: &str = "grpc-message";
+pub(crate) const GRPC_MESSAGE: &str = "grpc-message";
 /// The `grpc-retry-pushback-ms` trailer ([gRFC A6]).
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
@@ -89,7 +89,7 @@ impl GrpcClassifier {
     /// without `grpc-status` in its head: its status comes in the trailers,
     /// at the end of the body. A trailers-only response, any other status
     /// and any other content type are settled by the head.
-    pub fn status_in_trailers<B>(response: &Response<B>) -> bool {
+    fn status_in_trailers<B>(response: &Response<B>) -> bool {
         response.status() == http::StatusCode::OK
             && !response.headers().contains_key(GRPC_STATUS)
             && Self::is_grpc_content(response.headers())
@@ -131,21 +131,13 @@ impl GrpcClassifier {
         Some(String::from_utf8_lossy(&decoded).into_owned())
     }
 
-    /// Classifies a header map holding `grpc-status` (response headers of a
-    /// trailers-only response, or trailers). `None` when it has no
-    /// `grpc-status` (see [`status_code`](Self::status_code) for one that
-    /// cannot be read).
-    pub fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
-        status_outcome(trailers)
-    }
-
     /// The outcome of a gRPC call whose response body has *ended*, from the
     /// trailers it ended with (`None`: it ended without any).
     ///
-    /// A `grpc-status` decides, as in
-    /// [`classify_trailers`](Self::classify_trailers), hint included. A body
+    /// A `grpc-status` decides (see [`status_code`](Self::status_code) for
+    /// one that cannot be read), `grpc-retry-pushback-ms` giving the hint. A body
     /// that ended without one broke the protocol (a `200` stream must end with
-    /// `grpc-status` in its trailers): it is [`MISSING_STATUS`], `UNKNOWN`,
+    /// `grpc-status` in its trailers): it is 2 `UNKNOWN`,
     /// as tonic reports it to the caller, so a
     /// [`ServerError`](FailureKind::ServerError).
     ///
@@ -178,9 +170,8 @@ impl GrpcClassifier {
 const UNREADABLE_STATUS: u32 = 2;
 
 /// The gRPC status of a response body that ended without `grpc-status`:
-/// `UNKNOWN` (2), the code tonic reports for it. See
-/// [`GrpcClassifier::classify_end_of_stream`].
-pub const MISSING_STATUS: u32 = 2;
+/// `UNKNOWN` (2), the code tonic reports for it.
+const MISSING_STATUS: u32 = 2;
 
 /// `grpc-status` and `grpc-retry-pushback-ms` of `headers`, classified.
 fn status_outcome(headers: &HeaderMap) -> Option<Outcome> {
@@ -208,7 +199,7 @@ where
                 if let Some(failure) = response.extensions().get::<Failure>() {
                     return Outcome::Failure(*failure);
                 }
-                match self.classify_trailers(response.headers()) {
+                match status_outcome(response.headers()) {
                     Some(outcome) => outcome,
                     None if response.status() == http::StatusCode::OK => Outcome::Success,
                     None => self.http.classify_parts(
@@ -223,9 +214,11 @@ where
         }
     }
 
-    /// Leaves open a `200` gRPC response without `grpc-status` in its head
-    /// ([`status_in_trailers`](Self::status_in_trailers)); settles every
-    /// other result as [`classify`](Classify::classify) does.
+    /// Leaves open a `200` gRPC response (`content-type: application/grpc…`)
+    /// without `grpc-status` in its head: its status comes in the trailers,
+    /// at the end of the body. Settles every other result (a trailers-only
+    /// response, any other status, any other content type) as
+    /// [`classify`](Classify::classify) does.
     fn classify_head(&self, result: Result<&Response<B>, &E>) -> Option<Outcome> {
         match result {
             Ok(response)

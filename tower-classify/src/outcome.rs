@@ -1,8 +1,10 @@
 //! The result of classifying one call.
 
 use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
+use crate::error::ConfigError;
 use crate::refusal::RefusalToken;
 
 /// What one call's result means to a resilience layer.
@@ -89,7 +91,7 @@ impl Failure {
     }
 
     /// The same failure carrying `hint` when there is one, unchanged otherwise.
-    pub const fn with_hint_opt(mut self, hint: Option<RetryHint>) -> Self {
+    pub(crate) const fn with_hint_opt(mut self, hint: Option<RetryHint>) -> Self {
         if hint.is_some() {
             self.hint = hint;
         }
@@ -210,6 +212,35 @@ impl FailureKind {
 impl fmt::Display for FailureKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// The kind whose [`as_str`](FailureKind::as_str) name is the text.
+///
+/// ```
+/// use tower_classify::FailureKind;
+///
+/// assert_eq!("rate_limited".parse(), Ok(FailureKind::RateLimited));
+/// let err = "throttled".parse::<FailureKind>().unwrap_err();
+/// assert_eq!(err.field(), "kind");
+/// ```
+impl FromStr for FailureKind {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FailureKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+                ConfigError::new(
+                    "kind",
+                    format!(
+                        "unknown failure kind {s:?}; expected one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })
     }
 }
 

@@ -10,7 +10,7 @@
 //! Two limits come from tower-http's trait rather than from the adapter: a
 //! response its classifier can only judge at the end of the stream
 //! (`RequiresEos`, gRPC trailers) counts as a success here — classify trailers
-//! with [`GrpcClassifier::classify_trailers`](crate::GrpcClassifier::classify_trailers)
+//! with [`GrpcClassifier::classify_end_of_stream`](crate::GrpcClassifier::classify_end_of_stream)
 //! — and it sees errors only through `Display`, so errors are classified by
 //! this crate's [`ErrorChainClassifier`], which walks their `source()` chain.
 

@@ -344,13 +344,13 @@ fn grpc_pushback_and_http_fallback() {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", "8".parse().unwrap());
     assert_eq!(
-        classifier.classify_trailers(&trailers),
-        Some(fail(FailureKind::RateLimited))
+        GrpcClassifier::classify_end_of_stream(Some(&trailers)),
+        fail(FailureKind::RateLimited)
     );
     trailers.insert("grpc-status", "x".parse().unwrap());
     assert_eq!(
-        classifier.classify_trailers(&trailers),
-        Some(fail(FailureKind::ServerError)),
+        GrpcClassifier::classify_end_of_stream(Some(&trailers)),
+        fail(FailureKind::ServerError),
         "an unreadable status is UNKNOWN"
     );
 }
@@ -391,7 +391,7 @@ fn grpc_end_of_stream_reads_trailers_and_fails_a_missing_status() {
         Some(Duration::from_millis(750))
     );
     // No status where the body ended: UNKNOWN, a server error.
-    let missing = GrpcClassifier::code_outcome(tower_classify::grpc::MISSING_STATUS);
+    let missing = GrpcClassifier::code_outcome(2); // UNKNOWN, as tonic reports it
     assert_eq!(missing, fail(FailureKind::ServerError));
     assert_eq!(end(None), missing);
     assert_eq!(end(Some(&HeaderMap::new())), missing);
@@ -485,18 +485,19 @@ fn retry_on_set_rules() {
 #[test]
 fn a_grpc_status_is_awaited_in_trailers_only_for_a_200_grpc_head_without_one() {
     let grpc = || http::Response::builder().header("content-type", "application/grpc+proto");
-    assert!(GrpcClassifier::status_in_trailers(
-        &grpc().body(()).unwrap()
-    ));
+    let left_open = |response: &Response<()>| {
+        Classify::<_, BoxError>::classify_head(&GrpcClassifier::new(), Ok(response)).is_none()
+    };
+    assert!(left_open(&grpc().body(()).unwrap()));
     let trailers_only = grpc().header("grpc-status", "14").body(()).unwrap();
-    assert!(!GrpcClassifier::status_in_trailers(&trailers_only));
+    assert!(!left_open(&trailers_only));
     let not_ok = grpc().status(503).body(()).unwrap();
-    assert!(!GrpcClassifier::status_in_trailers(&not_ok));
+    assert!(!left_open(&not_ok));
     let json = http::Response::builder()
         .header("content-type", "application/json")
         .body(())
         .unwrap();
-    assert!(!GrpcClassifier::status_in_trailers(&json));
+    assert!(!left_open(&json));
 }
 
 #[test]
@@ -642,4 +643,18 @@ fn item_5_a_refusal_token_survives_classification() {
     let setting = ErrorChainClassifier::new().unknown_as(Outcome::Failure(refused));
     let outcome = setting.classify_error(&fmt::Error);
     assert_eq!(outcome, fail(FailureKind::Shed));
+}
+
+/// Every kind's name (`as_str`, the `Display`) parses back to the kind, and
+/// nothing else parses: the names dead-letter entries and configurations
+/// store are read back by `FromStr`.
+#[test]
+fn every_kind_name_parses_back() {
+    for kind in FailureKind::ALL {
+        assert_eq!(kind.as_str().parse::<FailureKind>(), Ok(kind));
+        assert_eq!(kind.to_string().parse::<FailureKind>(), Ok(kind));
+    }
+    let err = "nope".parse::<FailureKind>().unwrap_err();
+    assert_eq!(err.field(), "kind");
+    assert!(err.to_string().contains("server_error"), "{err}");
 }

@@ -397,7 +397,9 @@ proptest! {
     fn json_numbers_never_overflow(n in any::<f64>(), unit_index in 0usize..5) {
         let unit = [WaitUnit::Seconds, WaitUnit::Ms, WaitUnit::Minutes, WaitUnit::EpochS, WaitUnit::EpochMs][unit_index];
         if let Some(number) = serde_json::Number::from_f64(n) {
-            let _ = unit.wait(&serde_json::Value::Number(number), t0());
+            let body = serde_json::json!({ "wait": number }).to_string();
+            let reader = BackoffFrom::body("$.wait", unit).unwrap();
+            let _ = reader.read(&HeaderMap::new(), Some(body.as_bytes()), t0());
         }
     }
 
@@ -408,7 +410,9 @@ proptest! {
 
     #[test]
     fn rfc3339_never_panics(text in "\\PC{0,40}") {
-        let _ = WaitUnit::Rfc3339.wait(&serde_json::Value::String(text), t0());
+        let body = serde_json::json!({ "at": text }).to_string();
+        let reader = BackoffFrom::body("$.at", WaitUnit::Rfc3339).unwrap();
+        let _ = reader.read(&HeaderMap::new(), Some(body.as_bytes()), t0());
     }
 
     #[test]

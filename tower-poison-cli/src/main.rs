@@ -40,7 +40,7 @@ use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
-use tower_poison::{kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
+use tower_poison::{DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
 use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
@@ -172,13 +172,8 @@ fn parse_age(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_kind(text: &str) -> Result<FailureKind, String> {
-    kind_from_name(text).ok_or_else(|| {
-        let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-        format!(
-            "unknown failure kind {text:?}; expected one of {}",
-            names.join(", ")
-        )
-    })
+    text.parse::<FailureKind>()
+        .map_err(|e| e.reason().to_owned())
 }
 
 fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
@@ -266,7 +261,10 @@ async fn list(
     json: bool,
     now: SystemTime,
 ) -> Result<ExitCode, Failure> {
-    let mut query = ListQuery::new().limit(args.limit);
+    let mut query = ListQuery {
+        limit: args.limit,
+        ..ListQuery::new()
+    };
     query.after = args.after;
     query.kind = args.kind;
     query.label = args.label;
@@ -539,14 +537,17 @@ async fn replay_command(
         Some(id) => vec![resolve(store, id).await?],
         None => {
             let mut ids = Vec::new();
-            let mut query = ListQuery::new().limit(1000);
+            let mut query = ListQuery {
+                limit: 1000,
+                ..ListQuery::new()
+            };
             query.kind = args.kind;
             query.label = args.label.clone();
             loop {
                 let page = store.list(query.clone()).await?;
                 ids.extend(page.entries.iter().map(|e| e.id));
                 match page.next {
-                    Some(next) => query = query.after(next),
+                    Some(next) => query.after = Some(next),
                     None => break,
                 }
             }
@@ -665,13 +666,16 @@ async fn purge(
         (store.purge(filter).await?, true)
     } else {
         let mut matching = 0u64;
-        let mut query = ListQuery::new().limit(1000);
+        let mut query = ListQuery {
+            limit: 1000,
+            ..ListQuery::new()
+        };
         query.failed_before = filter.failed_before;
         loop {
             let page = store.list(query.clone()).await?;
             matching += page.entries.len() as u64;
             match page.next {
-                Some(next) => query = query.after(next),
+                Some(next) => query.after = Some(next),
                 None => break,
             }
         }

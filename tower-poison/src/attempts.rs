@@ -50,12 +50,12 @@ impl AttemptCounter {
     }
 
     /// Counts one attempt.
-    pub fn record_attempt(&self) {
+    pub(crate) fn record_attempt(&self) {
         self.inner.started.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Notes that an attempt finished at `now` (only the first is kept).
-    pub fn record_done(&self, now: SystemTime) {
+    pub(crate) fn record_done(&self, now: SystemTime) {
         let millis = now
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()

@@ -34,8 +34,8 @@ pub use self::capture::{
 };
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{
-    error_chain, kind_from_name, DeadLetterEntry, EntryId, EntryIdPrefix, ParseEntryIdError,
-    ReplayRecord, StoredHeader,
+    error_chain, DeadLetterEntry, EntryId, EntryIdPrefix, ParseEntryIdError, ReplayRecord,
+    StoredHeader,
 };
 pub use self::error::{CountStoreFailed, PoisonMessage, StoreFailed, StoreFull};
 pub use self::future::ResponseFuture;

@@ -186,7 +186,10 @@ where
                 let first = depth_gauges(&snapshotter, &mut gauges);
 
                 let orders = store
-                    .list(ListQuery::new().label("orders"))
+                    .list(ListQuery {
+                        label: Some("orders".into()),
+                        ..ListQuery::new()
+                    })
                     .await
                     .unwrap()
                     .entries;

@@ -90,7 +90,10 @@ fn request(body: &'static str) -> Request<Full<Bytes>> {
 
 async fn all(store: &impl DeadLetterStore) -> Vec<DeadLetterEntry> {
     store
-        .list(ListQuery::new().limit(1000))
+        .list(ListQuery {
+            limit: 1000,
+            ..ListQuery::new()
+        })
         .await
         .unwrap()
         .entries

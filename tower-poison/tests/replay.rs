@@ -717,7 +717,10 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
         "foreign entry changed"
     );
     let page = store
-        .list(tower_poison::store::ListQuery::new().label("payments"))
+        .list(tower_poison::store::ListQuery {
+            label: Some("payments".into()),
+            ..tower_poison::store::ListQuery::new()
+        })
         .await
         .unwrap();
     assert_eq!(page.entries.len(), 3);

@@ -117,13 +117,16 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 
     // Paging: 3 at a time, no entry twice, none lost.
     let mut seen = Vec::new();
-    let mut query = ListQuery::new().limit(3);
+    let mut query = ListQuery {
+        limit: 3,
+        ..ListQuery::new()
+    };
     loop {
         let page = store.list(query.clone()).await.unwrap();
         assert!(page.entries.len() <= 3);
         seen.extend(page.entries.iter().map(|e| e.id));
         match page.next {
-            Some(next) => query = query.after(next),
+            Some(next) => query.after = Some(next),
             None => break,
         }
     }
@@ -132,12 +135,22 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 
     // A limit of 0 is a limit of 1: one entry, and a cursor to the rest
     // (not an empty page that says there is no more).
-    let one = store.list(ListQuery::new().limit(0)).await.unwrap();
+    let one = store
+        .list(ListQuery {
+            limit: 0,
+            ..ListQuery::new()
+        })
+        .await
+        .unwrap();
     assert_eq!(one.entries.len(), 1);
     assert_eq!(one.entries[0].id, seen[0]);
     assert_eq!(one.next, Some(seen[0]));
     let last = store
-        .list(ListQuery::new().limit(0).after(seen[8]))
+        .list(ListQuery {
+            limit: 0,
+            after: Some(seen[8]),
+            ..ListQuery::new()
+        })
         .await
         .unwrap();
     assert_eq!(last.entries.len(), 1);
@@ -145,12 +158,21 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 
     // Filters.
     let poison = store
-        .list(ListQuery::new().kind(FailureKind::Poison))
+        .list(ListQuery {
+            kind: Some(FailureKind::Poison),
+            ..ListQuery::new()
+        })
         .await
         .unwrap();
     assert_eq!(poison.entries.len(), 5);
     assert!(poison.entries.iter().all(|e| e.kind == FailureKind::Poison));
-    let billing = store.list(ListQuery::new().label("billing")).await.unwrap();
+    let billing = store
+        .list(ListQuery {
+            label: Some("billing".into()),
+            ..ListQuery::new()
+        })
+        .await
+        .unwrap();
     assert_eq!(billing.entries.len(), 3);
 
     // Stats.
@@ -181,7 +203,15 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     assert!(oldest < DAY);
 
     // Remove one, then purge the rest.
-    let first = store.list(ListQuery::new().limit(1)).await.unwrap().entries[0].id;
+    let first = store
+        .list(ListQuery {
+            limit: 1,
+            ..ListQuery::new()
+        })
+        .await
+        .unwrap()
+        .entries[0]
+        .id;
     assert!(store.remove(first).await.unwrap());
     assert!(!store.remove(first).await.unwrap());
     assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 5);
@@ -359,7 +389,10 @@ async fn acknowledged_entries_survive_sigkill() {
     }
     // The store is fully usable: every entry decodes, and it takes writes.
     let listed = store
-        .list(ListQuery::new().limit(usize::MAX))
+        .list(ListQuery {
+            limit: usize::MAX,
+            ..ListQuery::new()
+        })
         .await
         .unwrap();
     assert_eq!(listed.entries.len() as u64, depth);
@@ -444,7 +477,15 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Full);
-    let mut kept = store.list(ListQuery::new().limit(1)).await.unwrap().entries[0].clone();
+    let mut kept = store
+        .list(ListQuery {
+            limit: 1,
+            ..ListQuery::new()
+        })
+        .await
+        .unwrap()
+        .entries[0]
+        .clone();
     kept.attempts = 9;
     assert_eq!(store.put_with_depth(kept.clone()).await.unwrap(), Some(5));
     assert_eq!(store.get(kept.id).await.unwrap(), Some(kept.clone()));

@@ -190,12 +190,8 @@ impl BackoffConfig {
 }
 
 impl RetryConfig {
-    /// Checks every field without building anything.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.http_builder().map(drop)
-    }
-
-    /// Applies the settings to an HTTP builder ([`RetryLayer::http_builder`](crate::RetryLayer::http_builder)'s).
+    /// Applies the settings to an HTTP builder ([`RetryLayer::http_builder`](crate::RetryLayer::http_builder)'s),
+    /// checking every field.
     pub fn http_builder(&self) -> Result<RetryBuilder<HttpClassifier, HttpReplay>, ConfigError> {
         let mut classifier = HttpClassifier::new();
         if let Some(codes) = &self.retryable_statuses {
@@ -334,7 +330,10 @@ mod tests {
     #[test]
     fn max_retries_17_is_refused_naming_the_field() {
         assert_eq!(field_of(r#"{"max_retries": 17}"#), "max_retries");
-        assert!(parse(r#"{"max_retries": 16}"#).unwrap().validate().is_ok());
+        assert!(parse(r#"{"max_retries": 16}"#)
+            .unwrap()
+            .http_builder()
+            .is_ok());
     }
 
     #[test]

@@ -84,7 +84,10 @@ fn get() -> Request<Full<Bytes>> {
 
 async fn stored(store: &MemoryStore) -> Vec<DeadLetterEntry> {
     store
-        .list(ListQuery::new().limit(1000))
+        .list(ListQuery {
+            limit: 1000,
+            ..ListQuery::new()
+        })
         .await
         .unwrap()
         .entries

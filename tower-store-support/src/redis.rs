@@ -166,13 +166,6 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-impl RedisConnection {
-    /// `true` when connected to a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.0, Connection::Cluster(_))
-    }
-}
-
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.0 {

@@ -35,7 +35,7 @@ impl WaitUnit {
     /// as a wait. Absolute instants are measured from `base` (the response's
     /// `Date`, or the local clock); an instant in the past is zero. `None` when
     /// the value is missing, negative or unreadable.
-    pub fn wait(self, value: &Value, base: SystemTime) -> Option<Duration> {
+    pub(crate) fn wait(self, value: &Value, base: SystemTime) -> Option<Duration> {
         if self == WaitUnit::Rfc3339 {
             let at = parse_rfc3339(value.as_str()?)?;
             return Some(wait_until(at, epoch_ms(base)));
@@ -146,14 +146,6 @@ impl BackoffFrom {
             available: JsonPath::parse("backoff_from.available", available)?,
             restore_rate: JsonPath::parse("backoff_from.restore_rate", restore_rate)?,
         })
-    }
-
-    /// `true` when this reader needs the response body.
-    pub fn needs_body(&self) -> bool {
-        matches!(
-            self,
-            BackoffFrom::Body { .. } | BackoffFrom::CostBucket { .. }
-        )
     }
 
     /// The wait this response states, if it states one readably. Absolute

@@ -75,7 +75,7 @@ impl ResponseRule {
     }
 
     /// The failure this rule makes of a response, if it matches.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         status: StatusCode,
         headers: &HeaderMap,

@@ -124,7 +124,7 @@ impl HttpClassifier {
     /// Classifies a response's parts, measuring HTTP-date hints against `now`
     /// when the response has no `Date` header. `body` is the buffered body, if
     /// there is one, for body rules.
-    pub fn classify_parts(
+    pub(crate) fn classify_parts(
         &self,
         status: StatusCode,
         headers: &http::HeaderMap,
@@ -232,7 +232,7 @@ pub struct StatusSet {
 
 impl StatusSet {
     /// The empty set.
-    pub const EMPTY: StatusSet = StatusSet { bits: [0; 16] };
+    const EMPTY: StatusSet = StatusSet { bits: [0; 16] };
 
     /// The set of `codes`. A code outside 100–999 is refused naming `field`.
     pub fn from_codes(
@@ -250,14 +250,14 @@ impl StatusSet {
     }
 
     /// The set with `status` added.
-    pub const fn with(mut self, status: StatusCode) -> Self {
+    const fn with(mut self, status: StatusCode) -> Self {
         let code = status.as_u16() as usize;
         self.bits[code / 64] |= 1 << (code % 64);
         self
     }
 
     /// `true` when `status` is in the set.
-    pub const fn contains(&self, status: StatusCode) -> bool {
+    pub(crate) const fn contains(&self, status: StatusCode) -> bool {
         let code = status.as_u16() as usize;
         self.bits[code / 64] & (1 << (code % 64)) != 0
     }
@@ -268,7 +268,7 @@ impl StatusSet {
     }
 
     /// The codes in the set, ascending.
-    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+    fn iter(&self) -> impl Iterator<Item = u16> + '_ {
         (100u16..1000).filter(move |code| {
             let code = *code as usize;
             self.bits[code / 64] & (1 << (code % 64)) != 0

@@ -48,7 +48,6 @@ const HEADER_OVERHEAD: usize = 64;
 ///
 /// let store = MemoryIdempotencyStore::new(100_000).with_max_bytes(256 << 20);
 /// assert_eq!((store.len(), store.bytes()), (0, 0));
-/// assert_eq!(store.max_bytes(), 256 << 20);
 /// ```
 #[derive(Clone)]
 pub struct MemoryIdempotencyStore {
@@ -106,16 +105,6 @@ impl MemoryIdempotencyStore {
     pub fn with_max_bytes(self, max_bytes: usize) -> Self {
         self.lock().max_bytes = max_bytes;
         self
-    }
-
-    /// The most keys the store holds.
-    pub fn max_entries(&self) -> usize {
-        self.lock().max_entries
-    }
-
-    /// The most bytes the store holds.
-    pub fn max_bytes(&self) -> usize {
-        self.lock().max_bytes
     }
 
     /// How many keys are held now (expired ones not yet dropped included).

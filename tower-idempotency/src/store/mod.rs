@@ -270,7 +270,7 @@ impl StoredResponse {
 
     /// The trailers, if the body was ended by any (skipped as headers are
     /// in [`to_response`](Self::to_response)).
-    pub fn trailer_map(&self) -> Option<HeaderMap> {
+    pub(crate) fn trailer_map(&self) -> Option<HeaderMap> {
         (!self.trailers.is_empty()).then(|| header_map(&self.trailers))
     }
 

@@ -149,7 +149,10 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
         async move {
             let (low, high) = prefix.range();
             let mut matches = PrefixMatches::default();
-            let mut query = ListQuery::new().limit(1024);
+            let mut query = ListQuery {
+                limit: 1024,
+                ..ListQuery::new()
+            };
             query.after = low.as_u128().checked_sub(1).map(EntryId::from_u128);
             loop {
                 let page = self.list(query.clone()).await?;
@@ -163,7 +166,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
                     }
                 }
                 match page.next {
-                    Some(next) if next < high => query = query.after(next),
+                    Some(next) if next < high => query.after = Some(next),
                     _ => return Ok(matches),
                 }
             }
@@ -238,14 +241,17 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     fn stats(&self, now: SystemTime) -> impl Future<Output = Result<Stats, StoreError>> + Send {
         async move {
             let mut stats = Stats::default();
-            let mut query = ListQuery::new().limit(1024);
+            let mut query = ListQuery {
+                limit: 1024,
+                ..ListQuery::new()
+            };
             loop {
                 let page = self.list(query.clone()).await?;
                 for entry in &page.entries {
                     stats.count(entry, now);
                 }
                 match page.next {
-                    Some(next) => query = query.after(next),
+                    Some(next) => query.after = Some(next),
                     None => return Ok(stats),
                 }
             }
@@ -340,9 +346,17 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
         .min(MAX_MILLIS)
 }
 
-/// Which entries [`DeadLetterStore::list`] returns.
+/// Which entries [`DeadLetterStore::list`] returns: set the fields you need
+/// over [`ListQuery::new`]'s.
+///
+/// ```
+/// use tower_classify::FailureKind;
+/// use tower_poison::store::ListQuery;
+///
+/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::new() };
+/// assert_eq!((poison.limit, poison.after), (20, None));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
     /// [`Page::next`]).
@@ -374,30 +388,6 @@ impl ListQuery {
             label: None,
             failed_before: None,
         }
-    }
-
-    /// Starts after `id`.
-    pub fn after(mut self, id: EntryId) -> Self {
-        self.after = Some(id);
-        self
-    }
-
-    /// Returns at most `limit` entries; zero is treated as one.
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
-        self
-    }
-
-    /// Only entries of `kind`.
-    pub fn kind(mut self, kind: FailureKind) -> Self {
-        self.kind = Some(kind);
-        self
-    }
-
-    /// Only entries labelled `label`.
-    pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
     }
 
     /// `true` when `entry` passes the filters (not the cursor or limit).

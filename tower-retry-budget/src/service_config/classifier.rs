@@ -118,7 +118,9 @@ impl GrpcRetryClassifier {
                 Outcome::Failure(failure) if failure.kind.is_transient() => failure.kind,
                 _ => FailureKind::ServerError,
             };
-            return Outcome::Failure(Failure::new(kind).with_hint_opt(pushback));
+            let mut failure = Failure::new(kind);
+            failure.hint = pushback;
+            return Outcome::Failure(failure);
         }
         // Outside the codes: not retried, and under a hedging policy the
         // call's answer at once (the other attempts are cancelled).
