@@ -145,7 +145,10 @@ where
             let mut by_label: BTreeMap<String, u64> = BTreeMap::new();
             let mut kept: VecDeque<DeadLetterEntry> = VecDeque::with_capacity(newest + 1);
             let mut scanned = 0;
-            let mut query = ListQuery::new().limit(SCAN_PAGE);
+            let mut query = ListQuery {
+                limit: SCAN_PAGE,
+                ..ListQuery::new()
+            };
             let complete = loop {
                 let page = self.store.list(query.clone()).await?;
                 for entry in page.entries {
@@ -161,7 +164,7 @@ where
                 }
                 match page.next {
                     Some(_) if scanned >= SCAN_LIMIT => break false,
-                    Some(next) => query = query.after(next),
+                    Some(next) => query.after = Some(next),
                     None => break true,
                 }
             };
@@ -199,7 +202,11 @@ where
     fn purge_label(&self, label: String) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut removed = 0;
-            let query = ListQuery::new().label(label).limit(SCAN_PAGE);
+            let query = ListQuery {
+                label: Some(label),
+                limit: SCAN_PAGE,
+                ..ListQuery::new()
+            };
             // Each page starts again from the first entry left: the ones
             // before were removed.
             while (removed as usize) < MAX_PURGE {
