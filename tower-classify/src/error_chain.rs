@@ -4,8 +4,8 @@ use std::error::Error;
 use std::fmt;
 use std::io;
 
+use crate::classified::Classified;
 use crate::classify::Classify;
-use crate::error::Classified;
 use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 
 /// Views an error value as `&dyn Error`, so classifiers can walk its chain.

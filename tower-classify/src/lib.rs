@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod classified;
 mod classify;
 mod coarse_clock;
 mod error;
@@ -45,11 +46,12 @@ pub mod http_status;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 
+pub use self::classified::Classified;
 pub use self::classify::{
     classify_fn, Classify, ClassifyExt, ClassifyFn, Map, MapOutcome, Or, RetryOnFilter,
 };
 pub use self::coarse_clock::CoarseClock;
-pub use self::error::{BoxError, Classified, ConfigError};
+pub use self::error::{BoxError, ConfigError};
 pub use self::error_chain::{AsDynError, ErrorChainClassifier};
 #[cfg(feature = "http")]
 pub use self::grpc::GrpcClassifier;
