@@ -247,15 +247,17 @@ async fn retry_after_beyond_the_deadline_fails_at_once() {
 }
 
 /// Seed 000/004: a sustained outage opens the breaker; from then on calls
-/// fail fast with `CircuitOpen` without reaching the upstream, and every
-/// refusal is dead-lettered as `shed` (worth replaying later).
+/// fail fast with `CircuitOpen` without reaching the upstream, and, with
+/// `store_refusals` on (off by default: a refusal is returned to the caller
+/// unstored), every refusal is dead-lettered as `shed` (worth replaying
+/// later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sustained_outage_opens_breaker_and_upstream_load_drops() {
     let upstream = ScriptedServer::start().await.unwrap();
     upstream.otherwise(Reply::status(503));
     let store = MemoryStore::new(1000);
     let (breaker, handle) = breaker(3, Duration::from_secs(30));
-    let stack = default_order(dead_letters(&store), breaker, retry(2));
+    let stack = default_order(dead_letters(&store).store_refusals(true), breaker, retry(2));
 
     // Closed: every call costs the upstream three attempts.
     for i in 0..3 {

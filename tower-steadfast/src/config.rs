@@ -326,6 +326,7 @@ pub struct PoisonSection {
     /// Store refusals that never reached the dependency, such as an open
     /// circuit's (default `false`: they are returned to the caller
     /// unstored, so an outage does not fill the store).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) store_refusals: bool,
 }
 
