@@ -12,9 +12,9 @@
 //!
 //! | failure kind | status | `Retry-After` |
 //! |---|---|---|
-//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 503 | the hint's wait |
-//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 503 | the hint's wait |
-//! | [`RateLimited`](FailureKind::RateLimited) | 429 | the hint's wait |
+//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 503 | the error's wait (an open circuit's: the time it stays open) |
+//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 503 | the error's wait |
+//! | [`RateLimited`](FailureKind::RateLimited) | 429 | the error's wait |
 //! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 504 | — |
 //! | [`Poison`](FailureKind::Poison), [`Rejected`](FailureKind::Rejected) | 400 | — |
 //! | an error nothing recognises | 500, unless the layer's classifier chose what it means (see [`HttpStatusLayer::classifier`]) | — |
