@@ -47,6 +47,27 @@ use tower_retry_budget::{Backoff, Jitter, RetryLayer};
 #[doc = include_str!("../../README.md")]
 pub struct WorkspaceReadme;
 
+/// The flaky inventory service of the README's quickstarts: an axum server on
+/// `127.0.0.1:0` whose `PUT /reservations/42` answers its first call `503`,
+/// then `200`. Returns its base URL.
+pub async fn flaky_inventory() -> Result<String, BoxError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let reserve = move || async move {
+        match calls.fetch_add(1, Ordering::SeqCst) {
+            0 => http::StatusCode::SERVICE_UNAVAILABLE,
+            _ => http::StatusCode::OK,
+        }
+    };
+    let app = axum::Router::new().route("/reservations/42", axum::routing::put(reserve));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
 /// The header every test request carries so that the upstream's log, the
 /// caller's results and the dead-letter store can be matched up.
 pub const REQUEST_ID: &str = "x-request-id";

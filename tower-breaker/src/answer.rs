@@ -12,10 +12,9 @@
 //! built around one.
 
 #[cfg(feature = "http")]
-use std::time::Duration;
-
+use http::Response;
 #[cfg(feature = "http")]
-use http::{header, HeaderValue, Response, StatusCode};
+use tower_classify::http_status::Problem;
 
 /// A refused call fails with a [`CircuitOpen`](crate::CircuitOpen) error,
 /// boxed, and every call is judged by its result as it arrives (its
@@ -26,15 +25,22 @@ use http::{header, HeaderValue, Response, StatusCode};
 pub struct Plain;
 
 /// For HTTP servers: a refused call is *answered*, `503 Service
-/// Unavailable`, a `Retry-After` header in whole seconds (rounded up) with
+/// Unavailable`, a `Retry-After` header in whole seconds (rounded up, at
+/// least 1) with
 /// [`CircuitOpen::retry_after`](crate::CircuitOpen::retry_after) (the
 /// caller's place on the release ramp), or the remaining open time for a
 /// call refused before the period's last fifth (absent when neither is
-/// known), and a JSON body
+/// known), and a problem details body (`application/problem+json`,
+/// RFC 9457)
 ///
 /// ```json
-/// {"code":"CIRCUIT_OPEN","message":"circuit open","retry_after_secs":12}
+/// {"type":"about:blank","title":"Service Unavailable","status":503,"detail":"circuit open","code":"CIRCUIT_OPEN"}
 /// ```
+///
+/// It is tower-classify's answer to the `CircuitOpen`
+/// ([`Problem::for_error`](tower_classify::http_status::Problem::for_error),
+/// what its `HttpStatusLayer` sends for a plain breaker's refusal) with the
+/// stable `code` added.
 ///
 /// An error would make a server close the connection without answering, and
 /// needs a `HandleErrorLayer` under axum; a response needs neither. The error
@@ -170,56 +176,13 @@ pub struct Http503;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HttpError;
 
-/// The `503 CIRCUIT_OPEN` answer for `open`.
+/// The `503 CIRCUIT_OPEN` answer for `open`: its problem response, whose
+/// `Retry-After` is the wait `open` tells remote callers and whose `Failure`
+/// extension (the refusal's, with its token) makes the layers around it
+/// classify it as the shed load it is, not as a server error.
 #[cfg(feature = "http")]
 pub(crate) fn open_response<B: From<String>>(open: &crate::error::CircuitOpen) -> Response<B> {
-    // A call refused early in an open period has no place on the release
-    // ramp; an HTTP caller still gets what an open circuit promises it, the
-    // time left.
-    let secs = open.retry_after().or(open.remaining()).map(ceil_secs);
-    let body = match secs {
-        Some(secs) => {
-            format!(
-                r#"{{"code":"CIRCUIT_OPEN","message":"circuit open","retry_after_secs":{secs}}}"#
-            )
-        }
-        None => {
-            r#"{"code":"CIRCUIT_OPEN","message":"circuit open","retry_after_secs":null}"#.to_owned()
-        }
-    };
-    let mut response = Response::new(B::from(body));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    // Layers around this one (a dead-letter layer, a client breaker) classify
-    // the answer as the shed load it is, not as a server error.
-    response.extensions_mut().insert(open.failure());
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Some(secs) = secs {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    response
-}
-
-/// Whole seconds, rounded up and at least 1: `Retry-After: 0` would invite
-/// an immediate retry into a circuit that is still open.
-#[cfg(feature = "http")]
-fn ceil_secs(wait: Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    secs.max(1)
-}
-
-#[cfg(all(test, feature = "http"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
-        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
-        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
-        assert_eq!(ceil_secs(Duration::from_secs(30)), 30);
-        assert_eq!(ceil_secs(Duration::ZERO), 1);
-    }
+    Problem::for_error(open as &(dyn std::error::Error + 'static))
+        .member("code", "CIRCUIT_OPEN")
+        .response()
 }

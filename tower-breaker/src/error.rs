@@ -28,7 +28,12 @@ use tower_classify::RefusalToken;
 /// [`retry_after`](CircuitOpen::retry_after) as its hint, so any layer that classifies with
 /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
 /// outside the breaker, a dead-letter layer) recognises it without depending on
-/// this crate: a retry layer does not spin on an open circuit.
+/// this crate: a retry layer does not spin on an open circuit. An answer to a
+/// remote caller built from it (tower-classify's `HttpStatusLayer` or
+/// `GrpcStatusLayer`, `problem`, `not_run`) says the wait of the breaker's
+/// own `503`: [`retry_after`](CircuitOpen::retry_after), else the
+/// [`remaining`](CircuitOpen::remaining) open time, however early in the
+/// period.
 ///
 /// When a breaker answering HTTP requests (the `http` feature's
 /// [answers](crate::answer), `Http503` and `HttpError`) refuses a request
@@ -41,7 +46,7 @@ use tower_classify::RefusalToken;
 pub struct CircuitOpen {
     key: Arc<str>,
     remaining: Option<Duration>,
-    retry_after: Option<Duration>,
+    /// Carries `retry_after` as its failure's hint.
     classified: Classified,
 }
 
@@ -54,8 +59,7 @@ impl CircuitOpen {
         CircuitOpen {
             key,
             remaining,
-            retry_after,
-            classified: Classified::shed("circuit open", retry_after),
+            classified: classified(Classified::shed("circuit open", retry_after), remaining),
         }
     }
 
@@ -69,7 +73,7 @@ impl CircuitOpen {
         }
         let failure = self.classified.failure().with_refusal(token);
         CircuitOpen {
-            classified: Classified::new(failure, "circuit open"),
+            classified: classified(Classified::new(failure, "circuit open"), self.remaining),
             ..self
         }
     }
@@ -92,11 +96,13 @@ impl CircuitOpen {
     /// breaker is half-open, forced open or throttling; a refusal of a
     /// [slow start](crate::Builder::slow_start) names a point of what is
     /// left of it. It is the hint the refusal's [`failure`](Self::failure)
-    /// carries to a retry layer and, with the `http` feature, the
-    /// `Retry-After` of the `503` answer; a `503` refused without it says
-    /// the [`remaining`](Self::remaining) open time instead.
+    /// carries to a retry layer. An HTTP or gRPC answer of the refusal
+    /// (the `http` feature's `503`, tower-classify's `HttpStatusLayer`,
+    /// `problem`, `not_run` and `GrpcStatusLayer`) tells its caller this
+    /// wait, or without it the [`remaining`](Self::remaining) open time (see
+    /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.classified.failure().retry_after()
     }
 
     /// The classification this refusal carries: a
@@ -109,6 +115,17 @@ impl CircuitOpen {
     /// The breaker's key: the key of a keyed breaker, else the layer's name.
     pub fn key(&self) -> &str {
         &self.key
+    }
+}
+
+/// `shed` telling a remote caller (an HTTP or gRPC answer) to come back at
+/// its place on the release ramp or, refused earlier in the period, when the
+/// period ends: the wait an open circuit promises, whatever answers it. The
+/// hint a retry layer in process reads stays `retry_after` alone.
+fn classified(shed: Classified, remaining: Option<Duration>) -> Classified {
+    match shed.failure().retry_after().or(remaining) {
+        Some(wait) => shed.with_answer_wait(wait),
+        None => shed,
     }
 }
 

@@ -10,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
+use tower_classify::http_status::HttpStatusLayer;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
 #[tokio::test(start_paused = true)]
@@ -54,10 +55,21 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
         "18",
         "3.5 s left (the period's last fifth), plus four times that (its place in the release ramp)"
     );
-    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
-    assert_eq!(body["code"], "CIRCUIT_OPEN");
-    assert_eq!(body["retry_after_secs"], 18);
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": "circuit open",
+            "code": "CIRCUIT_OPEN",
+        })
+    );
 
     // Layers around it see the answer as shed load, not as a server error.
     let outcome = Classify::<_, BoxError>::classify(&HttpClassifier::new(), Ok(&response));
@@ -95,7 +107,7 @@ async fn an_early_refusals_503_says_the_time_left() {
         "14.5 s left, rounded up; no ramp place this early"
     );
     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
-    assert_eq!(body["retry_after_secs"], 15);
+    assert_eq!(body["code"], "CIRCUIT_OPEN");
     let failure = response
         .extensions()
         .get::<Failure>()
@@ -132,4 +144,63 @@ async fn item_5_an_open_circuits_503_carries_the_refused_requests_token() {
     let refused = svc.clone().oneshot(Request::new(())).await.unwrap();
     let failure = refused.extensions().get::<Failure>().unwrap();
     assert_eq!((failure.kind, failure.refusal), (FailureKind::Shed, None));
+}
+
+/// Issue 36: an open circuit's refusal answered by tower-classify's
+/// `HttpStatusLayer` (a plain breaker under an axum route) carries the same
+/// `Retry-After` as the breaker's own `503`: the time left, early in the
+/// open period too, where the refusal gives a retry layer no hint. The body
+/// is the same problem but for the breaker's stable `code`.
+#[tokio::test(start_paused = true)]
+async fn first_hour_3_http_status_layer_says_an_open_circuits_time_left_early_in_the_period() {
+    let breaker = CircuitBreakerLayer::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(20))
+        .build(HttpClassifier::new())
+        .unwrap();
+    let failing = service_fn(|_: Request<()>| async {
+        Ok::<_, BoxError>(Response::builder().status(502).body(String::new()).unwrap())
+    });
+    let plain = HttpStatusLayer::new().layer(breaker.layer(failing));
+    let answered = breaker.clone().answer(Http503).layer(failing);
+
+    let opened = plain.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(opened.status(), StatusCode::BAD_GATEWAY);
+    // 2 s into a 20 s period: far from its last fifth.
+    tokio::time::advance(Duration::from_millis(2_000)).await;
+
+    let response = plain.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "18", "18 s left");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let failure = response.extensions().get::<Failure>().unwrap();
+    assert_eq!(failure.kind, FailureKind::Shed);
+    assert_eq!(
+        failure.retry_after(),
+        None,
+        "a retry layer is still told to fail at once"
+    );
+
+    // The breaker's own answer, at the same moment: the same wait and
+    // problem, plus the code.
+    let own = answered.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(own.headers()["retry-after"], "18");
+    let mut own_body: serde_json::Value = serde_json::from_str(own.body()).unwrap();
+    assert_eq!(own_body["code"], "CIRCUIT_OPEN");
+    own_body.as_object_mut().unwrap().remove("code");
+    let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+    assert_eq!(own_body, body);
+
+    // 300 ms before the end, in the last fifth: the refusal's place on the
+    // release ramp, the hint a retry layer reads too.
+    tokio::time::advance(Duration::from_millis(17_700)).await;
+    let late = plain.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(
+        late.headers()["retry-after"],
+        "2",
+        "0.3 s left, ×5 = 1.5 s, rounded up"
+    );
 }

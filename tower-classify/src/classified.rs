@@ -33,6 +33,7 @@ pub struct Classified {
     failure: Failure,
     message: Cow<'static, str>,
     source: Option<BoxError>,
+    answer_wait: Option<Duration>,
 }
 
 impl Classified {
@@ -42,6 +43,7 @@ impl Classified {
             failure: failure.into(),
             message: message.into(),
             source: None,
+            answer_wait: None,
         }
     }
 
@@ -59,9 +61,47 @@ impl Classified {
         self
     }
 
+    /// The same error, telling a caller in another process to wait `wait`
+    /// before trying again: the `Retry-After` of its HTTP answer
+    /// ([`http_status`](crate::http_status)) and the
+    /// `grpc-retry-pushback-ms` of its gRPC answer
+    /// ([`grpc_status`](crate::grpc_status)), in place of the failure's
+    /// hint.
+    ///
+    /// The hint is for a retry layer in this process, which may be told
+    /// something else: an open circuit refuses a call early in its open
+    /// period with no hint, so that a retry layer around it fails the call
+    /// at once instead of holding it for the whole period, while a remote
+    /// caller is told the time left.
+    ///
+    /// ```
+    /// # #[cfg(feature = "http")] {
+    /// use std::time::Duration;
+    /// use tower_classify::http_status::problem;
+    /// use tower_classify::{Classified, ErrorChainClassifier};
+    ///
+    /// let open = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(2500));
+    /// let failure = ErrorChainClassifier::new().classify_error(&open).as_failure().copied();
+    /// assert_eq!(failure.unwrap().hint, None, "a retry layer here is told nothing");
+    /// let answer: http::Response<String> = problem(&open);
+    /// assert_eq!(answer.headers()["retry-after"], "3");
+    /// # }
+    /// ```
+    pub fn with_answer_wait(mut self, wait: Duration) -> Self {
+        self.answer_wait = Some(wait);
+        self
+    }
+
     /// The classification this error carries.
     pub fn failure(&self) -> Failure {
         self.failure
+    }
+
+    /// The wait an answer to a remote caller states, when it is not the
+    /// hint's (see [`with_answer_wait`](Self::with_answer_wait)).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn answer_wait(&self) -> Option<Duration> {
+        self.answer_wait
     }
 }
 

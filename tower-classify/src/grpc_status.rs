@@ -46,12 +46,14 @@ use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::Response;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
+use crate::classified::Classified;
 use crate::error::BoxError;
 use crate::error_chain::{ErrorChainClassifier, DEFAULT_UNKNOWN};
 use crate::grpc::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
@@ -405,8 +407,14 @@ pub(crate) fn answer(
             None => (DEFAULT_UNKNOWN, 2),
         },
     };
+    // A wait told to remote callers (an open circuit's time left) takes the
+    // place of the hint meant for a retry layer in this process.
+    let hint = match answer_wait(error, &outcome) {
+        Some(wait) => Some(RetryHint::After(wait)),
+        None => outcome.as_failure().and_then(|failure| failure.hint),
+    };
     // A wait means something only where the status invites a retry.
-    let pushback = match outcome.as_failure().and_then(|failure| failure.hint) {
+    let pushback = match hint {
         Some(_) if !matches!(code, 14 | 8) => None,
         Some(RetryHint::After(wait)) => Some(
             u64::try_from(wait.as_millis())
@@ -421,6 +429,30 @@ pub(crate) fn answer(
         code,
         pushback,
     }
+}
+
+/// The [answer wait](Classified::with_answer_wait) of the `Classified` in
+/// `error`'s chain that decided `outcome` (the first one, as the
+/// classifier reads it), unless the classifier made something else of it.
+fn answer_wait(error: &(dyn std::error::Error + 'static), outcome: &Outcome) -> Option<Duration> {
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if let Some(classified) = err.downcast_ref::<Classified>() {
+            return classified
+                .answer_wait()
+                .filter(|_| outcome.as_failure() == Some(&classified.failure()));
+        }
+        // As the classifier walks it: `io::Error::source` skips the error
+        // it wraps.
+        current = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
 }
 
 fn status_response(error: &BoxError, settings: &Settings) -> Response<()> {

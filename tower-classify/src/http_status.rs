@@ -12,15 +12,18 @@
 //!
 //! | failure kind | status | `Retry-After` |
 //! |---|---|---|
-//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 503 | the hint's wait |
-//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 503 | the hint's wait |
-//! | [`RateLimited`](FailureKind::RateLimited) | 429 | the hint's wait |
+//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 503 | the error's wait (an open circuit's: the time it stays open) |
+//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 503 | the error's wait |
+//! | [`RateLimited`](FailureKind::RateLimited) | 429 | the error's wait |
 //! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 504 | — |
 //! | [`Poison`](FailureKind::Poison), [`Rejected`](FailureKind::Rejected) | 400 | — |
 //! | an error nothing recognises | 500, unless the layer's classifier chose what it means (see [`HttpStatusLayer::classifier`]) | — |
 //! | an [ignored](crate::Outcome::Ignored) error (the caller cancelled) | 499 | — |
 //!
-//! `Retry-After` is the wait in whole seconds, rounded up. The response
+//! `Retry-After` is the wait in whole seconds, rounded up and at least 1:
+//! the [wait the error tells remote callers](crate::Classified::with_answer_wait)
+//! when it names one (an open circuit's time left, however early in its
+//! open period), else its hint's. The response
 //! carries the error's [`Failure`] in its extensions, as a breaker's own
 //! `503` does, so the layers around it (a dead-letter layer, an idempotency
 //! guard, a client breaker) classify it as what it stands for rather than
@@ -28,7 +31,8 @@
 //!
 //! A handler that maps its own errors calls [`problem`] (the same answer)
 //! or, when it did nothing before the error and may be run again under the
-//! same idempotency key, [`not_run`].
+//! same idempotency key, [`not_run`]. Every answer is built by [`Problem`],
+//! as are the other HTTP error answers of the family.
 //!
 //! After the inner service's `poll_ready` fails, it is never polled or
 //! called again: every call gets that error's answer.
@@ -268,7 +272,7 @@ where
 /// handler ran. When it did nothing before the error, answer with
 /// [`not_run`] instead.
 pub fn problem<B: From<String>>(error: &(impl AsDynError + ?Sized)) -> Response<B> {
-    Problem::of(error.as_dyn_error(), &Settings::default()).response()
+    Problem::for_error(error).response()
 }
 
 /// The problem response answering `error`, marked as a refusal of the
@@ -307,7 +311,7 @@ pub fn not_run<B: From<String>>(
     error: &(impl AsDynError + ?Sized),
     token: Option<RefusalToken>,
 ) -> Response<B> {
-    let mut problem = Problem::of(error.as_dyn_error(), &Settings::default());
+    let mut problem = Problem::for_error(error);
     let failure = problem
         .failure
         .unwrap_or_else(|| Failure::new(FailureKind::Shed));
@@ -315,48 +319,103 @@ pub fn not_run<B: From<String>>(
     problem.response()
 }
 
-/// One error's answer, kept whole so that a failed readiness can answer
-/// every later call.
+/// An `application/problem+json` response (RFC 9457): the one builder of
+/// the family's HTTP error answers. [`HttpStatusLayer`], [`problem`] and
+/// [`not_run`] build theirs with it, as do a breaker's `503` (tower-breaker's
+/// `Http503`) and an idempotency guard's rejections.
+///
+/// The body is `{"type":"about:blank","title":…,"status":…}` (the title is
+/// the status's reason phrase) plus the [members](Self::member) added;
+/// `Retry-After` is a wait in whole seconds, rounded up and at least 1
+/// (`Retry-After: 0` would invite an immediate retry of what was just
+/// refused). A problem made [for an error](Self::for_error) carries the
+/// error's [`Failure`] in the response's extensions.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use tower_classify::http_status::Problem;
+///
+/// let response: http::Response<String> = Problem::new(StatusCode::CONFLICT)
+///     .member("code", "order_in_progress")
+///     .retry_after(Duration::from_millis(200))
+///     .response();
+/// assert_eq!(response.status(), 409);
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+/// assert_eq!(body["title"], "Conflict");
+/// assert_eq!(body["code"], "order_in_progress");
+/// ```
 #[derive(Debug, Clone)]
-struct Problem {
+pub struct Problem {
     status: StatusCode,
     retry_after: Option<u64>,
-    body: String,
+    body: serde_json::Map<String, serde_json::Value>,
     failure: Option<Failure>,
 }
 
 impl Problem {
-    fn of(error: &(dyn Error + 'static), settings: &Settings) -> Self {
-        let answer = answer(error, &settings.classifier);
-        let status = http_status(answer.code);
-        let retry_after = answer
-            .pushback
-            .and_then(|millis| u64::try_from(millis).ok())
-            .map(|millis| ceil_secs(Duration::from_millis(millis)));
-        let mut body = serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-        });
-        if settings.details {
-            body["detail"] = error.to_string().into();
-        }
+    /// A problem of `status`, with no `detail` and no `Retry-After`.
+    pub fn new(status: StatusCode) -> Self {
+        let mut body = serde_json::Map::new();
+        body.insert("type".into(), "about:blank".into());
+        body.insert(
+            "title".into(),
+            status.canonical_reason().unwrap_or("Error").into(),
+        );
+        body.insert("status".into(), status.as_u16().into());
         Problem {
             status,
-            retry_after,
-            body: body.to_string(),
-            // An error nothing recognises answers 500 and is left to be
-            // read as the server error its status says.
-            failure: answer
-                .outcome
-                .as_failure()
-                .copied()
-                .filter(|_| answer.code != 2),
+            retry_after: None,
+            body,
+            failure: None,
         }
     }
 
-    fn response<B: From<String>>(self) -> Response<B> {
-        let mut response = Response::new(B::from(self.body));
+    /// The problem answering `error`, as [`problem`] answers it: its status,
+    /// `Retry-After` and failure from the error's classification (see the
+    /// [module docs](self)), its text as the `detail`.
+    pub fn for_error(error: &(impl AsDynError + ?Sized)) -> Self {
+        Problem::of(error.as_dyn_error(), &Settings::default())
+    }
+
+    /// The body's member `name` set to `value`: an extension member such as
+    /// a stable `code` (RFC 9457 §3.2), or `type`, `title` or `detail`.
+    pub fn member(mut self, name: &str, value: &str) -> Self {
+        self.body.insert(name.into(), value.into());
+        self
+    }
+
+    /// `Retry-After`: `wait` in whole seconds, rounded up, at least 1.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(ceil_secs(wait));
+        self
+    }
+
+    fn of(error: &(dyn Error + 'static), settings: &Settings) -> Self {
+        let answer = answer(error, &settings.classifier);
+        let mut problem = Problem::new(http_status(answer.code));
+        if let Some(millis) = answer.pushback.and_then(|ms| u64::try_from(ms).ok()) {
+            problem = problem.retry_after(Duration::from_millis(millis));
+        }
+        if settings.details {
+            problem = problem.member("detail", &error.to_string());
+        }
+        // An error nothing recognises answers 500 and is left to be read as
+        // the server error its status says.
+        problem.failure = answer
+            .outcome
+            .as_failure()
+            .copied()
+            .filter(|_| answer.code != 2);
+        problem
+    }
+
+    /// The response.
+    pub fn response<B: From<String>>(self) -> Response<B> {
+        let body = serde_json::Value::Object(self.body).to_string();
+        let mut response = Response::new(B::from(body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(
@@ -386,10 +445,11 @@ fn http_status(code: u32) -> StatusCode {
     }
 }
 
-/// Whole seconds, rounded up: a client waiting the rounded-down value would
-/// come back too early.
+/// Whole seconds, rounded up (a client waiting the rounded-down value would
+/// come back too early) and at least 1 (`0` would invite an immediate retry).
 fn ceil_secs(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
 }
 
 #[cfg(test)]
@@ -397,9 +457,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waits_round_up_to_whole_seconds() {
+    fn waits_round_up_to_whole_seconds_at_least_one() {
         assert_eq!(ceil_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
         assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
-        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::ZERO), 1);
     }
 }

@@ -68,6 +68,16 @@ async fn each_failure_kind_gets_its_status() {
     }
 }
 
+/// The wait an error tells remote callers is the pushback, in place of the
+/// hint (an open circuit early in its period carries none).
+#[tokio::test]
+async fn the_answer_wait_is_the_pushback() {
+    let early = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(700));
+    let response = answer(early.into()).await;
+    assert_eq!(header(&response, "grpc-status"), Some("14"));
+    assert_eq!(header(&response, "grpc-retry-pushback-ms"), Some("700"));
+}
+
 #[tokio::test]
 async fn a_wait_becomes_pushback_and_do_not_retry_becomes_minus_one() {
     let open =

@@ -204,3 +204,90 @@ fn first_hour_2_not_run_marks_the_answer_as_a_refusal_of_this_request() {
         (FailureKind::Shed, Some(token))
     );
 }
+
+/// A wait told to remote callers takes the place of the hint in the answer,
+/// wrapped or not, and leaves the hint a retry layer reads alone; it is
+/// rounded up to at least a second.
+#[tokio::test]
+async fn the_answer_wait_is_the_retry_after_and_the_hint_stays_as_it_was() {
+    let early = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(300));
+    let outcome = ErrorChainClassifier::new().classify_error(&early);
+    assert_eq!(outcome.as_failure().unwrap().hint, None);
+    let response = answer(early.into()).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers()["retry-after"],
+        "1",
+        "300 ms rounds up to 1 s"
+    );
+    assert_eq!(response.extensions().get::<Failure>().unwrap().hint, None);
+
+    // It replaces a hint that is there, and is found under a wrapper.
+    let ramp = Classified::shed("circuit open", Some(Duration::from_secs(9)))
+        .with_answer_wait(Duration::from_millis(4200));
+    let wrapped: BoxError = Classified::new(Failure::new(FailureKind::Shed), "inner")
+        .with_source(ramp)
+        .into();
+    let response = answer(wrapped).await;
+    assert!(
+        !response.headers().contains_key("retry-after"),
+        "the first Classified decides, and it names no wait"
+    );
+    let ramp = Classified::shed("circuit open", Some(Duration::from_secs(9)))
+        .with_answer_wait(Duration::from_millis(4200));
+    let response = answer(std::io::Error::other(ramp).into()).await;
+    assert_eq!(response.headers()["retry-after"], "5");
+
+    // Not on a status that invites no retry.
+    let rejected = Classified::new(Failure::new(FailureKind::Rejected), "no")
+        .with_answer_wait(Duration::from_secs(5));
+    assert!(!answer(rejected.into())
+        .await
+        .headers()
+        .contains_key("retry-after"));
+}
+
+/// The builder the family's other HTTP answers use: status, title, members,
+/// `Retry-After` at least one second, no failure unless made for an error.
+#[test]
+fn a_problem_is_built_with_its_members_and_wait() {
+    use tower_classify::http_status::Problem;
+
+    let response: Response<String> = Problem::new(http::StatusCode::UNPROCESSABLE_ENTITY)
+        .member("type", "https://example.com/problems/reused")
+        .member("code", "reused")
+        .retry_after(Duration::ZERO)
+        .response();
+    assert_eq!(response.status(), 422);
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(response.extensions().get::<Failure>().is_none());
+    let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "type": "https://example.com/problems/reused",
+            "title": "Unprocessable Entity",
+            "status": 422,
+            "code": "reused",
+        })
+    );
+
+    let error = Classified::shed("circuit open", Some(Duration::from_secs(2)));
+    let built: Response<String> = Problem::for_error(&error).member("code", "X").response();
+    let plain: Response<String> = problem(&error);
+    assert_eq!(built.headers(), plain.headers());
+    assert_eq!(
+        built.extensions().get::<Failure>(),
+        plain.extensions().get::<Failure>()
+    );
+    let mut built: serde_json::Value = serde_json::from_str(built.body()).unwrap();
+    built.as_object_mut().unwrap().remove("code");
+    assert_eq!(
+        built,
+        serde_json::from_str::<serde_json::Value>(plain.body()).unwrap()
+    );
+}

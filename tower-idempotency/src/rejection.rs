@@ -6,9 +6,11 @@
 //! the status draft-ietf-httpapi-idempotency-key-header gives it and an
 //! RFC 9457 problem details body (`application/problem+json`) naming it.
 
+use std::time::Duration;
+
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
+use tower_classify::http_status::Problem;
 
 use crate::store::NotKept;
 
@@ -133,27 +135,65 @@ impl Rejection {
     /// a body `{"type", "title", "status", "detail", "code"}` (and `reason`
     /// for [`NotKept`](Rejection::NotKept)), and `retry-after: 1` where
     /// [retrying](Self::is_retryable) the same request is the right move.
+    ///
+    /// It is built by tower-classify's
+    /// [`Problem`](tower_classify::http_status::Problem), as every HTTP
+    /// error answer of the family is. Its `type` is this enum's page rather
+    /// than `about:blank`: the statuses the idempotency draft gives these
+    /// problems (409, 422) are shared with other problems, so the type says
+    /// which it is.
     pub fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
-        let mut json = serde_json::json!({
-            "type": "https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.Rejection.html",
-            "title": self.title(),
-            "status": self.status().as_u16(),
-            "detail": self.detail(),
-            "code": self.code(),
-        });
+        let mut problem = Problem::new(self.status())
+            .member(
+                "type",
+                "https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.Rejection.html",
+            )
+            .member("title", self.title())
+            .member("detail", self.detail())
+            .member("code", self.code());
         if let Rejection::NotKept(reason) = self {
-            json["reason"] = reason.as_str().into();
+            problem = problem.member("reason", reason.as_str());
         }
-        let mut response = Response::new(body(Bytes::from(json.to_string())));
-        *response.status_mut() = self.status();
-        let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         if self.is_retryable() {
-            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            problem = problem.retry_after(Duration::from_secs(1));
         }
-        response
+        problem
+            .response::<String>()
+            .map(|json| body(Bytes::from(json)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole answer, as the family's problem builder makes it: the
+    /// draft's status, the problem members, the guard's code and reason,
+    /// `Retry-After: 1` only where a retry of the same request is right.
+    #[test]
+    fn a_rejection_is_a_problem_with_its_code() {
+        let response = Rejection::NotKept(NotKept::Cancelled).response(|bytes| bytes);
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        assert!(!response.headers().contains_key("retry-after"));
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.Rejection.html",
+                "title": "The response for this Idempotency-Key was not kept",
+                "status": 409,
+                "detail": Rejection::NotKept(NotKept::Cancelled).detail(),
+                "code": "idempotency_response_not_kept",
+                "reason": "cancelled",
+            })
+        );
+
+        let response = Rejection::StoreFull.response(|bytes| bytes);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
     }
 }
