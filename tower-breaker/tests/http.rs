@@ -10,12 +10,13 @@ use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
@@ -75,7 +76,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
 #[tokio::test(start_paused = true)]
 async fn an_early_refusals_503_says_the_time_left() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
