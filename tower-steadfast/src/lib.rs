@@ -19,7 +19,7 @@ mod schema;
 
 #[cfg(feature = "admin-page")]
 pub use self::admin_page::AdminPage;
-pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
+pub use self::config::ResilienceConfig;
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};
 pub use self::load::MAX_ATTEMPTS_LIMIT;
