@@ -373,7 +373,7 @@ fn the_limits_themselves_are_accepted() {
     let read = block(&config);
     assert_eq!(
         read["retry"]["max_attempts"],
-        tower_steadfast::MAX_ATTEMPTS_LIMIT
+        tower_retry_budget::MAX_RETRIES_LIMIT + 1
     );
     let timeout = RetryOn::name_of(FailureKind::Timeout).unwrap();
     assert_eq!(read["retry"]["retry_on"], serde_json::json!([timeout]));
@@ -382,12 +382,23 @@ fn the_limits_themselves_are_accepted() {
     assert_eq!(block(&one)["retry"]["max_attempts"], 1);
 }
 
+/// The most tries is the first and the retry layer's most retries: one
+/// more is refused at load, naming the key and the range.
 #[test]
 fn max_attempts_follows_the_retry_layers_limit() {
-    assert_eq!(
-        tower_steadfast::MAX_ATTEMPTS_LIMIT,
-        tower_retry_budget::MAX_RETRIES_LIMIT + 1
-    );
+    let most = tower_retry_budget::MAX_RETRIES_LIMIT + 1;
+    let over = format!("retry: {{max_attempts: {}}}", most + 1);
+    match ResilienceConfig::from_yaml_str(&over) {
+        Err(LoadError::Invalid(error)) => {
+            assert_eq!(error.field(), "retry.max_attempts");
+            assert!(
+                error.reason().contains(&format!("to {most}")),
+                "{}",
+                error.reason()
+            );
+        }
+        other => panic!("{over}: {other:?}"),
+    }
 }
 
 #[test]
