@@ -1219,3 +1219,26 @@ async fn a_fatal_status_of_a_transient_kind_answers_at_once() {
     assert_eq!(grpc_code(&response), "13");
     assert_eq!(start.elapsed(), MS(60));
 }
+
+/// A call that failed with an error is judged by the error classifier the
+/// classifier was given, then by the retryable codes: an error nothing
+/// recognises is rejected by default, and retried once it is read as a
+/// connection failure (`UNAVAILABLE`, in the set).
+#[test]
+fn the_error_classifier_decides_an_unrecognised_error() {
+    #[derive(Debug)]
+    struct Opaque;
+    impl std::fmt::Display for Opaque {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("opaque")
+        }
+    }
+    impl std::error::Error for Opaque {}
+    let opaque: BoxError = Box::new(Opaque);
+    let classify = |c: &GrpcRetryClassifier| Classify::<Response<()>, _>::classify(c, Err(&opaque));
+    assert!(!classify(&GrpcRetryClassifier::new(codes(&[14]))).is_retryable());
+    let connection = tower_classify::ErrorChainClassifier::new()
+        .unknown_as(Outcome::failure(tower_classify::FailureKind::Connection));
+    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_error_classifier(connection);
+    assert!(classify(&classifier).is_retryable());
+}
