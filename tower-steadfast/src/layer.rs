@@ -71,11 +71,6 @@ impl<St> ResilienceLayer<St> {
         self.breaker.handle()
     }
 
-    /// The store failed calls are written to.
-    pub fn store(&self) -> &St {
-        self.dead_letter.store()
-    }
-
     /// The retry layer's name (its metrics label).
     #[cfg(feature = "admin-page")]
     pub(crate) fn retry_name(&self) -> &str {
