@@ -42,6 +42,7 @@ use examples::observability::{get as http_get, serve};
 use tower::{BoxError, ServiceBuilder};
 use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{DeadLetterLayer, StoreFailed};
@@ -78,7 +79,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let store = MemoryStore::new(1_000);
     let breaker = CircuitBreakerLayer::builder()
         .name("reports")
-        .failure_threshold(3)
+        .policy(Policy::consecutive_failures(3))
         .recovery_timeout(Duration::from_millis(300))
         .build(HttpClassifier::new())?;
     let app = Router::new()

@@ -62,6 +62,7 @@ use http_body_util::Full;
 use tokio::net::TcpListener;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::HttpClassifier;
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
@@ -148,7 +149,7 @@ fn inventory_client(store: RedbStore) -> Result<Inventory, BoxError> {
     // failures and open periods backing off from 250 ms to 500 ms.
     let breaker = CircuitBreakerLayer::builder()
         .name("inventory")
-        .failure_threshold(3)
+        .policy(Policy::consecutive_failures(3))
         .recovery_timeout(Duration::from_secs(1))
         .build(classifier.clone())?;
     let stack = ServiceBuilder::new()

@@ -75,6 +75,7 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::{BoxError, ServiceBuilder};
 use tower_breaker::answer::HttpError;
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State};
 use tower_classify::grpc_status::GrpcStatusLayer;
 use tower_classify::GrpcClassifier;
@@ -204,7 +205,7 @@ fn resilient_client(channel: Channel) -> Result<(Client, BreakerHandle), BoxErro
     // server streaming replies answers `200` first.
     let breaker = CircuitBreakerLayer::builder()
         .name("greeter")
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(30))
         .build(classifier)?
         .answer(HttpError);

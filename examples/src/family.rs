@@ -33,6 +33,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::retry::budget::Budget;
 use tower::{BoxError, ServiceBuilder};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State, StateChange};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, RedbStore};
@@ -201,7 +202,7 @@ pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles),
     // a ramp past the period's end rather than all at its end.
     let breaker = CircuitBreakerLayer::builder()
         .name("upstream")
-        .failure_threshold(5)
+        .policy(Policy::consecutive_failures(5))
         .on_state_change({
             let closes = breaker_closes.clone();
             move |change| closes.record(change)

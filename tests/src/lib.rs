@@ -33,6 +33,7 @@ use examples::scripted::ScriptedServer;
 use http::{Method, Request};
 use http_body_util::Full;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery};
@@ -181,7 +182,7 @@ pub fn breaker(
 ) -> (CircuitBreakerLayer<HttpClassifier>, BreakerHandle) {
     let layer = CircuitBreakerLayer::builder()
         .name(BREAKER)
-        .failure_threshold(threshold)
+        .policy(Policy::consecutive_failures(threshold))
         .recovery_timeout(recovery)
         .build(HttpClassifier::new())
         .expect("valid breaker settings");

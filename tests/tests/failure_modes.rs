@@ -13,6 +13,7 @@ use http::{Method, Request};
 use http_body_util::Full;
 use tokio::io::AsyncReadExt;
 use tower::ServiceBuilder;
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{ErrorChainClassifier, FailureKind, HttpClassifier, Outcome};
 use tower_poison::replay::{http_request, ReplayError, Replayer};
@@ -333,7 +334,7 @@ async fn keyed_breakers_isolate_a_failing_host() {
     let up = ScriptedServer::start().await.unwrap();
     let store = MemoryStore::new(100);
     let breaker = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(30))
         .build_keyed(HttpClassifier::new(), |req: &Request<_>| {
             req.uri()

@@ -15,6 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use tower::util::BoxCloneSyncService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
 use tower_classify::http_status::not_run;
 use tower_classify::{ErrorChainClassifier, RefusalToken};
@@ -247,7 +248,7 @@ async fn first_hour_3_an_axum_route_behind_a_breaker_answers_problem_json() {
 
     let breaker = CircuitBreakerLayer::builder()
         .name("reports")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(30))
         .build(HttpClassifier::new())
         .unwrap();

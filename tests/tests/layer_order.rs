@@ -23,6 +23,7 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use tower::ServiceBuilder;
+use tower_breaker::Policy;
 use tower_breaker::{CallKind, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{FailureKind, HttpClassifier};
 use tower_poison::store::{DeadLetterStore, MemoryStore};
@@ -117,7 +118,7 @@ async fn retry_outside_breaker_waits_out_a_refusal_late_in_the_open_period() {
     let refusals = Arc::new(Mutex::new(Vec::<(Duration, Instant)>::new()));
     let layer = CircuitBreakerLayer::builder()
         .name(BREAKER)
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(recovery)
         .on_call({
             let refusals = refusals.clone();
@@ -214,7 +215,7 @@ async fn client_retry_honours_a_server_breakers_retry_after() {
     let arrivals = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let server_breaker = CircuitBreakerLayer::builder()
         .name("handler")
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_millis(900))
         .build(HttpClassifier::new())
         .unwrap()

@@ -34,6 +34,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use serde_json::Value;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::{ErrorChainClassifier, FailureKind};
 use tower_idempotency::store::MemoryIdempotencyStore;
 use tower_idempotency::{GuardBody, IdempotencyGuardLayer};
@@ -252,7 +253,7 @@ async fn drive_every_layer() {
     let failing = || service_fn(move |_: &'static str| async move { Err::<(), _>(reset()) });
     let mut breaker = CircuitBreakerLayer::builder()
         .name("payments")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build(ErrorChainClassifier::new())
         .unwrap()
         .layer(failing());
@@ -270,7 +271,7 @@ async fn drive_every_layer() {
         .unwrap_err();
     let mut keyed = CircuitBreakerLayer::builder()
         .name("hosts")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .max_breakers(1)
         .build_keyed(ErrorChainClassifier::new(), |host: &&'static str| *host)
         .unwrap()

@@ -64,6 +64,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, Window};
 use tower_classify::HttpClassifier;
 use tower_poison::store::MemoryStore;
@@ -388,7 +389,7 @@ fn family(upstream: Upstream) -> HttpService {
 /// dependency that fails a share of its calls.
 fn family_throttled(upstream: Upstream) -> HttpService {
     let throttle = CircuitBreakerLayer::builder()
-        .adaptive_throttle(2.0, Window::count(100))
+        .policy(Policy::adaptive_throttle(2.0, Window::count(100)))
         .build(HttpClassifier::new())
         .expect("valid throttle settings");
     HttpService::new(
@@ -410,7 +411,7 @@ fn family_throttled(upstream: Upstream) -> HttpService {
 /// fails, so the failing half is not retried into.
 fn family_for_partial_outages(upstream: Upstream) -> HttpService {
     let throttle = CircuitBreakerLayer::builder()
-        .adaptive_throttle(2.2, Window::count(100))
+        .policy(Policy::adaptive_throttle(2.2, Window::count(100)))
         .build(HttpClassifier::new())
         .expect("valid throttle settings");
     let retry = RetryLayer::http_builder()

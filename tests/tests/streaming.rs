@@ -25,6 +25,7 @@ use tower::buffer::BufferLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, MemoryStore};
 use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
@@ -198,7 +199,7 @@ where
     S::Future: Send + 'static,
 {
     let breaker = CircuitBreakerLayer::builder()
-        .failure_threshold(5)
+        .policy(Policy::consecutive_failures(5))
         .build(HttpClassifier::new())
         .unwrap();
     let stack = ServiceBuilder::new()

@@ -17,6 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::HttpClassifier;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};
 use tower_poison::{CountAttemptsLayer, DeadLetterLayer};
@@ -75,7 +76,7 @@ async fn a_100_mb_upload_through_the_full_stack_stays_within_twice_the_recording
         .layer(DeadLetterLayer::new(store.clone()).body_limit(RECORDING_LIMIT))
         .layer(
             CircuitBreakerLayer::builder()
-                .failure_threshold(5)
+                .policy(Policy::consecutive_failures(5))
                 .build(HttpClassifier::new())
                 .unwrap(),
         )

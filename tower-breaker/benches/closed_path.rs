@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, Criterion};
 use futures_util::task::noop_waker_ref;
 use tower::{Layer, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, Window};
 use tower_classify::ErrorChainClassifier;
 use tower_service::Service;
@@ -99,7 +100,7 @@ fn consecutive_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
 /// Half the last 100 calls failed, once 20 were made.
 fn count_window_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
     CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 20, Window::count(100))
+        .policy(Policy::failure_rate(0.5, 20, Window::count(100)))
         .build(ErrorChainClassifier::new())
         .expect("valid configuration")
 }
@@ -107,7 +108,11 @@ fn count_window_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
 /// Half the calls of the last 10 s (ten buckets) failed, once 20 were made.
 fn time_window_layer() -> CircuitBreakerLayer<ErrorChainClassifier> {
     CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 20, Window::time(Duration::from_secs(10)))
+        .policy(Policy::failure_rate(
+            0.5,
+            20,
+            Window::time(Duration::from_secs(10)),
+        ))
         .build(ErrorChainClassifier::new())
         .expect("valid configuration")
 }

@@ -140,13 +140,13 @@ pub struct Http503;
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, Layer, ServiceExt};
 /// use tower_breaker::answer::HttpError;
-/// use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
+/// use tower_breaker::{CircuitBreakerLayer, CircuitOpen, Policy, State};
 /// use tower_classify::{BoxError, GrpcClassifier};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), BoxError> {
 /// let layer = CircuitBreakerLayer::builder()
-///     .failure_threshold(2)
+///     .policy(Policy::consecutive_failures(2))
 ///     .build(GrpcClassifier::new())?
 ///     .answer(HttpError);
 /// // Every call: `200`, one message, then trailers `grpc-status: 14`.

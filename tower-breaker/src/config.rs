@@ -255,11 +255,11 @@ impl BreakerConfig {
                 .window
                 .window()
                 .map_err(|e| e.within("window").within("adaptive_throttle"))?;
-            builder = builder.adaptive_throttle(throttle.k, window);
+            builder = builder.policy(Policy::adaptive_throttle(throttle.k, window));
         }
         builder = match (self.failure_threshold, &self.failure_rate) {
             // Both set was refused above.
-            (Some(threshold), _) => builder.failure_threshold(threshold),
+            (Some(threshold), _) => builder.policy(Policy::consecutive_failures(threshold)),
             (None, Some(rate)) => {
                 let window = rate
                     .window

@@ -11,7 +11,7 @@ use crate::admin::BreakerHandle;
 use crate::answer::Plain;
 use crate::instruments::{describe_metrics, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
-use crate::policy::{Policy, Window};
+use crate::policy::Policy;
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
 use crate::settings::Settings;
@@ -233,27 +233,6 @@ impl Builder {
         self
     }
 
-    /// Open after `threshold` consecutive transient failures (default 5).
-    pub fn failure_threshold(self, threshold: u32) -> Self {
-        self.policy(Policy::consecutive_failures(threshold))
-    }
-
-    /// Open when the share of failures over `window` reaches `rate`, once the
-    /// window holds at least `minimum_calls` calls.
-    pub fn failure_rate(self, rate: f64, minimum_calls: u32, window: Window) -> Self {
-        self.policy(Policy::failure_rate(rate, minimum_calls, window))
-    }
-
-    /// Never open; throttle instead, refusing calls at random as the backend
-    /// accepts fewer than one in `k` (2 in the SRE book) over `window`. See
-    /// [`Policy::AdaptiveThrottle`], and the crate's README for when to
-    /// throttle and when to break. The settings of opening and closing
-    /// (the recovery timeouts, probes, slow start, slow calls) have no
-    /// effect on a throttle.
-    pub fn adaptive_throttle(self, k: f64, window: Window) -> Self {
-        self.policy(Policy::adaptive_throttle(k, window))
-    }
-
     /// A fixed open period: the breaker stays open this long before it
     /// admits a probe, every time it opens (unless
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) lets it grow),
@@ -322,9 +301,9 @@ impl Builder {
     /// Probe calls admitted when half-open (default 1, at most 4 095). They
     /// are judged together, as Resilience4j's
     /// `permittedNumberOfCallsInHalfOpenState`: under
-    /// [`failure_threshold`](Self::failure_threshold) every probe must
+    /// [`Policy::ConsecutiveFailures`] every probe must
     /// succeed and one failure reopens the breaker; under
-    /// [`failure_rate`](Self::failure_rate) the breaker reopens once the
+    /// [`Policy::FailureRate`] the breaker reopens once the
     /// probes' own failure share reaches the rate, and closes when all of
     /// them answered below it.
     pub fn probes(mut self, probes: u32) -> Self {
@@ -371,7 +350,7 @@ impl Builder {
     /// failure-rate window reaches `rate`, in `(0, 1]`, apart from the
     /// failure rate: Resilience4j's `slowCallRateThreshold`. A slow success
     /// then no longer counts as a failure, and a slow probe does not close
-    /// a half-open breaker. Needs [`failure_rate`](Self::failure_rate) (its
+    /// a half-open breaker. Needs [`Policy::FailureRate`] (its
     /// window and minimum number of calls) and a threshold.
     pub fn slow_call_rate(mut self, rate: f64) -> Self {
         self.settings.slow_call_rate = Some(rate);

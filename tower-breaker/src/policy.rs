@@ -104,7 +104,7 @@ impl Policy {
     }
 
     /// Refuses values that could never trip, or always would.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             Policy::ConsecutiveFailures { threshold } => {
                 if threshold == 0 {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -12,7 +13,7 @@ type Req = (&'static str, bool);
 
 fn keyed() -> (impl Service<Req, Error = BoxError>, BreakerHandle) {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(30))
         .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
         .unwrap();

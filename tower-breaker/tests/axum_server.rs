@@ -13,6 +13,7 @@ use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceBuilder;
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen};
 use tower_classify::{BoxError, HttpClassifier};
 
@@ -49,7 +50,7 @@ async fn get_root(addr: std::net::SocketAddr) -> (u16, String, String) {
 async fn axum_app_maps_circuit_open_to_503_over_a_real_socket() {
     let hits = Arc::new(AtomicUsize::new(0));
     let breaker = CircuitBreakerLayer::builder()
-        .failure_threshold(3)
+        .policy(Policy::consecutive_failures(3))
         .recovery_timeout(Duration::from_secs(30))
         .build(HttpClassifier::new())
         .unwrap();

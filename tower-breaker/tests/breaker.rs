@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, Mode, State, Window};
 use tower_classify::{BoxError, Classified, ErrorChainClassifier, FailureKind, HttpClassifier};
 use tower_test::mock;
@@ -117,7 +118,7 @@ async fn four_failures_then_a_success_does_not_open() {
 #[tokio::test(start_paused = true)]
 async fn client_errors_and_non_transient_failures_never_trip_it() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .build(HttpClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -146,7 +147,7 @@ async fn client_errors_and_non_transient_failures_never_trip_it() {
 #[tokio::test(start_paused = true)]
 async fn rejected_poison_and_shed_errors_never_trip_it() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -169,7 +170,7 @@ async fn rejected_poison_and_shed_errors_never_trip_it() {
 #[tokio::test(start_paused = true)]
 async fn open_calls_never_reach_the_service_and_fail_in_well_under_a_millisecond() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -201,7 +202,7 @@ async fn open_calls_never_reach_the_service_and_fail_in_well_under_a_millisecond
 #[tokio::test(start_paused = true)]
 async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(12))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -224,7 +225,7 @@ async fn circuit_open_is_classified_as_shed_with_its_remaining_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_one_probe_is_admitted_when_100_clones_call_concurrently() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::ZERO)
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -289,7 +290,7 @@ async fn exactly_one_probe_is_admitted_when_100_clones_call_concurrently() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_probe_releases_its_slot() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -316,7 +317,7 @@ async fn a_dropped_probe_releases_its_slot() {
 async fn probe_success_closes_and_probe_failure_reopens() {
     let changes = Arc::new(Mutex::new(Vec::new()));
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(30))
         .on_state_change({
             let changes = Arc::clone(&changes);
@@ -359,7 +360,7 @@ async fn probe_success_closes_and_probe_failure_reopens() {
 #[tokio::test(start_paused = true)]
 async fn several_probes_must_all_succeed() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .probes(2)
         .build(ErrorChainClassifier::new())
@@ -390,7 +391,7 @@ async fn several_probes_must_all_succeed() {
 #[tokio::test(start_paused = true)]
 async fn open_time_grows_while_probes_keep_failing_and_is_capped() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(10))
         .max_recovery_timeout(Duration::from_secs(100))
         .build(ErrorChainClassifier::new())
@@ -423,7 +424,7 @@ async fn by_default_open_periods_start_at_a_quarter_second_double_with_jitter_an
     let mut jittered = 0;
     for _ in 0..20 {
         let layer = CircuitBreakerLayer::builder()
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .build(ErrorChainClassifier::new())
             .unwrap();
         let (mut svc, mut handle) = mock::spawn_layer(layer);
@@ -470,7 +471,7 @@ async fn by_default_open_periods_start_at_a_quarter_second_double_with_jitter_an
 #[tokio::test(start_paused = true)]
 async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(4))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -506,7 +507,7 @@ async fn refused_calls_are_released_over_a_ramp_last_refused_first() {
 #[tokio::test(start_paused = true)]
 async fn a_recovery_timeout_set_is_a_fixed_open_period() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(7))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -524,7 +525,7 @@ async fn a_recovery_timeout_set_is_a_fixed_open_period() {
 async fn jitter_only_shortens_the_open_time() {
     for _ in 0..20 {
         let layer = CircuitBreakerLayer::builder()
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .recovery_timeout(Duration::from_secs(10))
             .recovery_jitter(0.5)
             .build(ErrorChainClassifier::new())
@@ -542,7 +543,7 @@ async fn jitter_only_shortens_the_open_time() {
 #[tokio::test(start_paused = true)]
 async fn failure_rate_respects_the_minimum_number_of_calls() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 10, Window::count(20))
+        .policy(Policy::failure_rate(0.5, 10, Window::count(20)))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -562,7 +563,7 @@ async fn failure_rate_respects_the_minimum_number_of_calls() {
 #[tokio::test(start_paused = true)]
 async fn failure_rate_opens_at_the_configured_share() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 10, Window::count(20))
+        .policy(Policy::failure_rate(0.5, 10, Window::count(20)))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -583,7 +584,11 @@ async fn failure_rate_opens_at_the_configured_share() {
 #[tokio::test(start_paused = true)]
 async fn time_window_forgets_old_calls() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .policy(Policy::failure_rate(
+            0.5,
+            4,
+            Window::time(Duration::from_secs(10)),
+        ))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -609,7 +614,11 @@ async fn time_window_forgets_old_calls() {
 #[tokio::test(start_paused = true)]
 async fn time_window_files_successes_at_paused_time() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .policy(Policy::failure_rate(
+            0.5,
+            4,
+            Window::time(Duration::from_secs(10)),
+        ))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -632,7 +641,7 @@ async fn time_window_files_successes_at_paused_time() {
 #[tokio::test(start_paused = true)]
 async fn slow_successes_count_as_failures_when_configured() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .slow_call_threshold(Duration::from_secs(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -661,7 +670,7 @@ async fn slow_successes_count_as_failures_when_configured() {
 #[tokio::test(start_paused = true)]
 async fn metrics_only_mode_measures_but_never_rejects() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .mode(Mode::MetricsOnly)
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -685,7 +694,7 @@ async fn metrics_only_mode_measures_but_never_rejects() {
 #[tokio::test(start_paused = true)]
 async fn disabled_mode_is_a_pass_through() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .mode(Mode::Disabled)
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -701,7 +710,7 @@ async fn disabled_mode_is_a_pass_through() {
 #[tokio::test(start_paused = true)]
 async fn pending_mode_waits_in_poll_ready_until_the_recovery_timeout() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(10))
         .pending_when_open(true)
         .build(ErrorChainClassifier::new())
@@ -730,7 +739,7 @@ async fn pending_mode_waits_in_poll_ready_until_the_recovery_timeout() {
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_does_not_wait_for_an_unready_service() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(5))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -770,7 +779,7 @@ async fn an_open_circuit_does_not_wait_for_an_unready_service() {
 #[tokio::test(start_paused = true)]
 async fn services_wrapped_by_one_layer_share_one_breaker() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let (mut first, mut first_handle) = mock::spawn_layer(layer.clone());
@@ -787,7 +796,7 @@ async fn services_wrapped_by_one_layer_share_one_breaker() {
 #[tokio::test(start_paused = true)]
 async fn item_1_a_success_that_reaches_the_minimum_calls_trips_the_rate() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -809,7 +818,11 @@ async fn item_1_a_success_that_reaches_the_minimum_calls_trips_the_rate() {
 #[tokio::test(start_paused = true)]
 async fn item_1_a_success_that_reaches_the_minimum_calls_trips_a_time_window() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::time(Duration::from_secs(10)))
+        .policy(Policy::failure_rate(
+            0.5,
+            4,
+            Window::time(Duration::from_secs(10)),
+        ))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -828,7 +841,7 @@ async fn item_1_a_failure_share_exactly_at_the_rate_opens() {
     // 0.3 × 10 is 3.0000000000000004 in floating point: a multiplication
     // would leave 3 failures of 10 under a 0.3 rate.
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.3, 10, Window::count(10))
+        .policy(Policy::failure_rate(0.3, 10, Window::count(10)))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();
@@ -851,7 +864,7 @@ async fn half_open_with_a_parked_clone() -> (
     tower_breaker::BreakerHandle,
 ) {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .probe_timeout(Duration::from_secs(5))
         .pending_when_open(true)
@@ -939,7 +952,7 @@ async fn item_3_a_hung_probe_is_reclaimed_after_the_probe_timeout() {
 #[tokio::test(start_paused = true)]
 async fn item_3_a_probe_taken_later_gets_the_whole_probe_timeout() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .probe_timeout(Duration::from_secs(5))
         .build(ErrorChainClassifier::new())
@@ -973,7 +986,7 @@ async fn item_3_a_probe_taken_later_gets_the_whole_probe_timeout() {
 #[tokio::test(start_paused = true)]
 async fn a_success_of_a_past_period_does_not_clear_the_failure_count() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -1000,7 +1013,7 @@ async fn a_success_of_a_past_period_does_not_clear_the_failure_count() {
 #[tokio::test(start_paused = true)]
 async fn item_3_without_pending_mode_the_next_call_reclaims_an_overdue_probe() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .probe_timeout(Duration::from_secs(5))
         .build(ErrorChainClassifier::new())
@@ -1027,9 +1040,9 @@ async fn item_4_counts_are_reset_when_the_breaker_opens() {
     for rate in [false, true] {
         let builder = CircuitBreakerLayer::builder().recovery_timeout(Duration::from_secs(1));
         let builder = if rate {
-            builder.failure_rate(0.5, 5, Window::count(10))
+            builder.policy(Policy::failure_rate(0.5, 5, Window::count(10)))
         } else {
-            builder.failure_threshold(5)
+            builder.policy(Policy::consecutive_failures(5))
         };
         let layer = builder.build(ErrorChainClassifier::new()).unwrap();
         let admin = layer.handle();
@@ -1067,7 +1080,7 @@ async fn item_4_counts_are_reset_when_the_breaker_opens() {
 /// success.
 async fn probe_round(answers: &[bool]) -> State {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 2, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 2, Window::count(10)))
         .recovery_timeout(Duration::from_secs(1))
         .probes(answers.len() as u32)
         .build(ErrorChainClassifier::new())
@@ -1136,7 +1149,7 @@ where
 #[tokio::test(start_paused = true)]
 async fn item_6_slow_calls_have_a_rate_of_their_own() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .slow_call_threshold(Duration::from_secs(1))
         .slow_call_rate(0.75)
         .build(ErrorChainClassifier::new())
@@ -1160,7 +1173,7 @@ async fn item_6_slow_calls_have_a_rate_of_their_own() {
 #[tokio::test(start_paused = true)]
 async fn item_6_slow_calls_under_their_rate_do_not_open_and_are_not_failures() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .slow_call_threshold(Duration::from_secs(1))
         .slow_call_rate(0.9)
         .build(ErrorChainClassifier::new())
@@ -1173,7 +1186,7 @@ async fn item_6_slow_calls_under_their_rate_do_not_open_and_are_not_failures() {
     assert_eq!(state_of(&admin), State::Open, "4 of 4 slow");
     // Without a slow-call rate, slow successes are failures (the default).
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .slow_call_threshold(Duration::from_secs(1))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -1191,7 +1204,7 @@ async fn item_6_slow_calls_under_their_rate_do_not_open_and_are_not_failures() {
 #[test]
 fn item_6_a_slow_call_rate_needs_a_threshold_and_a_window() {
     let no_threshold = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .slow_call_rate(0.5)
         .build(ErrorChainClassifier::new())
         .unwrap_err();
@@ -1203,7 +1216,7 @@ fn item_6_a_slow_call_rate_needs_a_threshold_and_a_window() {
         .unwrap_err();
     assert_eq!(no_window.field(), "slow_call_rate");
     let out_of_range = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::count(10))
+        .policy(Policy::failure_rate(0.5, 4, Window::count(10)))
         .slow_call_threshold(Duration::from_secs(1))
         .slow_call_rate(1.5)
         .build(ErrorChainClassifier::new())
@@ -1215,7 +1228,7 @@ fn item_6_a_slow_call_rate_needs_a_threshold_and_a_window() {
 async fn item_7_every_state_change_listener_is_called() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(30))
         .on_state_change({
             let seen = Arc::clone(&seen);
@@ -1242,7 +1255,7 @@ async fn item_7_per_call_events_report_success_failure_slow_and_rejected() {
     // The slow success counts as a failure (no slow-call rate), so the
     // third counted failure opens it.
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(3)
+        .policy(Policy::consecutive_failures(3))
         .slow_call_threshold(Duration::from_secs(1))
         .on_call({
             let seen = Arc::clone(&seen);

@@ -10,6 +10,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use tower::{service_fn, Layer, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, State, Window};
 use tower_classify::ErrorChainClassifier;
 
@@ -18,7 +19,11 @@ async fn the_time_window_expires_old_failures_by_the_coarse_clock() {
     // Ten buckets of 10 ms: a reading late by up to ~90 ms still files the
     // success inside the window.
     let layer = CircuitBreakerLayer::builder()
-        .failure_rate(0.5, 4, Window::time(Duration::from_millis(100)))
+        .policy(Policy::failure_rate(
+            0.5,
+            4,
+            Window::time(Duration::from_millis(100)),
+        ))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let admin = layer.handle();

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use tower::util::BoxService;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_breaker::answer::HttpError;
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, OpenCall, State};
 use tower_classify::{BoxError, GrpcClassifier, SettleBody};
 
@@ -39,7 +40,7 @@ fn breaker(builder: tower_breaker::Builder) -> (Svc, BreakerHandle) {
 
 fn threshold(n: u32) -> tower_breaker::Builder {
     CircuitBreakerLayer::builder()
-        .failure_threshold(n)
+        .policy(Policy::consecutive_failures(n))
         .recovery_timeout(Duration::from_secs(10))
 }
 

@@ -10,13 +10,14 @@ use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
+use tower_breaker::Policy;
 use tower_classify::http_status::HttpStatusLayer;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
@@ -87,7 +88,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
 #[tokio::test(start_paused = true)]
 async fn an_early_refusals_503_says_the_time_left() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap()
@@ -154,7 +155,7 @@ async fn item_5_an_open_circuits_503_carries_the_refused_requests_token() {
 #[tokio::test(start_paused = true)]
 async fn first_hour_3_http_status_layer_says_an_open_circuits_time_left_early_in_the_period() {
     let breaker = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(20))
         .build(HttpClassifier::new())
         .unwrap();

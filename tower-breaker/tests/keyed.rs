@@ -6,6 +6,7 @@ use std::io;
 
 use futures_util::FutureExt;
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -16,7 +17,7 @@ type Req = (&'static str, bool);
 
 fn keyed(max: usize) -> (impl Service<Req, Error = BoxError>, BreakerHandle) {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .max_breakers(max)
         .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
         .unwrap();
@@ -179,7 +180,7 @@ fn forced_breakers_survive_any_number_of_new_keys() {
 #[test]
 fn a_breaker_that_recovered_is_evicted_before_an_older_open_one() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(std::time::Duration::ZERO)
         .max_breakers(3)
         .build_keyed(ErrorChainClassifier::new(), |req: &Req| req.0)
@@ -326,7 +327,7 @@ async fn the_open_eviction_warning_is_rate_limited_and_counts_what_it_held_back(
     let layer = metrics::with_local_recorder(&recorder, || {
         CircuitBreakerLayer::builder()
             .name("hosts")
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .max_breakers(1)
             .build_keyed(ErrorChainClassifier::new(), |req: &(String, bool)| {
                 req.0.clone()
@@ -404,7 +405,7 @@ async fn the_open_eviction_warning_is_rate_limited_and_counts_what_it_held_back(
 fn keyed_events_carry_the_layer_name_and_the_escaped_key() {
     let layer = CircuitBreakerLayer::builder()
         .name("hosts")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build_keyed(ErrorChainClassifier::new(), |req: &(String, bool)| {
             req.0.clone()
         })

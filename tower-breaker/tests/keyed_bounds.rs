@@ -14,6 +14,7 @@ use futures_util::FutureExt;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, MetricsLabel, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -41,7 +42,7 @@ fn key_of(req: &Req) -> Arc<str> {
 fn keyed(max: usize, label: MetricsLabel) -> (Svc, BreakerHandle) {
     let layer = CircuitBreakerLayer::builder()
         .name("tenants")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .max_breakers(max)
         .metrics_label(label)
         .build_keyed(ErrorChainClassifier::new(), key_of as fn(&Req) -> Arc<str>)

@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures_util::task::noop_waker_ref;
 use loom::thread;
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -45,7 +46,7 @@ fn tripped(
     BreakerHandle,
 ) {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .probes(probes)
         .recovery_timeout(Duration::ZERO)
         .build(ErrorChainClassifier::new())

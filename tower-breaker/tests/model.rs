@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use proptest::prelude::*;
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -131,7 +132,7 @@ fn outcome(result: Result<(), BoxError>) -> Result<(), Option<Duration>> {
 
 async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(THRESHOLD)
+        .policy(Policy::consecutive_failures(THRESHOLD))
         .recovery_timeout(Duration::from_millis(RECOVERY_MS))
         .build(ErrorChainClassifier::new())
         .unwrap();

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use tower::{service_fn, Layer, Service};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, Mode};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -94,7 +95,7 @@ fn call(svc: &mut impl Service<bool, Error = BoxError>, fails: bool) -> Result<(
 fn service(mode: Mode) -> impl Service<bool, Error = BoxError> {
     CircuitBreakerLayer::builder()
         .name("payments")
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::ZERO)
         .mode(mode)
         .build(ErrorChainClassifier::new())

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -16,7 +17,7 @@ fn refused() -> io::Error {
 #[tokio::test]
 async fn circuit_breaker_guards_the_service_inside_the_layers_before_it() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .build(ErrorChainClassifier::new())
         .unwrap();
     let handle = layer.handle();
@@ -55,7 +56,7 @@ async fn circuit_breaker_guards_the_service_inside_the_layers_before_it() {
 #[tokio::test]
 async fn keyed_circuit_breaker_keeps_one_breaker_per_key() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build_keyed(ErrorChainClassifier::new(), |req: &(&'static str, bool)| {
             req.0
         })

@@ -7,6 +7,7 @@ use std::io;
 use std::time::Duration;
 
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::ErrorChainClassifier;
 
@@ -22,7 +23,7 @@ async fn dependency(n: u32) -> Result<u32, io::Error> {
 #[tokio::test(start_paused = true)]
 async fn a_shared_breaker_opens_refuses_probes_and_closes() {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(2)
+        .policy(Policy::consecutive_failures(2))
         .recovery_timeout(Duration::from_secs(10))
         .build(ErrorChainClassifier::new())
         .unwrap();
@@ -70,7 +71,7 @@ async fn a_shared_http_breaker_answers_503_while_open() {
     use tower_classify::{BoxError, HttpClassifier};
 
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .build(HttpClassifier::new())
         .unwrap()
         .answer(tower_breaker::answer::Http503);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, CircuitOpen, State};
 use tower_classify::{BoxError, ErrorChainClassifier};
 
@@ -21,7 +22,7 @@ async fn just_closed() -> (
     Arc<AtomicBool>,
 ) {
     let layer = CircuitBreakerLayer::builder()
-        .failure_threshold(1)
+        .policy(Policy::consecutive_failures(1))
         .recovery_timeout(Duration::from_secs(1))
         .slow_start(WINDOW)
         .build(ErrorChainClassifier::new())

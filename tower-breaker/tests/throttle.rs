@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_breaker::Policy;
 use tower_breaker::{CallKind, CircuitBreakerLayer, CircuitOpen, State, Window};
 use tower_classify::{BoxError, Classified, ErrorChainClassifier, Failure, FailureKind};
 
@@ -71,7 +72,7 @@ where
 
 fn throttle(window: u32) -> CircuitBreakerLayer<ErrorChainClassifier> {
     CircuitBreakerLayer::builder()
-        .adaptive_throttle(2.0, Window::count(window))
+        .policy(Policy::adaptive_throttle(2.0, Window::count(window)))
         .build(ErrorChainClassifier::new())
         .unwrap()
 }
@@ -134,7 +135,7 @@ async fn a_refusal_is_an_open_circuits_without_a_remaining_time() {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let dependency = Dependency::new(TRANSIENT);
     let layer = CircuitBreakerLayer::builder()
-        .adaptive_throttle(2.0, Window::count(10))
+        .policy(Policy::adaptive_throttle(2.0, Window::count(10)))
         .on_call({
             let calls = Arc::clone(&calls);
             move |event| calls.lock().unwrap().push(event.kind)
@@ -188,7 +189,7 @@ async fn traffic_comes_back_as_the_backend_accepts_again() {
 async fn over_http_a_refusal_is_the_open_circuits_503() {
     fastrand::seed(7);
     let layer = CircuitBreakerLayer::builder()
-        .adaptive_throttle(2.0, Window::count(10))
+        .policy(Policy::adaptive_throttle(2.0, Window::count(10)))
         .build(tower_classify::HttpClassifier::new())
         .unwrap()
         .answer(tower_breaker::answer::Http503);

@@ -208,6 +208,22 @@ fn unknown_errors_can_be_made_transient() {
     );
 }
 
+/// An HTTP classifier judges a call that produced no response with the
+/// error classifier it was given.
+#[test]
+fn the_http_classifier_uses_the_error_classifier_it_is_given() {
+    let opaque: BoxError = Box::new(Opaque);
+    assert_eq!(classify_error(opaque), fail(FailureKind::Rejected));
+    let classifier = HttpClassifier::new().with_error_classifier(
+        ErrorChainClassifier::new().unknown_as(fail(FailureKind::Connection)),
+    );
+    let opaque: BoxError = Box::new(Opaque);
+    assert_eq!(
+        Classify::<Response<()>, _>::classify(&classifier, Err(&opaque)),
+        fail(FailureKind::Connection)
+    );
+}
+
 #[test]
 fn retry_after_is_carried_on_failures_only() {
     let classifier = HttpClassifier::new();

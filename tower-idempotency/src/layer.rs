@@ -157,11 +157,6 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
             config: self.config,
         }
     }
-
-    /// The store keys are kept in.
-    pub fn store(&self) -> &St {
-        &self.store
-    }
 }
 
 impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {

@@ -132,11 +132,6 @@ impl<S, St, C> IdempotencyGuard<S, St, C> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    /// The store keys are kept in.
-    pub fn store(&self) -> &St {
-        &self.shared.store
-    }
 }
 
 impl<S: Clone, St, C> Clone for IdempotencyGuard<S, St, C> {

@@ -304,11 +304,6 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             },
         }
     }
-
-    /// The store entries are written to.
-    pub fn store(&self) -> &St {
-        &self.shared.store
-    }
 }
 
 impl<S, St, C, Cap> Layer<S> for DeadLetterLayer<St, C, Cap>

@@ -39,11 +39,11 @@ async fn stored(store: &MemoryStore) -> usize {
 async fn first_hour_4_an_outage_of_refusals_does_not_fill_a_bounded_store() {
     let config: DeadLetterConfig = serde_json::from_str("{}").unwrap();
     assert!(!config.store_refusals);
-    for layer in [
-        DeadLetterLayer::new(MemoryStore::new(3)),
-        config.build(MemoryStore::new(3)).unwrap(),
+    let (own, configured) = (MemoryStore::new(3), MemoryStore::new(3));
+    for (store, layer) in [
+        (own.clone(), DeadLetterLayer::new(own)),
+        (configured.clone(), config.build(configured).unwrap()),
     ] {
-        let store = layer.store().clone();
         let service = layer.layer(service_fn(open_circuit));
         for _ in 0..10 {
             let error = service.clone().oneshot(call()).await.unwrap_err();
@@ -55,11 +55,11 @@ async fn first_hour_4_an_outage_of_refusals_does_not_fill_a_bounded_store() {
 
     // Stored on request, from the builder or the configuration.
     let config: DeadLetterConfig = serde_json::from_str(r#"{"store_refusals": true}"#).unwrap();
-    for layer in [
-        DeadLetterLayer::new(MemoryStore::new(3)).store_refusals(true),
-        config.build(MemoryStore::new(3)).unwrap(),
+    let (own, configured) = (MemoryStore::new(3), MemoryStore::new(3));
+    for (store, layer) in [
+        (own.clone(), DeadLetterLayer::new(own).store_refusals(true)),
+        (configured.clone(), config.build(configured).unwrap()),
     ] {
-        let store = layer.store().clone();
         let service = layer.layer(service_fn(open_circuit));
         let _ = service.oneshot(call()).await.unwrap_err();
         assert_eq!(stored(&store).await, 1);

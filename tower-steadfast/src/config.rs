@@ -44,21 +44,6 @@ pub struct ResilienceConfig {
 }
 
 impl ResilienceConfig {
-    /// The `retry` section.
-    pub fn retry(&self) -> &RetrySection {
-        &self.retry
-    }
-
-    /// The `circuit_breaker` section.
-    pub fn circuit_breaker(&self) -> &CircuitBreakerSection {
-        &self.circuit_breaker
-    }
-
-    /// The `poison` section.
-    pub fn poison(&self) -> &PoisonSection {
-        &self.poison
-    }
-
     /// The keys the block set that have no effect given the others, one
     /// sentence each, starting with the key's path in the block
     /// (`poison.max_row_attempts has no effect without …`). Loading a
@@ -126,13 +111,12 @@ impl ResilienceConfig {
 }
 
 /// The `retry` section. A key left out keeps the retry layer's default
-/// (see [`RetryBuilder`](tower_retry_budget::RetryBuilder)); each getter
-/// says what the block set, `None` for a key it left out.
+/// (see [`RetryBuilder`](tower_retry_budget::RetryBuilder)).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
-pub struct RetrySection {
+pub(crate) struct RetrySection {
     /// Total tries including the first (1 = no retry), 1 to 17.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
@@ -216,43 +200,23 @@ pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration =
 const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
 
 impl RetrySection {
-    /// Total tries including the first, if set.
-    pub fn max_attempts(&self) -> Option<u32> {
-        self.max_attempts
-    }
-
-    /// How the wait grows, if set.
-    pub fn backoff(&self) -> Option<BackoffKind> {
-        self.backoff
-    }
-
     /// The base wait, if set.
-    pub fn base(&self) -> Option<Duration> {
+    pub(crate) fn base(&self) -> Option<Duration> {
         self.base_ms.map(Duration::from_millis)
     }
 
     /// The cap on each wait, before jitter, if set.
-    pub fn max(&self) -> Option<Duration> {
+    pub(crate) fn max(&self) -> Option<Duration> {
         self.max_ms.map(Duration::from_millis)
     }
 
-    /// The jitter, if set (`true` reads as `0.5..1.5`, `false` as `none`).
-    pub fn jitter(&self) -> Option<Jitter> {
-        self.jitter
-    }
-
-    /// The classes retried, if set.
-    pub fn retry_on(&self) -> Option<RetryOn> {
-        self.retry_on
-    }
-
     /// The call's deadline, if set.
-    pub fn deadline(&self) -> Option<Duration> {
+    pub(crate) fn deadline(&self) -> Option<Duration> {
         self.deadline_ms.map(Duration::from_millis)
     }
 
     /// Each attempt's timeout, if set.
-    pub fn attempt_timeout(&self) -> Option<Duration> {
+    pub(crate) fn attempt_timeout(&self) -> Option<Duration> {
         self.attempt_timeout_ms.map(Duration::from_millis)
     }
 }
@@ -263,7 +227,7 @@ impl RetrySection {
 #[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
-pub struct CircuitBreakerSection {
+pub(crate) struct CircuitBreakerSection {
     /// Consecutive failed calls (each after all its retries) that open the
     /// circuit; at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -279,14 +243,9 @@ pub struct CircuitBreakerSection {
 }
 
 impl CircuitBreakerSection {
-    /// Consecutive failed calls that open the circuit, if set.
-    pub fn consecutive_failures(&self) -> Option<u32> {
-        self.consecutive_failures
-    }
-
     /// How long the circuit stays open before a trial call, when a fixed
     /// period was asked for; `None`: the breaker's backing-off schedule.
-    pub fn cooldown(&self) -> Option<Duration> {
+    pub(crate) fn cooldown(&self) -> Option<Duration> {
         self.cooldown_secs.map(Duration::from_secs)
     }
 }
@@ -300,7 +259,7 @@ pub(crate) const DEFAULT_ROW_ATTEMPTS: u32 = 3;
 #[cfg_attr(feature = "json-schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
-pub struct PoisonSection {
+pub(crate) struct PoisonSection {
     /// Failed deliveries of one message (requests carrying the same
     /// `message_id_header` value) after which it is diverted without
     /// calling the service again; at least 1 (default 3). Needs
@@ -333,23 +292,8 @@ pub struct PoisonSection {
 impl PoisonSection {
     /// Failed deliveries of one message before it is diverted (3 when the
     /// block does not say).
-    pub fn max_row_attempts(&self) -> u32 {
+    pub(crate) fn max_row_attempts(&self) -> u32 {
         self.max_row_attempts.unwrap_or(DEFAULT_ROW_ATTEMPTS)
-    }
-
-    /// What happens to a call that finally failed, if set.
-    pub fn action(&self) -> Option<Action> {
-        self.action
-    }
-
-    /// The header carrying a message id, if any.
-    pub fn message_id_header(&self) -> Option<&str> {
-        self.message_id_header.as_deref()
-    }
-
-    /// Whether refusals that never reached the dependency are stored.
-    pub fn store_refusals(&self) -> bool {
-        self.store_refusals
     }
 }
 

@@ -19,9 +19,8 @@ mod schema;
 
 #[cfg(feature = "admin-page")]
 pub use self::admin_page::AdminPage;
-pub use self::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
+pub use self::config::ResilienceConfig;
 pub use self::error::LoadError;
 pub use self::layer::{ResilienceLayer, ResilienceService};
-pub use self::load::MAX_ATTEMPTS_LIMIT;
 #[cfg(feature = "json-schema")]
 pub use self::schema::{json_schema, json_schema_text};

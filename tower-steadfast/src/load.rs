@@ -48,7 +48,7 @@ pub(crate) const POISON_KEYS: [&str; 4] = [
 
 /// The most tries `max_attempts` allows: the first and the retry layer's
 /// largest number of retries.
-pub const MAX_ATTEMPTS_LIMIT: u32 = MAX_RETRIES_LIMIT + 1;
+pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = MAX_RETRIES_LIMIT + 1;
 
 impl ResilienceConfig {
     /// Reads a configuration from YAML: the `resilience:` block, or the

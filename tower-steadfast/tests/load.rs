@@ -2,7 +2,6 @@
 //! named by the exact key that holds it.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use proptest::prelude::*;
 use tower_classify::{FailureKind, RetryOn};
@@ -18,6 +17,12 @@ fn fixture(name: &str) -> String {
 }
 
 /// Loads `name` with the loader its extension names.
+/// The block as read, as its `Serialize` writes it back: a key left out
+/// is absent.
+fn block(config: &ResilienceConfig) -> serde_json::Value {
+    serde_json::to_value(config).unwrap()
+}
+
 fn load(name: &str) -> Result<ResilienceConfig, LoadError> {
     let text = fixture(name);
     match name.rsplit('.').next() {
@@ -39,28 +44,24 @@ fn refusal(name: &str) -> (String, String) {
 #[test]
 fn the_documented_block_loads_unchanged_in_every_format() {
     let yaml = load("seed.yaml").unwrap();
-    let retry = yaml.retry();
-    assert_eq!(retry.max_attempts(), Some(5));
-    assert_eq!(retry.backoff(), Some(BackoffKind::Exponential));
-    assert_eq!(retry.base(), Some(Duration::from_millis(200)));
-    assert_eq!(retry.max(), Some(Duration::from_secs(30)));
-    // `jitter: true` is the seed's ±50 % around each wait.
+    // The block as read, written back by the layers' own names.
+    let retry_on: Vec<&str> = RetryOn::ALL.iter().filter_map(RetryOn::name_of).collect();
     assert_eq!(
-        retry.jitter(),
-        Some(Jitter::Proportional {
-            low: 0.5,
-            high: 1.5
+        block(&yaml),
+        serde_json::json!({
+            "retry": {
+                "max_attempts": 5,
+                "backoff": BackoffKind::Exponential.as_str(),
+                "base_ms": 200,
+                "max_ms": 30_000,
+                // `jitter: true` is the seed's ±50 % around each wait.
+                "jitter": Jitter::Proportional { low: 0.5, high: 1.5 }.to_string(),
+                "retry_on": retry_on,
+            },
+            "circuit_breaker": {"consecutive_failures": 5, "cooldown_secs": 60},
+            "poison": {"max_row_attempts": 3, "action": Action::Dlq.to_string()},
         })
     );
-    assert_eq!(retry.retry_on(), Some(RetryOn::ALL));
-    assert_eq!(yaml.circuit_breaker().consecutive_failures(), Some(5));
-    assert_eq!(
-        yaml.circuit_breaker().cooldown(),
-        Some(Duration::from_secs(60))
-    );
-    assert_eq!(yaml.poison().max_row_attempts(), 3);
-    assert_eq!(yaml.poison().action(), Some(Action::Dlq));
-    assert_eq!(yaml.poison().message_id_header(), None);
 
     assert_eq!(load("seed.toml").unwrap(), yaml);
     assert_eq!(load("seed.json").unwrap(), yaml);
@@ -72,24 +73,16 @@ fn keys_left_out_keep_the_layers_defaults() {
     // and the stack builds it at the layer's own default.
     let seed = load("seed.yaml").unwrap();
     let default = ResilienceConfig::default();
-    assert_eq!(default.retry().max_attempts(), None);
-    assert_eq!(default.retry().backoff(), None);
-    assert_eq!(default.retry().jitter(), None);
-    assert_eq!(default.retry().retry_on(), None);
-    assert_eq!(default.circuit_breaker().consecutive_failures(), None);
-    assert_eq!(default.circuit_breaker().cooldown(), None);
-    assert_eq!(default.poison().action(), None);
+    // No key is set: every section is empty.
+    assert_eq!(
+        block(&default),
+        serde_json::json!({"retry": {}, "circuit_breaker": {}, "poison": {}})
+    );
     // `max_row_attempts` has no layer default: 3, as the seed writes it.
-    assert_eq!(
-        seed.poison().max_row_attempts(),
-        default.poison().max_row_attempts()
-    );
-    assert_eq!(
-        seed.circuit_breaker().cooldown(),
-        Some(Duration::from_secs(60))
-    );
+    assert_eq!(block(&seed)["poison"]["max_row_attempts"], 3);
+    assert_eq!(block(&seed)["circuit_breaker"]["cooldown_secs"], 60);
     // Every retry key the seed writes is read as written.
-    assert_ne!(seed.retry(), default.retry());
+    assert_ne!(block(&seed)["retry"], block(&default)["retry"]);
     assert_eq!(
         ResilienceConfig::from_yaml_str("resilience: {}").unwrap(),
         ResilienceConfig::default()
@@ -111,8 +104,10 @@ fn the_wrapper_is_optional() {
     let wrapped = "resilience:\n  retry:\n    max_attempts: 2\n    backoff: fixed\n";
     let config = ResilienceConfig::from_yaml_str(bare).unwrap();
     assert_eq!(config, ResilienceConfig::from_yaml_str(wrapped).unwrap());
-    assert_eq!(config.retry().max_attempts(), Some(2));
-    assert_eq!(config.retry().backoff(), Some(BackoffKind::Fixed));
+    assert_eq!(
+        block(&config)["retry"],
+        serde_json::json!({"max_attempts": 2, "backoff": BackoffKind::Fixed.as_str()})
+    );
 }
 
 #[test]
@@ -375,30 +370,35 @@ fn the_limits_themselves_are_accepted() {
          poison: {max_row_attempts: 1, action: fail, message_id_header: x-message-id}",
     )
     .unwrap();
+    let read = block(&config);
     assert_eq!(
-        config.retry().max_attempts(),
-        Some(tower_steadfast::MAX_ATTEMPTS_LIMIT)
-    );
-    assert_eq!(
-        config.retry().retry_on(),
-        Some(RetryOn::new([FailureKind::Timeout]).unwrap())
-    );
-    assert_eq!(config.poison().message_id_header(), Some("x-message-id"));
-    assert_eq!(
-        ResilienceConfig::from_yaml_str("retry: {max_attempts: 1}")
-            .unwrap()
-            .retry()
-            .max_attempts(),
-        Some(1)
-    );
-}
-
-#[test]
-fn max_attempts_follows_the_retry_layers_limit() {
-    assert_eq!(
-        tower_steadfast::MAX_ATTEMPTS_LIMIT,
+        read["retry"]["max_attempts"],
         tower_retry_budget::MAX_RETRIES_LIMIT + 1
     );
+    let timeout = RetryOn::name_of(FailureKind::Timeout).unwrap();
+    assert_eq!(read["retry"]["retry_on"], serde_json::json!([timeout]));
+    assert_eq!(read["poison"]["message_id_header"], "x-message-id");
+    let one = ResilienceConfig::from_yaml_str("retry: {max_attempts: 1}").unwrap();
+    assert_eq!(block(&one)["retry"]["max_attempts"], 1);
+}
+
+/// The most tries is the first and the retry layer's most retries: one
+/// more is refused at load, naming the key and the range.
+#[test]
+fn max_attempts_follows_the_retry_layers_limit() {
+    let most = tower_retry_budget::MAX_RETRIES_LIMIT + 1;
+    let over = format!("retry: {{max_attempts: {}}}", most + 1);
+    match ResilienceConfig::from_yaml_str(&over) {
+        Err(LoadError::Invalid(error)) => {
+            assert_eq!(error.field(), "retry.max_attempts");
+            assert!(
+                error.reason().contains(&format!("to {most}")),
+                "{}",
+                error.reason()
+            );
+        }
+        other => panic!("{over}: {other:?}"),
+    }
 }
 
 #[test]
@@ -432,7 +432,7 @@ fn the_block_embeds_in_an_application_config_with_serde() {
     let app: AppConfig =
         yaml_serde::from_str("listen: 0.0.0.0:8080\nresilience:\n  retry:\n    max_attempts: 3\n")
             .unwrap();
-    assert_eq!(app.resilience.retry().max_attempts(), Some(3));
+    assert_eq!(block(&app.resilience)["retry"]["max_attempts"], 3);
 
     let error = yaml_serde::from_str::<AppConfig>(
         "listen: 0.0.0.0:8080\nresilience:\n  retry:\n    base_ms: -5\n",
@@ -558,7 +558,7 @@ proptest! {
     }
 
     /// `cooldown_secs` left out stays out: the breaker's backing-off
-    /// schedule (`cooldown()` is `None`), and the config written back in
+    /// schedule, and the config written back in
     /// every format leaves the key out rather than writing it as null, which
     /// the loader refuses. Given, it is the fixed period, written back as is.
     #[test]
@@ -566,11 +566,8 @@ proptest! {
         (failures, cooldown, yaml) in any_breaker_section_yaml()
     ) {
         let config = ResilienceConfig::from_yaml_str(&yaml).unwrap();
-        let breaker = config.circuit_breaker();
-        prop_assert_eq!(breaker.consecutive_failures(), Some(failures));
-        prop_assert_eq!(breaker.cooldown(), cooldown.map(Duration::from_secs));
-
         let json = serde_json::to_value(&config).unwrap();
+        prop_assert_eq!(&json["circuit_breaker"]["consecutive_failures"], &serde_json::Value::from(failures));
         let written = json["circuit_breaker"].get("cooldown_secs").cloned();
         prop_assert_eq!(written, cooldown.map(serde_json::Value::from));
         let toml = toml::to_string(&config).unwrap();

@@ -492,7 +492,7 @@ mod tests {
     /// closed.
     async fn late_writes_do_not_reach_the_next_closed_period(window: Window) {
         let layer = CircuitBreakerLayer::builder()
-            .failure_rate(0.5, 4, window)
+            .policy(Policy::failure_rate(0.5, 4, window))
             .recovery_timeout(Duration::from_secs(1))
             .build(ErrorChainClassifier::new())
             .unwrap();
@@ -531,7 +531,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_longest_recovery_timeout_with_a_tiny_jitter_opens() {
         let layer = CircuitBreakerLayer::builder()
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .recovery_timeout(Duration::from_secs(u64::MAX))
             .recovery_jitter(1e-20)
             .build(ErrorChainClassifier::new())
@@ -549,7 +549,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_caller_that_loses_the_race_to_reopen_writes_the_same_deadline() {
         let layer = CircuitBreakerLayer::builder()
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .recovery_timeout(Duration::from_secs(1))
             .max_recovery_timeout(Duration::from_secs(3600))
             .recovery_jitter(0.0)
@@ -582,7 +582,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refusal_is_placed_against_the_period_it_compared() {
         let layer = CircuitBreakerLayer::builder()
-            .failure_threshold(1)
+            .policy(Policy::consecutive_failures(1))
             .recovery_timeout(Duration::from_secs(10))
             .build(ErrorChainClassifier::new())
             .unwrap();
@@ -618,7 +618,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_throttle_refuses_with_the_sre_probability() {
         let layer = CircuitBreakerLayer::builder()
-            .adaptive_throttle(2.0, Window::count(10_000))
+            .policy(Policy::adaptive_throttle(2.0, Window::count(10_000)))
             .build(ErrorChainClassifier::new())
             .unwrap();
         let holder = &layer.breaker;

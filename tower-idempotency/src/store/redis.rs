@@ -81,7 +81,7 @@ impl Default for RedisIdempotencyStoreBuilder {
 impl RedisIdempotencyStoreBuilder {
     /// The defaults: the default connection options (1 s to connect, 5 s
     /// for a reply, one reconnection attempt), records up to 2 MiB.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         RedisIdempotencyStoreBuilder {
             options: RedisConnectOptions::new(),
             max_record_bytes: 2 << 20,

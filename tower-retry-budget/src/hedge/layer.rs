@@ -66,14 +66,10 @@ impl HedgeLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
 }
 
 impl<C, R> HedgeLayer<C, R> {
-    /// The layer's name in metrics labels, events and spans.
-    pub fn name(&self) -> &str {
-        self.policy.telemetry.name()
-    }
-
-    /// The most attempts in flight for one call, the first included.
-    pub fn max_attempts(&self) -> u32 {
-        self.policy.max_attempts
+    /// The settings, as the layer's services and their calls share them.
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<HedgePolicy<C, R>> {
+        &self.policy
     }
 
     /// The delay a call made now would wait before its first hedge: the

@@ -90,7 +90,7 @@ impl GrpcRetryClassifier {
     }
 
     /// Classifies errors with `errors` instead of [`ErrorChainClassifier::new`].
-    pub fn error_classifier(mut self, errors: ErrorChainClassifier) -> Self {
+    pub fn with_error_classifier(mut self, errors: ErrorChainClassifier) -> Self {
         self.errors = errors;
         self
     }

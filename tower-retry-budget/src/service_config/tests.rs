@@ -589,7 +589,7 @@ async fn only_the_configured_codes_are_retried() {
 async fn ten_attempts_are_five() {
     let (service, seen) = grpc_server(|_| grpc_response(14, None));
     let layer = retry_policy_layer(10, &["UNAVAILABLE"]);
-    assert_eq!(layer.max_retries(), 4);
+    assert_eq!(layer.shared().max_retries, 4);
     let response = layer.layer(service).oneshot(request()).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(seen.lock().unwrap().len(), 5);
@@ -758,19 +758,20 @@ fn method_configs_become_builders() {
     // With a policy and a timeout: attempts, backoff and the whole call's deadline.
     let foo = config.method_config("/MyService/Foo").unwrap();
     let layer = foo.retry_builder(None).unwrap().build().unwrap();
-    assert_eq!(layer.max_retries(), 2);
-    assert_eq!(layer.deadline(), Some(Duration::from_secs(1)));
-    assert_eq!(layer.backoff().initial_delay(), MS(10));
-    assert_eq!(layer.backoff().max_delay(), MS(10));
+    let policy = layer.shared();
+    assert_eq!(policy.max_retries, 2);
+    assert_eq!(policy.deadline, Some(Duration::from_secs(1)));
+    assert_eq!(policy.backoff.initial_delay(), MS(10));
+    assert_eq!(policy.backoff.max_delay(), MS(10));
     assert_eq!(
-        layer.backoff().jitter(),
+        policy.backoff.jitter(),
         crate::service_config::retry::A6_JITTER
     );
     // Without a policy: one attempt, as A6 says ("retries ... will not be enabled").
     let bar = config.method_config("/MyService/Bar").unwrap();
     let layer = bar.retry_builder(None).unwrap().build().unwrap();
-    assert_eq!(layer.max_retries(), 0);
-    assert_eq!(layer.deadline(), Some(Duration::from_secs(5)));
+    assert_eq!(layer.shared().max_retries, 0);
+    assert_eq!(layer.shared().deadline, Some(Duration::from_secs(5)));
 
     // A multiplier below 1 is valid A6 but cannot be built here.
     let shrinking = method_config(
@@ -852,7 +853,7 @@ fn a6_hedging_examples_become_hedge_layers() {
     let config = config("a6_hedging_policy.json");
     let method = &config.method_configs()[0];
     let layer = method.hedge_builder(None).unwrap().build().unwrap();
-    assert_eq!(layer.max_attempts(), 4);
+    assert_eq!(layer.shared().max_attempts, 4);
     assert_eq!(layer.current_delay(), Some(MS(500)));
     // A method with a retry policy has no hedging builder.
     let retrying = config_of_retry();
@@ -1217,4 +1218,27 @@ async fn a_fatal_status_of_a_transient_kind_answers_at_once() {
     let response = layer.layer(service).oneshot(request()).await.unwrap();
     assert_eq!(grpc_code(&response), "13");
     assert_eq!(start.elapsed(), MS(60));
+}
+
+/// A call that failed with an error is judged by the error classifier the
+/// classifier was given, then by the retryable codes: an error nothing
+/// recognises is rejected by default, and retried once it is read as a
+/// connection failure (`UNAVAILABLE`, in the set).
+#[test]
+fn the_error_classifier_decides_an_unrecognised_error() {
+    #[derive(Debug)]
+    struct Opaque;
+    impl std::fmt::Display for Opaque {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("opaque")
+        }
+    }
+    impl std::error::Error for Opaque {}
+    let opaque: BoxError = Box::new(Opaque);
+    let classify = |c: &GrpcRetryClassifier| Classify::<Response<()>, _>::classify(c, Err(&opaque));
+    assert!(!classify(&GrpcRetryClassifier::new(codes(&[14]))).is_retryable());
+    let connection = tower_classify::ErrorChainClassifier::new()
+        .unknown_as(Outcome::failure(tower_classify::FailureKind::Connection));
+    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_error_classifier(connection);
+    assert!(classify(&classifier).is_retryable());
 }
