@@ -63,9 +63,9 @@ impl Classified {
 
     /// The same error, telling a caller in another process to wait `wait`
     /// before trying again: the `Retry-After` of its HTTP answer
-    /// ([`http_status`](crate::http_status)) and the
+    /// (`http_status`, with the `http` feature) and the
     /// `grpc-retry-pushback-ms` of its gRPC answer
-    /// ([`grpc_status`](crate::grpc_status)), in place of the failure's
+    /// (`grpc_status`), in place of the failure's
     /// hint.
     ///
     /// The hint is for a retry layer in this process, which may be told
