@@ -6,8 +6,8 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
+
+use super::routes::error;
 
 /// Refuses a request that changes something (any method but `GET` and
 /// `HEAD`) when a browser says it comes from another site: an `Origin` whose
@@ -22,11 +22,12 @@ pub(crate) async fn same_origin(request: Request, next: Next) -> Response {
     if reads || is_same_origin(request.headers()) {
         next.run(request).await
     } else {
-        (
+        error(
             StatusCode::FORBIDDEN,
-            Json(json!({"code": "CROSS_ORIGIN", "message": "writes must come from the admin page's own origin"})),
+            "CROSS_ORIGIN",
+            "writes must come from the admin page's own origin",
         )
-            .into_response()
+        .into_response()
     }
 }
 

@@ -109,7 +109,7 @@ impl IntoResponse for Refused {
     }
 }
 
-fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refused {
+pub(crate) fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refused {
     Refused(status, code, message.into())
 }
 
