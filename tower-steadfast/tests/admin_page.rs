@@ -252,6 +252,48 @@ async fn a_cross_origin_post_is_refused_even_with_the_token() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// An HTTP/2 request as hyper hands it to the router: the browser sent
+/// `:authority`, not `Host`, so the authority is in the URI.
+fn http2_post(path: &str, origin: &str, body: Value) -> Request<Full<Bytes>> {
+    let mut request = post(&format!("https://{HOST}{path}"), body);
+    request.headers_mut().remove(header::HOST);
+    request
+        .headers_mut()
+        .insert(header::ORIGIN, origin.parse().unwrap());
+    *request.version_mut() = http::Version::HTTP_2;
+    request
+}
+
+#[tokio::test]
+async fn over_http2_a_write_from_the_page_goes_through_and_a_foreign_one_does_not() {
+    let f = fixture();
+    let own = format!("https://{HOST}");
+    let force_open = json!({"key": "orders"});
+
+    let foreign = http2_post(
+        "/api/breakers/force-open",
+        "https://evil.example",
+        force_open.clone(),
+    );
+    let (status, body) = json_of(&f.router, foreign).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        f.stack.breaker_handle().get("orders").unwrap().state,
+        State::Closed
+    );
+
+    let (status, body) = json_of(
+        &f.router,
+        http2_post("/api/breakers/force-open", &own, force_open),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        f.stack.breaker_handle().get("orders").unwrap().state,
+        State::ForcedOpen
+    );
+}
+
 #[tokio::test]
 async fn script_in_a_breaker_key_or_a_label_comes_back_as_data_never_as_markup() {
     let f = fixture_with(SCRIPT, StatusCode::OK);

@@ -11,7 +11,9 @@ use super::routes::error;
 
 /// Refuses a request that changes something (any method but `GET` and
 /// `HEAD`) when a browser says it comes from another site: an `Origin` whose
-/// host is not the `Host` it was sent to, or `Sec-Fetch-Site: cross-site`.
+/// host is not the one it was sent to, or `Sec-Fetch-Site: cross-site`. The
+/// host it was sent to is the `Host` header, or, over HTTP/2, where browsers
+/// send `:authority` instead, the request URI's authority.
 ///
 /// The bearer token alone already stops a forged form post (a browser never
 /// adds it by itself); this check is the second lock, so that a page on
@@ -19,7 +21,11 @@ use super::routes::error;
 /// from an operator's browser.
 pub(crate) async fn same_origin(request: Request, next: Next) -> Response {
     let reads = matches!(*request.method(), Method::GET | Method::HEAD);
-    if reads || is_same_origin(request.headers()) {
+    let authority = request
+        .uri()
+        .authority()
+        .map(|authority| authority.as_str());
+    if reads || is_same_origin(request.headers(), authority) {
         next.run(request).await
     } else {
         error(
@@ -31,7 +37,7 @@ pub(crate) async fn same_origin(request: Request, next: Next) -> Response {
     }
 }
 
-fn is_same_origin(headers: &HeaderMap) -> bool {
+fn is_same_origin(headers: &HeaderMap, authority: Option<&str>) -> bool {
     if headers
         .get("sec-fetch-site")
         .is_some_and(|site| site.as_bytes().eq_ignore_ascii_case(b"cross-site"))
@@ -43,7 +49,10 @@ fn is_same_origin(headers: &HeaderMap) -> bool {
         // every cross-origin POST.
         return true;
     };
-    let host = headers.get(header::HOST).map(|host| host.as_bytes());
+    let host = headers
+        .get(header::HOST)
+        .map(|host| host.as_bytes())
+        .or(authority.map(str::as_bytes));
     // `Origin` is `scheme://host[:port]`, or `null` for an opaque origin
     // (a sandboxed frame, a `data:` page), which is never this page.
     let origin_host = origin
@@ -58,7 +67,7 @@ fn is_same_origin(headers: &HeaderMap) -> bool {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    fn headers_of(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
             headers.insert(*name, value.parse().unwrap());
@@ -68,36 +77,68 @@ mod tests {
 
     #[test]
     fn an_origin_must_name_the_host_it_was_sent_to() {
-        assert!(is_same_origin(&headers(&[("host", "127.0.0.1:8080")])));
-        assert!(is_same_origin(&headers(&[
-            ("host", "127.0.0.1:8080"),
-            ("origin", "http://127.0.0.1:8080"),
-        ])));
-        assert!(!is_same_origin(&headers(&[
-            ("host", "127.0.0.1:8080"),
-            ("origin", "http://127.0.0.1:8081"),
-        ])));
-        assert!(!is_same_origin(&headers(&[
-            ("host", "admin.internal"),
-            ("origin", "https://evil.example"),
-        ])));
-        assert!(!is_same_origin(&headers(&[
-            ("host", "admin.internal"),
-            ("origin", "null"),
-        ])));
+        assert!(is_same_origin(
+            &headers_of(&[("host", "127.0.0.1:8080")]),
+            None
+        ));
+        assert!(is_same_origin(
+            &headers_of(&[
+                ("host", "127.0.0.1:8080"),
+                ("origin", "http://127.0.0.1:8080"),
+            ]),
+            None
+        ));
+        assert!(!is_same_origin(
+            &headers_of(&[
+                ("host", "127.0.0.1:8080"),
+                ("origin", "http://127.0.0.1:8081"),
+            ]),
+            None
+        ));
+        assert!(!is_same_origin(
+            &headers_of(&[
+                ("host", "admin.internal"),
+                ("origin", "https://evil.example"),
+            ]),
+            None
+        ));
+        assert!(!is_same_origin(
+            &headers_of(&[("host", "admin.internal"), ("origin", "null"),]),
+            None
+        ));
         // An origin with no Host to compare with is not trusted.
-        assert!(!is_same_origin(&headers(&[("origin", "http://a")])));
+        assert!(!is_same_origin(
+            &headers_of(&[("origin", "http://a")]),
+            None
+        ));
+    }
+
+    #[test]
+    fn over_http2_the_uri_authority_stands_for_host() {
+        // HTTP/2 carries `:authority`, which hyper puts in the URI, not `Host`.
+        let origin = headers_of(&[("origin", "https://admin.internal:8443")]);
+        assert!(is_same_origin(&origin, Some("admin.internal:8443")));
+        assert!(!is_same_origin(&origin, Some("admin.internal:9443")));
+        // A `Host` header, when present, is what the request was sent to.
+        let both = headers_of(&[
+            ("host", "other.internal"),
+            ("origin", "https://admin.internal:8443"),
+        ]);
+        assert!(!is_same_origin(&both, Some("admin.internal:8443")));
     }
 
     #[test]
     fn a_cross_site_fetch_is_refused_even_without_an_origin() {
-        assert!(!is_same_origin(&headers(&[
-            ("host", "admin.internal"),
-            ("sec-fetch-site", "cross-site"),
-        ])));
-        assert!(is_same_origin(&headers(&[
-            ("host", "admin.internal"),
-            ("sec-fetch-site", "same-origin"),
-        ])));
+        assert!(!is_same_origin(
+            &headers_of(&[("host", "admin.internal"), ("sec-fetch-site", "cross-site"),]),
+            None
+        ));
+        assert!(is_same_origin(
+            &headers_of(&[
+                ("host", "admin.internal"),
+                ("sec-fetch-site", "same-origin"),
+            ]),
+            None
+        ));
     }
 }
