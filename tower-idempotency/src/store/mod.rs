@@ -206,11 +206,6 @@ impl ClaimToken {
     pub fn token(&self) -> &str {
         &self.token
     }
-
-    /// The fingerprint the key was claimed with.
-    pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
-    }
 }
 
 /// A response as an idempotency store keeps it, to be replayed.
