@@ -74,8 +74,9 @@ impl RequestHead {
         )
     }
 
-    /// Copies a head given in parts.
-    pub fn from_parts(
+    /// Copies a head given in parts: not generic, so one copy of it serves
+    /// every body type.
+    fn from_parts(
         method: &Method,
         uri: &Uri,
         version: Version,
