@@ -74,13 +74,9 @@ impl RequestHead {
         )
     }
 
-    /// Copies a head given in parts.
-    pub fn from_parts(
-        method: &Method,
-        uri: &Uri,
-        version: Version,
-        headers: &http::HeaderMap,
-    ) -> Self {
+    /// Copies a head given in parts: not generic, so one copy of it serves
+    /// every body type.
+    fn from_parts(method: &Method, uri: &Uri, version: Version, headers: &http::HeaderMap) -> Self {
         let method = method.as_str();
         // The URI as `Display` writes it, in as few copies as possible:
         // "http://" and "https://" as constants, the path and query as one

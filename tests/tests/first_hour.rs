@@ -279,7 +279,7 @@ async fn first_hour_3_an_axum_route_behind_a_breaker_answers_problem_json() {
         "application/problem+json"
     );
     // Early in the open period the refusal gives a retry layer no hint (see
-    // `CircuitOpen::retry_after`), but the client is told the time left, as
+    // `CircuitOpen::failure().retry_after()`), but the client is told the time left, as
     // the breaker's own `503` tells it.
     let retry_after: u64 = refused.headers()["retry-after"]
         .to_str()

@@ -154,7 +154,7 @@ async fn retry_outside_breaker_waits_out_a_refusal_late_in_the_open_period() {
         "{:?}",
         open.remaining()
     );
-    assert_eq!(open.retry_after(), None, "no place on the ramp");
+    assert_eq!(open.failure().retry_after(), None, "no place on the ramp");
     let snapshot = handle.get(BREAKER).unwrap();
     assert_eq!(snapshot.state, State::Open);
     assert_eq!(snapshot.rejected, 1);

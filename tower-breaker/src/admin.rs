@@ -46,7 +46,8 @@ impl fmt::Debug for BreakerHandle {
     }
 }
 
-/// One breaker as the admin handle reports it.
+/// One breaker as the admin handle reports it. With the `admin` feature it
+/// serializes as the admin JSON (`remaining_open_ms`, `forced`, …).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct BreakerSnapshot {

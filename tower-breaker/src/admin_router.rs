@@ -1,6 +1,7 @@
 //! The admin handle over HTTP: an axum router behind a bearer token.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, Request, State as Extract};
@@ -125,25 +126,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn snapshot_json(s: &BreakerSnapshot) -> Value {
-    json!({
-        "key": s.key,
-        "state": s.state.as_str(),
-        "time_in_state_ms": s.time_in_state.as_millis() as u64,
-        "remaining_open_ms": s.remaining_open.map(|d| d.as_millis() as u64),
-        "consecutive_failures": s.consecutive_failures,
-        "window_calls": s.window_calls,
-        "window_failures": s.window_failures,
-        "failures": s.failures,
-        "rejected": s.rejected,
-        "opened": s.opened,
-        "probes_in_flight": s.probes_in_flight,
-    })
+/// The one JSON form of a snapshot, served by [`BreakerHandle::router`] and
+/// by the facade's admin page: durations in whole milliseconds, the state by
+/// its [`as_str`](crate::State::as_str) name and whether an operator forced it.
+impl serde::Serialize for BreakerSnapshot {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let millis = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+        json!({
+            "key": self.key,
+            "state": self.state.as_str(),
+            "forced": self.state.is_forced(),
+            "time_in_state_ms": millis(self.time_in_state),
+            "remaining_open_ms": self.remaining_open.map(millis),
+            "consecutive_failures": self.consecutive_failures,
+            "window_calls": self.window_calls,
+            "window_failures": self.window_failures,
+            "failures": self.failures,
+            "rejected": self.rejected,
+            "opened": self.opened,
+            "probes_in_flight": self.probes_in_flight,
+        })
+        .serialize(serializer)
+    }
 }
 
 async fn list(Extract(handle): Extract<BreakerHandle>) -> Json<Value> {
-    let breakers: Vec<Value> = handle.list().iter().map(snapshot_json).collect();
-    Json(json!({ "breakers": breakers }))
+    Json(json!({ "breakers": handle.list() }))
 }
 
 #[derive(Deserialize)]
@@ -184,7 +192,7 @@ fn key_of(body: Result<Json<KeyBody>, JsonRejection>) -> Result<String, (StatusC
 
 async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQuery>) -> Response {
     match handle.get(&query.key) {
-        Some(snapshot) => Json(snapshot_json(&snapshot)).into_response(),
+        Some(snapshot) => Json(snapshot).into_response(),
         None => not_found(&query.key),
     }
 }

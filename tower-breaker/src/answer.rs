@@ -27,7 +27,7 @@ pub struct Plain;
 /// For HTTP servers: a refused call is *answered*, `503 Service
 /// Unavailable`, a `Retry-After` header in whole seconds (rounded up, at
 /// least 1) with
-/// [`CircuitOpen::retry_after`](crate::CircuitOpen::retry_after) (the
+/// the refusal's `retry_after` ([`CircuitOpen::failure`](crate::CircuitOpen::failure), the
 /// caller's place on the release ramp), or the remaining open time for a
 /// call refused before the period's last fifth (absent when neither is
 /// known), and a problem details body (`application/problem+json`,
@@ -166,7 +166,7 @@ pub struct Http503;
 ///     // Recorded when the body ends, from its trailers.
 ///     response.into_body().collect().await?;
 /// }
-/// assert_eq!(service.state(), State::Open);
+/// assert_eq!(layer.handle().get("default").unwrap().state, State::Open);
 /// let refused = service.clone().oneshot(Request::new(())).await.err();
 /// assert!(refused.is_some_and(|err| err.is::<CircuitOpen>()));
 /// # Ok(())

@@ -25,13 +25,13 @@ use tower_classify::RefusalToken;
 /// Its [`source`](std::error::Error::source) is a
 /// [`tower_classify::Classified`] of kind
 /// [`Shed`](tower_classify::FailureKind::Shed) carrying
-/// [`retry_after`](CircuitOpen::retry_after) as its hint, so any layer that classifies with
+/// its [`failure`](CircuitOpen::failure)'s `retry_after` as its hint, so any layer that classifies with
 /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit. An answer to a
 /// remote caller built from it (tower-classify's `HttpStatusLayer` or
 /// `GrpcStatusLayer`, `problem`, `not_run`) says the wait of the breaker's
-/// own `503`: [`retry_after`](CircuitOpen::retry_after), else the
+/// own `503`: that `retry_after`, else the
 /// [`remaining`](CircuitOpen::remaining) open time, however early in the
 /// period.
 ///
@@ -85,29 +85,26 @@ impl CircuitOpen {
         self.remaining
     }
 
-    /// When the caller should try again, for a call refused in the last
-    /// fifth of an open period: the end of the period plus four times the
-    /// time it had left, five times [`remaining`](Self::remaining). The
-    /// calls waiting out one period so come back spread over a ramp four
-    /// times as long as they arrived in, the last refused first, instead of
-    /// all at once when it ends, and before a next period would end if the
-    /// probe failed. `None` for a call refused earlier in the period (it
-    /// could only come back onto the next period's callers), or while the
-    /// breaker is half-open, forced open or throttling; a refusal of a
-    /// [slow start](crate::Builder::slow_start) names a point of what is
-    /// left of it. It is the hint the refusal's [`failure`](Self::failure)
-    /// carries to a retry layer. An HTTP or gRPC answer of the refusal
-    /// (the `http` feature's `503`, tower-classify's `HttpStatusLayer`,
-    /// `problem`, `not_run` and `GrpcStatusLayer`) tells its caller this
-    /// wait, or without it the [`remaining`](Self::remaining) open time (see
-    /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.classified.failure().retry_after()
-    }
-
     /// The classification this refusal carries: a
-    /// [`Shed`](tower_classify::FailureKind::Shed) failure whose hint is
-    /// [`retry_after`](Self::retry_after).
+    /// [`Shed`](tower_classify::FailureKind::Shed) failure whose hint,
+    /// `failure().retry_after()`, says when the caller should try again.
+    ///
+    /// That hint is set for a call refused in the last fifth of an open
+    /// period: the end of the period plus four times the time it had left,
+    /// five times [`remaining`](Self::remaining). The calls waiting out one
+    /// period so come back spread over a ramp four times as long as they
+    /// arrived in, the last refused first, instead of all at once when it
+    /// ends, and before a next period would end if the probe failed. `None`
+    /// for a call refused earlier in the period (it could only come back
+    /// onto the next period's callers), or while the breaker is half-open,
+    /// forced open or throttling; a refusal of a
+    /// [slow start](crate::Builder::slow_start) names a point of what is
+    /// left of it. A retry layer reads the same hint. An HTTP or gRPC answer
+    /// of the refusal (the `http` feature's `503`, tower-classify's
+    /// `HttpStatusLayer`, `problem`, `not_run` and `GrpcStatusLayer`) tells
+    /// its caller this wait, or without it the
+    /// [`remaining`](Self::remaining) open time (see
+    /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).
     pub fn failure(&self) -> tower_classify::Failure {
         self.classified.failure()
     }

@@ -151,11 +151,6 @@ impl<S, C, F> KeyedCircuitBreaker<S, C, F> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    /// The admin handle of these breakers.
-    pub fn handle(&self) -> BreakerHandle {
-        BreakerHandle::new(Arc::clone(&self.registry))
-    }
 }
 
 impl<S: fmt::Debug, C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreaker<S, C, F> {

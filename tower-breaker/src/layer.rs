@@ -109,17 +109,6 @@ impl CircuitBreakerLayer<()> {
     }
 }
 
-// Here rather than with the keyed layer: both layers are made by the
-// builder, and the keyed layer's module need not know it.
-impl<C, F> KeyedCircuitBreakerLayer<C, F> {
-    /// Keyed breakers with the defaults; see [`Builder::build_keyed`] for the rest.
-    pub fn new(classifier: C, key_fn: F) -> Self {
-        Builder::new()
-            .build_keyed(classifier, key_fn)
-            .expect("the default configuration is valid")
-    }
-}
-
 impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
     type Service = CircuitBreaker<S, C, A>;
 
@@ -330,7 +319,7 @@ impl Builder {
     /// remaining open time, telling it to come back at a random point of
     /// what is left of the window. Off by default (zero): the calls that
     /// waited out the open period already come back spread over a ramp
-    /// (see [`CircuitOpen::retry_after`](crate::CircuitOpen::retry_after)),
+    /// (see [`CircuitOpen::failure`](crate::CircuitOpen::failure)),
     /// and a slow start refuses calls the dependency could have served.
     pub fn slow_start(mut self, window: Duration) -> Self {
         self.settings.slow_start = window;

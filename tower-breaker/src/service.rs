@@ -27,7 +27,6 @@ use crate::machine::{Breaker, Readiness};
 use crate::open::OpenCall;
 use crate::permit::Permit;
 use crate::share::BreakerRef;
-use crate::state::State;
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
 ///
@@ -94,11 +93,6 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
     /// The inner service, consuming the breaker.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-
-    /// The breaker's current state.
-    pub fn state(&self) -> State {
-        self.breaker().state()
     }
 
     #[inline]

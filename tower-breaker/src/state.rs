@@ -59,7 +59,7 @@ impl State {
 
     /// `true` when this state refuses calls it has no probe slot for: open,
     /// half-open and forced open. Keyed eviction spares these.
-    pub const fn is_open(self) -> bool {
+    pub(crate) const fn is_open(self) -> bool {
         matches!(self, State::Open | State::HalfOpen | State::ForcedOpen)
     }
 }

@@ -590,37 +590,24 @@ impl TimeWindow {
 mod tests {
     use super::*;
 
+    fn counts(calls: u32, failures: u32, slow: u32) -> Tally {
+        Tally {
+            calls,
+            failures,
+            slow,
+        }
+    }
+
     #[test]
     fn count_window_forgets_the_oldest_call() {
         let w = CountWindow::new(3);
         w.record(true, false);
         w.record(true, true);
-        assert_eq!(
-            w.record(false, false),
-            Tally {
-                calls: 3,
-                failures: 2,
-                slow: 1
-            }
-        );
+        assert_eq!(w.record(false, false), counts(3, 2, 1));
         // The first failure leaves the window.
-        assert_eq!(
-            w.record(false, false),
-            Tally {
-                calls: 3,
-                failures: 1,
-                slow: 1
-            }
-        );
+        assert_eq!(w.record(false, false), counts(3, 1, 1));
         // And then the slow one.
-        assert_eq!(
-            w.record(false, false),
-            Tally {
-                calls: 3,
-                failures: 0,
-                slow: 0
-            }
-        );
+        assert_eq!(w.record(false, false), counts(3, 0, 0));
         w.reset();
         assert_eq!(w.tally(), Tally::default());
     }
@@ -637,14 +624,7 @@ mod tests {
             assert_eq!(taken(&w), n, "a window not yet full counts every call");
         }
         for _ in 0..10 {
-            assert_eq!(
-                w.record(false, false),
-                Tally {
-                    calls: 4,
-                    failures: 0,
-                    slow: 0
-                }
-            );
+            assert_eq!(w.record(false, false), counts(4, 0, 0));
         }
         assert_eq!(taken(&w), 4);
         w.record(false, true);
@@ -692,18 +672,9 @@ mod tests {
                 });
             }
         });
-        let held = |bit: u64| {
-            (0..w.size)
-                .filter(|p| {
-                    let word = w.results[(p / RESULTS_PER_WORD) as usize].load(Ordering::Relaxed);
-                    word >> ((p % RESULTS_PER_WORD) * RESULT_BITS) & bit != 0
-                })
-                .count() as u32
-        };
         let tally = w.tally();
         assert_eq!(tally.calls, 70);
-        assert_eq!(tally.failures, held(FAILED));
-        assert_eq!(tally.slow, held(SLOW));
+        assert_eq!((tally.failures, tally.slow), w.ring_counts());
     }
 
     #[test]
@@ -711,31 +682,13 @@ mod tests {
         let w = TimeWindow::new(Duration::from_secs(10), 10, true);
         w.record(true, false, Duration::from_millis(500));
         w.record(false, true, Duration::from_millis(1500));
-        assert_eq!(
-            w.tally(Duration::from_millis(9_900)),
-            Tally {
-                calls: 2,
-                failures: 1,
-                slow: 1
-            }
-        );
+        assert_eq!(w.tally(Duration::from_millis(9_900)), counts(2, 1, 1));
         // At 10.5 s the bucket of 0–1 s has left the window.
-        assert_eq!(
-            w.tally(Duration::from_millis(10_500)),
-            Tally {
-                calls: 1,
-                failures: 0,
-                slow: 1
-            }
-        );
+        assert_eq!(w.tally(Duration::from_millis(10_500)), counts(1, 0, 1));
         // A slot reused for a later period starts from zero.
         assert_eq!(
             w.record(true, false, Duration::from_millis(10_600)),
-            Tally {
-                calls: 2,
-                failures: 1,
-                slow: 1
-            }
+            counts(2, 1, 1)
         );
         assert_eq!(w.tally(Duration::from_secs(100)), Tally::default());
     }
@@ -825,21 +778,10 @@ mod tests {
         w.record(true, false, Duration::from_millis(1_000));
         assert_eq!(
             w.record(false, false, Duration::from_millis(999)),
-            Tally {
-                calls: 2,
-                failures: 1,
-                slow: 0
-            },
+            counts(2, 1, 0),
             "the tally of the late record sees the latest bucket"
         );
-        assert_eq!(
-            w.tally(Duration::from_millis(1_001)),
-            Tally {
-                calls: 2,
-                failures: 1,
-                slow: 0
-            }
-        );
+        assert_eq!(w.tally(Duration::from_millis(1_001)), counts(2, 1, 0));
     }
 
     /// A window's kept period at `seq` (slot 0).
@@ -1018,18 +960,6 @@ mod loom_models {
 
     use super::*;
 
-    /// The results a count window's ring holds now: (failures, slow).
-    fn ring_counts(w: &CountWindow) -> (u32, u32) {
-        let mut counts = (0, 0);
-        for position in 0..w.size {
-            let word = w.results[(position / RESULTS_PER_WORD) as usize].load(Ordering::Acquire);
-            let bits = word >> ((position % RESULTS_PER_WORD) * RESULT_BITS);
-            counts.0 += (bits & FAILED != 0) as u32;
-            counts.1 += (bits & SLOW != 0) as u32;
-        }
-        counts
-    }
-
     /// Two records racing into a window of two that holds one failure: a
     /// slow failure and a success, the first taking the failure's position.
     /// Whichever thread swaps first, the counts end equal to the ring's.
@@ -1048,7 +978,7 @@ mod loom_models {
             failing.join().unwrap();
             let tally = w.tally();
             assert_eq!(tally.calls, 2);
-            assert_eq!((tally.failures, tally.slow), ring_counts(&w));
+            assert_eq!((tally.failures, tally.slow), w.ring_counts());
         });
     }
 
@@ -1068,7 +998,23 @@ mod loom_models {
             let failed = failing.join().unwrap();
             assert_eq!(failed.failures, 1, "the failure's own tally");
             assert_eq!(w.tally().failures, 1);
-            assert_eq!(ring_counts(&w), (1, 0));
+            assert_eq!(w.ring_counts(), (1, 0));
         });
+    }
+}
+
+#[cfg(test)]
+impl CountWindow {
+    /// The results the ring holds now: (failures, slow), for the tests to
+    /// compare with the counts.
+    fn ring_counts(&self) -> (u32, u32) {
+        let mut counts = (0, 0);
+        for position in 0..self.size {
+            let word = self.results[(position / RESULTS_PER_WORD) as usize].load(Ordering::Acquire);
+            let bits = word >> ((position % RESULTS_PER_WORD) * RESULT_BITS);
+            counts.0 += (bits & FAILED != 0) as u32;
+            counts.1 += (bits & SLOW != 0) as u32;
+        }
+        counts
     }
 }

@@ -109,6 +109,9 @@ async fn with_the_token_it_lists_forces_and_resets() {
     assert_eq!(breakers[1]["key"], "route:/users");
     assert_eq!(breakers[0]["state"], "closed");
     assert!(breakers[0]["time_in_state_ms"].is_u64());
+    assert_eq!(breakers[0]["forced"], false);
+    // Only an open breaker has a time left open.
+    assert!(breakers[0]["remaining_open_ms"].is_null());
 
     let (status, _) = send(
         &router,
@@ -122,6 +125,7 @@ async fn with_the_token_it_lists_forces_and_resets() {
     assert_eq!(handle.get("crm").unwrap().state, State::ForcedOpen);
     let (_, json) = send(&router, "GET", "/breakers/one?key=crm", auth, "").await;
     assert_eq!(json["state"], "forced_open");
+    assert_eq!(json["forced"], true);
 
     let body = r#"{"key":"route:/users"}"#;
     send(&router, "POST", "/breakers/force-closed", auth, body).await;

@@ -80,7 +80,7 @@ async fn an_open_circuit_answers_503_with_retry_after_and_circuit_open() {
 }
 
 /// A call refused before the last fifth of an open period has no place on
-/// the release ramp (`CircuitOpen::retry_after` is `None`), but the `503`
+/// the release ramp (the refusal's `failure().retry_after()` is `None`), but the `503`
 /// still tells an HTTP caller what an open circuit promises: the time left,
 /// rounded up. Layers around it see no hint in its `Failure`, as a retry
 /// layer in process would: they give up at once rather than pile onto the

@@ -70,7 +70,10 @@ fn admitted_share(
             Err(error) => {
                 let open = error.downcast::<CircuitOpen>().expect("only refusals fail");
                 assert_eq!(open.remaining(), None, "the breaker is closed");
-                let back = open.retry_after().expect("told when to come back");
+                let back = open
+                    .failure()
+                    .retry_after()
+                    .expect("told when to come back");
                 assert!(back <= left, "within what is left of the window: {back:?}");
             }
         }

@@ -110,7 +110,7 @@ fn bench(c: &mut Criterion) {
         let url = std::env::var("TOWER_IDEMPOTENCY_REDIS_URL")
             .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
         let prefix = format!("tower-idempotency-bench:{:x}:", fastrand::u64(..));
-        match runtime.block_on(RedisIdempotencyStore::connect(&url, prefix)) {
+        match runtime.block_on(RedisIdempotencyStore::builder().connect(&url, prefix)) {
             Ok(store) => {
                 // Keys expire after a minute instead of the default day.
                 let redis = guarded(

@@ -59,19 +59,9 @@ pin_project! {
 
 impl<B> GuardBody<B> {
     /// The original body, untouched.
-    pub fn new(body: B) -> Self {
+    pub(crate) fn new(body: B) -> Self {
         GuardBody {
             kind: Kind::Plain { body },
-        }
-    }
-
-    /// A whole body of `bytes`.
-    pub fn full(bytes: Bytes) -> Self {
-        GuardBody {
-            kind: Kind::Whole {
-                data: (!bytes.is_empty()).then_some(bytes),
-                trailers: None,
-            },
         }
     }
 

@@ -14,38 +14,51 @@ use tower_classify::http_status::Problem;
 
 use crate::store::NotKept;
 
-/// Why the guard answered a request itself.
+/// Why the guard answered a request itself. The answer is an RFC 9457
+/// problem (`application/problem+json`, built by tower-classify's
+/// [`Problem`](tower_classify::http_status::Problem)): `{"type", "title",
+/// "status", "detail", "code"}`, and `reason` for
+/// [`NotKept`](Rejection::NotKept). Its `type` is this enum's page: the
+/// statuses the idempotency draft gives these problems (409, 422) are shared
+/// with other problems. Each variant names its status and its stable `code`
+/// (also the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rejection {
-    /// 400: the `Idempotency-Key` is longer than 255 characters.
+    /// 400 `idempotency_key_too_long`: the `Idempotency-Key` is longer than
+    /// 255 characters.
     KeyTooLong,
-    /// 400: the `Idempotency-Key` is empty or not visible ASCII.
+    /// 400 `idempotency_key_invalid`: the `Idempotency-Key` is empty or not
+    /// visible ASCII.
     KeyInvalid,
-    /// 400: the body of a repeat failed while the guard read it to compare
-    /// it with the first request's; nothing was run. (The body of a first
-    /// request is read by the handler, which sees its failure itself.)
+    /// 400 `idempotency_body_unreadable`: the body of a repeat failed while
+    /// the guard read it to compare it with the first request's; nothing was
+    /// run. (The body of a first request is read by the handler, which sees
+    /// its failure itself.)
     BodyUnreadable,
-    /// 409: a request with the same key is still being processed. Retry
-    /// later (`Retry-After: 1`).
+    /// 409 `idempotency_key_in_use`: a request with the same key is still
+    /// being processed. Retry later (`Retry-After: 1`).
     InFlight,
-    /// 409: a request with the same key was processed, but its response was
-    /// not kept (the reason says why). It is not run again: whether to
-    /// repeat the operation under a new key is the client's decision.
+    /// 409 `idempotency_response_not_kept`: a request with the same key was
+    /// processed, but its response was not kept (the `reason` says why). It
+    /// is not run again: whether to repeat the operation under a new key is
+    /// the client's decision.
     NotKept(NotKept),
-    /// 422: the key was used before for a different request (method, path,
-    /// query, or the body as far as the first request's handler read it).
+    /// 422 `idempotency_key_reused`: the key was used before for a different
+    /// request (method, path, query, or the body as far as the first
+    /// request's handler read it).
     Mismatch,
-    /// 503: the idempotency store did not answer; the request was not run.
+    /// 503 `idempotency_store_unavailable`: the idempotency store did not
+    /// answer; the request was not run (`Retry-After: 1`).
     StoreUnavailable,
-    /// 503: the idempotency store is full of requests still in flight; the
-    /// request was not run.
+    /// 503 `idempotency_store_full`: the idempotency store is full of
+    /// requests still in flight; the request was not run (`Retry-After: 1`).
     StoreFull,
 }
 
 impl Rejection {
     /// The status of the response.
-    pub const fn status(self) -> StatusCode {
+    pub(crate) const fn status(self) -> StatusCode {
         match self {
             Rejection::KeyTooLong | Rejection::KeyInvalid | Rejection::BodyUnreadable => {
                 StatusCode::BAD_REQUEST
@@ -57,7 +70,7 @@ impl Rejection {
     }
 
     /// The stable code in the body's `code` field (also the metric label).
-    pub const fn code(self) -> &'static str {
+    pub(crate) const fn code(self) -> &'static str {
         match self {
             Rejection::KeyTooLong => "idempotency_key_too_long",
             Rejection::KeyInvalid => "idempotency_key_invalid",
@@ -71,7 +84,7 @@ impl Rejection {
     }
 
     /// The problem's short `title`.
-    pub const fn title(self) -> &'static str {
+    pub(crate) const fn title(self) -> &'static str {
         match self {
             Rejection::KeyTooLong => "Idempotency-Key is too long",
             Rejection::KeyInvalid => "Idempotency-Key is invalid",
@@ -85,7 +98,7 @@ impl Rejection {
     }
 
     /// The human-readable `detail`.
-    pub const fn detail(self) -> &'static str {
+    pub(crate) const fn detail(self) -> &'static str {
         match self {
             Rejection::KeyTooLong => "The Idempotency-Key header is longer than 255 characters.",
             Rejection::KeyInvalid => {
@@ -124,25 +137,16 @@ impl Rejection {
     /// Whether retrying the same request later is the right move: `true`
     /// for an outstanding request and for a store that is unavailable or
     /// full, which answer with `Retry-After: 1`.
-    pub const fn is_retryable(self) -> bool {
+    pub(crate) const fn is_retryable(self) -> bool {
         matches!(
             self,
             Rejection::InFlight | Rejection::StoreUnavailable | Rejection::StoreFull
         )
     }
 
-    /// The response: the status, `content-type: application/problem+json`,
-    /// a body `{"type", "title", "status", "detail", "code"}` (and `reason`
-    /// for [`NotKept`](Rejection::NotKept)), and `retry-after: 1` where
+    /// The answer described on [`Rejection`], with `Retry-After: 1` where
     /// [retrying](Self::is_retryable) the same request is the right move.
-    ///
-    /// It is built by tower-classify's
-    /// [`Problem`](tower_classify::http_status::Problem), as every HTTP
-    /// error answer of the family is. Its `type` is this enum's page rather
-    /// than `about:blank`: the statuses the idempotency draft gives these
-    /// problems (409, 422) are shared with other problems, so the type says
-    /// which it is.
-    pub fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
+    pub(crate) fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut problem = Problem::new(self.status())
             .member(
                 "type",

@@ -386,7 +386,7 @@ where
 
 fn reject<B>(rejection: Rejection) -> Response<GuardBody<B>> {
     count(rejection.code());
-    rejection.response(GuardBody::full)
+    rejection.response(|bytes| GuardBody::replay(bytes, None))
 }
 
 fn count(outcome: &'static str) {

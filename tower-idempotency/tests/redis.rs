@@ -105,6 +105,13 @@ async fn redis(target: Target, name: &str) -> Option<RedisIdempotencyStore> {
     }
 }
 
+/// The prefix `store` was connected with: its Redis keys are
+/// `PREFIX{16 hex digits}KEY`.
+fn prefix(store: &RedisIdempotencyStore) -> String {
+    let key = store.redis_key("");
+    key[..key.len() - 18].to_owned()
+}
+
 /// `target`'s URL, once [`redis`] connected to it.
 fn url(target: Target) -> String {
     target.url().expect("the target is configured")
@@ -189,7 +196,8 @@ async fn concurrent_repeats_run_once_across_two_nodes(target: Target) {
     let Some(node_1) = redis(target, "race").await else {
         return;
     };
-    let node_2 = RedisIdempotencyStore::connect(&url(target), node_1.prefix())
+    let node_2 = RedisIdempotencyStore::builder()
+        .connect(&url(target), prefix(&node_1))
         .await
         .unwrap();
     concurrent_repeats_run_once(node_1, node_2).await;
@@ -211,7 +219,8 @@ async fn a_duplicate_on_node_b_is_replayed_from_node_a(
     target: Target,
     node_a: RedisIdempotencyStore,
 ) {
-    let node_b = RedisIdempotencyStore::connect(&url(target), node_a.prefix())
+    let node_b = RedisIdempotencyStore::builder()
+        .connect(&url(target), prefix(&node_a))
         .await
         .unwrap();
     let (orders_a, orders_b) = (Orders::default(), Orders::default());
@@ -238,7 +247,7 @@ async fn keys_carry_their_namespace_hash_tag_and_ttl(target: Target, store: Redi
     call(&service, post("/orders", "k-pttl", "{}")).await;
     let key = store.redis_key("u:k-pttl");
     let tag = key
-        .strip_prefix(store.prefix())
+        .strip_prefix(&prefix(&store))
         .and_then(|rest| rest.strip_suffix("u:k-pttl"))
         .expect("PREFIX{tag}KEY");
     assert!(
@@ -249,11 +258,9 @@ async fn keys_carry_their_namespace_hash_tag_and_ttl(target: Target, store: Redi
         "{key}"
     );
     let braces = store.redis_key("u:a}b{c");
-    assert_eq!(&braces[store.prefix().len() + 17..], "}u:a}b{c");
-    assert_ne!(
-        braces[..store.prefix().len() + 18],
-        key[..store.prefix().len() + 18]
-    );
+    let prefix_len = prefix(&store).len();
+    assert_eq!(&braces[prefix_len + 17..], "}u:a}b{c");
+    assert_ne!(braces[..prefix_len + 18], key[..prefix_len + 18]);
     let mut connection = raw_connection(target).await;
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
@@ -303,7 +310,7 @@ async fn a_record_over_the_size_cap_is_recorded_as_not_kept(
 ) {
     let store = RedisIdempotencyStore::builder()
         .max_record_bytes(1024)
-        .connect(&url(target), probe.prefix())
+        .connect(&url(target), prefix(&probe))
         .await
         .unwrap();
     let orders = Orders::default();

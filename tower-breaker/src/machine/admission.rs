@@ -238,7 +238,7 @@ impl Breaker {
     }
 
     /// Counts and builds one refusal. A call refused in the last fifth of
-    /// an open period is told when to come back ([`CircuitOpen::retry_after`]):
+    /// an open period is told when to come back (its failure's `retry_after`):
     /// at the end of the period plus [`RELEASE_SPREAD`] times the time it
     /// had left, the last refused first. The calls that wait out a period
     /// are so released over a ramp four times as long as they arrived in:

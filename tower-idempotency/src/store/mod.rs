@@ -206,11 +206,6 @@ impl ClaimToken {
     pub fn token(&self) -> &str {
         &self.token
     }
-
-    /// The fingerprint the key was claimed with.
-    pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
-    }
 }
 
 /// A response as an idempotency store keeps it, to be replayed.
@@ -242,7 +237,7 @@ impl StoredResponse {
     /// Keeps `status`, `headers` and `body`. Hop-by-hop headers
     /// (`connection`, `transfer-encoding`, …) describe one connection, not
     /// the response, and are left out.
-    pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+    pub(crate) fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
         StoredResponse {
             status: status.as_u16(),
             headers: stored_headers(headers),
@@ -252,7 +247,7 @@ impl StoredResponse {
     }
 
     /// The same response, ended by `trailers`.
-    pub fn with_trailers(mut self, trailers: &HeaderMap) -> Self {
+    pub(crate) fn with_trailers(mut self, trailers: &HeaderMap) -> Self {
         self.trailers = stored_headers(trailers);
         self
     }
@@ -260,7 +255,7 @@ impl StoredResponse {
     /// The response again, with body type `B`. A header that no longer
     /// parses (the store was edited by hand) is skipped, and so is any past
     /// the most a header map holds: a hostile record never panics.
-    pub fn to_response<B>(&self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
+    pub(crate) fn to_response<B>(&self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut response = Response::new(body(self.body.clone()));
         *response.status_mut() =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -47,7 +47,9 @@ use crate::StoreError;
 /// use tower_idempotency::store::RedisIdempotencyStore;
 /// use tower_idempotency::IdempotencyGuardLayer;
 ///
-/// let store = RedisIdempotencyStore::connect("redis://127.0.0.1:6379", "orders:idem:").await?;
+/// let store = RedisIdempotencyStore::builder()
+///     .connect("redis://127.0.0.1:6379", "orders:idem:")
+///     .await?;
 /// let guard = IdempotencyGuardLayer::new(store);
 /// # let _ = guard;
 /// # Ok(())
@@ -161,23 +163,11 @@ static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
 impl RedisIdempotencyStore {
-    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
-    /// comma-separated: see [`RedisConnectOptions`]) with the default options;
-    /// every key is stored under `prefix` (such as `"orders:idem:"`).
-    pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, StoreError> {
-        RedisIdempotencyStoreBuilder::new()
-            .connect(url, prefix)
-            .await
-    }
-
-    /// A builder for other settings.
+    /// A builder: its [`connect`](RedisIdempotencyStoreBuilder::connect)
+    /// connects with the default options, every key stored under a prefix
+    /// (such as `"orders:idem:"`).
     pub const fn builder() -> RedisIdempotencyStoreBuilder {
         RedisIdempotencyStoreBuilder::new()
-    }
-
-    /// The prefix of every key.
-    pub fn prefix(&self) -> &str {
-        &self.shared.prefix
     }
 
     /// The Redis key holding the record of `key` (as the guard names it,

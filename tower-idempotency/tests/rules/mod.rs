@@ -734,11 +734,12 @@ where
 }
 
 fn stored() -> Completion {
-    Completion::Response(StoredResponse::new(
-        StatusCode::CREATED,
-        &http::HeaderMap::new(),
-        "ok".into(),
-    ))
+    Completion::Response(StoredResponse {
+        status: 201,
+        headers: Vec::new(),
+        body: "ok".into(),
+        trailers: Vec::new(),
+    })
 }
 
 /// A claim whose request never finishes (its node died) lapses after the

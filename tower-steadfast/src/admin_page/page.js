@@ -110,7 +110,7 @@
       cell(row, b.window_calls > 0 ? b.window_failures + ' of ' + b.window_calls + ' calls' : '–', 'num');
       cell(row, b.consecutive_failures, 'num');
       cell(row, b.failures, 'num');
-      cell(row, b.state === 'open' ? duration(b.next_probe_ms) : '', 'num');
+      cell(row, b.state === 'open' ? duration(b.remaining_open_ms) : '', 'num');
       cell(row, rate(b.rejected, before[b.key], seconds), 'num');
       cell(row, b.opened, 'num');
       const actions = el('td');

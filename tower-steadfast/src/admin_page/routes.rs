@@ -113,10 +113,6 @@ pub(crate) fn error(status: StatusCode, code: &'static str, message: impl Into<S
     Refused(status, code, message.into())
 }
 
-fn millis(duration: std::time::Duration) -> u64 {
-    duration.as_millis().min(u128::from(u64::MAX)) as u64
-}
-
 #[derive(Deserialize)]
 pub(crate) struct StateQuery {
     label: Option<String>,
@@ -130,24 +126,7 @@ pub(crate) async fn state(State(shared): Page, Query(query): Query<StateQuery>) 
     for handle in &shared.breakers {
         let list = handle.list();
         total += list.len();
-        for snapshot in list {
-            if breakers.len() == MAX_BREAKERS {
-                break;
-            }
-            breakers.push(json!({
-                "key": snapshot.key,
-                "state": snapshot.state.as_str(),
-                "forced": snapshot.state.is_forced(),
-                "window_failures": snapshot.window_failures,
-                "window_calls": snapshot.window_calls,
-                "consecutive_failures": snapshot.consecutive_failures,
-                "next_probe_ms": snapshot.remaining_open.map(millis),
-                "time_in_state_ms": millis(snapshot.time_in_state),
-                "failures": snapshot.failures,
-                "rejected": snapshot.rejected,
-                "opened": snapshot.opened,
-            }));
-        }
+        breakers.extend(list.into_iter().take(MAX_BREAKERS - breakers.len()));
     }
     let newest = query.limit.unwrap_or(DEFAULT_NEWEST).min(MAX_NEWEST);
     let mut stores = Vec::new();
@@ -170,7 +149,7 @@ pub(crate) async fn state(State(shared): Page, Query(query): Query<StateQuery>) 
         .collect();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, millis);
+        .map_or(0, |since| since.as_millis() as u64);
     Json(json!({
             "now_ms": now,
             "breakers": breakers,
