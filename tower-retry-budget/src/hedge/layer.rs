@@ -322,9 +322,7 @@ impl<C, R> HedgeBuilder<C, R> {
     /// earlier ones allowed. Share one budget unless that is wanted.
     ///
     /// Pass a retry layer's budget so that retries and hedges together stay
-    /// within it (Finagle's rule), or a gRFC A6
-    /// [`RetryThrottle`](crate::service_config::RetryThrottle). The layer
-    /// never deposits into a shared budget: its owner does.
+    /// within it (Finagle's rule). The layer never deposits into a shared budget: its owner does.
     pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
         self.shared.push(budget);
         self
