@@ -120,12 +120,6 @@ impl<S, C, R> Layer<S> for RetryLayer<C, R> {
 }
 
 #[derive(Clone)]
-enum Attempts {
-    Retries(u32),
-    Total(u32),
-}
-
-#[derive(Clone)]
 enum Deadline {
     None,
     Fixed(Duration),
@@ -157,7 +151,7 @@ enum BudgetChoice {
 pub struct RetryBuilder<C, R> {
     classifier: C,
     replay: R,
-    attempts: Attempts,
+    max_retries: u32,
     backoff: Backoff,
     deadline: Deadline,
     attempt_timeout: Option<Duration>,
@@ -190,7 +184,7 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier,
             replay,
-            attempts: Attempts::Retries(3),
+            max_retries: 3,
             backoff: Backoff::default(),
             deadline: Deadline::None,
             attempt_timeout: None,
@@ -209,7 +203,7 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier,
             replay: self.replay,
-            attempts: self.attempts,
+            max_retries: self.max_retries,
             backoff: self.backoff,
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
@@ -237,7 +231,7 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier: self.classifier,
             replay: change(self.replay),
-            attempts: self.attempts,
+            max_retries: self.max_retries,
             backoff: self.backoff,
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
@@ -260,16 +254,10 @@ impl<C, R> RetryBuilder<C, R> {
         self
     }
 
-    /// Retries after the first attempt (0–16; default 3).
+    /// Retries after the first attempt (0–16; default 3): `n` attempts in
+    /// all is `max_retries(n - 1)`.
     pub fn max_retries(mut self, retries: u32) -> Self {
-        self.attempts = Attempts::Retries(retries);
-        self
-    }
-
-    /// Total attempts including the first (1–17; 1 = no retry). The same
-    /// setting as [`max_retries`](Self::max_retries), counted the other way.
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = Attempts::Total(attempts);
+        self.max_retries = retries;
         self
     }
 
@@ -416,20 +404,12 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     fn resolve_retries(&self) -> Result<u32, ConfigError> {
-        match self.attempts {
-            Attempts::Retries(n) if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
+        match self.max_retries {
+            n if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
                 "max_retries",
                 format!("{n} is above the limit of {MAX_RETRIES_LIMIT}"),
             )),
-            Attempts::Retries(n) => Ok(n),
-            Attempts::Total(n) if n == 0 || n > MAX_RETRIES_LIMIT + 1 => Err(ConfigError::new(
-                "max_attempts",
-                format!(
-                    "{n} must be between 1 (no retry) and {}",
-                    MAX_RETRIES_LIMIT + 1
-                ),
-            )),
-            Attempts::Total(n) => Ok(n - 1),
+            n => Ok(n),
         }
     }
 

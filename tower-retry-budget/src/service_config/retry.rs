@@ -6,7 +6,7 @@
 //!
 //! | A6 | the builder |
 //! |---|---|
-//! | `maxAttempts` attempts in all, at most 5 | [`max_attempts`](RetryBuilder::max_attempts) |
+//! | `maxAttempts` attempts in all, at most 5 | [`max_retries`](RetryBuilder::max_retries) `maxAttempts − 1` |
 //! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with a jitter of `[0.8, 1.2)` |
 //! | only `retryableStatusCodes` are retried | [`GrpcRetryClassifier`] |
 //! | a pushback of `n` ms: retry after exactly `n` ms; negative or unreadable: do not retry | the classifier's hint, which replaces the computed backoff |
@@ -158,6 +158,6 @@ fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetry
         .retry_non_idempotent(true)
         .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS));
     RetryBuilder::new(classifier, replay)
-        .max_attempts(max_attempts)
+        .max_retries(max_attempts - 1)
         .restart_backoff_after_hint(true)
 }
