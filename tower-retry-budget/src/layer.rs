@@ -124,6 +124,7 @@ enum Deadline {
     None,
     Fixed(Duration),
     /// `timeout × (max_retries + 1)`, resolved in `build`.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     FromAttemptTimeout(Duration),
 }
 
@@ -288,20 +289,10 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     /// One timeout for both: each attempt gets `timeout`, and the whole
-    /// loop gets `timeout × (max_retries + 1)`, backoff included.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_retry_budget::RetryLayer;
-    ///
-    /// let layer = RetryLayer::builder()
-    ///     .max_retries(3)
-    ///     .deadline_from_timeout(Duration::from_secs(2))
-    ///     .build()
-    ///     .unwrap();
-    /// // Each attempt may take 2 s; the whole call, 4 attempts, 8 s.
-    /// ```
-    pub fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
+    /// loop gets `timeout × (max_retries + 1)`, backoff included (a
+    /// configuration's `deadline_from_attempt_timeout`).
+    #[cfg(feature = "serde")]
+    pub(crate) fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self.deadline = Deadline::FromAttemptTimeout(timeout);
         self

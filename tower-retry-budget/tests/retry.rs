@@ -283,14 +283,20 @@ async fn an_attempt_in_flight_is_cut_at_the_deadline() {
     );
 }
 
-/// Seed 000: `timeout × (max_retries + 1)` in one call.
+/// Seed 000: `timeout × (max_retries + 1)` in one setting, a
+/// configuration's `deadline_from_attempt_timeout`.
+#[cfg(feature = "serde")]
 #[tokio::test(start_paused = true)]
 async fn seed_000_deadline_in_one_call() {
     let hang = Scripted::new(|_| Err(reset())).latency(S(3600));
-    let layer = RetryLayer::builder()
-        .max_retries(2)
+    let mut config = tower_retry_budget::config::RetryConfig::default();
+    config.max_retries = Some(2);
+    config.attempt_timeout = Some(S(1));
+    config.deadline_from_attempt_timeout = true;
+    let layer = config
+        .apply(RetryLayer::builder())
+        .unwrap()
         .backoff(Backoff::none())
-        .deadline_from_timeout(S(1))
         .no_budget()
         .build()
         .unwrap();

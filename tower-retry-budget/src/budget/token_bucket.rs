@@ -112,6 +112,7 @@ impl TokenBucketBudget {
     }
 
     /// `true` while the count is greater than `max_tokens / 2`.
+    #[cfg(any(test, feature = "grpc-service-config"))]
     pub(crate) fn allows_retry(&self) -> bool {
         // tokens > max / 2, without the division's rounding.
         self.milli_tokens() * 2 > self.max
