@@ -64,7 +64,8 @@ fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) ->
 
 /// What an error kept of the response it replaced: for `http::Response`s
 /// (with [`HttpReplay`](crate::replay::HttpReplay)), its
-/// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions.
+/// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions,
+/// read with `downcast_ref::<http::response::Parts>()`.
 pub struct ResponseHead(Box<dyn Any + Send + Sync>);
 
 impl ResponseHead {
@@ -77,18 +78,12 @@ impl ResponseHead {
     pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
         self.0.downcast_ref()
     }
-
-    /// The head of an `http::Response`.
-    #[cfg(feature = "http")]
-    pub fn parts(&self) -> Option<&http::response::Parts> {
-        self.downcast_ref()
-    }
 }
 
 impl fmt::Debug for ResponseHead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         #[cfg(feature = "http")]
-        if let Some(parts) = self.parts() {
+        if let Some(parts) = self.downcast_ref::<http::response::Parts>() {
             return f
                 .debug_struct("ResponseHead")
                 .field("status", &parts.status)

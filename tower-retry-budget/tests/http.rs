@@ -813,7 +813,7 @@ async fn a_deadline_under_a_retry_names_the_kept_answers_head() {
         .unwrap_or_else(|| panic!("not the deadline: {error}"));
     assert_eq!(exceeded.attempts(), 2);
     let head = exceeded.response_head().expect("the first answer's head");
-    let parts = head.parts().unwrap();
+    let parts = head.downcast_ref::<http::response::Parts>().unwrap();
     assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(parts.headers["x-attempt"], "1");
 }
@@ -1177,7 +1177,7 @@ async fn item_10_wait_too_long_keeps_the_response_head() {
     let too_long = err.downcast_ref::<WaitTooLong>().unwrap();
     let head = too_long
         .response_head()
-        .and_then(|head| head.parts())
+        .and_then(|head| head.downcast_ref::<http::response::Parts>())
         .unwrap();
     assert_eq!(head.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(head.headers["retry-after"], "86400");
@@ -1219,7 +1219,10 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
     assert_eq!(failed.failure().kind, FailureKind::RateLimited);
     assert_eq!(failed.stopped().reason, StopReason::Attempts);
     assert_eq!(failed.stopped().attempts, 3);
-    let head = failed.response_head().parts().unwrap();
+    let head = failed
+        .response_head()
+        .downcast_ref::<http::response::Parts>()
+        .unwrap();
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.headers["x-throttled"], "true");
 }
