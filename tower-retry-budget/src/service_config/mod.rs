@@ -199,12 +199,7 @@ impl ServiceConfig {
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
         let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|err| ConfigError::new("serviceConfig", format!("not valid JSON: {err}")))?;
-        Self::from_value(&value)
-    }
-
-    /// Validates a service config already read as JSON.
-    pub fn from_value(value: &serde_json::Value) -> Result<Self, ConfigError> {
-        parse::service_config(value)
+        parse::service_config(&value)
     }
 
     fn new(

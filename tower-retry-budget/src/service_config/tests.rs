@@ -259,7 +259,7 @@ fn every_invalid_fixture_is_refused_naming_its_field() {
     assert!(cases.len() >= 50);
     for case in &cases {
         let why = case["why"].as_str().unwrap();
-        let err = ServiceConfig::from_value(&case["config"])
+        let err = super::parse::service_config(&case["config"])
             .err()
             .unwrap_or_else(|| panic!("{why}: accepted"));
         assert_eq!(err.field(), case["field"].as_str().unwrap(), "{why}: {err}");
