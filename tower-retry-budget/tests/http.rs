@@ -125,7 +125,7 @@ async fn patch_is_retried_only_when_opted_in() {
     let (inner, log) = server::<String>(unavailable_then_ok(1));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(HttpReplay::new().retry_non_idempotent(true))
+        .map_replay(|_| HttpReplay::new().retry_non_idempotent(true))
         .build()
         .unwrap();
     let patch = Request::patch("/doc").body("x".to_owned()).unwrap();
@@ -206,10 +206,10 @@ async fn attempt_header_marks_retries() {
     let (inner, log) = server::<String>(unavailable_then_ok(2));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(
+        .map_replay(|_| {
             HttpReplay::new()
-                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-        )
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        })
         .build()
         .unwrap();
     layer
@@ -549,7 +549,9 @@ async fn a_retry_sends_the_head_the_caller_made() {
     });
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(HttpReplay::new().attempt_header(http::HeaderName::from_static("x-attempt")))
+        .map_replay(|_| {
+            HttpReplay::new().attempt_header(http::HeaderName::from_static("x-attempt"))
+        })
         .build()
         .unwrap();
     let mut secret = http::HeaderValue::from_static("Bearer s3cret");

@@ -1031,7 +1031,7 @@ async fn a_retry_that_cannot_be_made_is_a_give_up() {
     use tower_retry_budget::{GiveUpEvent, StopReason};
     let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
     let layer = RetryLayer::builder()
-        .replay(FailsAtReplay)
+        .map_replay(|_| FailsAtReplay)
         .backoff(Backoff::none())
         .no_budget()
         .on_give_up({

@@ -206,17 +206,13 @@ impl<C, R> HedgeBuilder<C, R> {
         }
     }
 
-    /// Uses `replay` to copy requests for hedges; a request it refuses
-    /// (not idempotent, a body that cannot be copied) is never hedged. It
-    /// replaces the one a preset or a configuration chose (see
-    /// [`map_replay`](Self::map_replay) to change that one instead).
-    pub fn replay<R2>(self, replay: R2) -> HedgeBuilder<C, R2> {
-        self.map_replay(|_| replay)
-    }
-
-    /// Changes the replay already chosen, keeping what a preset or a
-    /// configuration set on it (a gRPC method's config makes POSTs
-    /// hedgeable, for one): `.map_replay(|replay| replay.grpc_timeout(true))`.
+    /// How requests are copied for hedges; a request the replay refuses
+    /// (not idempotent, a body that cannot be copied) is never hedged.
+    /// `change` gets the replay already chosen and returns the one to use.
+    /// Change it, keeping what a preset or a configuration set on it (a
+    /// gRPC method's config makes POSTs hedgeable, for one):
+    /// `.map_replay(|replay| replay.grpc_timeout(true))`; or replace it:
+    /// `.map_replay(|_| CloneRequest)`.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> HedgeBuilder<C, R2> {
         HedgeBuilder {
             classifier: self.classifier,
