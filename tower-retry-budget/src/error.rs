@@ -161,22 +161,22 @@ pub struct FailedSuccess {
 
 impl FailedSuccess {
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn new(stopped: crate::RetryStopped, failure: Failure, head: ResponseHead) -> Self {
+    pub(crate) fn new(stopped: crate::RetryStopped, head: ResponseHead) -> Self {
         FailedSuccess {
             stopped,
-            classified: given_up(failure, "a successful status classified as a failure", None),
+            classified: given_up(
+                stopped.failure,
+                "a successful status classified as a failure",
+                None,
+            ),
             head,
         }
     }
 
-    /// Why retrying stopped, and after how many attempts.
+    /// Why retrying stopped, after how many attempts, and how the
+    /// classifier judged the response.
     pub fn stopped(&self) -> crate::RetryStopped {
         self.stopped
-    }
-
-    /// How the classifier judged the response.
-    pub fn failure(&self) -> Failure {
-        self.classified.failure()
     }
 
     /// The response's head (status, headers).
@@ -190,7 +190,7 @@ impl fmt::Display for FailedSuccess {
         write!(
             f,
             "the server answered with a success classified as {} ({} attempt{}, {})",
-            self.failure().kind,
+            self.stopped.failure.kind,
             self.stopped.attempts,
             if self.stopped.attempts == 1 { "" } else { "s" },
             self.stopped.reason.as_str()

@@ -418,8 +418,12 @@ where
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 policy.listeners.gave_up(attempts, reason, failure);
-                let marked = RetryStopped { reason, attempts };
-                return Poll::Ready(stopped(stop, marked, result, report, failure));
+                let marked = RetryStopped {
+                    reason,
+                    attempts,
+                    failure,
+                };
+                return Poll::Ready(stopped(stop, marked, result, report));
             }
         };
 
@@ -488,15 +492,13 @@ where
     // As for a request found not replayable when the retry is decided:
     // the listeners, no metric.
     policy.listeners.gave_up(attempts, reason, failure);
-    let marked = RetryStopped { reason, attempts };
-    let result = last.map_err(AttemptError::Inner);
-    stopped(
-        Stop::HandBack(reason),
-        marked,
-        result,
-        &policy.replay,
+    let marked = RetryStopped {
+        reason,
+        attempts,
         failure,
-    )
+    };
+    let result = last.map_err(AttemptError::Inner);
+    stopped(Stop::HandBack(reason), marked, result, &policy.replay)
 }
 
 /// What the caller gets when the loop stops (`stop`, `marked` with why and
@@ -514,16 +516,15 @@ fn stopped<Res, R>(
     marked: RetryStopped,
     result: Result<Res, AttemptError<BoxError>>,
     report: &R,
-    failure: Failure,
 ) -> Result<Res, BoxError>
 where
     R: StopReport<Res>,
 {
-    let attempts = marked.attempts;
+    let RetryStopped {
+        attempts, failure, ..
+    } = marked;
     match (stop, result) {
-        (Stop::HandBack(_) | Stop::Budget, Ok(response)) => {
-            report.hand_back(response, marked, failure)
-        }
+        (Stop::HandBack(_) | Stop::Budget, Ok(response)) => report.hand_back(response, marked),
         (Stop::HandBack(_), Err(err)) => Err(err.into_box()),
         (Stop::Budget, Err(err)) => Err(Box::new(BudgetExhausted::new(
             attempts,

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use crate::backoff::Backoff;
 use crate::budget::{Budget, TpsBudget};
-use crate::events::{GiveUpEvent, Listeners, RetryEvent, SuccessAfterRetries};
+use crate::events::{Listeners, RetryEvent, RetryStopped, SuccessAfterRetries};
 use crate::policy::{Policy, RetryIf};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
@@ -368,12 +368,12 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Calls `callback` when a call ends in failure: the failure is handed
     /// back (or replaced by an error of this layer's), with why retrying
-    /// stopped ([`GiveUpEvent`]). Each call adds a callback. A call whose
+    /// stopped ([`RetryStopped`]). Each call adds a callback. A call whose
     /// service fails `poll_ready` before a retry ends with that error and
     /// no give-up: the service stopped, not the retrying.
     pub fn on_give_up<F>(mut self, callback: F) -> Self
     where
-        F: Fn(&GiveUpEvent) + Send + Sync + 'static,
+        F: Fn(&RetryStopped) + Send + Sync + 'static,
     {
         self.listeners.give_up.push(Arc::new(callback));
         self

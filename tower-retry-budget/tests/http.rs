@@ -1218,7 +1218,7 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
         .expect_err("a throttled 200 is not data");
     assert_eq!(log.lock().unwrap().len(), 3, "retried twice first");
     let failed = err.downcast_ref::<FailedSuccess>().unwrap();
-    assert_eq!(failed.failure().kind, FailureKind::RateLimited);
+    assert_eq!(failed.stopped().failure.kind, FailureKind::RateLimited);
     assert_eq!(failed.stopped().reason, StopReason::Attempts);
     assert_eq!(failed.stopped().attempts, 3);
     let head = failed

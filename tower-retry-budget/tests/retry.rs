@@ -626,10 +626,10 @@ type Mocked = tower_test::mock::Handle<&'static str, &'static str>;
 
 /// The give-ups reported so far: attempts, why, and how the last failed.
 fn gave_up(
-    events: &Mutex<Vec<tower_retry_budget::GiveUpEvent>>,
+    events: &Mutex<Vec<tower_retry_budget::RetryStopped>>,
 ) -> Vec<(u32, tower_retry_budget::StopReason, FailureKind)> {
     let events = events.lock().unwrap();
-    let summary = |event: &tower_retry_budget::GiveUpEvent| {
+    let summary = |event: &tower_retry_budget::RetryStopped| {
         (event.attempts, event.reason, event.failure.kind)
     };
     events.iter().map(summary).collect()
@@ -641,7 +641,7 @@ fn gave_up(
 async fn waiting_for_readiness() -> (
     task::Spawn<impl std::future::Future<Output = Result<&'static str, BoxError>>>,
     Mocked,
-    Arc<Mutex<Vec<tower_retry_budget::GiveUpEvent>>>,
+    Arc<Mutex<Vec<tower_retry_budget::RetryStopped>>>,
 ) {
     let give_ups = Arc::new(Mutex::new(Vec::new()));
     let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
@@ -961,9 +961,9 @@ async fn item_11_deadline_exceeded_keeps_the_failure_before_it() {
 
 #[tokio::test(start_paused = true)]
 async fn item_7_every_listener_is_called_for_retries_give_ups_and_recoveries() {
-    use tower_retry_budget::{GiveUpEvent, StopReason, SuccessAfterRetries};
+    use tower_retry_budget::{RetryStopped, StopReason, SuccessAfterRetries};
     let retries = Arc::new(Mutex::new(Vec::new()));
-    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    let give_ups = Arc::new(Mutex::new(Vec::<RetryStopped>::new()));
     let recovered = Arc::new(Mutex::new(Vec::<SuccessAfterRetries>::new()));
     let layer = RetryLayer::builder()
         .max_retries(2)
@@ -1028,8 +1028,8 @@ impl tower_retry_budget::replay::StopReport<&'static str> for FailsAtReplay {}
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_that_cannot_be_made_is_a_give_up() {
-    use tower_retry_budget::{GiveUpEvent, StopReason};
-    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let give_ups = Arc::new(Mutex::new(Vec::<RetryStopped>::new()));
     let layer = RetryLayer::builder()
         .map_replay(|_| FailsAtReplay)
         .backoff(Backoff::none())
