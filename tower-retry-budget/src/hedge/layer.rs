@@ -342,8 +342,8 @@ impl<C, R> HedgeBuilder<C, R> {
         }
     }
 
-    /// Checks the settings as [`build`](Self::build) does, without building.
-    pub fn check(&self) -> Result<(), ConfigError> {
+    /// Checks the settings as [`build`](Self::build) does.
+    fn check(&self) -> Result<(), ConfigError> {
         if !(2..=MAX_HEDGE_ATTEMPTS).contains(&self.max_attempts) {
             return Err(ConfigError::new(
                 "max_attempts",
