@@ -8,7 +8,7 @@
 //! | attempt `n` sent `hedgingDelay × (n − 1)` after the first; 0 sends them all at once | a fixed [`delay`](HedgeBuilder::delay) |
 //! | a `nonFatalStatusCodes` answer lets the other attempts go on; any other answer is the call's, and the rest are cancelled | [`GrpcRetryClassifier`] over those codes |
 //! | hedges carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
-//! | `retryThrottling` stops hedges at or below half its tokens | the shared [`TokenBucketBudget`](crate::budget::TokenBucketBudget) ([`MethodConfig::hedge_builder`]) |
+//! | `retryThrottling` stops hedges at or below half its tokens | the shared [`TokenBucketBudget`] ([`MethodConfig::hedge_builder`]) |
 //!
 //! Where this differs from A6:
 //!

@@ -14,7 +14,7 @@
 //! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`HttpReplay::retry_non_idempotent(true)`](HttpReplay::retry_non_idempotent) |
 //! | retries carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
 //! | `timeout` bounds the whole call, every attempt included | [`deadline`](RetryBuilder::deadline) ([`MethodConfig::retry_builder`]) |
-//! | `retryThrottling` | a shared [`TokenBucketBudget`](crate::budget::TokenBucketBudget): the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
+//! | `retryThrottling` | a shared [`TokenBucketBudget`]: the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
 //! | no retry policy: no retries | one attempt ([`MethodConfig::retry_builder`]) |
 //!
 //! Where this differs from A6:
