@@ -54,6 +54,8 @@ use std::time::Duration;
 use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classified, Failure, RetryHint};
 
+use crate::events::RetryStopped;
+
 fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) -> Classified {
     let classified = Classified::new(failure.with_hint(RetryHint::DoNotRetry), message);
     match cause {
@@ -103,26 +105,22 @@ impl fmt::Debug for ResponseHead {
 /// upstream's status, `Retry-After` and body.
 #[derive(Debug)]
 pub struct BudgetExhausted {
-    attempts: u32,
+    stopped: RetryStopped,
     classified: Classified,
 }
 
 impl BudgetExhausted {
-    pub(crate) fn new(attempts: u32, last: Failure, cause: Option<BoxError>) -> Self {
+    pub(crate) fn new(stopped: RetryStopped, cause: Option<BoxError>) -> Self {
         BudgetExhausted {
-            attempts,
-            classified: given_up(last, "retry budget exhausted", cause),
+            stopped,
+            classified: given_up(stopped.failure, "retry budget exhausted", cause),
         }
     }
 
-    /// The attempts made before giving up.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
-    pub fn last_failure(&self) -> Failure {
-        self.classified.failure()
+    /// The attempts made before giving up and the last one's failure (the
+    /// [`Classified`] source carries it with a `DoNotRetry` hint).
+    pub fn stopped(&self) -> RetryStopped {
+        self.stopped
     }
 }
 
@@ -131,9 +129,9 @@ impl fmt::Display for BudgetExhausted {
         write!(
             f,
             "retry budget exhausted after {} attempt{} ({})",
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" },
-            self.last_failure().kind
+            self.stopped.attempts,
+            if self.stopped.attempts == 1 { "" } else { "s" },
+            self.stopped.failure.kind
         )
     }
 }
@@ -154,14 +152,14 @@ impl Error for BudgetExhausted {
 /// retry it.
 #[derive(Debug)]
 pub struct FailedSuccess {
-    stopped: crate::RetryStopped,
+    stopped: RetryStopped,
     classified: Classified,
     head: ResponseHead,
 }
 
 impl FailedSuccess {
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn new(stopped: crate::RetryStopped, head: ResponseHead) -> Self {
+    pub(crate) fn new(stopped: RetryStopped, head: ResponseHead) -> Self {
         FailedSuccess {
             stopped,
             classified: given_up(
@@ -175,7 +173,7 @@ impl FailedSuccess {
 
     /// Why retrying stopped, after how many attempts, and how the
     /// classifier judged the response.
-    pub fn stopped(&self) -> crate::RetryStopped {
+    pub fn stopped(&self) -> RetryStopped {
         self.stopped
     }
 
@@ -226,7 +224,7 @@ pub struct WaitTooLong {
     wait: Duration,
     limit: Duration,
     reason: WaitLimit,
-    attempts: u32,
+    stopped: RetryStopped,
     classified: Classified,
     head: Option<ResponseHead>,
 }
@@ -236,8 +234,7 @@ impl WaitTooLong {
         wait: Duration,
         limit: Duration,
         reason: WaitLimit,
-        attempts: u32,
-        last: Failure,
+        stopped: RetryStopped,
         cause: Option<BoxError>,
         head: Option<ResponseHead>,
     ) -> Self {
@@ -245,8 +242,12 @@ impl WaitTooLong {
             wait,
             limit,
             reason,
-            attempts,
-            classified: given_up(last, "server asked for a wait that is too long", cause),
+            stopped,
+            classified: given_up(
+                stopped.failure,
+                "server asked for a wait that is too long",
+                cause,
+            ),
             head,
         }
     }
@@ -273,14 +274,10 @@ impl WaitTooLong {
         self.reason
     }
 
-    /// The attempts made before giving up.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
-    pub fn last_failure(&self) -> Failure {
-        self.classified.failure()
+    /// The attempts made before giving up and the last one's failure (the
+    /// [`Classified`] source carries it with a `DoNotRetry` hint).
+    pub fn stopped(&self) -> RetryStopped {
+        self.stopped
     }
 }
 
@@ -408,12 +405,19 @@ impl Error for DeadlineExceeded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::StopReason;
     use tower_classify::{ErrorChainClassifier, FailureKind};
 
     #[test]
     fn outer_layers_see_the_last_failure_not_shed_and_do_not_retry() {
         let cause: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
-        let err = BudgetExhausted::new(2, Failure::new(FailureKind::Connection), Some(cause));
+        let stopped = RetryStopped {
+            reason: StopReason::Budget,
+            attempts: 2,
+            failure: Failure::new(FailureKind::Connection),
+        };
+        let err = BudgetExhausted::new(stopped, Some(cause));
+        assert_eq!(err.stopped(), stopped);
         let outcome = ErrorChainClassifier::new().classify_error(&err);
         let failure = outcome.as_failure().unwrap();
         assert_eq!(failure.kind, FailureKind::Connection);
@@ -437,8 +441,11 @@ mod tests {
             Duration::from_secs(7200),
             Duration::from_secs(3600),
             WaitLimit::MaxWait,
-            1,
-            Failure::new(FailureKind::RateLimited),
+            RetryStopped {
+                reason: StopReason::WaitTooLong,
+                attempts: 1,
+                failure: Failure::new(FailureKind::RateLimited),
+            },
             None,
             None,
         );

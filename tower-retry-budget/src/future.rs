@@ -520,17 +520,12 @@ fn stopped<Res, R>(
 where
     R: StopReport<Res>,
 {
-    let RetryStopped {
-        attempts, failure, ..
-    } = marked;
     match (stop, result) {
         (Stop::HandBack(_) | Stop::Budget, Ok(response)) => report.hand_back(response, marked),
         (Stop::HandBack(_), Err(err)) => Err(err.into_box()),
-        (Stop::Budget, Err(err)) => Err(Box::new(BudgetExhausted::new(
-            attempts,
-            failure,
-            Some(err.into_box()),
-        ))),
+        (Stop::Budget, Err(err)) => {
+            Err(Box::new(BudgetExhausted::new(marked, Some(err.into_box()))))
+        }
         (
             Stop::TooLong {
                 wait,
@@ -544,7 +539,7 @@ where
                 Err(err) => (Some(err.into_box()), None),
             };
             Err(Box::new(WaitTooLong::new(
-                wait, limit, limited_by, attempts, failure, cause, head,
+                wait, limit, limited_by, marked, cause, head,
             )))
         }
     }
