@@ -201,21 +201,7 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Uses `classifier` to decide what a result means.
     pub fn classifier<C2>(self, classifier: C2) -> RetryBuilder<C2, R> {
-        RetryBuilder {
-            classifier,
-            replay: self.replay,
-            max_retries: self.max_retries,
-            backoff: self.backoff,
-            deadline: self.deadline,
-            attempt_timeout: self.attempt_timeout,
-            max_wait: self.max_wait,
-            min_attempt_time: self.min_attempt_time,
-            restart_backoff_after_hint: self.restart_backoff_after_hint,
-            retry_if: self.retry_if,
-            budget: self.budget,
-            listeners: self.listeners,
-            name: self.name,
-        }
+        self.map_parts(|_| classifier, |replay| replay)
     }
 
     /// How requests are copied for retries: `change` gets the replay
@@ -224,9 +210,18 @@ impl<C, R> RetryBuilder<C, R> {
     /// POSTs retryable, for one): `.map_replay(|replay| replay.grpc_timeout(true))`;
     /// or replace it: `.map_replay(|_| CloneRequest)`.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> RetryBuilder<C, R2> {
+        self.map_parts(|classifier| classifier, change)
+    }
+
+    /// The builder with its classifier and replay changed, every setting kept.
+    fn map_parts<C2, R2>(
+        self,
+        classifier: impl FnOnce(C) -> C2,
+        replay: impl FnOnce(R) -> R2,
+    ) -> RetryBuilder<C2, R2> {
         RetryBuilder {
-            classifier: self.classifier,
-            replay: change(self.replay),
+            classifier: classifier(self.classifier),
+            replay: replay(self.replay),
             max_retries: self.max_retries,
             backoff: self.backoff,
             deadline: self.deadline,

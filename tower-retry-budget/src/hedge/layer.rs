@@ -189,21 +189,7 @@ impl<C, R> HedgeBuilder<C, R> {
     /// wins at once; a transient failure or a local refusal (`Shed`) waits
     /// for the other attempts.
     pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
-        HedgeBuilder {
-            classifier,
-            replay: self.replay,
-            max_attempts: self.max_attempts,
-            delay: self.delay,
-            window: self.window,
-            min_samples: self.min_samples,
-            min_delay: self.min_delay,
-            max_extra_load: self.max_extra_load,
-            min_hedges_per_sec: self.min_hedges_per_sec,
-            own_budget: self.own_budget,
-            shared: self.shared,
-            min_attempt_time: self.min_attempt_time,
-            name: self.name,
-        }
+        self.map_parts(|_| classifier, |replay| replay)
     }
 
     /// How requests are copied for hedges; a request the replay refuses
@@ -214,9 +200,18 @@ impl<C, R> HedgeBuilder<C, R> {
     /// `.map_replay(|replay| replay.grpc_timeout(true))`; or replace it:
     /// `.map_replay(|_| CloneRequest)`.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> HedgeBuilder<C, R2> {
+        self.map_parts(|classifier| classifier, change)
+    }
+
+    /// The builder with its classifier and replay changed, every setting kept.
+    fn map_parts<C2, R2>(
+        self,
+        classifier: impl FnOnce(C) -> C2,
+        replay: impl FnOnce(R) -> R2,
+    ) -> HedgeBuilder<C2, R2> {
         HedgeBuilder {
-            classifier: self.classifier,
-            replay: change(self.replay),
+            classifier: classifier(self.classifier),
+            replay: replay(self.replay),
             max_attempts: self.max_attempts,
             delay: self.delay,
             window: self.window,
