@@ -100,7 +100,7 @@ impl fmt::Debug for ResponseHead {
 ///
 /// Only for a last attempt that ended in an error: a failed *response* is
 /// handed back as it is, marked with a
-/// [`RetryStopped`](crate::RetryStopped) of reason
+/// [`RetryStopped`] of reason
 /// [`Budget`](crate::StopReason::Budget), so the caller keeps the
 /// upstream's status, `Retry-After` and body.
 #[derive(Debug)]
