@@ -75,7 +75,7 @@
 //! ```
 //! use tower::ServiceBuilder;
 //! use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-//! use tower_retry_budget::{replay::HttpReplay, RetryLayer};
+//! use tower_retry_budget::RetryLayer;
 //! # fn main() -> Result<(), tower_classify::BoxError> {
 //! # // A stand-in for a `tonic::transport::Channel`.
 //! # let channel = tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
@@ -84,11 +84,11 @@
 //!
 //! let retry = RetryLayer::http_builder()
 //!     .classifier(tower_classify::GrpcClassifier::new())
-//!     .replay(
-//!         HttpReplay::new()
+//!     .map_replay(|replay| {
+//!         replay
 //!             .retry_non_idempotent(true)
-//!             .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-//!     )
+//!             .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+//!     })
 //!     .build()?;
 //! let channel = ServiceBuilder::new()
 //!     .layer(ReplayBodyLayer::new(64 * 1024))

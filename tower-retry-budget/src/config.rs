@@ -37,7 +37,7 @@ use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, BackoffKind, Jitter};
 use crate::budget::{TokenBucketBudget, TpsBudget};
-use crate::layer::RetryBuilder;
+use crate::layer::{RetryBuilder, MAX_RETRIES_LIMIT};
 use crate::replay::HttpReplay;
 
 /// The retry settings of one layer. Every field is optional; what is left
@@ -248,7 +248,16 @@ impl RetryConfig {
                 ))
             }
             (Some(n), None) => builder = builder.max_retries(n),
-            (None, Some(n)) => builder = builder.max_attempts(n),
+            (None, Some(n)) if n == 0 || n > MAX_RETRIES_LIMIT + 1 => {
+                return Err(ConfigError::new(
+                    "max_attempts",
+                    format!(
+                        "{n} must be between 1 (no retry) and {}",
+                        MAX_RETRIES_LIMIT + 1
+                    ),
+                ))
+            }
+            (None, Some(n)) => builder = builder.max_retries(n - 1),
             (None, None) => {}
         }
         builder = builder.backoff(self.backoff.to_backoff()?);
@@ -335,6 +344,10 @@ mod tests {
             .unwrap()
             .http_builder()
             .is_ok());
+        // 17 attempts are the same 16 retries.
+        let attempts = parse(r#"{"max_attempts": 17}"#).unwrap();
+        let layer = attempts.http_builder().unwrap().build().unwrap();
+        assert_eq!(layer.shared().max_retries, 16);
     }
 
     #[test]

@@ -54,6 +54,8 @@ use std::time::Duration;
 use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classified, Failure, RetryHint};
 
+use crate::events::RetryStopped;
+
 fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) -> Classified {
     let classified = Classified::new(failure.with_hint(RetryHint::DoNotRetry), message);
     match cause {
@@ -64,7 +66,8 @@ fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) ->
 
 /// What an error kept of the response it replaced: for `http::Response`s
 /// (with [`HttpReplay`](crate::replay::HttpReplay)), its
-/// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions.
+/// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions,
+/// read with `downcast_ref::<http::response::Parts>()`.
 pub struct ResponseHead(Box<dyn Any + Send + Sync>);
 
 impl ResponseHead {
@@ -77,18 +80,12 @@ impl ResponseHead {
     pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
         self.0.downcast_ref()
     }
-
-    /// The head of an `http::Response`.
-    #[cfg(feature = "http")]
-    pub fn parts(&self) -> Option<&http::response::Parts> {
-        self.downcast_ref()
-    }
 }
 
 impl fmt::Debug for ResponseHead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         #[cfg(feature = "http")]
-        if let Some(parts) = self.parts() {
+        if let Some(parts) = self.downcast_ref::<http::response::Parts>() {
             return f
                 .debug_struct("ResponseHead")
                 .field("status", &parts.status)
@@ -103,31 +100,27 @@ impl fmt::Debug for ResponseHead {
 ///
 /// Only for a last attempt that ended in an error: a failed *response* is
 /// handed back as it is, marked with a
-/// [`RetryStopped`](crate::RetryStopped) of reason
+/// [`RetryStopped`] of reason
 /// [`Budget`](crate::StopReason::Budget), so the caller keeps the
 /// upstream's status, `Retry-After` and body.
 #[derive(Debug)]
 pub struct BudgetExhausted {
-    attempts: u32,
+    stopped: RetryStopped,
     classified: Classified,
 }
 
 impl BudgetExhausted {
-    pub(crate) fn new(attempts: u32, last: Failure, cause: Option<BoxError>) -> Self {
+    pub(crate) fn new(stopped: RetryStopped, cause: Option<BoxError>) -> Self {
         BudgetExhausted {
-            attempts,
-            classified: given_up(last, "retry budget exhausted", cause),
+            stopped,
+            classified: given_up(stopped.failure, "retry budget exhausted", cause),
         }
     }
 
-    /// The attempts made before giving up.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
-    pub fn last_failure(&self) -> Failure {
-        self.classified.failure()
+    /// The attempts made before giving up and the last one's failure (the
+    /// [`Classified`] source carries it with a `DoNotRetry` hint).
+    pub fn stopped(&self) -> RetryStopped {
+        self.stopped
     }
 }
 
@@ -136,9 +129,9 @@ impl fmt::Display for BudgetExhausted {
         write!(
             f,
             "retry budget exhausted after {} attempt{} ({})",
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" },
-            self.last_failure().kind
+            self.stopped.attempts,
+            if self.stopped.attempts == 1 { "" } else { "s" },
+            self.stopped.failure.kind
         )
     }
 }
@@ -159,29 +152,29 @@ impl Error for BudgetExhausted {
 /// retry it.
 #[derive(Debug)]
 pub struct FailedSuccess {
-    stopped: crate::RetryStopped,
+    stopped: RetryStopped,
     classified: Classified,
     head: ResponseHead,
 }
 
 impl FailedSuccess {
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn new(stopped: crate::RetryStopped, failure: Failure, head: ResponseHead) -> Self {
+    pub(crate) fn new(stopped: RetryStopped, head: ResponseHead) -> Self {
         FailedSuccess {
             stopped,
-            classified: given_up(failure, "a successful status classified as a failure", None),
+            classified: given_up(
+                stopped.failure,
+                "a successful status classified as a failure",
+                None,
+            ),
             head,
         }
     }
 
-    /// Why retrying stopped, and after how many attempts.
-    pub fn stopped(&self) -> crate::RetryStopped {
+    /// Why retrying stopped, after how many attempts, and how the
+    /// classifier judged the response.
+    pub fn stopped(&self) -> RetryStopped {
         self.stopped
-    }
-
-    /// How the classifier judged the response.
-    pub fn failure(&self) -> Failure {
-        self.classified.failure()
     }
 
     /// The response's head (status, headers).
@@ -195,7 +188,7 @@ impl fmt::Display for FailedSuccess {
         write!(
             f,
             "the server answered with a success classified as {} ({} attempt{}, {})",
-            self.failure().kind,
+            self.stopped.failure.kind,
             self.stopped.attempts,
             if self.stopped.attempts == 1 { "" } else { "s" },
             self.stopped.reason.as_str()
@@ -231,7 +224,7 @@ pub struct WaitTooLong {
     wait: Duration,
     limit: Duration,
     reason: WaitLimit,
-    attempts: u32,
+    stopped: RetryStopped,
     classified: Classified,
     head: Option<ResponseHead>,
 }
@@ -241,8 +234,7 @@ impl WaitTooLong {
         wait: Duration,
         limit: Duration,
         reason: WaitLimit,
-        attempts: u32,
-        last: Failure,
+        stopped: RetryStopped,
         cause: Option<BoxError>,
         head: Option<ResponseHead>,
     ) -> Self {
@@ -250,8 +242,12 @@ impl WaitTooLong {
             wait,
             limit,
             reason,
-            attempts,
-            classified: given_up(last, "server asked for a wait that is too long", cause),
+            stopped,
+            classified: given_up(
+                stopped.failure,
+                "server asked for a wait that is too long",
+                cause,
+            ),
             head,
         }
     }
@@ -278,14 +274,10 @@ impl WaitTooLong {
         self.reason
     }
 
-    /// The attempts made before giving up.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// The last attempt's failure (its hint replaced by `DoNotRetry`).
-    pub fn last_failure(&self) -> Failure {
-        self.classified.failure()
+    /// The attempts made before giving up and the last one's failure (the
+    /// [`Classified`] source carries it with a `DoNotRetry` hint).
+    pub fn stopped(&self) -> RetryStopped {
+        self.stopped
     }
 }
 
@@ -413,12 +405,19 @@ impl Error for DeadlineExceeded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::StopReason;
     use tower_classify::{ErrorChainClassifier, FailureKind};
 
     #[test]
     fn outer_layers_see_the_last_failure_not_shed_and_do_not_retry() {
         let cause: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
-        let err = BudgetExhausted::new(2, Failure::new(FailureKind::Connection), Some(cause));
+        let stopped = RetryStopped {
+            reason: StopReason::Budget,
+            attempts: 2,
+            failure: Failure::new(FailureKind::Connection),
+        };
+        let err = BudgetExhausted::new(stopped, Some(cause));
+        assert_eq!(err.stopped(), stopped);
         let outcome = ErrorChainClassifier::new().classify_error(&err);
         let failure = outcome.as_failure().unwrap();
         assert_eq!(failure.kind, FailureKind::Connection);
@@ -442,8 +441,11 @@ mod tests {
             Duration::from_secs(7200),
             Duration::from_secs(3600),
             WaitLimit::MaxWait,
-            1,
-            Failure::new(FailureKind::RateLimited),
+            RetryStopped {
+                reason: StopReason::WaitTooLong,
+                attempts: 1,
+                failure: Failure::new(FailureKind::RateLimited),
+            },
             None,
             None,
         );

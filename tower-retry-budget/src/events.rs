@@ -59,9 +59,11 @@ impl StopReason {
     }
 }
 
-/// A failed response's note of why it was handed back: the
-/// [`HttpReplay`](crate::replay::HttpReplay) strategy puts it in the
-/// response's extensions.
+/// Why a call ended failed: passed to an
+/// [`on_give_up`](crate::RetryBuilder::on_give_up) callback, kept by a
+/// [`FailedSuccess`](crate::error::FailedSuccess), and put in a failed
+/// response's extensions when it is handed back (by the
+/// [`HttpReplay`](crate::replay::HttpReplay) strategy).
 ///
 /// A retry layer *outside* this one hands a response that carries
 /// [`StopReason::Budget`] back as it is, so two retry layers cannot multiply
@@ -82,17 +84,6 @@ pub struct RetryStopped {
     pub reason: StopReason,
     /// The attempts made, the first included.
     pub attempts: u32,
-}
-
-/// A call that ended in failure, as passed to an
-/// [`on_give_up`](crate::RetryBuilder::on_give_up) callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct GiveUpEvent {
-    /// The attempts made, the first included.
-    pub attempts: u32,
-    /// Why retrying stopped.
-    pub reason: StopReason,
     /// How the last attempt failed.
     pub failure: Failure,
 }
@@ -114,7 +105,7 @@ pub(crate) type Callback<E> = Arc<dyn Fn(&E) + Send + Sync>;
 #[derive(Clone, Default)]
 pub(crate) struct Listeners {
     pub(crate) retry: Vec<Callback<RetryEvent>>,
-    pub(crate) give_up: Vec<Callback<GiveUpEvent>>,
+    pub(crate) give_up: Vec<Callback<RetryStopped>>,
     pub(crate) recovered: Vec<Callback<SuccessAfterRetries>>,
 }
 
@@ -126,9 +117,9 @@ impl Listeners {
     }
 
     pub(crate) fn gave_up(&self, attempts: u32, reason: StopReason, failure: Failure) {
-        let event = GiveUpEvent {
-            attempts,
+        let event = RetryStopped {
             reason,
+            attempts,
             failure,
         };
         for callback in &self.give_up {

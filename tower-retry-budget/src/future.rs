@@ -418,8 +418,12 @@ where
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 policy.listeners.gave_up(attempts, reason, failure);
-                let marked = RetryStopped { reason, attempts };
-                return Poll::Ready(stopped(stop, marked, result, report, failure));
+                let marked = RetryStopped {
+                    reason,
+                    attempts,
+                    failure,
+                };
+                return Poll::Ready(stopped(stop, marked, result, report));
             }
         };
 
@@ -488,15 +492,13 @@ where
     // As for a request found not replayable when the retry is decided:
     // the listeners, no metric.
     policy.listeners.gave_up(attempts, reason, failure);
-    let marked = RetryStopped { reason, attempts };
-    let result = last.map_err(AttemptError::Inner);
-    stopped(
-        Stop::HandBack(reason),
-        marked,
-        result,
-        &policy.replay,
+    let marked = RetryStopped {
+        reason,
+        attempts,
         failure,
-    )
+    };
+    let result = last.map_err(AttemptError::Inner);
+    stopped(Stop::HandBack(reason), marked, result, &policy.replay)
 }
 
 /// What the caller gets when the loop stops (`stop`, `marked` with why and
@@ -514,22 +516,16 @@ fn stopped<Res, R>(
     marked: RetryStopped,
     result: Result<Res, AttemptError<BoxError>>,
     report: &R,
-    failure: Failure,
 ) -> Result<Res, BoxError>
 where
     R: StopReport<Res>,
 {
-    let attempts = marked.attempts;
     match (stop, result) {
-        (Stop::HandBack(_) | Stop::Budget, Ok(response)) => {
-            report.hand_back(response, marked, failure)
-        }
+        (Stop::HandBack(_) | Stop::Budget, Ok(response)) => report.hand_back(response, marked),
         (Stop::HandBack(_), Err(err)) => Err(err.into_box()),
-        (Stop::Budget, Err(err)) => Err(Box::new(BudgetExhausted::new(
-            attempts,
-            failure,
-            Some(err.into_box()),
-        ))),
+        (Stop::Budget, Err(err)) => {
+            Err(Box::new(BudgetExhausted::new(marked, Some(err.into_box()))))
+        }
         (
             Stop::TooLong {
                 wait,
@@ -543,7 +539,7 @@ where
                 Err(err) => (Some(err.into_box()), None),
             };
             Err(Box::new(WaitTooLong::new(
-                wait, limit, limited_by, attempts, failure, cause, head,
+                wait, limit, limited_by, marked, cause, head,
             )))
         }
     }

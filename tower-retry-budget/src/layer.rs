@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use crate::backoff::Backoff;
 use crate::budget::{Budget, TpsBudget};
-use crate::events::{GiveUpEvent, Listeners, RetryEvent, SuccessAfterRetries};
+use crate::events::{Listeners, RetryEvent, RetryStopped, SuccessAfterRetries};
 use crate::policy::{Policy, RetryIf};
 use crate::replay::CloneRequest;
 use crate::service::Retry;
@@ -120,16 +120,11 @@ impl<S, C, R> Layer<S> for RetryLayer<C, R> {
 }
 
 #[derive(Clone)]
-enum Attempts {
-    Retries(u32),
-    Total(u32),
-}
-
-#[derive(Clone)]
 enum Deadline {
     None,
     Fixed(Duration),
     /// `timeout × (max_retries + 1)`, resolved in `build`.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     FromAttemptTimeout(Duration),
 }
 
@@ -157,7 +152,7 @@ enum BudgetChoice {
 pub struct RetryBuilder<C, R> {
     classifier: C,
     replay: R,
-    attempts: Attempts,
+    max_retries: u32,
     backoff: Backoff,
     deadline: Deadline,
     attempt_timeout: Option<Duration>,
@@ -190,7 +185,7 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier,
             replay,
-            attempts: Attempts::Retries(3),
+            max_retries: 3,
             backoff: Backoff::default(),
             deadline: Deadline::None,
             attempt_timeout: None,
@@ -206,38 +201,28 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Uses `classifier` to decide what a result means.
     pub fn classifier<C2>(self, classifier: C2) -> RetryBuilder<C2, R> {
-        RetryBuilder {
-            classifier,
-            replay: self.replay,
-            attempts: self.attempts,
-            backoff: self.backoff,
-            deadline: self.deadline,
-            attempt_timeout: self.attempt_timeout,
-            max_wait: self.max_wait,
-            min_attempt_time: self.min_attempt_time,
-            restart_backoff_after_hint: self.restart_backoff_after_hint,
-            retry_if: self.retry_if,
-            budget: self.budget,
-            listeners: self.listeners,
-            name: self.name,
-        }
+        self.map_parts(|_| classifier, |replay| replay)
     }
 
-    /// Uses `replay` to copy requests for retries, in place of the one a
-    /// preset or a configuration chose (see [`map_replay`](Self::map_replay)
-    /// to change that one instead).
-    pub fn replay<R2>(self, replay: R2) -> RetryBuilder<C, R2> {
-        self.map_replay(|_| replay)
-    }
-
-    /// Changes the replay already chosen, keeping what a preset or a
-    /// configuration set on it (a gRPC method's config makes POSTs
-    /// retryable, for one): `.map_replay(|replay| replay.grpc_timeout(true))`.
+    /// How requests are copied for retries: `change` gets the replay
+    /// already chosen and returns the one to use. Change it, keeping what a
+    /// preset or a configuration set on it (a gRPC method's config makes
+    /// POSTs retryable, for one): `.map_replay(|replay| replay.grpc_timeout(true))`;
+    /// or replace it: `.map_replay(|_| CloneRequest)`.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> RetryBuilder<C, R2> {
+        self.map_parts(|classifier| classifier, change)
+    }
+
+    /// The builder with its classifier and replay changed, every setting kept.
+    fn map_parts<C2, R2>(
+        self,
+        classifier: impl FnOnce(C) -> C2,
+        replay: impl FnOnce(R) -> R2,
+    ) -> RetryBuilder<C2, R2> {
         RetryBuilder {
-            classifier: self.classifier,
-            replay: change(self.replay),
-            attempts: self.attempts,
+            classifier: classifier(self.classifier),
+            replay: replay(self.replay),
+            max_retries: self.max_retries,
             backoff: self.backoff,
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
@@ -260,16 +245,10 @@ impl<C, R> RetryBuilder<C, R> {
         self
     }
 
-    /// Retries after the first attempt (0–16; default 3).
+    /// Retries after the first attempt (0–16; default 3): `n` attempts in
+    /// all is `max_retries(n - 1)`.
     pub fn max_retries(mut self, retries: u32) -> Self {
-        self.attempts = Attempts::Retries(retries);
-        self
-    }
-
-    /// Total attempts including the first (1–17; 1 = no retry). The same
-    /// setting as [`max_retries`](Self::max_retries), counted the other way.
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = Attempts::Total(attempts);
+        self.max_retries = retries;
         self
     }
 
@@ -300,20 +279,10 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     /// One timeout for both: each attempt gets `timeout`, and the whole
-    /// loop gets `timeout × (max_retries + 1)`, backoff included.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_retry_budget::RetryLayer;
-    ///
-    /// let layer = RetryLayer::builder()
-    ///     .max_retries(3)
-    ///     .deadline_from_timeout(Duration::from_secs(2))
-    ///     .build()
-    ///     .unwrap();
-    /// // Each attempt may take 2 s; the whole call, 4 attempts, 8 s.
-    /// ```
-    pub fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
+    /// loop gets `timeout × (max_retries + 1)`, backoff included (a
+    /// configuration's `deadline_from_attempt_timeout`).
+    #[cfg(feature = "serde")]
+    pub(crate) fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self.deadline = Deadline::FromAttemptTimeout(timeout);
         self
@@ -394,12 +363,12 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Calls `callback` when a call ends in failure: the failure is handed
     /// back (or replaced by an error of this layer's), with why retrying
-    /// stopped ([`GiveUpEvent`]). Each call adds a callback. A call whose
+    /// stopped ([`RetryStopped`]). Each call adds a callback. A call whose
     /// service fails `poll_ready` before a retry ends with that error and
     /// no give-up: the service stopped, not the retrying.
     pub fn on_give_up<F>(mut self, callback: F) -> Self
     where
-        F: Fn(&GiveUpEvent) + Send + Sync + 'static,
+        F: Fn(&RetryStopped) + Send + Sync + 'static,
     {
         self.listeners.give_up.push(Arc::new(callback));
         self
@@ -416,20 +385,12 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     fn resolve_retries(&self) -> Result<u32, ConfigError> {
-        match self.attempts {
-            Attempts::Retries(n) if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
+        match self.max_retries {
+            n if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
                 "max_retries",
                 format!("{n} is above the limit of {MAX_RETRIES_LIMIT}"),
             )),
-            Attempts::Retries(n) => Ok(n),
-            Attempts::Total(n) if n == 0 || n > MAX_RETRIES_LIMIT + 1 => Err(ConfigError::new(
-                "max_attempts",
-                format!(
-                    "{n} must be between 1 (no retry) and {}",
-                    MAX_RETRIES_LIMIT + 1
-                ),
-            )),
-            Attempts::Total(n) => Ok(n - 1),
+            n => Ok(n),
         }
     }
 

@@ -30,7 +30,7 @@ pub mod service_config;
 mod telemetry;
 
 pub use self::backoff::{Backoff, BackoffKind, Jitter};
-pub use self::events::{GiveUpEvent, RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
+pub use self::events::{RetryEvent, RetryStopped, StopReason, SuccessAfterRetries};
 pub use self::layer::{RetryBuilder, RetryLayer, MAX_RETRIES_LIMIT};
 pub use self::service::Retry;
 

@@ -19,7 +19,7 @@
 //!   a retry cannot prove that the service never saw the request, since an
 //!   earlier attempt may have reached it.
 
-use tower_classify::{BoxError, Failure};
+use tower_classify::BoxError;
 
 use crate::error::ResponseHead;
 use crate::events::RetryStopped;
@@ -94,13 +94,8 @@ pub trait Replay<Req> {
 pub trait StopReport<Res> {
     /// What the caller gets for a failed `response` after retrying stopped:
     /// the response itself by default.
-    fn hand_back(
-        &self,
-        response: Res,
-        stopped: RetryStopped,
-        failure: Failure,
-    ) -> Result<Res, BoxError> {
-        let _ = (stopped, failure);
+    fn hand_back(&self, response: Res, stopped: RetryStopped) -> Result<Res, BoxError> {
+        let _ = stopped;
         Ok(response)
     }
 
@@ -179,7 +174,7 @@ mod http_replay {
     use http::{Extensions, HeaderName, HeaderValue, Request, Response};
     use http_body_replay::{ReplayError, ReplayErrorKind, RequestHead};
     use tower_classify::http::Idempotency;
-    use tower_classify::{BoxError, Failure, GrpcClassifier, RefusalToken};
+    use tower_classify::{BoxError, GrpcClassifier, RefusalToken};
 
     use super::{Replay, StopReport};
     use crate::body::TryCloneBody;
@@ -391,13 +386,12 @@ mod http_replay {
             &self,
             mut response: Response<B>,
             stopped: RetryStopped,
-            failure: Failure,
         ) -> Result<Response<B>, BoxError> {
             // A gRPC answer is `200` whatever its status, which the gRPC
             // client reads from it: it goes back as it is.
             if response.status().is_success() && !GrpcClassifier::is_grpc(&response) {
                 let head = ResponseHead::new(response.into_parts().0);
-                return Err(Box::new(FailedSuccess::new(stopped, failure, head)));
+                return Err(Box::new(FailedSuccess::new(stopped, head)));
             }
             // Set by a layer below first: its reason is the one that stopped.
             if response.extensions().get::<RetryStopped>().is_none() {

@@ -41,7 +41,7 @@ fn silent(
 
 fn layer(min_attempt_time: Duration) -> RetryLayer<tower_classify::HttpClassifier, HttpReplay> {
     RetryLayer::http_builder()
-        .replay(HttpReplay::new().grpc_timeout(true))
+        .map_replay(|_| HttpReplay::new().grpc_timeout(true))
         .max_retries(3)
         .attempt_timeout(Duration::from_millis(100))
         .backoff(Backoff::fixed(Duration::from_millis(10)).with_jitter(Jitter::None))
@@ -134,7 +134,7 @@ async fn the_layers_own_deadline_and_the_callers_the_earlier_wins() {
     let start = Instant::now();
     let arrivals = Arrivals::default();
     let layer = RetryLayer::http_builder()
-        .replay(HttpReplay::new().grpc_timeout(true))
+        .map_replay(|_| HttpReplay::new().grpc_timeout(true))
         .attempt_timeout(Duration::from_millis(100))
         .deadline(Duration::from_secs(1))
         .backoff(Backoff::none())

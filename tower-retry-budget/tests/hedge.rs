@@ -367,10 +367,10 @@ fn http_echo(
 async fn http_hedges_carry_the_attempt_header_and_spare_non_idempotent_requests() {
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
-        .replay(
+        .map_replay(|_| {
             HttpReplay::new()
-                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-        )
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        })
         .build()
         .unwrap();
     let mut service = layer.layer(http_echo(Duration::from_secs(1)));
@@ -400,11 +400,11 @@ async fn http_hedges_carry_the_attempt_header_and_spare_non_idempotent_requests(
     // ...or the layer is told the endpoint deduplicates.
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
-        .replay(
+        .map_replay(|_| {
             HttpReplay::new()
                 .retry_non_idempotent(true)
-                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-        )
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        })
         .build()
         .unwrap();
     let post = http::Request::post("/").body(String::from("pay")).unwrap();
@@ -790,10 +790,10 @@ async fn every_hedge_carries_the_number_of_attempts_before_it() {
     let layer = HedgeLayer::http_builder()
         .delay(Duration::from_millis(50))
         .max_attempts(3)
-        .replay(
+        .map_replay(|_| {
             HttpReplay::new()
-                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-        )
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        })
         .build()
         .unwrap();
     let get = http::Request::get("/").body(String::new()).unwrap();

@@ -125,7 +125,7 @@ async fn patch_is_retried_only_when_opted_in() {
     let (inner, log) = server::<String>(unavailable_then_ok(1));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(HttpReplay::new().retry_non_idempotent(true))
+        .map_replay(|_| HttpReplay::new().retry_non_idempotent(true))
         .build()
         .unwrap();
     let patch = Request::patch("/doc").body("x".to_owned()).unwrap();
@@ -206,10 +206,10 @@ async fn attempt_header_marks_retries() {
     let (inner, log) = server::<String>(unavailable_then_ok(2));
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(
+        .map_replay(|_| {
             HttpReplay::new()
-                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts")),
-        )
+                .attempt_header(http::HeaderName::from_static("grpc-previous-rpc-attempts"))
+        })
         .build()
         .unwrap();
     layer
@@ -549,7 +549,9 @@ async fn a_retry_sends_the_head_the_caller_made() {
     });
     let layer = RetryLayer::http_builder()
         .backoff(fast())
-        .replay(HttpReplay::new().attempt_header(http::HeaderName::from_static("x-attempt")))
+        .map_replay(|_| {
+            HttpReplay::new().attempt_header(http::HeaderName::from_static("x-attempt"))
+        })
         .build()
         .unwrap();
     let mut secret = http::HeaderValue::from_static("Bearer s3cret");
@@ -813,7 +815,7 @@ async fn a_deadline_under_a_retry_names_the_kept_answers_head() {
         .unwrap_or_else(|| panic!("not the deadline: {error}"));
     assert_eq!(exceeded.attempts(), 2);
     let head = exceeded.response_head().expect("the first answer's head");
-    let parts = head.parts().unwrap();
+    let parts = head.downcast_ref::<http::response::Parts>().unwrap();
     assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(parts.headers["x-attempt"], "1");
 }
@@ -1177,7 +1179,7 @@ async fn item_10_wait_too_long_keeps_the_response_head() {
     let too_long = err.downcast_ref::<WaitTooLong>().unwrap();
     let head = too_long
         .response_head()
-        .and_then(|head| head.parts())
+        .and_then(|head| head.downcast_ref::<http::response::Parts>())
         .unwrap();
     assert_eq!(head.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(head.headers["retry-after"], "86400");
@@ -1216,10 +1218,13 @@ async fn item_12_a_throttled_2xx_after_the_last_retry_fails_instead_of_being_dat
         .expect_err("a throttled 200 is not data");
     assert_eq!(log.lock().unwrap().len(), 3, "retried twice first");
     let failed = err.downcast_ref::<FailedSuccess>().unwrap();
-    assert_eq!(failed.failure().kind, FailureKind::RateLimited);
+    assert_eq!(failed.stopped().failure.kind, FailureKind::RateLimited);
     assert_eq!(failed.stopped().reason, StopReason::Attempts);
     assert_eq!(failed.stopped().attempts, 3);
-    let head = failed.response_head().parts().unwrap();
+    let head = failed
+        .response_head()
+        .downcast_ref::<http::response::Parts>()
+        .unwrap();
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.headers["x-throttled"], "true");
 }

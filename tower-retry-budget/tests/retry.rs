@@ -138,7 +138,7 @@ async fn linear_and_fixed_sequences() {
 
     let inner = always_reset();
     let layer = RetryLayer::builder()
-        .max_attempts(3)
+        .max_retries(2)
         .backoff(no_jitter(Backoff::fixed(MS(700))))
         .no_budget()
         .build()
@@ -283,14 +283,20 @@ async fn an_attempt_in_flight_is_cut_at_the_deadline() {
     );
 }
 
-/// Seed 000: `timeout × (max_retries + 1)` in one call.
+/// Seed 000: `timeout × (max_retries + 1)` in one setting, a
+/// configuration's `deadline_from_attempt_timeout`.
+#[cfg(feature = "serde")]
 #[tokio::test(start_paused = true)]
 async fn seed_000_deadline_in_one_call() {
     let hang = Scripted::new(|_| Err(reset())).latency(S(3600));
-    let layer = RetryLayer::builder()
-        .max_retries(2)
+    let mut config = tower_retry_budget::config::RetryConfig::default();
+    config.max_retries = Some(2);
+    config.attempt_timeout = Some(S(1));
+    config.deadline_from_attempt_timeout = true;
+    let layer = config
+        .apply(RetryLayer::builder())
+        .unwrap()
         .backoff(Backoff::none())
-        .deadline_from_timeout(S(1))
         .no_budget()
         .build()
         .unwrap();
@@ -620,10 +626,10 @@ type Mocked = tower_test::mock::Handle<&'static str, &'static str>;
 
 /// The give-ups reported so far: attempts, why, and how the last failed.
 fn gave_up(
-    events: &Mutex<Vec<tower_retry_budget::GiveUpEvent>>,
+    events: &Mutex<Vec<tower_retry_budget::RetryStopped>>,
 ) -> Vec<(u32, tower_retry_budget::StopReason, FailureKind)> {
     let events = events.lock().unwrap();
-    let summary = |event: &tower_retry_budget::GiveUpEvent| {
+    let summary = |event: &tower_retry_budget::RetryStopped| {
         (event.attempts, event.reason, event.failure.kind)
     };
     events.iter().map(summary).collect()
@@ -635,7 +641,7 @@ fn gave_up(
 async fn waiting_for_readiness() -> (
     task::Spawn<impl std::future::Future<Output = Result<&'static str, BoxError>>>,
     Mocked,
-    Arc<Mutex<Vec<tower_retry_budget::GiveUpEvent>>>,
+    Arc<Mutex<Vec<tower_retry_budget::RetryStopped>>>,
 ) {
     let give_ups = Arc::new(Mutex::new(Vec::new()));
     let (mock, mut handle) = tower_test::mock::pair::<&'static str, &'static str>();
@@ -797,10 +803,6 @@ fn invalid_builder_settings_name_the_field() {
         "max_retries"
     );
     assert_eq!(
-        field(RetryLayer::builder().max_attempts(0).build()),
-        "max_attempts"
-    );
-    assert_eq!(
         field(
             RetryLayer::builder()
                 .backoff(Backoff::exponential(S(1)).with_multiplier(0.9))
@@ -817,10 +819,16 @@ fn invalid_builder_settings_name_the_field() {
 /// 16 retries is the limit, and 17 attempts is the same as 16 retries.
 #[tokio::test(start_paused = true)]
 async fn sixteen_retries_are_allowed_and_seventeen_attempts_mean_sixteen_retries() {
-    for builder in [
-        RetryLayer::builder().max_retries(16),
-        RetryLayer::builder().max_attempts(17),
-    ] {
+    #[allow(unused_mut)]
+    let mut builders = vec![RetryLayer::builder().max_retries(16)];
+    // A configuration's `max_attempts: 17`.
+    #[cfg(feature = "serde")]
+    {
+        let mut attempts = tower_retry_budget::config::RetryConfig::default();
+        attempts.max_attempts = Some(17);
+        builders.push(attempts.apply(RetryLayer::builder()).unwrap());
+    }
+    for builder in builders {
         let failing = Scripted::new(|_| Err(reset()));
         let layer = builder
             .backoff(Backoff::none())
@@ -953,9 +961,9 @@ async fn item_11_deadline_exceeded_keeps_the_failure_before_it() {
 
 #[tokio::test(start_paused = true)]
 async fn item_7_every_listener_is_called_for_retries_give_ups_and_recoveries() {
-    use tower_retry_budget::{GiveUpEvent, StopReason, SuccessAfterRetries};
+    use tower_retry_budget::{RetryStopped, StopReason, SuccessAfterRetries};
     let retries = Arc::new(Mutex::new(Vec::new()));
-    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    let give_ups = Arc::new(Mutex::new(Vec::<RetryStopped>::new()));
     let recovered = Arc::new(Mutex::new(Vec::<SuccessAfterRetries>::new()));
     let layer = RetryLayer::builder()
         .max_retries(2)
@@ -1020,10 +1028,10 @@ impl tower_retry_budget::replay::StopReport<&'static str> for FailsAtReplay {}
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_that_cannot_be_made_is_a_give_up() {
-    use tower_retry_budget::{GiveUpEvent, StopReason};
-    let give_ups = Arc::new(Mutex::new(Vec::<GiveUpEvent>::new()));
+    use tower_retry_budget::{RetryStopped, StopReason};
+    let give_ups = Arc::new(Mutex::new(Vec::<RetryStopped>::new()));
     let layer = RetryLayer::builder()
-        .replay(FailsAtReplay)
+        .map_replay(|_| FailsAtReplay)
         .backoff(Backoff::none())
         .no_budget()
         .on_give_up({

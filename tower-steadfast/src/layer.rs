@@ -168,7 +168,8 @@ impl ResilienceConfig {
             .deadline(retry.deadline().unwrap_or(DEFAULT_DEADLINE))
             .attempt_timeout(retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT));
         if let Some(attempts) = retry.max_attempts {
-            builder = builder.max_attempts(attempts);
+            // The loader refuses 0 attempts.
+            builder = builder.max_retries(attempts.saturating_sub(1));
         }
         if let Some(classes) = retry.retry_on {
             builder = builder.retry_on(classes);
@@ -237,7 +238,7 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
     };
     config.retry_builder().check().map_err(|error| {
         let key = match error.field() {
-            "max_retries" | "max_attempts" => Some("max_attempts"),
+            "max_retries" => Some("max_attempts"),
             "retry_on" => Some("retry_on"),
             "backoff.kind" => Some("backoff"),
             "deadline" => Some("deadline_ms"),
@@ -271,7 +272,7 @@ mod tests {
     #[test]
     fn refusals_of_the_layers_builders_name_the_configuration_key() {
         let mut config = ResilienceConfig::default();
-        config.retry.max_attempts = Some(0);
+        config.retry.max_attempts = Some(18);
         let error = check_with_layers(&config, "resilience").unwrap_err();
         assert_eq!(error.field(), "resilience.retry.max_attempts");
 

@@ -114,7 +114,7 @@ async fn first_hour_1_a_retry_after_past_the_deadline_answers_at_once() {
     assert_eq!(
         too_long
             .response_head()
-            .and_then(|head| head.parts())
+            .and_then(|head| head.downcast_ref::<http::response::Parts>())
             .map(|parts| parts.status),
         Some(StatusCode::TOO_MANY_REQUESTS),
         "the downstream's answer is kept"

@@ -40,7 +40,7 @@
 //! Both budgets are lock-free: the success path is an atomic load and an
 //! atomic add, where tower's `TpsBudget` takes a mutex on every call.
 
-mod token_bucket;
+pub(crate) mod token_bucket;
 mod tps;
 
 pub use self::token_bucket::TokenBucketBudget;

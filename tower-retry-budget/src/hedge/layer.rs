@@ -189,38 +189,29 @@ impl<C, R> HedgeBuilder<C, R> {
     /// wins at once; a transient failure or a local refusal (`Shed`) waits
     /// for the other attempts.
     pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
-        HedgeBuilder {
-            classifier,
-            replay: self.replay,
-            max_attempts: self.max_attempts,
-            delay: self.delay,
-            window: self.window,
-            min_samples: self.min_samples,
-            min_delay: self.min_delay,
-            max_extra_load: self.max_extra_load,
-            min_hedges_per_sec: self.min_hedges_per_sec,
-            own_budget: self.own_budget,
-            shared: self.shared,
-            min_attempt_time: self.min_attempt_time,
-            name: self.name,
-        }
+        self.map_parts(|_| classifier, |replay| replay)
     }
 
-    /// Uses `replay` to copy requests for hedges; a request it refuses
-    /// (not idempotent, a body that cannot be copied) is never hedged. It
-    /// replaces the one a preset or a configuration chose (see
-    /// [`map_replay`](Self::map_replay) to change that one instead).
-    pub fn replay<R2>(self, replay: R2) -> HedgeBuilder<C, R2> {
-        self.map_replay(|_| replay)
-    }
-
-    /// Changes the replay already chosen, keeping what a preset or a
-    /// configuration set on it (a gRPC method's config makes POSTs
-    /// hedgeable, for one): `.map_replay(|replay| replay.grpc_timeout(true))`.
+    /// How requests are copied for hedges; a request the replay refuses
+    /// (not idempotent, a body that cannot be copied) is never hedged.
+    /// `change` gets the replay already chosen and returns the one to use.
+    /// Change it, keeping what a preset or a configuration set on it (a
+    /// gRPC method's config makes POSTs hedgeable, for one):
+    /// `.map_replay(|replay| replay.grpc_timeout(true))`; or replace it:
+    /// `.map_replay(|_| CloneRequest)`.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> HedgeBuilder<C, R2> {
+        self.map_parts(|classifier| classifier, change)
+    }
+
+    /// The builder with its classifier and replay changed, every setting kept.
+    fn map_parts<C2, R2>(
+        self,
+        classifier: impl FnOnce(C) -> C2,
+        replay: impl FnOnce(R) -> R2,
+    ) -> HedgeBuilder<C2, R2> {
         HedgeBuilder {
-            classifier: self.classifier,
-            replay: change(self.replay),
+            classifier: classifier(self.classifier),
+            replay: replay(self.replay),
             max_attempts: self.max_attempts,
             delay: self.delay,
             window: self.window,
@@ -322,9 +313,7 @@ impl<C, R> HedgeBuilder<C, R> {
     /// earlier ones allowed. Share one budget unless that is wanted.
     ///
     /// Pass a retry layer's budget so that retries and hedges together stay
-    /// within it (Finagle's rule), or a gRFC A6
-    /// [`RetryThrottle`](crate::service_config::RetryThrottle). The layer
-    /// never deposits into a shared budget: its owner does.
+    /// within it (Finagle's rule). The layer never deposits into a shared budget: its owner does.
     pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
         self.shared.push(budget);
         self
@@ -348,8 +337,8 @@ impl<C, R> HedgeBuilder<C, R> {
         }
     }
 
-    /// Checks the settings as [`build`](Self::build) does, without building.
-    pub fn check(&self) -> Result<(), ConfigError> {
+    /// Checks the settings as [`build`](Self::build) does.
+    fn check(&self) -> Result<(), ConfigError> {
         if !(2..=MAX_HEDGE_ATTEMPTS).contains(&self.max_attempts) {
             return Err(ConfigError::new(
                 "max_attempts",

@@ -11,7 +11,7 @@ use tower_classify::{
 };
 
 use super::status::StatusCodes;
-use super::throttle::RetryThrottle;
+use crate::budget::TokenBucketBudget;
 
 /// `UNKNOWN`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `UNAVAILABLE`.
 const UNKNOWN: u32 = 2;
@@ -38,8 +38,9 @@ const UNAVAILABLE: u32 = 14;
 /// the next attempt; a negative or unreadable one means "do not retry", for
 /// any code.
 ///
-/// [`with_throttle`](Self::with_throttle) makes it count each attempt in
-/// a [`RetryThrottle`], as A6 counts RPCs: a success adds `tokenRatio`; a
+/// Built by a [`MethodConfig`](super::MethodConfig) with the server's
+/// throttle, it counts each attempt in that [`TokenBucketBudget`], as A6
+/// counts RPCs: a success adds `tokenRatio`; a
 /// failure with a retryable code, or with a pushback that says not to
 /// retry, takes a token; nothing else (a request never sent, a code not in
 /// the set) counts. Give such a classifier to one retry layer only: every
@@ -69,7 +70,7 @@ const UNAVAILABLE: u32 = 14;
 #[derive(Debug, Clone)]
 pub struct GrpcRetryClassifier {
     retryable: StatusCodes,
-    throttle: Option<Arc<RetryThrottle>>,
+    throttle: Option<Arc<TokenBucketBudget>>,
     errors: ErrorChainClassifier,
 }
 
@@ -84,7 +85,7 @@ impl GrpcRetryClassifier {
     }
 
     /// Counts every classified attempt in `throttle` (see the type's docs).
-    pub fn with_throttle(mut self, throttle: Arc<RetryThrottle>) -> Self {
+    pub(crate) fn with_throttle(mut self, throttle: Arc<TokenBucketBudget>) -> Self {
         self.throttle = Some(throttle);
         self
     }

@@ -8,7 +8,7 @@
 //! | attempt `n` sent `hedgingDelay × (n − 1)` after the first; 0 sends them all at once | a fixed [`delay`](HedgeBuilder::delay) |
 //! | a `nonFatalStatusCodes` answer lets the other attempts go on; any other answer is the call's, and the rest are cancelled | [`GrpcRetryClassifier`] over those codes |
 //! | hedges carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
-//! | `retryThrottling` stops hedges at or below half its tokens | the shared [`RetryThrottle`] ([`MethodConfig::hedge_builder`]) |
+//! | `retryThrottling` stops hedges at or below half its tokens | the shared [`TokenBucketBudget`] ([`MethodConfig::hedge_builder`]) |
 //!
 //! Where this differs from A6:
 //!
@@ -36,7 +36,9 @@ use std::sync::Arc;
 use http::HeaderName;
 
 use super::retry::GRPC_PREVIOUS_RPC_ATTEMPTS;
-use super::{GrpcRetryClassifier, HedgingPolicyConfig, MethodConfig, RetryThrottle};
+use super::{GrpcRetryClassifier, HedgingPolicyConfig, MethodConfig};
+use crate::budget::token_bucket::AskOnly;
+use crate::budget::TokenBucketBudget;
 use crate::hedge::HedgeBuilder;
 use crate::replay::HttpReplay;
 
@@ -67,7 +69,7 @@ impl MethodConfig {
     /// A hedging builder for the calls this method config applies to, when
     /// it has a hedging policy (`None` otherwise: use
     /// [`retry_builder`](Self::retry_builder)); `throttle`, the server's
-    /// [`RetryThrottle`], is counted by the classifier and asked before
+    /// [`TokenBucketBudget`], is counted by the classifier and asked before
     /// each hedge, and then replaces the layer's own budget, as in A6.
     ///
     /// ```
@@ -85,7 +87,7 @@ impl MethodConfig {
     /// ```
     pub fn hedge_builder(
         &self,
-        throttle: Option<&Arc<RetryThrottle>>,
+        throttle: Option<&Arc<TokenBucketBudget>>,
     ) -> Option<HedgeBuilder<GrpcRetryClassifier, HttpReplay>> {
         let policy = self.hedging_policy()?;
         let mut builder = policy.hedge_builder();
@@ -95,7 +97,7 @@ impl MethodConfig {
             builder = builder
                 .classifier(classifier)
                 .no_budget()
-                .shared_budget(Arc::clone(throttle) as Arc<_>);
+                .shared_budget(Arc::new(AskOnly(Arc::clone(throttle))));
         }
         Some(builder)
     }

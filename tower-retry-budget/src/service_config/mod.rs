@@ -81,7 +81,7 @@
 //!
 //! [`MethodConfig::retry_builder`] gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
 //! A6's semantics: see [`retry`] for each rule. Throttling
-//! (`retryThrottling`) is a [`RetryThrottle`], one per server, shared by the
+//! (`retryThrottling`) is a [`TokenBucketBudget`], one per server, shared by the
 //! layers of all its methods.
 //!
 //! # In a tonic client
@@ -149,6 +149,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::budget::TokenBucketBudget;
 use tower_classify::ConfigError;
 
 mod classifier;
@@ -160,12 +161,10 @@ mod router;
 mod status;
 #[cfg(test)]
 mod tests;
-mod throttle;
 
 pub use self::classifier::GrpcRetryClassifier;
 pub use self::router::{PerMethod, PerMethodFuture, ServiceConfigLayer};
 pub use self::status::StatusCodes;
-pub use self::throttle::RetryThrottle;
 
 /// The most attempts a policy gets: A6's client-side limit. A larger
 /// `maxAttempts` is read as this value.
@@ -200,12 +199,7 @@ impl ServiceConfig {
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
         let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|err| ConfigError::new("serviceConfig", format!("not valid JSON: {err}")))?;
-        Self::from_value(&value)
-    }
-
-    /// Validates a service config already read as JSON.
-    pub fn from_value(value: &serde_json::Value) -> Result<Self, ConfigError> {
-        parse::service_config(value)
+        parse::service_config(&value)
     }
 
     fn new(
@@ -258,13 +252,16 @@ impl ServiceConfig {
         self.retry_throttling.as_ref()
     }
 
-    /// A new, full [`RetryThrottle`] for this config's `retryThrottling`
+    /// A new, full [`TokenBucketBudget`] for this config's `retryThrottling`
     /// (`None` without one). A6 throttles per server: make one per server
     /// and give the same `Arc` to the layers of all its methods.
-    pub fn retry_throttle(&self) -> Option<std::sync::Arc<RetryThrottle>> {
-        self.retry_throttling
-            .as_ref()
-            .map(|config| std::sync::Arc::new(RetryThrottle::from_config(config)))
+    pub fn retry_throttle(&self) -> Option<std::sync::Arc<TokenBucketBudget>> {
+        self.retry_throttling.as_ref().map(|config| {
+            std::sync::Arc::new(TokenBucketBudget::with_thousandths(
+                config.max_tokens(),
+                u64::from(config.token_ratio_thousandths()),
+            ))
+        })
     }
 
     /// The method config for a request path `/package.Service/Method`:

@@ -6,7 +6,7 @@
 //!
 //! | A6 | the builder |
 //! |---|---|
-//! | `maxAttempts` attempts in all, at most 5 | [`max_attempts`](RetryBuilder::max_attempts) |
+//! | `maxAttempts` attempts in all, at most 5 | [`max_retries`](RetryBuilder::max_retries) `maxAttempts − 1` |
 //! | the n-th retry after `min(initialBackoff × backoffMultiplier^(n-1), maxBackoff) × random(0.8, 1.2)` | [`Backoff::exponential`] capped at `maxBackoff` before jitter, with a jitter of `[0.8, 1.2)` |
 //! | only `retryableStatusCodes` are retried | [`GrpcRetryClassifier`] |
 //! | a pushback of `n` ms: retry after exactly `n` ms; negative or unreadable: do not retry | the classifier's hint, which replaces the computed backoff |
@@ -14,7 +14,7 @@
 //! | every gRPC call is a POST, and the policy, not the method, says what is retried | [`HttpReplay::retry_non_idempotent(true)`](HttpReplay::retry_non_idempotent) |
 //! | retries carry `grpc-previous-rpc-attempts` | [`HttpReplay::attempt_header`](HttpReplay::attempt_header) |
 //! | `timeout` bounds the whole call, every attempt included | [`deadline`](RetryBuilder::deadline) ([`MethodConfig::retry_builder`]) |
-//! | `retryThrottling` | a shared [`RetryThrottle`]: the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
+//! | `retryThrottling` | a shared [`TokenBucketBudget`]: the classifier counts into it, and the layer asks it before each retry ([`MethodConfig::retry_builder`]) |
 //! | no retry policy: no retries | one attempt ([`MethodConfig::retry_builder`]) |
 //!
 //! Where this differs from A6:
@@ -39,8 +39,10 @@ use std::sync::Arc;
 use http::HeaderName;
 use tower_classify::ConfigError;
 
-use super::{GrpcRetryClassifier, MethodConfig, RetryPolicyConfig, RetryThrottle, StatusCodes};
+use super::{GrpcRetryClassifier, MethodConfig, RetryPolicyConfig, StatusCodes};
 use crate::backoff::{Backoff, Jitter};
+use crate::budget::token_bucket::AskOnly;
+use crate::budget::TokenBucketBudget;
 use crate::layer::RetryBuilder;
 use crate::replay::HttpReplay;
 
@@ -95,7 +97,7 @@ impl MethodConfig {
     /// A builder for the calls this method config applies to: its retry
     /// policy (see the [module docs](self)) or, without one, a single
     /// attempt; its `timeout` as the deadline of the whole call; and
-    /// `throttle`, the server's [`RetryThrottle`] from
+    /// `throttle`, the server's [`TokenBucketBudget`] from
     /// [`ServiceConfig::retry_throttle`](super::ServiceConfig::retry_throttle),
     /// counted by the classifier and asked before each retry.
     ///
@@ -115,7 +117,7 @@ impl MethodConfig {
     /// ```
     pub fn retry_builder(
         &self,
-        throttle: Option<&Arc<RetryThrottle>>,
+        throttle: Option<&Arc<TokenBucketBudget>>,
     ) -> Result<RetryBuilder<GrpcRetryClassifier, HttpReplay>, ConfigError> {
         let mut builder = match self.retry_policy() {
             Some(policy) => {
@@ -135,7 +137,7 @@ impl MethodConfig {
             builder = builder.deadline(timeout);
         }
         if let Some(throttle) = throttle {
-            builder = builder.budget(Arc::clone(throttle) as Arc<_>);
+            builder = builder.budget(Arc::new(AskOnly(Arc::clone(throttle))));
         }
         Ok(builder)
     }
@@ -143,7 +145,7 @@ impl MethodConfig {
 
 fn with_throttle(
     classifier: GrpcRetryClassifier,
-    throttle: Option<&Arc<RetryThrottle>>,
+    throttle: Option<&Arc<TokenBucketBudget>>,
 ) -> GrpcRetryClassifier {
     match throttle {
         Some(throttle) => classifier.with_throttle(Arc::clone(throttle)),
@@ -156,6 +158,6 @@ fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetry
         .retry_non_idempotent(true)
         .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS));
     RetryBuilder::new(classifier, replay)
-        .max_attempts(max_attempts)
+        .max_retries(max_attempts - 1)
         .restart_backoff_after_hint(true)
 }

@@ -15,8 +15,9 @@ use tower_classify::{BoxError, ConfigError};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{GrpcRetryClassifier, RetryThrottle, ServiceConfig};
+use super::{GrpcRetryClassifier, ServiceConfig};
 use crate::body::TryCloneBody;
+use crate::budget::TokenBucketBudget;
 use crate::error::DeadlineExceeded;
 use crate::hedge::HedgeLayer;
 use crate::replay::{HttpReplay, Replay};
@@ -49,7 +50,7 @@ struct Routes {
 /// [`Deadline`](tower_classify::deadline::Deadline) its hedges respect,
 /// as a retried method's is the deadline of its retry loop.
 ///
-/// Every method shares one [`RetryThrottle`] (A6 throttles per server), and
+/// Every method shares one [`TokenBucketBudget`] (A6 throttles per server), and
 /// each method config's layer is named after its first name
 /// (`greeter.Greeter/SayHello`), so its metrics have their own series.
 ///
@@ -100,11 +101,11 @@ impl fmt::Debug for ServiceConfigLayer {
 impl ServiceConfig {
     /// The layer applying this config to every call by its path; see
     /// [`ServiceConfigLayer`]. `throttle` is the server's
-    /// [`RetryThrottle`], usually [`retry_throttle`](Self::retry_throttle).
+    /// [`TokenBucketBudget`], usually [`retry_throttle`](Self::retry_throttle).
     /// Errors name the method config (`methodConfig[1].retryPolicy.backoffMultiplier`).
     pub fn layer(
         &self,
-        throttle: Option<Arc<RetryThrottle>>,
+        throttle: Option<Arc<TokenBucketBudget>>,
     ) -> Result<ServiceConfigLayer, ConfigError> {
         let mut layers = Vec::with_capacity(self.method_configs.len());
         for (entry, method) in self.method_configs.iter().enumerate() {

@@ -49,9 +49,6 @@ pub(crate) fn status_code_name(code: u32) -> Option<&'static str> {
 /// use tower_retry_budget::service_config::StatusCodes;
 ///
 /// let codes = StatusCodes::EMPTY.with(14).unwrap().with(13).unwrap();
-/// assert!(codes.contains(14));
-/// assert!(!codes.contains(4));
-/// assert_eq!(codes.iter().collect::<Vec<_>>(), [13, 14]);
 /// assert_eq!(format!("{codes}"), "INTERNAL, UNAVAILABLE");
 /// assert!(StatusCodes::EMPTY.with(17).is_none());
 /// ```
@@ -76,22 +73,23 @@ impl StatusCodes {
     }
 
     /// `true` when `code` is in the set.
-    pub const fn contains(self, code: u32) -> bool {
+    pub(crate) const fn contains(self, code: u32) -> bool {
         code < 32 && self.bits & (1 << code) != 0
     }
 
     /// `true` for the empty set.
-    pub const fn is_empty(self) -> bool {
+    pub(crate) const fn is_empty(self) -> bool {
         self.bits == 0
     }
 
     /// How many codes the set holds.
-    pub const fn len(self) -> usize {
+    #[cfg(test)]
+    pub(crate) const fn len(self) -> usize {
         self.bits.count_ones() as usize
     }
 
     /// The codes, smallest first.
-    pub fn iter(self) -> impl Iterator<Item = u32> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = u32> {
         (0..STATUS_CODE_NAMES.len() as u32).filter(move |&code| self.contains(code))
     }
 }

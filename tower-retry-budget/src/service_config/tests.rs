@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::budget::TokenBucketBudget;
 use crate::error::WaitTooLong;
-use crate::service_config::{
-    GrpcRetryClassifier, MethodConfig, RetryThrottle, ServiceConfig, StatusCodes,
-};
+use crate::service_config::{GrpcRetryClassifier, MethodConfig, ServiceConfig, StatusCodes};
 use http::{HeaderMap, Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -260,7 +259,7 @@ fn every_invalid_fixture_is_refused_naming_its_field() {
     assert!(cases.len() >= 50);
     for case in &cases {
         let why = case["why"].as_str().unwrap();
-        let err = ServiceConfig::from_value(&case["config"])
+        let err = super::parse::service_config(&case["config"])
             .err()
             .unwrap_or_else(|| panic!("{why}: accepted"));
         assert_eq!(err.field(), case["field"].as_str().unwrap(), "{why}: {err}");
@@ -672,7 +671,7 @@ async fn the_throttle_stops_retries_at_half_and_successes_restore_them() {
         r#"{"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
             "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
     );
-    let throttle: Arc<RetryThrottle> = config.retry_throttle().unwrap();
+    let throttle: Arc<TokenBucketBudget> = config.retry_throttle().unwrap();
     let method = config.method_config("/example.Service/Call").unwrap();
     let layer = method
         .retry_builder(Some(&throttle))
@@ -731,7 +730,7 @@ async fn the_throttle_stops_retries_at_half_and_successes_restore_them() {
 
 #[test]
 fn a_code_outside_the_set_does_not_count_against_the_throttle() {
-    let throttle = Arc::new(RetryThrottle::new(10, 0.1).unwrap());
+    let throttle = Arc::new(TokenBucketBudget::new(10, 0.1).unwrap());
     let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Arc::clone(&throttle));
     let classify =
         |response: &Response<()>| Classify::<_, BoxError>::classify(&classifier, Ok(response));
@@ -809,7 +808,7 @@ fn two_attempt_hedge(
     throttled: bool,
 ) -> (
     crate::hedge::HedgeLayer<GrpcRetryClassifier, crate::replay::HttpReplay>,
-    Option<Arc<RetryThrottle>>,
+    Option<Arc<TokenBucketBudget>>,
 ) {
     let config = hedging_config(
         r#"{"maxAttempts": 2, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
