@@ -180,7 +180,7 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     // The dead-letter store: redb, the durable default, in a temporary folder.
     let dir = tempfile::tempdir()?;
-    let store = RedbStore::open(dir.path().join("dead-letters.redb"))?;
+    let store = RedbStore::builder().open(dir.path().join("dead-letters.redb"))?;
 
     // The shop: an axum app on a free port.
     let state = AppState {

@@ -224,13 +224,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     if !path.exists() {
         return Err(format!("dead-letter store {} does not exist", path.display()).into());
     }
-    let store = RedbStore::open(&path)?;
+    let store = RedbStore::builder().open(&path)?;
     dispatch(&store, cli).await
 }
 
 #[cfg(feature = "redis")]
 async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
-    let store = tower_poison::store::RedisDeadLetterStore::connect(url, cli.stream.clone()).await?;
+    let store = tower_poison::store::RedisDeadLetterStore::builder().connect(url, cli.stream.clone()).await?;
     dispatch(&store, cli).await
 }
 

@@ -63,7 +63,7 @@ pub const SERVER_KINDS: [FailureKind; 6] = [
 /// use tower::ServiceBuilder;
 /// use tower_poison::store::RedbStore;
 ///
-/// let store = RedbStore::open(&path)?; // /var/lib/orders/dead-letters.redb
+/// let store = RedbStore::builder().open(&path)?; // /var/lib/orders/dead-letters.redb
 /// let layer = tower_poison::DeadLetterLayer::new(store).label("orders");
 /// let service = ServiceBuilder::new()
 ///     .layer(layer)                       // outermost

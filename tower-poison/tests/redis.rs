@@ -54,7 +54,7 @@ async fn shared_store(url: &str, name: &str) -> (RedisDeadLetterStore, support::
     let name = support::unique(name);
     let cleanup = support::Cleanup::queue(url, &name);
     (
-        RedisDeadLetterStore::connect(url, name).await.unwrap(),
+        RedisDeadLetterStore::builder().connect(url, name).await.unwrap(),
         cleanup,
     )
 }
@@ -431,7 +431,7 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
 ) {
     let name = support::unique("claims");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder().connect(&url, name.clone())
         .await
         .unwrap();
     let now = whole_millis(SystemTime::now());
@@ -520,7 +520,7 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
 async fn redis_claims_are_ended_only_by_their_own_token(url: String) {
     let name = support::unique("owners");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder().connect(&url, name.clone())
         .await
         .unwrap();
     let now = SystemTime::now();
@@ -573,7 +573,7 @@ fn after_lapse(claim: Claim) -> (bool, ClaimToken) {
 async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased(url: String) {
     let name = support::unique("lapsed");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder().connect(&url, name.clone())
         .await
         .unwrap();
     let now = SystemTime::now();
@@ -795,7 +795,7 @@ async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outag
 
 /// The error chain, joined, of connecting a store to `url`, which fails.
 async fn connect_error(url: &str) -> String {
-    let error = RedisDeadLetterStore::connect(url, "dlq").await.unwrap_err();
+    let error = RedisDeadLetterStore::builder().connect(url, "dlq").await.unwrap_err();
     tower_poison::error_chain(&error).join(": ")
 }
 

@@ -240,7 +240,7 @@ async fn memory_replay_history_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_replay_history_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    replay_history_is_bounded(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    replay_history_is_bounded(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap()).await;
 }
 
 #[tokio::test]
@@ -256,7 +256,7 @@ async fn memory_replay_failure_keeps_and_updates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_replay_success_removes_and_failure_keeps() {
     let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+    let store = RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap();
     replay_success_removes_the_entry(store.clone()).await;
     replay_failure_keeps_and_updates_the_entry(store).await;
 }
@@ -391,7 +391,7 @@ async fn memory_concurrent_replays_deliver_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_concurrent_replays_deliver_once() {
     let dir = tempfile::tempdir().unwrap();
-    concurrent_replays_deliver_once(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    concurrent_replays_deliver_once(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap()).await;
 }
 
 /// A dead-letter layer in the replayed service records the failure (a
@@ -515,11 +515,11 @@ async fn memory_claims_survive_the_layers_put_and_a_slow_replayers_release() {
 async fn redb_claims_survive_the_layers_put_and_a_slow_replayers_release() {
     let dir = tempfile::tempdir().unwrap();
     a_failure_the_layer_records_keeps_the_entry_claimed(
-        RedbStore::open(dir.path().join("layer.redb")).unwrap(),
+        RedbStore::builder().open(dir.path().join("layer.redb")).unwrap(),
     )
     .await;
     a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(
-        RedbStore::open(dir.path().join("lease.redb")).unwrap(),
+        RedbStore::builder().open(dir.path().join("lease.redb")).unwrap(),
     )
     .await;
 }
@@ -532,7 +532,7 @@ async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow
     for test in ["concurrent", "layer", "lease", "failure", "history"] {
         let name = support::unique(test);
         let _cleanup = support::Cleanup::queue(&url, &name);
-        let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+        let store = RedisDeadLetterStore::builder().connect(&url, name).await.unwrap();
         match test {
             "concurrent" => concurrent_replays_deliver_once(store).await,
             "layer" => a_failure_the_layer_records_keeps_the_entry_claimed(store).await,
@@ -884,7 +884,7 @@ async fn item_6_a_crashed_replayers_send_keeps_its_key_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redb() {
     let dir = tempfile::tempdir().unwrap();
-    a_crashed_replayers_send_keeps_its_key(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
+    a_crashed_replayers_send_keeps_its_key(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap())
         .await;
 }
 
@@ -893,7 +893,7 @@ async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redis(url: String) {
     use tower_poison::store::RedisDeadLetterStore;
     let name = support::unique("crashed-replayer");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+    let store = RedisDeadLetterStore::builder().connect(&url, name).await.unwrap();
     a_crashed_replayers_send_keeps_its_key(store).await;
 }
 

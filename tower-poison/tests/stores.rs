@@ -59,14 +59,14 @@ async fn redb_store_keeps_entries_across_reopen() {
         .map(|i| entry("orders", FailureKind::ServerError, now - DAY * i))
         .collect();
     {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         for e in &written {
             store.put(e.clone()).await.unwrap();
         }
         assert_eq!(store.depth().await.unwrap(), 5);
         // The store is closed when its last clone is dropped.
     }
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     assert_eq!(store.depth().await.unwrap(), 5);
     for e in &written {
         assert_eq!(store.get(e.id).await.unwrap().as_ref(), Some(e));
@@ -85,8 +85,8 @@ async fn redb_store_keeps_entries_across_reopen() {
 async fn a_second_open_of_a_live_store_is_refused_not_corrupting() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dlq.redb");
-    let _store = RedbStore::open(&path).unwrap();
-    let error = RedbStore::open(&path).unwrap_err();
+    let _store = RedbStore::builder().open(&path).unwrap();
+    let error = RedbStore::builder().open(&path).unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Backend);
     assert!(error.to_string().contains("cannot open dead-letter store"));
 }
@@ -222,7 +222,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_pages_filters_and_purges_by_age() {
     let dir = tempfile::tempdir().unwrap();
-    paging_filters_purge_and_stats(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    paging_filters_purge_and_stats(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap()).await;
 }
 
 #[tokio::test]
@@ -278,7 +278,7 @@ async fn concurrent_puts_are_all_acknowledged_and_kept_with_or_without_group_com
             }
             ids
         };
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         assert_eq!(store.depth().await.unwrap(), 64);
         for id in ids {
             assert!(store.get(id).await.unwrap().is_some());
@@ -301,7 +301,7 @@ fn crash_child() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel();
         // Several writers at once, so group commits are in flight when the
         // kill lands.
@@ -380,7 +380,7 @@ async fn acknowledged_entries_survive_sigkill() {
     );
     eprintln!("{} entries acknowledged before SIGKILL", acked.len());
 
-    let store = RedbStore::open(&path).expect("the store opens cleanly after SIGKILL");
+    let store = RedbStore::builder().open(&path).expect("the store opens cleanly after SIGKILL");
     let depth = store.depth().await.unwrap();
     assert!(depth >= acked.len() as u64);
     for id in &acked {
@@ -587,7 +587,7 @@ async fn a_tiny_writer_queue_makes_puts_wait_and_keeps_them_all() {
         }
         ids
     };
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     assert_eq!(store.depth().await.unwrap(), 64);
     for id in ids {
         assert!(store.get(id).await.unwrap().is_some(), "{id} kept");
@@ -791,7 +791,7 @@ async fn item_6_the_memory_store_reports_a_claim_that_lapsed_unreleased() {
 async fn item_6_the_redb_store_reports_a_claim_that_lapsed_unreleased() {
     let dir = tempfile::tempdir().unwrap();
     a_claim_that_lapsed_unreleased_is_reported(
-        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap(),
     )
     .await;
 }
@@ -812,7 +812,7 @@ fn claiming_child() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         let mut claims = Vec::new();
         for _ in 0..2 {
             let e = entry("orders", FailureKind::ServerError, SystemTime::now());
@@ -855,7 +855,7 @@ async fn item_6_a_redb_claim_outlives_the_replayer_process() {
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     let after_the_lease = SystemTime::now() + Duration::from_secs(60);
     let lease = Duration::from_secs(30);
     let (lapsed, _) = after_lapse(store.claim(held, after_the_lease, lease).await.unwrap());
@@ -875,7 +875,7 @@ async fn memory_store_claims_have_owners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_claims_have_owners() {
     let dir = tempfile::tempdir().unwrap();
-    a_claim_is_ended_only_by_its_own_token(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
+    a_claim_is_ended_only_by_its_own_token(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap())
         .await;
 }
 
@@ -888,7 +888,7 @@ async fn memory_store_claims_are_exclusive_expire_and_end() {
 async fn redb_store_claims_are_exclusive_expire_and_end() {
     let dir = tempfile::tempdir().unwrap();
     claims_are_exclusive_expire_and_end_on_remove_and_release(
-        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap(),
     )
     .await;
 }

@@ -331,13 +331,8 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
 }
 
 impl RedbStore {
-    /// Opens the store at `path` with the default settings (see
-    /// [`RedbStoreBuilder::open`]).
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        RedbStoreBuilder::new().open(path)
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedbStore::builder().open(path)` opens the store with
+    /// the default settings.
     pub const fn builder() -> RedbStoreBuilder {
         RedbStoreBuilder::new()
     }
@@ -853,7 +848,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_depth_counter_saturates_at_zero() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+        let store = RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap();
         let (a, b) = (entry(), entry());
         store.put(a.clone()).await.unwrap();
         store.put(b.clone()).await.unwrap();
@@ -915,7 +910,7 @@ mod tests {
             ids.push(put.await.unwrap().unwrap());
         }
         drop(store);
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         assert_eq!(store.depth().await.unwrap(), 6);
         for id in ids {
             assert!(store.get(id).await.unwrap().is_some());

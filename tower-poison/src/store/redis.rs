@@ -109,7 +109,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// use tower_poison::store::RedisDeadLetterStore;
 /// use tower_poison::DeadLetterLayer;
 ///
-/// let store = RedisDeadLetterStore::connect("redis://127.0.0.1:6379", "orders:dlq").await?;
+/// let store = RedisDeadLetterStore::builder().connect("redis://127.0.0.1:6379", "orders:dlq").await?;
 /// let layer = DeadLetterLayer::new(store).label("orders");
 /// # let _ = layer;
 /// # Ok(())
@@ -355,16 +355,8 @@ struct Scan {
 }
 
 impl RedisDeadLetterStore {
-    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
-    /// comma-separated: see [`RedisConnectOptions`]) with the default options and
-    /// uses the queue `stream` (one per queue; see the key layout above).
-    pub async fn connect(url: &str, stream: impl Into<String>) -> Result<Self, StoreError> {
-        RedisDeadLetterStoreBuilder::new()
-            .connect(url, stream)
-            .await
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedisDeadLetterStore::builder().connect(url, stream)`
+    /// connects with the default settings.
     pub const fn builder() -> RedisDeadLetterStoreBuilder {
         RedisDeadLetterStoreBuilder::new()
     }
