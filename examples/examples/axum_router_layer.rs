@@ -118,7 +118,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             entry.id,
             entry.method.as_deref().unwrap_or("-"),
             entry.uri.as_deref().unwrap_or("-"),
-            entry.error_text()
+            entry.error.join(": ")
         );
     }
 

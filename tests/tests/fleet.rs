@@ -319,7 +319,9 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
     let started = Instant::now();
     loop {
         let listed = async {
-            let store = RedisDeadLetterStore::builder().connect(url, NAMESPACE).await?;
+            let store = RedisDeadLetterStore::builder()
+                .connect(url, NAMESPACE)
+                .await?;
             let mut entries = Vec::new();
             let mut query = ListQuery {
                 limit: 1000,

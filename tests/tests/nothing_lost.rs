@@ -178,7 +178,9 @@ async fn nothing_lost_under_mixed_failures() {
     // The service goes away; the store is read back from disk.
     drop(stack);
     drop(store);
-    let reopened = RedbStore::builder().open(&path).expect("the store opens again");
+    let reopened = RedbStore::builder()
+        .open(&path)
+        .expect("the store opens again");
     let stored = entries(&reopened).await;
     let mut by_id: HashMap<String, Vec<&DeadLetterEntry>> = HashMap::new();
     for entry in &stored {

@@ -454,7 +454,14 @@ async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
     let old_id = {
         let opened = RedbStore::builder().open(&store).unwrap();
         let mut old = entries_of(&opened).await.remove(0);
-        old.id = tower_poison::EntryId::generate(std::time::SystemTime::now());
+        // A new id, made now, as the layer makes one.
+        old.id = tower_poison::DeadLetterEntry::new(
+            "",
+            tower_classify::FailureKind::ServerError,
+            Vec::new(),
+            std::time::SystemTime::now(),
+        )
+        .id;
         old.first_failed_at -= Duration::from_secs(10 * 86_400);
         old.uri = Some("http://orders.internal/orders/old".into());
         opened.put(old.clone()).await.unwrap();
@@ -536,7 +543,10 @@ async fn two_nodes_share_one_redis(url: String) {
     let node = |name: &'static str, calls: Arc<AtomicUsize>| {
         let (url, stream) = (url.clone(), stream.clone());
         async move {
-            let dead_letters = RedisDeadLetterStore::builder().connect(&url, stream).await.unwrap();
+            let dead_letters = RedisDeadLetterStore::builder()
+                .connect(&url, stream)
+                .await
+                .unwrap();
             let handler = service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
                 let calls = calls.clone();
                 async move {

@@ -328,6 +328,14 @@ pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 /// The inner service therefore sees `Request<ReplayBody<B>>`. axum's
 /// `Router` and tower-http services accept any body; a client with a fixed
 /// body type can box it (`http_body_util::combinators::UnsyncBoxBody`).
+///
+/// `HttpCapture::default()` captures with a body limit of 64 KiB, no message
+/// id and no delivery count (the layer's
+/// [`body_limit`](crate::DeadLetterLayer::body_limit),
+/// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
+/// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them); a
+/// [`Replayer`](crate::replay::Replayer) takes it to
+/// [describe](crate::replay::Replayer::describe) HTTP responses.
 #[derive(Clone)]
 pub struct HttpCapture {
     body_limit: usize,
@@ -342,11 +350,7 @@ impl Default for HttpCapture {
 }
 
 impl HttpCapture {
-    /// Captures with a body limit of 64 KiB, no message id and no delivery
-    /// count (the layer's [`body_limit`](crate::DeadLetterLayer::body_limit),
-    /// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
-    /// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them).
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
             message_id_header: None,

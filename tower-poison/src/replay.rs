@@ -430,7 +430,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 crate::observability::replayed(&entry.label, "failed");
                 let (kind, error) = match current.replays.last() {
                     Some(last) => (last.kind, last.error_text()),
-                    None => (failure.kind, current.error_text()),
+                    None => (failure.kind, current.error.join(": ")),
                 };
                 return Ok(ReplayOutcome::Failed {
                     attempts: current.attempts,

@@ -177,12 +177,12 @@ async fn a_counter_in_the_request_counts_attempts_made_on_another_task() {
     service.clone().oneshot(request()).await.unwrap();
     assert_eq!(only_entry(&store).await.attempts, 1);
     store
-        .purge(tower_poison::store::PurgeFilter::all())
+        .purge(tower_poison::store::PurgeFilter::default())
         .await
         .unwrap();
 
     let mut carrying = request();
-    carrying.extensions_mut().insert(AttemptCounter::new());
+    carrying.extensions_mut().insert(AttemptCounter::default());
     service.oneshot(carrying).await.unwrap();
     assert_eq!(only_entry(&store).await.attempts, 2);
 }

@@ -73,7 +73,10 @@ where
 /// now is its first. The count is forgotten again, leaving `counts` as it was.
 async fn forgotten(counts: &RedbFailureCounts, id: &str) -> bool {
     let key = MessageKey::new(id);
-    let tally = counts.count_delivery(&key, SystemTime::now()).await.unwrap();
+    let tally = counts
+        .count_delivery(&key, SystemTime::now())
+        .await
+        .unwrap();
     counts.forget(&key).await.unwrap();
     tally.deliveries == 1
 }
@@ -83,7 +86,9 @@ async fn forgotten(counts: &RedbFailureCounts, id: &str) -> bool {
 #[tokio::test]
 async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliveries_in_all() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::builder().open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let dead_letters = MemoryStore::new(100);
     let processed = Arc::new(AtomicUsize::new(0));
     // Two consumers, as two processes would build them: separate layers,
@@ -129,7 +134,9 @@ async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliver
 #[tokio::test]
 async fn a_success_on_either_consumer_forgets_the_shared_count() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::builder().open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let layer = |counts: RedbFailureCounts| {
         DeadLetterLayer::new(MemoryStore::new(10))
             .classifier(ErrorChainClassifier::new())
@@ -680,7 +687,9 @@ async fn long_and_binary_message_ids_are_counted_by_a_bounded_key() {
 #[test]
 fn a_store_needing_the_runtime_is_not_polled_by_a_call_made_outside_one() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::builder().open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let processed = Arc::new(AtomicUsize::new(0));
     let mut service = DeadLetterLayer::new(MemoryStore::new(10))
         .classifier(ErrorChainClassifier::new())

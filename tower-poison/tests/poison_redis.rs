@@ -38,8 +38,14 @@ async fn two_consumers_counts(
     name: &str,
 ) -> (RedisFailureCounts, RedisFailureCounts, String) {
     let queue = format!("{}-{:08x}", name, fastrand::u32(..));
-    let a = RedisFailureCounts::builder().connect(url, &queue).await.unwrap();
-    let b = RedisFailureCounts::builder().connect(url, &queue).await.unwrap();
+    let a = RedisFailureCounts::builder()
+        .connect(url, &queue)
+        .await
+        .unwrap();
+    let b = RedisFailureCounts::builder()
+        .connect(url, &queue)
+        .await
+        .unwrap();
     (a, b, queue)
 }
 
@@ -223,7 +229,8 @@ async fn while_redis_is_down_a_delivery_fails_unprocessed() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut server = support::RedisProcess::start(&binary, dir.path(), support::free_port());
-    let counts = RedisFailureCounts::builder().connect(&server.url(), "down")
+    let counts = RedisFailureCounts::builder()
+        .connect(&server.url(), "down")
         .await
         .unwrap();
     let processed = Arc::new(AtomicUsize::new(0));

@@ -29,7 +29,7 @@ fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLet
         vec!["upstream failed".into(), "connection reset".into()],
         whole_millis(first_failed_at),
     );
-    entry.id = EntryId::generate(SystemTime::now());
+    entry.id = fresh_id();
     entry.message_id = Some("m-1".into());
     entry.method = Some("POST".into());
     entry.uri = Some("http://example.internal/orders".into());
@@ -214,7 +214,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
         .id;
     assert!(store.remove(first).await.unwrap());
     assert!(!store.remove(first).await.unwrap());
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 5);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 5);
     assert_eq!(store.depth().await.unwrap(), 0);
     assert_eq!(store.oldest_age(now).await.unwrap(), None);
 }
@@ -222,7 +222,12 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_pages_filters_and_purges_by_age() {
     let dir = tempfile::tempdir().unwrap();
-    paging_filters_purge_and_stats(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap()).await;
+    paging_filters_purge_and_stats(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -380,7 +385,9 @@ async fn acknowledged_entries_survive_sigkill() {
     );
     eprintln!("{} entries acknowledged before SIGKILL", acked.len());
 
-    let store = RedbStore::builder().open(&path).expect("the store opens cleanly after SIGKILL");
+    let store = RedbStore::builder()
+        .open(&path)
+        .expect("the store opens cleanly after SIGKILL");
     let depth = store.depth().await.unwrap();
     assert!(depth >= acked.len() as u64);
     for id in &acked {
@@ -555,7 +562,7 @@ async fn redb_max_bytes_counts_encoded_sizes_across_replace_remove_purge_and_reo
         .await
         .unwrap();
     // Purging gives everything back.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 3);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 3);
     let mut huge = entry("orders", FailureKind::ServerError, now);
     huge.body = Bytes::from(vec![b'x'; (total / 2) as usize]);
     store.put(huge).await.unwrap();
@@ -667,12 +674,12 @@ async fn claims_are_exclusive_expire_and_end_on_remove_and_release(store: impl D
     store.put(e.clone()).await.unwrap();
     claimed(store.claim(e.id, later, lease).await.unwrap());
     // A purge ends it too.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
     let (_, token) = claimed(store.claim(e.id, later, lease).await.unwrap());
 
     // An id the store never had; releasing it is harmless.
-    let missing = EntryId::generate(SystemTime::now());
+    let missing = fresh_id();
     assert_eq!(
         store.claim(missing, now, lease).await.unwrap(),
         Claim::NotFound
@@ -776,7 +783,7 @@ async fn a_claim_that_lapsed_unreleased_is_reported(store: impl DeadLetterStore)
     let (lapsed, _) = after_lapse(store.claim(e.id, next, lease).await.unwrap());
     assert!(!lapsed, "a remove ends the claim with its entry");
     // So does a purge.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
     let (lapsed, _) = after_lapse(store.claim(e.id, next + lease * 2, lease).await.unwrap());
     assert!(!lapsed, "a purge ends the claim with its entry");
@@ -791,7 +798,9 @@ async fn item_6_the_memory_store_reports_a_claim_that_lapsed_unreleased() {
 async fn item_6_the_redb_store_reports_a_claim_that_lapsed_unreleased() {
     let dir = tempfile::tempdir().unwrap();
     a_claim_that_lapsed_unreleased_is_reported(
-        RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
     )
     .await;
 }
@@ -875,8 +884,12 @@ async fn memory_store_claims_have_owners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_claims_have_owners() {
     let dir = tempfile::tempdir().unwrap();
-    a_claim_is_ended_only_by_its_own_token(RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap())
-        .await;
+    a_claim_is_ended_only_by_its_own_token(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -888,7 +901,14 @@ async fn memory_store_claims_are_exclusive_expire_and_end() {
 async fn redb_store_claims_are_exclusive_expire_and_end() {
     let dir = tempfile::tempdir().unwrap();
     claims_are_exclusive_expire_and_end_on_remove_and_release(
-        RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
     )
     .await;
+}
+
+/// A new entry id, made now (as the layer makes one for each entry).
+fn fresh_id() -> EntryId {
+    DeadLetterEntry::new("", FailureKind::ServerError, Vec::new(), SystemTime::now()).id
 }

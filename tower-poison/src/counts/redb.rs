@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use redb::{
-    Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tower_classify::ConfigError;
 
 use super::{epoch_millis, from_epoch_millis, DeliveryTally, FailureCountStore, MessageKey};

@@ -441,7 +441,8 @@ impl PrefixMatches {
     }
 }
 
-/// Which entries [`DeadLetterStore::purge`] removes.
+/// Which entries [`DeadLetterStore::purge`] removes: every entry
+/// (`PurgeFilter::default()`) or those [older than](Self::older_than) an age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct PurgeFilter {
@@ -450,13 +451,6 @@ pub struct PurgeFilter {
 }
 
 impl PurgeFilter {
-    /// Every entry.
-    pub const fn all() -> Self {
-        PurgeFilter {
-            failed_before: None,
-        }
-    }
-
     /// Entries whose first failure is more than `age` before `now`.
     pub fn older_than(age: Duration, now: SystemTime) -> Self {
         PurgeFilter {

@@ -848,7 +848,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_depth_counter_saturates_at_zero() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::builder().open(dir.path().join("dlq.redb")).unwrap();
+        let store = RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap();
         let (a, b) = (entry(), entry());
         store.put(a.clone()).await.unwrap();
         store.put(b.clone()).await.unwrap();
@@ -857,7 +859,7 @@ mod tests {
         store.inner.depth.store(0, Ordering::Relaxed);
         assert!(store.remove(a.id).await.unwrap());
         assert_eq!(store.depth().await.unwrap(), 0);
-        assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+        assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
         assert_eq!(store.depth().await.unwrap(), 0);
     }
 
