@@ -206,7 +206,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         }
     }
 
-    let entries = store.list(ListQuery::new()).await?.entries;
+    let entries = store.list(ListQuery::default()).await?.entries;
     println!("\ndead-letter store: {} entries", entries.len());
     for entry in &entries {
         println!(
@@ -254,7 +254,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         }
         outcomes.insert(id, outcome);
     }
-    let left = store.list(ListQuery::new()).await?.entries;
+    let left = store.list(ListQuery::default()).await?.entries;
     println!(
         "store now holds {}: {:?}",
         left.len(),

@@ -325,7 +325,7 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
             let mut entries = Vec::new();
             let mut query = ListQuery {
                 limit: 1000,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             loop {
                 let page = store.list(query.clone()).await?;
@@ -335,7 +335,7 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
                         query = ListQuery {
                             limit: 1000,
                             after: Some(next),
-                            ..ListQuery::new()
+                            ..ListQuery::default()
                         }
                     }
                     None => return Ok::<_, tower_poison::store::StoreError>(entries),

@@ -265,7 +265,7 @@ async fn list(
 ) -> Result<ExitCode, Failure> {
     let mut query = ListQuery {
         limit: args.limit,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     query.after = args.after;
     query.kind = args.kind;
@@ -543,7 +543,7 @@ async fn replay_command(
             let mut ids = Vec::new();
             let mut query = ListQuery {
                 limit: 1000,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             query.kind = args.kind;
             query.label = args.label.clone();
@@ -672,7 +672,7 @@ async fn purge(
         let mut matching = 0u64;
         let mut query = ListQuery {
             limit: 1000,
-            ..ListQuery::new()
+            ..ListQuery::default()
         };
         query.failed_before = filter.failed_before;
         loop {

@@ -495,7 +495,7 @@ async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
 }
 
 async fn entries_of(store: &RedbStore) -> Vec<DeadLetterEntry> {
-    store.list(ListQuery::new()).await.unwrap().entries
+    store.list(ListQuery::default()).await.unwrap().entries
 }
 
 // tower-poison's Redis test helpers (the shared server, skipping without

@@ -93,7 +93,7 @@ impl<St> DeadLetterLayer<St> {
                 capture: HttpCapture::new(),
                 label: Arc::from("default"),
                 action: Action::Dlq,
-                redactor: Redactor::new(),
+                redactor: Redactor::default(),
                 poison: None,
                 count_store: None,
                 drops: Arc::new(DropLog::default()),
@@ -202,7 +202,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// use tower_poison::store::MemoryStore;
     /// use tower_poison::{DeadLetterLayer, Redactor};
     ///
-    /// let redactor = Redactor::new()
+    /// let redactor = Redactor::default()
     ///     .with_header("x-tenant-token".parse().unwrap())
     ///     .with_name("ssn")
     ///     .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));

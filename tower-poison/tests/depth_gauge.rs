@@ -188,7 +188,7 @@ where
                 let orders = store
                     .list(ListQuery {
                         label: Some("orders".into()),
-                        ..ListQuery::new()
+                        ..ListQuery::default()
                     })
                     .await
                     .unwrap()

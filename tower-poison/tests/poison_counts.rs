@@ -122,7 +122,11 @@ async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliver
     assert_eq!(diverted.attempts(), 3);
     assert_eq!(diverted.action(), Action::Dlq);
     assert_eq!(processed.load(Ordering::SeqCst), 3, "not processed again");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].kind, FailureKind::Poison);
     assert_eq!(entries[0].attempts, 3);
@@ -247,7 +251,11 @@ async fn a_crashed_delivery_counts_in_memory() {
     let diverted = error.downcast_ref::<PoisonMessage>().expect("diverted");
     assert_eq!(diverted.attempts(), 2);
     assert!(began.try_recv().is_err(), "the consumer was not called");
-    let entry = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entry = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     // No failure was ever returned, so the entry says what is known.
     assert_eq!(
         entry[0].error,
@@ -508,7 +516,11 @@ async fn item_4_a_message_diverted_after_a_waiting_count_keeps_its_body() {
         .await
         .unwrap_err();
     assert!(error.is::<PoisonMessage>(), "{error}");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     let diverted = entries
         .iter()
         .find(|entry| entry.kind == FailureKind::Poison)

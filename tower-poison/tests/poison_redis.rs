@@ -115,7 +115,11 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
     let diverted = error.downcast_ref::<PoisonMessage>().expect("diverted");
     assert_eq!(diverted.attempts(), 3);
     assert_eq!(processed.load(Ordering::SeqCst), 3, "not processed again");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].kind, FailureKind::Poison);
     assert_eq!(entries[0].attempts, 3);

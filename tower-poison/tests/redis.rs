@@ -95,7 +95,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let mut seen = Vec::new();
     let mut query = ListQuery {
         limit: 3,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     loop {
         let page = store.list(query.clone()).await.unwrap();
@@ -111,7 +111,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let one = store
         .list(ListQuery {
             limit: 0,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -121,7 +121,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
         .list(ListQuery {
             limit: 0,
             after: Some(written[8].id),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -131,7 +131,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let poison = store
         .list(ListQuery {
             kind: Some(FailureKind::Poison),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -139,7 +139,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let billing = store
         .list(ListQuery {
             label: Some("billing".into()),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -164,7 +164,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let first = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -195,7 +195,7 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one(url: String) {
     assert_eq!(store.depth().await.unwrap(), 2);
     assert_eq!(store.get(a.id).await.unwrap().unwrap().attempts, 9);
     let listed: Vec<EntryId> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -211,7 +211,7 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one(url: String) {
     let page = store
         .list(ListQuery {
             after: Some(b.id),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -237,7 +237,7 @@ async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_remo
     };
     let query = ListQuery {
         limit: 2,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     let first = store.list(query.clone()).await.unwrap();
     assert_eq!(ids(&first), [written[0].id, written[1].id]);
@@ -314,7 +314,7 @@ async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_ackno
 
     assert_eq!(store.depth().await.unwrap(), 3);
     let bodies: HashSet<String> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -781,7 +781,7 @@ async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outag
     let entries = dead_letters
         .list(ListQuery {
             limit: 100,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()

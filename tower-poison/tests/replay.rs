@@ -738,7 +738,7 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
     let page = store
         .list(tower_poison::store::ListQuery {
             label: Some("payments".into()),
-            ..tower_poison::store::ListQuery::new()
+            ..tower_poison::store::ListQuery::default()
         })
         .await
         .unwrap();

@@ -71,7 +71,7 @@ async fn redb_store_keeps_entries_across_reopen() {
     for e in &written {
         assert_eq!(store.get(e.id).await.unwrap().as_ref(), Some(e));
     }
-    let listed = store.list(ListQuery::new()).await.unwrap();
+    let listed = store.list(ListQuery::default()).await.unwrap();
     let mut ids: Vec<EntryId> = written.iter().map(|e| e.id).collect();
     ids.sort();
     assert_eq!(
@@ -119,7 +119,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let mut seen = Vec::new();
     let mut query = ListQuery {
         limit: 3,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     loop {
         let page = store.list(query.clone()).await.unwrap();
@@ -138,7 +138,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let one = store
         .list(ListQuery {
             limit: 0,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -149,7 +149,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
         .list(ListQuery {
             limit: 0,
             after: Some(seen[8]),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -160,7 +160,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let poison = store
         .list(ListQuery {
             kind: Some(FailureKind::Poison),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -169,7 +169,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let billing = store
         .list(ListQuery {
             label: Some("billing".into()),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -206,7 +206,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let first = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -398,7 +398,7 @@ async fn acknowledged_entries_survive_sigkill() {
     let listed = store
         .list(ListQuery {
             limit: usize::MAX,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -466,7 +466,7 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
     assert_eq!(store.depth().await.unwrap(), 5);
     assert_eq!(store.get(refused).await.unwrap(), None);
     let bodies: HashSet<String> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -487,7 +487,7 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
     let mut kept = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()

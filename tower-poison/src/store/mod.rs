@@ -151,7 +151,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             let mut matches = PrefixMatches::default();
             let mut query = ListQuery {
                 limit: 1024,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             query.after = low.as_u128().checked_sub(1).map(EntryId::from_u128);
             loop {
@@ -243,7 +243,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             let mut stats = Stats::default();
             let mut query = ListQuery {
                 limit: 1024,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             loop {
                 let page = self.list(query.clone()).await?;
@@ -353,7 +353,7 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 /// use tower_classify::FailureKind;
 /// use tower_poison::store::ListQuery;
 ///
-/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::new() };
+/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::default() };
 /// assert_eq!((poison.limit, poison.after), (20, None));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -372,15 +372,9 @@ pub struct ListQuery {
     pub failed_before: Option<SystemTime>,
 }
 
+/// The first 100 entries, unfiltered.
 impl Default for ListQuery {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ListQuery {
-    /// The first 100 entries, unfiltered.
-    pub const fn new() -> Self {
         ListQuery {
             after: None,
             limit: 100,
@@ -389,7 +383,9 @@ impl ListQuery {
             failed_before: None,
         }
     }
+}
 
+impl ListQuery {
     /// `true` when `entry` passes the filters (not the cursor or limit).
     pub fn matches(&self, entry: &DeadLetterEntry) -> bool {
         self.kind.is_none_or(|kind| entry.kind == kind)

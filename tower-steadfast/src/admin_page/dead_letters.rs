@@ -147,7 +147,7 @@ where
             let mut scanned = 0;
             let mut query = ListQuery {
                 limit: SCAN_PAGE,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             let complete = loop {
                 let page = self.store.list(query.clone()).await?;
@@ -205,7 +205,7 @@ where
             let query = ListQuery {
                 label: Some(label),
                 limit: SCAN_PAGE,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             // Each page starts again from the first entry left: the ones
             // before were removed.
