@@ -347,7 +347,7 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 }
 
 /// Which entries [`DeadLetterStore::list`] returns: set the fields you need
-/// over [`ListQuery::new`]'s.
+/// over [`ListQuery::default`]'s.
 ///
 /// ```
 /// use tower_classify::FailureKind;

@@ -400,11 +400,6 @@ fn subtract_depth(depth: &AtomicU64, count: u64) {
     });
 }
 
-fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
-    DeadLetterEntry::from_bytes(bytes)
-        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
-}
-
 /// The writer thread's side of the store.
 struct Writer {
     db: Arc<Database>,
@@ -557,7 +552,7 @@ impl DeadLetterStore for RedbStore {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
             match table.get(id.as_u128()).map_err(backend)? {
-                Some(value) => decode(value.value()).map(Some),
+                Some(value) => DeadLetterEntry::from_bytes(value.value()).map(Some),
                 None => Ok(None),
             }
         })
@@ -589,7 +584,7 @@ impl DeadLetterStore for RedbStore {
                     next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     break;
                 }
-                let entry = decode(value.value())?;
+                let entry = DeadLetterEntry::from_bytes(value.value())?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -725,7 +720,7 @@ impl DeadLetterStore for RedbStore {
                         until: time_from_millis(until),
                     },
                     (Some(value), None) => {
-                        let entry = decode(value.value())?;
+                        let entry = DeadLetterEntry::from_bytes(value.value())?;
                         let token = ClaimToken::generate();
                         claims
                             .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
@@ -784,7 +779,7 @@ impl DeadLetterStore for RedbStore {
             let mut oldest = None;
             for item in table.iter().map_err(backend)? {
                 let (_, value) = item.map_err(backend)?;
-                let age = decode(value.value())?.age(now);
+                let age = DeadLetterEntry::from_bytes(value.value())?.age(now);
                 oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
             }
             Ok(oldest)

@@ -442,7 +442,7 @@ impl RedisDeadLetterStore {
             .into_iter()
             .flatten()
             .map(|json| {
-                let entry = decode_json(&json)?;
+                let entry = DeadLetterEntry::from_bytes(&json)?;
                 Ok((json, entry))
             })
             .collect::<Result<Vec<_>, StoreError>>()
@@ -475,11 +475,6 @@ impl RedisDeadLetterStore {
 
 fn corrupt(message: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Corrupt, message)
-}
-
-fn decode_json(json: &[u8]) -> Result<DeadLetterEntry, StoreError> {
-    DeadLetterEntry::from_bytes(json)
-        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
 impl DeadLetterStore for RedisDeadLetterStore {
@@ -519,7 +514,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
-        json.as_deref().map(decode_json).transpose()
+        json.as_deref().map(DeadLetterEntry::from_bytes).transpose()
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
@@ -540,7 +535,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     return Ok(Page { entries, next });
                 }
-                let entry = decode_json(&json)?;
+                let entry = DeadLetterEntry::from_bytes(&json)?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -639,7 +634,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
         match reply.as_slice() {
             [status, json, lapsed @ ..] if status == b"claimed" => Ok(Claim::Claimed {
-                entry: decode_json(json)?,
+                entry: DeadLetterEntry::from_bytes(json)?,
                 token,
                 previous_claim_lapsed: lapsed == [b"lapsed"],
             }),
