@@ -20,7 +20,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// # Layout
 ///
 /// A queue named `NAME` (the `stream` argument of
-/// [`connect`](Self::connect)) lives in these keys, all with the hash tag
+/// [`connect`](RedisDeadLetterStoreBuilder::connect)) lives in these keys, all with the hash tag
 /// `{NAME}` so that on Redis Cluster they share one slot and every script
 /// below runs on one node (no `CROSSSLOT`):
 ///
