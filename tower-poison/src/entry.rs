@@ -552,13 +552,10 @@ impl DeadLetterEntry {
         serde_json::to_vec(self).expect("a dead-letter entry serializes")
     }
 
-    /// An entry decoded from [`to_bytes`](Self::to_bytes); bytes that are
-    /// not one are a corrupt store.
+    /// An entry decoded from [`to_bytes`](Self::to_bytes).
     #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
-    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, crate::store::StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| {
-            crate::store::StoreError::corrupt("cannot decode a stored dead-letter entry", e)
-        })
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
     }
 }
 

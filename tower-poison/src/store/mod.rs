@@ -338,6 +338,14 @@ pub(crate) fn time_from_millis(millis: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(millis.min(MAX_MILLIS))
 }
 
+/// The entry stored as `bytes` ([`DeadLetterEntry::to_bytes`]); bytes that
+/// are not one are a corrupt store.
+#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+pub(crate) fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
+    DeadLetterEntry::from_bytes(bytes)
+        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
+}
+
 /// When a lease of `lease` taken at `now` ends, in milliseconds since the
 /// Unix epoch, saturating at [`MAX_MILLIS`].
 pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {

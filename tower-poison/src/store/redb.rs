@@ -13,8 +13,8 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
+    decode, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -552,7 +552,7 @@ impl DeadLetterStore for RedbStore {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
             match table.get(id.as_u128()).map_err(backend)? {
-                Some(value) => DeadLetterEntry::from_bytes(value.value()).map(Some),
+                Some(value) => decode(value.value()).map(Some),
                 None => Ok(None),
             }
         })
@@ -584,7 +584,7 @@ impl DeadLetterStore for RedbStore {
                     next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     break;
                 }
-                let entry = DeadLetterEntry::from_bytes(value.value())?;
+                let entry = decode(value.value())?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -720,7 +720,7 @@ impl DeadLetterStore for RedbStore {
                         until: time_from_millis(until),
                     },
                     (Some(value), None) => {
-                        let entry = DeadLetterEntry::from_bytes(value.value())?;
+                        let entry = decode(value.value())?;
                         let token = ClaimToken::generate();
                         claims
                             .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
@@ -779,7 +779,7 @@ impl DeadLetterStore for RedbStore {
             let mut oldest = None;
             for item in table.iter().map_err(backend)? {
                 let (_, value) = item.map_err(backend)?;
-                let age = DeadLetterEntry::from_bytes(value.value())?.age(now);
+                let age = decode(value.value())?.age(now);
                 oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
             }
             Ok(oldest)

@@ -8,8 +8,9 @@ use redis::{RedisError, Script};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
-    millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
+    decode, millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken,
+    DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError,
+    StoreErrorKind, MAX_MILLIS,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -442,7 +443,7 @@ impl RedisDeadLetterStore {
             .into_iter()
             .flatten()
             .map(|json| {
-                let entry = DeadLetterEntry::from_bytes(&json)?;
+                let entry = decode(&json)?;
                 Ok((json, entry))
             })
             .collect::<Result<Vec<_>, StoreError>>()
@@ -514,7 +515,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
-        json.as_deref().map(DeadLetterEntry::from_bytes).transpose()
+        json.as_deref().map(decode).transpose()
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
@@ -535,7 +536,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     return Ok(Page { entries, next });
                 }
-                let entry = DeadLetterEntry::from_bytes(&json)?;
+                let entry = decode(&json)?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -634,7 +635,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
         match reply.as_slice() {
             [status, json, lapsed @ ..] if status == b"claimed" => Ok(Claim::Claimed {
-                entry: DeadLetterEntry::from_bytes(json)?,
+                entry: decode(json)?,
                 token,
                 previous_claim_lapsed: lapsed == [b"lapsed"],
             }),
