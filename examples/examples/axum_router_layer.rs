@@ -110,7 +110,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let (status, body) = http_get(&url(7)).await?;
     println!("GET /reports/7 -> {status} {body}");
 
-    let stored = store.list(ListQuery::new()).await?.entries;
+    let stored = store.list(ListQuery::default()).await?.entries;
     println!("\ndead letters, to replay once the cause is fixed:");
     for entry in &stored {
         println!(
@@ -118,7 +118,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             entry.id,
             entry.method.as_deref().unwrap_or("-"),
             entry.uri.as_deref().unwrap_or("-"),
-            entry.error_text()
+            entry.error.join(": ")
         );
     }
 

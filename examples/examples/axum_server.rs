@@ -180,7 +180,7 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     // The dead-letter store: redb, the durable default, in a temporary folder.
     let dir = tempfile::tempdir()?;
-    let store = RedbStore::open(dir.path().join("dead-letters.redb"))?;
+    let store = RedbStore::builder().open(dir.path().join("dead-letters.redb"))?;
 
     // The shop: an axum app on a free port.
     let state = AppState {
@@ -271,7 +271,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     // What the dead-letter store kept: every call that finally failed. The
     // refused one was answered 503 and not stored: a refusal never reached
     // the inventory (`DeadLetterLayer::store_refusals` keeps them too).
-    let entries = store.list(ListQuery::new()).await?.entries;
+    let entries = store.list(ListQuery::default()).await?.entries;
     println!(
         "\ndead-letter store {} holds {} entries:",
         dir.path().join("dead-letters.redb").display(),

@@ -140,7 +140,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let path = dir.path().join("orders-dead-letters.redb");
     // Durable: `put` returns once the entry is committed to disk, so an
     // acknowledged message is never lost, even if the process dies next.
-    let store = RedbStore::open(&path)?;
+    let store = RedbStore::builder().open(&path)?;
 
     let calls = Arc::new(Mutex::new(BTreeMap::new()));
     let handler_calls = calls.clone();
@@ -206,7 +206,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         }
     }
 
-    let entries = store.list(ListQuery::new()).await?.entries;
+    let entries = store.list(ListQuery::default()).await?.entries;
     println!("\ndead-letter store: {} entries", entries.len());
     for entry in &entries {
         println!(
@@ -254,7 +254,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         }
         outcomes.insert(id, outcome);
     }
-    let left = store.list(ListQuery::new()).await?.entries;
+    let left = store.list(ListQuery::default()).await?.entries;
     println!(
         "store now holds {}: {:?}",
         left.len(),

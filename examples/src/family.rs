@@ -190,7 +190,7 @@ pub fn budget_only_stack() -> Result<(HttpService, Arc<CountingBudget>), BoxErro
 /// redb file at `dead_letters`.
 pub fn family_stack(dead_letters: &Path) -> Result<(HttpService, FamilyHandles), BoxError> {
     let classifier = HttpClassifier::new();
-    let store = RedbStore::open(dead_letters)?;
+    let store = RedbStore::builder().open(dead_letters)?;
 
     let (retry, budget) = budgeted_retry(classifier.clone())?;
     let breaker_closes = BreakerCloses::default();

@@ -44,6 +44,6 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(kind.as_str(), text);
     }
     if let Ok(action) = text.parse::<Action>() {
-        assert_eq!(action.as_str(), text);
+        assert_eq!(action.to_string(), text);
     }
 });

@@ -200,7 +200,7 @@ pub async fn entries<St: DeadLetterStore>(store: &St) -> Vec<DeadLetterEntry> {
     let mut all = Vec::new();
     let mut query = ListQuery {
         limit: 1000,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     loop {
         let page = store.list(query.clone()).await.expect("list entries");

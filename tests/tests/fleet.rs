@@ -319,11 +319,13 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
     let started = Instant::now();
     loop {
         let listed = async {
-            let store = RedisDeadLetterStore::connect(url, NAMESPACE).await?;
+            let store = RedisDeadLetterStore::builder()
+                .connect(url, NAMESPACE)
+                .await?;
             let mut entries = Vec::new();
             let mut query = ListQuery {
                 limit: 1000,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             loop {
                 let page = store.list(query.clone()).await?;
@@ -333,7 +335,7 @@ async fn all_entries(url: &str) -> Vec<DeadLetterEntry> {
                         query = ListQuery {
                             limit: 1000,
                             after: Some(next),
-                            ..ListQuery::new()
+                            ..ListQuery::default()
                         }
                     }
                     None => return Ok::<_, tower_poison::store::StoreError>(entries),

@@ -114,7 +114,7 @@ async fn wave(
 async fn nothing_lost_under_mixed_failures() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dead-letters.redb");
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     let upstream = ScriptedServer::start().await.unwrap();
     upstream.respond_with(|seen, earlier| {
         let n: usize = seen
@@ -178,7 +178,9 @@ async fn nothing_lost_under_mixed_failures() {
     // The service goes away; the store is read back from disk.
     drop(stack);
     drop(store);
-    let reopened = RedbStore::open(&path).expect("the store opens again");
+    let reopened = RedbStore::builder()
+        .open(&path)
+        .expect("the store opens again");
     let stored = entries(&reopened).await;
     let mut by_id: HashMap<String, Vec<&DeadLetterEntry>> = HashMap::new();
     for entry in &stored {

@@ -384,7 +384,9 @@ async fn recovery_probe_closes_the_breaker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_request_dead_lettered_and_replayable() {
     let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(dir.path().join("dead-letters.redb")).unwrap();
+    let store = RedbStore::builder()
+        .open(dir.path().join("dead-letters.redb"))
+        .unwrap();
     let upstream = ScriptedServer::start().await.unwrap();
     upstream.otherwise(Reply::status(422).body("quantity must be positive"));
     let (breaker, handle) = breaker(1, Duration::from_secs(30));

@@ -224,13 +224,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     if !path.exists() {
         return Err(format!("dead-letter store {} does not exist", path.display()).into());
     }
-    let store = RedbStore::open(&path)?;
+    let store = RedbStore::builder().open(&path)?;
     dispatch(&store, cli).await
 }
 
 #[cfg(feature = "redis")]
 async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
-    let store = tower_poison::store::RedisDeadLetterStore::connect(url, cli.stream.clone()).await?;
+    let store = tower_poison::store::RedisDeadLetterStore::builder()
+        .connect(url, cli.stream.clone())
+        .await?;
     dispatch(&store, cli).await
 }
 
@@ -263,7 +265,7 @@ async fn list(
 ) -> Result<ExitCode, Failure> {
     let mut query = ListQuery {
         limit: args.limit,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     query.after = args.after;
     query.kind = args.kind;
@@ -284,13 +286,13 @@ async fn list(
         .map(|e| {
             vec![
                 e.id.to_string(),
-                age(e.age(now)),
+                age(now.duration_since(e.first_failed_at).unwrap_or_default()),
                 e.kind.to_string(),
                 e.attempts.to_string(),
                 e.label.clone(),
                 e.method.clone().unwrap_or_default(),
                 clip(e.uri.as_deref().unwrap_or(""), 48),
-                clip(&e.error_text(), 60),
+                clip(&e.error.join(": "), 60),
             ]
         })
         .collect();
@@ -315,8 +317,10 @@ const AMBIGUOUS_SHOWN: usize = 5;
 /// is stored; the command reports a missing entry), a shorter prefix only
 /// when exactly one stored id starts with it.
 async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<EntryId, Failure> {
-    if prefix.is_whole() {
-        return Ok(prefix.range().0);
+    // A whole id is the one id its range holds.
+    let (first, last) = prefix.range();
+    if first == last {
+        return Ok(first);
     }
     let matches = store.match_prefix(prefix, AMBIGUOUS_SHOWN).await?;
     if let Some(id) = matches.unique() {
@@ -385,7 +389,7 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
         &format!(
             "{} ({} ago)",
             httpdate::fmt_http_date(e.first_failed_at),
-            age(e.age(now))
+            age(now.duration_since(e.first_failed_at).unwrap_or_default())
         ),
     );
     field("last failed", &httpdate::fmt_http_date(e.last_failed_at));
@@ -539,7 +543,7 @@ async fn replay_command(
             let mut ids = Vec::new();
             let mut query = ListQuery {
                 limit: 1000,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             query.kind = args.kind;
             query.label = args.label.clone();
@@ -560,7 +564,7 @@ async fn replay_command(
     };
     let replayer = Replayer::new(store)
         .lease(args.lease)
-        .describe(HttpCapture::new());
+        .describe(HttpCapture::default());
     let classifier = HttpClassifier::new();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -660,7 +664,7 @@ async fn purge(
 ) -> Result<ExitCode, Failure> {
     let filter = match older_than {
         Some(age) => PurgeFilter::older_than(age, now),
-        None => PurgeFilter::all(),
+        None => PurgeFilter::default(),
     };
     let (count, done) = if yes {
         (store.purge(filter).await?, true)
@@ -668,7 +672,7 @@ async fn purge(
         let mut matching = 0u64;
         let mut query = ListQuery {
             limit: 1000,
-            ..ListQuery::new()
+            ..ListQuery::default()
         };
         query.failed_before = filter.failed_before;
         loop {

@@ -22,7 +22,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_tower-poison");
 
 /// Fills a store through the layer: three calls fail with 503, 404 and 429.
 async fn populate(path: &Path) {
-    let store = RedbStore::open(path).unwrap();
+    let store = RedbStore::builder().open(path).unwrap();
     let mut service = DeadLetterLayer::new(store)
         .label("orders")
         .layer(service_fn(
@@ -452,9 +452,16 @@ async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
     populate(&store).await;
     // One more entry that first failed ten days ago.
     let old_id = {
-        let opened = RedbStore::open(&store).unwrap();
+        let opened = RedbStore::builder().open(&store).unwrap();
         let mut old = entries_of(&opened).await.remove(0);
-        old.id = tower_poison::EntryId::generate(std::time::SystemTime::now());
+        // A new id, made now, as the layer makes one.
+        old.id = tower_poison::DeadLetterEntry::new(
+            "",
+            tower_classify::FailureKind::ServerError,
+            Vec::new(),
+            std::time::SystemTime::now(),
+        )
+        .id;
         old.first_failed_at -= Duration::from_secs(10 * 86_400);
         old.uri = Some("http://orders.internal/orders/old".into());
         opened.put(old.clone()).await.unwrap();
@@ -488,7 +495,7 @@ async fn purge_is_a_dry_run_without_yes_and_filters_by_age() {
 }
 
 async fn entries_of(store: &RedbStore) -> Vec<DeadLetterEntry> {
-    store.list(ListQuery::new()).await.unwrap().entries
+    store.list(ListQuery::default()).await.unwrap().entries
 }
 
 // tower-poison's Redis test helpers (the shared server, skipping without
@@ -536,7 +543,10 @@ async fn two_nodes_share_one_redis(url: String) {
     let node = |name: &'static str, calls: Arc<AtomicUsize>| {
         let (url, stream) = (url.clone(), stream.clone());
         async move {
-            let dead_letters = RedisDeadLetterStore::connect(&url, stream).await.unwrap();
+            let dead_letters = RedisDeadLetterStore::builder()
+                .connect(&url, stream)
+                .await
+                .unwrap();
             let handler = service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
                 let calls = calls.clone();
                 async move {

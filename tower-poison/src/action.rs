@@ -39,7 +39,7 @@ pub enum Action {
 
 impl Action {
     /// The configuration and metric-label name: `dlq`, `drop` or `fail`.
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Action::Dlq => "dlq",
             Action::Drop => "drop",

@@ -25,7 +25,7 @@ use tower_service::Service;
 /// [`CountAttempts`] counts into the dead-letter call polled on its own
 /// thread (see [`CountAttemptsLayer`]), which needs nothing in the request.
 /// A `Buffer` or a spawned task between the two layers runs the attempts
-/// elsewhere: insert an `AttemptCounter` into the request's extensions
+/// elsewhere: insert an `AttemptCounter::default()` into the request's extensions
 /// before the dead-letter layer, and a retry layer that copies extensions to
 /// each attempt (http 1's `Extensions` is `Clone`) carries it down to
 /// `CountAttempts`, which then counts each attempt in it and notes when the
@@ -44,11 +44,6 @@ struct Counts {
 }
 
 impl AttemptCounter {
-    /// A counter at zero.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Counts one attempt.
     pub(crate) fn record_attempt(&self) {
         self.inner.started.fetch_add(1, Ordering::Relaxed);
@@ -84,7 +79,7 @@ impl AttemptCounter {
     /// A counter holding what a dead-letter call's [`Attempts`] say, for
     /// its [`RequestRecord`](crate::RequestRecord).
     pub(crate) fn settled(attempts: Attempts) -> Self {
-        let counter = AttemptCounter::new();
+        let counter = AttemptCounter::default();
         counter
             .inner
             .started

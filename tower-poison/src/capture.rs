@@ -62,13 +62,18 @@ pub struct RequestRecord {
 ///   fails.
 /// - [`describe_fn`] for any other request type, such as a queue message: a
 ///   closure describes the message, which passes through unchanged.
+///
+/// These two are the implementations: a [`PendingRecord`] is made by the
+/// crate alone. A request that must reach the inner service changed is
+/// described with [`describe_fn`] and changed by a layer below (tower's
+/// `MapRequestLayer`).
 pub trait CaptureRequest<Req> {
     /// The request the inner service receives.
     type Request;
 
     /// The recording of the request's body the capture keeps while the
-    /// call runs: a [`ReplayBody`] for [`HttpCapture`], [`NoRecording`] for
-    /// a request described up front.
+    /// call runs: a [`ReplayBody`] for [`HttpCapture`], `()` for a request
+    /// described up front.
     type Recording: BodyRecording;
 
     /// Captures `request`: the request to hand on, and what is kept to
@@ -109,7 +114,7 @@ pub trait DescribeResponse<Res> {
 /// For an HTTP request that is a copy of its head (a [`RequestHead`]: one
 /// buffer) and the body's recording `R`: nothing is formatted, redacted or
 /// turned into text unless the call fails.
-pub struct PendingRecord<R = NoRecording> {
+pub struct PendingRecord<R = ()> {
     message_id: Option<String>,
     delivery: Option<u32>,
     kept: Kept<R>,
@@ -129,19 +134,15 @@ enum Kept<R> {
 }
 
 /// The recording of a request body that a [`PendingRecord`] keeps: a
-/// [`ReplayBody`] (read back only if the call fails), or [`NoRecording`].
+/// [`ReplayBody`] (read back only if the call fails), or `()` for a request
+/// described up front.
 ///
 /// Sealed: the layer reads recordings through methods of its own.
 pub trait BodyRecording: sealed::Finish + Send + Sync + 'static {}
 
-/// The recording of a request described up front (see [`describe_fn`]):
+/// A request described up front (see [`describe_fn`]) has no recording:
 /// its [`RequestRecord`] already holds the body.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoRecording {
-    _priv: (),
-}
-
-impl BodyRecording for NoRecording {}
+impl BodyRecording for () {}
 
 impl<B> BodyRecording for ReplayBody<B>
 where
@@ -155,32 +156,22 @@ pub(crate) mod sealed {
     use std::future::Future;
     use std::time::Duration;
 
-    use super::BodyRecord;
+    use super::RequestRecord;
 
     /// How the layer reads a [`BodyRecording`](super::BodyRecording).
     pub trait Finish {
-        /// The recorded bytes once the body has been read to its end, or
-        /// as far as it can be within `wait`.
-        fn finish(&self, wait: Duration) -> impl Future<Output = BodyRecord> + Send + '_;
+        /// Sets `record`'s body fields to the recorded bytes once the body
+        /// has been read to its end, or as far as it can be within `wait`.
+        fn finish<'a>(
+            &'a self,
+            wait: Duration,
+            record: &'a mut RequestRecord,
+        ) -> impl Future<Output = ()> + Send + 'a;
     }
 }
 
-/// What a dead-letter entry says about a body.
-#[derive(Debug)]
-pub struct BodyRecord {
-    body: Bytes,
-    truncated: bool,
-    len: Option<u64>,
-}
-
-impl sealed::Finish for NoRecording {
-    async fn finish(&self, _wait: Duration) -> BodyRecord {
-        BodyRecord {
-            body: Bytes::new(),
-            truncated: false,
-            len: None,
-        }
-    }
+impl sealed::Finish for () {
+    async fn finish(&self, _wait: Duration, _record: &mut RequestRecord) {}
 }
 
 impl<B> sealed::Finish for ReplayBody<B>
@@ -189,7 +180,7 @@ where
     B::Data: Send,
     B::Error: Into<tower_classify::BoxError>,
 {
-    async fn finish(&self, wait: Duration) -> BodyRecord {
+    async fn finish(&self, wait: Duration, record: &mut RequestRecord) {
         // The service may have failed before reading the body to its end
         // (a refused connection, a handler that answered early): read the
         // rest through a copy, within `wait`, so the entry can be
@@ -209,13 +200,11 @@ where
         }
         let recording = self.recording();
         if recording.is_released() {
-            return BodyRecord {
-                body: Bytes::new(),
-                truncated: true,
-                len: Some(recording.bytes_read()),
-            };
+            record.body_truncated = true;
+            record.body_len = Some(recording.bytes_read());
+            return;
         }
-        let body = match recording.data() {
+        record.body = match recording.data() {
             [] => Bytes::new(),
             [one] => one.clone(),
             frames => {
@@ -224,18 +213,14 @@ where
                 all.freeze()
             }
         };
-        let truncated = !recording.is_complete();
-        BodyRecord {
-            len: truncated.then_some(recording.bytes_read()),
-            body,
-            truncated,
-        }
+        record.body_truncated = !recording.is_complete();
+        record.body_len = record.body_truncated.then_some(recording.bytes_read());
     }
 }
 
 impl PendingRecord {
     /// A record made up front (by a [`describe_fn`] closure).
-    pub fn ready(record: RequestRecord) -> Self {
+    pub(crate) fn ready(record: RequestRecord) -> Self {
         PendingRecord {
             message_id: record.message_id.clone(),
             delivery: record.delivery,
@@ -268,23 +253,18 @@ impl<R: BodyRecording> PendingRecord<R> {
                 body,
                 attempts: carried,
             } => {
-                let BodyRecord {
-                    body,
-                    truncated,
-                    len,
-                } = sealed::Finish::finish(&body, wait).await;
                 let attempts = carried.unwrap_or_else(|| AttemptCounter::settled(attempts));
-                RequestRecord {
+                let mut record = RequestRecord {
                     message_id: self.message_id,
                     delivery: self.delivery,
                     method: Some(head.method().to_owned()),
                     uri: Some(head.uri().to_owned()),
                     headers: stored_headers(&head),
-                    body,
-                    body_truncated: truncated,
-                    body_len: len,
                     attempts: Some(attempts),
-                }
+                    ..RequestRecord::default()
+                };
+                sealed::Finish::finish(&body, wait, &mut record).await;
+                record
             }
         }
     }
@@ -328,6 +308,14 @@ pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 /// The inner service therefore sees `Request<ReplayBody<B>>`. axum's
 /// `Router` and tower-http services accept any body; a client with a fixed
 /// body type can box it (`http_body_util::combinators::UnsyncBoxBody`).
+///
+/// `HttpCapture::default()` captures with a body limit of 64 KiB, no message
+/// id and no delivery count (the layer's
+/// [`body_limit`](crate::DeadLetterLayer::body_limit),
+/// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
+/// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them); a
+/// [`Replayer`](crate::replay::Replayer) takes it to
+/// [describe](crate::replay::Replayer::describe) HTTP responses.
 #[derive(Clone)]
 pub struct HttpCapture {
     body_limit: usize,
@@ -342,11 +330,7 @@ impl Default for HttpCapture {
 }
 
 impl HttpCapture {
-    /// Captures with a body limit of 64 KiB, no message id and no delivery
-    /// count (the layer's [`body_limit`](crate::DeadLetterLayer::body_limit),
-    /// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
-    /// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them).
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
             message_id_header: None,
@@ -491,7 +475,7 @@ where
     Req: Send + 'static,
 {
     type Request = Req;
-    type Recording = NoRecording;
+    type Recording = ();
 
     fn capture(&self, request: Req) -> (Req, PendingRecord) {
         let record = (self.f)(&request);

@@ -154,7 +154,7 @@ impl DeadLetterConfig {
             .action(self.action)
             .body_limit(self.body_limit)
             .store_refusals(self.store_refusals);
-        let mut redactor = Redactor::new();
+        let mut redactor = Redactor::default();
         for (i, name) in self.redact_headers.iter().enumerate() {
             let name = header_name(name).map_err(|e| e.within(&format!("redact_headers[{i}]")))?;
             redactor = redactor.with_header(name);

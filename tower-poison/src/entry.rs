@@ -25,7 +25,7 @@ impl EntryId {
     /// The low 80 bits are a process-wide counter mixed with randomness, so
     /// identifiers made in the same millisecond, in one process or in several
     /// writing to the same store, still differ.
-    pub fn generate(now: SystemTime) -> Self {
+    pub(crate) fn generate(now: SystemTime) -> Self {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let millis = now
             .duration_since(UNIX_EPOCH)
@@ -105,7 +105,8 @@ impl FromStr for EntryId {
 ///
 /// let prefix: EntryIdPrefix = "0190C3".parse().unwrap();
 /// let id: EntryId = "0190c3a1000000000000000000000000".parse().unwrap();
-/// assert!(prefix.matches(id));
+/// let (first, last) = prefix.range();
+/// assert!((first..=last).contains(&id));
 /// assert_eq!(prefix.to_string(), "0190c3");
 /// assert!("".parse::<EntryIdPrefix>().is_err());
 /// ```
@@ -127,17 +128,6 @@ impl EntryIdPrefix {
             self.low | ((1u128 << free_bits) - 1)
         };
         (EntryId(self.low), EntryId(high))
-    }
-
-    /// `true` when `id` starts with these digits.
-    pub fn matches(self, id: EntryId) -> bool {
-        let (low, high) = self.range();
-        (low..=high).contains(&id)
-    }
-
-    /// `true` when the prefix is a whole id (32 digits).
-    pub const fn is_whole(self) -> bool {
-        self.digits == 32
     }
 
     /// How many digits the prefix has.
@@ -399,7 +389,7 @@ pub struct ReplayRecord {
 impl ReplayRecord {
     /// A replay that failed at `at` with a failure of `kind`, described by
     /// `error` (cut, as an entry's [`error`](DeadLetterEntry::error) is).
-    pub fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
+    pub(crate) fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
         let error = clip_chain(error);
         ReplayRecord {
             at,
@@ -508,13 +498,8 @@ impl DeadLetterEntry {
     }
 
     /// How long ago the first attempt failed, measured against `now`.
-    pub fn age(&self, now: SystemTime) -> Duration {
+    pub(crate) fn age(&self, now: SystemTime) -> Duration {
         now.duration_since(self.first_failed_at).unwrap_or_default()
-    }
-
-    /// The error chain in one line, levels joined with `": "`.
-    pub fn error_text(&self) -> String {
-        self.error.join(": ")
     }
 
     /// Adds a failed replay to the entry's history.
@@ -532,7 +517,7 @@ impl DeadLetterEntry {
     /// ([`replay_server_errors`](Self::replay_server_errors),
     /// [`replay_key_pinned`](Self::replay_key_pinned)) is recorded by the
     /// replayer or layer that made the replay.
-    pub fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
+    pub(crate) fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
         self.failed_replays = self.failed_replays.saturating_add(1);
@@ -861,19 +846,22 @@ mod tests {
         for digits in 1..=32 {
             let text = &id.to_string()[..digits];
             let prefix: EntryIdPrefix = text.parse().unwrap();
-            assert!(prefix.matches(id), "{text}");
             assert_eq!(prefix.to_string(), text);
             assert_eq!(prefix.len(), digits);
             let (low, high) = prefix.range();
+            assert!((low..=high).contains(&id), "{text}");
             assert!(low.to_string().starts_with(text) && high.to_string().starts_with(text));
             assert!(low.to_string()[digits..].bytes().all(|b| b == b'0'));
             assert!(high.to_string()[digits..].bytes().all(|b| b == b'f'));
         }
+        let matches = |prefix: EntryIdPrefix| {
+            let (low, high) = prefix.range();
+            (low..=high).contains(&id)
+        };
         let upper: EntryIdPrefix = "0190C3".parse().unwrap();
-        assert!(upper.matches(id));
+        assert!(matches(upper));
         let other: EntryIdPrefix = "0190c4".parse().unwrap();
-        assert!(!other.matches(id));
-        assert!(EntryIdPrefix::from(id).is_whole());
+        assert!(!matches(other));
         assert_eq!(EntryIdPrefix::from(id).range(), (id, id));
         for bad in ["", "xyz", "+1", &"0".repeat(33)] {
             let error = bad.parse::<EntryIdPrefix>().unwrap_err();

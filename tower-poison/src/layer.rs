@@ -63,7 +63,7 @@ pub const SERVER_KINDS: [FailureKind; 6] = [
 /// use tower::ServiceBuilder;
 /// use tower_poison::store::RedbStore;
 ///
-/// let store = RedbStore::open(&path)?; // /var/lib/orders/dead-letters.redb
+/// let store = RedbStore::builder().open(&path)?; // /var/lib/orders/dead-letters.redb
 /// let layer = tower_poison::DeadLetterLayer::new(store).label("orders");
 /// let service = ServiceBuilder::new()
 ///     .layer(layer)                       // outermost
@@ -93,7 +93,7 @@ impl<St> DeadLetterLayer<St> {
                 capture: HttpCapture::new(),
                 label: Arc::from("default"),
                 action: Action::Dlq,
-                redactor: Redactor::new(),
+                redactor: Redactor::default(),
                 poison: None,
                 count_store: None,
                 drops: Arc::new(DropLog::default()),
@@ -202,7 +202,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// use tower_poison::store::MemoryStore;
     /// use tower_poison::{DeadLetterLayer, Redactor};
     ///
-    /// let redactor = Redactor::new()
+    /// let redactor = Redactor::default()
     ///     .with_header("x-tenant-token".parse().unwrap())
     ///     .with_name("ssn")
     ///     .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
@@ -246,40 +246,26 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// comes in the trailers is then judged by this classifier where its
     /// response body ends (see [`OpenCall`](crate::OpenCall)).
     pub fn classifier<C2>(self, classifier: C2) -> DeadLetterLayer<St, C2, Cap> {
-        let Shared {
-            store,
-            capture,
-            label,
-            action,
-            redactor,
-            poison,
-            count_store,
-            drops,
-            stored,
-            ..
-        } = self.shared;
-        DeadLetterLayer {
-            shared: Shared {
-                store,
-                classifier,
-                capture,
-                label,
-                action,
-                redactor,
-                poison,
-                count_store,
-                drops,
-                stored,
-            },
-        }
+        self.with_parts(|_| classifier, |capture| capture)
     }
 
     /// Uses `capture` to describe requests, for example
     /// [`describe_fn`](crate::describe_fn) for queue messages.
     pub fn capture<Cap2>(self, capture: Cap2) -> DeadLetterLayer<St, C, Cap2> {
+        self.with_parts(|classifier| classifier, |_| capture)
+    }
+
+    /// The same layer with its classifier and capture passed through
+    /// `classifier` and `capture`.
+    fn with_parts<C2, Cap2>(
+        self,
+        classifier: impl FnOnce(C) -> C2,
+        capture: impl FnOnce(Cap) -> Cap2,
+    ) -> DeadLetterLayer<St, C2, Cap2> {
         let Shared {
             store,
-            classifier,
+            classifier: old_classifier,
+            capture: old_capture,
             label,
             action,
             redactor,
@@ -287,13 +273,12 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
             count_store,
             drops,
             stored,
-            ..
         } = self.shared;
         DeadLetterLayer {
             shared: Shared {
                 store,
-                classifier,
-                capture,
+                classifier: classifier(old_classifier),
+                capture: capture(old_capture),
                 label,
                 action,
                 redactor,

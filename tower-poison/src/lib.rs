@@ -30,7 +30,7 @@ pub use self::action::Action;
 pub use self::attempts::{AttemptCounter, CountAttempts, CountAttemptsLayer, CountedFuture};
 pub use self::capture::{
     describe_fn, BodyRecording, CaptureRequest, DescribeFn, DescribeResponse, HttpCapture,
-    NoRecording, PendingRecord, RequestRecord,
+    PendingRecord, RequestRecord,
 };
 pub use self::counts::{DeliveryAttempt, DeliveryCount};
 pub use self::entry::{

@@ -76,7 +76,7 @@ const SENSITIVE_NAMES: [&str; 14] = [
 /// use tower_poison::{DeadLetterLayer, Redactor, REDACTED};
 ///
 /// let store = MemoryStore::new(100);
-/// let redactor = Redactor::new().with_header("x-session".parse().unwrap());
+/// let redactor = Redactor::default().with_header("x-session".parse().unwrap());
 /// let layer = DeadLetterLayer::new(store.clone()).redactor(redactor);
 /// let failing = service_fn(|_: Request<_>| async {
 ///     Err::<http::Response<()>, _>(std::io::Error::other("connection reset"))
@@ -89,7 +89,7 @@ const SENSITIVE_NAMES: [&str; 14] = [
 ///     .unwrap();
 /// let _ = layer.layer(failing).oneshot(request).await;
 ///
-/// let entry = store.list(ListQuery::new()).await.unwrap().entries.remove(0);
+/// let entry = store.list(ListQuery::default()).await.unwrap().entries.remove(0);
 /// let header = |name: &str| entry.headers.iter().find(|h| h.name == name).unwrap().value.clone();
 /// assert_eq!(header("authorization"), REDACTED);
 /// assert_eq!(header("x-session"), REDACTED);
@@ -111,15 +111,9 @@ pub struct Redactor {
 
 type Hook = Arc<dyn Fn(&mut String) + Send + Sync>;
 
+/// The redactor with the built-in lists.
 impl Default for Redactor {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Redactor {
-    /// The redactor with the built-in lists.
-    pub fn new() -> Self {
         let headers = [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE, SET_COOKIE]
             .into_iter()
             .chain(SENSITIVE_HEADERS.map(HeaderName::from_static));
@@ -130,7 +124,9 @@ impl Redactor {
             error_hook: None,
         }
     }
+}
 
+impl Redactor {
     /// Also redacts query parameters and JSON fields called `name` (any
     /// case; a trailing `*` makes it a prefix).
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
@@ -426,7 +422,7 @@ mod tests {
 
     #[test]
     fn uris_lose_userinfo_and_sensitive_query_values() {
-        let redactor = Redactor::new().with_name("session");
+        let redactor = Redactor::default().with_name("session");
         let cases = [
             ("/v1/items?page=2", "/v1/items?page=2"),
             (
@@ -458,7 +454,7 @@ mod tests {
 
     #[test]
     fn json_bodies_lose_sensitive_fields_at_any_depth_even_cut_short() {
-        let redactor = Redactor::new();
+        let redactor = Redactor::default();
         let body = Bytes::from_static(
             br#"{"user":"bob","password":"SECRET","nested":[{"api_key":123}],"n":1}"#,
         );
@@ -492,7 +488,7 @@ mod tests {
             secret in "[A-Za-z0-9]{8,16}",
             junk in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
         ) {
-            let redactor = Redactor::new();
+            let redactor = Redactor::default();
             let _ = redactor.redact_uri(&prefix);
             let _ = path_of(&prefix);
             let _ = redactor.redact_body(Bytes::from(junk));
@@ -506,7 +502,7 @@ mod tests {
 
     #[test]
     fn hooks_run_on_bodies_and_error_texts() {
-        let redactor = Redactor::new()
+        let redactor = Redactor::default()
             .with_body_hook(|body| *body = body.replace("4111-1111", "[card]"))
             .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
         let body = redactor.redact_body(Bytes::from_static(b"card 4111-1111"));
@@ -528,7 +524,7 @@ mod tests {
         headers.insert("x-tenant-token", "secret".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
 
-        let redactor = Redactor::new().with_header(HeaderName::from_static("x-tenant-token"));
+        let redactor = Redactor::default().with_header(HeaderName::from_static("x-tenant-token"));
         let stored = redact_map(&redactor, &headers);
 
         assert_eq!(stored.len(), 8);

@@ -199,21 +199,18 @@ impl From<StoreError> for ReplayError {
 /// # });
 /// ```
 #[derive(Debug, Clone, Copy)]
-pub struct Replayer<'a, St, D = ClassificationOnly> {
+pub struct Replayer<'a, St, D = ()> {
     store: &'a St,
     lease: Duration,
     describe: D,
 }
 
-/// The default way a [`Replayer`] records a failed response: by its
-/// classification alone (`replay response classified as rate_limited`),
-/// since nothing is known about the response type. [`HttpCapture`](crate::HttpCapture) records
-/// an HTTP response's status line and code instead
-/// ([`Replayer::describe`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ClassificationOnly;
-
-impl<Res> DescribeResponse<Res> for ClassificationOnly {
+/// The default way a [`Replayer`] records a failed response (`()`, no
+/// description): by its classification alone (`replay response classified
+/// as rate_limited`), since nothing is known about the response type.
+/// [`HttpCapture`](crate::HttpCapture) records an HTTP response's status
+/// line and code instead ([`Replayer::describe`]).
+impl<Res> DescribeResponse<Res> for () {
     type Response = Res;
 
     fn hand_back(&self, response: Res, _open: Option<crate::OpenCall>) -> Res {
@@ -236,7 +233,7 @@ impl<'a, St: DeadLetterStore> Replayer<'a, St> {
         Replayer {
             store,
             lease: DEFAULT_LEASE,
-            describe: ClassificationOnly,
+            describe: (),
         }
     }
 }
@@ -430,7 +427,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 crate::observability::replayed(&entry.label, "failed");
                 let (kind, error) = match current.replays.last() {
                     Some(last) => (last.kind, last.error_text()),
-                    None => (failure.kind, current.error_text()),
+                    None => (failure.kind, current.error.join(": ")),
                 };
                 return Ok(ReplayOutcome::Failed {
                     attempts: current.attempts,

@@ -550,7 +550,7 @@ where
     /// another request's history.
     ///
     /// The replay's failure goes to the entry's
-    /// [replay history](DeadLetterEntry::record_replay) (with the response's
+    /// [replay history](DeadLetterEntry::replays) (with the response's
     /// `status`, when it has one): the entry's own error and kind stay those
     /// of the original failure. Whether the call got a response
     /// (`responded`) and its status are the replay's

@@ -61,7 +61,7 @@ fn unavailable() -> Response<Bytes> {
 }
 
 async fn only_entry(store: &MemoryStore) -> DeadLetterEntry {
-    let mut entries = store.list(ListQuery::new()).await.unwrap().entries;
+    let mut entries = store.list(ListQuery::default()).await.unwrap().entries;
     assert_eq!(entries.len(), 1);
     entries.remove(0)
 }
@@ -136,7 +136,11 @@ async fn a_dead_letter_call_inside_another_counts_its_own_attempts() {
     service.oneshot(request()).await.unwrap();
 
     assert_eq!(only_entry(&outer_store).await.attempts, 2);
-    let inner_entries = inner_store.list(ListQuery::new()).await.unwrap().entries;
+    let inner_entries = inner_store
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     assert_eq!(inner_entries.len(), 2, "one per outer attempt");
     assert!(inner_entries.iter().all(|entry| entry.attempts == 3));
 }
@@ -177,12 +181,12 @@ async fn a_counter_in_the_request_counts_attempts_made_on_another_task() {
     service.clone().oneshot(request()).await.unwrap();
     assert_eq!(only_entry(&store).await.attempts, 1);
     store
-        .purge(tower_poison::store::PurgeFilter::all())
+        .purge(tower_poison::store::PurgeFilter::default())
         .await
         .unwrap();
 
     let mut carrying = request();
-    carrying.extensions_mut().insert(AttemptCounter::new());
+    carrying.extensions_mut().insert(AttemptCounter::default());
     service.oneshot(carrying).await.unwrap();
     assert_eq!(only_entry(&store).await.attempts, 2);
 }

@@ -188,7 +188,7 @@ where
                 let orders = store
                     .list(ListQuery {
                         label: Some("orders".into()),
-                        ..ListQuery::new()
+                        ..ListQuery::default()
                     })
                     .await
                     .unwrap()
@@ -205,7 +205,7 @@ where
                 fail(failing(store.clone(), "orders"), 1).await;
                 let after_move = depth_gauges(&snapshotter, &mut gauges);
 
-                store.purge(PurgeFilter::all()).await.unwrap();
+                store.purge(PurgeFilter::default()).await.unwrap();
                 fail(failing(store.clone(), "billing"), 1).await;
                 let after_purge = depth_gauges(&snapshotter, &mut gauges);
                 let stats = store.stats(SystemTime::now()).await.unwrap();
@@ -240,7 +240,9 @@ fn redb_store_depth_is_per_label() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dlq.redb");
     two_labels_on_one_store_report_their_own_depths(|| async {
-        tower_poison::store::RedbStore::open(&path).unwrap()
+        tower_poison::store::RedbStore::builder()
+            .open(&path)
+            .unwrap()
     });
 }
 
@@ -260,12 +262,16 @@ async fn redb_label_counts_survive_reopen() {
         )
     };
     {
-        let store = tower_poison::store::RedbStore::open(&path).unwrap();
+        let store = tower_poison::store::RedbStore::builder()
+            .open(&path)
+            .unwrap();
         for label in ["a", "a", "b"] {
             store.put(entry(label)).await.unwrap();
         }
     }
-    let store = tower_poison::store::RedbStore::open(&path).unwrap();
+    let store = tower_poison::store::RedbStore::builder()
+        .open(&path)
+        .unwrap();
     assert_eq!(store.put_with_depth(entry("a")).await.unwrap(), Some(3));
     assert_eq!(store.put_with_depth(entry("b")).await.unwrap(), Some(2));
 }
@@ -286,7 +292,8 @@ fn redis_store_depth_is_per_label() {
     // Connected inside the test's runtime, where the connection manager's
     // task then runs.
     two_labels_on_one_store_report_their_own_depths(|| async move {
-        tower_poison::store::RedisDeadLetterStore::connect(&url, name)
+        tower_poison::store::RedisDeadLetterStore::builder()
+            .connect(&url, name)
             .await
             .unwrap()
     });

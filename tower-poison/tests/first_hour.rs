@@ -28,7 +28,12 @@ fn call() -> Request<Full<Bytes>> {
 }
 
 async fn stored(store: &MemoryStore) -> usize {
-    store.list(ListQuery::new()).await.unwrap().entries.len()
+    store
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries
+        .len()
 }
 
 /// Item 4: on the default, every refusal of an outage comes back to the

@@ -92,7 +92,7 @@ async fn all(store: &impl DeadLetterStore) -> Vec<DeadLetterEntry> {
     store
         .list(ListQuery {
             limit: 1000,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -170,7 +170,7 @@ fn call_that_fails_after_retries_lands_in_the_store_with_every_field() {
                     DeadLetterLayer::new(store.clone())
                         .label("payments")
                         .redactor(
-                            tower_poison::Redactor::new()
+                            tower_poison::Redactor::default()
                                 .with_header("x-tenant-token".parse().unwrap()),
                         ),
                 )
@@ -415,7 +415,7 @@ async fn stored_error(redactor: tower_poison::Redactor, message: String) -> Vec<
 /// used to keep 64 MiB of error text in a store bounded by entry count.
 #[tokio::test]
 async fn a_huge_error_is_stored_cut_to_its_bound() {
-    let error = stored_error(tower_poison::Redactor::new(), "x".repeat(4 << 20)).await;
+    let error = stored_error(tower_poison::Redactor::default(), "x".repeat(4 << 20)).await;
     assert_eq!(error.len(), 2);
     assert_eq!(error[0], "upstream call failed");
     assert!(error[1].len() <= 512);
@@ -427,7 +427,7 @@ async fn a_huge_error_is_stored_cut_to_its_bound() {
 /// redacted (cut first, its first part was stored).
 #[tokio::test]
 async fn a_layers_redactor_hooks_see_each_error_whole() {
-    let redactor = tower_poison::Redactor::new()
+    let redactor = tower_poison::Redactor::default()
         .with_error_hook(|line| *line = line.replace("SECRET-TOKEN-123", "[token]"));
     let message = format!("{}SECRET-TOKEN-123", "x".repeat(505));
     let stored = stored_error(redactor, message).await.join(": ");
@@ -774,7 +774,7 @@ async fn a_servers_layer_stores_only_what_an_operator_acts_on() {
         }
     }
     let kinds_stored = |store: MemoryStore| async move {
-        let page = store.list(ListQuery::new()).await.unwrap();
+        let page = store.list(ListQuery::default()).await.unwrap();
         page.entries.iter().map(|e| e.kind).collect::<Vec<_>>()
     };
     for server in [true, false] {
@@ -833,7 +833,7 @@ async fn service_builder_adds_the_dead_letter_layer_in_order() {
     let response = tower::ServiceExt::oneshot(service, request).await.unwrap();
     assert_eq!(response.status(), 500);
     let labels: Vec<String> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries

@@ -112,7 +112,7 @@ fn secrets_reach_neither_the_store_nor_the_logs() {
     });
     let entries = run(async {
         use tower_poison::store::{DeadLetterStore, ListQuery};
-        store.list(ListQuery::new()).await.unwrap().entries
+        store.list(ListQuery::default()).await.unwrap().entries
     });
     assert_eq!(entries.len(), 1);
     let stored = serde_json::to_string(&entries[0]).unwrap();

@@ -69,12 +69,26 @@ where
     service.ready().await?.call(message.clone()).await
 }
 
+/// `true` when `counts` holds no count for message `id`: a delivery counted
+/// now is its first. The count is forgotten again, leaving `counts` as it was.
+async fn forgotten(counts: &RedbFailureCounts, id: &str) -> bool {
+    let key = MessageKey::new(id);
+    let tally = counts
+        .count_delivery(&key, SystemTime::now())
+        .await
+        .unwrap();
+    counts.forget(&key).await.unwrap();
+    tally.deliveries == 1
+}
+
 // ===== a fleet sharing one count store =====
 
 #[tokio::test]
 async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliveries_in_all() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let dead_letters = MemoryStore::new(100);
     let processed = Arc::new(AtomicUsize::new(0));
     // Two consumers, as two processes would build them: separate layers,
@@ -108,19 +122,25 @@ async fn two_layers_sharing_a_redb_count_store_divert_after_max_attempts_deliver
     assert_eq!(diverted.attempts(), 3);
     assert_eq!(diverted.action(), Action::Dlq);
     assert_eq!(processed.load(Ordering::SeqCst), 3, "not processed again");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].kind, FailureKind::Poison);
     assert_eq!(entries[0].attempts, 3);
     assert_eq!(entries[0].message_id.as_deref(), Some("m-1"));
     // Diverted and stored: the count is forgotten.
-    assert!(counts.is_empty().await.unwrap());
+    assert!(forgotten(&counts, "m-1").await);
 }
 
 #[tokio::test]
 async fn a_success_on_either_consumer_forgets_the_shared_count() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let layer = |counts: RedbFailureCounts| {
         DeadLetterLayer::new(MemoryStore::new(10))
             .classifier(ErrorChainClassifier::new())
@@ -138,7 +158,7 @@ async fn a_success_on_either_consumer_forgets_the_shared_count() {
     deliver(&mut failing, &m).await.unwrap_err();
     // The third delivery reaches the other consumer and succeeds.
     deliver(&mut working, &m).await.unwrap();
-    assert!(counts.is_empty().await.unwrap());
+    assert!(forgotten(&counts, "m-2").await);
     // Counting starts over: three more deliveries are processed.
     for _ in 0..3 {
         let error = deliver(&mut failing, &m).await.unwrap_err();
@@ -161,17 +181,18 @@ async fn the_redb_count_store_keeps_at_most_its_capacity() {
     for i in 0..50 {
         let key = MessageKey::new(&format!("m-{i}"));
         counts.count_delivery(&key, now).await.unwrap();
-        assert!(counts.len().await.unwrap() <= 5);
     }
-    // The newest keys are kept, the oldest forgotten.
-    let newest = MessageKey::new("m-49");
+    // The five newest keys are kept, and no more: the sixth newest, like
+    // the oldest, was forgotten.
+    for i in 45..50 {
+        let newest = MessageKey::new(&format!("m-{i}"));
+        let tally = counts.count_delivery(&newest, now).await.unwrap();
+        assert_eq!(tally.deliveries, 2, "m-{i}");
+    }
+    let sixth = MessageKey::new("m-44");
     assert_eq!(
-        counts
-            .count_delivery(&newest, now)
-            .await
-            .unwrap()
-            .deliveries,
-        2
+        counts.count_delivery(&sixth, now).await.unwrap().deliveries,
+        1
     );
     let oldest = MessageKey::new("m-0");
     assert_eq!(
@@ -230,7 +251,11 @@ async fn a_crashed_delivery_counts_in_memory() {
     let diverted = error.downcast_ref::<PoisonMessage>().expect("diverted");
     assert_eq!(diverted.attempts(), 2);
     assert!(began.try_recv().is_err(), "the consumer was not called");
-    let entry = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entry = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     // No failure was ever returned, so the entry says what is known.
     assert_eq!(
         entry[0].error,
@@ -248,7 +273,7 @@ async fn a_crashed_process_counts_after_a_restart_with_the_redb_store() {
             .classifier(ErrorChainClassifier::new())
             .capture(describe_fn(describe))
             .poison(PoisonPolicy::new(1).unwrap())
-            .count_store(RedbFailureCounts::open(&path).unwrap())
+            .count_store(RedbFailureCounts::builder().open(&path).unwrap())
             .layer(hanging_consumer(started))
     };
     {
@@ -491,7 +516,11 @@ async fn item_4_a_message_diverted_after_a_waiting_count_keeps_its_body() {
         .await
         .unwrap_err();
     assert!(error.is::<PoisonMessage>(), "{error}");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     let diverted = entries
         .iter()
         .find(|entry| entry.kind == FailureKind::Poison)
@@ -670,7 +699,9 @@ async fn long_and_binary_message_ids_are_counted_by_a_bounded_key() {
 #[test]
 fn a_store_needing_the_runtime_is_not_polled_by_a_call_made_outside_one() {
     let dir = tempfile::tempdir().unwrap();
-    let counts = RedbFailureCounts::open(dir.path().join("counts.redb")).unwrap();
+    let counts = RedbFailureCounts::builder()
+        .open(dir.path().join("counts.redb"))
+        .unwrap();
     let processed = Arc::new(AtomicUsize::new(0));
     let mut service = DeadLetterLayer::new(MemoryStore::new(10))
         .classifier(ErrorChainClassifier::new())

@@ -38,8 +38,14 @@ async fn two_consumers_counts(
     name: &str,
 ) -> (RedisFailureCounts, RedisFailureCounts, String) {
     let queue = format!("{}-{:08x}", name, fastrand::u32(..));
-    let a = RedisFailureCounts::connect(url, &queue).await.unwrap();
-    let b = RedisFailureCounts::connect(url, &queue).await.unwrap();
+    let a = RedisFailureCounts::builder()
+        .connect(url, &queue)
+        .await
+        .unwrap();
+    let b = RedisFailureCounts::builder()
+        .connect(url, &queue)
+        .await
+        .unwrap();
     (a, b, queue)
 }
 
@@ -109,7 +115,11 @@ async fn two_consumers_sharing_redis_counts_divert_after_max_attempts_deliveries
     let diverted = error.downcast_ref::<PoisonMessage>().expect("diverted");
     assert_eq!(diverted.attempts(), 3);
     assert_eq!(processed.load(Ordering::SeqCst), 3, "not processed again");
-    let entries = dead_letters.list(ListQuery::new()).await.unwrap().entries;
+    let entries = dead_letters
+        .list(ListQuery::default())
+        .await
+        .unwrap()
+        .entries;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].kind, FailureKind::Poison);
     assert_eq!(entries[0].attempts, 3);
@@ -223,7 +233,8 @@ async fn while_redis_is_down_a_delivery_fails_unprocessed() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut server = support::RedisProcess::start(&binary, dir.path(), support::free_port());
-    let counts = RedisFailureCounts::connect(&server.url(), "down")
+    let counts = RedisFailureCounts::builder()
+        .connect(&server.url(), "down")
         .await
         .unwrap();
     let processed = Arc::new(AtomicUsize::new(0));

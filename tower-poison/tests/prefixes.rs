@@ -107,7 +107,9 @@ async fn memory_store_matches_prefixes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_matches_prefixes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = tower_poison::store::RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+    let store = tower_poison::store::RedbStore::builder()
+        .open(dir.path().join("dlq.redb"))
+        .unwrap();
     prefixes_match_a_range_of_ids(store).await;
 }
 
@@ -115,7 +117,8 @@ async fn redb_store_matches_prefixes() {
 async fn redis_store_matches_prefixes(url: String) {
     let name = support::unique("prefixes");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = tower_poison::store::RedisDeadLetterStore::connect(&url, name)
+    let store = tower_poison::store::RedisDeadLetterStore::builder()
+        .connect(&url, name)
         .await
         .unwrap();
     prefixes_match_a_range_of_ids(store).await;

@@ -34,7 +34,7 @@ fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLet
         vec!["upstream failed".into()],
         whole_millis(first_failed_at),
     );
-    entry.id = EntryId::generate(SystemTime::now());
+    entry.id = fresh_id();
     entry.method = Some("POST".into());
     entry.uri = Some("http://example.internal/orders".into());
     entry.body = Bytes::from_static(b"{\"sku\":42}");
@@ -54,7 +54,10 @@ async fn shared_store(url: &str, name: &str) -> (RedisDeadLetterStore, support::
     let name = support::unique(name);
     let cleanup = support::Cleanup::queue(url, &name);
     (
-        RedisDeadLetterStore::connect(url, name).await.unwrap(),
+        RedisDeadLetterStore::builder()
+            .connect(url, name)
+            .await
+            .unwrap(),
         cleanup,
     )
 }
@@ -92,7 +95,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let mut seen = Vec::new();
     let mut query = ListQuery {
         limit: 3,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     loop {
         let page = store.list(query.clone()).await.unwrap();
@@ -108,7 +111,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let one = store
         .list(ListQuery {
             limit: 0,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -118,7 +121,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
         .list(ListQuery {
             limit: 0,
             after: Some(written[8].id),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -128,7 +131,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let poison = store
         .list(ListQuery {
             kind: Some(FailureKind::Poison),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -136,7 +139,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let billing = store
         .list(ListQuery {
             label: Some("billing".into()),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -161,7 +164,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     let first = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -170,7 +173,7 @@ async fn redis_store_pages_filters_and_purges_by_age(url: String) {
     assert!(store.remove(first).await.unwrap());
     assert!(!store.remove(first).await.unwrap());
     assert_eq!(store.get(first).await.unwrap(), None);
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 5);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 5);
     assert_eq!(store.depth().await.unwrap(), 0);
 }
 
@@ -192,7 +195,7 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one(url: String) {
     assert_eq!(store.depth().await.unwrap(), 2);
     assert_eq!(store.get(a.id).await.unwrap().unwrap().attempts, 9);
     let listed: Vec<EntryId> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -208,7 +211,7 @@ async fn redis_store_replaces_an_entry_in_place_of_adding_one(url: String) {
     let page = store
         .list(ListQuery {
             after: Some(b.id),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -234,7 +237,7 @@ async fn redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_remo
     };
     let query = ListQuery {
         limit: 2,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     let first = store.list(query.clone()).await.unwrap();
     assert_eq!(ids(&first), [written[0].id, written[1].id]);
@@ -311,7 +314,7 @@ async fn a_full_redis_store_fails_the_call_with_store_full_and_keeps_every_ackno
 
     assert_eq!(store.depth().await.unwrap(), 3);
     let bodies: HashSet<String> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -392,7 +395,7 @@ async fn redis_max_bytes_counts_encoded_sizes_replacing_without_double_counting(
     let fresh = entry("orders", FailureKind::ServerError, now);
     // The script's reply carries the depth, for the layer's gauge.
     assert_eq!(store.put_with_depth(fresh).await.unwrap(), Some(3));
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 3);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 3);
     assert_eq!(counted(connection).await, 0);
 }
 
@@ -431,7 +434,8 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
 ) {
     let name = support::unique("claims");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder()
+        .connect(&url, name.clone())
         .await
         .unwrap();
     let now = whole_millis(SystemTime::now());
@@ -502,11 +506,11 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
     store.put(e.clone()).await.unwrap();
     claimed(store.claim(e.id, now, lease).await.unwrap());
     // So does a purge.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     assert_eq!(claim_ttl(&url, &name, e.id).await, -2);
 
     // An id the store never had.
-    let missing = EntryId::generate(SystemTime::now());
+    let missing = fresh_id();
     assert_eq!(
         store.claim(missing, now, lease).await.unwrap(),
         Claim::NotFound
@@ -520,7 +524,8 @@ async fn redis_claims_are_exclusive_run_on_the_redis_clock_and_end_on_remove_and
 async fn redis_claims_are_ended_only_by_their_own_token(url: String) {
     let name = support::unique("owners");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder()
+        .connect(&url, name.clone())
         .await
         .unwrap();
     let now = SystemTime::now();
@@ -573,7 +578,8 @@ fn after_lapse(claim: Claim) -> (bool, ClaimToken) {
 async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased(url: String) {
     let name = support::unique("lapsed");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name.clone())
+    let store = RedisDeadLetterStore::builder()
+        .connect(&url, name.clone())
         .await
         .unwrap();
     let now = SystemTime::now();
@@ -606,7 +612,7 @@ async fn item_6_the_redis_store_reports_a_claim_that_lapsed_unreleased(url: Stri
     assert!(!lapsed, "a remove ends the claim with its entry");
     // So does a purge.
     expire_claim(&url, &name, e.id).await;
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
     let (lapsed, _) = after_lapse(store.claim(e.id, now, lease).await.unwrap());
     assert!(!lapsed, "a purge ends the claim with its entry");
@@ -679,7 +685,7 @@ async fn redis_scans_page_through_more_than_one_page(url: String) {
     assert_eq!(store.depth().await.unwrap(), u64::from(count) - old);
     assert!(store.oldest_age(now).await.unwrap().unwrap() < DAY);
     assert_eq!(
-        store.purge(PurgeFilter::all()).await.unwrap(),
+        store.purge(PurgeFilter::default()).await.unwrap(),
         u64::from(count) - old
     );
     assert_eq!(store.depth().await.unwrap(), 0);
@@ -775,7 +781,7 @@ async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outag
     let entries = dead_letters
         .list(ListQuery {
             limit: 100,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -795,7 +801,10 @@ async fn acknowledged_entries_survive_a_redis_restart_and_calls_during_the_outag
 
 /// The error chain, joined, of connecting a store to `url`, which fails.
 async fn connect_error(url: &str) -> String {
-    let error = RedisDeadLetterStore::connect(url, "dlq").await.unwrap_err();
+    let error = RedisDeadLetterStore::builder()
+        .connect(url, "dlq")
+        .await
+        .unwrap_err();
     tower_poison::error_chain(&error).join(": ")
 }
 
@@ -908,4 +917,9 @@ support::redis_suites! {
     redis_pages_stay_in_id_order_when_the_cursor_entry_is_rewritten_or_removed,
     redis_claim_leases_saturate_for_any_duration,
     redis_scans_page_through_more_than_one_page,
+}
+
+/// A new entry id, made now (as the layer makes one for each entry).
+fn fresh_id() -> EntryId {
+    DeadLetterEntry::new("", FailureKind::ServerError, Vec::new(), SystemTime::now()).id
 }

@@ -166,7 +166,7 @@ async fn replay_failure_keeps_and_updates_the_entry(store: impl DeadLetterStore)
         )
     });
     let outcome = Replayer::new(&store)
-        .describe(tower_poison::HttpCapture::new())
+        .describe(tower_poison::HttpCapture::default())
         .replay(e.id, &mut unavailable, &HttpClassifier::new(), to_request)
         .await
         .unwrap();
@@ -199,7 +199,7 @@ async fn replay_history_is_bounded(store: impl DeadLetterStore) {
                 .unwrap(),
         )
     });
-    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::default());
     let mut sizes = Vec::new();
     let total = REPLAY_HISTORY_LIMIT + 4;
     for _ in 0..total {
@@ -240,7 +240,12 @@ async fn memory_replay_history_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_replay_history_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    replay_history_is_bounded(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    replay_history_is_bounded(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -256,7 +261,9 @@ async fn memory_replay_failure_keeps_and_updates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_replay_success_removes_and_failure_keeps() {
     let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+    let store = RedbStore::builder()
+        .open(dir.path().join("dlq.redb"))
+        .unwrap();
     replay_success_removes_the_entry(store.clone()).await;
     replay_failure_keeps_and_updates_the_entry(store).await;
 }
@@ -285,7 +292,7 @@ async fn truncated_or_missing_entries_are_not_replayed() {
         .unwrap_err();
     assert!(matches!(again, ReplayError::Request(_)), "{again}");
 
-    let missing = EntryId::generate(SystemTime::now());
+    let missing = fresh_id();
     let outcome = Replayer::new(&store)
         .replay(missing, &mut service, &HttpClassifier::new(), to_request)
         .await
@@ -391,7 +398,12 @@ async fn memory_concurrent_replays_deliver_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_concurrent_replays_deliver_once() {
     let dir = tempfile::tempdir().unwrap();
-    concurrent_replays_deliver_once(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    concurrent_replays_deliver_once(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 /// A dead-letter layer in the replayed service records the failure (a
@@ -515,11 +527,15 @@ async fn memory_claims_survive_the_layers_put_and_a_slow_replayers_release() {
 async fn redb_claims_survive_the_layers_put_and_a_slow_replayers_release() {
     let dir = tempfile::tempdir().unwrap();
     a_failure_the_layer_records_keeps_the_entry_claimed(
-        RedbStore::open(dir.path().join("layer.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("layer.redb"))
+            .unwrap(),
     )
     .await;
     a_replay_whose_lease_ran_out_leaves_the_next_replays_claim(
-        RedbStore::open(dir.path().join("lease.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("lease.redb"))
+            .unwrap(),
     )
     .await;
 }
@@ -532,7 +548,10 @@ async fn redis_replays_deliver_once_and_claims_survive_the_layers_put_and_a_slow
     for test in ["concurrent", "layer", "lease", "failure", "history"] {
         let name = support::unique(test);
         let _cleanup = support::Cleanup::queue(&url, &name);
-        let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+        let store = RedisDeadLetterStore::builder()
+            .connect(&url, name)
+            .await
+            .unwrap();
         match test {
             "concurrent" => concurrent_replays_deliver_once(store).await,
             "layer" => a_failure_the_layer_records_keeps_the_entry_claimed(store).await,
@@ -701,7 +720,7 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
     let foreign = entry(); // label "orders"
     store.put(foreign.clone()).await.unwrap();
     let mut service = still_failing(store.clone(), "payments");
-    let unknown = EntryId::generate(SystemTime::now()).to_string();
+    let unknown = fresh_id().to_string();
     for mark in [foreign.id.to_string(), unknown, "not-an-id".into()] {
         let request = Request::post("http://payments.internal/pay")
             .header(REPLAY_HEADER, mark)
@@ -719,7 +738,7 @@ async fn a_replay_mark_for_an_unknown_or_foreign_entry_starts_a_new_entry() {
     let page = store
         .list(tower_poison::store::ListQuery {
             label: Some("payments".into()),
-            ..tower_poison::store::ListQuery::new()
+            ..tower_poison::store::ListQuery::default()
         })
         .await
         .unwrap();
@@ -787,7 +806,7 @@ async fn a_replay_key_moves_after_a_server_error_and_is_pinned_by_an_unknown_out
     let store = MemoryStore::new(10);
     let e = entry();
     store.put(e.clone()).await.unwrap();
-    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::default());
     use std::io::ErrorKind::TimedOut;
     let answers = vec![
         Ok(StatusCode::SERVICE_UNAVAILABLE),
@@ -812,7 +831,7 @@ async fn a_gateway_timeout_pins_the_key_and_a_replayer_reading_no_status_keeps_i
     let e = entry();
     store.put(e.clone()).await.unwrap();
     let id = e.id;
-    let described = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let described = Replayer::new(&store).describe(tower_poison::HttpCapture::default());
     let answers = vec![
         Ok(StatusCode::GATEWAY_TIMEOUT),
         Ok(StatusCode::INTERNAL_SERVER_ERROR),
@@ -866,7 +885,7 @@ async fn a_crashed_replayers_send_keeps_its_key<St: DeadLetterStore>(store: St) 
     };
     assert_eq!(lost_key, format!("{id}-0"));
 
-    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::default());
     let answers = vec![Ok(StatusCode::SERVICE_UNAVAILABLE), Ok(StatusCode::OK)];
     assert_eq!(
         keys_sent(&replayer, id, answers).await,
@@ -884,8 +903,12 @@ async fn item_6_a_crashed_replayers_send_keeps_its_key_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redb() {
     let dir = tempfile::tempdir().unwrap();
-    a_crashed_replayers_send_keeps_its_key(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
-        .await;
+    a_crashed_replayers_send_keeps_its_key(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[cfg(feature = "redis")]
@@ -893,7 +916,10 @@ async fn item_6_a_crashed_replayers_send_keeps_its_key_in_redis(url: String) {
     use tower_poison::store::RedisDeadLetterStore;
     let name = support::unique("crashed-replayer");
     let _cleanup = support::Cleanup::queue(&url, &name);
-    let store = RedisDeadLetterStore::connect(&url, name).await.unwrap();
+    let store = RedisDeadLetterStore::builder()
+        .connect(&url, name)
+        .await
+        .unwrap();
     a_crashed_replayers_send_keeps_its_key(store).await;
 }
 
@@ -941,7 +967,7 @@ async fn item_6_a_layer_in_the_service_keeps_the_key_a_lapsed_claim_pinned() {
     let mut service = tower::ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()).label("orders"))
         .service(handler);
-    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::new());
+    let replayer = Replayer::new(&store).describe(tower_poison::HttpCapture::default());
     let classifier = HttpClassifier::new();
     let outcome = replayer
         .replay(id, &mut service, &classifier, to_request)
@@ -1027,7 +1053,7 @@ async fn a_failed_replay_does_not_bring_back_an_entry_purged_meanwhile() {
         let store = purging.clone();
         async move {
             let purged = store
-                .purge(tower_poison::store::PurgeFilter::all())
+                .purge(tower_poison::store::PurgeFilter::default())
                 .await
                 .unwrap();
             assert_eq!(purged, 1);
@@ -1135,4 +1161,9 @@ fn finished_replays_are_counted_by_label_and_outcome() {
             (vec!["label=orders".into(), "outcome=gone".into()], 1),
         ]
     );
+}
+
+/// A new entry id, made now (as the layer makes one for each entry).
+fn fresh_id() -> EntryId {
+    DeadLetterEntry::new("", FailureKind::ServerError, Vec::new(), SystemTime::now()).id
 }

@@ -44,7 +44,7 @@ async fn a_copied_mark_on_another_request_neither_loses_it_nor_rewrites_the_name
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let victim = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -64,7 +64,7 @@ async fn a_copied_mark_on_another_request_neither_loses_it_nor_rewrites_the_name
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 
-    let entries = store.list(ListQuery::new()).await.unwrap().entries;
+    let entries = store.list(ListQuery::default()).await.unwrap().entries;
     assert_eq!(
         entries.len(),
         2,

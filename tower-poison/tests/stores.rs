@@ -29,7 +29,7 @@ fn entry(label: &str, kind: FailureKind, first_failed_at: SystemTime) -> DeadLet
         vec!["upstream failed".into(), "connection reset".into()],
         whole_millis(first_failed_at),
     );
-    entry.id = EntryId::generate(SystemTime::now());
+    entry.id = fresh_id();
     entry.message_id = Some("m-1".into());
     entry.method = Some("POST".into());
     entry.uri = Some("http://example.internal/orders".into());
@@ -59,19 +59,19 @@ async fn redb_store_keeps_entries_across_reopen() {
         .map(|i| entry("orders", FailureKind::ServerError, now - DAY * i))
         .collect();
     {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         for e in &written {
             store.put(e.clone()).await.unwrap();
         }
         assert_eq!(store.depth().await.unwrap(), 5);
         // The store is closed when its last clone is dropped.
     }
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     assert_eq!(store.depth().await.unwrap(), 5);
     for e in &written {
         assert_eq!(store.get(e.id).await.unwrap().as_ref(), Some(e));
     }
-    let listed = store.list(ListQuery::new()).await.unwrap();
+    let listed = store.list(ListQuery::default()).await.unwrap();
     let mut ids: Vec<EntryId> = written.iter().map(|e| e.id).collect();
     ids.sort();
     assert_eq!(
@@ -85,8 +85,8 @@ async fn redb_store_keeps_entries_across_reopen() {
 async fn a_second_open_of_a_live_store_is_refused_not_corrupting() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dlq.redb");
-    let _store = RedbStore::open(&path).unwrap();
-    let error = RedbStore::open(&path).unwrap_err();
+    let _store = RedbStore::builder().open(&path).unwrap();
+    let error = RedbStore::builder().open(&path).unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Backend);
     assert!(error.to_string().contains("cannot open dead-letter store"));
 }
@@ -119,7 +119,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let mut seen = Vec::new();
     let mut query = ListQuery {
         limit: 3,
-        ..ListQuery::new()
+        ..ListQuery::default()
     };
     loop {
         let page = store.list(query.clone()).await.unwrap();
@@ -138,7 +138,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let one = store
         .list(ListQuery {
             limit: 0,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -149,7 +149,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
         .list(ListQuery {
             limit: 0,
             after: Some(seen[8]),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -160,7 +160,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let poison = store
         .list(ListQuery {
             kind: Some(FailureKind::Poison),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -169,7 +169,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let billing = store
         .list(ListQuery {
             label: Some("billing".into()),
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -206,7 +206,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
     let first = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -214,7 +214,7 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
         .id;
     assert!(store.remove(first).await.unwrap());
     assert!(!store.remove(first).await.unwrap());
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 5);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 5);
     assert_eq!(store.depth().await.unwrap(), 0);
     assert_eq!(store.oldest_age(now).await.unwrap(), None);
 }
@@ -222,7 +222,12 @@ async fn paging_filters_purge_and_stats(store: impl DeadLetterStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_pages_filters_and_purges_by_age() {
     let dir = tempfile::tempdir().unwrap();
-    paging_filters_purge_and_stats(RedbStore::open(dir.path().join("dlq.redb")).unwrap()).await;
+    paging_filters_purge_and_stats(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -278,7 +283,7 @@ async fn concurrent_puts_are_all_acknowledged_and_kept_with_or_without_group_com
             }
             ids
         };
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         assert_eq!(store.depth().await.unwrap(), 64);
         for id in ids {
             assert!(store.get(id).await.unwrap().is_some());
@@ -301,7 +306,7 @@ fn crash_child() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel();
         // Several writers at once, so group commits are in flight when the
         // kill lands.
@@ -380,7 +385,9 @@ async fn acknowledged_entries_survive_sigkill() {
     );
     eprintln!("{} entries acknowledged before SIGKILL", acked.len());
 
-    let store = RedbStore::open(&path).expect("the store opens cleanly after SIGKILL");
+    let store = RedbStore::builder()
+        .open(&path)
+        .expect("the store opens cleanly after SIGKILL");
     let depth = store.depth().await.unwrap();
     assert!(depth >= acked.len() as u64);
     for id in &acked {
@@ -391,7 +398,7 @@ async fn acknowledged_entries_survive_sigkill() {
     let listed = store
         .list(ListQuery {
             limit: usize::MAX,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap();
@@ -459,7 +466,7 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
     assert_eq!(store.depth().await.unwrap(), 5);
     assert_eq!(store.get(refused).await.unwrap(), None);
     let bodies: HashSet<String> = store
-        .list(ListQuery::new())
+        .list(ListQuery::default())
         .await
         .unwrap()
         .entries
@@ -480,7 +487,7 @@ async fn a_full_redb_store_fails_the_call_with_store_full_and_keeps_every_acknow
     let mut kept = store
         .list(ListQuery {
             limit: 1,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()
@@ -555,7 +562,7 @@ async fn redb_max_bytes_counts_encoded_sizes_across_replace_remove_purge_and_reo
         .await
         .unwrap();
     // Purging gives everything back.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 3);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 3);
     let mut huge = entry("orders", FailureKind::ServerError, now);
     huge.body = Bytes::from(vec![b'x'; (total / 2) as usize]);
     store.put(huge).await.unwrap();
@@ -587,7 +594,7 @@ async fn a_tiny_writer_queue_makes_puts_wait_and_keeps_them_all() {
         }
         ids
     };
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     assert_eq!(store.depth().await.unwrap(), 64);
     for id in ids {
         assert!(store.get(id).await.unwrap().is_some(), "{id} kept");
@@ -667,12 +674,12 @@ async fn claims_are_exclusive_expire_and_end_on_remove_and_release(store: impl D
     store.put(e.clone()).await.unwrap();
     claimed(store.claim(e.id, later, lease).await.unwrap());
     // A purge ends it too.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
     let (_, token) = claimed(store.claim(e.id, later, lease).await.unwrap());
 
     // An id the store never had; releasing it is harmless.
-    let missing = EntryId::generate(SystemTime::now());
+    let missing = fresh_id();
     assert_eq!(
         store.claim(missing, now, lease).await.unwrap(),
         Claim::NotFound
@@ -776,7 +783,7 @@ async fn a_claim_that_lapsed_unreleased_is_reported(store: impl DeadLetterStore)
     let (lapsed, _) = after_lapse(store.claim(e.id, next, lease).await.unwrap());
     assert!(!lapsed, "a remove ends the claim with its entry");
     // So does a purge.
-    assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+    assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
     store.put(e.clone()).await.unwrap();
     let (lapsed, _) = after_lapse(store.claim(e.id, next + lease * 2, lease).await.unwrap());
     assert!(!lapsed, "a purge ends the claim with its entry");
@@ -791,7 +798,9 @@ async fn item_6_the_memory_store_reports_a_claim_that_lapsed_unreleased() {
 async fn item_6_the_redb_store_reports_a_claim_that_lapsed_unreleased() {
     let dir = tempfile::tempdir().unwrap();
     a_claim_that_lapsed_unreleased_is_reported(
-        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
     )
     .await;
 }
@@ -812,7 +821,7 @@ fn claiming_child() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         let mut claims = Vec::new();
         for _ in 0..2 {
             let e = entry("orders", FailureKind::ServerError, SystemTime::now());
@@ -855,7 +864,7 @@ async fn item_6_a_redb_claim_outlives_the_replayer_process() {
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let store = RedbStore::open(&path).unwrap();
+    let store = RedbStore::builder().open(&path).unwrap();
     let after_the_lease = SystemTime::now() + Duration::from_secs(60);
     let lease = Duration::from_secs(30);
     let (lapsed, _) = after_lapse(store.claim(held, after_the_lease, lease).await.unwrap());
@@ -875,8 +884,12 @@ async fn memory_store_claims_have_owners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redb_store_claims_have_owners() {
     let dir = tempfile::tempdir().unwrap();
-    a_claim_is_ended_only_by_its_own_token(RedbStore::open(dir.path().join("dlq.redb")).unwrap())
-        .await;
+    a_claim_is_ended_only_by_its_own_token(
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -888,7 +901,14 @@ async fn memory_store_claims_are_exclusive_expire_and_end() {
 async fn redb_store_claims_are_exclusive_expire_and_end() {
     let dir = tempfile::tempdir().unwrap();
     claims_are_exclusive_expire_and_end_on_remove_and_release(
-        RedbStore::open(dir.path().join("dlq.redb")).unwrap(),
+        RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap(),
     )
     .await;
+}
+
+/// A new entry id, made now (as the layer makes one for each entry).
+fn fresh_id() -> EntryId {
+    DeadLetterEntry::new("", FailureKind::ServerError, Vec::new(), SystemTime::now()).id
 }

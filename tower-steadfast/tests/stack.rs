@@ -86,7 +86,7 @@ async fn stored(store: &MemoryStore) -> Vec<DeadLetterEntry> {
     store
         .list(ListQuery {
             limit: 1000,
-            ..ListQuery::new()
+            ..ListQuery::default()
         })
         .await
         .unwrap()

@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tower_classify::ConfigError;
 
 use super::{epoch_millis, from_epoch_millis, DeliveryTally, FailureCountStore, MessageKey};
@@ -106,31 +104,10 @@ impl RedbFailureCountsBuilder {
 }
 
 impl RedbFailureCounts {
-    /// Opens the counts at `path` with the default capacity.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        RedbFailureCountsBuilder::new().open(path)
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedbFailureCounts::builder().open(path)` opens the
+    /// counts with the default capacity.
     pub const fn builder() -> RedbFailureCountsBuilder {
         RedbFailureCountsBuilder::new()
-    }
-
-    /// How many keys are remembered.
-    pub async fn len(&self) -> Result<u64, StoreError> {
-        self.blocking(|inner| {
-            let txn = inner.db.begin_read().map_err(backend)?;
-            txn.open_table(COUNTS)
-                .map_err(backend)?
-                .len()
-                .map_err(backend)
-        })
-        .await
-    }
-
-    /// `true` when no key is remembered.
-    pub async fn is_empty(&self) -> Result<bool, StoreError> {
-        Ok(self.len().await? == 0)
     }
 
     async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>

@@ -73,7 +73,7 @@ use crate::store::StoreError;
 /// use tower_poison::counts::RedisFailureCounts;
 /// use tower_poison::{describe_fn, DeadLetterLayer, PoisonPolicy};
 ///
-/// let counts = RedisFailureCounts::connect("redis://redis:6379", "orders").await?;
+/// let counts = RedisFailureCounts::builder().connect("redis://redis:6379", "orders").await?;
 /// let layer = DeadLetterLayer::new(store)
 ///     .capture(describe_fn(describe))
 ///     .poison(PoisonPolicy::new(3)?)
@@ -192,12 +192,8 @@ return {n, redis.call('HGET', KEYS[1], 'first')}
 static COUNT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COUNT));
 
 impl RedisFailureCounts {
-    /// Connects to `url` with the defaults (see [`RedisFailureCountsBuilder`]).
-    pub async fn connect(url: &str, queue: &str) -> Result<Self, StoreError> {
-        RedisFailureCountsBuilder::new().connect(url, queue).await
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedisFailureCounts::builder().connect(url, queue)`
+    /// connects with the default settings.
     pub const fn builder() -> RedisFailureCountsBuilder {
         RedisFailureCountsBuilder::new()
     }

@@ -151,7 +151,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             let mut matches = PrefixMatches::default();
             let mut query = ListQuery {
                 limit: 1024,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             query.after = low.as_u128().checked_sub(1).map(EntryId::from_u128);
             loop {
@@ -243,7 +243,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
             let mut stats = Stats::default();
             let mut query = ListQuery {
                 limit: 1024,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             loop {
                 let page = self.list(query.clone()).await?;
@@ -338,6 +338,14 @@ pub(crate) fn time_from_millis(millis: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(millis.min(MAX_MILLIS))
 }
 
+/// The entry stored as `bytes` ([`DeadLetterEntry::to_bytes`]); bytes that
+/// are not one are a corrupt store.
+#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
+pub(crate) fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
+    DeadLetterEntry::from_bytes(bytes)
+        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
+}
+
 /// When a lease of `lease` taken at `now` ends, in milliseconds since the
 /// Unix epoch, saturating at [`MAX_MILLIS`].
 pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
@@ -347,13 +355,13 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 }
 
 /// Which entries [`DeadLetterStore::list`] returns: set the fields you need
-/// over [`ListQuery::new`]'s.
+/// over [`ListQuery::default`]'s.
 ///
 /// ```
 /// use tower_classify::FailureKind;
 /// use tower_poison::store::ListQuery;
 ///
-/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::new() };
+/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::default() };
 /// assert_eq!((poison.limit, poison.after), (20, None));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -372,15 +380,9 @@ pub struct ListQuery {
     pub failed_before: Option<SystemTime>,
 }
 
+/// The first 100 entries, unfiltered.
 impl Default for ListQuery {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ListQuery {
-    /// The first 100 entries, unfiltered.
-    pub const fn new() -> Self {
         ListQuery {
             after: None,
             limit: 100,
@@ -389,7 +391,9 @@ impl ListQuery {
             failed_before: None,
         }
     }
+}
 
+impl ListQuery {
     /// `true` when `entry` passes the filters (not the cursor or limit).
     pub fn matches(&self, entry: &DeadLetterEntry) -> bool {
         self.kind.is_none_or(|kind| entry.kind == kind)
@@ -441,7 +445,8 @@ impl PrefixMatches {
     }
 }
 
-/// Which entries [`DeadLetterStore::purge`] removes.
+/// Which entries [`DeadLetterStore::purge`] removes: every entry
+/// (`PurgeFilter::default()`) or those [older than](Self::older_than) an age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct PurgeFilter {
@@ -450,13 +455,6 @@ pub struct PurgeFilter {
 }
 
 impl PurgeFilter {
-    /// Every entry.
-    pub const fn all() -> Self {
-        PurgeFilter {
-            failed_before: None,
-        }
-    }
-
     /// Entries whose first failure is more than `age` before `now`.
     pub fn older_than(age: Duration, now: SystemTime) -> Self {
         PurgeFilter {

@@ -13,8 +13,8 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore, ListQuery,
-    Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
+    decode, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -331,13 +331,8 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
 }
 
 impl RedbStore {
-    /// Opens the store at `path` with the default settings (see
-    /// [`RedbStoreBuilder::open`]).
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        RedbStoreBuilder::new().open(path)
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedbStore::builder().open(path)` opens the store with
+    /// the default settings.
     pub const fn builder() -> RedbStoreBuilder {
         RedbStoreBuilder::new()
     }
@@ -403,11 +398,6 @@ fn subtract_depth(depth: &AtomicU64, count: u64) {
     let _ = depth.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
         Some(current.saturating_sub(count))
     });
-}
-
-fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
-    DeadLetterEntry::from_bytes(bytes)
-        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
 /// The writer thread's side of the store.
@@ -853,7 +843,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_depth_counter_saturates_at_zero() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path().join("dlq.redb")).unwrap();
+        let store = RedbStore::builder()
+            .open(dir.path().join("dlq.redb"))
+            .unwrap();
         let (a, b) = (entry(), entry());
         store.put(a.clone()).await.unwrap();
         store.put(b.clone()).await.unwrap();
@@ -862,7 +854,7 @@ mod tests {
         store.inner.depth.store(0, Ordering::Relaxed);
         assert!(store.remove(a.id).await.unwrap());
         assert_eq!(store.depth().await.unwrap(), 0);
-        assert_eq!(store.purge(PurgeFilter::all()).await.unwrap(), 1);
+        assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
         assert_eq!(store.depth().await.unwrap(), 0);
     }
 
@@ -915,7 +907,7 @@ mod tests {
             ids.push(put.await.unwrap().unwrap());
         }
         drop(store);
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::builder().open(&path).unwrap();
         assert_eq!(store.depth().await.unwrap(), 6);
         for id in ids {
             assert!(store.get(id).await.unwrap().is_some());

@@ -8,8 +8,9 @@ use redis::{RedisError, Script};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
-    millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError, StoreErrorKind, MAX_MILLIS,
+    decode, millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken,
+    DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError,
+    StoreErrorKind, MAX_MILLIS,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -20,7 +21,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// # Layout
 ///
 /// A queue named `NAME` (the `stream` argument of
-/// [`connect`](Self::connect)) lives in these keys, all with the hash tag
+/// [`connect`](RedisDeadLetterStoreBuilder::connect)) lives in these keys, all with the hash tag
 /// `{NAME}` so that on Redis Cluster they share one slot and every script
 /// below runs on one node (no `CROSSSLOT`):
 ///
@@ -109,7 +110,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// use tower_poison::store::RedisDeadLetterStore;
 /// use tower_poison::DeadLetterLayer;
 ///
-/// let store = RedisDeadLetterStore::connect("redis://127.0.0.1:6379", "orders:dlq").await?;
+/// let store = RedisDeadLetterStore::builder().connect("redis://127.0.0.1:6379", "orders:dlq").await?;
 /// let layer = DeadLetterLayer::new(store).label("orders");
 /// # let _ = layer;
 /// # Ok(())
@@ -355,16 +356,8 @@ struct Scan {
 }
 
 impl RedisDeadLetterStore {
-    /// Connects to `url` (`redis://host:port/db`, or a Redis Cluster's node URLs
-    /// comma-separated: see [`RedisConnectOptions`]) with the default options and
-    /// uses the queue `stream` (one per queue; see the key layout above).
-    pub async fn connect(url: &str, stream: impl Into<String>) -> Result<Self, StoreError> {
-        RedisDeadLetterStoreBuilder::new()
-            .connect(url, stream)
-            .await
-    }
-
-    /// A builder for other settings.
+    /// A builder: `RedisDeadLetterStore::builder().connect(url, stream)`
+    /// connects with the default settings.
     pub const fn builder() -> RedisDeadLetterStoreBuilder {
         RedisDeadLetterStoreBuilder::new()
     }
@@ -450,7 +443,7 @@ impl RedisDeadLetterStore {
             .into_iter()
             .flatten()
             .map(|json| {
-                let entry = decode_json(&json)?;
+                let entry = decode(&json)?;
                 Ok((json, entry))
             })
             .collect::<Result<Vec<_>, StoreError>>()
@@ -483,11 +476,6 @@ impl RedisDeadLetterStore {
 
 fn corrupt(message: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Corrupt, message)
-}
-
-fn decode_json(json: &[u8]) -> Result<DeadLetterEntry, StoreError> {
-    DeadLetterEntry::from_bytes(json)
-        .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
 impl DeadLetterStore for RedisDeadLetterStore {
@@ -527,7 +515,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
-        json.as_deref().map(decode_json).transpose()
+        json.as_deref().map(decode).transpose()
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
@@ -548,7 +536,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     return Ok(Page { entries, next });
                 }
-                let entry = decode_json(&json)?;
+                let entry = decode(&json)?;
                 if query.matches(&entry) {
                     entries.push(entry);
                 }
@@ -647,7 +635,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .map_err(|e| self.failed(&format!("claim entry {id}"), e))?;
         match reply.as_slice() {
             [status, json, lapsed @ ..] if status == b"claimed" => Ok(Claim::Claimed {
-                entry: decode_json(json)?,
+                entry: decode(json)?,
                 token,
                 previous_claim_lapsed: lapsed == [b"lapsed"],
             }),

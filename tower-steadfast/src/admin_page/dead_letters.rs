@@ -70,7 +70,7 @@ fn summary_json(entry: &DeadLetterEntry) -> Value {
         "attempts": entry.attempts,
         "method": entry.method,
         "uri": entry.uri,
-        "error": entry.error_text(),
+        "error": entry.error.join(": "),
         "first_failed_at_ms": millis(entry.first_failed_at),
         "last_failed_at_ms": millis(entry.last_failed_at),
         "failed_replays": entry.failed_replays,
@@ -147,7 +147,7 @@ where
             let mut scanned = 0;
             let mut query = ListQuery {
                 limit: SCAN_PAGE,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             let complete = loop {
                 let page = self.store.list(query.clone()).await?;
@@ -186,7 +186,7 @@ where
         Box::pin(async move {
             let mut service = self.service.clone();
             let outcome = Replayer::new(&self.store)
-                .describe(HttpCapture::new())
+                .describe(HttpCapture::default())
                 .replay(id, &mut service, &HttpClassifier::new(), |entry| {
                     http_request(entry, &self.destination, &[])
                 })
@@ -205,7 +205,7 @@ where
             let query = ListQuery {
                 label: Some(label),
                 limit: SCAN_PAGE,
-                ..ListQuery::new()
+                ..ListQuery::default()
             };
             // Each page starts again from the first entry left: the ones
             // before were removed.
