@@ -63,10 +63,8 @@ pub struct RequestRecord {
 /// - [`describe_fn`] for any other request type, such as a queue message: a
 ///   closure describes the message, which passes through unchanged.
 ///
-/// These two are the implementations: a [`PendingRecord`] is made by the
-/// crate alone. A request that must reach the inner service changed is
-/// described with [`describe_fn`] and changed by a layer below (tower's
-/// `MapRequestLayer`).
+/// A capture of one's own returns [`PendingRecord::ready`] with the record
+/// it made up front.
 pub trait CaptureRequest<Req> {
     /// The request the inner service receives.
     type Request;
@@ -219,8 +217,9 @@ where
 }
 
 impl PendingRecord {
-    /// A record made up front (by a [`describe_fn`] closure).
-    pub(crate) fn ready(record: RequestRecord) -> Self {
+    /// A record made up front, as a [`describe_fn`] closure's is, for a
+    /// capture of one's own.
+    pub fn ready(record: RequestRecord) -> Self {
         PendingRecord {
             message_id: record.message_id.clone(),
             delivery: record.delivery,

@@ -237,8 +237,17 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
         ),
     };
     config.retry_builder().check().map_err(|error| {
+        if error.field() == "max_retries" {
+            // The builder counts retries; the block counts attempts.
+            return ConfigError::new(
+                format!("{}.max_attempts", section_path("retry")),
+                format!(
+                    "must be from 1 (no retry) to {}",
+                    crate::load::MAX_ATTEMPTS_LIMIT
+                ),
+            );
+        }
         let key = match error.field() {
-            "max_retries" => Some("max_attempts"),
             "retry_on" => Some("retry_on"),
             "backoff.kind" => Some("backoff"),
             "deadline" => Some("deadline_ms"),
@@ -275,6 +284,7 @@ mod tests {
         config.retry.max_attempts = Some(18);
         let error = check_with_layers(&config, "resilience").unwrap_err();
         assert_eq!(error.field(), "resilience.retry.max_attempts");
+        assert_eq!(error.reason(), "must be from 1 (no retry) to 17");
 
         let mut config = ResilienceConfig::default();
         config.circuit_breaker.consecutive_failures = Some(0);

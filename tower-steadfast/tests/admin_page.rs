@@ -364,6 +364,41 @@ async fn script_in_a_breaker_key_or_a_label_comes_back_as_data_never_as_markup()
     assert!(script.contains("textContent"));
 }
 
+/// An open breaker (opened by failures, not forced) shows how long until
+/// its next probe as a number of milliseconds: the name the page reads.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_shows_the_time_left_before_its_next_probe() {
+    let f = fixture();
+    let down = tower::service_fn(|_request: Request<ReplayBody<Full<Bytes>>>| async {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        Ok::<_, std::io::Error>(response)
+    });
+    let service = tower::ServiceBuilder::new()
+        .layer(f.stack.clone())
+        .service(down);
+    let handle = f.stack.breaker_handle();
+    for _ in 0..50 {
+        if handle
+            .get("orders")
+            .is_some_and(|breaker| breaker.state == State::Open)
+        {
+            break;
+        }
+        let request = Request::get("http://orders.internal/")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let _ = service.clone().oneshot(request).await;
+    }
+    assert_eq!(handle.get("orders").unwrap().state, State::Open);
+
+    let breaker = &state(&f.router).await["breakers"][0];
+    assert_eq!(breaker["state"], "open", "{breaker}");
+    assert_eq!(breaker["forced"], false, "{breaker}");
+    let left = breaker["remaining_open_ms"].as_u64();
+    assert!(left.is_some_and(|ms| ms > 0), "{breaker}");
+}
+
 #[tokio::test]
 async fn force_open_force_closed_and_reset_change_the_breaker() {
     let f = fixture();

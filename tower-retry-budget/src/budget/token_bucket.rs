@@ -52,7 +52,8 @@ pub struct TokenBucketBudget {
 
 impl TokenBucketBudget {
     /// A full bucket of `max_tokens` (1–1000) refilled by `token_ratio`
-    /// (0.001–1000, kept to three decimals) per deposit. Errors name the field.
+    /// (0.001–1000; digits past the third decimal are dropped, as A6 says)
+    /// per deposit. Errors name the field.
     pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ConfigError> {
         if !(1..=1000).contains(&max_tokens) {
             return Err(ConfigError::new(
@@ -60,7 +61,10 @@ impl TokenBucketBudget {
                 format!("{max_tokens} must be between 1 and 1000"),
             ));
         }
-        let ratio = (token_ratio * MILLI as f64).round();
+        // A6 keeps three decimals and drops the rest. `floor` of a product
+        // in floating point can land a thousandth low (0.29 × 1000 =
+        // 289.99…), hence the nudge.
+        let ratio = (token_ratio * MILLI as f64 + 1e-9).floor();
         if !(token_ratio.is_finite() && (1.0..=1_000_000.0).contains(&ratio)) {
             return Err(ConfigError::new(
                 "token_ratio",
@@ -159,6 +163,22 @@ impl Budget for AskOnly {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn the_ratio_is_cut_to_three_decimals_as_a6_says() {
+        let ratio = |r: f64| TokenBucketBudget::new(10, r).unwrap().ratio;
+        assert_eq!(ratio(0.5466), 546);
+        assert_eq!(ratio(0.29), 290);
+        assert_eq!(ratio(0.1), 100);
+        for refused in [0.0009, 0.0, -1.0, f64::NAN, f64::INFINITY, 1000.001] {
+            let error = TokenBucketBudget::new(10, refused).unwrap_err();
+            assert_eq!(error.field(), "token_ratio", "{refused}");
+        }
+        assert_eq!(
+            TokenBucketBudget::new(0, 0.1).unwrap_err().field(),
+            "max_tokens"
+        );
+    }
 
     #[test]
     fn throttles_at_half_and_recovers_by_ratio() {

@@ -254,7 +254,10 @@ impl ServiceConfig {
 
     /// A new, full [`TokenBucketBudget`] for this config's `retryThrottling`
     /// (`None` without one). A6 throttles per server: make one per server
-    /// and give the same `Arc` to the layers of all its methods.
+    /// and give the same `Arc` to the layers of all its methods, through
+    /// [`layer`](Self::layer) only: the service config's classifier counts
+    /// it, so as a retry or hedge layer's own `budget` it would be counted
+    /// twice.
     pub fn retry_throttle(&self) -> Option<std::sync::Arc<TokenBucketBudget>> {
         self.retry_throttling.as_ref().map(|config| {
             std::sync::Arc::new(TokenBucketBudget::with_thousandths(

@@ -52,7 +52,8 @@ use crate::ResilienceLayer;
 ///   tab's `sessionStorage`, never in a URL.
 /// - Writes are `POST`s with a JSON body, refused with `403` when the
 ///   browser says they come from another site (an `Origin` that is not the
-///   `Host`, or `Sec-Fetch-Site: cross-site`). Behind a reverse proxy, pass
+///   `Host`, or over HTTP/2 the `:authority`, or `Sec-Fetch-Site:
+///   cross-site`). Behind a reverse proxy, pass
 ///   the browser's `Host` on, or every write from the page is refused.
 /// - Nothing a request or a store holds is put into HTML by the server: the
 ///   JSON is data, and the page's script writes every value as text
