@@ -30,7 +30,7 @@ use tower_classify::RefusalToken;
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit. An answer to a
 /// remote caller built from it (tower-classify's `HttpStatusLayer` or
-/// `GrpcStatusLayer`, `problem`, `not_run`) says the wait of the breaker's
+/// `GrpcStatusLayer`, `Problem::for_error`, `not_run`) says the wait of the breaker's
 /// own `503`: [`retry_after`](CircuitOpen::retry_after), else the
 /// [`remaining`](CircuitOpen::remaining) open time, however early in the
 /// period.
@@ -98,7 +98,7 @@ impl CircuitOpen {
     /// left of it. It is the hint the refusal's [`failure`](Self::failure)
     /// carries to a retry layer. An HTTP or gRPC answer of the refusal
     /// (the `http` feature's `503`, tower-classify's `HttpStatusLayer`,
-    /// `problem`, `not_run` and `GrpcStatusLayer`) tells its caller this
+    /// `Problem::for_error`, `not_run` and `GrpcStatusLayer`) tells its caller this
     /// wait, or without it the [`remaining`](Self::remaining) open time (see
     /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).
     pub fn retry_after(&self) -> Option<Duration> {

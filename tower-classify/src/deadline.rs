@@ -285,7 +285,7 @@ mod server {
     /// [`Deadline`] extension, and ends the call with
     /// [`Elapsed`](tower::timeout::error::Elapsed) (a timeout to every
     /// classifier; `DEADLINE_EXCEEDED` under
-    /// [`GrpcStatusLayer`](crate::grpc_status::GrpcStatusLayer)) when it
+    /// [`GrpcStatusLayer`](crate::status::GrpcStatusLayer)) when it
     /// passes, dropping the handler's future.
     ///
     /// The deadline is the earliest of the headers, a `Deadline` already in

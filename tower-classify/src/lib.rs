@@ -36,13 +36,11 @@ pub mod duration;
 #[cfg(feature = "http")]
 pub mod grpc;
 #[cfg(feature = "http")]
-pub mod grpc_status;
-#[cfg(feature = "http")]
 pub mod hint;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "http")]
-pub mod http_status;
+pub mod status;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use tower_classify::http_status::Problem;
+use tower_classify::status::Problem;
 
 use crate::store::NotKept;
 
@@ -137,7 +137,7 @@ impl Rejection {
     /// [retrying](Self::is_retryable) the same request is the right move.
     ///
     /// It is built by tower-classify's
-    /// [`Problem`](tower_classify::http_status::Problem), as every HTTP
+    /// [`Problem`](tower_classify::status::Problem), as every HTTP
     /// error answer of the family is. Its `type` is this enum's page rather
     /// than `about:blank`: the statuses the idempotency draft gives these
     /// problems (409, 422) are shared with other problems, so the type says
