@@ -359,13 +359,10 @@ fn grpc_pushback_and_http_fallback() {
     assert_eq!(classify(&response(503)), fail(FailureKind::ServerError));
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", "8".parse().unwrap());
-    assert_eq!(
-        GrpcClassifier::classify_end_of_stream(Some(&trailers)),
-        fail(FailureKind::RateLimited)
-    );
+    assert_eq!(grpc_end(Some(&trailers)), fail(FailureKind::RateLimited));
     trailers.insert("grpc-status", "x".parse().unwrap());
     assert_eq!(
-        GrpcClassifier::classify_end_of_stream(Some(&trailers)),
+        grpc_end(Some(&trailers)),
         fail(FailureKind::ServerError),
         "an unreadable status is UNKNOWN"
     );
@@ -373,7 +370,7 @@ fn grpc_pushback_and_http_fallback() {
 
 #[test]
 fn grpc_end_of_stream_reads_trailers_and_fails_a_missing_status() {
-    let end = GrpcClassifier::classify_end_of_stream;
+    let end = grpc_end;
     let trailers = |pairs: &[(&'static str, &str)]| {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
@@ -673,4 +670,12 @@ fn every_kind_name_parses_back() {
     let err = "nope".parse::<FailureKind>().unwrap_err();
     assert_eq!(err.field(), "kind");
     assert!(err.to_string().contains("server_error"), "{err}");
+}
+
+/// How a `GrpcClassifier` judges the end of a body: its trailers, or none.
+fn grpc_end(trailers: Option<&HeaderMap>) -> Outcome {
+    Classify::<Response<()>, BoxError>::classify_end(
+        &GrpcClassifier::new(),
+        tower_classify::StreamEnd::Trailers(trailers),
+    )
 }

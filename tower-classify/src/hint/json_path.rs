@@ -98,7 +98,7 @@ impl JsonPath {
     }
 
     /// The first value the path selects, if any.
-    pub fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
+    pub(crate) fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
         self.select(document).into_iter().next()
     }
 
