@@ -61,7 +61,7 @@ impl HttpClassifierConfig {
                     "must name at least one status; omit it for the default table",
                 ));
             }
-            classifier = classifier.retryable_statuses(set);
+            classifier = classifier.retryable_set(set);
         }
         let rules = self
             .retry_on_response

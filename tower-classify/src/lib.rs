@@ -67,7 +67,7 @@ pub use self::settle::{OnEnd, SettleBody, StreamEnd};
 /// Marked, because they will grow: [`FailureKind`] (new kinds of failure),
 /// [`RetryHint`] (new ways to say when to try again), [`Failure`] (more
 /// about a failure than its kind and hint), the `backoff_from` readers and
-/// units, the configuration structs and enums, and `CarriedStatus`.
+/// units, and the configuration structs and enums.
 ///
 /// Left exhaustive on purpose: [`Outcome`]. Success, failure, or neither is
 /// the whole contract between classifiers and the layers that act on them;

@@ -185,31 +185,9 @@ pub struct GrpcStatusLayer {
     status_of: Option<StatusOf>,
 }
 
-/// Reads the gRPC status an error already is; see [`GrpcStatusLayer::status_of`].
-type StatusOf = fn(&(dyn Error + 'static)) -> Option<CarriedStatus>;
-
-/// A gRPC status that an error already is (a `tonic::Status` from a layer
-/// below), as [`GrpcStatusLayer::status_of`] reads it: sent as it is
-/// instead of being classified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CarriedStatus {
-    /// The `grpc-status` code, sent as given.
-    pub code: u32,
-    /// The `grpc-message`, percent-encoded and cut as every message is
-    /// (and left out under [`without_details`](GrpcStatusLayer::without_details)).
-    pub message: String,
-}
-
-impl CarriedStatus {
-    /// The status `code` with `message`.
-    pub fn new(code: u32, message: impl Into<String>) -> Self {
-        CarriedStatus {
-            code,
-            message: message.into(),
-        }
-    }
-}
+/// Reads the gRPC status an error already is, `(code, message)`; see
+/// [`GrpcStatusLayer::status_of`].
+type StatusOf = fn(&(dyn Error + 'static)) -> Option<(u32, String)>;
 
 impl GrpcStatusLayer {
     /// The layer with the mapping above, classifying errors with
@@ -234,7 +212,9 @@ impl GrpcStatusLayer {
     }
 
     /// Recognises errors that already are a gRPC status, and sends that
-    /// status as it is instead of classifying the error. `status_of` is
+    /// status as it is instead of classifying the error: its code as given,
+    /// its message percent-encoded and cut as every message is (and left out
+    /// under [`without_details`](Self::without_details)). `status_of` is
     /// asked about the error, then each of its
     /// [`source`](std::error::Error::source)s in turn; the first answer
     /// wins. Without it, such an error is classified like any other, which
@@ -246,7 +226,7 @@ impl GrpcStatusLayer {
     /// ```text
     /// |error| {
     ///     let status = error.downcast_ref::<tonic::Status>()?;
-    ///     Some(CarriedStatus::new(status.code() as u32, status.message()))
+    ///     Some((status.code() as u32, status.message().to_owned()))
     /// }
     /// ```
     ///
@@ -254,7 +234,7 @@ impl GrpcStatusLayer {
     ///
     /// ```
     /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_classify::status::{CarriedStatus, GrpcStatusLayer};
+    /// use tower_classify::status::GrpcStatusLayer;
     /// use tower_classify::BoxError;
     ///
     /// /// Shaped like `tonic::Status`: a code and a message.
@@ -271,7 +251,7 @@ impl GrpcStatusLayer {
     /// # async fn main() {
     /// let layer = GrpcStatusLayer::new().status_of(|error| {
     ///     let status = error.downcast_ref::<Status>()?;
-    ///     Some(CarriedStatus::new(status.code as u32, status.message.clone()))
+    ///     Some((status.code as u32, status.message.clone()))
     /// });
     /// let not_found = service_fn(|_req: http::Request<()>| async {
     ///     Err::<http::Response<String>, BoxError>(
@@ -296,7 +276,7 @@ impl GrpcStatusLayer {
             std::iter::successors(Some(error), |&error| error.source()).find_map(status_of)
         });
         let (code, message) = match carried {
-            Some(carried) => (carried.code, carried.message),
+            Some(carried) => carried,
             None => {
                 let answer = answer(error, &self.settings.classifier);
                 if let Some(millis) = answer.pushback {

@@ -64,6 +64,9 @@ fn config_validation_names_the_nested_field() {
     let config: HttpClassifierConfig =
         serde_json::from_value(json!({"retryable_statuses": [429, 42]})).unwrap();
     assert_eq!(config.build().unwrap_err().field(), "retryable_statuses");
+    let config: HttpClassifierConfig =
+        serde_json::from_value(json!({"retryable_statuses": [429, 1000]})).unwrap();
+    assert_eq!(config.build().unwrap_err().field(), "retryable_statuses");
     let err = serde_json::from_value::<HttpClassifierConfig>(json!({
         "retry_on_response": [{"status": [400], "header": "x", "backoff": "soon"}]
     }))

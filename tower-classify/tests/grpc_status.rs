@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_classify::status::{CarriedStatus, GrpcStatusLayer};
+use tower_classify::status::GrpcStatusLayer;
 use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
 
 async fn answer(error: BoxError) -> Response<String> {
@@ -251,9 +251,9 @@ impl std::error::Error for Wrapped {
     }
 }
 
-fn tonic_like(error: &(dyn std::error::Error + 'static)) -> Option<CarriedStatus> {
+fn tonic_like(error: &(dyn std::error::Error + 'static)) -> Option<(u32, String)> {
     let status = error.downcast_ref::<Status>()?;
-    Some(CarriedStatus::new(status.code as u32, status.message))
+    Some((status.code as u32, status.message.to_owned()))
 }
 
 async fn answer_with(layer: GrpcStatusLayer, error: BoxError) -> Response<String> {

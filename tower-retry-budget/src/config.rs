@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use serde::{Deserialize, Serialize};
-use tower_classify::http::StatusSet;
+use tower_classify::config::HttpClassifierConfig;
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, BackoffKind, Jitter};
@@ -194,17 +194,10 @@ impl RetryConfig {
     /// Applies the settings to an HTTP builder ([`RetryLayer::http_builder`](crate::RetryLayer::http_builder)'s),
     /// checking every field.
     pub fn http_builder(&self) -> Result<RetryBuilder<HttpClassifier, HttpReplay>, ConfigError> {
-        let mut classifier = HttpClassifier::new();
-        if let Some(codes) = &self.retryable_statuses {
-            let set = StatusSet::from_codes("retryable_statuses", codes.iter().copied())?;
-            if set.is_empty() {
-                return Err(ConfigError::new(
-                    "retryable_statuses",
-                    "must name at least one status",
-                ));
-            }
-            classifier = classifier.retryable_statuses(set);
-        }
+        // The classifier's own configuration checks the codes.
+        let mut classifier = HttpClassifierConfig::default();
+        classifier.retryable_statuses = self.retryable_statuses.clone();
+        let classifier = classifier.build()?;
         let mut replay = HttpReplay::new().retry_non_idempotent(self.retry_non_idempotent);
         if let Some(name) = &self.attempt_header {
             let name = HeaderName::try_from(name.as_str()).map_err(|_| {
