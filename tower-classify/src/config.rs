@@ -228,6 +228,6 @@ impl<'de> Deserialize<'de> for RetryOn {
 
 impl Serialize for RetryOn {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter().filter_map(RetryOn::name_of))
+        serializer.collect_seq(self.names())
     }
 }

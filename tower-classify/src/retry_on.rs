@@ -105,17 +105,13 @@ impl RetryOn {
         }
     }
 
-    /// The kinds in the set.
-    pub fn iter(&self) -> impl Iterator<Item = FailureKind> + '_ {
+    /// The configuration names of the classes in the set (`http_5xx`, …),
+    /// in a fixed order, as the set is written.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         CLASSES
             .iter()
-            .map(|(kind, _)| *kind)
-            .filter(move |kind| self.contains(*kind))
-    }
-
-    /// The configuration name of a transient `kind` (`http_5xx`, …).
-    pub fn name_of(kind: FailureKind) -> Option<&'static str> {
-        CLASSES.iter().find(|(k, _)| *k == kind).map(|(_, n)| *n)
+            .filter(move |(kind, _)| self.contains(*kind))
+            .map(|(_, name)| *name)
     }
 
     fn kind_named(name: &str) -> Option<FailureKind> {
@@ -170,8 +166,6 @@ impl Default for RetryOn {
 
 impl fmt::Debug for RetryOn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set()
-            .entries(self.iter().filter_map(RetryOn::name_of))
-            .finish()
+        f.debug_set().entries(self.names()).finish()
     }
 }

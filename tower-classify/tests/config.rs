@@ -48,6 +48,17 @@ fn config_refuses_an_empty_retry_on() {
     assert!(err.contains("teapot"), "{err}");
     let ok = serde_json::from_str::<Policy>(r#"{"retry_on": ["timeout"]}"#).unwrap();
     assert!(ok.retry_on.contains(FailureKind::Timeout));
+    // Written as its names, in a fixed order, `connection` holding `not_sent`.
+    assert_eq!(
+        serde_json::to_value(RetryOn::default()).unwrap(),
+        json!([
+            "http_5xx",
+            "rate_limited",
+            "connection",
+            "timeout",
+            "not_sent"
+        ])
+    );
 }
 
 #[test]
