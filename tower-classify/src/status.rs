@@ -462,7 +462,7 @@ where
 }
 
 /// The gRPC status code for an error's classification.
-pub fn status_code(outcome: &Outcome) -> u32 {
+fn status_code(outcome: &Outcome) -> u32 {
     match outcome {
         Outcome::Ignored => 1,
         Outcome::Success => 2,
