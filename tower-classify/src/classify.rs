@@ -204,7 +204,7 @@ pub trait ClassifyExt: Sized {
     fn retry_on(
         self,
         retry_on: RetryOn,
-    ) -> Map<Self, impl Fn(Outcome) -> Outcome + Clone + Copy + Send + Sync + 'static> {
+    ) -> Map<Self, impl Fn(Outcome) -> Outcome + Copy + Send + Sync + 'static> {
         self.map(move |outcome| match outcome {
             Outcome::Failure(failure)
                 if failure.kind.is_transient() && !retry_on.contains(failure.kind) =>

@@ -99,7 +99,7 @@ pub struct ResponseRuleConfig {
     /// A fixed wait for matching responses.
     #[serde(
         default,
-        with = "crate::duration::serde::option",
+        with = "crate::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub backoff: Option<Duration>,

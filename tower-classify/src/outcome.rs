@@ -38,11 +38,6 @@ impl Outcome {
         }
     }
 
-    /// `true` for [`Outcome::Success`].
-    pub const fn is_success(&self) -> bool {
-        matches!(self, Outcome::Success)
-    }
-
     /// `true` when this is a failure that a retry may fix: a
     /// [transient](FailureKind::is_transient) kind whose hint does not forbid it.
     pub fn is_retryable(&self) -> bool {

@@ -14,7 +14,7 @@ use crate::outcome::FailureKind;
 /// after which a non-idempotent request is safe to resend.
 ///
 /// Two sets are equal when they hold the same kinds: `connection` always holds
-/// `not_sent`, so naming the first four classes, `RetryOn::ALL` and the
+/// `not_sent`, so naming the first four classes and the
 /// default are one set, every transient kind (`ServerError`, `RateLimited`,
 /// `Connection`, `Timeout`, `NotSent`). An empty set is a configuration
 /// error, not "retry nothing": a policy that retries nothing should say
@@ -50,9 +50,6 @@ const CONNECTION: u8 = 4;
 const NOT_SENT: u8 = 16;
 
 impl RetryOn {
-    /// Every transient class.
-    pub const ALL: RetryOn = RetryOn { bits: 0b1_1111 };
-
     /// The set of `kinds`.
     ///
     /// Fails when `kinds` is empty or holds a kind that is not transient
@@ -158,9 +155,10 @@ impl RetryOn {
     }
 }
 
+/// Every transient class.
 impl Default for RetryOn {
     fn default() -> Self {
-        RetryOn::ALL
+        RetryOn { bits: 0b1_1111 }
     }
 }
 

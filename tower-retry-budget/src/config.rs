@@ -58,14 +58,14 @@ pub struct RetryConfig {
     /// One deadline for the whole loop, attempts and sleeps together.
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub deadline: Option<Duration>,
     /// A timeout for each attempt.
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub attempt_timeout: Option<Duration>,
@@ -76,7 +76,7 @@ pub struct RetryConfig {
     /// The longest server-requested wait honoured (default 1 h).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_wait: Option<Duration>,
@@ -109,7 +109,7 @@ pub struct BackoffConfig {
     /// The first delay (default 1 s).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub initial_delay: Option<Duration>,
@@ -119,7 +119,7 @@ pub struct BackoffConfig {
     /// The cap, applied before jitter (default 60 s).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_delay: Option<Duration>,

@@ -101,11 +101,6 @@ impl JsonPath {
     pub(crate) fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
         self.select(document).into_iter().next()
     }
-
-    /// The path as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
 }
 
 impl fmt::Debug for JsonPath {
