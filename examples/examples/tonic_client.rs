@@ -77,7 +77,7 @@ use tower::{BoxError, ServiceBuilder};
 use tower_breaker::answer::HttpError;
 use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer, State};
-use tower_classify::grpc_status::GrpcStatusLayer;
+use tower_classify::status::GrpcStatusLayer;
 use tower_classify::GrpcClassifier;
 use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
 use tower_retry_budget::service_config::ServiceConfig;

@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tower_classify::hint::{cost_bucket_wait, BackoffFrom, WaitUnit};
+use tower_classify::hint::{BackoffFrom, WaitUnit};
 
 const UNITS: [WaitUnit; 6] = [
     WaitUnit::Seconds,
@@ -86,7 +86,13 @@ fuzz_target!(|data: &[u8]| {
     if rest.len() >= 24 {
         let number = |at: usize| f64::from_le_bytes(rest[at..at + 8].try_into().unwrap());
         let (requested, available, rate) = (number(0), number(8), number(16));
-        match cost_bucket_wait(requested, available, rate) {
+        // Read from a report, as a response states it: JSON carries finite
+        // numbers only, and one that is not reads as absent.
+        let json = |n: f64| serde_json::Number::from_f64(n).map_or(serde_json::Value::Null, Into::into);
+        let report = serde_json::json!({"r": json(requested), "a": json(available), "rate": json(rate)});
+        let reader = BackoffFrom::cost_bucket("$.r", "$.a", "$.rate").unwrap();
+        let body = report.to_string();
+        match reader.read(&HeaderMap::new(), Some(body.as_bytes()), UNIX_EPOCH) {
             None => assert!(
                 !(requested.is_finite() && available.is_finite() && rate.is_finite())
                     || rate <= 0.0

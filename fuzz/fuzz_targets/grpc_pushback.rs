@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tower_classify::grpc::{GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
+use tower_classify::grpc::GRPC_RETRY_PUSHBACK_MS;
 use tower_classify::hint::parse_grpc_pushback;
-use tower_classify::{GrpcClassifier, Outcome, RetryHint};
+use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, RetryHint, StreamEnd};
 
 fuzz_target!(|data: &[u8]| {
     let (pushback, status) = match data.iter().position(|&b| b == b'\n') {
@@ -48,9 +48,12 @@ fuzz_target!(|data: &[u8]| {
         trailers.insert(GRPC_RETRY_PUSHBACK_MS, value);
     }
     if let Some(Ok(value)) = status.map(HeaderValue::from_bytes) {
-        trailers.insert(GRPC_STATUS, value);
+        trailers.insert("grpc-status", value);
     }
-    let outcome = GrpcClassifier::classify_end_of_stream(Some(&trailers));
+    let outcome = Classify::<http::Response<()>, BoxError>::classify_end(
+        &GrpcClassifier::new(),
+        StreamEnd::Trailers(Some(&trailers)),
+    );
     match GrpcClassifier::status_code(&trailers) {
         Some(code) => match GrpcClassifier::code_outcome(code) {
             Outcome::Failure(failure) => {

@@ -24,15 +24,15 @@ fuzz_target!(|data: &[u8]| {
     let Ok(parsed) = parsed else {
         return;
     };
-    // The path keeps its text, and that text reads back as the same path.
-    assert_eq!(parsed.as_str(), path);
-    assert_eq!(JsonPath::parse("path", parsed.as_str()).unwrap(), parsed);
+    // The path keeps its text (its `Debug`), and that text reads back as
+    // the same path.
+    assert_eq!(format!("{parsed:?}"), path);
+    assert_eq!(JsonPath::parse("path", path).unwrap(), parsed);
 
     let Ok(document) = serde_json::from_slice::<Value>(document) else {
         return;
     };
     let selected = parsed.select(&document);
-    assert_eq!(parsed.first(&document), selected.first().copied());
 
     // A trailing `[*]` (or `.*`) selects exactly the children of what the
     // path selects, in order.

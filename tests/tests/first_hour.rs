@@ -17,7 +17,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_breaker::Policy;
 use tower_breaker::{BreakerHandle, CircuitBreakerLayer};
-use tower_classify::http_status::not_run;
+use tower_classify::status::not_run;
 use tower_classify::{ErrorChainClassifier, RefusalToken};
 use tower_idempotency::store::MemoryIdempotencyStore;
 use tower_idempotency::IdempotencyGuardLayer;
@@ -243,7 +243,7 @@ fn error_types(source: &str) -> Vec<String> {
 async fn first_hour_3_an_axum_route_behind_a_breaker_answers_problem_json() {
     use std::time::Duration;
     use tower::ServiceBuilder;
-    use tower_classify::http_status::HttpStatusLayer;
+    use tower_classify::status::HttpStatusLayer;
     use tower_classify::HttpClassifier;
 
     let breaker = CircuitBreakerLayer::builder()

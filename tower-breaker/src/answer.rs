@@ -14,7 +14,7 @@
 #[cfg(feature = "http")]
 use http::Response;
 #[cfg(feature = "http")]
-use tower_classify::http_status::Problem;
+use tower_classify::status::Problem;
 
 /// A refused call fails with a [`CircuitOpen`](crate::CircuitOpen) error,
 /// boxed, and every call is judged by its result as it arrives (its
@@ -38,7 +38,7 @@ pub struct Plain;
 /// ```
 ///
 /// It is tower-classify's answer to the `CircuitOpen`
-/// ([`Problem::for_error`](tower_classify::http_status::Problem::for_error),
+/// ([`Problem::for_error`](tower_classify::status::Problem::for_error),
 /// what its `HttpStatusLayer` sends for a plain breaker's refusal) with the
 /// stable `code` added.
 ///

@@ -52,14 +52,14 @@ pub struct BreakerConfig {
     /// jittered).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub recovery_timeout: Option<Duration>,
     /// See [`Builder::max_recovery_timeout`].
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_recovery_timeout: Option<Duration>,
@@ -82,14 +82,14 @@ pub struct BreakerConfig {
     /// See [`Builder::slow_start`] (default none).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub slow_start: Option<Duration>,
     /// See [`Builder::slow_call_threshold`].
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub slow_call_threshold: Option<Duration>,
@@ -147,7 +147,7 @@ pub struct WindowConfig {
     /// A time window this long.
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub length: Option<Duration>,

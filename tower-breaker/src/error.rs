@@ -30,7 +30,7 @@ use tower_classify::RefusalToken;
 /// outside the breaker, a dead-letter layer) recognises it without depending on
 /// this crate: a retry layer does not spin on an open circuit. An answer to a
 /// remote caller built from it (tower-classify's `HttpStatusLayer` or
-/// `GrpcStatusLayer`, `problem`, `not_run`) says the wait of the breaker's
+/// `GrpcStatusLayer`, `Problem::for_error`, `not_run`) says the wait of the breaker's
 /// own `503`: that `retry_after`, else the
 /// [`remaining`](CircuitOpen::remaining) open time, however early in the
 /// period.
@@ -101,7 +101,7 @@ impl CircuitOpen {
     /// [slow start](crate::Builder::slow_start) names a point of what is
     /// left of it. A retry layer reads the same hint. An HTTP or gRPC answer
     /// of the refusal (the `http` feature's `503`, tower-classify's
-    /// `HttpStatusLayer`, `problem`, `not_run` and `GrpcStatusLayer`) tells
+    /// `HttpStatusLayer`, `Problem::for_error`, `not_run` and `GrpcStatusLayer`) tells
     /// its caller this wait, or without it the
     /// [`remaining`](Self::remaining) open time (see
     /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).

@@ -11,7 +11,7 @@ use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::answer::Http503;
 use tower_breaker::CircuitBreakerLayer;
 use tower_breaker::Policy;
-use tower_classify::http_status::HttpStatusLayer;
+use tower_classify::status::HttpStatusLayer;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, HttpClassifier, RefusalToken};
 
 #[tokio::test(start_paused = true)]

@@ -62,11 +62,9 @@ impl Classified {
     }
 
     /// The same error, telling a caller in another process to wait `wait`
-    /// before trying again: the `Retry-After` of its HTTP answer
-    /// (`http_status`, with the `http` feature) and the
-    /// `grpc-retry-pushback-ms` of its gRPC answer
-    /// (`grpc_status`), in place of the failure's
-    /// hint.
+    /// before trying again: the `Retry-After` of its HTTP answer and the
+    /// `grpc-retry-pushback-ms` of its gRPC answer (module `status`, with
+    /// the `http` feature), in place of the failure's hint.
     ///
     /// The hint is for a retry layer in this process, which may be told
     /// something else: an open circuit refuses a call early in its open
@@ -77,13 +75,13 @@ impl Classified {
     /// ```
     /// # #[cfg(feature = "http")] {
     /// use std::time::Duration;
-    /// use tower_classify::http_status::problem;
+    /// use tower_classify::status::Problem;
     /// use tower_classify::{Classified, ErrorChainClassifier};
     ///
     /// let open = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(2500));
     /// let failure = ErrorChainClassifier::new().classify_error(&open).as_failure().copied();
     /// assert_eq!(failure.unwrap().hint, None, "a retry layer here is told nothing");
-    /// let answer: http::Response<String> = problem(&open);
+    /// let answer: http::Response<String> = Problem::for_error(&open).response();
     /// assert_eq!(answer.headers()["retry-after"], "3");
     /// # }
     /// ```

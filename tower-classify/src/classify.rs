@@ -201,11 +201,22 @@ pub trait ClassifyExt: Sized {
     /// This changes what *every* layer sharing the classifier sees, so a
     /// breaker stops counting the classes left out too. To narrow only what a
     /// retry layer retries, give the [`RetryOn`] set to the retry layer instead.
-    fn retry_on(self, retry_on: RetryOn) -> Map<Self, RetryOnFilter> {
-        Map {
-            inner: self,
-            f: RetryOnFilter { retry_on },
-        }
+    fn retry_on(
+        self,
+        retry_on: RetryOn,
+    ) -> Map<Self, impl Fn(Outcome) -> Outcome + Copy + Send + Sync + 'static> {
+        self.map(move |outcome| match outcome {
+            Outcome::Failure(failure)
+                if failure.kind.is_transient() && !retry_on.contains(failure.kind) =>
+            {
+                Outcome::Failure(Failure {
+                    kind: FailureKind::Rejected,
+                    hint: None,
+                    ..failure
+                })
+            }
+            other => other,
+        })
     }
 }
 
@@ -270,60 +281,22 @@ impl<C: fmt::Debug, F> fmt::Debug for Map<C, F> {
     }
 }
 
-/// Rewrites one outcome; implemented for closures and [`RetryOnFilter`].
-pub trait MapOutcome {
-    /// Rewrites `outcome`.
-    fn map_outcome(&self, outcome: Outcome) -> Outcome;
-}
-
-impl<F> MapOutcome for F
-where
-    F: Fn(Outcome) -> Outcome,
-{
-    fn map_outcome(&self, outcome: Outcome) -> Outcome {
-        self(outcome)
-    }
-}
-
 impl<C, F, Res, E> Classify<Res, E> for Map<C, F>
 where
     C: Classify<Res, E>,
-    F: MapOutcome,
+    F: Fn(Outcome) -> Outcome,
 {
     fn classify(&self, result: Result<&Res, &E>) -> Outcome {
-        self.f.map_outcome(self.inner.classify(result))
+        (self.f)(self.inner.classify(result))
     }
 
     fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
         let outcome = self.inner.classify_head(result)?;
-        Some(self.f.map_outcome(outcome))
+        Some((self.f)(outcome))
     }
 
     #[cfg(feature = "http")]
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
-        self.f.map_outcome(self.inner.classify_end(end))
-    }
-}
-
-/// The outcome rewrite behind [`ClassifyExt::retry_on`].
-#[derive(Debug, Clone, Copy)]
-pub struct RetryOnFilter {
-    retry_on: RetryOn,
-}
-
-impl MapOutcome for RetryOnFilter {
-    fn map_outcome(&self, outcome: Outcome) -> Outcome {
-        match outcome {
-            Outcome::Failure(failure)
-                if failure.kind.is_transient() && !self.retry_on.contains(failure.kind) =>
-            {
-                Outcome::Failure(Failure {
-                    kind: FailureKind::Rejected,
-                    hint: None,
-                    ..failure
-                })
-            }
-            other => other,
-        }
+        (self.f)(self.inner.classify_end(end))
     }
 }

@@ -61,7 +61,7 @@ impl HttpClassifierConfig {
                     "must name at least one status; omit it for the default table",
                 ));
             }
-            classifier = classifier.retryable_statuses(set);
+            classifier = classifier.retryable_set(set);
         }
         let rules = self
             .retry_on_response
@@ -99,7 +99,7 @@ pub struct ResponseRuleConfig {
     /// A fixed wait for matching responses.
     #[serde(
         default,
-        with = "crate::duration::serde::option",
+        with = "crate::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub backoff: Option<Duration>,
@@ -228,6 +228,6 @@ impl<'de> Deserialize<'de> for RetryOn {
 
 impl Serialize for RetryOn {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter().filter_map(RetryOn::name_of))
+        serializer.collect_seq(self.names())
     }
 }

@@ -9,18 +9,13 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_classify::deadline::{format_grpc_timeout, parse_grpc_timeout};
+//! use tower_classify::deadline::format_grpc_timeout;
 //!
-//! assert_eq!(parse_grpc_timeout("100m"), Ok(Duration::from_millis(100)));
-//! assert_eq!(parse_grpc_timeout("2H"), Ok(Duration::from_secs(7200)));
-//! assert!(parse_grpc_timeout("-1S").is_err());
-//! assert!(parse_grpc_timeout("123456789n").is_err(), "at most 8 digits");
 //! // Written at most 8 digits long, never longer than the time left.
 //! assert_eq!(format_grpc_timeout(Duration::from_millis(1500)), "1500000u");
 //! assert_eq!(format_grpc_timeout(Duration::from_secs(3 * 86_400)), "259200S");
 //! ```
 
-use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -56,7 +51,12 @@ impl Deadline {
 
     /// The deadline a header `name` of `headers` asks for, in the
     /// `grpc-timeout` format, counted from now; `None` when it is absent or
-    /// malformed.
+    /// malformed. The format is 1 to 8 ASCII digits and a unit, `H`
+    /// (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u`
+    /// (microseconds) or `n` (nanoseconds), as gRPC's HTTP/2 protocol
+    /// document defines it. Anything else (a sign, a space, a ninth digit,
+    /// an unknown unit) is refused; the largest value, `99999999H`, fits a
+    /// `Duration`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -69,6 +69,8 @@ impl Deadline {
     /// let deadline = Deadline::from_header(&headers, GRPC_TIMEOUT).unwrap();
     /// assert_eq!(deadline.remaining(), Duration::from_millis(250));
     /// assert_eq!(Deadline::from_header(&headers, "x-timeout"), None);
+    /// headers.insert(GRPC_TIMEOUT, "123456789n".parse().unwrap());
+    /// assert_eq!(Deadline::from_header(&headers, GRPC_TIMEOUT), None, "at most 8 digits");
     /// # }
     /// ```
     #[cfg(feature = "http")]
@@ -76,7 +78,7 @@ impl Deadline {
         headers
             .get(name)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| parse_grpc_timeout(value).ok())
+            .and_then(parse_grpc_timeout)
             .map(Deadline::after)
     }
 }
@@ -89,56 +91,28 @@ fn far_future(now: Instant) -> Instant {
 /// The `grpc-timeout` request header.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 
-/// A `grpc-timeout` value that does not follow the gRPC wire format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidGrpcTimeout {
-    reason: &'static str,
-}
-
-impl fmt::Display for InvalidGrpcTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid grpc-timeout: {}", self.reason)
-    }
-}
-
-impl std::error::Error for InvalidGrpcTimeout {}
-
 const MAX_DIGITS: usize = 8;
 
-/// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit, `H`
-/// (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u`
-/// (microseconds) or `n` (nanoseconds), as gRPC's HTTP/2 protocol
-/// document defines it. Anything else (a sign, a space, a ninth digit, an
-/// unknown unit) is refused; the largest value, `99999999H`, fits a
-/// `Duration`.
-pub fn parse_grpc_timeout(value: &str) -> Result<Duration, InvalidGrpcTimeout> {
-    let invalid = |reason| InvalidGrpcTimeout { reason };
-    let bytes = value.as_bytes();
-    let Some((&unit, digits)) = bytes.split_last() else {
-        return Err(invalid("empty"));
-    };
-    if digits.is_empty() {
-        return Err(invalid("no digits before the unit"));
+/// A `grpc-timeout` value as [`Deadline::from_header`] reads it; `None` when
+/// it does not follow the gRPC wire format.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (&unit, digits) = value.as_bytes().split_last()?;
+    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
     }
-    if digits.len() > MAX_DIGITS {
-        return Err(invalid("more than 8 digits"));
-    }
-    let mut amount: u64 = 0;
-    for &digit in digits {
-        if !digit.is_ascii_digit() {
-            return Err(invalid("not an ASCII digit"));
-        }
-        // At most 8 digits: no overflow.
-        amount = amount * 10 + u64::from(digit - b'0');
-    }
-    Ok(match unit {
+    // At most 8 digits: no overflow.
+    let amount = digits
+        .iter()
+        .fold(0u64, |amount, digit| amount * 10 + u64::from(digit - b'0'));
+    Some(match unit {
         b'H' => Duration::from_secs(amount * 3600),
         b'M' => Duration::from_secs(amount * 60),
         b'S' => Duration::from_secs(amount),
         b'm' => Duration::from_millis(amount),
         b'u' => Duration::from_micros(amount),
         b'n' => Duration::from_nanos(amount),
-        _ => return Err(invalid("unknown unit (H, M, S, m, u or n)")),
+        _ => return None,
     })
 }
 
@@ -183,7 +157,7 @@ mod tests {
             ("00000001m", Duration::from_millis(1)),
             ("99999999H", Duration::from_secs(99_999_999 * 3600)),
         ] {
-            assert_eq!(parse_grpc_timeout(text), Ok(expected), "{text}");
+            assert_eq!(parse_grpc_timeout(text), Some(expected), "{text}");
         }
     }
 
@@ -207,7 +181,7 @@ mod tests {
             "0x10S",
             "99999999999999999999S",
         ] {
-            assert!(parse_grpc_timeout(text).is_err(), "{text:?}");
+            assert_eq!(parse_grpc_timeout(text), None, "{text:?}");
         }
     }
 
@@ -285,7 +259,7 @@ mod server {
     /// [`Deadline`] extension, and ends the call with
     /// [`Elapsed`](tower::timeout::error::Elapsed) (a timeout to every
     /// classifier; `DEADLINE_EXCEEDED` under
-    /// [`GrpcStatusLayer`](crate::grpc_status::GrpcStatusLayer)) when it
+    /// [`GrpcStatusLayer`](crate::status::GrpcStatusLayer)) when it
     /// passes, dropping the handler's future.
     ///
     /// The deadline is the earliest of the headers, a `Deadline` already in

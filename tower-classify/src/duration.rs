@@ -141,49 +141,60 @@ pub fn format_duration(duration: Duration) -> String {
     format!("{}{unit}", nanos / size)
 }
 
-/// `#[serde(with = "tower_classify::duration::serde")]` for `Duration` fields
-/// written in human form.
+/// `#[serde(with = "tower_classify::duration::serde")]` for `Duration` and
+/// `Option<Duration>` fields written in human form (`None` is `null`).
 #[cfg(feature = "serde")]
 pub mod serde {
+    use std::borrow::Cow;
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    /// Reads a human-form duration.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    /// Reads a human-form duration, or an optional one.
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Human>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        T::read(deserializer)
     }
 
-    /// Writes a human-form duration.
-    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&super::format_duration(*duration))
+    /// Writes a human-form duration, or an optional one.
+    pub fn serialize<S: Serializer, T: Human>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+        value.write(serializer)
     }
 
-    /// The same for `Option<Duration>`.
-    pub mod option {
-        use std::time::Duration;
+    /// What the functions read and write: `Duration` and `Option<Duration>`
+    /// (a trait no other type can implement, its module being private).
+    mod human {
+        use serde::{Deserializer, Serializer};
 
-        use serde::{Deserialize, Deserializer, Serializer};
+        pub trait Human: Sized {
+            fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+            fn write<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
+        }
+    }
+    use human::Human;
 
-        /// Reads an optional human-form duration.
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            deserializer: D,
-        ) -> Result<Option<Duration>, D::Error> {
-            let text = <Option<std::borrow::Cow<'de, str>>>::deserialize(deserializer)?;
-            text.map(|text| super::super::parse_duration(&text).map_err(serde::de::Error::custom))
+    impl Human for Duration {
+        fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = Cow::<'de, str>::deserialize(deserializer)?;
+            super::parse_duration(&text).map_err(serde::de::Error::custom)
+        }
+
+        fn write<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_str(&super::format_duration(*self))
+        }
+    }
+
+    impl Human for Option<Duration> {
+        fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = Option::<Cow<'de, str>>::deserialize(deserializer)?;
+            text.map(|text| super::parse_duration(&text).map_err(serde::de::Error::custom))
                 .transpose()
         }
 
-        /// Writes an optional human-form duration.
-        pub fn serialize<S: Serializer>(
-            duration: &Option<Duration>,
-            serializer: S,
-        ) -> Result<S::Ok, S::Error> {
-            match duration {
-                Some(duration) => {
-                    serializer.serialize_str(&super::super::format_duration(*duration))
-                }
+        fn write<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            match self {
+                Some(duration) => duration.write(serializer),
                 None => serializer.serialize_none(),
             }
         }

@@ -12,7 +12,7 @@ use crate::outcome::{Failure, FailureKind, Outcome};
 use crate::settle::StreamEnd;
 
 /// The `grpc-status` header or trailer.
-pub const GRPC_STATUS: &str = "grpc-status";
+pub(crate) const GRPC_STATUS: &str = "grpc-status";
 /// The `grpc-message` header or trailer.
 pub(crate) const GRPC_MESSAGE: &str = "grpc-message";
 /// The `grpc-retry-pushback-ms` trailer ([gRFC A6]).
@@ -130,40 +130,6 @@ impl GrpcClassifier {
         }
         Some(String::from_utf8_lossy(&decoded).into_owned())
     }
-
-    /// The outcome of a gRPC call whose response body has *ended*, from the
-    /// trailers it ended with (`None`: it ended without any).
-    ///
-    /// A `grpc-status` decides (see [`status_code`](Self::status_code) for
-    /// one that cannot be read), `grpc-retry-pushback-ms` giving the hint. A body
-    /// that ended without one broke the protocol (a `200` stream must end with
-    /// `grpc-status` in its trailers): it is 2 `UNKNOWN`,
-    /// as tonic reports it to the caller, so a
-    /// [`ServerError`](FailureKind::ServerError).
-    ///
-    /// It needs no classifier value: a body wrapper that sees the trailers long
-    /// after the head was classified can call it as it is.
-    ///
-    /// ```
-    /// use http::HeaderMap;
-    /// use tower_classify::{FailureKind, GrpcClassifier, Outcome};
-    ///
-    /// let mut trailers = HeaderMap::new();
-    /// trailers.insert("grpc-status", "0".parse().unwrap());
-    /// assert_eq!(GrpcClassifier::classify_end_of_stream(Some(&trailers)), Outcome::Success);
-    ///
-    /// trailers.insert("grpc-status", "14".parse().unwrap());
-    /// let unavailable = GrpcClassifier::classify_end_of_stream(Some(&trailers));
-    /// assert!(unavailable.is_retryable());
-    ///
-    /// let missing = GrpcClassifier::classify_end_of_stream(None);
-    /// assert_eq!(missing, Outcome::failure(FailureKind::ServerError));
-    /// ```
-    pub fn classify_end_of_stream(trailers: Option<&HeaderMap>) -> Outcome {
-        trailers
-            .and_then(status_outcome)
-            .unwrap_or(Self::code_outcome(MISSING_STATUS))
-    }
 }
 
 /// The gRPC status of a `grpc-status` nobody can read: `UNKNOWN` (2).
@@ -231,13 +197,18 @@ where
         }
     }
 
-    /// Judges the trailers with
-    /// [`classify_end_of_stream`](Self::classify_end_of_stream): a body that
-    /// ends without `grpc-status` is `UNKNOWN`. A body error and a drop are
+    /// Judges the trailers: a `grpc-status` decides (see
+    /// [`status_code`](Self::status_code) for one that cannot be read),
+    /// `grpc-retry-pushback-ms` giving the hint; a body that ends without
+    /// `grpc-status` broke the protocol (a `200` stream must end with it) and
+    /// is 2 `UNKNOWN`, as tonic reports it to the caller, so a
+    /// [`ServerError`](FailureKind::ServerError). A body error and a drop are
     /// judged as [`Classify::classify_end`] does by default.
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
         match end {
-            StreamEnd::Trailers(trailers) => Self::classify_end_of_stream(trailers),
+            StreamEnd::Trailers(trailers) => trailers
+                .and_then(status_outcome)
+                .unwrap_or(Self::code_outcome(MISSING_STATUS)),
             other => other.default_outcome(),
         }
     }

@@ -36,20 +36,16 @@ pub mod duration;
 #[cfg(feature = "http")]
 pub mod grpc;
 #[cfg(feature = "http")]
-pub mod grpc_status;
-#[cfg(feature = "http")]
 pub mod hint;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "http")]
-pub mod http_status;
+pub mod status;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 
 pub use self::classified::Classified;
-pub use self::classify::{
-    classify_fn, Classify, ClassifyExt, ClassifyFn, Map, MapOutcome, Or, RetryOnFilter,
-};
+pub use self::classify::{classify_fn, Classify, ClassifyExt, ClassifyFn, Map, Or};
 pub use self::coarse_clock::CoarseClock;
 pub use self::error::{BoxError, ConfigError};
 pub use self::error_chain::{AsDynError, ErrorChainClassifier};
@@ -71,7 +67,7 @@ pub use self::settle::{OnEnd, SettleBody, StreamEnd};
 /// Marked, because they will grow: [`FailureKind`] (new kinds of failure),
 /// [`RetryHint`] (new ways to say when to try again), [`Failure`] (more
 /// about a failure than its kind and hint), the `backoff_from` readers and
-/// units, the configuration structs and enums, and `CarriedStatus`.
+/// units, and the configuration structs and enums.
 ///
 /// Left exhaustive on purpose: [`Outcome`]. Success, failure, or neither is
 /// the whole contract between classifiers and the layers that act on them;

@@ -38,15 +38,11 @@ impl Outcome {
         }
     }
 
-    /// `true` for [`Outcome::Success`].
-    pub const fn is_success(&self) -> bool {
-        matches!(self, Outcome::Success)
-    }
-
     /// `true` when this is a failure that a retry may fix: a
     /// [transient](FailureKind::is_transient) kind whose hint does not forbid it.
     pub fn is_retryable(&self) -> bool {
-        self.as_failure().is_some_and(Failure::is_retryable)
+        self.as_failure()
+            .is_some_and(|failure| failure.kind.is_transient() && !failure.forbids_retry())
     }
 }
 
@@ -104,13 +100,6 @@ impl Failure {
             Some(RetryHint::After(wait)) => Some(wait),
             _ => None,
         }
-    }
-
-    /// `true` when a retry may fix this failure: the kind is
-    /// [transient](FailureKind::is_transient) and no hint
-    /// [forbids a retry](Self::forbids_retry).
-    pub fn is_retryable(&self) -> bool {
-        self.kind.is_transient() && !self.forbids_retry()
     }
 
     /// `true` when the hint says not to retry: [`RetryHint::DoNotRetry`]

@@ -14,7 +14,7 @@ use crate::outcome::FailureKind;
 /// after which a non-idempotent request is safe to resend.
 ///
 /// Two sets are equal when they hold the same kinds: `connection` always holds
-/// `not_sent`, so naming the first four classes, `RetryOn::ALL` and the
+/// `not_sent`, so naming the first four classes and the
 /// default are one set, every transient kind (`ServerError`, `RateLimited`,
 /// `Connection`, `Timeout`, `NotSent`). An empty set is a configuration
 /// error, not "retry nothing": a policy that retries nothing should say
@@ -50,9 +50,6 @@ const CONNECTION: u8 = 4;
 const NOT_SENT: u8 = 16;
 
 impl RetryOn {
-    /// Every transient class.
-    pub const ALL: RetryOn = RetryOn { bits: 0b1_1111 };
-
     /// The set of `kinds`.
     ///
     /// Fails when `kinds` is empty or holds a kind that is not transient
@@ -105,17 +102,13 @@ impl RetryOn {
         }
     }
 
-    /// The kinds in the set.
-    pub fn iter(&self) -> impl Iterator<Item = FailureKind> + '_ {
+    /// The configuration names of the classes in the set (`http_5xx`, …),
+    /// in a fixed order, as the set is written.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         CLASSES
             .iter()
-            .map(|(kind, _)| *kind)
-            .filter(move |kind| self.contains(*kind))
-    }
-
-    /// The configuration name of a transient `kind` (`http_5xx`, …).
-    pub fn name_of(kind: FailureKind) -> Option<&'static str> {
-        CLASSES.iter().find(|(k, _)| *k == kind).map(|(_, n)| *n)
+            .filter(move |(kind, _)| self.contains(*kind))
+            .map(|(_, name)| *name)
     }
 
     fn kind_named(name: &str) -> Option<FailureKind> {
@@ -162,16 +155,15 @@ impl RetryOn {
     }
 }
 
+/// Every transient class.
 impl Default for RetryOn {
     fn default() -> Self {
-        RetryOn::ALL
+        RetryOn { bits: 0b1_1111 }
     }
 }
 
 impl fmt::Debug for RetryOn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set()
-            .entries(self.iter().filter_map(RetryOn::name_of))
-            .finish()
+        f.debug_set().entries(self.names()).finish()
     }
 }

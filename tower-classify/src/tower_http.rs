@@ -9,9 +9,9 @@
 //!
 //! Two limits come from tower-http's trait rather than from the adapter: a
 //! response its classifier can only judge at the end of the stream
-//! (`RequiresEos`, gRPC trailers) counts as a success here — classify trailers
-//! with [`GrpcClassifier::classify_end_of_stream`](crate::GrpcClassifier::classify_end_of_stream)
-//! — and it sees errors only through `Display`, so errors are classified by
+//! (`RequiresEos`, gRPC trailers) counts as a success here — judge trailers
+//! with a [`GrpcClassifier`](crate::GrpcClassifier)'s
+//! [`classify_end`](crate::Classify::classify_end) — and it sees errors only through `Display`, so errors are classified by
 //! this crate's [`ErrorChainClassifier`], which walks their `source()` chain.
 
 use std::fmt;

@@ -48,6 +48,17 @@ fn config_refuses_an_empty_retry_on() {
     assert!(err.contains("teapot"), "{err}");
     let ok = serde_json::from_str::<Policy>(r#"{"retry_on": ["timeout"]}"#).unwrap();
     assert!(ok.retry_on.contains(FailureKind::Timeout));
+    // Written as its names, in a fixed order, `connection` holding `not_sent`.
+    assert_eq!(
+        serde_json::to_value(RetryOn::default()).unwrap(),
+        json!([
+            "http_5xx",
+            "rate_limited",
+            "connection",
+            "timeout",
+            "not_sent"
+        ])
+    );
 }
 
 #[test]
@@ -63,6 +74,9 @@ fn config_validation_names_the_nested_field() {
     assert_eq!(err.field(), "retry_on_response[1].match_success");
     let config: HttpClassifierConfig =
         serde_json::from_value(json!({"retryable_statuses": [429, 42]})).unwrap();
+    assert_eq!(config.build().unwrap_err().field(), "retryable_statuses");
+    let config: HttpClassifierConfig =
+        serde_json::from_value(json!({"retryable_statuses": [429, 1000]})).unwrap();
     assert_eq!(config.build().unwrap_err().field(), "retryable_statuses");
     let err = serde_json::from_value::<HttpClassifierConfig>(json!({
         "retry_on_response": [{"status": [400], "header": "x", "backoff": "soon"}]

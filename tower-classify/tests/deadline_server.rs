@@ -9,7 +9,7 @@ use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_classify::deadline::{Deadline, DeadlineLayer};
-use tower_classify::grpc_status::GrpcStatusLayer;
+use tower_classify::status::GrpcStatusLayer;
 use tower_classify::BoxError;
 
 /// Sets its flag when dropped: the handler's future was dropped.

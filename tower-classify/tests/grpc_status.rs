@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_classify::grpc_status::{CarriedStatus, GrpcStatusLayer};
+use tower_classify::status::GrpcStatusLayer;
 use tower_classify::{BoxError, Classified, Failure, FailureKind, RetryHint};
 
 async fn answer(error: BoxError) -> Response<String> {
@@ -122,7 +122,7 @@ async fn messages_are_encoded_or_left_out() {
     );
 
     let quiet = GrpcStatusLayer::new()
-        .without_messages()
+        .without_details()
         .layer(service_fn(|_req: Request<()>| async {
             Err::<Response<String>, BoxError>("db01.internal refused".into())
         }))
@@ -251,9 +251,9 @@ impl std::error::Error for Wrapped {
     }
 }
 
-fn tonic_like(error: &(dyn std::error::Error + 'static)) -> Option<CarriedStatus> {
+fn tonic_like(error: &(dyn std::error::Error + 'static)) -> Option<(u32, String)> {
     let status = error.downcast_ref::<Status>()?;
-    Some(CarriedStatus::new(status.code as u32, status.message))
+    Some((status.code as u32, status.message.to_owned()))
 }
 
 async fn answer_with(layer: GrpcStatusLayer, error: BoxError) -> Response<String> {
@@ -292,7 +292,7 @@ async fn an_error_that_is_a_grpc_status_keeps_it_through_status_of() {
         "found in the chain"
     );
 
-    let response = answer_with(layer.without_messages(), Box::new(not_found())).await;
+    let response = answer_with(layer.without_details(), Box::new(not_found())).await;
     assert_eq!(header(&response, "grpc-message"), None);
 
     let response = answer_with(layer, Classified::shed("circuit open", None).into()).await;

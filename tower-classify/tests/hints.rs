@@ -6,7 +6,7 @@ use http::HeaderMap;
 use proptest::prelude::*;
 use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::hint::{
-    cost_bucket_wait, parse_grpc_pushback, parse_retry_after, BackoffFrom, JsonPath, WaitUnit,
+    parse_grpc_pushback, parse_retry_after, BackoffFrom, JsonPath, WaitUnit,
 };
 use tower_classify::RetryHint;
 
@@ -279,17 +279,21 @@ fn cost_bucket_formula() {
         reader.read(&HeaderMap::new(), Some(body), t0()),
         Some(Duration::from_secs(15))
     );
+    // The formula on its own (a value that is not finite, which JSON cannot
+    // carry, in the crate's unit test).
+    let wait = |requested: f64, available: f64, rate: f64| {
+        let body = serde_json::json!({"r": requested, "a": available, "rate": rate}).to_string();
+        BackoffFrom::cost_bucket("$.r", "$.a", "$.rate")
+            .unwrap()
+            .read(&HeaderMap::new(), Some(body.as_bytes()), t0())
+    };
     // ceil((101 - 0) / 50) = 3 s: the formula rounds up.
+    assert_eq!(wait(101.0, 0.0, 50.0), Some(Duration::from_secs(3)));
+    assert_eq!(wait(10.0, 20.0, 5.0), Some(Duration::ZERO));
+    assert_eq!(wait(10.0, 0.0, 0.0), None, "no restore rate");
+    assert_eq!(wait(10.0, 0.0, -1.0), None);
     assert_eq!(
-        cost_bucket_wait(101.0, 0.0, 50.0),
-        Some(Duration::from_secs(3))
-    );
-    assert_eq!(cost_bucket_wait(10.0, 20.0, 5.0), Some(Duration::ZERO));
-    assert_eq!(cost_bucket_wait(10.0, 0.0, 0.0), None, "no restore rate");
-    assert_eq!(cost_bucket_wait(10.0, 0.0, -1.0), None);
-    assert_eq!(cost_bucket_wait(f64::NAN, 0.0, 1.0), None);
-    assert_eq!(
-        cost_bucket_wait(f64::MAX, 0.0, f64::MIN_POSITIVE),
+        wait(f64::MAX, 0.0, f64::MIN_POSITIVE),
         Some(Duration::from_millis(u64::MAX))
     );
 }
@@ -405,7 +409,10 @@ proptest! {
 
     #[test]
     fn cost_bucket_never_panics(requested in any::<f64>(), available in any::<f64>(), rate in any::<f64>()) {
-        let _ = cost_bucket_wait(requested, available, rate);
+        let number = |n: f64| serde_json::Number::from_f64(n).map_or(serde_json::Value::Null, Into::into);
+        let body = serde_json::json!({"r": number(requested), "a": number(available), "rate": number(rate)});
+        let reader = BackoffFrom::cost_bucket("$.r", "$.a", "$.rate").unwrap();
+        let _ = reader.read(&HeaderMap::new(), Some(body.to_string().as_bytes()), t0());
     }
 
     #[test]

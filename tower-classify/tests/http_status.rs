@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_classify::http_status::{not_run, problem, HttpStatusLayer};
+use tower_classify::status::{not_run, HttpStatusLayer, Problem};
 use tower_classify::{
     BoxError, Classified, ErrorChainClassifier, Failure, FailureKind, Outcome, RefusalToken,
     RetryHint,
@@ -176,13 +176,13 @@ async fn a_failed_readiness_answers_every_call() {
     }
 }
 
-/// Item 2: what a handler answers itself. `problem` keeps the key of a
+/// Item 2: what a handler answers itself. `Problem::for_error` keeps the key of a
 /// guard in front (no token); `not_run` carries the request's token, even
 /// for an error nothing recognises (then it is a refusal, `Shed`).
 #[test]
 fn first_hour_2_not_run_marks_the_answer_as_a_refusal_of_this_request() {
     let error: BoxError = Classified::shed("circuit open", Some(Duration::from_secs(4))).into();
-    let kept: Response<String> = problem(&error);
+    let kept: Response<String> = Problem::for_error(&error).response();
     assert_eq!(kept.status(), 503);
     assert_eq!(kept.extensions().get::<Failure>().unwrap().refusal, None);
 
@@ -251,8 +251,6 @@ async fn the_answer_wait_is_the_retry_after_and_the_hint_stays_as_it_was() {
 /// `Retry-After` at least one second, no failure unless made for an error.
 #[test]
 fn a_problem_is_built_with_its_members_and_wait() {
-    use tower_classify::http_status::Problem;
-
     let response: Response<String> = Problem::new(http::StatusCode::UNPROCESSABLE_ENTITY)
         .member("type", "https://example.com/problems/reused")
         .member("code", "reused")
@@ -278,7 +276,7 @@ fn a_problem_is_built_with_its_members_and_wait() {
 
     let error = Classified::shed("circuit open", Some(Duration::from_secs(2)));
     let built: Response<String> = Problem::for_error(&error).member("code", "X").response();
-    let plain: Response<String> = problem(&error);
+    let plain: Response<String> = Problem::for_error(&error).response();
     assert_eq!(built.headers(), plain.headers());
     assert_eq!(
         built.extensions().get::<Failure>(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request};
-use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
+use tower_classify::http::IDEMPOTENCY_KEY;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -26,7 +26,7 @@ type Generate = Arc<dyn Fn() -> HeaderValue + Send + Sync>;
 /// ```
 ///
 /// Only non-idempotent methods get a key by default (POST, PATCH, extension
-/// methods: what tower-classify's [`Idempotency`] calls non-idempotent); a
+/// methods: what tower-classify's [`Idempotency`](tower_classify::http::Idempotency) calls non-idempotent); a
 /// key the caller set is kept. With a key, tower-classify's `Idempotency`
 /// policy also lets the retry layer retry the POST.
 ///
@@ -150,7 +150,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let wanted = self.layer.all_methods || !Idempotency::method_is_idempotent(request.method());
+        let wanted = self.layer.all_methods || !request.method().is_idempotent();
         if wanted && !request.headers().contains_key(IDEMPOTENCY_KEY) {
             request
                 .headers_mut()

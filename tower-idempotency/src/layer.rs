@@ -118,7 +118,7 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// `?`, that dependency's `503 CIRCUIT_OPEN`) answers a request the
     /// handler built, which carries no token: the handler ran, and the key
     /// is kept like any other answer's; a handler that refused before acting
-    /// answers with [`not_run`](tower_classify::http_status::not_run), which
+    /// answers with [`not_run`](tower_classify::status::not_run), which
     /// copies the token for it. A refusal without the proof
     /// (tower's `LoadShed`, a breaker with the `Plain` answer, which takes
     /// any request type) keeps the key too. A handler that forwards the

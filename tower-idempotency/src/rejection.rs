@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use tower_classify::http_status::Problem;
+use tower_classify::status::Problem;
 
 use crate::store::NotKept;
 
 /// Why the guard answered a request itself. The answer is an RFC 9457
 /// problem (`application/problem+json`, built by tower-classify's
-/// [`Problem`](tower_classify::http_status::Problem)): `{"type", "title",
+/// [`Problem`](tower_classify::status::Problem)): `{"type", "title",
 /// "status", "detail", "code"}`, and `reason` for
 /// [`NotKept`](Rejection::NotKept). Its `type` is this enum's page: the
 /// statuses the idempotency draft gives these problems (409, 422) are shared
@@ -146,6 +146,13 @@ impl Rejection {
 
     /// The answer described on [`Rejection`], with `Retry-After: 1` where
     /// [retrying](Self::is_retryable) the same request is the right move.
+    ///
+    /// It is built by tower-classify's
+    /// [`Problem`](tower_classify::status::Problem), as every HTTP
+    /// error answer of the family is. Its `type` is this enum's page rather
+    /// than `about:blank`: the statuses the idempotency draft gives these
+    /// problems (409, 422) are shared with other problems, so the type says
+    /// which it is.
     pub(crate) fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut problem = Problem::new(self.status())
             .member(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
-use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
+use tower_classify::http::IDEMPOTENCY_KEY;
 use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 
@@ -176,7 +176,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let config = &self.shared.config;
-        let guarded = config.all_methods || !Idempotency::method_is_idempotent(request.method());
+        let guarded = config.all_methods || !request.method().is_idempotent();
         if !guarded || !request.headers().contains_key(IDEMPOTENCY_KEY) {
             return ResponseFuture::passthrough(self.inner.call(request.map(GuardBody::new)));
         }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_classify::http_status::HttpStatusLayer;
+use tower_classify::status::HttpStatusLayer;
 use tower_classify::{BoxError, Classified, ErrorChainClassifier, FailureKind};
 use tower_poison::config::DeadLetterConfig;
 use tower_poison::store::{DeadLetterStore, ListQuery, MemoryStore};

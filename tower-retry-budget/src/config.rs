@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use serde::{Deserialize, Serialize};
-use tower_classify::http::StatusSet;
+use tower_classify::config::HttpClassifierConfig;
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, BackoffKind, Jitter};
@@ -58,14 +58,14 @@ pub struct RetryConfig {
     /// One deadline for the whole loop, attempts and sleeps together.
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub deadline: Option<Duration>,
     /// A timeout for each attempt.
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub attempt_timeout: Option<Duration>,
@@ -76,7 +76,7 @@ pub struct RetryConfig {
     /// The longest server-requested wait honoured (default 1 h).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_wait: Option<Duration>,
@@ -109,7 +109,7 @@ pub struct BackoffConfig {
     /// The first delay (default 1 s).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub initial_delay: Option<Duration>,
@@ -119,7 +119,7 @@ pub struct BackoffConfig {
     /// The cap, applied before jitter (default 60 s).
     #[serde(
         default,
-        with = "tower_classify::duration::serde::option",
+        with = "tower_classify::duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_delay: Option<Duration>,
@@ -194,17 +194,10 @@ impl RetryConfig {
     /// Applies the settings to an HTTP builder ([`RetryLayer::http_builder`](crate::RetryLayer::http_builder)'s),
     /// checking every field.
     pub fn http_builder(&self) -> Result<RetryBuilder<HttpClassifier, HttpReplay>, ConfigError> {
-        let mut classifier = HttpClassifier::new();
-        if let Some(codes) = &self.retryable_statuses {
-            let set = StatusSet::from_codes("retryable_statuses", codes.iter().copied())?;
-            if set.is_empty() {
-                return Err(ConfigError::new(
-                    "retryable_statuses",
-                    "must name at least one status",
-                ));
-            }
-            classifier = classifier.retryable_statuses(set);
-        }
+        // The classifier's own configuration checks the codes.
+        let mut classifier = HttpClassifierConfig::default();
+        classifier.retryable_statuses = self.retryable_statuses.clone();
+        let classifier = classifier.build()?;
         let mut replay = HttpReplay::new().retry_non_idempotent(self.retry_non_idempotent);
         if let Some(name) = &self.attempt_header {
             let name = HeaderName::try_from(name.as_str()).map_err(|_| {

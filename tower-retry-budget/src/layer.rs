@@ -192,7 +192,7 @@ impl<C, R> RetryBuilder<C, R> {
             max_wait: Duration::from_secs(3600),
             min_attempt_time: Duration::ZERO,
             restart_backoff_after_hint: false,
-            retry_if: RetryIf::Classes(RetryOn::ALL),
+            retry_if: RetryIf::Classes(RetryOn::default()),
             budget: BudgetChoice::Default,
             listeners: Listeners::default(),
             name: Arc::from("default"),

@@ -18,7 +18,7 @@ use crate::events::{Listeners, StopReason};
 /// Which failures are retried.
 #[derive(Clone)]
 pub(crate) enum RetryIf {
-    /// Retryable failures ([`Failure::is_retryable`]) of these classes.
+    /// Retryable failures ([`Outcome::is_retryable`](tower_classify::Outcome::is_retryable)) of these classes.
     Classes(RetryOn),
     /// A caller's predicate; a hint that forbids a retry still wins.
     Predicate(Arc<dyn Fn(&Failure) -> bool + Send + Sync>),
@@ -30,7 +30,9 @@ impl RetryIf {
             return false;
         }
         match self {
-            RetryIf::Classes(classes) => failure.is_retryable() && classes.contains(failure.kind),
+            RetryIf::Classes(classes) => {
+                failure.kind.is_transient() && classes.contains(failure.kind)
+            }
             RetryIf::Predicate(predicate) => predicate(failure),
         }
     }

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_classify::http::StatusSet;
 use tower_classify::{FailureKind, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, Jitter};
@@ -15,10 +14,6 @@ const GOOGLE_BACKOFF: Backoff = Backoff::exponential(Duration::from_secs(1))
     .with_multiplier(1.25)
     .with_max_delay(Duration::from_secs(60))
     .with_jitter(Jitter::None);
-
-fn statuses(codes: &[StatusCode]) -> StatusSet {
-    codes.iter().copied().collect()
-}
 
 /// Google Cloud Workflows' `http.default_retry` (documented at
 /// <https://cloud.google.com/workflows/docs/reference/stdlib/http/default_retry>): HTTP 429, 502,
@@ -36,12 +31,12 @@ fn statuses(codes: &[StatusCode]) -> StatusSet {
 /// # let _ = layer;
 /// ```
 pub fn default_retry() -> RetryBuilder<HttpClassifier, HttpReplay> {
-    let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
+    let classifier = HttpClassifier::new().retryable_statuses([
         StatusCode::TOO_MANY_REQUESTS,
         StatusCode::BAD_GATEWAY,
         StatusCode::SERVICE_UNAVAILABLE,
         StatusCode::GATEWAY_TIMEOUT,
-    ]));
+    ]);
     RetryBuilder::new(classifier, HttpReplay::new())
         .max_retries(5)
         .backoff(GOOGLE_BACKOFF)
@@ -58,10 +53,10 @@ pub fn default_retry() -> RetryBuilder<HttpClassifier, HttpReplay> {
 /// failed connect): a connection lost after the request was written may
 /// have been acted on, and sending it again could apply it twice.
 pub fn default_retry_non_idempotent() -> RetryBuilder<HttpClassifier, HttpReplay> {
-    let classifier = HttpClassifier::new().retryable_statuses(statuses(&[
+    let classifier = HttpClassifier::new().retryable_statuses([
         StatusCode::TOO_MANY_REQUESTS,
         StatusCode::SERVICE_UNAVAILABLE,
-    ]));
+    ]);
     let classes = RetryOn::new([
         FailureKind::ServerError,
         FailureKind::RateLimited,

@@ -244,7 +244,7 @@ mod http_replay {
         /// use bytes::Bytes;
         /// use http_body_util::Full;
         /// use tower::{service_fn, Layer, ServiceExt};
-        /// use tower_classify::deadline::{parse_grpc_timeout, Deadline};
+        /// use tower_classify::deadline::{Deadline, GRPC_TIMEOUT};
         /// use tower_retry_budget::{body::ReplayBody, RetryLayer};
         ///
         /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -256,14 +256,14 @@ mod http_replay {
         ///     .build()?;
         /// let upstream = service_fn(|request: http::Request<ReplayBody<Full<Bytes>>>| async move {
         ///     // The server sees what is left of the caller's 150 ms.
-        ///     let left = parse_grpc_timeout(request.headers()["grpc-timeout"].to_str()?)?;
+        ///     let left = Deadline::from_header(request.headers(), GRPC_TIMEOUT).map(|d| d.remaining());
         ///     Ok::<_, tower_classify::BoxError>(http::Response::new(left))
         /// });
         /// let mut request = http::Request::get("http://inventory/items/7")
         ///     .body(ReplayBody::new(Full::new(Bytes::new()), 1024))?;
         /// request.extensions_mut().insert(Deadline::after(Duration::from_millis(150)));
         /// let response = layer.layer(upstream).oneshot(request).await?;
-        /// assert_eq!(*response.body(), Duration::from_millis(150));
+        /// assert_eq!(*response.body(), Some(Duration::from_millis(150)));
         /// # Ok(()) }
         /// ```
         ///

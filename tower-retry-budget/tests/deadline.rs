@@ -11,7 +11,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
-use tower_classify::deadline::{parse_grpc_timeout, Deadline};
+use tower_classify::deadline::{Deadline, GRPC_TIMEOUT};
 use tower_classify::BoxError;
 use tower_retry_budget::backoff::{Backoff, Jitter};
 use tower_retry_budget::body::ReplayBody;
@@ -30,10 +30,9 @@ fn silent(
     arrivals: Arrivals,
 ) -> impl Service<Request<Body>, Response = Response<()>, Error = BoxError> + Clone {
     tower::service_fn(move |request: Request<Body>| {
-        let timeout = request
-            .headers()
-            .get("grpc-timeout")
-            .map(|value| parse_grpc_timeout(value.to_str().unwrap()).unwrap());
+        // Read on the paused clock at once: what is left is what was sent.
+        let timeout = Deadline::from_header(request.headers(), GRPC_TIMEOUT)
+            .map(|deadline| deadline.remaining());
         arrivals.lock().unwrap().push((start.elapsed(), timeout));
         std::future::pending::<Result<Response<()>, BoxError>>()
     })

@@ -149,10 +149,7 @@ pub(crate) struct RetrySection {
     /// `rate_limited`, `connection`, `timeout`, `not_sent`. Anything else,
     /// and anything that is not transient (4xx other than 408 and 429),
     /// fails at once.
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "class_names"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "json-schema",
         schemars(with = "Vec<RetryClassName>", length(min = 1))
@@ -304,16 +301,6 @@ fn by_name<T: fmt::Display, S: Serializer>(
 ) -> Result<S::Ok, S::Error> {
     match value {
         Some(value) => serializer.collect_str(value),
-        None => serializer.serialize_none(),
-    }
-}
-
-/// Writes a set of classes as their configuration names.
-fn class_names<S: Serializer>(value: &Option<RetryOn>, serializer: S) -> Result<S::Ok, S::Error> {
-    match value {
-        // `connection` holds `not_sent`: the two names read back as the
-        // same set.
-        Some(set) => serializer.collect_seq(set.iter().filter_map(RetryOn::name_of)),
         None => serializer.serialize_none(),
     }
 }

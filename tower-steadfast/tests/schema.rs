@@ -137,7 +137,7 @@ fn the_schemas_names_are_the_layers_names() {
     let classes = names(&schema, "RetryClassName");
     assert_eq!(
         tower_classify::RetryOn::from_names(&classes).unwrap(),
-        tower_classify::RetryOn::ALL,
+        tower_classify::RetryOn::default(),
         "the schema names every class"
     );
     for name in names(&schema, "ActionName") {

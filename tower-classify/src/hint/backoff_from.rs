@@ -194,16 +194,7 @@ impl BackoffFrom {
 /// The leaky-bucket wait: `ceil((requested − available) / restore_rate)`
 /// seconds, zero when enough is available, `None` when the report makes no
 /// sense (a rate that is not positive, a value that is not finite).
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_classify::hint::cost_bucket_wait;
-///
-/// assert_eq!(cost_bucket_wait(1000.0, 250.0, 50.0), Some(Duration::from_secs(15)));
-/// assert_eq!(cost_bucket_wait(100.0, 250.0, 50.0), Some(Duration::ZERO));
-/// assert_eq!(cost_bucket_wait(100.0, 0.0, 0.0), None);
-/// ```
-pub fn cost_bucket_wait(requested: f64, available: f64, restore_rate: f64) -> Option<Duration> {
+fn cost_bucket_wait(requested: f64, available: f64, restore_rate: f64) -> Option<Duration> {
     if !(requested.is_finite() && available.is_finite() && restore_rate.is_finite())
         || restore_rate <= 0.0
     {
@@ -226,4 +217,16 @@ fn header_name(name: &str) -> Result<http::HeaderName, ConfigError> {
             format!("{name:?} is not a header name"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_report_with_a_value_that_is_not_finite_states_no_wait() {
+        assert_eq!(cost_bucket_wait(f64::NAN, 0.0, 1.0), None);
+        assert_eq!(cost_bucket_wait(f64::INFINITY, 0.0, 1.0), None);
+        assert_eq!(cost_bucket_wait(1.0, 0.0, f64::INFINITY), None);
+    }
 }

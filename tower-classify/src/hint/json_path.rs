@@ -98,13 +98,8 @@ impl JsonPath {
     }
 
     /// The first value the path selects, if any.
-    pub fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
+    pub(crate) fn first<'a>(&self, document: &'a Value) -> Option<&'a Value> {
         self.select(document).into_iter().next()
-    }
-
-    /// The path as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
     }
 }
 

@@ -63,22 +63,9 @@ impl Idempotency {
         self
     }
 
-    /// `true` when `method` is idempotent by definition.
-    pub fn method_is_idempotent(method: &Method) -> bool {
-        matches!(
-            *method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::TRACE
-                | Method::PUT
-                | Method::DELETE
-        )
-    }
-
     /// `true` when `request` may be sent more than once.
     pub fn is_idempotent<B>(&self, request: &Request<B>) -> bool {
-        if self.retry_non_idempotent || Self::method_is_idempotent(request.method()) {
+        if self.retry_non_idempotent || request.method().is_idempotent() {
             return true;
         }
         matches!(*request.method(), Method::POST | Method::PATCH)

@@ -6,7 +6,9 @@ mod status;
 
 pub use self::idempotency::{Idempotency, IDEMPOTENCY_KEY};
 pub use self::rules::{ResponseRule, ResponseRuleBuilder};
-pub use self::status::{HttpClassifier, StatusSet};
+pub use self::status::HttpClassifier;
+#[cfg(feature = "serde")]
+pub(crate) use self::status::StatusSet;
 
 /// The bytes of a response body that is already buffered in memory.
 ///

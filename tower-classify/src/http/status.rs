@@ -91,7 +91,11 @@ impl HttpClassifier {
     /// [`Rejected`](FailureKind::Rejected). Statuses in the set keep their kind
     /// (429 rate limited, 408 timeout, others server error), and a status below
     /// 400 in the set is a server error.
-    pub fn retryable_statuses(mut self, statuses: StatusSet) -> Self {
+    pub fn retryable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.retryable_set(statuses.into_iter().collect())
+    }
+
+    pub(crate) fn retryable_set(mut self, statuses: StatusSet) -> Self {
         self.custom_mut().retryable = Some(statuses);
         self
     }
@@ -226,7 +230,7 @@ impl fmt::Debug for HttpClassifier {
 
 /// A set of HTTP status codes (100–999), stored as a bitmap.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StatusSet {
+pub(crate) struct StatusSet {
     bits: [u64; 16],
 }
 
@@ -235,7 +239,7 @@ impl StatusSet {
     const EMPTY: StatusSet = StatusSet { bits: [0; 16] };
 
     /// The set of `codes`. A code outside 100–999 is refused naming `field`.
-    pub fn from_codes(
+    pub(crate) fn from_codes(
         field: &'static str,
         codes: impl IntoIterator<Item = u16>,
     ) -> Result<Self, ConfigError> {
@@ -263,7 +267,7 @@ impl StatusSet {
     }
 
     /// `true` when the set is empty.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.bits.iter().all(|word| *word == 0)
     }
 
@@ -321,11 +325,11 @@ mod tests {
         let narrow = StatusSet::from_codes("retryable_statuses", [302, 503]).unwrap();
         let rule = ResponseRule::builder().statuses([400]).build().unwrap();
         let default = HttpClassifier::new();
-        let narrowed = default.clone().retryable_statuses(narrow);
+        let narrowed = default.clone().retryable_set(narrow);
         let both = narrowed.clone().with_rules([rule.clone()]);
         let other_order = HttpClassifier::new()
             .with_rules([rule])
-            .retryable_statuses(narrow);
+            .retryable_set(narrow);
 
         assert_eq!(
             classify(&default, 500),

@@ -221,7 +221,7 @@ where
             // Classified even when nothing is recorded: a classifier may
             // count (gRFC A6 throttling counts every answer).
             let outcome = policy.classifier.classify(result.as_ref());
-            if let (Some(started), true) = (*this.started, outcome.is_success()) {
+            if let (Some(started), true) = (*this.started, outcome == Outcome::Success) {
                 let now = Instant::now();
                 policy.record_latency(now.saturating_duration_since(started), now);
             }
@@ -238,7 +238,7 @@ where
                     this.first.set(None);
                     let result: Result<S::Response, BoxError> = result.map_err(Into::into);
                     let outcome = policy.classifier.classify(result.as_ref());
-                    if let (Some(started), true) = (*this.started, outcome.is_success()) {
+                    if let (Some(started), true) = (*this.started, outcome == Outcome::Success) {
                         let now = Instant::now();
                         policy.record_latency(now.saturating_duration_since(started), now);
                     }

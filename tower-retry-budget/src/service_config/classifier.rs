@@ -170,7 +170,7 @@ impl GrpcRetryClassifier {
         match self.classify_code(code, failure.hint) {
             // Keep the error's own kind and hint (a connection error stays
             // `Connection`, so a non-idempotent rule still sees it).
-            Outcome::Failure(decided) if decided.is_retryable() => outcome,
+            decided if decided.is_retryable() => outcome,
             Outcome::Failure(decided) => {
                 Outcome::Failure(failure.with_hint(decided.hint.unwrap_or(RetryHint::Final)))
             }

@@ -1,0 +1,798 @@
+//! Answering errors as gRPC statuses or HTTP problem responses.
+//!
+//! A tower stack fails with errors: an open circuit, an exhausted retry
+//! budget, a deadline. tonic and axum take only services that cannot fail,
+//! and tonic reports any error to its caller as `UNKNOWN`, so the caller
+//! cannot tell "back off" from "broken". Both layers here turn every error
+//! of the service they wrap into an answer with the status the error's
+//! [classification](crate::ErrorChainClassifier) calls for, and the wait it
+//! carries:
+//!
+//! - [`GrpcStatusLayer`] answers a *trailers-only* gRPC response (HTTP 200,
+//!   `content-type: application/grpc`, `grpc-status` and `grpc-message` in
+//!   the headers), the wait as `grpc-retry-pushback-ms`, which gRPC clients
+//!   that retry ([gRFC A6]) obey. Its body is any `B: Default`.
+//! - [`HttpStatusLayer`] answers an `application/problem+json` response
+//!   (RFC 9457, built by [`Problem`]) with the HTTP status of that gRPC
+//!   code, the wait as `Retry-After`. Its body is any `B: From<String>`.
+//!
+//! | failure kind | `grpc-status` | HTTP status | wait sent |
+//! |---|---|---|---|
+//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 14 `UNAVAILABLE` | 503 | the error's wait (an open circuit's: the time it stays open) |
+//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 14 `UNAVAILABLE` | 503 | the error's wait |
+//! | [`RateLimited`](FailureKind::RateLimited) | 8 `RESOURCE_EXHAUSTED` | 429 | the error's wait |
+//! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | 504 | — |
+//! | [`Poison`](FailureKind::Poison), [`Rejected`](FailureKind::Rejected) | 3 `INVALID_ARGUMENT` | 400 | — |
+//! | an error nothing recognises | 2 `UNKNOWN` | 500 | — |
+//! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | 499 | — |
+//!
+//! An error nothing recognises gets the status of the outcome the layer's
+//! classifier chose for it, if it chose one (see
+//! [`HttpStatusLayer::classifier`]). The error's wait is the
+//! [wait it tells remote callers](crate::Classified::with_answer_wait) when
+//! it names one (an open circuit's time left, however early in its open
+//! period), else its hint's. A hint of
+//! [`DoNotRetry`](RetryHint::DoNotRetry) (or [`Final`](RetryHint::Final)) is
+//! sent as pushback `-1`, which tells an A6 client not to retry at all: an
+//! exhausted retry budget stops the callers' retries too instead of
+//! multiplying them. `Retry-After` is the wait in whole seconds, rounded up
+//! and at least 1. A problem response carries the error's [`Failure`] in
+//! its extensions, as a breaker's own `503` does, so the layers around it (a
+//! dead-letter layer, an idempotency guard, a client breaker) classify it
+//! as what it stands for rather than by its status.
+//!
+//! An error that already *is* a gRPC status (a `tonic::Status` from a
+//! tonic layer below) is sent as it is, code and message, once
+//! [`GrpcStatusLayer::status_of`] says how to recognise it.
+//!
+//! A handler that maps its own errors answers with
+//! [`Problem::for_error`]`(&error).response()` (the same answer) or, when it
+//! did nothing before the error and may be run again under the same
+//! idempotency key, [`not_run`].
+//!
+//! After the inner service's `poll_ready` fails, it is never polled or
+//! called again: every call gets that error's answer.
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+
+use std::convert::Infallible;
+use std::error::Error;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::classified::Classified;
+use crate::error::BoxError;
+use crate::error_chain::{AsDynError, ErrorChainClassifier, DEFAULT_UNKNOWN};
+use crate::grpc::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
+use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
+use crate::refusal::RefusalToken;
+
+/// The longest `grpc-message` written, in bytes before percent-encoding.
+const MAX_MESSAGE: usize = 512;
+
+/// What both layers are configured with.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    classifier: ErrorChainClassifier,
+    details: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            classifier: ErrorChainClassifier::new(),
+            details: true,
+        }
+    }
+}
+
+/// Turns the errors of the service it wraps into problem responses; see the
+/// [module docs](self) for the mapping.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_classify::status::HttpStatusLayer;
+/// use tower_classify::{BoxError, Classified};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A layer below refused the call, as an open circuit does.
+/// let refused = service_fn(|_req: http::Request<()>| async {
+///     Err::<http::Response<String>, BoxError>(
+///         Classified::shed("circuit open", Some(Duration::from_millis(1500))).into(),
+///     )
+/// });
+/// let service = ServiceBuilder::new().layer(HttpStatusLayer::new()).service(refused);
+///
+/// let response = service.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(response.body().contains(r#""detail":"circuit open""#));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HttpStatusLayer {
+    settings: Settings,
+}
+
+impl HttpStatusLayer {
+    /// The layer with the mapping above, classifying errors with
+    /// [`ErrorChainClassifier::new`] and sending each error's text as the
+    /// problem's `detail`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Classifies errors with `classifier` instead. Its
+    /// [`unknown_as`](ErrorChainClassifier::unknown_as) decides the status
+    /// of an error nothing recognises: without it, 500 (2 `UNKNOWN`, as
+    /// tonic sends); with it, the status of the table above for the outcome
+    /// chosen, even the default's own (rejected 400, a server error 503,
+    /// ignored 499).
+    pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
+        self.settings.classifier = classifier;
+        self
+    }
+
+    /// Sends no error text (no `detail`), for a server whose callers must
+    /// not see a dependency's error text (host names, internal paths).
+    pub fn without_details(mut self) -> Self {
+        self.settings.details = false;
+        self
+    }
+}
+
+/// Turns the errors of the service it wraps into gRPC status responses; see
+/// the [module docs](self) for the mapping. The error's text goes in
+/// `grpc-message`, percent-encoded and cut at 512 bytes.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_classify::status::GrpcStatusLayer;
+/// use tower_classify::{BoxError, Classified};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A layer below refused the call, as an open circuit does.
+/// let refused = service_fn(|_req: http::Request<()>| async {
+///     Err::<http::Response<String>, BoxError>(
+///         Classified::shed("circuit open", Some(Duration::from_secs(2))).into(),
+///     )
+/// });
+/// let service = ServiceBuilder::new().layer(GrpcStatusLayer::new()).service(refused);
+///
+/// let response = service.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(response.headers()["grpc-status"], "14");
+/// assert_eq!(response.headers()["grpc-retry-pushback-ms"], "2000");
+/// assert_eq!(response.headers()["grpc-message"], "circuit open");
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcStatusLayer {
+    settings: Settings,
+    status_of: Option<StatusOf>,
+}
+
+/// Reads the gRPC status an error already is, `(code, message)`; see
+/// [`GrpcStatusLayer::status_of`].
+type StatusOf = fn(&(dyn Error + 'static)) -> Option<(u32, String)>;
+
+impl GrpcStatusLayer {
+    /// The layer with the mapping above, classifying errors with
+    /// [`ErrorChainClassifier::new`] and sending each error's text as the
+    /// `grpc-message`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Classifies errors with `classifier` instead, as
+    /// [`HttpStatusLayer::classifier`] does.
+    pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
+        self.settings.classifier = classifier;
+        self
+    }
+
+    /// Sends no error text (no `grpc-message`), for a server whose callers
+    /// must not see an upstream's error text (host names, internal paths).
+    pub fn without_details(mut self) -> Self {
+        self.settings.details = false;
+        self
+    }
+
+    /// Recognises errors that already are a gRPC status, and sends that
+    /// status as it is instead of classifying the error: its code as given,
+    /// its message percent-encoded and cut as every message is (and left out
+    /// under [`without_details`](Self::without_details)). `status_of` is
+    /// asked about the error, then each of its
+    /// [`source`](std::error::Error::source)s in turn; the first answer
+    /// wins. Without it, such an error is classified like any other, which
+    /// for a `tonic::Status` (a kind of failure no classifier knows) means
+    /// `UNKNOWN` with the default classifier.
+    ///
+    /// tower-classify does not depend on tonic; a tonic user passes
+    ///
+    /// ```text
+    /// |error| {
+    ///     let status = error.downcast_ref::<tonic::Status>()?;
+    ///     Some((status.code() as u32, status.message().to_owned()))
+    /// }
+    /// ```
+    ///
+    /// Here with a stand-in for `tonic::Status`:
+    ///
+    /// ```
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_classify::status::GrpcStatusLayer;
+    /// use tower_classify::BoxError;
+    ///
+    /// /// Shaped like `tonic::Status`: a code and a message.
+    /// #[derive(Debug)]
+    /// struct Status { code: i32, message: String }
+    /// impl std::fmt::Display for Status {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "status: {}, message: {:?}", self.code, self.message)
+    ///     }
+    /// }
+    /// impl std::error::Error for Status {}
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = GrpcStatusLayer::new().status_of(|error| {
+    ///     let status = error.downcast_ref::<Status>()?;
+    ///     Some((status.code as u32, status.message.clone()))
+    /// });
+    /// let not_found = service_fn(|_req: http::Request<()>| async {
+    ///     Err::<http::Response<String>, BoxError>(
+    ///         Box::new(Status { code: 5, message: "no such user".into() }),
+    ///     )
+    /// });
+    /// let response = layer.layer(not_found).oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.headers()["grpc-status"], "5"); // NOT_FOUND, not UNKNOWN
+    /// assert_eq!(response.headers()["grpc-message"], "no such user");
+    /// # }
+    /// ```
+    pub fn status_of(mut self, status_of: StatusOf) -> Self {
+        self.status_of = Some(status_of);
+        self
+    }
+
+    /// The headers of a trailers-only response answering `error`.
+    fn headers(&self, error: &(dyn Error + 'static)) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        let carried = self.status_of.and_then(|status_of| {
+            std::iter::successors(Some(error), |&error| error.source()).find_map(status_of)
+        });
+        let (code, message) = match carried {
+            Some(carried) => carried,
+            None => {
+                let answer = answer(error, &self.settings.classifier);
+                if let Some(millis) = answer.pushback {
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
+                }
+                (answer.code, error.to_string())
+            }
+        };
+        headers.insert(GRPC_STATUS, HeaderValue::from(code));
+        if self.settings.details {
+            if let Ok(value) = HeaderValue::try_from(percent_encode(&message)) {
+                headers.insert(GRPC_MESSAGE, value);
+            }
+        }
+        headers
+    }
+}
+
+/// How a status layer answers an error with a response of body `B`.
+pub(crate) trait AnswerError<B>: Copy {
+    /// The response answering `error`.
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B>;
+}
+
+impl<B: From<String>> AnswerError<B> for HttpStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        Problem::of(error, &self.settings).response()
+    }
+}
+
+impl<B: Default> AnswerError<B> for GrpcStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        let mut response = Response::new(B::default());
+        *response.headers_mut() = self.headers(error);
+        response
+    }
+}
+
+impl<S> Layer<S> for HttpStatusLayer {
+    type Service = StatusService<S, Self>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StatusService::new(inner, *self)
+    }
+}
+
+impl<S> Layer<S> for GrpcStatusLayer {
+    type Service = StatusService<S, Self>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StatusService::new(inner, *self)
+    }
+}
+
+/// The service made by [`HttpStatusLayer`] and [`GrpcStatusLayer`] (`L`).
+///
+/// A service whose `poll_ready` failed is finished, by tower's contract: it
+/// must be neither called nor polled again. So once the inner service's
+/// readiness fails, every call is answered with that error's answer and
+/// the inner service is left alone. A clone starts afresh (its inner
+/// service is a clone, with readiness of its own).
+#[derive(Debug)]
+pub struct StatusService<S, L> {
+    inner: S,
+    layer: L,
+    /// The inner service's readiness error, once `poll_ready` failed: every
+    /// call from then on is answered with it.
+    failed: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl<S: Clone, L: Copy> Clone for StatusService<S, L> {
+    fn clone(&self) -> Self {
+        StatusService::new(self.inner.clone(), self.layer)
+    }
+}
+
+impl<S, L> StatusService<S, L> {
+    fn new(inner: S, layer: L) -> Self {
+        StatusService {
+            inner,
+            layer,
+            failed: None,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, L, Req, B> Service<Req> for StatusService<S, L>
+where
+    S: Service<Req, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    L: AnswerError<B>,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = ResponseFuture<S::Future, L>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.failed.is_none() {
+            if let Err(error) = ready!(self.inner.poll_ready(cx)) {
+                let error: BoxError = error.into();
+                self.failed = Some(Arc::from(error));
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let state = match &self.failed {
+            Some(error) => State::NotReady {
+                error: Some(Arc::clone(error)),
+            },
+            None => State::Called {
+                inner: self.inner.call(request),
+            },
+        };
+        ResponseFuture {
+            state,
+            layer: self.layer,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`StatusService`].
+    pub struct ResponseFuture<F, L> {
+        #[pin]
+        state: State<F>,
+        layer: L,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Called { #[pin] inner: F },
+        NotReady { error: Option<Arc<dyn Error + Send + Sync>> },
+    }
+}
+
+impl<F, L> fmt::Debug for ResponseFuture<F, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, L, B, E> Future for ResponseFuture<F, L>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    L: AnswerError<B>,
+{
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = match this.state.project() {
+            StateProj::Called { inner } => match ready!(inner.poll(cx)) {
+                Ok(response) => response,
+                Err(error) => this.layer.answer_error(&*error.into()),
+            },
+            StateProj::NotReady { error } => {
+                let error = error.take().expect("polled after completion");
+                this.layer.answer_error(&*error)
+            }
+        };
+        Poll::Ready(Ok(response))
+    }
+}
+
+/// The gRPC status code for an error's classification.
+fn status_code(outcome: &Outcome) -> u32 {
+    match outcome {
+        Outcome::Ignored => 1,
+        Outcome::Success => 2,
+        Outcome::Failure(failure) => match failure.kind {
+            FailureKind::Shed
+            | FailureKind::ServerError
+            | FailureKind::Connection
+            | FailureKind::NotSent => 14,
+            FailureKind::RateLimited => 8,
+            FailureKind::Timeout => 4,
+            // The request is wrong: a client's classifier reads the code
+            // back as rejected, so a run of bad requests trips no breaker.
+            FailureKind::Poison | FailureKind::Rejected => 3,
+        },
+    }
+}
+
+/// What an error comes to, as both layers answer it: its classification,
+/// the gRPC status code for it, and the wait to send (`-1`: do not retry).
+struct Answer {
+    outcome: Outcome,
+    code: u32,
+    pushback: Option<i64>,
+}
+
+/// The answer to `error`, classified by `classifier`.
+fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> Answer {
+    // An error nothing recognises is `UNKNOWN`, as tonic sends it and a
+    // client reads as a server error, unless the layer's classifier chose
+    // what it means (`unknown_as`), even as the default's own outcome. The
+    // default calls it rejected only so as not to retry it blindly: sent as
+    // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
+    let (outcome, code) = match classifier.recognised(error) {
+        Some(outcome) => (outcome, status_code(&outcome)),
+        None => match classifier.chosen_unknown() {
+            Some(chosen) => (chosen, status_code(&chosen)),
+            None => (DEFAULT_UNKNOWN, 2),
+        },
+    };
+    // A wait told to remote callers (an open circuit's time left) takes the
+    // place of the hint meant for a retry layer in this process.
+    let hint = match answer_wait(error, &outcome) {
+        Some(wait) => Some(RetryHint::After(wait)),
+        None => outcome.as_failure().and_then(|failure| failure.hint),
+    };
+    // A wait means something only where the status invites a retry.
+    let pushback = match hint {
+        Some(_) if !matches!(code, 14 | 8) => None,
+        Some(RetryHint::After(wait)) => Some(
+            u64::try_from(wait.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(i32::MAX as u64) as i64,
+        ),
+        Some(RetryHint::DoNotRetry | RetryHint::Final) => Some(-1),
+        None => None,
+    };
+    Answer {
+        outcome,
+        code,
+        pushback,
+    }
+}
+
+/// The [answer wait](Classified::with_answer_wait) of the `Classified` in
+/// `error`'s chain that decided `outcome` (the first one, as the
+/// classifier reads it), unless the classifier made something else of it.
+fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Duration> {
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if let Some(classified) = err.downcast_ref::<Classified>() {
+            return classified
+                .answer_wait()
+                .filter(|_| outcome.as_failure() == Some(&classified.failure()));
+        }
+        // As the classifier walks it: `io::Error::source` skips the error
+        // it wraps.
+        current = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => Some(inner as &(dyn Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
+/// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding
+/// of every byte outside space and visible ASCII, of `%` itself and of a
+/// space at either end; at most
+/// [`MAX_MESSAGE`] bytes of the text, cut at a character boundary.
+fn percent_encode(text: &str) -> String {
+    let mut end = text.len().min(MAX_MESSAGE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let text = &text[..end];
+    let mut encoded = String::with_capacity(end);
+    for (at, byte) in text.bytes().enumerate() {
+        // HTTP/2 refuses a field value that starts or ends with whitespace
+        // (RFC 9113, section 8.2.1), so a space there is encoded too.
+        let edge_space = byte == b' ' && (at == 0 || at + 1 == text.len());
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' && !edge_space {
+            encoded.push(char::from(byte));
+        } else {
+            let _ = write!(encoded, "%{byte:02X}");
+        }
+    }
+    encoded
+}
+
+/// The problem response answering `error`, marked as a refusal of the
+/// request that carried `token`: the handler says it did nothing for this
+/// request, so an idempotency guard in front of it frees the key and the
+/// client's retry with the same key runs the handler again.
+///
+/// `token` is the [`RefusalToken`] in the handler's request extensions (an
+/// axum handler takes `token: Option<Extension<RefusalToken>>`; it is `None`
+/// when no guard is in front, and then nothing is freed). Use it only when
+/// nothing happened before the error: the handler refused before any write,
+/// as a dependency's open circuit makes it do. A handler that wrote the
+/// order and then failed must answer with
+/// [`Problem::for_error`]`(&error).response()`, which keeps the key, or the
+/// retry writes the order again.
+///
+/// The status and `Retry-After` are [`Problem::for_error`]'s: an open
+/// circuit below is `503` with its wait. The failure it carries is the
+/// error's classification, or [`Shed`](FailureKind::Shed) (what a refusal
+/// is) for an error nothing recognises, which still answers `500`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_classify::status::not_run;
+/// use tower_classify::{Classified, Failure, RefusalToken};
+///
+/// // In a handler: `token` comes from the request, `error` from the
+/// // dependency the handler was about to call.
+/// let token = Some(RefusalToken::issue());
+/// let error = Classified::shed("circuit open", Some(Duration::from_secs(3)));
+/// let response: http::Response<String> = not_run(&error, token);
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["retry-after"], "3");
+/// assert_eq!(response.extensions().get::<Failure>().unwrap().refusal, token);
+/// ```
+pub fn not_run<B: From<String>>(
+    error: &(impl AsDynError + ?Sized),
+    token: Option<RefusalToken>,
+) -> Response<B> {
+    let mut problem = Problem::for_error(error);
+    let failure = problem
+        .failure
+        .unwrap_or_else(|| Failure::new(FailureKind::Shed));
+    problem.failure = Some(failure.with_refusal(token));
+    problem.response()
+}
+
+/// An `application/problem+json` response (RFC 9457): the one builder of
+/// the family's HTTP error answers. [`HttpStatusLayer`] and [`not_run`]
+/// build theirs with it, as do a breaker's `503` (tower-breaker's `Http503`)
+/// and an idempotency guard's rejections.
+///
+/// The body is `{"type":"about:blank","title":…,"status":…}` (the title is
+/// the status's reason phrase) plus the [members](Self::member) added;
+/// `Retry-After` is a wait in whole seconds, rounded up and at least 1
+/// (`Retry-After: 0` would invite an immediate retry of what was just
+/// refused). A problem made [for an error](Self::for_error) carries the
+/// error's [`Failure`] in the response's extensions.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use tower_classify::status::Problem;
+///
+/// let response: http::Response<String> = Problem::new(StatusCode::CONFLICT)
+///     .member("code", "order_in_progress")
+///     .retry_after(Duration::from_millis(200))
+///     .response();
+/// assert_eq!(response.status(), 409);
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+/// assert_eq!(body["title"], "Conflict");
+/// assert_eq!(body["code"], "order_in_progress");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Problem {
+    status: StatusCode,
+    retry_after: Option<u64>,
+    body: serde_json::Map<String, serde_json::Value>,
+    failure: Option<Failure>,
+}
+
+impl Problem {
+    /// A problem of `status`, with no `detail` and no `Retry-After`.
+    pub fn new(status: StatusCode) -> Self {
+        let mut body = serde_json::Map::new();
+        body.insert("type".into(), "about:blank".into());
+        body.insert(
+            "title".into(),
+            status.canonical_reason().unwrap_or("Error").into(),
+        );
+        body.insert("status".into(), status.as_u16().into());
+        Problem {
+            status,
+            retry_after: None,
+            body,
+            failure: None,
+        }
+    }
+
+    /// The problem answering `error`, as [`HttpStatusLayer`] answers it
+    /// (with the default classifier, details included): its status,
+    /// `Retry-After` and failure from the error's classification (see the
+    /// [module docs](self)), its text as the `detail`. For a handler that
+    /// maps its own errors:
+    /// `.map_err(|e| Problem::for_error(&e).response())?`.
+    ///
+    /// The key of an idempotency guard in front of the handler is kept: the
+    /// handler ran. When it did nothing before the error, answer with
+    /// [`not_run`] instead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_classify::status::Problem;
+    /// use tower_classify::Classified;
+    ///
+    /// // An open circuit tells a remote caller its time left.
+    /// let open = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(2500));
+    /// let answer: http::Response<String> = Problem::for_error(&open).response();
+    /// assert_eq!(answer.status(), 503);
+    /// assert_eq!(answer.headers()["retry-after"], "3");
+    /// ```
+    pub fn for_error(error: &(impl AsDynError + ?Sized)) -> Self {
+        Problem::of(error.as_dyn_error(), &Settings::default())
+    }
+
+    /// The body's member `name` set to `value`: an extension member such as
+    /// a stable `code` (RFC 9457 §3.2), or `type`, `title` or `detail`.
+    pub fn member(mut self, name: &str, value: &str) -> Self {
+        self.body.insert(name.into(), value.into());
+        self
+    }
+
+    /// `Retry-After`: `wait` in whole seconds, rounded up, at least 1.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(ceil_secs(wait));
+        self
+    }
+
+    fn of(error: &(dyn Error + 'static), settings: &Settings) -> Self {
+        let answer = answer(error, &settings.classifier);
+        let mut problem = Problem::new(http_status(answer.code));
+        if let Some(millis) = answer.pushback.and_then(|ms| u64::try_from(ms).ok()) {
+            problem = problem.retry_after(Duration::from_millis(millis));
+        }
+        if settings.details {
+            problem = problem.member("detail", &error.to_string());
+        }
+        // An error nothing recognises answers 500 and is left to be read as
+        // the server error its status says.
+        problem.failure = answer
+            .outcome
+            .as_failure()
+            .copied()
+            .filter(|_| answer.code != 2);
+        problem
+    }
+
+    /// The response.
+    pub fn response<B: From<String>>(self) -> Response<B> {
+        let body = serde_json::Value::Object(self.body).to_string();
+        let mut response = Response::new(B::from(body));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(failure) = self.failure {
+            response.extensions_mut().insert(failure);
+        }
+        response
+    }
+}
+
+/// The HTTP status for a gRPC status code, as gRPC's own HTTP mapping reads
+/// them; 499 is the de facto "client closed request".
+fn http_status(code: u32) -> StatusCode {
+    match code {
+        14 => StatusCode::SERVICE_UNAVAILABLE,
+        8 => StatusCode::TOO_MANY_REQUESTS,
+        4 => StatusCode::GATEWAY_TIMEOUT,
+        3 => StatusCode::BAD_REQUEST,
+        1 => StatusCode::from_u16(499).expect("499 is a valid status"),
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Whole seconds, rounded up (a client waiting the rounded-down value would
+/// come back too early) and at least 1 (`0` would invite an immediate retry).
+fn ceil_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_round_up_to_whole_seconds_at_least_one() {
+        assert_eq!(ceil_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
+        assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn messages_are_percent_encoded_and_bounded() {
+        assert_eq!(percent_encode("circuit open"), "circuit open");
+        assert_eq!(percent_encode("100% é"), "100%25 %C3%A9");
+        assert_eq!(percent_encode("line\nbreak"), "line%0Abreak");
+        assert_eq!(percent_encode(" padded "), "%20padded%20");
+        let long = "é".repeat(MAX_MESSAGE);
+        let encoded = percent_encode(&long);
+        assert_eq!(encoded.len(), MAX_MESSAGE * 3, "cut at a char boundary");
+        assert!(HeaderValue::try_from(encoded).is_ok());
+    }
+}
