@@ -243,7 +243,7 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
                 format!("{}.max_attempts", section_path("retry")),
                 format!(
                     "must be from 1 (no retry) to {}",
-                    crate::load::MAX_ATTEMPTS_LIMIT
+                    tower_retry_budget::MAX_RETRIES_LIMIT + 1
                 ),
             );
         }
