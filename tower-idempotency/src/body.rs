@@ -222,6 +222,9 @@ pub(crate) trait Outcome: Send + Sync + 'static {
     /// The key, for logs.
     fn key(&self) -> &str;
 
+    /// The guard's name, for logs.
+    fn name(&self) -> &str;
+
     /// Writes what the call came to; the write runs to its end even if the
     /// returned future is dropped.
     fn record(self: Box<Self>, completion: Completion) -> Write;
@@ -316,6 +319,7 @@ impl Recorder {
             if self.len > self.limit {
                 self.chunks = Vec::new();
                 tracing::warn!(
+                    idempotency = self.claim.as_ref().map_or("", |c| c.name()),
                     key = self.claim.as_ref().map_or("", |c| c.key()),
                     limit = self.limit,
                     "response too large to store for replay; repeats of its key get 409"
@@ -581,6 +585,10 @@ mod tests {
     impl Outcome for FakeClaim {
         fn key(&self) -> &str {
             "u:k"
+        }
+
+        fn name(&self) -> &str {
+            "default"
         }
 
         fn record(mut self: Box<Self>, completion: Completion) -> Write {

@@ -19,6 +19,7 @@ use crate::service::Config;
 /// use tower_idempotency::store::MemoryIdempotencyStore;
 ///
 /// let config: IdempotencyConfig = serde_json::from_str(r#"{
+///     "name": "orders",
 ///     "ttl": "24h",
 ///     "in_flight_ttl": "2m",
 ///     "response_body_limit": 262144,
@@ -35,6 +36,9 @@ use crate::service::Config;
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct IdempotencyConfig {
+    /// The guard's name in its metrics and events (default `"default"`;
+    /// see [`IdempotencyGuardLayer::name`]).
+    pub name: String,
     /// How long a completed key is kept (default `24h`).
     #[serde(with = "tower_classify::duration::serde")]
     pub ttl: Duration,
@@ -61,6 +65,7 @@ impl Default for IdempotencyConfig {
     fn default() -> Self {
         let layer = Config::default();
         IdempotencyConfig {
+            name: layer.name.to_string(),
             ttl: layer.ttl,
             in_flight_ttl: layer.in_flight_ttl,
             response_body_limit: layer.response_body_limit,
@@ -95,6 +100,7 @@ impl IdempotencyConfig {
             ));
         }
         Ok(IdempotencyGuardLayer::new(store)
+            .name(self.name.as_str())
             .classifier(classifier)
             .ttl(self.ttl)
             .in_flight_ttl(self.in_flight_ttl)
@@ -124,8 +130,16 @@ mod tests {
         assert_eq!(defaults, IdempotencyConfig::default());
         let store = MemoryIdempotencyStore::new(1);
         let built = format!("{:?}", defaults.build(store.clone()).unwrap());
-        let layer = format!("{:?}", IdempotencyGuardLayer::new(store));
+        let layer = format!("{:?}", IdempotencyGuardLayer::new(store.clone()));
         assert_eq!(built, layer, "the defaults are the layer's");
+        let named: IdempotencyConfig = serde_json::from_str(r#"{"name": "orders"}"#).unwrap();
+        let built = format!("{:?}", named.build(store.clone()).unwrap());
+        let layer = format!(
+            "{:?}",
+            IdempotencyGuardLayer::new(store.clone()).name("orders")
+        );
+        assert_eq!(built, layer, "the name reaches the layer");
+        assert!(built.contains("\"orders\""), "{built}");
         assert_eq!(field(r#"{"ttl": "0s"}"#), "ttl");
         assert_eq!(field(r#"{"in_flight_ttl": "0ms"}"#), "in_flight_ttl");
         assert_eq!(field(r#"{"in_flight_ttl": "99ms"}"#), "in_flight_ttl");

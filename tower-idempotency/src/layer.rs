@@ -16,7 +16,7 @@ use crate::service::{Config, IdempotencyGuard, ScopeFn};
 /// shorter ones (zero would let a repeat run again at once) are raised to it.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
-/// Defaults: a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
+/// Defaults: the name `"default"`, a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
 /// whose node crashed lapses after it), responses up to 1 MiB stored, only
 /// non-idempotent methods guarded (POST, PATCH and extension methods), no client scope,
 /// transient answers stored like any other, keys freed for refusals proven
@@ -47,6 +47,15 @@ impl<St> IdempotencyGuardLayer<St> {
 }
 
 impl<St, C> IdempotencyGuardLayer<St, C> {
+    /// The guard's name in metrics labels (`idempotency="…"`) and in its
+    /// events (default `"default"`). Name each guard whose series should
+    /// stay apart; names are labels, so keep them few and never derived
+    /// from requests.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = name.into();
+        self
+    }
+
     /// Keeps a completed key for `ttl` (default 24 h): repeats within it
     /// are replayed (or refused, when the response was not kept), later ones
     /// run again. Values above [`MAX_TTL`](crate::store::MAX_TTL) are cut

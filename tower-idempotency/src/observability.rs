@@ -1,10 +1,18 @@
 //! The metrics the guard emits, and their descriptions.
 
-/// Guarded calls by `outcome` (`claimed`, `replayed`, `stored`, a refusal's
-/// code, …).
+/// The label carrying the guard's
+/// [name](crate::IdempotencyGuardLayer::name) on each of its metrics; its
+/// events carry the name in a field of the same name.
+pub(crate) const NAME_LABEL: &str = "idempotency";
+
+/// Guarded calls by the guard's name and `outcome` (`claimed`, `replayed`,
+/// `stored`, a refusal's code, …).
 pub(crate) const TOTAL: &str = "tower_idempotency_total";
 
-/// Completed records the memory store evicted to make room.
+/// Completed records the memory store evicted to make room. Not labelled
+/// with a guard's name: a store may be shared by several guards, and the
+/// record it evicts may be another guard's than the one whose claim needed
+/// the room.
 pub(crate) const EVICTED_TOTAL: &str = "tower_idempotency_evicted_total";
 
 /// Registers the descriptions (kind, unit, meaning) of this crate's
@@ -17,7 +25,7 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         TOTAL,
         metrics::Unit::Count,
-        "Requests the idempotency guard handled, by outcome (claimed, replayed, stored, \
+        "Requests the idempotency guard handled, by guard name and outcome (claimed, replayed, stored, \
          released, a reason a response was not kept, or a refusal's code)"
     );
     metrics::describe_counter!(

@@ -11,6 +11,7 @@ use http_body::Body;
 use tower_classify::http::IDEMPOTENCY_KEY;
 use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
 use crate::error::chain;
@@ -36,6 +37,7 @@ pub(crate) struct ScopeFn(pub(crate) Arc<Identity>);
 
 #[derive(Clone)]
 pub(crate) struct Config {
+    pub(crate) name: Arc<str>,
     pub(crate) ttl: Duration,
     pub(crate) in_flight_ttl: Duration,
     pub(crate) response_body_limit: usize,
@@ -48,6 +50,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            name: Arc::from("default"),
             ttl: Duration::from_secs(24 * 3600),
             in_flight_ttl: Duration::from_secs(300),
             response_body_limit: 1024 * 1024,
@@ -62,6 +65,7 @@ impl Default for Config {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
+            .field("name", &self.name)
             .field("ttl", &self.ttl)
             .field("in_flight_ttl", &self.in_flight_ttl)
             .field("response_body_limit", &self.response_body_limit)
@@ -184,7 +188,8 @@ where
         let key = match key::parse(&parts.headers[IDEMPOTENCY_KEY]) {
             Ok(key) => key,
             Err(rejection) => {
-                return ResponseFuture::guarded(Box::pin(std::future::ready(Ok(reject(rejection)))))
+                let rejected = reject(&config.name, rejection);
+                return ResponseFuture::guarded(Box::pin(std::future::ready(Ok(rejected))));
             }
         };
         let identity = config
@@ -194,8 +199,17 @@ where
         let key = key::namespaced(identity.as_deref(), key);
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        // A span for the guarded call, made only when a subscriber records
+        // it; events outside it (spawned writes, the response body) carry
+        // the guard's name themselves.
+        let span = tracing::debug_span!("idempotency", idempotency = %config.name, key);
         let shared = Arc::clone(&self.shared);
-        ResponseFuture::guarded(Box::pin(guarded_call(inner, shared, key, parts, body)))
+        let call = guarded_call(inner, shared, key, parts, body);
+        if span.is_disabled() {
+            ResponseFuture::guarded(Box::pin(call))
+        } else {
+            ResponseFuture::guarded(Box::pin(call.instrument(span)))
+        }
     }
 }
 
@@ -216,10 +230,12 @@ where
     C: Classify<Response<ResB>, S::Error>,
 {
     let config = &shared.config;
+    let name = &config.name;
     // The body part is not known until the handler has read the body.
     let head = key::head(&parts.method, &parts.uri);
     let claiming = run_claim(
         shared.store.clone(),
+        Arc::clone(name),
         key.clone(),
         key::fingerprint(&head, None),
         config.in_flight_ttl,
@@ -228,26 +244,29 @@ where
         Some(Ok(claimed)) => claimed,
         None => {
             tracing::error!(
+                idempotency = %name,
                 key,
                 "idempotency store panicked claiming a key; request refused"
             );
-            return Ok(reject(Rejection::StoreUnavailable));
+            return Ok(reject(name, Rejection::StoreUnavailable));
         }
         Some(Err(error)) if error.kind() == StoreErrorKind::Full => {
             tracing::warn!(
+                idempotency = %name,
                 key,
                 error = chain(&error),
                 "idempotency store full of requests in flight; request refused"
             );
-            return Ok(reject(Rejection::StoreFull));
+            return Ok(reject(name, Rejection::StoreFull));
         }
         Some(Err(error)) => {
             tracing::error!(
+                idempotency = %name,
                 key,
                 error = chain(&error),
                 "idempotency store failed to claim a key; request refused"
             );
-            return Ok(reject(Rejection::StoreUnavailable));
+            return Ok(reject(name, Rejection::StoreUnavailable));
         }
     };
     let token = match claim {
@@ -261,15 +280,15 @@ where
         // The first request's handler may still be reading its body: only
         // the heads can be compared.
         Claim::InFlight { fingerprint } if key::parse_fingerprint(&fingerprint).0 != head => {
-            return Ok(reject(Rejection::Mismatch))
+            return Ok(reject(name, Rejection::Mismatch))
         }
-        Claim::InFlight { .. } => return Ok(reject(Rejection::InFlight)),
+        Claim::InFlight { .. } => return Ok(reject(name, Rejection::InFlight)),
         Claim::Completed {
             fingerprint,
             completion,
-        } => return Ok(repeat(&key, &head, &fingerprint, completion, body).await),
+        } => return Ok(repeat(name, &key, &head, &fingerprint, completion, body).await),
     };
-    count("claimed");
+    count(name, "claimed");
     // From here on the handler may run: dropping `held` (a cancelled call)
     // records the key as not kept, never frees it.
     let hash = Arc::new(RequestHash::new(body.is_end_stream()));
@@ -322,6 +341,7 @@ where
     }
     if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
         tracing::warn!(
+            idempotency = %name,
             key = held.key(),
             limit,
             "response too large to store for replay; repeats of its key get 409"
@@ -341,6 +361,7 @@ where
 /// same request. The handler is not called, so the guard reads the repeat's
 /// body itself, as far as the first request's handler read its own.
 async fn repeat<B, ResB>(
+    name: &Arc<str>,
     key: &str,
     head: &str,
     stored: &str,
@@ -353,27 +374,28 @@ where
 {
     let (stored_head, part) = key::parse_fingerprint(stored);
     if stored_head != head {
-        return reject(Rejection::Mismatch);
+        return reject(name, Rejection::Mismatch);
     }
     // No body part: the record predates this form; the heads decide.
     if let Some(part) = part {
         match compare(body, part).await {
             Compared::Same => {}
-            Compared::Different => return reject(Rejection::Mismatch),
+            Compared::Different => return reject(name, Rejection::Mismatch),
             Compared::Failed(error) => {
                 tracing::debug!(
+                    idempotency = %name,
                     key,
                     error = chain(&*error),
                     "the body of a repeat failed while compared with the first request's"
                 );
-                return reject(Rejection::BodyUnreadable);
+                return reject(name, Rejection::BodyUnreadable);
             }
         }
     }
     match completion {
-        Completion::NotKept(reason) => reject(Rejection::NotKept(reason)),
+        Completion::NotKept(reason) => reject(name, Rejection::NotKept(reason)),
         Completion::Response(response) => {
-            count("replayed");
+            count(name, "replayed");
             let trailers = response.trailer_map();
             let mut replay = response.to_response(|body| GuardBody::replay(body, trailers));
             replay
@@ -384,13 +406,19 @@ where
     }
 }
 
-fn reject<B>(rejection: Rejection) -> Response<GuardBody<B>> {
-    count(rejection.code());
+fn reject<B>(name: &Arc<str>, rejection: Rejection) -> Response<GuardBody<B>> {
+    count(name, rejection.code());
     rejection.response(|bytes| GuardBody::replay(bytes, None))
 }
 
-fn count(outcome: &'static str) {
-    metrics::counter!(crate::observability::TOTAL, "outcome" => outcome).increment(1);
+/// Counts a guarded call's `outcome` under the guard's name.
+fn count(name: &Arc<str>, outcome: &'static str) {
+    metrics::counter!(
+        crate::observability::TOTAL,
+        crate::observability::NAME_LABEL => Arc::clone(name),
+        "outcome" => outcome
+    )
+    .increment(1);
 }
 
 /// A key this call holds, from the moment the service may run until its
@@ -404,6 +432,8 @@ fn count(outcome: &'static str) {
 /// key (a repeat gets 409, never a second run) even while nobody polls it.
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
+    /// The guard's name, for its metrics and logs.
+    name: Arc<str>,
     /// The fingerprint's head; the body part is read from `body` when the
     /// outcome is written.
     head: String,
@@ -435,6 +465,7 @@ impl<St: IdempotencyStore> Held<St> {
             let settled = Arc::new(AtomicBool::new(false));
             let task = runtime.spawn(keep(
                 store.clone(),
+                Arc::clone(&shared.config.name),
                 key.clone(),
                 claim.clone(),
                 in_flight_ttl,
@@ -444,6 +475,7 @@ impl<St: IdempotencyStore> Held<St> {
         });
         Held {
             held: Some((store, key, claim)),
+            name: Arc::clone(&shared.config.name),
             head,
             body,
             ttl: shared.config.ttl,
@@ -476,11 +508,13 @@ impl<St: IdempotencyStore> Held<St> {
         let Some((store, key, claim)) = self.settle() else {
             return Write::done();
         };
+        let name = Arc::clone(&self.name);
         Write::new(async move {
             match store.release(&key, &claim).await {
-                Ok(true) => count("released"),
-                Ok(false) => count("lapsed"),
+                Ok(true) => count(&name, "released"),
+                Ok(false) => count(&name, "lapsed"),
                 Err(error) => tracing::error!(
+                    idempotency = %name,
                     key,
                     error = chain(&error),
                     "idempotency store failed to release a key; it lapses after the in-flight TTL"
@@ -500,6 +534,7 @@ impl<St: IdempotencyStore> Held<St> {
         };
         Write::new(record_outcome(
             store,
+            Arc::clone(&self.name),
             key,
             claim,
             fingerprint,
@@ -512,6 +547,10 @@ impl<St: IdempotencyStore> Held<St> {
 impl<St: IdempotencyStore> crate::body::Outcome for Held<St> {
     fn key(&self) -> &str {
         Held::key(self)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 
     fn record(self: Box<Self>, completion: Completion) -> Write {
@@ -534,6 +573,7 @@ impl<St: IdempotencyStore> Drop for Held<St> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(record_outcome(
                 store,
+                Arc::clone(&self.name),
                 key,
                 claim,
                 fingerprint,
@@ -551,6 +591,7 @@ impl<St: IdempotencyStore> Drop for Held<St> {
 /// comes with it.
 fn run_claim<St: IdempotencyStore>(
     store: St,
+    name: Arc<str>,
     key: String,
     fingerprint: String,
     in_flight_ttl: Duration,
@@ -560,6 +601,7 @@ fn run_claim<St: IdempotencyStore>(
         let acquired = match &claim {
             Claim::Acquired(token) => Some(Acquired {
                 store,
+                name,
                 key,
                 token: Some(token.clone()),
             }),
@@ -577,6 +619,7 @@ type Claimed<St> = (Claim, Option<Acquired<St>>);
 /// handler could run, and nothing happened under the key.
 struct Acquired<St: IdempotencyStore> {
     store: St,
+    name: Arc<str>,
     key: String,
     token: Option<ClaimToken>,
 }
@@ -594,13 +637,15 @@ impl<St: IdempotencyStore> Drop for Acquired<St> {
             return;
         };
         let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
+        let name = Arc::clone(&self.name);
         // Outside a runtime (it is shutting down) the claim lapses after the
         // in-flight TTL.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 match store.release(&key, &token).await {
-                    Ok(_) => count("released"),
+                    Ok(_) => count(&name, "released"),
                     Err(error) => tracing::error!(
+                        idempotency = %name,
                         key,
                         error = chain(&error),
                         "idempotency store failed to release a key; it lapses after the in-flight TTL"
@@ -615,6 +660,7 @@ impl<St: IdempotencyStore> Drop for Acquired<St> {
 /// the claim is found gone.
 async fn keep<St: IdempotencyStore>(
     store: St,
+    name: Arc<str>,
     key: String,
     claim: ClaimToken,
     in_flight_ttl: Duration,
@@ -628,6 +674,7 @@ async fn keep<St: IdempotencyStore>(
             Ok(false) => {
                 if !settled.load(Ordering::Acquire) {
                     tracing::warn!(
+                        idempotency = %name,
                         key,
                         "idempotency claim lapsed while its request ran; a repeat may run it again"
                     );
@@ -635,6 +682,7 @@ async fn keep<St: IdempotencyStore>(
                 return;
             }
             Err(error) => tracing::warn!(
+                idempotency = %name,
                 key,
                 error = chain(&error),
                 "idempotency store failed to extend a claim; it lapses after the in-flight TTL unless a later extension lands"
@@ -646,6 +694,7 @@ async fn keep<St: IdempotencyStore>(
 /// Writes what a guarded call came to, and counts and logs how that went.
 async fn record_outcome<St: IdempotencyStore>(
     store: St,
+    name: Arc<str>,
     key: String,
     claim: ClaimToken,
     fingerprint: String,
@@ -660,12 +709,13 @@ async fn record_outcome<St: IdempotencyStore>(
         .complete(&key, &claim, &fingerprint, completion, ttl)
         .await
     {
-        Ok(true) => count(outcome),
+        Ok(true) => count(&name, outcome),
         Ok(false) => {
             // The claim lapsed (in-flight TTL): another request may own the
             // key now, so leave it alone.
-            count("lapsed");
+            count(&name, "lapsed");
             tracing::warn!(
+                idempotency = %name,
                 key,
                 "idempotency claim lapsed before its outcome was recorded"
             );
@@ -674,8 +724,9 @@ async fn record_outcome<St: IdempotencyStore>(
             // Keep the claim rather than release it: the request may have
             // been applied, and running it again would duplicate it. Repeats
             // get 409 until the in-flight TTL.
-            count("store_failed");
+            count(&name, "store_failed");
             tracing::error!(
+                idempotency = %name,
                 key,
                 error = chain(&error),
                 "idempotency store failed to record an outcome; the key stays in flight until the in-flight TTL"
