@@ -316,11 +316,11 @@ async fn drive_every_layer() {
 
     // The idempotency guard: room for one record, so a second key evicts
     // the first.
-    let guard = IdempotencyGuardLayer::new(MemoryIdempotencyStore::new(1)).layer(service_fn(
-        |_: Request<GuardBody<Full<Bytes>>>| async {
+    let guard = IdempotencyGuardLayer::new(MemoryIdempotencyStore::new(1))
+        .name("orders")
+        .layer(service_fn(|_: Request<GuardBody<Full<Bytes>>>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("done"))))
-        },
-    ));
+        }));
     for key in ["a", "b"] {
         let request = Request::post("/orders")
             .header("idempotency-key", key)
@@ -764,7 +764,7 @@ fn the_dashboard_is_importable_and_every_panel_has_a_query() {
     for variable in variables.iter().filter(|v| v["type"] == "query") {
         assert_eq!(variable["datasource"]["uid"], source.as_str(), "{variable}");
     }
-    for layer_label in ["retry", "hedge", "breaker", "label"] {
+    for layer_label in ["retry", "hedge", "breaker", "label", "idempotency"] {
         assert!(
             variables.iter().any(|v| v["definition"]
                 .as_str()
@@ -894,7 +894,7 @@ fn promtool_parses_every_dashboard_expression() {
         .enumerate()
         .map(|(n, query)| {
             let mut expr = query.expr.replace("$__rate_interval", "5m");
-            for variable in ["$retry", "$hedge", "$breaker", "$dlq"] {
+            for variable in ["$retry", "$hedge", "$breaker", "$dlq", "$idempotency"] {
                 expr = expr.replace(variable, ".*");
             }
             assert!(!expr.contains('$'), "{}: {expr}", query.place);
