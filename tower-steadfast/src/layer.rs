@@ -409,6 +409,11 @@ mod tests {
                 .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
                 .unwrap_or_else(|| panic!("{error}"));
             assert_eq!(too_long.limit(), DEFAULT_DEADLINE - Duration::from_secs(6));
+            // Within it, the layer's own three retries: hints of 1 s are
+            // waited out three times and the fourth answer is kept.
+            let (arrivals, ended) = drive(retry, Method::GET, Some(429), Some(1)).await;
+            assert_eq!(arrivals, [0, 1, 2, 3].map(Duration::from_secs));
+            assert_eq!(ended.unwrap().1.unwrap().status(), 429);
             // The attempt timeout: a hung first attempt is cut at 3 s, and
             // the call ends by the deadline.
             let (arrivals, ended) = drive(retry, Method::GET, None, None).await;
