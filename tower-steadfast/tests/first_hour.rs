@@ -204,8 +204,10 @@ async fn refused_hint(
 /// returns, for each attempt, when it arrived and when the stack cut it
 /// (both from the call's start), and when the call ended.
 async fn cut_attempts(config: ResilienceConfig) -> (Vec<(Duration, Duration)>, Duration) {
+    /// When each attempt arrived, and when it was cut.
+    type Attempts = Arc<Mutex<Vec<(Instant, Option<Instant>)>>>;
     /// Notes when the attempt it lives in is dropped, i.e. cut.
-    struct Cut(Arc<Mutex<Vec<(Instant, Option<Instant>)>>>, usize);
+    struct Cut(Attempts, usize);
     impl Drop for Cut {
         fn drop(&mut self) {
             self.0.lock().unwrap()[self.1].1 = Some(Instant::now());
