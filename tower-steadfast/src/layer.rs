@@ -274,6 +274,11 @@ pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
     use super::*;
 
     /// The loader refuses these values itself; the layers' builders are the
@@ -308,27 +313,191 @@ mod tests {
         assert_eq!(layer.retry.name(), "orders");
     }
 
+    type Retries = RetryLayer<HttpClassifier, HttpReplay>;
+    type Answer = Result<http::Response<http_body_util::Full<bytes::Bytes>>, tower::BoxError>;
+
+    /// Drives one `method` call through `retry` over a downstream that
+    /// answers `status` at once (with `Retry-After: hint` seconds when
+    /// given), or never when `status` is `None`. Returns when each attempt
+    /// arrived, from the call's start, and how and when the call ended:
+    /// `None` when it had not ended after a day.
+    async fn drive(
+        retry: &Retries,
+        method: http::Method,
+        status: Option<u16>,
+        hint: Option<u64>,
+    ) -> (Vec<Duration>, Option<(Duration, Answer)>) {
+        use tower::ServiceExt;
+        let start = Instant::now();
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&arrivals);
+        let downstream = tower::service_fn(move |_: http::Request<Body>| {
+            seen.lock().unwrap().push(start.elapsed());
+            async move {
+                let Some(status) = status else {
+                    return std::future::pending().await;
+                };
+                let mut response = http::Response::builder().status(status);
+                if let Some(seconds) = hint {
+                    response = response.header("retry-after", seconds.to_string());
+                }
+                Ok::<_, tower::BoxError>(response.body(Body::default()).unwrap())
+            }
+        });
+        let request = http::Request::builder()
+            .method(method)
+            .uri("http://upstream.test/orders/7")
+            .body(Body::default())
+            .unwrap();
+        let call = retry.layer(downstream).oneshot(request);
+        let ended = tokio::time::timeout(Duration::from_secs(24 * 3600), call)
+            .await
+            .ok()
+            .map(|answer| (start.elapsed(), answer));
+        let arrivals = arrivals.lock().unwrap().clone();
+        (arrivals, ended)
+    }
+
+    type Body = http_body_util::Full<bytes::Bytes>;
+
+    /// The waits between the attempts of a call that arrived at `arrivals`.
+    fn waits(arrivals: &[Duration]) -> Vec<Duration> {
+        arrivals.windows(2).map(|pair| pair[1] - pair[0]).collect()
+    }
+
     /// Every default of the stack is its layer's but the call's bounds: a
     /// block that leaves every key out builds the layers as their own
-    /// builders do, with a deadline and an attempt timeout added.
-    #[test]
-    fn an_empty_block_builds_the_layers_defaults() {
+    /// builders do, with a deadline and an attempt timeout added. The retry
+    /// layers are compared by what they do, on a paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_block_builds_the_layers_defaults() {
+        use http::Method;
         let config = ResilienceConfig::from_value(&serde_json::json!({})).unwrap();
         assert_eq!(config, ResilienceConfig::default());
-        let retry = config.retry_builder().build().unwrap();
-        // Except the two bounds a request handler needs, which the retry
-        // layer leaves out.
-        let layers_own = format!("{:?}", RetryLayer::http_builder().build().unwrap());
-        assert!(
-            layers_own.contains("deadline: None, attempt_timeout: None"),
-            "{layers_own}"
-        );
+        let facade = config.retry_builder().build().unwrap();
+        let own = RetryLayer::http_builder().build().unwrap();
         let bounded = RetryLayer::http_builder()
             .deadline(DEFAULT_DEADLINE)
             .attempt_timeout(DEFAULT_ATTEMPT_TIMEOUT)
             .build()
             .unwrap();
-        assert_eq!(format!("{retry:?}"), format!("{bounded:?}"));
+        assert_eq!(facade.name(), own.name());
+
+        // The retry layer's own leaves out the two bounds a request handler
+        // needs: no attempt timeout cuts a hung attempt, no deadline the call.
+        let (arrivals, ended) = drive(&own, Method::GET, None, None).await;
+        assert_eq!(arrivals, [Duration::ZERO]);
+        assert!(ended.is_none(), "the layer's own ends no hung call");
+        // Nor does one refuse a wait that would cross one: four attempts
+        // (three retries), each hint of 6 s waited out, the last answer kept.
+        let (arrivals, ended) = drive(&own, Method::GET, Some(429), Some(6)).await;
+        assert_eq!(arrivals, [0, 6, 12, 18].map(Duration::from_secs));
+        let (took, answer) = ended.unwrap();
+        assert_eq!(took, Duration::from_secs(18));
+        assert_eq!(answer.unwrap().status(), 429);
+
+        // The facade's adds both, at the block's defaults, as `bounded` does.
+        for retry in [&facade, &bounded] {
+            // The deadline: at 6 s, the second hint of 6 s is refused with
+            // the 4 s left of 10 s.
+            let (arrivals, ended) = drive(retry, Method::GET, Some(429), Some(6)).await;
+            assert_eq!(arrivals, [0, 6].map(Duration::from_secs));
+            let (took, answer) = ended.unwrap();
+            assert_eq!(took, Duration::from_secs(6));
+            let error = answer.unwrap_err();
+            let too_long = error
+                .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
+                .unwrap_or_else(|| panic!("{error}"));
+            assert_eq!(too_long.limit(), DEFAULT_DEADLINE - Duration::from_secs(6));
+            // Within it, the layer's own three retries: hints of 1 s are
+            // waited out three times and the fourth answer is kept.
+            let (arrivals, ended) = drive(retry, Method::GET, Some(429), Some(1)).await;
+            assert_eq!(arrivals, [0, 1, 2, 3].map(Duration::from_secs));
+            assert_eq!(ended.unwrap().1.unwrap().status(), 429);
+            // The attempt timeout: a hung first attempt is cut at 3 s, and
+            // the call ends by the deadline.
+            let (arrivals, ended) = drive(retry, Method::GET, None, None).await;
+            assert!(arrivals.len() >= 2, "{arrivals:?}");
+            assert!(arrivals[1] >= DEFAULT_ATTEMPT_TIMEOUT, "{arrivals:?}");
+            let (took, answer) = ended.expect("the deadline ends a hung call");
+            assert!(took <= DEFAULT_DEADLINE, "{took:?}");
+            assert!(answer.is_err());
+        }
+
+        // Everything else is the layer's own: the same answers retried
+        // (transient statuses, idempotent methods only) as often, ...
+        for (method, status, attempts) in [
+            (Method::GET, 500, 4),
+            (Method::GET, 502, 4),
+            (Method::GET, 503, 4),
+            (Method::GET, 504, 4),
+            (Method::GET, 429, 4),
+            (Method::GET, 408, 4),
+            (Method::PUT, 503, 4),
+            (Method::POST, 503, 1),
+            (Method::GET, 400, 1),
+            (Method::GET, 404, 1),
+            (Method::GET, 200, 1),
+        ] {
+            for retry in [&facade, &bounded, &own] {
+                let (arrivals, ended) = drive(retry, method.clone(), Some(status), None).await;
+                assert_eq!(arrivals.len(), attempts, "{method} {status}");
+                let (_, answer) = ended.unwrap();
+                assert_eq!(answer.unwrap().status(), status, "the last answer kept");
+            }
+        }
+        // ... after the same backoff: exponential from 1 s, doubling, with
+        // full jitter (each wait anywhere from 0 to its bound).
+        for retry in [&facade, &own] {
+            let mut seen: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+            for _ in 0..40 {
+                let (arrivals, _) = drive(retry, Method::GET, Some(503), None).await;
+                for (n, wait) in waits(&arrivals).into_iter().enumerate() {
+                    seen[n].push(wait);
+                }
+            }
+            for (n, bound) in [1, 2, 4].map(Duration::from_secs).into_iter().enumerate() {
+                let (least, most) = (
+                    *seen[n].iter().min().unwrap(),
+                    *seen[n].iter().max().unwrap(),
+                );
+                assert!(most <= bound, "retry {}: {most:?}", n + 1);
+                assert!(most > bound / 2, "retry {}: {:?}", n + 1, seen[n]);
+                assert!(least < bound / 2, "retry {}: {:?}", n + 1, seen[n]);
+            }
+        }
+        // ... and the same retry budget: of a burst of calls failing
+        // together, each layer retries as many, fewer than all. Layers
+        // built afresh: the calls above are still in the budgets' window.
+        let mut retried = Vec::new();
+        for retry in [
+            config.retry_builder().build().unwrap(),
+            RetryLayer::http_builder()
+                .deadline(DEFAULT_DEADLINE)
+                .attempt_timeout(DEFAULT_ATTEMPT_TIMEOUT)
+                .build()
+                .unwrap(),
+            RetryLayer::http_builder().build().unwrap(),
+        ] {
+            // Local tasks: the calls run together on the test's thread.
+            let calls = tokio::task::LocalSet::new();
+            let mut burst = tokio::task::JoinSet::new();
+            for _ in 0..100 {
+                let retry = retry.clone();
+                burst.spawn_local_on(
+                    async move { drive(&retry, Method::GET, Some(503), None).await.0.len() },
+                    &calls,
+                );
+            }
+            let attempts: usize = calls.run_until(burst.join_all()).await.into_iter().sum();
+            retried.push(attempts - 100);
+        }
+        assert_eq!(retried[0], retried[1], "{retried:?}");
+        assert_eq!(retried[0], retried[2], "{retried:?}");
+        assert_eq!(
+            retried[0], 120,
+            "10 a second over the 10 s window, and 20 % of the 100 calls"
+        );
         assert_eq!(
             format!("{:?}", config.breaker_builder()),
             format!("{:?}", CircuitBreakerLayer::builder()),

@@ -163,25 +163,130 @@ async fn first_hour_1_a_hung_downstream_is_cut_at_the_deadline() {
     );
 }
 
-/// The block's keys set the retry layer's own deadline and attempt timeout.
+/// Calls the stack `config` builds over a downstream answering 429 with
+/// `Retry-After: seconds`: returns when each attempt arrived (from the
+/// call's start) and the wait the stack refused, with the time that was left.
+async fn refused_hint(
+    config: ResilienceConfig,
+    seconds: u64,
+) -> (Vec<Duration>, Duration, Duration) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let stack = ServiceBuilder::new()
+        .layer(config.layer("orders", MemoryStore::new(100)))
+        .service(rate_limited(seconds, Arc::clone(&arrivals)));
+    let start = Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(3600), stack.oneshot(get()))
+        .await
+        .expect("the call ends")
+        .unwrap_err();
+    let too_long = error
+        .downcast_ref::<tower_retry_budget::error::WaitTooLong>()
+        .unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(
+        too_long.reason(),
+        tower_retry_budget::error::WaitLimit::Deadline,
+        "{error}"
+    );
+    assert_eq!(
+        start.elapsed(),
+        *arrivals.lock().unwrap().last().unwrap() - start
+    );
+    let arrivals = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| *t - start)
+        .collect();
+    (arrivals, too_long.wait(), too_long.limit())
+}
+
+/// Calls the stack `config` builds over a downstream that never answers:
+/// returns, for each attempt, when it arrived and when the stack cut it
+/// (both from the call's start), and when the call ended.
+async fn cut_attempts(config: ResilienceConfig) -> (Vec<(Duration, Duration)>, Duration) {
+    /// When each attempt arrived, and when it was cut.
+    type Attempts = Arc<Mutex<Vec<(Instant, Option<Instant>)>>>;
+    /// Notes when the attempt it lives in is dropped, i.e. cut.
+    struct Cut(Attempts, usize);
+    impl Drop for Cut {
+        fn drop(&mut self) {
+            self.0.lock().unwrap()[self.1].1 = Some(Instant::now());
+        }
+    }
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&attempts);
+    let hung = service_fn(move |_request: Request<Body>| {
+        let index = {
+            let mut seen = seen.lock().unwrap();
+            seen.push((Instant::now(), None));
+            seen.len() - 1
+        };
+        let cut = Cut(Arc::clone(&seen), index);
+        async move {
+            let _cut = cut;
+            std::future::pending::<Result<Response<Full<Bytes>>, BoxError>>().await
+        }
+    });
+    let stack = ServiceBuilder::new()
+        .layer(config.layer("orders", MemoryStore::new(100)))
+        .service(hung);
+    let start = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(3600), stack.oneshot(get()))
+        .await
+        .expect("the stack ends the call itself");
+    assert!(result.is_err());
+    let took = start.elapsed();
+    let attempts = attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(arrived, cut)| (*arrived - start, cut.expect("every attempt is cut") - start))
+        .collect();
+    (attempts, took)
+}
+
+/// The block's keys set the retry layer's own deadline and attempt timeout:
+/// measured on a paused clock, the deadline is what a server's hint is
+/// refused against, and the attempt timeout is when a hung attempt is cut.
 #[tokio::test(start_paused = true)]
 async fn first_hour_1_the_block_sets_the_deadline_and_the_attempt_timeout() {
-    let config =
+    let config = || {
         ResilienceConfig::from_yaml_str("retry: {deadline_ms: 4000, attempt_timeout_ms: 500}")
-            .unwrap();
-    let retry = format!("{:?}", config.retry_builder().build().unwrap());
+            .unwrap()
+    };
+    // A 3 s hint is waited out once; at 3 s the next one is refused by the
+    // retry layer with 1 s left: a deadline of 4 s from the first attempt.
+    let (arrivals, wait, left) = refused_hint(config(), 3).await;
+    assert_eq!(arrivals, [0, 3].map(Duration::from_secs));
+    assert_eq!(wait, Duration::from_secs(3));
+    assert_eq!(left, Duration::from_secs(1), "a deadline of 4 s");
+    // Each hung attempt is cut 500 ms after it started, and the last one
+    // by the deadline at the latest; the call ends by the deadline.
+    let (attempts, took) = cut_attempts(config()).await;
+    assert!(attempts.len() >= 2, "{attempts:?}");
+    let (last, others) = attempts.split_last().unwrap();
+    for (arrived, cut) in others {
+        assert_eq!(*cut - *arrived, Duration::from_millis(500), "{attempts:?}");
+    }
     assert!(
-        retry.contains("deadline: Some(4s), attempt_timeout: Some(500ms)"),
-        "{retry}"
+        last.1 - last.0 <= Duration::from_millis(500),
+        "{attempts:?}"
     );
+    assert_eq!(took, last.1);
+    assert!(took <= Duration::from_secs(4), "{took:?}");
 
-    // Left out, the block's own defaults, which the README states.
-    let retry = format!(
-        "{:?}",
-        ResilienceConfig::default().retry_builder().build().unwrap()
-    );
-    let defaults = format!("deadline: Some({DEFAULT_DEADLINE:?}), attempt_timeout: Some(3s)");
-    assert!(retry.contains(&defaults), "{retry}");
+    // Left out, the block's own defaults, which the README states: a 10 s
+    // deadline (a 6 s hint is refused with 4 s left) and a 3 s attempt
+    // timeout.
+    let (arrivals, _, left) = refused_hint(ResilienceConfig::default(), 6).await;
+    assert_eq!(arrivals, [0, 6].map(Duration::from_secs));
+    assert_eq!(left, DEFAULT_DEADLINE - Duration::from_secs(6));
+    let (attempts, took) = cut_attempts(ResilienceConfig::default()).await;
+    assert!(attempts.len() >= 2, "{attempts:?}");
+    let (first_arrived, first_cut) = attempts[0];
+    assert_eq!(first_arrived, Duration::ZERO);
+    assert_eq!(first_cut, Duration::from_secs(3), "{attempts:?}");
+    assert!(took <= DEFAULT_DEADLINE, "{took:?}");
 }
 
 /// The crates a build compiles for `cargo tree`'s arguments `args`
