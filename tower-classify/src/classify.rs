@@ -201,22 +201,11 @@ pub trait ClassifyExt: Sized {
     /// This changes what *every* layer sharing the classifier sees, so a
     /// breaker stops counting the classes left out too. To narrow only what a
     /// retry layer retries, give the [`RetryOn`] set to the retry layer instead.
-    fn retry_on(
-        self,
-        retry_on: RetryOn,
-    ) -> Map<Self, impl Fn(Outcome) -> Outcome + Copy + Send + Sync + 'static> {
-        self.map(move |outcome| match outcome {
-            Outcome::Failure(failure)
-                if failure.kind.is_transient() && !retry_on.contains(failure.kind) =>
-            {
-                Outcome::Failure(Failure {
-                    kind: FailureKind::Rejected,
-                    hint: None,
-                    ..failure
-                })
-            }
-            other => other,
-        })
+    fn retry_on(self, retry_on: RetryOn) -> Map<Self, RetryOn> {
+        Map {
+            inner: self,
+            f: retry_on,
+        }
     }
 }
 
@@ -281,22 +270,58 @@ impl<C: fmt::Debug, F> fmt::Debug for Map<C, F> {
     }
 }
 
+/// Rewrites one outcome: what [`ClassifyExt::map`] applies. Implemented
+/// for closures and for a [`RetryOn`] set (what [`ClassifyExt::retry_on`]
+/// applies), so a mapped classifier has a type one can name.
+pub trait MapOutcome {
+    /// Rewrites `outcome`.
+    fn map_outcome(&self, outcome: Outcome) -> Outcome;
+}
+
+impl<F> MapOutcome for F
+where
+    F: Fn(Outcome) -> Outcome,
+{
+    fn map_outcome(&self, outcome: Outcome) -> Outcome {
+        self(outcome)
+    }
+}
+
+/// Keeps only the set's transient classes transient: a transient failure of
+/// any other class becomes [`FailureKind::Rejected`], without a hint.
+impl MapOutcome for RetryOn {
+    fn map_outcome(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Failure(failure)
+                if failure.kind.is_transient() && !self.contains(failure.kind) =>
+            {
+                Outcome::Failure(Failure {
+                    kind: FailureKind::Rejected,
+                    hint: None,
+                    ..failure
+                })
+            }
+            other => other,
+        }
+    }
+}
+
 impl<C, F, Res, E> Classify<Res, E> for Map<C, F>
 where
     C: Classify<Res, E>,
-    F: Fn(Outcome) -> Outcome,
+    F: MapOutcome,
 {
     fn classify(&self, result: Result<&Res, &E>) -> Outcome {
-        (self.f)(self.inner.classify(result))
+        self.f.map_outcome(self.inner.classify(result))
     }
 
     fn classify_head(&self, result: Result<&Res, &E>) -> Option<Outcome> {
         let outcome = self.inner.classify_head(result)?;
-        Some((self.f)(outcome))
+        Some(self.f.map_outcome(outcome))
     }
 
     #[cfg(feature = "http")]
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
-        (self.f)(self.inner.classify_end(end))
+        self.f.map_outcome(self.inner.classify_end(end))
     }
 }

@@ -45,7 +45,7 @@ pub mod status;
 pub mod tower_http;
 
 pub use self::classified::Classified;
-pub use self::classify::{classify_fn, Classify, ClassifyExt, ClassifyFn, Map, Or};
+pub use self::classify::{classify_fn, Classify, ClassifyExt, ClassifyFn, Map, MapOutcome, Or};
 pub use self::coarse_clock::CoarseClock;
 pub use self::error::{BoxError, ConfigError};
 pub use self::error_chain::{AsDynError, ErrorChainClassifier};

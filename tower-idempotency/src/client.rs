@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request};
-use tower_classify::http::IDEMPOTENCY_KEY;
+use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -150,7 +150,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let wanted = self.layer.all_methods || !request.method().is_idempotent();
+        let wanted = self.layer.all_methods || !Idempotency::method_is_idempotent(request.method());
         if wanted && !request.headers().contains_key(IDEMPOTENCY_KEY) {
             request
                 .headers_mut()

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
-use tower_classify::http::IDEMPOTENCY_KEY;
+use tower_classify::http::{Idempotency, IDEMPOTENCY_KEY};
 use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 use tracing::Instrument;
@@ -180,7 +180,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let config = &self.shared.config;
-        let guarded = config.all_methods || !request.method().is_idempotent();
+        let guarded = config.all_methods || !Idempotency::method_is_idempotent(request.method());
         if !guarded || !request.headers().contains_key(IDEMPOTENCY_KEY) {
             return ResponseFuture::passthrough(self.inner.call(request.map(GuardBody::new)));
         }
@@ -201,8 +201,10 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         // A span for the guarded call, made only when a subscriber records
         // it; events outside it (spawned writes, the response body) carry
-        // the guard's name themselves.
-        let span = tracing::debug_span!("idempotency", idempotency = %config.name, key);
+        // the guard's name themselves. Not the key: every event of the
+        // handler would carry it, and a scoped key holds the caller's
+        // identity.
+        let span = tracing::debug_span!("idempotency", idempotency = %config.name);
         let shared = Arc::clone(&self.shared);
         let call = guarded_call(inner, shared, key, parts, body);
         if span.is_disabled() {

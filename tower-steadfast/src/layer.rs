@@ -382,6 +382,10 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(facade.name(), own.name());
+        // Every setting, those no behaviour below reaches included (the
+        // backoff's cap, `max_wait`, the attempt header, the classifier's
+        // rules): the facade's layer is the layer's own plus the two bounds.
+        assert_eq!(format!("{facade:?}"), format!("{bounded:?}"));
 
         // The retry layer's own leaves out the two bounds a request handler
         // needs: no attempt timeout cuts a hung attempt, no deadline the call.

@@ -63,9 +63,25 @@ impl Idempotency {
         self
     }
 
+    /// `true` for the methods RFC 9110 (section 9.2.2) defines as
+    /// idempotent: GET, HEAD, OPTIONS, TRACE, PUT and DELETE. Any other
+    /// method, extension methods included, is not, whatever version of the
+    /// `http` crate is in the build.
+    pub fn method_is_idempotent(method: &Method) -> bool {
+        matches!(
+            *method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        )
+    }
+
     /// `true` when `request` may be sent more than once.
     pub fn is_idempotent<B>(&self, request: &Request<B>) -> bool {
-        if self.retry_non_idempotent || request.method().is_idempotent() {
+        if self.retry_non_idempotent || Self::method_is_idempotent(request.method()) {
             return true;
         }
         matches!(*request.method(), Method::POST | Method::PATCH)
