@@ -870,4 +870,100 @@ mod tests {
         let all: EntryIdPrefix = "f".parse().unwrap();
         assert_eq!(all.range().1, EntryId::from_u128(u128::MAX));
     }
+
+    /// A failed replay as [`ReplayRecord::new`] and `with_status` make it,
+    /// from generated parts.
+    fn replay() -> impl proptest::strategy::Strategy<Value = (ReplayRecord, u32)> {
+        use proptest::prelude::*;
+        (
+            0u64..1 << 50,
+            0..FailureKind::ALL.len(),
+            proptest::option::of(any::<u16>()),
+            proptest::collection::vec("\\PC{0,8}|é{200,300}", 0..ERROR_LEVELS + 3),
+            prop_oneof![0u32..4, Just(u32::MAX)],
+        )
+            .prop_map(|(millis, kind, status, error, attempts)| {
+                let at = UNIX_EPOCH + Duration::from_millis(millis);
+                let record = ReplayRecord::new(at, FailureKind::ALL[kind], error.clone())
+                    .with_status(status);
+                (record, attempts)
+            })
+    }
+
+    proptest::proptest! {
+        /// The checks the `dead_letter_entry` fuzz target made before
+        /// `ReplayRecord::new`, `record_replay` and `age` became the crate's
+        /// own: an entry the layer writes, failed replays recorded, reads
+        /// back as itself and encodes stably; `age` and a record's
+        /// `error_text` never panic. With them, what `record_replay` and
+        /// `ReplayRecord::new` promise.
+        #[test]
+        fn an_entry_with_recorded_replays_reads_back_as_itself(
+            number in proptest::prelude::any::<u128>(),
+            millis in 0u64..1 << 50,
+            text in "\\PC{0,48}",
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            replays in proptest::collection::vec(replay(), 0..REPLAY_HISTORY_LIMIT + 4),
+            now_millis in 0u64..1 << 51,
+        ) {
+            use proptest::{prop_assert, prop_assert_eq};
+
+            let at = UNIX_EPOCH + Duration::from_millis(millis);
+            let kinds = FailureKind::ALL;
+            let mut entry = DeadLetterEntry::new(
+                text.clone(),
+                kinds[(number >> 5) as usize % kinds.len()],
+                vec![text.clone(), text.clone()],
+                at,
+            );
+            entry.id = EntryId::from_u128(number);
+            entry.headers.push(StoredHeader { name: text.clone(), value: text.clone() });
+            entry.body = Bytes::from(body.clone());
+            entry.attempts = (number >> 64) as u32;
+            entry.last_failed_at = at + Duration::from_millis(number as u8 as u64);
+            entry.message_id = (number & 1 == 1).then(|| text.clone());
+            entry.method = (number & 2 == 2).then(|| text.clone());
+            entry.uri = (number & 4 == 4).then(|| text.clone());
+            entry.body_truncated = number & 8 == 8;
+            entry.body_len = (number & 16 == 16).then_some(body.len() as u64);
+
+            let recorded = replays.len();
+            for (record, attempts) in replays {
+                let before = entry.clone();
+                prop_assert!(record.error.len() <= ERROR_LEVELS);
+                prop_assert!(record.error.iter().all(|level| level.len() <= ERROR_BYTES));
+                let line = record.error_text();
+                prop_assert!(record.error.iter().all(|level| line.contains(level.as_str())));
+                entry.record_replay(record.clone(), attempts);
+
+                prop_assert_eq!(
+                    entry.attempts,
+                    before.attempts.saturating_add(attempts.max(1))
+                );
+                prop_assert_eq!(entry.last_failed_at, before.last_failed_at.max(record.at));
+                prop_assert_eq!(entry.failed_replays, before.failed_replays + 1);
+                prop_assert!(entry.replays.len() <= REPLAY_HISTORY_LIMIT);
+                let kept = entry.replays.last().unwrap();
+                prop_assert_eq!(kept.attempt, entry.attempts);
+                prop_assert_eq!((kept.at, kept.kind, kept.status), (record.at, record.kind, record.status));
+                prop_assert_eq!(&kept.error, &record.error);
+                // The original failure stays as it was.
+                prop_assert_eq!(
+                    (&entry.error, entry.kind, entry.first_failed_at),
+                    (&before.error, before.kind, before.first_failed_at)
+                );
+            }
+            prop_assert_eq!(entry.failed_replays, recorded as u64);
+            prop_assert_eq!(entry.replays.len(), recorded.min(REPLAY_HISTORY_LIMIT));
+
+            let encoded = entry.to_bytes();
+            let decoded = DeadLetterEntry::from_bytes(&encoded).expect("an entry decodes");
+            prop_assert_eq!(&decoded, &entry);
+            prop_assert_eq!(decoded.to_bytes(), encoded);
+
+            let now = UNIX_EPOCH + Duration::from_millis(now_millis);
+            let expected = now.duration_since(entry.first_failed_at).unwrap_or_default();
+            prop_assert_eq!(decoded.age(now), expected);
+        }
+    }
 }

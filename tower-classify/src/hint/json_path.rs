@@ -108,3 +108,53 @@ impl fmt::Debug for JsonPath {
         f.write_str(&self.text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::JsonPath;
+
+    /// Documents whose keys are the ones the paths below name, and whose
+    /// arrays and objects hold several different values, so a wildcard
+    /// selects more than one.
+    fn document() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "[a-z]{0,3}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(("[abc]", inner), 0..4)
+                    .prop_map(|pairs| Value::Object(pairs.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Paths of every step kind, over the documents' keys and indexes.
+    fn path() -> impl Strategy<Value = String> {
+        let step = prop_oneof![
+            "\\.[abc]",
+            "\\['[abc]'\\]",
+            "\\[\"[abc]\"\\]",
+            "\\[[0-3]\\]",
+            Just(".*".to_owned()),
+            Just("[*]".to_owned()),
+        ];
+        prop::collection::vec(step, 0..5).prop_map(|steps| format!("${}", steps.concat()))
+    }
+
+    proptest! {
+        /// `first` (what `backoff_from` and response rules read) is the
+        /// first of the values `select` gives, in document order.
+        #[test]
+        fn first_is_the_first_selected_value(text in path(), doc in document()) {
+            let path = JsonPath::parse("path", &text).unwrap();
+            prop_assert_eq!(path.first(&doc), path.select(&doc).first().copied());
+        }
+    }
+}
