@@ -230,12 +230,7 @@ impl ErrorChainClassifier {
                 not_sent |= outcome.as_failure().map(|f| f.kind) == Some(FailureKind::NotSent);
                 deepest = Some(outcome);
             }
-            // `io::Error::source` skips the error it wraps and returns *that*
-            // error's source, so look at the wrapped error explicitly.
-            current = match err.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
-                Some(inner) => Some(inner as &(dyn Error + 'static)),
-                None => err.source(),
-            };
+            current = next_in_chain(err);
         }
         match deepest {
             Some(outcome)
@@ -249,6 +244,18 @@ impl ErrorChainClassifier {
             }
             other => other,
         }
+    }
+}
+
+/// The error after `err` in its chain, as the classifier walks it:
+/// `io::Error::source` skips the error it wraps and returns *that* error's
+/// source, so the wrapped error is taken explicitly.
+pub(crate) fn next_in_chain<'a>(
+    err: &'a (dyn Error + 'static),
+) -> Option<&'a (dyn Error + 'static)> {
+    match err.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+        Some(inner) => Some(inner as &(dyn Error + 'static)),
+        None => err.source(),
     }
 }
 

@@ -71,7 +71,7 @@ use tower::{Layer, Service};
 
 use crate::classified::Classified;
 use crate::error::BoxError;
-use crate::error_chain::{AsDynError, ErrorChainClassifier, DEFAULT_UNKNOWN};
+use crate::error_chain::{next_in_chain, AsDynError, ErrorChainClassifier, DEFAULT_UNKNOWN};
 use crate::grpc::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 use crate::refusal::RefusalToken;
@@ -535,24 +535,11 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
 /// `error`'s chain that decided `outcome` (the first one, as the
 /// classifier reads it), unless the classifier made something else of it.
 fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Duration> {
-    let mut current = Some(error);
-    while let Some(err) = current {
-        if let Some(classified) = err.downcast_ref::<Classified>() {
-            return classified
-                .answer_wait()
-                .filter(|_| outcome.as_failure() == Some(&classified.failure()));
-        }
-        // As the classifier walks it: `io::Error::source` skips the error
-        // it wraps.
-        current = match err
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::get_ref)
-        {
-            Some(inner) => Some(inner as &(dyn Error + 'static)),
-            None => err.source(),
-        };
-    }
-    None
+    let classified = std::iter::successors(Some(error), |&err| next_in_chain(err))
+        .find_map(|err| err.downcast_ref::<Classified>())?;
+    classified
+        .answer_wait()
+        .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 
 /// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding
