@@ -55,33 +55,21 @@ impl ResilienceConfig {
     /// document's top-level `resilience:` key holding it.
     #[cfg(feature = "yaml")]
     pub fn from_yaml_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = yaml_serde::from_str(text).map_err(|e| LoadError::Syntax {
-            format: "YAML",
-            message: e.to_string(),
-        })?;
-        Ok(Self::from_value(&value)?)
+        load("YAML", yaml_serde::from_str(text))
     }
 
     /// Reads a configuration from TOML: the block's tables (`[retry]`, …)
     /// or the same under `[resilience.retry]`, ….
     #[cfg(feature = "toml")]
     pub fn from_toml_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = toml::from_str(text).map_err(|e| LoadError::Syntax {
-            format: "TOML",
-            message: e.to_string(),
-        })?;
-        Ok(Self::from_value(&value)?)
+        load("TOML", toml::from_str(text))
     }
 
     /// Reads a configuration from JSON: the block's object, or an object
     /// whose only key `resilience` holds it.
     #[cfg(feature = "json")]
     pub fn from_json_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| LoadError::Syntax {
-            format: "JSON",
-            message: e.to_string(),
-        })?;
-        Ok(Self::from_value(&value)?)
+        load("JSON", serde_json::from_str(text))
     }
 
     /// Checks a configuration already parsed into a JSON value, with or
@@ -109,25 +97,17 @@ impl<'de> Deserialize<'de> for ResilienceConfig {
     }
 }
 
-impl<'de> Deserialize<'de> for RetrySection {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        retry(&value, "").map_err(D::Error::custom)
-    }
-}
-
-impl<'de> Deserialize<'de> for CircuitBreakerSection {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        circuit_breaker(&value, "").map_err(D::Error::custom)
-    }
-}
-
-impl<'de> Deserialize<'de> for PoisonSection {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        poison(&value, "").map_err(D::Error::custom)
-    }
+/// A document parsed by its format's parser, then checked key by key.
+#[cfg(any(feature = "yaml", feature = "toml", feature = "json"))]
+fn load<E: std::fmt::Display>(
+    format: &'static str,
+    parsed: Result<Value, E>,
+) -> Result<ResilienceConfig, LoadError> {
+    let value = parsed.map_err(|e| LoadError::Syntax {
+        format,
+        message: e.to_string(),
+    })?;
+    Ok(ResilienceConfig::from_value(&value)?)
 }
 
 fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
