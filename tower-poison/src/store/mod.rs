@@ -1,45 +1,16 @@
 //! Dead-letter stores: where entries are kept until an operator acts on them.
 //!
 //! [`DeadLetterStore`] is the interface the layer, [replay](mod@crate::replay)
-//! and the CLI use. Three implementations ship here:
-//!
-//! - [`RedbStore`] (feature `redb`, on by default): the default, an embedded
-//!   durable store in one file. An entry is acknowledged only after the
-//!   transaction holding it has committed durably, so a crash never loses an
-//!   acknowledged entry.
-//! - [`MemoryStore`]: bounded, in memory, for tests and for services that can
-//!   afford to lose their dead letters on restart. When full it refuses new
-//!   entries (the call fails) rather than evicting old ones.
-//!
-//! - [`RedisDeadLetterStore`] (feature `redis`): for a fleet of nodes, one
-//!   queue in Redis that every node writes and the CLI reads.
+//! and the CLI use; the crate docs compare the three stores here.
 //!
 //! # Limits
 //!
-//! The durable stores are bounded by entry count and by bytes (the entries'
-//! encoded size): see [`RedbStoreBuilder::max_entries`] and
-//! [`RedisDeadLetterStoreBuilder::max_entries`] for the defaults. A `put`
-//! past either limit fails with [`StoreErrorKind::Full`] and keeps nothing;
-//! the layer turns that into [`StoreFull`](crate::StoreFull), so a caller
-//! (a queue consumer) knows the failed call was neither processed nor kept.
-//! Nothing already stored is ever evicted to make room (dead letters are
-//! evidence). Replacing an entry counts only the difference in size, and one
-//! no larger always succeeds; `remove` and `purge` give their bytes back;
-//! `u64::MAX` lifts a limit.
-//!
-//! # Claims
-//!
-//! [`DeadLetterStore::claim`] leases an entry to one replayer for a while, so
-//! two replays running at once (two operators, two CLI runs) do not both send
-//! it. Each claim carries a [`ClaimToken`] that only its holder knows, and
-//! only that token [releases](DeadLetterStore::release) it: a replayer whose
-//! lease ran out cannot end the claim of the replayer that took over. A lease
-//! is advisory and ends by itself: a replayer that crashes between sending
-//! and removing leaves an entry that can be claimed again once the lease is
-//! over, so a replay is at least once, never lost; and the claim that takes
-//! it over is told that the one before it lapsed unreleased
-//! ([`Claim::Claimed::previous_claim_lapsed`]), so the replay keeps the
-//! idempotency key of a send that may have been applied.
+//! Every store is bounded (the durable ones by entries and encoded bytes). A
+//! `put` past a limit fails with [`StoreErrorKind::Full`] and keeps nothing;
+//! nothing stored is evicted to make room (dead letters are evidence).
+//! Replacing an entry counts only the difference in size, and one no larger
+//! always succeeds; `remove` and `purge` give their bytes back; `u64::MAX`
+//! lifts a limit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -60,59 +31,34 @@ pub use self::memory::MemoryStore;
 pub use self::redb::{RedbStore, RedbStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisDeadLetterStore, RedisDeadLetterStoreBuilder};
-/// What a dead-letter or poison count store fails with: the one store error
-/// of the whole family (from `tower-store-support`; `tower-idempotency`'s
-/// stores fail with it too).
-///
-/// The dead-letter layer turns it into [`StoreFull`](crate::StoreFull) (of
-/// kind [`StoreErrorKind::Full`]: the store kept nothing and evicted
-/// nothing) or [`StoreFailed`](crate::StoreFailed), and poison detection
-/// into [`CountStoreFailed`](crate::CountStoreFailed); each has it as its
-/// [`source`](std::error::Error::source).
-///
+/// What a dead-letter or poison count store fails with (from
+/// `tower-store-support`, shared by the family's stores); the layer's
+/// errors keep it as their [`source`](std::error::Error::source).
 pub use tower_store_support::StoreError;
 pub use tower_store_support::StoreErrorKind;
-/// How the Redis stores ([`RedisDeadLetterStore`] and
-/// [`RedisFailureCounts`](crate::counts::RedisFailureCounts)) connect, as
-/// `tower-idempotency`'s Redis store does (from `tower-store-support`).
-///
+/// How the Redis stores connect (from `tower-store-support`).
 #[cfg(feature = "redis")]
 pub use tower_store_support::{RedisConnectOptions, RedisConnection};
 
 /// A place to keep dead-letter entries.
 ///
-/// Every method is asynchronous and returns a `Send` future, so the layer can
-/// await it inside any tower stack. Implementations are cheap to clone and
-/// share their state between clones.
-///
-/// [`put`](Self::put) is an upsert keyed by [`DeadLetterEntry::id`]:
-/// [replay](mod@crate::replay) uses it to update a failed entry in place. It must
-/// return only once the entry is as durable as the store promises; an error
-/// means the entry was *not* kept.
+/// Every method returns a `Send` future. Implementations are cheap to clone
+/// and share their state between clones.
 pub trait DeadLetterStore: Clone + Send + Sync + 'static {
-    /// Stores `entry`, replacing any entry with the same id.
+    /// Stores `entry`, replacing any entry with the same id (replay updates
+    /// a failed entry in place), and returns once it is as durable as the
+    /// store promises; an error means it was *not* kept.
     ///
-    /// A [claim](Self::claim) on the id is left as it is: a dead-letter
-    /// layer recording a replayed call's failure must not free the entry for
-    /// a second replayer while the first is still finishing.
-    ///
-    /// A store at its limits fails with [`StoreErrorKind::Full`]; replacing
-    /// an entry counts only the difference in size.
+    /// A [claim](Self::claim) on the id is left as it is: a layer recording
+    /// a replayed call's failure must not free the entry for a second
+    /// replayer while the first is still finishing.
     fn put(&self, entry: DeadLetterEntry) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Stores `entry` as [`put`](Self::put) does and returns how many
     /// entries its *label* has after the write, when the write itself tells
-    /// it.
-    ///
-    /// The layer calls this for every dead-lettered call to set its
-    /// `tower_poison_dlq_depth{label}` gauge, so that two layers with
-    /// different labels sharing one store each report their own depth. The
-    /// stores here keep a count per label updated with the entries (under
-    /// the memory store's lock, in the redb write transaction, in the Redis
-    /// put script) and answer from the write's own result, so the gauge
-    /// costs no extra round trip. The provided implementation calls `put`
-    /// and reports `None` (the layer then sets no gauge): counting a label's
-    /// entries by listing them would cost a scan per failed call.
+    /// it: the layer's `tower_poison_dlq_depth{label}` gauge (see
+    /// [`describe_metrics`](crate::describe_metrics)). The provided
+    /// implementation reports `None`, and the layer then sets no gauge.
     fn put_with_depth(
         &self,
         entry: DeadLetterEntry,
@@ -133,14 +79,10 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     fn list(&self, query: ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// The ids that start with `prefix`: how many there are, and the first
-    /// `limit` of them in id order.
+    /// `limit` of them in id order (how the CLI accepts a short id).
     ///
-    /// This is how the CLI accepts a short id (`show 0190c3`). Ids sort by
-    /// their digits, so the matches are one contiguous range: the stores
-    /// here find them in their id index without reading an entry (a range of
-    /// redb keys, `ZLEXCOUNT` and `ZRANGEBYLEX` in Redis). The provided
-    /// implementation pages through [`list`](Self::list) from the start of
-    /// the range, reading only the matching entries.
+    /// The provided implementation pages through [`list`](Self::list) from
+    /// the start of the prefix's [range](EntryIdPrefix::range).
     fn match_prefix(
         &self,
         prefix: EntryIdPrefix,
@@ -183,30 +125,20 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
 
     /// Claims entry `id` for `lease` so one replayer at a time sends it.
     ///
-    /// Atomic in each store: of two claims of one entry made at once, one is
+    /// Atomic: of two claims of one entry made at once, one is
     /// [`Claimed`](Claim::Claimed), with a fresh [`ClaimToken`], and the
-    /// other sees [`Held`](Claim::Held). A claim whose lease has ended counts
-    /// as free. The stores of one process ([`MemoryStore`], [`RedbStore`])
-    /// judge that by the caller's `now` and end the lease at `now + lease`;
-    /// [`RedisDeadLetterStore`] leaves the lease to Redis's own clock (the
-    /// nodes' clocks differ) and uses `now` only to report
-    /// [`Held::until`](Claim::Held) as `now` plus the time Redis has left.
-    /// Any `Duration` is accepted, even `Duration::MAX`: lease ends saturate
-    /// at the end of the year 9999.
+    /// other sees [`Held`](Claim::Held). A claim is a lease, not a lock: once
+    /// its lease has ended (judged by `now`, or by Redis's own clock) the
+    /// entry is free again, so a replayer that dies holding one delays the
+    /// replay by at most `lease`. Lease ends saturate at the end of the year
+    /// 9999, so any `Duration` is accepted.
     ///
-    /// A claim is a lease, not a lock: it ends by itself, so a replayer that
-    /// dies holding one delays the entry's replay by at most `lease`.
-    ///
-    /// A claim whose lease ended before anyone [released](Self::release) it
-    /// is still remembered, until it is released or its entry removed: the
-    /// next claim reports it
-    /// ([`previous_claim_lapsed`](Claim::Claimed::previous_claim_lapsed)),
-    /// since its replayer may have sent the entry and died before recording
-    /// how that went. The lapse is kept with the claim (the memory store's
-    /// claims, redb's claim table, a Redis hash of unreleased claims), not
-    /// written to the entry. A store of your own reports it too: one that
-    /// always says `false` leaves a crashed replayer's send unknown to the
-    /// next replay.
+    /// A claim whose lease ended before it was [released](Self::release) is
+    /// remembered until it is released or its entry removed, and the next
+    /// claim reports it
+    /// ([`previous_claim_lapsed`](Claim::Claimed::previous_claim_lapsed)):
+    /// its replayer may have sent the entry and died. A store of your own
+    /// must report it too.
     fn claim(
         &self,
         id: EntryId,
@@ -214,13 +146,9 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Gives up the claim on `id` that `token` holds (the replay is over,
-    /// or could not be sent).
-    ///
-    /// Does nothing when `token` no longer holds it (the lease ran out and
-    /// another replayer claimed the entry), so a slow replayer never frees
-    /// an entry another one is sending. [`remove`](Self::remove) and
-    /// [`purge`](Self::purge) end any claim; [`put`](Self::put) ends none.
+    /// Gives up the claim on `id` that `token` holds; does nothing when
+    /// `token` no longer holds it, so a slow replayer never frees an entry
+    /// another one is sending.
     fn release(
         &self,
         id: EntryId,
@@ -236,8 +164,8 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
 
-    /// Depth, oldest age and counts by failure kind, by paging through
-    /// [`list`](Self::list). Stores with an index may answer faster.
+    /// Depth, oldest age and counts by failure kind and label, by paging
+    /// through [`list`](Self::list).
     fn stats(&self, now: SystemTime) -> impl Future<Output = Result<Stats, StoreError>> + Send {
         async move {
             let mut stats = Stats::default();
@@ -260,9 +188,7 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
 }
 
 /// What [`DeadLetterStore::claim`] found.
-// The entry is held unboxed so a replayer matches `Claimed { entry, .. }`
-// directly; a claim is made once per replayed entry, so its size costs
-// nothing.
+// Unboxed: a claim is made once per replayed entry, so its size costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -274,11 +200,9 @@ pub enum Claim {
         /// What [`DeadLetterStore::release`] needs to end this claim.
         token: ClaimToken,
         /// `true` when the claim before this one ran out of lease without
-        /// being released: its replayer may have sent the entry and then
-        /// died (or is still sending it), so that send may have been
-        /// applied. A [`Replayer`](crate::replay::Replayer) then pins the
-        /// entry's idempotency key, as after a replay that got no answer
-        /// ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)).
+        /// being released, so its send may have been applied (a
+        /// [`Replayer`](crate::replay::Replayer) then pins the idempotency
+        /// key).
         previous_claim_lapsed: bool,
     },
     /// Another replayer holds it until `until`.
@@ -291,10 +215,8 @@ pub enum Claim {
 }
 
 /// Names one [claim](DeadLetterStore::claim): only the replayer that got it
-/// can [release](DeadLetterStore::release) that claim.
-///
-/// Opaque: 128 random bits made afresh for every claim, so a token left
-/// over from an earlier claim of the same entry matches no later one.
+/// can [release](DeadLetterStore::release) it. Opaque random bits, new for
+/// every claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClaimToken(u128);
 
@@ -312,12 +234,9 @@ impl ClaimToken {
 }
 
 /// The latest instant the stores write, in milliseconds since the Unix
-/// epoch: the end of the year 9999 (`9999-12-31T23:59:59.999Z`).
-///
-/// Lease ends saturate here. It is a `SystemTime` on every platform, a
-/// number Lua (Redis scripts use doubles) holds exactly, and far inside what
-/// Redis accepts for `PX`, so no duration a caller passes can wrap, panic or
-/// be refused.
+/// epoch: the end of the year 9999. A `SystemTime` on every platform, exact
+/// in Lua's doubles and accepted by Redis's `PX`, so no lease can wrap,
+/// panic or be refused.
 pub(crate) const MAX_MILLIS: u64 = 253_402_300_799_999;
 
 /// `duration` in whole milliseconds, saturating at [`MAX_MILLIS`].
@@ -497,9 +416,7 @@ impl Stats {
     }
 }
 
-/// How many entries each label has, for a store that keeps them in memory:
-/// a label leaves the map with its last entry, so the map never holds more
-/// keys than the store holds entries (and the stores are bounded).
+/// How many entries each label has; a label leaves with its last entry.
 #[derive(Debug, Default)]
 pub(crate) struct LabelDepths(HashMap<String, u64>);
 

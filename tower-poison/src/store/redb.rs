@@ -49,59 +49,41 @@ const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("d
 /// # Durability
 ///
 /// [`put`](DeadLetterStore::put) returns only after the write transaction
-/// holding the entry has committed with [`Durability::Immediate`], i.e. after
-/// redb has flushed it to disk (`fsync`). An entry the layer acknowledged
-/// survives a crash or `SIGKILL` of the process the next instant, and the file
-/// opens cleanly again (redb's commit protocol never leaves a half-written
-/// transaction visible).
+/// holding the entry has committed with [`Durability::Immediate`] (`fsync`),
+/// so an acknowledged entry survives a crash or `SIGKILL`, and the file
+/// opens cleanly again.
 ///
 /// # Limits
 ///
-/// The store holds at most [`max_entries`](RedbStoreBuilder::max_entries)
-/// entries (default 100,000) of at most
-/// [`max_bytes`](RedbStoreBuilder::max_bytes) in total (default 1 GiB,
-/// counting each entry's encoded size). A `put` that would pass either fails
-/// with [`StoreErrorKind::Full`] and stores nothing; nothing stored is
-/// evicted. The byte count lives in the file, updated in the same
-/// transaction as the entries, so it survives a restart and never drifts
-/// from what is stored.
+/// See [`max_entries`](RedbStoreBuilder::max_entries) and
+/// [`max_bytes`](RedbStoreBuilder::max_bytes). The byte count lives in the
+/// file, updated in the same transaction as the entries, so it survives a
+/// restart and never drifts from what is stored.
 ///
 /// # Group commit
 ///
-/// Writes go to one writer thread. When several entries are waiting, the
-/// thread writes up to [`max_batch`](RedbStoreBuilder::max_batch) of them in
-/// *one* transaction and acknowledges each only after that transaction
-/// commits. A lone entry is never held back waiting for company, so batching
-/// adds no latency; under bursts it shares one `fsync` between many entries.
-/// `max_batch(1)` gives one commit per entry. `BENCHMARKS.md`, in the
-/// crate's package, has the measured difference.
-///
-/// The writer's queue is bounded
-/// ([`max_pending_writes`](RedbStoreBuilder::max_pending_writes), default
-/// 1024): when the disk falls behind, `put` waits, asynchronously, for room,
-/// so a burst of failures cannot grow memory without bound and the waiting
-/// calls hold no runtime thread.
+/// Writes go to one writer thread, which writes up to
+/// [`max_batch`](RedbStoreBuilder::max_batch) waiting entries in *one*
+/// transaction and acknowledges each after that commit. A lone entry is
+/// never held back waiting for company; under bursts many entries share one
+/// `fsync` (`BENCHMARKS.md` measures it). When the disk falls behind, `put`
+/// waits asynchronously for room in the writer's bounded queue
+/// ([`max_pending_writes`](RedbStoreBuilder::max_pending_writes)).
 ///
 /// # Claims
 ///
-/// A [claim](DeadLetterStore::claim) is checked and written in one write
-/// transaction, so two claims of one entry never both succeed, and a release
-/// checks the claim's token in one too. Claims and releases commit durably
-/// (an `fsync` each, once per replayed entry): a replayer process killed
-/// after sending leaves its claim in the file, so the next replay, in the
-/// next process, hears that it lapsed unreleased; and a release that
-/// happened is not lost to be taken for one.
+/// A claim and a release each check and write in one durable write
+/// transaction: two claims of one entry never both succeed, and a replayer
+/// killed after sending leaves its claim in the file for the next process
+/// to find lapsed.
 ///
 /// # Threads
 ///
-/// Blocking disk work never runs on the async executor: writes run on the
-/// writer thread, reads, removals, purges and claims in
-/// [`tokio::task::spawn_blocking`], so the store must be used inside a tokio
-/// runtime. Clones share the database. Dropping the last clone stops the
-/// writer thread after its current batch.
-///
-/// redb locks the file: one process at a time may open it. Stop the service
-/// before pointing the CLI at its store.
+/// Blocking disk work never runs on the async executor (the writer thread,
+/// or [`tokio::task::spawn_blocking`]), so the store must be used inside a
+/// tokio runtime. Clones share the database; dropping the last one stops
+/// the writer after its current batch. redb locks the file: one process at
+/// a time may open it, so stop the service before pointing the CLI at it.
 #[derive(Clone)]
 pub struct RedbStore {
     inner: Arc<Inner>,
@@ -109,10 +91,8 @@ pub struct RedbStore {
 
 struct Inner {
     db: Arc<Database>,
-    /// The number of entries, kept up to date by every write so `depth`
-    /// needs no transaction. Exact once each write has finished, because
-    /// redb's file lock keeps other processes out; while a put commits it
-    /// already counts the put's entries (see `Writer::write_batch`).
+    /// The number of entries, so `depth` needs no transaction (redb's file
+    /// lock keeps other processes out); see `Writer::write_batch`.
     depth: Arc<AtomicU64>,
     path: PathBuf,
     writer: Option<mpsc::Sender<Put>>,
@@ -135,45 +115,7 @@ struct Limits {
     max_bytes: u64,
 }
 
-/// What a put would leave in the store.
-#[derive(Debug, Clone, Copy)]
-struct AfterPut {
-    entries: u64,
-    /// The put adds an entry (a new id).
-    adds_entry: bool,
-    bytes: u64,
-    /// The put adds bytes (a new entry, or a larger replacement).
-    grows: bool,
-}
-
-impl Limits {
-    /// `Ok` unless the put passes a limit it adds to. Only what a put adds
-    /// is checked: replacing an entry with one no larger always succeeds,
-    /// even in a store over limits lowered since its entries were written.
-    fn check(&self, path: &Path, after: AfterPut) -> Result<(), StoreError> {
-        let full = |what: String| {
-            Err(StoreError::new(
-                StoreErrorKind::Full,
-                format!("dead-letter store {} is full: {what}", path.display()),
-            ))
-        };
-        if after.adds_entry && after.entries > self.max_entries {
-            return full(format!("max_entries {} reached", self.max_entries));
-        }
-        if after.grows && after.bytes > self.max_bytes {
-            return full(format!(
-                "{} bytes would pass max_bytes {}",
-                after.bytes, self.max_bytes
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// Configures and opens a [`RedbStore`].
-///
-/// A store for a service whose dead letters should stay small, with a
-/// shorter writer queue than the default:
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -225,28 +167,26 @@ impl RedbStoreBuilder {
     }
 
     /// Holds at most `max_entries` entries (default 100,000: more than an
-    /// operator triages by hand, and few enough that a full `list`, `stats`
-    /// or `purge` stays a matter of seconds); a `put` of a new id past it
-    /// fails with [`StoreErrorKind::Full`]. `u64::MAX`
-    /// removes the bound.
+    /// operator triages by hand, few enough that a full `list`, `stats` or
+    /// `purge` takes seconds); a `put` of a new id past it fails with
+    /// [`StoreErrorKind::Full`].
     pub const fn max_entries(mut self, max_entries: u64) -> Self {
         self.limits.max_entries = max_entries;
         self
     }
 
-    /// Holds at most `max_bytes` of encoded entries (default 1 GiB: with the
-    /// layer's 64 KiB body limit at least 16,000 entries with full bodies,
-    /// while a scanner's flood cannot fill the disk); a `put` that would
-    /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
-    /// counts the difference in size. `u64::MAX` removes the bound.
+    /// Holds at most `max_bytes` of encoded entries (default 1 GiB: at least
+    /// 16,000 entries with full 64 KiB bodies, while a scanner's flood
+    /// cannot fill the disk); a `put` that would pass it fails with
+    /// [`StoreErrorKind::Full`].
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.limits.max_bytes = max_bytes;
         self
     }
 
     /// Queues at most `max_pending_writes` entries for the writer thread
-    /// (default 1024: four full group commits, so the writer always has a
-    /// batch ready under load); past it `put` waits for room. Zero is treated as one.
+    /// (default 1024: four full group commits); past it `put` waits for
+    /// room. Zero is treated as one.
     pub const fn max_pending_writes(mut self, max_pending_writes: usize) -> Self {
         self.max_pending_writes = if max_pending_writes == 0 {
             1
@@ -257,9 +197,8 @@ impl RedbStoreBuilder {
     }
 
     /// Opens the store at `path`, creating the file if it does not exist.
-    ///
-    /// This does blocking file I/O (and, after a crash, redb's repair); call
-    /// it at start-up or inside `spawn_blocking`.
+    /// Blocking file I/O (and, after a crash, redb's repair): call it at
+    /// start-up or inside `spawn_blocking`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<RedbStore, StoreError> {
         let path = path.as_ref().to_path_buf();
         let db = Database::create(&path).map_err(|e| {
@@ -296,8 +235,9 @@ impl RedbStoreBuilder {
     }
 }
 
-/// Creates the tables up front (so readers never see a missing one) and the
-/// byte counter of a file written before there was one; returns the depth.
+/// Creates the tables up front (so readers never see a missing one), and
+/// the label and byte counts of a file written before there were any;
+/// returns the depth.
 fn prepare(db: &Database) -> Result<u64, StoreError> {
     let txn = db.begin_write().map_err(backend)?;
     let depth = {
@@ -305,22 +245,18 @@ fn prepare(db: &Database) -> Result<u64, StoreError> {
         let mut meta = txn.open_table(META).map_err(backend)?;
         txn.open_table(CLAIMS).map_err(backend)?;
         let mut labels = txn.open_table(LABELS).map_err(backend)?;
-        if meta.get(LABELS_COUNTED).map_err(backend)?.is_none() {
-            for item in entries.iter().map_err(backend)? {
-                let (_, value) = item.map_err(backend)?;
-                // An entry that does not decode has no label to count.
-                if let Ok(entry) = DeadLetterEntry::from_bytes(value.value()) {
-                    add_label(&mut labels, &entry.label, 1)?;
-                }
-            }
-            meta.insert(LABELS_COUNTED, 1).map_err(backend)?;
-        }
-        if meta.get(ENTRY_BYTES).map_err(backend)?.is_none() {
+        let count_labels = meta.get(LABELS_COUNTED).map_err(backend)?.is_none();
+        if count_labels || meta.get(ENTRY_BYTES).map_err(backend)?.is_none() {
             let mut bytes = 0u64;
             for item in entries.iter().map_err(backend)? {
                 let (_, value) = item.map_err(backend)?;
                 bytes = bytes.saturating_add(value.value().len() as u64);
+                // An entry that does not decode has no label to count.
+                if let Some(label) = label_of(value.value()).filter(|_| count_labels) {
+                    add_label(&mut labels, &label, 1)?;
+                }
             }
+            meta.insert(LABELS_COUNTED, 1).map_err(backend)?;
             meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
         }
         entries.len().map_err(backend)?
@@ -426,7 +362,10 @@ impl Writer {
                 Ok(outcomes) => outcomes,
                 Err(error) => batch
                     .iter()
-                    .map(|_| Err(StoreError::new(error.kind(), error_text(&error))))
+                    .map(|_| {
+                        let text = crate::entry::error_chain(&error).join(": ");
+                        Err(StoreError::new(error.kind(), text))
+                    })
                     .collect(),
             };
             for (put, ack) in batch.into_iter().zip(acks) {
@@ -444,8 +383,7 @@ impl Writer {
     /// is counted.
     fn write_batch(&self, batch: &[Put]) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
         let mut txn = self.db.begin_write().map_err(backend)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(|e| StoreError::backend("dead-letter store failed", e))?;
+        txn.set_durability(Durability::Immediate).map_err(backend)?;
         let mut kept = Vec::with_capacity(batch.len());
         let (before, after) = {
             let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
@@ -466,32 +404,33 @@ impl Writer {
                 let new_bytes = bytes
                     .saturating_sub(replaced.unwrap_or(0))
                     .saturating_add(put.value.len() as u64);
-                let after = AfterPut {
-                    entries: new_depth,
-                    adds_entry: replaced.is_none(),
-                    bytes: new_bytes,
-                    grows: new_bytes > bytes,
+                // Only what a put adds is checked: replacing an entry with
+                // one no larger always succeeds, even past lowered limits.
+                let limits = self.limits;
+                let full = if replaced.is_none() && new_depth > limits.max_entries {
+                    format!("max_entries {} reached", limits.max_entries)
+                } else if new_bytes > bytes && new_bytes > limits.max_bytes {
+                    format!(
+                        "{new_bytes} bytes would pass max_bytes {}",
+                        limits.max_bytes
+                    )
+                } else {
+                    String::new()
                 };
-                if let Err(full) = self.limits.check(&self.path, after) {
-                    kept.push(Err(full));
+                if !full.is_empty() {
+                    let full = format!("dead-letter store {} is full: {full}", self.path.display());
+                    kept.push(Err(StoreError::new(StoreErrorKind::Full, full)));
                     continue;
                 }
                 entries
                     .insert(put.key, put.value.as_slice())
                     .map_err(backend)?;
                 (depth, bytes) = (new_depth, new_bytes);
-                let label_depth = if old_label.as_deref() == Some(put.label.as_str()) {
-                    labels
-                        .get(put.label.as_str())
-                        .map_err(backend)?
-                        .map_or(0, |v| v.value())
-                } else {
-                    if let Some(old) = &old_label {
-                        add_label(&mut labels, old, -1)?;
-                    }
-                    add_label(&mut labels, &put.label, 1)?
-                };
-                kept.push(Ok(label_depth));
+                let moved = old_label.as_deref() != Some(put.label.as_str());
+                if let Some(old) = old_label.as_deref().filter(|_| moved) {
+                    add_label(&mut labels, old, -1)?;
+                }
+                kept.push(Ok(add_label(&mut labels, &put.label, moved.into())?));
             }
             meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
             (before, depth)
@@ -514,10 +453,6 @@ impl Writer {
         }
         Ok(kept)
     }
-}
-
-fn error_text(error: &StoreError) -> String {
-    crate::entry::error_chain(error).join(": ")
 }
 
 impl DeadLetterStore for RedbStore {
@@ -773,18 +708,7 @@ impl DeadLetterStore for RedbStore {
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        self.blocking(move |db| {
-            let txn = db.begin_read().map_err(backend)?;
-            let table = txn.open_table(ENTRIES).map_err(backend)?;
-            let mut oldest = None;
-            for item in table.iter().map_err(backend)? {
-                let (_, value) = item.map_err(backend)?;
-                let age = decode(value.value())?.age(now);
-                oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
-            }
-            Ok(oldest)
-        })
-        .await
+        Ok(self.stats(now).await?.oldest_age)
     }
 }
 

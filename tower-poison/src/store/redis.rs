@@ -9,8 +9,8 @@ use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
     decode, millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken,
-    DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, Stats, StoreError,
-    StoreErrorKind, MAX_MILLIS,
+    DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
+    MAX_MILLIS,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -38,72 +38,37 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
 ///
 /// Every write is one Lua script, so the entries, their ids, the byte count,
-/// the label counts and the claims never disagree. (A queue written by a
-/// version without label counts has none for its older entries: the gauge
-/// then counts only the entries written since, and never goes below zero;
-/// `stats` scans, so its `by_label` is exact.) [`put`](DeadLetterStore::put) of an id
-/// already present (a failed replay updating its entry) replaces the JSON
-/// and leaves the id where it was: `list` returns entries in id order, as
-/// the other stores do, and a page cursor stays valid while entries are
-/// rewritten or removed (a page after `X` starts at the first id greater
-/// than `X`, whether or not `X` is still there).
-///
-/// `purge`, `oldest_age` and `stats` walk the ids in pages of 512
-/// (`ZRANGEBYLEX` from an exclusive `(id`, then `HMGET`), never loading the
-/// whole queue.
-///
-/// Queues written by earlier versions (a stream under
-/// `tower-poison:{NAME}:entries` with an `index` hash, or the bare `NAME`)
-/// are not read: drain them with the version that wrote them.
+/// the label counts and the claims never disagree, and nodes writing at once
+/// cannot overshoot a [limit](RedisDeadLetterStoreBuilder::max_entries). A
+/// replaced entry keeps its place in the ids, so a page cursor stays valid
+/// while entries are rewritten or removed. `purge` and `stats` walk the ids
+/// a page at a time, never loading the whole queue. (A queue written before
+/// label counts has none for its older entries: the gauge counts only the
+/// entries written since; `stats` scans, so its `by_label` is exact. Queues
+/// of earlier layouts are not read: drain them with the version that wrote
+/// them.)
 ///
 /// # Durability
 ///
-/// `put` returns once Redis has applied the write. How durable that is
-/// depends on the server's persistence: with `appendonly yes` and
-/// `appendfsync always` every acknowledged entry survives a Redis crash
-/// (the restart test runs this way); with the default `everysec` up to a
-/// second of entries can be lost. A write Redis does not acknowledge (it is
-/// down, a timeout) is an error, and the layer fails the call with
-/// [`StoreFailed`](crate::StoreFailed): never a silent loss. Give the queue
-/// a Redis database (or instance) with `maxmemory-policy noeviction`, so
-/// memory pressure never evicts an acknowledged entry or the byte counter.
-///
-/// While Redis is down a dead-lettered call fails with a message such as
-/// `redis dead-letter store orders:dlq at redis://… failed to keep entry …:
-/// broken pipe`, and the connection manager reconnects in the background (a
-/// 1 s connection timeout and a 5 s response timeout by default: see
-/// [`RedisConnectOptions`](crate::store::RedisConnectOptions), which
-/// `tower-idempotency`'s Redis store takes too). Passwords in URLs never
-/// appear in messages.
-///
-/// # Limits
-///
-/// The queue holds at most
-/// [`max_entries`](RedisDeadLetterStoreBuilder::max_entries) entries
-/// (default 100,000) of at most
-/// [`max_bytes`](RedisDeadLetterStoreBuilder::max_bytes) in total (default
-/// 256 MiB). The check and the write are one script, so nodes writing at
-/// once cannot overshoot. A `put` past either fails with
-/// [`StoreErrorKind::Full`] (the layer's [`StoreFull`](crate::StoreFull));
-/// nothing stored is trimmed to make room. Replacing an entry with one no
-/// larger always succeeds.
+/// `put` returns once Redis has applied the write: with `appendonly yes`
+/// and `appendfsync always` every acknowledged entry survives a Redis
+/// crash; with the default `everysec` up to a second of entries can be
+/// lost. A write Redis does not acknowledge fails the call with
+/// [`StoreFailed`](crate::StoreFailed), and the connection manager
+/// reconnects in the background (see
+/// [`RedisConnectOptions`](crate::store::RedisConnectOptions)); passwords in
+/// URLs never appear in messages. Give the queue a database with
+/// `maxmemory-policy noeviction`, so memory pressure never evicts an
+/// acknowledged entry or the byte counter.
 ///
 /// # Claims
 ///
-/// A claim is one script: it checks that the entry exists, then takes the
-/// claim key with `SET … NX PX <lease>`, so the lease runs on Redis's own
-/// clock (the nodes' clocks never meet) and a forgotten claim expires on its
-/// own. When the key is taken, [`Held::until`](crate::Claim::Held) is the
-/// caller's `now` plus the key's `PTTL`. A release deletes the key only if
-/// it still holds the caller's token, in one script.
-///
-/// The same script notes the claim's token in the `unreleased-claims` hash,
-/// where a release (with that token) or the entry's removal deletes it. A
-/// claim that finds its entry free while the hash still holds a token
-/// follows a claim that lapsed unreleased, and says so
-/// ([`previous_claim_lapsed`](crate::Claim::Claimed::previous_claim_lapsed)).
-/// The hash has a field per claimed entry at most, and loses it with the
-/// entry.
+/// A claim takes the claim key with `SET … NX PX <lease>`, so the lease runs
+/// on Redis's own clock (the nodes' clocks never meet);
+/// [`Held::until`](crate::Claim::Held) is the caller's `now` plus the key's
+/// `PTTL`. The token is also noted in `unreleased-claims` until a release
+/// or the entry's removal: a claim that finds it there with no claim key
+/// follows one that lapsed unreleased.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_poison::store::StoreError> {
@@ -195,20 +160,17 @@ impl RedisDeadLetterStoreBuilder {
     }
 
     /// Holds at most `max_entries` entries (default 100,000, as for the redb
-    /// store); a `put` of a new id past it fails with [`StoreErrorKind::Full`]. `u64::MAX` removes
-    /// the bound.
+    /// store); a `put` of a new id past it fails with
+    /// [`StoreErrorKind::Full`].
     pub const fn max_entries(mut self, max_entries: u64) -> Self {
         self.max_entries = max_entries;
         self
     }
 
-    /// Holds at most `max_bytes` of encoded entries (default 256 MiB,
-    /// smaller than the redb store's because Redis keeps it all in memory,
-    /// usually beside other data: the whole default entry count at about
-    /// 2.5 KiB an entry, or 4,000 entries with full 64 KiB bodies); a `put`
-    /// that would
-    /// pass it fails with [`StoreErrorKind::Full`]. Replacing an entry
-    /// counts the difference in size. `u64::MAX` removes the bound.
+    /// Holds at most `max_bytes` of encoded entries (default 256 MiB, less
+    /// than redb's because Redis keeps it all in memory: the whole default
+    /// entry count at about 2.5 KiB an entry, or 4,000 full 64 KiB bodies);
+    /// a `put` that would pass it fails with [`StoreErrorKind::Full`].
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
@@ -244,13 +206,8 @@ impl RedisDeadLetterStoreBuilder {
 /// Adds or replaces an entry within the limits: KEYS = entries, ids, bytes,
 /// label depths; ARGV = id, entry JSON, max entries, max bytes, the entry's
 /// label. Returns `{0, label depth}` when stored, `{1, depth}` when refused
-/// for the entry count, `{2, depth}` for the bytes. A replacement that
-/// changes the entry's label moves its count (the old label is read from
-/// the old JSON). Only what a put adds is checked, so a replacement no larger
-/// than the entry it replaces always succeeds, and it counts only the
-/// difference in size. A replaced id keeps its place (its score is 0
-/// either way), and a claim on it is left alone. Running it twice with the
-/// same arguments leaves one entry, so a retried `put` is safe.
+/// for the entry count, `{2, depth}` for the bytes. Idempotent, so a
+/// retried `put` is safe.
 const PUT: &str = r"
 local exists = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
 local old_size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
@@ -299,15 +256,10 @@ return removed
 ";
 
 /// Claims an entry: KEYS = entries, the entry's claim, unreleased claims;
-/// ARGV = id, the new claim's token, the lease in milliseconds. The lease
-/// runs on Redis's clock (`SET NX PX`); a zero lease ends at once, so it
-/// takes no key but is still refused while another claim runs. The token is
-/// noted as unreleased; one found there already belongs to a claim whose key
-/// expired before it was released. Returns `{'claimed', entry JSON}` or
-/// `{'claimed', entry JSON, 'lapsed'}`, `{'held', milliseconds the other
-/// claim has left}` (`-1`: no expiry) or `{'missing'}`. The milliseconds go
-/// as text (`%.0f`, since Lua's `tostring` writes numbers past 14 digits
-/// with an exponent).
+/// ARGV = id, the new claim's token, the lease in milliseconds (a zero lease
+/// takes no key). Returns `{'claimed', entry JSON[, 'lapsed']}`, `{'held',
+/// milliseconds left}` (`-1`: no expiry) or `{'missing'}`; the milliseconds
+/// as text, since Lua's `tostring` writes long numbers with an exponent.
 const CLAIM: &str = r"
 local json = redis.call('HGET', KEYS[1], ARGV[1])
 if not json then return {'missing'} end
@@ -324,10 +276,9 @@ if lapsed then return {'claimed', json, 'lapsed'} end
 return {'claimed', json}
 ";
 
-/// Ends a claim if `token` still holds it: KEYS = the claim, unreleased
-/// claims; ARGV = token, id. A claim whose key has expired is still released
-/// from the unreleased claims, so the next claim does not take it for
-/// lapsed. Returns 1 when it ended it.
+/// Ends a claim if `token` still holds it, in the unreleased claims too
+/// (even once its key expired): KEYS = the claim, unreleased claims; ARGV =
+/// token, id. Returns 1 when it ended it.
 const RELEASE: &str = r"
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then released = redis.call('DEL', KEYS[1]) end
@@ -342,18 +293,11 @@ static REMOVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REMOVE));
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 
-/// How many ids one `ZRANGEBYLEX` of a scan reads.
+/// How many ids one `ZRANGEBYLEX` of a purge reads.
 const SCAN_PAGE: usize = 512;
 
 /// The most ids one `ZRANGEBYLEX` of a `list` reads.
 const LIST_BATCH: usize = 1000;
-
-/// Where a scan of the queue goes on: after this id (`None`: from the
-/// start), unless it is `done`.
-struct Scan {
-    after: Option<String>,
-    done: bool,
-}
 
 impl RedisDeadLetterStore {
     /// A builder: `RedisDeadLetterStore::builder().connect(url, stream)`
@@ -414,40 +358,6 @@ impl RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("read entries", e))
-    }
-
-    /// A scan of the whole queue, from its first id.
-    fn scan(&self) -> Scan {
-        Scan {
-            after: None,
-            done: false,
-        }
-    }
-
-    /// The next page of `scan` (at most [`SCAN_PAGE`] entries, each with the
-    /// JSON it was decoded from), or `None` once it is done. Entries written
-    /// or removed while the scan runs may or may not be seen, as with any
-    /// cursor.
-    async fn next_page(
-        &self,
-        scan: &mut Scan,
-    ) -> Result<Option<Vec<(Vec<u8>, DeadLetterEntry)>>, StoreError> {
-        if scan.done {
-            return Ok(None);
-        }
-        let ids = self.ids_after(scan.after.as_deref(), SCAN_PAGE).await?;
-        scan.done = ids.len() < SCAN_PAGE;
-        let found = self.fetch(&ids).await?;
-        scan.after = ids.into_iter().last().or(scan.after.take());
-        found
-            .into_iter()
-            .flatten()
-            .map(|json| {
-                let entry = decode(&json)?;
-                Ok((json, entry))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()
-            .map(Some)
     }
 
     /// Removes `entries` (id, and the JSON each must still have, or empty
@@ -591,28 +501,32 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
-        let mut removed = 0;
-        let mut scan = self.scan();
-        while let Some(page) = self.next_page(&mut scan).await? {
-            let matching: Vec<(EntryId, &[u8])> = page
-                .iter()
-                .filter(|(_, entry)| filter.matches(entry))
-                // Purging everything needs no guard: whatever an entry
-                // became, it goes.
-                .map(|(json, entry)| {
-                    let guard: &[u8] = if filter.failed_before.is_some() {
-                        json
+        let (mut removed, mut after) = (0, None);
+        loop {
+            let ids = self.ids_after(after.as_deref(), SCAN_PAGE).await?;
+            let found = self.fetch(&ids).await?;
+            let mut matching: Vec<(EntryId, &[u8])> = Vec::new();
+            for json in found.iter().flatten() {
+                let entry = decode(json)?;
+                if filter.matches(&entry) {
+                    // Only an entry unchanged since it was read goes, unless
+                    // everything goes.
+                    let guard = if filter.failed_before.is_some() {
+                        json.as_slice()
                     } else {
                         b""
                     };
-                    (entry.id, guard)
-                })
-                .collect();
+                    matching.push((entry.id, guard));
+                }
+            }
             if !matching.is_empty() {
                 removed += self.remove_all(&matching).await?;
             }
+            if ids.len() < SCAN_PAGE {
+                return Ok(removed);
+            }
+            after = ids.into_iter().last();
         }
-        Ok(removed)
     }
 
     async fn claim(
@@ -677,29 +591,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        // Ids come from many nodes' clocks, so the first id is not
-        // necessarily the oldest failure: look at all of them, a page at a
-        // time.
-        let mut oldest = None;
-        let mut scan = self.scan();
-        while let Some(page) = self.next_page(&mut scan).await? {
-            for (_, entry) in &page {
-                let age = entry.age(now);
-                oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
-            }
-        }
-        Ok(oldest)
-    }
-
-    async fn stats(&self, now: SystemTime) -> Result<Stats, StoreError> {
-        let mut stats = Stats::default();
-        let mut scan = self.scan();
-        while let Some(page) = self.next_page(&mut scan).await? {
-            for (_, entry) in &page {
-                stats.count(entry, now);
-            }
-        }
-        Ok(stats)
+        // Ids come from many nodes' clocks: the first is not necessarily
+        // the oldest failure.
+        Ok(self.stats(now).await?.oldest_age)
     }
 }
 
