@@ -136,7 +136,8 @@ impl fmt::Debug for BreakerRef {
     }
 }
 
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use std::future::{ready, Ready};
     use std::sync::Arc;
