@@ -277,7 +277,8 @@ where
     classifier.classify_end(end)
 }
 
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use super::*;
 

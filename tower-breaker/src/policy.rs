@@ -240,7 +240,8 @@ impl Window {
     }
 }
 
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use super::*;
 

@@ -27,16 +27,6 @@
 //! accepted) holds the first thread's share, without the table, and its
 //! clones count there from every thread, as every reference did before the
 //! shares.
-//!
-//! # Why no leaked breaker
-//!
-//! The crate once let a layer leak its breaker for the rest of the process
-//! (`leak()`), so that services and permits held a plain `&'static` and a
-//! successful call wrote nothing at all: four reference-count writes a call
-//! saved, on lines of the calling thread's own. It put a type parameter on
-//! every public type for a saving no user asked for, and the shares above
-//! took away the part of the cost that grew with threads. The closed-path
-//! benchmark keeps the counted path's instruction count in view instead.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -136,7 +126,8 @@ impl fmt::Debug for BreakerRef {
     }
 }
 
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use std::future::{ready, Ready};
     use std::sync::Arc;

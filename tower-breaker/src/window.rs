@@ -1,7 +1,5 @@
-//! The live counters of a rate policy's window: a ring of the last `n`
-//! results ([`CountWindow`]) or buckets of time ([`TimeWindow`]), and the
-//! [`Tally`] either gives. What a window is, as configured, is
-//! [`Window`] in `policy.rs`.
+//! The live, lock-free counters of a [`Window`]: a ring of the last `n`
+//! results ([`CountWindow`]) or buckets of time ([`TimeWindow`]).
 
 use std::time::Duration;
 
@@ -13,13 +11,10 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 pub(crate) struct Tally {
     pub(crate) calls: u32,
     pub(crate) failures: u32,
-    /// Calls slower than the slow-call threshold, counted only when a
-    /// slow-call rate is configured.
+    /// Counted only when a slow-call rate is configured.
     pub(crate) slow: u32,
 }
 
-/// A window's live counters. Lock-free: recording a call is a few atomic
-/// operations, so the closed path never takes a lock even under the rate policy.
 #[derive(Debug)]
 pub(crate) enum WindowState {
     Count(CountWindow),
@@ -27,8 +22,7 @@ pub(crate) enum WindowState {
 }
 
 impl WindowState {
-    /// A window for `window`; `slow_calls` when slow calls are counted
-    /// apart from failures (a slow-call rate is configured).
+    /// `slow_calls`: slow calls are counted apart from failures.
     pub(crate) fn new(window: Window, slow_calls: bool) -> Self {
         match window {
             Window::Count(n) => WindowState::Count(CountWindow::new(n)),
@@ -38,10 +32,9 @@ impl WindowState {
         }
     }
 
-    /// Records one call at `now` (time since the breaker's base instant)
-    /// and returns the window's tally; a time window returns an empty tally
-    /// for a success while it holds no failure and no slow call, which no
-    /// success can open.
+    /// Records one call at `now` (since the breaker's base instant) and
+    /// returns the tally; a time window holding no failure and no slow call
+    /// returns an empty one for a success, which could not open anyway.
     #[inline]
     pub(crate) fn record(&self, failed: bool, slow: bool, now: Duration) -> Tally {
         match self {
@@ -70,16 +63,12 @@ impl WindowState {
 }
 
 /// A ring of the last `n` results, two bits each (failed, slow), 32 to a
-/// word. Writing a result swaps its two bits in, so every result is added to
-/// and later removed from the failure and slow counts exactly once.
+/// word. Swapping a result's bits in adds it to the counts and removes the
+/// one it replaces, each exactly once.
 ///
-/// The common record, a success into a full window of successes, writes
-/// nothing: such a ring is the same whichever position comes next, so the
-/// success changes neither its results nor its counts, and three loads show
-/// it. A success replacing a success in a window that holds a failure is
-/// one atomic read-modify-write, the `fetch_add` that takes a position (the
-/// failure must age out): its bits are then already what they should be, so
-/// a load confirms it and the counts are only read.
+/// A success into a full window of successes writes nothing (such a ring is
+/// the same whichever position comes next); one into a window holding a
+/// failure only takes a position, so the failure ages out.
 #[derive(Debug)]
 pub(crate) struct CountWindow {
     size: u64,
@@ -95,10 +84,9 @@ const SLOW: u64 = 0b10;
 const RESULT_BITS: u64 = 2;
 const RESULTS_PER_WORD: u64 = 64 / RESULT_BITS;
 
-/// `a % divisor` for a fixed divisor by multiplications instead of a
-/// division, which costs as much as the rest of a record (Lemire, Kaser and
-/// Kurz, "Faster Remainder by Direct Computation", 2019: a 128-bit magic
-/// number gives the exact remainder of every 64-bit numerator).
+/// `a % divisor` by multiplication: a division costs as much as the rest
+/// of a record (Lemire, Kaser and Kurz, "Faster Remainder by Direct
+/// Computation", 2019; exact for every 64-bit numerator).
 #[derive(Debug, Clone, Copy)]
 struct Remainder {
     divisor: u64,
@@ -125,15 +113,11 @@ impl Remainder {
 
 /// Moves `count` by one result entering (`now`) and one leaving (`was`).
 ///
-/// The count wraps rather than saturates: two records of one position can
-/// race so that the result leaving is taken off before the record that put
-/// it in has added it, and the count must go briefly below zero to come out
-/// exact. Such a count is read as zero ([`settled`]). A record racing a
-/// [reset](CountWindow::reset) could leave a count one off until the next
-/// reset; the breaker resets a window when it opens and again just before
-/// it closes, when the last closed period's calls have had the whole open
-/// period to write (an operator's reset of a closed breaker is the
-/// exception, see `Breaker::set_forced`).
+/// Wraps rather than saturates: two records of one position can race so
+/// that a result is taken off before it was added, and the count must dip
+/// below zero to come out exact (read as zero meanwhile, [`settled`]). A
+/// record racing a reset may leave a count one off until the next reset,
+/// which the breaker does on opening and again just before closing.
 fn shift(count: &AtomicU32, was: bool, now: bool) -> u32 {
     settled(match (was, now) {
         (false, true) => count.fetch_add(1, Ordering::AcqRel).wrapping_add(1),
@@ -169,10 +153,8 @@ impl CountWindow {
     #[inline]
     fn record(&self, failed: bool, slow: bool) -> Tally {
         if !failed && !slow && self.is_full_of_successes() {
-            // A record racing this one with a failure may have taken its
-            // position already and not yet counted it; this success is then
-            // ordered before it, and the failure ages out after `size` more
-            // records either way.
+            // A racing failure not yet counted is ordered after this
+            // success; it ages out after `size` more records either way.
             return Tally {
                 calls: self.size as u32,
                 failures: 0,
@@ -182,7 +164,6 @@ impl CountWindow {
         self.record_in_ring(failed, slow)
     }
 
-    /// Whether the last `size` results were all fast successes.
     #[inline]
     fn is_full_of_successes(&self) -> bool {
         self.failures.load(Ordering::Relaxed) == 0
@@ -201,8 +182,6 @@ impl CountWindow {
         let old = if current & mask == result {
             current
         } else {
-            // The bits change: swap them in, leaving the word's other
-            // results as they are.
             word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 Some(w & !mask | result)
             })
@@ -234,69 +213,47 @@ impl CountWindow {
     }
 }
 
-/// Buckets of `length / buckets` each. A bucket is one `u64` holding a
-/// written flag, the bucket's sequence number (23 bits), its calls and its
-/// failures (20 bits each). A full bucket takes no more records: it keeps
-/// the share of its first million calls, where counts saturating apart
-/// would let the failures run on past the calls and inflate the rate. A
-/// record adds to its bucket with one
-/// `fetch_add` while the bucket is of its period and far from full; starting
-/// a bucket afresh for a later period is a compare-and-swap, so a bucket that
-/// rolls over never mixes counts of two periods. A sequence number repeats
-/// only after 2^23 buckets; a slot left untouched exactly that long is read
-/// as stale-but-valid, an error bounded by one bucket's counts after hours
-/// (1 ms buckets) to months (1 s buckets) of silence (one untouched a
-/// little less long is told from a later bucket, see [`is_later`]).
-///
-/// Every call is counted (the failure rate's denominator), so every call
-/// writes. The buckets are striped so that threads recording at once do
-/// not write one cache line: each stripe is a copy of the ring on lines of
-/// its own, a thread adds to its own stripe (see [`thread_stripe`]), and a
-/// tally sums the stripes. Counts stay exact, as threads sharing a stripe
-/// still add atomically. A window of up to [`STRIPED_UP_TO`] buckets gets
-/// one stripe per CPU, up to [`MAX_STRIPES`]; a longer one, one stripe.
+/// Buckets of `length / buckets` each, striped per thread as
+/// [`Window::Time`] describes. A bucket is one `u64`: a written flag, a
+/// sequence number (23 bits), calls and failures (20 bits each). A full
+/// bucket takes no more records, so failures never run on past saturated
+/// calls. A record adds with one `fetch_add` while the bucket is of its
+/// period and far from full; restarting a bucket for a later period is a
+/// compare-and-swap, so no bucket mixes two periods. A slot untouched for
+/// exactly 2^23 periods (hours to months) reads as stale-but-valid, an
+/// error of one bucket's counts.
 #[derive(Debug)]
 pub(crate) struct TimeWindow {
     bucket_nanos: u64,
     /// The stripes, `lines_per_stripe` lines each.
     buckets: Box<[Line]>,
-    /// How many buckets the ring has.
     ring: usize,
     lines_per_stripe: usize,
     /// The stripe count less one (a power of two).
     stripe_mask: usize,
-    /// The slow calls of each bucket, packed the same way (its sequence
-    /// number, then the count in the calls field); only when slow calls
-    /// are counted.
+    /// Slow calls per bucket, packed the same way (in the calls field).
     slow: Option<Box<[AtomicU64]>>,
-    /// The last period a record found: its number, then its slot in the
-    /// low `PERIOD_INDEX_BITS` bits. See [`TimeWindow::locate`].
+    /// The last period a record found, its slot in the low
+    /// `PERIOD_INDEX_BITS` bits; see [`TimeWindow::locate`].
     period: AtomicU64,
-    /// One more than the latest period a failure or a slow call was filed
-    /// in; zero before the first. While that period is older than the
-    /// window, the window holds neither and no success can open the
-    /// breaker, so a success skips the tally.
+    /// One more than the latest period a failure or slow call was filed in
+    /// (0: none). While it is older than the window, a success skips the
+    /// tally: nothing could open.
     notable: AtomicU64,
 }
 
-/// Buckets on one cache line.
 const BUCKETS_PER_LINE: usize = 8;
 
-/// One cache line of a stripe's buckets.
 #[derive(Debug)]
 #[repr(align(64))]
 struct Line([AtomicU64; BUCKETS_PER_LINE]);
 
-/// The most stripes a time window has: a window of 10 buckets then takes
-/// 1 KiB, against 80 bytes for one stripe.
 const MAX_STRIPES: usize = 8;
-
-/// The longest ring that is striped (at most 4 KiB a window of
-/// `MAX_STRIPES` stripes); a longer one has a single stripe.
+/// The longest ring that is striped (at most 4 KiB a window).
 const STRIPED_UP_TO: usize = 64;
 
-/// How many stripes a window of `ring` buckets gets: one per CPU (a power
-/// of two, at most [`MAX_STRIPES`]), or one for a long ring.
+/// One stripe per CPU (a power of two, at most [`MAX_STRIPES`]), or one for
+/// a long ring.
 fn stripes_for(ring: usize) -> usize {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if ring > STRIPED_UP_TO {
@@ -306,10 +263,9 @@ fn stripes_for(ring: usize) -> usize {
     cpus.clamp(1, MAX_STRIPES).next_power_of_two()
 }
 
-/// This thread's stripe number, before it is masked to a stripe count:
-/// threads take numbers in turn the first time they ask (to record in a time
-/// window, or for their share of a breaker; see `share.rs`), so up to a
-/// stripe count of threads each write lines of their own.
+/// This thread's stripe number, unmasked: threads take numbers in turn on
+/// first use (here and in `share.rs`), so up to a stripe count of threads
+/// each write lines of their own.
 #[inline]
 pub(crate) fn thread_stripe() -> usize {
     use std::cell::Cell;
@@ -342,13 +298,11 @@ const SEQ_BITS: u32 = 23;
 const COUNT_BITS: u32 = 20;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
-/// Set in every bucket written for a period. A bucket without it (never
-/// written, or reset) is empty whatever else it holds: a `fetch_add` that
-/// raced a reset leaves it unset, so it can never forge a period.
+/// Set in every bucket written for a period; a bucket without it is empty,
+/// so a `fetch_add` that raced a reset cannot forge a period.
 const WRITTEN: u64 = 1 << 63;
-/// How full a bucket may be for a blind `fetch_add`: the margin is more than
-/// the adders that can be between their check and their add, so no count
-/// ever carries into the next field.
+/// How full a bucket may be for a blind `fetch_add`: the margin exceeds the
+/// adders that can sit between check and add, so no count carries over.
 const ADD_BELOW: u64 = COUNT_MAX - (1 << 16);
 
 fn pack(seq: u64, calls: u64, failures: u64) -> u64 {
@@ -364,22 +318,15 @@ fn unpack(bucket: u64) -> Option<(u64, u64, u64)> {
     ))
 }
 
-/// How much later than a record's own period a bucket may be and still take
-/// the record (see [`add`]). Far more than any clock lag, far less than the
-/// sequence numbers' cycle.
+/// How much later than a record's period a bucket may be and still take it
+/// ([`add`]): far more than any clock lag, far less than the cycle.
 const LATER_BY_LESS_THAN: u64 = 1 << 16;
 
-/// Whether a slot holding sequence `held` holds a period later than a
-/// record's `seq` that is no later than the latest period the window has
-/// seen (`period`, see [`TimeWindow::locate`]): a bucket written since by a
-/// record that read the clock later. Sequence numbers wrap, so a slot left
-/// untouched for nearly a whole cycle also looks a little later than `seq`;
-/// it is not a bucket of the recent past but one from before the cycle,
-/// ahead of the latest period.
-///
-/// The latest period is read here, after the slot: the record that wrote
-/// the later bucket raised it before writing, so a slot read with its
-/// write is read with a latest period at least that late.
+/// Whether slot sequence `held` is a period later than a record's `seq`
+/// but not past the latest period seen (`period`): a bucket written since
+/// by a record that read the clock later. A slot untouched for nearly a
+/// whole cycle also looks a little later, but lies ahead of the latest
+/// period. `period` is read after the slot; its writer raised it first.
 #[cold]
 fn is_later(held: u64, seq: u64, period: &AtomicU64) -> bool {
     let by = held.wrapping_sub(seq) & SEQ_MASK;
@@ -390,13 +337,10 @@ fn is_later(held: u64, seq: u64, period: &AtomicU64) -> bool {
     latest.wrapping_sub(held) & SEQ_MASK < LATER_BY_LESS_THAN
 }
 
-/// Adds `calls` and `failures` to the bucket of sequence `seq` in `slot`,
-/// starting it afresh when it still holds an older period. A slot already
-/// holding a *later* period (see [`is_later`]) takes the counts as they
-/// are: the record read the coarse clock a little late, and must not wipe
-/// the newer bucket out. Returns the period the counts were filed in
-/// (`seq`, or the later one), or `None` when the bucket was full and took
-/// nothing (see [`TimeWindow`]).
+/// Adds to the bucket of `seq` in `slot`, restarting it when it holds an
+/// older period. A slot holding a *later* one ([`is_later`]) takes the
+/// counts rather than being wiped. Returns the period filed in, or `None`
+/// when the bucket was full.
 fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64) -> Option<u64> {
     let mut current = slot.load(Ordering::Acquire);
     loop {
@@ -424,9 +368,7 @@ fn add(slot: &AtomicU64, seq: u64, period: &AtomicU64, calls: u64, failures: u64
     }
 }
 
-/// The full period number of a bucket holding sequence `held` (the low
-/// bits), for a record of period `seq`: `seq` itself, or the later period
-/// `held` stands for (see [`is_later`]).
+/// The full period number `held` (low bits) stands for, seen from `seq`.
 #[inline]
 fn full_period(seq: u64, held: u64) -> u64 {
     seq.wrapping_add(held.wrapping_sub(seq) & SEQ_MASK)
@@ -442,8 +384,7 @@ fn read(slot: &AtomicU64, expected: u64) -> (u32, u32) {
 
 impl TimeWindow {
     fn new(length: Duration, buckets: u32, slow_calls: bool) -> Self {
-        // At least a millisecond (`Window::validate`), so a period number
-        // fits the 54 bits `period` keeps of it.
+        // At least 1 ms (`Window::validate`): a period fits 54 bits.
         let bucket_nanos = (length.as_nanos() / u128::from(buckets)).clamp(1, u128::from(u64::MAX));
         let ring = buckets as usize;
         let stripes = stripes_for(ring);
@@ -461,13 +402,10 @@ impl TimeWindow {
         }
     }
 
-    /// The bucket period of `now` and its slot. Two divisions cost more than
-    /// the rest of a record, so the latest period found is kept and a
-    /// multiplication checks that `now` is still in it; only a record in a
-    /// new period divides. The kept period only moves forward, and is
-    /// checked every time. A `now` before it (a coarse reading a little
-    /// behind another thread's) is taken as the kept period: a success is
-    /// filed in the newest bucket, and its tally sees that bucket.
+    /// The period of `now` and its slot. The latest period found is kept
+    /// and a multiplication checks `now` is still in it, so only a record
+    /// in a new period divides. A `now` before it (a coarse reading a
+    /// little behind) is filed in the kept, newest period.
     #[inline]
     fn locate(&self, now: Duration) -> (u64, usize) {
         let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
@@ -492,13 +430,10 @@ impl TimeWindow {
         self.record_at(seq, index, failed, slow)
     }
 
-    /// Records a call in period `seq` (slot `index`), found by `locate`
-    /// (which another record may have moved on since).
+    /// Records a call in period `seq` (slot `index`) from `locate`.
     #[inline]
     fn record_at(&self, seq: u64, index: usize, failed: bool, slow: bool) -> Tally {
         let stripe = thread_stripe() & self.stripe_mask;
-        // A call its full bucket did not take is not counted as slow either:
-        // the slow share stays a share of the calls counted.
         let period = &self.period;
         let filed = add(
             self.bucket(stripe, index),
@@ -507,38 +442,27 @@ impl TimeWindow {
             1,
             u64::from(failed),
         );
+        // With the call, in the period it joined (none if its bucket was full).
         if let (Some(buckets), true, Some(filed)) = (&self.slow, slow, filed) {
-            // Filed with the call, so the slow share is of the same bucket.
             add(&buckets[index], filed, period, 1, 0);
         }
-        // The result is judged at the period it joined: a record that read
-        // the clock a little late and joined a later bucket must see that
-        // bucket in its tally and mark that period notable, or a deciding
-        // failure would tally an empty window and not open. The later
-        // period is in the same slot, so `index` still names it.
+        // Judged at the period it joined (same slot), or a deciding failure
+        // filed in a later bucket would tally an empty window.
         let seq = filed.unwrap_or(seq);
-        // Sequentially consistent, the bucket writes, `notable` and the
-        // tally's reads: a failure and a success recorded at once are two
-        // threads each writing one place and reading the other's, which
-        // acquire and release alone let both miss (ARM's `ldapr` may pass
-        // an earlier release store): the failure's tally without the
-        // success, the success finding the window quiet, and a rate that
-        // either order reaches would not open. On x86 this costs nothing:
-        // the writes are locked anyway and the loads are plain.
+        // SeqCst bucket writes, `notable` and tally reads: a failure and a
+        // success recorded at once each write one place and read the
+        // other's, which acquire/release lets both miss (ARM `ldapr`), and
+        // the rate would not open. Free on x86.
         if failed || slow {
-            // Before the tally, so a success that sees this one's effect
-            // on the window also sees it here.
             self.notable
                 .fetch_max(seq.wrapping_add(1), Ordering::SeqCst);
         } else if self.quiet_at(seq) {
-            // Neither a failure nor a slow call in the window: nothing for
-            // the tally to find that could open. Its calls are left out.
             return Tally::default();
         }
         self.tally_at(seq, index)
     }
 
-    /// Whether the window at `seq` holds no failure and no slow call.
+    /// No failure and no slow call in the window at `seq`.
     #[inline]
     fn quiet_at(&self, seq: u64) -> bool {
         match self.notable.load(Ordering::SeqCst) {
@@ -547,7 +471,6 @@ impl TimeWindow {
         }
     }
 
-    /// Bucket `index` of `stripe`.
     #[inline]
     fn bucket(&self, stripe: usize, index: usize) -> &AtomicU64 {
         let line = &self.buckets[stripe * self.lines_per_stripe + index / BUCKETS_PER_LINE];
@@ -562,7 +485,7 @@ impl TimeWindow {
     fn tally_at(&self, seq: u64, mut index: usize) -> Tally {
         let n = self.ring;
         let mut tally = Tally::default();
-        // Newest first, walking the ring backwards: no division per bucket.
+        // Backwards from the newest: no division per bucket.
         for age in 0..(n as u64).min(seq + 1) {
             let expected = seq - age;
             for stripe in 0..=self.stripe_mask {
@@ -586,7 +509,24 @@ impl TimeWindow {
         }
     }
 }
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+impl CountWindow {
+    /// The results the ring holds now: (failures, slow), for the tests to
+    /// compare with the counts.
+    fn ring_counts(&self) -> (u32, u32) {
+        let mut counts = (0, 0);
+        for position in 0..self.size {
+            let word = self.results[(position / RESULTS_PER_WORD) as usize].load(Ordering::Acquire);
+            let bits = word >> ((position % RESULTS_PER_WORD) * RESULT_BITS);
+            counts.0 += (bits & FAILED != 0) as u32;
+            counts.1 += (bits & SLOW != 0) as u32;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use super::*;
 
@@ -1000,21 +940,5 @@ mod loom_models {
             assert_eq!(w.tally().failures, 1);
             assert_eq!(w.ring_counts(), (1, 0));
         });
-    }
-}
-
-#[cfg(test)]
-impl CountWindow {
-    /// The results the ring holds now: (failures, slow), for the tests to
-    /// compare with the counts.
-    fn ring_counts(&self) -> (u32, u32) {
-        let mut counts = (0, 0);
-        for position in 0..self.size {
-            let word = self.results[(position / RESULTS_PER_WORD) as usize].load(Ordering::Acquire);
-            let bits = word >> ((position % RESULTS_PER_WORD) * RESULT_BITS);
-            counts.0 += (bits & FAILED != 0) as u32;
-            counts.1 += (bits & SLOW != 0) as u32;
-        }
-        counts
     }
 }

@@ -237,17 +237,8 @@ impl Breaker {
         Err(self.refusal(remaining, retry_after))
     }
 
-    /// Counts and builds one refusal. A call refused in the last fifth of
-    /// an open period is told when to come back (its failure's `retry_after`):
-    /// at the end of the period plus [`RELEASE_SPREAD`] times the time it
-    /// had left, the last refused first. The calls that wait out a period
-    /// are so released over a ramp four times as long as they arrived in:
-    /// at a steady arrival rate they add at most a quarter of it to the new
-    /// calls. The ramp ends within four fifths of a period after the
-    /// end, before the next period would end if the probe failed: then
-    /// they meet that period and give up, instead of piling onto the
-    /// callers of the next ones. A call refused earlier gets no such hint:
-    /// it could only be served after the probe by joining that pile.
+    /// Counts and builds one refusal, placed on the release ramp that
+    /// [`CircuitOpen::failure`] describes.
     pub(crate) fn rejection(&self) -> CircuitOpen {
         if self.load().state() == State::Open {
             let until = self.open_until.load(Ordering::Acquire);

@@ -472,7 +472,8 @@ pub(crate) struct Totals {
     pub(crate) opened: u64,
 }
 
-#[cfg(all(test, not(breaker_loom)))]
+#[cfg(test)]
+#[cfg(not(breaker_loom))]
 mod tests {
     use std::time::Duration;
 
