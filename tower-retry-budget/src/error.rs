@@ -4,25 +4,8 @@
 //! every tower middleware that can fail on its own. When it gives up it usually
 //! returns the last attempt's own result unchanged (the response, or the inner
 //! service's error). It returns one of the errors here only when it ends the
-//! loop for a reason of its own; downcast to tell them apart:
-//!
-//! ```
-//! # use tower_classify::BoxError;
-//! use tower_retry_budget::error::{BudgetExhausted, DeadlineExceeded, WaitTooLong};
-//!
-//! fn describe(err: &BoxError) -> &'static str {
-//!     if err.is::<BudgetExhausted>() {
-//!         "retry budget spent: the dependency is failing for many callers"
-//!     } else if err.is::<WaitTooLong>() {
-//!         "the server asked us to come back much later"
-//!     } else if err.is::<DeadlineExceeded>() {
-//!         "out of time"
-//!     } else {
-//!         "the last attempt's own error"
-//!     }
-//! }
-//! # let _ = describe;
-//! ```
+//! loop for a reason of its own; downcast to tell them apart (the crate
+//! README shows an axum handler doing so).
 //!
 //! # What other layers see
 //!

@@ -13,11 +13,9 @@
 //!   in-memory bodies, or [`ReplayBody`](crate::body::ReplayBody) for
 //!   streaming ones, which is asked again after each attempt), optionally
 //!   marking each retry with an attempt-number header. It keeps the head as
-//!   a [`RequestHead`](http_body_replay::RequestHead), one buffer, rather
-//!   than a second `http::Request`. Retries carry the request's extensions,
-//!   except its [`RefusalToken`](tower_classify::RefusalToken): a refusal of
-//!   a retry cannot prove that the service never saw the request, since an
-//!   earlier attempt may have reached it.
+//!   a [`RequestHead`](http_body_replay::RequestHead), one buffer. Retries
+//!   carry the request's extensions except its
+//!   [`RefusalToken`](tower_classify::RefusalToken) (see the crate README).
 
 use tower_classify::BoxError;
 

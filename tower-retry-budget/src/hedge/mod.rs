@@ -93,40 +93,6 @@
 //! # }
 //! ```
 //!
-//! # Over HTTP
-//!
-//! [`HedgeLayer::http_builder`] hedges `http::Request`s (with the idempotency
-//! rules above); name each layer, since the name labels its metrics:
-//!
-//! ```
-//! use std::time::Duration;
-//! use http_body_util::Full;
-//! use bytes::Bytes;
-//! use tower::{service_fn, Layer, ServiceExt};
-//! use tower_retry_budget::hedge::HedgeLayer;
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), tower_classify::BoxError> {
-//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-//! let counter = calls.clone();
-//! // The first attempt hits a slow replica; the hedge does not.
-//! let search = service_fn(move |_: http::Request<Full<Bytes>>| {
-//!     let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-//!     async move {
-//!         tokio::time::sleep(Duration::from_millis(if n == 0 { 900 } else { 12 })).await;
-//!         Ok::<_, std::io::Error>(http::Response::new(format!("answered by attempt {}", n + 1)))
-//!     }
-//! });
-//! let layer = HedgeLayer::http_builder()
-//!     .name("search")
-//!     .delay(Duration::from_millis(40)) // or leave it out: p95 of recent latencies
-//!     .build()?;
-//! let request = http::Request::get("http://search/q?rust").body(Full::new(Bytes::new()))?;
-//! let response = layer.layer(search).oneshot(request).await?;
-//! assert_eq!(response.body(), "answered by attempt 2");
-//! # Ok(()) }
-//! ```
-//!
 //! [`TpsBudget`]: crate::budget::TpsBudget
 
 mod future;

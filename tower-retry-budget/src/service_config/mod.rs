@@ -8,34 +8,6 @@
 //! method config of a request path, and turns a retry policy into this
 //! crate's [`RetryBuilder`](crate::RetryBuilder).
 //!
-//! ```
-//! use std::time::Duration;
-//! use tower_retry_budget::service_config::ServiceConfig;
-//!
-//! let config = ServiceConfig::from_json(r#"{
-//!     "methodConfig": [{
-//!         "name": [{ "service": "helloworld.Greeter" }],
-//!         "timeout": "2s",
-//!         "retryPolicy": {
-//!             "maxAttempts": 4,
-//!             "initialBackoff": "0.1s",
-//!             "maxBackoff": "1s",
-//!             "backoffMultiplier": 2,
-//!             "retryableStatusCodes": ["UNAVAILABLE"]
-//!         }
-//!     }],
-//!     "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
-//! }"#).unwrap();
-//!
-//! let method = config.method_config("/helloworld.Greeter/SayHello").unwrap();
-//! assert_eq!(method.timeout(), Some(Duration::from_secs(2)));
-//! // maxAttempts 4: 3 retries from 100 ms, the whole call within the
-//! // method's 2 s timeout.
-//! let retry = method.retry_builder(config.retry_throttle().as_ref())?.build()?;
-//! assert!(config.method_config("/other.Service/Call").is_none());
-//! # Ok::<(), tower_classify::ConfigError>(())
-//! ```
-//!
 //! # Validation
 //!
 //! [`ServiceConfig::from_json`] refuses a config that breaks a rule of A6 or
