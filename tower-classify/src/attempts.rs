@@ -1,42 +1,22 @@
 //! How many attempts a call made, reported by the layers that make them to
 //! the layer above that records them.
 //!
-//! A dead-letter entry says how many attempts a failed call made and when
-//! the first one failed. The attempts are made below the dead-letter
-//! layer, by a retry or a hedge layer, on the same task: the dead-letter
-//! layer makes an [`AttemptTally`] current on its thread while it calls
-//! its inner service ([`TallyScope::calling`]) and while it polls the
-//! call's future ([`TallyScope::enter`]), and a layer below reports into
-//! it:
+//! The dead-letter layer makes an [`AttemptTally`] current on its thread
+//! while it calls its inner service ([`TallyScope::calling`]) and while it
+//! polls the call's future ([`TallyScope::enter`]); layers below, on the
+//! same task, report into it:
 //!
 //! - a layer that counts its own attempts (tower-retry-budget's retry and
-//!   hedge layers) asks [`claim_reports`] when it is called, and if
-//!   so calls [`report_attempts`] when an attempt ends in a failure and
-//!   when it sends the next one (a hedge: while others are in flight). Its
-//!   attempts are then known without a layer under it, and a call that
-//!   succeeds at once reports nothing. A layer that is only *polled*
-//!   inside the scope (a client that a handler under a server's
-//!   dead-letter layer calls) was not called by the recording layer, and
-//!   its attempts are not that call's. A reporting layer asks with
-//!   [`claim_reports`], which says yes to the first one called only, the
-//!   outermost on the request's way down: under a retry layer, a hedge
-//!   layer's attempts are parts of the retry layer's, and under a hedge
-//!   layer, a retry layer's retries are parts of the hedge's attempts. (A
-//!   layer in between that calls another reporting client in its own
-//!   `call`, before its inner service, hands that client the claim: make
-//!   such side calls outside the recording layer's call, or after.);
-//! - a layer that sees every attempt go by without counting them
-//!   (tower-poison's `CountAttempts`, under a retry layer that does not
-//!   report) calls [`attempt_started`] and [`attempt_finished`]. Put it
-//!   where it sees the attempts the reporting layer counts: under a hedge
-//!   layer it also counts every hedge, and the tally then mixes the two.
+//!   hedge layers) asks [`claim_reports`] when it is called, and if it has
+//!   the claim calls [`report_attempts`] when an attempt fails and when it
+//!   sends the next one. A call that succeeds at once reports nothing;
+//! - a layer that sees attempts go by without counting them (tower-poison's
+//!   `CountAttempts`) calls [`attempt_started`] and [`attempt_finished`].
+//!   Under a hedge layer it counts every hedge too.
 //!
 //! Both at once count each attempt once: a report raises the tally to the
-//! retry layer's own count, which the other layer's counting already
-//! reached. A thread-local tally costs a call that succeeds no allocation
-//! and its request no extension (which every retry would copy); nothing is
-//! reported across a `Buffer` or a spawned task, where the attempts run
-//! outside the scope.
+//! reporter's own count. Nothing is reported across a `Buffer` or a spawned
+//! task, where the attempts run outside the scope.
 //!
 //! ```
 //! use tower_classify::attempts::{
@@ -96,9 +76,8 @@ thread_local! {
 /// tally the thread held before is current again when the scope ends, even
 /// by a panic (a recording layer inside another one).
 ///
-/// A guard rather than a closure: the inner service's future is returned
-/// straight to the caller, not moved out through one more frame (a stack's
-/// future is a few hundred bytes).
+/// A guard rather than a closure, so the inner future is not moved through
+/// one more frame.
 #[derive(Debug)]
 #[must_use = "the tally is current until the scope is exited or dropped"]
 pub struct TallyScope {
@@ -154,15 +133,12 @@ fn update(change: impl FnOnce(&mut AttemptTally)) {
     }
 }
 
-/// Whether the layer asking reports its attempts, claiming the call for
-/// it: true when the recording layer is calling the layers below it right
-/// now ([`TallyScope::calling`]) and no reporting layer claimed the call
-/// first. A layer that reports its attempts asks this when it is called,
-/// *before* it calls its inner service, so that a reporting layer below it
-/// (a hedge layer under a retry layer) does not report too: the first
-/// reporting layer called, the outermost, has the call's attempts.
-/// The two counts differ (each of a retry layer's attempts may be hedged),
-/// and a tally of the larger would mix them.
+/// Whether the layer asking reports its attempts, claiming the call: true
+/// only inside [`TallyScope::calling`] and for the first layer to ask. Ask
+/// when called, *before* calling the inner service, so the outermost
+/// reporting layer has the call (under a retry layer, a hedge layer's
+/// attempts are parts of the retry layer's), and a layer only *polled*
+/// in the scope (not called by the recording layer) reports nothing.
 #[inline]
 pub fn claim_reports() -> bool {
     match CURRENT.get() {

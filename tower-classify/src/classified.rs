@@ -10,13 +10,11 @@ use crate::outcome::{Failure, FailureKind, RetryHint};
 
 /// An error that already knows its classification.
 ///
-/// The family's crates do not depend on each other, yet each must recognise the
-/// others' errors: a retry layer must not spin on a breaker's open circuit, and
-/// a breaker outside a retry layer must count a retry that gave up. They agree
-/// through this type. A layer's own error (such as a breaker's `CircuitOpen`)
-/// keeps its public type, for callers to downcast, and returns a `Classified`
-/// from [`Error::source`]. The [`ErrorChainClassifier`](crate::ErrorChainClassifier)
-/// finds it anywhere in the chain and takes its [`Failure`] as the answer.
+/// A layer's own error (such as a breaker's `CircuitOpen`) keeps its public
+/// type and returns a `Classified` from [`Error::source`]; the
+/// [`ErrorChainClassifier`](crate::ErrorChainClassifier) finds it anywhere in
+/// the chain and takes its [`Failure`] as the answer, so sibling crates
+/// recognise each other's errors without depending on each other.
 ///
 /// ```
 /// use std::time::Duration;
@@ -61,16 +59,11 @@ impl Classified {
         self
     }
 
-    /// The same error, telling a caller in another process to wait `wait`
-    /// before trying again: the `Retry-After` of its HTTP answer and the
-    /// `grpc-retry-pushback-ms` of its gRPC answer (module `status`, with
-    /// the `http` feature), in place of the failure's hint.
-    ///
-    /// The hint is for a retry layer in this process, which may be told
-    /// something else: an open circuit refuses a call early in its open
-    /// period with no hint, so that a retry layer around it fails the call
-    /// at once instead of holding it for the whole period, while a remote
-    /// caller is told the time left.
+    /// The same error, telling a caller in another process (the
+    /// `Retry-After` or `grpc-retry-pushback-ms` of module `status`) to wait
+    /// `wait`, in place of the failure's hint, which is for a retry layer in
+    /// this process: an open circuit gives a local retry no hint early in its
+    /// open period, but tells a remote caller the time left.
     ///
     /// ```
     /// # #[cfg(feature = "http")] {

@@ -24,19 +24,12 @@ use crate::settle::StreamEnd;
     doc = r#"
 # When a call is over
 
-Most calls are settled by their head: the status, or the error. A
-streamed response can say how it went only where its body ends: a gRPC
-server answers `200` and puts `grpc-status` in the trailers. A layer that
-must know the real outcome asks [`classify_head`](Self::classify_head)
-instead of `classify`; when it answers `None`, the layer wraps the body in
-a [`SettleBody`](crate::SettleBody), which asks
-[`classify_end`](Self::classify_end) once, where the body ends (trailers,
-a body error, or the caller dropping it). Both methods are provided: a
-classifier that only reads heads implements `classify` alone.
-[`GrpcClassifier`](crate::GrpcClassifier) leaves a `200` gRPC response
-without `grpc-status` in its head open and judges its trailers; the
-combinators ([`Or`], [`Map`]) and `&C`, `Arc<C>` pass both on, so a
-classifier built around it judges the trailers its own way.
+A streamed response may settle its call only where its body ends (gRPC
+puts `grpc-status` in the trailers of a `200`). A layer that must know
+asks [`classify_head`](Self::classify_head); on `None` it wraps the body
+in a [`SettleBody`](crate::SettleBody), which asks
+[`classify_end`](Self::classify_end) once, where the body ends. Both are
+provided, and the combinators, `&C` and `Arc<C>` pass them on.
 "#
 )]
 pub trait Classify<Res, E> {

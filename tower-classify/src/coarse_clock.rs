@@ -47,11 +47,9 @@ fn tick(start: std::time::Instant) {
 /// A coarse clock for a layer's hot path: the time as one relaxed load of a
 /// process-wide reading that one thread refreshes.
 ///
-/// Reading the monotonic clock costs tens of nanoseconds (more under some
-/// hypervisors): more than the whole rest of a call through a closed breaker
-/// or a retry layer's success path. Filing a call into a time bucket at least
-/// a few milliseconds long needs no more than this reading. The same design
-/// as the `coarsetime` and `quanta` crates' upkeep threads.
+/// Reading the monotonic clock costs more than the rest of a call through a
+/// closed breaker; filing a call into a time bucket a few milliseconds long
+/// needs no more than this reading (as `coarsetime`'s upkeep thread).
 ///
 /// # Accuracy
 ///
@@ -68,12 +66,9 @@ fn tick(start: std::time::Instant) {
 ///
 /// # Paused tokio time
 ///
-/// Tests pause tokio's clock and move it by hand; a thread ticking with the
-/// real clock would not follow. [`precise_now`](Self::precise_now) reads
-/// tokio's clock and checks it against `std`'s; once tokio's clock is seen
-/// paused (or the thread could not be started), [`offset`](Self::offset)
-/// returns `None` everywhere in the process and callers read tokio's clock
-/// instead, as they would without this clock.
+/// Once [`precise_now`](Self::precise_now) sees tokio's clock paused (or the
+/// thread could not be started), [`offset`](Self::offset) returns `None`
+/// everywhere in the process and callers read tokio's clock instead.
 ///
 /// ```
 /// use std::time::Duration;
@@ -141,11 +136,9 @@ impl CoarseClock {
         Some(READING.load(Ordering::Relaxed).saturating_sub(self.base))
     }
 
-    /// tokio's clock, checked against `std`'s. Unpaused, tokio's
-    /// `Instant::now` is `std`'s, so a `std` reading taken between two tokio
-    /// readings lies between them; a paused clock stands still at some other
-    /// instant, and from then on every clock's [`offset`](Self::offset) is
-    /// `None`.
+    /// tokio's clock. Once it is seen paused (a `std` reading taken between
+    /// two tokio readings does not lie between them), every clock's
+    /// [`offset`](Self::offset) is `None`.
     pub fn precise_now() -> Instant {
         let before = Instant::now();
         if PRECISE.load(Ordering::Relaxed) {

@@ -1,11 +1,9 @@
 //! The caller's deadline as a request extension, and gRPC's `grpc-timeout`
 //! wire format.
 //!
-//! A [`Deadline`] in a request's extensions is the instant by which the
-//! caller needs the answer. Every layer of the family sees it: the retry
-//! layer never starts an attempt that cannot finish in time and bounds each
-//! attempt by what is left, and a gRPC client sends what is left as
-//! `grpc-timeout`, so the server can give up when the caller has.
+//! The retry layer never starts an attempt that cannot finish before a
+//! request's [`Deadline`] and bounds each attempt by what is left; a gRPC
+//! client sends what is left as `grpc-timeout`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -50,13 +48,8 @@ impl Deadline {
     }
 
     /// The deadline a header `name` of `headers` asks for, in the
-    /// `grpc-timeout` format, counted from now; `None` when it is absent or
-    /// malformed. The format is 1 to 8 ASCII digits and a unit, `H`
-    /// (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u`
-    /// (microseconds) or `n` (nanoseconds), as gRPC's HTTP/2 protocol
-    /// document defines it. Anything else (a sign, a space, a ninth digit,
-    /// an unknown unit) is refused; the largest value, `99999999H`, fits a
-    /// `Duration`.
+    /// `grpc-timeout` format (1 to 8 ASCII digits and a unit of `HMSmun`,
+    /// nothing else), counted from now; `None` when absent or malformed.
     ///
     /// ```
     /// use std::time::Duration;

@@ -31,14 +31,10 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// | `RESOURCE_EXHAUSTED` (8) | [`RateLimited`](FailureKind::RateLimited) |
 /// | every other code | [`Rejected`](FailureKind::Rejected) |
 ///
-/// The status is read from the `grpc-status` *header*, where a
-/// "trailers-only" response (the form servers use for an immediate error, and
-/// tonic for every error it returns before the body) carries it. A response
-/// whose status arrives in trailers looks successful here, because the trailers
-/// come only at the end of the body. A layer that watches the end asks
-/// [`classify_head`](Classify::classify_head), which leaves such a response
-/// open, and judges its trailers with [`classify_end`](Classify::classify_end)
-/// where the body ends (see [`SettleBody`](crate::SettleBody)). A non-200 HTTP status without
+/// `classify` reads the `grpc-status` *header* (a trailers-only response);
+/// a `200` whose status comes in the trailers looks successful to it, and is
+/// left open by [`classify_head`](Classify::classify_head) and judged by
+/// [`classify_end`](Classify::classify_end). A non-200 HTTP status without
 /// `grpc-status` is classified as HTTP.
 ///
 /// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value

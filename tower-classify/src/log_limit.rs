@@ -9,14 +9,10 @@ use tokio::time::Instant;
 
 /// Lets one log line through per interval and counts the ones it holds back.
 ///
-/// During an outage an event such as "giving up retrying" happens once per
-/// call: thousands a second, each line the same. The layers of this family
-/// log such events at `debug` every time and at `warn` at most once per
-/// interval, with the number of events since the last `warn`, so the
-/// operator sees the outage without the log drowning in it.
-///
-/// Lock-free: a call that is held back costs one atomic load and one add.
-/// It reads tokio's clock, so paused time in tests drives it.
+/// The family's layers log an event that repeats once per call during an
+/// outage ("giving up retrying") at `debug` every time and at `warn` at most
+/// once per interval, with the count held back. Lock-free; reads tokio's
+/// clock.
 ///
 /// ```
 /// use std::time::Duration;

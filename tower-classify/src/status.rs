@@ -1,57 +1,13 @@
 //! Answering errors as gRPC statuses or HTTP problem responses.
 //!
-//! A tower stack fails with errors: an open circuit, an exhausted retry
-//! budget, a deadline. tonic and axum take only services that cannot fail,
-//! and tonic reports any error to its caller as `UNKNOWN`, so the caller
-//! cannot tell "back off" from "broken". Both layers here turn every error
-//! of the service they wrap into an answer with the status the error's
-//! [classification](crate::ErrorChainClassifier) calls for, and the wait it
-//! carries:
-//!
-//! - [`GrpcStatusLayer`] answers a *trailers-only* gRPC response (HTTP 200,
-//!   `content-type: application/grpc`, `grpc-status` and `grpc-message` in
-//!   the headers), the wait as `grpc-retry-pushback-ms`, which gRPC clients
-//!   that retry ([gRFC A6]) obey. Its body is any `B: Default`.
-//! - [`HttpStatusLayer`] answers an `application/problem+json` response
-//!   (RFC 9457, built by [`Problem`]) with the HTTP status of that gRPC
-//!   code, the wait as `Retry-After`. Its body is any `B: From<String>`.
-//!
-//! | failure kind | `grpc-status` | HTTP status | wait sent |
-//! |---|---|---|---|
-//! | [`Shed`](FailureKind::Shed) (an open circuit, tower's `Overloaded`) | 14 `UNAVAILABLE` | 503 | the error's wait (an open circuit's: the time it stays open) |
-//! | [`ServerError`](FailureKind::ServerError), [`Connection`](FailureKind::Connection), [`NotSent`](FailureKind::NotSent) | 14 `UNAVAILABLE` | 503 | the error's wait |
-//! | [`RateLimited`](FailureKind::RateLimited) | 8 `RESOURCE_EXHAUSTED` | 429 | the error's wait |
-//! | [`Timeout`](FailureKind::Timeout) (a deadline, `Elapsed`) | 4 `DEADLINE_EXCEEDED` | 504 | — |
-//! | [`Poison`](FailureKind::Poison), [`Rejected`](FailureKind::Rejected) | 3 `INVALID_ARGUMENT` | 400 | — |
-//! | an error nothing recognises | 2 `UNKNOWN` | 500 | — |
-//! | an [ignored](Outcome::Ignored) error (the caller cancelled) | 1 `CANCELLED` | 499 | — |
-//!
-//! An error nothing recognises gets the status of the outcome the layer's
-//! classifier chose for it, if it chose one (see
-//! [`HttpStatusLayer::classifier`]). The error's wait is the
-//! [wait it tells remote callers](crate::Classified::with_answer_wait) when
-//! it names one (an open circuit's time left, however early in its open
-//! period), else its hint's. A hint of
-//! [`DoNotRetry`](RetryHint::DoNotRetry) (or [`Final`](RetryHint::Final)) is
-//! sent as pushback `-1`, which tells an A6 client not to retry at all: an
-//! exhausted retry budget stops the callers' retries too instead of
-//! multiplying them. `Retry-After` is the wait in whole seconds, rounded up
-//! and at least 1. A problem response carries the error's [`Failure`] in
-//! its extensions, as a breaker's own `503` does, so the layers around it (a
-//! dead-letter layer, an idempotency guard, a client breaker) classify it
-//! as what it stands for rather than by its status.
-//!
-//! An error that already *is* a gRPC status (a `tonic::Status` from a
-//! tonic layer below) is sent as it is, code and message, once
-//! [`GrpcStatusLayer::status_of`] says how to recognise it.
-//!
-//! A handler that maps its own errors answers with
-//! [`Problem::for_error`]`(&error).response()` (the same answer) or, when it
-//! did nothing before the error and may be run again under the same
-//! idempotency key, [`not_run`].
-//!
-//! After the inner service's `poll_ready` fails, it is never polled or
-//! called again: every call gets that error's answer.
+//! tonic and axum take only services that cannot fail, and tonic reports
+//! any error as `UNKNOWN`, so a caller cannot tell "back off" from
+//! "broken". [`GrpcStatusLayer`] answers each error of the service it wraps
+//! as a trailers-only gRPC response (the wait as `grpc-retry-pushback-ms`,
+//! which [gRFC A6] clients obey), [`HttpStatusLayer`] as an
+//! `application/problem+json` [`Problem`] (the wait as `Retry-After`), with
+//! the status the error's classification calls for: the mapping is the
+//! table in the [crate docs](crate#errors-as-grpc-statuses-or-http-problems).
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
@@ -96,7 +52,7 @@ impl Default for Settings {
 }
 
 /// Turns the errors of the service it wraps into problem responses; see the
-/// [module docs](self) for the mapping.
+/// [module docs](self).
 ///
 /// ```
 /// use std::time::Duration;
@@ -127,19 +83,16 @@ pub struct HttpStatusLayer {
 }
 
 impl HttpStatusLayer {
-    /// The layer with the mapping above, classifying errors with
-    /// [`ErrorChainClassifier::new`] and sending each error's text as the
-    /// problem's `detail`.
+    /// The layer, classifying errors with [`ErrorChainClassifier::new`] and
+    /// sending each error's text as the problem's `detail`.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Classifies errors with `classifier` instead. Its
-    /// [`unknown_as`](ErrorChainClassifier::unknown_as) decides the status
-    /// of an error nothing recognises: without it, 500 (2 `UNKNOWN`, as
-    /// tonic sends); with it, the status of the table above for the outcome
-    /// chosen, even the default's own (rejected 400, a server error 503,
-    /// ignored 499).
+    /// Classifies errors with `classifier` instead. An error nothing
+    /// recognises answers `UNKNOWN` (500) unless the classifier's
+    /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
+    /// even the default's own: then that outcome's status.
     pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
         self.settings.classifier = classifier;
         self
@@ -154,7 +107,7 @@ impl HttpStatusLayer {
 }
 
 /// Turns the errors of the service it wraps into gRPC status responses; see
-/// the [module docs](self) for the mapping. The error's text goes in
+/// the [module docs](self). The error's text goes in
 /// `grpc-message`, percent-encoded and cut at 512 bytes.
 ///
 /// ```
@@ -190,19 +143,16 @@ pub struct GrpcStatusLayer {
 type StatusOf = fn(&(dyn Error + 'static)) -> Option<(u32, String)>;
 
 impl GrpcStatusLayer {
-    /// The layer with the mapping above, classifying errors with
-    /// [`ErrorChainClassifier::new`] and sending each error's text as the
-    /// `grpc-message`.
+    /// The layer, classifying errors with [`ErrorChainClassifier::new`] and
+    /// sending each error's text as the `grpc-message`.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Classifies errors with `classifier` instead. Its
-    /// [`unknown_as`](ErrorChainClassifier::unknown_as) decides the code of
-    /// an error nothing recognises: without it, 2 `UNKNOWN` (as tonic
-    /// sends); with it, the code of the table above for the outcome chosen,
-    /// even the default's own (rejected 3 `INVALID_ARGUMENT`, a server
-    /// error 14 `UNAVAILABLE`, ignored 1 `CANCELLED`).
+    /// Classifies errors with `classifier` instead. An error nothing
+    /// recognises answers `UNKNOWN` (500) unless the classifier's
+    /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
+    /// even the default's own: then that outcome's status.
     pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
         self.settings.classifier = classifier;
         self
@@ -234,39 +184,6 @@ impl GrpcStatusLayer {
     /// }
     /// ```
     ///
-    /// Here with a stand-in for `tonic::Status`:
-    ///
-    /// ```
-    /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_classify::status::GrpcStatusLayer;
-    /// use tower_classify::BoxError;
-    ///
-    /// /// Shaped like `tonic::Status`: a code and a message.
-    /// #[derive(Debug)]
-    /// struct Status { code: i32, message: String }
-    /// impl std::fmt::Display for Status {
-    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-    ///         write!(f, "status: {}, message: {:?}", self.code, self.message)
-    ///     }
-    /// }
-    /// impl std::error::Error for Status {}
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = GrpcStatusLayer::new().status_of(|error| {
-    ///     let status = error.downcast_ref::<Status>()?;
-    ///     Some((status.code as u32, status.message.clone()))
-    /// });
-    /// let not_found = service_fn(|_req: http::Request<()>| async {
-    ///     Err::<http::Response<String>, BoxError>(
-    ///         Box::new(Status { code: 5, message: "no such user".into() }),
-    ///     )
-    /// });
-    /// let response = layer.layer(not_found).oneshot(http::Request::new(())).await.unwrap();
-    /// assert_eq!(response.headers()["grpc-status"], "5"); // NOT_FOUND, not UNKNOWN
-    /// assert_eq!(response.headers()["grpc-message"], "no such user");
-    /// # }
-    /// ```
     pub fn status_of(mut self, status_of: StatusOf) -> Self {
         self.status_of = Some(status_of);
         self
@@ -566,24 +483,16 @@ fn percent_encode(text: &str) -> String {
     encoded
 }
 
-/// The problem response answering `error`, marked as a refusal of the
-/// request that carried `token`: the handler says it did nothing for this
-/// request, so an idempotency guard in front of it frees the key and the
-/// client's retry with the same key runs the handler again.
+/// [`Problem::for_error`]'s response, marked as a refusal of the request
+/// that carried `token`, so an idempotency guard in front frees the key and
+/// the client's retry runs the handler again. Use it only when the handler
+/// did nothing before the error (a dependency's open circuit); a handler
+/// that wrote and then failed keeps the key with `for_error`.
 ///
-/// `token` is the [`RefusalToken`] in the handler's request extensions (an
-/// axum handler takes `token: Option<Extension<RefusalToken>>`; it is `None`
-/// when no guard is in front, and then nothing is freed). Use it only when
-/// nothing happened before the error: the handler refused before any write,
-/// as a dependency's open circuit makes it do. A handler that wrote the
-/// order and then failed must answer with
-/// [`Problem::for_error`]`(&error).response()`, which keeps the key, or the
-/// retry writes the order again.
-///
-/// The status and `Retry-After` are [`Problem::for_error`]'s: an open
-/// circuit below is `503` with its wait. The failure it carries is the
-/// error's classification, or [`Shed`](FailureKind::Shed) (what a refusal
-/// is) for an error nothing recognises, which still answers `500`.
+/// `token` is the [`RefusalToken`] in the request's extensions (`None`
+/// without a guard: nothing is freed). The failure carried is the error's
+/// classification, or [`Shed`](FailureKind::Shed) for an error nothing
+/// recognises, which still answers `500`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -612,16 +521,12 @@ pub fn not_run<B: From<String>>(
 }
 
 /// An `application/problem+json` response (RFC 9457): the one builder of
-/// the family's HTTP error answers. [`HttpStatusLayer`] and [`not_run`]
-/// build theirs with it, as do a breaker's `503` (tower-breaker's `Http503`)
-/// and an idempotency guard's rejections.
+/// the family's HTTP error answers.
 ///
 /// The body is `{"type":"about:blank","title":…,"status":…}` (the title is
-/// the status's reason phrase) plus the [members](Self::member) added;
-/// `Retry-After` is a wait in whole seconds, rounded up and at least 1
-/// (`Retry-After: 0` would invite an immediate retry of what was just
-/// refused). A problem made [for an error](Self::for_error) carries the
-/// error's [`Failure`] in the response's extensions.
+/// the status's reason phrase) plus the [members](Self::member) added. A
+/// problem made [for an error](Self::for_error) carries the error's
+/// [`Failure`] in the response's extensions.
 ///
 /// ```
 /// use std::time::Duration;
@@ -665,28 +570,10 @@ impl Problem {
         }
     }
 
-    /// The problem answering `error`, as [`HttpStatusLayer`] answers it
-    /// (with the default classifier, details included): its status,
-    /// `Retry-After` and failure from the error's classification (see the
-    /// [module docs](self)), its text as the `detail`. For a handler that
-    /// maps its own errors:
-    /// `.map_err(|e| Problem::for_error(&e).response())?`.
-    ///
-    /// The key of an idempotency guard in front of the handler is kept: the
-    /// handler ran. When it did nothing before the error, answer with
-    /// [`not_run`] instead.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_classify::status::Problem;
-    /// use tower_classify::Classified;
-    ///
-    /// // An open circuit tells a remote caller its time left.
-    /// let open = Classified::shed("circuit open", None).with_answer_wait(Duration::from_millis(2500));
-    /// let answer: http::Response<String> = Problem::for_error(&open).response();
-    /// assert_eq!(answer.status(), 503);
-    /// assert_eq!(answer.headers()["retry-after"], "3");
-    /// ```
+    /// The problem answering `error` as [`HttpStatusLayer::new`] does: for
+    /// a handler that maps its own errors
+    /// (`.map_err(|e| Problem::for_error(&e).response())?`). An idempotency
+    /// guard in front keeps the key; see [`not_run`].
     pub fn for_error(error: &(impl AsDynError + ?Sized)) -> Self {
         Problem::of(error.as_dyn_error(), &Settings::default())
     }

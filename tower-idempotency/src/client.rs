@@ -14,21 +14,12 @@ type Generate = Arc<dyn Fn() -> HeaderValue + Send + Sync>;
 /// Adds an `Idempotency-Key` to each request that has none, so that the
 /// server's [`IdempotencyGuard`](crate::IdempotencyGuard) recognises repeats.
 ///
-/// Put it **outside** the retry layer: the key is added once per logical
-/// call, and every retry of that call (the retry layer clones the request,
-/// headers included) carries the same key, so a retry of a POST that was in
-/// fact applied gets the stored response instead of applying it twice. Put it
-/// outside the dead-letter layer too, so a dead-lettered request keeps its key
-/// and an operator's replay is recognised as well:
-///
-/// ```text
-/// IdempotencyKey → DeadLetter → CircuitBreaker → Retry → Timeout → client
-/// ```
-///
-/// Only non-idempotent methods get a key by default (POST, PATCH, extension
-/// methods: what tower-classify's [`Idempotency`](tower_classify::http::Idempotency) calls non-idempotent); a
-/// key the caller set is kept. With a key, tower-classify's `Idempotency`
-/// policy also lets the retry layer retry the POST.
+/// Put it **outside** the retry and dead-letter layers, so every retry and
+/// an operator's replay of one logical call carry the same key. Only
+/// non-idempotent methods get a key by default; a key the caller set is
+/// kept. With a key, tower-classify's
+/// [`Idempotency`](tower_classify::http::Idempotency) policy lets the retry
+/// layer retry the POST.
 ///
 /// ```
 /// use http::Request;

@@ -17,19 +17,11 @@ pub(crate) type Guarded<ResB, E> =
 pin_project! {
     /// Response future of [`IdempotencyGuard`](crate::IdempotencyGuard).
     ///
-    /// A request the guard does not guard (no key, or an idempotent method)
-    /// is the inner service's future, unboxed. A guarded call has several
-    /// asynchronous steps (claim the key, then call the service, or compare
-    /// a repeat's body with the first request's) and the stores' futures are
-    /// not nameable (stores return `impl Future`), so they run in one boxed
-    /// future: one allocation next to the store I/O it drives. It resolves
-    /// as soon as the handler answers; the response body streams and records
-    /// the outcome when it ends.
-    ///
-    /// Dropping a guarded call's future after the service was called, or
-    /// its response body before the end, records the key as
-    /// [`NotKept::Cancelled`](crate::store::NotKept::Cancelled): the handler
-    /// may have run, so a repeat is refused, never run again.
+    /// An unguarded request's is the inner future, unboxed; a guarded
+    /// call's steps (claim, then call or compare) run in one boxed future,
+    /// as the stores' futures cannot be named. Dropped after the service was
+    /// called, it records the key as
+    /// [`NotKept::Cancelled`](crate::store::NotKept::Cancelled).
     pub struct ResponseFuture<F, ResB, E> {
         #[pin]
         kind: Kind<F, ResB, E>,

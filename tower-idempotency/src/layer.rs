@@ -16,14 +16,8 @@ use crate::service::{Config, IdempotencyGuard, ScopeFn};
 /// shorter ones (zero would let a repeat run again at once) are raised to it.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
-/// Defaults: the name `"default"`, a 24 h TTL for completed keys, a 5 min in-flight TTL (a claim
-/// whose node crashed lapses after it), responses up to 1 MiB stored, only
-/// non-idempotent methods guarded (POST, PATCH and extension methods), no client scope,
-/// transient answers stored like any other, keys freed for refusals proven
-/// to be made before the handler ran, [`HttpClassifier`] classifying
-/// answers.
-///
-/// Clones of the layer and the services it makes share the store.
+/// Each setting's default is on its method; [`HttpClassifier`] classifies
+/// answers. Clones of the layer and the services it make share the store.
 #[derive(Clone)]
 pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
     store: St,
@@ -48,9 +42,7 @@ impl<St> IdempotencyGuardLayer<St> {
 
 impl<St, C> IdempotencyGuardLayer<St, C> {
     /// The guard's name in metrics labels (`idempotency="…"`) and in its
-    /// events (default `"default"`). Name each guard whose series should
-    /// stay apart; names are labels, so keep them few and never derived
-    /// from requests.
+    /// events (default `"default"`); keep names few, never from requests.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.config.name = name.into();
         self
@@ -66,25 +58,16 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     }
 
     /// Lets an unfinished claim lapse after `ttl` (default 5 min), for a node
-    /// that crashed while holding it. While a request runs and until its
-    /// response body ends, the guard extends its claim every third of this
-    /// TTL, so a request or a response stream slower than the TTL keeps its
-    /// key; only a claim nobody extends lapses. A claim whose reply
-    /// was lost (the store timed out after taking it) also holds its key
-    /// until then, answering repeats with 409. Values below [`MIN_TTL`] are
-    /// raised to it.
+    /// that crashed while holding it; the guard extends a live claim every
+    /// third of it. Values below [`MIN_TTL`] are raised to it.
     pub fn in_flight_ttl(mut self, ttl: Duration) -> Self {
         self.config.in_flight_ttl = ttl.max(MIN_TTL);
         self
     }
 
     /// Stores responses whose body is at most `limit` bytes (default 1 MiB).
-    /// The body streams to the client as it comes while the guard keeps a
-    /// reference to each chunk; once it passes `limit` (or at once, when its
-    /// `Content-Length` says it will) the guard lets go of the chunks and
-    /// records the key as [not kept](crate::store::NotKept::TooLarge):
-    /// the response still reaches the client whole, and repeats get 409,
-    /// never a second run.
+    /// A larger one still streams to the client whole, and the key is
+    /// recorded as [not kept](crate::store::NotKept::TooLarge).
     pub fn response_body_limit(mut self, limit: usize) -> Self {
         self.config.response_body_limit = limit;
         self
@@ -97,42 +80,23 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
         self
     }
 
-    /// Frees the key when the handler answers with a transient failure (what
-    /// the classifier calls one: 5xx, 429, 408, or an error such as a lost
-    /// connection), so the client's retry runs the request again. Default
-    /// `false`: such answers are stored and replayed like any other.
+    /// Frees the key when the handler answers with a transient failure (5xx,
+    /// 429, 408, a lost connection), so the client's retry runs the request
+    /// again. Default `false`: such answers are stored and replayed.
     ///
-    /// **A risk**: a handler that failed *after* a side effect (the order
-    /// was written, then the reply failed) runs again on the retry. Turn it
-    /// on only for handlers whose transient failures happen before any side
-    /// effect, or that are idempotent themselves.
+    /// **A risk**: a handler that failed *after* a side effect runs again on
+    /// the retry. Turn it on only for handlers whose transient failures
+    /// happen before any side effect, or that are idempotent themselves.
     pub fn release_on_transient(mut self, yes: bool) -> Self {
         self.config.release_on_transient = yes;
         self
     }
 
     /// Frees the key when a layer between the guard and the handler refused
-    /// the request *before the handler ran*, and proves it (default
-    /// `true`): the client's retry then runs the request once the
-    /// dependency is back, instead of being answered the stored refusal for
-    /// the whole TTL.
-    ///
-    /// The proof is a [`RefusalToken`]: the guard hands each request down
-    /// with a fresh one in its extensions, and a refusing layer that never
-    /// passed the request on copies it into its refusal's
-    /// [`Failure`](tower_classify::Failure) (a tower-breaker answering HTTP
-    /// requests, `Http503` or `HttpError`, does). Only a failure carrying
-    /// the token of this very request frees the key. A refusal the handler
-    /// passes on from a dependency it called (a `CircuitOpen` returned with
-    /// `?`, that dependency's `503 CIRCUIT_OPEN`) answers a request the
-    /// handler built, which carries no token: the handler ran, and the key
-    /// is kept like any other answer's; a handler that refused before acting
-    /// answers with [`not_run`](tower_classify::status::not_run), which
-    /// copies the token for it. A refusal without the proof
-    /// (tower's `LoadShed`, a breaker with the `Plain` answer, which takes
-    /// any request type) keeps the key too. A handler that forwards the
-    /// guarded request itself, extensions included (a proxy), forwards the
-    /// token with it; see [`RefusalToken`] for what that means.
+    /// the request *before the handler ran* and proves it with this
+    /// request's [`RefusalToken`] (default `true`), so the client's retry
+    /// runs once the dependency is back. A refusal the handler passes on
+    /// from a dependency it called carries no token, and the key is kept.
     ///
     /// [`RefusalToken`]: tower_classify::RefusalToken
     pub fn release_on_shed(mut self, yes: bool) -> Self {
@@ -153,12 +117,8 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
         self
     }
 
-    /// Uses `classifier` to recognise outcomes: a failure carrying this
-    /// request's refusal token frees the key (see
-    /// [`release_on_shed`](Self::release_on_shed); a classifier that drops
-    /// the token frees none), and with
-    /// [`release_on_transient`](Self::release_on_transient) so does a
-    /// transient failure.
+    /// Uses `classifier` to recognise the refusals and transient failures
+    /// that free a key (a classifier that drops the refusal token frees none).
     pub fn classifier<C2>(self, classifier: C2) -> IdempotencyGuardLayer<St, C2> {
         IdempotencyGuardLayer {
             store: self.store,

@@ -29,16 +29,9 @@ pub use self::layer::{IdempotencyGuardLayer, MIN_TTL};
 pub use self::observability::describe_metrics;
 pub use self::rejection::Rejection;
 pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED};
-/// What an idempotency store fails with: the one store error of the whole
-/// family (from `tower-store-support`; `tower-poison`'s stores fail with it
-/// too).
-///
-/// The guard never turns it into an error of its own: a store that cannot
-/// claim a key makes the guard answer `503` with `Retry-After` (the request
-/// is not run unguarded), and one that cannot keep an outcome is logged. A
+/// What an idempotency store fails with (from `tower-store-support`). A
 /// memory store is [full](StoreErrorKind::Full) when every record left is a
 /// claim whose request is still running.
-///
 pub use tower_store_support::StoreError;
 pub use tower_store_support::StoreErrorKind;
 

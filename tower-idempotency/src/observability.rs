@@ -9,18 +9,12 @@ pub(crate) const NAME_LABEL: &str = "idempotency";
 /// `stored`, a refusal's code, …).
 pub(crate) const TOTAL: &str = "tower_idempotency_total";
 
-/// Completed records the memory store evicted to make room. Not labelled
-/// with a guard's name: a store may be shared by several guards, and the
-/// record it evicts may be another guard's than the one whose claim needed
-/// the room.
+/// Completed records the memory store evicted to make room; no guard name,
+/// as a store may be shared.
 pub(crate) const EVICTED_TOTAL: &str = "tower_idempotency_evicted_total";
 
-/// Registers the descriptions (kind, unit, meaning) of this crate's
-/// metrics with the installed `metrics` recorder.
-///
-/// Building a layer calls it, so an exporter installed before the layers
-/// are built describes every series; call it yourself after installing a
-/// recorder later. Repeating it is harmless.
+/// Describes this crate's metrics to the installed `metrics` recorder.
+/// Building a layer calls it; call it after installing a recorder later.
 pub fn describe_metrics() {
     metrics::describe_counter!(
         TOTAL,

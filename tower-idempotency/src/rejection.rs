@@ -1,10 +1,4 @@
-//! The guard's own answers: HTTP responses, not errors.
-//!
-//! An error from a server's service makes hyper close the connection without
-//! answering, so a client could not tell "repeat while in flight" from a
-//! network failure and would retry blindly. Each problem is a response with
-//! the status draft-ietf-httpapi-idempotency-key-header gives it and an
-//! RFC 9457 problem details body (`application/problem+json`) naming it.
+//! The guard's own answers: HTTP responses, not errors (see the crate docs).
 
 use std::time::Duration;
 
@@ -14,14 +8,10 @@ use tower_classify::status::Problem;
 
 use crate::store::NotKept;
 
-/// Why the guard answered a request itself. The answer is an RFC 9457
-/// problem (`application/problem+json`, built by tower-classify's
-/// [`Problem`](tower_classify::status::Problem)): `{"type", "title",
-/// "status", "detail", "code"}`, and `reason` for
-/// [`NotKept`](Rejection::NotKept). Its `type` is this enum's page: the
-/// statuses the idempotency draft gives these problems (409, 422) are shared
-/// with other problems. Each variant names its status and its stable `code`
-/// (also the metric label).
+/// Why the guard answered a request itself, with an RFC 9457 problem
+/// (`type`, `title`, `status`, `detail`, `code`, and `reason` for
+/// [`NotKept`](Rejection::NotKept)) whose `type` is this enum's page. Each
+/// variant names its status and its stable `code` (also the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -134,9 +124,7 @@ impl Rejection {
         }
     }
 
-    /// Whether retrying the same request later is the right move: `true`
-    /// for an outstanding request and for a store that is unavailable or
-    /// full, which answer with `Retry-After: 1`.
+    /// Whether retrying the same request later is the right move.
     pub(crate) const fn is_retryable(self) -> bool {
         matches!(
             self,
@@ -146,13 +134,6 @@ impl Rejection {
 
     /// The answer described on [`Rejection`], with `Retry-After: 1` where
     /// [retrying](Self::is_retryable) the same request is the right move.
-    ///
-    /// It is built by tower-classify's
-    /// [`Problem`](tower_classify::status::Problem), as every HTTP
-    /// error answer of the family is. Its `type` is this enum's page rather
-    /// than `about:blank`: the statuses the idempotency draft gives these
-    /// problems (409, 422) are shared with other problems, so the type says
-    /// which it is.
     pub(crate) fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut problem = Problem::new(self.status())
             .member(

@@ -1,10 +1,6 @@
-//! Store operations that finish even when their waiter goes away.
-//!
-//! The guard's service (a claim) and its response body (the outcome) both
-//! start store operations that must not be cut short: a claim taken but
-//! never seen would hold its key until the in-flight TTL, and an outcome
-//! not written would answer repeats with 409. So both live here, below the
-//! two, rather than in one of them.
+//! Store operations that finish even when their waiter goes away: a claim
+//! cut short would hold its key until the in-flight TTL, an outcome not
+//! written would answer repeats with 409.
 
 use std::future::Future;
 use std::pin::Pin;

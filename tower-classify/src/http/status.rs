@@ -37,16 +37,11 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// example, retries 429, 502, 503 and 504 but not 500.
 ///
 /// A response carrying a [`Failure`] in its extensions is classified as that
-/// failure, whatever its status. This is how a layer that answers on its own
-/// keeps its meaning for the layers around it: a breaker answering `Http503`
-/// answers an open circuit with `503` (so that a server still replies), and
-/// attaches a [`Shed`](FailureKind::Shed) failure so that a dead-letter layer
-/// or a client breaker outside it does not count it as a server error.
+/// failure, whatever its status (a breaker's `503` for an open circuit is
+/// [`Shed`](FailureKind::Shed)).
 ///
 /// Cloning is cheap: rules and a retryable set are shared through one `Arc`,
-/// and a classifier with neither (the default) is a few words copied without
-/// touching a reference count, so layers that clone it per call, or keep it
-/// in every response future, neither contend on one nor move much.
+/// and the default is a few words with no reference count.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -63,9 +58,7 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// ```
 #[derive(Clone, Default)]
 pub struct HttpClassifier {
-    /// `None` without rules or a retryable set: no shared count to bump on
-    /// every clone, and the 128-byte set is not copied into every future
-    /// that keeps a classifier.
+    /// `None` without rules or a retryable set: nothing to count on a clone.
     custom: Option<Arc<Custom>>,
     errors: ErrorChainClassifier,
 }
