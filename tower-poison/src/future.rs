@@ -243,7 +243,7 @@ where
             }
             (Outcome::Success | Outcome::Ignored, _) => {
                 return detach(Box::pin(async move {
-                    shared.succeeded(counted).await;
+                    shared.forget(counted).await;
                     Ok(())
                 }));
             }

@@ -346,7 +346,7 @@ where
             Verdict::Failed(failure) => failure,
             Verdict::NotStored => return result,
             Verdict::Succeeded => {
-                self.succeeded(counted).await;
+                self.forget(counted).await;
                 return result;
             }
         };
@@ -372,8 +372,9 @@ where
         self.on_failure(record, failure, result, counted).await
     }
 
-    /// A call succeeded: its message's count starts over.
-    pub(crate) async fn succeeded(&self, counted: Option<Counted>) {
+    /// Forgets a message's poison count (after a success, or once it was
+    /// disposed of): its count starts over.
+    pub(crate) async fn forget(&self, counted: Option<Counted>) {
         if let (Some(poison), Some(counted)) = (&self.poison, counted) {
             poison.forget(counted).await;
         }
@@ -435,9 +436,7 @@ where
         match self.dispose(entry, &id).await {
             Ok(()) => {
                 if self.action != Action::Fail {
-                    if let Some(poison) = &self.poison {
-                        poison.forget(counted).await;
-                    }
+                    self.forget(Some(counted)).await;
                 }
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
                 PoisonMessage::new(id, failures, self.action, stored).into()
@@ -586,11 +585,10 @@ where
 
     /// Applies the action to `entry`.
     async fn dispose(&self, entry: DeadLetterEntry, key: &str) -> Result<(), StoreError> {
-        let action = self.action;
-        let label = &*self.label;
+        let (action, label, kind) = (self.action, &*self.label, entry.kind.as_str());
         match action {
             Action::Dlq => {
-                let (id, kind, attempts) = (entry.id, entry.kind, entry.attempts);
+                let (id, attempts) = (entry.id, entry.attempts);
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let path = entry
@@ -599,8 +597,13 @@ where
                     .map(crate::redact::path_of)
                     .unwrap_or_default()
                     .to_owned();
-                let depth = match self.store.put_with_depth(entry).await {
-                    Ok(depth) => depth,
+                match self.store.put_with_depth(entry).await {
+                    Ok(Some(depth)) => metrics::gauge!(
+                        crate::observability::DLQ_DEPTH,
+                        "label" => label.to_owned()
+                    )
+                    .set(depth as f64),
+                    Ok(None) => {}
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(
                             crate::observability::STORE_FULL_TOTAL,
@@ -609,14 +612,14 @@ where
                         .increment(1);
                         if let Some(held_back) = full_warning_limit(label).check() {
                             tracing::warn!(
-                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                entry_id = %id, label, kind, error = %error,
                                 since_last_warning = held_back,
                                 "dead-letter store is full: failing the call instead of keeping it \
                                  (logged once per 10 s per label; every refusal at debug)"
                             );
                         } else {
                             tracing::debug!(
-                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                entry_id = %id, label, kind, error = %error,
                                 "dead-letter store is full: failing the call instead of keeping it"
                             );
                         }
@@ -624,67 +627,35 @@ where
                     }
                     Err(error) => {
                         tracing::error!(
-                            entry_id = %id, label, kind = kind.as_str(), error = %error,
+                            entry_id = %id, label, kind, error = %error,
                             "dead-letter store failed to keep a failed call"
                         );
                         return Err(error);
                     }
-                };
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                if let Some(depth) = depth {
-                    metrics::gauge!(crate::observability::DLQ_DEPTH, "label" => label.to_owned())
-                        .set(depth as f64);
                 }
                 tracing::warn!(
-                    entry_id = %id, label, kind = kind.as_str(), attempts, path,
+                    entry_id = %id, label, kind, attempts, path,
                     "dead-lettered a failed call"
                 );
             }
-            Action::Drop => {
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => entry.kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                if self.drops.first_time(key) {
-                    tracing::warn!(
-                        label,
-                        key,
-                        kind = entry.kind.as_str(),
-                        "dropped a failed call (logged once per key)"
-                    );
-                } else {
-                    tracing::debug!(
-                        label,
-                        key,
-                        kind = entry.kind.as_str(),
-                        "dropped a failed call"
-                    );
-                }
-            }
-            Action::Fail => {
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => entry.kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                tracing::debug!(
+            Action::Drop if self.drops.first_time(key) => {
+                tracing::warn!(
                     label,
-                    kind = entry.kind.as_str(),
-                    "failed call propagated, not stored"
+                    key,
+                    kind,
+                    "dropped a failed call (logged once per key)"
                 );
             }
+            Action::Drop => tracing::debug!(label, key, kind, "dropped a failed call"),
+            Action::Fail => tracing::debug!(label, kind, "failed call propagated, not stored"),
         }
+        metrics::counter!(
+            crate::observability::DEAD_LETTERED_TOTAL,
+            "action" => action.as_str(),
+            "kind" => kind,
+            "label" => label.to_owned()
+        )
+        .increment(1);
         Ok(())
     }
 }
