@@ -315,54 +315,21 @@ pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 /// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them); a
 /// [`Replayer`](crate::replay::Replayer) takes it to
 /// [describe](crate::replay::Replayer::describe) HTTP responses.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct HttpCapture {
-    body_limit: usize,
-    message_id_header: Option<HeaderName>,
-    delivery_count: Option<DeliveryCount>,
+    // Set by the layer's builder methods of the same names.
+    pub(crate) body_limit: usize,
+    pub(crate) message_id_header: Option<HeaderName>,
+    pub(crate) delivery_count: Option<DeliveryCount>,
 }
 
 impl Default for HttpCapture {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl HttpCapture {
-    pub(crate) const fn new() -> Self {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
             message_id_header: None,
             delivery_count: None,
         }
-    }
-
-    /// Records (and so keeps and replays) at most `limit` bytes of each body.
-    pub(crate) const fn body_limit(mut self, limit: usize) -> Self {
-        self.body_limit = limit;
-        self
-    }
-
-    /// Reads the message id for poison detection from header `name`.
-    pub(crate) fn message_id_header(mut self, name: HeaderName) -> Self {
-        self.message_id_header = Some(name);
-        self
-    }
-
-    /// Reads the queue's delivery count with `reader`.
-    pub(crate) fn delivery_count(mut self, reader: DeliveryCount) -> Self {
-        self.delivery_count = Some(reader);
-        self
-    }
-}
-
-impl fmt::Debug for HttpCapture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpCapture")
-            .field("body_limit", &self.body_limit)
-            .field("message_id_header", &self.message_id_header)
-            .field("delivery_count", &self.delivery_count)
-            .finish()
     }
 }
 

@@ -90,7 +90,7 @@ impl<St> DeadLetterLayer<St> {
             shared: Shared {
                 store,
                 classifier: HttpClassifier::new(),
-                capture: HttpCapture::new(),
+                capture: HttpCapture::default(),
                 label: Arc::from("default"),
                 action: Action::Dlq,
                 redactor: Redactor::default(),
@@ -117,7 +117,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// Keeps at most `limit` bytes of each request body (default 64 KiB):
     /// see [`HttpCapture`] for what happens to a larger one.
     pub fn body_limit(mut self, limit: usize) -> Self {
-        self.shared.capture = self.shared.capture.body_limit(limit);
+        self.shared.capture.body_limit = limit;
         self
     }
 
@@ -129,7 +129,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// push another message's count towards the limit, or reset it with a
     /// success.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
-        self.shared.capture = self.shared.capture.message_id_header(name);
+        self.shared.capture.message_id_header = Some(name);
         self
     }
 
@@ -139,7 +139,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// [`DeliveryAttempt`](crate::DeliveryAttempt) extension is read with or
     /// without a reader.
     pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
-        self.shared.capture = self.shared.capture.delivery_count(reader);
+        self.shared.capture.delivery_count = Some(reader);
         self
     }
 }
