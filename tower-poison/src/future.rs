@@ -157,13 +157,8 @@ where
                             Err(_) => shared.classifier.classify(result.as_ref()),
                         },
                     };
-                    match shared.verdict(outcome) {
-                        Verdict::Succeeded if !shared.forgets(&counted) => {
-                            return Poll::Ready(
-                                result.map(|res| shared.capture.hand_back(res, None)),
-                            )
-                        }
-                        Verdict::NotStored => {
+                    match shared.verdict(outcome, &counted) {
+                        Verdict::HandBack => {
                             return Poll::Ready(
                                 result.map(|res| shared.capture.hand_back(res, None)),
                             )
@@ -224,10 +219,19 @@ where
             attempts,
             ..
         } = *self;
-        let failure = match (outcome, end) {
-            // The caller went away: nothing is known of the call.
-            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
+        let failure = match (end, shared.verdict(outcome, &counted)) {
+            // The caller went away (nothing is known of the call), or there
+            // is nothing to do.
+            (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
+                return Box::pin(std::future::ready(Ok(())))
+            }
+            (_, Verdict::Succeeded) => {
+                return detach(Box::pin(async move {
+                    shared.forget(counted).await;
+                    Ok(())
+                }));
+            }
+            (_, Verdict::Failed(failure)) => Failed {
                 kind: failure.kind,
                 refusal: Failed::refusal(failure),
                 error: describe(end),
@@ -235,18 +239,6 @@ where
                 responded: !matches!(end, StreamEnd::Error(_)),
                 status: None,
             },
-            // Not stored, as a head's failure of that kind: its delivery
-            // stays counted, as it did not succeed.
-            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
-                return Box::pin(std::future::ready(Ok(())));
-            }
-            (Outcome::Success | Outcome::Ignored, _) => {
-                return detach(Box::pin(async move {
-                    shared.forget(counted).await;
-                    Ok(())
-                }));
-            }
         };
         detach(Box::pin(async move {
             let record = pending.finish(BODY_WAIT, attempts).await;

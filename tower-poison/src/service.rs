@@ -296,32 +296,29 @@ where
 
 /// What a call's result asks of the layer, as its classifier says.
 pub(crate) enum Verdict {
-    /// A success (or an outcome to ignore): forget its poison count, if it
-    /// has one, and hand it back.
+    /// Nothing: hand the result back as it is. A success with no poison
+    /// count to forget, or a failure of a kind this layer does not store
+    /// (its delivery stays counted, as it did not succeed).
+    HandBack,
+    /// A success (or an outcome to ignore) whose poison count is forgotten,
+    /// which may await a count store.
     Succeeded,
-    /// A failure of a kind this layer does not store: hand it back as it
-    /// is; its delivery stays counted, as it did not succeed.
-    NotStored,
     /// A failure to dispose of.
     Failed(Failure),
 }
 
 impl<St, C, Cap> Shared<St, C, Cap> {
-    /// What a call's `outcome` asks of the layer.
-    pub(crate) fn verdict(&self, outcome: Outcome) -> Verdict {
+    /// What a call's `outcome` asks of the layer, the call `counted` as it is.
+    pub(crate) fn verdict(&self, outcome: Outcome, counted: &Option<Counted>) -> Verdict {
         match outcome {
             Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
                 Verdict::Failed(failure)
             }
-            Outcome::Failure(_) => Verdict::NotStored,
-            Outcome::Success | Outcome::Ignored => Verdict::Succeeded,
+            Outcome::Success | Outcome::Ignored if self.poison.is_some() && counted.is_some() => {
+                Verdict::Succeeded
+            }
+            _ => Verdict::HandBack,
         }
-    }
-
-    /// `true` when a success has a poison count to forget (which may await
-    /// a count store).
-    pub(crate) fn forgets(&self, counted: &Option<Counted>) -> bool {
-        self.poison.is_some() && counted.is_some()
     }
 }
 
@@ -344,7 +341,7 @@ where
     {
         let classified = match verdict {
             Verdict::Failed(failure) => failure,
-            Verdict::NotStored => return result,
+            Verdict::HandBack => return result,
             Verdict::Succeeded => {
                 self.forget(counted).await;
                 return result;
