@@ -198,13 +198,8 @@ pub struct StoredHeader {
     pub value: String,
 }
 
-/// A failed call as a dead-letter store keeps it.
-///
-/// Headers are redacted before an entry is built (see
-/// [`Redactor`](crate::Redactor)); the body is kept whole when it is within
-/// the layer's body limit, and not at all when it is larger
-/// ([`body_truncated`](Self::body_truncated) set, its length in
-/// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
+/// A failed call as a dead-letter store keeps it, redacted by the
+/// [`Redactor`](crate::Redactor).
 ///
 /// The stores keep an entry as its JSON encoding (`serde_json` of this
 /// type, whose `Serialize` and `Deserialize` are the stored form), and
@@ -301,13 +296,9 @@ fn is_zero(count: &u64) -> bool {
 /// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
 pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 
-/// The most error-chain levels an entry's [`error`](DeadLetterEntry::error)
-/// or a [`ReplayRecord`] keeps.
+/// The bounds of an entry's [`error`](DeadLetterEntry::error) (and a
+/// [`ReplayRecord`]'s): levels of the chain, bytes of each message.
 pub(crate) const ERROR_LEVELS: usize = 8;
-
-/// The most bytes of one error message an entry or a [`ReplayRecord`] keeps
-/// (cut at a character boundary, `…` appended): an upstream error that
-/// quotes a whole response body must not fill the store.
 pub(crate) const ERROR_BYTES: usize = 512;
 
 /// What a failed replay's answer says about the idempotency key of the next

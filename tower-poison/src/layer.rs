@@ -174,19 +174,9 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// that one kind from the [`store_kinds`](Self::store_kinds) set, so
     /// call it after `store_kinds` or [`for_server`](DeadLetterLayer::for_server).
     ///
-    /// Why not stored by default: a refusal is not a failure of the
-    /// dependency, nothing in the entry would tell an operator more than the
-    /// breaker's own metrics do, and an outage refuses every call, so a
-    /// bounded store would fill with them and every call after that would
-    /// fail with `StoreFull` instead of its refusal. Nothing is lost by
-    /// passing one through: the caller gets the refusal itself (the
-    /// `CircuitOpen` error, or the breaker's `503` with its wait), never a
-    /// success, so it still holds the request. A queue consumer leaves such
-    /// a message unacknowledged and lets the queue redeliver it after the
-    /// wait. Store them when the caller cannot retry (fire-and-forget
-    /// calls), and replay them once the dependency is back; a full store
-    /// then answers with a [`StoreFull`](crate::StoreFull) that keeps the
-    /// refusal's classification and wait.
+    /// The crate docs say why they are not stored by default; store them
+    /// when the caller cannot retry (fire-and-forget calls), and replay
+    /// them once the dependency is back.
     pub fn store_refusals(mut self, yes: bool) -> Self {
         self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
         self

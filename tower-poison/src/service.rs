@@ -23,48 +23,18 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
 /// Writes calls that finally failed to a dead-letter store.
 ///
-/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer); see the crate docs
-/// for what it does on each outcome.
+/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The crate docs say
+/// what it does on each outcome and which errors it adds: its error type is
+/// [`BoxError`], and the inner service's error comes back in it unchanged
+/// (never wrapped), so `downcast_ref::<YourError>()` still finds it. An HTTP
+/// request's body streams to the inner service as a
+/// [`ReplayBody`](http_body_replay::ReplayBody) (see
+/// [`HttpCapture`](crate::HttpCapture)), the response's in a
+/// [`SettleBody`](tower_classify::SettleBody) that settles a call the
+/// classifier left open at the head ([`OpenCall`](crate::OpenCall)).
 ///
-/// # Errors
-///
-/// The service's error type is [`BoxError`], as for tower's own middleware.
-/// The inner service's error is returned *unchanged* inside it (never
-/// wrapped), so `downcast_ref::<YourError>()` and error-chain classifiers see
-/// exactly what the inner service returned. The layer adds two errors of its
-/// own: [`StoreFailed`](crate::StoreFailed) when an entry could not be
-/// written (the call fails rather than lose the entry),
-/// [`StoreFull`](crate::StoreFull) when the store refused it for being at its
-/// limits, and [`PoisonMessage`] when poison detection diverted a message.
-///
-/// # Bodies
-///
-/// Nothing is read before the inner service is called: it receives the
-/// request at once, its body streaming as a
-/// [`ReplayBody`](http_body_replay::ReplayBody) that records it on the way
-/// (see [`HttpCapture`](crate::HttpCapture)). The recording is read only when
-/// the call failed.
-///
-/// An HTTP response comes back with its body in a
-/// [`SettleBody`](tower_classify::SettleBody). When the head settles the
-/// call (every HTTP status, a gRPC trailers-only answer) the body passes
-/// through untouched; when the classifier leaves the call open (a gRPC
-/// `200` whose status comes in the trailers, see
-/// [`Classify::classify_head`]) the body settles it where it ends, as
-/// [`OpenCall`](crate::OpenCall) describes. gRPC is a matter of the
-/// classifier: pass a [`GrpcClassifier`](tower_classify::GrpcClassifier), or
-/// one built around it, and it judges the trailers.
-///
-/// # `S: Clone`
-///
-/// The inner service must be `Clone` (and `Send + 'static`, the request
-/// `Send`), as for tower's `Retry`. With a poison count store that has to be waited for, a call
-/// takes the inner service it was made ready for along, leaves a clone in
-/// its place, and calls the taken one only once the count decided, so a
-/// diverted message never reaches the inner `call` (see
-/// [`PoisonPolicy`](crate::PoisonPolicy)). When the decision is known at
-/// once (no poison detection, counts in memory or from the request) nothing
-/// is cloned. A service that is not `Clone` goes behind tower's `Buffer`.
+/// The inner service must be `Clone + Send + 'static`:
+/// [`PoisonPolicy`](crate::PoisonPolicy) says why.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
