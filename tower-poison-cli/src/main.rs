@@ -369,9 +369,9 @@ async fn show(
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&entry_json(&e))?);
-        return Ok(ExitCode::SUCCESS);
+    } else {
+        print_entry(&e, now);
     }
-    print_entry(&e, now);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -683,14 +683,12 @@ async fn all_ids(
 fn entry_json(entry: &DeadLetterEntry) -> Value {
     let mut value = serde_json::to_value(entry).expect("a dead-letter entry serializes");
     if let Some(fields) = value.as_object_mut() {
-        fields.insert(
-            "first_failed_at_rfc3339".into(),
-            rfc3339(entry.first_failed_at).into(),
-        );
-        fields.insert(
-            "last_failed_at_rfc3339".into(),
-            rfc3339(entry.last_failed_at).into(),
-        );
+        for (name, time) in [
+            ("first_failed_at_rfc3339", entry.first_failed_at),
+            ("last_failed_at_rfc3339", entry.last_failed_at),
+        ] {
+            fields.insert(name.into(), rfc3339(time).into());
+        }
         if let Some(Value::Array(records)) = fields.get_mut("replays") {
             for (record, replay) in records.iter_mut().zip(&entry.replays) {
                 if let Some(record) = record.as_object_mut() {
