@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tower_classify::ConfigError;
 
-use super::{epoch_millis, from_epoch_millis, DeliveryTally, FailureCountStore, MessageKey};
-use crate::store::StoreError;
+use super::{DeliveryTally, FailureCountStore, MessageKey};
+use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 
 /// Counts by message key: (deliveries, first delivery in ms since the epoch,
 /// sequence number in `ORDER`).
@@ -152,7 +152,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
                     Some((seq, _)) => seq.value().saturating_add(1),
                     None => 0,
                 };
-                let first = epoch_millis(now);
+                let first = millis_since_epoch(now);
                 counts.insert(key, (1, first, seq)).map_err(backend)?;
                 order.insert(seq, key).map_err(backend)?;
                 (1, first)
@@ -162,7 +162,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
     txn.commit().map_err(backend)?;
     Ok(DeliveryTally {
         deliveries,
-        first_delivered_at: from_epoch_millis(first),
+        first_delivered_at: time_from_millis(first),
     })
 }
 
