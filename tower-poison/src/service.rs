@@ -73,11 +73,8 @@ impl StoredKinds {
 
     /// The same set with `kind` in it (`yes`) or not.
     pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
-        if yes {
-            StoredKinds(self.0 | Self::bit(kind))
-        } else {
-            StoredKinds(self.0 & !Self::bit(kind))
-        }
+        let bit = Self::bit(kind);
+        StoredKinds(if yes { self.0 | bit } else { self.0 & !bit })
     }
 
     fn bit(kind: FailureKind) -> u16 {
