@@ -497,12 +497,7 @@ impl Service<Request<Full<Bytes>>> for ReplayClient {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let call = self.client.request(request);
         let timeout = self.timeout;
-        Box::pin(async move {
-            match tokio::time::timeout(timeout, call).await {
-                Ok(result) => result.map_err(Into::into),
-                Err(elapsed) => Err(elapsed.into()),
-            }
-        })
+        Box::pin(async move { Ok(tokio::time::timeout(timeout, call).await??) })
     }
 }
 
