@@ -300,20 +300,15 @@ pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 ///   captured and how many bytes were read
 ///   ([`body_len`](RequestRecord::body_len)), and the call is never held up.
 ///
-/// A retry layer below replays the same `ReplayBody` (it needs no
-/// `ReplayBodyLayer` of its own), so a request's bytes are held once
-/// whatever the number of attempts.
+/// The inner service sees `Request<ReplayBody<B>>` (a retry layer below
+/// replays it, and needs no `ReplayBodyLayer` of its own). axum's `Router`
+/// and tower-http services accept any body; a client with a fixed body type
+/// can box it (`http_body_util::combinators::UnsyncBoxBody`).
 ///
-/// The inner service therefore sees `Request<ReplayBody<B>>`. axum's
-/// `Router` and tower-http services accept any body; a client with a fixed
-/// body type can box it (`http_body_util::combinators::UnsyncBoxBody`).
-///
-/// `HttpCapture::default()` captures with a body limit of 64 KiB, no message
-/// id and no delivery count (the layer's
-/// [`body_limit`](crate::DeadLetterLayer::body_limit),
-/// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
-/// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them); a
-/// [`Replayer`](crate::replay::Replayer) takes it to
+/// `HttpCapture::default()` reads no message id and no delivery count (the
+/// layer's [`message_id_header`](crate::DeadLetterLayer::message_id_header)
+/// and [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them);
+/// a [`Replayer`](crate::replay::Replayer) takes it to
 /// [describe](crate::replay::Replayer::describe) HTTP responses.
 #[derive(Debug, Clone)]
 pub struct HttpCapture {
