@@ -9,10 +9,9 @@ use std::task::{ready, Context, Poll};
 
 use http::HeaderMap;
 use pin_project_lite::pin_project;
-use tower_classify::attempts::TallyScope;
 use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, StreamEnd};
 
-use crate::attempts::{Attempts, Tallied};
+use crate::attempts::{tallied, Attempts, Tallied};
 use crate::capture::{BodyRecording, DescribeResponse, PendingRecord, BODY_WAIT};
 use crate::entry::error_chain;
 use crate::open::{detach, OpenCall, SettleAtEnd, Write};
@@ -83,10 +82,9 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
         pending: PendingRecord<R>,
         counted: Option<Counted>,
     ) -> Self {
-        let scope = TallyScope::calling(Default::default());
         ResponseFuture {
             state: State::Calling {
-                call: Tallied::in_scope(call(), scope),
+                call: tallied!(call()),
                 shared,
                 pending: Some(pending),
                 counted,
