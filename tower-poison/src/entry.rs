@@ -306,13 +306,11 @@ pub(crate) const ERROR_BYTES: usize = 512;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub(crate) enum ReplayAnswer {
-    /// The server answered with a server error of its own (a 5xx other than
-    /// 502 and 504), which an idempotency guard may keep under the key: the
-    /// next replay needs a new key to be run at all.
+    /// A server error of the server's own: the key moves on (see
+    /// [`DeadLetterEntry::replay_server_errors`]).
     ServerError,
-    /// No answer from the server itself: a timeout, a lost connection, a
-    /// gateway's 502 or 504. The request may have been applied, so the next
-    /// replay must carry the same key.
+    /// No answer from the server itself: the key is pinned (see
+    /// [`DeadLetterEntry::replay_key_pinned`]).
     Unknown,
     /// Any other answer: a client error, an `in use` conflict, a call
     /// refused before it was sent.
