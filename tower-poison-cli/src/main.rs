@@ -263,13 +263,13 @@ async fn list(
     json: bool,
     now: SystemTime,
 ) -> Result<ExitCode, Failure> {
-    let mut query = ListQuery {
+    let query = ListQuery {
         limit: args.limit,
+        after: args.after,
+        kind: args.kind,
+        label: args.label,
         ..ListQuery::default()
     };
-    query.after = args.after;
-    query.kind = args.kind;
-    query.label = args.label;
     let page = store.list(query).await?;
     if json {
         let entries: Vec<Value> = page.entries.iter().map(entry_json).collect();
@@ -369,9 +369,9 @@ async fn show(
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&entry_json(&e))?);
-        return Ok(ExitCode::SUCCESS);
+    } else {
+        print_entry(&e, now);
     }
-    print_entry(&e, now);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -465,23 +465,15 @@ async fn stats(
         "oldest age",
         stats.oldest_age.map_or("-".to_owned(), age)
     );
-    let rows: Vec<Vec<String>> = stats
-        .by_kind
-        .iter()
-        .map(|(kind, count)| vec![kind.clone(), count.to_string()])
-        .collect();
-    if !rows.is_empty() {
-        println!();
-        print_table(&["KIND", "ENTRIES"], &rows);
-    }
-    let rows: Vec<Vec<String>> = stats
-        .by_label
-        .iter()
-        .map(|(label, count)| vec![label.clone(), count.to_string()])
-        .collect();
-    if !rows.is_empty() {
-        println!();
-        print_table(&["LABEL", "ENTRIES"], &rows);
+    for (header, counts) in [("KIND", &stats.by_kind), ("LABEL", &stats.by_label)] {
+        if !counts.is_empty() {
+            let rows: Vec<Vec<String>> = counts
+                .iter()
+                .map(|(name, count)| vec![name.clone(), count.to_string()])
+                .collect();
+            println!();
+            print_table(&[header, "ENTRIES"], &rows);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -505,12 +497,7 @@ impl Service<Request<Full<Bytes>>> for ReplayClient {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let call = self.client.request(request);
         let timeout = self.timeout;
-        Box::pin(async move {
-            match tokio::time::timeout(timeout, call).await {
-                Ok(result) => result.map_err(Into::into),
-                Err(elapsed) => Err(elapsed.into()),
-            }
-        })
+        Box::pin(async move { Ok(tokio::time::timeout(timeout, call).await??) })
     }
 }
 
@@ -540,22 +527,12 @@ async fn replay_command(
     let ids = match args.id {
         Some(id) => vec![resolve(store, id).await?],
         None => {
-            let mut ids = Vec::new();
-            let mut query = ListQuery {
-                limit: 1000,
+            let query = ListQuery {
+                kind: args.kind,
+                label: args.label.clone(),
                 ..ListQuery::default()
             };
-            query.kind = args.kind;
-            query.label = args.label.clone();
-            loop {
-                let page = store.list(query.clone()).await?;
-                ids.extend(page.entries.iter().map(|e| e.id));
-                match page.next {
-                    Some(next) => query.after = Some(next),
-                    None => break,
-                }
-            }
-            ids
+            all_ids(store, query).await?
         }
     };
     let mut client = ReplayClient {
@@ -579,31 +556,20 @@ async fn replay_command(
             })
             .await;
         let (status, detail) = match result {
-            Ok(ReplayOutcome::Delivered) => {
-                delivered += 1;
-                ("delivered", json!({}))
-            }
+            Ok(ReplayOutcome::Delivered) => ("delivered", json!({})),
             Ok(ReplayOutcome::Failed {
                 attempts,
                 kind,
                 error,
-            }) => {
-                failed += 1;
-                (
-                    "failed",
-                    json!({"attempts": attempts, "kind": kind.as_str(), "error": error}),
-                )
-            }
+            }) => (
+                "failed",
+                json!({"attempts": attempts, "kind": kind.as_str(), "error": error}),
+            ),
             Ok(ReplayOutcome::Gone { kind, error }) => {
-                failed += 1;
                 ("gone", json!({"kind": kind.as_str(), "error": error}))
             }
-            Ok(ReplayOutcome::NotFound) => {
-                failed += 1;
-                ("not_found", json!({}))
-            }
+            Ok(ReplayOutcome::NotFound) => ("not_found", json!({})),
             Ok(ReplayOutcome::InProgress { until }) => {
-                failed += 1;
                 let shown = httpdate::fmt_http_date(until);
                 (
                     "in_progress",
@@ -615,17 +581,18 @@ async fn replay_command(
                 )
             }
             Err(error) => {
-                failed += 1;
                 let text = tower_poison::error_chain(&error).join(": ");
                 ("error", json!({ "error": text }))
             }
             // An outcome this CLI does not know (a newer library): not a
             // delivery, so counted as a failure.
-            Ok(other) => {
-                failed += 1;
-                ("unknown", json!({ "error": format!("{other:?}") }))
-            }
+            Ok(other) => ("unknown", json!({ "error": format!("{other:?}") })),
         };
+        if status == "delivered" {
+            delivered += 1;
+        } else {
+            failed += 1;
+        }
         if !json {
             let extra = match (detail.get("error"), detail.get("attempts")) {
                 (Some(error), Some(attempts)) => {
@@ -669,21 +636,11 @@ async fn purge(
     let (count, done) = if yes {
         (store.purge(filter).await?, true)
     } else {
-        let mut matching = 0u64;
-        let mut query = ListQuery {
-            limit: 1000,
+        let query = ListQuery {
+            failed_before: filter.failed_before,
             ..ListQuery::default()
         };
-        query.failed_before = filter.failed_before;
-        loop {
-            let page = store.list(query.clone()).await?;
-            matching += page.entries.len() as u64;
-            match page.next {
-                Some(next) => query.after = Some(next),
-                None => break,
-            }
-        }
-        (matching, false)
+        (all_ids(store, query).await?.len() as u64, false)
     };
     if json {
         let out =
@@ -697,6 +654,23 @@ async fn purge(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The ids of every entry `query` matches, read a page of 1000 at a time.
+async fn all_ids(
+    store: &impl DeadLetterStore,
+    mut query: ListQuery,
+) -> Result<Vec<EntryId>, Failure> {
+    query.limit = 1000;
+    let mut ids = Vec::new();
+    loop {
+        let page = store.list(query.clone()).await?;
+        ids.extend(page.entries.iter().map(|e| e.id));
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return Ok(ids),
+        }
+    }
+}
+
 /// `entry` as `--json` prints it: the stored form (times in milliseconds
 /// since the Unix epoch, as the stores keep them), plus each time again in
 /// RFC 3339 (`first_failed_at_rfc3339`, `last_failed_at_rfc3339`, and
@@ -704,14 +678,12 @@ async fn purge(
 fn entry_json(entry: &DeadLetterEntry) -> Value {
     let mut value = serde_json::to_value(entry).expect("a dead-letter entry serializes");
     if let Some(fields) = value.as_object_mut() {
-        fields.insert(
-            "first_failed_at_rfc3339".into(),
-            rfc3339(entry.first_failed_at).into(),
-        );
-        fields.insert(
-            "last_failed_at_rfc3339".into(),
-            rfc3339(entry.last_failed_at).into(),
-        );
+        for (name, time) in [
+            ("first_failed_at_rfc3339", entry.first_failed_at),
+            ("last_failed_at_rfc3339", entry.last_failed_at),
+        ] {
+            fields.insert(name.into(), rfc3339(time).into());
+        }
         if let Some(Value::Array(records)) = fields.get_mut("replays") {
             for (record, replay) in records.iter_mut().zip(&entry.replays) {
                 if let Some(record) = record.as_object_mut() {

@@ -300,69 +300,31 @@ pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 ///   captured and how many bytes were read
 ///   ([`body_len`](RequestRecord::body_len)), and the call is never held up.
 ///
-/// A retry layer below replays the same `ReplayBody` (it needs no
-/// `ReplayBodyLayer` of its own), so a request's bytes are held once
-/// whatever the number of attempts.
+/// The inner service sees `Request<ReplayBody<B>>` (a retry layer below
+/// replays it, and needs no `ReplayBodyLayer` of its own). axum's `Router`
+/// and tower-http services accept any body; a client with a fixed body type
+/// can box it (`http_body_util::combinators::UnsyncBoxBody`).
 ///
-/// The inner service therefore sees `Request<ReplayBody<B>>`. axum's
-/// `Router` and tower-http services accept any body; a client with a fixed
-/// body type can box it (`http_body_util::combinators::UnsyncBoxBody`).
-///
-/// `HttpCapture::default()` captures with a body limit of 64 KiB, no message
-/// id and no delivery count (the layer's
-/// [`body_limit`](crate::DeadLetterLayer::body_limit),
-/// [`message_id_header`](crate::DeadLetterLayer::message_id_header) and
-/// [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them); a
-/// [`Replayer`](crate::replay::Replayer) takes it to
+/// `HttpCapture::default()` reads no message id and no delivery count (the
+/// layer's [`message_id_header`](crate::DeadLetterLayer::message_id_header)
+/// and [`delivery_count`](crate::DeadLetterLayer::delivery_count) set them);
+/// a [`Replayer`](crate::replay::Replayer) takes it to
 /// [describe](crate::replay::Replayer::describe) HTTP responses.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct HttpCapture {
-    body_limit: usize,
-    message_id_header: Option<HeaderName>,
-    delivery_count: Option<DeliveryCount>,
+    // Set by the layer's builder methods of the same names.
+    pub(crate) body_limit: usize,
+    pub(crate) message_id_header: Option<HeaderName>,
+    pub(crate) delivery_count: Option<DeliveryCount>,
 }
 
 impl Default for HttpCapture {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl HttpCapture {
-    pub(crate) const fn new() -> Self {
         HttpCapture {
             body_limit: DEFAULT_BODY_LIMIT,
             message_id_header: None,
             delivery_count: None,
         }
-    }
-
-    /// Records (and so keeps and replays) at most `limit` bytes of each body.
-    pub(crate) const fn body_limit(mut self, limit: usize) -> Self {
-        self.body_limit = limit;
-        self
-    }
-
-    /// Reads the message id for poison detection from header `name`.
-    pub(crate) fn message_id_header(mut self, name: HeaderName) -> Self {
-        self.message_id_header = Some(name);
-        self
-    }
-
-    /// Reads the queue's delivery count with `reader`.
-    pub(crate) fn delivery_count(mut self, reader: DeliveryCount) -> Self {
-        self.delivery_count = Some(reader);
-        self
-    }
-}
-
-impl fmt::Debug for HttpCapture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpCapture")
-            .field("body_limit", &self.body_limit)
-            .field("message_id_header", &self.message_id_header)
-            .field("delivery_count", &self.delivery_count)
-            .finish()
     }
 }
 

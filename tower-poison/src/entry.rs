@@ -147,18 +147,16 @@ impl FromStr for EntryIdPrefix {
     type Err = ParseEntryIdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let error = || ParseEntryIdError {
+            input: s.to_owned(),
+            prefix: true,
+        };
         if s.is_empty() || s.len() > 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ParseEntryIdError {
-                input: s.to_owned(),
-                prefix: true,
-            });
+            return Err(error());
         }
         let digits = s.len() as u32;
         // At most 32 hex digits: always fits.
-        let value = u128::from_str_radix(s, 16).map_err(|_| ParseEntryIdError {
-            input: s.to_owned(),
-            prefix: true,
-        })?;
+        let value = u128::from_str_radix(s, 16).map_err(|_| error())?;
         let low = if digits == 32 {
             value
         } else {
@@ -200,13 +198,8 @@ pub struct StoredHeader {
     pub value: String,
 }
 
-/// A failed call as a dead-letter store keeps it.
-///
-/// Headers are redacted before an entry is built (see
-/// [`Redactor`](crate::Redactor)); the body is kept whole when it is within
-/// the layer's body limit, and not at all when it is larger
-/// ([`body_truncated`](Self::body_truncated) set, its length in
-/// [`body_len`](Self::body_len)). A truncated entry cannot be replayed.
+/// A failed call as a dead-letter store keeps it, redacted by the
+/// [`Redactor`](crate::Redactor).
 ///
 /// The stores keep an entry as its JSON encoding (`serde_json` of this
 /// type, whose `Serialize` and `Deserialize` are the stored form), and
@@ -303,13 +296,9 @@ fn is_zero(count: &u64) -> bool {
 /// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
 pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 
-/// The most error-chain levels an entry's [`error`](DeadLetterEntry::error)
-/// or a [`ReplayRecord`] keeps.
+/// The bounds of an entry's [`error`](DeadLetterEntry::error) (and a
+/// [`ReplayRecord`]'s): levels of the chain, bytes of each message.
 pub(crate) const ERROR_LEVELS: usize = 8;
-
-/// The most bytes of one error message an entry or a [`ReplayRecord`] keeps
-/// (cut at a character boundary, `…` appended): an upstream error that
-/// quotes a whole response body must not fill the store.
 pub(crate) const ERROR_BYTES: usize = 512;
 
 /// What a failed replay's answer says about the idempotency key of the next
@@ -317,13 +306,11 @@ pub(crate) const ERROR_BYTES: usize = 512;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub(crate) enum ReplayAnswer {
-    /// The server answered with a server error of its own (a 5xx other than
-    /// 502 and 504), which an idempotency guard may keep under the key: the
-    /// next replay needs a new key to be run at all.
+    /// A server error of the server's own: the key moves on (see
+    /// [`DeadLetterEntry::replay_server_errors`]).
     ServerError,
-    /// No answer from the server itself: a timeout, a lost connection, a
-    /// gateway's 502 or 504. The request may have been applied, so the next
-    /// replay must carry the same key.
+    /// No answer from the server itself: the key is pinned (see
+    /// [`DeadLetterEntry::replay_key_pinned`]).
     Unknown,
     /// Any other answer: a client error, an `in use` conflict, a call
     /// refused before it was sent.
@@ -333,13 +320,10 @@ pub(crate) enum ReplayAnswer {
 impl ReplayAnswer {
     /// The answer of a replay whose failure is of `kind`: one that got a
     /// response (`responded`), with HTTP status `status` when it was read,
-    /// or one that got an error instead. A refusal before sending
-    /// (`NotSent`, `Shed`) is [`Other`](Self::Other), a timeout
-    /// [`Unknown`](Self::Unknown); only a read 5xx status is a
+    /// or one that got an error instead. Only a read 5xx status is a
     /// [`ServerError`](Self::ServerError), so a replayer that reads none
-    /// never moves the key: replay with a response description that reads
-    /// it (the CLI's does, and
-    /// [`Replayer::describe`](crate::replay::Replayer::describe) takes one).
+    /// never moves the key (see
+    /// [`Replayer::describe`](crate::replay::Replayer::describe)).
     pub(crate) fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
         match kind {
             // Refused before it was sent: nothing ran.
@@ -502,21 +486,11 @@ impl DeadLetterEntry {
         now.duration_since(self.first_failed_at).unwrap_or_default()
     }
 
-    /// Adds a failed replay to the entry's history.
-    ///
-    /// The replay made `attempts` attempts (one for a
+    /// Adds a failed replay that made `attempts` attempts (one for a
     /// [`Replayer`](crate::replay::Replayer); a retrying service's layer may
-    /// count more): they are added to [`attempts`](Self::attempts), the
-    /// record's [`at`](ReplayRecord::at) becomes
-    /// [`last_failed_at`](Self::last_failed_at) (never moving it back), and
-    /// [`failed_replays`](Self::failed_replays) counts one more. The
-    /// original failure's [`error`](Self::error), [`kind`](Self::kind) and
-    /// [`first_failed_at`](Self::first_failed_at) are left as they are. Only
-    /// the latest 16 records are kept. What the
-    /// answer means for the replay's idempotency key
-    /// ([`replay_server_errors`](Self::replay_server_errors),
-    /// [`replay_key_pinned`](Self::replay_key_pinned)) is recorded by the
-    /// replayer or layer that made the replay.
+    /// count more) to the entry's history; the original failure's fields stay
+    /// as they are, and the key's state is left to
+    /// [`note_replay_answer`](Self::note_replay_answer).
     pub(crate) fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);
@@ -530,11 +504,7 @@ impl DeadLetterEntry {
     }
 
     /// Takes in what a failed replay's answer says about the idempotency key
-    /// the next replay sends: an [`Unknown`](ReplayAnswer::Unknown) answer
-    /// pins the key ([`replay_key_pinned`](Self::replay_key_pinned)), and a
-    /// [`ServerError`](ReplayAnswer::ServerError) moves it on
-    /// ([`replay_server_errors`](Self::replay_server_errors)) unless it is
-    /// pinned.
+    /// the next replay sends.
     pub(crate) fn note_replay_answer(&mut self, answer: ReplayAnswer) {
         match answer {
             ReplayAnswer::Unknown => self.replay_key_pinned = true,

@@ -9,10 +9,9 @@ use std::task::{ready, Context, Poll};
 
 use http::HeaderMap;
 use pin_project_lite::pin_project;
-use tower_classify::attempts::TallyScope;
 use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, StreamEnd};
 
-use crate::attempts::{Attempts, Tallied};
+use crate::attempts::{tallied, Attempts, Tallied};
 use crate::capture::{BodyRecording, DescribeResponse, PendingRecord, BODY_WAIT};
 use crate::entry::error_chain;
 use crate::open::{detach, OpenCall, SettleAtEnd, Write};
@@ -83,10 +82,9 @@ impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
         pending: PendingRecord<R>,
         counted: Option<Counted>,
     ) -> Self {
-        let scope = TallyScope::calling(Default::default());
         ResponseFuture {
             state: State::Calling {
-                call: Tallied::in_scope(call(), scope),
+                call: tallied!(call()),
                 shared,
                 pending: Some(pending),
                 counted,
@@ -157,13 +155,8 @@ where
                             Err(_) => shared.classifier.classify(result.as_ref()),
                         },
                     };
-                    match shared.verdict(outcome) {
-                        Verdict::Succeeded if !shared.forgets(&counted) => {
-                            return Poll::Ready(
-                                result.map(|res| shared.capture.hand_back(res, None)),
-                            )
-                        }
-                        Verdict::NotStored => {
+                    match shared.verdict(outcome, &counted) {
+                        Verdict::HandBack => {
                             return Poll::Ready(
                                 result.map(|res| shared.capture.hand_back(res, None)),
                             )
@@ -224,10 +217,19 @@ where
             attempts,
             ..
         } = *self;
-        let failure = match (outcome, end) {
-            // The caller went away: nothing is known of the call.
-            (_, StreamEnd::Dropped) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Failure(failure), _) if shared.stored.contains(failure.kind) => Failed {
+        let failure = match (end, shared.verdict(outcome, &counted)) {
+            // The caller went away (nothing is known of the call), or there
+            // is nothing to do.
+            (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
+                return Box::pin(std::future::ready(Ok(())))
+            }
+            (_, Verdict::Succeeded) => {
+                return detach(Box::pin(async move {
+                    shared.forget(counted).await;
+                    Ok(())
+                }));
+            }
+            (_, Verdict::Failed(failure)) => Failed {
                 kind: failure.kind,
                 refusal: Failed::refusal(failure),
                 error: describe(end),
@@ -235,18 +237,6 @@ where
                 responded: !matches!(end, StreamEnd::Error(_)),
                 status: None,
             },
-            // Not stored, as a head's failure of that kind: its delivery
-            // stays counted, as it did not succeed.
-            (Outcome::Failure(_), _) => return Box::pin(std::future::ready(Ok(()))),
-            (Outcome::Success | Outcome::Ignored, _) if !shared.forgets(&counted) => {
-                return Box::pin(std::future::ready(Ok(())));
-            }
-            (Outcome::Success | Outcome::Ignored, _) => {
-                return detach(Box::pin(async move {
-                    shared.succeeded(counted).await;
-                    Ok(())
-                }));
-            }
         };
         detach(Box::pin(async move {
             let record = pending.finish(BODY_WAIT, attempts).await;

@@ -90,7 +90,7 @@ impl<St> DeadLetterLayer<St> {
             shared: Shared {
                 store,
                 classifier: HttpClassifier::new(),
-                capture: HttpCapture::new(),
+                capture: HttpCapture::default(),
                 label: Arc::from("default"),
                 action: Action::Dlq,
                 redactor: Redactor::default(),
@@ -117,7 +117,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// Keeps at most `limit` bytes of each request body (default 64 KiB):
     /// see [`HttpCapture`] for what happens to a larger one.
     pub fn body_limit(mut self, limit: usize) -> Self {
-        self.shared.capture = self.shared.capture.body_limit(limit);
+        self.shared.capture.body_limit = limit;
         self
     }
 
@@ -129,7 +129,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// push another message's count towards the limit, or reset it with a
     /// success.
     pub fn message_id_header(mut self, name: HeaderName) -> Self {
-        self.shared.capture = self.shared.capture.message_id_header(name);
+        self.shared.capture.message_id_header = Some(name);
         self
     }
 
@@ -139,7 +139,7 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
     /// [`DeliveryAttempt`](crate::DeliveryAttempt) extension is read with or
     /// without a reader.
     pub fn delivery_count(mut self, reader: DeliveryCount) -> Self {
-        self.shared.capture = self.shared.capture.delivery_count(reader);
+        self.shared.capture.delivery_count = Some(reader);
         self
     }
 }
@@ -174,19 +174,9 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// that one kind from the [`store_kinds`](Self::store_kinds) set, so
     /// call it after `store_kinds` or [`for_server`](DeadLetterLayer::for_server).
     ///
-    /// Why not stored by default: a refusal is not a failure of the
-    /// dependency, nothing in the entry would tell an operator more than the
-    /// breaker's own metrics do, and an outage refuses every call, so a
-    /// bounded store would fill with them and every call after that would
-    /// fail with `StoreFull` instead of its refusal. Nothing is lost by
-    /// passing one through: the caller gets the refusal itself (the
-    /// `CircuitOpen` error, or the breaker's `503` with its wait), never a
-    /// success, so it still holds the request. A queue consumer leaves such
-    /// a message unacknowledged and lets the queue redeliver it after the
-    /// wait. Store them when the caller cannot retry (fire-and-forget
-    /// calls), and replay them once the dependency is back; a full store
-    /// then answers with a [`StoreFull`](crate::StoreFull) that keeps the
-    /// refusal's classification and wait.
+    /// The crate docs say why they are not stored by default; store them
+    /// when the caller cannot retry (fire-and-forget calls), and replay
+    /// them once the dependency is back.
     pub fn store_refusals(mut self, yes: bool) -> Self {
         self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
         self

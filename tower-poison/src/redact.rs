@@ -58,14 +58,14 @@ const SENSITIVE_NAMES: [&str; 14] = [
 ///   query parameters named `access_token`, `token`, `api_key`, `key`, `sig`,
 ///   `signature`, `X-Amz-*` (a presigned URL's signature), `code`,
 ///   `password` and a few more (any case). Add more with
-///   [`with_name`](Self::with_name). A replayed request sends the
-///   placeholder, so a presigned URL must be signed again.
+///   [`with_name`](Self::with_name).
 /// - **JSON bodies**: the values of object fields with those same names, at
-///   any depth; a replay sends the placeholder there too. A body that is not
-///   JSON is kept as it is;
-///   [`with_body_hook`](Self::with_body_hook) and
+///   any depth. [`with_body_hook`](Self::with_body_hook) and
 ///   [`with_error_hook`](Self::with_error_hook) add your own rules for
 ///   bodies and for error texts.
+///
+/// An entry with a secret redacted from its URI or body cannot be replayed
+/// ([`http_request`](crate::replay::http_request) refuses it).
 ///
 /// ```
 /// # tokio_test::block_on(async {

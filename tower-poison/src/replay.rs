@@ -53,24 +53,12 @@
 //!
 //! # Replay history
 //!
-//! A failed replay never overwrites what the entry says about the original
-//! failure: its [`error`](crate::DeadLetterEntry::error),
-//! [`kind`](crate::DeadLetterEntry::kind) and
-//! [`first_failed_at`](crate::DeadLetterEntry::first_failed_at) stay as
-//! they were. It raises [`attempts`](crate::DeadLetterEntry::attempts) (by
-//! one for a [`Replayer`], by the layer's own count when a dead-letter layer
-//! in the service records it), moves
-//! [`last_failed_at`](crate::DeadLetterEntry::last_failed_at), and adds a
-//! [`ReplayRecord`] to
-//! [`replays`](crate::DeadLetterEntry::replays): when it failed, the attempt
-//! number, the failure kind, the HTTP status (when there was a response) and
-//! the error chain or status line. The entry keeps the latest
-//! 16 records, each error cut as the entry's own
-//! [`error`](crate::DeadLetterEntry::error) is, and counts every failed replay in
-//! [`failed_replays`](crate::DeadLetterEntry::failed_replays), so a replay
-//! loop left running cannot grow it without bound. The CLI's `show` prints
-//! the history (`--json`: the `replays` array). Entries stored before there
-//! was a history read as having none.
+//! A failed replay never overwrites the original failure's
+//! [`error`](crate::DeadLetterEntry::error), [`kind`](crate::DeadLetterEntry::kind)
+//! and [`first_failed_at`](crate::DeadLetterEntry::first_failed_at): it raises
+//! [`attempts`](crate::DeadLetterEntry::attempts) (by one for a [`Replayer`])
+//! and adds a [`ReplayRecord`] to the entry's bounded
+//! [`replays`](crate::DeadLetterEntry::replays), which the CLI's `show` prints.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -475,17 +463,9 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
 /// `Connection` are left for the client to set.
 ///
 /// The request carries [`REPLAY_HEADER`] with the entry id, and
-/// `<entry id>-<n>` as its `Idempotency-Key` when the entry has none, so a
-/// server that honours idempotency keys delivers it once even when a crash
-/// makes a replay send it again (see the [module docs](self)). `n` is
-/// [`replay_server_errors`](DeadLetterEntry::replay_server_errors), the
-/// replays a server answered with a 5xx of its own: a server that keeps
-/// failed answers under their key (an idempotency guard keeps a 503 by
-/// default) then sees the next replay as a new request instead of
-/// answering it with the old failure. After a replay that got no answer
-/// from the server itself the key is
-/// [pinned](DeadLetterEntry::replay_key_pinned): that replay may have been
-/// applied, and the next one must be answered from it, not applied twice.
+/// `<entry id>-<n>` as its `Idempotency-Key` when the entry has none, `n`
+/// being [`replay_server_errors`](DeadLetterEntry::replay_server_errors)
+/// (the [module docs](self) say why).
 ///
 /// An entry whose body was truncated is refused: sending part of a body would
 /// be a different request. So is one whose URI or body had a secret redacted

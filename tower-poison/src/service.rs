@@ -23,48 +23,18 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
 /// Writes calls that finally failed to a dead-letter store.
 ///
-/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer); see the crate docs
-/// for what it does on each outcome.
+/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The crate docs say
+/// what it does on each outcome and which errors it adds: its error type is
+/// [`BoxError`], and the inner service's error comes back in it unchanged
+/// (never wrapped), so `downcast_ref::<YourError>()` still finds it. An HTTP
+/// request's body streams to the inner service as a
+/// [`ReplayBody`](http_body_replay::ReplayBody) (see
+/// [`HttpCapture`](crate::HttpCapture)), the response's in a
+/// [`SettleBody`](tower_classify::SettleBody) that settles a call the
+/// classifier left open at the head ([`OpenCall`](crate::OpenCall)).
 ///
-/// # Errors
-///
-/// The service's error type is [`BoxError`], as for tower's own middleware.
-/// The inner service's error is returned *unchanged* inside it (never
-/// wrapped), so `downcast_ref::<YourError>()` and error-chain classifiers see
-/// exactly what the inner service returned. The layer adds two errors of its
-/// own: [`StoreFailed`](crate::StoreFailed) when an entry could not be
-/// written (the call fails rather than lose the entry),
-/// [`StoreFull`](crate::StoreFull) when the store refused it for being at its
-/// limits, and [`PoisonMessage`] when poison detection diverted a message.
-///
-/// # Bodies
-///
-/// Nothing is read before the inner service is called: it receives the
-/// request at once, its body streaming as a
-/// [`ReplayBody`](http_body_replay::ReplayBody) that records it on the way
-/// (see [`HttpCapture`](crate::HttpCapture)). The recording is read only when
-/// the call failed.
-///
-/// An HTTP response comes back with its body in a
-/// [`SettleBody`](tower_classify::SettleBody). When the head settles the
-/// call (every HTTP status, a gRPC trailers-only answer) the body passes
-/// through untouched; when the classifier leaves the call open (a gRPC
-/// `200` whose status comes in the trailers, see
-/// [`Classify::classify_head`]) the body settles it where it ends, as
-/// [`OpenCall`](crate::OpenCall) describes. gRPC is a matter of the
-/// classifier: pass a [`GrpcClassifier`](tower_classify::GrpcClassifier), or
-/// one built around it, and it judges the trailers.
-///
-/// # `S: Clone`
-///
-/// The inner service must be `Clone` (and `Send + 'static`, the request
-/// `Send`), as for tower's `Retry`. With a poison count store that has to be waited for, a call
-/// takes the inner service it was made ready for along, leaves a clone in
-/// its place, and calls the taken one only once the count decided, so a
-/// diverted message never reaches the inner `call` (see
-/// [`PoisonPolicy`](crate::PoisonPolicy)). When the decision is known at
-/// once (no poison detection, counts in memory or from the request) nothing
-/// is cloned. A service that is not `Clone` goes behind tower's `Buffer`.
+/// The inner service must be `Clone + Send + 'static`:
+/// [`PoisonPolicy`](crate::PoisonPolicy) says why.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
@@ -103,11 +73,8 @@ impl StoredKinds {
 
     /// The same set with `kind` in it (`yes`) or not.
     pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
-        if yes {
-            StoredKinds(self.0 | Self::bit(kind))
-        } else {
-            StoredKinds(self.0 & !Self::bit(kind))
-        }
+        let bit = Self::bit(kind);
+        StoredKinds(if yes { self.0 | bit } else { self.0 & !bit })
     }
 
     fn bit(kind: FailureKind) -> u16 {
@@ -296,32 +263,29 @@ where
 
 /// What a call's result asks of the layer, as its classifier says.
 pub(crate) enum Verdict {
-    /// A success (or an outcome to ignore): forget its poison count, if it
-    /// has one, and hand it back.
+    /// Nothing: hand the result back as it is. A success with no poison
+    /// count to forget, or a failure of a kind this layer does not store
+    /// (its delivery stays counted, as it did not succeed).
+    HandBack,
+    /// A success (or an outcome to ignore) whose poison count is forgotten,
+    /// which may await a count store.
     Succeeded,
-    /// A failure of a kind this layer does not store: hand it back as it
-    /// is; its delivery stays counted, as it did not succeed.
-    NotStored,
     /// A failure to dispose of.
     Failed(Failure),
 }
 
 impl<St, C, Cap> Shared<St, C, Cap> {
-    /// What a call's `outcome` asks of the layer.
-    pub(crate) fn verdict(&self, outcome: Outcome) -> Verdict {
+    /// What a call's `outcome` asks of the layer, the call `counted` as it is.
+    pub(crate) fn verdict(&self, outcome: Outcome, counted: &Option<Counted>) -> Verdict {
         match outcome {
             Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
                 Verdict::Failed(failure)
             }
-            Outcome::Failure(_) => Verdict::NotStored,
-            Outcome::Success | Outcome::Ignored => Verdict::Succeeded,
+            Outcome::Success | Outcome::Ignored if self.poison.is_some() && counted.is_some() => {
+                Verdict::Succeeded
+            }
+            _ => Verdict::HandBack,
         }
-    }
-
-    /// `true` when a success has a poison count to forget (which may await
-    /// a count store).
-    pub(crate) fn forgets(&self, counted: &Option<Counted>) -> bool {
-        self.poison.is_some() && counted.is_some()
     }
 }
 
@@ -344,9 +308,9 @@ where
     {
         let classified = match verdict {
             Verdict::Failed(failure) => failure,
-            Verdict::NotStored => return result,
+            Verdict::HandBack => return result,
             Verdict::Succeeded => {
-                self.succeeded(counted).await;
+                self.forget(counted).await;
                 return result;
             }
         };
@@ -372,8 +336,9 @@ where
         self.on_failure(record, failure, result, counted).await
     }
 
-    /// A call succeeded: its message's count starts over.
-    pub(crate) async fn succeeded(&self, counted: Option<Counted>) {
+    /// Forgets a message's poison count (after a success, or once it was
+    /// disposed of): its count starts over.
+    pub(crate) async fn forget(&self, counted: Option<Counted>) {
         if let (Some(poison), Some(counted)) = (&self.poison, counted) {
             poison.forget(counted).await;
         }
@@ -435,9 +400,7 @@ where
         match self.dispose(entry, &id).await {
             Ok(()) => {
                 if self.action != Action::Fail {
-                    if let Some(poison) = &self.poison {
-                        poison.forget(counted).await;
-                    }
+                    self.forget(Some(counted)).await;
                 }
                 let stored = (self.action == Action::Dlq).then_some(entry_id);
                 PoisonMessage::new(id, failures, self.action, stored).into()
@@ -586,11 +549,10 @@ where
 
     /// Applies the action to `entry`.
     async fn dispose(&self, entry: DeadLetterEntry, key: &str) -> Result<(), StoreError> {
-        let action = self.action;
-        let label = &*self.label;
+        let (action, label, kind) = (self.action, &*self.label, entry.kind.as_str());
         match action {
             Action::Dlq => {
-                let (id, kind, attempts) = (entry.id, entry.kind, entry.attempts);
+                let (id, attempts) = (entry.id, entry.attempts);
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let path = entry
@@ -599,8 +561,13 @@ where
                     .map(crate::redact::path_of)
                     .unwrap_or_default()
                     .to_owned();
-                let depth = match self.store.put_with_depth(entry).await {
-                    Ok(depth) => depth,
+                match self.store.put_with_depth(entry).await {
+                    Ok(Some(depth)) => metrics::gauge!(
+                        crate::observability::DLQ_DEPTH,
+                        "label" => label.to_owned()
+                    )
+                    .set(depth as f64),
+                    Ok(None) => {}
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(
                             crate::observability::STORE_FULL_TOTAL,
@@ -609,14 +576,14 @@ where
                         .increment(1);
                         if let Some(held_back) = full_warning_limit(label).check() {
                             tracing::warn!(
-                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                entry_id = %id, label, kind, error = %error,
                                 since_last_warning = held_back,
                                 "dead-letter store is full: failing the call instead of keeping it \
                                  (logged once per 10 s per label; every refusal at debug)"
                             );
                         } else {
                             tracing::debug!(
-                                entry_id = %id, label, kind = kind.as_str(), error = %error,
+                                entry_id = %id, label, kind, error = %error,
                                 "dead-letter store is full: failing the call instead of keeping it"
                             );
                         }
@@ -624,67 +591,35 @@ where
                     }
                     Err(error) => {
                         tracing::error!(
-                            entry_id = %id, label, kind = kind.as_str(), error = %error,
+                            entry_id = %id, label, kind, error = %error,
                             "dead-letter store failed to keep a failed call"
                         );
                         return Err(error);
                     }
-                };
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                if let Some(depth) = depth {
-                    metrics::gauge!(crate::observability::DLQ_DEPTH, "label" => label.to_owned())
-                        .set(depth as f64);
                 }
                 tracing::warn!(
-                    entry_id = %id, label, kind = kind.as_str(), attempts, path,
+                    entry_id = %id, label, kind, attempts, path,
                     "dead-lettered a failed call"
                 );
             }
-            Action::Drop => {
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => entry.kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                if self.drops.first_time(key) {
-                    tracing::warn!(
-                        label,
-                        key,
-                        kind = entry.kind.as_str(),
-                        "dropped a failed call (logged once per key)"
-                    );
-                } else {
-                    tracing::debug!(
-                        label,
-                        key,
-                        kind = entry.kind.as_str(),
-                        "dropped a failed call"
-                    );
-                }
-            }
-            Action::Fail => {
-                metrics::counter!(
-                    crate::observability::DEAD_LETTERED_TOTAL,
-                    "action" => action.as_str(),
-                    "kind" => entry.kind.as_str(),
-                    "label" => label.to_owned()
-                )
-                .increment(1);
-                tracing::debug!(
+            Action::Drop if self.drops.first_time(key) => {
+                tracing::warn!(
                     label,
-                    kind = entry.kind.as_str(),
-                    "failed call propagated, not stored"
+                    key,
+                    kind,
+                    "dropped a failed call (logged once per key)"
                 );
             }
+            Action::Drop => tracing::debug!(label, key, kind, "dropped a failed call"),
+            Action::Fail => tracing::debug!(label, kind, "failed call propagated, not stored"),
         }
+        metrics::counter!(
+            crate::observability::DEAD_LETTERED_TOTAL,
+            "action" => action.as_str(),
+            "kind" => kind,
+            "label" => label.to_owned()
+        )
+        .increment(1);
         Ok(())
     }
 }

@@ -148,17 +148,11 @@ impl DeliveryCount {
             // trusted.
             return None;
         }
-        match (value, self.redeliveries) {
+        match (value.map(parse_count), self.redeliveries) {
             (None, true) => Some(1),
             (None, false) => None,
-            (Some(value), redeliveries) => {
-                let count = parse_count(value)?;
-                if redeliveries {
-                    Some(count.saturating_add(1))
-                } else {
-                    (count > 0).then_some(count)
-                }
-            }
+            (Some(count), true) => count.map(|count| count.saturating_add(1)),
+            (Some(count), false) => count.filter(|&count| count > 0),
         }
     }
 }

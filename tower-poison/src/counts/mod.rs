@@ -189,25 +189,6 @@ impl<T: FailureCountStore> DynFailureCountStore for T {
     }
 }
 
-/// Milliseconds since the Unix epoch, saturating (a clock before 1970 is 0).
-#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
-pub(crate) fn epoch_millis(time: SystemTime) -> u64 {
-    let millis = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    u64::try_from(millis).unwrap_or(u64::MAX)
-}
-
-/// The time `millis` after the Unix epoch (the epoch itself should the
-/// platform not represent that time; it never panics).
-#[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
-pub(crate) fn from_epoch_millis(millis: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH
-        .checked_add(std::time::Duration::from_millis(millis))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,14 +238,15 @@ mod tests {
 
     #[test]
     fn epoch_millis_saturate() {
-        assert_eq!(epoch_millis(SystemTime::UNIX_EPOCH), 0);
+        use crate::store::{millis_since_epoch, time_from_millis};
+        assert_eq!(millis_since_epoch(SystemTime::UNIX_EPOCH), 0);
         let early = SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1);
-        assert_eq!(epoch_millis(early), 0);
+        assert_eq!(millis_since_epoch(early), 0);
         assert_eq!(
-            epoch_millis(from_epoch_millis(1_700_000_000_123)),
+            millis_since_epoch(time_from_millis(1_700_000_000_123)),
             1_700_000_000_123
         );
         // Far-future millis never panic.
-        let _ = from_epoch_millis(u64::MAX);
+        let _ = time_from_millis(u64::MAX);
     }
 }

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tower_classify::ConfigError;
 
-use super::{epoch_millis, from_epoch_millis, DeliveryTally, FailureCountStore, MessageKey};
-use crate::store::StoreError;
+use super::{DeliveryTally, FailureCountStore, MessageKey};
+use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 
 /// Counts by message key: (deliveries, first delivery in ms since the epoch,
 /// sequence number in `ORDER`).
@@ -129,7 +129,7 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
 fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, StoreError> {
     let mut txn = inner.db.begin_write().map_err(backend)?;
     txn.set_durability(Durability::Immediate).map_err(backend)?;
-    let tally = {
+    let (deliveries, first) = {
         let mut counts = txn.open_table(COUNTS).map_err(backend)?;
         let mut order = txn.open_table(ORDER).map_err(backend)?;
         let existing = counts.get(key).map_err(backend)?.map(|v| v.value());
@@ -139,10 +139,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
                 counts
                     .insert(key, (deliveries, first, seq))
                     .map_err(backend)?;
-                DeliveryTally {
-                    deliveries,
-                    first_delivered_at: from_epoch_millis(first),
-                }
+                (deliveries, first)
             }
             None => {
                 while counts.len().map_err(backend)? >= inner.capacity {
@@ -155,18 +152,18 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
                     Some((seq, _)) => seq.value().saturating_add(1),
                     None => 0,
                 };
-                let first = epoch_millis(now);
+                let first = millis_since_epoch(now);
                 counts.insert(key, (1, first, seq)).map_err(backend)?;
                 order.insert(seq, key).map_err(backend)?;
-                DeliveryTally {
-                    deliveries: 1,
-                    first_delivered_at: from_epoch_millis(first),
-                }
+                (1, first)
             }
         }
     };
     txn.commit().map_err(backend)?;
-    Ok(tally)
+    Ok(DeliveryTally {
+        deliveries,
+        first_delivered_at: time_from_millis(first),
+    })
 }
 
 fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {

@@ -8,10 +8,8 @@ use redis::{RedisError, Script};
 use tower_classify::ConfigError;
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
-use super::{
-    epoch_millis, from_epoch_millis, sha256_hex, DeliveryTally, FailureCountStore, MessageKey,
-};
-use crate::store::StoreError;
+use super::{sha256_hex, DeliveryTally, FailureCountStore, MessageKey};
+use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 
 /// Delivery counts in Redis, shared by every consumer of a queue: a fleet of
 /// N consumers diverts a poison message after `max_attempts` deliveries in
@@ -222,7 +220,7 @@ impl FailureCountStore for RedisFailureCounts {
     ) -> Result<DeliveryTally, StoreError> {
         let (deliveries, first): (i64, String) = COUNT_SCRIPT
             .key(self.redis_key(key))
-            .arg(epoch_millis(now))
+            .arg(millis_since_epoch(now))
             .arg(self.shared.ttl_ms)
             .invoke_async(&mut self.connection.clone())
             .await
@@ -232,7 +230,7 @@ impl FailureCountStore for RedisFailureCounts {
         })?;
         Ok(DeliveryTally {
             deliveries: u32::try_from(deliveries.max(1)).unwrap_or(u32::MAX),
-            first_delivered_at: from_epoch_millis(first),
+            first_delivered_at: time_from_millis(first),
         })
     }
 

@@ -128,10 +128,7 @@ impl DeadLetterStore for MemoryStore {
                 page.push(entry.clone());
             }
         }
-        Ok(Page {
-            entries: page,
-            next,
-        })
+        Ok(Page::new(page, next))
     }
 
     async fn match_prefix(

@@ -498,17 +498,12 @@ impl DeadLetterStore for RedbStore {
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
-            let start = match query.after {
-                Some(after) => match after.as_u128().checked_add(1) {
-                    Some(start) => start,
-                    None => {
-                        return Ok(Page {
-                            entries: Vec::new(),
-                            next: None,
-                        })
-                    }
-                },
-                None => 0,
+            // After the greatest id there is nothing.
+            let Some(start) = query
+                .after
+                .map_or(Some(0), |after| after.as_u128().checked_add(1))
+            else {
+                return Ok(Page::new(Vec::new(), None));
             };
             let limit = query.limit.max(1);
             let mut entries = Vec::new();
@@ -524,7 +519,7 @@ impl DeadLetterStore for RedbStore {
                     entries.push(entry);
                 }
             }
-            Ok(Page { entries, next })
+            Ok(Page::new(entries, next))
         })
         .await
     }
@@ -565,19 +560,14 @@ impl DeadLetterStore for RedbStore {
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
                 let mut labels = txn.open_table(LABELS).map_err(backend)?;
                 claims.remove(id.as_u128()).map_err(backend)?;
-                let size = match entries.remove(id.as_u128()).map_err(backend)? {
-                    Some(old) => {
-                        if let Some(label) = label_of(old.value()) {
-                            add_label(&mut labels, &label, -1)?;
-                        }
-                        Some(old.value().len() as u64)
+                let old = entries.remove(id.as_u128()).map_err(backend)?;
+                if let Some(old) = &old {
+                    if let Some(label) = label_of(old.value()) {
+                        add_label(&mut labels, &label, -1)?;
                     }
-                    None => None,
-                };
-                if let Some(size) = size {
-                    subtract_bytes(&mut meta, size)?;
+                    subtract_bytes(&mut meta, old.value().len() as u64)?;
                 }
-                size.is_some()
+                old.is_some()
             };
             txn.commit().map_err(backend)?;
             if removed {

@@ -444,7 +444,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 let Some(json) = json else { continue };
                 if entries.len() == limit {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
-                    return Ok(Page { entries, next });
+                    return Ok(Page::new(entries, next));
                 }
                 let entry = decode(&json)?;
                 if query.matches(&entry) {
@@ -452,10 +452,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 }
             }
             if exhausted {
-                return Ok(Page {
-                    entries,
-                    next: None,
-                });
+                return Ok(Page::new(entries, None));
             }
         }
     }
