@@ -68,7 +68,8 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// released within `in_flight_ttl` lapses (its owner crashed).
     ///
     /// A store at its bound may evict completed records to make room, never
-    /// a claim in flight: when only claims in flight are left it fails with
+    /// a claim in flight (a repeat would run beside the original): when only
+    /// claims in flight are left it fails with
     /// [`StoreErrorKind::Full`](crate::StoreErrorKind::Full).
     fn claim(
         &self,
