@@ -21,23 +21,17 @@ use crate::word::MAX_PROBES;
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
 ///
-/// The breaker's state lives behind an `Arc` created *with the layer*: every
-/// service the layer wraps, and every clone of those services, reads and
-/// updates the same state. That is what makes it work under
-/// `axum::Router::layer`, which clones the service for each request.
+/// Every service the layer wraps, and every clone of those, shares the state
+/// created with the layer (as `axum::Router::layer`, cloning per request, needs).
 ///
 /// `C` is the [`Classify`](tower_classify::Classify) value deciding what a
 /// result means; it is cloned into each response future, so keep it cheap to
 /// clone (the classifiers of `tower-classify` are `Copy` or share their
 /// configuration through an `Arc`).
 ///
-/// `A` is what an open circuit answers, chosen with
-/// [`answer`](Self::answer) from the [`answer`](crate::answer) module: by
-/// default ([`Plain`]) a [`CircuitOpen`](crate::CircuitOpen) error; with the
-/// `http` feature, `Http503` answers an HTTP server's callers `503`, and
-/// `HttpError` judges an HTTP or gRPC client's calls where their response
-/// bodies end (gRPC trailers). A protocol is a classifier and an answer,
-/// never another layer type.
+/// `A` is what an open circuit answers, chosen with [`answer`](Self::answer)
+/// from the [`answer`](crate::answer) module; by default ([`Plain`]) a
+/// [`CircuitOpen`](crate::CircuitOpen) error.
 pub struct CircuitBreakerLayer<C, A = Plain> {
     pub(crate) breaker: BreakerRef,
     pub(crate) registry: Arc<Registry>,
