@@ -227,14 +227,11 @@ impl Builder {
     /// shortened by a random share of up to 20 %; a probe that succeeds
     /// starts the schedule again. A dependency that is back is seen within
     /// half a second: every call refused until then is lost to a caller that
-    /// cannot wait, so the cap is short (with a 1 s cap, a return just after
-    /// a failed probe cost 3.4 % of the next 20 s in the workspace's recovery
-    /// simulation; with this one, 1.9 % at the sweep's worst, and at most
-    /// about 2 %: four fifths of 500 ms). A long outage costs one
-    /// failed probe every 0.4 to 0.5 s; raise the cap with
-    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
-    /// processes and keys would probe one dead dependency. The jitter keeps
-    /// processes that opened together from probing together.
+    /// cannot wait, so the cap is short: a return just after a failed probe
+    /// loses at most four fifths of 500 ms of calls (BENCHMARKS.md's recovery
+    /// simulation). A long outage costs one failed probe every 0.4 to 0.5 s;
+    /// raise the cap with [`max_recovery_timeout`](Self::max_recovery_timeout)
+    /// where many processes and keys would probe one dead dependency.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;
@@ -391,12 +388,9 @@ impl Builder {
         self
     }
 
-    /// What the `breaker` label of each keyed breaker's metrics says:
-    /// [`MetricsLabel::layer_name()`] (the default: every key shares the
-    /// layer's [name](Self::name)), [`MetricsLabel::mapped`] (a function of
-    /// the key with a small, fixed set of values) or [`MetricsLabel::key()`]
-    /// (the key itself). See [`MetricsLabel`] for the cardinality each one
-    /// costs an exporter. A plain breaker is always labelled with the name.
+    /// What the `breaker` label of each keyed breaker's metrics says (default
+    /// [`MetricsLabel::layer_name()`]); see [`MetricsLabel`] for the choices
+    /// and the cardinality each one costs an exporter.
     pub fn metrics_label(mut self, label: MetricsLabel) -> Self {
         self.settings.metrics_label = label;
         self
