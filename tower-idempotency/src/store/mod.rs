@@ -15,13 +15,8 @@
 //!     extending its claim)
 //! ```
 //!
-//! Two implementations ship here:
-//!
-//! - [`MemoryIdempotencyStore`]: one process, bounded by entries and bytes,
-//!   evicting only completed records (oldest first), never a claim in flight.
-//! - `RedisIdempotencyStore` (feature `redis`): shared by every node of a
-//!   fleet; the claim is `SET NX PX`, completion and release are Lua scripts
-//!   that act only while the caller still owns the claim.
+//! Two implementations ship here: [`MemoryIdempotencyStore`] for one
+//! process, `RedisIdempotencyStore` (feature `redis`) for a fleet.
 //!
 //! Keys reach a store already namespaced by the guard (`u:` for unscoped
 //! keys, `s:{len}:{identity}:` for keys scoped by a client identity), so no
