@@ -231,3 +231,25 @@ async fn force_closed(Extract(handle): Extract<BreakerHandle>, body: KeyRequest)
         |key| json!({"forced_closed": key}),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_tokens() {
+        assert!(constant_time_eq(b"abcdef", b"abcdef"));
+        assert!(!constant_time_eq(b"abcdef", b"abcdeg"));
+        assert!(!constant_time_eq(b"abcdef", b"abcde"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, "bEaReR tok".parse().unwrap());
+        assert_eq!(bearer(&headers), Some(&b"tok"[..]));
+        headers.insert(header::AUTHORIZATION, "Basic tok".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+    }
+}
