@@ -134,7 +134,7 @@ impl BreakerHandle {
     /// Closes the breaker for `key` and clears its failure counts (also
     /// ending a forced state). `false` if there is no such breaker.
     pub fn reset(&self, key: &str) -> bool {
-        self.apply(key, State::Closed)
+        self.registry.force(key, State::Closed)
     }
 
     /// Resets every breaker; returns how many.
@@ -145,16 +145,12 @@ impl BreakerHandle {
     /// Opens the breaker for `key` until a [`reset`](Self::reset): every call
     /// fails fast. `false` if there is no such breaker.
     pub fn force_open(&self, key: &str) -> bool {
-        self.apply(key, State::ForcedOpen)
+        self.registry.force(key, State::ForcedOpen)
     }
 
     /// Closes the breaker for `key` until a [`reset`](Self::reset): every call
     /// passes and nothing trips it. `false` if there is no such breaker.
     pub fn force_closed(&self, key: &str) -> bool {
-        self.apply(key, State::ForcedClosed)
-    }
-
-    fn apply(&self, key: &str, to: State) -> bool {
-        self.registry.force(key, to)
+        self.registry.force(key, State::ForcedClosed)
     }
 }

@@ -20,10 +20,8 @@ use crate::admin::{BreakerHandle, BreakerSnapshot};
 const MIN_TOKEN_LEN: usize = 16;
 
 impl BreakerHandle {
-    /// An axum router serving this handle as JSON. Every request, to every
-    /// path, must carry `Authorization: Bearer <token>`; the token is
-    /// compared in constant time, and anything else is answered `401`.
-    /// Tokens shorter than 16 bytes are refused.
+    /// An axum router serving this handle as JSON, behind `token` as
+    /// [`require_token`] puts it.
     ///
     /// | method | path | body | does |
     /// |---|---|---|---|
@@ -173,20 +171,33 @@ fn not_found(key: &str) -> Response {
         .into_response()
 }
 
-/// The key a request body names, or why the request is refused.
-fn key_of(body: Result<Json<KeyBody>, JsonRejection>) -> Result<String, (StatusCode, Json<Value>)> {
-    match body {
-        Ok(Json(KeyBody { key: Some(key) })) => Ok(key),
-        Ok(Json(KeyBody { key: None })) => Err((
-            StatusCode::BAD_REQUEST,
-            Json(json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"})),
-        )),
+/// A request body naming a breaker, as axum extracts it.
+type KeyRequest = Result<Json<KeyBody>, JsonRejection>;
+
+/// Applies `apply` to the breaker `body` names and answers `answer` of its
+/// key; `404` when there is none, and the request refused when it names none.
+fn with_key(
+    body: KeyRequest,
+    apply: impl FnOnce(&str) -> bool,
+    answer: impl FnOnce(String) -> Value,
+) -> Response {
+    let key = match body {
+        Ok(Json(KeyBody { key: Some(key) })) => key,
+        Ok(Json(KeyBody { key: None })) => {
+            let why = json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"});
+            return (StatusCode::BAD_REQUEST, Json(why)).into_response();
+        }
         // A missing or wrong content type is 415, a body that does not parse
         // 400 or 422: axum's own status, with its reason.
-        Err(rejection) => Err((
-            rejection.status(),
-            Json(json!({"code": "BAD_BODY", "message": rejection.body_text()})),
-        )),
+        Err(rejection) => {
+            let why = json!({"code": "BAD_BODY", "message": rejection.body_text()});
+            return (rejection.status(), Json(why)).into_response();
+        }
+    };
+    if apply(&key) {
+        Json(answer(key)).into_response()
+    } else {
+        not_found(&key)
     }
 }
 
@@ -197,41 +208,28 @@ async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQue
     }
 }
 
-async fn reset(
-    Extract(handle): Extract<BreakerHandle>,
-    body: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    match key_of(body) {
-        Ok(key) if handle.reset(&key) => Json(json!({"reset": [key]})).into_response(),
-        Ok(key) => not_found(&key),
-        Err(refused) => refused.into_response(),
-    }
+async fn reset(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
+    with_key(body, |key| handle.reset(key), |key| json!({"reset": [key]}))
 }
 
 async fn reset_all(Extract(handle): Extract<BreakerHandle>) -> Response {
     Json(json!({"reset_all": handle.reset_all()})).into_response()
 }
 
-async fn force_open(
-    Extract(handle): Extract<BreakerHandle>,
-    body: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    match key_of(body) {
-        Ok(key) if handle.force_open(&key) => Json(json!({"forced_open": key})).into_response(),
-        Ok(key) => not_found(&key),
-        Err(refused) => refused.into_response(),
-    }
+async fn force_open(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
+    with_key(
+        body,
+        |key| handle.force_open(key),
+        |key| json!({"forced_open": key}),
+    )
 }
 
-async fn force_closed(
-    Extract(handle): Extract<BreakerHandle>,
-    body: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    match key_of(body) {
-        Ok(key) if handle.force_closed(&key) => Json(json!({"forced_closed": key})).into_response(),
-        Ok(key) => not_found(&key),
-        Err(refused) => refused.into_response(),
-    }
+async fn force_closed(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
+    with_key(
+        body,
+        |key| handle.force_closed(key),
+        |key| json!({"forced_closed": key}),
+    )
 }
 
 #[cfg(test)]

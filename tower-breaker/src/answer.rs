@@ -26,12 +26,9 @@ pub struct Plain;
 
 /// For HTTP servers: a refused call is *answered*, `503 Service
 /// Unavailable`, a `Retry-After` header in whole seconds (rounded up, at
-/// least 1) with
-/// the refusal's `retry_after` ([`CircuitOpen::failure`](crate::CircuitOpen::failure), the
-/// caller's place on the release ramp), or the remaining open time for a
-/// call refused before the period's last fifth (absent when neither is
-/// known), and a problem details body (`application/problem+json`,
-/// RFC 9457)
+/// least 1) with the wait [`CircuitOpen::failure`](crate::CircuitOpen::failure)
+/// describes (absent when none is known), and a problem details body
+/// (`application/problem+json`, RFC 9457)
 ///
 /// ```json
 /// {"type":"about:blank","title":"Service Unavailable","status":503,"detail":"circuit open","code":"CIRCUIT_OPEN"}
@@ -47,11 +44,9 @@ pub struct Plain;
 /// type stays the inner service's, so it stacks under `axum::Router::layer`
 /// as is.
 ///
-/// The answer's `Failure` extension is a [`Shed`](tower_classify::FailureKind::Shed)
-/// failure; when the refused request carried a
-/// [`RefusalToken`](tower_classify::RefusalToken) (an idempotency guard in
-/// front gave it one), the failure carries it, proving to that guard that
-/// the service behind the breaker never saw the request.
+/// The answer's `Failure` extension is the refusal's, with the request's
+/// [`RefusalToken`](tower_classify::RefusalToken) (see
+/// [`CircuitOpen`](crate::CircuitOpen)).
 ///
 /// Each call is judged by its response head, and the inner body is returned
 /// as it is: a status that arrives in the trailers (gRPC) is not seen. A

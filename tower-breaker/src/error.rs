@@ -28,12 +28,7 @@ use tower_classify::RefusalToken;
 /// its [`failure`](CircuitOpen::failure)'s `retry_after` as its hint, so any layer that classifies with
 /// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
 /// outside the breaker, a dead-letter layer) recognises it without depending on
-/// this crate: a retry layer does not spin on an open circuit. An answer to a
-/// remote caller built from it (tower-classify's `HttpStatusLayer` or
-/// `GrpcStatusLayer`, `Problem::for_error`, `not_run`) says the wait of the breaker's
-/// own `503`: that `retry_after`, else the
-/// [`remaining`](CircuitOpen::remaining) open time, however early in the
-/// period.
+/// this crate: a retry layer does not spin on an open circuit.
 ///
 /// When a breaker answering HTTP requests (the `http` feature's
 /// [answers](crate::answer), `Http503` and `HttpError`) refuses a request

@@ -196,14 +196,7 @@ impl EvictionQueues {
     /// Puts a breaker an operator no longer forces back in line, as if just
     /// used. A no-op unless `node` still holds `breaker` and it is parked.
     pub(crate) fn unpark(&mut self, node: usize, breaker: &Arc<Breaker>, now: u64) {
-        let Some(entry) = self.nodes.get(node) else {
-            return;
-        };
-        let same = entry
-            .breaker
-            .as_ref()
-            .is_some_and(|held| Arc::ptr_eq(held, breaker));
-        if same && entry.queue == Queue::Parked {
+        if let Some((Queue::Parked, _)) = self.holding(node, breaker) {
             self.push(node, Queue::Closed, now);
         }
     }
@@ -212,18 +205,20 @@ impl EvictionQueues {
     /// queue back to the closed one, keeping its join time. A no-op unless
     /// `node` still holds `breaker`, queued as open, and it is closed now.
     pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
-        let Some(entry) = self.nodes.get(node) else {
-            return;
-        };
-        let same = entry
-            .breaker
-            .as_ref()
-            .is_some_and(|held| Arc::ptr_eq(held, breaker));
-        if same && entry.queue == Queue::Open && breaker.state() == State::Closed {
-            let joined = entry.joined;
-            self.unlink(node);
-            self.push(node, Queue::Closed, joined);
+        if let Some((Queue::Open, joined)) = self.holding(node, breaker) {
+            if breaker.state() == State::Closed {
+                self.unlink(node);
+                self.push(node, Queue::Closed, joined);
+            }
         }
+    }
+
+    /// The queue and join time of `node`, if it still holds `breaker` (a
+    /// node is reused once its breaker is evicted).
+    fn holding(&self, node: usize, breaker: &Arc<Breaker>) -> Option<(Queue, u64)> {
+        let entry = self.nodes.get(node)?;
+        let held = entry.breaker.as_ref()?;
+        Arc::ptr_eq(held, breaker).then_some((entry.queue, entry.joined))
     }
 
     /// Chooses and removes a victim; see the module docs.

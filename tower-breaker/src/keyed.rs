@@ -55,12 +55,8 @@ use crate::share::BreakerRef;
 ///
 /// Each breaker registers its metric handles once, when it is created (with
 /// the recorder installed at that moment), and updates them without a
-/// lookup. By default every breaker of the layer is labelled with the
-/// layer's [name](crate::Builder::name), so the exporter's series stay few
-/// whatever the keys;
-/// [`Builder::metrics_label`](crate::Builder::metrics_label) labels them by
-/// key or by a bounded function of it (see [`MetricsLabel`](crate::MetricsLabel) for the
-/// cardinality rule).
+/// lookup. Their `breaker` label is
+/// [`Builder::metrics_label`](crate::Builder::metrics_label)'s choice.
 ///
 /// ```
 /// use tower::{service_fn, Layer, ServiceExt};

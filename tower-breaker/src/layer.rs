@@ -21,23 +21,17 @@ use crate::word::MAX_PROBES;
 
 /// Wraps services in a [`CircuitBreaker`] that all share one breaker.
 ///
-/// The breaker's state lives behind an `Arc` created *with the layer*: every
-/// service the layer wraps, and every clone of those services, reads and
-/// updates the same state. That is what makes it work under
-/// `axum::Router::layer`, which clones the service for each request.
+/// Every service the layer wraps, and every clone of those, shares the state
+/// created with the layer (as `axum::Router::layer`, cloning per request, needs).
 ///
 /// `C` is the [`Classify`](tower_classify::Classify) value deciding what a
 /// result means; it is cloned into each response future, so keep it cheap to
 /// clone (the classifiers of `tower-classify` are `Copy` or share their
 /// configuration through an `Arc`).
 ///
-/// `A` is what an open circuit answers, chosen with
-/// [`answer`](Self::answer) from the [`answer`](crate::answer) module: by
-/// default ([`Plain`]) a [`CircuitOpen`](crate::CircuitOpen) error; with the
-/// `http` feature, `Http503` answers an HTTP server's callers `503`, and
-/// `HttpError` judges an HTTP or gRPC client's calls where their response
-/// bodies end (gRPC trailers). A protocol is a classifier and an answer,
-/// never another layer type.
+/// `A` is what an open circuit answers, chosen with [`answer`](Self::answer)
+/// from the [`answer`](crate::answer) module; by default ([`Plain`]) a
+/// [`CircuitOpen`](crate::CircuitOpen) error.
 pub struct CircuitBreakerLayer<C, A = Plain> {
     pub(crate) breaker: BreakerRef,
     pub(crate) registry: Arc<Registry>,
@@ -233,14 +227,11 @@ impl Builder {
     /// shortened by a random share of up to 20 %; a probe that succeeds
     /// starts the schedule again. A dependency that is back is seen within
     /// half a second: every call refused until then is lost to a caller that
-    /// cannot wait, so the cap is short (with a 1 s cap, a return just after
-    /// a failed probe cost 3.4 % of the next 20 s in the workspace's recovery
-    /// simulation; with this one, 1.9 % at the sweep's worst, and at most
-    /// about 2 %: four fifths of 500 ms). A long outage costs one
-    /// failed probe every 0.4 to 0.5 s; raise the cap with
-    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
-    /// processes and keys would probe one dead dependency. The jitter keeps
-    /// processes that opened together from probing together.
+    /// cannot wait, so the cap is short: a return just after a failed probe
+    /// loses at most four fifths of 500 ms of calls (BENCHMARKS.md's recovery
+    /// simulation). A long outage costs one failed probe every 0.4 to 0.5 s;
+    /// raise the cap with [`max_recovery_timeout`](Self::max_recovery_timeout)
+    /// where many processes and keys would probe one dead dependency.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;
@@ -397,12 +388,9 @@ impl Builder {
         self
     }
 
-    /// What the `breaker` label of each keyed breaker's metrics says:
-    /// [`MetricsLabel::layer_name()`] (the default: every key shares the
-    /// layer's [name](Self::name)), [`MetricsLabel::mapped`] (a function of
-    /// the key with a small, fixed set of values) or [`MetricsLabel::key()`]
-    /// (the key itself). See [`MetricsLabel`] for the cardinality each one
-    /// costs an exporter. A plain breaker is always labelled with the name.
+    /// What the `breaker` label of each keyed breaker's metrics says (default
+    /// [`MetricsLabel::layer_name()`]); see [`MetricsLabel`] for the choices
+    /// and the cardinality each one costs an exporter.
     pub fn metrics_label(mut self, label: MetricsLabel) -> Self {
         self.settings.metrics_label = label;
         self

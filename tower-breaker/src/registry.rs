@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 
 use std::time::Duration;
 
+use metrics::SharedString;
 use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
@@ -42,6 +43,12 @@ struct Entry {
     share: Arc<Share>,
     /// Its node in the eviction queues.
     node: usize,
+}
+
+impl Entry {
+    fn found(&self) -> (Arc<Breaker>, usize) {
+        (Arc::clone(&self.share.breaker), self.node)
+    }
 }
 
 /// The breakers of one layer, by key. A plain layer's registry holds its one
@@ -120,25 +127,40 @@ impl Registry {
     pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
         // Never evicts: no eviction series for an exporter to show at 0.
         let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
-        let name = Arc::clone(&settings.name);
-        let instruments = Instruments::register(Arc::clone(&name).into(), true);
-        let breaker = Arc::new(Breaker::new(
-            Arc::clone(&name),
-            settings,
-            false,
-            Box::new(Listeners::new(instruments, None)),
-        ));
+        let name = &settings.name;
+        let breaker = registry.build(Arc::clone(name), Arc::clone(name).into(), true, false, None);
+        let kept = registry.keep(&mut registry.lock_queues(), breaker, 0);
+        (registry, Arc::clone(&kept.breaker))
+    }
+
+    /// A breaker for `key`, its metrics under `label`.
+    fn build(
+        &self,
+        key: Arc<str>,
+        label: SharedString,
+        own_label: bool,
+        keyed: bool,
+        notices: Option<Arc<EvictionNotices>>,
+    ) -> Arc<Breaker> {
+        let instruments = Instruments::register(label, own_label);
+        let listeners = Listeners::new(instruments, notices);
+        let settings = Arc::clone(&self.settings);
+        Arc::new(Breaker::new(key, settings, keyed, Box::new(listeners)))
+    }
+
+    /// Adds `breaker` to the map and the queues, under the insert lock.
+    fn keep(&self, queues: &mut EvictionQueues, breaker: Arc<Breaker>, now: u64) -> Arc<Share> {
+        let node = queues.insert(Arc::clone(&breaker), now);
+        // Before the breaker is visible: nothing can have changed its state.
         breaker.publish();
-        let node = registry.lock_queues().insert(Arc::clone(&breaker), 0);
-        let shard = registry.shard_of(&name);
-        registry.write(shard).insert(
-            name,
-            Entry {
-                share: Arc::new(Share::new(Arc::clone(&breaker))),
-                node,
-            },
-        );
-        (registry, breaker)
+        let share = Arc::new(Share::new(breaker));
+        let entry = Entry {
+            share: Arc::clone(&share),
+            node,
+        };
+        let key = Arc::clone(&share.key);
+        self.write(self.shard_of(&key)).insert(key, entry);
+        share
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -212,13 +234,8 @@ impl Registry {
             .label_for(&self.settings.name, &key);
         // Built before any lock is taken: a failure-rate window allocates,
         // and registering metric handles runs the recorder's code.
-        let instruments = Instruments::register(label, own_label);
-        let breaker = Arc::new(Breaker::new(
-            Arc::clone(&key),
-            Arc::clone(&self.settings),
-            true,
-            Box::new(Listeners::new(instruments, Some(Arc::clone(&self.notices)))),
-        ));
+        let notices = Some(Arc::clone(&self.notices));
+        let breaker = self.build(Arc::clone(&key), label, own_label, true, notices);
 
         let mut queues = self.lock_queues();
         // Every insert holds `queues`: what this read finds stays true until
@@ -275,17 +292,7 @@ impl Registry {
             // new breaker for the same key.
             evicted.retire();
         }
-        let node = queues.insert(Arc::clone(&breaker), now);
-        // Before the breaker is visible: nothing can have changed its state.
-        breaker.publish();
-        let share = Arc::new(Share::new(breaker));
-        self.write(shard).insert(
-            key,
-            Entry {
-                share: Arc::clone(&share),
-                node,
-            },
-        );
+        let share = self.keep(&mut queues, breaker, now);
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
         share
@@ -312,15 +319,10 @@ impl Registry {
             // Labelled with the layer's name and never reporting a state:
             // its gauge would hide the state of the breakers sharing the
             // label, and it is no key's breaker.
-            let instruments = Instruments::register(Arc::clone(&self.settings.name).into(), false);
-            let breaker = Breaker::new(
-                Arc::from(OVERFLOW_KEY),
-                Arc::clone(&self.settings),
-                true,
-                Box::new(Listeners::new(instruments, None)),
-            );
+            let label = Arc::clone(&self.settings.name).into();
+            let breaker = self.build(Arc::from(OVERFLOW_KEY), label, false, true, None);
             breaker.retire();
-            Arc::new(Share::new(Arc::new(breaker)))
+            Arc::new(Share::new(breaker))
         });
         Arc::clone(overflow)
     }
@@ -343,13 +345,13 @@ impl Registry {
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<Breaker>> {
+        self.each(|entry| Arc::clone(&entry.share.breaker))
+    }
+
+    /// `f` of every entry, shard by shard.
+    fn each<T>(&self, f: impl Fn(&Entry) -> T) -> Vec<T> {
         (0..SHARDS)
-            .flat_map(|shard| {
-                self.read(shard)
-                    .values()
-                    .map(|entry| Arc::clone(&entry.share.breaker))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|shard| self.read(shard).values().map(&f).collect::<Vec<_>>())
             .collect()
     }
 
@@ -357,10 +359,7 @@ impl Registry {
     /// is none. A breaker leaving a forced state may be evicted again.
     pub(crate) fn force(&self, key: &str, to: State) -> bool {
         let queues = self.lock_queues();
-        let found = self
-            .read(self.shard_of(key))
-            .get(key)
-            .map(|entry| (Arc::clone(&entry.share.breaker), entry.node));
+        let found = self.read(self.shard_of(key)).get(key).map(Entry::found);
         let Some(found) = found else {
             return false;
         };
@@ -371,14 +370,7 @@ impl Registry {
     /// Resets every breaker; returns how many.
     pub(crate) fn reset_all(&self) -> usize {
         let queues = self.lock_queues();
-        let all: Vec<_> = (0..SHARDS)
-            .flat_map(|shard| {
-                self.read(shard)
-                    .values()
-                    .map(|entry| (Arc::clone(&entry.share.breaker), entry.node))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let all = self.each(Entry::found);
         self.force_all(queues, &all, State::Closed);
         all.len()
     }

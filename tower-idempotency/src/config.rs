@@ -87,17 +87,13 @@ impl IdempotencyConfig {
             .classifier
             .build()
             .map_err(|e| e.within("classifier"))?;
-        if self.ttl < MIN_TTL {
-            return Err(ConfigError::new(
-                "ttl",
-                format!("must be at least {MIN_TTL:?}"),
-            ));
-        }
-        if self.in_flight_ttl < MIN_TTL {
-            return Err(ConfigError::new(
-                "in_flight_ttl",
-                format!("must be at least {MIN_TTL:?}"),
-            ));
+        for (field, ttl) in [("ttl", self.ttl), ("in_flight_ttl", self.in_flight_ttl)] {
+            if ttl < MIN_TTL {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be at least {MIN_TTL:?}"),
+                ));
+            }
         }
         Ok(IdempotencyGuardLayer::new(store)
             .name(self.name.as_str())

@@ -29,9 +29,7 @@ pub use self::layer::{IdempotencyGuardLayer, MIN_TTL};
 pub use self::observability::describe_metrics;
 pub use self::rejection::Rejection;
 pub use self::service::{IdempotencyGuard, IDEMPOTENT_REPLAYED};
-/// What an idempotency store fails with (from `tower-store-support`). A
-/// memory store is [full](StoreErrorKind::Full) when every record left is a
-/// claim whose request is still running.
+/// What an idempotency store fails with (from `tower-store-support`).
 pub use tower_store_support::StoreError;
 pub use tower_store_support::StoreErrorKind;
 

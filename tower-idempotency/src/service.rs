@@ -1,4 +1,5 @@
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -530,16 +531,20 @@ impl<St: IdempotencyStore> Held<St> {
     /// handler ran; a write cut short would leave the claim to lapse and a
     /// repeat to run again).
     fn complete(mut self, completion: Completion) -> Write {
-        let fingerprint = self.fingerprint();
-        let Some((store, key, claim)) = self.settle() else {
-            return Write::done();
-        };
-        Write::new(record_outcome(
+        self.write_outcome(completion)
+            .map_or_else(Write::done, Write::new)
+    }
+
+    /// Settles the claim and writes `completion` with the request's
+    /// fingerprint; `None` if it was settled already.
+    fn write_outcome(&mut self, completion: Completion) -> Option<impl Future<Output = ()>> {
+        let (store, key, claim) = self.settle()?;
+        Some(record_outcome(
             store,
             Arc::clone(&self.name),
             key,
             claim,
-            fingerprint,
+            self.fingerprint(),
             completion,
             self.ttl,
         ))
@@ -562,26 +567,13 @@ impl<St: IdempotencyStore> crate::body::Outcome for Held<St> {
 
 impl<St: IdempotencyStore> Drop for Held<St> {
     fn drop(&mut self) {
-        if self.held.is_none() {
-            return;
-        }
-        let fingerprint = self.fingerprint();
-        let Some((store, key, claim)) = self.settle() else {
+        let Some(write) = self.write_outcome(Completion::NotKept(NotKept::Cancelled)) else {
             return;
         };
-        let cancelled = Completion::NotKept(NotKept::Cancelled);
         // Outside a runtime (it is shutting down) the claim stays in flight
         // and lapses after the in-flight TTL.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(record_outcome(
-                store,
-                Arc::clone(&self.name),
-                key,
-                claim,
-                fingerprint,
-                cancelled,
-                self.ttl,
-            ));
+            runtime.spawn(write);
         }
     }
 }

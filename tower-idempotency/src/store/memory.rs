@@ -24,13 +24,9 @@ const HEADER_OVERHEAD: usize = 64;
 /// It is bounded twice: at most `max_entries` keys and at most `max_bytes`
 /// bytes (64 MiB unless [set](Self::with_max_bytes)), counting each record's
 /// key, fingerprint, stored response (body and headers) and a fixed
-/// per-record overhead. To make room it evicts **completed** records, the
-/// oldest completed first; a claim whose request is still running is never
-/// evicted (evicting it would let a repeat run concurrently with the
-/// original). When only claims in flight are left, a new claim fails with
-/// [`StoreErrorKind::Full`] and the guard answers `503` with `Retry-After`.
-/// A response that cannot fit even then is recorded as
-/// [`NotKept::TooLarge`]: the key stays completed, repeats get `409`.
+/// per-record overhead. To make room it evicts completed records, oldest
+/// first, never a claim in flight ([`IdempotencyStore::claim`]); a response
+/// that cannot fit even then is recorded as [`NotKept::TooLarge`].
 ///
 /// A repeat that arrives after its key was evicted runs again: size the
 /// store for the repeats you expect within the TTL.
@@ -270,6 +266,12 @@ impl State {
         }
     }
 
+    /// The map's own `Arc` of a key it holds, for the queues to share.
+    fn key_of(&self, key: &str) -> Arc<str> {
+        let (key, _) = self.slots.get_key_value(key).expect("a live key");
+        Arc::clone(key)
+    }
+
     fn next_seq(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq
@@ -358,11 +360,8 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             record_size = size(key, &record);
         }
         let seq = state.next_seq();
-        let key = state
-            .slots
-            .get_key_value(key)
-            .map(|(key, _)| Arc::clone(key))
-            .expect("a live claim is never evicted");
+        // A live claim is never evicted: making room left it.
+        let key = state.key_of(key);
         let slot = state.slots.get_mut(&key).expect("just found");
         slot.record = record;
         slot.size = record_size;
@@ -383,20 +382,15 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         let now = Instant::now();
         let mut state = self.lock();
         let seq = state.next_seq();
-        let key = match state.live(key, now) {
+        match state.live(key, now) {
             Some(slot) if slot.record.is_held_by(claim) => {
                 slot.expires_at = expiry(now, in_flight_ttl);
                 slot.seq = seq;
-                key
             }
             _ => return Ok(false),
-        };
+        }
         // Back of the line: the claims ahead of it lapse first.
-        let key = state
-            .slots
-            .get_key_value(key)
-            .map(|(key, _)| Arc::clone(key))
-            .expect("just extended");
+        let key = state.key_of(key);
         state.in_flight.push_back((key, seq));
         state.compact();
         Ok(true)

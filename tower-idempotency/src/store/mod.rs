@@ -15,13 +15,8 @@
 //!     extending its claim)
 //! ```
 //!
-//! Two implementations ship here:
-//!
-//! - [`MemoryIdempotencyStore`]: one process, bounded by entries and bytes,
-//!   evicting only completed records (oldest first), never a claim in flight.
-//! - `RedisIdempotencyStore` (feature `redis`): shared by every node of a
-//!   fleet; the claim is `SET NX PX`, completion and release are Lua scripts
-//!   that act only while the caller still owns the claim.
+//! Two implementations ship here: [`MemoryIdempotencyStore`] for one
+//! process, `RedisIdempotencyStore` (feature `redis`) for a fleet.
 //!
 //! Keys reach a store already namespaced by the guard (`u:` for unscoped
 //! keys, `s:{len}:{identity}:` for keys scoped by a client identity), so no
@@ -68,7 +63,8 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// released within `in_flight_ttl` lapses (its owner crashed).
     ///
     /// A store at its bound may evict completed records to make room, never
-    /// a claim in flight: when only claims in flight are left it fails with
+    /// a claim in flight (a repeat would run beside the original): when only
+    /// claims in flight are left it fails with
     /// [`StoreErrorKind::Full`](crate::StoreErrorKind::Full).
     fn claim(
         &self,
@@ -404,12 +400,8 @@ mod bytes_text {
         match std::str::from_utf8(bytes) {
             Ok(text) => Text::Utf8(text),
             Err(_) => {
-                const DIGITS: &[u8; 16] = b"0123456789abcdef";
                 let mut hex = String::with_capacity(bytes.len() * 2);
-                for b in bytes.iter() {
-                    hex.push(DIGITS[usize::from(b >> 4)] as char);
-                    hex.push(DIGITS[usize::from(b & 0xf)] as char);
-                }
+                crate::key::push_hex(&mut hex, bytes);
                 Text::Hex(hex)
             }
         }

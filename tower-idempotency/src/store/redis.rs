@@ -36,11 +36,8 @@ use crate::StoreError;
 /// - **release**: a Lua script deletes the key, again only for its owner.
 ///
 /// Every key expires: an in-flight claim after the in-flight TTL (its node
-/// crashed), a completed one after the TTL; TTLs are cut to
-/// [`MAX_TTL`](super::MAX_TTL). A record is at most
-/// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes)
-/// (default 2 MiB, room for a 1 MiB binary body in its text form); a
-/// response over it is recorded as [`NotKept::TooLarge`].
+/// crashed), a completed one after the TTL. A record is at most
+/// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes).
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_idempotency::StoreError> {
@@ -98,8 +95,9 @@ impl RedisIdempotencyStoreBuilder {
         self
     }
 
-    /// Records larger than `bytes` (default 2 MiB) are not written; the key
-    /// is completed as [`NotKept::TooLarge`] instead.
+    /// Records larger than `bytes` (default 2 MiB, room for a 1 MiB binary
+    /// body in its text form) are not written; the key is completed as
+    /// [`NotKept::TooLarge`] instead.
     pub const fn max_record_bytes(mut self, bytes: usize) -> Self {
         self.max_record_bytes = bytes;
         self
@@ -176,14 +174,11 @@ impl RedisIdempotencyStore {
     /// short by a `}` in it, piling keys a client chose onto one slot.
     pub fn redis_key(&self, key: &str) -> String {
         use sha2::{Digest, Sha256};
-        use std::fmt::Write;
         let digest = Sha256::digest(key.as_bytes());
         let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
         redis_key.push_str(&self.shared.prefix);
         redis_key.push('{');
-        for byte in &digest[..8] {
-            let _ = write!(redis_key, "{byte:02x}");
-        }
+        crate::key::push_hex(&mut redis_key, &digest[..8]);
         redis_key.push('}');
         redis_key.push_str(key);
         redis_key
