@@ -417,12 +417,7 @@ where
                 this.state.set(State::Done);
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
-                policy.listeners.gave_up(attempts, reason, failure);
-                let marked = RetryStopped {
-                    reason,
-                    attempts,
-                    failure,
-                };
+                let marked = policy.listeners.gave_up(attempts, reason, failure);
                 return Poll::Ready(stopped(stop, marked, result, report));
             }
         };
@@ -478,7 +473,7 @@ where
 /// [`NotReplayable`](StopReason::NotReplayable); the listeners hear of it
 /// with the failure handed back.
 fn hand_back_last<C, R, Res>(
-    policy: &crate::policy::Policy<C, R>,
+    policy: &Policy<C, R>,
     cold: &mut Cold<Res>,
     attempts: u32,
 ) -> Result<Res, BoxError>
@@ -491,12 +486,7 @@ where
     cold.end_span(attempts, Some(failure), Some(reason));
     // As for a request found not replayable when the retry is decided:
     // the listeners, no metric.
-    policy.listeners.gave_up(attempts, reason, failure);
-    let marked = RetryStopped {
-        reason,
-        attempts,
-        failure,
-    };
+    let marked = policy.listeners.gave_up(attempts, reason, failure);
     let result = last.map_err(AttemptError::Inner);
     stopped(Stop::HandBack(reason), marked, result, &policy.replay)
 }
