@@ -14,7 +14,7 @@ use tower_service::Service;
 use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
 use crate::error::{BudgetExhausted, WaitTooLong};
 use crate::events::{RetryEvent, RetryStopped, StopReason};
-use crate::policy::{Decision, Policy, Stop};
+use crate::policy::{too_little_left, Decision, Policy, Stop};
 use crate::replay::{lost_its_body, Replay, StopReport};
 use crate::telemetry::{self, Telemetry};
 
@@ -268,7 +268,9 @@ where
                             cold.end_span(*this.attempts, Some(failure), None);
                             return Poll::Ready(Err(err.into()));
                         }
-                        Poll::Ready(Ok(())) if !policy.no_time_for_an_attempt(cold.deadline()) => {}
+                        Poll::Ready(Ok(()))
+                            if too_little_left(cold.deadline(), policy.min_attempt_time)
+                                .is_none() => {}
                         Poll::Pending
                             if cold.retry.deadline.is_none()
                                 || cold.timer().poll(cx).is_pending() =>

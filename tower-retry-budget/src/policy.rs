@@ -145,16 +145,14 @@ pub(crate) struct RetryState {
     pub(crate) waited_for_shed: bool,
 }
 
-impl<C, R> Policy<C, R> {
-    /// Whether `deadline` leaves less than the minimum attempt time (or
-    /// nothing at all): no attempt, the first included, is started then.
-    pub(crate) fn no_time_for_an_attempt(&self, deadline: Option<Instant>) -> bool {
-        deadline.is_some_and(|deadline| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            left.is_zero() || left < self.min_attempt_time
-        })
-    }
+/// What `deadline` leaves when that is less than `min`, the minimum attempt
+/// time, or nothing: no attempt, the first included, is started then.
+pub(crate) fn too_little_left(deadline: Option<Instant>, min: Duration) -> Option<Duration> {
+    let left = deadline?.saturating_duration_since(Instant::now());
+    (left.is_zero() || left < min).then_some(left)
+}
 
+impl<C, R> Policy<C, R> {
     /// Decides what follows attempt number `attempts`, which failed with
     /// `failure`. `replayable` says whether a copy of the request can be
     /// sent again.

@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use crate::cold;
 use crate::future::ResponseFuture;
-use crate::policy::Policy;
+use crate::policy::{too_little_left, Policy};
 use crate::replay::{Replay, StopReport};
 
 /// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
@@ -113,7 +113,7 @@ where
 {
     let policy = &**shared;
     let cold = match cold::cold_state(policy, policy.replay.deadline(&request)) {
-        Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
+        Some(cold) if too_little_left(cold.deadline(), policy.min_attempt_time).is_some() => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
             // here: what `poll_ready` reserved (a concurrency permit, a
