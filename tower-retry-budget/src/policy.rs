@@ -191,13 +191,13 @@ impl<C, R> Policy<C, R> {
                 _ => None,
             };
             if shed_wait.is_none() {
-                return self.stop(StopReason::Shed, attempts, failure);
+                return self.stop(Stop::HandBack(StopReason::Shed), attempts, failure);
             }
         } else if !self.retry_if.allows(&failure) {
             return Decision::Stop(Stop::HandBack(StopReason::NotRetried));
         }
         if attempts > self.max_retries {
-            return self.stop(StopReason::Attempts, attempts, failure);
+            return self.stop(Stop::HandBack(StopReason::Attempts), attempts, failure);
         }
         if !replayable {
             tracing::debug!(
@@ -224,16 +224,13 @@ impl<C, R> Policy<C, R> {
             // initial delay.
             state.backoff = None;
         }
-        if let Some(wait) = hinted {
-            if wait > self.max_wait {
-                self.telemetry
-                    .gave_up(StopReason::WaitTooLong, attempts, failure);
-                return Decision::Stop(Stop::TooLong {
-                    wait,
-                    limit: self.max_wait,
-                    reason: WaitLimit::MaxWait,
-                });
-            }
+        if hinted.is_some_and(|wait| wait > self.max_wait) {
+            let too_long = Stop::TooLong {
+                wait,
+                limit: self.max_wait,
+                reason: WaitLimit::MaxWait,
+            };
+            return self.stop(too_long, attempts, failure);
         }
         if let Some(deadline) = state.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -241,16 +238,15 @@ impl<C, R> Policy<C, R> {
             // `min_attempt_time` left to run.
             if wait.saturating_add(self.min_attempt_time) >= left {
                 if hinted.is_some() && !shed {
-                    self.telemetry
-                        .gave_up(StopReason::WaitTooLong, attempts, failure);
-                    return Decision::Stop(Stop::TooLong {
+                    let too_long = Stop::TooLong {
                         wait,
                         limit: left,
                         reason: WaitLimit::Deadline,
-                    });
+                    };
+                    return self.stop(too_long, attempts, failure);
                 }
                 // A computed sleep that would cross the deadline is not started.
-                return self.stop(StopReason::Deadline, attempts, failure);
+                return self.stop(Stop::HandBack(StopReason::Deadline), attempts, failure);
             }
         }
         // A refusal below never reached the dependency, so the attempt after
@@ -258,9 +254,7 @@ impl<C, R> Policy<C, R> {
         if let Some(budget) = self.budget.as_ref().filter(|_| !shed) {
             if !budget.withdraw() {
                 self.telemetry.budget_exhausted();
-                self.telemetry
-                    .gave_up(StopReason::Budget, attempts, failure);
-                return Decision::Stop(Stop::Budget);
+                return self.stop(Stop::Budget, attempts, failure);
             }
         }
         if shed {
@@ -269,8 +263,9 @@ impl<C, R> Policy<C, R> {
         Decision::Retry(wait)
     }
 
-    fn stop(&self, reason: StopReason, attempts: u32, failure: Failure) -> Decision {
-        self.telemetry.gave_up(reason, attempts, failure);
-        Decision::Stop(Stop::HandBack(reason))
+    /// Stops, counted in the metrics (a failure not retried or not replayable is not).
+    fn stop(&self, stop: Stop, attempts: u32, failure: Failure) -> Decision {
+        self.telemetry.gave_up(stop.reason(), attempts, failure);
+        Decision::Stop(stop)
     }
 }
