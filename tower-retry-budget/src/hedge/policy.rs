@@ -114,12 +114,14 @@ impl<C, R> HedgePolicy<C, R> {
         Err(Refusal::Budget)
     }
 
-    /// Records how long a call's first attempt ran: until it answered, or
-    /// until another attempt won (a lower bound, and above the delay).
-    pub(crate) fn record_latency(&self, latency: Duration, now: Instant) {
-        if let DelaySource::Window(window) = &self.delay {
+    /// Records how long a call's first attempt, timed from `started`, ran:
+    /// until it answered, or until another attempt won (a lower bound, and
+    /// above the delay).
+    pub(crate) fn record_latency(&self, started: Option<Instant>) {
+        if let (DelaySource::Window(window), Some(started)) = (&self.delay, started) {
             let before = window.delay();
-            window.record(latency, now);
+            let now = Instant::now();
+            window.record(now.saturating_duration_since(started), now);
             let after = window.delay();
             if after != before {
                 self.telemetry.delay_changed(after);
