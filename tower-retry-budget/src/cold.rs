@@ -158,7 +158,8 @@ impl<Res> Cold<Res> {
         stop: Option<StopReason>,
     ) {
         if let Some(spans) = &self.spans {
-            telemetry::record_end(spans, attempts, failure);
+            spans.call.record("attempts", attempts);
+            telemetry::record_outcome(&spans.call, failure);
             if let Some(stop) = stop {
                 spans.call.record("stop_reason", stop.as_str());
             }

@@ -368,7 +368,7 @@ where
                 this.state.set(State::Done);
                 if let Some(cold) = this.cold.as_ref() {
                     if let Some(spans) = &cold.spans {
-                        telemetry::record_attempt(spans, None);
+                        telemetry::record_outcome(&spans.attempt, None);
                     }
                     cold.end_span(*this.attempts, None, None);
                 }
@@ -380,7 +380,7 @@ where
         };
         let cold = this.cold.get_or_insert_with(Box::default);
         if let Some(spans) = &cold.spans {
-            telemetry::record_attempt(spans, Some(failure));
+            telemetry::record_outcome(&spans.attempt, Some(failure));
         }
         let attempts = *this.attempts;
         // A dead-letter layer above records the attempts of a call that
