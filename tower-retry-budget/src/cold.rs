@@ -207,13 +207,9 @@ fn make_cold_state<C, R, Res>(
 ) -> Option<Box<Cold<Res>>> {
     let spans = policy.telemetry.call_spans();
     let now = Instant::now();
-    let own = policy
-        .deadline
-        .and_then(|deadline| now.checked_add(deadline));
-    let deadline = match (own, caller) {
-        (Some(own), Some(caller)) => Some(own.min(caller.instant())),
-        (own, caller) => own.or(caller.map(|caller| caller.instant())),
-    };
+    // The earlier of the layer's deadline and the caller's.
+    let own = policy.deadline.and_then(|d| now.checked_add(d));
+    let deadline = own.into_iter().chain(caller.map(|c| c.instant())).min();
     if spans.is_none() && deadline.is_none() && policy.attempt_timeout.is_none() {
         return None;
     }
