@@ -248,14 +248,11 @@ pub(crate) fn deadline_exceeded<C, R, Res>(
 where
     R: StopReport<Res>,
 {
+    let reason = StopReason::Deadline;
     cold.settle_last(&policy.replay);
-    cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
-    policy
-        .telemetry
-        .gave_up(StopReason::Deadline, attempts, failure);
-    policy
-        .listeners
-        .gave_up(attempts, StopReason::Deadline, failure);
+    cold.end_span(attempts, Some(failure), Some(reason));
+    policy.telemetry.gave_up(reason, attempts, failure);
+    policy.listeners.gave_up(attempts, reason, failure);
     Box::new(DeadlineExceeded::new(
         cold.retry.deadline_total,
         attempts,

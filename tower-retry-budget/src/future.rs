@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
+use tower_classify::attempts::report_attempts;
 use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
@@ -217,12 +218,8 @@ where
                             if *this.limit == Limit::Deadline {
                                 // The attempt in flight ran out of time.
                                 let failure = Failure::new(FailureKind::Timeout);
-                                return Poll::Ready(Err(deadline_exceeded(
-                                    policy,
-                                    cold,
-                                    *this.attempts,
-                                    failure,
-                                )));
+                                let err = deadline_exceeded(policy, cold, *this.attempts, failure);
+                                return Poll::Ready(Err(err));
                             }
                             Err(AttemptError::TimedOut)
                         }
@@ -254,11 +251,7 @@ where
                     continue;
                 }
                 StateProj::Readying => {
-                    let ready = in_span(
-                        this.cold,
-                        |spans| &spans.call,
-                        || this.service.poll_ready(cx),
-                    );
+                    let ready = in_span(this.cold, |s| &s.call, || this.service.poll_ready(cx));
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Err(err)) => {
@@ -283,12 +276,8 @@ where
                         _ => {
                             this.state.set(State::Done);
                             let failure = cold.retried.expect("a retry follows a failure");
-                            return Poll::Ready(Err(deadline_exceeded(
-                                policy,
-                                cold,
-                                *this.attempts,
-                                failure,
-                            )));
+                            let err = deadline_exceeded(policy, cold, *this.attempts, failure);
+                            return Poll::Ready(Err(err));
                         }
                     }
                     let kept = this
@@ -340,10 +329,7 @@ where
                     // (`CountAttempts`) has counted this one by now, and the
                     // report raises the tally to it rather than past it.
                     if *this.reports {
-                        tower_classify::attempts::report_attempts(
-                            *this.attempts,
-                            *this.attempts - 1,
-                        );
+                        report_attempts(*this.attempts, *this.attempts - 1);
                     }
                     *this.limit = cold.arm_attempt(policy.attempt_timeout);
                     this.state.set(State::Called { future });
@@ -386,7 +372,7 @@ where
         // A dead-letter layer above records the attempts of a call that
         // fails; a call that succeeds at once never gets here.
         if *this.reports {
-            tower_classify::attempts::report_attempts(attempts, attempts);
+            report_attempts(attempts, attempts);
         }
         let report = &policy.replay;
         // A retry whose copy of the body was lost to the attempt before it,
