@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 use tower_classify::{BoxError, Failure};
-use tower_service::Service;
 
 use crate::error::{DeadlineExceeded, PreviousFailure};
 use crate::events::StopReason;
@@ -224,15 +223,6 @@ fn make_cold_state<C, R, Res>(
         spans,
         ..Cold::default()
     }))
-}
-
-/// Calls `service` inside the first attempt's span, if there is one.
-pub(crate) fn first_call<S: Service<Req>, Req>(
-    cold: &Option<Box<Cold<S::Response>>>,
-    service: &mut S,
-    request: Req,
-) -> S::Future {
-    in_span(cold, |spans| &spans.attempt, || service.call(request))
 }
 
 /// Ends the call on its deadline after `attempts` attempts, the last of

@@ -144,7 +144,7 @@ where
     // hedge) does not: claimed before the first attempt is made (see
     // `tower_classify::attempts`).
     let reports = tower_classify::attempts::claim_reports();
-    let first = cold::first_call(&cold, &mut service, request);
+    let first = cold::in_span(&cold, |s| &s.attempt, || service.call(request));
     ResponseFuture::new(first, service, kept, shared, cold, reports)
 }
 
