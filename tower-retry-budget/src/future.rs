@@ -203,11 +203,8 @@ where
                 StateProj::Called { future } => {
                     let polled = in_span(this.cold, |spans| &spans.attempt, || future.poll(cx));
                     match polled {
-                        // Boxed before it is classified, so one classifier
-                        // over `BoxError` serves any client's error type.
-                        Poll::Ready(result) => {
-                            result.map_err(|err| AttemptError::Inner(err.into()))
-                        }
+                        // Boxed before it is classified, as in `poll`.
+                        Poll::Ready(result) => result.map_err(|e| AttemptError::Inner(e.into())),
                         // As `tokio::time::Timeout` does: the attempt first, then its limit.
                         Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
                         Poll::Pending => {
