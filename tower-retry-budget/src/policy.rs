@@ -85,12 +85,6 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
     }
 }
 
-/// `true` for the kinds the layer may wait out once without a classifier's
-/// blessing: a local load-shedding refusal below the retry layer.
-pub(crate) fn is_shed(kind: FailureKind) -> bool {
-    kind == FailureKind::Shed
-}
-
 /// The share of a waited-out refusal added at random, so that the callers
 /// refused together do not all come back on the same tick.
 const SHED_JITTER: f64 = 0.25;
@@ -168,7 +162,7 @@ impl<C, R> Policy<C, R> {
         // when the caller set a deadline it fits in and it is no longer than
         // `max_delay`: with no deadline every caller would sleep out the whole
         // recovery and come back on the same tick.
-        let shed = is_shed(failure.kind);
+        let shed = failure.kind == FailureKind::Shed;
         let mut shed_wait = None;
         if shed {
             shed_wait = match (failure.hint, state.deadline) {
