@@ -100,11 +100,6 @@ impl<Res> Cold<Res> {
         });
     }
 
-    /// The loop's deadline, if it has one.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.retry.deadline
-    }
-
     /// Arms the timer for an attempt starting now and says what it enforces.
     pub(crate) fn arm_attempt(&mut self, attempt_timeout: Option<Duration>) -> Limit {
         let deadline = self.retry.deadline;

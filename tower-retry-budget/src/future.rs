@@ -259,7 +259,7 @@ where
                             return Poll::Ready(Err(err.into()));
                         }
                         Poll::Ready(Ok(()))
-                            if too_little_left(cold.deadline(), policy.min_attempt_time)
+                            if too_little_left(cold.retry.deadline, policy.min_attempt_time)
                                 .is_none() => {}
                         Poll::Pending
                             if cold.retry.deadline.is_none()

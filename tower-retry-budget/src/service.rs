@@ -113,7 +113,7 @@ where
 {
     let policy = &**shared;
     let cold = match cold::cold_state(policy, policy.replay.deadline(&request)) {
-        Some(cold) if too_little_left(cold.deadline(), policy.min_attempt_time).is_some() => {
+        Some(cold) if too_little_left(cold.retry.deadline, policy.min_attempt_time).is_some() => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
             // here: what `poll_ready` reserved (a concurrency permit, a
@@ -133,7 +133,7 @@ where
     };
     let mut request = request;
     if let Some(cold) = &cold {
-        policy.replay.before_send(&mut request, cold.deadline());
+        policy.replay.before_send(&mut request, cold.retry.deadline);
     }
     // Cloned before the first attempt is made, so that the attempt's
     // future goes into the response future without a move around it.
