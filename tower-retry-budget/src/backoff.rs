@@ -190,41 +190,35 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(60);
-
-    const fn with_kind(kind: BackoffKind, initial_delay: Duration) -> Self {
-        Backoff {
-            kind,
-            initial_delay,
-            multiplier: 2.0,
-            max_delay: Self::DEFAULT_MAX_DELAY,
-            jitter: Jitter::Full,
-        }
-    }
-
     /// Retry at once, without waiting.
     pub const fn none() -> Self {
-        Self::with_kind(BackoffKind::None, Duration::ZERO).with_jitter(Jitter::None)
+        Self::new(BackoffKind::None, Duration::ZERO).with_jitter(Jitter::None)
     }
 
     /// Wait `delay` before every retry (then jitter).
     pub const fn fixed(delay: Duration) -> Self {
-        Self::with_kind(BackoffKind::Fixed, delay)
+        Self::new(BackoffKind::Fixed, delay)
     }
 
     /// Wait `initial_delay × n` before the n-th retry.
     pub const fn linear(initial_delay: Duration) -> Self {
-        Self::with_kind(BackoffKind::Linear, initial_delay)
+        Self::new(BackoffKind::Linear, initial_delay)
     }
 
     /// Wait `initial_delay × multiplier^(n-1)` before the n-th retry.
     pub const fn exponential(initial_delay: Duration) -> Self {
-        Self::with_kind(BackoffKind::Exponential, initial_delay)
+        Self::new(BackoffKind::Exponential, initial_delay)
     }
 
     /// A backoff of `kind` starting at `initial_delay`.
     pub const fn new(kind: BackoffKind, initial_delay: Duration) -> Self {
-        Self::with_kind(kind, initial_delay)
+        Backoff {
+            kind,
+            initial_delay,
+            multiplier: 2.0,
+            max_delay: Duration::from_secs(60),
+            jitter: Jitter::Full,
+        }
     }
 
     /// The growth factor of an exponential backoff (default 2, at least 1).

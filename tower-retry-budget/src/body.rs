@@ -16,11 +16,8 @@
 //! The retry layer asks the body whether it can be replayed *after* the
 //! attempt ([`TryCloneBody::can_replay`]), so whether a request is retried
 //! depends on what the attempt actually read, not on a guess made before.
-//! An attempt answered early may go on sending the body (an upload the
-//! server refused half way): while it does, the retry layer keeps that
-//! answer, and if the body outgrows its limit during the backoff (asked
-//! again when it ends) or under the retry, the caller gets that answer,
-//! marked with [`RetryStopped`](crate::RetryStopped), not a replay error.
+//! An answer that came while the body still streamed is the caller's if the
+//! body then outgrows its limit ([`Replay::still_streaming`](crate::replay::Replay::still_streaming)).
 //!
 //! A [`DeadLetterLayer`](https://docs.rs/tower-poison) above the retry layer
 //! already hands the services below it a `ReplayBody`; the retry layer

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 use tower_classify::{BoxError, Failure};
-use tower_service::Service;
 
 use crate::error::{DeadlineExceeded, PreviousFailure};
 use crate::events::StopReason;
@@ -101,11 +100,6 @@ impl<Res> Cold<Res> {
         });
     }
 
-    /// The loop's deadline, if it has one.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.retry.deadline
-    }
-
     /// Arms the timer for an attempt starting now and says what it enforces.
     pub(crate) fn arm_attempt(&mut self, attempt_timeout: Option<Duration>) -> Limit {
         let deadline = self.retry.deadline;
@@ -158,7 +152,8 @@ impl<Res> Cold<Res> {
         stop: Option<StopReason>,
     ) {
         if let Some(spans) = &self.spans {
-            telemetry::record_end(spans, attempts, failure);
+            spans.call.record("attempts", attempts);
+            telemetry::record_outcome(&spans.call, failure);
             if let Some(stop) = stop {
                 spans.call.record("stop_reason", stop.as_str());
             }
@@ -206,13 +201,9 @@ fn make_cold_state<C, R, Res>(
 ) -> Option<Box<Cold<Res>>> {
     let spans = policy.telemetry.call_spans();
     let now = Instant::now();
-    let own = policy
-        .deadline
-        .and_then(|deadline| now.checked_add(deadline));
-    let deadline = match (own, caller) {
-        (Some(own), Some(caller)) => Some(own.min(caller.instant())),
-        (own, caller) => own.or(caller.map(|caller| caller.instant())),
-    };
+    // The earlier of the layer's deadline and the caller's.
+    let own = policy.deadline.and_then(|d| now.checked_add(d));
+    let deadline = own.into_iter().chain(caller.map(|c| c.instant())).min();
     if spans.is_none() && deadline.is_none() && policy.attempt_timeout.is_none() {
         return None;
     }
@@ -229,15 +220,6 @@ fn make_cold_state<C, R, Res>(
     }))
 }
 
-/// Calls `service` inside the first attempt's span, if there is one.
-pub(crate) fn first_call<S: Service<Req>, Req>(
-    cold: &Option<Box<Cold<S::Response>>>,
-    service: &mut S,
-    request: Req,
-) -> S::Future {
-    in_span(cold, |spans| &spans.attempt, || service.call(request))
-}
-
 /// Ends the call on its deadline after `attempts` attempts, the last of
 /// which failed with `failure` (a timeout when the deadline cut it): its
 /// span, its metrics and listeners, and the [`DeadlineExceeded`] the caller
@@ -251,14 +233,11 @@ pub(crate) fn deadline_exceeded<C, R, Res>(
 where
     R: StopReport<Res>,
 {
+    let reason = StopReason::Deadline;
     cold.settle_last(&policy.replay);
-    cold.end_span(attempts, Some(failure), Some(StopReason::Deadline));
-    policy
-        .telemetry
-        .gave_up(StopReason::Deadline, attempts, failure);
-    policy
-        .listeners
-        .gave_up(attempts, StopReason::Deadline, failure);
+    cold.end_span(attempts, Some(failure), Some(reason));
+    policy.telemetry.gave_up(reason, attempts, failure);
+    policy.listeners.gave_up(attempts, reason, failure);
     Box::new(DeadlineExceeded::new(
         cold.retry.deadline_total,
         attempts,

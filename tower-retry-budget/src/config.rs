@@ -33,6 +33,7 @@ use std::time::Duration;
 use http::HeaderName;
 use serde::{Deserialize, Serialize};
 use tower_classify::config::HttpClassifierConfig;
+use tower_classify::duration;
 use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, BackoffKind, Jitter};
@@ -43,89 +44,66 @@ use crate::replay::HttpReplay;
 /// The retry settings of one layer. Every field is optional; what is left
 /// out keeps the [builder's default](crate::RetryBuilder).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RetryConfig {
     /// Retries after the first attempt (0–16).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
     /// Total attempts including the first (1–17). Set this or `max_retries`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// The backoff between attempts.
-    #[serde(default)]
     pub backoff: BackoffConfig,
     /// One deadline for the whole loop, attempts and sleeps together.
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Duration>,
     /// A timeout for each attempt.
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub attempt_timeout: Option<Duration>,
     /// The deadline is `attempt_timeout × (max_retries + 1)`.
     /// Needs `attempt_timeout` and excludes `deadline`.
-    #[serde(default)]
     pub deadline_from_attempt_timeout: bool,
     /// The longest server-requested wait honoured (default 1 h).
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub max_wait: Option<Duration>,
     /// The classes retried: `http_5xx`, `rate_limited`, `connection`,
     /// `timeout` (default all four; an empty list is refused).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_on: Option<Vec<String>>,
     /// HTTP only: the only statuses that are transient (e.g. `[429, 502, 503, 504]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retryable_statuses: Option<Vec<u16>>,
     /// HTTP only: retry POST and PATCH too.
-    #[serde(default)]
     pub retry_non_idempotent: bool,
     /// HTTP only: mark retries with this header (e.g. `grpc-previous-rpc-attempts`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt_header: Option<String>,
     /// The retry budget (default: a TPS budget of 10 s, 10/s, 20 %).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
 }
 
 /// The `backoff` section.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackoffConfig {
     /// `none`, `fixed`, `linear` or `exponential` (default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// The first delay (default 1 s).
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub initial_delay: Option<Duration>,
     /// The exponential growth factor (default 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub multiplier: Option<f64>,
     /// The cap, applied before jitter (default 60 s).
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub max_delay: Option<Duration>,
     /// `none`, `full` (default), `equal`, `decorrelated`, or factors such as
     /// `0.5..1.5` (±50 %) and `0.5..1` (50–100 %).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub jitter: Option<String>,
 }
 
@@ -137,7 +115,7 @@ pub enum BudgetConfig {
     /// [`TpsBudget`]: `ttl` (10 s), `min_per_sec` (10), `retry_percent` (0.2).
     Tps {
         /// The window.
-        #[serde(default = "default_ttl", with = "tower_classify::duration::serde")]
+        #[serde(default = "default_ttl", with = "duration::serde")]
         ttl: Duration,
         /// The floor, in retries per second.
         #[serde(default = "default_min_per_sec")]

@@ -1,11 +1,8 @@
 //! Error types.
 //!
-//! The retry layer's error type is [`BoxError`], like
-//! every tower middleware that can fail on its own. When it gives up it usually
-//! returns the last attempt's own result unchanged (the response, or the inner
-//! service's error). It returns one of the errors here only when it ends the
-//! loop for a reason of its own; downcast to tell them apart (the crate
-//! README shows an axum handler doing so).
+//! The retry layer fails with a [`BoxError`]: the last attempt's own error,
+//! or one of these when it ends the loop for a reason of its own (downcast
+//! to tell them apart).
 //!
 //! # What other layers see
 //!
@@ -20,14 +17,11 @@
 //! | [`DeadlineExceeded`] | `timeout` | `DoNotRetry` |
 //! | [`FailedSuccess`] | the response's failure kind (e.g. `rate_limited`) | `DoNotRetry` |
 //!
-//! A retry that gave up because the budget is spent is **not** `Shed`: the
-//! budget ran out *because the dependency kept failing*, so a breaker outside
-//! should count it as the failure it is. `Shed` would tell the breaker "this
-//! says nothing about the dependency", and a breaker outside a retry layer
-//! would then never open during exactly the outage the budget detected. The
-//! `DoNotRetry` hint is what keeps an outer retry layer from retrying it (the
-//! retry storm the budget exists to prevent). The original error, if the last
-//! attempt ended in one, is the `Classified`'s own source.
+//! A spent budget is **not** `Shed` ("says nothing about the dependency"):
+//! it ran out *because the dependency kept failing*, and a breaker outside
+//! that read it as `Shed` would never open during the very outage the budget
+//! detected. `DoNotRetry` keeps an outer retry layer from retrying it. The
+//! last attempt's error, if any, is the `Classified`'s own source.
 
 use std::any::Any;
 use std::error::Error;
@@ -82,10 +76,8 @@ impl fmt::Debug for ResponseHead {
 /// The retry budget was spent: the layer returned at once instead of retrying.
 ///
 /// Only for a last attempt that ended in an error: a failed *response* is
-/// handed back as it is, marked with a
-/// [`RetryStopped`] of reason
-/// [`Budget`](crate::StopReason::Budget), so the caller keeps the
-/// upstream's status, `Retry-After` and body.
+/// handed back marked with a [`RetryStopped`] of reason
+/// [`Budget`](crate::StopReason::Budget).
 #[derive(Debug)]
 pub struct BudgetExhausted {
     stopped: RetryStopped,
@@ -129,10 +121,6 @@ impl Error for BudgetExhausted {
 /// response rule with `match_success` caught a throttled answer) and retrying
 /// stopped: the answer is not handed back, so no caller reads a throttled or
 /// failed response as its data.
-///
-/// Its [`Classified`] source carries the failure's kind with a `DoNotRetry`
-/// hint, so a breaker outside counts it and a retry layer outside does not
-/// retry it.
 #[derive(Debug)]
 pub struct FailedSuccess {
     stopped: RetryStopped,

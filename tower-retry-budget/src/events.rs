@@ -116,7 +116,13 @@ impl Listeners {
         }
     }
 
-    pub(crate) fn gave_up(&self, attempts: u32, reason: StopReason, failure: Failure) {
+    /// Tells the callbacks why the call gave up: the event its answer is marked with.
+    pub(crate) fn gave_up(
+        &self,
+        attempts: u32,
+        reason: StopReason,
+        failure: Failure,
+    ) -> RetryStopped {
         let event = RetryStopped {
             reason,
             attempts,
@@ -125,6 +131,7 @@ impl Listeners {
         for callback in &self.give_up {
             callback(&event);
         }
+        event
     }
 
     pub(crate) fn recovered(&self, attempts: u32) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
+use tower_classify::attempts::report_attempts;
 use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
@@ -14,7 +15,7 @@ use tower_service::Service;
 use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
 use crate::error::{BudgetExhausted, WaitTooLong};
 use crate::events::{RetryEvent, RetryStopped, StopReason};
-use crate::policy::{Decision, Policy, Stop};
+use crate::policy::{too_little_left, Decision, Policy, Stop};
 use crate::replay::{lost_its_body, Replay, StopReport};
 use crate::telemetry::{self, Telemetry};
 
@@ -202,11 +203,8 @@ where
                 StateProj::Called { future } => {
                     let polled = in_span(this.cold, |spans| &spans.attempt, || future.poll(cx));
                     match polled {
-                        // Boxed before it is classified, so one classifier
-                        // over `BoxError` serves any client's error type.
-                        Poll::Ready(result) => {
-                            result.map_err(|err| AttemptError::Inner(err.into()))
-                        }
+                        // Boxed before it is classified, as in `poll`.
+                        Poll::Ready(result) => result.map_err(|e| AttemptError::Inner(e.into())),
                         // As `tokio::time::Timeout` does: the attempt first, then its limit.
                         Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
                         Poll::Pending => {
@@ -217,12 +215,8 @@ where
                             if *this.limit == Limit::Deadline {
                                 // The attempt in flight ran out of time.
                                 let failure = Failure::new(FailureKind::Timeout);
-                                return Poll::Ready(Err(deadline_exceeded(
-                                    policy,
-                                    cold,
-                                    *this.attempts,
-                                    failure,
-                                )));
+                                let err = deadline_exceeded(policy, cold, *this.attempts, failure);
+                                return Poll::Ready(Err(err));
                             }
                             Err(AttemptError::TimedOut)
                         }
@@ -254,11 +248,7 @@ where
                     continue;
                 }
                 StateProj::Readying => {
-                    let ready = in_span(
-                        this.cold,
-                        |spans| &spans.call,
-                        || this.service.poll_ready(cx),
-                    );
+                    let ready = in_span(this.cold, |s| &s.call, || this.service.poll_ready(cx));
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Err(err)) => {
@@ -268,7 +258,9 @@ where
                             cold.end_span(*this.attempts, Some(failure), None);
                             return Poll::Ready(Err(err.into()));
                         }
-                        Poll::Ready(Ok(())) if !policy.no_time_for_an_attempt(cold.deadline()) => {}
+                        Poll::Ready(Ok(()))
+                            if too_little_left(cold.retry.deadline, policy.min_attempt_time)
+                                .is_none() => {}
                         Poll::Pending
                             if cold.retry.deadline.is_none()
                                 || cold.timer().poll(cx).is_pending() =>
@@ -281,12 +273,8 @@ where
                         _ => {
                             this.state.set(State::Done);
                             let failure = cold.retried.expect("a retry follows a failure");
-                            return Poll::Ready(Err(deadline_exceeded(
-                                policy,
-                                cold,
-                                *this.attempts,
-                                failure,
-                            )));
+                            let err = deadline_exceeded(policy, cold, *this.attempts, failure);
+                            return Poll::Ready(Err(err));
                         }
                     }
                     let kept = this
@@ -338,10 +326,7 @@ where
                     // (`CountAttempts`) has counted this one by now, and the
                     // report raises the tally to it rather than past it.
                     if *this.reports {
-                        tower_classify::attempts::report_attempts(
-                            *this.attempts,
-                            *this.attempts - 1,
-                        );
+                        report_attempts(*this.attempts, *this.attempts - 1);
                     }
                     *this.limit = cold.arm_attempt(policy.attempt_timeout);
                     this.state.set(State::Called { future });
@@ -366,7 +351,7 @@ where
                 this.state.set(State::Done);
                 if let Some(cold) = this.cold.as_ref() {
                     if let Some(spans) = &cold.spans {
-                        telemetry::record_attempt(spans, None);
+                        telemetry::record_outcome(&spans.attempt, None);
                     }
                     cold.end_span(*this.attempts, None, None);
                 }
@@ -378,13 +363,13 @@ where
         };
         let cold = this.cold.get_or_insert_with(Box::default);
         if let Some(spans) = &cold.spans {
-            telemetry::record_attempt(spans, Some(failure));
+            telemetry::record_outcome(&spans.attempt, Some(failure));
         }
         let attempts = *this.attempts;
         // A dead-letter layer above records the attempts of a call that
         // fails; a call that succeeds at once never gets here.
         if *this.reports {
-            tower_classify::attempts::report_attempts(attempts, attempts);
+            report_attempts(attempts, attempts);
         }
         let report = &policy.replay;
         // A retry whose copy of the body was lost to the attempt before it,
@@ -417,12 +402,7 @@ where
                 this.state.set(State::Done);
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
-                policy.listeners.gave_up(attempts, reason, failure);
-                let marked = RetryStopped {
-                    reason,
-                    attempts,
-                    failure,
-                };
+                let marked = policy.listeners.gave_up(attempts, reason, failure);
                 return Poll::Ready(stopped(stop, marked, result, report));
             }
         };
@@ -478,7 +458,7 @@ where
 /// [`NotReplayable`](StopReason::NotReplayable); the listeners hear of it
 /// with the failure handed back.
 fn hand_back_last<C, R, Res>(
-    policy: &crate::policy::Policy<C, R>,
+    policy: &Policy<C, R>,
     cold: &mut Cold<Res>,
     attempts: u32,
 ) -> Result<Res, BoxError>
@@ -491,12 +471,7 @@ where
     cold.end_span(attempts, Some(failure), Some(reason));
     // As for a request found not replayable when the retry is decided:
     // the listeners, no metric.
-    policy.listeners.gave_up(attempts, reason, failure);
-    let marked = RetryStopped {
-        reason,
-        attempts,
-        failure,
-    };
+    let marked = policy.listeners.gave_up(attempts, reason, failure);
     let result = last.map_err(AttemptError::Inner);
     stopped(Stop::HandBack(reason), marked, result, &policy.replay)
 }

@@ -85,12 +85,6 @@ impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for Policy<C, R> {
     }
 }
 
-/// `true` for the kinds the layer may wait out once without a classifier's
-/// blessing: a local load-shedding refusal below the retry layer.
-pub(crate) fn is_shed(kind: FailureKind) -> bool {
-    kind == FailureKind::Shed
-}
-
 /// The share of a waited-out refusal added at random, so that the callers
 /// refused together do not all come back on the same tick.
 const SHED_JITTER: f64 = 0.25;
@@ -145,16 +139,14 @@ pub(crate) struct RetryState {
     pub(crate) waited_for_shed: bool,
 }
 
-impl<C, R> Policy<C, R> {
-    /// Whether `deadline` leaves less than the minimum attempt time (or
-    /// nothing at all): no attempt, the first included, is started then.
-    pub(crate) fn no_time_for_an_attempt(&self, deadline: Option<Instant>) -> bool {
-        deadline.is_some_and(|deadline| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            left.is_zero() || left < self.min_attempt_time
-        })
-    }
+/// What `deadline` leaves when that is less than `min`, the minimum attempt
+/// time, or nothing: no attempt, the first included, is started then.
+pub(crate) fn too_little_left(deadline: Option<Instant>, min: Duration) -> Option<Duration> {
+    let left = deadline?.saturating_duration_since(Instant::now());
+    (left.is_zero() || left < min).then_some(left)
+}
 
+impl<C, R> Policy<C, R> {
     /// Decides what follows attempt number `attempts`, which failed with
     /// `failure`. `replayable` says whether a copy of the request can be
     /// sent again.
@@ -170,7 +162,7 @@ impl<C, R> Policy<C, R> {
         // when the caller set a deadline it fits in and it is no longer than
         // `max_delay`: with no deadline every caller would sleep out the whole
         // recovery and come back on the same tick.
-        let shed = is_shed(failure.kind);
+        let shed = failure.kind == FailureKind::Shed;
         let mut shed_wait = None;
         if shed {
             shed_wait = match (failure.hint, state.deadline) {
@@ -193,13 +185,13 @@ impl<C, R> Policy<C, R> {
                 _ => None,
             };
             if shed_wait.is_none() {
-                return self.stop(StopReason::Shed, attempts, failure);
+                return self.stop(Stop::HandBack(StopReason::Shed), attempts, failure);
             }
         } else if !self.retry_if.allows(&failure) {
             return Decision::Stop(Stop::HandBack(StopReason::NotRetried));
         }
         if attempts > self.max_retries {
-            return self.stop(StopReason::Attempts, attempts, failure);
+            return self.stop(Stop::HandBack(StopReason::Attempts), attempts, failure);
         }
         if !replayable {
             tracing::debug!(
@@ -226,16 +218,13 @@ impl<C, R> Policy<C, R> {
             // initial delay.
             state.backoff = None;
         }
-        if let Some(wait) = hinted {
-            if wait > self.max_wait {
-                self.telemetry
-                    .gave_up(StopReason::WaitTooLong, attempts, failure);
-                return Decision::Stop(Stop::TooLong {
-                    wait,
-                    limit: self.max_wait,
-                    reason: WaitLimit::MaxWait,
-                });
-            }
+        if hinted.is_some_and(|wait| wait > self.max_wait) {
+            let too_long = Stop::TooLong {
+                wait,
+                limit: self.max_wait,
+                reason: WaitLimit::MaxWait,
+            };
+            return self.stop(too_long, attempts, failure);
         }
         if let Some(deadline) = state.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -243,16 +232,15 @@ impl<C, R> Policy<C, R> {
             // `min_attempt_time` left to run.
             if wait.saturating_add(self.min_attempt_time) >= left {
                 if hinted.is_some() && !shed {
-                    self.telemetry
-                        .gave_up(StopReason::WaitTooLong, attempts, failure);
-                    return Decision::Stop(Stop::TooLong {
+                    let too_long = Stop::TooLong {
                         wait,
                         limit: left,
                         reason: WaitLimit::Deadline,
-                    });
+                    };
+                    return self.stop(too_long, attempts, failure);
                 }
                 // A computed sleep that would cross the deadline is not started.
-                return self.stop(StopReason::Deadline, attempts, failure);
+                return self.stop(Stop::HandBack(StopReason::Deadline), attempts, failure);
             }
         }
         // A refusal below never reached the dependency, so the attempt after
@@ -260,9 +248,7 @@ impl<C, R> Policy<C, R> {
         if let Some(budget) = self.budget.as_ref().filter(|_| !shed) {
             if !budget.withdraw() {
                 self.telemetry.budget_exhausted();
-                self.telemetry
-                    .gave_up(StopReason::Budget, attempts, failure);
-                return Decision::Stop(Stop::Budget);
+                return self.stop(Stop::Budget, attempts, failure);
             }
         }
         if shed {
@@ -271,8 +257,9 @@ impl<C, R> Policy<C, R> {
         Decision::Retry(wait)
     }
 
-    fn stop(&self, reason: StopReason, attempts: u32, failure: Failure) -> Decision {
-        self.telemetry.gave_up(reason, attempts, failure);
-        Decision::Stop(Stop::HandBack(reason))
+    /// Stops, counted in the metrics (a failure not retried or not replayable is not).
+    fn stop(&self, stop: Stop, attempts: u32, failure: Failure) -> Decision {
+        self.telemetry.gave_up(stop.reason(), attempts, failure);
+        Decision::Stop(stop)
     }
 }

@@ -6,16 +6,10 @@
 //! then made from what was kept.
 //!
 //! - [`CloneRequest`] (the default): any `Req: Clone`, always replayable.
-//! - [`HttpReplay`] (feature `http`): `http::Request<B>` following
-//!   [`Idempotency`](tower_classify::http::Idempotency) (POST and PATCH only
-//!   with an `Idempotency-Key` header or `retry_non_idempotent(true)`), with a
-//!   body that can be copied ([`TryCloneBody`](crate::body::TryCloneBody):
-//!   in-memory bodies, or [`ReplayBody`](crate::body::ReplayBody) for
-//!   streaming ones, which is asked again after each attempt), optionally
-//!   marking each retry with an attempt-number header. It keeps the head as
-//!   a [`RequestHead`](http_body_replay::RequestHead), one buffer. Retries
-//!   carry the request's extensions except its
-//!   [`RefusalToken`](tower_classify::RefusalToken) (see the crate README).
+//! - [`HttpReplay`] (feature `http`): an `http::Request<B>` that
+//!   [`Idempotency`](tower_classify::http::Idempotency) allows and whose body
+//!   can be copied ([`TryCloneBody`](crate::body::TryCloneBody)); retries
+//!   carry its extensions except its [`RefusalToken`](tower_classify::RefusalToken).
 
 use tower_classify::BoxError;
 
@@ -374,11 +368,8 @@ mod http_replay {
     }
 
     /// A failed response handed back carries a [`RetryStopped`] extension;
-    /// an error that replaces one keeps its head (status, headers). A `2xx`
-    /// that the classifier calls a failure (a throttled answer that a
-    /// `match_success` response rule caught) is never handed back as data:
-    /// it becomes a [`FailedSuccess`] error. gRPC responses, always `200`,
-    /// are handed back as they are.
+    /// a `2xx` the classifier calls a failure becomes a [`FailedSuccess`],
+    /// except a gRPC answer (always `200`), handed back as it is.
     impl<B> StopReport<Response<B>> for HttpReplay {
         fn hand_back(
             &self,

@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use crate::cold;
 use crate::future::ResponseFuture;
-use crate::policy::Policy;
+use crate::policy::{too_little_left, Policy};
 use crate::replay::{Replay, StopReport};
 
 /// Retries failed calls of `S`; made by a [`RetryLayer`](crate::RetryLayer).
@@ -113,7 +113,7 @@ where
 {
     let policy = &**shared;
     let cold = match cold::cold_state(policy, policy.replay.deadline(&request)) {
-        Some(cold) if policy.no_time_for_an_attempt(cold.deadline()) => {
+        Some(cold) if too_little_left(cold.retry.deadline, policy.min_attempt_time).is_some() => {
             // Not sent at all (nor deposited as traffic): the caller
             // could not use its answer. The ready service stays ready
             // here: what `poll_ready` reserved (a concurrency permit, a
@@ -133,7 +133,7 @@ where
     };
     let mut request = request;
     if let Some(cold) = &cold {
-        policy.replay.before_send(&mut request, cold.deadline());
+        policy.replay.before_send(&mut request, cold.retry.deadline);
     }
     // Cloned before the first attempt is made, so that the attempt's
     // future goes into the response future without a move around it.
@@ -144,7 +144,7 @@ where
     // hedge) does not: claimed before the first attempt is made (see
     // `tower_classify::attempts`).
     let reports = tower_classify::attempts::claim_reports();
-    let first = cold::first_call(&cold, &mut service, request);
+    let first = cold::in_span(&cold, |s| &s.attempt, || service.call(request));
     ResponseFuture::new(first, service, kept, shared, cold, reports)
 }
 

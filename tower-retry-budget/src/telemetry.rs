@@ -196,29 +196,15 @@ impl Telemetry {
     }
 }
 
-/// Records how a call ended on its span.
-pub(crate) fn record_end(spans: &CallSpans, attempts: u32, failure: Option<Failure>) {
-    spans.call.record("attempts", attempts);
+/// Records how a call or an attempt ended on its `span`.
+pub(crate) fn record_outcome(span: &Span, failure: Option<Failure>) {
     match failure {
         None => {
-            spans.call.record("outcome", "success");
+            span.record("outcome", "success");
         }
         Some(failure) => {
-            spans.call.record("outcome", "failure");
-            spans.call.record("error.type", failure.kind.as_str());
-        }
-    }
-}
-
-/// Records how an attempt ended on its span.
-pub(crate) fn record_attempt(spans: &CallSpans, failure: Option<Failure>) {
-    match failure {
-        None => {
-            spans.attempt.record("outcome", "success");
-        }
-        Some(failure) => {
-            spans.attempt.record("outcome", "failure");
-            spans.attempt.record("error.type", failure.kind.as_str());
+            span.record("outcome", "failure");
+            span.record("error.type", failure.kind.as_str());
         }
     }
 }

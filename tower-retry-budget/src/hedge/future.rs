@@ -100,7 +100,9 @@ enum Verdict {
     LostItsBody,
 }
 
-fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
+/// The verdict on an answer; `hedged_first` when it is the first
+/// attempt's, after a hedge was sent.
+fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>, hedged_first: bool) -> Verdict {
     if matches!(result, Err(error) if lost_its_body(error)) {
         return Verdict::LostItsBody;
     }
@@ -108,7 +110,15 @@ fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>) -> Verdict {
         // A status the policy calls fatal (gRFC A6): the call's answer.
         Some(failure) if failure.hint == Some(RetryHint::Final) => Verdict::Wins,
         Some(failure) if failure.kind.is_transient() || failure.kind == FailureKind::Shed => {
-            Verdict::Waits
+            // A refusal proving the first attempt went no further (its
+            // `RefusalToken`: hedges carry none) says nothing of a hedge
+            // that was sent, which may have reached a guard's handler: like
+            // a lost body, it answers only if no other attempt failed.
+            if hedged_first && failure.refusal.is_some() {
+                Verdict::LostItsBody
+            } else {
+                Verdict::Waits
+            }
         }
         _ => Verdict::Wins,
     }
@@ -221,9 +231,8 @@ where
             // Classified even when nothing is recorded: a classifier may
             // count (gRFC A6 throttling counts every answer).
             let outcome = policy.classifier.classify(result.as_ref());
-            if let (Some(started), true) = (*this.started, outcome == Outcome::Success) {
-                let now = Instant::now();
-                policy.record_latency(now.saturating_duration_since(started), now);
+            if outcome == Outcome::Success {
+                policy.record_latency(*this.started);
             }
             if *this.reports && outcome.as_failure().is_some() {
                 tower_classify::attempts::report_attempts(1, 1);
@@ -238,38 +247,12 @@ where
                     this.first.set(None);
                     let result: Result<S::Response, BoxError> = result.map_err(Into::into);
                     let outcome = policy.classifier.classify(result.as_ref());
-                    if let (Some(started), true) = (*this.started, outcome == Outcome::Success) {
-                        let now = Instant::now();
-                        policy.record_latency(now.saturating_duration_since(started), now);
+                    if outcome == Outcome::Success {
+                        policy.record_latency(*this.started);
                     }
-                    answered(&mut hedging, reports, &outcome);
-                    let verdict = match verdict(&outcome, &result) {
-                        // A refusal proving the first attempt went no
-                        // further (its `RefusalToken`: hedges carry none)
-                        // says nothing of a hedge that was sent, which may
-                        // have reached a guard's handler: like a lost body,
-                        // it answers only if no other attempt failed.
-                        Verdict::Waits
-                            if *hedging.sent > 1
-                                && outcome.as_failure().is_some_and(|f| f.refusal.is_some()) =>
-                        {
-                            Verdict::LostItsBody
-                        }
-                        verdict => verdict,
-                    };
-                    match verdict {
-                        Verdict::Wins => {
-                            cancel_hedges(policy, hedging.hedges);
-                            return Poll::Ready(result);
-                        }
-                        Verdict::Waits => {
-                            *hedging.failed = Some(result);
-                            stop(&mut hedging);
-                        }
-                        Verdict::LostItsBody => {
-                            hedging.failed.get_or_insert(result);
-                            stop(&mut hedging);
-                        }
+                    if let Some(result) = answered(&mut hedging, reports, &outcome, result, true) {
+                        cancel_hedges(policy, hedging.hedges);
+                        return Poll::Ready(result);
                     }
                 }
             }
@@ -288,36 +271,22 @@ where
                 let in_flight = hedging.hedges.swap_remove(i);
                 let result: Result<S::Response, BoxError> = result.map_err(Into::into);
                 let outcome = policy.classifier.classify(result.as_ref());
-                answered(&mut hedging, reports, &outcome);
-                match verdict(&outcome, &result) {
-                    Verdict::Wins => {
-                        in_flight.span.record("outcome", "won");
-                        policy.telemetry.won(in_flight.attempt);
-                        if this.first.is_some() {
-                            // The first attempt ran at least this long: a
-                            // lower bound of its latency, above the delay, so
-                            // the percentile stays where it is.
-                            if let Some(started) = *this.started {
-                                let now = Instant::now();
-                                policy.record_latency(now.saturating_duration_since(started), now);
-                            }
-                            this.first.set(None);
-                            policy.telemetry.cancelled(1);
-                        }
-                        cancel_hedges(policy, hedging.hedges);
-                        return Poll::Ready(result);
-                    }
-                    Verdict::Waits => {
-                        in_flight.span.record("outcome", "failed");
-                        *hedging.failed = Some(result);
-                        stop(&mut hedging);
-                    }
-                    Verdict::LostItsBody => {
-                        in_flight.span.record("outcome", "failed");
-                        hedging.failed.get_or_insert(result);
-                        stop(&mut hedging);
-                    }
+                let answer = answered(&mut hedging, reports, &outcome, result, false);
+                in_flight
+                    .span
+                    .record("outcome", if answer.is_some() { "won" } else { "failed" });
+                let Some(result) = answer else { continue };
+                policy.telemetry.won(in_flight.attempt);
+                if this.first.is_some() {
+                    // The first attempt ran at least this long: a lower bound
+                    // of its latency, above the delay, so the percentile
+                    // stays where it is.
+                    policy.record_latency(*this.started);
+                    this.first.set(None);
+                    policy.telemetry.cancelled(1);
                 }
+                cancel_hedges(policy, hedging.hedges);
+                return Poll::Ready(result);
             }
 
             if this.first.is_none() && hedging.hedges.is_empty() {
@@ -410,9 +379,18 @@ where
     }
 }
 
-/// One more attempt answered with `outcome`; a failure is reported when
-/// the call `reports` its attempts.
-fn answered<S, Req, K>(hedging: &mut HedgingProj<'_, S, Req, K>, reports: bool, outcome: &Outcome)
+/// One more attempt (the `first`, or a hedge) answered `result`,
+/// classified `outcome`: handed back when it is the call's answer, else
+/// kept as a failure (one that lost its body only if no other was) and no
+/// further hedge is sent. A failure is reported when the call `reports`
+/// its attempts.
+fn answered<S, Req, K>(
+    hedging: &mut HedgingProj<'_, S, Req, K>,
+    reports: bool,
+    outcome: &Outcome,
+    result: Result<S::Response, BoxError>,
+    first: bool,
+) -> Option<Result<S::Response, BoxError>>
 where
     S: Service<Req>,
 {
@@ -420,6 +398,15 @@ where
     if reports && outcome.as_failure().is_some() {
         tower_classify::attempts::report_attempts(*hedging.sent, *hedging.answered);
     }
+    match verdict(outcome, &result, first && *hedging.sent > 1) {
+        Verdict::Wins => return Some(result),
+        Verdict::Waits => *hedging.failed = Some(result),
+        Verdict::LostItsBody => {
+            hedging.failed.get_or_insert(result);
+        }
+    }
+    stop(hedging);
+    None
 }
 
 /// No further hedge for this call: the service clone and what was kept of

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::latency::LatencyWindow;
 use super::telemetry::HedgeTelemetry;
 use crate::budget::{Budget, TpsBudget};
+use crate::policy::too_little_left;
 
 /// Where a call's hedge delay comes from.
 pub(crate) enum DelaySource {
@@ -96,11 +97,8 @@ impl<C, R> HedgePolicy<C, R> {
     /// backup budget before the client's retry budget, and is given its
     /// withdrawal back when a shared budget then refuses.
     pub(crate) fn allow_hedge(&self, deadline: Option<Instant>) -> Result<(), Refusal> {
-        if let Some(deadline) = deadline {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || left < self.min_attempt_time {
-                return Err(Refusal::Deadline);
-            }
+        if too_little_left(deadline, self.min_attempt_time).is_some() {
+            return Err(Refusal::Deadline);
         }
         if let Some(own) = &self.own_budget {
             if !own.withdraw() {
@@ -116,12 +114,14 @@ impl<C, R> HedgePolicy<C, R> {
         Err(Refusal::Budget)
     }
 
-    /// Records how long a call's first attempt ran: until it answered, or
-    /// until another attempt won (a lower bound, and above the delay).
-    pub(crate) fn record_latency(&self, latency: Duration, now: Instant) {
-        if let DelaySource::Window(window) = &self.delay {
+    /// Records how long a call's first attempt, timed from `started`, ran:
+    /// until it answered, or until another attempt won (a lower bound, and
+    /// above the delay).
+    pub(crate) fn record_latency(&self, started: Option<Instant>) {
+        if let (DelaySource::Window(window), Some(started)) = (&self.delay, started) {
             let before = window.delay();
-            window.record(latency, now);
+            let now = Instant::now();
+            window.record(now.saturating_duration_since(started), now);
             let after = window.delay();
             if after != before {
                 self.telemetry.delay_changed(after);

@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::policy::HedgePolicy;
+use crate::policy::too_little_left;
 use crate::replay::Replay;
 use crate::service::take_ready;
 
@@ -98,13 +99,10 @@ where
     R: Replay<Req>,
 {
     let deadline = policy.replay.deadline(&request).map(|d| d.instant());
-    if let Some(deadline) = deadline {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || left < policy.min_attempt_time {
-            // Not sent at all (nor counted as load): the caller could
-            // not use its answer.
-            return ResponseFuture::expired(left, Arc::clone(policy));
-        }
+    if let Some(left) = too_little_left(deadline, policy.min_attempt_time) {
+        // Not sent at all (nor counted as load): the caller could not use
+        // its answer.
+        return ResponseFuture::expired(left, Arc::clone(policy));
     }
     policy.deposit();
     // Its attempts are a dead-letter call's only when that layer calls this

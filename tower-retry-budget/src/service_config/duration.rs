@@ -1,14 +1,6 @@
-//! The JSON form of protobuf's `google.protobuf.Duration`: `"0.1s"`,
-//! `"1.000340012s"`, `"30s"`.
-//!
-//! Every duration of a service config (`initialBackoff`, `maxBackoff`,
-//! `hedgingDelay`, `timeout`) is written this way: a decimal number of
-//! seconds with at most nine fractional digits, followed by `s` ([proto3
-//! JSON mapping]). It is not the family's human duration syntax
-//! ([`tower_classify::duration`], `"1m30s"`): a service config comes from the
-//! service owner, in gRPC's format, so it is read exactly as gRPC reads it.
-//!
-//! [proto3 JSON mapping]: https://protobuf.dev/programming-guides/proto3/#json
+//! The JSON form of protobuf's `google.protobuf.Duration` (`"0.1s"`,
+//! `"1.000340012s"`), in which a service config writes every duration; the
+//! [parent module](super) says why not the family's human syntax.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Reading a service config from JSON, with A6's validation rules; every
 //! error names the JSON path of the value it refuses.
 
+use std::time::Duration;
+
 use serde_json::{Map, Number, Value};
 use tower_classify::ConfigError;
 
@@ -17,76 +19,44 @@ const MAX_TOKEN_RATIO_THOUSANDTHS: u64 = 1_000_000;
 
 pub(super) fn service_config(value: &Value) -> Result<ServiceConfig, ConfigError> {
     let root = object(value, "serviceConfig")?;
-    let mut method_configs = Vec::new();
-    if let Some(entries) = field(root, "methodConfig") {
-        let entries = entries
-            .as_array()
-            .ok_or_else(|| ConfigError::new("methodConfig", "must be an array"))?;
-        for (i, entry) in entries.iter().enumerate() {
-            method_configs.push(method_config(entry, &format!("methodConfig[{i}]"))?);
-        }
-    }
-    let retry_throttling = field(root, "retryThrottling")
-        .map(|value| retry_throttling(value, "retryThrottling"))
-        .transpose()?;
-    ServiceConfig::new(method_configs, retry_throttling)
+    // The root's fields are named without it.
+    let method_configs = optional(root, "", "methodConfig", |entries, path| {
+        array(entries, path, method_config)
+    })?;
+    let retry_throttling = optional(root, "", "retryThrottling", retry_throttling)?;
+    ServiceConfig::new(method_configs.unwrap_or_default(), retry_throttling)
 }
 
 fn method_config(value: &Value, path: &str) -> Result<MethodConfig, ConfigError> {
     let entry = object(value, path)?;
-    let names = match field(entry, "name") {
-        None => Vec::new(),
-        Some(names) => {
-            let names = names
-                .as_array()
-                .ok_or_else(|| ConfigError::new(format!("{path}.name"), "must be an array"))?;
-            names
-                .iter()
-                .enumerate()
-                .map(|(i, name)| method_name(name, &format!("{path}.name[{i}]")))
-                .collect::<Result<_, _>>()?
-        }
-    };
+    let names = optional(entry, path, "name", |names, path| {
+        array(names, path, method_name)
+    })?;
+    // Both present is refused before either is read.
     let policy = match (field(entry, "retryPolicy"), field(entry, "hedgingPolicy")) {
         (Some(_), Some(_)) => {
-            return Err(ConfigError::new(
-                path.to_owned(),
+            return refuse(
+                path,
                 "has both a retryPolicy and a hedgingPolicy; A6 allows at most one",
-            ))
+            )
         }
-        (Some(retry), None) => Some(Policy::Retry(retry_policy(
-            retry,
-            &format!("{path}.retryPolicy"),
-        )?)),
-        (None, Some(hedging)) => Some(Policy::Hedging(hedging_policy(
-            hedging,
-            &format!("{path}.hedgingPolicy"),
-        )?)),
-        (None, None) => None,
+        (Some(_), None) => optional(entry, path, "retryPolicy", retry_policy)?.map(Policy::Retry),
+        (None, _) => optional(entry, path, "hedgingPolicy", hedging_policy)?.map(Policy::Hedging),
     };
-    let timeout = match field(entry, "timeout") {
-        None => None,
-        Some(value) => {
-            let timeout_path = format!("{path}.timeout");
-            let timeout = duration(value, &timeout_path)?;
-            if timeout.is_zero() {
-                return Err(ConfigError::new(
-                    timeout_path,
-                    "must be more than zero (a zero deadline fails every call)",
-                ));
-            }
-            Some(timeout)
-        }
-    };
-    let wait_for_ready = field(entry, "waitForReady")
-        .map(|value| {
-            value.as_bool().ok_or_else(|| {
-                ConfigError::new(format!("{path}.waitForReady"), "must be true or false")
-            })
-        })
-        .transpose()?;
+    let timeout = optional(entry, path, "timeout", |value, path| {
+        positive_duration(
+            value,
+            path,
+            "must be more than zero (a zero deadline fails every call)",
+        )
+    })?;
+    let wait_for_ready = optional(entry, path, "waitForReady", |value, path| {
+        value
+            .as_bool()
+            .map_or_else(|| refuse(path, "must be true or false"), Ok)
+    })?;
     Ok(MethodConfig {
-        names,
+        names: names.unwrap_or_default(),
         policy,
         timeout,
         wait_for_ready,
@@ -96,26 +66,21 @@ fn method_config(value: &Value, path: &str) -> Result<MethodConfig, ConfigError>
 /// `{service, method}`: `""`, `null` and absent are the same.
 fn method_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
     let name = object(value, path)?;
-    let text = |key: &str| -> Result<String, ConfigError> {
-        match field(name, key) {
-            None => Ok(String::new()),
-            Some(Value::String(text)) => Ok(text.clone()),
-            Some(_) => Err(ConfigError::new(
-                format!("{path}.{key}"),
-                "must be a string",
-            )),
-        }
+    let text = |key: &str| match field(name, key) {
+        None => Ok(String::new()),
+        Some(Value::String(text)) => Ok(text.clone()),
+        Some(_) => refuse(&format!("{path}.{key}"), "must be a string"),
     };
     let service = text("service")?;
     let method = text("method")?;
     if service.is_empty() && !method.is_empty() {
-        return Err(ConfigError::new(
-            format!("{path}.method"),
+        return refuse(
+            &format!("{path}.method"),
             format!(
                 "{method:?} has no service; a name without a service is the default and \
                  cannot name a method"
             ),
-        ));
+        );
     }
     Ok(MethodName {
         service,
@@ -125,185 +90,145 @@ fn method_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
 
 fn retry_policy(value: &Value, path: &str) -> Result<RetryPolicyConfig, ConfigError> {
     let policy = object(value, path)?;
-    let max_attempts = max_attempts(
-        required(policy, "maxAttempts", path)?,
-        &format!("{path}.maxAttempts"),
-    )?;
-    let backoff = |key: &str| -> Result<std::time::Duration, ConfigError> {
-        let field_path = format!("{path}.{key}");
-        let backoff = duration(required(policy, key, path)?, &field_path)?;
-        if backoff.is_zero() {
-            return Err(ConfigError::new(field_path, "must be more than zero"));
-        }
-        Ok(backoff)
-    };
-    let initial_backoff = backoff("initialBackoff")?;
-    let max_backoff = backoff("maxBackoff")?;
-    let multiplier_path = format!("{path}.backoffMultiplier");
-    let backoff_multiplier = required(policy, "backoffMultiplier", path)?
-        .as_f64()
-        .ok_or_else(|| ConfigError::new(multiplier_path.clone(), "must be a number"))?;
-    // A JSON number is finite: no NaN to slip past this comparison.
-    if backoff_multiplier <= 0.0 {
-        return Err(ConfigError::new(
-            multiplier_path,
-            format!("{backoff_multiplier} must be more than zero"),
-        ));
-    }
-    let codes_path = format!("{path}.retryableStatusCodes");
-    let retryable_status_codes =
-        status_codes(required(policy, "retryableStatusCodes", path)?, &codes_path)?;
-    if retryable_status_codes.is_empty() {
-        return Err(ConfigError::new(
-            codes_path,
-            "must list at least one status code",
-        ));
-    }
-    if retryable_status_codes.contains(0) {
-        return Err(ConfigError::new(
-            codes_path,
-            "must not contain OK: a success is never retried",
-        ));
-    }
+    let backoff =
+        |value: &Value, path: &str| positive_duration(value, path, "must be more than zero");
     Ok(RetryPolicyConfig {
-        max_attempts,
-        initial_backoff,
-        max_backoff,
-        backoff_multiplier,
-        retryable_status_codes,
+        max_attempts: required(policy, path, "maxAttempts", max_attempts)?,
+        initial_backoff: required(policy, path, "initialBackoff", backoff)?,
+        max_backoff: required(policy, path, "maxBackoff", backoff)?,
+        backoff_multiplier: required(policy, path, "backoffMultiplier", |value, path| {
+            match value.as_f64() {
+                None => refuse(path, "must be a number"),
+                // A JSON number is finite: no NaN to slip past this comparison.
+                Some(multiplier) if multiplier <= 0.0 => {
+                    refuse(path, format!("{multiplier} must be more than zero"))
+                }
+                Some(multiplier) => Ok(multiplier),
+            }
+        })?,
+        retryable_status_codes: required(policy, path, "retryableStatusCodes", |value, path| {
+            match status_codes(value, path)? {
+                codes if codes.is_empty() => refuse(path, "must list at least one status code"),
+                codes if codes.contains(0) => {
+                    refuse(path, "must not contain OK: a success is never retried")
+                }
+                codes => Ok(codes),
+            }
+        })?,
     })
 }
 
 fn hedging_policy(value: &Value, path: &str) -> Result<HedgingPolicyConfig, ConfigError> {
     let policy = object(value, path)?;
-    let max_attempts = max_attempts(
-        required(policy, "maxAttempts", path)?,
-        &format!("{path}.maxAttempts"),
-    )?;
-    let hedging_delay = field(policy, "hedgingDelay")
-        .map(|value| duration(value, &format!("{path}.hedgingDelay")))
-        .transpose()?
-        .unwrap_or_default();
-    let non_fatal_status_codes = field(policy, "nonFatalStatusCodes")
-        .map(|value| status_codes(value, &format!("{path}.nonFatalStatusCodes")))
-        .transpose()?
-        .unwrap_or_default();
     Ok(HedgingPolicyConfig {
-        max_attempts,
-        hedging_delay,
-        non_fatal_status_codes,
+        max_attempts: required(policy, path, "maxAttempts", max_attempts)?,
+        hedging_delay: optional(policy, path, "hedgingDelay", duration)?.unwrap_or_default(),
+        non_fatal_status_codes: optional(policy, path, "nonFatalStatusCodes", status_codes)?
+            .unwrap_or_default(),
     })
 }
 
 fn retry_throttling(value: &Value, path: &str) -> Result<RetryThrottlingConfig, ConfigError> {
     let throttling = object(value, path)?;
-    let tokens_path = format!("{path}.maxTokens");
-    let max_tokens = integer(required(throttling, "maxTokens", path)?, &tokens_path)?;
-    if !(max_tokens > 0.0 && max_tokens <= 1000.0) {
-        return Err(ConfigError::new(
-            tokens_path,
-            format!("{max_tokens} must be in (0, 1000]"),
-        ));
-    }
-    let ratio_path = format!("{path}.tokenRatio");
-    let ratio = match required(throttling, "tokenRatio", path)? {
-        Value::Number(number) => number,
-        _ => return Err(ConfigError::new(ratio_path, "must be a number")),
-    };
-    if !(ratio.as_f64().is_some_and(|ratio| ratio > 0.0)) {
-        return Err(ConfigError::new(
-            ratio_path,
-            format!("{ratio} must be more than zero"),
-        ));
-    }
-    let thousandths = truncated_thousandths(ratio).ok_or_else(|| {
-        ConfigError::new(
-            ratio_path.clone(),
-            format!("{ratio} is not a decimal number"),
-        )
+    let max_tokens = required(throttling, path, "maxTokens", |value, path| match integer(
+        value, path,
+    )? {
+        tokens if tokens > 0.0 && tokens <= 1000.0 => Ok(tokens as u32),
+        tokens => refuse(path, format!("{tokens} must be in (0, 1000]")),
     })?;
-    if thousandths == 0 {
-        return Err(ConfigError::new(
-            ratio_path,
-            format!("{ratio} is 0 once cut to three decimals, as A6 reads it; use at least 0.001"),
-        ));
-    }
+    let thousandths = required(throttling, path, "tokenRatio", |value, path| {
+        let Value::Number(ratio) = value else {
+            return refuse(path, "must be a number");
+        };
+        if !(ratio.as_f64().is_some_and(|ratio| ratio > 0.0)) {
+            return refuse(path, format!("{ratio} must be more than zero"));
+        }
+        match truncated_thousandths(ratio) {
+            None => refuse(path, format!("{ratio} is not a decimal number")),
+            Some(0) => refuse(
+                path,
+                format!(
+                    "{ratio} is 0 once cut to three decimals, as A6 reads it; use at least 0.001"
+                ),
+            ),
+            Some(thousandths) => Ok(thousandths),
+        }
+    })?;
     Ok(RetryThrottlingConfig {
-        max_tokens: max_tokens as u32,
+        max_tokens,
         token_ratio_thousandths: thousandths.min(MAX_TOKEN_RATIO_THOUSANDTHS) as u32,
     })
 }
 
 /// `maxAttempts`: an integer of at least 2; above the limit it is the limit.
 fn max_attempts(value: &Value, path: &str) -> Result<u32, ConfigError> {
-    let attempts = integer(value, path)?;
-    if attempts < 2.0 {
-        return Err(ConfigError::new(
-            path.to_owned(),
+    match integer(value, path)? {
+        attempts if attempts < 2.0 => refuse(
+            path,
             format!("{attempts} must be at least 2 (the first attempt and one retry)"),
-        ));
+        ),
+        attempts => Ok(attempts.min(f64::from(MAX_ATTEMPTS_LIMIT)) as u32),
     }
-    Ok(attempts.min(f64::from(MAX_ATTEMPTS_LIMIT)) as u32)
 }
 
 /// A JSON integer, as an `f64` so that huge values compare without
 /// overflow (`1e300` is an integer too, and capped by the caller).
 fn integer(value: &Value, path: &str) -> Result<f64, ConfigError> {
-    let number = value
-        .as_f64()
-        .ok_or_else(|| ConfigError::new(path.to_owned(), "must be an integer"))?;
-    if number.fract() != 0.0 {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!("{number} must be an integer"),
-        ));
+    match value.as_f64() {
+        None => refuse(path, "must be an integer"),
+        Some(number) if number.fract() != 0.0 => {
+            refuse(path, format!("{number} must be an integer"))
+        }
+        Some(number) => Ok(number),
     }
-    Ok(number)
 }
 
-fn duration(value: &Value, path: &str) -> Result<std::time::Duration, ConfigError> {
-    let text = value.as_str().ok_or_else(|| {
-        ConfigError::new(
-            path.to_owned(),
-            "must be a duration string such as \"0.1s\"",
-        )
-    })?;
-    parse_proto_duration(text)
-        .map_err(|err| ConfigError::new(path.to_owned(), format!("{text:?}: {err}")))
+/// A duration of more than zero; `zero` is the error for zero.
+fn positive_duration(value: &Value, path: &str, zero: &str) -> Result<Duration, ConfigError> {
+    match duration(value, path)? {
+        duration if duration.is_zero() => refuse(path, zero),
+        duration => Ok(duration),
+    }
+}
+
+fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+    let Some(text) = value.as_str() else {
+        return refuse(path, "must be a duration string such as \"0.1s\"");
+    };
+    parse_proto_duration(text).or_else(|err| refuse(path, format!("{text:?}: {err}")))
 }
 
 fn status_codes(value: &Value, path: &str) -> Result<StatusCodes, ConfigError> {
-    let codes = value
-        .as_array()
-        .ok_or_else(|| ConfigError::new(path.to_owned(), "must be an array of status codes"))?;
+    let Some(codes) = value.as_array() else {
+        return refuse(path, "must be an array of status codes");
+    };
     let mut set = StatusCodes::EMPTY;
     for (i, code) in codes.iter().enumerate() {
+        let code_path = format!("{path}[{i}]");
         let number = match code {
-            Value::String(name) => status_code_from_name(name).ok_or_else(|| {
-                ConfigError::new(
-                    format!("{path}[{i}]"),
-                    format!(
-                        "{name:?} is not a gRPC status code name (one of {})",
-                        STATUS_CODE_NAMES.join(", ")
-                    ),
-                )
-            })?,
-            Value::Number(number) => number
+            Value::String(name) => match status_code_from_name(name) {
+                Some(number) => number,
+                None => {
+                    let names = STATUS_CODE_NAMES.join(", ");
+                    let reason =
+                        format!("{name:?} is not a gRPC status code name (one of {names})");
+                    return refuse(&code_path, reason);
+                }
+            },
+            Value::Number(number) => match number
                 .as_u64()
                 .and_then(|code| u32::try_from(code).ok())
                 .filter(|&code| StatusCodes::EMPTY.with(code).is_some())
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        format!("{path}[{i}]"),
+            {
+                Some(number) => number,
+                None => {
+                    return refuse(
+                        &code_path,
                         format!("{number} is not a gRPC status code (0-16)"),
                     )
-                })?,
-            _ => {
-                return Err(ConfigError::new(
-                    format!("{path}[{i}]"),
-                    "must be a status code number or name",
-                ))
-            }
+                }
+            },
+            _ => return refuse(&code_path, "must be a status code number or name"),
         };
         set = set.with(number).unwrap_or(set);
     }
@@ -352,18 +277,57 @@ fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     object.get(key).filter(|value| !value.is_null())
 }
 
-fn required<'a>(
+/// Reads `key` of the object at `path` with `read`, given the value and its
+/// path; `None` when the field is absent or `null`.
+fn optional<'a, T>(
     object: &'a Map<String, Value>,
-    key: &str,
     path: &str,
-) -> Result<&'a Value, ConfigError> {
-    field(object, key).ok_or_else(|| ConfigError::new(format!("{path}.{key}"), "is required"))
+    key: &str,
+    read: impl FnOnce(&'a Value, &str) -> Result<T, ConfigError>,
+) -> Result<Option<T>, ConfigError> {
+    let path = if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    };
+    field(object, key)
+        .map(|value| read(value, &path))
+        .transpose()
+}
+
+/// [`optional`], for a field that must be there.
+fn required<'a, T>(
+    object: &'a Map<String, Value>,
+    path: &str,
+    key: &str,
+    read: impl FnOnce(&'a Value, &str) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    optional(object, path, key, read)?
+        .map_or_else(|| refuse(&format!("{path}.{key}"), "is required"), Ok)
+}
+
+/// The error refusing the value at `path`, why: `reason`.
+fn refuse<T>(path: &str, reason: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError::new(path.to_owned(), reason))
+}
+
+/// An array, each item read at its index's path.
+fn array<T>(
+    value: &Value,
+    path: &str,
+    read: impl Fn(&Value, &str) -> Result<T, ConfigError>,
+) -> Result<Vec<T>, ConfigError> {
+    let Some(items) = value.as_array() else {
+        return refuse(path, "must be an array");
+    };
+    let read_at = |(i, item)| read(item, &format!("{path}[{i}]"));
+    items.iter().enumerate().map(read_at).collect()
 }
 
 fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, ConfigError> {
     value
         .as_object()
-        .ok_or_else(|| ConfigError::new(path.to_owned(), "must be a JSON object"))
+        .map_or_else(|| refuse(path, "must be a JSON object"), Ok)
 }
 
 #[cfg(test)]

@@ -211,10 +211,8 @@ where
                 // and as a limit on the call itself.
                 let now = Instant::now();
                 let until = timeout.and_then(|timeout| now.checked_add(timeout));
-                let until = match (until, request.extensions().get::<Deadline>()) {
-                    (Some(until), Some(caller)) => Some(caller.instant().min(until)),
-                    (until, caller) => until.or(caller.map(|caller| caller.instant())),
-                };
+                let caller = request.extensions().get::<Deadline>().map(|c| c.instant());
+                let until = until.into_iter().chain(caller).min();
                 if let Some(until) = until {
                     request.extensions_mut().insert(Deadline::at(until));
                 }
