@@ -86,19 +86,12 @@ pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
         Some(part) => {
             let kind = if part.complete { "complete" } else { "partial" };
             let _ = write!(text, " body={kind};len={};sha256=", part.len);
-            push_hex(&mut text, &part.sha256);
+            for byte in part.sha256 {
+                let _ = write!(text, "{byte:02x}");
+            }
         }
     }
     text
-}
-
-/// Appends `bytes` to `text` in lowercase hex.
-pub(crate) fn push_hex(text: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for byte in bytes {
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
-    }
 }
 
 /// The head and the body part of a stored fingerprint. A body part that is

@@ -400,8 +400,12 @@ mod bytes_text {
         match std::str::from_utf8(bytes) {
             Ok(text) => Text::Utf8(text),
             Err(_) => {
+                const DIGITS: &[u8; 16] = b"0123456789abcdef";
                 let mut hex = String::with_capacity(bytes.len() * 2);
-                crate::key::push_hex(&mut hex, bytes);
+                for b in bytes.iter() {
+                    hex.push(DIGITS[usize::from(b >> 4)] as char);
+                    hex.push(DIGITS[usize::from(b & 0xf)] as char);
+                }
                 Text::Hex(hex)
             }
         }

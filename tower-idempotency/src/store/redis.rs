@@ -174,11 +174,14 @@ impl RedisIdempotencyStore {
     /// short by a `}` in it, piling keys a client chose onto one slot.
     pub fn redis_key(&self, key: &str) -> String {
         use sha2::{Digest, Sha256};
+        use std::fmt::Write;
         let digest = Sha256::digest(key.as_bytes());
         let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
         redis_key.push_str(&self.shared.prefix);
         redis_key.push('{');
-        crate::key::push_hex(&mut redis_key, &digest[..8]);
+        for byte in &digest[..8] {
+            let _ = write!(redis_key, "{byte:02x}");
+        }
         redis_key.push('}');
         redis_key.push_str(key);
         redis_key
