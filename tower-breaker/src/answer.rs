@@ -44,9 +44,9 @@ pub struct Plain;
 /// type stays the inner service's, so it stacks under `axum::Router::layer`
 /// as is.
 ///
-/// The answer's `Failure` extension is the refusal's, with the request's
-/// [`RefusalToken`](tower_classify::RefusalToken) (see
-/// [`CircuitOpen`](crate::CircuitOpen)).
+/// The answer's `Failure` extension is the refusal's, with the
+/// [`RefusalToken`](tower_classify::RefusalToken) when the request carried
+/// one (see [`CircuitOpen`](crate::CircuitOpen)).
 ///
 /// Each call is judged by its response head, and the inner body is returned
 /// as it is: a status that arrives in the trailers (gRPC) is not seen. A

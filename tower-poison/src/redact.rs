@@ -62,7 +62,9 @@ const SENSITIVE_NAMES: [&str; 14] = [
 /// - **JSON bodies**: the values of object fields with those same names, at
 ///   any depth. [`with_body_hook`](Self::with_body_hook) and
 ///   [`with_error_hook`](Self::with_error_hook) add your own rules for
-///   bodies and for error texts.
+///   bodies and for error texts. Text that is not JSON loses only its
+///   `"name": value` pairs: a form's `password=…` is stored as it is
+///   unless a body hook takes it out.
 ///
 /// An entry with a secret redacted from its URI or body cannot be replayed
 /// ([`http_request`](crate::replay::http_request) refuses it).

@@ -34,7 +34,8 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 /// classifier left open at the head ([`OpenCall`](crate::OpenCall)).
 ///
 /// The inner service must be `Clone + Send + 'static`:
-/// [`PoisonPolicy`](crate::PoisonPolicy) says why.
+/// [`PoisonPolicy`](crate::PoisonPolicy) says why. A service that is not
+/// `Clone` goes behind tower's `Buffer`.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,

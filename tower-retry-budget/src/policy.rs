@@ -218,7 +218,7 @@ impl<C, R> Policy<C, R> {
             // initial delay.
             state.backoff = None;
         }
-        if hinted.is_some_and(|wait| wait > self.max_wait) {
+        if let Some(wait) = hinted.filter(|&wait| wait > self.max_wait) {
             let too_long = Stop::TooLong {
                 wait,
                 limit: self.max_wait,
