@@ -74,10 +74,7 @@ struct Custom {
 impl HttpClassifier {
     /// The classifier with the defaults in the table above.
     pub fn new() -> Self {
-        HttpClassifier {
-            custom: None,
-            errors: ErrorChainClassifier::new(),
-        }
+        Self::default()
     }
 
     /// Makes only `statuses` transient: any other status ≥ 400 is
