@@ -94,10 +94,7 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    // At most 8 digits: no overflow.
-    let amount = digits
-        .iter()
-        .fold(0u64, |amount, digit| amount * 10 + u64::from(digit - b'0'));
+    let amount: u64 = value[..digits.len()].parse().ok()?;
     Some(match unit {
         b'H' => Duration::from_secs(amount * 3600),
         b'M' => Duration::from_secs(amount * 60),
