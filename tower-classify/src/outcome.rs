@@ -217,19 +217,14 @@ impl FromStr for FailureKind {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FailureKind::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-                ConfigError::new(
-                    "kind",
-                    format!(
-                        "unknown failure kind {s:?}; expected one of {}",
-                        names.join(", ")
-                    ),
-                )
-            })
+        let found = FailureKind::ALL.into_iter().find(|kind| kind.as_str() == s);
+        found.ok_or_else(|| {
+            let names = FailureKind::ALL.map(FailureKind::as_str).join(", ");
+            ConfigError::new(
+                "kind",
+                format!("unknown failure kind {s:?}; expected one of {names}"),
+            )
+        })
     }
 }
 
