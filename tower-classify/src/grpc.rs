@@ -76,10 +76,8 @@ impl GrpcClassifier {
         Some(code.map_or(UNREADABLE_STATUS, |code| code as u32))
     }
 
-    /// `true` for a `200` gRPC response (`content-type: application/grpc…`)
-    /// without `grpc-status` in its head: its status comes in the trailers,
-    /// at the end of the body. A trailers-only response, any other status
-    /// and any other content type are settled by the head.
+    /// `true` for a response whose status comes in its trailers, which
+    /// `classify_head` (below) leaves open.
     fn status_in_trailers<B>(response: &Response<B>) -> bool {
         response.status() == http::StatusCode::OK
             && !response.headers().contains_key(GRPC_STATUS)

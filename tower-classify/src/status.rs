@@ -1,15 +1,6 @@
-//! Answering errors as gRPC statuses or HTTP problem responses.
-//!
-//! tonic and axum take only services that cannot fail, and tonic reports
-//! any error as `UNKNOWN`, so a caller cannot tell "back off" from
-//! "broken". [`GrpcStatusLayer`] answers each error of the service it wraps
-//! as a trailers-only gRPC response (the wait as `grpc-retry-pushback-ms`,
-//! which [gRFC A6] clients obey), [`HttpStatusLayer`] as an
-//! `application/problem+json` [`Problem`] (the wait as `Retry-After`), with
-//! the status the error's classification calls for: the mapping is the
-//! table in the [crate docs](crate#errors-as-grpc-statuses-or-http-problems).
-//!
-//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+//! Answering errors as gRPC statuses ([`GrpcStatusLayer`]) or HTTP problem
+//! responses ([`HttpStatusLayer`], [`Problem`]): why, the mapping and the
+//! waits sent are in the [crate docs](crate#errors-as-grpc-statuses-or-http-problems).
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -115,8 +106,7 @@ pub struct HttpStatusLayer {
 }
 
 /// Turns the errors of the service it wraps into gRPC status responses; see
-/// the [module docs](self). The error's text goes in
-/// `grpc-message`, percent-encoded and cut at 512 bytes.
+/// the [module docs](self).
 ///
 /// ```
 /// use std::time::Duration;
