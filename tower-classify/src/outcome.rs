@@ -117,7 +117,7 @@ impl From<FailureKind> for Failure {
 
 /// The kinds of failure the whole family agrees on.
 ///
-/// The first four are *transient*: a retry may fix them and a circuit breaker
+/// The first five are *transient*: a retry may fix them and a circuit breaker
 /// counts them. The others are not: retrying a [`Rejected`](FailureKind::Rejected)
 /// request cannot help and says nothing about the dependency's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

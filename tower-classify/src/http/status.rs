@@ -207,12 +207,10 @@ where
 
 impl fmt::Debug for HttpClassifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let retryable = self.custom.as_ref().and_then(|custom| custom.retryable);
         f.debug_struct("HttpClassifier")
             .field("rules", &self.rules().len())
-            .field(
-                "retryable",
-                &self.custom.as_ref().and_then(|custom| custom.retryable),
-            )
+            .field("retryable", &retryable)
             .field("errors", &self.errors)
             .finish()
     }
