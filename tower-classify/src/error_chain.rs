@@ -67,16 +67,11 @@ as_dyn_error! {
     tokio::time::error::Elapsed => |e| e;
     Classified => |e| e;
     crate::error::ConfigError => |e| e;
+    std::convert::Infallible => |e| match *e {};
     #[cfg(feature = "hyper")]
     hyper::Error => |e| e;
     #[cfg(feature = "hyper")]
     hyper_util::client::legacy::Error => |e| e;
-}
-
-impl AsDynError for std::convert::Infallible {
-    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
-        match *self {}
-    }
 }
 
 /// Classifies errors by what they are, not by what they print.

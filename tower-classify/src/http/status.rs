@@ -132,15 +132,11 @@ impl HttpClassifier {
                 return Outcome::Failure(Failure { hint, ..failure });
             }
         }
-        let kind = match self.status_kind(status) {
-            Some(kind) => kind,
-            None => return Outcome::Success,
+        let Some(kind) = self.status_kind(status) else {
+            return Outcome::Success;
         };
-        let failure = Failure::new(kind);
-        Outcome::Failure(match retry_after(headers, now) {
-            Some(hint) if kind != FailureKind::Rejected => failure.with_hint(hint),
-            _ => failure,
-        })
+        let hint = retry_after(headers, now).filter(|_| kind != FailureKind::Rejected);
+        Outcome::Failure(Failure::new(kind).with_hint_opt(hint))
     }
 
     fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
