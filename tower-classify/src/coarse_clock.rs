@@ -25,13 +25,13 @@ static COARSE_USERS: AtomicUsize = AtomicUsize::new(0);
 static PRECISE: AtomicBool = AtomicBool::new(false);
 static TICKER: OnceLock<Option<Thread>> = OnceLock::new();
 
-fn nanos_since(start: std::time::Instant) -> u64 {
-    start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+fn saturating_nanos(duration: Duration) -> u64 {
+    duration.as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
 fn tick(start: std::time::Instant) {
     loop {
-        READING.fetch_max(nanos_since(start), Ordering::Relaxed);
+        READING.fetch_max(saturating_nanos(start.elapsed()), Ordering::Relaxed);
         if FINE_USERS.load(Ordering::Acquire) > 0 {
             std::thread::sleep(FINE_TICK);
         } else if COARSE_USERS.load(Ordering::Acquire) > 0 {
@@ -103,7 +103,7 @@ impl CoarseClock {
         };
         users.fetch_add(1, Ordering::AcqRel);
         // Fresh at once, not only after the thread's next tick.
-        READING.fetch_max(nanos_since(start), Ordering::Relaxed);
+        READING.fetch_max(saturating_nanos(start.elapsed()), Ordering::Relaxed);
         let ticker = TICKER.get_or_init(|| {
             std::thread::Builder::new()
                 .name("tower-coarse-clock".into())
@@ -116,14 +116,8 @@ impl CoarseClock {
             None => PRECISE.store(true, Ordering::Relaxed),
         }
         Self::precise_now();
-        CoarseClock {
-            base: base
-                .into_std()
-                .saturating_duration_since(start)
-                .as_nanos()
-                .min(u128::from(u64::MAX)) as u64,
-            users,
-        }
+        let base = saturating_nanos(base.into_std().saturating_duration_since(start));
+        CoarseClock { base, users }
     }
 
     /// Nanoseconds after the base, as of the last tick; `None` when the

@@ -115,13 +115,9 @@ impl ResponseRuleConfig {
             .statuses(self.status.iter().copied())
             .match_success(self.match_success);
         match (&self.header, &self.body_path) {
+            // `header_equals` with no values is `header_present`.
             (Some(header), None) => {
-                let values = self.values.iter().map(value_text).collect::<Vec<_>>();
-                builder = if values.is_empty() {
-                    builder.header_present(header.clone())
-                } else {
-                    builder.header_equals(header.clone(), values)
-                };
+                builder = builder.header_equals(header.clone(), self.values.iter().map(value_text))
             }
             (None, Some(path)) => builder = builder.body_path(path.clone(), self.values.clone()),
             (Some(_), Some(_)) => {

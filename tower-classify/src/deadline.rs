@@ -86,6 +86,16 @@ pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 
 const MAX_DIGITS: usize = 8;
 
+/// `grpc-timeout`'s units, finest first, with their length in nanoseconds.
+const UNITS: [(char, u64); 6] = [
+    ('n', 1),
+    ('u', 1_000),
+    ('m', 1_000_000),
+    ('S', 1_000_000_000),
+    ('M', 60_000_000_000),
+    ('H', 3_600_000_000_000),
+];
+
 /// A `grpc-timeout` value as [`Deadline::from_header`] reads it; `None` when
 /// it does not follow the gRPC wire format.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
@@ -94,19 +104,10 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    // At most 8 digits: no overflow.
-    let amount = digits
-        .iter()
-        .fold(0u64, |amount, digit| amount * 10 + u64::from(digit - b'0'));
-    Some(match unit {
-        b'H' => Duration::from_secs(amount * 3600),
-        b'M' => Duration::from_secs(amount * 60),
-        b'S' => Duration::from_secs(amount),
-        b'm' => Duration::from_millis(amount),
-        b'u' => Duration::from_micros(amount),
-        b'n' => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    // At most 8 digits: fits a `u32`, and 99999999 hours fit a `Duration`.
+    let amount: u32 = value[..digits.len()].parse().ok()?;
+    let (_, nanos) = UNITS.iter().find(|(name, _)| *name == char::from(unit))?;
+    Some(Duration::from_nanos(*nanos) * amount)
 }
 
 /// Writes `timeout` in the `grpc-timeout` format, in the finest unit whose
@@ -116,16 +117,8 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 pub fn format_grpc_timeout(timeout: Duration) -> String {
     const LIMIT: u128 = 100_000_000;
     let nanos = timeout.as_nanos();
-    let units: [(u128, char); 6] = [
-        (1, 'n'),
-        (1_000, 'u'),
-        (1_000_000, 'm'),
-        (1_000_000_000, 'S'),
-        (60_000_000_000, 'M'),
-        (3_600_000_000_000, 'H'),
-    ];
-    for (scale, unit) in units {
-        let amount = nanos / scale;
+    for (unit, scale) in UNITS {
+        let amount = nanos / u128::from(scale);
         if amount < LIMIT {
             return format!("{amount}{unit}");
         }

@@ -67,16 +67,11 @@ as_dyn_error! {
     tokio::time::error::Elapsed => |e| e;
     Classified => |e| e;
     crate::error::ConfigError => |e| e;
+    std::convert::Infallible => |e| match *e {};
     #[cfg(feature = "hyper")]
     hyper::Error => |e| e;
     #[cfg(feature = "hyper")]
     hyper_util::client::legacy::Error => |e| e;
-}
-
-impl AsDynError for std::convert::Infallible {
-    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
-        match *self {}
-    }
 }
 
 /// Classifies errors by what they are, not by what they print.
@@ -113,7 +108,7 @@ impl AsDynError for std::convert::Infallible {
 /// 3. An error nothing recognises is [`Rejected`](FailureKind::Rejected) by
 ///    default: unknown errors fail fast rather than being retried blindly.
 ///    Change that with [`unknown_as`](Self::unknown_as).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct ErrorChainClassifier {
     // `None` until `unknown_as` is called: a layer that answers errors
     // (`GrpcStatusLayer`) tells the default apart from a caller who chose
@@ -164,12 +159,6 @@ impl fmt::Debug for ErrorChainClassifier {
 /// [`unknown_as`](ErrorChainClassifier::unknown_as) says otherwise.
 pub(crate) const DEFAULT_UNKNOWN: Outcome = Outcome::failure(FailureKind::Rejected);
 
-impl Default for ErrorChainClassifier {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ErrorChainClassifier {
     /// The classifier with the defaults above.
     pub const fn new() -> Self {
@@ -206,11 +195,8 @@ impl ErrorChainClassifier {
     /// What [`unknown_as`](Self::unknown_as) chose an error nothing
     /// recognises to mean; `None` when it was not called.
     #[cfg(feature = "http")]
-    pub(crate) const fn chosen_unknown(&self) -> Option<Outcome> {
-        match self.unknown {
-            Some(unknown) => Some(unknown.outcome()),
-            None => None,
-        }
+    pub(crate) fn chosen_unknown(&self) -> Option<Outcome> {
+        self.unknown.map(Unknown::outcome)
     }
 
     /// What [`classify_error`](Self::classify_error) finds in the chain;
@@ -226,24 +212,19 @@ impl ErrorChainClassifier {
             if let Some(classified) = err.downcast_ref::<Classified>() {
                 return Some(Outcome::Failure(classified.failure()));
             }
-            if let Some(outcome) = recognise(err) {
-                not_sent |= outcome.as_failure().map(|f| f.kind) == Some(FailureKind::NotSent);
-                deepest = Some(outcome);
+            if let Some(kind) = recognise(err) {
+                not_sent |= kind == FailureKind::NotSent;
+                deepest = Some(kind);
             }
             current = next_in_chain(err);
         }
-        match deepest {
-            Some(outcome)
-                if not_sent
-                    && matches!(
-                        outcome.as_failure().map(|f| f.kind),
-                        Some(FailureKind::Connection | FailureKind::Timeout)
-                    ) =>
-            {
-                Some(Outcome::failure(FailureKind::NotSent))
+        let deepest = match deepest {
+            Some(FailureKind::Connection | FailureKind::Timeout) if not_sent => {
+                Some(FailureKind::NotSent)
             }
             other => other,
-        }
+        };
+        deepest.map(Outcome::failure)
     }
 }
 
@@ -259,26 +240,24 @@ pub(crate) fn next_in_chain<'a>(
     }
 }
 
-fn recognise(err: &(dyn Error + 'static)) -> Option<Outcome> {
+fn recognise(err: &(dyn Error + 'static)) -> Option<FailureKind> {
     if err.is::<tower::timeout::error::Elapsed>() || err.is::<tokio::time::error::Elapsed>() {
-        return Some(Outcome::failure(FailureKind::Timeout));
+        return Some(FailureKind::Timeout);
     }
     if err.is::<tower::load_shed::error::Overloaded>() {
-        return Some(Outcome::failure(FailureKind::Shed));
+        return Some(FailureKind::Shed);
     }
     if let Some(io) = err.downcast_ref::<io::Error>() {
-        return Some(Outcome::failure(io_kind(io.kind())));
+        return Some(io_kind(io.kind()));
     }
     #[cfg(feature = "hyper")]
     if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
-        return Some(hyper_outcome(hyper));
+        return Some(hyper_kind(hyper));
     }
     #[cfg(feature = "hyper")]
     if let Some(client) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
         // Anything else it wraps (a hyper error) is classified below it.
-        return client
-            .is_connect()
-            .then(|| Outcome::failure(FailureKind::NotSent));
+        return client.is_connect().then_some(FailureKind::NotSent);
     }
     None
 }
@@ -296,16 +275,16 @@ fn io_kind(kind: io::ErrorKind) -> FailureKind {
 }
 
 #[cfg(feature = "hyper")]
-fn hyper_outcome(err: &hyper::Error) -> Outcome {
+fn hyper_kind(err: &hyper::Error) -> FailureKind {
     if err.is_timeout() {
-        Outcome::failure(FailureKind::Timeout)
+        FailureKind::Timeout
     } else if err.is_canceled() {
         // Dropped before it was dispatched to a connection.
-        Outcome::failure(FailureKind::NotSent)
+        FailureKind::NotSent
     } else if err.is_parse() || err.is_user() || err.is_parse_status() {
-        Outcome::failure(FailureKind::Rejected)
+        FailureKind::Rejected
     } else {
-        Outcome::failure(FailureKind::Connection)
+        FailureKind::Connection
     }
 }
 

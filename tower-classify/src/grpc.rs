@@ -6,7 +6,7 @@ use http::{HeaderMap, Response};
 
 use crate::classify::Classify;
 use crate::error_chain::{AsDynError, ErrorChainClassifier};
-use crate::hint::parse_grpc_pushback;
+use crate::hint::{decimal, parse_grpc_pushback};
 use crate::http::HttpClassifier;
 use crate::outcome::{Failure, FailureKind, Outcome};
 use crate::settle::StreamEnd;
@@ -71,20 +71,13 @@ impl GrpcClassifier {
     /// tonic reads it: a status nobody can read is not a success.
     pub fn status_code(headers: &HeaderMap) -> Option<u32> {
         let digits = headers.get(GRPC_STATUS)?.as_bytes().trim_ascii();
-        let written_as_grpc = matches!(digits, [d] if d.is_ascii_digit())
-            || matches!(digits, [b'1'..=b'9', d] if d.is_ascii_digit());
-        Some(match written_as_grpc {
-            true => digits
-                .iter()
-                .fold(0, |code, digit| code * 10 + u32::from(digit - b'0')),
-            false => UNREADABLE_STATUS,
-        })
+        let written_as_grpc = matches!(digits, [_] | [b'1'..=b'9', _]);
+        let code = decimal(digits).filter(|_| written_as_grpc);
+        Some(code.map_or(UNREADABLE_STATUS, |code| code as u32))
     }
 
-    /// `true` for a `200` gRPC response (`content-type: application/grpc…`)
-    /// without `grpc-status` in its head: its status comes in the trailers,
-    /// at the end of the body. A trailers-only response, any other status
-    /// and any other content type are settled by the head.
+    /// `true` for a response whose status comes in its trailers, which
+    /// `classify_head` (below) leaves open.
     fn status_in_trailers<B>(response: &Response<B>) -> bool {
         response.status() == http::StatusCode::OK
             && !response.headers().contains_key(GRPC_STATUS)

@@ -117,7 +117,7 @@ impl From<FailureKind> for Failure {
 
 /// The kinds of failure the whole family agrees on.
 ///
-/// The first four are *transient*: a retry may fix them and a circuit breaker
+/// The first five are *transient*: a retry may fix them and a circuit breaker
 /// counts them. The others are not: retrying a [`Rejected`](FailureKind::Rejected)
 /// request cannot help and says nothing about the dependency's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -217,19 +217,14 @@ impl FromStr for FailureKind {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FailureKind::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-                ConfigError::new(
-                    "kind",
-                    format!(
-                        "unknown failure kind {s:?}; expected one of {}",
-                        names.join(", ")
-                    ),
-                )
-            })
+        let found = FailureKind::ALL.into_iter().find(|kind| kind.as_str() == s);
+        found.ok_or_else(|| {
+            let names = FailureKind::ALL.map(FailureKind::as_str).join(", ");
+            ConfigError::new(
+                "kind",
+                format!("unknown failure kind {s:?}; expected one of {names}"),
+            )
+        })
     }
 }
 

@@ -57,15 +57,8 @@ impl RetryOn {
     pub fn new(kinds: impl IntoIterator<Item = FailureKind>) -> Result<Self, ConfigError> {
         let mut bits = 0;
         for kind in kinds {
-            bits |= Self::bit(kind).ok_or_else(|| {
-                ConfigError::new(
-                    "retry_on",
-                    format!(
-                        "`{kind}` is not a transient class; expected one of {}",
-                        Self::expected()
-                    ),
-                )
-            })?;
+            let refusal = || refused(format_args!("`{kind}` is not a transient class"), "one of");
+            bits |= Self::bit(kind).ok_or_else(refusal)?;
         }
         Self::from_bits(bits)
     }
@@ -80,15 +73,8 @@ impl RetryOn {
         let mut bits = 0;
         for name in names {
             let name = name.as_ref();
-            let kind = Self::kind_named(name).ok_or_else(|| {
-                ConfigError::new(
-                    "retry_on",
-                    format!(
-                        "unknown class `{name}`; expected one of {}",
-                        Self::expected()
-                    ),
-                )
-            })?;
+            let refusal = || refused(format_args!("unknown class `{name}`"), "one of");
+            let kind = Self::kind_named(name).ok_or_else(refusal)?;
             bits |= Self::bit(kind).expect("kind_named returns transient kinds");
         }
         Self::from_bits(bits)
@@ -124,13 +110,7 @@ impl RetryOn {
             bits |= NOT_SENT;
         }
         if bits == 0 {
-            return Err(ConfigError::new(
-                "retry_on",
-                format!(
-                    "must name at least one class; expected some of {}",
-                    Self::expected()
-                ),
-            ));
+            return Err(refused("must name at least one class", "some of"));
         }
         Ok(RetryOn { bits })
     }
@@ -145,14 +125,12 @@ impl RetryOn {
             _ => None,
         }
     }
+}
 
-    fn expected() -> String {
-        CLASSES
-            .iter()
-            .map(|(_, name)| format!("`{name}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
+/// The configuration error `reason`, naming the classes expected.
+fn refused(reason: impl fmt::Display, expected: &str) -> ConfigError {
+    let names = CLASSES.map(|(_, name)| format!("`{name}`")).join(", ");
+    ConfigError::new("retry_on", format!("{reason}; expected {expected} {names}"))
 }
 
 /// Every transient class.

@@ -1,15 +1,6 @@
-//! Answering errors as gRPC statuses or HTTP problem responses.
-//!
-//! tonic and axum take only services that cannot fail, and tonic reports
-//! any error as `UNKNOWN`, so a caller cannot tell "back off" from
-//! "broken". [`GrpcStatusLayer`] answers each error of the service it wraps
-//! as a trailers-only gRPC response (the wait as `grpc-retry-pushback-ms`,
-//! which [gRFC A6] clients obey), [`HttpStatusLayer`] as an
-//! `application/problem+json` [`Problem`] (the wait as `Retry-After`), with
-//! the status the error's classification calls for: the mapping is the
-//! table in the [crate docs](crate#errors-as-grpc-statuses-or-http-problems).
-//!
-//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+//! Answering errors as gRPC statuses ([`GrpcStatusLayer`]) or HTTP problem
+//! responses ([`HttpStatusLayer`], [`Problem`]): why, the mapping and the
+//! waits sent are in the [crate docs](crate#errors-as-grpc-statuses-or-http-problems).
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -36,20 +27,52 @@ use crate::refusal::RefusalToken;
 const MAX_MESSAGE: usize = 512;
 
 /// What both layers are configured with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Settings {
     classifier: ErrorChainClassifier,
-    details: bool,
+    without_details: bool,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            classifier: ErrorChainClassifier::new(),
-            details: true,
+/// The constructor, builder methods and `Layer` impl both layers share;
+/// `$text` names where the error's text goes.
+macro_rules! status_layer {
+    ($layer:ident, $text:literal) => {
+        impl $layer {
+            /// The layer, classifying errors with [`ErrorChainClassifier::new`] and
+            #[doc = concat!("sending each error's text as its ", $text, ".")]
+            pub fn new() -> Self {
+                Self::default()
+            }
+
+            /// Classifies errors with `classifier` instead. An error nothing
+            /// recognises answers `UNKNOWN` (500) unless the classifier's
+            /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
+            /// even the default's own: then that outcome's status.
+            pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
+                self.settings.classifier = classifier;
+                self
+            }
+
+            #[doc = concat!("Sends no error text (no ", $text, "), for a server whose callers")]
+            /// must not see an upstream's error text (host names, internal paths).
+            pub fn without_details(mut self) -> Self {
+                self.settings.without_details = true;
+                self
+            }
         }
-    }
+
+        impl<S> Layer<S> for $layer {
+            type Service = StatusService<S, Self>;
+
+            fn layer(&self, inner: S) -> Self::Service {
+                StatusService::new(inner, *self)
+            }
+        }
+    };
 }
+
+status_layer!(HttpStatusLayer, "`detail`");
+status_layer!(GrpcStatusLayer, "`grpc-message`");
 
 /// Turns the errors of the service it wraps into problem responses; see the
 /// [module docs](self).
@@ -82,33 +105,8 @@ pub struct HttpStatusLayer {
     settings: Settings,
 }
 
-impl HttpStatusLayer {
-    /// The layer, classifying errors with [`ErrorChainClassifier::new`] and
-    /// sending each error's text as the problem's `detail`.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Classifies errors with `classifier` instead. An error nothing
-    /// recognises answers `UNKNOWN` (500) unless the classifier's
-    /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
-    /// even the default's own: then that outcome's status.
-    pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
-        self.settings.classifier = classifier;
-        self
-    }
-
-    /// Sends no error text (no `detail`), for a server whose callers must
-    /// not see a dependency's error text (host names, internal paths).
-    pub fn without_details(mut self) -> Self {
-        self.settings.details = false;
-        self
-    }
-}
-
 /// Turns the errors of the service it wraps into gRPC status responses; see
-/// the [module docs](self). The error's text goes in
-/// `grpc-message`, percent-encoded and cut at 512 bytes.
+/// the [module docs](self).
 ///
 /// ```
 /// use std::time::Duration;
@@ -143,28 +141,6 @@ pub struct GrpcStatusLayer {
 type StatusOf = fn(&(dyn Error + 'static)) -> Option<(u32, String)>;
 
 impl GrpcStatusLayer {
-    /// The layer, classifying errors with [`ErrorChainClassifier::new`] and
-    /// sending each error's text as the `grpc-message`.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Classifies errors with `classifier` instead. An error nothing
-    /// recognises answers `UNKNOWN` (500) unless the classifier's
-    /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
-    /// even the default's own: then that outcome's status.
-    pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
-        self.settings.classifier = classifier;
-        self
-    }
-
-    /// Sends no error text (no `grpc-message`), for a server whose callers
-    /// must not see an upstream's error text (host names, internal paths).
-    pub fn without_details(mut self) -> Self {
-        self.settings.details = false;
-        self
-    }
-
     /// Recognises errors that already are a gRPC status, and sends that
     /// status as it is instead of classifying the error: its code as given,
     /// its message percent-encoded and cut as every message is (and left out
@@ -207,7 +183,7 @@ impl GrpcStatusLayer {
             }
         };
         headers.insert(GRPC_STATUS, HeaderValue::from(code));
-        if self.settings.details {
+        if !self.settings.without_details {
             if let Ok(value) = HeaderValue::try_from(percent_encode(&message)) {
                 headers.insert(GRPC_MESSAGE, value);
             }
@@ -233,22 +209,6 @@ impl<B: Default> AnswerError<B> for GrpcStatusLayer {
         let mut response = Response::new(B::default());
         *response.headers_mut() = self.headers(error);
         response
-    }
-}
-
-impl<S> Layer<S> for HttpStatusLayer {
-    type Service = StatusService<S, Self>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        StatusService::new(inner, *self)
-    }
-}
-
-impl<S> Layer<S> for GrpcStatusLayer {
-    type Service = StatusService<S, Self>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        StatusService::new(inner, *self)
     }
 }
 
@@ -417,12 +377,12 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     // what it means (`unknown_as`), even as the default's own outcome. The
     // default calls it rejected only so as not to retry it blindly: sent as
     // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
-    let (outcome, code) = match classifier.recognised(error) {
+    let chosen = classifier
+        .recognised(error)
+        .or_else(|| classifier.chosen_unknown());
+    let (outcome, code) = match chosen {
         Some(outcome) => (outcome, status_code(&outcome)),
-        None => match classifier.chosen_unknown() {
-            Some(chosen) => (chosen, status_code(&chosen)),
-            None => (DEFAULT_UNKNOWN, 2),
-        },
+        None => (DEFAULT_UNKNOWN, 2),
     };
     // A wait told to remote callers (an open circuit's time left) takes the
     // place of the hint meant for a retry layer in this process.
@@ -433,11 +393,7 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     // A wait means something only where the status invites a retry.
     let pushback = match hint {
         Some(_) if !matches!(code, 14 | 8) => None,
-        Some(RetryHint::After(wait)) => Some(
-            u64::try_from(wait.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(i32::MAX as u64) as i64,
-        ),
+        Some(RetryHint::After(wait)) => Some(wait.as_millis().min(i32::MAX as u128) as i64),
         Some(RetryHint::DoNotRetry | RetryHint::Final) => Some(-1),
         None => None,
     };
@@ -555,12 +511,10 @@ pub struct Problem {
 impl Problem {
     /// A problem of `status`, with no `detail` and no `Retry-After`.
     pub fn new(status: StatusCode) -> Self {
+        let title = status.canonical_reason().unwrap_or("Error");
         let mut body = serde_json::Map::new();
         body.insert("type".into(), "about:blank".into());
-        body.insert(
-            "title".into(),
-            status.canonical_reason().unwrap_or("Error").into(),
-        );
+        body.insert("title".into(), title.into());
         body.insert("status".into(), status.as_u16().into());
         Problem {
             status,
@@ -597,16 +551,13 @@ impl Problem {
         if let Some(millis) = answer.pushback.and_then(|ms| u64::try_from(ms).ok()) {
             problem = problem.retry_after(Duration::from_millis(millis));
         }
-        if settings.details {
+        if !settings.without_details {
             problem = problem.member("detail", &error.to_string());
         }
         // An error nothing recognises answers 500 and is left to be read as
         // the server error its status says.
-        problem.failure = answer
-            .outcome
-            .as_failure()
-            .copied()
-            .filter(|_| answer.code != 2);
+        let failure = answer.outcome.as_failure().copied();
+        problem.failure = failure.filter(|_| answer.code != 2);
         problem
     }
 
@@ -616,10 +567,8 @@ impl Problem {
         let mut response = Response::new(B::from(body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let problem_json = HeaderValue::from_static("application/problem+json");
+        headers.insert(CONTENT_TYPE, problem_json);
         if let Some(secs) = self.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }

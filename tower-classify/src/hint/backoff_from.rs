@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde_json::Value;
 
 use super::instant::{epoch_ms, parse_rfc3339, relative, wait_until};
@@ -77,14 +77,14 @@ pub enum BackoffFrom {
     /// A header value.
     Header {
         /// The header.
-        name: http::HeaderName,
+        name: HeaderName,
         /// How the value is written.
         unit: WaitUnit,
     },
     /// A JSON-valued header, at a path.
     HeaderJson {
         /// The header.
-        name: http::HeaderName,
+        name: HeaderName,
         /// Where in the header's JSON the value is.
         path: JsonPath,
         /// How the value is written.
@@ -112,16 +112,14 @@ pub enum BackoffFrom {
 impl BackoffFrom {
     /// Reads from a header; a bad header name is refused naming `backoff_from.name`.
     pub fn header(name: &str, unit: WaitUnit) -> Result<Self, ConfigError> {
-        Ok(BackoffFrom::Header {
-            name: header_name(name)?,
-            unit,
-        })
+        let name = header_name("backoff_from.name", name)?;
+        Ok(BackoffFrom::Header { name, unit })
     }
 
     /// Reads from a JSON-valued header at `path`.
     pub fn header_json(name: &str, path: &str, unit: WaitUnit) -> Result<Self, ConfigError> {
         Ok(BackoffFrom::HeaderJson {
-            name: header_name(name)?,
+            name: header_name("backoff_from.name", name)?,
             path: JsonPath::parse("backoff_from.path", path)?,
             unit,
         })
@@ -210,13 +208,10 @@ fn cost_bucket_wait(requested: f64, available: f64, restore_rate: f64) -> Option
     Some(Duration::from_millis((seconds * 1_000.0) as u64))
 }
 
-fn header_name(name: &str) -> Result<http::HeaderName, ConfigError> {
-    http::HeaderName::try_from(name).map_err(|_| {
-        ConfigError::new(
-            "backoff_from.name",
-            format!("{name:?} is not a header name"),
-        )
-    })
+/// `name` as a header name, or the configuration error naming `field`.
+pub(crate) fn header_name(field: &'static str, name: &str) -> Result<HeaderName, ConfigError> {
+    HeaderName::try_from(name)
+        .map_err(|_| ConfigError::new(field, format!("{name:?} is not a header name")))
 }
 
 #[cfg(test)]

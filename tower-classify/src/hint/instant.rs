@@ -3,6 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::decimal;
+
 /// `time` as milliseconds since the epoch (negative before it).
 pub(crate) fn epoch_ms(time: SystemTime) -> i128 {
     match time.duration_since(UNIX_EPOCH) {
@@ -37,17 +39,7 @@ pub(crate) fn relative(value: f64, unit_ms: f64) -> Option<Duration> {
 /// `2026-10-21t07:28:00.5+02:00`) as milliseconds since the epoch.
 pub(crate) fn parse_rfc3339(text: &str) -> Option<i128> {
     let bytes = text.trim().as_bytes();
-    let number = |range: std::ops::Range<usize>| -> Option<i64> {
-        let digits = bytes.get(range)?;
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        Some(
-            digits
-                .iter()
-                .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0')),
-        )
-    };
+    let number = |range: std::ops::Range<usize>| i64::try_from(decimal(bytes.get(range)?)?).ok();
     let punct = |at: usize, allowed: &[u8]| bytes.get(at).is_some_and(|b| allowed.contains(b));
     if !(punct(4, b"-")
         && punct(7, b"-")

@@ -52,30 +52,22 @@ impl JsonPath {
             } else if let Some(after) = rest.strip_prefix('[') {
                 let end = after.find(']').ok_or_else(|| error("unclosed `[`"))?;
                 let inside = after[..end].trim();
+                let quoted = |quote: char| inside.strip_prefix(quote)?.strip_suffix(quote);
+                let not_index = |_| error("expected an index, `*` or a quoted name in `[]`");
                 steps.push(if inside == "*" {
                     Step::Wildcard
-                } else if let Some(quoted) = inside
-                    .strip_prefix('\'')
-                    .and_then(|s| s.strip_suffix('\''))
-                    .or_else(|| inside.strip_prefix('"').and_then(|s| s.strip_suffix('"')))
-                {
-                    Step::Key(quoted.to_owned())
+                } else if let Some(name) = quoted('\'').or_else(|| quoted('"')) {
+                    Step::Key(name.to_owned())
                 } else {
-                    Step::Index(
-                        inside.parse().map_err(|_| {
-                            error("expected an index, `*` or a quoted name in `[]`")
-                        })?,
-                    )
+                    Step::Index(inside.parse().map_err(not_index)?)
                 });
                 rest = &after[end + 1..];
             } else {
                 return Err(error("expected `.` or `[`"));
             }
         }
-        Ok(JsonPath {
-            text: text.to_owned(),
-            steps,
-        })
+        let text = text.to_owned();
+        Ok(JsonPath { text, steps })
     }
 
     /// Every value the path selects in `document`, in document order.

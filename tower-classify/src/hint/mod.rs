@@ -16,7 +16,8 @@ mod instant;
 mod json_path;
 mod retry_after;
 
+pub(crate) use self::backoff_from::header_name;
 pub use self::backoff_from::{BackoffFrom, WaitUnit};
 pub use self::json_path::JsonPath;
-pub(crate) use self::retry_after::parse_http_date;
+pub(crate) use self::retry_after::{decimal, parse_http_date};
 pub use self::retry_after::{parse_grpc_pushback, parse_retry_after};

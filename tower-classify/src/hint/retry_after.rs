@@ -36,16 +36,13 @@ use crate::outcome::RetryHint;
 ///
 /// [RFC 9110 §10.2.3]: https://www.rfc-editor.org/rfc/rfc9110#section-10.2.3
 pub fn parse_retry_after(value: &[u8], date: Option<&[u8]>, now: SystemTime) -> Option<Duration> {
-    let value = trim_ascii(value);
-    if value.is_empty() {
-        return None;
-    }
-    if value.iter().all(u8::is_ascii_digit) {
-        return Some(Duration::from_secs(saturating_decimal(value)));
+    let value = value.trim_ascii();
+    if let Some(secs) = decimal(value) {
+        return Some(Duration::from_secs(secs));
     }
     let retry_at = parse_http_date(value)?;
     let base = date
-        .and_then(|d| parse_http_date(trim_ascii(d)))
+        .and_then(|d| parse_http_date(d.trim_ascii()))
         .unwrap_or(now);
     Some(retry_at.duration_since(base).unwrap_or(Duration::ZERO))
 }
@@ -58,11 +55,9 @@ pub fn parse_retry_after(value: &[u8], date: Option<&[u8]>, now: SystemTime) -> 
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 pub fn parse_grpc_pushback(value: &[u8]) -> RetryHint {
-    let value = trim_ascii(value);
-    if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
-        RetryHint::After(Duration::from_millis(saturating_decimal(value)))
-    } else {
-        RetryHint::DoNotRetry
+    match decimal(value.trim_ascii()) {
+        Some(millis) => RetryHint::After(Duration::from_millis(millis)),
+        None => RetryHint::DoNotRetry,
     }
 }
 
@@ -72,21 +67,13 @@ pub(crate) fn parse_http_date(value: &[u8]) -> Option<SystemTime> {
     httpdate::parse_http_date(text).ok()
 }
 
-/// The value of a run of ASCII digits, saturating at `u64::MAX`.
-pub(crate) fn saturating_decimal(digits: &[u8]) -> u64 {
-    digits.iter().fold(0u64, |acc, d| {
+/// The value of a non-empty run of ASCII digits, saturating at `u64::MAX`;
+/// `None` for anything else (a sign, a space, nothing).
+pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0u64, |acc, d| {
         acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-    })
-}
-
-pub(crate) fn trim_ascii(value: &[u8]) -> &[u8] {
-    let start = value
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |i| i + 1);
-    &value[start..end]
+    }))
 }

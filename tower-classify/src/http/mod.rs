@@ -19,15 +19,9 @@ pub(crate) use self::status::StatusSet;
 /// (up to a limit you choose) before classifying it if you need body rules.
 pub(crate) fn buffered_body<B: 'static>(body: &B) -> Option<&[u8]> {
     let any = body as &dyn std::any::Any;
-    if let Some(bytes) = any.downcast_ref::<bytes::Bytes>() {
-        Some(bytes)
-    } else if let Some(vec) = any.downcast_ref::<Vec<u8>>() {
-        Some(vec)
-    } else if let Some(text) = any.downcast_ref::<String>() {
-        Some(text.as_bytes())
-    } else if let Some(text) = any.downcast_ref::<&'static str>() {
-        Some(text.as_bytes())
-    } else {
-        None
-    }
+    let bytes = any.downcast_ref::<bytes::Bytes>().map(|bytes| &bytes[..]);
+    bytes
+        .or_else(|| any.downcast_ref::<Vec<u8>>().map(Vec::as_slice))
+        .or_else(|| any.downcast_ref::<String>().map(String::as_bytes))
+        .or_else(|| any.downcast_ref::<&'static str>().map(|s| s.as_bytes()))
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::status::StatusSet;
 use crate::error::ConfigError;
-use crate::hint::{BackoffFrom, JsonPath};
+use crate::hint::{header_name, BackoffFrom, JsonPath};
 use crate::outcome::{Failure, FailureKind, RetryHint};
 
 /// Turns a response an API uses to signal throttling into
@@ -216,9 +216,7 @@ impl ResponseRuleBuilder {
                 ))
             }
             (Some((name, values)), None) => Condition::Header {
-                name: HeaderName::try_from(name.as_str()).map_err(|_| {
-                    ConfigError::new("header", format!("{name:?} is not a header name"))
-                })?,
+                name: header_name("header", &name)?,
                 values,
             },
             (None, Some((path, values))) => {

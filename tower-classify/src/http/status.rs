@@ -74,10 +74,7 @@ struct Custom {
 impl HttpClassifier {
     /// The classifier with the defaults in the table above.
     pub fn new() -> Self {
-        HttpClassifier {
-            custom: None,
-            errors: ErrorChainClassifier::new(),
-        }
+        Self::default()
     }
 
     /// Makes only `statuses` transient: any other status ≥ 400 is
@@ -135,15 +132,11 @@ impl HttpClassifier {
                 return Outcome::Failure(Failure { hint, ..failure });
             }
         }
-        let kind = match self.status_kind(status) {
-            Some(kind) => kind,
-            None => return Outcome::Success,
+        let Some(kind) = self.status_kind(status) else {
+            return Outcome::Success;
         };
-        let failure = Failure::new(kind);
-        Outcome::Failure(match retry_after(headers, now) {
-            Some(hint) if kind != FailureKind::Rejected => failure.with_hint(hint),
-            _ => failure,
-        })
+        let hint = retry_after(headers, now).filter(|_| kind != FailureKind::Rejected);
+        Outcome::Failure(Failure::new(kind).with_hint_opt(hint))
     }
 
     fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
@@ -210,12 +203,10 @@ where
 
 impl fmt::Debug for HttpClassifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let retryable = self.custom.as_ref().and_then(|custom| custom.retryable);
         f.debug_struct("HttpClassifier")
             .field("rules", &self.rules().len())
-            .field(
-                "retryable",
-                &self.custom.as_ref().and_then(|custom| custom.retryable),
-            )
+            .field("retryable", &retryable)
             .field("errors", &self.errors)
             .finish()
     }
