@@ -92,7 +92,6 @@ impl ResilienceConfig {
             }
         }
         if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
-            let said = |set: Option<u64>| if set.is_some() { "" } else { ", its default" };
             let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
             let timeout = retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT);
             if timeout >= deadline {
@@ -100,13 +99,23 @@ impl ResilienceConfig {
                     "retry.attempt_timeout_ms ({}{}) has no effect: retry.deadline_ms ({}{}) \
                      ends every attempt first",
                     timeout.as_millis(),
-                    said(retry.attempt_timeout_ms),
+                    its_default(retry.attempt_timeout_ms),
                     deadline.as_millis(),
-                    said(retry.deadline_ms),
+                    its_default(retry.deadline_ms),
                 ));
             }
         }
         warnings
+    }
+}
+
+/// `, its default` after a value the block left out, so a message says
+/// where the value came from.
+pub(crate) fn its_default(set: Option<u64>) -> &'static str {
+    if set.is_some() {
+        ""
+    } else {
+        ", its default"
     }
 }
 
