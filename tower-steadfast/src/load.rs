@@ -360,7 +360,8 @@ fn named<T: FromStr<Err = ConfigError>>(
         .map_err(|error: ConfigError| ConfigError::new(path.to_owned(), error.reason().to_owned()))
 }
 
-fn join(parent: &str, key: &str) -> String {
+/// `key` under `parent`, as errors name it: `resilience.retry.base_ms`.
+pub(crate) fn join(parent: &str, key: &str) -> String {
     if parent.is_empty() {
         key.to_owned()
     } else {

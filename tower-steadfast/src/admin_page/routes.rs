@@ -1,7 +1,7 @@
 //! The page's routes: the static page, the JSON it polls, and the actions.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{OriginalUri, Query, State};
@@ -15,7 +15,7 @@ use tower_poison::store::StoreError;
 use tower_poison::EntryId;
 
 use super::counts::RetryCounts;
-use super::dead_letters::{DeadLetters, MAX_NEWEST, SCAN_LIMIT};
+use super::dead_letters::{millis, DeadLetters, MAX_NEWEST, SCAN_LIMIT};
 
 /// The most breakers one poll lists (a keyed breaker may hold thousands).
 pub(crate) const MAX_BREAKERS: usize = 200;
@@ -136,11 +136,8 @@ pub(crate) async fn state(State(shared): Page, Query(query): Query<StateQuery>) 
             None => json!({"name": name, "counted": false}),
         })
         .collect();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64);
     Json(json!({
-            "now_ms": now,
+            "now_ms": millis(SystemTime::now()),
             "breakers": breakers,
             "breakers_total": total,
             "dead_letters": stores,
