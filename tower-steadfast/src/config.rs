@@ -1,14 +1,6 @@
-//! The configuration types: one per section of the `resilience:` block.
-//!
-//! The block speaks the layers' own vocabulary: a backoff is a
-//! [`BackoffKind`], a jitter a [`Jitter`], the classes retried a
-//! [`RetryOn`], the action an [`Action`], each read by the layer's own
-//! parser. A key left out is `None` here and keeps the layer's own default,
-//! so every default of the stack is written once, in its layer (the root
-//! README lists them in one table). The keys no layer has a default for
-//! have theirs here: `poison.max_row_attempts`, and the call's deadline and
-//! attempt timeout, which the retry layer leaves unbounded but a request
-//! handler must not.
+//! The configuration types: one per section of the `resilience:` block,
+//! whose keys, vocabulary and defaults the crate docs' [table](crate#the-block)
+//! lists.
 //!
 //! Values of these types exist only after every rule was checked (by a
 //! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or

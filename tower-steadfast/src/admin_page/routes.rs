@@ -27,6 +27,7 @@ const PAGE_JS: &str = include_str!("page.js");
 const PAGE_CSS: &str = include_str!("page.css");
 
 /// What the routes read and act on.
+#[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) breakers: Vec<BreakerHandle>,
     pub(crate) retries: Vec<(String, Option<Arc<RetryCounts>>)>,
