@@ -181,12 +181,8 @@ impl ConnectionLike for RedisConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.0 {
-            Connection::Single(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
-            Connection::Cluster(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
+            Connection::Single(single) => single.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
         }
     }
 
