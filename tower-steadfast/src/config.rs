@@ -104,11 +104,7 @@ impl ResilienceConfig {
 /// `, its default` after a value the block left out, so a message says
 /// where the value came from.
 pub(crate) fn its_default(set: Option<u64>) -> &'static str {
-    if set.is_some() {
-        ""
-    } else {
-        ", its default"
-    }
+    set.map_or(", its default", |_| "")
 }
 
 /// The `retry` section. A key left out keeps the retry layer's default

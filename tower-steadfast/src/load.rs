@@ -180,13 +180,8 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
 
 fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
     let Value::Array(items) = value else {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!(
-                "must be a list of classes such as [http_5xx, timeout] (got {})",
-                describe(value)
-            ),
-        ));
+        let classes = "a list of classes such as [http_5xx, timeout]";
+        return Err(refuse(path, classes, value));
     };
     if items.is_empty() {
         // The parser refuses this too; here it also says how to get every class.
@@ -230,27 +225,16 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
     poison.max_row_attempts = key(map, path, "max_row_attempts", failures)?;
     poison.action = key(map, path, "action", |v, at| named(v, at, "`dlq`"))?;
     poison.message_id_header = key(map, path, "message_id_header", |value, at| {
-        let refuse = |problem| Err(ConfigError::new(at.to_owned(), problem));
-        match value.as_str() {
-            None => refuse(format!(
-                "must be a header name such as x-message-id (got {})",
-                describe(value)
-            )),
-            Some(name) if HeaderName::from_bytes(name.as_bytes()).is_err() => {
-                refuse(format!("`{name}` is not a valid HTTP header name"))
-            }
-            Some(name) => Ok(name.to_owned()),
+        let header = "a header name such as x-message-id";
+        let name = value.as_str().ok_or_else(|| refuse(at, header, value))?;
+        if HeaderName::from_bytes(name.as_bytes()).is_err() {
+            let problem = format!("`{name}` is not a valid HTTP header name");
+            return Err(ConfigError::new(at.to_owned(), problem));
         }
+        Ok(name.to_owned())
     })?;
-    poison.store_refusals = key(map, path, "store_refusals", |value, at| {
-        value.as_bool().ok_or_else(|| {
-            ConfigError::new(
-                at.to_owned(),
-                format!("must be true or false (got {})", describe(value)),
-            )
-        })
-    })?
-    .unwrap_or_default();
+    let switch = |v: &Value, at: &str| v.as_bool().ok_or_else(|| refuse(at, "true or false", v));
+    poison.store_refusals = key(map, path, "store_refusals", switch)?.unwrap_or_default();
     Ok(poison)
 }
 
@@ -280,32 +264,25 @@ fn section<'a>(
             refuse_unknown(map, path, keys)?;
             Ok(Some(map))
         }
-        other => Err(ConfigError::new(
-            if path.is_empty() { "(document)" } else { path }.to_owned(),
-            format!(
-                "must be a section with the keys {} (got {})",
-                keys.join(", "),
-                describe(other)
-            ),
-        )),
+        other => {
+            let at = if path.is_empty() { "(document)" } else { path };
+            let needs = format!("a section with the keys {}", keys.join(", "));
+            Err(refuse(at, &needs, other))
+        }
     }
 }
 
 fn refuse_unknown(map: &Map<String, Value>, path: &str, keys: &[&str]) -> Result<(), ConfigError> {
-    match map.keys().find(|key| !keys.contains(&key.as_str())) {
-        Some(key) => {
-            let hint = if path.is_empty() && keys == BLOCK_KEYS {
-                format!(" (or `{WRAPPER_KEY}` holding them)")
-            } else {
-                String::new()
-            };
-            Err(ConfigError::new(
-                join(path, key),
-                format!("unknown key; expected {}{hint}", keys.join(", ")),
-            ))
-        }
-        None => Ok(()),
-    }
+    let Some(key) = map.keys().find(|key| !keys.contains(&key.as_str())) else {
+        return Ok(());
+    };
+    let hint = if path.is_empty() && keys == BLOCK_KEYS {
+        format!(" (or `{WRAPPER_KEY}` holding them)")
+    } else {
+        String::new()
+    };
+    let problem = format!("unknown key; expected {}{hint}", keys.join(", "));
+    Err(ConfigError::new(join(path, key), problem))
 }
 
 /// Reads a whole number from `min` to `max`. A refusal says what the key
@@ -328,11 +305,8 @@ fn whole(
             None if n > Some(max) => format!("{min} to {max}"),
             None => format!("{min} or more"),
         };
-        let problem = format!("must be a whole number{unit}, {range}");
-        Err(ConfigError::new(
-            path.to_owned(),
-            format!("{problem} (got {})", describe(value)),
-        ))
+        let needs = format!("a whole number{unit}, {range}");
+        Err(refuse(path, &needs, value))
     }
 }
 
@@ -351,10 +325,7 @@ fn named<T: FromStr<Err = ConfigError>>(
     example: &str,
 ) -> Result<T, ConfigError> {
     let Some(text) = value.as_str() else {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!("must be a name such as {example} (got {})", describe(value)),
-        ));
+        return Err(refuse(path, &format!("a name such as {example}"), value));
     };
     text.parse()
         .map_err(|error: ConfigError| ConfigError::new(path.to_owned(), error.reason().to_owned()))
@@ -367,6 +338,15 @@ pub(crate) fn join(parent: &str, key: &str) -> String {
     } else {
         format!("{parent}.{key}")
     }
+}
+
+/// The key at `path` refused: it `must be` what `needs` says, and `value`
+/// is not.
+fn refuse(path: &str, needs: &str, value: &Value) -> ConfigError {
+    ConfigError::new(
+        path.to_owned(),
+        format!("must be {needs} (got {})", describe(value)),
+    )
 }
 
 /// A value as an operator would recognise it in their file.
