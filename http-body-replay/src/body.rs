@@ -228,17 +228,14 @@ impl<B> ReplayBody<B> {
     /// What has been read from the original so far, for a record of the
     /// request (a dead-letter entry, a log).
     pub fn recording(&self) -> Recording {
-        let reader = match &self.inner {
-            Inner::Ended { .. } => {
-                return Recording {
-                    data: Vec::new(),
-                    bytes_read: 0,
-                    trailers: None,
-                    complete: true,
-                    released: false,
-                }
-            }
-            Inner::Reading(reader) => reader,
+        let Inner::Reading(reader) = &self.inner else {
+            return Recording {
+                data: Vec::new(),
+                bytes_read: 0,
+                trailers: None,
+                complete: true,
+                released: false,
+            };
         };
         let state = reader.shared.lock();
         Recording {
