@@ -70,18 +70,15 @@ impl ResilienceConfig {
             ("jitter", retry.jitter.is_some()),
             ("retry_on", retry.retry_on.is_some()),
         ];
-        if retry.max_attempts == Some(1) {
-            for (key, _) in shaping.iter().filter(|(_, set)| *set) {
-                warnings.push(format!(
-                    "retry.{key} has no effect with retry.max_attempts: 1, which makes no retry"
-                ));
-            }
+        let (unused, because) = if retry.max_attempts == Some(1) {
+            (&shaping[..], "retry.max_attempts: 1, which makes no retry")
         } else if retry.backoff == Some(BackoffKind::None) {
-            for (key, _) in shaping[1..4].iter().filter(|(_, set)| *set) {
-                warnings.push(format!(
-                    "retry.{key} has no effect with retry.backoff: none, which retries at once"
-                ));
-            }
+            (&shaping[1..4], "retry.backoff: none, which retries at once")
+        } else {
+            (&[][..], "")
+        };
+        for (key, _) in unused.iter().filter(|(_, set)| *set) {
+            warnings.push(format!("retry.{key} has no effect with {because}"));
         }
         if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
             let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
