@@ -156,8 +156,7 @@ impl<B: Body + Unpin> ReplayBody<B> {
     /// are, so that the shared recording holds it without a box of its own;
     /// wrap a body that is not as `Box::pin(body)`.
     pub fn new(body: B, limit: usize) -> Self {
-        let ended = body.is_end_stream();
-        if ended {
+        if body.is_end_stream() {
             // Most requests have no body: they cost no allocation here.
             return ReplayBody {
                 inner: Inner::Ended { limit },
@@ -172,13 +171,13 @@ impl<B: Body + Unpin> ReplayBody<B> {
             copies: AtomicUsize::new(1),
             reading: AtomicUsize::new(0),
             state: Mutex::new(State {
-                original: (!ended).then_some(body),
+                original: Some(body),
                 recorded: Recorded::default(),
                 recording,
                 frames_read: 0,
                 bytes_read: 0,
                 trailers: None,
-                ended,
+                ended: false,
                 waiting: Vec::new(),
             }),
         });
@@ -229,17 +228,14 @@ impl<B> ReplayBody<B> {
     /// What has been read from the original so far, for a record of the
     /// request (a dead-letter entry, a log).
     pub fn recording(&self) -> Recording {
-        let reader = match &self.inner {
-            Inner::Ended { .. } => {
-                return Recording {
-                    data: Vec::new(),
-                    bytes_read: 0,
-                    trailers: None,
-                    complete: true,
-                    released: false,
-                }
-            }
-            Inner::Reading(reader) => reader,
+        let Inner::Reading(reader) = &self.inner else {
+            return Recording {
+                data: Vec::new(),
+                bytes_read: 0,
+                trailers: None,
+                complete: true,
+                released: false,
+            };
         };
         let state = reader.shared.lock();
         Recording {
@@ -295,20 +291,15 @@ impl Recording {
 impl<B> Clone for ReplayBody<B> {
     /// A copy that starts from the first byte.
     fn clone(&self) -> Self {
-        let reader = match &self.inner {
-            Inner::Ended { limit } => {
-                return ReplayBody {
-                    inner: Inner::Ended { limit: *limit },
-                }
+        let inner = match &self.inner {
+            Inner::Ended { limit } => Inner::Ended { limit: *limit },
+            Inner::Reading(Reader { shared, .. }) => {
+                let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                shared.copies.fetch_add(1, Ordering::Relaxed);
+                Inner::Reading(Reader::new(Arc::clone(shared), id))
             }
-            Inner::Reading(reader) => reader,
         };
-        let shared = &reader.shared;
-        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        shared.copies.fetch_add(1, Ordering::Relaxed);
-        ReplayBody {
-            inner: Inner::Reading(Reader::new(Arc::clone(shared), id)),
-        }
+        ReplayBody { inner }
     }
 }
 
@@ -467,10 +458,10 @@ where
         }
         let state = self.shared.lock();
         let recorded = state.bytes_read.saturating_sub(self.yielded);
-        let original = match &state.original {
-            Some(original) => original.size_hint(),
-            None => SizeHint::with_exact(0),
-        };
+        let original = state
+            .original
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), B::size_hint);
         let mut hint = SizeHint::new();
         hint.set_lower(original.lower().saturating_add(recorded));
         if let Some(upper) = original.upper() {

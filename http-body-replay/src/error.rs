@@ -11,6 +11,7 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// [`ReplayErrorKind::Body`] the original body's own error is the
 /// [`source`](StdError::source), unchanged, so error-chain inspection (a
 /// downcast to `hyper::Error`, an I/O error's kind) sees it.
+#[derive(Debug)]
 pub struct ReplayError {
     kind: ReplayErrorKind,
     source: Option<BoxError>,
@@ -58,15 +59,6 @@ impl ReplayError {
 impl From<ReplayErrorKind> for ReplayError {
     fn from(kind: ReplayErrorKind) -> Self {
         ReplayError::new(kind)
-    }
-}
-
-impl fmt::Debug for ReplayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplayError")
-            .field("kind", &self.kind)
-            .field("source", &self.source)
-            .finish()
     }
 }
 

@@ -1,14 +1,6 @@
-//! The configuration types: one per section of the `resilience:` block.
-//!
-//! The block speaks the layers' own vocabulary: a backoff is a
-//! [`BackoffKind`], a jitter a [`Jitter`], the classes retried a
-//! [`RetryOn`], the action an [`Action`], each read by the layer's own
-//! parser. A key left out is `None` here and keeps the layer's own default,
-//! so every default of the stack is written once, in its layer (the root
-//! README lists them in one table). The keys no layer has a default for
-//! have theirs here: `poison.max_row_attempts`, and the call's deadline and
-//! attempt timeout, which the retry layer leaves unbounded but a request
-//! handler must not.
+//! The configuration types: one per section of the `resilience:` block,
+//! whose keys, vocabulary and defaults the crate docs' [table](crate#the-block)
+//! lists.
 //!
 //! Values of these types exist only after every rule was checked (by a
 //! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
@@ -78,21 +70,17 @@ impl ResilienceConfig {
             ("jitter", retry.jitter.is_some()),
             ("retry_on", retry.retry_on.is_some()),
         ];
-        if retry.max_attempts == Some(1) {
-            for (key, _) in shaping.iter().filter(|(_, set)| *set) {
-                warnings.push(format!(
-                    "retry.{key} has no effect with retry.max_attempts: 1, which makes no retry"
-                ));
-            }
+        let (unused, because) = if retry.max_attempts == Some(1) {
+            (&shaping[..], "retry.max_attempts: 1, which makes no retry")
         } else if retry.backoff == Some(BackoffKind::None) {
-            for (key, _) in shaping[1..4].iter().filter(|(_, set)| *set) {
-                warnings.push(format!(
-                    "retry.{key} has no effect with retry.backoff: none, which retries at once"
-                ));
-            }
+            (&shaping[1..4], "retry.backoff: none, which retries at once")
+        } else {
+            (&[][..], "")
+        };
+        for (key, _) in unused.iter().filter(|(_, set)| *set) {
+            warnings.push(format!("retry.{key} has no effect with {because}"));
         }
         if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
-            let said = |set: Option<u64>| if set.is_some() { "" } else { ", its default" };
             let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
             let timeout = retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT);
             if timeout >= deadline {
@@ -100,14 +88,20 @@ impl ResilienceConfig {
                     "retry.attempt_timeout_ms ({}{}) has no effect: retry.deadline_ms ({}{}) \
                      ends every attempt first",
                     timeout.as_millis(),
-                    said(retry.attempt_timeout_ms),
+                    its_default(retry.attempt_timeout_ms),
                     deadline.as_millis(),
-                    said(retry.deadline_ms),
+                    its_default(retry.deadline_ms),
                 ));
             }
         }
         warnings
     }
+}
+
+/// `, its default` after a value the block left out, so a message says
+/// where the value came from.
+pub(crate) fn its_default(set: Option<u64>) -> &'static str {
+    set.map_or(", its default", |_| "")
 }
 
 /// The `retry` section. A key left out keeps the retry layer's default

@@ -11,6 +11,7 @@ use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
 use crate::config::{ResilienceConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
+use crate::load::{join, MAX_ATTEMPTS_LIMIT};
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
 /// dead letters, circuit breaker, retry.
@@ -217,35 +218,20 @@ impl ResilienceConfig {
 /// Runs the layers' own builders over a loaded configuration, and reports
 /// what they refuse under the key of the configuration that holds it.
 pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result<(), ConfigError> {
-    let section_path = |section: &str| {
-        if path.is_empty() {
-            section.to_owned()
-        } else {
-            format!("{path}.{section}")
-        }
-    };
     // A refusal of a setting this crate does not set names the section and
     // the layer's own setting, rather than guessing at a key.
-    let refusal = |section: &str, key: Option<&str>, error: ConfigError| match key {
-        Some(key) => ConfigError::new(
-            format!("{}.{key}", section_path(section)),
-            error.reason().to_owned(),
-        ),
-        None => ConfigError::new(
-            section_path(section),
-            format!("{}: {}", error.field(), error.reason()),
-        ),
+    let refusal = |section: &str, key: Option<&str>, error: ConfigError| {
+        let section = join(path, section);
+        match key {
+            Some(key) => ConfigError::new(join(&section, key), error.reason().to_owned()),
+            None => ConfigError::new(section, format!("{}: {}", error.field(), error.reason())),
+        }
     };
     config.retry_builder().check().map_err(|error| {
         if error.field() == "max_retries" {
             // The builder counts retries; the block counts attempts.
-            return ConfigError::new(
-                format!("{}.max_attempts", section_path("retry")),
-                format!(
-                    "must be from 1 (no retry) to {}",
-                    tower_retry_budget::MAX_RETRIES_LIMIT + 1
-                ),
-            );
+            let problem = format!("must be from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
+            return ConfigError::new(join(path, "retry.max_attempts"), problem);
         }
         let key = match error.field() {
             "retry_on" => Some("retry_on"),

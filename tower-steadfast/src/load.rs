@@ -7,7 +7,6 @@
 //! parser's type name ("expected u64"), which serde's derived errors cannot:
 //! they know neither the path nor the unit.
 
-use std::borrow::Cow;
 use std::str::FromStr;
 
 use http::HeaderName;
@@ -17,7 +16,9 @@ use serde_json::{Map, Value};
 use tower_classify::{ConfigError, RetryOn};
 use tower_retry_budget::{Backoff, Jitter, MAX_RETRIES_LIMIT};
 
-use crate::config::{CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection};
+use crate::config::{
+    its_default, CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection,
+};
 #[cfg(any(feature = "yaml", feature = "toml", feature = "json"))]
 use crate::error::LoadError;
 
@@ -115,30 +116,16 @@ fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
         return Ok(ResilienceConfig::default());
     };
     let config = ResilienceConfig {
-        retry: match map.get("retry") {
-            Some(value) => retry(value, &join(path, "retry"))?,
-            None => RetrySection::default(),
-        },
-        circuit_breaker: match map.get("circuit_breaker") {
-            Some(value) => circuit_breaker(value, &join(path, "circuit_breaker"))?,
-            None => CircuitBreakerSection::default(),
-        },
-        poison: match map.get("poison") {
-            Some(value) => poison(value, &join(path, "poison"))?,
-            None => PoisonSection::default(),
-        },
+        retry: key(map, path, "retry", retry)?.unwrap_or_default(),
+        circuit_breaker: key(map, path, "circuit_breaker", circuit_breaker)?.unwrap_or_default(),
+        poison: key(map, path, "poison", poison)?.unwrap_or_default(),
     };
     // The layers' own builders check their settings too; running them here
     // keeps the promise that nothing is refused later, at build time.
     crate::layer::check_with_layers(&config, path)?;
     for warning in config.warnings() {
         // The block's own path (`resilience.`) in front, as errors have it.
-        let at = if path.is_empty() {
-            String::new()
-        } else {
-            format!("{path}.")
-        };
-        tracing::warn!("resilience configuration: {at}{warning}");
+        tracing::warn!("resilience configuration: {}", join(path, &warning));
     }
     Ok(config)
 }
@@ -148,33 +135,13 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     let Some(map) = section(value, path, &RETRY_KEYS)? else {
         return Ok(retry);
     };
-    if let Some(value) = map.get("max_attempts") {
-        retry.max_attempts = Some(whole(
-            value,
-            &join(path, "max_attempts"),
-            &WholeRule {
-                unit: "",
-                min: 1,
-                max: u64::from(MAX_ATTEMPTS_LIMIT),
-                range: Cow::Owned(format!("from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}")),
-            },
-        )? as u32);
-    }
-    if let Some(value) = map.get("backoff") {
-        retry.backoff = Some(named(value, &join(path, "backoff"), "`exponential`")?);
-    }
-    let millis = WholeRule {
-        unit: " of milliseconds",
-        min: 0,
-        max: u64::MAX,
-        range: Cow::Borrowed("0 or more"),
-    };
-    if let Some(value) = map.get("base_ms") {
-        retry.base_ms = Some(whole(value, &join(path, "base_ms"), &millis)?);
-    }
-    if let Some(value) = map.get("max_ms") {
-        retry.max_ms = Some(whole(value, &join(path, "max_ms"), &millis)?);
-    }
+    let range = format!("from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
+    let attempts = whole("", 1, MAX_ATTEMPTS_LIMIT.into(), Some(range));
+    retry.max_attempts = key(map, path, "max_attempts", attempts)?.map(|n| n as u32);
+    retry.backoff = key(map, path, "backoff", |v, at| named(v, at, "`exponential`"))?;
+    let millis = whole(" of milliseconds", 0, u64::MAX, None);
+    retry.base_ms = key(map, path, "base_ms", &millis)?;
+    retry.max_ms = key(map, path, "max_ms", millis)?;
     let defaults = Backoff::default();
     let base = retry.base().unwrap_or(defaults.initial_delay());
     let max = retry.max().unwrap_or(defaults.max_delay());
@@ -182,71 +149,39 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
         // Name the key the block set: when only one of the two was set, the
         // other is the retry layer's default, and the one set is to change.
         let (field, problem) = if retry.base_ms.is_some() {
-            let max = match retry.max_ms {
-                Some(_) => format!("{}", max.as_millis()),
-                None => format!("{}, its default", max.as_millis()),
-            };
-            (
-                "base_ms",
-                format!(
-                    "must not be more than max_ms ({max}), the cap on every wait (got {})",
-                    base.as_millis()
-                ),
-            )
+            let max = format!("{}{}", max.as_millis(), its_default(retry.max_ms));
+            let problem = format!("must not be more than max_ms ({max}), the cap on every wait");
+            ("base_ms", format!("{problem} (got {})", base.as_millis()))
         } else {
+            let base = base.as_millis();
+            let problem = format!("must not be less than base_ms ({base}, its default)");
             (
                 "max_ms",
-                format!(
-                    "must not be less than base_ms ({}, its default), the first wait (got {})",
-                    base.as_millis(),
-                    max.as_millis()
-                ),
+                format!("{problem}, the first wait (got {})", max.as_millis()),
             )
         };
         return Err(ConfigError::new(join(path, field), problem));
     }
-    if let Some(value) = map.get("jitter") {
-        retry.jitter = Some(match value {
-            // A switch: on is ±50 % around each wait, off is none.
-            Value::Bool(true) => Jitter::Proportional {
-                low: 0.5,
-                high: 1.5,
-            },
-            Value::Bool(false) => Jitter::None,
-            other => named(other, &join(path, "jitter"), "true, false or `full`")?,
-        });
-    }
-    if let Some(value) = map.get("retry_on") {
-        retry.retry_on = Some(retry_on(value, &join(path, "retry_on"))?);
-    }
-    let positive_millis = WholeRule {
-        unit: " of milliseconds",
-        min: 1,
-        max: u64::MAX,
-        range: Cow::Borrowed("1 or more"),
-    };
-    if let Some(value) = map.get("deadline_ms") {
-        retry.deadline_ms = Some(whole(value, &join(path, "deadline_ms"), &positive_millis)?);
-    }
-    if let Some(value) = map.get("attempt_timeout_ms") {
-        retry.attempt_timeout_ms = Some(whole(
-            value,
-            &join(path, "attempt_timeout_ms"),
-            &positive_millis,
-        )?);
-    }
+    retry.jitter = key(map, path, "jitter", |value, at| match value {
+        // A switch: on is ±50 % around each wait, off is none.
+        Value::Bool(true) => Ok(Jitter::Proportional {
+            low: 0.5,
+            high: 1.5,
+        }),
+        Value::Bool(false) => Ok(Jitter::None),
+        other => named(other, at, "true, false or `full`"),
+    })?;
+    retry.retry_on = key(map, path, "retry_on", retry_on)?;
+    let millis = whole(" of milliseconds", 1, u64::MAX, None);
+    retry.deadline_ms = key(map, path, "deadline_ms", &millis)?;
+    retry.attempt_timeout_ms = key(map, path, "attempt_timeout_ms", millis)?;
     Ok(retry)
 }
 
 fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
     let Value::Array(items) = value else {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!(
-                "must be a list of classes such as [http_5xx, timeout] (got {})",
-                describe(value)
-            ),
-        ));
+        let classes = "a list of classes such as [http_5xx, timeout]";
+        return Err(refuse(path, classes, value));
     };
     if items.is_empty() {
         // The parser refuses this too; here it also says how to get every class.
@@ -256,24 +191,16 @@ fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
             format!("{}; leave the key out to retry every class", error.reason()),
         ));
     }
-    let mut names = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let name = item
-            .as_str()
-            .filter(|name| RetryOn::from_names([name]).is_ok());
-        match name {
-            Some(name) => names.push(name),
-            None => {
-                // The retry layer's parser says what it expects.
-                let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
-                let error = RetryOn::from_names([text]).unwrap_err();
-                return Err(ConfigError::new(
-                    format!("{path}[{i}]"),
-                    error.reason().to_owned(),
-                ));
-            }
-        }
-    }
+    let names = items.iter().enumerate().map(|(i, item)| {
+        let name = item.as_str().filter(|n| RetryOn::from_names([n]).is_ok());
+        name.ok_or_else(|| {
+            // The retry layer's parser says what it expects.
+            let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
+            let error = RetryOn::from_names([text]).unwrap_err();
+            ConfigError::new(format!("{path}[{i}]"), error.reason().to_owned())
+        })
+    });
+    let names = names.collect::<Result<Vec<_>, _>>()?;
     Ok(RetryOn::from_names(names).expect("every name was read and the list is not empty"))
 }
 
@@ -282,25 +209,10 @@ fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, C
     let Some(map) = section(value, path, &CIRCUIT_BREAKER_KEYS)? else {
         return Ok(breaker);
     };
-    if let Some(value) = map.get("consecutive_failures") {
-        breaker.consecutive_failures = Some(whole(
-            value,
-            &join(path, "consecutive_failures"),
-            &WholeRule::at_least_one(" of failed calls"),
-        )? as u32);
-    }
-    if let Some(value) = map.get("cooldown_secs") {
-        breaker.cooldown_secs = Some(whole(
-            value,
-            &join(path, "cooldown_secs"),
-            &WholeRule {
-                unit: " of seconds",
-                min: 1,
-                max: u64::MAX,
-                range: Cow::Borrowed("1 or more"),
-            },
-        )?);
-    }
+    let failures = count(" of failed calls");
+    breaker.consecutive_failures = key(map, path, "consecutive_failures", failures)?;
+    let seconds = whole(" of seconds", 1, u64::MAX, None);
+    breaker.cooldown_secs = key(map, path, "cooldown_secs", seconds)?;
     Ok(breaker)
 }
 
@@ -309,44 +221,34 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
     let Some(map) = section(value, path, &POISON_KEYS)? else {
         return Ok(poison);
     };
-    if let Some(value) = map.get("max_row_attempts") {
-        poison.max_row_attempts = Some(whole(
-            value,
-            &join(path, "max_row_attempts"),
-            &WholeRule::at_least_one(" of failed deliveries"),
-        )? as u32);
-    }
-    if let Some(value) = map.get("action") {
-        poison.action = Some(named(value, &join(path, "action"), "`dlq`")?);
-    }
-    if let Some(value) = map.get("message_id_header") {
-        let field = join(path, "message_id_header");
-        let name = value.as_str().ok_or_else(|| {
-            ConfigError::new(
-                field.clone(),
-                format!(
-                    "must be a header name such as x-message-id (got {})",
-                    describe(value)
-                ),
-            )
-        })?;
+    let failures = count(" of failed deliveries");
+    poison.max_row_attempts = key(map, path, "max_row_attempts", failures)?;
+    poison.action = key(map, path, "action", |v, at| named(v, at, "`dlq`"))?;
+    poison.message_id_header = key(map, path, "message_id_header", |value, at| {
+        let header = "a header name such as x-message-id";
+        let name = value.as_str().ok_or_else(|| refuse(at, header, value))?;
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(ConfigError::new(
-                field,
-                format!("`{name}` is not a valid HTTP header name"),
-            ));
+            let problem = format!("`{name}` is not a valid HTTP header name");
+            return Err(ConfigError::new(at.to_owned(), problem));
         }
-        poison.message_id_header = Some(name.to_owned());
-    }
-    if let Some(value) = map.get("store_refusals") {
-        poison.store_refusals = value.as_bool().ok_or_else(|| {
-            ConfigError::new(
-                join(path, "store_refusals"),
-                format!("must be true or false (got {})", describe(value)),
-            )
-        })?;
-    }
+        Ok(name.to_owned())
+    })?;
+    let switch = |v: &Value, at: &str| v.as_bool().ok_or_else(|| refuse(at, "true or false", v));
+    poison.store_refusals = key(map, path, "store_refusals", switch)?.unwrap_or_default();
     Ok(poison)
+}
+
+/// `key` of a section read by `read`, which is given the key's path;
+/// `None` when the section leaves it out.
+fn key<T>(
+    map: &Map<String, Value>,
+    path: &str,
+    key: &str,
+    read: impl FnOnce(&Value, &str) -> Result<T, ConfigError>,
+) -> Result<Option<T>, ConfigError> {
+    map.get(key)
+        .map(|value| read(value, &join(path, key)))
+        .transpose()
 }
 
 /// A section's keys, after refusing unknown ones. `None` for a section left
@@ -362,81 +264,56 @@ fn section<'a>(
             refuse_unknown(map, path, keys)?;
             Ok(Some(map))
         }
-        other => Err(ConfigError::new(
-            if path.is_empty() { "(document)" } else { path }.to_owned(),
-            format!(
-                "must be a section with the keys {} (got {})",
-                list(keys),
-                describe(other)
-            ),
-        )),
+        other => {
+            let at = if path.is_empty() { "(document)" } else { path };
+            let needs = format!("a section with the keys {}", keys.join(", "));
+            Err(refuse(at, &needs, other))
+        }
     }
 }
 
 fn refuse_unknown(map: &Map<String, Value>, path: &str, keys: &[&str]) -> Result<(), ConfigError> {
-    match map.keys().find(|key| !keys.contains(&key.as_str())) {
-        Some(key) => {
-            let hint = if path.is_empty() && keys == BLOCK_KEYS {
-                format!(" (or `{WRAPPER_KEY}` holding them)")
-            } else {
-                String::new()
-            };
-            Err(ConfigError::new(
-                join(path, key),
-                format!("unknown key; expected {}{hint}", list(keys)),
-            ))
-        }
-        None => Ok(()),
-    }
+    let Some(key) = map.keys().find(|key| !keys.contains(&key.as_str())) else {
+        return Ok(());
+    };
+    let hint = if path.is_empty() && keys == BLOCK_KEYS {
+        format!(" (or `{WRAPPER_KEY}` holding them)")
+    } else {
+        String::new()
+    };
+    let problem = format!("unknown key; expected {}{hint}", keys.join(", "));
+    Err(ConfigError::new(join(path, key), problem))
 }
 
-/// What a whole-number key accepts, and how to say so.
-struct WholeRule {
-    /// ` of milliseconds`, or empty.
+/// Reads a whole number from `min` to `max`. A refusal says what the key
+/// needs in words: the `unit` (` of milliseconds`, or empty) and the
+/// `range` (`from 1 (no retry) to 17`; by default `1 or more`).
+fn whole(
     unit: &'static str,
     min: u64,
     max: u64,
-    /// `0 or more`, `from 1 (no retry) to 17`.
-    range: Cow<'static, str>,
-}
-
-impl WholeRule {
-    /// 1 to `u32::MAX`, for counts.
-    fn at_least_one(unit: &'static str) -> Self {
-        WholeRule {
-            unit,
-            min: 1,
-            max: u64::from(u32::MAX),
-            range: Cow::Borrowed("1 or more"),
+    range: Option<String>,
+) -> impl Fn(&Value, &str) -> Result<u64, ConfigError> {
+    move |value, path| {
+        let n = value.as_u64();
+        if let Some(n) = n.filter(|n| (min..=max).contains(n)) {
+            return Ok(n);
         }
+        let range = match &range {
+            Some(range) => range.clone(),
+            // "1 or more" is true but does not explain why 5 000 000 000 is refused.
+            None if n > Some(max) => format!("{min} to {max}"),
+            None => format!("{min} or more"),
+        };
+        let needs = format!("a whole number{unit}, {range}");
+        Err(refuse(path, &needs, value))
     }
 }
 
-fn whole(value: &Value, path: &str, rule: &WholeRule) -> Result<u64, ConfigError> {
-    let refuse = |range: &str| {
-        ConfigError::new(
-            path.to_owned(),
-            format!(
-                "must be a whole number{}, {range} (got {})",
-                rule.unit,
-                describe(value)
-            ),
-        )
-    };
-    let n = value.as_u64().ok_or_else(|| refuse(&rule.range))?;
-    if n < rule.min {
-        return Err(refuse(&rule.range));
-    }
-    if n > rule.max {
-        // "1 or more" is true but does not explain why 5 000 000 000 is refused.
-        let range = if rule.range.contains(" to ") {
-            rule.range.to_string()
-        } else {
-            format!("{} to {}", rule.min, rule.max)
-        };
-        return Err(refuse(&range));
-    }
-    Ok(n)
+/// 1 to `u32::MAX`, for counts.
+fn count(unit: &'static str) -> impl Fn(&Value, &str) -> Result<u32, ConfigError> {
+    let whole = whole(unit, 1, u32::MAX.into(), None);
+    move |value, path| whole(value, path).map(|n| n as u32)
 }
 
 /// A name in a layer's own vocabulary, read by the layer's own parser, whose
@@ -448,26 +325,28 @@ fn named<T: FromStr<Err = ConfigError>>(
     example: &str,
 ) -> Result<T, ConfigError> {
     let Some(text) = value.as_str() else {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!("must be a name such as {example} (got {})", describe(value)),
-        ));
+        return Err(refuse(path, &format!("a name such as {example}"), value));
     };
     text.parse()
         .map_err(|error: ConfigError| ConfigError::new(path.to_owned(), error.reason().to_owned()))
 }
 
-/// `a, b, c`.
-fn list(keys: &[&str]) -> String {
-    keys.join(", ")
-}
-
-fn join(parent: &str, key: &str) -> String {
+/// `key` under `parent`, as errors name it: `resilience.retry.base_ms`.
+pub(crate) fn join(parent: &str, key: &str) -> String {
     if parent.is_empty() {
         key.to_owned()
     } else {
         format!("{parent}.{key}")
     }
+}
+
+/// The key at `path` refused: it `must be` what `needs` says, and `value`
+/// is not.
+fn refuse(path: &str, needs: &str, value: &Value) -> ConfigError {
+    ConfigError::new(
+        path.to_owned(),
+        format!("must be {needs} (got {})", describe(value)),
+    )
 }
 
 /// A value as an operator would recognise it in their file.

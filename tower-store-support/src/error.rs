@@ -51,11 +51,7 @@ impl StoreError {
         message: impl Into<String>,
         source: impl Into<Box<dyn Error + Send + Sync>>,
     ) -> Self {
-        StoreError {
-            kind: StoreErrorKind::Backend,
-            message: message.into(),
-            source: Some(source.into()),
-        }
+        StoreError::new(StoreErrorKind::Backend, message).with_source(source.into())
     }
 
     /// A stored value that could not be decoded, because of `source`.
@@ -63,10 +59,13 @@ impl StoreError {
         message: impl Into<String>,
         source: impl Into<Box<dyn Error + Send + Sync>>,
     ) -> Self {
+        StoreError::new(StoreErrorKind::Corrupt, message).with_source(source.into())
+    }
+
+    fn with_source(self, source: Box<dyn Error + Send + Sync>) -> Self {
         StoreError {
-            kind: StoreErrorKind::Corrupt,
-            message: message.into(),
-            source: Some(source.into()),
+            source: Some(source),
+            ..self
         }
     }
 

@@ -16,24 +16,12 @@ use crate::{redact_url, StoreError};
 ///
 /// # One server or a cluster
 ///
-/// The URL a store is given says which:
-///
-/// - one URL (`redis://host:port/db`, `rediss://…`, `redis+unix://…`) is one
-///   server, through the `redis` crate's [`ConnectionManager`];
-/// - a comma-separated list of URLs
-///   (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`) names nodes of a
-///   **Redis Cluster**, through the crate's cluster client
-///   ([`ClusterConnection`]): it learns the slot map from the first node
-///   that answers, sends each command to the node that owns its key's slot,
-///   and follows `MOVED` and `ASK` when slots move. Name two or more nodes so
-///   that it can start while one of them is down; one node alone is written
-///   with a trailing comma (`redis://h:7000,`). Every URL of the
-///   list carries the same password, if any, and no database number (Redis
-///   Cluster has only database 0).
-///
-/// On a cluster every command and script of one call must name keys of one
-/// slot (Redis refuses the others with `CROSSSLOT`): each store puts all the
-/// keys one call touches under one hash tag. Its docs say which.
+/// One URL (`redis://host:port/db`, `rediss://…`, `redis+unix://…`) is one
+/// server, through the `redis` crate's [`ConnectionManager`]; a
+/// comma-separated list of node URLs is a Redis Cluster, through its
+/// cluster client ([`ClusterConnection`]). The crate's
+/// [Redis Cluster](crate#redis-cluster) section has the rules for the list
+/// and for the keys one call may touch.
 ///
 /// # Timeouts
 ///
@@ -181,12 +169,8 @@ impl ConnectionLike for RedisConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.0 {
-            Connection::Single(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
-            Connection::Cluster(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
+            Connection::Single(single) => single.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
         }
     }
 

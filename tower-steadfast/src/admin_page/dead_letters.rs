@@ -56,7 +56,8 @@ pub(crate) struct StoreAndTarget<St, S> {
     pub(crate) destination: Uri,
 }
 
-fn millis(time: SystemTime) -> u64 {
+/// `time` in milliseconds since the Unix epoch, as the page shows times.
+pub(crate) fn millis(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64)
 }

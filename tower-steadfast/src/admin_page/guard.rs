@@ -3,6 +3,7 @@
 //! router.
 
 use axum::extract::Request;
+use axum::http::uri::Authority;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -21,19 +22,12 @@ use super::routes::error;
 /// from an operator's browser.
 pub(crate) async fn same_origin(request: Request, next: Next) -> Response {
     let reads = matches!(*request.method(), Method::GET | Method::HEAD);
-    let authority = request
-        .uri()
-        .authority()
-        .map(|authority| authority.as_str());
+    let authority = request.uri().authority().map(Authority::as_str);
     if reads || is_same_origin(request.headers(), authority) {
         next.run(request).await
     } else {
-        error(
-            StatusCode::FORBIDDEN,
-            "CROSS_ORIGIN",
-            "writes must come from the admin page's own origin",
-        )
-        .into_response()
+        let refusal = "writes must come from the admin page's own origin";
+        error(StatusCode::FORBIDDEN, "CROSS_ORIGIN", refusal).into_response()
     }
 }
 

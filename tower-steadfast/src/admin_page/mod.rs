@@ -118,11 +118,7 @@ impl AdminPage {
     pub fn new(token: impl Into<String>) -> Self {
         AdminPage {
             token: token.into(),
-            shared: Shared {
-                breakers: Vec::new(),
-                retries: Vec::new(),
-                dead_letters: Vec::new(),
-            },
+            shared: Shared::default(),
         }
     }
 

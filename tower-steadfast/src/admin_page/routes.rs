@@ -1,7 +1,7 @@
 //! The page's routes: the static page, the JSON it polls, and the actions.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{OriginalUri, Query, State};
@@ -11,10 +11,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_breaker::BreakerHandle;
+use tower_poison::store::StoreError;
 use tower_poison::EntryId;
 
 use super::counts::RetryCounts;
-use super::dead_letters::{DeadLetters, MAX_NEWEST, SCAN_LIMIT};
+use super::dead_letters::{millis, DeadLetters, MAX_NEWEST, SCAN_LIMIT};
 
 /// The most breakers one poll lists (a keyed breaker may hold thousands).
 pub(crate) const MAX_BREAKERS: usize = 200;
@@ -26,6 +27,7 @@ const PAGE_JS: &str = include_str!("page.js");
 const PAGE_CSS: &str = include_str!("page.css");
 
 /// What the routes read and act on.
+#[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) breakers: Vec<BreakerHandle>,
     pub(crate) retries: Vec<(String, Option<Arc<RetryCounts>>)>,
@@ -43,26 +45,14 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     frame-ancestors 'none'";
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static(CSP),
-            ),
-            (
-                header::X_CONTENT_TYPE_OPTIONS,
-                HeaderValue::from_static("nosniff"),
-            ),
-            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-            (
-                header::REFERRER_POLICY,
-                HeaderValue::from_static("no-referrer"),
-            ),
-        ],
-        body,
-    )
-        .into_response()
+    let headers = [
+        (header::CONTENT_TYPE, content_type),
+        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ];
+    (headers, body).into_response()
 }
 
 /// The page, at `/` and `/index.html`. Its script and style are named
@@ -147,11 +137,8 @@ pub(crate) async fn state(State(shared): Page, Query(query): Query<StateQuery>) 
             None => json!({"name": name, "counted": false}),
         })
         .collect();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64);
     Json(json!({
-            "now_ms": now,
+            "now_ms": millis(SystemTime::now()),
             "breakers": breakers,
             "breakers_total": total,
             "dead_letters": stores,
@@ -167,72 +154,55 @@ pub(crate) struct KeyBody {
     key: String,
 }
 
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Refused> {
-    body.map(|Json(body)| body)
-        .map_err(|rejection| error(rejection.status(), "BAD_BODY", rejection.body_text()))
+/// A request's JSON body, or why it could not be read.
+type JsonBody<T> = Result<Json<T>, JsonRejection>;
+
+impl From<JsonRejection> for Refused {
+    fn from(rejection: JsonRejection) -> Self {
+        error(rejection.status(), "BAD_BODY", rejection.body_text())
+    }
 }
 
 /// A breaker action: the first handle that knows the key applies it.
 async fn breaker_action(
-    shared: &Shared,
-    request: Result<Json<KeyBody>, JsonRejection>,
+    State(shared): Page,
+    request: JsonBody<KeyBody>,
     action: fn(&BreakerHandle, &str) -> bool,
     done: &str,
-) -> Response {
-    let key = match body(request) {
-        Ok(KeyBody { key }) => key,
-        Err(refused) => return refused.into_response(),
-    };
-    if shared.breakers.iter().any(|handle| action(handle, &key)) {
-        Json(json!({ done: key })).into_response()
-    } else {
-        (
-            StatusCode::NOT_FOUND,
-            Json(json!({"code": "UNKNOWN_BREAKER", "key": key})),
-        )
-            .into_response()
+) -> Result<Response, Refused> {
+    let Json(KeyBody { key }) = request?;
+    if !shared.breakers.iter().any(|handle| action(handle, &key)) {
+        let unknown = json!({"code": "UNKNOWN_BREAKER", "key": key});
+        return Ok((StatusCode::NOT_FOUND, Json(unknown)).into_response());
     }
+    Ok(Json(json!({ done: key })).into_response())
 }
 
-pub(crate) async fn force_open(
-    State(shared): Page,
-    request: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    breaker_action(&shared, request, BreakerHandle::force_open, "forced_open").await
+pub(crate) async fn force_open(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
+    breaker_action(page, request, BreakerHandle::force_open, "forced_open").await
 }
 
-pub(crate) async fn force_closed(
-    State(shared): Page,
-    request: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    breaker_action(
-        &shared,
-        request,
-        BreakerHandle::force_closed,
-        "forced_closed",
-    )
-    .await
+pub(crate) async fn force_closed(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
+    breaker_action(page, request, BreakerHandle::force_closed, "forced_closed").await
 }
 
-pub(crate) async fn reset(
-    State(shared): Page,
-    request: Result<Json<KeyBody>, JsonRejection>,
-) -> Response {
-    breaker_action(&shared, request, BreakerHandle::reset, "reset").await
+pub(crate) async fn reset(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
+    breaker_action(page, request, BreakerHandle::reset, "reset").await
 }
 
 fn dead_letters(shared: &Shared, store: usize) -> Result<&dyn DeadLetters, Refused> {
-    shared
-        .dead_letters
-        .get(store)
-        .map(|store| &**store)
-        .ok_or_else(|| {
-            error(
-                StatusCode::NOT_FOUND,
-                "UNKNOWN_STORE",
-                format!("no store {store}"),
-            )
-        })
+    match shared.dead_letters.get(store) {
+        Some(store) => Ok(&**store),
+        None => Err(error(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_STORE",
+            format!("no store {store}"),
+        )),
+    }
+}
+
+fn store_failed(e: StoreError) -> Refused {
+    error(StatusCode::BAD_GATEWAY, "STORE", e.to_string())
 }
 
 fn entry_id(text: &str) -> Result<EntryId, Refused> {
@@ -246,19 +216,15 @@ pub(crate) struct EntryQuery {
     id: String,
 }
 
-pub(crate) async fn entry(State(shared): Page, Query(query): Query<EntryQuery>) -> Response {
-    let found = async {
-        let store = dead_letters(&shared, query.store)?;
-        let id = entry_id(&query.id)?;
-        store
-            .show(id)
-            .await
-            .map_err(|e| error(StatusCode::BAD_GATEWAY, "STORE", e.to_string()))
-    };
-    match found.await {
-        Ok(Some(entry)) => Json(entry).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "UNKNOWN_ENTRY", query.id).into_response(),
-        Err(refused) => refused.into_response(),
+pub(crate) async fn entry(
+    State(shared): Page,
+    Query(query): Query<EntryQuery>,
+) -> Result<impl IntoResponse, Refused> {
+    let store = dead_letters(&shared, query.store)?;
+    let found = store.show(entry_id(&query.id)?).await;
+    match found.map_err(store_failed)? {
+        Some(entry) => Ok(Json(entry)),
+        None => Err(error(StatusCode::NOT_FOUND, "UNKNOWN_ENTRY", query.id)),
     }
 }
 
@@ -271,20 +237,13 @@ pub(crate) struct EntryBody {
 
 pub(crate) async fn replay(
     State(shared): Page,
-    request: Result<Json<EntryBody>, JsonRejection>,
-) -> Response {
-    let replayed = async {
-        let EntryBody { store, id } = body(request)?;
-        let store = dead_letters(&shared, store)?;
-        store
-            .replay(entry_id(&id)?)
-            .await
-            .map_err(|e| error(StatusCode::BAD_GATEWAY, "REPLAY", e.to_string()))
-    };
-    match replayed.await {
-        Ok(outcome) => Json(outcome).into_response(),
-        Err(refused) => refused.into_response(),
-    }
+    request: JsonBody<EntryBody>,
+) -> Result<impl IntoResponse, Refused> {
+    let Json(EntryBody { store, id }) = request?;
+    let store = dead_letters(&shared, store)?;
+    let replayed = store.replay(entry_id(&id)?).await;
+    let outcome = replayed.map_err(|e| error(StatusCode::BAD_GATEWAY, "REPLAY", e.to_string()))?;
+    Ok(Json(outcome))
 }
 
 /// Purges one entry (`id`) or every entry of a label (`label`), never both
@@ -299,32 +258,17 @@ pub(crate) struct PurgeBody {
 
 pub(crate) async fn purge(
     State(shared): Page,
-    request: Result<Json<PurgeBody>, JsonRejection>,
-) -> Response {
-    let purged = async {
-        let PurgeBody { store, id, label } = body(request)?;
-        let store = dead_letters(&shared, store)?;
-        let failed = |e: tower_poison::store::StoreError| {
-            error(StatusCode::BAD_GATEWAY, "STORE", e.to_string())
-        };
-        match (id, label) {
-            (Some(id), None) => {
-                let removed = store.remove(entry_id(&id)?).await.map_err(failed)?;
-                Ok(json!({"purged": u64::from(removed)}))
-            }
-            (None, Some(label)) => {
-                let removed = store.purge_label(label).await.map_err(failed)?;
-                Ok(json!({"purged": removed}))
-            }
-            _ => Err(error(
-                StatusCode::BAD_REQUEST,
-                "ID_OR_LABEL",
-                "name either one entry `id` or one `label`",
-            )),
+    request: JsonBody<PurgeBody>,
+) -> Result<impl IntoResponse, Refused> {
+    let Json(PurgeBody { store, id, label }) = request?;
+    let store = dead_letters(&shared, store)?;
+    let purged = match (id, label) {
+        (Some(id), None) => u64::from(store.remove(entry_id(&id)?).await.map_err(store_failed)?),
+        (None, Some(label)) => store.purge_label(label).await.map_err(store_failed)?,
+        _ => {
+            let problem = "name either one entry `id` or one `label`";
+            return Err(error(StatusCode::BAD_REQUEST, "ID_OR_LABEL", problem));
         }
     };
-    match purged.await {
-        Ok(done) => Json(done).into_response(),
-        Err(refused) => refused.into_response(),
-    }
+    Ok(Json(json!({ "purged": purged })))
 }
