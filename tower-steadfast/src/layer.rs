@@ -4,14 +4,13 @@ use std::fmt;
 
 use http::HeaderName;
 use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer, Policy};
-use tower_classify::{ConfigError, HttpClassifier};
+use tower_classify::HttpClassifier;
 use tower_layer::Layer;
 use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
 use crate::config::{ResilienceConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
-use crate::load::{join, MAX_ATTEMPTS_LIMIT};
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
 /// dead letters, circuit breaker, retry.
@@ -215,49 +214,6 @@ impl ResilienceConfig {
     }
 }
 
-/// Runs the layers' own builders over a loaded configuration, and reports
-/// what they refuse under the key of the configuration that holds it.
-pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result<(), ConfigError> {
-    // A refusal of a setting this crate does not set names the section and
-    // the layer's own setting, rather than guessing at a key.
-    let refusal = |section: &str, key: Option<&str>, error: ConfigError| {
-        let section = join(path, section);
-        match key {
-            Some(key) => ConfigError::new(join(&section, key), error.reason().to_owned()),
-            None => ConfigError::new(section, format!("{}: {}", error.field(), error.reason())),
-        }
-    };
-    config.retry_builder().check().map_err(|error| {
-        if error.field() == "max_retries" {
-            // The builder counts retries; the block counts attempts.
-            let problem = format!("must be from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
-            return ConfigError::new(join(path, "retry.max_attempts"), problem);
-        }
-        let key = match error.field() {
-            "retry_on" => Some("retry_on"),
-            "backoff.kind" => Some("backoff"),
-            "deadline" => Some("deadline_ms"),
-            "attempt_timeout" => Some("attempt_timeout_ms"),
-            _ => None,
-        };
-        refusal("retry", key, error)
-    })?;
-    // Checked without building a layer: a built one would register its
-    // metrics (and describe them) with whatever recorder
-    // is current, and could reset a live breaker's gauges.
-    config.breaker_builder().check().map_err(|error| {
-        let key = match error.field() {
-            "failure_threshold" => Some("consecutive_failures"),
-            "recovery_timeout" => Some("cooldown_secs"),
-            _ => None,
-        };
-        refusal("circuit_breaker", key, error)
-    })?;
-    PoisonPolicy::new(config.poison.max_row_attempts())
-        .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -266,6 +222,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::load::check_with_layers;
 
     /// The loader refuses these values itself; the layers' builders are the
     /// second line, and what they refuse must still name the key.

@@ -14,6 +14,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 use tower_classify::{ConfigError, RetryOn};
+use tower_poison::PoisonPolicy;
 use tower_retry_budget::{Backoff, Jitter, MAX_RETRIES_LIMIT};
 
 use crate::config::{
@@ -122,7 +123,7 @@ fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
     };
     // The layers' own builders check their settings too; running them here
     // keeps the promise that nothing is refused later, at build time.
-    crate::layer::check_with_layers(&config, path)?;
+    check_with_layers(&config, path)?;
     for warning in config.warnings() {
         // The block's own path (`resilience.`) in front, as errors have it.
         tracing::warn!("resilience configuration: {}", join(path, &warning));
@@ -359,4 +360,47 @@ fn describe(value: &Value) -> String {
         Value::Array(_) => "a list".to_owned(),
         Value::Object(_) => "a section".to_owned(),
     }
+}
+
+/// Runs the layers' own builders over a loaded configuration, and reports
+/// what they refuse under the key of the configuration that holds it.
+pub(crate) fn check_with_layers(config: &ResilienceConfig, path: &str) -> Result<(), ConfigError> {
+    // A refusal of a setting this crate does not set names the section and
+    // the layer's own setting, rather than guessing at a key.
+    let refusal = |section: &str, key: Option<&str>, error: ConfigError| {
+        let section = join(path, section);
+        match key {
+            Some(key) => ConfigError::new(join(&section, key), error.reason().to_owned()),
+            None => ConfigError::new(section, format!("{}: {}", error.field(), error.reason())),
+        }
+    };
+    config.retry_builder().check().map_err(|error| {
+        if error.field() == "max_retries" {
+            // The builder counts retries; the block counts attempts.
+            let problem = format!("must be from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
+            return ConfigError::new(join(path, "retry.max_attempts"), problem);
+        }
+        let key = match error.field() {
+            "retry_on" => Some("retry_on"),
+            "backoff.kind" => Some("backoff"),
+            "deadline" => Some("deadline_ms"),
+            "attempt_timeout" => Some("attempt_timeout_ms"),
+            _ => None,
+        };
+        refusal("retry", key, error)
+    })?;
+    // Checked without building a layer: a built one would register its
+    // metrics (and describe them) with whatever recorder
+    // is current, and could reset a live breaker's gauges.
+    config.breaker_builder().check().map_err(|error| {
+        let key = match error.field() {
+            "failure_threshold" => Some("consecutive_failures"),
+            "recovery_timeout" => Some("cooldown_secs"),
+            _ => None,
+        };
+        refusal("circuit_breaker", key, error)
+    })?;
+    PoisonPolicy::new(config.poison.max_row_attempts())
+        .map_err(|error| refusal("poison", Some("max_row_attempts"), error))?;
+    Ok(())
 }
