@@ -41,6 +41,11 @@ fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) ->
     }
 }
 
+/// "1 attempt", "2 attempts".
+fn attempts(n: u32) -> String {
+    format!("{n} attempt{}", if n == 1 { "" } else { "s" })
+}
+
 /// What an error kept of the response it replaced: for `http::Response`s
 /// (with [`HttpReplay`](crate::replay::HttpReplay)), its
 /// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions,
@@ -103,9 +108,8 @@ impl fmt::Display for BudgetExhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "retry budget exhausted after {} attempt{} ({})",
-            self.stopped.attempts,
-            if self.stopped.attempts == 1 { "" } else { "s" },
+            "retry budget exhausted after {} ({})",
+            attempts(self.stopped.attempts),
             self.stopped.failure.kind
         )
     }
@@ -158,10 +162,9 @@ impl fmt::Display for FailedSuccess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "the server answered with a success classified as {} ({} attempt{}, {})",
+            "the server answered with a success classified as {} ({}, {})",
             self.stopped.failure.kind,
-            self.stopped.attempts,
-            if self.stopped.attempts == 1 { "" } else { "s" },
+            attempts(self.stopped.attempts),
             self.stopped.reason.as_str()
         )
     }
@@ -359,10 +362,9 @@ impl fmt::Display for DeadlineExceeded {
         }
         write!(
             f,
-            "retry deadline of {} exceeded after {} attempt{}",
+            "retry deadline of {} exceeded after {}",
             format_duration(self.deadline),
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" }
+            attempts(self.attempts)
         )
     }
 }
