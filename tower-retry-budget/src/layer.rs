@@ -235,9 +235,7 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     /// The layer's name in metrics labels (`retry="…"`), events and spans
-    /// (default `"default"`). Name each downstream, so that two of them
-    /// do not merge into one series; names are labels, so keep them few and
-    /// never derived from requests.
+    /// (default `"default"`); see [Observability](crate#observability).
     pub fn name(self, name: impl Into<Arc<str>>) -> Self {
         self.set(|s| s.name = name.into())
     }
@@ -253,9 +251,8 @@ impl<C, R> RetryBuilder<C, R> {
         self.set(|s| s.backoff = backoff)
     }
 
-    /// One deadline for the whole loop, measured from the first attempt:
-    /// attempts and sleeps together never pass it. A sleep that would cross
-    /// it is not started; the last result is returned at once.
+    /// One deadline for the whole loop, measured from the first attempt
+    /// (see [when retrying stops](crate#when-retrying-stops)).
     ///
     /// A call with a deadline or an [attempt timeout](Self::attempt_timeout)
     /// arms its timer when it is made, as `tower::timeout` does: it must be
@@ -290,16 +287,10 @@ impl<C, R> RetryBuilder<C, R> {
     }
 
     /// The least time an attempt must have before the loop's deadline for
-    /// it to be started (default 0: any time left). A retry whose sleep
-    /// plus this would reach the deadline is not made; the loop ends at
-    /// once, its last failure handed back. A call whose caller's deadline
-    /// leaves less than this (or nothing) sends nothing and ends with
-    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded), and so does a
-    /// retry whose service is not ready again this long before the
-    /// deadline (it is not sent, and the call ends then). Must be below
-    /// [`deadline`](Self::deadline). The deadline is the earlier of
-    /// [`deadline`](Self::deadline) and the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) request extension.
+    /// it to be started (default 0; must be below [`deadline`](Self::deadline));
+    /// see [Deadlines](crate#deadlines). A retry whose service is not ready
+    /// again this long before the deadline is not sent either: the call
+    /// ends then with [`DeadlineExceeded`](crate::error::DeadlineExceeded).
     pub fn min_attempt_time(self, min: Duration) -> Self {
         self.set(|s| s.min_attempt_time = min)
     }

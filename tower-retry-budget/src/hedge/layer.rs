@@ -192,21 +192,15 @@ impl<C, R> HedgeBuilder<C, R> {
         self
     }
 
-    /// Uses `classifier` to decide which answer wins: a success, or a
-    /// failure of a kind another attempt cannot fix (`Rejected`, `Poison`),
-    /// wins at once; a transient failure or a local refusal (`Shed`) waits
-    /// for the other attempts.
+    /// Uses `classifier` to decide which answer wins, by the rules of the
+    /// [module docs](crate::hedge).
     pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
         self.map_parts(|_| classifier, |replay| replay)
     }
 
-    /// How requests are copied for hedges; a request the replay refuses
-    /// (not idempotent, a body that cannot be copied) is never hedged.
-    /// `change` gets the replay already chosen and returns the one to use.
-    /// Change it, keeping what a preset or a configuration set on it (a
-    /// gRPC method's config makes POSTs hedgeable, for one):
-    /// `.map_replay(|replay| replay.grpc_timeout(true))`; or replace it:
-    /// `.map_replay(|_| CloneRequest)`.
+    /// How requests are copied for hedges, as
+    /// [`RetryBuilder::map_replay`](crate::RetryBuilder::map_replay) sets it
+    /// for retries; a request the replay refuses is never hedged.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> HedgeBuilder<C, R2> {
         self.map_parts(|classifier| classifier, change)
     }
@@ -225,7 +219,7 @@ impl<C, R> HedgeBuilder<C, R> {
     }
 
     /// The layer's name in metrics labels (`hedge="…"`), events and spans
-    /// (default `"default"`). Keep names few and never derived from requests.
+    /// (default `"default"`); see [Observability](crate#observability).
     pub fn name(self, name: impl Into<Arc<str>>) -> Self {
         self.set(|s| s.name = name.into())
     }
@@ -268,11 +262,9 @@ impl<C, R> HedgeBuilder<C, R> {
     }
 
     /// The most extra load hedges may add, as a fraction of the calls
-    /// through the layer (more than 0 and at most 1; default 0.05), plus
-    /// [`min_hedges_per_sec`](Self::min_hedges_per_sec). The layer's own
-    /// [`TpsBudget`] (10 s) enforces it, and the default delay is the
-    /// percentile `1 − max_extra_load`, so hedges are rarely refused.
-    /// Undoes [`no_budget`](Self::no_budget).
+    /// through the layer (more than 0 and at most 1; default 0.05), as
+    /// [the budget](crate::hedge#the-budget) enforces it. Undoes
+    /// [`no_budget`](Self::no_budget).
     pub fn max_extra_load(self, fraction: f64) -> Self {
         self.set(|s| {
             s.max_extra_load = fraction;
@@ -308,11 +300,9 @@ impl<C, R> HedgeBuilder<C, R> {
         self.set(|s| s.shared.push(budget))
     }
 
-    /// The least time before the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) an attempt must have
-    /// to be sent (default 0: any time left). A hedge due later than that
-    /// is not sent; a call with less than that left when it is made sends
-    /// nothing and ends with [`DeadlineExceeded`](crate::error::DeadlineExceeded).
+    /// The least time before the caller's [`Deadline`](tower_classify::deadline::Deadline)
+    /// an attempt must have to be sent (default 0). A hedge due later is not
+    /// sent; a call with less left sends nothing ([`DeadlineExceeded`](crate::error::DeadlineExceeded)).
     pub fn min_attempt_time(self, min: Duration) -> Self {
         self.set(|s| s.min_attempt_time = min)
     }
