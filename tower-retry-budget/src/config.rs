@@ -265,6 +265,7 @@ impl RetryConfig {
         if let Some(names) = &self.retry_on {
             builder = builder.retry_on(RetryOn::from_names(names)?);
         }
+        let within = |e: ConfigError| e.within("budget");
         builder = match &self.budget {
             None => builder,
             Some(BudgetConfig::None) => builder.no_budget(),
@@ -273,15 +274,13 @@ impl RetryConfig {
                 min_per_sec,
                 retry_percent,
             }) => builder.budget(Arc::new(
-                TpsBudget::new(*ttl, *min_per_sec, *retry_percent)
-                    .map_err(|e| e.within("budget"))?,
+                TpsBudget::new(*ttl, *min_per_sec, *retry_percent).map_err(within)?,
             )),
             Some(BudgetConfig::TokenBucket {
                 max_tokens,
                 token_ratio,
             }) => builder.budget(Arc::new(
-                TokenBucketBudget::new(*max_tokens, *token_ratio)
-                    .map_err(|e| e.within("budget"))?,
+                TokenBucketBudget::new(*max_tokens, *token_ratio).map_err(within)?,
             )),
         };
         // The builder checks the rest (zero durations) with the same field names.

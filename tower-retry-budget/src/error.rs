@@ -41,6 +41,11 @@ fn given_up(failure: Failure, message: &'static str, cause: Option<BoxError>) ->
     }
 }
 
+/// "1 attempt", "2 attempts".
+fn attempts(n: u32) -> String {
+    format!("{n} attempt{}", if n == 1 { "" } else { "s" })
+}
+
 /// What an error kept of the response it replaced: for `http::Response`s
 /// (with [`HttpReplay`](crate::replay::HttpReplay)), its
 /// [`http::response::Parts`]: status, headers (a `Retry-After`), extensions,
@@ -103,17 +108,10 @@ impl fmt::Display for BudgetExhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "retry budget exhausted after {} attempt{} ({})",
-            self.stopped.attempts,
-            if self.stopped.attempts == 1 { "" } else { "s" },
+            "retry budget exhausted after {} ({})",
+            attempts(self.stopped.attempts),
             self.stopped.failure.kind
         )
-    }
-}
-
-impl Error for BudgetExhausted {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.classified)
     }
 }
 
@@ -158,18 +156,11 @@ impl fmt::Display for FailedSuccess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "the server answered with a success classified as {} ({} attempt{}, {})",
+            "the server answered with a success classified as {} ({}, {})",
             self.stopped.failure.kind,
-            self.stopped.attempts,
-            if self.stopped.attempts == 1 { "" } else { "s" },
+            attempts(self.stopped.attempts),
             self.stopped.reason.as_str()
         )
-    }
-}
-
-impl Error for FailedSuccess {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.classified)
     }
 }
 
@@ -269,12 +260,6 @@ impl fmt::Display for WaitTooLong {
     }
 }
 
-impl Error for WaitTooLong {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.classified)
-    }
-}
-
 /// The deadline for the whole loop passed while an attempt was in flight or
 /// the service was not yet ready for the next one, or left less than the
 /// minimum attempt time before the first attempt, which was then not sent
@@ -359,19 +344,30 @@ impl fmt::Display for DeadlineExceeded {
         }
         write!(
             f,
-            "retry deadline of {} exceeded after {} attempt{}",
+            "retry deadline of {} exceeded after {}",
             format_duration(self.deadline),
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" }
+            attempts(self.attempts)
         )
     }
 }
 
-impl Error for DeadlineExceeded {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.classified)
-    }
+/// Each error's source is its [`Classified`], as the module docs say.
+macro_rules! source_is_classified {
+    ($($error:ty),*) => {$(
+        impl Error for $error {
+            fn source(&self) -> Option<&(dyn Error + 'static)> {
+                Some(&self.classified)
+            }
+        }
+    )*};
 }
+
+source_is_classified!(
+    BudgetExhausted,
+    FailedSuccess,
+    WaitTooLong,
+    DeadlineExceeded
+);
 
 #[cfg(test)]
 mod tests {

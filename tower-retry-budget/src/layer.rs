@@ -26,6 +26,7 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 /// live in one place, behind an `Arc`: every clone of the layer, every
 /// service it makes and every call's response future share them, so the
 /// budget counts the traffic of all of them together.
+#[derive(Debug)]
 pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest> {
     policy: Arc<Policy<C, R>>,
 }
@@ -35,14 +36,6 @@ impl<C, R> Clone for RetryLayer<C, R> {
         RetryLayer {
             policy: Arc::clone(&self.policy),
         }
-    }
-}
-
-impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryLayer<C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryLayer")
-            .field("policy", &self.policy)
-            .finish()
     }
 }
 
@@ -152,6 +145,12 @@ enum BudgetChoice {
 pub struct RetryBuilder<C, R> {
     classifier: C,
     replay: R,
+    settings: Settings,
+}
+
+/// A builder's settings but its classifier and replay, which keep them
+/// when either is changed.
+struct Settings {
     max_retries: u32,
     backoff: Backoff,
     deadline: Deadline,
@@ -167,14 +166,15 @@ pub struct RetryBuilder<C, R> {
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for RetryBuilder<C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
         f.debug_struct("RetryBuilder")
             .field("classifier", &self.classifier)
             .field("replay", &self.replay)
-            .field("backoff", &self.backoff)
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("max_wait", &self.max_wait)
-            .field("retry_if", &self.retry_if)
-            .field("name", &self.name)
+            .field("backoff", &s.backoff)
+            .field("attempt_timeout", &s.attempt_timeout)
+            .field("max_wait", &s.max_wait)
+            .field("retry_if", &s.retry_if)
+            .field("name", &s.name)
             .finish_non_exhaustive()
     }
 }
@@ -185,18 +185,26 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier,
             replay,
-            max_retries: 3,
-            backoff: Backoff::default(),
-            deadline: Deadline::None,
-            attempt_timeout: None,
-            max_wait: Duration::from_secs(3600),
-            min_attempt_time: Duration::ZERO,
-            restart_backoff_after_hint: false,
-            retry_if: RetryIf::Classes(RetryOn::default()),
-            budget: BudgetChoice::Default,
-            listeners: Listeners::default(),
-            name: Arc::from("default"),
+            settings: Settings {
+                max_retries: 3,
+                backoff: Backoff::default(),
+                deadline: Deadline::None,
+                attempt_timeout: None,
+                max_wait: Duration::from_secs(3600),
+                min_attempt_time: Duration::ZERO,
+                restart_backoff_after_hint: false,
+                retry_if: RetryIf::Classes(RetryOn::default()),
+                budget: BudgetChoice::Default,
+                listeners: Listeners::default(),
+                name: Arc::from("default"),
+            },
         }
+    }
+
+    /// The builder with one setting changed.
+    fn set(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self
     }
 
     /// Uses `classifier` to decide what a result means.
@@ -222,143 +230,112 @@ impl<C, R> RetryBuilder<C, R> {
         RetryBuilder {
             classifier: classifier(self.classifier),
             replay: replay(self.replay),
-            max_retries: self.max_retries,
-            backoff: self.backoff,
-            deadline: self.deadline,
-            attempt_timeout: self.attempt_timeout,
-            max_wait: self.max_wait,
-            min_attempt_time: self.min_attempt_time,
-            restart_backoff_after_hint: self.restart_backoff_after_hint,
-            retry_if: self.retry_if,
-            budget: self.budget,
-            listeners: self.listeners,
-            name: self.name,
+            settings: self.settings,
         }
     }
 
     /// The layer's name in metrics labels (`retry="…"`), events and spans
-    /// (default `"default"`). Name each downstream, so that two of them
-    /// do not merge into one series; names are labels, so keep them few and
-    /// never derived from requests.
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
-        self.name = name.into();
-        self
+    /// (default `"default"`); see [Observability](crate#observability).
+    pub fn name(self, name: impl Into<Arc<str>>) -> Self {
+        self.set(|s| s.name = name.into())
     }
 
     /// Retries after the first attempt (0–16; default 3): `n` attempts in
     /// all is `max_retries(n - 1)`.
-    pub fn max_retries(mut self, retries: u32) -> Self {
-        self.max_retries = retries;
-        self
+    pub fn max_retries(self, retries: u32) -> Self {
+        self.set(|s| s.max_retries = retries)
     }
 
     /// The backoff between attempts.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
+    pub fn backoff(self, backoff: Backoff) -> Self {
+        self.set(|s| s.backoff = backoff)
     }
 
-    /// One deadline for the whole loop, measured from the first attempt:
-    /// attempts and sleeps together never pass it. A sleep that would cross
-    /// it is not started; the last result is returned at once.
+    /// One deadline for the whole loop, measured from the first attempt
+    /// (see [when retrying stops](crate#when-retrying-stops)).
     ///
     /// A call with a deadline or an [attempt timeout](Self::attempt_timeout)
     /// arms its timer when it is made, as `tower::timeout` does: it must be
     /// called inside a tokio runtime with its time driver enabled.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = Deadline::Fixed(deadline);
-        self
+    pub fn deadline(self, deadline: Duration) -> Self {
+        self.set(|s| s.deadline = Deadline::Fixed(deadline))
     }
 
     /// A timeout for each attempt; an attempt that takes longer fails as a
     /// [`Timeout`](tower_classify::FailureKind::Timeout) (a
     /// `tower::timeout::error::Elapsed` error) and may be retried.
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = Some(timeout);
-        self
+    pub fn attempt_timeout(self, timeout: Duration) -> Self {
+        self.set(|s| s.attempt_timeout = Some(timeout))
     }
 
     /// One timeout for both: each attempt gets `timeout`, and the whole
     /// loop gets `timeout × (max_retries + 1)`, backoff included (a
     /// configuration's `deadline_from_attempt_timeout`).
     #[cfg(feature = "serde")]
-    pub(crate) fn deadline_from_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = Some(timeout);
-        self.deadline = Deadline::FromAttemptTimeout(timeout);
-        self
+    pub(crate) fn deadline_from_timeout(self, timeout: Duration) -> Self {
+        self.set(|s| {
+            s.attempt_timeout = Some(timeout);
+            s.deadline = Deadline::FromAttemptTimeout(timeout);
+        })
     }
 
     /// The longest server-requested wait the layer honours (default 1 h). A
     /// longer `Retry-After` ends the loop at once with
     /// [`WaitTooLong`](crate::error::WaitTooLong).
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = max_wait;
-        self
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.set(|s| s.max_wait = max_wait)
     }
 
     /// The least time an attempt must have before the loop's deadline for
-    /// it to be started (default 0: any time left). A retry whose sleep
-    /// plus this would reach the deadline is not made; the loop ends at
-    /// once, its last failure handed back. A call whose caller's deadline
-    /// leaves less than this (or nothing) sends nothing and ends with
-    /// [`DeadlineExceeded`](crate::error::DeadlineExceeded), and so does a
-    /// retry whose service is not ready again this long before the
-    /// deadline (it is not sent, and the call ends then). Must be below
-    /// [`deadline`](Self::deadline). The deadline is the earlier of
-    /// [`deadline`](Self::deadline) and the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) request extension.
-    pub fn min_attempt_time(mut self, min: Duration) -> Self {
-        self.min_attempt_time = min;
-        self
+    /// it to be started (default 0; must be below [`deadline`](Self::deadline));
+    /// see [Deadlines](crate#deadlines). A retry whose service is not ready
+    /// again this long before the deadline is not sent either: the call
+    /// ends then with [`DeadlineExceeded`](crate::error::DeadlineExceeded).
+    pub fn min_attempt_time(self, min: Duration) -> Self {
+        self.set(|s| s.min_attempt_time = min)
     }
 
     /// After a retry that waited what the server asked (`Retry-After`, a
     /// gRPC pushback), the computed backoff starts again at its initial
     /// delay, as gRFC A6 says (default `false`: it goes on where it was).
-    pub fn restart_backoff_after_hint(mut self, yes: bool) -> Self {
-        self.restart_backoff_after_hint = yes;
-        self
+    pub fn restart_backoff_after_hint(self, yes: bool) -> Self {
+        self.set(|s| s.restart_backoff_after_hint = yes)
     }
 
     /// Retries only retryable failures of these classes (default: all four).
-    pub fn retry_on(mut self, classes: RetryOn) -> Self {
-        self.retry_if = RetryIf::Classes(classes);
-        self
+    pub fn retry_on(self, classes: RetryOn) -> Self {
+        self.set(|s| s.retry_if = RetryIf::Classes(classes))
     }
 
     /// Retries the failures `predicate` accepts, instead of the class set.
     /// A hint that forbids a retry ([`Failure::forbids_retry`]) still wins.
-    pub fn retry_if<F>(mut self, predicate: F) -> Self
+    pub fn retry_if<F>(self, predicate: F) -> Self
     where
         F: Fn(&Failure) -> bool + Send + Sync + 'static,
     {
-        self.retry_if = RetryIf::Predicate(Arc::new(predicate));
-        self
+        self.set(|s| s.retry_if = RetryIf::Predicate(Arc::new(predicate)))
     }
 
     /// Limits retries with `budget`, shared by every clone of the layer;
     /// pass a clone of the same `Arc` to other layers to share it with them
     /// too.
-    pub fn budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
-        self.budget = BudgetChoice::Shared(budget);
-        self
+    pub fn budget(self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.set(|s| s.budget = BudgetChoice::Shared(budget))
     }
 
     /// No budget: only `max_retries` limits retries. Prefer a budget; see
     /// [`budget`](crate::budget) for why.
-    pub fn no_budget(mut self) -> Self {
-        self.budget = BudgetChoice::None;
-        self
+    pub fn no_budget(self) -> Self {
+        self.set(|s| s.budget = BudgetChoice::None)
     }
 
     /// Calls `callback` before every retry's sleep. Each call adds a
     /// callback; all of them are called, in the order they were added.
-    pub fn on_retry<F>(mut self, callback: F) -> Self
+    pub fn on_retry<F>(self, callback: F) -> Self
     where
         F: Fn(&RetryEvent) + Send + Sync + 'static,
     {
-        self.listeners.retry.push(Arc::new(callback));
-        self
+        self.set(|s| s.listeners.retry.push(Arc::new(callback)))
     }
 
     /// Calls `callback` when a call ends in failure: the failure is handed
@@ -366,56 +343,56 @@ impl<C, R> RetryBuilder<C, R> {
     /// stopped ([`RetryStopped`]). Each call adds a callback. A call whose
     /// service fails `poll_ready` before a retry ends with that error and
     /// no give-up: the service stopped, not the retrying.
-    pub fn on_give_up<F>(mut self, callback: F) -> Self
+    pub fn on_give_up<F>(self, callback: F) -> Self
     where
         F: Fn(&RetryStopped) + Send + Sync + 'static,
     {
-        self.listeners.give_up.push(Arc::new(callback));
-        self
+        self.set(|s| s.listeners.give_up.push(Arc::new(callback)))
     }
 
     /// Calls `callback` when a call succeeds after at least one retry, with
     /// the attempts it took. Each call adds a callback.
-    pub fn on_success_after_retries<F>(mut self, callback: F) -> Self
+    pub fn on_success_after_retries<F>(self, callback: F) -> Self
     where
         F: Fn(&SuccessAfterRetries) + Send + Sync + 'static,
     {
-        self.listeners.recovered.push(Arc::new(callback));
-        self
+        self.set(|s| s.listeners.recovered.push(Arc::new(callback)))
     }
 
-    fn resolve_retries(&self) -> Result<u32, ConfigError> {
-        match self.max_retries {
-            n if n > MAX_RETRIES_LIMIT => Err(ConfigError::new(
+    /// The loop's deadline, once every setting is checked.
+    fn resolve_deadline(&self) -> Result<Option<Duration>, ConfigError> {
+        let s = &self.settings;
+        if s.max_retries > MAX_RETRIES_LIMIT {
+            return Err(ConfigError::new(
                 "max_retries",
-                format!("{n} is above the limit of {MAX_RETRIES_LIMIT}"),
-            )),
-            n => Ok(n),
+                format!(
+                    "{} is above the limit of {MAX_RETRIES_LIMIT}",
+                    s.max_retries
+                ),
+            ));
         }
-    }
-
-    fn resolve_deadline(&self, max_retries: u32) -> Result<Option<Duration>, ConfigError> {
-        if self.attempt_timeout == Some(Duration::ZERO) {
+        s.backoff.validate().map_err(|e| e.within("backoff"))?;
+        if s.attempt_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::new(
                 "attempt_timeout",
                 "must be more than zero",
             ));
         }
-        let deadline = match self.deadline {
+        let deadline = match s.deadline {
             Deadline::None => None,
             Deadline::Fixed(d) => Some(d),
-            Deadline::FromAttemptTimeout(t) => Some(t.saturating_mul(max_retries + 1)),
+            Deadline::FromAttemptTimeout(t) => Some(t.saturating_mul(s.max_retries + 1)),
         };
         if deadline == Some(Duration::ZERO) {
             return Err(ConfigError::new("deadline", "must be more than zero"));
         }
-        if let Some(deadline) = deadline.filter(|deadline| *deadline <= self.min_attempt_time) {
+        if let Some(deadline) = deadline.filter(|deadline| *deadline <= s.min_attempt_time) {
             // No attempt, the first included, would ever be sent.
             return Err(ConfigError::new(
                 "min_attempt_time",
                 format!(
                     "{:?} must be below the deadline ({deadline:?}): no attempt could start",
-                    self.min_attempt_time
+                    s.min_attempt_time
                 ),
             ));
         }
@@ -424,18 +401,15 @@ impl<C, R> RetryBuilder<C, R> {
 
     /// Checks the settings as [`build`](Self::build) does, without building.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let max_retries = self.resolve_retries()?;
-        self.backoff.validate().map_err(|e| e.within("backoff"))?;
-        self.resolve_deadline(max_retries).map(drop)
+        self.resolve_deadline().map(drop)
     }
 
     /// Checks the settings and builds the layer. Errors name the field.
     pub fn build(self) -> Result<RetryLayer<C, R>, ConfigError> {
         crate::telemetry::describe_retry_metrics();
-        let max_retries = self.resolve_retries()?;
-        self.backoff.validate().map_err(|e| e.within("backoff"))?;
-        let deadline = self.resolve_deadline(max_retries)?;
-        let budget = match self.budget {
+        let deadline = self.resolve_deadline()?;
+        let s = self.settings;
+        let budget = match s.budget {
             BudgetChoice::Default => Some(Arc::new(TpsBudget::default()) as Arc<_>),
             BudgetChoice::None => None,
             BudgetChoice::Shared(budget) => Some(budget),
@@ -444,17 +418,17 @@ impl<C, R> RetryBuilder<C, R> {
             policy: Arc::new(Policy {
                 classifier: self.classifier,
                 replay: self.replay,
-                retry_if: self.retry_if,
-                max_retries,
-                backoff: self.backoff,
+                retry_if: s.retry_if,
+                max_retries: s.max_retries,
+                backoff: s.backoff,
                 deadline,
-                attempt_timeout: self.attempt_timeout,
-                max_wait: self.max_wait,
-                min_attempt_time: self.min_attempt_time,
-                restart_backoff_after_hint: self.restart_backoff_after_hint,
+                attempt_timeout: s.attempt_timeout,
+                max_wait: s.max_wait,
+                min_attempt_time: s.min_attempt_time,
+                restart_backoff_after_hint: s.restart_backoff_after_hint,
                 budget,
-                listeners: self.listeners,
-                telemetry: Telemetry::new(self.name),
+                listeners: s.listeners,
+                telemetry: Telemetry::new(s.name),
             }),
         })
     }

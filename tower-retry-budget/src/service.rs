@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,6 +14,7 @@ use crate::replay::{Replay, StopReport};
 /// Clones share the layer's settings and budget. Each call clones the inner
 /// service once, for the retries: the clone is driven ready again
 /// (`poll_ready`) before every retry, as the `Service` contract requires.
+#[derive(Debug)]
 pub struct Retry<S, C, R> {
     inner: S,
     policy: Arc<Policy<C, R>>,
@@ -47,20 +47,6 @@ impl<S: Clone, C, R> Clone for Retry<S, C, R> {
             inner: self.inner.clone(),
             policy: Arc::clone(&self.policy),
         }
-    }
-}
-
-impl<S, C, R> fmt::Debug for Retry<S, C, R>
-where
-    S: fmt::Debug,
-    C: fmt::Debug,
-    R: fmt::Debug,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
-            .field("inner", &self.inner)
-            .field("policy", &self.policy)
-            .finish()
     }
 }
 

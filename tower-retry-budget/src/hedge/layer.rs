@@ -22,6 +22,7 @@ const MAX_HEDGE_ATTEMPTS: u32 = 5;
 /// Built by [`HedgeLayer::builder`] or [`HedgeLayer::http_builder`]. The
 /// settings, the latency window and the budget live behind one `Arc`: every
 /// clone of the layer and every service it makes share them.
+#[derive(Debug)]
 pub struct HedgeLayer<C = ErrorChainClassifier, R = CloneRequest> {
     policy: Arc<HedgePolicy<C, R>>,
 }
@@ -31,14 +32,6 @@ impl<C, R> Clone for HedgeLayer<C, R> {
         HedgeLayer {
             policy: Arc::clone(&self.policy),
         }
-    }
-}
-
-impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgeLayer<C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HedgeLayer")
-            .field("policy", &self.policy)
-            .finish()
     }
 }
 
@@ -138,6 +131,12 @@ enum OwnBudget {
 pub struct HedgeBuilder<C, R> {
     classifier: C,
     replay: R,
+    settings: Settings,
+}
+
+/// A builder's settings but its classifier and replay, which keep them
+/// when either is changed.
+struct Settings {
     max_attempts: u32,
     delay: DelayChoice,
     window: Duration,
@@ -153,13 +152,14 @@ pub struct HedgeBuilder<C, R> {
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgeBuilder<C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
         f.debug_struct("HedgeBuilder")
             .field("classifier", &self.classifier)
             .field("replay", &self.replay)
-            .field("max_attempts", &self.max_attempts)
-            .field("delay", &self.delay)
-            .field("max_extra_load", &self.max_extra_load)
-            .field("name", &self.name)
+            .field("max_attempts", &s.max_attempts)
+            .field("delay", &s.delay)
+            .field("max_extra_load", &s.max_extra_load)
+            .field("name", &s.name)
             .finish_non_exhaustive()
     }
 }
@@ -170,35 +170,37 @@ impl<C, R> HedgeBuilder<C, R> {
         HedgeBuilder {
             classifier,
             replay,
-            max_attempts: 2,
-            delay: DelayChoice::FromExtraLoad,
-            window: Duration::from_secs(30),
-            min_samples: 100,
-            min_delay: Duration::from_millis(1),
-            max_extra_load: 0.05,
-            min_hedges_per_sec: 1,
-            own_budget: OwnBudget::ExtraLoad,
-            shared: Vec::new(),
-            min_attempt_time: Duration::ZERO,
-            name: Arc::from("default"),
+            settings: Settings {
+                max_attempts: 2,
+                delay: DelayChoice::FromExtraLoad,
+                window: Duration::from_secs(30),
+                min_samples: 100,
+                min_delay: Duration::from_millis(1),
+                max_extra_load: 0.05,
+                min_hedges_per_sec: 1,
+                own_budget: OwnBudget::ExtraLoad,
+                shared: Vec::new(),
+                min_attempt_time: Duration::ZERO,
+                name: Arc::from("default"),
+            },
         }
     }
 
-    /// Uses `classifier` to decide which answer wins: a success, or a
-    /// failure of a kind another attempt cannot fix (`Rejected`, `Poison`),
-    /// wins at once; a transient failure or a local refusal (`Shed`) waits
-    /// for the other attempts.
+    /// The builder with one setting changed.
+    fn set(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self
+    }
+
+    /// Uses `classifier` to decide which answer wins, by the rules of the
+    /// [module docs](crate::hedge).
     pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
         self.map_parts(|_| classifier, |replay| replay)
     }
 
-    /// How requests are copied for hedges; a request the replay refuses
-    /// (not idempotent, a body that cannot be copied) is never hedged.
-    /// `change` gets the replay already chosen and returns the one to use.
-    /// Change it, keeping what a preset or a configuration set on it (a
-    /// gRPC method's config makes POSTs hedgeable, for one):
-    /// `.map_replay(|replay| replay.grpc_timeout(true))`; or replace it:
-    /// `.map_replay(|_| CloneRequest)`.
+    /// How requests are copied for hedges, as
+    /// [`RetryBuilder::map_replay`](crate::RetryBuilder::map_replay) sets it
+    /// for retries; a request the replay refuses is never hedged.
     pub fn map_replay<R2>(self, change: impl FnOnce(R) -> R2) -> HedgeBuilder<C, R2> {
         self.map_parts(|classifier| classifier, change)
     }
@@ -212,96 +214,76 @@ impl<C, R> HedgeBuilder<C, R> {
         HedgeBuilder {
             classifier: classifier(self.classifier),
             replay: replay(self.replay),
-            max_attempts: self.max_attempts,
-            delay: self.delay,
-            window: self.window,
-            min_samples: self.min_samples,
-            min_delay: self.min_delay,
-            max_extra_load: self.max_extra_load,
-            min_hedges_per_sec: self.min_hedges_per_sec,
-            own_budget: self.own_budget,
-            shared: self.shared,
-            min_attempt_time: self.min_attempt_time,
-            name: self.name,
+            settings: self.settings,
         }
     }
 
     /// The layer's name in metrics labels (`hedge="…"`), events and spans
-    /// (default `"default"`). Keep names few and never derived from requests.
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
-        self.name = name.into();
-        self
+    /// (default `"default"`); see [Observability](crate#observability).
+    pub fn name(self, name: impl Into<Arc<str>>) -> Self {
+        self.set(|s| s.name = name.into())
     }
 
     /// The most attempts in flight for one call, the first included (2–5;
     /// default 2). Each hedge is sent one delay after the attempt before it
     /// went out, if no answer has won by then and no failure came back.
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
-        self
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        self.set(|s| s.max_attempts = attempts)
     }
 
     /// Hedges after a fixed `delay` (0 sends every attempt at once, as
     /// gRFC A6's `hedgingDelay` of 0 does).
-    pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = DelayChoice::Fixed(delay);
-        self
+    pub fn delay(self, delay: Duration) -> Self {
+        self.set(|s| s.delay = DelayChoice::Fixed(delay))
     }
 
     /// Hedges after the `percentile` (between 0 and 1: 0.95 is p95) of the
     /// first attempts' recent latencies (default `1 − max_extra_load`).
-    pub fn percentile(mut self, percentile: f64) -> Self {
-        self.delay = DelayChoice::Percentile(percentile);
-        self
+    pub fn percentile(self, percentile: f64) -> Self {
+        self.set(|s| s.delay = DelayChoice::Percentile(percentile))
     }
 
     /// How much history the percentile reads (1 s – 10 min; default 30 s).
     /// The window is three slices; the oldest is dropped as a new one starts.
-    pub fn window(mut self, window: Duration) -> Self {
-        self.window = window;
-        self
+    pub fn window(self, window: Duration) -> Self {
+        self.set(|s| s.window = window)
     }
 
     /// The latencies the window must hold before any hedge is sent
     /// (1–1,000,000; default 100).
-    pub fn min_samples(mut self, samples: u32) -> Self {
-        self.min_samples = samples;
-        self
+    pub fn min_samples(self, samples: u32) -> Self {
+        self.set(|s| s.min_samples = samples)
     }
 
     /// The shortest percentile delay (default 1 ms): a dependency that
     /// answers in microseconds is not sent every request twice.
-    pub fn min_delay(mut self, delay: Duration) -> Self {
-        self.min_delay = delay;
-        self
+    pub fn min_delay(self, delay: Duration) -> Self {
+        self.set(|s| s.min_delay = delay)
     }
 
     /// The most extra load hedges may add, as a fraction of the calls
-    /// through the layer (more than 0 and at most 1; default 0.05), plus
-    /// [`min_hedges_per_sec`](Self::min_hedges_per_sec). The layer's own
-    /// [`TpsBudget`] (10 s) enforces it, and the default delay is the
-    /// percentile `1 − max_extra_load`, so hedges are rarely refused.
-    /// Undoes [`no_budget`](Self::no_budget).
-    pub fn max_extra_load(mut self, fraction: f64) -> Self {
-        self.max_extra_load = fraction;
-        self.own_budget = OwnBudget::ExtraLoad;
-        self
+    /// through the layer (more than 0 and at most 1; default 0.05), as
+    /// [the budget](crate::hedge#the-budget) enforces it. Undoes
+    /// [`no_budget`](Self::no_budget).
+    pub fn max_extra_load(self, fraction: f64) -> Self {
+        self.set(|s| {
+            s.max_extra_load = fraction;
+            s.own_budget = OwnBudget::ExtraLoad;
+        })
     }
 
     /// Hedges per second the layer's budget allows whatever the traffic
     /// (0–1000; default 1), so a quiet client can hedge at all.
-    pub fn min_hedges_per_sec(mut self, hedges: u32) -> Self {
-        self.min_hedges_per_sec = hedges;
-        self
+    pub fn min_hedges_per_sec(self, hedges: u32) -> Self {
+        self.set(|s| s.min_hedges_per_sec = hedges)
     }
 
     /// No budget of the layer's own: only [`max_attempts`](Self::max_attempts)
     /// and the shared budgets limit hedges (gRFC A6's hedging, which only
     /// retry throttling limits). [`max_extra_load`](Self::max_extra_load)
     /// undoes it.
-    pub fn no_budget(mut self) -> Self {
-        self.own_budget = OwnBudget::None;
-        self
+    pub fn no_budget(self) -> Self {
+        self.set(|s| s.own_budget = OwnBudget::None)
     }
 
     /// Also asks `budget` before each hedge (each call adds one). A hedge
@@ -314,21 +296,59 @@ impl<C, R> HedgeBuilder<C, R> {
     ///
     /// Pass a retry layer's budget so that retries and hedges together stay
     /// within it (Finagle's rule). The layer never deposits into a shared budget: its owner does.
-    pub fn shared_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
-        self.shared.push(budget);
-        self
+    pub fn shared_budget(self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.set(|s| s.shared.push(budget))
     }
 
-    /// The least time before the caller's
-    /// [`Deadline`](tower_classify::deadline::Deadline) an attempt must have
-    /// to be sent (default 0: any time left). A hedge due later than that
-    /// is not sent; a call with less than that left when it is made sends
-    /// nothing and ends with [`DeadlineExceeded`](crate::error::DeadlineExceeded).
-    pub fn min_attempt_time(mut self, min: Duration) -> Self {
-        self.min_attempt_time = min;
-        self
+    /// The least time before the caller's [`Deadline`](tower_classify::deadline::Deadline)
+    /// an attempt must have to be sent (default 0). A hedge due later is not
+    /// sent; a call with less left sends nothing ([`DeadlineExceeded`](crate::error::DeadlineExceeded)).
+    pub fn min_attempt_time(self, min: Duration) -> Self {
+        self.set(|s| s.min_attempt_time = min)
     }
 
+    /// Checks the settings and builds the layer. Errors name the field.
+    pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
+        self.settings.check()?;
+        super::telemetry::describe_metrics();
+        let s = self.settings;
+        let delay = match (s.delay, s.percentile_value()) {
+            (DelayChoice::Fixed(delay), _) => DelaySource::Fixed(delay),
+            (_, Some(percentile)) => DelaySource::Window(LatencyWindow::new(
+                percentile,
+                s.window,
+                s.min_samples,
+                s.min_delay,
+            )),
+            (_, None) => unreachable!("only a fixed delay has no percentile"),
+        };
+        let own = match s.own_budget {
+            OwnBudget::ExtraLoad => Some(
+                TpsBudget::new(
+                    Duration::from_secs(10),
+                    s.min_hedges_per_sec,
+                    s.max_extra_load,
+                )
+                .map_err(|error| error.within("max_extra_load"))?,
+            ),
+            OwnBudget::None => None,
+        };
+        Ok(HedgeLayer {
+            policy: Arc::new(HedgePolicy {
+                classifier: self.classifier,
+                replay: self.replay,
+                max_attempts: s.max_attempts,
+                delay,
+                own_budget: own,
+                shared: s.shared,
+                min_attempt_time: s.min_attempt_time,
+                telemetry: HedgeTelemetry::new(s.name),
+            }),
+        })
+    }
+}
+
+impl Settings {
     fn percentile_value(&self) -> Option<f64> {
         match self.delay {
             DelayChoice::FromExtraLoad => Some(1.0 - self.max_extra_load),
@@ -337,7 +357,7 @@ impl<C, R> HedgeBuilder<C, R> {
         }
     }
 
-    /// Checks the settings as [`build`](Self::build) does.
+    /// Checks the settings as [`HedgeBuilder::build`] does.
     fn check(&self) -> Result<(), ConfigError> {
         if !(2..=MAX_HEDGE_ATTEMPTS).contains(&self.max_attempts) {
             return Err(ConfigError::new(
@@ -392,44 +412,5 @@ impl<C, R> HedgeBuilder<C, R> {
             return Err(ConfigError::new("min_delay", "must be at most 1 h"));
         }
         Ok(())
-    }
-
-    /// Checks the settings and builds the layer. Errors name the field.
-    pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
-        self.check()?;
-        super::telemetry::describe_metrics();
-        let delay = match (self.delay, self.percentile_value()) {
-            (DelayChoice::Fixed(delay), _) => DelaySource::Fixed(delay),
-            (_, Some(percentile)) => DelaySource::Window(LatencyWindow::new(
-                percentile,
-                self.window,
-                self.min_samples,
-                self.min_delay,
-            )),
-            (_, None) => unreachable!("only a fixed delay has no percentile"),
-        };
-        let own = match self.own_budget {
-            OwnBudget::ExtraLoad => Some(
-                TpsBudget::new(
-                    Duration::from_secs(10),
-                    self.min_hedges_per_sec,
-                    self.max_extra_load,
-                )
-                .map_err(|error| error.within("max_extra_load"))?,
-            ),
-            OwnBudget::None => None,
-        };
-        Ok(HedgeLayer {
-            policy: Arc::new(HedgePolicy {
-                classifier: self.classifier,
-                replay: self.replay,
-                max_attempts: self.max_attempts,
-                delay,
-                own_budget: own,
-                shared: self.shared,
-                min_attempt_time: self.min_attempt_time,
-                telemetry: HedgeTelemetry::new(self.name),
-            }),
-        })
     }
 }

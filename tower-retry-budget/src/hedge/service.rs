@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -19,6 +18,7 @@ use crate::service::take_ready;
 /// clone is driven ready (`poll_ready`) before each hedge, as the
 /// `Service` contract requires, and dropped as soon as no further hedge
 /// can be sent.
+#[derive(Debug)]
 pub struct Hedge<S, C, R> {
     inner: S,
     policy: Arc<HedgePolicy<C, R>>,
@@ -51,15 +51,6 @@ impl<S: Clone, C, R> Clone for Hedge<S, C, R> {
             inner: self.inner.clone(),
             policy: Arc::clone(&self.policy),
         }
-    }
-}
-
-impl<S: fmt::Debug, C: fmt::Debug, R: fmt::Debug> fmt::Debug for Hedge<S, C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hedge")
-            .field("inner", &self.inner)
-            .field("policy", &self.policy)
-            .finish()
     }
 }
 

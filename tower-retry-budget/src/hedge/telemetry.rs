@@ -1,6 +1,5 @@
 //! The hedge layer's metrics, events and spans, under its name.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,16 +39,9 @@ pub(crate) fn describe_metrics() {
     metrics::describe_gauge!(DELAY.0, Unit::Seconds, DELAY.1);
 }
 
+#[derive(Debug)]
 pub(crate) struct HedgeTelemetry {
     name: Arc<str>,
-}
-
-impl fmt::Debug for HedgeTelemetry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HedgeTelemetry")
-            .field("name", &self.name)
-            .finish()
-    }
 }
 
 impl HedgeTelemetry {
