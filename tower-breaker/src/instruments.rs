@@ -1,9 +1,5 @@
-//! The metric handles each breaker holds, and what its `breaker` label says.
-//!
-//! Handles are registered once, when a breaker is created, and kept in the
-//! breaker: a call, a rejection or a state change updates a handle and never
-//! looks the series up in the recorder (no label `String`, no registry
-//! lookup on the hot path).
+//! The metric handles each breaker holds, registered once when it is created
+//! so the hot path never looks a series up, and what its `breaker` label says.
 
 use std::borrow::Cow;
 use std::fmt;

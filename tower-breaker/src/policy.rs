@@ -6,14 +6,10 @@ use std::time::Duration;
 
 use tower_classify::ConfigError;
 
-/// When a closed breaker opens.
-///
-/// Only *counted* failures feed a policy: the transient kinds of
-/// [`tower_classify::FailureKind::is_transient`] (server error, rate limited,
-/// timeout, connection), plus successes slower than a configured
-/// [slow-call threshold](crate::Builder::slow_call_threshold). Rejected, poison
-/// and shed failures and [`Outcome::Ignored`](tower_classify::Outcome::Ignored)
-/// say nothing about the dependency's health and never count.
+/// When a closed breaker opens. Only *counted* failures feed a policy: the
+/// [transient](tower_classify::FailureKind::is_transient) ones (see the
+/// [crate docs](crate)), plus successes slower than a configured
+/// [slow-call threshold](crate::Builder::slow_call_threshold).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Policy {

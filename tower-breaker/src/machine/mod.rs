@@ -5,10 +5,7 @@
 //! holds the breaker and its transitions (opening, closing, an operator's
 //! forcing); `admission.rs` admits or refuses a call, claiming half-open
 //! probe slots; `record.rs` counts a call's result and decides whether it
-//! opens or closes the breaker.
-//!
-//! The machine reports what it does to one [`Observer`]; it names none of
-//! those who listen (metrics, events, eviction notices: `listeners.rs`).
+//! opens or closes the breaker. It reports to one [`Observer`].
 
 mod admission;
 mod record;
@@ -122,8 +119,7 @@ pub(crate) struct Breaker {
     rejected: AtomicU64,
     opened: AtomicU64,
     changed: Option<Arc<Notify>>,
-    /// Told of every transition and refusal: metrics, events, a keyed
-    /// registry's eviction notices (`listeners.rs`).
+    /// Told of every transition and refusal (see [`Observer`]).
     observer: Box<dyn Observer>,
     /// The registry's bookkeeping from here on, not part of the state
     /// machine: `std`'s atomics even under loom.
