@@ -428,11 +428,8 @@ fn count(name: &Arc<str>, outcome: &'static str) {
 /// outcome is written: through the handler, then inside the response body
 /// until it ends. Dropped without [`complete`](Self::complete) or
 /// [`release`](Self::release) (the call or its response body was dropped),
-/// it records [`NotKept::Cancelled`] in a spawned task.
-///
-/// A keeper task extends the claim every third of the in-flight TTL while it
-/// is held, so a request or a response stream slower than the TTL keeps its
-/// key (a repeat gets 409, never a second run) even while nobody polls it.
+/// it records [`NotKept::Cancelled`] in a spawned task. A keeper task
+/// extends the claim while it is held, even while nobody polls it.
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
     /// The guard's name, for its metrics and logs.
