@@ -428,20 +428,16 @@ impl Builder {
                 ));
             }
         }
-        if !(s.recovery_multiplier >= 1.0 && s.recovery_multiplier.is_finite()) {
+        let (multiplier, jitter) = (s.recovery_multiplier, s.recovery_jitter);
+        if !(multiplier >= 1.0 && multiplier.is_finite()) {
             return Err(ConfigError::new(
                 "recovery_multiplier",
-                format!(
-                    "must be a finite number of at least 1, got {}",
-                    s.recovery_multiplier
-                ),
+                format!("must be a finite number of at least 1, got {multiplier}"),
             ));
         }
-        if !(0.0..1.0).contains(&s.recovery_jitter) {
-            return Err(ConfigError::new(
-                "recovery_jitter",
-                format!("must be in [0, 1), got {}", s.recovery_jitter),
-            ));
+        if !(0.0..1.0).contains(&jitter) {
+            let message = format!("must be in [0, 1), got {jitter}");
+            return Err(ConfigError::new("recovery_jitter", message));
         }
         if s.max_breakers == 0 {
             return Err(ConfigError::new("max_breakers", "must be at least 1"));
