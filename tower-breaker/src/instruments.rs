@@ -115,9 +115,8 @@ impl fmt::Debug for MetricsLabel {
 /// Registers the descriptions (kind, unit, meaning) of this crate's
 /// metrics with the installed `metrics` recorder.
 ///
-/// Building a layer calls it, so an exporter installed before the layers
-/// are built describes every series; call it yourself after installing a
-/// recorder later. Repeating it is harmless.
+/// Building a layer calls it; call it yourself after installing a recorder
+/// later ([crate docs](crate#observability)). Repeating it is harmless.
 pub fn describe_metrics() {
     // The two gauges hold codes, not quantities: no unit fits them.
     metrics::describe_gauge!(

@@ -44,10 +44,8 @@ pub enum Policy {
     /// an open circuit gives (without a remaining time), with the same
     /// metrics, events and HTTP or gRPC answer.
     ///
-    /// While the backend accepts at least one call in `k`, nothing is
-    /// refused; below that, the share refused rises until what is sent is
-    /// about `k` times what the backend accepts. A partial outage is so
-    /// served as far as the backend can serve it, and a full outage is left
+    /// How much it refuses is in the [crate
+    /// docs](crate#partial-outages-adaptive-throttling); a full outage is left
     /// a trickle of calls (about one in `requests + 1`) that sees the
     /// backend's return, after which the refused share falls as accepts
     /// fill the window. The window sets how fast: a count window of `n`
