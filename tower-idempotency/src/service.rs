@@ -353,10 +353,8 @@ where
         return Ok(Response::from_parts(parts, GuardBody::new(body)));
     }
     let recorder = Recorder::new(Box::new(held), &parts, declared, limit);
-    Ok(Response::from_parts(
-        parts,
-        GuardBody::recorded(body, recorder),
-    ))
+    let body = GuardBody::recorded(body, recorder);
+    Ok(Response::from_parts(parts, body))
 }
 
 /// The answer to a repeat of a completed key: its stored response, or the
