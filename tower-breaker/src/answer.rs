@@ -7,9 +7,7 @@
 //! [`CircuitBreakerLayer`](crate::CircuitBreakerLayer),
 //! [`CircuitBreaker`](crate::CircuitBreaker) and
 //! [`ResponseFuture`](crate::future::ResponseFuture), and the protocol is
-//! the classifier's business. A gRPC client is `.answer(HttpError)` with a
-//! [`GrpcClassifier`](tower_classify::GrpcClassifier), or any classifier
-//! built around one.
+//! the classifier's business ([crate docs](crate#with-axum) for gRPC).
 
 #[cfg(feature = "http")]
 use http::Response;

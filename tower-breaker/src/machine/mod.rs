@@ -59,11 +59,9 @@ pub(crate) struct Transition {
     pub(crate) by_operator: bool,
 }
 
-/// Whoever listens to a breaker: metrics, `tracing` events and a keyed
-/// registry's eviction notices (`listeners.rs`). The machine decides and
+/// Whoever listens to a breaker (`listeners.rs`). The machine decides and
 /// reports; it names none of its listeners, and they read it, never the
-/// other way round. Reported on transitions, refusals and probe claims,
-/// never on an admitted closed call: the closed path reports nothing.
+/// other way round. Never told of an admitted closed call.
 pub(crate) trait Observer: Send + Sync {
     fn report(&self, breaker: &Breaker, report: Report);
 }
