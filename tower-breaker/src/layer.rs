@@ -96,12 +96,8 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
     type Service = CircuitBreaker<S, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::new(
-            inner,
-            self.breaker.owner(),
-            self.classifier.clone(),
-            self.answer.clone(),
-        )
+        let breaker = self.breaker.owner();
+        CircuitBreaker::new(inner, breaker, self.classifier.clone(), self.answer.clone())
     }
 }
 

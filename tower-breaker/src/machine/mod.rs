@@ -429,11 +429,8 @@ impl Breaker {
     /// The time left at `now` of the open period (of the last one, if it
     /// is no longer open).
     pub(crate) fn remaining_open(&self, now: Instant) -> Duration {
-        Duration::from_nanos(
-            self.open_until
-                .load(Ordering::Acquire)
-                .saturating_sub(self.offset(now)),
-        )
+        let open_until = self.open_until.load(Ordering::Acquire);
+        Duration::from_nanos(open_until.saturating_sub(self.offset(now)))
     }
 
     /// The window's counts at `now` (none without a window).
