@@ -131,12 +131,8 @@ impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {
     type Service = IdempotencyGuard<S, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyGuard::new(
-            inner,
-            self.store.clone(),
-            self.classifier.clone(),
-            self.config.clone(),
-        )
+        let (store, classifier) = (self.store.clone(), self.classifier.clone());
+        IdempotencyGuard::new(inner, store, classifier, self.config.clone())
     }
 }
 

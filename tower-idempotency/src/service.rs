@@ -499,9 +499,8 @@ impl<St: IdempotencyStore> Held<St> {
         key::fingerprint(&self.head, Some(&self.body.part()))
     }
 
-    /// Frees the key. Like [`complete`](Self::complete), the write runs to
-    /// its end even if the caller goes away, so a dropped call does not
-    /// leave the key held until the in-flight TTL.
+    /// Frees the key, the write running to its end as
+    /// [`complete`](Self::complete)'s does.
     fn release(mut self) -> Write {
         let Some((store, key, claim)) = self.settle() else {
             return Write::done();
@@ -534,15 +533,9 @@ impl<St: IdempotencyStore> Held<St> {
     /// fingerprint; `None` if it was settled already.
     fn write_outcome(&mut self, completion: Completion) -> Option<impl Future<Output = ()>> {
         let (store, key, claim) = self.settle()?;
-        Some(record_outcome(
-            store,
-            Arc::clone(&self.name),
-            key,
-            claim,
-            self.fingerprint(),
-            completion,
-            self.ttl,
-        ))
+        let (name, fingerprint) = (Arc::clone(&self.name), self.fingerprint());
+        let write = record_outcome(store, name, key, claim, fingerprint, completion, self.ttl);
+        Some(write)
     }
 }
 
@@ -574,10 +567,8 @@ impl<St: IdempotencyStore> Drop for Held<St> {
 }
 
 /// Claims `key`, to the end even if the call goes away meanwhile (see
-/// [`RunToEnd`]): a claim cut short could be applied in the store with no
-/// one left to know, holding the key for the whole in-flight TTL. A key
-/// acquired for a call that is gone is released by the [`Acquired`] that
-/// comes with it.
+/// [`RunToEnd`]); a key acquired for a call that is gone is released by the
+/// [`Acquired`] that comes with it.
 fn run_claim<St: IdempotencyStore>(
     store: St,
     name: Arc<str>,
