@@ -14,9 +14,8 @@ use crate::state::State;
 /// force one open or closed.
 ///
 /// Get it from any layer's `handle()`
-/// ([`CircuitBreakerLayer::handle`](crate::CircuitBreakerLayer::handle)). It is cheap to clone and shares the breakers'
-/// live state. With the `admin` feature, `router` serves it as
-/// JSON behind a bearer token.
+/// ([`CircuitBreakerLayer::handle`](crate::CircuitBreakerLayer::handle)). It
+/// is cheap to clone and shares the breakers' live state.
 ///
 /// ```
 /// use tower_breaker::{CircuitBreakerLayer, State};

@@ -7,9 +7,7 @@
 //! [`CircuitBreakerLayer`](crate::CircuitBreakerLayer),
 //! [`CircuitBreaker`](crate::CircuitBreaker) and
 //! [`ResponseFuture`](crate::future::ResponseFuture), and the protocol is
-//! the classifier's business. A gRPC client is `.answer(HttpError)` with a
-//! [`GrpcClassifier`](tower_classify::GrpcClassifier), or any classifier
-//! built around one.
+//! the classifier's business ([crate docs](crate#with-axum) for gRPC).
 
 #[cfg(feature = "http")]
 use http::Response;
@@ -34,10 +32,8 @@ pub struct Plain;
 /// {"type":"about:blank","title":"Service Unavailable","status":503,"detail":"circuit open","code":"CIRCUIT_OPEN"}
 /// ```
 ///
-/// It is tower-classify's answer to the `CircuitOpen`
-/// ([`Problem::for_error`](tower_classify::status::Problem::for_error),
-/// what its `HttpStatusLayer` sends for a plain breaker's refusal) with the
-/// stable `code` added.
+/// It is [`Problem::for_error`](tower_classify::status::Problem::for_error)'s
+/// answer to the `CircuitOpen` with the stable `code` added.
 ///
 /// An error would make a server close the connection without answering, and
 /// needs a `HandleErrorLayer` under axum; a response needs neither. The error

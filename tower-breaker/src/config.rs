@@ -48,8 +48,7 @@ pub struct BreakerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// A fixed open period; see [`Builder::recovery_timeout`]. Absent: the
-    /// default schedule (250 ms, doubling per failed probe up to 500 ms,
-    /// jittered).
+    /// default schedule.
     #[serde(
         default,
         with = "tower_classify::duration::serde",

@@ -22,13 +22,10 @@ use tower_classify::RefusalToken;
 /// # }
 /// ```
 ///
-/// Its [`source`](std::error::Error::source) is a
-/// [`tower_classify::Classified`] of kind
-/// [`Shed`](tower_classify::FailureKind::Shed) carrying
-/// its [`failure`](CircuitOpen::failure)'s `retry_after` as its hint, so any layer that classifies with
-/// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) (a retry layer
-/// outside the breaker, a dead-letter layer) recognises it without depending on
-/// this crate: a retry layer does not spin on an open circuit.
+/// Its [`source`](std::error::Error::source) is its [`failure`](CircuitOpen::failure)
+/// as a [`tower_classify::Classified`], which an
+/// [`ErrorChainClassifier`](tower_classify::ErrorChainClassifier) recognises
+/// ([crate docs](crate#layer-order)).
 ///
 /// When a breaker answering HTTP requests (the `http` feature's
 /// [answers](crate::answer), `Http503` and `HttpError`) refuses a request

@@ -1,10 +1,7 @@
 //! The `tracing` events of a breaker, and the fields they all carry.
 //!
-//! Every event names the layer (`breaker`, its [name](crate::Builder::name)).
-//! A keyed breaker's events also carry its `key`. Keys often come from
-//! requests, so a key is shown escaped and cut short ([`LoggedKey`]): a
-//! client cannot forge a log line with a newline in a host name, nor fill
-//! the log with a megabyte-long one.
+//! A key is shown escaped and cut short ([`LoggedKey`]): a client cannot
+//! forge a log line with a newline in a host name, nor fill the log.
 
 use std::fmt;
 

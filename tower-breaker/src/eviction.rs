@@ -1,7 +1,5 @@
-//! Which breaker a new key replaces when the registry is full: closed
-//! breakers first, least recently used first (approximately, in amortised
-//! O(1)); open ones only when no closed one is left, then exactly the least
-//! recently used; forced ones never.
+//! Which breaker a new key replaces when the registry is full, in the order
+//! the [crate docs](crate#keyed-breakers) give.
 //!
 //! # How
 //!

@@ -1,9 +1,5 @@
-//! The metric handles each breaker holds, and what its `breaker` label says.
-//!
-//! Handles are registered once, when a breaker is created, and kept in the
-//! breaker: a call, a rejection or a state change updates a handle and never
-//! looks the series up in the recorder (no label `String`, no registry
-//! lookup on the hot path).
+//! The metric handles each breaker holds, registered once when it is created
+//! so the hot path never looks a series up, and what its `breaker` label says.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -119,9 +115,8 @@ impl fmt::Debug for MetricsLabel {
 /// Registers the descriptions (kind, unit, meaning) of this crate's
 /// metrics with the installed `metrics` recorder.
 ///
-/// Building a layer calls it, so an exporter installed before the layers
-/// are built describes every series; call it yourself after installing a
-/// recorder later. Repeating it is harmless.
+/// Building a layer calls it; call it yourself after installing a recorder
+/// later ([crate docs](crate#observability)). Repeating it is harmless.
 pub fn describe_metrics() {
     // The two gauges hold codes, not quantities: no unit fits them.
     metrics::describe_gauge!(

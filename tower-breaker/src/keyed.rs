@@ -20,43 +20,33 @@ use crate::share::BreakerRef;
 ///
 /// # Bounds
 ///
-/// The map is bounded at [`max_breakers`](crate::Builder::max_breakers). A
-/// new key beyond that evicts the least recently used breaker that is **closed**:
-/// evicting an open breaker would re-admit full load to a dependency known to
-/// be broken. Only when no breaker is closed does an open (or half-open) one
-/// go, the least recently used, with a `tracing` warning (at most one per
-/// 10 s, saying how many evictions it left out). A breaker an
-/// operator forced open or closed is never evicted; when every breaker is
-/// forced, new keys share one overflow breaker (its key is `<overflow>`;
-/// it is not listed by the admin handle and has no state gauge) until an
-/// operator resets one, so a flood of new keys allocates nothing per call.
-/// State is per process.
+/// The map is bounded at [`max_breakers`](crate::Builder::max_breakers); a
+/// new key beyond that evicts as the [crate docs](crate#keyed-breakers) say,
+/// closed breakers first: evicting an open one would re-admit full load to a
+/// dependency known to be broken. When every breaker is forced, new keys share
+/// one overflow breaker (its key is `<overflow>`; it is not listed by the
+/// admin handle and has no state gauge) until an operator resets one, so a
+/// flood of new keys allocates nothing per call. State is per process.
 ///
-/// "Least recently used" is approximated the way the CLOCK page-replacement
-/// algorithm does it, so that choosing a victim costs O(1) amortised
-/// whatever `max_breakers` is: breakers wait in insertion order, and one
-/// that was used since it joined the line goes to the back once instead of
-/// being evicted. A key flood costs the same per key with 100 breakers as
-/// with 100 000.
+/// "Least recently used" is approximated as the CLOCK page-replacement
+/// algorithm does: breakers wait in insertion order, and one used since it
+/// joined the line goes to the back once instead of being evicted. A key
+/// flood costs the same per key with 100 breakers as with 100 000.
 ///
 /// # Cost per call
 ///
 /// The key function sees `&Req` and returns anything that is `AsRef<str>`:
 /// return a `&'static str` or a cheap clone (an `Arc<str>`, an
 /// `http::uri::Authority`) where you can, since it runs on every call. A call
-/// for a known key looks it up in one of 16 shards under that shard's read
-/// lock (no lock is shared by every call, and nothing is allocated); the
-/// breakers themselves are lock-free as in
-/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer). A new key builds its
+/// for a known key takes one of 16 shards' read lock; a new key builds its
 /// breaker before taking any lock, then takes the lock that serialises
 /// inserts and evictions.
 ///
 /// # Metrics
 ///
-/// Each breaker registers its metric handles once, when it is created (with
-/// the recorder installed at that moment), and updates them without a
-/// lookup. Their `breaker` label is
-/// [`Builder::metrics_label`](crate::Builder::metrics_label)'s choice.
+/// Each breaker registers its metric handles when it is created ([crate
+/// docs](crate#observability)), labelled as
+/// [`Builder::metrics_label`](crate::Builder::metrics_label) chooses.
 ///
 /// ```
 /// use tower::{service_fn, Layer, ServiceExt};

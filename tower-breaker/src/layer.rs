@@ -19,19 +19,13 @@ use crate::share::{BreakerRef, Share};
 use crate::state::{CallEvent, Mode, StateChange};
 use crate::word::MAX_PROBES;
 
-/// Wraps services in a [`CircuitBreaker`] that all share one breaker.
+/// Wraps services in a [`CircuitBreaker`] that all share one breaker, created
+/// with the layer (see the [crate docs](crate)).
 ///
-/// Every service the layer wraps, and every clone of those, shares the state
-/// created with the layer (as `axum::Router::layer`, cloning per request, needs).
-///
-/// `C` is the [`Classify`](tower_classify::Classify) value deciding what a
-/// result means; it is cloned into each response future, so keep it cheap to
-/// clone (the classifiers of `tower-classify` are `Copy` or share their
-/// configuration through an `Arc`).
-///
-/// `A` is what an open circuit answers, chosen with [`answer`](Self::answer)
-/// from the [`answer`](crate::answer) module; by default ([`Plain`]) a
-/// [`CircuitOpen`](crate::CircuitOpen) error.
+/// `C`, the [`Classify`](tower_classify::Classify) value deciding what a
+/// result means, is cloned into each response future: keep it cheap to clone.
+/// `A` is what an open circuit answers ([`answer`](Self::answer)); by default
+/// ([`Plain`]) a [`CircuitOpen`](crate::CircuitOpen) error.
 pub struct CircuitBreakerLayer<C, A = Plain> {
     pub(crate) breaker: BreakerRef,
     pub(crate) registry: Arc<Registry>,
@@ -66,10 +60,7 @@ impl<C: fmt::Debug, A: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C, A> {
 }
 
 impl<C> CircuitBreakerLayer<C> {
-    /// A breaker with the defaults: open after 5 consecutive transient
-    /// failures, stay open a quarter of a second, then admit one probe; a
-    /// failed probe doubles the next open period, up to half a second (see
-    /// [`Builder::recovery_timeout`]).
+    /// A breaker with every default of the [`Builder`].
     pub fn new(classifier: C) -> Self {
         Builder::new()
             .build(classifier)
@@ -78,8 +69,7 @@ impl<C> CircuitBreakerLayer<C> {
 }
 
 impl<C, A> CircuitBreakerLayer<C, A> {
-    /// The same breaker (same shared state), answering as `answer` says:
-    /// one of the types of the [`answer`](crate::answer) module.
+    /// The same breaker, answering as `answer` (of [`answer`](crate::answer)) says.
     pub fn answer<B>(self, answer: B) -> CircuitBreakerLayer<C, B> {
         CircuitBreakerLayer {
             breaker: self.breaker,
@@ -96,8 +86,7 @@ impl<C, A> CircuitBreakerLayer<C, A> {
 }
 
 impl CircuitBreakerLayer<()> {
-    /// A [`Builder`] for every other setting; the classifier is given to
-    /// [`Builder::build`].
+    /// A [`Builder`]; the classifier is given to [`Builder::build`].
     pub fn builder() -> Builder {
         Builder::new()
     }
@@ -107,12 +96,8 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
     type Service = CircuitBreaker<S, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::new(
-            inner,
-            self.breaker.owner(),
-            self.classifier.clone(),
-            self.answer.clone(),
-        )
+        let breaker = self.breaker.owner();
+        CircuitBreaker::new(inner, breaker, self.classifier.clone(), self.answer.clone())
     }
 }
 
@@ -222,16 +207,13 @@ impl Builder {
     /// and no jitter shortens it unless [`recovery_jitter`](Self::recovery_jitter)
     /// asks for one.
     ///
-    /// Without it the open period backs off: 250 ms the first time, then
-    /// twice as long after each failed probe, up to 500 ms, each period
-    /// shortened by a random share of up to 20 %; a probe that succeeds
-    /// starts the schedule again. A dependency that is back is seen within
-    /// half a second: every call refused until then is lost to a caller that
-    /// cannot wait, so the cap is short: a return just after a failed probe
-    /// loses at most four fifths of 500 ms of calls (BENCHMARKS.md's recovery
-    /// simulation). A long outage costs one failed probe every 0.4 to 0.5 s;
-    /// raise the cap with [`max_recovery_timeout`](Self::max_recovery_timeout)
-    /// where many processes and keys would probe one dead dependency.
+    /// Without it the open period backs off ([crate docs](crate#recovery)) up
+    /// to 500 ms: every call refused until then is lost to a caller that
+    /// cannot wait, so a return just after a failed probe loses at most four
+    /// fifths of 500 ms of calls (BENCHMARKS.md's recovery simulation). A long
+    /// outage costs one failed probe every 0.4 to 0.5 s; raise the cap with
+    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
+    /// processes and keys would probe one dead dependency.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;
@@ -278,25 +260,20 @@ impl Builder {
         self
     }
 
-    /// Probe calls admitted when half-open (default 1, at most 4 095). They
-    /// are judged together, as Resilience4j's
-    /// `permittedNumberOfCallsInHalfOpenState`: under
-    /// [`Policy::ConsecutiveFailures`] every probe must
+    /// Probe calls admitted when half-open (default 1, at most 4 095), judged
+    /// together: under [`Policy::ConsecutiveFailures`] every probe must
     /// succeed and one failure reopens the breaker; under
-    /// [`Policy::FailureRate`] the breaker reopens once the
-    /// probes' own failure share reaches the rate, and closes when all of
-    /// them answered below it.
+    /// [`Policy::FailureRate`] the breaker reopens once the probes' own
+    /// failure share reaches the rate, and closes when all of them answered
+    /// below it.
     pub fn probes(mut self, probes: u32) -> Self {
         self.settings.probes = probes;
         self
     }
 
     /// How long a half-open breaker waits for its probes once every slot is
-    /// taken (default 60 s). Past it, the slots are reclaimed and the breaker
-    /// reopens, as if the probes had failed: a probe hung with no timeout
-    /// below it cannot hold the only slot for good. Like Resilience4j's
-    /// `maxWaitDurationInHalfOpenState`, but on by default; pass
-    /// `Duration::MAX` to wait for ever.
+    /// taken (default 60 s; [`Builder`] says why) before it reclaims the slots
+    /// and reopens, as if the probes had failed. `Duration::MAX` waits for ever.
     pub fn probe_timeout(mut self, timeout: Duration) -> Self {
         self.settings.probe_timeout = timeout;
         self
@@ -304,14 +281,11 @@ impl Builder {
 
     /// After a probe closes the breaker, admit a share of calls rising
     /// linearly from a tenth to all of them over `window` (Envoy's
-    /// `slow_start_window`), for a dependency that needs warming before it
-    /// takes its full load (cold caches, a pool refilling). A call refused
+    /// `slow_start_window`; [crate docs](crate#recovery)). A call refused
     /// meanwhile gets a [`CircuitOpen`](crate::CircuitOpen) without a
-    /// remaining open time, telling it to come back at a random point of
-    /// what is left of the window. Off by default (zero): the calls that
-    /// waited out the open period already come back spread over a ramp
-    /// (see [`CircuitOpen::failure`](crate::CircuitOpen::failure)),
-    /// and a slow start refuses calls the dependency could have served.
+    /// remaining open time, telling it to come back at a random point of what
+    /// is left of the window. Off by default (zero): waiting calls already
+    /// come back over a ramp ([`CircuitOpen::failure`](crate::CircuitOpen::failure)).
     pub fn slow_start(mut self, window: Duration) -> Self {
         self.settings.slow_start = window;
         self
@@ -344,14 +318,11 @@ impl Builder {
     }
 
     /// While open, make `poll_ready` return `Pending` (until the recovery
-    /// timeout ends or the state changes) instead of failing calls. For
-    /// balancers, which then route around this endpoint. Off by default
-    /// (tower's load-shed pattern: ready, then fail fast in `call`). Every
-    /// waiting service becomes ready together when the breaker closes: no
-    /// release ramp spreads them; where many requests wait on clones, add
-    /// [`slow_start`](Self::slow_start), which admits a rising share of them
-    /// and tells the others when to come back.
-    /// Ignored by keyed breakers, whose key is known only in `call`.
+    /// timeout ends or the state changes) instead of failing calls, for a
+    /// balancer ([crate docs](crate#with-axum)). Off by default. Every waiting
+    /// service becomes ready together when the breaker closes: where many
+    /// requests wait on clones, add [`slow_start`](Self::slow_start). Ignored
+    /// by keyed breakers, whose key is known only in `call`.
     pub fn pending_when_open(mut self, yes: bool) -> Self {
         self.settings.pending_when_open = yes;
         self
@@ -453,20 +424,16 @@ impl Builder {
                 ));
             }
         }
-        if !(s.recovery_multiplier >= 1.0 && s.recovery_multiplier.is_finite()) {
+        let (multiplier, jitter) = (s.recovery_multiplier, s.recovery_jitter);
+        if !(multiplier >= 1.0 && multiplier.is_finite()) {
             return Err(ConfigError::new(
                 "recovery_multiplier",
-                format!(
-                    "must be a finite number of at least 1, got {}",
-                    s.recovery_multiplier
-                ),
+                format!("must be a finite number of at least 1, got {multiplier}"),
             ));
         }
-        if !(0.0..1.0).contains(&s.recovery_jitter) {
-            return Err(ConfigError::new(
-                "recovery_jitter",
-                format!("must be in [0, 1), got {}", s.recovery_jitter),
-            ));
+        if !(0.0..1.0).contains(&jitter) {
+            let message = format!("must be in [0, 1), got {jitter}");
+            return Err(ConfigError::new("recovery_jitter", message));
         }
         if s.max_breakers == 0 {
             return Err(ConfigError::new("max_breakers", "must be at least 1"));

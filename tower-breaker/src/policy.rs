@@ -6,14 +6,10 @@ use std::time::Duration;
 
 use tower_classify::ConfigError;
 
-/// When a closed breaker opens.
-///
-/// Only *counted* failures feed a policy: the transient kinds of
-/// [`tower_classify::FailureKind::is_transient`] (server error, rate limited,
-/// timeout, connection), plus successes slower than a configured
-/// [slow-call threshold](crate::Builder::slow_call_threshold). Rejected, poison
-/// and shed failures and [`Outcome::Ignored`](tower_classify::Outcome::Ignored)
-/// say nothing about the dependency's health and never count.
+/// When a closed breaker opens. Only *counted* failures feed a policy: the
+/// [transient](tower_classify::FailureKind::is_transient) ones (see the
+/// [crate docs](crate)), plus successes slower than a configured
+/// [slow-call threshold](crate::Builder::slow_call_threshold).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Policy {
@@ -48,10 +44,8 @@ pub enum Policy {
     /// an open circuit gives (without a remaining time), with the same
     /// metrics, events and HTTP or gRPC answer.
     ///
-    /// While the backend accepts at least one call in `k`, nothing is
-    /// refused; below that, the share refused rises until what is sent is
-    /// about `k` times what the backend accepts. A partial outage is so
-    /// served as far as the backend can serve it, and a full outage is left
+    /// How much it refuses is in the [crate
+    /// docs](crate#partial-outages-adaptive-throttling); a full outage is left
     /// a trickle of calls (about one in `requests + 1`) that sees the
     /// backend's return, after which the refused share falls as accepts
     /// fill the window. The window sets how fast: a count window of `n`

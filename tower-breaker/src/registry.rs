@@ -1,15 +1,7 @@
 //! The breakers of one layer, by key: a sharded map for lookups and, beside
-//! it, the eviction order for new keys.
-//!
-//! A call for a key already present takes one shard's read lock (the shard
-//! chosen by the key's hash, so calls for other keys rarely meet) and stamps
-//! the breaker with a coarse clock, a relaxed atomic store that happens at
-//! most once per new key the registry has seen since. No lock is shared by
-//! every call. A new key builds its breaker (its window can be tens of KiB)
-//! before taking any lock, then takes the insert lock, which serialises
-//! changes to the map: it looks again (another call may have inserted the
-//! key meanwhile), evicts if the map is full ([`crate::eviction`], O(1)
-//! amortised) and inserts.
+//! it, the eviction order for new keys ([`crate::eviction`]). A known key
+//! takes one shard's read lock; a new key builds its breaker (its window can
+//! be tens of KiB) before taking the insert lock, which serialises changes.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;

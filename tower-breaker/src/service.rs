@@ -34,11 +34,8 @@ use crate::share::BreakerRef;
 /// and whether a response is judged at its head or where its body ends.
 ///
 /// `poll_ready` forwards the inner service's readiness; `call` refuses at
-/// once when the breaker refuses the call, without touching the inner
-/// service (tower's load-shed pattern): a [`CircuitOpen`] error, or under
-/// the `Http503` answer a `503` response. With
-/// [`pending_when_open`](crate::Builder::pending_when_open), `poll_ready`
-/// instead returns `Pending` while the breaker is open.
+/// once, without touching the inner service ([crate docs](crate#with-axum)):
+/// a [`CircuitOpen`] error, or under the `Http503` answer a `503` response.
 ///
 /// While the breaker refuses calls, `poll_ready` does not wait for the inner
 /// service at all: a dependency that is down often has a client that is not

@@ -1,8 +1,5 @@
 //! What a breaker is in and what it reports: its [`State`], its [`Mode`],
 //! and the events its callbacks receive ([`StateChange`], [`CallEvent`]).
-//!
-//! The public vocabulary only. How the state is kept is in `word.rs` (the
-//! one-word encoding) and `machine.rs` (the transitions).
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,12 +35,9 @@ impl State {
         }
     }
 
-    /// The value of the `tower_breaker_state` gauge, ordered by how much of
-    /// the traffic the breaker refuses: 0 closed, 1 half-open, 2 open. A
-    /// forced state reads as what it does (forced open 2, forced closed 0);
-    /// whether an operator forced it is the `tower_breaker_forced` gauge
-    /// ([`is_forced`](Self::is_forced)), so `max(tower_breaker_state)` and
-    /// alerts on `== 2` mean the same thing whoever opened the circuit.
+    /// The value of the `tower_breaker_state` gauge: 0 closed, 1 half-open,
+    /// 2 open, a forced state reading as what it does (forced open 2, forced
+    /// closed 0; see the [crate docs](crate#observability)).
     pub(crate) const fn gauge_value(self) -> f64 {
         match self {
             State::Closed | State::ForcedClosed => 0.0,

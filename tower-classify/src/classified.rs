@@ -10,11 +10,9 @@ use crate::outcome::{Failure, FailureKind, RetryHint};
 
 /// An error that already knows its classification.
 ///
-/// A layer's own error (such as a breaker's `CircuitOpen`) keeps its public
-/// type and returns a `Classified` from [`Error::source`]; the
-/// [`ErrorChainClassifier`](crate::ErrorChainClassifier) finds it anywhere in
-/// the chain and takes its [`Failure`] as the answer, so sibling crates
-/// recognise each other's errors without depending on each other.
+/// A layer's own error returns one from [`Error::source`], and the
+/// [`ErrorChainClassifier`](crate::ErrorChainClassifier) takes its [`Failure`]
+/// as the answer ([crate docs](crate#load-shedding-across-crates)).
 ///
 /// ```
 /// use std::time::Duration;

@@ -10,12 +10,9 @@ use crate::settle::StreamEnd;
 /// Decides what one call's result means.
 ///
 /// A classifier sees the response *or* the error of a call and answers with an
-/// [`Outcome`]. One classifier value, configured once, is cloned into every
-/// layer of a stack, so the retry layer, the circuit breaker and the
-/// dead-letter layer agree on what a failure is.
-///
-/// Classifiers must be cheap to call: every layer calls them once per attempt.
-/// Those shipped here are `Clone` and share their configuration through `Arc`.
+/// [`Outcome`] ([crate docs](crate#what-it-decides)). It must be cheap to
+/// call: every layer calls it once per attempt. Those shipped here are
+/// `Clone` and share their configuration through `Arc`.
 ///
 // How a call settles past its head is the `http` feature's: its types and
 // `classify_end` come with it, and the docs link them only where they exist.

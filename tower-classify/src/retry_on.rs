@@ -13,12 +13,9 @@ use crate::outcome::FailureKind;
 /// request provably never reached the server, the only connection failures
 /// after which a non-idempotent request is safe to resend.
 ///
-/// Two sets are equal when they hold the same kinds: `connection` always holds
-/// `not_sent`, so naming the first four classes and the
-/// default are one set, every transient kind (`ServerError`, `RateLimited`,
-/// `Connection`, `Timeout`, `NotSent`). An empty set is a configuration
-/// error, not "retry nothing": a policy that retries nothing should say
-/// `max_retries: 0`.
+/// Two sets are equal when they hold the same kinds ([crate
+/// docs](crate#classifiers)). An empty set is a configuration error, not
+/// "retry nothing": a policy that retries nothing should say `max_retries: 0`.
 ///
 /// ```
 /// use tower_classify::{FailureKind, RetryOn};

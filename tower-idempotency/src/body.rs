@@ -1,11 +1,4 @@
-//! The body the guard hands on, in both directions.
-//!
-//! Nothing is read ahead. A guarded request's body is hashed as the handler
-//! reads it; a guarded response's body is recorded as the client reads it,
-//! and what the call came to is written when it ends. Either way each frame
-//! is handed on the moment it arrives, so a full-duplex stream (a client
-//! waiting for reply 1 before it sends message 2) and a server-sent stream
-//! flow through the guard.
+//! The body the guard hands on, in both directions, reading nothing ahead.
 
 use std::fmt;
 use std::future::Future;
@@ -30,14 +23,10 @@ pin_project! {
     /// it arrives, or a whole body of the guard's own (a replayed response,
     /// a refusal).
     ///
-    /// For a guarded request the guard hashes the request body's data as the
-    /// handler reads it (the fingerprint covers what the handler saw), and
-    /// records the response body as the client reads it, up to the
-    /// [response limit](crate::IdempotencyGuardLayer::response_body_limit),
-    /// to store it when it ends. It reads neither ahead: the handler gets
-    /// each request frame when the client sends it, the client each response
-    /// frame when the handler yields it. Requests and responses the guard
-    /// does not guard stream untouched, with nothing allocated.
+    /// For a guarded request it hashes the request body and records the
+    /// response body as they are read, reading neither ahead (see the
+    /// [crate docs](crate#bodies-and-fingerprints)). Requests and responses
+    /// the guard does not guard stream untouched, with nothing allocated.
     ///
     /// [`size_hint`](Body::size_hint) and
     /// [`is_end_stream`](Body::is_end_stream) are the original body's.

@@ -95,8 +95,7 @@ impl<St, C> IdempotencyGuardLayer<St, C> {
     /// Frees the key when a layer between the guard and the handler refused
     /// the request *before the handler ran* and proves it with this
     /// request's [`RefusalToken`] (default `true`), so the client's retry
-    /// runs once the dependency is back. A refusal the handler passes on
-    /// from a dependency it called carries no token, and the key is kept.
+    /// runs once the dependency is back ([crate docs](crate#the-rules)).
     ///
     /// [`RefusalToken`]: tower_classify::RefusalToken
     pub fn release_on_shed(mut self, yes: bool) -> Self {
@@ -132,12 +131,8 @@ impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {
     type Service = IdempotencyGuard<S, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyGuard::new(
-            inner,
-            self.store.clone(),
-            self.classifier.clone(),
-            self.config.clone(),
-        )
+        let (store, classifier) = (self.store.clone(), self.classifier.clone());
+        IdempotencyGuard::new(inner, store, classifier, self.config.clone())
     }
 }
 

@@ -353,10 +353,8 @@ where
         return Ok(Response::from_parts(parts, GuardBody::new(body)));
     }
     let recorder = Recorder::new(Box::new(held), &parts, declared, limit);
-    Ok(Response::from_parts(
-        parts,
-        GuardBody::recorded(body, recorder),
-    ))
+    let body = GuardBody::recorded(body, recorder);
+    Ok(Response::from_parts(parts, body))
 }
 
 /// The answer to a repeat of a completed key: its stored response, or the
@@ -428,11 +426,8 @@ fn count(name: &Arc<str>, outcome: &'static str) {
 /// outcome is written: through the handler, then inside the response body
 /// until it ends. Dropped without [`complete`](Self::complete) or
 /// [`release`](Self::release) (the call or its response body was dropped),
-/// it records [`NotKept::Cancelled`] in a spawned task.
-///
-/// A keeper task extends the claim every third of the in-flight TTL while it
-/// is held, so a request or a response stream slower than the TTL keeps its
-/// key (a repeat gets 409, never a second run) even while nobody polls it.
+/// it records [`NotKept::Cancelled`] in a spawned task. A keeper task
+/// extends the claim while it is held, even while nobody polls it.
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
     /// The guard's name, for its metrics and logs.
@@ -504,9 +499,8 @@ impl<St: IdempotencyStore> Held<St> {
         key::fingerprint(&self.head, Some(&self.body.part()))
     }
 
-    /// Frees the key. Like [`complete`](Self::complete), the write runs to
-    /// its end even if the caller goes away, so a dropped call does not
-    /// leave the key held until the in-flight TTL.
+    /// Frees the key, the write running to its end as
+    /// [`complete`](Self::complete)'s does.
     fn release(mut self) -> Write {
         let Some((store, key, claim)) = self.settle() else {
             return Write::done();
@@ -539,15 +533,9 @@ impl<St: IdempotencyStore> Held<St> {
     /// fingerprint; `None` if it was settled already.
     fn write_outcome(&mut self, completion: Completion) -> Option<impl Future<Output = ()>> {
         let (store, key, claim) = self.settle()?;
-        Some(record_outcome(
-            store,
-            Arc::clone(&self.name),
-            key,
-            claim,
-            self.fingerprint(),
-            completion,
-            self.ttl,
-        ))
+        let (name, fingerprint) = (Arc::clone(&self.name), self.fingerprint());
+        let write = record_outcome(store, name, key, claim, fingerprint, completion, self.ttl);
+        Some(write)
     }
 }
 
@@ -579,10 +567,8 @@ impl<St: IdempotencyStore> Drop for Held<St> {
 }
 
 /// Claims `key`, to the end even if the call goes away meanwhile (see
-/// [`RunToEnd`]): a claim cut short could be applied in the store with no
-/// one left to know, holding the key for the whole in-flight TTL. A key
-/// acquired for a call that is gone is released by the [`Acquired`] that
-/// comes with it.
+/// [`RunToEnd`]); a key acquired for a call that is gone is released by the
+/// [`Acquired`] that comes with it.
 fn run_claim<St: IdempotencyStore>(
     store: St,
     name: Arc<str>,

@@ -5,10 +5,7 @@
 //! holds the breaker and its transitions (opening, closing, an operator's
 //! forcing); `admission.rs` admits or refuses a call, claiming half-open
 //! probe slots; `record.rs` counts a call's result and decides whether it
-//! opens or closes the breaker.
-//!
-//! The machine reports what it does to one [`Observer`]; it names none of
-//! those who listen (metrics, events, eviction notices: `listeners.rs`).
+//! opens or closes the breaker. It reports to one [`Observer`].
 
 mod admission;
 mod record;
@@ -62,11 +59,9 @@ pub(crate) struct Transition {
     pub(crate) by_operator: bool,
 }
 
-/// Whoever listens to a breaker: metrics, `tracing` events and a keyed
-/// registry's eviction notices (`listeners.rs`). The machine decides and
+/// Whoever listens to a breaker (`listeners.rs`). The machine decides and
 /// reports; it names none of its listeners, and they read it, never the
-/// other way round. Reported on transitions, refusals and probe claims,
-/// never on an admitted closed call: the closed path reports nothing.
+/// other way round. Never told of an admitted closed call.
 pub(crate) trait Observer: Send + Sync {
     fn report(&self, breaker: &Breaker, report: Report);
 }
@@ -122,8 +117,7 @@ pub(crate) struct Breaker {
     rejected: AtomicU64,
     opened: AtomicU64,
     changed: Option<Arc<Notify>>,
-    /// Told of every transition and refusal: metrics, events, a keyed
-    /// registry's eviction notices (`listeners.rs`).
+    /// Told of every transition and refusal (see [`Observer`]).
     observer: Box<dyn Observer>,
     /// The registry's bookkeeping from here on, not part of the state
     /// machine: `std`'s atomics even under loom.
@@ -435,11 +429,8 @@ impl Breaker {
     /// The time left at `now` of the open period (of the last one, if it
     /// is no longer open).
     pub(crate) fn remaining_open(&self, now: Instant) -> Duration {
-        Duration::from_nanos(
-            self.open_until
-                .load(Ordering::Acquire)
-                .saturating_sub(self.offset(now)),
-        )
+        let open_until = self.open_until.load(Ordering::Acquire);
+        Duration::from_nanos(open_until.saturating_sub(self.offset(now)))
     }
 
     /// The window's counts at `now` (none without a window).

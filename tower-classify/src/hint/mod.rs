@@ -1,10 +1,9 @@
 //! Delay hints: what a response says about when to try again.
 //!
 //! A hint found here replaces a retry layer's computed backoff for that one
-//! attempt. Every parser is total: garbage, negative, overflowing or absurd
-//! values never panic and never overflow a [`Duration`](std::time::Duration);
-//! they read as "no hint" (or, for gRPC pushback, "do not retry"), and a
-//! retry layer's `max_wait` refuses waits that are merely absurd.
+//! attempt. Every parser is total ([crate docs](crate#what-it-reads)): bad
+//! values read as "no hint" (for gRPC pushback, "do not retry"), and a retry
+//! layer's `max_wait` refuses waits that are merely absurd.
 //!
 //! The order a response rule reads them in, most specific first: the rule's
 //! [`BackoffFrom`] reader, then its fixed `backoff`, then `Retry-After`, then the

@@ -63,10 +63,8 @@ impl Idempotency {
         self
     }
 
-    /// `true` for the methods RFC 9110 (section 9.2.2) defines as
-    /// idempotent: GET, HEAD, OPTIONS, TRACE, PUT and DELETE. Any other
-    /// method, extension methods included, is not, whatever version of the
-    /// `http` crate is in the build.
+    /// `true` for the methods RFC 9110 defines as idempotent (see
+    /// [`Idempotency`]), whatever version of the `http` crate is in the build.
     pub fn method_is_idempotent(method: &Method) -> bool {
         matches!(
             *method,

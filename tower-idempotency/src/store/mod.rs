@@ -15,12 +15,8 @@
 //!     extending its claim)
 //! ```
 //!
-//! Two implementations ship here: [`MemoryIdempotencyStore`] for one
-//! process, `RedisIdempotencyStore` (feature `redis`) for a fleet.
-//!
-//! Keys reach a store already namespaced by the guard (`u:` for unscoped
-//! keys, `s:{len}:{identity}:` for keys scoped by a client identity), so no
-//! key a client sends can name a record of another client.
+//! Keys reach a store already namespaced by the guard (see
+//! [`scope_by`](crate::IdempotencyGuardLayer::scope_by)).
 
 use std::future::Future;
 use std::time::Duration;
@@ -95,10 +91,8 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
 
     /// Pushes the lapse of `claim` to `in_flight_ttl` from now, only if the
     /// claim is still the one in the store. Returns whether it was extended.
-    /// The guard calls it every third of the in-flight TTL while its request
-    /// runs and its response streams, so a request slower than the TTL keeps
-    /// its key; only a claim whose node stopped renewing it (crashed)
-    /// lapses.
+    /// The guard calls it every third of the in-flight TTL ([crate
+    /// docs](crate#the-rules)).
     fn extend(
         &self,
         key: &str,

@@ -188,13 +188,9 @@ impl RedisIdempotencyStore {
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
-        StoreError::backend(
-            format!(
-                "redis idempotency store at {} failed to {what}",
-                self.shared.url
-            ),
-            error,
-        )
+        let url = &self.shared.url;
+        let message = format!("redis idempotency store at {url} failed to {what}");
+        StoreError::backend(message, error)
     }
 }
 
@@ -226,19 +222,17 @@ impl IdempotencyStore for RedisIdempotencyStore {
             .invoke_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("claim a key", e))?;
+        let cap = self.shared.max_record_bytes;
         match existing {
             None => Ok(Claim::Acquired(claim)),
             // Larger than anything this store writes: not ours to decode.
-            Some(bytes) if bytes.len() > self.shared.max_record_bytes.max(4096) => {
-                Err(StoreError::new(
-                    crate::StoreErrorKind::Corrupt,
-                    format!(
-                        "the idempotency record of key {key:?} is {} bytes, over the {}-byte cap",
-                        bytes.len(),
-                        self.shared.max_record_bytes
-                    ),
-                ))
-            }
+            Some(bytes) if bytes.len() > cap.max(4096) => Err(StoreError::new(
+                crate::StoreErrorKind::Corrupt,
+                format!(
+                    "the idempotency record of key {key:?} is {} bytes, over the {cap}-byte cap",
+                    bytes.len()
+                ),
+            )),
             Some(bytes) => serde_json::from_slice::<Record>(&bytes)
                 .map(Record::into_claim)
                 .map_err(|e| {
