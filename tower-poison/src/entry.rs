@@ -121,12 +121,8 @@ pub struct EntryIdPrefix {
 impl EntryIdPrefix {
     /// The first and the last id the prefix matches.
     pub const fn range(self) -> (EntryId, EntryId) {
-        let free_bits = 4 * (32 - self.digits);
-        let high = if free_bits == 0 {
-            self.low
-        } else {
-            self.low | ((1u128 << free_bits) - 1)
-        };
+        // At most 124 free bits: the shift never overflows.
+        let high = self.low | ((1u128 << (4 * (32 - self.digits))) - 1);
         (EntryId(self.low), EntryId(high))
     }
 
@@ -157,11 +153,7 @@ impl FromStr for EntryIdPrefix {
         let digits = s.len() as u32;
         // At most 32 hex digits: always fits.
         let value = u128::from_str_radix(s, 16).map_err(|_| error())?;
-        let low = if digits == 32 {
-            value
-        } else {
-            value << (4 * (32 - digits))
-        };
+        let low = value << (4 * (32 - digits));
         Ok(EntryIdPrefix { low, digits })
     }
 }

@@ -487,14 +487,9 @@ pub fn http_request(
     }
     let redacted = |text: &[u8]| {
         text.windows(REDACTED.len())
-            .any(|window| window == REDACTED.as_bytes())
+            .any(|w| w == REDACTED.as_bytes())
     };
-    if entry
-        .uri
-        .as_deref()
-        .is_some_and(|uri| redacted(uri.as_bytes()))
-        || redacted(&entry.body)
-    {
+    if redacted(entry.uri.as_deref().unwrap_or("").as_bytes()) || redacted(&entry.body) {
         return Err(format!(
             "entry {} had a secret redacted from its URI or body; it cannot be sent as it was",
             entry.id
@@ -517,20 +512,10 @@ pub fn http_request(
     let entry_id = HeaderValue::try_from(entry.id.to_string())?;
     let mut builder = Request::builder().method(method).uri(uri);
     let mut has_key = false;
-    for header in &entry.headers {
-        if header.value == REDACTED {
-            continue;
-        }
+    let left_to_client = [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION];
+    for header in entry.headers.iter().filter(|h| h.value != REDACTED) {
         let name = HeaderName::from_bytes(header.name.as_bytes())?;
-        if [
-            HOST,
-            CONTENT_LENGTH,
-            TRANSFER_ENCODING,
-            CONNECTION,
-            replay_header.clone(),
-        ]
-        .contains(&name)
-        {
+        if left_to_client.contains(&name) || name == replay_header {
             continue;
         }
         has_key |= name == idempotency_key;

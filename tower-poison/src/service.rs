@@ -86,11 +86,8 @@ impl StoredKinds {
     }
 
     pub(crate) fn of(kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        StoredKinds(
-            kinds
-                .into_iter()
-                .fold(0, |bits, kind| bits | Self::bit(kind)),
-        )
+        let bits = kinds.into_iter().fold(0, |bits, k| bits | Self::bit(k));
+        StoredKinds(bits)
     }
 
     pub(crate) fn contains(self, kind: FailureKind) -> bool {

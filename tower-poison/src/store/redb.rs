@@ -188,11 +188,8 @@ impl RedbStoreBuilder {
     /// (default 1024: four full group commits); past it `put` waits for
     /// room. Zero is treated as one.
     pub const fn max_pending_writes(mut self, max_pending_writes: usize) -> Self {
-        self.max_pending_writes = if max_pending_writes == 0 {
-            1
-        } else {
-            max_pending_writes
-        };
+        let n = max_pending_writes;
+        self.max_pending_writes = if n == 0 { 1 } else { n };
         self
     }
 

@@ -326,6 +326,16 @@ impl RedisDeadLetterStore {
         )
     }
 
+    /// Runs `cmd`; a failure says it failed to `what`.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        let result = cmd.query_async(&mut self.connection.clone()).await;
+        result.map_err(|e| self.failed(what, e))
+    }
+
     /// Up to `count` ids greater than `after` (all, from the first, when
     /// `None`), in id order.
     async fn ids_after(
@@ -334,16 +344,10 @@ impl RedisDeadLetterStore {
         count: usize,
     ) -> Result<Vec<String>, StoreError> {
         let min = after.map_or_else(|| "-".to_owned(), |after| format!("({after}"));
-        redis::cmd("ZRANGEBYLEX")
-            .arg(&self.shared.keys.ids)
-            .arg(min)
-            .arg("+")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(count)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("ZRANGEBYLEX");
+        cmd.arg(&self.shared.keys.ids).arg(min).arg("+");
+        self.query(cmd.arg("LIMIT").arg(0).arg(count), "read the entry ids")
             .await
-            .map_err(|e| self.failed("read the entry ids", e))
     }
 
     /// The JSON of each of `ids` (`None` for one removed since it was
@@ -352,12 +356,9 @@ impl RedisDeadLetterStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        redis::cmd("HMGET")
-            .arg(&self.shared.keys.entries)
-            .arg(ids)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("HMGET");
+        self.query(cmd.arg(&self.shared.keys.entries).arg(ids), "read entries")
             .await
-            .map_err(|e| self.failed("read entries", e))
     }
 
     /// Removes `entries` (id, and the JSON each must still have, or empty
@@ -419,12 +420,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
-        let json: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(&self.shared.keys.entries)
-            .arg(id.to_string())
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&self.shared.keys.entries).arg(id.to_string());
+        let json: Option<Vec<u8>> = self.query(&cmd, &format!("read entry {id}")).await?;
         json.as_deref().map(decode).transpose()
     }
 
@@ -580,11 +578,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        redis::cmd("HLEN")
-            .arg(&self.shared.keys.entries)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("HLEN");
+        self.query(cmd.arg(&self.shared.keys.entries), "count the entries")
             .await
-            .map_err(|e| self.failed("count the entries", e))
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
