@@ -1,11 +1,5 @@
-//! Counting the attempts a retry layer makes below the dead-letter layer.
-//!
-//! [`DeadLetter`](crate::DeadLetter) makes a tally current on its thread
-//! while it calls the inner service and while it polls the call's future
-//! (see [`tower_classify::attempts`]). A retry layer of this family below
-//! it reports its own attempts there; under any other retry layer (tower's
-//! own), [`CountAttempts`] counts each attempt that goes by (same task, as
-//! a retry layer's attempts are).
+//! Counting the attempts a retry layer makes below the dead-letter layer (see
+//! the crate docs' [layer order](crate#layer-order)).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -160,32 +160,7 @@ impl From<StoreError> for ReplayError {
 
 /// Replays entries of one store: [`replay`](Self::replay) sends one entry,
 /// claiming it first for a lease of five minutes, or
-/// [another](Self::lease).
-///
-/// ```
-/// # tokio_test::block_on(async {
-/// use std::time::Duration;
-/// use tower_classify::ErrorChainClassifier;
-/// use tower_poison::replay::{ReplayOutcome, Replayer};
-/// use tower_poison::store::MemoryStore;
-/// use tower_poison::EntryId;
-///
-/// let store = MemoryStore::new(100);
-/// // A job that may take up to a minute: hold each entry for two.
-/// let replayer = Replayer::new(&store).lease(Duration::from_secs(120));
-/// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
-///     Ok::<_, std::io::Error>(body.len())
-/// });
-/// let missing: EntryId = "0190c3a1000000000000000000000007".parse().unwrap();
-/// let outcome = replayer
-///     .replay(missing, &mut handler, &ErrorChainClassifier::new(), |entry| {
-///         Ok(entry.body.clone())
-///     })
-///     .await
-///     .unwrap();
-/// assert_eq!(outcome, ReplayOutcome::NotFound);
-/// # });
-/// ```
+/// [another](Self::lease) (an example is on [`replay`](Self::replay)).
 #[derive(Debug, Clone, Copy)]
 pub struct Replayer<'a, St, D = ()> {
     store: &'a St,
