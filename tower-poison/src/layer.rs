@@ -102,12 +102,9 @@ impl<St> DeadLetterLayer<St> {
         }
     }
 
-    /// A layer for a server: writes to `store` with the HTTP defaults, and
-    /// stores only the failures of [`SERVER_KINDS`] (5xx, timeouts,
-    /// connection failures, rate limiting and poison). Add `4xx`
-    /// ([`Rejected`](FailureKind::Rejected)) with
-    /// [`store_kinds`](Self::store_kinds), shed refusals with
-    /// [`store_refusals`](Self::store_refusals).
+    /// A layer for a server: [`new`](Self::new), storing only the failures
+    /// of [`SERVER_KINDS`]; add others with [`store_kinds`](Self::store_kinds)
+    /// or [`store_refusals`](Self::store_refusals).
     pub fn for_server(store: St) -> Self {
         Self::new(store).store_kinds(SERVER_KINDS)
     }

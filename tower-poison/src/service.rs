@@ -23,19 +23,10 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
 /// Writes calls that finally failed to a dead-letter store.
 ///
-/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The crate docs say
-/// what it does on each outcome and which errors it adds: its error type is
-/// [`BoxError`], and the inner service's error comes back in it unchanged
-/// (never wrapped), so `downcast_ref::<YourError>()` still finds it. An HTTP
-/// request's body streams to the inner service as a
-/// [`ReplayBody`](http_body_replay::ReplayBody) (see
-/// [`HttpCapture`](crate::HttpCapture)), the response's in a
-/// [`SettleBody`](tower_classify::SettleBody) that settles a call the
-/// classifier left open at the head ([`OpenCall`](crate::OpenCall)).
-///
-/// The inner service must be `Clone + Send + 'static`:
-/// [`PoisonPolicy`](crate::PoisonPolicy) says why. A service that is not
-/// `Clone` goes behind tower's `Buffer`.
+/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The [crate docs](crate)
+/// say what it does on each outcome, which errors it adds (the inner
+/// service's comes back unchanged in the [`BoxError`]), which body types it
+/// hands on, and why the inner service must be `Clone + Send + 'static`.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
@@ -503,19 +494,10 @@ where
     /// carried [`REPLAY_HEADER`]) continues that entry's history instead of
     /// starting a second entry.
     ///
-    /// The mark is a claim the caller makes, so it is checked: the entry must
-    /// have this layer's label and the same request (method, path and query,
-    /// body, as stored). Anything else (another request carrying a copied
-    /// mark, an entry the store does not have, a store that cannot be read)
-    /// is stored as a new entry, so no failure is lost and no entry takes on
-    /// another request's history.
-    ///
-    /// The replay's failure goes to the entry's
-    /// [replay history](DeadLetterEntry::replays) (with the response's
-    /// `status`, when it has one): the entry's own error and kind stay those
-    /// of the original failure. Whether the call got a response
-    /// (`responded`) and its status are the replay's
-    /// [answer](ReplayAnswer), which decides the next replay's key.
+    /// The mark is checked as the [replay module](crate::replay#a-replay-that-fails-again)
+    /// states; an entry the store does not have, or a store that cannot be
+    /// read, also makes a new entry. Whether the call got a response
+    /// (`responded`) and its `status` are the replay's [answer](ReplayAnswer).
     async fn continue_replayed(
         &self,
         mut entry: DeadLetterEntry,

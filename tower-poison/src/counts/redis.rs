@@ -49,15 +49,11 @@ use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 ///
 /// # Failures
 ///
-/// While Redis is unreachable, counting fails: the layer fails the delivery
-/// with [`CountStoreFailed`](crate::error::CountStoreFailed) without calling
-/// the inner service, and the queue redelivers it later. A count that
-/// cannot be *forgotten* after a success is only logged (`warn`).
+/// While Redis is unreachable, counting fails with
+/// [`CountStoreFailed`](crate::error::CountStoreFailed); a count that cannot
+/// be *forgotten* after a success is only logged (`warn`).
 ///
 /// # Example
-///
-/// Every consumer of the `orders` queue shares one count, so a message is
-/// diverted after 3 deliveries in all, not 3 to each consumer:
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
