@@ -27,11 +27,8 @@ impl EntryId {
     /// writing to the same store, still differ.
     pub(crate) fn generate(now: SystemTime) -> Self {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let millis = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis()
-            & ((1 << 48) - 1);
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let millis = since.as_millis() & ((1 << 48) - 1);
         let count = COUNTER.fetch_add(1, Ordering::Relaxed) as u128 & 0xffff;
         let random = fastrand::u64(..) as u128;
         EntryId((millis << 80) | (count << 64) | random)
@@ -542,17 +539,12 @@ pub fn error_chain(error: &(dyn Error + 'static)) -> Vec<String> {
 mod kind_serde {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(
-        kind: &FailureKind,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(kind.as_str())
+    pub(super) fn serialize<S: Serializer>(kind: &FailureKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_str())
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<FailureKind, D::Error> {
-        let name = String::deserialize(deserializer)?;
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FailureKind, D::Error> {
+        let name = String::deserialize(d)?;
         name.parse()
             .map_err(|_| serde::de::Error::custom(format!("unknown failure kind {name:?}")))
     }
@@ -562,22 +554,13 @@ mod kind_serde {
 mod time_serde {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(
-        time: &SystemTime,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let millis = time
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        serializer.serialize_u64(millis)
+    pub(super) fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+        s.serialize_u64(since.as_millis() as u64)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<SystemTime, D::Error> {
-        let millis = u64::deserialize(deserializer)?;
-        Ok(UNIX_EPOCH + Duration::from_millis(millis))
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        Ok(UNIX_EPOCH + Duration::from_millis(u64::deserialize(d)?))
     }
 }
 
@@ -593,18 +576,16 @@ pub(crate) mod body_serde {
         Hex(String),
     }
 
-    pub(crate) fn serialize<S: Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(body: &Bytes, s: S) -> Result<S::Ok, S::Error> {
         match std::str::from_utf8(body) {
             Ok(text) => Stored::Utf8(text.to_owned()),
             Err(_) => Stored::Hex(body.iter().map(|b| format!("{b:02x}")).collect()),
         }
-        .serialize(serializer)
+        .serialize(s)
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Bytes, D::Error> {
-        match Stored::deserialize(deserializer)? {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        match Stored::deserialize(d)? {
             Stored::Utf8(text) => Ok(Bytes::from(text)),
             Stored::Hex(hex) => {
                 if hex.len() % 2 != 0 {
