@@ -132,12 +132,7 @@ impl MemoryFailureCounts {
 
 impl Default for MemoryFailureCounts {
     fn default() -> Self {
-        MemoryFailureCounts {
-            inner: Arc::new(Inner {
-                capacity: Self::DEFAULT_CAPACITY,
-                state: Mutex::new(State::default()),
-            }),
-        }
+        Self::new(Self::DEFAULT_CAPACITY).expect("the default capacity is not zero")
     }
 }
 
