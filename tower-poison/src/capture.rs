@@ -408,21 +408,8 @@ pub struct DescribeFn<F> {
 
 /// Captures requests of any type (queue messages, RPC requests) with a
 /// closure that describes one as a [`RequestRecord`]. The request passes to
-/// the inner service unchanged.
-///
-/// ```
-/// use bytes::Bytes;
-/// use tower_poison::{describe_fn, RequestRecord};
-///
-/// struct Message { id: String, payload: Bytes }
-///
-/// let capture = describe_fn(|message: &Message| RequestRecord {
-///     message_id: Some(message.id.clone()),
-///     body: message.payload.clone(),
-///     ..RequestRecord::default()
-/// });
-/// # let _ = capture;
-/// ```
+/// the inner service unchanged (the crate docs'
+/// [poison messages](crate#poison-messages) example uses one).
 ///
 /// The closure sees the whole message: keep the body it records small (the
 /// layer stores what it is given).

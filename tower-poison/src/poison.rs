@@ -286,15 +286,13 @@ impl PoisonCounting {
 
 impl fmt::Debug for PoisonCounting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let store = match &self.store {
+            Counts::Memory(memory) => format!("{memory:?}"),
+            Counts::Store(store) => store.name().to_owned(),
+        };
         f.debug_struct("PoisonCounting")
             .field("policy", &self.policy)
-            .field(
-                "store",
-                &match &self.store {
-                    Counts::Memory(memory) => format!("{memory:?}"),
-                    Counts::Store(store) => store.name().to_owned(),
-                },
-            )
+            .field("store", &store)
             .finish_non_exhaustive()
     }
 }

@@ -169,9 +169,8 @@ fn queue_tag(queue: &str) -> String {
 }
 
 fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis())
-        .unwrap_or(u64::MAX)
-        .clamp(1, MAX_TTL_MS)
+    let millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    millis.clamp(1, MAX_TTL_MS)
 }
 
 /// KEYS = the count's hash; ARGV = now (ms), TTL (ms). Returns
@@ -198,11 +197,9 @@ impl RedisFailureCounts {
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
+        let url = &self.shared.url;
         StoreError::backend(
-            format!(
-                "redis delivery counts at {} failed to {what}",
-                self.shared.url
-            ),
+            format!("redis delivery counts at {url} failed to {what}"),
             error,
         )
     }

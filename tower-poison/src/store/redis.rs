@@ -109,13 +109,11 @@ struct Keys {
 impl Keys {
     fn new(name: String) -> Result<Self, StoreError> {
         if name.is_empty() || name.starts_with('}') {
-            return Err(StoreError::new(
-                StoreErrorKind::Backend,
-                format!(
-                    "invalid redis dead-letter queue name {name:?}: it must not be empty \
-                     or start with `}}` (it is the keys' hash tag)"
-                ),
-            ));
+            let invalid = format!(
+                "invalid redis dead-letter queue name {name:?}: it must not be empty \
+                 or start with `}}` (it is the keys' hash tag)"
+            );
+            return Err(StoreError::new(StoreErrorKind::Backend, invalid));
         }
         let base = format!("tower-poison:{{{name}}}:");
         Ok(Keys {
@@ -306,24 +304,19 @@ impl RedisDeadLetterStore {
         RedisDeadLetterStoreBuilder::new()
     }
 
+    /// How messages name the store.
+    fn name(&self) -> String {
+        let Shared { keys, url, .. } = &*self.shared;
+        format!("redis dead-letter store {} at {url}", keys.name)
+    }
+
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
-        StoreError::backend(
-            format!(
-                "redis dead-letter store {} at {} failed to {what}",
-                self.shared.keys.name, self.shared.url
-            ),
-            error,
-        )
+        StoreError::backend(format!("{} failed to {what}", self.name()), error)
     }
 
     fn full(&self, what: String) -> StoreError {
-        StoreError::new(
-            StoreErrorKind::Full,
-            format!(
-                "redis dead-letter store {} at {} is full: {what}",
-                self.shared.keys.name, self.shared.url
-            ),
-        )
+        let full = format!("{} is full: {what}", self.name());
+        StoreError::new(StoreErrorKind::Full, full)
     }
 
     /// Runs `cmd`; a failure says it failed to `what`.
