@@ -16,6 +16,7 @@ use crate::counts::DynFailureCountStore;
 use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
+use crate::observability::{DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
 use crate::redact::Redactor;
 use crate::replay::REPLAY_HEADER;
@@ -438,10 +439,8 @@ where
                 (attempts, first.min(now))
             }
         };
-        let key = match &record.message_id {
-            Some(id) => id.clone(),
-            None => format!("{}/{}", self.label, kind),
-        };
+        let key = record.message_id.clone();
+        let key = key.unwrap_or_else(|| format!("{}/{kind}", self.label));
         let entry = self.entry(record, kind, error, attempts, first, now);
         let entry = self.continue_replayed(entry, responded, status).await;
         let entry_id = entry.id;
@@ -535,25 +534,16 @@ where
                 let (id, attempts) = (entry.id, entry.attempts);
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
-                let path = entry
-                    .uri
-                    .as_deref()
-                    .map(crate::redact::path_of)
-                    .unwrap_or_default()
-                    .to_owned();
+                let uri = entry.uri.as_deref().unwrap_or_default();
+                let path = crate::redact::path_of(uri).to_owned();
                 match self.store.put_with_depth(entry).await {
-                    Ok(Some(depth)) => metrics::gauge!(
-                        crate::observability::DLQ_DEPTH,
-                        "label" => label.to_owned()
-                    )
-                    .set(depth as f64),
+                    Ok(Some(depth)) => {
+                        metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
+                    }
                     Ok(None) => {}
                     Err(error) if error.kind() == StoreErrorKind::Full => {
-                        metrics::counter!(
-                            crate::observability::STORE_FULL_TOTAL,
-                            "label" => label.to_owned()
-                        )
-                        .increment(1);
+                        metrics::counter!(STORE_FULL_TOTAL, "label" => label.to_owned())
+                            .increment(1);
                         if let Some(held_back) = full_warning_limit(label).check() {
                             tracing::warn!(
                                 entry_id = %id, label, kind, error = %error,
@@ -593,13 +583,9 @@ where
             Action::Drop => tracing::debug!(label, key, kind, "dropped a failed call"),
             Action::Fail => tracing::debug!(label, kind, "failed call propagated, not stored"),
         }
-        metrics::counter!(
-            crate::observability::DEAD_LETTERED_TOTAL,
-            "action" => action.as_str(),
-            "kind" => kind,
-            "label" => label.to_owned()
-        )
-        .increment(1);
+        let (action, label) = (action.as_str(), label.to_owned());
+        metrics::counter!(DEAD_LETTERED_TOTAL, "action" => action, "kind" => kind, "label" => label)
+            .increment(1);
         Ok(())
     }
 }
