@@ -474,13 +474,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("find ids by prefix", e))?;
-        let ids = found
-            .iter()
-            .map(|id| {
-                id.parse::<EntryId>()
-                    .map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let parse = |id: &String| id.parse::<EntryId>();
+        let ids = found.iter().map(parse).collect::<Result<Vec<_>, _>>();
+        let ids = ids.map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))?;
         Ok(PrefixMatches { count, ids })
     }
 
@@ -499,11 +495,8 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 if filter.matches(&entry) {
                     // Only an entry unchanged since it was read goes, unless
                     // everything goes.
-                    let guard = if filter.failed_before.is_some() {
-                        json.as_slice()
-                    } else {
-                        b""
-                    };
+                    let all = filter.failed_before.is_none();
+                    let guard: &[u8] = if all { b"" } else { json };
                     matching.push((entry.id, guard));
                 }
             }
