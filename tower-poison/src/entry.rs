@@ -387,11 +387,8 @@ impl ReplayRecord {
 
 /// `chain` cut to [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
 pub(crate) fn clip_chain(chain: Vec<String>) -> Vec<String> {
-    chain
-        .into_iter()
-        .take(ERROR_LEVELS)
-        .map(|message| clip_message(message, ERROR_BYTES))
-        .collect()
+    let clip = |message| clip_message(message, ERROR_BYTES);
+    chain.into_iter().take(ERROR_LEVELS).map(clip).collect()
 }
 
 /// `message` cut to at most `max` bytes at a character boundary, with `…`

@@ -71,10 +71,8 @@ impl StoredKinds {
     }
 
     fn bit(kind: FailureKind) -> u16 {
-        FailureKind::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .map_or(0, |index| 1 << index)
+        let index = FailureKind::ALL.iter().position(|k| *k == kind);
+        index.map_or(0, |index| 1 << index)
     }
 
     pub(crate) fn of(kinds: impl IntoIterator<Item = FailureKind>) -> Self {

@@ -453,13 +453,8 @@ impl DeadLetterStore for RedbStore {
             || StoreError::new(StoreErrorKind::Backend, "dead-letter store writer stopped");
         // Waits for room in the writer's queue: the back-pressure that keeps
         // a slow disk from growing memory.
-        self.inner
-            .writer
-            .as_ref()
-            .ok_or_else(closed)?
-            .send(put)
-            .await
-            .map_err(|_| closed())?;
+        let writer = self.inner.writer.as_ref().ok_or_else(closed)?;
+        writer.send(put).await.map_err(|_| closed())?;
         acked.await.map_err(|_| closed())?.map(Some)
     }
 

@@ -366,10 +366,8 @@ impl RedisDeadLetterStore {
             .key(&keys.labels)
             .key(&keys.unreleased_claims);
         for (id, json) in entries {
-            invocation
-                .key(keys.claim(*id))
-                .arg(id.to_string())
-                .arg(*json);
+            let claim = keys.claim(*id);
+            invocation.key(claim).arg(id.to_string()).arg(*json);
         }
         invocation
             .invoke_async(&mut self.connection.clone())
