@@ -262,12 +262,10 @@ pub struct DeadLetterEntry {
     /// be run at all.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
-    /// A replay under the current key got no answer from the server itself
-    /// (a timeout, a lost connection, a gateway's 502 or 504), or the claim
-    /// before a replay's lapsed unreleased, so it may have been applied: from then on the key no
-    /// longer moves, and a server that honours it cannot run the request
-    /// twice. (A guard that kept a failure under it answers that failure
-    /// until its record expires.)
+    /// The key no longer moves: a replay under it may have been applied (the
+    /// [replay module](crate::replay#delivered-once) says when), and a server
+    /// that honours it cannot run the request twice. (A guard that kept a
+    /// failure under it answers that failure until its record expires.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay_key_pinned: bool,
 }

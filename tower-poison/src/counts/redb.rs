@@ -158,10 +158,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
         }
     };
     txn.commit().map_err(backend)?;
-    Ok(DeliveryTally {
-        deliveries,
-        first_delivered_at: time_from_millis(first),
-    })
+    Ok(DeliveryTally::new(deliveries, time_from_millis(first)))
 }
 
 fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {

@@ -221,10 +221,8 @@ impl FailureCountStore for RedisFailureCounts {
         let first = first.parse::<u64>().map_err(|e| {
             StoreError::corrupt(format!("delivery count {} has a bad time", key.as_str()), e)
         })?;
-        Ok(DeliveryTally {
-            deliveries: u32::try_from(deliveries.max(1)).unwrap_or(u32::MAX),
-            first_delivered_at: time_from_millis(first),
-        })
+        let deliveries = u32::try_from(deliveries.max(1)).unwrap_or(u32::MAX);
+        Ok(DeliveryTally::new(deliveries, time_from_millis(first)))
     }
 
     async fn forget(&self, key: &MessageKey) -> Result<(), StoreError> {
