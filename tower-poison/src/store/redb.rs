@@ -310,9 +310,7 @@ fn add_label(
 
 /// The label of the stored entry `bytes` (`None` when it does not decode).
 fn label_of(bytes: &[u8]) -> Option<String> {
-    DeadLetterEntry::from_bytes(bytes)
-        .ok()
-        .map(|entry| entry.label)
+    DeadLetterEntry::from_bytes(bytes).ok().map(|e| e.label)
 }
 
 /// Takes `count` off the depth counter, after the commit that removed them.
@@ -473,10 +471,7 @@ impl DeadLetterStore for RedbStore {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
             // After the greatest id there is nothing.
-            let Some(start) = query
-                .after
-                .map_or(Some(0), |after| after.as_u128().checked_add(1))
-            else {
+            let Some(start) = query.after.map_or(Some(0), |a| a.as_u128().checked_add(1)) else {
                 return Ok(Page::new(Vec::new(), None));
             };
             let limit = query.limit.max(1);
