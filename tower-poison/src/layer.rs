@@ -171,9 +171,8 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// that one kind from the [`store_kinds`](Self::store_kinds) set, so
     /// call it after `store_kinds` or [`for_server`](DeadLetterLayer::for_server).
     ///
-    /// The crate docs say why they are not stored by default; store them
-    /// when the caller cannot retry (fire-and-forget calls), and replay
-    /// them once the dependency is back.
+    /// The [crate docs](crate#quick-example) say why they are not stored by
+    /// default, and when to store them.
     pub fn store_refusals(mut self, yes: bool) -> Self {
         self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
         self

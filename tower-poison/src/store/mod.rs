@@ -5,9 +5,8 @@
 //!
 //! # Limits
 //!
-//! Every store is bounded (the durable ones by entries and encoded bytes). A
-//! `put` past a limit fails with [`StoreErrorKind::Full`] and keeps nothing;
-//! nothing stored is evicted to make room (dead letters are evidence).
+//! A `put` past a limit fails with [`StoreErrorKind::Full`] and keeps nothing
+//! (the crate docs' [stores](crate#stores) say why nothing is evicted).
 //! Replacing an entry counts only the difference in size, and one no larger
 //! always succeeds; `remove` and `purge` give their bytes back; `u64::MAX`
 //! lifts a limit.
