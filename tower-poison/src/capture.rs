@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::HeaderName;
 use http::{Request, Response};
 use http_body::Body;
@@ -205,11 +205,7 @@ where
         record.body = match recording.data() {
             [] => Bytes::new(),
             [one] => one.clone(),
-            frames => {
-                let mut all = BytesMut::with_capacity(recording.bytes_read() as usize);
-                frames.iter().for_each(|frame| all.extend_from_slice(frame));
-                all.freeze()
-            }
+            frames => Bytes::from(frames.concat()),
         };
         record.body_truncated = !recording.is_complete();
         record.body_len = record.body_truncated.then_some(recording.bytes_read());
