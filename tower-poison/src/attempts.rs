@@ -1,11 +1,5 @@
-//! Counting the attempts a retry layer makes below the dead-letter layer.
-//!
-//! [`DeadLetter`](crate::DeadLetter) makes a tally current on its thread
-//! while it calls the inner service and while it polls the call's future
-//! (see [`tower_classify::attempts`]). A retry layer of this family below
-//! it reports its own attempts there; under any other retry layer (tower's
-//! own), [`CountAttempts`] counts each attempt that goes by (same task, as
-//! a retry layer's attempts are).
+//! Counting the attempts a retry layer makes below the dead-letter layer (see
+//! the crate docs' [layer order](crate#layer-order)).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -51,16 +45,10 @@ impl AttemptCounter {
 
     /// Notes that an attempt finished at `now` (only the first is kept).
     pub(crate) fn record_done(&self, now: SystemTime) {
-        let millis = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        let _ = self.inner.first_done.compare_exchange(
-            0,
-            millis.max(1),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let millis = (since.as_millis() as u64).max(1);
+        let first_done = &self.inner.first_done;
+        let _ = first_done.compare_exchange(0, millis, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// How many attempts were counted.
@@ -80,10 +68,8 @@ impl AttemptCounter {
     /// its [`RequestRecord`](crate::RequestRecord).
     pub(crate) fn settled(attempts: Attempts) -> Self {
         let counter = AttemptCounter::default();
-        counter
-            .inner
-            .started
-            .store(attempts.started, Ordering::Relaxed);
+        let started = &counter.inner.started;
+        started.store(attempts.started, Ordering::Relaxed);
         if let Some(first_done) = attempts.first_done {
             counter.record_done(first_done);
         }
@@ -155,12 +141,10 @@ impl<F: Future> Future for Tallied<F> {
                 return Poll::Pending;
             }
         };
-        let first_done = match this.first_done {
-            Some(at) => Some(*at),
-            // Later attempts began in the poll the first one ended in.
-            None if this.tally.started > 1 => Some(SystemTime::now()),
-            None => None,
-        };
+        // Without a time, later attempts began in the poll the first one ended in.
+        let first_done = this
+            .first_done
+            .or_else(|| (this.tally.started > 1).then(SystemTime::now));
         let attempts = Attempts {
             started: this.tally.started,
             first_done,

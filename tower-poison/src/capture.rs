@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::HeaderName;
 use http::{Request, Response};
 use http_body::Body;
@@ -205,11 +205,7 @@ where
         record.body = match recording.data() {
             [] => Bytes::new(),
             [one] => one.clone(),
-            frames => {
-                let mut all = BytesMut::with_capacity(recording.bytes_read() as usize);
-                frames.iter().for_each(|frame| all.extend_from_slice(frame));
-                all.freeze()
-            }
+            frames => Bytes::from(frames.concat()),
         };
         record.body_truncated = !recording.is_complete();
         record.body_len = record.body_truncated.then_some(recording.bytes_read());
@@ -408,21 +404,8 @@ pub struct DescribeFn<F> {
 
 /// Captures requests of any type (queue messages, RPC requests) with a
 /// closure that describes one as a [`RequestRecord`]. The request passes to
-/// the inner service unchanged.
-///
-/// ```
-/// use bytes::Bytes;
-/// use tower_poison::{describe_fn, RequestRecord};
-///
-/// struct Message { id: String, payload: Bytes }
-///
-/// let capture = describe_fn(|message: &Message| RequestRecord {
-///     message_id: Some(message.id.clone()),
-///     body: message.payload.clone(),
-///     ..RequestRecord::default()
-/// });
-/// # let _ = capture;
-/// ```
+/// the inner service unchanged (the crate docs'
+/// [poison messages](crate#poison-messages) example uses one).
 ///
 /// The closure sees the whole message: keep the body it records small (the
 /// layer stores what it is given).

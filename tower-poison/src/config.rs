@@ -124,16 +124,17 @@ pub enum DeliveryCountConfig {
 impl DeliveryCountConfig {
     /// The reader, or an error naming the field.
     pub(crate) fn build(&self) -> Result<DeliveryCount, ConfigError> {
+        let named = |name: &str, field: &str| header_name(name).map_err(|e| e.within(field));
         Ok(match self {
             DeliveryCountConfig::Sqs => DeliveryCount::sqs(),
             DeliveryCountConfig::Rabbitmq => DeliveryCount::rabbitmq(),
             DeliveryCountConfig::RedisStreams => DeliveryCount::redis_streams(),
             DeliveryCountConfig::Deliveries(name) => {
-                DeliveryCount::deliveries(header_name(name).map_err(|e| e.within("deliveries"))?)
+                DeliveryCount::deliveries(named(name, "deliveries")?)
             }
-            DeliveryCountConfig::Redeliveries(name) => DeliveryCount::redeliveries(
-                header_name(name).map_err(|e| e.within("redeliveries"))?,
-            ),
+            DeliveryCountConfig::Redeliveries(name) => {
+                DeliveryCount::redeliveries(named(name, "redeliveries")?)
+            }
         })
     }
 }

@@ -27,11 +27,8 @@ impl EntryId {
     /// writing to the same store, still differ.
     pub(crate) fn generate(now: SystemTime) -> Self {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let millis = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis()
-            & ((1 << 48) - 1);
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let millis = since.as_millis() & ((1 << 48) - 1);
         let count = COUNTER.fetch_add(1, Ordering::Relaxed) as u128 & 0xffff;
         let random = fastrand::u64(..) as u128;
         EntryId((millis << 80) | (count << 64) | random)
@@ -121,12 +118,8 @@ pub struct EntryIdPrefix {
 impl EntryIdPrefix {
     /// The first and the last id the prefix matches.
     pub const fn range(self) -> (EntryId, EntryId) {
-        let free_bits = 4 * (32 - self.digits);
-        let high = if free_bits == 0 {
-            self.low
-        } else {
-            self.low | ((1u128 << free_bits) - 1)
-        };
+        // At most 124 free bits: the shift never overflows.
+        let high = self.low | ((1u128 << (4 * (32 - self.digits))) - 1);
         (EntryId(self.low), EntryId(high))
     }
 
@@ -157,11 +150,7 @@ impl FromStr for EntryIdPrefix {
         let digits = s.len() as u32;
         // At most 32 hex digits: always fits.
         let value = u128::from_str_radix(s, 16).map_err(|_| error())?;
-        let low = if digits == 32 {
-            value
-        } else {
-            value << (4 * (32 - digits))
-        };
+        let low = value << (4 * (32 - digits));
         Ok(EntryIdPrefix { low, digits })
     }
 }
@@ -273,12 +262,10 @@ pub struct DeadLetterEntry {
     /// be run at all.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
-    /// A replay under the current key got no answer from the server itself
-    /// (a timeout, a lost connection, a gateway's 502 or 504), or the claim
-    /// before a replay's lapsed unreleased, so it may have been applied: from then on the key no
-    /// longer moves, and a server that honours it cannot run the request
-    /// twice. (A guard that kept a failure under it answers that failure
-    /// until its record expires.)
+    /// The key no longer moves: a replay under it may have been applied (the
+    /// [replay module](crate::replay#delivered-once) says when), and a server
+    /// that honours it cannot run the request twice. (A guard that kept a
+    /// failure under it answers that failure until its record expires.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay_key_pinned: bool,
 }
@@ -398,11 +385,8 @@ impl ReplayRecord {
 
 /// `chain` cut to [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
 pub(crate) fn clip_chain(chain: Vec<String>) -> Vec<String> {
-    chain
-        .into_iter()
-        .take(ERROR_LEVELS)
-        .map(|message| clip_message(message, ERROR_BYTES))
-        .collect()
+    let clip = |message| clip_message(message, ERROR_BYTES);
+    chain.into_iter().take(ERROR_LEVELS).map(clip).collect()
 }
 
 /// `message` cut to at most `max` bytes at a character boundary, with `…`
@@ -550,17 +534,12 @@ pub fn error_chain(error: &(dyn Error + 'static)) -> Vec<String> {
 mod kind_serde {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(
-        kind: &FailureKind,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(kind.as_str())
+    pub(super) fn serialize<S: Serializer>(kind: &FailureKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_str())
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<FailureKind, D::Error> {
-        let name = String::deserialize(deserializer)?;
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FailureKind, D::Error> {
+        let name = String::deserialize(d)?;
         name.parse()
             .map_err(|_| serde::de::Error::custom(format!("unknown failure kind {name:?}")))
     }
@@ -570,22 +549,13 @@ mod kind_serde {
 mod time_serde {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(
-        time: &SystemTime,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let millis = time
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        serializer.serialize_u64(millis)
+    pub(super) fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+        s.serialize_u64(since.as_millis() as u64)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<SystemTime, D::Error> {
-        let millis = u64::deserialize(deserializer)?;
-        Ok(UNIX_EPOCH + Duration::from_millis(millis))
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        Ok(UNIX_EPOCH + Duration::from_millis(u64::deserialize(d)?))
     }
 }
 
@@ -601,18 +571,16 @@ pub(crate) mod body_serde {
         Hex(String),
     }
 
-    pub(crate) fn serialize<S: Serializer>(body: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(body: &Bytes, s: S) -> Result<S::Ok, S::Error> {
         match std::str::from_utf8(body) {
             Ok(text) => Stored::Utf8(text.to_owned()),
             Err(_) => Stored::Hex(body.iter().map(|b| format!("{b:02x}")).collect()),
         }
-        .serialize(serializer)
+        .serialize(s)
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Bytes, D::Error> {
-        match Stored::deserialize(deserializer)? {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        match Stored::deserialize(d)? {
             Stored::Utf8(text) => Ok(Bytes::from(text)),
             Stored::Hex(hex) => {
                 if hex.len() % 2 != 0 {

@@ -102,12 +102,9 @@ impl<St> DeadLetterLayer<St> {
         }
     }
 
-    /// A layer for a server: writes to `store` with the HTTP defaults, and
-    /// stores only the failures of [`SERVER_KINDS`] (5xx, timeouts,
-    /// connection failures, rate limiting and poison). Add `4xx`
-    /// ([`Rejected`](FailureKind::Rejected)) with
-    /// [`store_kinds`](Self::store_kinds), shed refusals with
-    /// [`store_refusals`](Self::store_refusals).
+    /// A layer for a server: [`new`](Self::new), storing only the failures
+    /// of [`SERVER_KINDS`]; add others with [`store_kinds`](Self::store_kinds)
+    /// or [`store_refusals`](Self::store_refusals).
     pub fn for_server(store: St) -> Self {
         Self::new(store).store_kinds(SERVER_KINDS)
     }
@@ -174,9 +171,8 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// that one kind from the [`store_kinds`](Self::store_kinds) set, so
     /// call it after `store_kinds` or [`for_server`](DeadLetterLayer::for_server).
     ///
-    /// The crate docs say why they are not stored by default; store them
-    /// when the caller cannot retry (fire-and-forget calls), and replay
-    /// them once the dependency is back.
+    /// The [crate docs](crate#quick-example) say why they are not stored by
+    /// default, and when to store them.
     pub fn store_refusals(mut self, yes: bool) -> Self {
         self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
         self

@@ -25,23 +25,11 @@ pub(crate) fn replayed(label: &str, outcome: &'static str) {
 /// an exporter installed before they are built describes every series; call
 /// it yourself after installing a recorder later. Repeating it is harmless.
 ///
-/// # What a dead-letter layer reports
-///
-/// Every metric carries the layer's [label](crate::DeadLetterLayer::label):
-///
-/// | metric | type | labels | meaning |
-/// |---|---|---|---|
-/// | `tower_poison_dead_lettered_total` | counter | `action`, `kind`, `label` | failed calls the [action](crate::Action) disposed of, by their [`FailureKind`](tower_classify::FailureKind) (`poison` for poison input) |
-/// | `tower_poison_dlq_depth` | gauge | `label` | entries the layer's label has in the store, from the write's own result (no extra round trip) |
-/// | `tower_poison_dlq_store_full_total` | counter | `label` | calls a full store refused ([`StoreFull`](crate::error::StoreFull)) |
-/// | `tower_poison_replayed_total` | counter | `label` (the entry's), `outcome` | replays a [`Replayer`](crate::replay::Replayer) in this process finished: `delivered` (removed), `failed` (kept, the failure added), `gone` (removed by someone else while it ran) |
-///
-/// A refusal of a full store is logged at `warn` at most once every 10 s
-/// per label (with `since_last_warning`, the refusals held back since), the
-/// others at `debug`; a refused call is not counted as dead-lettered. Each dead-lettered call is a `tracing` event (`warn` for
-/// a stored entry, with the entry id, label, kind, attempts and the URI's
-/// path; see [`Action`](crate::Action) for the other actions). A call that
-/// succeeds records no metric and emits no event.
+/// The crate docs' [observability](crate#observability) section lists the
+/// metrics and events. A refusal of a full store is logged at `warn` at most
+/// once every 10 s per label (with `since_last_warning`, the refusals held
+/// back since), the others at `debug`; a refused call is not counted as
+/// dead-lettered. The other actions log as [`Action`](crate::Action) says.
 ///
 /// # The depth gauge
 ///

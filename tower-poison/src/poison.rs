@@ -32,20 +32,9 @@ use crate::store::StoreError;
 /// classified [`Poison`](tower_classify::FailureKind::Poison) is stored at once. A success
 /// forgets the message's count.
 ///
-/// # Where the count comes from
-///
-/// - The queue's own count, when the request carries one (a
-///   [`DeliveryCount`](crate::DeliveryCount) header or a
-///   [`DeliveryAttempt`](crate::DeliveryAttempt) extension): authoritative,
-///   and no store is asked.
-/// - Otherwise a [`FailureCountStore`](crate::counts::FailureCountStore),
-///   which counts each delivery *before* the inner service runs, so a
-///   delivery whose worker crashes still counts. By default
-///   [`MemoryFailureCounts`] with this policy's `capacity` (10 000 message
-///   ids; past that the id counted longest ago is forgotten, so an unbounded
-///   stream of distinct failing ids cannot exhaust memory). A fleet of
-///   consumers shares a [`RedisFailureCounts`](crate::counts)
-///   store (see [`DeadLetterLayer::count_store`](crate::DeadLetterLayer::count_store)).
+/// The count comes from the queue or a count store, as the [`counts`](crate::counts)
+/// module states; by default [`MemoryFailureCounts`] with this policy's
+/// [`capacity`](Self::capacity).
 ///
 /// Whatever the store, a diverted message never reaches the inner service:
 /// not its future, and not its `call` either, where hyper's `SendRequest`
@@ -77,7 +66,7 @@ impl PoisonPolicy {
         })
     }
 
-    /// Remembers at most `capacity` message ids (at least 1).
+    /// Remembers at most `capacity` message ids (at least 1; default 10 000).
     pub fn capacity(mut self, capacity: usize) -> Result<Self, ConfigError> {
         if capacity == 0 {
             return Err(ConfigError::new("poison.capacity", "must be at least 1"));
@@ -297,15 +286,13 @@ impl PoisonCounting {
 
 impl fmt::Debug for PoisonCounting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let store = match &self.store {
+            Counts::Memory(memory) => format!("{memory:?}"),
+            Counts::Store(store) => store.name().to_owned(),
+        };
         f.debug_struct("PoisonCounting")
             .field("policy", &self.policy)
-            .field(
-                "store",
-                &match &self.store {
-                    Counts::Memory(memory) => format!("{memory:?}"),
-                    Counts::Store(store) => store.name().to_owned(),
-                },
-            )
+            .field("store", &store)
             .finish_non_exhaustive()
     }
 }

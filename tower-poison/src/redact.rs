@@ -132,9 +132,7 @@ impl Redactor {
     /// Also redacts query parameters and JSON fields called `name` (any
     /// case; a trailing `*` makes it a prefix).
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        let mut fields = self.fields.to_vec();
-        fields.push(name.into());
-        self.fields = fields.into();
+        self.fields = self.fields.iter().cloned().chain([name.into()]).collect();
         self
     }
 
@@ -165,12 +163,9 @@ impl Redactor {
     /// `uri` without its userinfo and with the values of sensitive query
     /// parameters replaced.
     pub(crate) fn redact_uri(&self, uri: &str) -> String {
-        let (before_fragment, fragment) = match uri.find('#') {
-            Some(at) => uri.split_at(at),
-            None => (uri, ""),
-        };
-        let (before_query, query) = match before_fragment.find('?') {
-            Some(at) => (&before_fragment[..at], Some(&before_fragment[at + 1..])),
+        let (before_fragment, fragment) = uri.split_at(uri.find('#').unwrap_or(uri.len()));
+        let (before_query, query) = match before_fragment.split_once('?') {
+            Some((before, query)) => (before, Some(query)),
             None => (before_fragment, None),
         };
         let mut out = String::with_capacity(uri.len());
@@ -201,9 +196,7 @@ impl Redactor {
                 }
                 match pair.split_once('=') {
                     Some((name, _)) if self.is_sensitive_name(name) => {
-                        out.push_str(name);
-                        out.push('=');
-                        out.push_str(REDACTED);
+                        out.extend([name, "=", REDACTED]);
                     }
                     _ => out.push_str(pair),
                 }
@@ -284,17 +277,17 @@ impl Redactor {
             if !self.is_sensitive_name(name) {
                 continue;
             }
-            let mut value = at;
-            while value < bytes.len() && bytes[value].is_ascii_whitespace() {
-                value += 1;
-            }
+            let skip_space = |from: usize| {
+                from + bytes[from..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_whitespace())
+                    .count()
+            };
+            let value = skip_space(at);
             if bytes.get(value) != Some(&b':') {
                 continue;
             }
-            value += 1;
-            while value < bytes.len() && bytes[value].is_ascii_whitespace() {
-                value += 1;
-            }
+            let value = skip_space(value + 1);
             let end = if bytes.get(value) == Some(&b'"') {
                 // A string, to its closing quote (or the end of a cut body).
                 let mut end = value + 1;
@@ -311,10 +304,7 @@ impl Redactor {
                 }
                 end
             };
-            out.push_str(&text[copied..value]);
-            out.push('"');
-            out.push_str(REDACTED);
-            out.push('"');
+            out.extend([&text[copied..value], "\"", REDACTED, "\""]);
             copied = end;
             at = end;
             changed = true;
@@ -337,9 +327,7 @@ impl Redactor {
     /// Also redacts `name`.
     pub fn with_header(mut self, name: HeaderName) -> Self {
         if !self.names.contains(&name) {
-            let mut names = self.names.to_vec();
-            names.push(name);
-            self.names = names.into();
+            self.names = self.names.iter().cloned().chain([name]).collect();
         }
         self
     }
@@ -381,13 +369,12 @@ fn authority_start(uri: &str) -> Option<usize> {
     }
     let scheme_end = uri.find("://")?;
     let scheme = &uri[..scheme_end];
-    let is_scheme = scheme
-        .bytes()
+    let mut bytes = scheme.bytes();
+    // A letter, then letters, digits, `+`, `-` or `.`.
+    let is_scheme = bytes
         .next()
         .is_some_and(|first| first.is_ascii_alphabetic())
-        && scheme
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
     is_scheme.then_some(scheme_end + 3)
 }
 

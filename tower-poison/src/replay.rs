@@ -160,32 +160,7 @@ impl From<StoreError> for ReplayError {
 
 /// Replays entries of one store: [`replay`](Self::replay) sends one entry,
 /// claiming it first for a lease of five minutes, or
-/// [another](Self::lease).
-///
-/// ```
-/// # tokio_test::block_on(async {
-/// use std::time::Duration;
-/// use tower_classify::ErrorChainClassifier;
-/// use tower_poison::replay::{ReplayOutcome, Replayer};
-/// use tower_poison::store::MemoryStore;
-/// use tower_poison::EntryId;
-///
-/// let store = MemoryStore::new(100);
-/// // A job that may take up to a minute: hold each entry for two.
-/// let replayer = Replayer::new(&store).lease(Duration::from_secs(120));
-/// let mut handler = tower::service_fn(|body: bytes::Bytes| async move {
-///     Ok::<_, std::io::Error>(body.len())
-/// });
-/// let missing: EntryId = "0190c3a1000000000000000000000007".parse().unwrap();
-/// let outcome = replayer
-///     .replay(missing, &mut handler, &ErrorChainClassifier::new(), |entry| {
-///         Ok(entry.body.clone())
-///     })
-///     .await
-///     .unwrap();
-/// assert_eq!(outcome, ReplayOutcome::NotFound);
-/// # });
-/// ```
+/// [another](Self::lease) (an example is on [`replay`](Self::replay)).
 #[derive(Debug, Clone, Copy)]
 pub struct Replayer<'a, St, D = ()> {
     store: &'a St,
@@ -487,14 +462,9 @@ pub fn http_request(
     }
     let redacted = |text: &[u8]| {
         text.windows(REDACTED.len())
-            .any(|window| window == REDACTED.as_bytes())
+            .any(|w| w == REDACTED.as_bytes())
     };
-    if entry
-        .uri
-        .as_deref()
-        .is_some_and(|uri| redacted(uri.as_bytes()))
-        || redacted(&entry.body)
-    {
+    if redacted(entry.uri.as_deref().unwrap_or("").as_bytes()) || redacted(&entry.body) {
         return Err(format!(
             "entry {} had a secret redacted from its URI or body; it cannot be sent as it was",
             entry.id
@@ -517,20 +487,10 @@ pub fn http_request(
     let entry_id = HeaderValue::try_from(entry.id.to_string())?;
     let mut builder = Request::builder().method(method).uri(uri);
     let mut has_key = false;
-    for header in &entry.headers {
-        if header.value == REDACTED {
-            continue;
-        }
+    let left_to_client = [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION];
+    for header in entry.headers.iter().filter(|h| h.value != REDACTED) {
         let name = HeaderName::from_bytes(header.name.as_bytes())?;
-        if [
-            HOST,
-            CONTENT_LENGTH,
-            TRANSFER_ENCODING,
-            CONNECTION,
-            replay_header.clone(),
-        ]
-        .contains(&name)
-        {
+        if left_to_client.contains(&name) || name == replay_header {
             continue;
         }
         has_key |= name == idempotency_key;

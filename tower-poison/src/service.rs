@@ -16,6 +16,7 @@ use crate::counts::DynFailureCountStore;
 use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
+use crate::observability::{DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
 use crate::redact::Redactor;
 use crate::replay::REPLAY_HEADER;
@@ -23,19 +24,10 @@ use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
 /// Writes calls that finally failed to a dead-letter store.
 ///
-/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The crate docs say
-/// what it does on each outcome and which errors it adds: its error type is
-/// [`BoxError`], and the inner service's error comes back in it unchanged
-/// (never wrapped), so `downcast_ref::<YourError>()` still finds it. An HTTP
-/// request's body streams to the inner service as a
-/// [`ReplayBody`](http_body_replay::ReplayBody) (see
-/// [`HttpCapture`](crate::HttpCapture)), the response's in a
-/// [`SettleBody`](tower_classify::SettleBody) that settles a call the
-/// classifier left open at the head ([`OpenCall`](crate::OpenCall)).
-///
-/// The inner service must be `Clone + Send + 'static`:
-/// [`PoisonPolicy`](crate::PoisonPolicy) says why. A service that is not
-/// `Clone` goes behind tower's `Buffer`.
+/// Made by [`DeadLetterLayer`](crate::DeadLetterLayer). The [crate docs](crate)
+/// say what it does on each outcome, which errors it adds (the inner
+/// service's comes back unchanged in the [`BoxError`]), which body types it
+/// hands on, and why the inner service must be `Clone + Send + 'static`.
 pub struct DeadLetter<S, St, C, Cap> {
     inner: S,
     shared: Arc<Shared<St, C, Cap>>,
@@ -79,18 +71,13 @@ impl StoredKinds {
     }
 
     fn bit(kind: FailureKind) -> u16 {
-        FailureKind::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .map_or(0, |index| 1 << index)
+        let index = FailureKind::ALL.iter().position(|k| *k == kind);
+        index.map_or(0, |index| 1 << index)
     }
 
     pub(crate) fn of(kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        StoredKinds(
-            kinds
-                .into_iter()
-                .fold(0, |bits, kind| bits | Self::bit(kind)),
-        )
+        let bits = kinds.into_iter().fold(0, |bits, k| bits | Self::bit(k));
+        StoredKinds(bits)
     }
 
     pub(crate) fn contains(self, kind: FailureKind) -> bool {
@@ -450,10 +437,8 @@ where
                 (attempts, first.min(now))
             }
         };
-        let key = match &record.message_id {
-            Some(id) => id.clone(),
-            None => format!("{}/{}", self.label, kind),
-        };
+        let key = record.message_id.clone();
+        let key = key.unwrap_or_else(|| format!("{}/{kind}", self.label));
         let entry = self.entry(record, kind, error, attempts, first, now);
         let entry = self.continue_replayed(entry, responded, status).await;
         let entry_id = entry.id;
@@ -506,19 +491,10 @@ where
     /// carried [`REPLAY_HEADER`]) continues that entry's history instead of
     /// starting a second entry.
     ///
-    /// The mark is a claim the caller makes, so it is checked: the entry must
-    /// have this layer's label and the same request (method, path and query,
-    /// body, as stored). Anything else (another request carrying a copied
-    /// mark, an entry the store does not have, a store that cannot be read)
-    /// is stored as a new entry, so no failure is lost and no entry takes on
-    /// another request's history.
-    ///
-    /// The replay's failure goes to the entry's
-    /// [replay history](DeadLetterEntry::replays) (with the response's
-    /// `status`, when it has one): the entry's own error and kind stay those
-    /// of the original failure. Whether the call got a response
-    /// (`responded`) and its status are the replay's
-    /// [answer](ReplayAnswer), which decides the next replay's key.
+    /// The mark is checked as the [replay module](crate::replay#a-replay-that-fails-again)
+    /// states; an entry the store does not have, or a store that cannot be
+    /// read, also makes a new entry. Whether the call got a response
+    /// (`responded`) and its `status` are the replay's [answer](ReplayAnswer).
     async fn continue_replayed(
         &self,
         mut entry: DeadLetterEntry,
@@ -556,25 +532,16 @@ where
                 let (id, attempts) = (entry.id, entry.attempts);
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
-                let path = entry
-                    .uri
-                    .as_deref()
-                    .map(crate::redact::path_of)
-                    .unwrap_or_default()
-                    .to_owned();
+                let uri = entry.uri.as_deref().unwrap_or_default();
+                let path = crate::redact::path_of(uri).to_owned();
                 match self.store.put_with_depth(entry).await {
-                    Ok(Some(depth)) => metrics::gauge!(
-                        crate::observability::DLQ_DEPTH,
-                        "label" => label.to_owned()
-                    )
-                    .set(depth as f64),
+                    Ok(Some(depth)) => {
+                        metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
+                    }
                     Ok(None) => {}
                     Err(error) if error.kind() == StoreErrorKind::Full => {
-                        metrics::counter!(
-                            crate::observability::STORE_FULL_TOTAL,
-                            "label" => label.to_owned()
-                        )
-                        .increment(1);
+                        metrics::counter!(STORE_FULL_TOTAL, "label" => label.to_owned())
+                            .increment(1);
                         if let Some(held_back) = full_warning_limit(label).check() {
                             tracing::warn!(
                                 entry_id = %id, label, kind, error = %error,
@@ -614,13 +581,9 @@ where
             Action::Drop => tracing::debug!(label, key, kind, "dropped a failed call"),
             Action::Fail => tracing::debug!(label, kind, "failed call propagated, not stored"),
         }
-        metrics::counter!(
-            crate::observability::DEAD_LETTERED_TOTAL,
-            "action" => action.as_str(),
-            "kind" => kind,
-            "label" => label.to_owned()
-        )
-        .increment(1);
+        let (action, label) = (action.as_str(), label.to_owned());
+        metrics::counter!(DEAD_LETTERED_TOTAL, "action" => action, "kind" => kind, "label" => label)
+            .increment(1);
         Ok(())
     }
 }

@@ -159,9 +159,7 @@ impl DeliveryCount {
 
 /// The [`DeliveryAttempt`] in a request's extensions (0 read as 1).
 pub(crate) fn read_extension(extensions: &Extensions) -> Option<u32> {
-    extensions
-        .get::<DeliveryAttempt>()
-        .map(|attempt| attempt.0.max(1))
+    extensions.get::<DeliveryAttempt>().map(|a| a.0.max(1))
 }
 
 /// ASCII digits with optional surrounding spaces or tabs, saturating at

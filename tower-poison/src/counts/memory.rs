@@ -77,10 +77,7 @@ impl MemoryFailureCounts {
         let mut state = self.state();
         if let Some(count) = state.counts.get_mut(key) {
             count.deliveries = count.deliveries.saturating_add(1);
-            return DeliveryTally {
-                deliveries: count.deliveries,
-                first_delivered_at: count.first,
-            };
+            return DeliveryTally::new(count.deliveries, count.first);
         }
         while state.counts.len() >= capacity {
             let Some((oldest, seq)) = state.order.pop_front() else {
@@ -92,14 +89,12 @@ impl MemoryFailureCounts {
         }
         let seq = state.next_seq;
         state.next_seq += 1;
-        state.counts.insert(
-            key.clone(),
-            Count {
-                deliveries: 1,
-                first: now,
-                seq,
-            },
-        );
+        let count = Count {
+            deliveries: 1,
+            first: now,
+            seq,
+        };
+        state.counts.insert(key.clone(), count);
         state.order.push_back((key.clone(), seq));
         // Forgotten keys leave stale positions behind; rebuild the order
         // when they outnumber the live ones so it stays bounded too.
@@ -107,10 +102,7 @@ impl MemoryFailureCounts {
             let State { counts, order, .. } = &mut *state;
             order.retain(|(key, seq)| counts.get(key).is_some_and(|c| c.seq == *seq));
         }
-        DeliveryTally {
-            deliveries: 1,
-            first_delivered_at: now,
-        }
+        DeliveryTally::new(1, now)
     }
 
     pub(crate) fn forget_now(&self, key: &MessageKey) {
@@ -132,12 +124,7 @@ impl MemoryFailureCounts {
 
 impl Default for MemoryFailureCounts {
     fn default() -> Self {
-        MemoryFailureCounts {
-            inner: Arc::new(Inner {
-                capacity: Self::DEFAULT_CAPACITY,
-                state: Mutex::new(State::default()),
-            }),
-        }
+        Self::new(Self::DEFAULT_CAPACITY).expect("the default capacity is not zero")
     }
 }
 

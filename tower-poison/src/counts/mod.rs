@@ -1,19 +1,12 @@
 //! Where poison detection counts a message's deliveries.
 //!
 //! [`PoisonPolicy`](crate::PoisonPolicy) diverts a message once it has been
-//! delivered `max_attempts` times without success. The count comes from one
-//! of two places:
-//!
-//! - **the request**, when the queue counts deliveries itself
-//!   ([`DeliveryCount`] reads SQS's receive count, RabbitMQ's
-//!   `x-delivery-count`, or a Redis Streams delivery counter a consumer
-//!   forwards; a consumer can also insert a [`DeliveryAttempt`] extension).
-//!   The queue's count is authoritative: it includes deliveries to other
-//!   consumers and deliveries whose worker crashed, and no store is needed;
-//! - **a [`FailureCountStore`]** otherwise: [`MemoryFailureCounts`] (the
-//!   default, one process), [`RedbFailureCounts`] (feature `redb`, one file
-//!   that survives a restart) or [`RedisFailureCounts`] (feature `redis`,
-//!   shared by a fleet of consumers).
+//! delivered `max_attempts` times without success, counted by the queue when
+//! the request carries its count ([`DeliveryCount`], [`DeliveryAttempt`]:
+//! authoritative, no store asked), else by a [`FailureCountStore`]:
+//! [`MemoryFailureCounts`] (the default, one process), [`RedbFailureCounts`]
+//! (feature `redb`, survives a restart) or [`RedisFailureCounts`] (feature
+//! `redis`, shared by a fleet of consumers).
 //!
 //! # Why a delivery is counted before it runs
 //!

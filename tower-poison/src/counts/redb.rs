@@ -148,10 +148,8 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
                     };
                     counts.remove(oldest.value()).map_err(backend)?;
                 }
-                let seq = match order.last().map_err(backend)? {
-                    Some((seq, _)) => seq.value().saturating_add(1),
-                    None => 0,
-                };
+                let last = order.last().map_err(backend)?;
+                let seq = last.map_or(0, |(seq, _)| seq.value().saturating_add(1));
                 let first = millis_since_epoch(now);
                 counts.insert(key, (1, first, seq)).map_err(backend)?;
                 order.insert(seq, key).map_err(backend)?;
@@ -160,10 +158,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
         }
     };
     txn.commit().map_err(backend)?;
-    Ok(DeliveryTally {
-        deliveries,
-        first_delivered_at: time_from_millis(first),
-    })
+    Ok(DeliveryTally::new(deliveries, time_from_millis(first)))
 }
 
 fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {
@@ -175,10 +170,8 @@ fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {
         let mut counts = txn.open_table(COUNTS).map_err(backend)?;
         let removed = counts.remove(key).map_err(backend)?.map(|v| v.value());
         if let Some((_, _, seq)) = removed {
-            txn.open_table(ORDER)
-                .map_err(backend)?
-                .remove(seq)
-                .map_err(backend)?;
+            let mut order = txn.open_table(ORDER).map_err(backend)?;
+            order.remove(seq).map_err(backend)?;
         }
     }
     txn.commit().map_err(backend)

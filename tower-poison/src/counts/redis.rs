@@ -49,15 +49,11 @@ use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 ///
 /// # Failures
 ///
-/// While Redis is unreachable, counting fails: the layer fails the delivery
-/// with [`CountStoreFailed`](crate::error::CountStoreFailed) without calling
-/// the inner service, and the queue redelivers it later. A count that
-/// cannot be *forgotten* after a success is only logged (`warn`).
+/// While Redis is unreachable, counting fails with
+/// [`CountStoreFailed`](crate::error::CountStoreFailed); a count that cannot
+/// be *forgotten* after a success is only logged (`warn`).
 ///
 /// # Example
-///
-/// Every consumer of the `orders` queue shares one count, so a message is
-/// diverted after 3 deliveries in all, not 3 to each consumer:
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -173,9 +169,8 @@ fn queue_tag(queue: &str) -> String {
 }
 
 fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis())
-        .unwrap_or(u64::MAX)
-        .clamp(1, MAX_TTL_MS)
+    let millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    millis.clamp(1, MAX_TTL_MS)
 }
 
 /// KEYS = the count's hash; ARGV = now (ms), TTL (ms). Returns
@@ -202,11 +197,9 @@ impl RedisFailureCounts {
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
+        let url = &self.shared.url;
         StoreError::backend(
-            format!(
-                "redis delivery counts at {} failed to {what}",
-                self.shared.url
-            ),
+            format!("redis delivery counts at {url} failed to {what}"),
             error,
         )
     }
@@ -228,10 +221,8 @@ impl FailureCountStore for RedisFailureCounts {
         let first = first.parse::<u64>().map_err(|e| {
             StoreError::corrupt(format!("delivery count {} has a bad time", key.as_str()), e)
         })?;
-        Ok(DeliveryTally {
-            deliveries: u32::try_from(deliveries.max(1)).unwrap_or(u32::MAX),
-            first_delivered_at: time_from_millis(first),
-        })
+        let deliveries = u32::try_from(deliveries.max(1)).unwrap_or(u32::MAX);
+        Ok(DeliveryTally::new(deliveries, time_from_millis(first)))
     }
 
     async fn forget(&self, key: &MessageKey) -> Result<(), StoreError> {

@@ -1,6 +1,7 @@
 //! The bounded in-memory store.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -74,9 +75,7 @@ impl MemoryStore {
     fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding the lock, so a poisoned lock still
         // guards consistent data.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -88,13 +87,11 @@ impl DeadLetterStore for MemoryStore {
     async fn put_with_depth(&self, entry: DeadLetterEntry) -> Result<Option<u64>, StoreError> {
         let mut state = self.state();
         if state.entries.len() >= self.capacity && !state.entries.contains_key(&entry.id) {
-            return Err(StoreError::new(
-                StoreErrorKind::Full,
-                format!(
-                    "in-memory dead-letter store is full ({} entries)",
-                    self.capacity
-                ),
-            ));
+            let full = format!(
+                "in-memory dead-letter store is full ({} entries)",
+                self.capacity
+            );
+            return Err(StoreError::new(StoreErrorKind::Full, full));
         }
         let label = entry.label.clone();
         if let Some(old) = state.entries.insert(entry.id, entry) {
@@ -109,13 +106,8 @@ impl DeadLetterStore for MemoryStore {
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
         let state = self.state();
-        let entries = &state.entries;
-        let range = match query.after {
-            Some(after) => {
-                entries.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-            }
-            None => entries.range(..),
-        };
+        let start = query.after.map_or(Bound::Unbounded, Bound::Excluded);
+        let range = state.entries.range((start, Bound::Unbounded));
         let limit = query.limit.max(1);
         let mut page = Vec::new();
         let mut next = None;
@@ -210,11 +202,7 @@ impl DeadLetterStore for MemoryStore {
 
     async fn release(&self, id: EntryId, token: ClaimToken) -> Result<(), StoreError> {
         let mut state = self.state();
-        if state
-            .claims
-            .get(&id)
-            .is_some_and(|held| held.token == token)
-        {
+        if state.claims.get(&id).is_some_and(|h| h.token == token) {
             state.claims.remove(&id);
         }
         Ok(())
@@ -225,11 +213,7 @@ impl DeadLetterStore for MemoryStore {
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        Ok(self
-            .state()
-            .entries
-            .values()
-            .map(|entry| entry.age(now))
-            .max())
+        let state = self.state();
+        Ok(state.entries.values().map(|entry| entry.age(now)).max())
     }
 }

@@ -5,9 +5,8 @@
 //!
 //! # Limits
 //!
-//! Every store is bounded (the durable ones by entries and encoded bytes). A
-//! `put` past a limit fails with [`StoreErrorKind::Full`] and keeps nothing;
-//! nothing stored is evicted to make room (dead letters are evidence).
+//! A `put` past a limit fails with [`StoreErrorKind::Full`] and keeps nothing
+//! (the crate docs' [stores](crate#stores) say why nothing is evicted).
 //! Replacing an entry counts only the difference in size, and one no larger
 //! always succeeds; `remove` and `purge` give their bytes back; `u64::MAX`
 //! lifts a limit.
@@ -316,13 +315,8 @@ impl ListQuery {
     /// `true` when `entry` passes the filters (not the cursor or limit).
     pub fn matches(&self, entry: &DeadLetterEntry) -> bool {
         self.kind.is_none_or(|kind| entry.kind == kind)
-            && self
-                .label
-                .as_ref()
-                .is_none_or(|label| &entry.label == label)
-            && self
-                .failed_before
-                .is_none_or(|before| entry.first_failed_at < before)
+            && self.label.as_ref().is_none_or(|l| &entry.label == l)
+            && self.failed_before.is_none_or(|b| entry.first_failed_at < b)
     }
 }
 
@@ -383,8 +377,7 @@ impl PurgeFilter {
 
     /// `true` when `entry` is to be removed.
     pub fn matches(&self, entry: &DeadLetterEntry) -> bool {
-        self.failed_before
-            .is_none_or(|before| entry.first_failed_at < before)
+        self.failed_before.is_none_or(|b| entry.first_failed_at < b)
     }
 }
 
@@ -406,10 +399,8 @@ impl Stats {
     /// Counts `entry` in the statistics, its age measured against `now`.
     pub(crate) fn count(&mut self, entry: &DeadLetterEntry, now: SystemTime) {
         self.depth += 1;
-        *self
-            .by_kind
-            .entry(entry.kind.as_str().to_owned())
-            .or_default() += 1;
+        let kind = entry.kind.as_str().to_owned();
+        *self.by_kind.entry(kind).or_default() += 1;
         *self.by_label.entry(entry.label.clone()).or_default() += 1;
         let age = entry.age(now);
         self.oldest_age = Some(self.oldest_age.map_or(age, |o: Duration| o.max(age)));

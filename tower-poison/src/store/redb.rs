@@ -188,11 +188,8 @@ impl RedbStoreBuilder {
     /// (default 1024: four full group commits); past it `put` waits for
     /// room. Zero is treated as one.
     pub const fn max_pending_writes(mut self, max_pending_writes: usize) -> Self {
-        self.max_pending_writes = if max_pending_writes == 0 {
-            1
-        } else {
-            max_pending_writes
-        };
+        let n = max_pending_writes;
+        self.max_pending_writes = if n == 0 { 1 } else { n };
         self
     }
 
@@ -201,12 +198,8 @@ impl RedbStoreBuilder {
     /// start-up or inside `spawn_blocking`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<RedbStore, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let db = Database::create(&path).map_err(|e| {
-            StoreError::backend(
-                format!("cannot open dead-letter store {}", path.display()),
-                e,
-            )
-        })?;
+        let what = format!("cannot open dead-letter store {}", path.display());
+        let db = Database::create(&path).map_err(|e| StoreError::backend(what, e))?;
         let depth = prepare(&db)?;
 
         let db = Arc::new(db);
@@ -291,12 +284,9 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
 
 /// Takes `size` off the byte counter in `meta`.
 fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<(), StoreError> {
-    let bytes = meta
-        .get(ENTRY_BYTES)
-        .map_err(backend)?
-        .map_or(0, |v| v.value());
-    meta.insert(ENTRY_BYTES, bytes.saturating_sub(size))
-        .map_err(backend)?;
+    let bytes = meta.get(ENTRY_BYTES).map_err(backend)?;
+    let bytes = bytes.map_or(0, |v| v.value()).saturating_sub(size);
+    meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
     Ok(())
 }
 
@@ -320,9 +310,7 @@ fn add_label(
 
 /// The label of the stored entry `bytes` (`None` when it does not decode).
 fn label_of(bytes: &[u8]) -> Option<String> {
-    DeadLetterEntry::from_bytes(bytes)
-        .ok()
-        .map(|entry| entry.label)
+    DeadLetterEntry::from_bytes(bytes).ok().map(|e| e.label)
 }
 
 /// Takes `count` off the depth counter, after the commit that removed them.
@@ -353,20 +341,16 @@ impl Writer {
         while let Some(first) = queue.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < self.max_batch {
-                match queue.try_recv() {
-                    Ok(put) => batch.push(put),
-                    Err(_) => break,
-                }
+                let Ok(put) = queue.try_recv() else { break };
+                batch.push(put);
             }
             let acks = match self.write_batch(&batch) {
                 Ok(outcomes) => outcomes,
-                Err(error) => batch
-                    .iter()
-                    .map(|_| {
-                        let text = crate::entry::error_chain(&error).join(": ");
-                        Err(StoreError::new(error.kind(), text))
-                    })
-                    .collect(),
+                Err(error) => {
+                    let text = crate::entry::error_chain(&error).join(": ");
+                    let failed = || Err(StoreError::new(error.kind(), text.clone()));
+                    batch.iter().map(|_| failed()).collect()
+                }
             };
             for (put, ack) in batch.into_iter().zip(acks) {
                 // The caller may have gone away (its call was cancelled); the
@@ -391,10 +375,8 @@ impl Writer {
             let mut labels = txn.open_table(LABELS).map_err(backend)?;
             let before = entries.len().map_err(backend)?;
             let mut depth = before;
-            let mut bytes = meta
-                .get(ENTRY_BYTES)
-                .map_err(backend)?
-                .map_or(0, |v| v.value());
+            let stored_bytes = meta.get(ENTRY_BYTES).map_err(backend)?;
+            let mut bytes = stored_bytes.map_or(0, |v| v.value());
             for put in batch {
                 let (replaced, old_label) = match entries.get(put.key).map_err(backend)? {
                     Some(old) => (Some(old.value().len() as u64), label_of(old.value())),
@@ -406,14 +388,11 @@ impl Writer {
                     .saturating_add(put.value.len() as u64);
                 // Only what a put adds is checked: replacing an entry with
                 // one no larger always succeeds, even past lowered limits.
-                let limits = self.limits;
-                let full = if replaced.is_none() && new_depth > limits.max_entries {
-                    format!("max_entries {} reached", limits.max_entries)
-                } else if new_bytes > bytes && new_bytes > limits.max_bytes {
-                    format!(
-                        "{new_bytes} bytes would pass max_bytes {}",
-                        limits.max_bytes
-                    )
+                let (max_entries, max_bytes) = (self.limits.max_entries, self.limits.max_bytes);
+                let full = if replaced.is_none() && new_depth > max_entries {
+                    format!("max_entries {max_entries} reached")
+                } else if new_bytes > bytes && new_bytes > max_bytes {
+                    format!("{new_bytes} bytes would pass max_bytes {max_bytes}")
                 } else {
                     String::new()
                 };
@@ -472,13 +451,8 @@ impl DeadLetterStore for RedbStore {
             || StoreError::new(StoreErrorKind::Backend, "dead-letter store writer stopped");
         // Waits for room in the writer's queue: the back-pressure that keeps
         // a slow disk from growing memory.
-        self.inner
-            .writer
-            .as_ref()
-            .ok_or_else(closed)?
-            .send(put)
-            .await
-            .map_err(|_| closed())?;
+        let writer = self.inner.writer.as_ref().ok_or_else(closed)?;
+        writer.send(put).await.map_err(|_| closed())?;
         acked.await.map_err(|_| closed())?.map(Some)
     }
 
@@ -486,10 +460,8 @@ impl DeadLetterStore for RedbStore {
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
-            match table.get(id.as_u128()).map_err(backend)? {
-                Some(value) => decode(value.value()).map(Some),
-                None => Ok(None),
-            }
+            let value = table.get(id.as_u128()).map_err(backend)?;
+            value.map(|value| decode(value.value())).transpose()
         })
         .await
     }
@@ -499,10 +471,7 @@ impl DeadLetterStore for RedbStore {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(ENTRIES).map_err(backend)?;
             // After the greatest id there is nothing.
-            let Some(start) = query
-                .after
-                .map_or(Some(0), |after| after.as_u128().checked_add(1))
-            else {
+            let Some(start) = query.after.map_or(Some(0), |a| a.as_u128().checked_add(1)) else {
                 return Ok(Page::new(Vec::new(), None));
             };
             let limit = query.limit.max(1);
@@ -535,10 +504,8 @@ impl DeadLetterStore for RedbStore {
             let table = txn.open_table(ENTRIES).map_err(backend)?;
             let mut matches = PrefixMatches::default();
             // Keys only: an entry's value is never decoded.
-            for item in table
-                .range(low.as_u128()..=high.as_u128())
-                .map_err(backend)?
-            {
+            let range = table.range(low.as_u128()..=high.as_u128());
+            for item in range.map_err(backend)? {
                 let (key, _) = item.map_err(backend)?;
                 matches.count += 1;
                 if matches.ids.len() < limit {
@@ -633,10 +600,8 @@ impl DeadLetterStore for RedbStore {
                 // A claim stays in the table past its lease until it is
                 // released or its entry removed: one found whose lease is
                 // over lapsed unreleased.
-                let previous = claims
-                    .get(id.as_u128())
-                    .map_err(backend)?
-                    .map(|held| held.value().0);
+                let previous = claims.get(id.as_u128()).map_err(backend)?;
+                let previous = previous.map(|held| held.value().0);
                 let held = previous.filter(|&until| until > millis_since_epoch(now));
                 let stored = entries.get(id.as_u128()).map_err(backend)?;
                 let claim = match (stored, held) {
@@ -647,9 +612,8 @@ impl DeadLetterStore for RedbStore {
                     (Some(value), None) => {
                         let entry = decode(value.value())?;
                         let token = ClaimToken::generate();
-                        claims
-                            .insert(id.as_u128(), (lease_end(now, lease), token.as_u128()))
-                            .map_err(backend)?;
+                        let held = (lease_end(now, lease), token.as_u128());
+                        claims.insert(id.as_u128(), held).map_err(backend)?;
                         Claim::Claimed {
                             entry,
                             token,
@@ -674,10 +638,8 @@ impl DeadLetterStore for RedbStore {
             let txn = db.begin_write().map_err(backend)?;
             let released = {
                 let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
-                let holds = claims
-                    .get(id.as_u128())
-                    .map_err(backend)?
-                    .is_some_and(|held| held.value().1 == token.as_u128());
+                let held = claims.get(id.as_u128()).map_err(backend)?;
+                let holds = held.is_some_and(|held| held.value().1 == token.as_u128());
                 if holds {
                     claims.remove(id.as_u128()).map_err(backend)?;
                 }

@@ -109,13 +109,11 @@ struct Keys {
 impl Keys {
     fn new(name: String) -> Result<Self, StoreError> {
         if name.is_empty() || name.starts_with('}') {
-            return Err(StoreError::new(
-                StoreErrorKind::Backend,
-                format!(
-                    "invalid redis dead-letter queue name {name:?}: it must not be empty \
-                     or start with `}}` (it is the keys' hash tag)"
-                ),
-            ));
+            let invalid = format!(
+                "invalid redis dead-letter queue name {name:?}: it must not be empty \
+                 or start with `}}` (it is the keys' hash tag)"
+            );
+            return Err(StoreError::new(StoreErrorKind::Backend, invalid));
         }
         let base = format!("tower-poison:{{{name}}}:");
         Ok(Keys {
@@ -306,24 +304,29 @@ impl RedisDeadLetterStore {
         RedisDeadLetterStoreBuilder::new()
     }
 
+    /// How messages name the store.
+    fn name(&self) -> String {
+        let Shared { keys, url, .. } = &*self.shared;
+        format!("redis dead-letter store {} at {url}", keys.name)
+    }
+
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
-        StoreError::backend(
-            format!(
-                "redis dead-letter store {} at {} failed to {what}",
-                self.shared.keys.name, self.shared.url
-            ),
-            error,
-        )
+        StoreError::backend(format!("{} failed to {what}", self.name()), error)
     }
 
     fn full(&self, what: String) -> StoreError {
-        StoreError::new(
-            StoreErrorKind::Full,
-            format!(
-                "redis dead-letter store {} at {} is full: {what}",
-                self.shared.keys.name, self.shared.url
-            ),
-        )
+        let full = format!("{} is full: {what}", self.name());
+        StoreError::new(StoreErrorKind::Full, full)
+    }
+
+    /// Runs `cmd`; a failure says it failed to `what`.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        let result = cmd.query_async(&mut self.connection.clone()).await;
+        result.map_err(|e| self.failed(what, e))
     }
 
     /// Up to `count` ids greater than `after` (all, from the first, when
@@ -334,16 +337,10 @@ impl RedisDeadLetterStore {
         count: usize,
     ) -> Result<Vec<String>, StoreError> {
         let min = after.map_or_else(|| "-".to_owned(), |after| format!("({after}"));
-        redis::cmd("ZRANGEBYLEX")
-            .arg(&self.shared.keys.ids)
-            .arg(min)
-            .arg("+")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(count)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("ZRANGEBYLEX");
+        cmd.arg(&self.shared.keys.ids).arg(min).arg("+");
+        self.query(cmd.arg("LIMIT").arg(0).arg(count), "read the entry ids")
             .await
-            .map_err(|e| self.failed("read the entry ids", e))
     }
 
     /// The JSON of each of `ids` (`None` for one removed since it was
@@ -352,12 +349,9 @@ impl RedisDeadLetterStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        redis::cmd("HMGET")
-            .arg(&self.shared.keys.entries)
-            .arg(ids)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("HMGET");
+        self.query(cmd.arg(&self.shared.keys.entries).arg(ids), "read entries")
             .await
-            .map_err(|e| self.failed("read entries", e))
     }
 
     /// Removes `entries` (id, and the JSON each must still have, or empty
@@ -372,10 +366,8 @@ impl RedisDeadLetterStore {
             .key(&keys.labels)
             .key(&keys.unreleased_claims);
         for (id, json) in entries {
-            invocation
-                .key(keys.claim(*id))
-                .arg(id.to_string())
-                .arg(*json);
+            let claim = keys.claim(*id);
+            invocation.key(claim).arg(id.to_string()).arg(*json);
         }
         invocation
             .invoke_async(&mut self.connection.clone())
@@ -419,12 +411,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn get(&self, id: EntryId) -> Result<Option<DeadLetterEntry>, StoreError> {
-        let json: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(&self.shared.keys.entries)
-            .arg(id.to_string())
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| self.failed(&format!("read entry {id}"), e))?;
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&self.shared.keys.entries).arg(id.to_string());
+        let json: Option<Vec<u8>> = self.query(&cmd, &format!("read entry {id}")).await?;
         json.as_deref().map(decode).transpose()
     }
 
@@ -483,13 +472,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.failed("find ids by prefix", e))?;
-        let ids = found
-            .iter()
-            .map(|id| {
-                id.parse::<EntryId>()
-                    .map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let parse = |id: &String| id.parse::<EntryId>();
+        let ids = found.iter().map(parse).collect::<Result<Vec<_>, _>>();
+        let ids = ids.map_err(|e| StoreError::corrupt("a stored entry id is not an id", e))?;
         Ok(PrefixMatches { count, ids })
     }
 
@@ -508,11 +493,8 @@ impl DeadLetterStore for RedisDeadLetterStore {
                 if filter.matches(&entry) {
                     // Only an entry unchanged since it was read goes, unless
                     // everything goes.
-                    let guard = if filter.failed_before.is_some() {
-                        json.as_slice()
-                    } else {
-                        b""
-                    };
+                    let all = filter.failed_before.is_none();
+                    let guard: &[u8] = if all { b"" } else { json };
                     matching.push((entry.id, guard));
                 }
             }
@@ -580,11 +562,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        redis::cmd("HLEN")
-            .arg(&self.shared.keys.entries)
-            .query_async(&mut self.connection.clone())
+        let mut cmd = redis::cmd("HLEN");
+        self.query(cmd.arg(&self.shared.keys.entries), "count the entries")
             .await
-            .map_err(|e| self.failed("count the entries", e))
     }
 
     async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
