@@ -118,7 +118,7 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
 /// | behaviour | Resilience4j / Polly | here | why |
 /// |---|---|---|---|
 /// | default trip policy | a failure rate (Resilience4j 50 % of 100 calls; Polly 10 % over 30 s, at least 100 calls) | 5 consecutive transient failures; a failure rate is one call away | a dependency that fails every call should open after a handful of calls, not a hundred |
-/// | what counts as a failure | every exception, unless ignored | only the transient kinds of `tower-classify` (server error, rate limited, timeout, connection) | a rejected request (a 4xx, a validation error) says nothing about the dependency's health |
+/// | what counts as a failure | every exception, unless ignored | only the transient kinds of `tower-classify` (server error, rate limited, timeout, connection, not sent) | a rejected request (a 4xx, a validation error) says nothing about the dependency's health |
 /// | wait in half-open | `maxWaitDurationInHalfOpenState`, 0 (for ever) by default | `probe_timeout`, 60 s by default | a probe hung with no timeout below it must not hold the only slot for good |
 /// | several probes | the verdict waits for every permitted call | reopens as soon as the probes' failure share reaches the rate | more answers cannot lower a share already reached; the upstream is spared the rest |
 /// | slow calls | on by default (60 s, 100 %) | off; a threshold alone counts slow successes as failures, `slow_call_rate` gives them a rate of their own | no hidden clock reads on the closed path |

@@ -567,8 +567,10 @@ impl<St: IdempotencyStore> Drop for Held<St> {
 }
 
 /// Claims `key`, to the end even if the call goes away meanwhile (see
-/// [`RunToEnd`]); a key acquired for a call that is gone is released by the
-/// [`Acquired`] that comes with it.
+/// [`RunToEnd`]): a claim cut short could be applied in the store with no
+/// one left to know, holding the key for the whole in-flight TTL. A key
+/// acquired for a call that is gone is released by the [`Acquired`] that
+/// comes with it.
 fn run_claim<St: IdempotencyStore>(
     store: St,
     name: Arc<str>,

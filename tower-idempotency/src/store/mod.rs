@@ -16,7 +16,7 @@
 //! ```
 //!
 //! Keys reach a store already namespaced by the guard (see
-//! [`scope_by`](crate::IdempotencyGuardLayer::scope_by)).
+//! [the rules](crate#the-rules)).
 
 use std::future::Future;
 use std::time::Duration;
