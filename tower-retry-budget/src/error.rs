@@ -115,6 +115,12 @@ impl fmt::Display for BudgetExhausted {
     }
 }
 
+impl Error for BudgetExhausted {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
 /// The server answered `2xx`, but the classifier calls the call a failure (a
 /// response rule with `match_success` caught a throttled answer) and retrying
 /// stopped: the answer is not handed back, so no caller reads a throttled or
@@ -161,6 +167,12 @@ impl fmt::Display for FailedSuccess {
             attempts(self.stopped.attempts),
             self.stopped.reason.as_str()
         )
+    }
+}
+
+impl Error for FailedSuccess {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
     }
 }
 
@@ -260,6 +272,12 @@ impl fmt::Display for WaitTooLong {
     }
 }
 
+impl Error for WaitTooLong {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
+}
+
 /// The deadline for the whole loop passed while an attempt was in flight or
 /// the service was not yet ready for the next one, or left less than the
 /// minimum attempt time before the first attempt, which was then not sent
@@ -351,23 +369,11 @@ impl fmt::Display for DeadlineExceeded {
     }
 }
 
-/// Each error's source is its [`Classified`], as the module docs say.
-macro_rules! source_is_classified {
-    ($($error:ty),*) => {$(
-        impl Error for $error {
-            fn source(&self) -> Option<&(dyn Error + 'static)> {
-                Some(&self.classified)
-            }
-        }
-    )*};
+impl Error for DeadlineExceeded {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.classified)
+    }
 }
-
-source_is_classified!(
-    BudgetExhausted,
-    FailedSuccess,
-    WaitTooLong,
-    DeadlineExceeded
-);
 
 #[cfg(test)]
 mod tests {
