@@ -121,7 +121,8 @@ impl Registry {
         let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
         let name = &settings.name;
         let breaker = registry.build(Arc::clone(name), Arc::clone(name).into(), true, false, None);
-        let kept = registry.keep(&mut registry.lock_queues(), breaker, 0);
+        let shard = registry.shard_of(name);
+        let kept = registry.keep(&mut registry.lock_queues(), breaker, 0, shard);
         (registry, Arc::clone(&kept.breaker))
     }
 
@@ -140,8 +141,15 @@ impl Registry {
         Arc::new(Breaker::new(key, settings, keyed, Box::new(listeners)))
     }
 
-    /// Adds `breaker` to the map and the queues, under the insert lock.
-    fn keep(&self, queues: &mut EvictionQueues, breaker: Arc<Breaker>, now: u64) -> Arc<Share> {
+    /// Adds `breaker` to the map (its key's `shard`) and the queues, under
+    /// the insert lock.
+    fn keep(
+        &self,
+        queues: &mut EvictionQueues,
+        breaker: Arc<Breaker>,
+        now: u64,
+        shard: usize,
+    ) -> Arc<Share> {
         let node = queues.insert(Arc::clone(&breaker), now);
         // Before the breaker is visible: nothing can have changed its state.
         breaker.publish();
@@ -150,8 +158,7 @@ impl Registry {
             share: Arc::clone(&share),
             node,
         };
-        let key = Arc::clone(&share.key);
-        self.write(self.shard_of(&key)).insert(key, entry);
+        self.write(shard).insert(Arc::clone(&share.key), entry);
         share
     }
 
@@ -284,7 +291,7 @@ impl Registry {
             // new breaker for the same key.
             evicted.retire();
         }
-        let share = self.keep(&mut queues, breaker, now);
+        let share = self.keep(&mut queues, breaker, now, shard);
         // Calls from now on stamp a later time than any breaker's join time.
         self.clock.store(now + 1, Ordering::Relaxed);
         share
