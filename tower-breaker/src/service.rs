@@ -144,7 +144,7 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         if self.poll_breaker(cx).is_pending() {
             return Poll::Pending;
         }
-        if !self.breaker().disabled && self.breaker().refusing().is_some() {
+        if !self.breaker().disabled && self.breaker().refusing() {
             self.refuse_next = true;
             return Poll::Ready(Ok(()));
         }

@@ -84,7 +84,8 @@ impl Breaker {
                     let until = self.open_until.load(Ordering::Acquire);
                     let at = self.offset(now);
                     if at < until {
-                        return self.refuse_open(word, until, at);
+                        let (remaining, retry_after) = self.release_after(until, at);
+                        return self.refuse_until(word, Some(remaining), retry_after);
                     }
                     // Recovery timeout over: this caller turns the breaker
                     // half-open and takes the first probe slot in one CAS.
@@ -212,14 +213,6 @@ impl Breaker {
         self.refuse_until(word, None, None)
     }
 
-    /// Refuses a call arriving at `at` in the open period ending at `until`
-    /// (both as [`offset`](Self::offset)s), with its place on the release
-    /// ramp if it has one.
-    fn refuse_open(&self, word: Word, until: u64, at: u64) -> Result<Admission, CircuitOpen> {
-        let (remaining, retry_after) = self.release_after(until, at);
-        self.refuse_until(word, Some(remaining), retry_after)
-    }
-
     /// [`refuse`](Self::refuse), telling the caller to come back after
     /// `retry_after`.
     fn refuse_until(
@@ -275,41 +268,15 @@ impl Breaker {
         CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
 
-    /// `Some(remaining open time)` when a call arriving now would be refused
-    /// (enforce mode only); `None` when it would be admitted. Closed: one load.
+    /// Whether a call arriving now would be refused (enforce mode only):
+    /// what [`readiness`](Self::readiness) waits out. Closed: one load.
     #[inline]
-    pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
-        let word = self.load();
-        if word.is_closed() || self.settings.mode != Mode::Enforce {
-            return None;
-        }
-        self.refusing_slow(word)
+    pub(crate) fn refusing(&self) -> bool {
+        !self.load().is_closed() && self.readiness() != Readiness::Ready
     }
 
-    #[cold]
-    fn refusing_slow(&self, mut word: Word) -> Option<Option<Duration>> {
-        let now = Instant::now();
-        loop {
-            return match word.state() {
-                State::Open => {
-                    let until = self.open_until.load(Ordering::Acquire);
-                    let at = self.offset(now);
-                    (at < until).then(|| Some(Duration::from_nanos(until - at)))
-                }
-                State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => {
-                    if self.lapse_probes(word, now) {
-                        word = self.load();
-                        continue;
-                    }
-                    Some(None)
-                }
-                State::ForcedOpen => Some(None),
-                State::Closed | State::HalfOpen | State::ForcedClosed => None,
-            };
-        }
-    }
-
-    /// What a `poll_ready` in pending mode waits for. Reclaims the slots of
+    /// What a `poll_ready` in pending mode waits for (`Ready` outside
+    /// enforce mode). Reclaims the slots of
     /// probes that are overdue, so a waiter woken by their deadline finds
     /// the breaker open again rather than spinning.
     pub(crate) fn readiness(&self) -> Readiness {

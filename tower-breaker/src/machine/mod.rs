@@ -294,9 +294,7 @@ impl Breaker {
             .store(from.epoch() << 32 | u64::from(streak), Ordering::Release);
         // Results of the old period no longer count (their epoch is gone):
         // the counts an operator reads while the breaker is open are empty.
-        // A call that checked its epoch just before the CAS may still write
-        // into them; they are cleared again before the breaker closes
-        // (`enter_closed`).
+        // Cleared again before it closes (see `clear_counts`).
         self.clear_counts();
         self.changed(from.state(), State::Open, now, Some(wait), false);
         true
@@ -312,25 +310,16 @@ impl Breaker {
         }
     }
 
+    /// Clears the counts when the breaker opens and again just *before* it
+    /// closes, while no call can count in them: a result is checked against
+    /// its epoch ([`counts`](Self::counts)) and then written, so calls that
+    /// passed the check just before the opening may still write, and the
+    /// next closed period must not meet those stale counts.
     fn clear_counts(&self) {
         self.consecutive.store(0, Ordering::Release);
         if let Some(window) = &self.window {
             window.reset();
         }
-    }
-
-    /// Makes the counts ready for a closed period about to start: cleared
-    /// *before* the breaker closes, while no call can count in them, so no
-    /// result of the new period meets stale counts. A result is checked
-    /// against its epoch ([`counts`](Self::counts)) and then written, two
-    /// steps: cleared only when the breaker opened, the counts kept the
-    /// writes of calls that passed the check just before it, and the next
-    /// closed period started with stale failures (a count window's ring and
-    /// counts could even disagree for good, one result off). The calls of
-    /// the last closed period have had the whole open period to finish
-    /// their writes.
-    fn enter_closed(&self) {
-        self.clear_counts();
     }
 
     /// An operator's transition: reset (to closed), force open, force
@@ -345,7 +334,7 @@ impl Breaker {
     /// then reports the change (the registry calls it once it holds no lock).
     pub(crate) fn set_forced(&self, to: State) -> State {
         if to == State::Closed {
-            self.enter_closed();
+            self.clear_counts();
         }
         let mut word = self.load();
         loop {
