@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use std::time::Duration;
 
@@ -173,19 +174,17 @@ impl Registry {
     fn read(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
         self.shards[shard]
             .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
         self.shards[shard]
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_queues(&self) -> MutexGuard<'_, EvictionQueues> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The breaker for `key`, created (and a victim evicted) when new.
