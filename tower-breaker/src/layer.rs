@@ -208,12 +208,9 @@ impl Builder {
     /// asks for one.
     ///
     /// Without it the open period backs off ([crate docs](crate#recovery)) up
-    /// to 500 ms: every call refused until then is lost to a caller that
-    /// cannot wait, so a return just after a failed probe loses at most four
-    /// fifths of 500 ms of calls (BENCHMARKS.md's recovery simulation). A long
-    /// outage costs one failed probe every 0.4 to 0.5 s; raise the cap with
-    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
-    /// processes and keys would probe one dead dependency.
+    /// to 500 ms, so a long outage costs one failed probe every 0.4 to 0.5 s;
+    /// raise the cap with [`max_recovery_timeout`](Self::max_recovery_timeout)
+    /// where many processes and keys would probe one dead dependency.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;

@@ -42,14 +42,8 @@ pub enum Policy {
     /// and shed calls are not. Every call counts as a request, those this
     /// breaker refused included. A refusal is the same [`CircuitOpen`](crate::CircuitOpen)
     /// an open circuit gives (without a remaining time), with the same
-    /// metrics, events and HTTP or gRPC answer.
-    ///
-    /// How much it refuses is in the [crate
-    /// docs](crate#partial-outages-adaptive-throttling); a full outage is left
-    /// a trickle of calls (about one in `requests + 1`) that sees the
-    /// backend's return, after which the refused share falls as accepts
-    /// fill the window. The window sets how fast: a count window of `n`
-    /// calls recovers within a few times `n` calls whatever the rate.
+    /// metrics, events and HTTP or gRPC answer; when to choose it is in the
+    /// [crate docs](crate#partial-outages-adaptive-throttling).
     #[non_exhaustive]
     AdaptiveThrottle {
         /// How many requests per accept are allowed before any is refused:
