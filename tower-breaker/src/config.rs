@@ -183,6 +183,36 @@ impl BreakerConfig {
     /// state-change callback) before [`build`](Builder::build), which checks
     /// every value again.
     pub fn builder(&self) -> Result<Builder, ConfigError> {
+        let window = |window: &WindowConfig, table: &str| {
+            window
+                .window()
+                .map_err(|e| e.within("window").within(table))
+        };
+        let policy = match (
+            self.failure_threshold,
+            &self.failure_rate,
+            &self.adaptive_throttle,
+        ) {
+            (None, None, None) => None,
+            (Some(threshold), None, None) => Some(Policy::consecutive_failures(threshold)),
+            (None, Some(rate), None) => {
+                let window = window(&rate.window, "failure_rate")?;
+                Some(Policy::failure_rate(rate.rate, rate.minimum_calls, window))
+            }
+            (None, None, Some(throttle)) => {
+                let window = window(&throttle.window, "adaptive_throttle")?;
+                Some(Policy::adaptive_throttle(throttle.k, window))
+            }
+            (_, _, throttle) => {
+                let field = match throttle {
+                    Some(_) => "adaptive_throttle",
+                    None => "failure_rate",
+                };
+                let reason =
+                    "set one of `failure_threshold`, `failure_rate` and `adaptive_throttle`";
+                return Err(ConfigError::new(field, reason));
+            }
+        };
         let mut builder = Builder::new()
             .mode(self.mode)
             .recovery_multiplier(self.recovery_multiplier)
@@ -193,62 +223,31 @@ impl BreakerConfig {
         if self.metrics_label_per_key {
             builder = builder.metrics_label(MetricsLabel::key());
         }
-        if let Some(name) = &self.name {
-            builder = builder.name(name.as_str());
-        }
-        let policies = [
-            self.failure_threshold.is_some(),
-            self.failure_rate.is_some(),
-            self.adaptive_throttle.is_some(),
-        ];
-        if policies.into_iter().filter(|set| *set).count() > 1 {
-            let field = if self.adaptive_throttle.is_some() {
-                "adaptive_throttle"
-            } else {
-                "failure_rate"
-            };
-            return Err(ConfigError::new(
-                field,
-                "set one of `failure_threshold`, `failure_rate` and `adaptive_throttle`",
-            ));
-        }
-        if let Some(throttle) = &self.adaptive_throttle {
-            let window = throttle
-                .window
-                .window()
-                .map_err(|e| e.within("window").within("adaptive_throttle"))?;
-            builder = builder.policy(Policy::adaptive_throttle(throttle.k, window));
-        }
-        builder = match (self.failure_threshold, &self.failure_rate) {
-            // Both set was refused above.
-            (Some(threshold), _) => builder.policy(Policy::consecutive_failures(threshold)),
-            (None, Some(rate)) => {
-                let window = rate
-                    .window
-                    .window()
-                    .map_err(|e| e.within("window").within("failure_rate"))?;
-                builder.policy(Policy::failure_rate(rate.rate, rate.minimum_calls, window))
-            }
-            (None, None) => builder,
-        };
-        if let Some(timeout) = self.recovery_timeout {
-            builder = builder.recovery_timeout(timeout);
-        }
-        if let Some(jitter) = self.recovery_jitter {
-            builder = builder.recovery_jitter(jitter);
-        }
-        if let Some(max) = self.max_recovery_timeout {
-            builder = builder.max_recovery_timeout(max);
-        }
-        if let Some(window) = self.slow_start {
-            builder = builder.slow_start(window);
-        }
-        if let Some(slow) = self.slow_call_threshold {
-            builder = builder.slow_call_threshold(slow);
-        }
-        if let Some(rate) = self.slow_call_rate {
-            builder = builder.slow_call_rate(rate);
-        }
-        Ok(builder)
+        builder = given(builder, self.name.as_deref(), |builder, name| {
+            builder.name(name)
+        });
+        builder = given(builder, policy, Builder::policy);
+        builder = given(builder, self.recovery_timeout, Builder::recovery_timeout);
+        builder = given(builder, self.recovery_jitter, Builder::recovery_jitter);
+        builder = given(
+            builder,
+            self.max_recovery_timeout,
+            Builder::max_recovery_timeout,
+        );
+        builder = given(builder, self.slow_start, Builder::slow_start);
+        builder = given(
+            builder,
+            self.slow_call_threshold,
+            Builder::slow_call_threshold,
+        );
+        Ok(given(builder, self.slow_call_rate, Builder::slow_call_rate))
+    }
+}
+
+/// `builder`, then `set` to `value` when the file gives one.
+fn given<T>(builder: Builder, value: Option<T>, set: fn(Builder, T) -> Builder) -> Builder {
+    match value {
+        Some(value) => set(builder, value),
+        None => builder,
     }
 }
