@@ -18,7 +18,7 @@ use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
-use crate::instruments::{EvictionCounters, Instruments};
+use crate::instruments::EvictionCounters;
 use crate::listeners::Listeners;
 use crate::machine::Breaker;
 use crate::settings::Settings;
@@ -136,8 +136,7 @@ impl Registry {
         keyed: bool,
         notices: Option<Arc<EvictionNotices>>,
     ) -> Arc<Breaker> {
-        let instruments = Instruments::register(label, own_label);
-        let listeners = Listeners::new(instruments, notices);
+        let listeners = Listeners::new(label, own_label, notices);
         let settings = Arc::clone(&self.settings);
         Arc::new(Breaker::new(key, settings, keyed, Box::new(listeners)))
     }
