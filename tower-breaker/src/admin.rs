@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::state::State;
+use crate::sync::Ordering;
 
 /// An operator's handle on a layer's breakers: list them, reset one or all,
 /// force one open or closed.
@@ -86,18 +87,17 @@ impl BreakerSnapshot {
         let word = breaker.load();
         let state = word.state();
         let tally = breaker.tally(now);
-        let totals = breaker.totals();
         BreakerSnapshot {
             key: breaker.key.to_string(),
             state,
             time_in_state: breaker.time_in_state(now),
             remaining_open: (state == State::Open).then(|| breaker.remaining_open(now)),
-            consecutive_failures: breaker.consecutive_failures(),
+            consecutive_failures: breaker.consecutive.load(Ordering::Acquire),
             window_calls: tally.calls,
             window_failures: tally.failures,
-            failures: totals.failures,
-            rejected: totals.rejected,
-            opened: totals.opened,
+            failures: breaker.failures.load(Ordering::Relaxed),
+            rejected: breaker.rejected.load(Ordering::Relaxed),
+            opened: breaker.opened.load(Ordering::Relaxed),
             probes_in_flight: if state == State::HalfOpen {
                 let slots = word.slots();
                 slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32

@@ -204,8 +204,7 @@ impl Builder {
     /// A fixed open period: the breaker stays open this long before it
     /// admits a probe, every time it opens (unless
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) lets it grow),
-    /// and no jitter shortens it unless [`recovery_jitter`](Self::recovery_jitter)
-    /// asks for one.
+    /// without [jitter](Self::recovery_jitter) unless one is set.
     ///
     /// Without it the open period backs off ([crate docs](crate#recovery)) up
     /// to 500 ms, so a long outage costs one failed probe every 0.4 to 0.5 s;
@@ -224,11 +223,9 @@ impl Builder {
     }
 
     /// Grow the open period on every reopen in a row (a probe failed again):
-    /// `first × multiplier^n`, capped at `max`, where `first` is
-    /// [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
-    /// 250 ms or `max` if shorter). The default schedule's cap is 500 ms; with
-    /// `recovery_timeout` set and no maximum, every open lasts
-    /// `recovery_timeout`.
+    /// `first × multiplier^n`, capped at `max` (default 500 ms), where `first`
+    /// is [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
+    /// 250 ms or `max` if shorter).
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
         self.settings.max_recovery_timeout = Some(max);
         self.max_recovery_timeout_set = true;
@@ -249,8 +246,7 @@ impl Builder {
     /// Shorten each open period by a random share of up to `jitter` (in
     /// `[0, 1)`), so processes that opened together do not all probe at the
     /// same moment. Default 0.2, or 0 once
-    /// [`recovery_timeout`](Self::recovery_timeout) is set (with or without
-    /// a maximum).
+    /// [`recovery_timeout`](Self::recovery_timeout) is set.
     pub fn recovery_jitter(mut self, jitter: f64) -> Self {
         self.settings.recovery_jitter = jitter;
         self.recovery_jitter_set = true;

@@ -104,7 +104,8 @@ pub(crate) struct Breaker {
     /// is, so that a caller that sees the new word reads this one too
     /// (`since` is written only after the change).
     period_start: AtomicU64,
-    consecutive: AtomicU32,
+    /// Counted failures in a row (consecutive-failures policy).
+    pub(crate) consecutive: AtomicU32,
     /// How many times in a row the breaker reopened from half-open (low 32
     /// bits), and the epoch of the half-open period the last reopening left
     /// (high bits), so that every caller racing to reopen one period
@@ -113,9 +114,10 @@ pub(crate) struct Breaker {
     window: Option<WindowState>,
     /// For a time window: the clock a success is filed by.
     coarse_clock: Option<CoarseClock>,
-    failures: AtomicU64,
-    rejected: AtomicU64,
-    opened: AtomicU64,
+    /// Lifetime totals: counted failures, refusals, openings.
+    pub(crate) failures: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) opened: AtomicU64,
     changed: Option<Arc<Notify>>,
     /// Told of every transition and refusal (see [`Observer`]).
     observer: Box<dyn Observer>,
@@ -429,27 +431,6 @@ impl Breaker {
             None => Tally::default(),
         }
     }
-
-    /// Counted failures in a row (consecutive-failures policy).
-    pub(crate) fn consecutive_failures(&self) -> u32 {
-        self.consecutive.load(Ordering::Acquire)
-    }
-
-    /// Lifetime totals: counted failures, refusals, openings.
-    pub(crate) fn totals(&self) -> Totals {
-        Totals {
-            failures: self.failures.load(Ordering::Relaxed),
-            rejected: self.rejected.load(Ordering::Relaxed),
-            opened: self.opened.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// A breaker's lifetime totals; see [`Breaker::totals`].
-pub(crate) struct Totals {
-    pub(crate) failures: u64,
-    pub(crate) rejected: u64,
-    pub(crate) opened: u64,
 }
 
 #[cfg(test)]
