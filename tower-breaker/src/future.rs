@@ -261,8 +261,12 @@ impl<C> Recorder<C> {
                     classifier,
                     started,
                 } = self;
-                let elapsed = started.map(|started| started.elapsed());
-                let open = OpenCall::new(permit, elapsed, classifier, judge_end::<C, B>);
+                let open = OpenCall {
+                    permit,
+                    elapsed: started.map(|started| started.elapsed()),
+                    classifier,
+                    judge: judge_end::<C, B>,
+                };
                 return response.map(|body| SettleBody::new(body, open));
             }
         };

@@ -52,9 +52,9 @@ use crate::share::BreakerRef;
 /// ```
 #[derive(Clone)]
 pub struct KeyedCircuitBreakerLayer<C, F> {
-    registry: Arc<Registry>,
-    classifier: C,
-    key_fn: F,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) classifier: C,
+    pub(crate) key_fn: F,
 }
 
 impl<C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreakerLayer<C, F> {
@@ -68,14 +68,6 @@ impl<C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreakerLayer<C, F> {
 }
 
 impl<C, F> KeyedCircuitBreakerLayer<C, F> {
-    pub(crate) fn from_parts(registry: Arc<Registry>, classifier: C, key_fn: F) -> Self {
-        KeyedCircuitBreakerLayer {
-            registry,
-            classifier,
-            key_fn,
-        }
-    }
-
     /// The admin handle of these breakers.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle::new(Arc::clone(&self.registry))

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
 use crate::answer::Plain;
-use crate::instruments::{describe_metrics, MetricsLabel};
+use crate::instruments::{describe_metrics, EvictionCounters, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{ensure, Policy};
 use crate::registry::Registry;
@@ -442,10 +442,11 @@ impl Builder {
     ) -> Result<KeyedCircuitBreakerLayer<C, F>, ConfigError> {
         self.check()?;
         describe_metrics();
-        Ok(KeyedCircuitBreakerLayer::from_parts(
-            Arc::new(Registry::new(Arc::new(self.settings))),
+        let evictions = EvictionCounters::register(&self.settings.name);
+        Ok(KeyedCircuitBreakerLayer {
+            registry: Arc::new(Registry::new(Arc::new(self.settings), evictions)),
             classifier,
             key_fn,
-        ))
+        })
     }
 }

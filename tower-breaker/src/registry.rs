@@ -93,13 +93,8 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// A keyed layer's registry, empty.
-    pub(crate) fn new(settings: Arc<Settings>) -> Self {
-        let evictions = EvictionCounters::register(&settings.name);
-        Self::with_counters(settings, evictions)
-    }
-
-    fn with_counters(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
+    /// A keyed layer's registry, empty, counting its evictions on `evictions`.
+    pub(crate) fn new(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
         Registry {
             settings,
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
@@ -119,7 +114,7 @@ impl Registry {
     /// with the layer's name.
     pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
         // Never evicts: no eviction series for an exporter to show at 0.
-        let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
+        let registry = Registry::new(Arc::clone(&settings), EvictionCounters::none());
         let name = &settings.name;
         let breaker = registry.build(Arc::clone(name), Arc::clone(name).into(), true, false, None);
         let shard = registry.shard_of(name);
@@ -419,7 +414,8 @@ mod tests {
 
     fn registry(max: usize) -> Arc<Registry> {
         let settings = Builder::new().max_breakers(max).into_settings();
-        Arc::new(Registry::new(Arc::new(settings)))
+        let evictions = EvictionCounters::register(&settings.name);
+        Arc::new(Registry::new(Arc::new(settings), evictions))
     }
 
     /// Looks `keys` up on another thread; `true` when it finished in time.
