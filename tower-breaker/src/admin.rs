@@ -1,6 +1,5 @@
 //! The admin handle: list, reset and force breakers from code.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,17 +32,9 @@ use crate::sync::Ordering;
 /// # drop(layer);
 /// # }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct BreakerHandle {
     registry: Arc<Registry>,
-}
-
-impl fmt::Debug for BreakerHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerHandle")
-            .field("registry", &self.registry)
-            .finish()
-    }
 }
 
 /// One breaker as the admin handle reports it. With the `admin` feature it
