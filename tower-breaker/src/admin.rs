@@ -1,6 +1,5 @@
 //! The admin handle: list, reset and force breakers from code.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +8,7 @@ use tokio::time::Instant;
 use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::state::State;
+use crate::sync::Ordering;
 
 /// An operator's handle on a layer's breakers: list them, reset one or all,
 /// force one open or closed.
@@ -32,17 +32,9 @@ use crate::state::State;
 /// # drop(layer);
 /// # }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct BreakerHandle {
     registry: Arc<Registry>,
-}
-
-impl fmt::Debug for BreakerHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerHandle")
-            .field("registry", &self.registry)
-            .finish()
-    }
 }
 
 /// One breaker as the admin handle reports it. With the `admin` feature it
@@ -86,18 +78,17 @@ impl BreakerSnapshot {
         let word = breaker.load();
         let state = word.state();
         let tally = breaker.tally(now);
-        let totals = breaker.totals();
         BreakerSnapshot {
             key: breaker.key.to_string(),
             state,
             time_in_state: breaker.time_in_state(now),
             remaining_open: (state == State::Open).then(|| breaker.remaining_open(now)),
-            consecutive_failures: breaker.consecutive_failures(),
+            consecutive_failures: breaker.consecutive.load(Ordering::Acquire),
             window_calls: tally.calls,
             window_failures: tally.failures,
-            failures: totals.failures,
-            rejected: totals.rejected,
-            opened: totals.opened,
+            failures: breaker.failures.load(Ordering::Relaxed),
+            rejected: breaker.rejected.load(Ordering::Relaxed),
+            opened: breaker.opened.load(Ordering::Relaxed),
             probes_in_flight: if state == State::HalfOpen {
                 let slots = word.slots();
                 slots.claimed.saturating_sub(slots.succeeded + slots.failed) as u32

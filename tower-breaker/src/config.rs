@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tower_classify::ConfigError;
+use tower_classify::{duration, ConfigError};
 
 use crate::instruments::MetricsLabel;
 use crate::layer::Builder;
@@ -27,85 +27,60 @@ use crate::state::Mode;
 /// # Ok::<(), tower_classify::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BreakerConfig {
     /// See [`Builder::name`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// See [`Builder::mode`].
-    #[serde(default)]
     pub mode: Mode,
     /// Consecutive failures that open the breaker (default 5). Exclusive with
     /// `failure_rate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_threshold: Option<u32>,
     /// A failure-rate policy instead of consecutive failures.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_rate: Option<FailureRateConfig>,
     /// Adaptive throttling instead of opening; see
     /// [`Policy::AdaptiveThrottle`]. Exclusive with the two above.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// A fixed open period; see [`Builder::recovery_timeout`]. Absent: the
     /// default schedule.
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub recovery_timeout: Option<Duration>,
     /// See [`Builder::max_recovery_timeout`].
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub max_recovery_timeout: Option<Duration>,
     /// See [`Builder::recovery_multiplier`] (default 2).
-    #[serde(default = "default_multiplier")]
     pub recovery_multiplier: f64,
     /// See [`Builder::recovery_jitter`] (default 0.2, or 0 with a fixed
     /// `recovery_timeout`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_jitter: Option<f64>,
     /// See [`Builder::probes`] (default 1).
-    #[serde(default = "default_probes")]
     pub probes: u32,
     /// See [`Builder::probe_timeout`] (default `"60s"`).
-    #[serde(
-        default = "default_probe_timeout",
-        with = "tower_classify::duration::serde"
-    )]
+    #[serde(with = "duration::serde")]
     pub probe_timeout: Duration,
     /// See [`Builder::slow_start`] (default none).
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub slow_start: Option<Duration>,
     /// See [`Builder::slow_call_threshold`].
-    #[serde(
-        default,
-        with = "tower_classify::duration::serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "duration::serde", skip_serializing_if = "Option::is_none")]
     pub slow_call_threshold: Option<Duration>,
     /// See [`Builder::slow_call_rate`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slow_call_rate: Option<f64>,
     /// See [`Builder::pending_when_open`].
-    #[serde(default)]
     pub pending_when_open: bool,
     /// See [`Builder::max_breakers`] (default 1 000).
-    #[serde(default = "default_max_breakers")]
     pub max_breakers: usize,
     /// `true`: each keyed breaker's metrics are labelled with its key
     /// ([`MetricsLabel::key`]); `false` (the default): with the layer's name.
     /// Mind the cardinality rule of [`MetricsLabel`]. A mapped label is set
     /// in code, on the [`builder`](Self::builder).
-    #[serde(default)]
     pub metrics_label_per_key: bool,
 }
 
@@ -146,7 +121,7 @@ pub struct WindowConfig {
     /// A time window this long.
     #[serde(
         default,
-        with = "tower_classify::duration::serde",
+        with = "duration::serde",
         skip_serializing_if = "Option::is_none"
     )]
     pub length: Option<Duration>,
@@ -157,18 +132,6 @@ pub struct WindowConfig {
 
 fn default_throttle_k() -> f64 {
     2.0
-}
-fn default_multiplier() -> f64 {
-    2.0
-}
-fn default_probe_timeout() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_probes() -> u32 {
-    1
-}
-fn default_max_breakers() -> usize {
-    1_000
 }
 
 impl Default for BreakerConfig {
@@ -181,15 +144,15 @@ impl Default for BreakerConfig {
             adaptive_throttle: None,
             recovery_timeout: None,
             max_recovery_timeout: None,
-            recovery_multiplier: default_multiplier(),
+            recovery_multiplier: 2.0,
             recovery_jitter: None,
-            probes: default_probes(),
-            probe_timeout: default_probe_timeout(),
+            probes: 1,
+            probe_timeout: Duration::from_secs(60),
             slow_start: None,
             slow_call_threshold: None,
             slow_call_rate: None,
             pending_when_open: false,
-            max_breakers: default_max_breakers(),
+            max_breakers: 1_000,
             metrics_label_per_key: false,
         }
     }
@@ -220,6 +183,36 @@ impl BreakerConfig {
     /// state-change callback) before [`build`](Builder::build), which checks
     /// every value again.
     pub fn builder(&self) -> Result<Builder, ConfigError> {
+        let window = |window: &WindowConfig, table: &str| {
+            window
+                .window()
+                .map_err(|e| e.within("window").within(table))
+        };
+        let policy = match (
+            self.failure_threshold,
+            &self.failure_rate,
+            &self.adaptive_throttle,
+        ) {
+            (None, None, None) => None,
+            (Some(threshold), None, None) => Some(Policy::consecutive_failures(threshold)),
+            (None, Some(rate), None) => {
+                let window = window(&rate.window, "failure_rate")?;
+                Some(Policy::failure_rate(rate.rate, rate.minimum_calls, window))
+            }
+            (None, None, Some(throttle)) => {
+                let window = window(&throttle.window, "adaptive_throttle")?;
+                Some(Policy::adaptive_throttle(throttle.k, window))
+            }
+            (_, _, throttle) => {
+                let field = match throttle {
+                    Some(_) => "adaptive_throttle",
+                    None => "failure_rate",
+                };
+                let reason =
+                    "set one of `failure_threshold`, `failure_rate` and `adaptive_throttle`";
+                return Err(ConfigError::new(field, reason));
+            }
+        };
         let mut builder = Builder::new()
             .mode(self.mode)
             .recovery_multiplier(self.recovery_multiplier)
@@ -230,62 +223,31 @@ impl BreakerConfig {
         if self.metrics_label_per_key {
             builder = builder.metrics_label(MetricsLabel::key());
         }
-        if let Some(name) = &self.name {
-            builder = builder.name(name.as_str());
-        }
-        let policies = [
-            self.failure_threshold.is_some(),
-            self.failure_rate.is_some(),
-            self.adaptive_throttle.is_some(),
-        ];
-        if policies.into_iter().filter(|set| *set).count() > 1 {
-            let field = if self.adaptive_throttle.is_some() {
-                "adaptive_throttle"
-            } else {
-                "failure_rate"
-            };
-            return Err(ConfigError::new(
-                field,
-                "set one of `failure_threshold`, `failure_rate` and `adaptive_throttle`",
-            ));
-        }
-        if let Some(throttle) = &self.adaptive_throttle {
-            let window = throttle
-                .window
-                .window()
-                .map_err(|e| e.within("window").within("adaptive_throttle"))?;
-            builder = builder.policy(Policy::adaptive_throttle(throttle.k, window));
-        }
-        builder = match (self.failure_threshold, &self.failure_rate) {
-            // Both set was refused above.
-            (Some(threshold), _) => builder.policy(Policy::consecutive_failures(threshold)),
-            (None, Some(rate)) => {
-                let window = rate
-                    .window
-                    .window()
-                    .map_err(|e| e.within("window").within("failure_rate"))?;
-                builder.policy(Policy::failure_rate(rate.rate, rate.minimum_calls, window))
-            }
-            (None, None) => builder,
-        };
-        if let Some(timeout) = self.recovery_timeout {
-            builder = builder.recovery_timeout(timeout);
-        }
-        if let Some(jitter) = self.recovery_jitter {
-            builder = builder.recovery_jitter(jitter);
-        }
-        if let Some(max) = self.max_recovery_timeout {
-            builder = builder.max_recovery_timeout(max);
-        }
-        if let Some(window) = self.slow_start {
-            builder = builder.slow_start(window);
-        }
-        if let Some(slow) = self.slow_call_threshold {
-            builder = builder.slow_call_threshold(slow);
-        }
-        if let Some(rate) = self.slow_call_rate {
-            builder = builder.slow_call_rate(rate);
-        }
-        Ok(builder)
+        builder = given(builder, self.name.as_deref(), |builder, name| {
+            builder.name(name)
+        });
+        builder = given(builder, policy, Builder::policy);
+        builder = given(builder, self.recovery_timeout, Builder::recovery_timeout);
+        builder = given(builder, self.recovery_jitter, Builder::recovery_jitter);
+        builder = given(
+            builder,
+            self.max_recovery_timeout,
+            Builder::max_recovery_timeout,
+        );
+        builder = given(builder, self.slow_start, Builder::slow_start);
+        builder = given(
+            builder,
+            self.slow_call_threshold,
+            Builder::slow_call_threshold,
+        );
+        Ok(given(builder, self.slow_call_rate, Builder::slow_call_rate))
+    }
+}
+
+/// `builder`, then `set` to `value` when the file gives one.
+fn given<T>(builder: Builder, value: Option<T>, set: fn(Builder, T) -> Builder) -> Builder {
+    match value {
+        Some(value) => set(builder, value),
+        None => builder,
     }
 }

@@ -82,20 +82,12 @@ impl CircuitOpen {
     /// `failure().retry_after()`, says when the caller should try again.
     ///
     /// That hint is set for a call refused in the last fifth of an open
-    /// period: the end of the period plus four times the time it had left,
-    /// five times [`remaining`](Self::remaining). The calls waiting out one
-    /// period so come back spread over a ramp four times as long as they
-    /// arrived in, the last refused first, instead of all at once when it
-    /// ends, and before a next period would end if the probe failed. `None`
-    /// for a call refused earlier in the period (it could only come back
-    /// onto the next period's callers), or while the breaker is half-open,
-    /// forced open or throttling; a refusal of a
-    /// [slow start](crate::Builder::slow_start) names a point of what is
-    /// left of it. A retry layer reads the same hint. An HTTP or gRPC answer
-    /// of the refusal (the `http` feature's `503`, tower-classify's
-    /// `HttpStatusLayer`, `Problem::for_error`, `not_run` and `GrpcStatusLayer`) tells
-    /// its caller this wait, or without it the
-    /// [`remaining`](Self::remaining) open time (see
+    /// period, to five times [`remaining`](Self::remaining) (the [crate
+    /// docs](crate#recovery)' ramp); `None` for a call refused earlier, or
+    /// while the breaker is half-open, forced open or throttling. A refusal
+    /// of a [slow start](crate::Builder::slow_start) names a point of what
+    /// is left of it. An HTTP or gRPC answer of the refusal tells its caller
+    /// this wait, or without it the remaining open time (see
     /// [`Classified::with_answer_wait`](tower_classify::Classified::with_answer_wait)).
     pub fn failure(&self) -> tower_classify::Failure {
         self.classified.failure()

@@ -42,7 +42,7 @@
 //! longer moved or given a second chance.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::machine::Breaker;
 use crate::state::State;
@@ -113,17 +113,12 @@ impl EvictionNotices {
     pub(crate) fn post_closed(&self, key: &Arc<str>) {
         self.closed
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .push(Arc::clone(key));
     }
 
     pub(crate) fn take_closed(&self) -> Vec<Arc<str>> {
-        std::mem::take(
-            &mut *self
-                .closed
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+        std::mem::take(&mut *self.closed.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Records a use of a breaker that is not closed (a call looked it up,

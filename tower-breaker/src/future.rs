@@ -81,6 +81,20 @@ impl<F, C, A> ResponseFuture<F, C, A> {
     }
 }
 
+/// Records `result` with the recorder in place, then drops it: moving the
+/// recorder out first costs a copy the closed path can do without.
+#[inline]
+fn record<C: Classify<T, E>, T, E>(
+    recorder: &mut Option<Recorder<C>>,
+    result: Result<T, E>,
+) -> Result<T, E> {
+    if let Some(recorder) = recorder.as_mut() {
+        recorder.record(result.as_ref());
+    }
+    *recorder = None;
+    result
+}
+
 /// The refusal a rejected future resolves to, once.
 fn take_refusal(open: &mut Option<Box<CircuitOpen>>) -> Box<CircuitOpen> {
     open.take().expect("ResponseFuture polled after completion")
@@ -98,18 +112,12 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
-            ResponseStateProj::Called { future } => {
-                // Boxed before it is classified, so one classifier over
-                // `BoxError` serves any client's error type.
-                let result = ready!(future.poll(cx)).map_err(Into::into);
-                // Recorded in place, then dropped: moving the recorder out
-                // first costs a copy the closed path can do without.
-                if let Some(recorder) = this.recorder.as_mut() {
-                    recorder.record(result.as_ref());
-                }
-                *this.recorder = None;
-                Poll::Ready(result)
-            }
+            // Boxed before it is classified, so one classifier over
+            // `BoxError` serves any client's error type.
+            ResponseStateProj::Called { future } => Poll::Ready(record(
+                this.recorder,
+                ready!(future.poll(cx)).map_err(Into::into),
+            )),
             ResponseStateProj::Rejected { open } => Poll::Ready(Err(take_refusal(open))),
         }
     }
@@ -128,12 +136,7 @@ where
         let this = self.project();
         match this.state.project() {
             ResponseStateProj::Called { future } => {
-                let result = ready!(future.poll(cx));
-                if let Some(recorder) = this.recorder.as_mut() {
-                    recorder.record(result.as_ref());
-                }
-                *this.recorder = None;
-                Poll::Ready(result)
+                Poll::Ready(record(this.recorder, ready!(future.poll(cx))))
             }
             ResponseStateProj::Rejected { open } => {
                 Poll::Ready(Ok(open_response(&take_refusal(open))))
@@ -258,8 +261,12 @@ impl<C> Recorder<C> {
                     classifier,
                     started,
                 } = self;
-                let elapsed = started.map(|started| started.elapsed());
-                let open = OpenCall::new(permit, elapsed, classifier, judge_end::<C, B>);
+                let open = OpenCall {
+                    permit,
+                    elapsed: started.map(|started| started.elapsed()),
+                    classifier,
+                    judge: judge_end::<C, B>,
+                };
                 return response.map(|body| SettleBody::new(body, open));
             }
         };

@@ -1,13 +1,12 @@
-//! The metric handles each breaker holds, registered once when it is created
-//! so the hot path never looks a series up, and what its `breaker` label says.
+//! The crate's metrics: their descriptions, what a breaker's `breaker` label
+//! says, and a keyed registry's eviction counters (a breaker's own handles
+//! are its listeners', `listeners.rs`).
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge, SharedString, Unit};
-
-use crate::state::State;
+use metrics::{Counter, SharedString, Unit};
 
 /// What the `breaker` label of a keyed breaker's metrics says: the layer's
 /// [name](crate::Builder::name) (the default), a label computed from the key
@@ -148,55 +147,6 @@ pub fn describe_metrics() {
         Unit::Count,
         "Keyed circuit breakers evicted to make room for a new key, by the state they were in"
     );
-}
-
-/// One breaker's metric handles, registered with the recorder installed when
-/// the breaker was created.
-pub(crate) struct Instruments {
-    state: Gauge,
-    forced: Gauge,
-    pub(crate) opened: Counter,
-    pub(crate) rejected: Counter,
-    pub(crate) would_reject: Counter,
-    /// The label is this breaker's alone, so its gauge may be reset when
-    /// the breaker is evicted without hiding another breaker's state.
-    own_label: bool,
-}
-
-impl Instruments {
-    pub(crate) fn register(label: SharedString, own_label: bool) -> Self {
-        Instruments {
-            state: metrics::gauge!("tower_breaker_state", "breaker" => label.clone()),
-            forced: metrics::gauge!("tower_breaker_forced", "breaker" => label.clone()),
-            opened: metrics::counter!("tower_breaker_opened_total", "breaker" => label.clone()),
-            rejected: metrics::counter!("tower_breaker_rejected_total", "breaker" => label.clone()),
-            would_reject: metrics::counter!("tower_breaker_would_reject_total", "breaker" => label),
-            own_label,
-        }
-    }
-
-    /// A state change.
-    pub(crate) fn set_state(&self, state: State) {
-        self.state.set(state.gauge_value());
-        self.forced.set(if state.is_forced() { 1.0 } else { 0.0 });
-    }
-
-    /// The first state of a breaker its registry keeps.
-    pub(crate) fn publish(&self, state: State) {
-        if self.own_label {
-            self.set_state(state);
-        }
-    }
-
-    /// An evicted breaker's last word: with a label of its own, its gauge
-    /// goes back to closed, what a new breaker for the key would start at,
-    /// so a dashboard counting open breakers forgets it. A shared gauge is
-    /// left to the breakers still using it.
-    pub(crate) fn retire(&self) {
-        if self.own_label {
-            self.set_state(State::Closed);
-        }
-    }
 }
 
 /// A keyed registry's eviction counters, labelled with the layer's name

@@ -18,35 +18,17 @@ use crate::share::BreakerRef;
 /// a route, a `channel:connector` pair. A dependency that fails opens only its
 /// own breaker; the others keep passing.
 ///
-/// # Bounds
+/// The map's bound, eviction order and metrics labels are in the [crate
+/// docs](crate#keyed-breakers); "least recently used" is approximated as
+/// the CLOCK page-replacement algorithm does (one used since it joined the
+/// line goes to the back once instead of being evicted). When every breaker
+/// is forced, new keys share one overflow breaker (its key is `<overflow>`;
+/// it is not listed by the admin handle and has no state gauge) until an
+/// operator resets one. State is per process.
 ///
-/// The map is bounded at [`max_breakers`](crate::Builder::max_breakers); a
-/// new key beyond that evicts as the [crate docs](crate#keyed-breakers) say,
-/// closed breakers first: evicting an open one would re-admit full load to a
-/// dependency known to be broken. When every breaker is forced, new keys share
-/// one overflow breaker (its key is `<overflow>`; it is not listed by the
-/// admin handle and has no state gauge) until an operator resets one, so a
-/// flood of new keys allocates nothing per call. State is per process.
-///
-/// "Least recently used" is approximated as the CLOCK page-replacement
-/// algorithm does: breakers wait in insertion order, and one used since it
-/// joined the line goes to the back once instead of being evicted. A key
-/// flood costs the same per key with 100 breakers as with 100 000.
-///
-/// # Cost per call
-///
-/// The key function sees `&Req` and returns anything that is `AsRef<str>`:
-/// return a `&'static str` or a cheap clone (an `Arc<str>`, an
-/// `http::uri::Authority`) where you can, since it runs on every call. A call
-/// for a known key takes one of 16 shards' read lock; a new key builds its
-/// breaker before taking any lock, then takes the lock that serialises
-/// inserts and evictions.
-///
-/// # Metrics
-///
-/// Each breaker registers its metric handles when it is created ([crate
-/// docs](crate#observability)), labelled as
-/// [`Builder::metrics_label`](crate::Builder::metrics_label) chooses.
+/// The key function sees `&Req` and runs on every call: return a
+/// `&'static str` or a cheap clone (an `Arc<str>`, an
+/// `http::uri::Authority`) where you can.
 ///
 /// ```
 /// use tower::{service_fn, Layer, ServiceExt};
@@ -70,9 +52,9 @@ use crate::share::BreakerRef;
 /// ```
 #[derive(Clone)]
 pub struct KeyedCircuitBreakerLayer<C, F> {
-    registry: Arc<Registry>,
-    classifier: C,
-    key_fn: F,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) classifier: C,
+    pub(crate) key_fn: F,
 }
 
 impl<C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreakerLayer<C, F> {
@@ -86,14 +68,6 @@ impl<C: fmt::Debug, F> fmt::Debug for KeyedCircuitBreakerLayer<C, F> {
 }
 
 impl<C, F> KeyedCircuitBreakerLayer<C, F> {
-    pub(crate) fn from_parts(registry: Arc<Registry>, classifier: C, key_fn: F) -> Self {
-        KeyedCircuitBreakerLayer {
-            registry,
-            classifier,
-            key_fn,
-        }
-    }
-
     /// The admin handle of these breakers.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle::new(Arc::clone(&self.registry))

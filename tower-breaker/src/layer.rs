@@ -9,9 +9,9 @@ use tower_layer::Layer;
 
 use crate::admin::BreakerHandle;
 use crate::answer::Plain;
-use crate::instruments::{describe_metrics, MetricsLabel};
+use crate::instruments::{describe_metrics, EvictionCounters, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
-use crate::policy::Policy;
+use crate::policy::{ensure, Policy};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
 use crate::settings::Settings;
@@ -204,16 +204,12 @@ impl Builder {
     /// A fixed open period: the breaker stays open this long before it
     /// admits a probe, every time it opens (unless
     /// [`max_recovery_timeout`](Self::max_recovery_timeout) lets it grow),
-    /// and no jitter shortens it unless [`recovery_jitter`](Self::recovery_jitter)
-    /// asks for one.
+    /// without [jitter](Self::recovery_jitter) unless one is set.
     ///
     /// Without it the open period backs off ([crate docs](crate#recovery)) up
-    /// to 500 ms: every call refused until then is lost to a caller that
-    /// cannot wait, so a return just after a failed probe loses at most four
-    /// fifths of 500 ms of calls (BENCHMARKS.md's recovery simulation). A long
-    /// outage costs one failed probe every 0.4 to 0.5 s; raise the cap with
-    /// [`max_recovery_timeout`](Self::max_recovery_timeout) where many
-    /// processes and keys would probe one dead dependency.
+    /// to 500 ms, so a long outage costs one failed probe every 0.4 to 0.5 s;
+    /// raise the cap with [`max_recovery_timeout`](Self::max_recovery_timeout)
+    /// where many processes and keys would probe one dead dependency.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self.recovery_timeout_set = true;
@@ -227,11 +223,9 @@ impl Builder {
     }
 
     /// Grow the open period on every reopen in a row (a probe failed again):
-    /// `first × multiplier^n`, capped at `max`, where `first` is
-    /// [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
-    /// 250 ms or `max` if shorter). The default schedule's cap is 500 ms; with
-    /// `recovery_timeout` set and no maximum, every open lasts
-    /// `recovery_timeout`.
+    /// `first × multiplier^n`, capped at `max` (default 500 ms), where `first`
+    /// is [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
+    /// 250 ms or `max` if shorter).
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
         self.settings.max_recovery_timeout = Some(max);
         self.max_recovery_timeout_set = true;
@@ -252,8 +246,7 @@ impl Builder {
     /// Shorten each open period by a random share of up to `jitter` (in
     /// `[0, 1)`), so processes that opened together do not all probe at the
     /// same moment. Default 0.2, or 0 once
-    /// [`recovery_timeout`](Self::recovery_timeout) is set (with or without
-    /// a maximum).
+    /// [`recovery_timeout`](Self::recovery_timeout) is set.
     pub fn recovery_jitter(mut self, jitter: f64) -> Self {
         self.settings.recovery_jitter = jitter;
         self.recovery_jitter_set = true;
@@ -378,75 +371,57 @@ impl Builder {
     /// described), so a configuration can be validated before the metrics
     /// recorder is installed.
     pub fn check(&self) -> Result<(), ConfigError> {
-        self.validate()
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.settings;
         s.policy.validate()?;
-        if s.probes == 0 || s.probes > MAX_PROBES {
-            return Err(ConfigError::new(
-                "probes",
-                format!("must be 1 to {MAX_PROBES}, got {}", s.probes),
-            ));
-        }
+        let probes = format!("must be 1 to {MAX_PROBES}, got {}", s.probes);
+        ensure((1..=MAX_PROBES).contains(&s.probes), "probes", probes)?;
         if let Some(rate) = s.slow_call_rate {
-            if !(rate > 0.0 && rate <= 1.0) {
-                return Err(ConfigError::new(
-                    "slow_call_rate",
-                    format!("must be in (0, 1], got {rate}"),
-                ));
-            }
-            if s.slow_call_threshold.is_none() {
-                return Err(ConfigError::new(
-                    "slow_call_rate",
-                    "needs a slow_call_threshold saying which calls are slow",
-                ));
-            }
-            if !matches!(s.policy, Policy::FailureRate { .. }) {
-                return Err(ConfigError::new(
-                    "slow_call_rate",
-                    "needs a failure_rate policy, whose window it is measured over",
-                ));
-            }
+            let field = "slow_call_rate";
+            ensure(
+                rate > 0.0 && rate <= 1.0,
+                field,
+                format!("must be in (0, 1], got {rate}"),
+            )?;
+            ensure(
+                s.slow_call_threshold.is_some(),
+                field,
+                "needs a slow_call_threshold saying which calls are slow",
+            )?;
+            ensure(
+                matches!(s.policy, Policy::FailureRate { .. }),
+                field,
+                "needs a failure_rate policy, whose window it is measured over",
+            )?;
         }
-        if s.probe_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "probe_timeout",
-                "must be longer than zero",
-            ));
-        }
-        if let Some(max) = s.max_recovery_timeout {
-            if max < s.recovery_timeout {
-                return Err(ConfigError::new(
-                    "max_recovery_timeout",
-                    "must not be shorter than recovery_timeout",
-                ));
-            }
-        }
+        ensure(
+            !s.probe_timeout.is_zero(),
+            "probe_timeout",
+            "must be longer than zero",
+        )?;
+        ensure(
+            s.max_recovery_timeout
+                .is_none_or(|max| max >= s.recovery_timeout),
+            "max_recovery_timeout",
+            "must not be shorter than recovery_timeout",
+        )?;
         let (multiplier, jitter) = (s.recovery_multiplier, s.recovery_jitter);
-        if !(multiplier >= 1.0 && multiplier.is_finite()) {
-            return Err(ConfigError::new(
-                "recovery_multiplier",
-                format!("must be a finite number of at least 1, got {multiplier}"),
-            ));
-        }
-        if !(0.0..1.0).contains(&jitter) {
-            let message = format!("must be in [0, 1), got {jitter}");
-            return Err(ConfigError::new("recovery_jitter", message));
-        }
-        if s.max_breakers == 0 {
-            return Err(ConfigError::new("max_breakers", "must be at least 1"));
-        }
-        if s.name.is_empty() {
-            return Err(ConfigError::new("name", "must not be empty"));
-        }
-        Ok(())
+        ensure(
+            multiplier >= 1.0 && multiplier.is_finite(),
+            "recovery_multiplier",
+            format!("must be a finite number of at least 1, got {multiplier}"),
+        )?;
+        ensure(
+            (0.0..1.0).contains(&jitter),
+            "recovery_jitter",
+            format!("must be in [0, 1), got {jitter}"),
+        )?;
+        ensure(s.max_breakers > 0, "max_breakers", "must be at least 1")?;
+        ensure(!s.name.is_empty(), "name", "must not be empty")
     }
 
     /// A [`CircuitBreakerLayer`] classifying results with `classifier`.
     pub fn build<C>(self, classifier: C) -> Result<CircuitBreakerLayer<C>, ConfigError> {
-        self.validate()?;
+        self.check()?;
         describe_metrics();
         let settings = Arc::new(self.settings);
         let (registry, breaker) = Registry::single(settings);
@@ -465,12 +440,13 @@ impl Builder {
         classifier: C,
         key_fn: F,
     ) -> Result<KeyedCircuitBreakerLayer<C, F>, ConfigError> {
-        self.validate()?;
+        self.check()?;
         describe_metrics();
-        Ok(KeyedCircuitBreakerLayer::from_parts(
-            Arc::new(Registry::new(Arc::new(self.settings))),
+        let evictions = EvictionCounters::register(&self.settings.name);
+        Ok(KeyedCircuitBreakerLayer {
+            registry: Arc::new(Registry::new(Arc::new(self.settings), evictions)),
             classifier,
             key_fn,
-        ))
+        })
     }
 }

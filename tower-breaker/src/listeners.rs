@@ -1,19 +1,29 @@
-//! What listens to a breaker's machine: its metric handles, its `tracing`
-//! events, and a keyed registry's eviction notices. The machine reports to
-//! one [`Observer`]; this is the one the registry gives every breaker.
+//! What listens to a breaker's machine: its metric handles (registered once,
+//! when it is created, so the hot path never looks a series up), its
+//! `tracing` events, and a keyed registry's eviction notices. The machine
+//! reports to one [`Observer`]; this is the one the registry gives every
+//! breaker.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 
+use metrics::{Counter, Gauge, SharedString};
+
 use crate::events::breaker_event;
 use crate::eviction::EvictionNotices;
-use crate::instruments::Instruments;
 use crate::machine::{Breaker, Observer, Report, Transition};
 use crate::state::State;
 
 /// A breaker's listeners.
 pub(crate) struct Listeners {
-    instruments: Instruments,
+    state: Gauge,
+    forced: Gauge,
+    opened: Counter,
+    rejected: Counter,
+    would_reject: Counter,
+    /// The label is this breaker's alone, so its gauge may be reset when
+    /// the breaker is evicted without hiding another breaker's state.
+    own_label: bool,
     /// A keyed breaker's registry, told when the breaker opens and when it
     /// closes again.
     notices: Option<Arc<EvictionNotices>>,
@@ -23,11 +33,38 @@ pub(crate) struct Listeners {
 }
 
 impl Listeners {
-    pub(crate) fn new(instruments: Instruments, notices: Option<Arc<EvictionNotices>>) -> Self {
+    /// Registers the breaker's handles, labelled `label`, with the recorder
+    /// installed now.
+    pub(crate) fn new(
+        label: SharedString,
+        own_label: bool,
+        notices: Option<Arc<EvictionNotices>>,
+    ) -> Self {
         Listeners {
-            instruments,
+            state: metrics::gauge!("tower_breaker_state", "breaker" => label.clone()),
+            forced: metrics::gauge!("tower_breaker_forced", "breaker" => label.clone()),
+            opened: metrics::counter!("tower_breaker_opened_total", "breaker" => label.clone()),
+            rejected: metrics::counter!("tower_breaker_rejected_total", "breaker" => label.clone()),
+            would_reject: metrics::counter!("tower_breaker_would_reject_total", "breaker" => label),
+            own_label,
             notices,
             retired: AtomicBool::new(false),
+        }
+    }
+
+    fn set_state(&self, state: State) {
+        self.state.set(state.gauge_value());
+        self.forced.set(if state.is_forced() { 1.0 } else { 0.0 });
+    }
+
+    /// A state this breaker may show only under a label of its own: its
+    /// first once the registry keeps it (a new breaker must not hide the
+    /// state of another sharing the label), and closed once evicted (what a
+    /// new breaker for the key would start at, so a dashboard counting open
+    /// breakers forgets it).
+    fn set_own_state(&self, state: State) {
+        if self.own_label {
+            self.set_state(state);
         }
     }
 
@@ -39,7 +76,7 @@ impl Listeners {
             by_operator,
         } = transition;
         if to == State::Open {
-            self.instruments.opened.increment(1);
+            self.opened.increment(1);
             // The call whose failure opened it used it last.
             if let Some(notices) = &self.notices {
                 notices.stamp(&breaker.open_used);
@@ -92,7 +129,7 @@ impl Listeners {
         if self.retired.load(Ordering::Relaxed) {
             return;
         }
-        self.instruments.set_state(state);
+        self.set_state(state);
         // An eviction may have retired the breaker while this write was
         // under way, its reset to closed landing first: then this write left
         // an evicted key's series at a state nothing will update. Look again
@@ -100,7 +137,7 @@ impl Listeners {
         // load misses the flag, this write is ordered before the reset.
         fence(Ordering::SeqCst);
         if self.retired.load(Ordering::Relaxed) {
-            self.instruments.retire();
+            self.set_own_state(State::Closed);
         }
     }
 
@@ -110,7 +147,7 @@ impl Listeners {
         self.retired.store(true, Ordering::Relaxed);
         // See `gauge`: a state write racing this one is redone as a reset.
         fence(Ordering::SeqCst);
-        self.instruments.retire();
+        self.set_own_state(State::Closed);
     }
 }
 
@@ -132,7 +169,7 @@ impl Observer for Listeners {
                 "half-open probes did not answer in time; reopening"
             ),
             Report::Rejected { remaining } => {
-                self.instruments.rejected.increment(1);
+                self.rejected.increment(1);
                 // Per call, so never above `debug`: an outage must not turn
                 // every refused request into a log line; the state change
                 // was logged.
@@ -144,7 +181,7 @@ impl Observer for Listeners {
                 );
             }
             Report::WouldReject { state } => {
-                self.instruments.would_reject.increment(1);
+                self.would_reject.increment(1);
                 breaker_event!(
                     debug,
                     breaker,
@@ -152,10 +189,7 @@ impl Observer for Listeners {
                     "circuit breaker would reject a call (metrics-only mode lets it through)"
                 );
             }
-            // The state of a breaker the registry now keeps, when its label
-            // is its own (a new breaker must not hide the state of another
-            // breaker sharing the label).
-            Report::Kept(state) => self.instruments.publish(state),
+            Report::Kept(state) => self.set_own_state(state),
             Report::LetGo => self.let_go(),
         }
     }

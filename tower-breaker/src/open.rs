@@ -15,30 +15,14 @@ use crate::permit::Permit;
 /// [`classify_end`](tower_classify::Classify::classify_end) judges that end.
 /// The rules are listed on [`HttpError`](crate::answer::HttpError).
 pub struct OpenCall<C> {
-    permit: Permit,
+    pub(crate) permit: Permit,
     /// The call's duration up to its response head; `None` when nothing
     /// needs it (no slow-call threshold, no per-call callback).
-    elapsed: Option<Duration>,
-    classifier: C,
+    pub(crate) elapsed: Option<Duration>,
+    pub(crate) classifier: C,
     /// `classifier`'s `classify_end` for the response type it was left open
     /// with, so that the body's type names the classifier alone.
-    judge: fn(&C, StreamEnd<'_>) -> Outcome,
-}
-
-impl<C> OpenCall<C> {
-    pub(crate) fn new(
-        permit: Permit,
-        elapsed: Option<Duration>,
-        classifier: C,
-        judge: fn(&C, StreamEnd<'_>) -> Outcome,
-    ) -> Self {
-        OpenCall {
-            permit,
-            elapsed,
-            classifier,
-            judge,
-        }
-    }
+    pub(crate) judge: fn(&C, StreamEnd<'_>) -> Outcome,
 }
 
 impl<C> OnEnd for OpenCall<C> {

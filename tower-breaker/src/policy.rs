@@ -42,14 +42,8 @@ pub enum Policy {
     /// and shed calls are not. Every call counts as a request, those this
     /// breaker refused included. A refusal is the same [`CircuitOpen`](crate::CircuitOpen)
     /// an open circuit gives (without a remaining time), with the same
-    /// metrics, events and HTTP or gRPC answer.
-    ///
-    /// How much it refuses is in the [crate
-    /// docs](crate#partial-outages-adaptive-throttling); a full outage is left
-    /// a trickle of calls (about one in `requests + 1`) that sees the
-    /// backend's return, after which the refused share falls as accepts
-    /// fill the window. The window sets how fast: a count window of `n`
-    /// calls recovers within a few times `n` calls whatever the rate.
+    /// metrics, events and HTTP or gRPC answer; when to choose it is in the
+    /// [crate docs](crate#partial-outages-adaptive-throttling).
     #[non_exhaustive]
     AdaptiveThrottle {
         /// How many requests per accept are allowed before any is refused:
@@ -101,52 +95,52 @@ impl Policy {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             Policy::ConsecutiveFailures { threshold } => {
-                if threshold == 0 {
-                    return Err(ConfigError::new("failure_threshold", "must be at least 1"));
-                }
+                ensure(threshold > 0, "failure_threshold", "must be at least 1")
             }
             Policy::FailureRate {
                 rate,
                 minimum_calls,
                 window,
             } => {
-                if !(rate > 0.0 && rate <= 1.0) {
-                    return Err(ConfigError::new(
-                        "failure_rate.rate",
-                        format!("must be in (0, 1], got {rate}"),
-                    ));
-                }
-                if minimum_calls == 0 {
-                    return Err(ConfigError::new(
-                        "failure_rate.minimum_calls",
-                        "must be at least 1",
-                    ));
-                }
+                let field = "failure_rate.minimum_calls";
+                ensure(
+                    rate > 0.0 && rate <= 1.0,
+                    "failure_rate.rate",
+                    format!("must be in (0, 1], got {rate}"),
+                )?;
+                ensure(minimum_calls > 0, field, "must be at least 1")?;
                 window.validate().map_err(|e| e.within("failure_rate"))?;
-                if let Window::Count(size) = window {
-                    if minimum_calls > size {
-                        return Err(ConfigError::new(
-                            "failure_rate.minimum_calls",
-                            format!(
-                                "{minimum_calls} can never be reached in a window of {size} calls"
-                            ),
-                        ));
-                    }
+                match window {
+                    Window::Count(size) => ensure(
+                        minimum_calls <= size,
+                        field,
+                        format!("{minimum_calls} can never be reached in a window of {size} calls"),
+                    ),
+                    _ => Ok(()),
                 }
             }
             Policy::AdaptiveThrottle { k, window } => {
-                if !(k >= 1.0 && k.is_finite()) {
-                    return Err(ConfigError::new(
-                        "adaptive_throttle.k",
-                        format!("must be a finite number of at least 1, got {k}"),
-                    ));
-                }
-                window
-                    .validate()
-                    .map_err(|e| e.within("adaptive_throttle"))?;
+                ensure(
+                    k >= 1.0 && k.is_finite(),
+                    "adaptive_throttle.k",
+                    format!("must be a finite number of at least 1, got {k}"),
+                )?;
+                window.validate().map_err(|e| e.within("adaptive_throttle"))
             }
         }
+    }
+}
+
+/// `Ok` when `ok`, else a [`ConfigError`] refusing `field` for `reason`.
+pub(crate) fn ensure(
+    ok: bool,
+    field: &'static str,
+    reason: impl Into<String>,
+) -> Result<(), ConfigError> {
+    if ok {
         Ok(())
+    } else {
+        Err(ConfigError::new(field, reason))
     }
 }
 
@@ -211,25 +205,24 @@ impl Window {
 
     fn validate(&self) -> Result<(), ConfigError> {
         match *self {
-            Window::Count(n) if n == 0 || n > MAX_COUNT_WINDOW => Err(ConfigError::new(
+            Window::Count(n) => ensure(
+                (1..=MAX_COUNT_WINDOW).contains(&n),
                 "window",
                 format!("a count window holds 1 to {MAX_COUNT_WINDOW} calls, got {n}"),
-            )),
-            Window::Time { buckets, .. } if buckets == 0 || buckets > MAX_BUCKETS => {
-                Err(ConfigError::new(
+            ),
+            Window::Time { length, buckets } => {
+                let reason = format!("must be 1 to {MAX_BUCKETS}, got {buckets}");
+                ensure(
+                    (1..=MAX_BUCKETS).contains(&buckets),
                     "window.buckets",
-                    format!("must be 1 to {MAX_BUCKETS}, got {buckets}"),
-                ))
-            }
-            Window::Time { length, buckets }
-                if length < Duration::from_millis(u64::from(buckets)) =>
-            {
-                Err(ConfigError::new(
+                    reason,
+                )?;
+                ensure(
+                    length >= Duration::from_millis(u64::from(buckets)),
                     "window.length",
                     "must be at least one millisecond per bucket",
-                ))
+                )
             }
-            _ => Ok(()),
         }
     }
 }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tower_classify::LogLimit;
 
 use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
-use crate::instruments::{EvictionCounters, Instruments};
+use crate::instruments::EvictionCounters;
 use crate::listeners::Listeners;
 use crate::machine::Breaker;
 use crate::settings::Settings;
@@ -92,13 +93,8 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// A keyed layer's registry, empty.
-    pub(crate) fn new(settings: Arc<Settings>) -> Self {
-        let evictions = EvictionCounters::register(&settings.name);
-        Self::with_counters(settings, evictions)
-    }
-
-    fn with_counters(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
+    /// A keyed layer's registry, empty, counting its evictions on `evictions`.
+    pub(crate) fn new(settings: Arc<Settings>, evictions: EvictionCounters) -> Self {
         Registry {
             settings,
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
@@ -118,7 +114,7 @@ impl Registry {
     /// with the layer's name.
     pub(crate) fn single(settings: Arc<Settings>) -> (Self, Arc<Breaker>) {
         // Never evicts: no eviction series for an exporter to show at 0.
-        let registry = Registry::with_counters(Arc::clone(&settings), EvictionCounters::none());
+        let registry = Registry::new(Arc::clone(&settings), EvictionCounters::none());
         let name = &settings.name;
         let breaker = registry.build(Arc::clone(name), Arc::clone(name).into(), true, false, None);
         let shard = registry.shard_of(name);
@@ -135,8 +131,7 @@ impl Registry {
         keyed: bool,
         notices: Option<Arc<EvictionNotices>>,
     ) -> Arc<Breaker> {
-        let instruments = Instruments::register(label, own_label);
-        let listeners = Listeners::new(instruments, notices);
+        let listeners = Listeners::new(label, own_label, notices);
         let settings = Arc::clone(&self.settings);
         Arc::new(Breaker::new(key, settings, keyed, Box::new(listeners)))
     }
@@ -173,19 +168,17 @@ impl Registry {
     fn read(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
         self.shards[shard]
             .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
         self.shards[shard]
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_queues(&self) -> MutexGuard<'_, EvictionQueues> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The breaker for `key`, created (and a victim evicted) when new.
@@ -421,7 +414,8 @@ mod tests {
 
     fn registry(max: usize) -> Arc<Registry> {
         let settings = Builder::new().max_breakers(max).into_settings();
-        Arc::new(Registry::new(Arc::new(settings)))
+        let evictions = EvictionCounters::register(&settings.name);
+        Arc::new(Registry::new(Arc::new(settings), evictions))
     }
 
     /// Looks `keys` up on another thread; `true` when it finished in time.

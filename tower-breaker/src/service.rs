@@ -33,16 +33,11 @@ use crate::share::BreakerRef;
 /// `A` is the breaker's [answer](crate::answer): what a refused call gets,
 /// and whether a response is judged at its head or where its body ends.
 ///
-/// `poll_ready` forwards the inner service's readiness; `call` refuses at
-/// once, without touching the inner service ([crate docs](crate#with-axum)):
-/// a [`CircuitOpen`] error, or under the `Http503` answer a `503` response.
-///
-/// While the breaker refuses calls, `poll_ready` does not wait for the inner
-/// service at all: a dependency that is down often has a client that is not
-/// ready either (a full buffer, a saturated concurrency limit), and the point
-/// of an open circuit is not to wait for it. The call that follows is then
-/// refused, even if the circuit half-opened in between, because the inner
-/// service was not made ready for it.
+/// While the breaker refuses calls, `poll_ready` is ready at once without
+/// polling the inner service ([crate docs](crate#with-axum)): a dependency
+/// that is down often has a client that is not ready either. The call that
+/// follows is then refused, even if the circuit half-opened in between,
+/// because the inner service was not made ready for it.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
 /// refusal decided by `poll_ready`.
@@ -144,7 +139,7 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         if self.poll_breaker(cx).is_pending() {
             return Poll::Pending;
         }
-        if !self.breaker().disabled && self.breaker().refusing().is_some() {
+        if !self.breaker().disabled && self.breaker().refusing() {
             self.refuse_next = true;
             return Poll::Ready(Ok(()));
         }

@@ -80,58 +80,44 @@ impl Breaker {
                     return Ok(Admission::new(word.epoch(), false))
                 }
                 State::ForcedOpen => return self.refuse(word),
-                State::Open => {
-                    let until = self.open_until.load(Ordering::Acquire);
-                    let at = self.offset(now);
-                    if at < until {
-                        return self.refuse_open(word, until, at);
-                    }
-                    // Recovery timeout over: this caller turns the breaker
-                    // half-open and takes the first probe slot in one CAS.
-                    // The probes' deadline is written first, as `open_until`
-                    // is, so no reader sees a half-open period without one.
-                    // Raised, never lowered: each period's deadline is later
-                    // than the last one's, so a caller that stalled before
-                    // this write and then lost its CAS cannot shorten the
-                    // deadline of a period that began meanwhile.
-                    self.probes_due.fetch_max(
-                        self.deadline_after(now, self.settings.probe_timeout),
-                        Ordering::AcqRel,
-                    );
-                    let next = word.next(State::HalfOpen).with_slots(Slots {
-                        claimed: 1,
-                        ..Slots::NONE
-                    });
-                    match self.cas(word, next) {
-                        Ok(()) => {
-                            self.changed(State::Open, State::HalfOpen, now, None, false);
-                            self.observer
-                                .report(self, Report::ProbeAdmitted { probe: 1 });
-                            return Ok(Admission::new(next.epoch(), true));
+                State::Open | State::HalfOpen => {
+                    let opening = word.state() == State::Open;
+                    let probes = u64::from(self.settings.probes);
+                    if opening {
+                        let until = self.open_until.load(Ordering::Acquire);
+                        let at = self.offset(now);
+                        if at < until {
+                            let (remaining, retry_after) = self.release_after(until, at);
+                            return self.refuse_until(word, Some(remaining), retry_after);
                         }
-                        Err(actual) => word = actual,
-                    }
-                }
-                State::HalfOpen => {
-                    if word.claimed() >= u64::from(self.settings.probes) {
+                    } else if word.claimed() >= probes {
                         if self.lapse_probes(word, now) {
                             word = self.load();
                             continue;
                         }
                         return self.refuse(word);
                     }
-                    let next = word.with_slots(Slots {
-                        claimed: word.claimed() + 1,
-                        ..word.slots()
+                    // Past the recovery timeout, this caller turns the breaker
+                    // half-open and takes the first slot in one CAS.
+                    let from = if opening {
+                        word.next(State::HalfOpen)
+                    } else {
+                        word
+                    };
+                    let next = from.with_slots(Slots {
+                        claimed: from.claimed() + 1,
+                        ..from.slots()
                     });
-                    if next.claimed() == u64::from(self.settings.probes) {
-                        // The last slot: the probes' deadline runs from now
-                        // (`probe_timeout` counts once every slot is taken),
-                        // not from the start of the half-open period, which
-                        // a probe given back (dropped, or neutral) and a
-                        // quiet spell may have left long past. Written
-                        // before the CAS, so no reader sees every slot taken
-                        // with the old deadline, and raised only (above).
+                    if opening || next.claimed() == probes {
+                        // The probes' deadline, written before the CAS (as
+                        // `open_until` is) so no reader sees a half-open
+                        // period, or every slot taken, without it: from the
+                        // opening, and again from the last slot's claim
+                        // (`probe_timeout` counts once every slot is taken;
+                        // a probe given back and a quiet spell may have left
+                        // the opening long past). Raised, never lowered: a
+                        // caller that stalled before this write and lost its
+                        // CAS cannot shorten a later period's deadline.
                         self.probes_due.fetch_max(
                             self.deadline_after(now, self.settings.probe_timeout),
                             Ordering::AcqRel,
@@ -139,9 +125,12 @@ impl Breaker {
                     }
                     match self.cas(word, next) {
                         Ok(()) => {
+                            if opening {
+                                self.changed(State::Open, State::HalfOpen, now, None, false);
+                            }
                             let probe = next.claimed();
                             self.observer.report(self, Report::ProbeAdmitted { probe });
-                            return Ok(Admission::new(word.epoch(), true));
+                            return Ok(Admission::new(next.epoch(), true));
                         }
                         Err(actual) => word = actual,
                     }
@@ -212,14 +201,6 @@ impl Breaker {
         self.refuse_until(word, None, None)
     }
 
-    /// Refuses a call arriving at `at` in the open period ending at `until`
-    /// (both as [`offset`](Self::offset)s), with its place on the release
-    /// ramp if it has one.
-    fn refuse_open(&self, word: Word, until: u64, at: u64) -> Result<Admission, CircuitOpen> {
-        let (remaining, retry_after) = self.release_after(until, at);
-        self.refuse_until(word, Some(remaining), retry_after)
-    }
-
     /// [`refuse`](Self::refuse), telling the caller to come back after
     /// `retry_after`.
     fn refuse_until(
@@ -275,41 +256,15 @@ impl Breaker {
         CircuitOpen::new(Arc::clone(&self.key), remaining, retry_after)
     }
 
-    /// `Some(remaining open time)` when a call arriving now would be refused
-    /// (enforce mode only); `None` when it would be admitted. Closed: one load.
+    /// Whether a call arriving now would be refused (enforce mode only):
+    /// what [`readiness`](Self::readiness) waits out. Closed: one load.
     #[inline]
-    pub(crate) fn refusing(&self) -> Option<Option<Duration>> {
-        let word = self.load();
-        if word.is_closed() || self.settings.mode != Mode::Enforce {
-            return None;
-        }
-        self.refusing_slow(word)
+    pub(crate) fn refusing(&self) -> bool {
+        !self.load().is_closed() && self.readiness() != Readiness::Ready
     }
 
-    #[cold]
-    fn refusing_slow(&self, mut word: Word) -> Option<Option<Duration>> {
-        let now = Instant::now();
-        loop {
-            return match word.state() {
-                State::Open => {
-                    let until = self.open_until.load(Ordering::Acquire);
-                    let at = self.offset(now);
-                    (at < until).then(|| Some(Duration::from_nanos(until - at)))
-                }
-                State::HalfOpen if word.claimed() >= u64::from(self.settings.probes) => {
-                    if self.lapse_probes(word, now) {
-                        word = self.load();
-                        continue;
-                    }
-                    Some(None)
-                }
-                State::ForcedOpen => Some(None),
-                State::Closed | State::HalfOpen | State::ForcedClosed => None,
-            };
-        }
-    }
-
-    /// What a `poll_ready` in pending mode waits for. Reclaims the slots of
+    /// What a `poll_ready` in pending mode waits for (`Ready` outside
+    /// enforce mode). Reclaims the slots of
     /// probes that are overdue, so a waiter woken by their deadline finds
     /// the breaker open again rather than spinning.
     pub(crate) fn readiness(&self) -> Readiness {

@@ -104,7 +104,8 @@ pub(crate) struct Breaker {
     /// is, so that a caller that sees the new word reads this one too
     /// (`since` is written only after the change).
     period_start: AtomicU64,
-    consecutive: AtomicU32,
+    /// Counted failures in a row (consecutive-failures policy).
+    pub(crate) consecutive: AtomicU32,
     /// How many times in a row the breaker reopened from half-open (low 32
     /// bits), and the epoch of the half-open period the last reopening left
     /// (high bits), so that every caller racing to reopen one period
@@ -113,9 +114,10 @@ pub(crate) struct Breaker {
     window: Option<WindowState>,
     /// For a time window: the clock a success is filed by.
     coarse_clock: Option<CoarseClock>,
-    failures: AtomicU64,
-    rejected: AtomicU64,
-    opened: AtomicU64,
+    /// Lifetime totals: counted failures, refusals, openings.
+    pub(crate) failures: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) opened: AtomicU64,
     changed: Option<Arc<Notify>>,
     /// Told of every transition and refusal (see [`Observer`]).
     observer: Box<dyn Observer>,
@@ -294,9 +296,7 @@ impl Breaker {
             .store(from.epoch() << 32 | u64::from(streak), Ordering::Release);
         // Results of the old period no longer count (their epoch is gone):
         // the counts an operator reads while the breaker is open are empty.
-        // A call that checked its epoch just before the CAS may still write
-        // into them; they are cleared again before the breaker closes
-        // (`enter_closed`).
+        // Cleared again before it closes (see `clear_counts`).
         self.clear_counts();
         self.changed(from.state(), State::Open, now, Some(wait), false);
         true
@@ -312,25 +312,16 @@ impl Breaker {
         }
     }
 
+    /// Clears the counts when the breaker opens and again just *before* it
+    /// closes, while no call can count in them: a result is checked against
+    /// its epoch ([`counts`](Self::counts)) and then written, so calls that
+    /// passed the check just before the opening may still write, and the
+    /// next closed period must not meet those stale counts.
     fn clear_counts(&self) {
         self.consecutive.store(0, Ordering::Release);
         if let Some(window) = &self.window {
             window.reset();
         }
-    }
-
-    /// Makes the counts ready for a closed period about to start: cleared
-    /// *before* the breaker closes, while no call can count in them, so no
-    /// result of the new period meets stale counts. A result is checked
-    /// against its epoch ([`counts`](Self::counts)) and then written, two
-    /// steps: cleared only when the breaker opened, the counts kept the
-    /// writes of calls that passed the check just before it, and the next
-    /// closed period started with stale failures (a count window's ring and
-    /// counts could even disagree for good, one result off). The calls of
-    /// the last closed period have had the whole open period to finish
-    /// their writes.
-    fn enter_closed(&self) {
-        self.clear_counts();
     }
 
     /// An operator's transition: reset (to closed), force open, force
@@ -345,7 +336,7 @@ impl Breaker {
     /// then reports the change (the registry calls it once it holds no lock).
     pub(crate) fn set_forced(&self, to: State) -> State {
         if to == State::Closed {
-            self.enter_closed();
+            self.clear_counts();
         }
         let mut word = self.load();
         loop {
@@ -440,27 +431,6 @@ impl Breaker {
             None => Tally::default(),
         }
     }
-
-    /// Counted failures in a row (consecutive-failures policy).
-    pub(crate) fn consecutive_failures(&self) -> u32 {
-        self.consecutive.load(Ordering::Acquire)
-    }
-
-    /// Lifetime totals: counted failures, refusals, openings.
-    pub(crate) fn totals(&self) -> Totals {
-        Totals {
-            failures: self.failures.load(Ordering::Relaxed),
-            rejected: self.rejected.load(Ordering::Relaxed),
-            opened: self.opened.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// A breaker's lifetime totals; see [`Breaker::totals`].
-pub(crate) struct Totals {
-    pub(crate) failures: u64,
-    pub(crate) rejected: u64,
-    pub(crate) opened: u64,
 }
 
 #[cfg(test)]

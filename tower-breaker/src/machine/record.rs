@@ -252,7 +252,7 @@ impl Breaker {
                 continue;
             }
             let next = if slots.succeeded + slots.failed >= probes {
-                self.enter_closed();
+                self.clear_counts();
                 let closed = self.closed_word(word.next(State::Closed));
                 if self.settings.slow_start.is_zero() || closed.is_throttling() {
                     closed
