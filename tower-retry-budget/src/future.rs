@@ -234,7 +234,7 @@ where
                         let kept = this.kept.as_ref().expect("a retry has something kept");
                         if !policy.replay.can_replay(kept) {
                             this.state.set(State::Done);
-                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
+                            return Poll::Ready(not_replayable(policy, cold, *this.attempts, None));
                         }
                         // Ended (or let go) during the sleep: nothing left
                         // to keep the answer for while readiness is awaited.
@@ -286,21 +286,11 @@ where
                     let mut request = match policy.replay.replay(kept, *this.attempts) {
                         Ok(request) => request,
                         // The body outgrew its recording since the retry
-                        // was decided (a reader still streaming it): the
-                        // answer kept for this is the call's.
-                        Err(_) if cold.last.is_some() => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
-                        }
+                        // was decided (a reader still streaming it).
                         Err(err) => {
                             this.state.set(State::Done);
-                            let reason = StopReason::NotReplayable;
-                            let failure = cold.retried.expect("a retry follows a failure");
-                            cold.end_span(*this.attempts, Some(failure), Some(reason));
-                            // As for a request found not replayable when the
-                            // retry is decided: the listeners, no metric.
-                            policy.listeners.gave_up(*this.attempts, reason, failure);
-                            return Poll::Ready(Err(err));
+                            let attempts = *this.attempts;
+                            return Poll::Ready(not_replayable(policy, cold, attempts, Some(err)));
                         }
                     };
                     // The answer being retried stays whole while the retry
@@ -379,7 +369,7 @@ where
             && matches!(&result, Err(AttemptError::Inner(err)) if lost_its_body(err))
         {
             this.state.set(State::Done);
-            return Poll::Ready(hand_back_last(policy, cold, attempts));
+            return Poll::Ready(not_replayable(policy, cold, attempts, None));
         }
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
@@ -450,30 +440,34 @@ where
     }
 }
 
-/// Ends the call after `attempts` attempts with the answer kept whole while
-/// the request's body streamed (`cold.last`), the answer of the attempt
-/// being retried: the body outgrew its recording before the retry could
-/// be sent, or under the retry, which says nothing of the request. It is
-/// handed back as a failure not retried, marked
-/// [`NotReplayable`](StopReason::NotReplayable); the listeners hear of it
-/// with the failure handed back.
-fn hand_back_last<C, R, Res>(
+/// Ends the call after `attempts` attempts when the request could not be
+/// sent again: the body outgrew its recording before the retry could be
+/// sent, or under the retry, which says nothing of the request. The answer
+/// kept whole while the body streamed (`cold.last`, the answer of the
+/// attempt being retried) is handed back as a failure not retried, else
+/// `replay_error`. Marked [`NotReplayable`](StopReason::NotReplayable), as
+/// for a request found not replayable when the retry is decided: the
+/// listeners hear of it, no metric counts it.
+fn not_replayable<C, R, Res>(
     policy: &Policy<C, R>,
     cold: &mut Cold<Res>,
     attempts: u32,
+    replay_error: Option<BoxError>,
 ) -> Result<Res, BoxError>
 where
     R: StopReport<Res>,
 {
-    let last = *cold.last.take().expect("an answer was kept");
     let reason = StopReason::NotReplayable;
     let failure = cold.retried.expect("a retry follows a failure");
     cold.end_span(attempts, Some(failure), Some(reason));
-    // As for a request found not replayable when the retry is decided:
-    // the listeners, no metric.
     let marked = policy.listeners.gave_up(attempts, reason, failure);
-    let result = last.map_err(AttemptError::Inner);
-    stopped(Stop::HandBack(reason), marked, result, &policy.replay)
+    match cold.last.take() {
+        Some(last) => {
+            let result = (*last).map_err(AttemptError::Inner);
+            stopped(Stop::HandBack(reason), marked, result, &policy.replay)
+        }
+        None => Err(replay_error.expect("an answer was kept, or the replay failed")),
+    }
 }
 
 /// What the caller gets when the loop stops (`stop`, `marked` with why and
