@@ -50,12 +50,10 @@ pin_project! {
     where
         S: Service<Req>,
     {
-        // Dropped as soon as no further hedge can be sent, so that a
-        // readiness it holds (a concurrency permit, a buffer slot) is freed.
-        service: Option<S>,
-        // What the next hedge is made from; `None` once no further hedge
-        // may be sent.
-        kept: Option<K>,
+        // The service and what the next hedge is made from; dropped as soon
+        // as no further hedge can be sent, so that a readiness the service
+        // holds (a concurrency permit, a buffer slot) is freed.
+        next: Option<(S, K)>,
         delay: Duration,
         deadline: Option<Instant>,
         // When the next hedge is due; its timer is made on the first poll,
@@ -139,8 +137,7 @@ where
         let due_at = started.unwrap_or_else(Instant::now) + delay;
         let mut future = Self::unhedged(first, started, reports, policy);
         future.hedging = Some(Box::pin(Hedging {
-            service: Some(service),
-            kept: Some(kept),
+            next: Some((service, kept)),
             delay,
             deadline,
             due_at,
@@ -235,7 +232,7 @@ where
             }
 
             // The next hedge, if one may still be sent.
-            let Some(service) = hedging.service.as_mut() else {
+            let Some((service, kept)) = hedging.next.as_mut() else {
                 return Poll::Pending;
             };
             if !*hedging.due {
@@ -248,10 +245,6 @@ where
                 *hedging.due = true;
             }
             let attempt = *hedging.sent + 1;
-            let kept = hedging
-                .kept
-                .as_ref()
-                .expect("kept while a hedge may be sent");
             let sendable = match service.poll_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(error)) => {
@@ -272,14 +265,11 @@ where
                 Ok(request) => request,
                 Err(refusal) => {
                     policy.telemetry.refused(attempt, refusal);
-                    stop(&mut hedging);
+                    *hedging.next = None;
                     continue;
                 }
             };
             *hedging.sent = attempt;
-            if attempt >= policy.max_attempts {
-                *hedging.kept = None;
-            }
             policy.replay.before_send(&mut request, *hedging.deadline);
             let span = policy.telemetry.hedge_span(attempt, *hedging.delay);
             let future = span.in_scope(|| service.call(request));
@@ -292,7 +282,7 @@ where
                 attempt,
                 span,
             });
-            if hedging.kept.is_some() {
+            if attempt < policy.max_attempts {
                 // One delay after this hedge went out, not after it was due:
                 // a readiness stall does not bunch the next hedges together.
                 *hedging.due = false;
@@ -302,7 +292,7 @@ where
                     timer.reset(next);
                 }
             } else {
-                stop(&mut hedging);
+                *hedging.next = None;
             }
             // Loop to poll the new hedge once, so it can wake the call.
         }
@@ -380,18 +370,9 @@ where
     } else {
         *hedging.failed = Some(result);
     }
-    stop(hedging);
+    // No further hedge: the service clone and the kept request go at once.
+    *hedging.next = None;
     None
-}
-
-/// No further hedge for this call: the service clone and what was kept of
-/// the request go at once.
-fn stop<S, Req, K>(hedging: &mut HedgingProj<'_, S, Req, K>)
-where
-    S: Service<Req>,
-{
-    *hedging.service = None;
-    *hedging.kept = None;
 }
 
 /// Drops every hedge still in flight: another attempt answered.
