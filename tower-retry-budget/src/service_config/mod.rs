@@ -360,9 +360,7 @@ impl RetryPolicyConfig {
     }
 }
 
-/// A validated `hedgingPolicy`;
-/// [`hedge_builder`](Self::hedge_builder) makes a
-/// [`HedgeLayer`](crate::hedge::HedgeLayer) from it.
+/// A validated `hedgingPolicy`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HedgingPolicyConfig {
     max_attempts: u32,

@@ -731,7 +731,7 @@ async fn the_throttle_stops_retries_at_half_and_successes_restore_them() {
 #[test]
 fn a_code_outside_the_set_does_not_count_against_the_throttle() {
     let throttle = Arc::new(TokenBucketBudget::new(10, 0.1).unwrap());
-    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Arc::clone(&throttle));
+    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Some(&throttle));
     let classify =
         |response: &Response<()>| Classify::<_, BoxError>::classify(&classifier, Ok(response));
     classify(&grpc_response(3, None)); // INVALID_ARGUMENT: the request's fault
