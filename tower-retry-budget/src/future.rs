@@ -180,8 +180,9 @@ where
 type Classified<Res> = (Result<Res, AttemptError<BoxError>>, Outcome);
 
 /// The retry loop: drives the attempts, the sleeps and the readiness in
-/// between until the call ends. `first` is the first attempt's result when
-/// the fast path of `poll` already has it.
+/// between until the call ends (each way out breaks with its answer).
+/// `first` is the first attempt's result when the fast path of `poll`
+/// already has it.
 #[inline(never)]
 fn drive<S, Req, C, R>(
     mut this: ResponseFutureProj<'_, S, Req, C, R>,
@@ -195,7 +196,7 @@ where
     R: Replay<Req> + StopReport<S::Response>,
 {
     let policy = &**this.policy;
-    loop {
+    let ended = loop {
         let (result, outcome) = if let Some(ready) = first.take() {
             ready
         } else {
@@ -216,7 +217,7 @@ where
                                 // The attempt in flight ran out of time.
                                 let failure = Failure::new(FailureKind::Timeout);
                                 let err = deadline_exceeded(policy, cold, *this.attempts, failure);
-                                return Poll::Ready(Err(err));
+                                break Err(err);
                             }
                             Err(AttemptError::TimedOut)
                         }
@@ -233,8 +234,7 @@ where
                     if cold.last.is_some() {
                         let kept = this.kept.as_ref().expect("a retry has something kept");
                         if !policy.replay.can_replay(kept) {
-                            this.state.set(State::Done);
-                            return Poll::Ready(not_replayable(policy, cold, *this.attempts, None));
+                            break not_replayable(policy, cold, *this.attempts, None);
                         }
                         // Ended (or let go) during the sleep: nothing left
                         // to keep the answer for while readiness is awaited.
@@ -252,11 +252,10 @@ where
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Err(err)) => {
-                            this.state.set(State::Done);
                             cold.last = None;
                             let failure = Failure::new(FailureKind::ServerError);
                             cold.end_span(*this.attempts, Some(failure), None);
-                            return Poll::Ready(Err(err.into()));
+                            break Err(err.into());
                         }
                         Poll::Ready(Ok(()))
                             if too_little_left(cold.retry.deadline, policy.min_attempt_time)
@@ -271,10 +270,9 @@ where
                         // `decide` saw room for, or not ready by the last
                         // moment a retry could start: none is sent.
                         _ => {
-                            this.state.set(State::Done);
                             let failure = cold.retried.expect("a retry follows a failure");
                             let err = deadline_exceeded(policy, cold, *this.attempts, failure);
-                            return Poll::Ready(Err(err));
+                            break Err(err);
                         }
                     }
                     let kept = this
@@ -288,9 +286,8 @@ where
                         // The body outgrew its recording since the retry
                         // was decided (a reader still streaming it).
                         Err(err) => {
-                            this.state.set(State::Done);
                             let attempts = *this.attempts;
-                            return Poll::Ready(not_replayable(policy, cold, attempts, Some(err)));
+                            break not_replayable(policy, cold, attempts, Some(err));
                         }
                     };
                     // The answer being retried stays whole while the retry
@@ -323,10 +320,9 @@ where
                     continue;
                 }
                 StateProj::Expired => {
-                    this.state.set(State::Done);
                     let cold = this.cold.as_mut().expect("a deadline has cold state");
                     let failure = Failure::new(FailureKind::Timeout);
-                    return Poll::Ready(Err(deadline_exceeded(policy, cold, 0, failure)));
+                    break Err(deadline_exceeded(policy, cold, 0, failure));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
@@ -338,7 +334,6 @@ where
             Outcome::Failure(failure) => failure,
             // The success path: nothing to decide.
             Outcome::Success | Outcome::Ignored => {
-                this.state.set(State::Done);
                 if let Some(cold) = this.cold.as_ref() {
                     if let Some(spans) = &cold.spans {
                         telemetry::record_outcome(&spans.attempt, None);
@@ -348,7 +343,7 @@ where
                 if *this.attempts > 1 && outcome == Outcome::Success {
                     policy.listeners.recovered(*this.attempts);
                 }
-                return Poll::Ready(result.map_err(AttemptError::into_box));
+                break result.map_err(AttemptError::into_box);
             }
         };
         let cold = this.cold.get_or_insert_with(Box::default);
@@ -368,8 +363,7 @@ where
         if cold.last.is_some()
             && matches!(&result, Err(AttemptError::Inner(err)) if lost_its_body(err))
         {
-            this.state.set(State::Done);
-            return Poll::Ready(not_replayable(policy, cold, attempts, None));
+            break not_replayable(policy, cold, attempts, None);
         }
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
@@ -389,11 +383,10 @@ where
         let wait = match decision {
             Decision::Retry(wait) => wait,
             Decision::Stop(stop) => {
-                this.state.set(State::Done);
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 let marked = policy.listeners.gave_up(attempts, reason, failure);
-                return Poll::Ready(stopped(stop, marked, result, report));
+                break stopped(stop, marked, result, report);
             }
         };
 
@@ -437,7 +430,9 @@ where
             cold.arm_wait(wait);
             this.state.set(State::Waiting);
         }
-    }
+    };
+    this.state.set(State::Done);
+    Poll::Ready(ended)
 }
 
 /// Ends the call after `attempts` attempts when the request could not be
