@@ -27,11 +27,8 @@ pub(crate) struct Cold<Res> {
     pub(crate) previous: Option<PreviousFailure>,
     // The answer of the attempt being retried, kept whole instead of
     // `previous` while that attempt may still be streaming the request's
-    // body (an upload it goes on sending after an early answer): if the
-    // body outgrows its recording before the retry is sent, or under the
-    // retry, this is the call's answer, not a replay error.
-    // Boxed: the cold state is made for every call with a limit or spans,
-    // and a response would grow it for all of them.
+    // body (see `Replay::still_streaming`). Boxed: a response would grow
+    // the cold state of every call with a limit or spans.
     pub(crate) last: Option<Box<Result<Res, BoxError>>>,
     // How the attempt being retried failed, for a give-up that comes
     // before the retry is sent.

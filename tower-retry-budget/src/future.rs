@@ -180,8 +180,9 @@ where
 type Classified<Res> = (Result<Res, AttemptError<BoxError>>, Outcome);
 
 /// The retry loop: drives the attempts, the sleeps and the readiness in
-/// between until the call ends. `first` is the first attempt's result when
-/// the fast path of `poll` already has it.
+/// between until the call ends (each way out breaks with its answer).
+/// `first` is the first attempt's result when the fast path of `poll`
+/// already has it.
 #[inline(never)]
 fn drive<S, Req, C, R>(
     mut this: ResponseFutureProj<'_, S, Req, C, R>,
@@ -195,7 +196,7 @@ where
     R: Replay<Req> + StopReport<S::Response>,
 {
     let policy = &**this.policy;
-    loop {
+    let ended = loop {
         let (result, outcome) = if let Some(ready) = first.take() {
             ready
         } else {
@@ -216,7 +217,7 @@ where
                                 // The attempt in flight ran out of time.
                                 let failure = Failure::new(FailureKind::Timeout);
                                 let err = deadline_exceeded(policy, cold, *this.attempts, failure);
-                                return Poll::Ready(Err(err));
+                                break Err(err);
                             }
                             Err(AttemptError::TimedOut)
                         }
@@ -233,8 +234,7 @@ where
                     if cold.last.is_some() {
                         let kept = this.kept.as_ref().expect("a retry has something kept");
                         if !policy.replay.can_replay(kept) {
-                            this.state.set(State::Done);
-                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
+                            break not_replayable(policy, cold, *this.attempts, None);
                         }
                         // Ended (or let go) during the sleep: nothing left
                         // to keep the answer for while readiness is awaited.
@@ -252,11 +252,10 @@ where
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Err(err)) => {
-                            this.state.set(State::Done);
                             cold.last = None;
                             let failure = Failure::new(FailureKind::ServerError);
                             cold.end_span(*this.attempts, Some(failure), None);
-                            return Poll::Ready(Err(err.into()));
+                            break Err(err.into());
                         }
                         Poll::Ready(Ok(()))
                             if too_little_left(cold.retry.deadline, policy.min_attempt_time)
@@ -271,10 +270,9 @@ where
                         // `decide` saw room for, or not ready by the last
                         // moment a retry could start: none is sent.
                         _ => {
-                            this.state.set(State::Done);
                             let failure = cold.retried.expect("a retry follows a failure");
                             let err = deadline_exceeded(policy, cold, *this.attempts, failure);
-                            return Poll::Ready(Err(err));
+                            break Err(err);
                         }
                     }
                     let kept = this
@@ -286,21 +284,10 @@ where
                     let mut request = match policy.replay.replay(kept, *this.attempts) {
                         Ok(request) => request,
                         // The body outgrew its recording since the retry
-                        // was decided (a reader still streaming it): the
-                        // answer kept for this is the call's.
-                        Err(_) if cold.last.is_some() => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(hand_back_last(policy, cold, *this.attempts));
-                        }
+                        // was decided (a reader still streaming it).
                         Err(err) => {
-                            this.state.set(State::Done);
-                            let reason = StopReason::NotReplayable;
-                            let failure = cold.retried.expect("a retry follows a failure");
-                            cold.end_span(*this.attempts, Some(failure), Some(reason));
-                            // As for a request found not replayable when the
-                            // retry is decided: the listeners, no metric.
-                            policy.listeners.gave_up(*this.attempts, reason, failure);
-                            return Poll::Ready(Err(err));
+                            let attempts = *this.attempts;
+                            break not_replayable(policy, cold, attempts, Some(err));
                         }
                     };
                     // The answer being retried stays whole while the retry
@@ -333,10 +320,9 @@ where
                     continue;
                 }
                 StateProj::Expired => {
-                    this.state.set(State::Done);
                     let cold = this.cold.as_mut().expect("a deadline has cold state");
                     let failure = Failure::new(FailureKind::Timeout);
-                    return Poll::Ready(Err(deadline_exceeded(policy, cold, 0, failure)));
+                    break Err(deadline_exceeded(policy, cold, 0, failure));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
@@ -348,7 +334,6 @@ where
             Outcome::Failure(failure) => failure,
             // The success path: nothing to decide.
             Outcome::Success | Outcome::Ignored => {
-                this.state.set(State::Done);
                 if let Some(cold) = this.cold.as_ref() {
                     if let Some(spans) = &cold.spans {
                         telemetry::record_outcome(&spans.attempt, None);
@@ -358,7 +343,7 @@ where
                 if *this.attempts > 1 && outcome == Outcome::Success {
                     policy.listeners.recovered(*this.attempts);
                 }
-                return Poll::Ready(result.map_err(AttemptError::into_box));
+                break result.map_err(AttemptError::into_box);
             }
         };
         let cold = this.cold.get_or_insert_with(Box::default);
@@ -378,8 +363,7 @@ where
         if cold.last.is_some()
             && matches!(&result, Err(AttemptError::Inner(err)) if lost_its_body(err))
         {
-            this.state.set(State::Done);
-            return Poll::Ready(hand_back_last(policy, cold, attempts));
+            break not_replayable(policy, cold, attempts, None);
         }
         let decision = match &result {
             // A retry layer below stopped on its spent budget: retrying
@@ -399,11 +383,10 @@ where
         let wait = match decision {
             Decision::Retry(wait) => wait,
             Decision::Stop(stop) => {
-                this.state.set(State::Done);
                 let reason = stop.reason();
                 cold.end_span(attempts, Some(failure), Some(reason));
                 let marked = policy.listeners.gave_up(attempts, reason, failure);
-                return Poll::Ready(stopped(stop, marked, result, report));
+                break stopped(stop, marked, result, report);
             }
         };
 
@@ -447,33 +430,39 @@ where
             cold.arm_wait(wait);
             this.state.set(State::Waiting);
         }
-    }
+    };
+    this.state.set(State::Done);
+    Poll::Ready(ended)
 }
 
-/// Ends the call after `attempts` attempts with the answer kept whole while
-/// the request's body streamed (`cold.last`), the answer of the attempt
-/// being retried: the body outgrew its recording before the retry could
-/// be sent, or under the retry, which says nothing of the request. It is
-/// handed back as a failure not retried, marked
-/// [`NotReplayable`](StopReason::NotReplayable); the listeners hear of it
-/// with the failure handed back.
-fn hand_back_last<C, R, Res>(
+/// Ends the call after `attempts` attempts when the request could not be
+/// sent again: the body outgrew its recording before the retry could be
+/// sent, or under the retry, which says nothing of the request. The answer
+/// kept whole while the body streamed (`cold.last`, the answer of the
+/// attempt being retried) is handed back as a failure not retried, else
+/// `replay_error`. Marked [`NotReplayable`](StopReason::NotReplayable), as
+/// for a request found not replayable when the retry is decided: the
+/// listeners hear of it, no metric counts it.
+fn not_replayable<C, R, Res>(
     policy: &Policy<C, R>,
     cold: &mut Cold<Res>,
     attempts: u32,
+    replay_error: Option<BoxError>,
 ) -> Result<Res, BoxError>
 where
     R: StopReport<Res>,
 {
-    let last = *cold.last.take().expect("an answer was kept");
     let reason = StopReason::NotReplayable;
     let failure = cold.retried.expect("a retry follows a failure");
     cold.end_span(attempts, Some(failure), Some(reason));
-    // As for a request found not replayable when the retry is decided:
-    // the listeners, no metric.
     let marked = policy.listeners.gave_up(attempts, reason, failure);
-    let result = last.map_err(AttemptError::Inner);
-    stopped(Stop::HandBack(reason), marked, result, &policy.replay)
+    match cold.last.take() {
+        Some(last) => {
+            let result = (*last).map_err(AttemptError::Inner);
+            stopped(Stop::HandBack(reason), marked, result, &policy.replay)
+        }
+        None => Err(replay_error.expect("an answer was kept, or the replay failed")),
+    }
 }
 
 /// What the caller gets when the loop stops (`stop`, `marked` with why and

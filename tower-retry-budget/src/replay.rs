@@ -47,14 +47,11 @@ pub trait Replay<Req> {
     }
 
     /// Whether an attempt may still be reading the request from its source
-    /// (an upload the attempt goes on sending after an early answer), so
-    /// that [`can_replay`](Self::can_replay) may yet turn `false`. While it
-    /// may, the loop keeps the failed answer whole through the backoff and
-    /// the retry: if the request outgrows its recording before the retry
-    /// is sent, or under the retry, that answer goes back to the caller
-    /// instead of an error that says nothing of the request. `false` by
-    /// default; [`HttpReplay`] asks the body
-    /// ([`TryCloneBody::still_streaming`](crate::body::TryCloneBody::still_streaming)).
+    /// (an upload it goes on sending after an early answer), so that
+    /// [`can_replay`](Self::can_replay) may yet turn `false`: the loop then
+    /// keeps the failed answer whole, to hand back rather than an error
+    /// that says nothing of the request. `false` by default;
+    /// [`HttpReplay`] asks the body.
     fn still_streaming(&self, kept: &Self::Kept) -> bool {
         let _ = kept;
         false
@@ -228,36 +225,6 @@ mod http_replay {
         /// `grpc-timeout` on every attempt, just before it is sent, in
         /// gRPC's wire format rounded down (default `false`). A request
         /// with no deadline keeps its own header, if any.
-        ///
-        /// A caller's 150 ms deadline, as the server below sees it:
-        ///
-        /// ```
-        /// use std::time::Duration;
-        /// use bytes::Bytes;
-        /// use http_body_util::Full;
-        /// use tower::{service_fn, Layer, ServiceExt};
-        /// use tower_classify::deadline::{Deadline, GRPC_TIMEOUT};
-        /// use tower_retry_budget::{body::ReplayBody, RetryLayer};
-        ///
-        /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-        /// # async fn main() -> Result<(), tower_classify::BoxError> {
-        /// let layer = RetryLayer::http_builder()
-        ///     .map_replay(|replay| replay.grpc_timeout(true))
-        ///     .attempt_timeout(Duration::from_millis(100))
-        ///     .min_attempt_time(Duration::from_millis(20))
-        ///     .build()?;
-        /// let upstream = service_fn(|request: http::Request<ReplayBody<Full<Bytes>>>| async move {
-        ///     // The server sees what is left of the caller's 150 ms.
-        ///     let left = Deadline::from_header(request.headers(), GRPC_TIMEOUT).map(|d| d.remaining());
-        ///     Ok::<_, tower_classify::BoxError>(http::Response::new(left))
-        /// });
-        /// let mut request = http::Request::get("http://inventory/items/7")
-        ///     .body(ReplayBody::new(Full::new(Bytes::new()), 1024))?;
-        /// request.extensions_mut().insert(Deadline::after(Duration::from_millis(150)));
-        /// let response = layer.layer(upstream).oneshot(request).await?;
-        /// assert_eq!(*response.body(), Some(Duration::from_millis(150)));
-        /// # Ok(()) }
-        /// ```
         ///
         /// [`Deadline`]: tower_classify::deadline::Deadline
         pub fn grpc_timeout(mut self, yes: bool) -> Self {

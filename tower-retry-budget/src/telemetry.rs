@@ -92,19 +92,10 @@ impl Telemetry {
     }
 
     /// The spans of a new call, `None` when no subscriber records them.
-    #[inline]
-    pub(crate) fn call_spans(&self) -> Option<CallSpans> {
-        if !self.spans_wanted() {
-            return None;
-        }
-        self.make_call_spans()
-    }
-
     /// Field names follow OpenTelemetry's where it has one:
     /// `http.request.resend_count` on every attempt after the first and
     /// `error.type` for the class of a failure.
-    #[cold]
-    fn make_call_spans(&self) -> Option<CallSpans> {
+    pub(crate) fn call_spans(&self) -> Option<CallSpans> {
         let call = tracing::debug_span!(
             "retry",
             retry = %self.name,

@@ -14,10 +14,8 @@ use tower_classify::{CoarseClock, ConfigError};
 const SLOTS: usize = 11;
 const WINDOWS_PER_TTL: u32 = 10;
 
-/// What one retry costs, in budget units. Deposits are `retry_percent × UNIT`,
-/// so a percentage keeps six decimal places instead of being truncated to the
-/// reciprocal of a whole number (tower issue 857: tower's `TpsBudget` turns
-/// 0.6 into `1 / 0.6 as isize = 1`, i.e. 100 %).
+/// What one retry costs, in budget units: a deposit is `retry_percent × UNIT`,
+/// so a percentage keeps six decimals (tower issue 857).
 const UNIT: i64 = 1_000_000;
 
 /// Finagle's retry budget: retries may add `retry_percent` of the requests
@@ -30,19 +28,13 @@ const UNIT: i64 = 1_000_000;
 /// of the ttl, as tower's are), whatever the traffic, busy or idle.
 ///
 /// Unlike tower's `TpsBudget` it has no fractional-percent truncation: 0.6
-/// allows 60 retries per 100 requests, not 100. And it takes no lock and
-/// reads no clock to deposit: the time window is rotated by whichever caller
-/// first wins a compare-and-swap on the window's generation, and a deposit is
-/// one relaxed atomic add filed by a [`CoarseClock`] reading (one relaxed
-/// load of a reading that one process-wide thread refreshes every 10 ms while
-/// a budget exists). That reading may lag by its tick plus however long the
-/// thread was held up, so a deposit made within that lag of a window's start
-/// may be filed in the window before and count for that much less than
-/// `ttl`. Withdrawals read the clock itself. Under paused tokio time (tests)
-/// deposits read tokio's clock too, so `advance` moves them exactly.
-/// Under concurrent withdrawals the balance may go briefly negative by at most
-/// the number of callers racing (a check and a subtraction are not one step),
-/// the same tolerance tower's implementation has.
+/// allows 60 retries per 100 requests, not 100. And it takes no lock: a
+/// deposit is one relaxed atomic add filed by a [`CoarseClock`] reading,
+/// which may lag by its tick (10 ms) or more, so a deposit that close to a
+/// window's start may count for that much less than `ttl`. Withdrawals read
+/// the clock itself; under paused tokio time (tests) deposits do too.
+/// Concurrent withdrawals may take the balance briefly negative by at most
+/// the number of callers racing, as tower's may.
 ///
 /// ```
 /// use std::time::Duration;

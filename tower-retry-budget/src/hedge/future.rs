@@ -50,12 +50,10 @@ pin_project! {
     where
         S: Service<Req>,
     {
-        // Dropped as soon as no further hedge can be sent, so that a
-        // readiness it holds (a concurrency permit, a buffer slot) is freed.
-        service: Option<S>,
-        // What the next hedge is made from; `None` once no further hedge
-        // may be sent.
-        kept: Option<K>,
+        // The service and what the next hedge is made from; dropped as soon
+        // as no further hedge can be sent, so that a readiness the service
+        // holds (a concurrency permit, a buffer slot) is freed.
+        next: Option<(S, K)>,
         delay: Duration,
         deadline: Option<Instant>,
         // When the next hedge is due; its timer is made on the first poll,
@@ -79,49 +77,6 @@ struct InFlight<F> {
     future: Pin<Box<F>>,
     attempt: u32,
     span: Span,
-}
-
-/// What an answer does to the call.
-enum Verdict {
-    /// It is the call's answer: a success, an ignored result or a failure
-    /// that another attempt cannot fix (the request itself is wrong).
-    Wins,
-    /// A transient failure, or a local refusal (an open circuit or a full
-    /// queue below refused this attempt, not the request): the other
-    /// attempts may still succeed, and no further hedge is sent (retrying
-    /// failures is a retry layer's job). A server's "do not retry" stops
-    /// further hedges too, but does not cancel an attempt already running.
-    Waits,
-    /// The attempt lost its body to another ([`lost_its_body`]): it
-    /// waits as a failure does, and its error is the call's answer only if
-    /// no other attempt failed, for it says nothing of the request. Taken
-    /// as the call's answer, it cancelled an attempt that was sending the
-    /// whole body.
-    LostItsBody,
-}
-
-/// The verdict on an answer; `hedged_first` when it is the first
-/// attempt's, after a hedge was sent.
-fn verdict<T>(outcome: &Outcome, result: &Result<T, BoxError>, hedged_first: bool) -> Verdict {
-    if matches!(result, Err(error) if lost_its_body(error)) {
-        return Verdict::LostItsBody;
-    }
-    match outcome.as_failure() {
-        // A status the policy calls fatal (gRFC A6): the call's answer.
-        Some(failure) if failure.hint == Some(RetryHint::Final) => Verdict::Wins,
-        Some(failure) if failure.kind.is_transient() || failure.kind == FailureKind::Shed => {
-            // A refusal proving the first attempt went no further (its
-            // `RefusalToken`: hedges carry none) says nothing of a hedge
-            // that was sent, which may have reached a guard's handler: like
-            // a lost body, it answers only if no other attempt failed.
-            if hedged_first && failure.refusal.is_some() {
-                Verdict::LostItsBody
-            } else {
-                Verdict::Waits
-            }
-        }
-        _ => Verdict::Wins,
-    }
 }
 
 impl<S, Req, C, R> ResponseFuture<S, Req, C, R>
@@ -180,26 +135,20 @@ where
         policy: Arc<HedgePolicy<C, R>>,
     ) -> Self {
         let due_at = started.unwrap_or_else(Instant::now) + delay;
-        ResponseFuture {
-            first: Some(first),
-            hedging: Some(Box::pin(Hedging {
-                service: Some(service),
-                kept: Some(kept),
-                delay,
-                deadline,
-                due_at,
-                timer: None,
-                due: false,
-                sent: 1,
-                answered: 0,
-                hedges: Vec::new(),
-                failed: None,
-            })),
-            started,
-            expired: None,
-            reports,
-            policy,
-        }
+        let mut future = Self::unhedged(first, started, reports, policy);
+        future.hedging = Some(Box::pin(Hedging {
+            next: Some((service, kept)),
+            delay,
+            deadline,
+            due_at,
+            timer: None,
+            due: false,
+            sent: 1,
+            answered: 0,
+            hedges: Vec::new(),
+            failed: None,
+        }));
+        future
     }
 }
 
@@ -219,21 +168,12 @@ where
             return Poll::Ready(Err(Box::new(DeadlineExceeded::new(left, 0, None))));
         }
         let Some(hedging) = this.hedging.as_mut() else {
-            // No hedge for this call: the first attempt's answer is the
-            // call's, recorded in the window when it is a success.
-            let first = this
-                .first
-                .as_mut()
-                .as_pin_mut()
-                .expect("hedge future polled after it completed");
-            let result = ready!(first.poll(cx)).map_err(Into::into);
-            this.first.set(None);
-            // Classified even when nothing is recorded: a classifier may
-            // count (gRFC A6 throttling counts every answer).
-            let outcome = policy.classifier.classify(result.as_ref());
-            if outcome == Outcome::Success {
-                policy.record_latency(*this.started);
-            }
+            // No hedge for this call: the first attempt's answer is the call's.
+            assert!(
+                this.first.is_some(),
+                "hedge future polled after it completed"
+            );
+            let (result, outcome) = ready!(poll_first(this.first, cx, policy, *this.started));
             if *this.reports && outcome.as_failure().is_some() {
                 tower_classify::attempts::report_attempts(1, 1);
             }
@@ -242,18 +182,11 @@ where
         let reports = *this.reports;
         let mut hedging = hedging.as_mut().project();
         loop {
-            if let Some(first) = this.first.as_mut().as_pin_mut() {
-                if let Poll::Ready(result) = first.poll(cx) {
-                    this.first.set(None);
-                    let result: Result<S::Response, BoxError> = result.map_err(Into::into);
-                    let outcome = policy.classifier.classify(result.as_ref());
-                    if outcome == Outcome::Success {
-                        policy.record_latency(*this.started);
-                    }
-                    if let Some(result) = answered(&mut hedging, reports, &outcome, result, true) {
-                        cancel_hedges(policy, hedging.hedges);
-                        return Poll::Ready(result);
-                    }
+            let first = poll_first(this.first.as_mut(), cx, policy, *this.started);
+            if let Poll::Ready((result, outcome)) = first {
+                if let Some(result) = answered(&mut hedging, reports, &outcome, result, true) {
+                    cancel_hedges(policy, hedging.hedges);
+                    return Poll::Ready(result);
                 }
             }
 
@@ -299,9 +232,9 @@ where
             }
 
             // The next hedge, if one may still be sent.
-            if hedging.service.is_none() {
+            let Some((service, kept)) = hedging.next.as_mut() else {
                 return Poll::Pending;
-            }
+            };
             if !*hedging.due {
                 if hedging.timer.is_none() {
                     let due_at = *hedging.due_at;
@@ -311,45 +244,32 @@ where
                 ready!(timer.poll(cx));
                 *hedging.due = true;
             }
-            let service = hedging.service.as_mut().expect("checked above");
-            match service.poll_ready(cx) {
+            let attempt = *hedging.sent + 1;
+            let sendable = match service.poll_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(error)) => {
                     let error: BoxError = error.into();
                     tracing::debug!(hedge = %policy.telemetry.name(), %error, "service not ready for a hedge");
-                    policy
-                        .telemetry
-                        .refused(*hedging.sent + 1, Refusal::NotReady);
-                    stop(&mut hedging);
+                    Err(Refusal::NotReady)
+                }
+                // A streamed body that outgrew its recording cannot be sent
+                // again, and the attempts in flight carry on.
+                Poll::Ready(Ok(())) => match policy.replay.can_replay(kept) {
+                    true => policy.replay.replay(kept, attempt - 1).ok(),
+                    false => None,
+                }
+                .ok_or(Refusal::NotReplayable)
+                .and_then(|request| policy.allow_hedge(*hedging.deadline).map(|()| request)),
+            };
+            let mut request = match sendable {
+                Ok(request) => request,
+                Err(refusal) => {
+                    policy.telemetry.refused(attempt, refusal);
+                    *hedging.next = None;
                     continue;
                 }
-                Poll::Ready(Ok(())) => {}
-            }
-            let attempt = *hedging.sent + 1;
-            let Some(kept) = hedging.kept.as_ref() else {
-                stop(&mut hedging);
-                continue;
             };
-            // A streamed body that outgrew its recording cannot be sent
-            // again, and the attempts in flight carry on.
-            let request = match policy.replay.can_replay(kept) {
-                true => policy.replay.replay(kept, attempt - 1).ok(),
-                false => None,
-            };
-            let Some(mut request) = request else {
-                policy.telemetry.refused(attempt, Refusal::NotReplayable);
-                stop(&mut hedging);
-                continue;
-            };
-            if let Err(refusal) = policy.allow_hedge(*hedging.deadline) {
-                policy.telemetry.refused(attempt, refusal);
-                stop(&mut hedging);
-                continue;
-            }
             *hedging.sent = attempt;
-            if attempt >= policy.max_attempts {
-                *hedging.kept = None;
-            }
             policy.replay.before_send(&mut request, *hedging.deadline);
             let span = policy.telemetry.hedge_span(attempt, *hedging.delay);
             let future = span.in_scope(|| service.call(request));
@@ -362,7 +282,7 @@ where
                 attempt,
                 span,
             });
-            if hedging.kept.is_some() {
+            if attempt < policy.max_attempts {
                 // One delay after this hedge went out, not after it was due:
                 // a readiness stall does not bunch the next hedges together.
                 *hedging.due = false;
@@ -372,11 +292,37 @@ where
                     timer.reset(next);
                 }
             } else {
-                stop(&mut hedging);
+                *hedging.next = None;
             }
             // Loop to poll the new hedge once, so it can wake the call.
         }
     }
+}
+
+/// Polls the first attempt, if still in flight: its answer, classified
+/// (even when nothing is recorded: a classifier may count, as gRFC A6
+/// throttling counts every answer), its latency recorded on a success.
+fn poll_first<F, T, E, C, R>(
+    mut first: Pin<&mut Option<F>>,
+    cx: &mut Context<'_>,
+    policy: &HedgePolicy<C, R>,
+    started: Option<Instant>,
+) -> Poll<(Result<T, BoxError>, Outcome)>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    C: Classify<T, BoxError>,
+{
+    let Some(future) = first.as_mut().as_pin_mut() else {
+        return Poll::Pending;
+    };
+    let result = ready!(future.poll(cx)).map_err(Into::into);
+    first.set(None);
+    let outcome = policy.classifier.classify(result.as_ref());
+    if outcome == Outcome::Success {
+        policy.record_latency(started);
+    }
+    Poll::Ready((result, outcome))
 }
 
 /// One more attempt (the `first`, or a hedge) answered `result`,
@@ -398,25 +344,35 @@ where
     if reports && outcome.as_failure().is_some() {
         tower_classify::attempts::report_attempts(*hedging.sent, *hedging.answered);
     }
-    match verdict(outcome, &result, first && *hedging.sent > 1) {
-        Verdict::Wins => return Some(result),
-        Verdict::Waits => *hedging.failed = Some(result),
-        Verdict::LostItsBody => {
-            hedging.failed.get_or_insert(result);
-        }
+    // By the rules of the module docs: a transient failure or a local
+    // refusal waits for the other attempts, unless marked final (a status
+    // a gRPC hedging policy calls fatal); any other answer wins.
+    let lost = matches!(&result, Err(error) if lost_its_body(error));
+    let waits = lost
+        || outcome.as_failure().is_some_and(|failure| {
+            failure.hint != Some(RetryHint::Final)
+                && (failure.kind.is_transient() || failure.kind == FailureKind::Shed)
+        });
+    if !waits {
+        return Some(result);
     }
-    stop(hedging);
+    // A lost body says nothing of the request, nor does a refusal proving
+    // the first attempt went no further (its `RefusalToken`: hedges carry
+    // none) say anything of a hedge that was sent, which may have reached a
+    // guard's handler: either is the answer only if no other attempt failed.
+    let refused_first = first
+        && *hedging.sent > 1
+        && outcome
+            .as_failure()
+            .is_some_and(|failure| failure.refusal.is_some());
+    if lost || refused_first {
+        hedging.failed.get_or_insert(result);
+    } else {
+        *hedging.failed = Some(result);
+    }
+    // No further hedge: the service clone and the kept request go at once.
+    *hedging.next = None;
     None
-}
-
-/// No further hedge for this call: the service clone and what was kept of
-/// the request go at once.
-fn stop<S, Req, K>(hedging: &mut HedgingProj<'_, S, Req, K>)
-where
-    S: Service<Req>,
-{
-    *hedging.service = None;
-    *hedging.kept = None;
 }
 
 /// Drops every hedge still in flight: another attempt answered.

@@ -84,9 +84,10 @@ impl GrpcRetryClassifier {
         }
     }
 
-    /// Counts every classified attempt in `throttle` (see the type's docs).
-    pub(crate) fn with_throttle(mut self, throttle: Arc<TokenBucketBudget>) -> Self {
-        self.throttle = Some(throttle);
+    /// Counts every classified attempt in `throttle`, if any (see the
+    /// type's docs).
+    pub(crate) fn with_throttle(mut self, throttle: Option<&Arc<TokenBucketBudget>>) -> Self {
+        self.throttle = throttle.cloned();
         self
     }
 

@@ -32,11 +32,10 @@
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use http::HeaderName;
-
-use super::retry::GRPC_PREVIOUS_RPC_ATTEMPTS;
-use super::{GrpcRetryClassifier, HedgingPolicyConfig, MethodConfig};
+use super::retry::grpc_replay;
+use super::{GrpcRetryClassifier, MethodConfig};
 use crate::budget::token_bucket::AskOnly;
 use crate::budget::TokenBucketBudget;
 use crate::hedge::HedgeBuilder;
@@ -44,26 +43,7 @@ use crate::replay::HttpReplay;
 
 /// The longest hedging delay the layer takes; a longer `hedgingDelay` is
 /// read as this.
-const MAX_HEDGING_DELAY: std::time::Duration = std::time::Duration::from_secs(3600);
-
-/// The builder these conversions return.
-pub(crate) type GrpcHedgeBuilder = HedgeBuilder<GrpcRetryClassifier, HttpReplay>;
-
-impl HedgingPolicyConfig {
-    /// A builder with this policy, no throttle and the layer's default
-    /// extra-load budget; see the [module docs](self).
-    pub(crate) fn hedge_builder(&self) -> GrpcHedgeBuilder {
-        HedgeBuilder::new(
-            GrpcRetryClassifier::new(self.non_fatal_status_codes()),
-            // Every gRPC call is a POST; the policy says what is hedged.
-            HttpReplay::new()
-                .retry_non_idempotent(true)
-                .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS)),
-        )
-        .max_attempts(self.max_attempts())
-        .delay(self.hedging_delay().min(MAX_HEDGING_DELAY))
-    }
-}
+const MAX_HEDGING_DELAY: Duration = Duration::from_secs(3600);
 
 impl MethodConfig {
     /// A hedging builder for the calls this method config applies to, when
@@ -90,15 +70,16 @@ impl MethodConfig {
         throttle: Option<&Arc<TokenBucketBudget>>,
     ) -> Option<HedgeBuilder<GrpcRetryClassifier, HttpReplay>> {
         let policy = self.hedging_policy()?;
-        let mut builder = policy.hedge_builder();
-        if let Some(throttle) = throttle {
-            let classifier = GrpcRetryClassifier::new(policy.non_fatal_status_codes())
-                .with_throttle(Arc::clone(throttle));
-            builder = builder
-                .classifier(classifier)
+        let classifier =
+            GrpcRetryClassifier::new(policy.non_fatal_status_codes()).with_throttle(throttle);
+        let builder = HedgeBuilder::new(classifier, grpc_replay())
+            .max_attempts(policy.max_attempts())
+            .delay(policy.hedging_delay().min(MAX_HEDGING_DELAY));
+        Some(match throttle {
+            Some(throttle) => builder
                 .no_budget()
-                .shared_budget(Arc::new(AskOnly(Arc::clone(throttle))));
-        }
-        Some(builder)
+                .shared_budget(Arc::new(AskOnly(Arc::clone(throttle)))),
+            None => builder,
+        })
     }
 }

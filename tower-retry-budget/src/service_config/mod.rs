@@ -40,81 +40,17 @@
 //!
 //! [protobuf JSON durations]: https://protobuf.dev/programming-guides/proto3/#json
 //!
-//! # Which method config a call uses
+//! # Using a config
 //!
-//! [`ServiceConfig::method_config`] takes a request path
-//! `/package.Service/Method` and returns, as gRPC does, the method config
-//! naming that exact service and method, else the one naming the whole
-//! service (a name without `method`), else the default (a name without
-//! `service`), else `None`. A path that is not of that form (no leading
-//! `/`, no second `/`) can only get the default.
-//!
-//! # Retrying with a policy
-//!
-//! [`MethodConfig::retry_builder`] gives a [`RetryBuilder`](crate::RetryBuilder) for `http::Request`s with
-//! A6's semantics: see [`retry`] for each rule. Throttling
-//! (`retryThrottling`) is a [`TokenBucketBudget`], one per server, shared by the
-//! layers of all its methods.
-//!
-//! # In a tonic client
-//!
-//! [`ServiceConfig::layer`] applies the whole config in one layer (see
-//! [`ServiceConfigLayer`]); put it where a retry layer goes in a tonic client,
-//! between a [`ReplayBodyLayer`](crate::body::ReplayBodyLayer) and the
-//! conversion back to tonic's body (see [the body module](crate::body#tonic)):
-//!
-//! ```
-//! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_retry_budget::body::{ReplayBody, ReplayBodyLayer};
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), tower_classify::BoxError> {
-//! use tower_retry_budget::service_config::ServiceConfig;
-//! # use std::sync::atomic::{AtomicUsize, Ordering};
-//! # use std::sync::Arc;
-//! # // A stand-in for a `tonic::transport::Channel`: UNAVAILABLE once, then OK.
-//! # let calls = Arc::new(AtomicUsize::new(0));
-//! # let counted = Arc::clone(&calls);
-//! # let channel = tower::service_fn(move |_req: http::Request<tonic::body::Body>| {
-//! #     let status = if counted.fetch_add(1, Ordering::SeqCst) == 0 { "14" } else { "0" };
-//! #     async move {
-//! #         Ok::<_, std::io::Error>(
-//! #             http::Response::builder()
-//! #                 .header("content-type", "application/grpc")
-//! #                 .header("grpc-status", status)
-//! #                 .body(tonic::body::Body::default())
-//! #                 .unwrap(),
-//! #         )
-//! #     }
-//! # });
-//!
-//! let config = ServiceConfig::from_json(r#"{
-//!     "methodConfig": [{
-//!         "name": [{ "service": "helloworld.Greeter", "method": "SayHello" }],
-//!         "timeout": "5s",
-//!         "retryPolicy": {
-//!             "maxAttempts": 4,
-//!             "initialBackoff": "0.1s",
-//!             "maxBackoff": "1s",
-//!             "backoffMultiplier": 2,
-//!             "retryableStatusCodes": ["UNAVAILABLE"]
-//!         }
-//!     }],
-//!     "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
-//! }"#)?;
-//! // Each call gets its method's policy; one throttle per server, shared by all.
-//! let retry = config.layer(config.retry_throttle())?;
-//!
-//! let client = ServiceBuilder::new()
-//!     .layer(ReplayBodyLayer::new(64 * 1024))
-//!     .layer(retry)
-//!     .map_request(|r: http::Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
-//!     .service(channel);
-//! let request = http::Request::post("/helloworld.Greeter/SayHello").body(tonic::body::Body::default())?;
-//! let response = client.oneshot(request).await?;
-//! assert_eq!(response.headers()["grpc-status"], "0"); // retried after UNAVAILABLE
-//! # assert_eq!(calls.load(Ordering::SeqCst), 2);
-//! # Ok(()) }
-//! ```
+//! [`ServiceConfig::method_config`] picks a request path's method config as
+//! gRPC does. [`MethodConfig::retry_builder`] and
+//! [`MethodConfig::hedge_builder`] build its layers with A6's semantics (see
+//! [`retry`] and [`hedge`] for each rule); throttling (`retryThrottling`) is
+//! a [`TokenBucketBudget`], one per server, shared by the layers of all its
+//! methods. [`ServiceConfig::layer`] applies the whole config in one layer
+//! ([`ServiceConfigLayer`]): in a tonic client, put it where the retry layer
+//! goes, between a [`ReplayBodyLayer`](crate::body::ReplayBodyLayer) and the
+//! conversion back to tonic's body (see [the body module](crate::body#tonic)).
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
@@ -424,9 +360,7 @@ impl RetryPolicyConfig {
     }
 }
 
-/// A validated `hedgingPolicy`;
-/// [`hedge_builder`](Self::hedge_builder) makes a
-/// [`HedgeLayer`](crate::hedge::HedgeLayer) from it.
+/// A validated `hedgingPolicy`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HedgingPolicyConfig {
     max_attempts: u32,

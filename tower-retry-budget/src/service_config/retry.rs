@@ -46,9 +46,14 @@ use crate::budget::TokenBucketBudget;
 use crate::layer::RetryBuilder;
 use crate::replay::HttpReplay;
 
-/// The request header that tells the server how many attempts came
-/// before this one (A6 "Exposed Retry Metadata").
-pub(crate) const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+/// How gRPC requests are copied: every call is a POST, and the policy, not
+/// the method, says what is sent again; each copy carries the attempts
+/// before it (A6 "Exposed Retry Metadata").
+pub(crate) fn grpc_replay() -> HttpReplay {
+    HttpReplay::new()
+        .retry_non_idempotent(true)
+        .attempt_header(HeaderName::from_static("grpc-previous-rpc-attempts"))
+}
 
 /// A6's jitter: each delay multiplied by a random factor in `[0.8, 1.2)`.
 pub(crate) const A6_JITTER: Jitter = Jitter::Proportional {
@@ -123,13 +128,13 @@ impl MethodConfig {
             Some(policy) => {
                 let backoff = policy.backoff().map_err(|err| err.within("retryPolicy"))?;
                 grpc_builder(
-                    with_throttle(policy.classifier(), throttle),
+                    policy.classifier().with_throttle(throttle),
                     policy.max_attempts,
                 )
                 .backoff(backoff)
             }
             None => grpc_builder(
-                with_throttle(GrpcRetryClassifier::new(StatusCodes::EMPTY), throttle),
+                GrpcRetryClassifier::new(StatusCodes::EMPTY).with_throttle(throttle),
                 1,
             ),
         };
@@ -143,21 +148,8 @@ impl MethodConfig {
     }
 }
 
-fn with_throttle(
-    classifier: GrpcRetryClassifier,
-    throttle: Option<&Arc<TokenBucketBudget>>,
-) -> GrpcRetryClassifier {
-    match throttle {
-        Some(throttle) => classifier.with_throttle(Arc::clone(throttle)),
-        None => classifier,
-    }
-}
-
 fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetryBuilder {
-    let replay = HttpReplay::new()
-        .retry_non_idempotent(true)
-        .attempt_header(HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS));
-    RetryBuilder::new(classifier, replay)
+    RetryBuilder::new(classifier, grpc_replay())
         .max_retries(max_attempts - 1)
         .restart_backoff_after_hint(true)
 }

@@ -15,7 +15,7 @@ use tower_classify::{BoxError, ConfigError};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{GrpcRetryClassifier, ServiceConfig};
+use super::{GrpcRetryClassifier, MethodConfig, ServiceConfig};
 use crate::body::TryCloneBody;
 use crate::budget::TokenBucketBudget;
 use crate::error::DeadlineExceeded;
@@ -23,14 +23,9 @@ use crate::hedge::HedgeLayer;
 use crate::replay::{HttpReplay, Replay};
 use crate::RetryLayer;
 
-type GrpcRetry = RetryLayer<GrpcRetryClassifier, HttpReplay>;
-type GrpcHedge = HedgeLayer<GrpcRetryClassifier, HttpReplay>;
-
 enum MethodLayer {
-    Retry(GrpcRetry),
-    /// With the method config's `timeout`, which the hedge layer does not
-    /// keep itself: it bounds the whole call here.
-    Hedge(GrpcHedge, Option<Duration>),
+    Retry(RetryLayer<GrpcRetryClassifier, HttpReplay>),
+    Hedge(HedgeLayer<GrpcRetryClassifier, HttpReplay>),
 }
 
 struct Routes {
@@ -121,9 +116,7 @@ impl ServiceConfig {
                         None => name.service().to_owned(),
                     });
             let layer = match method.hedge_builder(throttle.as_ref()) {
-                Some(hedge) => {
-                    MethodLayer::Hedge(hedge.name(name).build().map_err(within)?, method.timeout())
-                }
+                Some(hedge) => MethodLayer::Hedge(hedge.name(name).build().map_err(within)?),
                 None => MethodLayer::Retry(
                     method
                         .retry_builder(throttle.as_ref())
@@ -205,10 +198,13 @@ where
             Some(MethodLayer::Retry(layer)) => Kind::Retry {
                 future: layer.call_on(&mut self.inner, request),
             },
-            Some(MethodLayer::Hedge(layer, timeout)) => {
-                // The method's timeout bounds the whole call: as the
-                // caller's deadline for the hedges (none starts past it),
-                // and as a limit on the call itself.
+            Some(MethodLayer::Hedge(layer)) => {
+                // The method's timeout (which the hedge layer does not keep
+                // itself) bounds the whole call: as the caller's deadline
+                // for the hedges (none starts past it), and as a limit on
+                // the call itself.
+                let config = entry.map(|entry| &self.routes.config.method_configs[entry]);
+                let timeout = config.and_then(MethodConfig::timeout);
                 let now = Instant::now();
                 let until = timeout.and_then(|timeout| now.checked_add(timeout));
                 let caller = request.extensions().get::<Deadline>().map(|c| c.instant());

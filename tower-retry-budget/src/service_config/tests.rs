@@ -731,7 +731,7 @@ async fn the_throttle_stops_retries_at_half_and_successes_restore_them() {
 #[test]
 fn a_code_outside_the_set_does_not_count_against_the_throttle() {
     let throttle = Arc::new(TokenBucketBudget::new(10, 0.1).unwrap());
-    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Arc::clone(&throttle));
+    let classifier = GrpcRetryClassifier::new(codes(&[14])).with_throttle(Some(&throttle));
     let classify =
         |response: &Response<()>| Classify::<_, BoxError>::classify(&classifier, Ok(response));
     classify(&grpc_response(3, None)); // INVALID_ARGUMENT: the request's fault
@@ -1240,4 +1240,60 @@ fn the_error_classifier_decides_an_unrecognised_error() {
         .unknown_as(Outcome::failure(tower_classify::FailureKind::Connection));
     let classifier = GrpcRetryClassifier::new(codes(&[14])).with_error_classifier(connection);
     assert!(classify(&classifier).is_retryable());
+}
+
+/// The tonic stack: `ReplayBodyLayer`, the config's layer, the conversion
+/// back to tonic's body, and a channel answering UNAVAILABLE once.
+#[tokio::test(start_paused = true)]
+async fn a_tonic_client_retries_by_its_service_config() {
+    use crate::body::{ReplayBody, ReplayBodyLayer};
+    use tower::ServiceBuilder;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let channel = tower::service_fn(move |_req: Request<tonic::body::Body>| {
+        let status = if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            "14"
+        } else {
+            "0"
+        };
+        async move {
+            Ok::<_, std::io::Error>(
+                Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", status)
+                    .body(tonic::body::Body::default())
+                    .unwrap(),
+            )
+        }
+    });
+    let config = ServiceConfig::from_json(
+        r#"{
+        "methodConfig": [{
+            "name": [{ "service": "helloworld.Greeter", "method": "SayHello" }],
+            "timeout": "5s",
+            "retryPolicy": {
+                "maxAttempts": 4,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"]
+            }
+        }],
+        "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+    }"#,
+    )
+    .unwrap();
+    let retry = config.layer(config.retry_throttle()).unwrap();
+    let client = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(64 * 1024))
+        .layer(retry)
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
+        .service(channel);
+    let request = Request::post("/helloworld.Greeter/SayHello")
+        .body(tonic::body::Body::default())
+        .unwrap();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
