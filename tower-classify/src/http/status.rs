@@ -24,24 +24,12 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// | 5xx (and any status ≥ 500) | [`ServerError`](FailureKind::ServerError) |
 /// | an error (no response) | the [`ErrorChainClassifier`]: timeouts, connection failures, … |
 ///
-/// A failing response that carries `Retry-After` (delay-seconds or an
-/// HTTP-date, measured against the response's `Date` header) gets that wait as
-/// its [hint](RetryHint::After).
-///
-/// [Response rules](ResponseRule) are checked first: they turn responses an API
-/// uses to signal throttling (a 400 with `error.code: 17`, a 200 with
-/// `THROTTLED` in its body) into [`RateLimited`](FailureKind::RateLimited).
-///
+/// A failing response's `Retry-After` is its [hint](RetryHint::After).
+/// [Response rules](ResponseRule) are checked first;
 /// [`retryable_statuses`](Self::retryable_statuses) narrows which failing
-/// statuses are transient; Google Cloud Workflows' `default_retry`, for
-/// example, retries 429, 502, 503 and 504 but not 500.
-///
-/// A response carrying a [`Failure`] in its extensions is classified as that
-/// failure, whatever its status (a breaker's `503` for an open circuit is
-/// [`Shed`](FailureKind::Shed)).
-///
-/// Cloning is cheap: rules and a retryable set are shared through one `Arc`,
-/// and the default is a few words with no reference count.
+/// statuses are transient. A response carrying a [`Failure`] in its
+/// extensions is that failure, whatever its status. Clones share rules
+/// through one `Arc`.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -58,7 +46,7 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// ```
 #[derive(Clone, Default)]
 pub struct HttpClassifier {
-    /// `None` without rules or a retryable set: nothing to count on a clone.
+    /// `None` without rules or a retryable set: no reference to count.
     custom: Option<Arc<Custom>>,
     errors: ErrorChainClassifier,
 }
