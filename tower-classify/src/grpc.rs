@@ -29,15 +29,12 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// | `RESOURCE_EXHAUSTED` (8) | [`RateLimited`](FailureKind::RateLimited) |
 /// | every other code | [`Rejected`](FailureKind::Rejected) |
 ///
-/// `classify` reads the `grpc-status` *header* (a trailers-only response);
-/// a `200` whose status comes in the trailers looks successful to it, and is
-/// left open by [`classify_head`](Classify::classify_head) and judged by
-/// [`classify_end`](Classify::classify_end). A non-200 HTTP status without
-/// `grpc-status` is classified as HTTP.
-///
-/// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value
-/// is a wait, a negative or unreadable one means "do not retry". A [`Failure`]
-/// in the response's extensions decides, as for [`HttpClassifier`].
+/// `classify` reads the `grpc-status` *header*; a `200` whose status comes
+/// in the trailers is left open by [`classify_head`](Classify::classify_head)
+/// and judged by [`classify_end`](Classify::classify_end). A non-200 without
+/// `grpc-status` is classified as HTTP. `grpc-retry-pushback-ms` is the
+/// [hint](crate::hint::parse_grpc_pushback); a [`Failure`] in the
+/// extensions decides, as for [`HttpClassifier`].
 #[derive(Debug, Clone, Default)]
 pub struct GrpcClassifier {
     /// Judges what is not gRPC: a non-200 without `grpc-status`, an error.
@@ -146,10 +143,8 @@ where
         }
     }
 
-    /// Leaves open a `200` gRPC response (`content-type: application/grpc…`)
-    /// without `grpc-status` in its head: its status comes in the trailers,
-    /// at the end of the body. Settles every other result (a trailers-only
-    /// response, any other status, any other content type) as
+    /// Leaves open a `200` gRPC response without `grpc-status` in its head
+    /// (its status comes in the trailers); settles every other result as
     /// [`classify`](Classify::classify) does.
     fn classify_head(&self, result: Result<&Response<B>, &E>) -> Option<Outcome> {
         match result {
@@ -165,13 +160,10 @@ where
         }
     }
 
-    /// Judges the trailers: a `grpc-status` decides (see
-    /// [`status_code`](Self::status_code) for one that cannot be read),
-    /// `grpc-retry-pushback-ms` giving the hint; a body that ends without
-    /// `grpc-status` broke the protocol (a `200` stream must end with it) and
-    /// is 2 `UNKNOWN`, as tonic reports it to the caller, so a
-    /// [`ServerError`](FailureKind::ServerError). A body error and a drop are
-    /// judged as [`Classify::classify_end`] does by default.
+    /// Judges the trailers as the head's `grpc-status`; a body that ends
+    /// without one broke the protocol and is 2 `UNKNOWN` (as tonic reports
+    /// it), a [`ServerError`](FailureKind::ServerError). A body error and a
+    /// drop are judged as [`Classify::classify_end`] does by default.
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
         match end {
             StreamEnd::Trailers(trailers) => trailers

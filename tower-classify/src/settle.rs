@@ -38,20 +38,19 @@ impl StreamEnd<'_> {
     }
 }
 
-/// What a layer does with a call a [`SettleBody`] settles: implemented by
-/// each layer that watches response bodies, called once per body.
+/// What a layer does with a call a [`SettleBody`] settles, once per body.
 pub trait OnEnd {
-    /// What [`settle`](Self::settle) returns. The body holds its last frame
-    /// back until it resolves; an error is handed on in its place.
+    /// What [`settle`](Self::settle) returns; the body holds its last frame
+    /// back until it resolves, and hands an error on in its place.
     type Future: Future<Output = Result<(), BoxError>>;
 
     /// Judges how the body ended: a layer asks its classifier's
     /// [`Classify::classify_end`](crate::Classify::classify_end).
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome;
 
-    /// Acts on the call's `outcome`, judged from `end`. For
-    /// [`StreamEnd::Dropped`] the future is dropped unpolled (there is no one
-    /// left to poll it): what a drop asks is done in `settle` itself.
+    /// Acts on the call's `outcome`, judged from `end`. After
+    /// [`StreamEnd::Dropped`] the future is dropped unpolled: do the work in
+    /// `settle` itself.
     fn settle(self, outcome: Outcome, end: StreamEnd<'_>) -> Self::Future;
 }
 

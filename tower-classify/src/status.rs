@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
@@ -153,15 +153,29 @@ impl GrpcStatusLayer {
     ///     Some((status.code() as u32, status.message().to_owned()))
     /// }
     /// ```
-    ///
     pub fn status_of(mut self, status_of: StatusOf) -> Self {
         self.status_of = Some(status_of);
         self
     }
+}
 
-    /// The headers of a trailers-only response answering `error`.
-    fn headers(&self, error: &(dyn Error + 'static)) -> HeaderMap {
-        let mut headers = HeaderMap::new();
+/// How a status layer answers an error with a response of body `B`.
+pub(crate) trait AnswerError<B>: Copy {
+    /// The response answering `error`.
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B>;
+}
+
+impl<B: From<String>> AnswerError<B> for HttpStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        Problem::of(error, &self.settings).response()
+    }
+}
+
+/// A trailers-only response.
+impl<B: Default> AnswerError<B> for GrpcStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let carried = self.status_of.and_then(|status_of| {
             std::iter::successors(Some(error), |&error| error.source()).find_map(status_of)
@@ -182,26 +196,6 @@ impl GrpcStatusLayer {
                 headers.insert(GRPC_MESSAGE, value);
             }
         }
-        headers
-    }
-}
-
-/// How a status layer answers an error with a response of body `B`.
-pub(crate) trait AnswerError<B>: Copy {
-    /// The response answering `error`.
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B>;
-}
-
-impl<B: From<String>> AnswerError<B> for HttpStatusLayer {
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
-        Problem::of(error, &self.settings).response()
-    }
-}
-
-impl<B: Default> AnswerError<B> for GrpcStatusLayer {
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
-        let mut response = Response::new(B::default());
-        *response.headers_mut() = self.headers(error);
         response
     }
 }
