@@ -44,10 +44,9 @@ macro_rules! status_layer {
                 Self::default()
             }
 
-            /// Classifies errors with `classifier` instead. An error nothing
-            /// recognises answers `UNKNOWN` (500) unless the classifier's
-            /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
-            /// even the default's own: then that outcome's status.
+            /// Classifies errors with `classifier` instead (its
+            /// [`unknown_as`](ErrorChainClassifier::unknown_as), if chosen,
+            /// decides what an unrecognised error answers).
             pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
                 self.settings.classifier = classifier;
                 self

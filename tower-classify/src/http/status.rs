@@ -44,7 +44,7 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&not_found));
 /// assert_eq!(outcome, Outcome::failure(FailureKind::Rejected));
 /// ```
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct HttpClassifier {
     /// `None` without rules or a retryable set: no reference to count.
     custom: Option<Arc<Custom>>,
@@ -52,7 +52,7 @@ pub struct HttpClassifier {
 }
 
 /// What a classifier adds to the default status table.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 struct Custom {
     /// Checked in order, before the status table.
     rules: Vec<ResponseRule>,
@@ -189,17 +189,6 @@ where
     }
 }
 
-impl fmt::Debug for HttpClassifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let retryable = self.custom.as_ref().and_then(|custom| custom.retryable);
-        f.debug_struct("HttpClassifier")
-            .field("rules", &self.rules().len())
-            .field("retryable", &retryable)
-            .field("errors", &self.errors)
-            .finish()
-    }
-}
-
 /// A set of HTTP status codes (100–999), stored as a bitmap.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct StatusSet {
@@ -234,8 +223,11 @@ impl StatusSet {
 
     /// `true` when `status` is in the set.
     pub(crate) const fn contains(&self, status: StatusCode) -> bool {
-        let code = status.as_u16() as usize;
-        self.bits[code / 64] & (1 << (code % 64)) != 0
+        self.has(status.as_u16())
+    }
+
+    const fn has(&self, code: u16) -> bool {
+        self.bits[code as usize / 64] & (1 << (code % 64)) != 0
     }
 
     /// `true` when the set is empty.
@@ -245,10 +237,7 @@ impl StatusSet {
 
     /// The codes in the set, ascending.
     fn iter(&self) -> impl Iterator<Item = u16> + '_ {
-        (100u16..1000).filter(move |code| {
-            let code = *code as usize;
-            self.bits[code / 64] & (1 << (code % 64)) != 0
-        })
+        (100u16..1000).filter(move |code| self.has(*code))
     }
 }
 
