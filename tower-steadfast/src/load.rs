@@ -182,14 +182,13 @@ fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
             format!("{}; leave the key out to retry every class", error.reason()),
         ));
     }
+    // Each item alone, so the parser's refusal names it; a value that is
+    // not text is read as its description, which names no class.
     let names = items.iter().enumerate().map(|(i, item)| {
-        let name = item.as_str().filter(|n| RetryOn::from_names([n]).is_ok());
-        name.ok_or_else(|| {
-            // The retry layer's parser says what it expects.
-            let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
-            let error = RetryOn::from_names([text]).unwrap_err();
-            ConfigError::new(format!("{path}[{i}]"), error.reason().to_owned())
-        })
+        let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
+        let error =
+            |e: ConfigError| ConfigError::new(format!("{path}[{i}]"), e.reason().to_owned());
+        RetryOn::from_names([&text]).map(|_| text).map_err(error)
     });
     let names = names.collect::<Result<Vec<_>, _>>()?;
     Ok(RetryOn::from_names(names).expect("every name was read and the list is not empty"))
