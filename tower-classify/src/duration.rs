@@ -1,7 +1,5 @@
-//! Durations in human form: `"200ms"`, `"30s"`, `"1m30s"`, `"7d"`.
-//!
-//! The one duration syntax of the family: configuration files, the retry and
-//! breaker configuration structs and the dead-letter CLI all read it here.
+//! Durations in human form (`"200ms"`, `"30s"`, `"1m30s"`, `"7d"`): the one
+//! duration syntax of the family's configuration and CLI.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,10 +1,7 @@
-//! The configuration types: one per section of the `resilience:` block,
-//! whose keys, vocabulary and defaults the crate docs' [table](crate#the-block)
-//! lists.
-//!
-//! Values of these types exist only after every rule was checked (by a
-//! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
-//! as the [`Default`]s), so building a stack from one cannot fail.
+//! The configuration types, one per section of the `resilience:` block
+//! ([table](crate#the-block)). A value exists only after every rule was
+//! checked (by a loader, `Deserialize`, or as the [`Default`]), so building
+//! a stack from one cannot fail.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,5 +1,4 @@
-//! An operator's page for a service's stacks: breakers, dead letters and
-//! retry counts, live, with the actions an operator needs at 3 a.m.
+//! [`AdminPage`], the operator's page.
 
 mod counts;
 mod dead_letters;
