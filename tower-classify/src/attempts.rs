@@ -1,22 +1,16 @@
 //! How many attempts a call made, reported by the layers that make them to
-//! the layer above that records them.
+//! the layer above that records them, through an [`AttemptTally`] current on
+//! the thread while the recorder calls ([`TallyScope::calling`]) or polls
+//! ([`TallyScope::enter`]):
 //!
-//! The dead-letter layer makes an [`AttemptTally`] current on its thread
-//! while it calls its inner service ([`TallyScope::calling`]) and while it
-//! polls the call's future ([`TallyScope::enter`]); layers below, on the
-//! same task, report into it:
+//! - a layer that counts its own attempts (retry, hedge) asks
+//!   [`claim_reports`] when called and, with the claim, calls
+//!   [`report_attempts`] as attempts fail and follow;
+//! - a layer that only sees attempts go by calls [`attempt_started`] and
+//!   [`attempt_finished`] (under a hedge layer, for every hedge).
 //!
-//! - a layer that counts its own attempts (tower-retry-budget's retry and
-//!   hedge layers) asks [`claim_reports`] when it is called, and if it has
-//!   the claim calls [`report_attempts`] when an attempt fails and when it
-//!   sends the next one. A call that succeeds at once reports nothing;
-//! - a layer that sees attempts go by without counting them (tower-poison's
-//!   `CountAttempts`) calls [`attempt_started`] and [`attempt_finished`].
-//!   Under a hedge layer it counts every hedge too.
-//!
-//! Both at once count each attempt once: a report raises the tally to the
-//! reporter's own count. Nothing is reported across a `Buffer` or a spawned
-//! task, where the attempts run outside the scope.
+//! Both count each attempt once: a report raises the tally to the
+//! reporter's count. Nothing crosses a `Buffer` or a spawned task.
 //!
 //! ```
 //! use tower_classify::attempts::{
@@ -71,13 +65,9 @@ thread_local! {
     static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
 }
 
-/// A call's tally made current on this thread until [`exit`](Self::exit),
-/// so that the layers it calls or polls meanwhile report into it. The
-/// tally the thread held before is current again when the scope ends, even
-/// by a panic (a recording layer inside another one).
-///
-/// A guard rather than a closure, so the inner future is not moved through
-/// one more frame.
+/// A call's tally made current on this thread until [`exit`](Self::exit);
+/// the thread's previous tally is restored when the scope ends, even by a
+/// panic. (A guard, not a closure: the inner future moves through no frame.)
 #[derive(Debug)]
 #[must_use = "the tally is current until the scope is exited or dropped"]
 pub struct TallyScope {
@@ -136,9 +126,7 @@ fn update(change: impl FnOnce(&mut AttemptTally)) {
 /// Whether the layer asking reports its attempts, claiming the call: true
 /// only inside [`TallyScope::calling`] and for the first layer to ask. Ask
 /// when called, *before* calling the inner service, so the outermost
-/// reporting layer has the call (under a retry layer, a hedge layer's
-/// attempts are parts of the retry layer's), and a layer only *polled*
-/// in the scope (not called by the recording layer) reports nothing.
+/// reporting layer has the call.
 #[inline]
 pub fn claim_reports() -> bool {
     match CURRENT.get() {

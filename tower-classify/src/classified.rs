@@ -8,11 +8,9 @@ use std::time::Duration;
 use crate::error::BoxError;
 use crate::outcome::{Failure, FailureKind, RetryHint};
 
-/// An error that already knows its classification.
-///
-/// A layer's own error returns one from [`Error::source`], and the
-/// [`ErrorChainClassifier`](crate::ErrorChainClassifier) takes its [`Failure`]
-/// as the answer ([crate docs](crate#load-shedding-across-crates)).
+/// An error that already knows its classification: a layer's own error
+/// returns one from [`Error::source`] ([crate
+/// docs](crate#load-shedding-across-crates)).
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,11 +55,9 @@ impl Classified {
         self
     }
 
-    /// The same error, telling a caller in another process (the
-    /// `Retry-After` or `grpc-retry-pushback-ms` of module `status`) to wait
-    /// `wait`, in place of the failure's hint, which is for a retry layer in
-    /// this process: an open circuit gives a local retry no hint early in its
-    /// open period, but tells a remote caller the time left.
+    /// The same error, telling a caller in another process (through module
+    /// `status`) to wait `wait`, in place of the hint meant for a retry layer
+    /// here (an open circuit's time left, however early in its period).
     ///
     /// ```
     /// # #[cfg(feature = "http")] {

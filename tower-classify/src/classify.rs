@@ -7,12 +7,9 @@ use crate::retry_on::RetryOn;
 #[cfg(feature = "http")]
 use crate::settle::StreamEnd;
 
-/// Decides what one call's result means.
-///
-/// A classifier sees the response *or* the error of a call and answers with an
-/// [`Outcome`] ([crate docs](crate#what-it-decides)). It must be cheap to
-/// call: every layer calls it once per attempt. Those shipped here are
-/// `Clone` and share their configuration through `Arc`.
+/// Decides what one call's result, its response *or* its error, means
+/// ([crate docs](crate#what-it-decides)). Every layer calls it once per
+/// attempt, so it must be cheap.
 ///
 // How a call settles past its head is the `http` feature's: its types and
 // `classify_end` come with it, and the docs link them only where they exist.
@@ -156,20 +153,13 @@ impl<F> fmt::Debug for ClassifyFn<F> {
     }
 }
 
-/// Combinators for classifiers.
-///
-/// Implemented by every classifier in this crate and by the combinators
-/// themselves. The trait has no type parameters, so calls need no annotations;
-/// a classifier of your own gets the combinators with an empty impl:
-/// `impl ClassifyExt for MyClassifier {}`.
+/// Combinators for classifiers, without type annotations at the call; a
+/// classifier of your own gets them with `impl ClassifyExt for Mine {}`.
 pub trait ClassifyExt: Sized {
-    /// Asks `self` first; where `self` answers [`Outcome::Success`], asks `other`.
-    ///
-    /// Use it to put a narrow classifier in front of a general one, for example
-    /// one that recognises an application's own "try later" payload in front of
-    /// the HTTP status classifier: the first failure found wins. A call
-    /// either leaves open at the head stays open unless the other finds a
-    /// failure there; at the end of its body `self` judges first, then `other`.
+    /// Asks `self` first; where `self` answers [`Outcome::Success`], asks
+    /// `other` (a narrow classifier in front of a general one). A call either
+    /// leaves open at the head stays open unless the other finds a failure;
+    /// at the end of its body `self` judges first.
     fn or<C>(self, other: C) -> Or<Self, C> {
         Or {
             first: self,
@@ -186,11 +176,9 @@ pub trait ClassifyExt: Sized {
     }
 
     /// Keeps only the transient classes in `retry_on` transient: a transient
-    /// failure of any other class becomes [`FailureKind::Rejected`].
-    ///
-    /// This changes what *every* layer sharing the classifier sees, so a
-    /// breaker stops counting the classes left out too. To narrow only what a
-    /// retry layer retries, give the [`RetryOn`] set to the retry layer instead.
+    /// failure of any other class becomes [`FailureKind::Rejected`], for
+    /// *every* layer sharing the classifier (a breaker stops counting it
+    /// too); to narrow only the retries, give the set to the retry layer.
     fn retry_on(self, retry_on: RetryOn) -> Map<Self, RetryOn> {
         Map {
             inner: self,
@@ -260,9 +248,8 @@ impl<C: fmt::Debug, F> fmt::Debug for Map<C, F> {
     }
 }
 
-/// Rewrites one outcome: what [`ClassifyExt::map`] applies. Implemented
-/// for closures and for a [`RetryOn`] set (what [`ClassifyExt::retry_on`]
-/// applies), so a mapped classifier has a type one can name.
+/// Rewrites one outcome, for [`ClassifyExt::map`] (closures) and
+/// [`ClassifyExt::retry_on`] (a [`RetryOn`] set, a type one can name).
 pub trait MapOutcome {
     /// Rewrites `outcome`.
     fn map_outcome(&self, outcome: Outcome) -> Outcome;
@@ -277,8 +264,7 @@ where
     }
 }
 
-/// Keeps only the set's transient classes transient: a transient failure of
-/// any other class becomes [`FailureKind::Rejected`], without a hint.
+/// As [`ClassifyExt::retry_on`] says; the rejected failure has no hint.
 impl MapOutcome for RetryOn {
     fn map_outcome(&self, outcome: Outcome) -> Outcome {
         match outcome {

@@ -45,30 +45,26 @@ fn tick(start: std::time::Instant) {
 }
 
 /// A coarse clock for a layer's hot path: the time as one relaxed load of a
-/// process-wide reading that one thread refreshes.
-///
-/// Reading the monotonic clock costs more than the rest of a call through a
-/// closed breaker; filing a call into a time bucket a few milliseconds long
-/// needs no more than this reading (as `coarsetime`'s upkeep thread).
+/// process-wide reading that one thread refreshes (reading the monotonic
+/// clock costs more than a call through a closed breaker).
 ///
 /// # Accuracy
 ///
-/// A reading is late by at most the tick asked for (1 ms when
-/// [`new`](Self::new) is given a resolution under 10 ms, else 10 ms) plus
-/// however long the operating system delays the ticking thread, which on a
-/// loaded machine can be a few milliseconds more. It never runs ahead.
+/// A reading is late by at most the tick asked for (1 ms for a resolution
+/// under 10 ms, else 10 ms) plus however long the OS delays the ticking
+/// thread. It never runs ahead.
 ///
 /// # The thread
 ///
-/// One thread for the whole process, `tower-coarse-clock`, started by the
-/// first clock; it ticks at the finest rate a live clock asked for, parks
-/// while no clock exists, and never runs a task.
+/// `tower-coarse-clock`, one per process, started by the first clock; it
+/// ticks at the finest rate a live clock asked for and parks while none
+/// exists.
 ///
 /// # Paused tokio time
 ///
 /// Once [`precise_now`](Self::precise_now) sees tokio's clock paused (or the
-/// thread could not be started), [`offset`](Self::offset) returns `None`
-/// everywhere in the process and callers read tokio's clock instead.
+/// thread could not start), [`offset`](Self::offset) is `None` everywhere in
+/// the process and callers read tokio's clock.
 ///
 /// ```
 /// use std::time::Duration;
@@ -130,9 +126,8 @@ impl CoarseClock {
         Some(READING.load(Ordering::Relaxed).saturating_sub(self.base))
     }
 
-    /// tokio's clock. Once it is seen paused (a `std` reading taken between
-    /// two tokio readings does not lie between them), every clock's
-    /// [`offset`](Self::offset) is `None`.
+    /// tokio's clock; once it is seen paused (a `std` reading does not lie
+    /// between two tokio ones), every [`offset`](Self::offset) is `None`.
     pub fn precise_now() -> Instant {
         let before = Instant::now();
         if PRECISE.load(Ordering::Relaxed) {

@@ -1,9 +1,8 @@
 //! The caller's deadline as a request extension, and gRPC's `grpc-timeout`
 //! wire format.
 //!
-//! The retry layer never starts an attempt that cannot finish before a
-//! request's [`Deadline`] and bounds each attempt by what is left; a gRPC
-//! client sends what is left as `grpc-timeout`.
+//! The retry layer bounds each attempt by what is left of a request's
+//! [`Deadline`]; a gRPC client sends what is left as `grpc-timeout`.
 //!
 //! ```
 //! use std::time::Duration;

@@ -1,7 +1,5 @@
-//! Durations in human form: `"200ms"`, `"30s"`, `"1m30s"`, `"7d"`.
-//!
-//! The one duration syntax of the family: configuration files, the retry and
-//! breaker configuration structs and the dead-letter CLI all read it here.
+//! Durations in human form (`"200ms"`, `"30s"`, `"1m30s"`, `"7d"`): the one
+//! duration syntax of the family's configuration and CLI.
 
 use std::fmt;
 use std::time::Duration;
@@ -66,17 +64,13 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
             .find(|c: char| !c.is_ascii_alphabetic())
             .unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
-        let nanos_per_unit: u128 = match unit {
-            "ns" => 1,
-            "us" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60 * 1_000_000_000,
-            "h" => 3_600 * 1_000_000_000,
-            "d" => 86_400 * 1_000_000_000,
-            "" => return Err(error("a number must be followed by a unit")),
-            _ => return Err(error("unknown unit; use ns, us, ms, s, m, h or d")),
-        };
+        if unit.is_empty() {
+            return Err(error("a number must be followed by a unit"));
+        }
+        let (nanos_per_unit, _) = UNITS
+            .into_iter()
+            .find(|(_, name)| *name == unit)
+            .ok_or_else(|| error("unknown unit; use ns, us, ms, s, m, h or d"))?;
         let part = scaled_nanos(number, nanos_per_unit).ok_or_else(|| error("not a number"))?;
         total = nanos_to_duration(part)
             .and_then(|part| total.checked_add(part))
@@ -85,6 +79,17 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
     }
     Ok(total)
 }
+
+/// The units, largest first, in nanoseconds.
+const UNITS: [(u128, &str); 7] = [
+    (86_400_000_000_000, "d"),
+    (3_600_000_000_000, "h"),
+    (60_000_000_000, "m"),
+    (1_000_000_000, "s"),
+    (1_000_000, "ms"),
+    (1_000, "us"),
+    (1, "ns"),
+];
 
 /// `number × nanos_per_unit`, where `number` is `digits[.digits]`; `None` when
 /// it is not a number or overflows.
@@ -124,15 +129,6 @@ pub fn format_duration(duration: Duration) -> String {
     if nanos == 0 {
         return "0".to_owned();
     }
-    const UNITS: [(u128, &str); 7] = [
-        (86_400_000_000_000, "d"),
-        (3_600_000_000_000, "h"),
-        (60_000_000_000, "m"),
-        (1_000_000_000, "s"),
-        (1_000_000, "ms"),
-        (1_000, "us"),
-        (1, "ns"),
-    ];
     let (size, unit) = UNITS
         .iter()
         .find(|(size, _)| nanos % size == 0)

@@ -7,11 +7,8 @@ use std::fmt;
 /// The error type the family's layers return: any error, boxed.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-/// A configuration value was refused. The message names the field.
-///
-/// Every layer of the family reports bad configuration with this type, so a
-/// service that loads its resilience settings from a file can tell an operator
-/// exactly which key to fix.
+/// A configuration value was refused; the message names the field. Every
+/// layer of the family reports bad configuration with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     field: Cow<'static, str>,

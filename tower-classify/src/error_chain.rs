@@ -10,11 +10,9 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 
 /// Views an error value as `&dyn Error`, so classifiers can walk its chain.
 ///
-/// `Box<dyn Error + Send + Sync>` (tower's `BoxError`) does not implement
-/// [`Error`], and coherence forbids one blanket impl covering both it and every
-/// `E: Error`. So this trait is implemented for the boxed trait objects that
-/// middleware returns and for the concrete errors services commonly return.
-/// For an error type of your own, the impl is one line:
+/// `BoxError` does not implement [`Error`], and coherence forbids one blanket
+/// impl over both it and every `E: Error`; so this is implemented for boxed
+/// errors and common concrete ones. For your own error type:
 ///
 /// ```
 /// use std::error::Error;
@@ -110,16 +108,13 @@ as_dyn_error! {
 ///    Change that with [`unknown_as`](Self::unknown_as).
 #[derive(Clone, Copy, Default)]
 pub struct ErrorChainClassifier {
-    // `None` until `unknown_as` is called: a layer that answers errors
-    // (`GrpcStatusLayer`) tells the default apart from a caller who chose
-    // the same outcome.
+    // `None` until `unknown_as`: `GrpcStatusLayer` tells the default apart
+    // from the same outcome chosen.
     unknown: Option<Unknown>,
 }
 
-/// What an unrecognised error means: an [`Outcome`] without a
-/// [`refusal`](Failure::refusal), which no classifier's setting can prove.
-/// Kept in three words rather than an `Outcome`'s four, because layers keep
-/// a classifier in every response future.
+/// An [`Outcome`] without a refusal (no setting can prove one), in three
+/// words rather than four: layers keep a classifier in every response future.
 #[derive(Clone, Copy)]
 enum Unknown {
     Success,
@@ -165,15 +160,10 @@ impl ErrorChainClassifier {
         ErrorChainClassifier { unknown: None }
     }
 
-    /// What an error that nothing recognises means (default: rejected). A
-    /// [`refusal`](Failure::refusal) in it is dropped: a setting cannot
-    /// prove that a request was refused.
-    ///
-    /// To classify, an explicit `unknown_as(Outcome::failure(Rejected))` is
-    /// the default. It is still a choice: `GrpcStatusLayer` (feature
-    /// `http`) answers such an error with the status of the chosen outcome
-    /// (`INVALID_ARGUMENT` for rejected), and with `UNKNOWN` when nothing
-    /// was chosen.
+    /// What an error that nothing recognises means (default: rejected); a
+    /// [`refusal`](Failure::refusal) in it is dropped. Even the default,
+    /// chosen, is a choice to `GrpcStatusLayer`, which then answers its
+    /// status rather than `UNKNOWN`.
     pub const fn unknown_as(mut self, outcome: Outcome) -> Self {
         self.unknown = Some(Unknown::from_outcome(outcome));
         self
@@ -199,9 +189,8 @@ impl ErrorChainClassifier {
         self.unknown.map(Unknown::outcome)
     }
 
-    /// What [`classify_error`](Self::classify_error) finds in the chain;
-    /// `None` when nothing in it is recognised (then it is
-    /// [unknown](Self::unknown_as)).
+    /// What [`classify_error`](Self::classify_error) finds in the chain, if
+    /// anything.
     pub(crate) fn recognised(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
         let mut deepest = None;
         // A wrapper that knows the request was never sent (a connect error)
@@ -228,9 +217,8 @@ impl ErrorChainClassifier {
     }
 }
 
-/// The error after `err` in its chain, as the classifier walks it:
-/// `io::Error::source` skips the error it wraps and returns *that* error's
-/// source, so the wrapped error is taken explicitly.
+/// The error after `err` in its chain: `io::Error::source` skips the error
+/// it wraps, so that one is taken explicitly.
 pub(crate) fn next_in_chain<'a>(
     err: &'a (dyn Error + 'static),
 ) -> Option<&'a (dyn Error + 'static)> {
@@ -266,9 +254,8 @@ fn io_kind(kind: io::ErrorKind) -> FailureKind {
     match kind {
         io::ErrorKind::TimedOut => FailureKind::Timeout,
         io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => FailureKind::Rejected,
-        // Only a connect gives these. Unreachable and not-connected errors
-        // also end established connections, so they are `Connection`
-        // unless a connect error wraps them (`classify_error`).
+        // Only a connect gives these; unreachable errors end established
+        // connections too, so they are `NotSent` only under a connect error.
         io::ErrorKind::ConnectionRefused | io::ErrorKind::AddrNotAvailable => FailureKind::NotSent,
         _ => FailureKind::Connection,
     }

@@ -1,11 +1,9 @@
 //! gRPC status classification.
 
-use std::time::SystemTime;
-
 use http::{HeaderMap, Response};
 
 use crate::classify::Classify;
-use crate::error_chain::{AsDynError, ErrorChainClassifier};
+use crate::error_chain::AsDynError;
 use crate::hint::{decimal, parse_grpc_pushback};
 use crate::http::HttpClassifier;
 use crate::outcome::{Failure, FailureKind, Outcome};
@@ -31,19 +29,16 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// | `RESOURCE_EXHAUSTED` (8) | [`RateLimited`](FailureKind::RateLimited) |
 /// | every other code | [`Rejected`](FailureKind::Rejected) |
 ///
-/// `classify` reads the `grpc-status` *header* (a trailers-only response);
-/// a `200` whose status comes in the trailers looks successful to it, and is
-/// left open by [`classify_head`](Classify::classify_head) and judged by
-/// [`classify_end`](Classify::classify_end). A non-200 HTTP status without
-/// `grpc-status` is classified as HTTP.
-///
-/// `grpc-retry-pushback-ms` becomes the failure's hint: a non-negative value
-/// is a wait, a negative or unreadable one means "do not retry". A [`Failure`]
-/// in the response's extensions decides, as for [`HttpClassifier`].
+/// `classify` reads the `grpc-status` *header*; a `200` whose status comes
+/// in the trailers is left open by [`classify_head`](Classify::classify_head)
+/// and judged by [`classify_end`](Classify::classify_end). A non-200 without
+/// `grpc-status` is classified as HTTP. `grpc-retry-pushback-ms` is the
+/// [hint](crate::hint::parse_grpc_pushback); a [`Failure`] in the
+/// extensions decides, as for [`HttpClassifier`].
 #[derive(Debug, Clone, Default)]
 pub struct GrpcClassifier {
+    /// Judges what is not gRPC: a non-200 without `grpc-status`, an error.
     http: HttpClassifier,
-    errors: ErrorChainClassifier,
 }
 
 impl GrpcClassifier {
@@ -73,28 +68,14 @@ impl GrpcClassifier {
         let digits = headers.get(GRPC_STATUS)?.as_bytes().trim_ascii();
         let written_as_grpc = matches!(digits, [_] | [b'1'..=b'9', _]);
         let code = decimal(digits).filter(|_| written_as_grpc);
-        Some(code.map_or(UNREADABLE_STATUS, |code| code as u32))
-    }
-
-    /// `true` for a response whose status comes in its trailers, which
-    /// `classify_head` (below) leaves open.
-    fn status_in_trailers<B>(response: &Response<B>) -> bool {
-        response.status() == http::StatusCode::OK
-            && !response.headers().contains_key(GRPC_STATUS)
-            && Self::is_grpc_content(response.headers())
+        Some(code.map_or(UNKNOWN, |code| code as u32))
     }
 
     /// `true` for a gRPC response: `content-type: application/grpc…` or a
     /// `grpc-status` in its head. Its HTTP status is `200` whatever the call's
     /// outcome; the gRPC status is what a client reads.
     pub fn is_grpc<B>(response: &Response<B>) -> bool {
-        response.headers().contains_key(GRPC_STATUS) || Self::is_grpc_content(response.headers())
-    }
-
-    fn is_grpc_content(headers: &HeaderMap) -> bool {
-        headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+        response.headers().contains_key(GRPC_STATUS) || grpc_content(response.headers())
     }
 
     /// The `grpc-message` of `headers` (trailers), percent-decoded as the
@@ -121,12 +102,15 @@ impl GrpcClassifier {
     }
 }
 
-/// The gRPC status of a `grpc-status` nobody can read: `UNKNOWN` (2).
-const UNREADABLE_STATUS: u32 = 2;
+/// `UNKNOWN` (2): the status of a `grpc-status` nobody can read, and of a
+/// body that ended without one (what tonic reports for both).
+const UNKNOWN: u32 = 2;
 
-/// The gRPC status of a response body that ended without `grpc-status`:
-/// `UNKNOWN` (2), the code tonic reports for it.
-const MISSING_STATUS: u32 = 2;
+fn grpc_content(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
 
 /// `grpc-status` and `grpc-retry-pushback-ms` of `headers`, classified.
 fn status_outcome(headers: &HeaderMap) -> Option<Outcome> {
@@ -148,36 +132,26 @@ where
     E: AsDynError,
 {
     fn classify(&self, result: Result<&Response<B>, &E>) -> Outcome {
-        match result {
-            Ok(response) => {
-                // As for HTTP: a layer that answered on its own says what it means.
-                if let Some(failure) = response.extensions().get::<Failure>() {
-                    return Outcome::Failure(*failure);
-                }
-                match status_outcome(response.headers()) {
-                    Some(outcome) => outcome,
-                    None if response.status() == http::StatusCode::OK => Outcome::Success,
-                    None => self.http.classify_parts(
-                        response.status(),
-                        response.headers(),
-                        None,
-                        SystemTime::now(),
-                    ),
-                }
-            }
-            Err(err) => self.errors.classify_error(err.as_dyn_error()),
+        // As for HTTP, a `Failure` in the extensions decides: `http` reads it.
+        let grpc = result
+            .ok()
+            .filter(|response| response.extensions().get::<Failure>().is_none());
+        match grpc.map(|response| (status_outcome(response.headers()), response.status())) {
+            Some((Some(outcome), _)) => outcome,
+            Some((None, http::StatusCode::OK)) => Outcome::Success,
+            _ => self.http.classify(result),
         }
     }
 
-    /// Leaves open a `200` gRPC response (`content-type: application/grpc…`)
-    /// without `grpc-status` in its head: its status comes in the trailers,
-    /// at the end of the body. Settles every other result (a trailers-only
-    /// response, any other status, any other content type) as
+    /// Leaves open a `200` gRPC response without `grpc-status` in its head
+    /// (its status comes in the trailers); settles every other result as
     /// [`classify`](Classify::classify) does.
     fn classify_head(&self, result: Result<&Response<B>, &E>) -> Option<Outcome> {
         match result {
             Ok(response)
-                if Self::status_in_trailers(response)
+                if response.status() == http::StatusCode::OK
+                    && !response.headers().contains_key(GRPC_STATUS)
+                    && grpc_content(response.headers())
                     && response.extensions().get::<Failure>().is_none() =>
             {
                 None
@@ -186,18 +160,15 @@ where
         }
     }
 
-    /// Judges the trailers: a `grpc-status` decides (see
-    /// [`status_code`](Self::status_code) for one that cannot be read),
-    /// `grpc-retry-pushback-ms` giving the hint; a body that ends without
-    /// `grpc-status` broke the protocol (a `200` stream must end with it) and
-    /// is 2 `UNKNOWN`, as tonic reports it to the caller, so a
-    /// [`ServerError`](FailureKind::ServerError). A body error and a drop are
-    /// judged as [`Classify::classify_end`] does by default.
+    /// Judges the trailers as the head's `grpc-status`; a body that ends
+    /// without one broke the protocol and is 2 `UNKNOWN` (as tonic reports
+    /// it), a [`ServerError`](FailureKind::ServerError). A body error and a
+    /// drop are judged as [`Classify::classify_end`] does by default.
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome {
         match end {
             StreamEnd::Trailers(trailers) => trailers
                 .and_then(status_outcome)
-                .unwrap_or(Self::code_outcome(MISSING_STATUS)),
+                .unwrap_or(Self::code_outcome(UNKNOWN)),
             other => other.default_outcome(),
         }
     }

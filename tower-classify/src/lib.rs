@@ -60,19 +60,13 @@ pub use self::retry_on::RetryOn;
 #[cfg(feature = "http")]
 pub use self::settle::{OnEnd, SettleBody, StreamEnd};
 
-/// Which public types are `#[non_exhaustive]`, and the checks that they
-/// stay so (each `compile_fail` block must fail; the last block is the
-/// control written the allowed way).
+/// Checks that [`FailureKind`], [`RetryHint`] and [`Failure`] (which will
+/// grow) stay `#[non_exhaustive]`, as the `backoff_from` readers and the
+/// configuration types are; the last block is the allowed control.
 ///
-/// Marked, because they will grow: [`FailureKind`] (new kinds of failure),
-/// [`RetryHint`] (new ways to say when to try again), [`Failure`] (more
-/// about a failure than its kind and hint), the `backoff_from` readers and
-/// units, and the configuration structs and enums.
-///
-/// Left exhaustive on purpose: [`Outcome`]. Success, failure, or neither is
-/// the whole contract between classifiers and the layers that act on them;
-/// every layer must decide each of the three, and a fourth would silently
-/// fall into a wildcard arm of every retry loop and breaker.
+/// [`Outcome`] is exhaustive on purpose: every layer must decide each of
+/// success, failure or neither, and a fourth would fall silently into a
+/// wildcard arm of every retry loop and breaker.
 ///
 /// ```compile_fail
 /// use tower_classify::{Failure, FailureKind};

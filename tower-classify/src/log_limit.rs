@@ -7,12 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Lets one log line through per interval and counts the ones it holds back.
-///
-/// The family's layers log an event that repeats once per call during an
-/// outage ("giving up retrying") at `debug` every time and at `warn` at most
-/// once per interval, with the count held back. Lock-free; reads tokio's
-/// clock.
+/// Lets one log line through per interval and counts the ones it holds
+/// back: the family logs an event that repeats per call during an outage at
+/// `warn` through it (and at `debug` every time). Lock-free, on tokio's clock.
 ///
 /// ```
 /// use std::time::Duration;

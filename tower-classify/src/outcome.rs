@@ -7,12 +7,9 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::refusal::RefusalToken;
 
-/// What one call's result means to a resilience layer.
-///
-/// Every layer of the family asks the same [`Classify`](crate::Classify) value
-/// and reads the answer the same way: a retry layer retries
-/// [transient](FailureKind::is_transient) failures, a circuit breaker counts them,
-/// a dead-letter layer stores whatever is still a failure when the call ends.
+/// What one call's result means to a resilience layer: a retry layer
+/// retries [transient](FailureKind::is_transient) failures, a breaker counts
+/// them, a dead-letter layer stores what is still a failure at the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// The call did what was asked.
@@ -56,8 +53,7 @@ pub struct Failure {
     /// What the other side (or a load-shedding layer) said about trying again.
     pub hint: Option<RetryHint>,
     /// The [`RefusalToken`] of the request a layer refused without passing
-    /// it on; `None` for every other failure. It proves, to whoever gave the
-    /// request that token, that nothing behind the refusing layer saw it.
+    /// it on; `None` for every other failure.
     pub refusal: Option<RefusalToken>,
 }
 
@@ -71,10 +67,8 @@ impl Failure {
         }
     }
 
-    /// The same failure, made by refusing a request that carried `token`
-    /// (read from its extensions: `None` when it carried none) without
-    /// passing it on. Only a layer that refuses before calling what it
-    /// wraps may say so; see [`RefusalToken`].
+    /// The same failure, made by refusing the request that carried `token`
+    /// (from its extensions) without passing it on; see [`RefusalToken`].
     pub const fn with_refusal(mut self, token: Option<RefusalToken>) -> Self {
         self.refusal = token;
         self
@@ -115,45 +109,32 @@ impl From<FailureKind> for Failure {
     }
 }
 
-/// The kinds of failure the whole family agrees on.
-///
-/// The first five are *transient*: a retry may fix them and a circuit breaker
-/// counts them. The others are not: retrying a [`Rejected`](FailureKind::Rejected)
-/// request cannot help and says nothing about the dependency's health.
+/// The kinds of failure the whole family agrees on; the [crate
+/// docs](crate#what-it-decides) say where each comes from. The first five
+/// are [transient](Self::is_transient).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum FailureKind {
-    /// The server failed: HTTP 5xx, gRPC `UNKNOWN`/`INTERNAL`/`UNAVAILABLE`/
-    /// `DATA_LOSS`.
+    /// The server failed (HTTP 5xx).
     ServerError,
-    /// The server asked the client to slow down: HTTP 429, gRPC
-    /// `RESOURCE_EXHAUSTED`, or a response rule (`http::ResponseRule`, with the
-    /// `http` feature).
+    /// The server asked the client to slow down (HTTP 429).
     RateLimited,
-    /// The call took too long: HTTP 408, `tower::timeout::error::Elapsed`,
-    /// `io::ErrorKind::TimedOut`, gRPC `DEADLINE_EXCEEDED`.
+    /// The call took too long.
     Timeout,
-    /// No usable response, and the request may have reached the server: a
-    /// connection reset or aborted, closed before the response (a stale
-    /// keep-alive connection), other I/O errors. Not safe to resend a
-    /// non-idempotent request after it: the server may have acted on it.
+    /// No usable response, and the request may have reached the server: not
+    /// safe to resend a non-idempotent request.
     Connection,
-    /// The connection failed before the request was sent, so the server
-    /// provably never saw it: refused, a failed connect or DNS lookup (an
-    /// unreachable host when a connect error says so), a request the HTTP
-    /// client cancelled before writing it. Safe to resend even when the
-    /// request is not idempotent. The `connection` class of
-    /// [`RetryOn`](crate::RetryOn) includes it.
+    /// The request was provably never sent: safe to resend even when not
+    /// idempotent. The `connection` class of [`RetryOn`](crate::RetryOn)
+    /// includes it.
     NotSent,
-    /// The request itself is wrong: other 4xx, authentication, validation, parse
-    /// errors. Never retried and never trips a breaker.
+    /// The request itself is wrong: never retried, never trips a breaker.
     Rejected,
     /// The input can never be processed; a dead-letter layer stores it at once.
     Poison,
-    /// A local load-shedding layer refused the call before it reached the
-    /// dependency (an open circuit, an exhausted retry budget). It is evidence
-    /// about *this* process, not about the dependency: breakers do not count it,
-    /// and a retry layer does not retry it except by waiting out its hint once.
+    /// A local layer refused the call before it reached the dependency (an
+    /// open circuit, an exhausted budget): evidence about this process, so
+    /// breakers do not count it and a retry only waits out its hint once.
     Shed,
 }
 
@@ -238,11 +219,9 @@ pub enum RetryHint {
     After(Duration),
     /// Do not retry at all (a negative or unreadable gRPC pushback).
     DoNotRetry,
-    /// Do not retry, and this answer is the call's whatever its other
-    /// attempts in flight would say: a status a gRPC hedging policy calls
-    /// fatal (one not in its `nonFatalStatusCodes`, gRFC A6). A hedging
-    /// layer returns it and cancels the other attempts, where after
-    /// [`DoNotRetry`](Self::DoNotRetry) (the server's pushback) it only
-    /// sends no more.
+    /// Do not retry, and this answer is the call's: a status a gRPC hedging
+    /// policy calls fatal (gRFC A6). A hedging layer returns it and cancels
+    /// its other attempts (after [`DoNotRetry`](Self::DoNotRetry) it only
+    /// sends no more).
     Final,
 }

@@ -4,28 +4,15 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A token, unique to one call, that lets a refusal prove the service
-/// behind the refusing layer never saw that call's request.
+/// behind the refusing layer never saw that call's request ([crate
+/// docs](crate#refusals-that-prove-the-request-went-no-further)).
 ///
-/// An open breaker between an idempotency guard and its handler may free
-/// the key; the same `CircuitOpen` from a dependency the handler called
-/// after writing must not. Only the request tells them apart, so:
-///
-/// 1. the guard puts a fresh token in the request's extensions
-///    ([`issue`](Self::issue));
-/// 2. a layer that refuses a request *without passing it on* copies its
-///    token into the refusal's [`Failure`](crate::Failure)
-///    ([`with_refusal`](crate::Failure::with_refusal));
-/// 3. the guard frees the key only for a failure carrying the token it gave
-///    this very request.
-///
-/// A dependency's refusal answers another request, with no token, and
-/// proves nothing; so does a layer that cannot read the request (tower's
-/// `LoadShed`): the guard keeps the key, the safe side. A handler that
-/// forwards the guarded request itself, extensions and all (a proxy), hands
-/// the token on: it must act on nothing before forwarding, or remove it. A
-/// layer that sends a request more than once must not hand the token to a
-/// later attempt. Tokens come from a per-process counter and never leave the
-/// process.
+/// A layer that cannot read the request (tower's `LoadShed`) proves
+/// nothing: the guard keeps the key, the safe side. A proxy that forwards
+/// the guarded request's extensions hands the token on, so it must act on
+/// nothing before forwarding, or remove it; a layer that sends a request
+/// more than once must not hand it to a later attempt. Tokens never leave
+/// the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RefusalToken(NonZeroU64);
 

@@ -67,14 +67,12 @@ impl RetryOn {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let mut bits = 0;
-        for name in names {
+        let kinds = names.into_iter().map(|name| {
             let name = name.as_ref();
             let refusal = || refused(format_args!("unknown class `{name}`"), "one of");
-            let kind = Self::kind_named(name).ok_or_else(refusal)?;
-            bits |= Self::bit(kind).expect("kind_named returns transient kinds");
-        }
-        Self::from_bits(bits)
+            Self::kind_named(name).ok_or_else(refusal)
+        });
+        Self::new(kinds.collect::<Result<Vec<_>, _>>()?)
     }
 
     /// `true` when `kind` is in the set.

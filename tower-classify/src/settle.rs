@@ -38,36 +38,30 @@ impl StreamEnd<'_> {
     }
 }
 
-/// What a layer does with a call a [`SettleBody`] settles: implemented by
-/// each layer that watches response bodies, called once per body.
+/// What a layer does with a call a [`SettleBody`] settles, once per body.
 pub trait OnEnd {
-    /// What [`settle`](Self::settle) returns. The body holds its last frame
-    /// back until it resolves; an error is handed on in its place.
+    /// What [`settle`](Self::settle) returns; the body holds its last frame
+    /// back until it resolves, and hands an error on in its place.
     type Future: Future<Output = Result<(), BoxError>>;
 
     /// Judges how the body ended: a layer asks its classifier's
     /// [`Classify::classify_end`](crate::Classify::classify_end).
     fn classify_end(&self, end: StreamEnd<'_>) -> Outcome;
 
-    /// Acts on the call's `outcome`, judged from `end`. For
-    /// [`StreamEnd::Dropped`] the future is dropped unpolled (there is no one
-    /// left to poll it): what a drop asks is done in `settle` itself.
+    /// Acts on the call's `outcome`, judged from `end`. After
+    /// [`StreamEnd::Dropped`] the future is dropped unpolled: do the work in
+    /// `settle` itself.
     fn settle(self, outcome: Outcome, end: StreamEnd<'_>) -> Self::Future;
 }
 
 pin_project! {
     /// A response body that settles its call where it ends.
     ///
-    /// Each frame is handed on as it arrives. When the body ends (its
-    /// trailers, its last data frame, or `None`), fails, or is dropped before
-    /// its end, it asks its [`OnEnd`] to [judge](OnEnd::classify_end) the end
+    /// When the body ends (trailers, last data frame or `None`), fails, or is
+    /// dropped, it asks its [`OnEnd`] to [judge](OnEnd::classify_end) the end
     /// and [settle](OnEnd::settle) the call, once; the last frame waits until
-    /// the settling resolves, so a layer can write down a failure before the
-    /// caller sees the call end. A body made [`settled`](Self::settled) (its
-    /// head settled the call) only passes frames through.
-    ///
-    /// It reports no end of stream while its call is open, so that a server
-    /// polls it to its end even when the inner body is already over.
+    /// the settling resolves. It reports no end of stream while its call is
+    /// open, so a server polls it to its end.
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -122,13 +116,9 @@ pin_project! {
         Settling {
             #[pin]
             future: Fut,
-            // What the caller gets once `future` resolved well: the last
-            // frame, the body's error, or the end. Held type-erased so that
-            // `SettleBody<B, F>` names a type for any `B` (a client answering
-            // `Response<Bytes>` still gets a response type), and is a body
-            // where `B` is one; only the end of an open call boxes it. The
-            // mutex is never locked (the value is reached through `&mut`):
-            // it makes the body `Sync` where its parts are, as
+            // The last frame, error or end, for when `future` resolves.
+            // Type-erased so `SettleBody<B, F>` is a type for any `B`, not
+            // only a body; the mutex (never locked) makes it `Sync`, as
             // `BodyExt::boxed` asks.
             held: Mutex<Box<dyn Any + Send>>,
         },

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
@@ -44,10 +44,9 @@ macro_rules! status_layer {
                 Self::default()
             }
 
-            /// Classifies errors with `classifier` instead. An error nothing
-            /// recognises answers `UNKNOWN` (500) unless the classifier's
-            /// [`unknown_as`](ErrorChainClassifier::unknown_as) chose an outcome,
-            /// even the default's own: then that outcome's status.
+            /// Classifies errors with `classifier` instead (its
+            /// [`unknown_as`](ErrorChainClassifier::unknown_as), if chosen,
+            /// decides what an unrecognised error answers).
             pub fn classifier(mut self, classifier: ErrorChainClassifier) -> Self {
                 self.settings.classifier = classifier;
                 self
@@ -141,17 +140,11 @@ pub struct GrpcStatusLayer {
 type StatusOf = fn(&(dyn Error + 'static)) -> Option<(u32, String)>;
 
 impl GrpcStatusLayer {
-    /// Recognises errors that already are a gRPC status, and sends that
-    /// status as it is instead of classifying the error: its code as given,
-    /// its message percent-encoded and cut as every message is (and left out
-    /// under [`without_details`](Self::without_details)). `status_of` is
-    /// asked about the error, then each of its
-    /// [`source`](std::error::Error::source)s in turn; the first answer
-    /// wins. Without it, such an error is classified like any other, which
-    /// for a `tonic::Status` (a kind of failure no classifier knows) means
-    /// `UNKNOWN` with the default classifier.
-    ///
-    /// tower-classify does not depend on tonic; a tonic user passes
+    /// Sends an error that already is a gRPC status as that status, not
+    /// classified: `status_of` is asked about the error, then each of its
+    /// sources, and the first answer's code is sent as given, its message as
+    /// every message is. Without it, a `tonic::Status` answers `UNKNOWN`.
+    /// A tonic user passes
     ///
     /// ```text
     /// |error| {
@@ -159,15 +152,29 @@ impl GrpcStatusLayer {
     ///     Some((status.code() as u32, status.message().to_owned()))
     /// }
     /// ```
-    ///
     pub fn status_of(mut self, status_of: StatusOf) -> Self {
         self.status_of = Some(status_of);
         self
     }
+}
 
-    /// The headers of a trailers-only response answering `error`.
-    fn headers(&self, error: &(dyn Error + 'static)) -> HeaderMap {
-        let mut headers = HeaderMap::new();
+/// How a status layer answers an error with a response of body `B`.
+pub(crate) trait AnswerError<B>: Copy {
+    /// The response answering `error`.
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B>;
+}
+
+impl<B: From<String>> AnswerError<B> for HttpStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        Problem::of(error, &self.settings).response()
+    }
+}
+
+/// A trailers-only response.
+impl<B: Default> AnswerError<B> for GrpcStatusLayer {
+    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let carried = self.status_of.and_then(|status_of| {
             std::iter::successors(Some(error), |&error| error.source()).find_map(status_of)
@@ -188,44 +195,19 @@ impl GrpcStatusLayer {
                 headers.insert(GRPC_MESSAGE, value);
             }
         }
-        headers
-    }
-}
-
-/// How a status layer answers an error with a response of body `B`.
-pub(crate) trait AnswerError<B>: Copy {
-    /// The response answering `error`.
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B>;
-}
-
-impl<B: From<String>> AnswerError<B> for HttpStatusLayer {
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
-        Problem::of(error, &self.settings).response()
-    }
-}
-
-impl<B: Default> AnswerError<B> for GrpcStatusLayer {
-    fn answer_error(&self, error: &(dyn Error + 'static)) -> Response<B> {
-        let mut response = Response::new(B::default());
-        *response.headers_mut() = self.headers(error);
         response
     }
 }
 
-/// The service made by [`HttpStatusLayer`] and [`GrpcStatusLayer`] (`L`);
-/// those two are the only `L` it is a service for.
+/// The service of [`HttpStatusLayer`] and [`GrpcStatusLayer`] (`L`).
 ///
-/// A service whose `poll_ready` failed is finished, by tower's contract: it
-/// must be neither called nor polled again. So once the inner service's
-/// readiness fails, every call is answered with that error's answer and
-/// the inner service is left alone. A clone starts afresh (its inner
-/// service is a clone, with readiness of its own).
+/// Once the inner service's readiness fails, every call is answered with
+/// that error's answer and the inner service is left alone (tower's
+/// contract: it is finished). A clone starts afresh.
 #[derive(Debug)]
 pub struct StatusService<S, L> {
     inner: S,
     layer: L,
-    /// The inner service's readiness error, once `poll_ready` failed: every
-    /// call from then on is answered with it.
     failed: Option<Arc<dyn Error + Send + Sync>>,
 }
 
@@ -362,8 +344,7 @@ fn status_code(outcome: &Outcome) -> u32 {
     }
 }
 
-/// What an error comes to, as both layers answer it: its classification,
-/// the gRPC status code for it, and the wait to send (`-1`: do not retry).
+/// An error as both layers answer it; `pushback` `-1`: do not retry.
 struct Answer {
     outcome: Outcome,
     code: u32,
@@ -372,11 +353,9 @@ struct Answer {
 
 /// The answer to `error`, classified by `classifier`.
 fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> Answer {
-    // An error nothing recognises is `UNKNOWN`, as tonic sends it and a
-    // client reads as a server error, unless the layer's classifier chose
-    // what it means (`unknown_as`), even as the default's own outcome. The
-    // default calls it rejected only so as not to retry it blindly: sent as
-    // `INVALID_ARGUMENT`, it would tell every caller its request is wrong.
+    // An unrecognised error is `UNKNOWN` unless `unknown_as` chose: the
+    // default's `Rejected` means "do not retry blindly", not "your request
+    // is wrong" (`INVALID_ARGUMENT`).
     let chosen = classifier
         .recognised(error)
         .or_else(|| classifier.chosen_unknown());
@@ -415,10 +394,9 @@ fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Durat
         .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 
-/// `text` as a `grpc-message`: the gRPC HTTP/2 protocol's percent-encoding
-/// of every byte outside space and visible ASCII, of `%` itself and of a
-/// space at either end; at most
-/// [`MAX_MESSAGE`] bytes of the text, cut at a character boundary.
+/// `text` as a `grpc-message`: percent-encoded as gRPC does (every byte
+/// outside visible ASCII and space, `%`, a space at either end), cut at a
+/// character boundary to [`MAX_MESSAGE`] bytes.
 fn percent_encode(text: &str) -> String {
     let mut end = text.len().min(MAX_MESSAGE);
     while !text.is_char_boundary(end) {
@@ -440,15 +418,10 @@ fn percent_encode(text: &str) -> String {
 }
 
 /// [`Problem::for_error`]'s response, marked as a refusal of the request
-/// that carried `token`, so an idempotency guard in front frees the key and
-/// the client's retry runs the handler again. Use it only when the handler
-/// did nothing before the error (a dependency's open circuit); a handler
-/// that wrote and then failed keeps the key with `for_error`.
-///
-/// `token` is the [`RefusalToken`] in the request's extensions (`None`
-/// without a guard: nothing is freed). The failure carried is the error's
-/// classification, or [`Shed`](FailureKind::Shed) for an error nothing
-/// recognises, which still answers `500`.
+/// that carried `token` (from its extensions), so an idempotency guard in
+/// front frees the key. Only for a handler that did nothing before the
+/// error. An error nothing recognises is carried as
+/// [`Shed`](FailureKind::Shed), and still answers `500`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -476,13 +449,10 @@ pub fn not_run<B: From<String>>(
     problem.response()
 }
 
-/// An `application/problem+json` response (RFC 9457): the one builder of
-/// the family's HTTP error answers.
-///
-/// The body is `{"type":"about:blank","title":…,"status":…}` (the title is
-/// the status's reason phrase) plus the [members](Self::member) added. A
-/// problem made [for an error](Self::for_error) carries the error's
-/// [`Failure`] in the response's extensions.
+/// An `application/problem+json` response (RFC 9457): its body is
+/// `{"type":"about:blank","title":…,"status":…}` (the status's reason
+/// phrase) plus the [members](Self::member) added. One made
+/// [for an error](Self::for_error) carries its [`Failure`] in the extensions.
 ///
 /// ```
 /// use std::time::Duration;
@@ -524,10 +494,9 @@ impl Problem {
         }
     }
 
-    /// The problem answering `error` as [`HttpStatusLayer::new`] does: for
-    /// a handler that maps its own errors
-    /// (`.map_err(|e| Problem::for_error(&e).response())?`). An idempotency
-    /// guard in front keeps the key; see [`not_run`].
+    /// The problem answering `error` as [`HttpStatusLayer::new`] does, for
+    /// a handler that maps its own errors (a guard in front keeps the key;
+    /// see [`not_run`]).
     pub fn for_error(error: &(impl AsDynError + ?Sized)) -> Self {
         Problem::of(error.as_dyn_error(), &Settings::default())
     }
@@ -579,8 +548,7 @@ impl Problem {
     }
 }
 
-/// The HTTP status for a gRPC status code, as gRPC's own HTTP mapping reads
-/// them; 499 is the de facto "client closed request".
+/// gRPC's own HTTP mapping; 499 is "client closed request".
 fn http_status(code: u32) -> StatusCode {
     match code {
         14 => StatusCode::SERVICE_UNAVAILABLE,
@@ -592,8 +560,8 @@ fn http_status(code: u32) -> StatusCode {
     }
 }
 
-/// Whole seconds, rounded up (a client waiting the rounded-down value would
-/// come back too early) and at least 1 (`0` would invite an immediate retry).
+/// Whole seconds, rounded up (not too early) and at least 1 (`0` invites
+/// an immediate retry).
 fn ceil_secs(wait: Duration) -> u64 {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     secs.max(1)

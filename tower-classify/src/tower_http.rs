@@ -43,17 +43,12 @@ use crate::outcome::{FailureKind, Outcome};
 pub struct TowerHttpClassifier<C, F> {
     classifier: C,
     map: F,
-    errors: ErrorChainClassifier,
 }
 
 impl<C, F> TowerHttpClassifier<C, F> {
     /// Adapts `classifier`; `map` says what each of its failure classes means.
     pub fn new(classifier: C, map: F) -> Self {
-        TowerHttpClassifier {
-            classifier,
-            map,
-            errors: ErrorChainClassifier::new(),
-        }
+        TowerHttpClassifier { classifier, map }
     }
 }
 
@@ -88,7 +83,7 @@ where
                 }
                 ClassifiedResponse::Ready(Err(class)) => (self.map)(class),
             },
-            Err(err) => self.errors.classify_error(err.as_dyn_error()),
+            Err(err) => ErrorChainClassifier::new().classify_error(err.as_dyn_error()),
         }
     }
 }

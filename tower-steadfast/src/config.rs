@@ -1,10 +1,7 @@
-//! The configuration types: one per section of the `resilience:` block,
-//! whose keys, vocabulary and defaults the crate docs' [table](crate#the-block)
-//! lists.
-//!
-//! Values of these types exist only after every rule was checked (by a
-//! loader such as [`ResilienceConfig::from_yaml_str`], by `Deserialize`, or
-//! as the [`Default`]s), so building a stack from one cannot fail.
+//! The configuration types, one per section of the `resilience:` block
+//! ([table](crate#the-block)). A value exists only after every rule was
+//! checked (by a loader, `Deserialize`, or as the [`Default`]), so building
+//! a stack from one cannot fail.
 
 use std::fmt;
 use std::time::Duration;
@@ -14,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Serialize, Serializer};
 use tower_classify::RetryOn;
 use tower_poison::Action;
-use tower_retry_budget::{BackoffKind, Jitter};
+use tower_retry_budget::{Backoff, BackoffKind, Jitter};
 
 /// The whole `resilience:` block: how calls are retried, when the circuit
 /// opens, and what happens to a call that finally failed.
@@ -81,8 +78,7 @@ impl ResilienceConfig {
             warnings.push(format!("retry.{key} has no effect with {because}"));
         }
         if retry.deadline_ms.is_some() || retry.attempt_timeout_ms.is_some() {
-            let deadline = retry.deadline().unwrap_or(DEFAULT_DEADLINE);
-            let timeout = retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT);
+            let (deadline, timeout) = retry.bounds();
             if timeout >= deadline {
                 warnings.push(format!(
                     "retry.attempt_timeout_ms ({}{}) has no effect: retry.deadline_ms ({}{}) \
@@ -170,46 +166,40 @@ pub(crate) struct RetrySection {
     pub(crate) attempt_timeout_ms: Option<u64>,
 }
 
-/// The call's deadline when the block does not say (`retry.deadline_ms`).
-///
-/// The retry layer has no deadline of its own, so that a queue consumer
-/// may wait as long as it likes; the stack this crate builds is meant for
-/// a request handler calling a dependency, where nothing should wait
-/// unbounded. Ten seconds is well below the 30–60 s after which the
-/// proxies and load balancers in front of a handler give up on it, so
-/// the handler answers (with the error it has) before they do, and still
-/// leaves room for a few attempts and waits.
+/// The call's deadline when the block does not say: the retry layer has
+/// none (a queue consumer may wait), but a request handler must answer
+/// before the proxies in front of it give up (30–60 s).
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(DEFAULT_DEADLINE_MS);
 const DEFAULT_DEADLINE_MS: u64 = 10_000;
 
-/// Each attempt's timeout when the block does not say
-/// (`retry.attempt_timeout_ms`): a third of the deadline or so, so that one
-/// hung connection cannot take the whole deadline and a retry still has
-/// time to run.
+/// Each attempt's timeout when the block does not say: about a third of the
+/// deadline, so one hung connection leaves time for a retry.
 pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration =
     Duration::from_millis(DEFAULT_ATTEMPT_TIMEOUT_MS);
 const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
 
 impl RetrySection {
-    /// The base wait, if set.
-    pub(crate) fn base(&self) -> Option<Duration> {
-        self.base_ms.map(Duration::from_millis)
+    /// The base wait and the cap on each wait, the backoff's defaults where
+    /// the block left them out.
+    pub(crate) fn base_and_max(&self) -> (Duration, Duration) {
+        let defaults = Backoff::default();
+        let base = millis_or(self.base_ms, defaults.initial_delay());
+        (base, millis_or(self.max_ms, defaults.max_delay()))
     }
 
-    /// The cap on each wait, before jitter, if set.
-    pub(crate) fn max(&self) -> Option<Duration> {
-        self.max_ms.map(Duration::from_millis)
+    /// The call's deadline and each attempt's timeout, the block's defaults
+    /// where it left them out.
+    pub(crate) fn bounds(&self) -> (Duration, Duration) {
+        let deadline = millis_or(self.deadline_ms, DEFAULT_DEADLINE);
+        (
+            deadline,
+            millis_or(self.attempt_timeout_ms, DEFAULT_ATTEMPT_TIMEOUT),
+        )
     }
+}
 
-    /// The call's deadline, if set.
-    pub(crate) fn deadline(&self) -> Option<Duration> {
-        self.deadline_ms.map(Duration::from_millis)
-    }
-
-    /// Each attempt's timeout, if set.
-    pub(crate) fn attempt_timeout(&self) -> Option<Duration> {
-        self.attempt_timeout_ms.map(Duration::from_millis)
-    }
+fn millis_or(millis: Option<u64>, default: Duration) -> Duration {
+    millis.map_or(default, Duration::from_millis)
 }
 
 /// The `circuit_breaker` section. A key left out keeps the breaker's
@@ -231,14 +221,6 @@ pub(crate) struct CircuitBreakerSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "json-schema", schemars(with = "u64", range(min = 1)))]
     pub(crate) cooldown_secs: Option<u64>,
-}
-
-impl CircuitBreakerSection {
-    /// How long the circuit stays open before a trial call, when a fixed
-    /// period was asked for; `None`: the breaker's backing-off schedule.
-    pub(crate) fn cooldown(&self) -> Option<Duration> {
-        self.cooldown_secs.map(Duration::from_secs)
-    }
 }
 
 /// Failed deliveries of one message before it is diverted, when the block

@@ -1,6 +1,7 @@
 //! The stack a configuration builds, and the builders of its layers.
 
 use std::fmt;
+use std::time::Duration;
 
 use http::HeaderName;
 use tower_breaker::{BreakerHandle, CircuitBreaker, CircuitBreakerLayer, Policy};
@@ -10,7 +11,7 @@ use tower_poison::{DeadLetter, DeadLetterLayer, HttpCapture, PoisonPolicy};
 use tower_retry_budget::replay::HttpReplay;
 use tower_retry_budget::{Backoff, BackoffKind, Retry, RetryBuilder, RetryLayer};
 
-use crate::config::{ResilienceConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
+use crate::config::ResilienceConfig;
 
 /// The service [`ResilienceLayer`] builds around `S`, outermost first:
 /// dead letters, circuit breaker, retry.
@@ -27,24 +28,17 @@ pub type ResilienceService<S, St> = DeadLetter<
 /// DeadLetter → CircuitBreaker → Retry → service
 /// ```
 ///
-/// - the dead-letter layer sees each call's final outcome, so a call the
-///   retries fixed is never stored and one they gave up on is stored once,
-///   with its attempt count (which the retry layer reports to it);
-/// - the breaker counts one failure per logical call, after its retries, and
-///   while open refuses calls at once with
-///   [`CircuitOpen`](tower_breaker::CircuitOpen);
-/// - the retry layer owns the retries and their waits.
-///
-/// Clones share the breaker's state, the retry budget, the poison counts and
-/// the store; two layers built by two calls of
-/// [`ResilienceConfig::layer`] share only the store.
+/// The dead-letter layer stores a call its retries gave up on once, with its
+/// attempt count; the breaker counts one failure per call, after its
+/// retries. Clones share the breaker, the retry budget, the poison counts
+/// and the store; two [`ResilienceConfig::layer`] calls share only the store.
 #[derive(Clone)]
 pub struct ResilienceLayer<St> {
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,
     retry: RetryLayer<HttpClassifier, HttpReplay>,
-    /// The retry layer's events counted for the admin page; `None` for a
-    /// retry layer built elsewhere, whose events this crate never sees.
+    /// The retry layer's events counted for the admin page; `None` for one
+    /// built elsewhere.
     #[cfg(feature = "admin-page")]
     retry_counts: Option<std::sync::Arc<crate::admin_page::RetryCounts>>,
 }
@@ -103,9 +97,8 @@ impl<S, St: Clone> Layer<S> for ResilienceLayer<St> {
     }
 }
 
-// A loaded configuration passed these builders' own checks
-// (`check_with_layers`), so building from it cannot fail: the `expect`s
-// below state that invariant rather than handle a case.
+// A loaded configuration passed these builders' checks
+// (`check_with_layers`): the `expect`s state that invariant.
 const CHECKED: &str = "the configuration was checked by the layers' builders when it was loaded";
 
 impl ResilienceConfig {
@@ -114,14 +107,10 @@ impl ResilienceConfig {
     /// Redis, memory). With `action: drop` or `fail` the store is never
     /// written.
     ///
-    /// `name` labels all three layers' metrics (`retry="…"`,
-    /// `breaker="…"`, `label="…"`), events and spans, and is the label of
-    /// the dead letters stored: give each downstream its own, so that two
-    /// of them never merge into one series. Names are metric labels: keep
-    /// them few, and never take them from requests.
-    ///
-    /// Each call builds new layers: a breaker and a retry budget of their
-    /// own. Build once and clone the layer to share them.
+    /// `name` labels all three layers' metrics, events and spans and the
+    /// dead letters stored: one per downstream, few, never from requests.
+    /// Each call builds a breaker and a retry budget of its own; clone the
+    /// layer to share them.
     pub fn layer<St>(&self, name: &str, store: St) -> ResilienceLayer<St> {
         let retry = self.retry_builder().name(name);
         #[cfg(feature = "admin-page")]
@@ -139,34 +128,26 @@ impl ResilienceConfig {
         }
     }
 
-    /// The retry layer's builder with the `retry` section applied: total
-    /// attempts, the backoff and its cap, jitter and the classes retried,
-    /// each key the block left out at the retry layer's default; and the
-    /// call's [deadline](RetryBuilder::deadline) and
-    /// [attempt timeout](RetryBuilder::attempt_timeout), 10 s and 3 s when
-    /// left out (the retry layer has none: a request handler must not
-    /// wait unbounded). Everything else keeps the retry layer's defaults
-    /// too, notably its retry budget (retries may add 20 % to recent
-    /// traffic, plus 10 a second), a longest honoured `Retry-After` of 1 h
-    /// (the deadline cuts it shorter: a wait that cannot fit in the time
-    /// left is not started), and one attempt only for POST and PATCH
-    /// without an `Idempotency-Key` header.
+    /// The retry layer's builder with the `retry` section applied (the
+    /// crate docs' [table](crate#the-block)); everything else, such as the
+    /// retry budget and the longest honoured `Retry-After`, at the retry
+    /// layer's defaults.
     pub fn retry_builder(&self) -> RetryBuilder<HttpClassifier, HttpReplay> {
         let retry = &self.retry;
         let defaults = Backoff::default();
-        let kind = retry.backoff.unwrap_or(defaults.kind());
-        let backoff = match kind {
+        let (base, max) = retry.base_and_max();
+        let backoff = match retry.backoff.unwrap_or(defaults.kind()) {
             BackoffKind::None => Backoff::none(),
-            // The multiplier is the layer's: 2, so that `exponential` is
-            // base × 2^(n−1) before the n-th retry.
-            kind => Backoff::new(kind, retry.base().unwrap_or(defaults.initial_delay()))
-                .with_max_delay(retry.max().unwrap_or(defaults.max_delay()))
+            // The layer's multiplier, 2: `exponential` is base × 2^(n−1).
+            kind => Backoff::new(kind, base)
+                .with_max_delay(max)
                 .with_jitter(retry.jitter.unwrap_or(defaults.jitter())),
         };
+        let (deadline, attempt_timeout) = retry.bounds();
         let mut builder = RetryLayer::http_builder()
             .backoff(backoff)
-            .deadline(retry.deadline().unwrap_or(DEFAULT_DEADLINE))
-            .attempt_timeout(retry.attempt_timeout().unwrap_or(DEFAULT_ATTEMPT_TIMEOUT));
+            .deadline(deadline)
+            .attempt_timeout(attempt_timeout);
         if let Some(attempts) = retry.max_attempts {
             // The loader refuses 0 attempts.
             builder = builder.max_retries(attempts.saturating_sub(1));
@@ -177,27 +158,20 @@ impl ResilienceConfig {
         builder
     }
 
-    /// The breaker's builder with the `circuit_breaker` section applied:
-    /// open after `consecutive_failures` failed calls in a row, then let one
-    /// trial call through after `cooldown_secs` (a fixed period), each key
-    /// the block left out at the breaker's default (its backing-off open
-    /// period, for `cooldown_secs`). Add a
-    /// [`name`](tower_breaker::Builder::name) (metrics label, default
-    /// `default`) or callbacks before building.
+    /// The breaker's builder with the `circuit_breaker` section applied; add
+    /// a [`name`](tower_breaker::Builder::name) or callbacks before building.
     pub fn breaker_builder(&self) -> tower_breaker::Builder {
         let mut builder = CircuitBreakerLayer::builder();
         if let Some(threshold) = self.circuit_breaker.consecutive_failures {
             builder = builder.policy(Policy::consecutive_failures(threshold));
         }
-        match self.circuit_breaker.cooldown() {
-            Some(cooldown) => builder.recovery_timeout(cooldown),
+        match self.circuit_breaker.cooldown_secs {
+            Some(secs) => builder.recovery_timeout(Duration::from_secs(secs)),
             None => builder,
         }
     }
 
-    /// The dead-letter layer over `store` with the `poison` section applied:
-    /// the action, whether refusals are stored and, when `message_id_header` is set, poison detection
-    /// after `max_row_attempts` failed deliveries of one message id.
+    /// The dead-letter layer over `store` with the `poison` section applied.
     pub fn dead_letter_layer<St>(&self, store: St) -> DeadLetterLayer<St> {
         let poison = &self.poison;
         let layer = DeadLetterLayer::new(store).store_refusals(poison.store_refusals);
@@ -222,6 +196,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::config::{DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
     use crate::load::check_with_layers;
 
     /// The loader refuses these values itself; the layers' builders are the

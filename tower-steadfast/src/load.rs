@@ -1,11 +1,7 @@
-//! Reading a configuration: every format is parsed into one JSON value, and
-//! that value is checked key by key.
-//!
-//! Checking the value by hand, rather than deriving `Deserialize`, is what
-//! lets every error name the exact key in every format and say what the key
-//! needs in words ("a whole number of milliseconds, 0 or more") instead of a
-//! parser's type name ("expected u64"), which serde's derived errors cannot:
-//! they know neither the path nor the unit.
+//! Reading a configuration: every format is parsed into one JSON value,
+//! checked key by key by hand, so that every error names the exact key and
+//! says what it needs in words ("a whole number of milliseconds, 0 or
+//! more"), which a derived `Deserialize` cannot.
 
 use std::str::FromStr;
 
@@ -15,7 +11,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 use tower_classify::{ConfigError, RetryOn};
 use tower_poison::PoisonPolicy;
-use tower_retry_budget::{Backoff, Jitter, MAX_RETRIES_LIMIT};
+use tower_retry_budget::{Jitter, MAX_RETRIES_LIMIT};
 
 use crate::config::{
     its_default, CircuitBreakerSection, PoisonSection, ResilienceConfig, RetrySection,
@@ -113,9 +109,7 @@ fn load<E: std::fmt::Display>(
 }
 
 fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
-    let Some(map) = section(value, path, &BLOCK_KEYS)? else {
-        return Ok(ResilienceConfig::default());
-    };
+    let map = section(value, path, &BLOCK_KEYS)?;
     let config = ResilienceConfig {
         retry: key(map, path, "retry", retry)?.unwrap_or_default(),
         circuit_breaker: key(map, path, "circuit_breaker", circuit_breaker)?.unwrap_or_default(),
@@ -133,9 +127,7 @@ fn block(value: &Value, path: &str) -> Result<ResilienceConfig, ConfigError> {
 
 fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     let mut retry = RetrySection::default();
-    let Some(map) = section(value, path, &RETRY_KEYS)? else {
-        return Ok(retry);
-    };
+    let map = section(value, path, &RETRY_KEYS)?;
     let range = format!("from 1 (no retry) to {MAX_ATTEMPTS_LIMIT}");
     let attempts = whole("", 1, MAX_ATTEMPTS_LIMIT.into(), Some(range));
     retry.max_attempts = key(map, path, "max_attempts", attempts)?.map(|n| n as u32);
@@ -143,9 +135,7 @@ fn retry(value: &Value, path: &str) -> Result<RetrySection, ConfigError> {
     let millis = whole(" of milliseconds", 0, u64::MAX, None);
     retry.base_ms = key(map, path, "base_ms", &millis)?;
     retry.max_ms = key(map, path, "max_ms", millis)?;
-    let defaults = Backoff::default();
-    let base = retry.base().unwrap_or(defaults.initial_delay());
-    let max = retry.max().unwrap_or(defaults.max_delay());
+    let (base, max) = retry.base_and_max();
     if base > max {
         // Name the key the block set: when only one of the two was set, the
         // other is the retry layer's default, and the one set is to change.
@@ -192,40 +182,32 @@ fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
             format!("{}; leave the key out to retry every class", error.reason()),
         ));
     }
+    // Each item alone, so the parser's refusal names it; a value that is
+    // not text is read as its description, which names no class.
     let names = items.iter().enumerate().map(|(i, item)| {
-        let name = item.as_str().filter(|n| RetryOn::from_names([n]).is_ok());
-        name.ok_or_else(|| {
-            // The retry layer's parser says what it expects.
-            let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
-            let error = RetryOn::from_names([text]).unwrap_err();
-            ConfigError::new(format!("{path}[{i}]"), error.reason().to_owned())
-        })
+        let text = item.as_str().map_or_else(|| describe(item), str::to_owned);
+        let error =
+            |e: ConfigError| ConfigError::new(format!("{path}[{i}]"), e.reason().to_owned());
+        RetryOn::from_names([&text]).map(|_| text).map_err(error)
     });
     let names = names.collect::<Result<Vec<_>, _>>()?;
     Ok(RetryOn::from_names(names).expect("every name was read and the list is not empty"))
 }
 
 fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, ConfigError> {
-    let mut breaker = CircuitBreakerSection::default();
-    let Some(map) = section(value, path, &CIRCUIT_BREAKER_KEYS)? else {
-        return Ok(breaker);
-    };
+    let map = section(value, path, &CIRCUIT_BREAKER_KEYS)?;
     let failures = count(" of failed calls");
-    breaker.consecutive_failures = key(map, path, "consecutive_failures", failures)?;
     let seconds = whole(" of seconds", 1, u64::MAX, None);
-    breaker.cooldown_secs = key(map, path, "cooldown_secs", seconds)?;
-    Ok(breaker)
+    Ok(CircuitBreakerSection {
+        consecutive_failures: key(map, path, "consecutive_failures", failures)?,
+        cooldown_secs: key(map, path, "cooldown_secs", seconds)?,
+    })
 }
 
 fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
-    let mut poison = PoisonSection::default();
-    let Some(map) = section(value, path, &POISON_KEYS)? else {
-        return Ok(poison);
-    };
+    let map = section(value, path, &POISON_KEYS)?;
     let failures = count(" of failed deliveries");
-    poison.max_row_attempts = key(map, path, "max_row_attempts", failures)?;
-    poison.action = key(map, path, "action", |v, at| named(v, at, "`dlq`"))?;
-    poison.message_id_header = key(map, path, "message_id_header", |value, at| {
+    let header_name = |value: &Value, at: &str| {
         let header = "a header name such as x-message-id";
         let name = value.as_str().ok_or_else(|| refuse(at, header, value))?;
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
@@ -233,21 +215,25 @@ fn poison(value: &Value, path: &str) -> Result<PoisonSection, ConfigError> {
             return Err(ConfigError::new(at.to_owned(), problem));
         }
         Ok(name.to_owned())
-    })?;
+    };
     let switch = |v: &Value, at: &str| v.as_bool().ok_or_else(|| refuse(at, "true or false", v));
-    poison.store_refusals = key(map, path, "store_refusals", switch)?.unwrap_or_default();
-    Ok(poison)
+    Ok(PoisonSection {
+        max_row_attempts: key(map, path, "max_row_attempts", failures)?,
+        action: key(map, path, "action", |v, at| named(v, at, "`dlq`"))?,
+        message_id_header: key(map, path, "message_id_header", header_name)?,
+        store_refusals: key(map, path, "store_refusals", switch)?.unwrap_or_default(),
+    })
 }
 
 /// `key` of a section read by `read`, which is given the key's path;
-/// `None` when the section leaves it out.
+/// `None` when the section (or the key) is left out.
 fn key<T>(
-    map: &Map<String, Value>,
+    map: Option<&Map<String, Value>>,
     path: &str,
     key: &str,
     read: impl FnOnce(&Value, &str) -> Result<T, ConfigError>,
 ) -> Result<Option<T>, ConfigError> {
-    map.get(key)
+    map.and_then(|map| map.get(key))
         .map(|value| read(value, &join(path, key)))
         .transpose()
 }

@@ -45,25 +45,22 @@ impl WaitUnit {
             Value::String(text) => text.trim().parse::<f64>().ok()?,
             _ => return None,
         };
-        match self {
-            WaitUnit::Seconds => relative(number, 1_000.0),
-            WaitUnit::Ms => relative(number, 1.0),
-            WaitUnit::Minutes => relative(number, 60_000.0),
-            WaitUnit::EpochS | WaitUnit::EpochMs => {
-                if !number.is_finite() {
-                    return None;
-                }
-                let scale = if self == WaitUnit::EpochS {
-                    1_000.0
-                } else {
-                    1.0
-                };
-                // `as` saturates, so an absurd instant is a very long wait.
-                let at = (number * scale).ceil() as i128;
-                Some(wait_until(at, epoch_ms(base)))
-            }
+        let (unit_ms, absolute) = match self {
+            WaitUnit::Seconds => (1_000.0, false),
+            WaitUnit::Ms => (1.0, false),
+            WaitUnit::Minutes => (60_000.0, false),
+            WaitUnit::EpochS => (1_000.0, true),
+            WaitUnit::EpochMs => (1.0, true),
             WaitUnit::Rfc3339 => unreachable!("handled above"),
+        };
+        if !absolute {
+            return relative(number, unit_ms);
         }
+        // `as` saturates, so an absurd instant is a very long wait.
+        let at = number
+            .is_finite()
+            .then(|| (number * unit_ms).ceil() as i128)?;
+        Some(wait_until(at, epoch_ms(base)))
     }
 }
 
@@ -159,19 +156,16 @@ impl BackoffFrom {
             .get(http::header::DATE)
             .and_then(|date| parse_http_date(date.as_bytes()))
             .unwrap_or(now);
-        match self {
+        // The two JSON readers: the value at `path` of the `json` document.
+        let (json, path, unit) = match self {
             BackoffFrom::Header { name, unit } => {
                 let text = headers.get(name)?.to_str().ok()?;
-                unit.wait(&Value::String(text.to_owned()), base)
+                return unit.wait(&Value::String(text.to_owned()), base);
             }
             BackoffFrom::HeaderJson { name, path, unit } => {
-                let document: Value = serde_json::from_slice(headers.get(name)?.as_bytes()).ok()?;
-                unit.wait(path.first(&document)?, base)
+                (headers.get(name)?.as_bytes(), path, unit)
             }
-            BackoffFrom::Body { path, unit } => {
-                let document: Value = serde_json::from_slice(body?).ok()?;
-                unit.wait(path.first(&document)?, base)
-            }
+            BackoffFrom::Body { path, unit } => (body?, path, unit),
             BackoffFrom::CostBucket {
                 requested,
                 available,
@@ -179,13 +173,15 @@ impl BackoffFrom {
             } => {
                 let document: Value = serde_json::from_slice(body?).ok()?;
                 let number = |path: &JsonPath| path.first(&document)?.as_f64();
-                cost_bucket_wait(
+                return cost_bucket_wait(
                     number(requested)?,
                     number(available)?,
                     number(restore_rate)?,
-                )
+                );
             }
-        }
+        };
+        let document: Value = serde_json::from_slice(json).ok()?;
+        unit.wait(path.first(&document)?, base)
     }
 }
 

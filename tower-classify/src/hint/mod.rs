@@ -1,14 +1,10 @@
 //! Delay hints: what a response says about when to try again.
 //!
-//! A hint found here replaces a retry layer's computed backoff for that one
-//! attempt. Every parser is total ([crate docs](crate#what-it-reads)): bad
-//! values read as "no hint" (for gRPC pushback, "do not retry"), and a retry
-//! layer's `max_wait` refuses waits that are merely absurd.
-//!
-//! The order a response rule reads them in, most specific first: the rule's
-//! [`BackoffFrom`] reader, then its fixed `backoff`, then `Retry-After`, then the
-//! retry layer's own backoff. A source that is missing or unreadable falls
-//! through to the next.
+//! A hint replaces a retry layer's computed backoff for one attempt. Every
+//! parser is total ([crate docs](crate#what-it-reads)). A response rule reads,
+//! most specific first, its [`BackoffFrom`] reader, its fixed `backoff`,
+//! `Retry-After`, then the retry layer's backoff; a source missing or
+//! unreadable falls through.
 
 mod backoff_from;
 mod instant;

@@ -6,16 +6,12 @@ use crate::outcome::RetryHint;
 
 /// Reads an HTTP `Retry-After` value ([RFC 9110 §10.2.3]).
 ///
-/// - *delay-seconds* (`120`): that many seconds. A number too large for a
-///   `u64` saturates to `u64::MAX` seconds rather than failing, so an absurd
-///   value still reads as "far too long" and a retry layer's `max_wait` refuses it.
-/// - *HTTP-date* (`Wed, 21 Oct 2026 07:28:00 GMT`): the time from the
-///   response's `Date` header (`date`, when present and readable) to that date,
-///   so a skewed local clock does not change the wait. Without a usable `Date`
-///   header it is measured from `now`. A date in the past means "now" (zero).
+/// - *delay-seconds* (`120`), saturating at `u64::MAX` seconds (still "far
+///   too long" to a retry layer's `max_wait`);
+/// - *HTTP-date*: the time from the `date` header (else `now`) to it; a
+///   past date is zero.
 ///
-/// Anything else (empty, negative, fractional, garbage) is `None`: the caller
-/// falls back to its own backoff. The function never panics and never overflows.
+/// Anything else is `None`: the caller falls back to its own backoff.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -49,9 +45,8 @@ pub fn parse_retry_after(value: &[u8], date: Option<&[u8]>, now: SystemTime) -> 
 
 /// Reads gRPC's `grpc-retry-pushback-ms` trailer value ([gRFC A6]).
 ///
-/// A non-negative integer is a wait in milliseconds (saturating, never
-/// overflowing). A negative or unreadable value means the server asks the
-/// client not to retry at all: [`RetryHint::DoNotRetry`].
+/// A non-negative integer is a wait in milliseconds (saturating); a
+/// negative or unreadable value is [`RetryHint::DoNotRetry`].
 ///
 /// [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 pub fn parse_grpc_pushback(value: &[u8]) -> RetryHint {

@@ -9,12 +9,10 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// Decides whether a request may be sent more than once.
 ///
 /// Per [RFC 9110 §9.2.2], GET, HEAD, OPTIONS, TRACE, PUT and DELETE are
-/// idempotent. POST and PATCH are not: a timed-out POST may already have been
-/// applied, so re-sending it can duplicate the side effect. They become
-/// retryable only when the request carries an `Idempotency-Key` header (the
-/// server can then recognise the repeat) or when the caller opts in with
-/// [`retry_non_idempotent`](Self::retry_non_idempotent). Any other method
-/// (CONNECT, extension methods) is not idempotent.
+/// idempotent. POST and PATCH are only with an `Idempotency-Key` header (the
+/// server recognises the repeat) or with
+/// [`retry_non_idempotent`](Self::retry_non_idempotent); any other method
+/// is not.
 ///
 /// ```
 /// use http::Request;

@@ -10,21 +10,16 @@ use crate::error::ConfigError;
 use crate::hint::{header_name, BackoffFrom, JsonPath};
 use crate::outcome::{Failure, FailureKind, RetryHint};
 
-/// Turns a response an API uses to signal throttling into
+/// Turns a response an API uses to signal throttling (a 400 with
+/// `error.code: 17`, a 200 with `THROTTLED` in its body) into
 /// [`RateLimited`](FailureKind::RateLimited).
 ///
-/// Some APIs rate-limit with a 4xx other than 429 and put the reason in the
-/// body (HTTP 400 with `error.code: 17`), flag it in a header
-/// (`x-ratelimit-remaining: 0`), or even answer a throttled call with 200 and
-/// `THROTTLED` in the body. A rule matches when the status is in its set (or,
-/// with [`match_success`](ResponseRuleBuilder::match_success), is 2xx) **and**
-/// its condition holds: a header is present or equals one of some values, or a
-/// JSON body path selects one of some values.
-///
-/// **Body rules need the body in memory.** A classifier sees the response as
-/// it is; body rules read it only when the body type is a buffered one
-/// (`Bytes`, `Vec<u8>`, `String`), so buffer a streaming body first, up to a
-/// limit you choose. Against a streaming body a body rule simply does not match.
+/// A rule matches when the status is in its set (or, with
+/// [`match_success`](ResponseRuleBuilder::match_success), is 2xx) **and** its
+/// condition holds: a header is present or equals one of some values, or a
+/// JSON body path selects one of some values. A body rule reads only a
+/// buffered body (`Bytes`, `Vec<u8>`, `String`); against a streaming one it
+/// does not match.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -212,7 +207,7 @@ impl ResponseRuleBuilder {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
                     "body_path",
-                    "a rule checks either a header or a body path, not both",
+                    "a rule checks either `header` or `body_path`, not both",
                 ))
             }
             (Some((name, values)), None) => Condition::Header {

@@ -24,24 +24,12 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// | 5xx (and any status ≥ 500) | [`ServerError`](FailureKind::ServerError) |
 /// | an error (no response) | the [`ErrorChainClassifier`]: timeouts, connection failures, … |
 ///
-/// A failing response that carries `Retry-After` (delay-seconds or an
-/// HTTP-date, measured against the response's `Date` header) gets that wait as
-/// its [hint](RetryHint::After).
-///
-/// [Response rules](ResponseRule) are checked first: they turn responses an API
-/// uses to signal throttling (a 400 with `error.code: 17`, a 200 with
-/// `THROTTLED` in its body) into [`RateLimited`](FailureKind::RateLimited).
-///
+/// A failing response's `Retry-After` is its [hint](RetryHint::After).
+/// [Response rules](ResponseRule) are checked first;
 /// [`retryable_statuses`](Self::retryable_statuses) narrows which failing
-/// statuses are transient; Google Cloud Workflows' `default_retry`, for
-/// example, retries 429, 502, 503 and 504 but not 500.
-///
-/// A response carrying a [`Failure`] in its extensions is classified as that
-/// failure, whatever its status (a breaker's `503` for an open circuit is
-/// [`Shed`](FailureKind::Shed)).
-///
-/// Cloning is cheap: rules and a retryable set are shared through one `Arc`,
-/// and the default is a few words with no reference count.
+/// statuses are transient. A response carrying a [`Failure`] in its
+/// extensions is that failure, whatever its status. Clones share rules
+/// through one `Arc`.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -56,15 +44,15 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&not_found));
 /// assert_eq!(outcome, Outcome::failure(FailureKind::Rejected));
 /// ```
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct HttpClassifier {
-    /// `None` without rules or a retryable set: nothing to count on a clone.
+    /// `None` without rules or a retryable set: no reference to count.
     custom: Option<Arc<Custom>>,
     errors: ErrorChainClassifier,
 }
 
 /// What a classifier adds to the default status table.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 struct Custom {
     /// Checked in order, before the status table.
     rules: Vec<ResponseRule>,
@@ -201,17 +189,6 @@ where
     }
 }
 
-impl fmt::Debug for HttpClassifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let retryable = self.custom.as_ref().and_then(|custom| custom.retryable);
-        f.debug_struct("HttpClassifier")
-            .field("rules", &self.rules().len())
-            .field("retryable", &retryable)
-            .field("errors", &self.errors)
-            .finish()
-    }
-}
-
 /// A set of HTTP status codes (100–999), stored as a bitmap.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct StatusSet {
@@ -246,8 +223,11 @@ impl StatusSet {
 
     /// `true` when `status` is in the set.
     pub(crate) const fn contains(&self, status: StatusCode) -> bool {
-        let code = status.as_u16() as usize;
-        self.bits[code / 64] & (1 << (code % 64)) != 0
+        self.has(status.as_u16())
+    }
+
+    const fn has(&self, code: u16) -> bool {
+        self.bits[code as usize / 64] & (1 << (code % 64)) != 0
     }
 
     /// `true` when the set is empty.
@@ -257,10 +237,7 @@ impl StatusSet {
 
     /// The codes in the set, ascending.
     fn iter(&self) -> impl Iterator<Item = u16> + '_ {
-        (100u16..1000).filter(move |code| {
-            let code = *code as usize;
-            self.bits[code / 64] & (1 << (code % 64)) != 0
-        })
+        (100u16..1000).filter(move |code| self.has(*code))
     }
 }
 

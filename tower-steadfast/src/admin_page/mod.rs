@@ -1,5 +1,4 @@
-//! An operator's page for a service's stacks: breakers, dead letters and
-//! retry counts, live, with the actions an operator needs at 3 a.m.
+//! [`AdminPage`], the operator's page.
 
 mod counts;
 mod dead_letters;
@@ -10,11 +9,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
+use tower_breaker::BreakerHandle;
 use tower_classify::{BoxError, ConfigError};
 use tower_poison::store::DeadLetterStore;
 use tower_service::Service;
@@ -23,6 +23,14 @@ pub(crate) use self::counts::RetryCounts;
 use self::dead_letters::{DeadLetters, StoreAndTarget};
 use self::routes::Shared;
 use crate::ResilienceLayer;
+
+/// `POST` of a breaker action, answering `{done: key}`.
+fn breaker(
+    action: fn(&BreakerHandle, &str) -> bool,
+    done: &'static str,
+) -> MethodRouter<Arc<Shared>> {
+    post(move |page, request| routes::breaker_action(page, request, action, done))
+}
 
 /// The operator's page for one or more stacks and dead-letter stores,
 /// live, with the actions an operator needs at 3 a.m.
@@ -44,21 +52,18 @@ use crate::ResilienceLayer;
 ///
 /// # Security
 ///
-/// - Every `/api` request needs `Authorization: Bearer <token>`, checked by
-///   the same code as tower-breaker's admin router
+/// - Every `/api` request needs `Authorization: Bearer <token>`
 ///   ([`require_token`](tower_breaker::require_token)): `401` otherwise.
-///   The page, its script and its style carry no data and are served
-///   without it; the page asks for the token once and keeps it in the
-///   tab's `sessionStorage`, never in a URL.
+///   The page and its assets carry no data and need none; the page keeps
+///   the token in the tab's `sessionStorage`, never in a URL.
 /// - Writes are `POST`s with a JSON body, refused with `403` when the
 ///   browser says they come from another site (an `Origin` that is not the
 ///   `Host`, or over HTTP/2 the `:authority`, or `Sec-Fetch-Site:
 ///   cross-site`). Behind a reverse proxy, pass
 ///   the browser's `Host` on, or every write from the page is refused.
-/// - Nothing a request or a store holds is put into HTML by the server: the
-///   JSON is data, and the page's script writes every value as text
-///   (`textContent`), never as markup. A content security policy forbids
-///   inline script, other origins and framing.
+/// - The server puts no stored value into HTML; the script writes every
+///   value as text, never markup, under a content security policy that
+///   forbids inline script, other origins and framing.
 /// - Every listing is bounded: at most 200 breakers and 50 entries a store
 ///   per poll; a summary reads at most 10,000 entries of a store (past that,
 ///   the per-label depths say they are partial); an entry shows at most
@@ -66,14 +71,10 @@ use crate::ResilienceLayer;
 ///
 /// # What the rates are
 ///
-/// The page polls every two seconds and shows rates as the difference of
-/// totals between two polls. Breaker totals come from the breakers'
-/// handles. The retry layer keeps no totals of its own (its metrics go to
-/// the recorder), so a stack built by [`ResilienceConfig::layer`] counts its
-/// retry layer's events for the page: retries, calls given up, calls refused
-/// by the retry budget, calls that succeeded after retrying. A stack built
-/// with [`ResilienceLayer::new`] shows breakers only. No stack of this crate
-/// hedges, so the page shows no hedge rates.
+/// Differences of totals between two polls (every two seconds). A stack
+/// built by [`ResilienceConfig::layer`] counts its retry layer's events for
+/// the page (retries, give-ups, budget refusals, recoveries); one built with
+/// [`ResilienceLayer::new`] shows its breaker only.
 ///
 /// [`ResilienceConfig::layer`]: crate::ResilienceConfig::layer
 ///
@@ -161,9 +162,15 @@ impl AdminPage {
         let api = Router::new()
             .route("/state", get(routes::state))
             .route("/dead-letters/entry", get(routes::entry))
-            .route("/breakers/force-open", post(routes::force_open))
-            .route("/breakers/force-closed", post(routes::force_closed))
-            .route("/breakers/reset", post(routes::reset))
+            .route(
+                "/breakers/force-open",
+                breaker(BreakerHandle::force_open, "forced_open"),
+            )
+            .route(
+                "/breakers/force-closed",
+                breaker(BreakerHandle::force_closed, "forced_closed"),
+            )
+            .route("/breakers/reset", breaker(BreakerHandle::reset, "reset"))
             .route("/dead-letters/replay", post(routes::replay))
             .route("/dead-letters/purge", post(routes::purge))
             .fallback(|| async { http::StatusCode::NOT_FOUND })

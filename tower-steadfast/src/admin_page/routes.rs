@@ -155,7 +155,7 @@ pub(crate) struct KeyBody {
 }
 
 /// A request's JSON body, or why it could not be read.
-type JsonBody<T> = Result<Json<T>, JsonRejection>;
+pub(crate) type JsonBody<T> = Result<Json<T>, JsonRejection>;
 
 impl From<JsonRejection> for Refused {
     fn from(rejection: JsonRejection) -> Self {
@@ -164,7 +164,7 @@ impl From<JsonRejection> for Refused {
 }
 
 /// A breaker action: the first handle that knows the key applies it.
-async fn breaker_action(
+pub(crate) async fn breaker_action(
     State(shared): Page,
     request: JsonBody<KeyBody>,
     action: fn(&BreakerHandle, &str) -> bool,
@@ -176,18 +176,6 @@ async fn breaker_action(
         return Ok((StatusCode::NOT_FOUND, Json(unknown)).into_response());
     }
     Ok(Json(json!({ done: key })).into_response())
-}
-
-pub(crate) async fn force_open(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
-    breaker_action(page, request, BreakerHandle::force_open, "forced_open").await
-}
-
-pub(crate) async fn force_closed(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
-    breaker_action(page, request, BreakerHandle::force_closed, "forced_closed").await
-}
-
-pub(crate) async fn reset(page: Page, request: JsonBody<KeyBody>) -> impl IntoResponse {
-    breaker_action(page, request, BreakerHandle::reset, "reset").await
 }
 
 fn dead_letters(shared: &Shared, store: usize) -> Result<&dyn DeadLetters, Refused> {
