@@ -114,19 +114,25 @@ impl ResponseRuleConfig {
         let mut builder = ResponseRule::builder()
             .statuses(self.status.iter().copied())
             .match_success(self.match_success);
-        // The builder refuses both; `header_equals` with no values is
-        // `header_present`.
-        if let Some(header) = &self.header {
-            builder = builder.header_equals(header.clone(), self.values.iter().map(value_text));
-        }
-        if let Some(path) = &self.body_path {
-            builder = builder.body_path(path.clone(), self.values.clone());
-        }
-        if self.header.is_none() && self.body_path.is_none() && !self.values.is_empty() {
-            return Err(ConfigError::new(
-                "values",
-                "`values` needs a `header` or `body_path` to compare against",
-            ));
+        match (&self.header, &self.body_path) {
+            // `header_equals` with no values is `header_present`.
+            (Some(header), None) => {
+                builder = builder.header_equals(header.clone(), self.values.iter().map(value_text))
+            }
+            (None, Some(path)) => builder = builder.body_path(path.clone(), self.values.clone()),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "body_path",
+                    "a rule checks either `header` or `body_path`, not both",
+                ))
+            }
+            (None, None) if !self.values.is_empty() => {
+                return Err(ConfigError::new(
+                    "values",
+                    "`values` needs a `header` or `body_path` to compare against",
+                ))
+            }
+            (None, None) => {}
         }
         if let Some(wait) = self.backoff {
             builder = builder.backoff(wait);

@@ -84,6 +84,15 @@ fn config_validation_names_the_nested_field() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("soon"), "{err}");
+    // A rule that checks both a header and a body path is refused for that,
+    // even when it has other faults (here: no status), naming `body_path`.
+    let config: HttpClassifierConfig = serde_json::from_value(json!({
+        "retry_on_response": [{"header": "x-limit", "body_path": "$.error"}]
+    }))
+    .unwrap();
+    let err = config.build().unwrap_err();
+    assert_eq!(err.field(), "retry_on_response[0].body_path");
+    assert!(err.to_string().contains("not both"), "{err}");
 }
 
 #[test]

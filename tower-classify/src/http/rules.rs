@@ -207,7 +207,7 @@ impl ResponseRuleBuilder {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
                     "body_path",
-                    "a rule checks either `header` or `body_path`, not both",
+                    "a rule checks either a header or a body path, not both",
                 ))
             }
             (Some((name, values)), None) => Condition::Header {
