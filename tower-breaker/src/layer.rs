@@ -223,9 +223,10 @@ impl Builder {
     }
 
     /// Grow the open period on every reopen in a row (a probe failed again):
-    /// `first × multiplier^n`, capped at `max` (default 500 ms), where `first`
-    /// is [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
-    /// 250 ms or `max` if shorter).
+    /// `first × multiplier^n`, capped at `max`, where `first` is
+    /// [`recovery_timeout`](Self::recovery_timeout) (when it is not set,
+    /// 250 ms or `max` if shorter). Unset, the cap is 500 ms by default, and
+    /// with `recovery_timeout` set every open lasts `recovery_timeout`.
     pub fn max_recovery_timeout(mut self, max: Duration) -> Self {
         self.settings.max_recovery_timeout = Some(max);
         self.max_recovery_timeout_set = true;
