@@ -10,14 +10,10 @@ use http::{Method, Request, Uri, Version};
 /// what a retry, a hedge or a dead-letter record needs of a request after
 /// the service below has consumed it.
 ///
-/// Made on every call, and used only when the call fails, so it is built
-/// for the copy: one allocation of the exact size, whatever the headers.
-/// Cloning the request's `HeaderMap` instead would share the values'
-/// bytes, but allocates the map's tables, and a header value made from a
-/// `&str` (what a client's request builder makes) allocates again on its
-/// first clone. A few hundred bytes copied cost less, and the copy is 40
-/// bytes for the future that carries it, against about 200 for the parts
-/// of the request it copies.
+/// Made on every call and used only when the call fails, it is built for
+/// the copy: one allocation of the exact size, 32 bytes for the future that
+/// carries it. (A clone of the `HeaderMap` would allocate its tables, and
+/// again for each value made from a `&str` on its first clone.)
 ///
 /// [`to_request`](Self::to_request) rebuilds a request equal to the
 /// original in everything but its extensions (which are not copied: keep
@@ -49,10 +45,6 @@ pub struct RequestHead {
     /// the name's and the value's bytes.
     bytes: Box<[u8]>,
     method_end: u32,
-    /// The end of the scheme (before its `://`), or `method_end` without one.
-    scheme_end: u32,
-    /// The end of the authority, or where it would start without one.
-    authority_end: u32,
     uri_end: u32,
     version: Version,
     /// `false` when the head did not fit in `u32::MAX` bytes and its headers
@@ -110,15 +102,9 @@ impl RequestHead {
                 bytes.extend_from_slice(b"://");
             }
         }
-        // Before the "://".
-        let scheme_end = match scheme {
-            None => method_end,
-            Some(_) => bytes.len() as u32 - 3,
-        };
         if let Some(authority) = authority {
             bytes.extend_from_slice(authority.as_bytes());
         }
-        let authority_end = bytes.len() as u32;
         bytes.extend_from_slice(path_and_query.as_bytes());
         let uri_end = bytes.len() as u32;
         if complete {
@@ -138,8 +124,6 @@ impl RequestHead {
             // Exact capacity: no reallocation.
             bytes: bytes.into_boxed_slice(),
             method_end,
-            scheme_end,
-            authority_end,
             uri_end,
             version,
             complete,
@@ -187,7 +171,7 @@ impl RequestHead {
         }
         let mut request = Request::new(body);
         *request.method_mut() = Method::from_bytes(self.method().as_bytes()).ok()?;
-        *request.uri_mut() = self.rebuild_uri()?;
+        *request.uri_mut() = Uri::try_from(self.uri()).ok()?;
         *request.version_mut() = self.version;
         let headers = request.headers_mut();
         for header in self.headers() {
@@ -197,26 +181,6 @@ impl RequestHead {
             headers.append(name, value);
         }
         Some(request)
-    }
-
-    fn rebuild_uri(&self) -> Option<Uri> {
-        let mut parts = http::uri::Parts::default();
-        let scheme = &self.bytes[self.method_end as usize..self.scheme_end as usize];
-        let authority_start = if scheme.is_empty() {
-            self.scheme_end as usize
-        } else {
-            parts.scheme = Some(Scheme::try_from(scheme).ok()?);
-            self.scheme_end as usize + 3
-        };
-        let authority = &self.bytes[authority_start..self.authority_end as usize];
-        if !authority.is_empty() {
-            parts.authority = Some(Authority::try_from(authority).ok()?);
-        }
-        let path_and_query = &self.bytes[self.authority_end as usize..self.uri_end as usize];
-        if !path_and_query.is_empty() {
-            parts.path_and_query = Some(PathAndQuery::try_from(path_and_query).ok()?);
-        }
-        Uri::from_parts(parts).ok()
     }
 
     fn str(&self, start: u32, end: u32) -> &str {
