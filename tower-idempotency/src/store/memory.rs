@@ -266,15 +266,32 @@ impl State {
         }
     }
 
-    /// The map's own `Arc` of a key it holds, for the queues to share.
-    fn key_of(&self, key: &str) -> Arc<str> {
-        let (key, _) = self.slots.get_key_value(key).expect("a live key");
-        Arc::clone(key)
+    /// Holds `record` under `key` until `expires_at`, once room was made
+    /// for it; returns the map's own `Arc` of the key and the record's
+    /// sequence number, for the queues.
+    fn insert(&mut self, key: &str, record: Record, expires_at: Instant) -> (Arc<str>, u64) {
+        let size = size(key, &record);
+        self.bytes += size;
+        if matches!(record, Record::InFlight { .. }) {
+            self.claims += 1;
+            self.claim_bytes += size;
+        }
+        self.next_seq += 1;
+        let (key, seq): (Arc<str>, _) = (Arc::from(key), self.next_seq);
+        let slot = Slot {
+            record,
+            expires_at,
+            seq,
+            size,
+        };
+        self.slots.insert(Arc::clone(&key), slot);
+        (key, seq)
     }
 
-    fn next_seq(&mut self) -> u64 {
-        self.next_seq += 1;
-        self.next_seq
+    /// The live in-flight slot of `claim`.
+    fn held(&mut self, key: &str, claim: &ClaimToken, now: Instant) -> Option<&mut Slot> {
+        self.live(key, now)
+            .filter(|slot| slot.record.is_held_by(claim))
     }
 }
 
@@ -293,8 +310,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         }
         let claim = ClaimToken::new(fingerprint);
         let record = Record::in_flight(&claim);
-        let size = size(key, &record);
-        if !state.make_room(1, size, now) {
+        if !state.make_room(1, size(key, &record), now) {
             return Err(StoreError::new(
                 StoreErrorKind::Full,
                 format!(
@@ -304,21 +320,8 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 ),
             ));
         }
-        let key: Arc<str> = Arc::from(key);
-        let seq = state.next_seq();
-        state.bytes += size;
-        state.claims += 1;
-        state.claim_bytes += size;
-        state.slots.insert(
-            Arc::clone(&key),
-            Slot {
-                record,
-                expires_at: expiry(now, in_flight_ttl),
-                seq,
-                size,
-            },
-        );
-        state.in_flight.push_back((key, seq));
+        let in_flight = state.insert(key, record, expiry(now, in_flight_ttl));
+        state.in_flight.push_back(in_flight);
         state.compact();
         Ok(Claim::Acquired(claim))
     }
@@ -333,23 +336,15 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let claimed = match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                // The claim becomes a completed record that counts for
-                // nothing until its outcome is sized; it is in neither
-                // eviction queue, so making room never evicts it.
-                slot.record =
-                    Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
-                std::mem::take(&mut slot.size)
-            }
-            _ => return Ok(false),
-        };
-        state.bytes -= claimed;
-        state.claims -= 1;
-        state.claim_bytes -= claimed;
+        if state.held(key, claim, now).is_none() {
+            return Ok(false);
+        }
+        // The claim makes way for its outcome: gone from the map, it is
+        // never evicted making room.
+        state.remove(key);
         let mut record = Record::completed(fingerprint, completion);
-        let mut record_size = size(key, &record);
-        if !state.make_room(0, record_size, now) {
+        let record_size = size(key, &record);
+        if !state.make_room(1, record_size, now) {
             tracing::warn!(
                 key,
                 bytes = record_size,
@@ -357,18 +352,9 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 "response does not fit in the idempotency store; recorded as not kept"
             );
             record = Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
-            record_size = size(key, &record);
         }
-        let seq = state.next_seq();
-        // A live claim is never evicted: making room left it.
-        let key = state.key_of(key);
-        let slot = state.slots.get_mut(&key).expect("just found");
-        slot.record = record;
-        slot.size = record_size;
-        slot.seq = seq;
-        slot.expires_at = expiry(now, ttl);
-        state.bytes += record_size;
-        state.completed.push_back((key, seq));
+        let completed = state.insert(key, record, expiry(now, ttl));
+        state.completed.push_back(completed);
         state.compact();
         Ok(true)
     }
@@ -381,16 +367,16 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let seq = state.next_seq();
-        match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                slot.expires_at = expiry(now, in_flight_ttl);
-                slot.seq = seq;
-            }
-            _ => return Ok(false),
-        }
+        state.next_seq += 1;
+        let seq = state.next_seq;
+        let Some(slot) = state.held(key, claim, now) else {
+            return Ok(false);
+        };
+        slot.expires_at = expiry(now, in_flight_ttl);
+        slot.seq = seq;
         // Back of the line: the claims ahead of it lapse first.
-        let key = state.key_of(key);
+        let (key, _) = state.slots.get_key_value(key).expect("just found");
+        let key = Arc::clone(key);
         state.in_flight.push_back((key, seq));
         state.compact();
         Ok(true)
@@ -399,14 +385,12 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                state.remove(key);
-                state.compact();
-                Ok(true)
-            }
-            _ => Ok(false),
+        if state.held(key, claim, now).is_none() {
+            return Ok(false);
         }
+        state.remove(key);
+        state.compact();
+        Ok(true)
     }
 }
 
