@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{RedisError, Script};
+use redis::{RedisError, Script, ToRedisArgs};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
@@ -187,6 +187,26 @@ impl RedisIdempotencyStore {
         redis_key
     }
 
+    /// Runs an owner-only script on `key`: ARGV[1] is `claim`'s in-flight
+    /// record, `args` follow. `true` when it returned 1.
+    async fn as_owner(
+        &self,
+        script: &Script,
+        key: &str,
+        claim: &ClaimToken,
+        args: impl ToRedisArgs,
+        what: &str,
+    ) -> Result<bool, StoreError> {
+        let done: u64 = script
+            .key(self.redis_key(key))
+            .arg(encode(&Record::in_flight(claim)))
+            .arg(args)
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed(what, e))?;
+        Ok(done == 1)
+    }
+
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
         let url = &self.shared.url;
         let message = format!("redis idempotency store at {url} failed to {what}");
@@ -263,15 +283,9 @@ impl IdempotencyStore for RedisIdempotencyStore {
             let not_kept = Completion::NotKept(NotKept::TooLarge);
             completed = encode(&Record::completed(fingerprint, not_kept));
         }
-        let stored: u64 = COMPLETE_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .arg(completed)
-            .arg(millis(ttl))
-            .invoke_async(&mut self.connection.clone())
+        let args = (completed, millis(ttl));
+        self.as_owner(&COMPLETE_SCRIPT, key, claim, args, "record an outcome")
             .await
-            .map_err(|e| self.failed("record an outcome", e))?;
-        Ok(stored == 1)
     }
 
     async fn extend(
@@ -280,24 +294,15 @@ impl IdempotencyStore for RedisIdempotencyStore {
         claim: &ClaimToken,
         in_flight_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let extended: u64 = EXTEND_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .arg(millis(in_flight_ttl))
-            .invoke_async(&mut self.connection.clone())
+        let args = millis(in_flight_ttl);
+        self.as_owner(&EXTEND_SCRIPT, key, claim, args, "extend a claim")
             .await
-            .map_err(|e| self.failed("extend a claim", e))?;
-        Ok(extended == 1)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
-        let released: u64 = RELEASE_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .invoke_async(&mut self.connection.clone())
+        let no_args: Option<u64> = None;
+        self.as_owner(&RELEASE_SCRIPT, key, claim, no_args, "release a key")
             .await
-            .map_err(|e| self.failed("release a key", e))?;
-        Ok(released == 1)
     }
 }
 
