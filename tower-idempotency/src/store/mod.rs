@@ -373,17 +373,11 @@ mod bytes_text {
     use bytes::Bytes;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+    /// Borrowed to write, owned to read.
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
-    enum Text<'a> {
-        Utf8(&'a str),
-        Hex(String),
-    }
-
-    #[derive(Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    enum OwnedText {
-        Utf8(String),
+    enum Text<S> {
+        Utf8(S),
         Hex(String),
     }
 
@@ -409,9 +403,9 @@ mod bytes_text {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Bytes, D::Error> {
-        match OwnedText::deserialize(deserializer)? {
-            OwnedText::Utf8(text) => Ok(Bytes::from(text)),
-            OwnedText::Hex(hex) => {
+        match Text::<String>::deserialize(deserializer)? {
+            Text::Utf8(text) => Ok(Bytes::from(text)),
+            Text::Hex(hex) => {
                 if hex.len() % 2 != 0 {
                     return Err(serde::de::Error::custom("odd number of hex digits"));
                 }
