@@ -24,8 +24,8 @@ impl Write {
 /// away: polled in place first (an in-memory store is done then, with no
 /// task to spawn), then, if it has to wait, in a task of its own that this
 /// future waits for; in place outside a tokio runtime. A result the waiter
-/// never takes is dropped where it ends, so one that must be undone (an
-/// [`Acquired`] claim) undoes itself in its `Drop`.
+/// never takes is dropped where it ends, so one that must be undone (a
+/// claim whose call is gone) undoes itself in its `Drop`.
 pub(crate) struct RunToEnd<T> {
     state: RunState<T>,
 }
@@ -43,6 +43,19 @@ impl<T: Send + 'static> RunToEnd<T> {
     pub(crate) fn new(operation: impl Future<Output = T> + Send + 'static) -> Self {
         RunToEnd {
             state: RunState::Here(Mutex::new(Box::pin(operation))),
+        }
+    }
+}
+
+impl Write {
+    /// Runs the write with no one waiting for it: in a task of its own, or
+    /// not at all outside a runtime (it is shutting down; a claim left in
+    /// flight lapses after the in-flight TTL).
+    pub(crate) fn detach(self) {
+        if let (RunState::Here(write), Ok(runtime)) =
+            (self.state, tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(write.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
     }
 }
