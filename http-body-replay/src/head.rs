@@ -6,37 +6,14 @@ use http::header::{HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri, Version};
 
-/// A request's method, URI, version and headers, copied into one buffer:
-/// what a retry, a hedge or a dead-letter record needs of a request after
-/// the service below has consumed it.
-///
-/// Made on every call and used only when the call fails, it is built for
-/// the copy: one allocation of the exact size, 32 bytes for the future that
-/// carries it. (A clone of the `HeaderMap` would allocate its tables, and
-/// again for each value made from a `&str` on its first clone.)
+/// A request's method, URI, version and headers, copied into one buffer of
+/// their exact size: what a retry, a hedge or a dead-letter record needs of
+/// a request after the service below has consumed it (see the
+/// [crate docs](crate#the-requests-head) for why, and an example).
 ///
 /// [`to_request`](Self::to_request) rebuilds a request equal to the
 /// original in everything but its extensions (which are not copied: keep
-/// `request.extensions().clone()` beside it when they are needed), with
-/// the headers in their order and each value's
-/// [sensitivity](HeaderValue::is_sensitive).
-///
-/// ```
-/// use http::Request;
-/// use http_body_replay::RequestHead;
-///
-/// let request = Request::get("http://orders.internal/orders/7?expand=lines")
-///     .header("accept", "application/json")
-///     .body(())
-///     .unwrap();
-/// let head = RequestHead::new(&request);
-/// assert_eq!(head.method(), "GET");
-/// assert_eq!(head.uri(), "http://orders.internal/orders/7?expand=lines");
-///
-/// let again = head.to_request("a body").unwrap();
-/// assert_eq!(again.uri(), request.uri());
-/// assert_eq!(again.headers(), request.headers());
-/// ```
+/// `request.extensions().clone()` beside it when they are needed).
 #[derive(Clone)]
 pub struct RequestHead {
     /// The method, the URI as `Uri`'s `Display` writes it, then each header
