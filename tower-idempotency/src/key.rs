@@ -5,6 +5,7 @@ use http::{HeaderValue, Method, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::rejection::Rejection;
+use crate::store::{push_hex, unhex};
 
 /// The longest `Idempotency-Key` accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;
@@ -86,9 +87,7 @@ pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
         Some(part) => {
             let kind = if part.complete { "complete" } else { "partial" };
             let _ = write!(text, " body={kind};len={};sha256=", part.len);
-            for byte in part.sha256 {
-                let _ = write!(text, "{byte:02x}");
-            }
+            push_hex(&mut text, &part.sha256);
         }
     }
     text
@@ -113,19 +112,12 @@ fn parse_body_part(text: &str) -> Option<BodyPart> {
         _ => return None,
     };
     let (len, hex) = rest.split_once(";sha256=")?;
-    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) || hex.len() != 64 {
+    let all_digits = !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits || hex.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
-    let mut sha256 = [0u8; 32];
-    for (byte, pair) in sha256.iter_mut().zip(hex.as_bytes().chunks(2)) {
-        let pair = std::str::from_utf8(pair).ok()?;
-        if !pair.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return None;
-        }
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
     Some(BodyPart {
-        sha256,
+        sha256: unhex(hex)?.try_into().ok()?,
         len: len.parse().ok()?,
         complete,
     })

@@ -19,25 +19,19 @@ const RECORD_OVERHEAD: usize = 192;
 /// The bytes a stored header costs besides its name and value.
 const HEADER_OVERHEAD: usize = 64;
 
-/// An idempotency store in one process's memory.
+/// An idempotency store in one process's memory. Clones share its keys;
+/// use `RedisIdempotencyStore` (feature `redis`) for a fleet.
 ///
 /// It is bounded twice: at most `max_entries` keys and at most `max_bytes`
 /// bytes (64 MiB unless [set](Self::with_max_bytes)), counting each record's
-/// key, fingerprint, stored response (body and headers) and a fixed
-/// per-record overhead. To make room it evicts completed records, oldest
-/// first, never a claim in flight ([`IdempotencyStore::claim`]); a response
-/// that cannot fit even then is recorded as [`NotKept::TooLarge`].
+/// key, fingerprint, stored response and a fixed per-record overhead. To
+/// make room it evicts completed records, oldest first, never a claim in
+/// flight; a response that cannot fit even then is recorded as
+/// [`NotKept::TooLarge`]. A repeat whose key was evicted runs again: size
+/// the store for the repeats you expect within the TTL.
 ///
-/// A repeat that arrives after its key was evicted runs again: size the
-/// store for the repeats you expect within the TTL.
-///
-/// Keys expire after their TTL on tokio's clock ([`tokio::time::Instant`]),
-/// so tests can move time with `tokio::time::pause`/`advance`. Expired
-/// records are dropped when met, and expired completed records first in
-/// line for eviction as the store is used.
-///
-/// Clones share the same keys. Keys are not shared between processes: use
-/// `RedisIdempotencyStore` (feature `redis`) for a fleet.
+/// Keys expire on tokio's clock ([`tokio::time::Instant`]), so tests can
+/// move time with `tokio::time::pause`/`advance`.
 ///
 /// ```
 /// use tower_idempotency::store::MemoryIdempotencyStore;
@@ -192,19 +186,26 @@ impl State {
         self.slots.get(key).is_some_and(|slot| slot.seq == seq)
     }
 
-    /// Drops expired completed records from the front of the eviction
-    /// order (each pair is popped once, so this is amortised O(1)).
-    fn sweep(&mut self, now: Instant) {
-        while let Some((key, seq)) = self.completed.front() {
-            let expired = match self.slots.get(&**key) {
-                Some(slot) if slot.seq == *seq => slot.expires_at <= now,
-                _ => true,
+    /// Drops expired records (and stale pairs) from the front of the
+    /// claims' or the completed records' queue, up to the first live one;
+    /// each pair is popped once, so this is amortised O(1).
+    fn drop_expired(&mut self, claims: bool, now: Instant) {
+        loop {
+            let queue = if claims {
+                &mut self.in_flight
+            } else {
+                &mut self.completed
             };
-            if !expired {
+            let Some((key, seq)) = queue.front() else {
+                return;
+            };
+            let current = self.slots.get(&**key).filter(|slot| slot.seq == *seq);
+            if current.is_some_and(|slot| slot.expires_at > now) {
                 return;
             }
-            let (key, seq) = self.completed.pop_front().expect("a front pair");
-            if self.is_current(&key, seq) {
+            let current = current.is_some();
+            let (key, _) = queue.pop_front().expect("a front pair");
+            if current {
                 self.remove(&key);
             }
         }
@@ -223,19 +224,7 @@ impl State {
         if self.fits(entries, bytes) {
             return true;
         }
-        while let Some((key, seq)) = self.in_flight.front() {
-            match self.slots.get(&**key) {
-                Some(slot) if slot.seq == *seq && slot.expires_at > now => break,
-                Some(slot) if slot.seq == *seq => {
-                    let key = Arc::clone(key);
-                    self.in_flight.pop_front();
-                    self.remove(&key);
-                }
-                _ => {
-                    self.in_flight.pop_front();
-                }
-            }
-        }
+        self.drop_expired(true, now);
         if self.claims + entries > self.max_entries
             || self.claim_bytes.saturating_add(bytes) > self.max_bytes
         {
@@ -304,7 +293,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.sweep(now);
+        state.drop_expired(false, now);
         if let Some(slot) = state.live(key, now) {
             return Ok(slot.record.clone().into_claim());
         }

@@ -367,6 +367,27 @@ pub(crate) fn bounded(ttl: Duration) -> Duration {
     ttl.min(MAX_TTL)
 }
 
+/// Appends `bytes` to `text` in lowercase hex.
+pub(crate) fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)] as char);
+        text.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+}
+
+/// The bytes `hex` spells, two hex digits each; `None` if it spells none.
+pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
+    let digit = |d: u8| char::from(d).to_digit(16);
+    let pairs = hex.as_bytes().chunks(2);
+    pairs
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? << 4 | digit(*low)?) as u8),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Bytes as JSON text: the UTF-8 string when they are one (most bodies),
 /// else hex. Readable in `redis-cli`, exact for any bytes.
 mod bytes_text {
@@ -388,12 +409,8 @@ mod bytes_text {
         match std::str::from_utf8(bytes) {
             Ok(text) => Text::Utf8(text),
             Err(_) => {
-                const DIGITS: &[u8; 16] = b"0123456789abcdef";
                 let mut hex = String::with_capacity(bytes.len() * 2);
-                for b in bytes.iter() {
-                    hex.push(DIGITS[usize::from(b >> 4)] as char);
-                    hex.push(DIGITS[usize::from(b & 0xf)] as char);
-                }
+                super::push_hex(&mut hex, bytes);
                 Text::Hex(hex)
             }
         }
@@ -405,20 +422,9 @@ mod bytes_text {
     ) -> Result<Bytes, D::Error> {
         match Text::<String>::deserialize(deserializer)? {
             Text::Utf8(text) => Ok(Bytes::from(text)),
-            Text::Hex(hex) => {
-                if hex.len() % 2 != 0 {
-                    return Err(serde::de::Error::custom("odd number of hex digits"));
-                }
-                (0..hex.len())
-                    .step_by(2)
-                    .map(|i| {
-                        hex.get(i..i + 2)
-                            .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                            .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
-                    })
-                    .collect::<Result<Vec<u8>, _>>()
-                    .map(Bytes::from)
-            }
+            Text::Hex(hex) => super::unhex(&hex)
+                .map(Bytes::from)
+                .ok_or_else(|| serde::de::Error::custom("invalid hex digits")),
         }
     }
 }

@@ -14,29 +14,19 @@ use crate::StoreError;
 ///
 /// Each key is one Redis string, `PREFIX{TAG}KEY` (see
 /// [`redis_key`](Self::redis_key)), holding a small JSON record. `TAG`, a
-/// hash of the idempotency key (already namespaced by the guard), is the
-/// key's [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
-/// so the scripts below run on Redis Cluster: everything about one key is in
-/// one slot, and keys spread evenly over the slots whatever clients send. (A
-/// prefix that itself contains `{` would make *its* tag the key's, putting
-/// every key in one slot.)
+/// hash of the idempotency key, is the key's
+/// [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
+/// so the scripts below run on Redis Cluster and keys spread evenly over the
+/// slots whatever clients send. (A prefix that itself contains `{` would
+/// make *its* tag the key's, putting every key in one slot.)
 ///
-/// - **claim**: `SET key {in flight, owner token, fingerprint} NX PX
-///   in_flight_ttl`, in a script that returns the existing record when the
-///   key is taken, so a claim is one round trip and two nodes can never both
-///   hold a key;
-/// - **complete**: a Lua script replaces the record with the outcome (the
-///   response, or why it was not kept) and the request's final fingerprint,
-///   and sets its TTL (`PX ttl`, 24 h by default) *only if* the key still
-///   holds this caller's in-flight record: a claim that lapsed and was taken
-///   over by another node is not overwritten;
-/// - **extend**: while the request runs and its response streams, a Lua
-///   script pushes the claim's lapse back (`PEXPIRE`), again only for its
-///   owner;
-/// - **release**: a Lua script deletes the key, again only for its owner.
-///
-/// Every key expires: an in-flight claim after the in-flight TTL (its node
-/// crashed), a completed one after the TTL. A record is at most
+/// A claim is one round trip, `SET key {in flight, owner token,
+/// fingerprint} NX PX in_flight_ttl` in a script that returns the record
+/// already there, so two nodes can never both hold a key. Completing (the
+/// outcome and the final fingerprint, `PX ttl`), extending (`PEXPIRE`) and
+/// releasing (`DEL`) are Lua scripts that act *only if* the key still holds
+/// the caller's in-flight record: a claim that lapsed and was taken over by
+/// another node is left alone. Every key expires; a record is at most
 /// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes).
 ///
 /// ```no_run
@@ -174,14 +164,11 @@ impl RedisIdempotencyStore {
     /// short by a `}` in it, piling keys a client chose onto one slot.
     pub fn redis_key(&self, key: &str) -> String {
         use sha2::{Digest, Sha256};
-        use std::fmt::Write;
         let digest = Sha256::digest(key.as_bytes());
         let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
         redis_key.push_str(&self.shared.prefix);
         redis_key.push('{');
-        for byte in &digest[..8] {
-            let _ = write!(redis_key, "{byte:02x}");
-        }
+        super::push_hex(&mut redis_key, &digest[..8]);
         redis_key.push('}');
         redis_key.push_str(key);
         redis_key
