@@ -232,7 +232,7 @@ pub(crate) struct Recorder {
     /// The claim, until the outcome is written.
     claim: Option<Settle>,
     /// The response as it will be stored, its body still empty.
-    response: StoredResponse,
+    response: Option<StoredResponse>,
     chunks: Vec<Bytes>,
     len: usize,
     limit: usize,
@@ -250,7 +250,11 @@ impl Recorder {
     pub(crate) fn new(claim: Settle, parts: &Parts, declared: Option<u64>, limit: usize) -> Self {
         Recorder {
             claim: Some(claim),
-            response: StoredResponse::new(parts.status, &parts.headers, Bytes::new()),
+            response: Some(StoredResponse::new(
+                parts.status,
+                &parts.headers,
+                Bytes::new(),
+            )),
             chunks: Vec::new(),
             len: 0,
             limit,
@@ -309,15 +313,14 @@ impl Recorder {
             }
         } else if let Some(trailers) = frame.trailers_ref() {
             // Trailers end the body.
-            let response = std::mem::replace(&mut self.response, empty_response());
-            self.response = response.with_trailers(trailers);
+            self.response = self.response.take().map(|r| r.with_trailers(trailers));
             return Some(self.finish());
         }
         end.then(|| self.finish())
     }
 
     fn finish(&mut self) -> Completion {
-        let mut response = std::mem::replace(&mut self.response, empty_response());
+        let mut response = self.response.take().expect("finished once");
         let chunks = std::mem::take(&mut self.chunks);
         response.body = match <[Bytes; 1]>::try_from(chunks) {
             Ok([whole]) => whole,
@@ -339,10 +342,6 @@ impl Recorder {
             _ => 0,
         }
     }
-}
-
-fn empty_response() -> StoredResponse {
-    StoredResponse::new(http::StatusCode::OK, &HeaderMap::new(), Bytes::new())
 }
 
 /// How a repeat's body compares with what the first request's handler read.

@@ -27,11 +27,9 @@ pub(crate) fn parse(value: &HeaderValue) -> Result<&str, Rejection> {
     Ok(text)
 }
 
-/// Where a store keeps `key`. Unscoped keys live under `u:`, keys scoped by
-/// a client identity under `s:{len}:{identity}:`. The prefixes differ in
-/// their first byte, so no unscoped key (whatever it spells) can name a
-/// scoped record; the identity's length goes first, so no identity/key pair
-/// can spell another's (`a:b` + `c` vs `a` + `b:c`).
+/// Where a store keeps `key` (see the crate docs' *Tenants*). The identity's
+/// length goes first, so no identity/key pair can spell another's (`a:b` +
+/// `c` vs `a` + `b:c`).
 pub(crate) fn namespaced(identity: Option<&str>, key: &str) -> String {
     match identity {
         Some(identity) => format!("s:{}:{identity}:{key}", identity.len()),
@@ -65,19 +63,11 @@ pub(crate) struct BodyPart {
     pub(crate) complete: bool,
 }
 
-/// A request's fingerprint, the string a store keeps with its key:
-///
-/// ```text
-/// {method} {path-and-query} body=complete;len={n};sha256={hex}   the handler read the whole body, n bytes
-/// {method} {path-and-query} body=partial;len={n};sha256={hex}    it answered after reading the first n bytes
-/// {method} {path-and-query} body=unknown                         not known yet (a claim in flight)
-/// ```
-///
-/// `{hex}` is the lowercase SHA-256 of the bytes read, `{n}` a decimal
-/// count. A path and query never contain a space, so the body part is what
-/// follows the last one. The form is part of what nodes sharing a store
-/// agree on: changing it makes a fleet in the middle of an upgrade answer
-/// 422 to some repeats.
+/// A request's fingerprint, the string a store keeps with its key, in the
+/// form the [crate docs](crate#bodies-and-fingerprints) fix (`None`: the
+/// body part is not known yet). A path and query never contain a space, so
+/// the body part is what follows the last one. Changing the form makes a
+/// fleet in the middle of an upgrade answer 422 to some repeats.
 pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
     use std::fmt::Write;
     let mut text = String::with_capacity(head.len() + BODY_PART_LEN);

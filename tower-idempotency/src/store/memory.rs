@@ -134,7 +134,7 @@ impl fmt::Debug for MemoryIdempotencyStore {
 /// What `record` under `key` counts for.
 fn size(key: &str, record: &Record) -> usize {
     let fields = match record {
-        Record::InFlight { token, fingerprint } => token.len() + fingerprint.len(),
+        Record::InFlight(claim) => claim.token.len() + claim.fingerprint.len(),
         Record::Completed {
             fingerprint,
             completion,
@@ -163,7 +163,7 @@ impl State {
     fn remove(&mut self, key: &str) -> Option<Slot> {
         let slot = self.slots.remove(key)?;
         self.bytes -= slot.size;
-        if matches!(slot.record, Record::InFlight { .. }) {
+        if matches!(slot.record, Record::InFlight(_)) {
             self.claims -= 1;
             self.claim_bytes -= slot.size;
         }
@@ -261,7 +261,7 @@ impl State {
     fn insert(&mut self, key: &str, record: Record, expires_at: Instant) -> (Arc<str>, u64) {
         let size = size(key, &record);
         self.bytes += size;
-        if matches!(record, Record::InFlight { .. }) {
+        if matches!(record, Record::InFlight(_)) {
             self.claims += 1;
             self.claim_bytes += size;
         }
@@ -298,7 +298,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             return Ok(slot.record.clone().into_claim());
         }
         let claim = ClaimToken::new(fingerprint);
-        let record = Record::in_flight(&claim);
+        let record = Record::InFlight(claim.clone());
         if !state.make_room(1, size(key, &record), now) {
             return Err(StoreError::new(
                 StoreErrorKind::Full,
@@ -630,7 +630,7 @@ mod tests {
                     let claims: Vec<usize> = state
                         .slots
                         .values()
-                        .filter(|s| matches!(s.record, Record::InFlight { .. }))
+                        .filter(|s| matches!(s.record, Record::InFlight(_)))
                         .map(|s| s.size)
                         .collect();
                     proptest::prop_assert_eq!(state.claims, claims.len());

@@ -317,10 +317,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub(crate) enum Record {
-    InFlight {
-        token: String,
-        fingerprint: String,
-    },
+    /// The fields of its claim, after the tag.
+    InFlight(ClaimToken),
     Completed {
         fingerprint: String,
         completion: Completion,
@@ -328,13 +326,6 @@ pub(crate) enum Record {
 }
 
 impl Record {
-    pub(crate) fn in_flight(claim: &ClaimToken) -> Self {
-        Record::InFlight {
-            token: claim.token.clone(),
-            fingerprint: claim.fingerprint.clone(),
-        }
-    }
-
     pub(crate) fn completed(fingerprint: &str, completion: Completion) -> Self {
         Record::Completed {
             fingerprint: fingerprint.to_owned(),
@@ -345,7 +336,9 @@ impl Record {
     /// What a claim that found this record reports.
     pub(crate) fn into_claim(self) -> Claim {
         match self {
-            Record::InFlight { fingerprint, .. } => Claim::InFlight { fingerprint },
+            Record::InFlight(claim) => Claim::InFlight {
+                fingerprint: claim.fingerprint,
+            },
             Record::Completed {
                 fingerprint,
                 completion,
@@ -358,7 +351,7 @@ impl Record {
 
     /// `true` when this is the in-flight record of `claim`.
     pub(crate) fn is_held_by(&self, claim: &ClaimToken) -> bool {
-        matches!(self, Record::InFlight { token, .. } if *token == claim.token)
+        matches!(self, Record::InFlight(held) if held.token == claim.token)
     }
 }
 
@@ -432,6 +425,21 @@ mod bytes_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The owner-only scripts compare the in-flight record byte for byte,
+    /// so nodes of one fleet must write it alike, across versions too.
+    #[test]
+    fn the_in_flight_record_encodes_as_it_always_has() {
+        let claim = ClaimToken::new("POST /orders body=unknown");
+        let json = serde_json::to_string(&Record::InFlight(claim.clone())).unwrap();
+        let expected = format!(
+            r#"{{"state":"in_flight","token":"{}","fingerprint":"POST /orders body=unknown"}}"#,
+            claim.token()
+        );
+        assert_eq!(json, expected);
+        let back: Record = serde_json::from_str(&expected).unwrap();
+        assert!(back.is_held_by(&claim));
+    }
 
     #[test]
     fn a_stored_response_comes_back_byte_for_byte_without_hop_by_hop_headers() {

@@ -186,7 +186,7 @@ impl RedisIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let done: u64 = script
             .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
+            .arg(encode(&Record::InFlight(claim.clone())))
             .arg(args)
             .invoke_async(&mut self.connection.clone())
             .await
@@ -224,7 +224,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
         let claim = ClaimToken::new(fingerprint);
         let existing: Option<Vec<u8>> = CLAIM_SCRIPT
             .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(&claim)))
+            .arg(encode(&Record::InFlight(claim.clone())))
             .arg(millis(in_flight_ttl))
             .invoke_async(&mut self.connection.clone())
             .await
