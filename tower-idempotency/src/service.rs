@@ -90,11 +90,13 @@ impl Default for Config {
 /// future and a clone takes its place; the inner service must be `Clone` (as
 /// axum routers, hyper services and tower's `Buffer` are). Clones share the
 /// store.
+#[derive(Debug)]
 pub struct IdempotencyGuard<S, St, C> {
     inner: S,
     shared: Arc<Shared<St, C>>,
 }
 
+#[derive(Debug)]
 struct Shared<St, C> {
     store: St,
     classifier: C,
@@ -135,17 +137,6 @@ impl<S: Clone, St, C> Clone for IdempotencyGuard<S, St, C> {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
         }
-    }
-}
-
-impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug> fmt::Debug for IdempotencyGuard<S, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyGuard")
-            .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("classifier", &self.shared.classifier)
-            .field("config", &self.shared.config)
-            .finish()
     }
 }
 
