@@ -537,7 +537,7 @@ mod tests {
                 Some(release) => Write::new(async move {
                     let _ = release.await;
                 }),
-                None => Write::done(),
+                None => Write::new(async {}),
             }
         }
     }

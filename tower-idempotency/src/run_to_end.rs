@@ -11,15 +11,6 @@ use std::task::{ready, Context, Poll};
 /// away (see [`RunToEnd`]).
 pub(crate) type Write = RunToEnd<()>;
 
-impl Write {
-    /// A write with nothing to do.
-    pub(crate) fn done() -> Self {
-        RunToEnd {
-            state: RunState::Done(Some(())),
-        }
-    }
-}
-
 /// A store operation that runs to its end even if whoever waits for it goes
 /// away: polled in place first (an in-memory store is done then, with no
 /// task to spawn), then, if it has to wait, in a task of its own that this
@@ -35,8 +26,8 @@ enum RunState<T> {
     /// makes the operation `Sync`, and with it the bodies that hold one.
     Here(Mutex<Pin<Box<dyn Future<Output = T> + Send>>>),
     Spawned(tokio::task::JoinHandle<T>),
-    /// Its result, until it is taken.
-    Done(Option<T>),
+    /// Its result was taken.
+    Done,
 }
 
 impl<T: Send + 'static> RunToEnd<T> {
@@ -74,14 +65,14 @@ impl<T: Send + 'static> Future for RunToEnd<T> {
                 RunState::Here(operation) => {
                     let operation = operation.get_mut().unwrap_or_else(PoisonError::into_inner);
                     if let Poll::Ready(output) = operation.as_mut().poll(cx) {
-                        self.state = RunState::Done(None);
+                        self.state = RunState::Done;
                         return Poll::Ready(Some(output));
                     }
                     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Poll::Pending;
                     };
                     let RunState::Here(operation) =
-                        std::mem::replace(&mut self.state, RunState::Done(None))
+                        std::mem::replace(&mut self.state, RunState::Done)
                     else {
                         unreachable!("matched above");
                     };
@@ -92,10 +83,10 @@ impl<T: Send + 'static> Future for RunToEnd<T> {
                 }
                 RunState::Spawned(task) => {
                     let output = ready!(Pin::new(task).poll(cx)).ok();
-                    self.state = RunState::Done(None);
+                    self.state = RunState::Done;
                     return Poll::Ready(output);
                 }
-                RunState::Done(output) => return Poll::Ready(output.take()),
+                RunState::Done => return Poll::Ready(None),
             }
         }
     }

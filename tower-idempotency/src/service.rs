@@ -428,31 +428,29 @@ impl<St: IdempotencyStore> Held<St> {
     /// Frees the key, the write running to its end as
     /// [`complete`](Self::complete)'s does.
     fn release(mut self) -> Write {
-        self.finish(None)
+        self.finish(None).expect("held until settled")
     }
 
     /// Records `completion`. The write runs to its end even if the caller
     /// goes away while it is under way (the handler ran; a write cut short
     /// would leave the claim to lapse and a repeat to run again).
     fn complete(mut self, completion: Completion) -> Write {
-        self.finish(Some(completion))
+        self.finish(Some(completion)).expect("held until settled")
     }
 
     /// Settles the claim, once: records `completion` with the request's
     /// fingerprint (its body part as far as the handler read the body), or
-    /// frees the key for `None`.
-    fn finish(&mut self, completion: Option<Completion>) -> Write {
+    /// frees the key for `None`; `None` if it was settled already.
+    fn finish(&mut self, completion: Option<Completion>) -> Option<Write> {
         if let Some(keeper) = self.keeper.take() {
             keeper.settled.store(true, Ordering::Release);
             keeper.task.abort();
         }
-        let Some((store, key, claim)) = self.held.take() else {
-            return Write::done();
-        };
+        let (store, key, claim) = self.held.take()?;
         let config = Arc::clone(&self.config);
         let name = &config.name;
         let Some(completion) = completion else {
-            return Write::new(async move {
+            return Some(Write::new(async move {
                 let name = &config.name;
                 match store.release(&key, &claim).await {
                     Ok(true) => count(name, "released"),
@@ -464,7 +462,7 @@ impl<St: IdempotencyStore> Held<St> {
                         "idempotency store failed to release a key; it lapses after the in-flight TTL"
                     ),
                 }
-            });
+            }));
         };
         if completion == Completion::NotKept(NotKept::TooLarge) {
             tracing::warn!(
@@ -476,14 +474,8 @@ impl<St: IdempotencyStore> Held<St> {
         }
         let part = self.body.as_ref().map(|hash| hash.part());
         let fingerprint = key::fingerprint(&self.head, part.as_ref());
-        Write::new(record_outcome(
-            store,
-            config,
-            key,
-            claim,
-            fingerprint,
-            completion,
-        ))
+        let write = record_outcome(store, config, key, claim, fingerprint, completion);
+        Some(Write::new(write))
     }
 }
 
@@ -491,7 +483,9 @@ impl<St: IdempotencyStore> Drop for Held<St> {
     fn drop(&mut self) {
         let cancelled = self.body.is_some();
         let cancelled = cancelled.then_some(Completion::NotKept(NotKept::Cancelled));
-        self.finish(cancelled).detach();
+        if let Some(write) = self.finish(cancelled) {
+            write.detach();
+        }
     }
 }
 

@@ -182,10 +182,6 @@ impl State {
         self.slots.get_mut(key)
     }
 
-    fn is_current(&self, key: &str, seq: u64) -> bool {
-        self.slots.get(key).is_some_and(|slot| slot.seq == seq)
-    }
-
     /// Drops expired records (and stale pairs) from the front of the
     /// claims' or the completed records' queue, up to the first live one;
     /// each pair is popped once, so this is amortised O(1).
@@ -234,7 +230,7 @@ impl State {
             let Some((key, seq)) = self.completed.pop_front() else {
                 return false;
             };
-            if self.is_current(&key, seq) {
+            if self.slots.get(&key).is_some_and(|slot| slot.seq == seq) {
                 self.remove(&key);
                 metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
             }
@@ -256,25 +252,28 @@ impl State {
     }
 
     /// Holds `record` under `key` until `expires_at`, once room was made
-    /// for it; returns the map's own `Arc` of the key and the record's
-    /// sequence number, for the queues.
-    fn insert(&mut self, key: &str, record: Record, expires_at: Instant) -> (Arc<str>, u64) {
+    /// for it, at the back of its queue.
+    fn insert(&mut self, key: &str, record: Record, expires_at: Instant) {
         let size = size(key, &record);
         self.bytes += size;
-        if matches!(record, Record::InFlight(_)) {
+        let queue = if matches!(record, Record::InFlight(_)) {
             self.claims += 1;
             self.claim_bytes += size;
-        }
+            &mut self.in_flight
+        } else {
+            &mut self.completed
+        };
         self.next_seq += 1;
         let (key, seq): (Arc<str>, _) = (Arc::from(key), self.next_seq);
+        queue.push_back((Arc::clone(&key), seq));
         let slot = Slot {
             record,
             expires_at,
             seq,
             size,
         };
-        self.slots.insert(Arc::clone(&key), slot);
-        (key, seq)
+        self.slots.insert(key, slot);
+        self.compact();
     }
 
     /// The live in-flight slot of `claim`.
@@ -309,9 +308,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 ),
             ));
         }
-        let in_flight = state.insert(key, record, expiry(now, in_flight_ttl));
-        state.in_flight.push_back(in_flight);
-        state.compact();
+        state.insert(key, record, expiry(now, in_flight_ttl));
         Ok(Claim::Acquired(claim))
     }
 
@@ -342,9 +339,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             );
             record = Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
         }
-        let completed = state.insert(key, record, expiry(now, ttl));
-        state.completed.push_back(completed);
-        state.compact();
+        state.insert(key, record, expiry(now, ttl));
         Ok(true)
     }
 
