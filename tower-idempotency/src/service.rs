@@ -69,25 +69,18 @@ impl Default for Config {
 }
 
 /// Runs each keyed request at most once and replays its response to
-/// repeats.
+/// repeats; made by [`IdempotencyGuardLayer`](crate::IdempotencyGuardLayer)
+/// (see the [crate docs](crate) for the rules).
 ///
-/// Made by [`IdempotencyGuardLayer`](crate::IdempotencyGuardLayer); see the
-/// [crate docs](crate) for the rules.
-///
-/// It takes `Request<B>` and hands the inner service `Request<GuardBody<B>>`
-/// (the original body, hashed for the fingerprint as the handler reads it,
-/// and for a guarded request a fresh
-/// [`RefusalToken`](tower_classify::RefusalToken) in the extensions);
-/// it returns `Response<GuardBody<ResB>>` (the inner response's body,
-/// streamed as it comes and recorded for repeats, a stored body, or the
-/// guard's own answer). Its error is the inner service's: the guard's own
-/// refusals, store failures included, are responses.
-///
-/// # Clones
+/// The inner service gets `Request<GuardBody<B>>` (the original body, hashed
+/// as the handler reads it, and a fresh
+/// [`RefusalToken`](tower_classify::RefusalToken) in the extensions); the
+/// guard returns `Response<GuardBody<ResB>>`. Its error is the inner
+/// service's: its own refusals, store failures included, are responses.
 ///
 /// The guard awaits its store before calling the inner service, so for a
 /// guarded request the service driven to readiness moves into the response
-/// future and a clone takes its place; the inner service must be `Clone` (as
+/// future and a clone takes its place: the inner service must be `Clone` (as
 /// axum routers, hyper services and tower's `Buffer` are). Clones share the
 /// store.
 #[derive(Debug)]
