@@ -344,21 +344,13 @@ impl Recorder {
     }
 }
 
-/// How a repeat's body compares with what the first request's handler read.
-#[derive(Debug)]
-pub(crate) enum Compared {
-    Same,
-    Different,
-    Failed(BoxError),
-}
-
 /// Whether a repeat's body is the body `part` describes: exactly those
 /// bytes when the first request's handler read its whole body, else
 /// starting with them. Hashes the data as it arrives, keeping none of it,
 /// and reads no more than the part's length and one frame: a longer body
 /// differs as soon as it passes the length, and one whose declared length
-/// already says it differs is not read at all.
-pub(crate) async fn compare<B>(body: B, part: BodyPart) -> Compared
+/// already says it differs is not read at all. An error is the body's.
+pub(crate) async fn compare<B>(body: B, part: BodyPart) -> Result<bool, BoxError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -370,14 +362,14 @@ where
         let hint = body.size_hint();
         if hint.upper().is_some_and(|upper| upper < room) || (part.complete && hint.lower() > room)
         {
-            return Compared::Different;
+            return Ok(false);
         }
         if (!part.complete && room == 0) || body.is_end_stream() {
             break;
         }
         let frame = match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             None => break,
-            Some(Err(error)) => return Compared::Failed(error.into()),
+            Some(Err(error)) => return Err(error.into()),
             Some(Ok(frame)) => frame,
         };
         let Ok(data) = frame.into_data() else {
@@ -386,18 +378,14 @@ where
         };
         if data.len() as u64 > room {
             if part.complete {
-                return Compared::Different;
+                return Ok(false);
             }
             hasher.update(&data[..room as usize]);
         } else {
             hasher.update(&data);
         }
     }
-    if hasher.part(part.complete) == part {
-        Compared::Same
-    } else {
-        Compared::Different
-    }
+    Ok(hasher.part(part.complete) == part)
 }
 
 #[cfg(test)]
@@ -752,7 +740,7 @@ mod tests {
             let frames = Frames::new(&chunks);
             let pulled = Arc::clone(&frames.pulled);
             let compared = run(compare(frames, part));
-            proptest::prop_assert_eq!(matches!(compared, Compared::Same), expected, "{:?}", compared);
+            proptest::prop_assert_eq!(matches!(compared, Ok(true)), expected, "{:?}", compared);
             // Frames needed to pass the length, plus the end.
             let mut needed = 0;
             let mut seen = 0usize;
@@ -773,15 +761,15 @@ mod tests {
         hasher.update(b"abc");
         let part = hasher.part(true);
         let failing = Frames::new(&[b"ab"]).then(Err("reset".into()));
-        assert!(matches!(compare(failing, part).await, Compared::Failed(_)));
+        assert!(compare(failing, part).await.is_err());
         let longer = Frames::new(&[b"abcd"]);
         let pulled = Arc::clone(&longer.pulled);
-        assert!(matches!(compare(longer, part).await, Compared::Different));
+        assert!(matches!(compare(longer, part).await, Ok(false)));
         assert_eq!(*pulled.lock().unwrap(), 1);
         // A declared length says it before anything is read.
         let declared = http_body_util::Full::new(Bytes::from("abcd"));
-        assert!(matches!(compare(declared, part).await, Compared::Different));
+        assert!(matches!(compare(declared, part).await, Ok(false)));
         let same = http_body_util::Full::new(Bytes::from("abc"));
-        assert!(matches!(compare(same, part).await, Compared::Same));
+        assert!(matches!(compare(same, part).await, Ok(true)));
     }
 }

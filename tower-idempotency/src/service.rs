@@ -13,7 +13,7 @@ use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 use tracing::Instrument;
 
-use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
+use crate::body::{compare, declared_len, GuardBody, Recorder, RequestHash};
 use crate::error::chain;
 use crate::future::ResponseFuture;
 use crate::key;
@@ -334,9 +334,9 @@ where
     // No body part: the record predates this form; the heads decide.
     if let Some(part) = part {
         match compare(body, part).await {
-            Compared::Same => {}
-            Compared::Different => return reject(name, Rejection::Mismatch),
-            Compared::Failed(error) => {
+            Ok(true) => {}
+            Ok(false) => return reject(name, Rejection::Mismatch),
+            Err(error) => {
                 tracing::debug!(
                     idempotency = %name,
                     key,
