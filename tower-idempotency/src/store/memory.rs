@@ -1,7 +1,7 @@
 //! The in-memory idempotency store: bounded by entries and bytes, evicting
 //! only completed records.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,13 +46,12 @@ pub struct MemoryIdempotencyStore {
 
 struct State {
     slots: HashMap<Arc<str>, Slot>,
-    /// Completed keys in completion order, with the sequence number of the
-    /// record: the eviction order. A key released, completed again or
-    /// dropped since leaves a stale pair, skipped when met.
-    completed: VecDeque<(Arc<str>, u64)>,
-    /// Keys in flight in the order they were claimed or last extended (the
-    /// order they lapse in), to drop lapsed claims when full.
-    in_flight: VecDeque<(Arc<str>, u64)>,
+    /// Completed keys by the sequence number of their record: the eviction
+    /// order.
+    completed: BTreeMap<u64, Arc<str>>,
+    /// Keys in flight by when they were claimed or last extended: the order
+    /// they lapse in, to drop lapsed claims when full.
+    in_flight: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     /// How many of the records are claims in flight, and their bytes: what
     /// no eviction can free.
@@ -78,8 +77,8 @@ impl MemoryIdempotencyStore {
         MemoryIdempotencyStore {
             state: Arc::new(Mutex::new(State {
                 slots: HashMap::new(),
-                completed: VecDeque::new(),
-                in_flight: VecDeque::new(),
+                completed: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
                 bytes: 0,
                 claims: 0,
                 claim_bytes: 0,
@@ -160,14 +159,18 @@ fn expiry(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl State {
-    fn remove(&mut self, key: &str) -> Option<Slot> {
-        let slot = self.slots.remove(key)?;
+    fn remove(&mut self, key: &str) {
+        let Some(slot) = self.slots.remove(key) else {
+            return;
+        };
         self.bytes -= slot.size;
         if matches!(slot.record, Record::InFlight(_)) {
             self.claims -= 1;
             self.claim_bytes -= slot.size;
+            self.in_flight.remove(&slot.seq);
+        } else {
+            self.completed.remove(&slot.seq);
         }
-        Some(slot)
     }
 
     /// The live slot for `key`, dropping it if it has expired.
@@ -182,28 +185,22 @@ impl State {
         self.slots.get_mut(key)
     }
 
-    /// Drops expired records (and stale pairs) from the front of the
-    /// claims' or the completed records' queue, up to the first live one;
-    /// each pair is popped once, so this is amortised O(1).
+    /// Drops the expired claims, or completed records, oldest first.
     fn drop_expired(&mut self, claims: bool, now: Instant) {
         loop {
-            let queue = if claims {
-                &mut self.in_flight
+            let index = if claims {
+                &self.in_flight
             } else {
-                &mut self.completed
+                &self.completed
             };
-            let Some((key, seq)) = queue.front() else {
+            let Some((_, key)) = index.first_key_value() else {
                 return;
             };
-            let current = self.slots.get(&**key).filter(|slot| slot.seq == *seq);
-            if current.is_some_and(|slot| slot.expires_at > now) {
+            if self.slots[&**key].expires_at > now {
                 return;
             }
-            let current = current.is_some();
-            let (key, _) = queue.pop_front().expect("a front pair");
-            if current {
-                self.remove(&key);
-            }
+            let key = Arc::clone(key);
+            self.remove(&key);
         }
     }
 
@@ -227,36 +224,22 @@ impl State {
             return false;
         }
         while !self.fits(entries, bytes) {
-            let Some((key, seq)) = self.completed.pop_front() else {
+            let Some((_, key)) = self.completed.first_key_value() else {
                 return false;
             };
-            if self.slots.get(&key).is_some_and(|slot| slot.seq == seq) {
-                self.remove(&key);
-                metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
-            }
+            let key = Arc::clone(key);
+            self.remove(&key);
+            metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
         }
         true
     }
 
-    /// Drops stale pairs from the queues once they outnumber the live keys,
-    /// so released keys do not make them grow without bound.
-    fn compact(&mut self) {
-        if self.completed.len() + self.in_flight.len() > 2 * self.slots.len() + 64 {
-            let slots = &self.slots;
-            let current = |(key, seq): &(Arc<str>, u64)| {
-                slots.get(&**key).is_some_and(|slot| slot.seq == *seq)
-            };
-            self.completed.retain(current);
-            self.in_flight.retain(current);
-        }
-    }
-
     /// Holds `record` under `key` until `expires_at`, once room was made
-    /// for it, at the back of its queue.
+    /// for it, last in its order.
     fn insert(&mut self, key: &str, record: Record, expires_at: Instant) {
         let size = size(key, &record);
         self.bytes += size;
-        let queue = if matches!(record, Record::InFlight(_)) {
+        let index = if matches!(record, Record::InFlight(_)) {
             self.claims += 1;
             self.claim_bytes += size;
             &mut self.in_flight
@@ -265,7 +248,7 @@ impl State {
         };
         self.next_seq += 1;
         let (key, seq): (Arc<str>, _) = (Arc::from(key), self.next_seq);
-        queue.push_back((Arc::clone(&key), seq));
+        index.insert(seq, Arc::clone(&key));
         let slot = Slot {
             record,
             expires_at,
@@ -273,7 +256,6 @@ impl State {
             size,
         };
         self.slots.insert(key, slot);
-        self.compact();
     }
 
     /// The live in-flight slot of `claim`.
@@ -357,12 +339,13 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             return Ok(false);
         };
         slot.expires_at = expiry(now, in_flight_ttl);
-        slot.seq = seq;
-        // Back of the line: the claims ahead of it lapse first.
-        let (key, _) = state.slots.get_key_value(key).expect("just found");
-        let key = Arc::clone(key);
-        state.in_flight.push_back((key, seq));
-        state.compact();
+        let claimed = std::mem::replace(&mut slot.seq, seq);
+        // Last in line: the claims ahead of it lapse first.
+        let key = state
+            .in_flight
+            .remove(&claimed)
+            .expect("a claim is in its order");
+        state.in_flight.insert(seq, key);
         Ok(true)
     }
 
@@ -373,7 +356,6 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             return Ok(false);
         }
         state.remove(key);
-        state.compact();
         Ok(true)
     }
 }
@@ -630,6 +612,10 @@ mod tests {
                         .collect();
                     proptest::prop_assert_eq!(state.claims, claims.len());
                     proptest::prop_assert_eq!(state.claim_bytes, claims.iter().sum::<usize>());
+                    // Each record is in its order, once.
+                    proptest::prop_assert_eq!(state.in_flight.len(), claims.len());
+                    let completed = state.slots.len() - claims.len();
+                    proptest::prop_assert_eq!(state.completed.len(), completed);
                 }
                 Ok(())
             })?;
@@ -644,7 +630,7 @@ mod tests {
             assert!(store.release("k", &claim).await.unwrap());
         }
         let state = store.lock();
-        assert!(state.in_flight.len() + state.completed.len() <= 64 + 1);
+        assert!(state.in_flight.is_empty() && state.completed.is_empty());
         assert_eq!((state.slots.len(), state.bytes), (0, 0));
     }
 
