@@ -55,8 +55,6 @@ struct Shared<B> {
     /// Set under the lock when a copy waits; lets a copy going away skip
     /// the lock when nobody waits (the common case).
     has_waiters: AtomicBool,
-    /// Copies alive, this one included.
-    copies: AtomicUsize,
     /// Copies alive that have polled the original.
     reading: AtomicUsize,
     state: Mutex<State<B>>,
@@ -146,15 +144,9 @@ impl Recorded {
 }
 
 impl<B: Body + Unpin> ReplayBody<B> {
-    /// Wraps `body`, recording up to `limit` bytes of it.
-    ///
-    /// A body whose size hint already says it is longer than `limit` (its
-    /// `Content-Length`) records nothing: it can be sent again only until
-    /// its first byte is read.
-    ///
-    /// `B` must be `Unpin`, as the bodies of hyper, axum, tonic and reqwest
-    /// are, so that the shared recording holds it without a box of its own;
-    /// wrap a body that is not as `Box::pin(body)`.
+    /// Wraps `body`, recording up to `limit` bytes of it (nothing for a body
+    /// whose size hint says it is longer). `B` must be `Unpin`, so that the
+    /// shared recording holds it without a box of its own.
     pub fn new(body: B, limit: usize) -> Self {
         if body.is_end_stream() {
             // Most requests have no body: they cost no allocation here.
@@ -168,7 +160,6 @@ impl<B: Body + Unpin> ReplayBody<B> {
             next_id: AtomicUsize::new(1),
             flags: AtomicU8::new(0),
             has_waiters: AtomicBool::new(false),
-            copies: AtomicUsize::new(1),
             reading: AtomicUsize::new(0),
             state: Mutex::new(State {
                 original: Some(body),
@@ -202,22 +193,18 @@ impl<B> ReplayBody<B> {
         }
     }
 
-    /// How many copies of this body exist, this one included. A copy that
-    /// is the only one left can read on without taking frames another copy
-    /// still needs. Copies of a body that had ended when it was wrapped
-    /// share nothing, and each counts as the only one.
+    /// How many copies of this body exist, this one included (copies of a
+    /// body that had ended when it was wrapped share nothing: 1).
     pub fn copies(&self) -> usize {
         match &self.inner {
             Inner::Ended { .. } => 1,
-            Inner::Reading(reader) => reader.shared.copies.load(Ordering::Acquire),
+            // Each copy, and nothing else, holds one reference.
+            Inner::Reading(reader) => Arc::strong_count(&reader.shared),
         }
     }
 
-    /// How many copies that have read from the original (not only from the
-    /// recording) are still alive: an attempt that may go on sending the
-    /// body. Copies that only replayed the recording, or were never read,
-    /// are not counted; neither are those of a body that had ended when it
-    /// was wrapped.
+    /// How many copies still alive have read from the original, not only
+    /// from the recording: attempts that may go on sending the body.
     pub fn copies_reading(&self) -> usize {
         match &self.inner {
             Inner::Ended { .. } => 0,
@@ -295,7 +282,6 @@ impl<B> Clone for ReplayBody<B> {
             Inner::Ended { limit } => Inner::Ended { limit: *limit },
             Inner::Reading(Reader { shared, .. }) => {
                 let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                shared.copies.fetch_add(1, Ordering::Relaxed);
                 Inner::Reading(Reader::new(Arc::clone(shared), id))
             }
         };
@@ -351,7 +337,7 @@ where
             // Behind the reader in front: replay.
             if !state.recording {
                 self.finished = true;
-                return Poll::Ready(Some(Err(ReplayError::new(ReplayErrorKind::NotReplayable))));
+                return Poll::Ready(Some(Err(ReplayError::from(ReplayErrorKind::NotReplayable))));
             }
             let data = state.recorded.get(self.frame).clone();
             self.frame += 1;
@@ -366,7 +352,7 @@ where
         }
         if shared.failed() {
             self.finished = true;
-            return Poll::Ready(Some(Err(ReplayError::new(
+            return Poll::Ready(Some(Err(ReplayError::from(
                 ReplayErrorKind::BodyFailedEarlier,
             ))));
         }
@@ -473,7 +459,6 @@ where
 
 impl<B> Drop for Reader<B> {
     fn drop(&mut self) {
-        self.shared.copies.fetch_sub(1, Ordering::Release);
         if self.read_original {
             self.shared.reading.fetch_sub(1, Ordering::Release);
         }
@@ -528,23 +513,13 @@ where
 
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let reader = match &self.inner {
-            Inner::Ended { limit } => {
-                return f
-                    .debug_struct("ReplayBody")
-                    .field("limit", limit)
-                    .field("ended", &true)
-                    .finish_non_exhaustive()
-            }
-            Inner::Reading(reader) => reader,
+        let limit = match &self.inner {
+            Inner::Ended { limit } => *limit,
+            Inner::Reading(reader) => reader.shared.limit,
         };
-        let state = reader.shared.lock();
         f.debug_struct("ReplayBody")
-            .field("limit", &reader.shared.limit)
-            .field("bytes_read", &state.bytes_read)
-            .field("recording", &state.recording)
-            .field("ended", &state.ended)
-            .field("yielded", &reader.yielded)
-            .finish()
+            .field("limit", &limit)
+            .field("recording", &self.recording())
+            .finish_non_exhaustive()
     }
 }

@@ -39,10 +39,6 @@ impl ReplayError {
         }
     }
 
-    pub(crate) fn new(kind: ReplayErrorKind) -> Self {
-        ReplayError { kind, source: None }
-    }
-
     /// What happened.
     pub fn kind(&self) -> ReplayErrorKind {
         self.kind
@@ -58,7 +54,7 @@ impl ReplayError {
 /// [`ReplayBody`](crate::ReplayBody) reports when it cannot make one.
 impl From<ReplayErrorKind> for ReplayError {
     fn from(kind: ReplayErrorKind) -> Self {
-        ReplayError::new(kind)
+        ReplayError { kind, source: None }
     }
 }
 

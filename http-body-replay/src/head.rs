@@ -6,41 +6,14 @@ use http::header::{HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri, Version};
 
-/// A request's method, URI, version and headers, copied into one buffer:
-/// what a retry, a hedge or a dead-letter record needs of a request after
-/// the service below has consumed it.
-///
-/// Made on every call, and used only when the call fails, so it is built
-/// for the copy: one allocation of the exact size, whatever the headers.
-/// Cloning the request's `HeaderMap` instead would share the values'
-/// bytes, but allocates the map's tables, and a header value made from a
-/// `&str` (what a client's request builder makes) allocates again on its
-/// first clone. A few hundred bytes copied cost less, and the copy is 40
-/// bytes for the future that carries it, against about 200 for the parts
-/// of the request it copies.
+/// A request's method, URI, version and headers, copied into one buffer of
+/// their exact size: what a retry, a hedge or a dead-letter record needs of
+/// a request after the service below has consumed it (see the
+/// [crate docs](crate#the-requests-head) for why, and an example).
 ///
 /// [`to_request`](Self::to_request) rebuilds a request equal to the
 /// original in everything but its extensions (which are not copied: keep
-/// `request.extensions().clone()` beside it when they are needed), with
-/// the headers in their order and each value's
-/// [sensitivity](HeaderValue::is_sensitive).
-///
-/// ```
-/// use http::Request;
-/// use http_body_replay::RequestHead;
-///
-/// let request = Request::get("http://orders.internal/orders/7?expand=lines")
-///     .header("accept", "application/json")
-///     .body(())
-///     .unwrap();
-/// let head = RequestHead::new(&request);
-/// assert_eq!(head.method(), "GET");
-/// assert_eq!(head.uri(), "http://orders.internal/orders/7?expand=lines");
-///
-/// let again = head.to_request("a body").unwrap();
-/// assert_eq!(again.uri(), request.uri());
-/// assert_eq!(again.headers(), request.headers());
-/// ```
+/// `request.extensions().clone()` beside it when they are needed).
 #[derive(Clone)]
 pub struct RequestHead {
     /// The method, the URI as `Uri`'s `Display` writes it, then each header
@@ -49,10 +22,6 @@ pub struct RequestHead {
     /// the name's and the value's bytes.
     bytes: Box<[u8]>,
     method_end: u32,
-    /// The end of the scheme (before its `://`), or `method_end` without one.
-    scheme_end: u32,
-    /// The end of the authority, or where it would start without one.
-    authority_end: u32,
     uri_end: u32,
     version: Version,
     /// `false` when the head did not fit in `u32::MAX` bytes and its headers
@@ -110,15 +79,9 @@ impl RequestHead {
                 bytes.extend_from_slice(b"://");
             }
         }
-        // Before the "://".
-        let scheme_end = match scheme {
-            None => method_end,
-            Some(_) => bytes.len() as u32 - 3,
-        };
         if let Some(authority) = authority {
             bytes.extend_from_slice(authority.as_bytes());
         }
-        let authority_end = bytes.len() as u32;
         bytes.extend_from_slice(path_and_query.as_bytes());
         let uri_end = bytes.len() as u32;
         if complete {
@@ -138,8 +101,6 @@ impl RequestHead {
             // Exact capacity: no reallocation.
             bytes: bytes.into_boxed_slice(),
             method_end,
-            scheme_end,
-            authority_end,
             uri_end,
             version,
             complete,
@@ -187,7 +148,7 @@ impl RequestHead {
         }
         let mut request = Request::new(body);
         *request.method_mut() = Method::from_bytes(self.method().as_bytes()).ok()?;
-        *request.uri_mut() = self.rebuild_uri()?;
+        *request.uri_mut() = Uri::try_from(self.uri()).ok()?;
         *request.version_mut() = self.version;
         let headers = request.headers_mut();
         for header in self.headers() {
@@ -197,26 +158,6 @@ impl RequestHead {
             headers.append(name, value);
         }
         Some(request)
-    }
-
-    fn rebuild_uri(&self) -> Option<Uri> {
-        let mut parts = http::uri::Parts::default();
-        let scheme = &self.bytes[self.method_end as usize..self.scheme_end as usize];
-        let authority_start = if scheme.is_empty() {
-            self.scheme_end as usize
-        } else {
-            parts.scheme = Some(Scheme::try_from(scheme).ok()?);
-            self.scheme_end as usize + 3
-        };
-        let authority = &self.bytes[authority_start..self.authority_end as usize];
-        if !authority.is_empty() {
-            parts.authority = Some(Authority::try_from(authority).ok()?);
-        }
-        let path_and_query = &self.bytes[self.authority_end as usize..self.uri_end as usize];
-        if !path_and_query.is_empty() {
-            parts.path_and_query = Some(PathAndQuery::try_from(path_and_query).ok()?);
-        }
-        Uri::from_parts(parts).ok()
     }
 
     fn str(&self, start: u32, end: u32) -> &str {

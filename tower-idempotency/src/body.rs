@@ -204,20 +204,11 @@ impl RequestHash {
     }
 }
 
-/// A key held by a guarded call, as the response body that ends the call
-/// sees it. Dropped without [`record`](Self::record) (the body was dropped
-/// before its end), it records [`NotKept::Cancelled`].
-pub(crate) trait Outcome: Send + Sync + 'static {
-    /// The key, for logs.
-    fn key(&self) -> &str;
-
-    /// The guard's name, for logs.
-    fn name(&self) -> &str;
-
-    /// Writes what the call came to; the write runs to its end even if the
-    /// returned future is dropped.
-    fn record(self: Box<Self>, completion: Completion) -> Write;
-}
+/// Writes what a guarded call came to, once its response body ends; the
+/// write runs to its end even if the returned future is dropped. Dropped
+/// unused (the body was dropped before its end), it records
+/// [`NotKept::Cancelled`].
+pub(crate) type Settle = Box<dyn FnOnce(Completion) -> Write + Send + Sync>;
 
 /// A body's length as its head or the body itself declares it up front:
 /// its `Content-Length`, else an exact size hint (which hyper sends as the
@@ -239,9 +230,9 @@ type Polled = Option<Result<Frame<Bytes>, BoxError>>;
 /// response and repeats the request gets it replayed, not a 409.
 pub(crate) struct Recorder {
     /// The claim, until the outcome is written.
-    claim: Option<Box<dyn Outcome>>,
+    claim: Option<Settle>,
     /// The response as it will be stored, its body still empty.
-    response: StoredResponse,
+    response: Option<StoredResponse>,
     chunks: Vec<Bytes>,
     len: usize,
     limit: usize,
@@ -256,15 +247,14 @@ impl Recorder {
     /// Records a response with head `parts` for `claim`, storing at most
     /// `limit` bytes of body. `declared` is the body's length when it is
     /// known up front (see [`declared_len`]).
-    pub(crate) fn new(
-        claim: Box<dyn Outcome>,
-        parts: &Parts,
-        declared: Option<u64>,
-        limit: usize,
-    ) -> Self {
+    pub(crate) fn new(claim: Settle, parts: &Parts, declared: Option<u64>, limit: usize) -> Self {
         Recorder {
             claim: Some(claim),
-            response: StoredResponse::new(parts.status, &parts.headers, Bytes::new()),
+            response: Some(StoredResponse::new(
+                parts.status,
+                &parts.headers,
+                Bytes::new(),
+            )),
             chunks: Vec::new(),
             len: 0,
             limit,
@@ -292,7 +282,7 @@ impl Recorder {
                 return Poll::Ready(polled);
             };
             let claim = self.claim.take().expect("checked above");
-            self.writing = Some((claim.record(completion), polled));
+            self.writing = Some((claim(completion), polled));
         }
     }
 
@@ -307,12 +297,6 @@ impl Recorder {
             self.len = self.len.saturating_add(data.len());
             if self.len > self.limit {
                 self.chunks = Vec::new();
-                tracing::warn!(
-                    idempotency = self.claim.as_ref().map_or("", |c| c.name()),
-                    key = self.claim.as_ref().map_or("", |c| c.key()),
-                    limit = self.limit,
-                    "response too large to store for replay; repeats of its key get 409"
-                );
                 return Some(Completion::NotKept(NotKept::TooLarge));
             }
             if !data.is_empty() {
@@ -329,15 +313,14 @@ impl Recorder {
             }
         } else if let Some(trailers) = frame.trailers_ref() {
             // Trailers end the body.
-            let response = std::mem::replace(&mut self.response, empty_response());
-            self.response = response.with_trailers(trailers);
+            self.response = self.response.take().map(|r| r.with_trailers(trailers));
             return Some(self.finish());
         }
         end.then(|| self.finish())
     }
 
     fn finish(&mut self) -> Completion {
-        let mut response = std::mem::replace(&mut self.response, empty_response());
+        let mut response = self.response.take().expect("finished once");
         let chunks = std::mem::take(&mut self.chunks);
         response.body = match <[Bytes; 1]>::try_from(chunks) {
             Ok([whole]) => whole,
@@ -361,89 +344,48 @@ impl Recorder {
     }
 }
 
-fn empty_response() -> StoredResponse {
-    StoredResponse::new(http::StatusCode::OK, &HeaderMap::new(), Bytes::new())
-}
-
-/// How a repeat's body compares with what the first request's handler read.
-#[derive(Debug)]
-pub(crate) enum Compared {
-    Same,
-    Different,
-    Failed(BoxError),
-}
-
-pin_project! {
-    /// Whether a repeat's body is the body `part` describes: exactly those
-    /// bytes when the first request's handler read its whole body, else
-    /// starting with them. Hashes the data as it arrives, keeping none of it,
-    /// and reads no more than the part's length and one frame: a longer body
-    /// differs as soon as it passes the length.
-    pub(crate) struct Compare<B> {
-        #[pin]
-        body: B,
-        part: BodyPart,
-        hasher: BodyHasher,
-    }
-}
-
-/// Compares `body` with `part`; a body whose declared length already says
-/// it differs is not read at all.
-pub(crate) fn compare<B>(body: B, part: BodyPart) -> Compare<B> {
-    Compare {
-        body,
-        part,
-        hasher: BodyHasher::default(),
-    }
-}
-
-impl<B> Future for Compare<B>
+/// Whether a repeat's body is the body `part` describes: exactly those
+/// bytes when the first request's handler read its whole body, else
+/// starting with them. Hashes the data as it arrives, keeping none of it,
+/// and reads no more than the part's length and one frame: a longer body
+/// differs as soon as it passes the length, and one whose declared length
+/// already says it differs is not read at all. An error is the body's.
+pub(crate) async fn compare<B>(body: B, part: BodyPart) -> Result<bool, BoxError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Output = Compared;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Compared> {
-        let mut this = self.project();
-        let part = *this.part;
-        let hint = this.body.size_hint();
-        if hint
-            .upper()
-            .is_some_and(|upper| upper < part.len - this.hasher.len())
-            || (part.complete && hint.lower() > part.len - this.hasher.len())
+    let mut body = std::pin::pin!(body);
+    let mut hasher = BodyHasher::default();
+    loop {
+        let room = part.len - hasher.len();
+        let hint = body.size_hint();
+        if hint.upper().is_some_and(|upper| upper < room) || (part.complete && hint.lower() > room)
         {
-            return Poll::Ready(Compared::Different);
+            return Ok(false);
         }
-        loop {
-            if (!part.complete && this.hasher.len() == part.len) || this.body.is_end_stream() {
-                break;
-            }
-            let frame = match ready!(this.body.as_mut().poll_frame(cx)) {
-                None => break,
-                Some(Err(error)) => return Poll::Ready(Compared::Failed(error.into())),
-                Some(Ok(frame)) => frame,
-            };
-            let Ok(data) = frame.into_data() else {
-                // Trailers: the data has ended.
-                break;
-            };
-            let room = part.len - this.hasher.len();
-            if data.len() as u64 > room {
-                if part.complete {
-                    return Poll::Ready(Compared::Different);
-                }
-                this.hasher.update(&data[..room as usize]);
-            } else {
-                this.hasher.update(&data);
-            }
+        if (!part.complete && room == 0) || body.is_end_stream() {
+            break;
         }
-        Poll::Ready(if this.hasher.part(part.complete) == part {
-            Compared::Same
+        let frame = match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            None => break,
+            Some(Err(error)) => return Err(error.into()),
+            Some(Ok(frame)) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            // Trailers: the data has ended.
+            break;
+        };
+        if data.len() as u64 > room {
+            if part.complete {
+                return Ok(false);
+            }
+            hasher.update(&data[..room as usize]);
         } else {
-            Compared::Different
-        })
+            hasher.update(&data);
+        }
     }
+    Ok(hasher.part(part.complete) == part)
 }
 
 #[cfg(test)]
@@ -571,23 +513,19 @@ mod tests {
         recorded: bool,
     }
 
-    impl Outcome for FakeClaim {
-        fn key(&self) -> &str {
-            "u:k"
+    impl FakeClaim {
+        fn settle(self) -> Settle {
+            Box::new(move |completion| self.record(completion))
         }
 
-        fn name(&self) -> &str {
-            "default"
-        }
-
-        fn record(mut self: Box<Self>, completion: Completion) -> Write {
+        fn record(mut self, completion: Completion) -> Write {
             self.recorded = true;
             self.told.0.lock().unwrap().push(Ok(completion));
             match self.release.take() {
                 Some(release) => Write::new(async move {
                     let _ = release.await;
                 }),
-                None => Write::done(),
+                None => Write::new(async {}),
             }
         }
     }
@@ -625,10 +563,7 @@ mod tests {
         }
         let (parts, ()) = head.body(()).unwrap().into_parts();
         let declared = declared_len(&parts.headers, &body);
-        GuardBody::recorded(
-            body,
-            Recorder::new(Box::new(claim), &parts, declared, limit),
-        )
+        GuardBody::recorded(body, Recorder::new(claim.settle(), &parts, declared, limit))
     }
 
     fn stored(body: &'static str, trailers: Option<&HeaderMap>) -> Completion {
@@ -724,7 +659,7 @@ mod tests {
         let (parts, ()) = http::Response::new(()).into_parts();
         let inner = http_body_util::Full::new(Bytes::from("whole"));
         let mut body =
-            GuardBody::recorded(inner, Recorder::new(Box::new(claim), &parts, Some(5), 100));
+            GuardBody::recorded(inner, Recorder::new(claim.settle(), &parts, Some(5), 100));
         assert_eq!(body.size_hint().exact(), Some(5));
         assert!(!body.is_end_stream());
         let waker = std::task::Waker::noop();
@@ -805,7 +740,7 @@ mod tests {
             let frames = Frames::new(&chunks);
             let pulled = Arc::clone(&frames.pulled);
             let compared = run(compare(frames, part));
-            proptest::prop_assert_eq!(matches!(compared, Compared::Same), expected, "{:?}", compared);
+            proptest::prop_assert_eq!(matches!(compared, Ok(true)), expected, "{:?}", compared);
             // Frames needed to pass the length, plus the end.
             let mut needed = 0;
             let mut seen = 0usize;
@@ -826,15 +761,15 @@ mod tests {
         hasher.update(b"abc");
         let part = hasher.part(true);
         let failing = Frames::new(&[b"ab"]).then(Err("reset".into()));
-        assert!(matches!(compare(failing, part).await, Compared::Failed(_)));
+        assert!(compare(failing, part).await.is_err());
         let longer = Frames::new(&[b"abcd"]);
         let pulled = Arc::clone(&longer.pulled);
-        assert!(matches!(compare(longer, part).await, Compared::Different));
+        assert!(matches!(compare(longer, part).await, Ok(false)));
         assert_eq!(*pulled.lock().unwrap(), 1);
         // A declared length says it before anything is read.
         let declared = http_body_util::Full::new(Bytes::from("abcd"));
-        assert!(matches!(compare(declared, part).await, Compared::Different));
+        assert!(matches!(compare(declared, part).await, Ok(false)));
         let same = http_body_util::Full::new(Bytes::from("abc"));
-        assert!(matches!(compare(same, part).await, Compared::Same));
+        assert!(matches!(compare(same, part).await, Ok(true)));
     }
 }

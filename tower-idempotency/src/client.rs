@@ -96,7 +96,7 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
 
 /// Adds an `Idempotency-Key` to requests without one; made by
 /// [`IdempotencyKeyLayer`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SetIdempotencyKey<S> {
     inner: S,
     layer: IdempotencyKeyLayer,
@@ -116,15 +116,6 @@ impl<S> SetIdempotencyKey<S> {
     /// Consumes `self`, returning the inner service.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for SetIdempotencyKey<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SetIdempotencyKey")
-            .field("inner", &self.inner)
-            .field("layer", &self.layer)
-            .finish()
     }
 }
 

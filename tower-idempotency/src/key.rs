@@ -5,6 +5,7 @@ use http::{HeaderValue, Method, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::rejection::Rejection;
+use crate::store::{push_hex, unhex};
 
 /// The longest `Idempotency-Key` accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;
@@ -26,11 +27,9 @@ pub(crate) fn parse(value: &HeaderValue) -> Result<&str, Rejection> {
     Ok(text)
 }
 
-/// Where a store keeps `key`. Unscoped keys live under `u:`, keys scoped by
-/// a client identity under `s:{len}:{identity}:`. The prefixes differ in
-/// their first byte, so no unscoped key (whatever it spells) can name a
-/// scoped record; the identity's length goes first, so no identity/key pair
-/// can spell another's (`a:b` + `c` vs `a` + `b:c`).
+/// Where a store keeps `key` (see the crate docs' *Tenants*). The identity's
+/// length goes first, so no identity/key pair can spell another's (`a:b` +
+/// `c` vs `a` + `b:c`).
 pub(crate) fn namespaced(identity: Option<&str>, key: &str) -> String {
     match identity {
         Some(identity) => format!("s:{}:{identity}:{key}", identity.len()),
@@ -64,19 +63,11 @@ pub(crate) struct BodyPart {
     pub(crate) complete: bool,
 }
 
-/// A request's fingerprint, the string a store keeps with its key:
-///
-/// ```text
-/// {method} {path-and-query} body=complete;len={n};sha256={hex}   the handler read the whole body, n bytes
-/// {method} {path-and-query} body=partial;len={n};sha256={hex}    it answered after reading the first n bytes
-/// {method} {path-and-query} body=unknown                         not known yet (a claim in flight)
-/// ```
-///
-/// `{hex}` is the lowercase SHA-256 of the bytes read, `{n}` a decimal
-/// count. A path and query never contain a space, so the body part is what
-/// follows the last one. The form is part of what nodes sharing a store
-/// agree on: changing it makes a fleet in the middle of an upgrade answer
-/// 422 to some repeats.
+/// A request's fingerprint, the string a store keeps with its key, in the
+/// form the [crate docs](crate#bodies-and-fingerprints) fix (`None`: the
+/// body part is not known yet). A path and query never contain a space, so
+/// the body part is what follows the last one. Changing the form makes a
+/// fleet in the middle of an upgrade answer 422 to some repeats.
 pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
     use std::fmt::Write;
     let mut text = String::with_capacity(head.len() + BODY_PART_LEN);
@@ -86,9 +77,7 @@ pub(crate) fn fingerprint(head: &str, body: Option<&BodyPart>) -> String {
         Some(part) => {
             let kind = if part.complete { "complete" } else { "partial" };
             let _ = write!(text, " body={kind};len={};sha256=", part.len);
-            for byte in part.sha256 {
-                let _ = write!(text, "{byte:02x}");
-            }
+            push_hex(&mut text, &part.sha256);
         }
     }
     text
@@ -113,19 +102,12 @@ fn parse_body_part(text: &str) -> Option<BodyPart> {
         _ => return None,
     };
     let (len, hex) = rest.split_once(";sha256=")?;
-    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) || hex.len() != 64 {
+    let all_digits = !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits || hex.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
-    let mut sha256 = [0u8; 32];
-    for (byte, pair) in sha256.iter_mut().zip(hex.as_bytes().chunks(2)) {
-        let pair = std::str::from_utf8(pair).ok()?;
-        if !pair.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return None;
-        }
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
     Some(BodyPart {
-        sha256,
+        sha256: unhex(hex)?.try_into().ok()?,
         len: len.parse().ok()?,
         complete,
     })

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// Each setting's default is on its method; [`HttpClassifier`] classifies
 /// answers. Clones of the layer and the services it make share the store.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct IdempotencyGuardLayer<St, C = HttpClassifier> {
     store: St,
     classifier: C,
@@ -133,15 +132,5 @@ impl<S, St: Clone, C: Clone> Layer<S> for IdempotencyGuardLayer<St, C> {
     fn layer(&self, inner: S) -> Self::Service {
         let (store, classifier) = (self.store.clone(), self.classifier.clone());
         IdempotencyGuard::new(inner, store, classifier, self.config.clone())
-    }
-}
-
-impl<St: fmt::Debug, C: fmt::Debug> fmt::Debug for IdempotencyGuardLayer<St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyGuardLayer")
-            .field("store", &self.store)
-            .field("classifier", &self.classifier)
-            .field("config", &self.config)
-            .finish()
     }
 }

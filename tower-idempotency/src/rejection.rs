@@ -124,16 +124,8 @@ impl Rejection {
         }
     }
 
-    /// Whether retrying the same request later is the right move.
-    pub(crate) const fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Rejection::InFlight | Rejection::StoreUnavailable | Rejection::StoreFull
-        )
-    }
-
     /// The answer described on [`Rejection`], with `Retry-After: 1` where
-    /// [retrying](Self::is_retryable) the same request is the right move.
+    /// retrying the same request later is the right move.
     pub(crate) fn response<B>(self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
         let mut problem = Problem::new(self.status())
             .member(
@@ -146,7 +138,7 @@ impl Rejection {
         if let Rejection::NotKept(reason) = self {
             problem = problem.member("reason", reason.as_str());
         }
-        if self.is_retryable() {
+        if let Rejection::InFlight | Rejection::StoreUnavailable | Rejection::StoreFull = self {
             problem = problem.retry_after(Duration::from_secs(1));
         }
         problem

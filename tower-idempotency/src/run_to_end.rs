@@ -11,21 +11,12 @@ use std::task::{ready, Context, Poll};
 /// away (see [`RunToEnd`]).
 pub(crate) type Write = RunToEnd<()>;
 
-impl Write {
-    /// A write with nothing to do.
-    pub(crate) fn done() -> Self {
-        RunToEnd {
-            state: RunState::Done(Some(())),
-        }
-    }
-}
-
 /// A store operation that runs to its end even if whoever waits for it goes
 /// away: polled in place first (an in-memory store is done then, with no
 /// task to spawn), then, if it has to wait, in a task of its own that this
 /// future waits for; in place outside a tokio runtime. A result the waiter
-/// never takes is dropped where it ends, so one that must be undone (an
-/// [`Acquired`] claim) undoes itself in its `Drop`.
+/// never takes is dropped where it ends, so one that must be undone (a
+/// claim whose call is gone) undoes itself in its `Drop`.
 pub(crate) struct RunToEnd<T> {
     state: RunState<T>,
 }
@@ -35,14 +26,27 @@ enum RunState<T> {
     /// makes the operation `Sync`, and with it the bodies that hold one.
     Here(Mutex<Pin<Box<dyn Future<Output = T> + Send>>>),
     Spawned(tokio::task::JoinHandle<T>),
-    /// Its result, until it is taken.
-    Done(Option<T>),
+    /// Its result was taken.
+    Done,
 }
 
 impl<T: Send + 'static> RunToEnd<T> {
     pub(crate) fn new(operation: impl Future<Output = T> + Send + 'static) -> Self {
         RunToEnd {
             state: RunState::Here(Mutex::new(Box::pin(operation))),
+        }
+    }
+}
+
+impl Write {
+    /// Runs the write with no one waiting for it: in a task of its own, or
+    /// not at all outside a runtime (it is shutting down; a claim left in
+    /// flight lapses after the in-flight TTL).
+    pub(crate) fn detach(self) {
+        if let (RunState::Here(write), Ok(runtime)) =
+            (self.state, tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(write.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
     }
 }
@@ -61,14 +65,14 @@ impl<T: Send + 'static> Future for RunToEnd<T> {
                 RunState::Here(operation) => {
                     let operation = operation.get_mut().unwrap_or_else(PoisonError::into_inner);
                     if let Poll::Ready(output) = operation.as_mut().poll(cx) {
-                        self.state = RunState::Done(None);
+                        self.state = RunState::Done;
                         return Poll::Ready(Some(output));
                     }
                     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Poll::Pending;
                     };
                     let RunState::Here(operation) =
-                        std::mem::replace(&mut self.state, RunState::Done(None))
+                        std::mem::replace(&mut self.state, RunState::Done)
                     else {
                         unreachable!("matched above");
                     };
@@ -79,10 +83,10 @@ impl<T: Send + 'static> Future for RunToEnd<T> {
                 }
                 RunState::Spawned(task) => {
                     let output = ready!(Pin::new(task).poll(cx)).ok();
-                    self.state = RunState::Done(None);
+                    self.state = RunState::Done;
                     return Poll::Ready(output);
                 }
-                RunState::Done(output) => return Poll::Ready(output.take()),
+                RunState::Done => return Poll::Ready(None),
             }
         }
     }

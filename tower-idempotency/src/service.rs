@@ -1,5 +1,4 @@
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,7 +13,7 @@ use tower_classify::{BoxError, Classify, Outcome, RefusalToken};
 use tower_service::Service;
 use tracing::Instrument;
 
-use crate::body::{compare, declared_len, Compared, GuardBody, Recorder, RequestHash};
+use crate::body::{compare, declared_len, GuardBody, Recorder, RequestHash};
 use crate::error::chain;
 use crate::future::ResponseFuture;
 use crate::key;
@@ -36,7 +35,13 @@ type Identity = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 #[derive(Clone)]
 pub(crate) struct ScopeFn(pub(crate) Arc<Identity>);
 
-#[derive(Clone)]
+impl fmt::Debug for ScopeFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ScopeFn")
+    }
+}
+
+#[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) name: Arc<str>,
     pub(crate) ttl: Duration,
@@ -63,52 +68,32 @@ impl Default for Config {
     }
 }
 
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("name", &self.name)
-            .field("ttl", &self.ttl)
-            .field("in_flight_ttl", &self.in_flight_ttl)
-            .field("response_body_limit", &self.response_body_limit)
-            .field("all_methods", &self.all_methods)
-            .field("release_on_transient", &self.release_on_transient)
-            .field("release_on_shed", &self.release_on_shed)
-            .field("scoped", &self.scope.is_some())
-            .finish()
-    }
-}
-
 /// Runs each keyed request at most once and replays its response to
-/// repeats.
+/// repeats; made by [`IdempotencyGuardLayer`](crate::IdempotencyGuardLayer)
+/// (see the [crate docs](crate) for the rules).
 ///
-/// Made by [`IdempotencyGuardLayer`](crate::IdempotencyGuardLayer); see the
-/// [crate docs](crate) for the rules.
-///
-/// It takes `Request<B>` and hands the inner service `Request<GuardBody<B>>`
-/// (the original body, hashed for the fingerprint as the handler reads it,
-/// and for a guarded request a fresh
-/// [`RefusalToken`](tower_classify::RefusalToken) in the extensions);
-/// it returns `Response<GuardBody<ResB>>` (the inner response's body,
-/// streamed as it comes and recorded for repeats, a stored body, or the
-/// guard's own answer). Its error is the inner service's: the guard's own
-/// refusals, store failures included, are responses.
-///
-/// # Clones
+/// The inner service gets `Request<GuardBody<B>>` (the original body, hashed
+/// as the handler reads it, and a fresh
+/// [`RefusalToken`](tower_classify::RefusalToken) in the extensions); the
+/// guard returns `Response<GuardBody<ResB>>`. Its error is the inner
+/// service's: its own refusals, store failures included, are responses.
 ///
 /// The guard awaits its store before calling the inner service, so for a
 /// guarded request the service driven to readiness moves into the response
-/// future and a clone takes its place; the inner service must be `Clone` (as
+/// future and a clone takes its place: the inner service must be `Clone` (as
 /// axum routers, hyper services and tower's `Buffer` are). Clones share the
 /// store.
+#[derive(Debug)]
 pub struct IdempotencyGuard<S, St, C> {
     inner: S,
     shared: Arc<Shared<St, C>>,
 }
 
+#[derive(Debug)]
 struct Shared<St, C> {
     store: St,
     classifier: C,
-    config: Config,
+    config: Arc<Config>,
 }
 
 impl<S, St, C> IdempotencyGuard<S, St, C> {
@@ -118,7 +103,7 @@ impl<S, St, C> IdempotencyGuard<S, St, C> {
             shared: Arc::new(Shared {
                 store,
                 classifier,
-                config,
+                config: Arc::new(config),
             }),
         }
     }
@@ -145,17 +130,6 @@ impl<S: Clone, St, C> Clone for IdempotencyGuard<S, St, C> {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
         }
-    }
-}
-
-impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug> fmt::Debug for IdempotencyGuard<S, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyGuard")
-            .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("classifier", &self.shared.classifier)
-            .field("config", &self.shared.config)
-            .finish()
     }
 }
 
@@ -234,17 +208,27 @@ where
 {
     let config = &shared.config;
     let name = &config.name;
-    // The body part is not known until the handler has read the body.
     let head = key::head(&parts.method, &parts.uri);
     let claiming = run_claim(
         shared.store.clone(),
-        Arc::clone(name),
+        Arc::clone(config),
         key.clone(),
-        key::fingerprint(&head, None),
-        config.in_flight_ttl,
+        head.clone(),
     );
-    let (claim, acquired) = match claiming.await {
-        Some(Ok(claimed)) => claimed,
+    let mut held = match claiming.await {
+        Some(Ok(Ok(held))) => held,
+        // The first request's handler may still be reading its body: only
+        // the heads can be compared.
+        Some(Ok(Err(Claim::InFlight { fingerprint })))
+            if key::parse_fingerprint(&fingerprint).0 != head =>
+        {
+            return Ok(reject(name, Rejection::Mismatch))
+        }
+        Some(Ok(Err(Claim::Completed {
+            fingerprint,
+            completion,
+        }))) => return Ok(repeat(name, &key, &head, &fingerprint, completion, body).await),
+        Some(Ok(Err(_))) => return Ok(reject(name, Rejection::InFlight)),
         None => {
             tracing::error!(
                 idempotency = %name,
@@ -272,30 +256,8 @@ where
             return Ok(reject(name, Rejection::StoreUnavailable));
         }
     };
-    let token = match claim {
-        Claim::Acquired(token) => {
-            // Held from here on: its drop records the call as cancelled.
-            if let Some(acquired) = acquired {
-                acquired.keep();
-            }
-            token
-        }
-        // The first request's handler may still be reading its body: only
-        // the heads can be compared.
-        Claim::InFlight { fingerprint } if key::parse_fingerprint(&fingerprint).0 != head => {
-            return Ok(reject(name, Rejection::Mismatch))
-        }
-        Claim::InFlight { .. } => return Ok(reject(name, Rejection::InFlight)),
-        Claim::Completed {
-            fingerprint,
-            completion,
-        } => return Ok(repeat(name, &key, &head, &fingerprint, completion, body).await),
-    };
     count(name, "claimed");
-    // From here on the handler may run: dropping `held` (a cancelled call)
-    // records the key as not kept, never frees it.
-    let hash = Arc::new(RequestHash::new(body.is_end_stream()));
-    let held = Held::new(&shared, key, token, head, Arc::clone(&hash));
+    let hash = held.start(body.is_end_stream());
     let body = GuardBody::hashed(body, hash);
     // A response to HEAD has no body whatever its head says.
     let bodiless = parts.method == http::Method::HEAD;
@@ -313,23 +275,18 @@ where
         Outcome::Failure(failure) => config.release_on_transient && failure.kind.is_transient(),
         Outcome::Success | Outcome::Ignored => false,
     };
-    let response = match result {
-        Ok(response) => response,
+    if release {
+        held.release().await;
+        return result.map(|response| response.map(GuardBody::new));
+    }
+    let (parts, body) = match result {
+        Ok(response) => response.into_parts(),
         Err(error) => {
-            if release {
-                held.release().await;
-            } else {
-                held.complete(Completion::NotKept(NotKept::ServiceError))
-                    .await;
-            }
+            held.complete(Completion::NotKept(NotKept::ServiceError))
+                .await;
             return Err(error);
         }
     };
-    if release {
-        held.release().await;
-        return Ok(response.map(GuardBody::new));
-    }
-    let (parts, body) = response.into_parts();
     let limit = config.response_body_limit;
     let declared = declared_len(&parts.headers, &body);
     // Nothing to stream: recorded at once. A server never polls the body of
@@ -337,24 +294,21 @@ where
     // answer to HEAD) when the body does not say it has ended, so waiting
     // for its end would record the response as cancelled.
     let no_body = matches!(parts.status.as_u16(), 204 | 304) || declared == Some(0);
-    if body.is_end_stream() || no_body || bodiless {
-        let stored = StoredResponse::new(parts.status, &parts.headers, Bytes::new());
-        held.complete(Completion::Response(stored)).await;
-        return Ok(Response::from_parts(parts, GuardBody::new(body)));
-    }
-    if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
-        tracing::warn!(
-            idempotency = %name,
-            key = held.key(),
-            limit,
-            "response too large to store for replay; repeats of its key get 409"
-        );
-        held.complete(Completion::NotKept(NotKept::TooLarge)).await;
-        return Ok(Response::from_parts(parts, GuardBody::new(body)));
-    }
-    let recorder = Recorder::new(Box::new(held), &parts, declared, limit);
-    let body = GuardBody::recorded(body, recorder);
-    Ok(Response::from_parts(parts, body))
+    let settled = if body.is_end_stream() || no_body || bodiless {
+        Completion::Response(StoredResponse::new(
+            parts.status,
+            &parts.headers,
+            Bytes::new(),
+        ))
+    } else if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
+        Completion::NotKept(NotKept::TooLarge)
+    } else {
+        let record = Box::new(move |completion| held.complete(completion));
+        let body = GuardBody::recorded(body, Recorder::new(record, &parts, declared, limit));
+        return Ok(Response::from_parts(parts, body));
+    };
+    held.complete(settled).await;
+    Ok(Response::from_parts(parts, GuardBody::new(body)))
 }
 
 /// The answer to a repeat of a completed key: its stored response, or the
@@ -380,9 +334,9 @@ where
     // No body part: the record predates this form; the heads decide.
     if let Some(part) = part {
         match compare(body, part).await {
-            Compared::Same => {}
-            Compared::Different => return reject(name, Rejection::Mismatch),
-            Compared::Failed(error) => {
+            Ok(true) => {}
+            Ok(false) => return reject(name, Rejection::Mismatch),
+            Err(error) => {
                 tracing::debug!(
                     idempotency = %name,
                     key,
@@ -422,21 +376,20 @@ fn count(name: &Arc<str>, outcome: &'static str) {
     .increment(1);
 }
 
-/// A key this call holds, from the moment the service may run until its
-/// outcome is written: through the handler, then inside the response body
-/// until it ends. Dropped without [`complete`](Self::complete) or
-/// [`release`](Self::release) (the call or its response body was dropped),
-/// it records [`NotKept::Cancelled`] in a spawned task. A keeper task
-/// extends the claim while it is held, even while nobody polls it.
+/// A key this call claimed, until its outcome is written: through the
+/// handler, then inside the response body until it ends. Dropped before
+/// [`start`](Self::start) (the call went away before its handler could
+/// run), it frees the key; dropped after without [`complete`](Self::complete)
+/// or [`release`](Self::release) (the call or its response body was
+/// dropped), it records [`NotKept::Cancelled`], in a spawned task either way.
 struct Held<St: IdempotencyStore> {
     held: Option<(St, String, ClaimToken)>,
-    /// The guard's name, for its metrics and logs.
-    name: Arc<str>,
+    config: Arc<Config>,
     /// The fingerprint's head; the body part is read from `body` when the
     /// outcome is written.
     head: String,
-    body: Arc<RequestHash>,
-    ttl: Duration,
+    /// Set by [`start`](Self::start): the handler may have run.
+    body: Option<Arc<RequestHash>>,
     keeper: Option<Keeper>,
 }
 
@@ -448,184 +401,53 @@ struct Keeper {
 }
 
 impl<St: IdempotencyStore> Held<St> {
-    fn new<C>(
-        shared: &Shared<St, C>,
-        key: String,
-        claim: ClaimToken,
-        head: String,
-        body: Arc<RequestHash>,
-    ) -> Self {
-        let store = shared.store.clone();
-        let in_flight_ttl = shared.config.in_flight_ttl;
+    /// The handler may run from now on: a keeper task extends the claim
+    /// while it is held, even while nobody polls it. Returns what the
+    /// handler reads of the request body, for the fingerprint.
+    fn start(&mut self, ended: bool) -> Arc<RequestHash> {
+        let hash = Arc::new(RequestHash::new(ended));
+        self.body = Some(Arc::clone(&hash));
         // Outside a runtime nothing extends the claim: it lapses after the
         // in-flight TTL.
-        let keeper = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+        if let (Some(held), Ok(runtime)) = (&self.held, tokio::runtime::Handle::try_current()) {
             let settled = Arc::new(AtomicBool::new(false));
-            let task = runtime.spawn(keep(
-                store.clone(),
-                Arc::clone(&shared.config.name),
-                key.clone(),
-                claim.clone(),
-                in_flight_ttl,
-                Arc::clone(&settled),
-            ));
-            Keeper { task, settled }
-        });
-        Held {
-            held: Some((store, key, claim)),
-            name: Arc::clone(&shared.config.name),
-            head,
-            body,
-            ttl: shared.config.ttl,
-            keeper,
+            let keeper = keep(held.clone(), Arc::clone(&self.config), Arc::clone(&settled));
+            let task = runtime.spawn(keeper);
+            self.keeper = Some(Keeper { task, settled });
         }
-    }
-
-    fn key(&self) -> &str {
-        self.held.as_ref().map_or("", |(_, key, _)| key)
-    }
-
-    fn settle(&mut self) -> Option<(St, String, ClaimToken)> {
-        if let Some(keeper) = self.keeper.take() {
-            keeper.settled.store(true, Ordering::Release);
-            keeper.task.abort();
-        }
-        self.held.take()
-    }
-
-    /// The request's fingerprint, its body part as far as the handler has
-    /// read the body.
-    fn fingerprint(&self) -> String {
-        key::fingerprint(&self.head, Some(&self.body.part()))
+        hash
     }
 
     /// Frees the key, the write running to its end as
     /// [`complete`](Self::complete)'s does.
     fn release(mut self) -> Write {
-        let Some((store, key, claim)) = self.settle() else {
-            return Write::done();
-        };
-        let name = Arc::clone(&self.name);
-        Write::new(async move {
-            match store.release(&key, &claim).await {
-                Ok(true) => count(&name, "released"),
-                Ok(false) => count(&name, "lapsed"),
-                Err(error) => tracing::error!(
-                    idempotency = %name,
-                    key,
-                    error = chain(&error),
-                    "idempotency store failed to release a key; it lapses after the in-flight TTL"
-                ),
-            }
-        })
+        self.finish(None).expect("held until settled")
     }
 
-    /// Records `completion` with the request's fingerprint. The write runs
-    /// to its end even if the caller goes away while it is under way (the
-    /// handler ran; a write cut short would leave the claim to lapse and a
-    /// repeat to run again).
+    /// Records `completion`. The write runs to its end even if the caller
+    /// goes away while it is under way (the handler ran; a write cut short
+    /// would leave the claim to lapse and a repeat to run again).
     fn complete(mut self, completion: Completion) -> Write {
-        self.write_outcome(completion)
-            .map_or_else(Write::done, Write::new)
+        self.finish(Some(completion)).expect("held until settled")
     }
 
-    /// Settles the claim and writes `completion` with the request's
-    /// fingerprint; `None` if it was settled already.
-    fn write_outcome(&mut self, completion: Completion) -> Option<impl Future<Output = ()>> {
-        let (store, key, claim) = self.settle()?;
-        let (name, fingerprint) = (Arc::clone(&self.name), self.fingerprint());
-        let write = record_outcome(store, name, key, claim, fingerprint, completion, self.ttl);
-        Some(write)
-    }
-}
-
-impl<St: IdempotencyStore> crate::body::Outcome for Held<St> {
-    fn key(&self) -> &str {
-        Held::key(self)
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn record(self: Box<Self>, completion: Completion) -> Write {
-        (*self).complete(completion)
-    }
-}
-
-impl<St: IdempotencyStore> Drop for Held<St> {
-    fn drop(&mut self) {
-        let Some(write) = self.write_outcome(Completion::NotKept(NotKept::Cancelled)) else {
-            return;
-        };
-        // Outside a runtime (it is shutting down) the claim stays in flight
-        // and lapses after the in-flight TTL.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(write);
+    /// Settles the claim, once: records `completion` with the request's
+    /// fingerprint (its body part as far as the handler read the body), or
+    /// frees the key for `None`; `None` if it was settled already.
+    fn finish(&mut self, completion: Option<Completion>) -> Option<Write> {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.settled.store(true, Ordering::Release);
+            keeper.task.abort();
         }
-    }
-}
-
-/// Claims `key`, to the end even if the call goes away meanwhile (see
-/// [`RunToEnd`]): a claim cut short could be applied in the store with no
-/// one left to know, holding the key for the whole in-flight TTL. A key
-/// acquired for a call that is gone is released by the [`Acquired`] that
-/// comes with it.
-fn run_claim<St: IdempotencyStore>(
-    store: St,
-    name: Arc<str>,
-    key: String,
-    fingerprint: String,
-    in_flight_ttl: Duration,
-) -> RunToEnd<Result<Claimed<St>, StoreError>> {
-    RunToEnd::new(async move {
-        let claim = store.claim(&key, &fingerprint, in_flight_ttl).await?;
-        let acquired = match &claim {
-            Claim::Acquired(token) => Some(Acquired {
-                store,
-                name,
-                key,
-                token: Some(token.clone()),
-            }),
-            _ => None,
-        };
-        Ok((claim, acquired))
-    })
-}
-
-/// What a claim found, and the key to release if the call is gone by then.
-type Claimed<St> = (Claim, Option<Acquired<St>>);
-
-/// A key claimed for a call, released when dropped unless
-/// [`keep`](Self::keep) was called: dropped, the call went away before its
-/// handler could run, and nothing happened under the key.
-struct Acquired<St: IdempotencyStore> {
-    store: St,
-    name: Arc<str>,
-    key: String,
-    token: Option<ClaimToken>,
-}
-
-impl<St: IdempotencyStore> Acquired<St> {
-    /// The call has the claim: its [`Held`] answers for it from now on.
-    fn keep(mut self) {
-        self.token = None;
-    }
-}
-
-impl<St: IdempotencyStore> Drop for Acquired<St> {
-    fn drop(&mut self) {
-        let Some(token) = self.token.take() else {
-            return;
-        };
-        let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
-        let name = Arc::clone(&self.name);
-        // Outside a runtime (it is shutting down) the claim lapses after the
-        // in-flight TTL.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                match store.release(&key, &token).await {
-                    Ok(_) => count(&name, "released"),
+        let (store, key, claim) = self.held.take()?;
+        let config = Arc::clone(&self.config);
+        let name = &config.name;
+        let Some(completion) = completion else {
+            return Some(Write::new(async move {
+                let name = &config.name;
+                match store.release(&key, &claim).await {
+                    Ok(true) => count(name, "released"),
+                    Ok(false) => count(name, "lapsed"),
                     Err(error) => tracing::error!(
                         idempotency = %name,
                         key,
@@ -633,21 +455,71 @@ impl<St: IdempotencyStore> Drop for Acquired<St> {
                         "idempotency store failed to release a key; it lapses after the in-flight TTL"
                     ),
                 }
-            });
+            }));
+        };
+        if completion == Completion::NotKept(NotKept::TooLarge) {
+            tracing::warn!(
+                idempotency = %name,
+                key,
+                limit = config.response_body_limit,
+                "response too large to store for replay; repeats of its key get 409"
+            );
+        }
+        let part = self.body.as_ref().map(|hash| hash.part());
+        let fingerprint = key::fingerprint(&self.head, part.as_ref());
+        let write = record_outcome(store, config, key, claim, fingerprint, completion);
+        Some(Write::new(write))
+    }
+}
+
+impl<St: IdempotencyStore> Drop for Held<St> {
+    fn drop(&mut self) {
+        let cancelled = self.body.is_some();
+        let cancelled = cancelled.then_some(Completion::NotKept(NotKept::Cancelled));
+        if let Some(write) = self.finish(cancelled) {
+            write.detach();
         }
     }
 }
 
-/// Extends `claim` every third of `in_flight_ttl` until aborted, or until
+/// Claims `key`, to the end even if the call goes away meanwhile (see
+/// [`RunToEnd`]): a claim cut short could be applied in the store with no
+/// one left to know, holding the key for the whole in-flight TTL. A key
+/// acquired for a call that is gone is freed by the dropped [`Held`]; a key
+/// not acquired comes back as the [`Claim`] found.
+fn run_claim<St: IdempotencyStore>(
+    store: St,
+    config: Arc<Config>,
+    key: String,
+    head: String,
+) -> RunToEnd<Result<Result<Held<St>, Claim>, StoreError>> {
+    RunToEnd::new(async move {
+        // The body part is not known until the handler has read the body.
+        let fingerprint = key::fingerprint(&head, None);
+        match store
+            .claim(&key, &fingerprint, config.in_flight_ttl)
+            .await?
+        {
+            Claim::Acquired(token) => Ok(Ok(Held {
+                held: Some((store, key, token)),
+                config,
+                head,
+                body: None,
+                keeper: None,
+            })),
+            found => Ok(Err(found)),
+        }
+    })
+}
+
+/// Extends `claim` every third of the in-flight TTL until aborted, or until
 /// the claim is found gone.
 async fn keep<St: IdempotencyStore>(
-    store: St,
-    name: Arc<str>,
-    key: String,
-    claim: ClaimToken,
-    in_flight_ttl: Duration,
+    (store, key, claim): (St, String, ClaimToken),
+    config: Arc<Config>,
     settled: Arc<AtomicBool>,
 ) {
+    let (name, in_flight_ttl) = (&config.name, config.in_flight_ttl);
     let period = bounded(in_flight_ttl) / 3;
     loop {
         tokio::time::sleep(period).await;
@@ -676,13 +548,13 @@ async fn keep<St: IdempotencyStore>(
 /// Writes what a guarded call came to, and counts and logs how that went.
 async fn record_outcome<St: IdempotencyStore>(
     store: St,
-    name: Arc<str>,
+    config: Arc<Config>,
     key: String,
     claim: ClaimToken,
     fingerprint: String,
     completion: Completion,
-    ttl: Duration,
 ) {
+    let (name, ttl) = (&config.name, config.ttl);
     let outcome = match &completion {
         Completion::Response(_) => "stored",
         Completion::NotKept(reason) => reason.as_str(),
@@ -691,11 +563,11 @@ async fn record_outcome<St: IdempotencyStore>(
         .complete(&key, &claim, &fingerprint, completion, ttl)
         .await
     {
-        Ok(true) => count(&name, outcome),
+        Ok(true) => count(name, outcome),
         Ok(false) => {
             // The claim lapsed (in-flight TTL): another request may own the
             // key now, so leave it alone.
-            count(&name, "lapsed");
+            count(name, "lapsed");
             tracing::warn!(
                 idempotency = %name,
                 key,
@@ -706,7 +578,7 @@ async fn record_outcome<St: IdempotencyStore>(
             // Keep the claim rather than release it: the request may have
             // been applied, and running it again would duplicate it. Repeats
             // get 409 until the in-flight TTL.
-            count(&name, "store_failed");
+            count(name, "store_failed");
             tracing::error!(
                 idempotency = %name,
                 key,

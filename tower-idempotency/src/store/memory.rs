@@ -1,7 +1,7 @@
 //! The in-memory idempotency store: bounded by entries and bytes, evicting
 //! only completed records.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -19,25 +19,19 @@ const RECORD_OVERHEAD: usize = 192;
 /// The bytes a stored header costs besides its name and value.
 const HEADER_OVERHEAD: usize = 64;
 
-/// An idempotency store in one process's memory.
+/// An idempotency store in one process's memory. Clones share its keys;
+/// use `RedisIdempotencyStore` (feature `redis`) for a fleet.
 ///
 /// It is bounded twice: at most `max_entries` keys and at most `max_bytes`
 /// bytes (64 MiB unless [set](Self::with_max_bytes)), counting each record's
-/// key, fingerprint, stored response (body and headers) and a fixed
-/// per-record overhead. To make room it evicts completed records, oldest
-/// first, never a claim in flight ([`IdempotencyStore::claim`]); a response
-/// that cannot fit even then is recorded as [`NotKept::TooLarge`].
+/// key, fingerprint, stored response and a fixed per-record overhead. To
+/// make room it evicts completed records, oldest first, never a claim in
+/// flight; a response that cannot fit even then is recorded as
+/// [`NotKept::TooLarge`]. A repeat whose key was evicted runs again: size
+/// the store for the repeats you expect within the TTL.
 ///
-/// A repeat that arrives after its key was evicted runs again: size the
-/// store for the repeats you expect within the TTL.
-///
-/// Keys expire after their TTL on tokio's clock ([`tokio::time::Instant`]),
-/// so tests can move time with `tokio::time::pause`/`advance`. Expired
-/// records are dropped when met, and expired completed records first in
-/// line for eviction as the store is used.
-///
-/// Clones share the same keys. Keys are not shared between processes: use
-/// `RedisIdempotencyStore` (feature `redis`) for a fleet.
+/// Keys expire on tokio's clock ([`tokio::time::Instant`]), so tests can
+/// move time with `tokio::time::pause`/`advance`.
 ///
 /// ```
 /// use tower_idempotency::store::MemoryIdempotencyStore;
@@ -52,13 +46,12 @@ pub struct MemoryIdempotencyStore {
 
 struct State {
     slots: HashMap<Arc<str>, Slot>,
-    /// Completed keys in completion order, with the sequence number of the
-    /// record: the eviction order. A key released, completed again or
-    /// dropped since leaves a stale pair, skipped when met.
-    completed: VecDeque<(Arc<str>, u64)>,
-    /// Keys in flight in the order they were claimed or last extended (the
-    /// order they lapse in), to drop lapsed claims when full.
-    in_flight: VecDeque<(Arc<str>, u64)>,
+    /// Completed keys by the sequence number of their record: the eviction
+    /// order.
+    completed: BTreeMap<u64, Arc<str>>,
+    /// Keys in flight by when they were claimed or last extended: the order
+    /// they lapse in, to drop lapsed claims when full.
+    in_flight: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     /// How many of the records are claims in flight, and their bytes: what
     /// no eviction can free.
@@ -84,8 +77,8 @@ impl MemoryIdempotencyStore {
         MemoryIdempotencyStore {
             state: Arc::new(Mutex::new(State {
                 slots: HashMap::new(),
-                completed: VecDeque::new(),
-                in_flight: VecDeque::new(),
+                completed: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
                 bytes: 0,
                 claims: 0,
                 claim_bytes: 0,
@@ -140,7 +133,7 @@ impl fmt::Debug for MemoryIdempotencyStore {
 /// What `record` under `key` counts for.
 fn size(key: &str, record: &Record) -> usize {
     let fields = match record {
-        Record::InFlight { token, fingerprint } => token.len() + fingerprint.len(),
+        Record::InFlight(claim) => claim.token.len() + claim.fingerprint.len(),
         Record::Completed {
             fingerprint,
             completion,
@@ -166,14 +159,18 @@ fn expiry(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl State {
-    fn remove(&mut self, key: &str) -> Option<Slot> {
-        let slot = self.slots.remove(key)?;
+    fn remove(&mut self, key: &str) {
+        let Some(slot) = self.slots.remove(key) else {
+            return;
+        };
         self.bytes -= slot.size;
-        if matches!(slot.record, Record::InFlight { .. }) {
+        if matches!(slot.record, Record::InFlight(_)) {
             self.claims -= 1;
             self.claim_bytes -= slot.size;
+            self.in_flight.remove(&slot.seq);
+        } else {
+            self.completed.remove(&slot.seq);
         }
-        Some(slot)
     }
 
     /// The live slot for `key`, dropping it if it has expired.
@@ -188,25 +185,22 @@ impl State {
         self.slots.get_mut(key)
     }
 
-    fn is_current(&self, key: &str, seq: u64) -> bool {
-        self.slots.get(key).is_some_and(|slot| slot.seq == seq)
-    }
-
-    /// Drops expired completed records from the front of the eviction
-    /// order (each pair is popped once, so this is amortised O(1)).
-    fn sweep(&mut self, now: Instant) {
-        while let Some((key, seq)) = self.completed.front() {
-            let expired = match self.slots.get(&**key) {
-                Some(slot) if slot.seq == *seq => slot.expires_at <= now,
-                _ => true,
+    /// Drops the expired claims, or completed records, oldest first.
+    fn drop_expired(&mut self, claims: bool, now: Instant) {
+        loop {
+            let index = if claims {
+                &self.in_flight
+            } else {
+                &self.completed
             };
-            if !expired {
+            let Some((_, key)) = index.first_key_value() else {
+                return;
+            };
+            if self.slots[&**key].expires_at > now {
                 return;
             }
-            let (key, seq) = self.completed.pop_front().expect("a front pair");
-            if self.is_current(&key, seq) {
-                self.remove(&key);
-            }
+            let key = Arc::clone(key);
+            self.remove(&key);
         }
     }
 
@@ -223,58 +217,51 @@ impl State {
         if self.fits(entries, bytes) {
             return true;
         }
-        while let Some((key, seq)) = self.in_flight.front() {
-            match self.slots.get(&**key) {
-                Some(slot) if slot.seq == *seq && slot.expires_at > now => break,
-                Some(slot) if slot.seq == *seq => {
-                    let key = Arc::clone(key);
-                    self.in_flight.pop_front();
-                    self.remove(&key);
-                }
-                _ => {
-                    self.in_flight.pop_front();
-                }
-            }
-        }
+        self.drop_expired(true, now);
         if self.claims + entries > self.max_entries
             || self.claim_bytes.saturating_add(bytes) > self.max_bytes
         {
             return false;
         }
         while !self.fits(entries, bytes) {
-            let Some((key, seq)) = self.completed.pop_front() else {
+            let Some((_, key)) = self.completed.first_key_value() else {
                 return false;
             };
-            if self.is_current(&key, seq) {
-                self.remove(&key);
-                metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
-            }
+            let key = Arc::clone(key);
+            self.remove(&key);
+            metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
         }
         true
     }
 
-    /// Drops stale pairs from the queues once they outnumber the live keys,
-    /// so released keys do not make them grow without bound.
-    fn compact(&mut self) {
-        if self.completed.len() + self.in_flight.len() > 2 * self.slots.len() + 64 {
-            let slots = &self.slots;
-            let current = |(key, seq): &(Arc<str>, u64)| {
-                slots.get(&**key).is_some_and(|slot| slot.seq == *seq)
-            };
-            self.completed.retain(current);
-            self.in_flight.retain(current);
-        }
-    }
-
-    /// The map's own `Arc` of a key it holds, for the queues to share.
-    fn key_of(&self, key: &str) -> Arc<str> {
-        let (key, _) = self.slots.get_key_value(key).expect("a live key");
-        Arc::clone(key)
-    }
-
-    fn next_seq(&mut self) -> u64 {
+    /// Holds `record` under `key` until `expires_at`, once room was made
+    /// for it, last in its order.
+    fn insert(&mut self, key: &str, record: Record, expires_at: Instant) {
+        let size = size(key, &record);
+        self.bytes += size;
+        let index = if matches!(record, Record::InFlight(_)) {
+            self.claims += 1;
+            self.claim_bytes += size;
+            &mut self.in_flight
+        } else {
+            &mut self.completed
+        };
         self.next_seq += 1;
-        self.next_seq
+        let (key, seq): (Arc<str>, _) = (Arc::from(key), self.next_seq);
+        index.insert(seq, Arc::clone(&key));
+        let slot = Slot {
+            record,
+            expires_at,
+            seq,
+            size,
+        };
+        self.slots.insert(key, slot);
+    }
+
+    /// The live in-flight slot of `claim`.
+    fn held(&mut self, key: &str, claim: &ClaimToken, now: Instant) -> Option<&mut Slot> {
+        self.live(key, now)
+            .filter(|slot| slot.record.is_held_by(claim))
     }
 }
 
@@ -287,14 +274,13 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.sweep(now);
+        state.drop_expired(false, now);
         if let Some(slot) = state.live(key, now) {
             return Ok(slot.record.clone().into_claim());
         }
         let claim = ClaimToken::new(fingerprint);
-        let record = Record::in_flight(&claim);
-        let size = size(key, &record);
-        if !state.make_room(1, size, now) {
+        let record = Record::InFlight(claim.clone());
+        if !state.make_room(1, size(key, &record), now) {
             return Err(StoreError::new(
                 StoreErrorKind::Full,
                 format!(
@@ -304,22 +290,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 ),
             ));
         }
-        let key: Arc<str> = Arc::from(key);
-        let seq = state.next_seq();
-        state.bytes += size;
-        state.claims += 1;
-        state.claim_bytes += size;
-        state.slots.insert(
-            Arc::clone(&key),
-            Slot {
-                record,
-                expires_at: expiry(now, in_flight_ttl),
-                seq,
-                size,
-            },
-        );
-        state.in_flight.push_back((key, seq));
-        state.compact();
+        state.insert(key, record, expiry(now, in_flight_ttl));
         Ok(Claim::Acquired(claim))
     }
 
@@ -333,23 +304,15 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let claimed = match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                // The claim becomes a completed record that counts for
-                // nothing until its outcome is sized; it is in neither
-                // eviction queue, so making room never evicts it.
-                slot.record =
-                    Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
-                std::mem::take(&mut slot.size)
-            }
-            _ => return Ok(false),
-        };
-        state.bytes -= claimed;
-        state.claims -= 1;
-        state.claim_bytes -= claimed;
+        if state.held(key, claim, now).is_none() {
+            return Ok(false);
+        }
+        // The claim makes way for its outcome: gone from the map, it is
+        // never evicted making room.
+        state.remove(key);
         let mut record = Record::completed(fingerprint, completion);
-        let mut record_size = size(key, &record);
-        if !state.make_room(0, record_size, now) {
+        let record_size = size(key, &record);
+        if !state.make_room(1, record_size, now) {
             tracing::warn!(
                 key,
                 bytes = record_size,
@@ -357,19 +320,8 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 "response does not fit in the idempotency store; recorded as not kept"
             );
             record = Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
-            record_size = size(key, &record);
         }
-        let seq = state.next_seq();
-        // A live claim is never evicted: making room left it.
-        let key = state.key_of(key);
-        let slot = state.slots.get_mut(&key).expect("just found");
-        slot.record = record;
-        slot.size = record_size;
-        slot.seq = seq;
-        slot.expires_at = expiry(now, ttl);
-        state.bytes += record_size;
-        state.completed.push_back((key, seq));
-        state.compact();
+        state.insert(key, record, expiry(now, ttl));
         Ok(true)
     }
 
@@ -381,32 +333,30 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let seq = state.next_seq();
-        match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                slot.expires_at = expiry(now, in_flight_ttl);
-                slot.seq = seq;
-            }
-            _ => return Ok(false),
-        }
-        // Back of the line: the claims ahead of it lapse first.
-        let key = state.key_of(key);
-        state.in_flight.push_back((key, seq));
-        state.compact();
+        state.next_seq += 1;
+        let seq = state.next_seq;
+        let Some(slot) = state.held(key, claim, now) else {
+            return Ok(false);
+        };
+        slot.expires_at = expiry(now, in_flight_ttl);
+        let claimed = std::mem::replace(&mut slot.seq, seq);
+        // Last in line: the claims ahead of it lapse first.
+        let key = state
+            .in_flight
+            .remove(&claimed)
+            .expect("a claim is in its order");
+        state.in_flight.insert(seq, key);
         Ok(true)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        match state.live(key, now) {
-            Some(slot) if slot.record.is_held_by(claim) => {
-                state.remove(key);
-                state.compact();
-                Ok(true)
-            }
-            _ => Ok(false),
+        if state.held(key, claim, now).is_none() {
+            return Ok(false);
         }
+        state.remove(key);
+        Ok(true)
     }
 }
 
@@ -657,11 +607,15 @@ mod tests {
                     let claims: Vec<usize> = state
                         .slots
                         .values()
-                        .filter(|s| matches!(s.record, Record::InFlight { .. }))
+                        .filter(|s| matches!(s.record, Record::InFlight(_)))
                         .map(|s| s.size)
                         .collect();
                     proptest::prop_assert_eq!(state.claims, claims.len());
                     proptest::prop_assert_eq!(state.claim_bytes, claims.iter().sum::<usize>());
+                    // Each record is in its order, once.
+                    proptest::prop_assert_eq!(state.in_flight.len(), claims.len());
+                    let completed = state.slots.len() - claims.len();
+                    proptest::prop_assert_eq!(state.completed.len(), completed);
                 }
                 Ok(())
             })?;
@@ -676,7 +630,7 @@ mod tests {
             assert!(store.release("k", &claim).await.unwrap());
         }
         let state = store.lock();
-        assert!(state.in_flight.len() + state.completed.len() <= 64 + 1);
+        assert!(state.in_flight.is_empty() && state.completed.is_empty());
         assert_eq!((state.slots.len(), state.bytes), (0, 0));
     }
 

@@ -317,10 +317,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub(crate) enum Record {
-    InFlight {
-        token: String,
-        fingerprint: String,
-    },
+    /// The fields of its claim, after the tag.
+    InFlight(ClaimToken),
     Completed {
         fingerprint: String,
         completion: Completion,
@@ -328,13 +326,6 @@ pub(crate) enum Record {
 }
 
 impl Record {
-    pub(crate) fn in_flight(claim: &ClaimToken) -> Self {
-        Record::InFlight {
-            token: claim.token.clone(),
-            fingerprint: claim.fingerprint.clone(),
-        }
-    }
-
     pub(crate) fn completed(fingerprint: &str, completion: Completion) -> Self {
         Record::Completed {
             fingerprint: fingerprint.to_owned(),
@@ -345,7 +336,9 @@ impl Record {
     /// What a claim that found this record reports.
     pub(crate) fn into_claim(self) -> Claim {
         match self {
-            Record::InFlight { fingerprint, .. } => Claim::InFlight { fingerprint },
+            Record::InFlight(claim) => Claim::InFlight {
+                fingerprint: claim.fingerprint,
+            },
             Record::Completed {
                 fingerprint,
                 completion,
@@ -358,7 +351,7 @@ impl Record {
 
     /// `true` when this is the in-flight record of `claim`.
     pub(crate) fn is_held_by(&self, claim: &ClaimToken) -> bool {
-        matches!(self, Record::InFlight { token, .. } if *token == claim.token)
+        matches!(self, Record::InFlight(held) if held.token == claim.token)
     }
 }
 
@@ -367,23 +360,38 @@ pub(crate) fn bounded(ttl: Duration) -> Duration {
     ttl.min(MAX_TTL)
 }
 
+/// Appends `bytes` to `text` in lowercase hex.
+pub(crate) fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)] as char);
+        text.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+}
+
+/// The bytes `hex` spells, two hex digits each; `None` if it spells none.
+pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
+    let digit = |d: u8| char::from(d).to_digit(16);
+    let pairs = hex.as_bytes().chunks(2);
+    pairs
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? << 4 | digit(*low)?) as u8),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Bytes as JSON text: the UTF-8 string when they are one (most bodies),
 /// else hex. Readable in `redis-cli`, exact for any bytes.
 mod bytes_text {
     use bytes::Bytes;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+    /// Borrowed to write, owned to read.
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
-    enum Text<'a> {
-        Utf8(&'a str),
-        Hex(String),
-    }
-
-    #[derive(Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    enum OwnedText {
-        Utf8(String),
+    enum Text<S> {
+        Utf8(S),
         Hex(String),
     }
 
@@ -394,12 +402,8 @@ mod bytes_text {
         match std::str::from_utf8(bytes) {
             Ok(text) => Text::Utf8(text),
             Err(_) => {
-                const DIGITS: &[u8; 16] = b"0123456789abcdef";
                 let mut hex = String::with_capacity(bytes.len() * 2);
-                for b in bytes.iter() {
-                    hex.push(DIGITS[usize::from(b >> 4)] as char);
-                    hex.push(DIGITS[usize::from(b & 0xf)] as char);
-                }
+                super::push_hex(&mut hex, bytes);
                 Text::Hex(hex)
             }
         }
@@ -409,22 +413,11 @@ mod bytes_text {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Bytes, D::Error> {
-        match OwnedText::deserialize(deserializer)? {
-            OwnedText::Utf8(text) => Ok(Bytes::from(text)),
-            OwnedText::Hex(hex) => {
-                if hex.len() % 2 != 0 {
-                    return Err(serde::de::Error::custom("odd number of hex digits"));
-                }
-                (0..hex.len())
-                    .step_by(2)
-                    .map(|i| {
-                        hex.get(i..i + 2)
-                            .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                            .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
-                    })
-                    .collect::<Result<Vec<u8>, _>>()
-                    .map(Bytes::from)
-            }
+        match Text::<String>::deserialize(deserializer)? {
+            Text::Utf8(text) => Ok(Bytes::from(text)),
+            Text::Hex(hex) => super::unhex(&hex)
+                .map(Bytes::from)
+                .ok_or_else(|| serde::de::Error::custom("invalid hex digits")),
         }
     }
 }
@@ -432,6 +425,21 @@ mod bytes_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The owner-only scripts compare the in-flight record byte for byte,
+    /// so nodes of one fleet must write it alike, across versions too.
+    #[test]
+    fn the_in_flight_record_encodes_as_it_always_has() {
+        let claim = ClaimToken::new("POST /orders body=unknown");
+        let json = serde_json::to_string(&Record::InFlight(claim.clone())).unwrap();
+        let expected = format!(
+            r#"{{"state":"in_flight","token":"{}","fingerprint":"POST /orders body=unknown"}}"#,
+            claim.token()
+        );
+        assert_eq!(json, expected);
+        let back: Record = serde_json::from_str(&expected).unwrap();
+        assert!(back.is_held_by(&claim));
+    }
 
     #[test]
     fn a_stored_response_comes_back_byte_for_byte_without_hop_by_hop_headers() {

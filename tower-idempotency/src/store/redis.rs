@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{RedisError, Script};
+use redis::{RedisError, Script, ToRedisArgs};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
@@ -14,29 +14,19 @@ use crate::StoreError;
 ///
 /// Each key is one Redis string, `PREFIX{TAG}KEY` (see
 /// [`redis_key`](Self::redis_key)), holding a small JSON record. `TAG`, a
-/// hash of the idempotency key (already namespaced by the guard), is the
-/// key's [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
-/// so the scripts below run on Redis Cluster: everything about one key is in
-/// one slot, and keys spread evenly over the slots whatever clients send. (A
-/// prefix that itself contains `{` would make *its* tag the key's, putting
-/// every key in one slot.)
+/// hash of the idempotency key, is the key's
+/// [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
+/// so the scripts below run on Redis Cluster and keys spread evenly over the
+/// slots whatever clients send. (A prefix that itself contains `{` would
+/// make *its* tag the key's, putting every key in one slot.)
 ///
-/// - **claim**: `SET key {in flight, owner token, fingerprint} NX PX
-///   in_flight_ttl`, in a script that returns the existing record when the
-///   key is taken, so a claim is one round trip and two nodes can never both
-///   hold a key;
-/// - **complete**: a Lua script replaces the record with the outcome (the
-///   response, or why it was not kept) and the request's final fingerprint,
-///   and sets its TTL (`PX ttl`, 24 h by default) *only if* the key still
-///   holds this caller's in-flight record: a claim that lapsed and was taken
-///   over by another node is not overwritten;
-/// - **extend**: while the request runs and its response streams, a Lua
-///   script pushes the claim's lapse back (`PEXPIRE`), again only for its
-///   owner;
-/// - **release**: a Lua script deletes the key, again only for its owner.
-///
-/// Every key expires: an in-flight claim after the in-flight TTL (its node
-/// crashed), a completed one after the TTL. A record is at most
+/// A claim is one round trip, `SET key {in flight, owner token,
+/// fingerprint} NX PX in_flight_ttl` in a script that returns the record
+/// already there, so two nodes can never both hold a key. Completing (the
+/// outcome and the final fingerprint, `PX ttl`), extending (`PEXPIRE`) and
+/// releasing (`DEL`) are Lua scripts that act *only if* the key still holds
+/// the caller's in-flight record: a claim that lapsed and was taken over by
+/// another node is left alone. Every key expires; a record is at most
 /// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes).
 ///
 /// ```no_run
@@ -174,17 +164,34 @@ impl RedisIdempotencyStore {
     /// short by a `}` in it, piling keys a client chose onto one slot.
     pub fn redis_key(&self, key: &str) -> String {
         use sha2::{Digest, Sha256};
-        use std::fmt::Write;
         let digest = Sha256::digest(key.as_bytes());
         let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
         redis_key.push_str(&self.shared.prefix);
         redis_key.push('{');
-        for byte in &digest[..8] {
-            let _ = write!(redis_key, "{byte:02x}");
-        }
+        super::push_hex(&mut redis_key, &digest[..8]);
         redis_key.push('}');
         redis_key.push_str(key);
         redis_key
+    }
+
+    /// Runs an owner-only script on `key`: ARGV[1] is `claim`'s in-flight
+    /// record, `args` follow. `true` when it returned 1.
+    async fn as_owner(
+        &self,
+        script: &Script,
+        key: &str,
+        claim: &ClaimToken,
+        args: impl ToRedisArgs,
+        what: &str,
+    ) -> Result<bool, StoreError> {
+        let done: u64 = script
+            .key(self.redis_key(key))
+            .arg(encode(&Record::InFlight(claim.clone())))
+            .arg(args)
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.failed(what, e))?;
+        Ok(done == 1)
     }
 
     fn failed(&self, what: &str, error: RedisError) -> StoreError {
@@ -217,7 +224,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
         let claim = ClaimToken::new(fingerprint);
         let existing: Option<Vec<u8>> = CLAIM_SCRIPT
             .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(&claim)))
+            .arg(encode(&Record::InFlight(claim.clone())))
             .arg(millis(in_flight_ttl))
             .invoke_async(&mut self.connection.clone())
             .await
@@ -263,15 +270,9 @@ impl IdempotencyStore for RedisIdempotencyStore {
             let not_kept = Completion::NotKept(NotKept::TooLarge);
             completed = encode(&Record::completed(fingerprint, not_kept));
         }
-        let stored: u64 = COMPLETE_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .arg(completed)
-            .arg(millis(ttl))
-            .invoke_async(&mut self.connection.clone())
+        let args = (completed, millis(ttl));
+        self.as_owner(&COMPLETE_SCRIPT, key, claim, args, "record an outcome")
             .await
-            .map_err(|e| self.failed("record an outcome", e))?;
-        Ok(stored == 1)
     }
 
     async fn extend(
@@ -280,24 +281,15 @@ impl IdempotencyStore for RedisIdempotencyStore {
         claim: &ClaimToken,
         in_flight_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let extended: u64 = EXTEND_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .arg(millis(in_flight_ttl))
-            .invoke_async(&mut self.connection.clone())
+        let args = millis(in_flight_ttl);
+        self.as_owner(&EXTEND_SCRIPT, key, claim, args, "extend a claim")
             .await
-            .map_err(|e| self.failed("extend a claim", e))?;
-        Ok(extended == 1)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
-        let released: u64 = RELEASE_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::in_flight(claim)))
-            .invoke_async(&mut self.connection.clone())
+        let no_args: Option<u64> = None;
+        self.as_owner(&RELEASE_SCRIPT, key, claim, no_args, "release a key")
             .await
-            .map_err(|e| self.failed("release a key", e))?;
-        Ok(released == 1)
     }
 }
 
