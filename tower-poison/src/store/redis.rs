@@ -566,12 +566,6 @@ impl DeadLetterStore for RedisDeadLetterStore {
         self.query(cmd.arg(&self.shared.keys.entries), "count the entries")
             .await
     }
-
-    async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        // Ids come from many nodes' clocks: the first is not necessarily
-        // the oldest failure.
-        Ok(self.stats(now).await?.oldest_age)
-    }
 }
 
 /// A claim token as the claim key holds it: 32 hex digits.
