@@ -87,16 +87,6 @@ pub(crate) struct Attempts {
     pub(crate) first_done: Option<SystemTime>,
 }
 
-/// Calls the inner service of a dead-letter call with a fresh tally
-/// current (the first attempt of a retry layer below is made there).
-macro_rules! tallied {
-    ($call:expr) => {{
-        let scope = tower_classify::attempts::TallyScope::calling(Default::default());
-        $crate::attempts::Tallied::in_scope($call, scope)
-    }};
-}
-pub(crate) use tallied;
-
 pin_project! {
     /// A dead-letter call's inner future, polled with its tally current;
     /// resolves to its output and the call's [`Attempts`].

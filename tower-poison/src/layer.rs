@@ -8,9 +8,10 @@ use tower_layer::Layer;
 use crate::action::Action;
 use crate::capture::HttpCapture;
 use crate::counts::{DeliveryCount, FailureCountStore};
+use crate::observability::ForgetfulMap;
 use crate::poison::{PoisonCounting, PoisonPolicy};
 use crate::redact::Redactor;
-use crate::service::{DeadLetter, DropLog, Shared, StoredKinds};
+use crate::service::{DeadLetter, Shared, StoredKinds, LOGGED_KEYS};
 
 /// The failure kinds [`DeadLetterLayer::for_server`] stores: what an operator
 /// must act on. A server's `4xx` answers (a scanner's `404`, a client's
@@ -96,8 +97,8 @@ impl<St> DeadLetterLayer<St> {
                 redactor: Redactor::default(),
                 poison: None,
                 count_store: None,
-                drops: Arc::new(DropLog::default()),
-                stored: StoredKinds::all_but_refusals(),
+                drops: Arc::new(ForgetfulMap::new(LOGGED_KEYS)),
+                stored: StoredKinds::ALL.with(FailureKind::Shed, false),
             },
         }
     }

@@ -1,6 +1,5 @@
-use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -8,7 +7,7 @@ use tower_classify::{BoxError, Classify, Failure, FailureKind, LogLimit, Outcome
 use tower_service::Service;
 
 use crate::action::Action;
-use crate::attempts::{tallied, Attempts};
+use crate::attempts::Attempts;
 use crate::capture::{
     BodyRecording, CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT,
 };
@@ -16,7 +15,7 @@ use crate::counts::DynFailureCountStore;
 use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
-use crate::observability::{DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
+use crate::observability::{ForgetfulMap, DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
 use crate::redact::Redactor;
 use crate::replay::REPLAY_HEADER;
@@ -46,7 +45,8 @@ pub(crate) struct Shared<St, C, Cap> {
     pub(crate) poison: Option<Arc<PoisonCounting>>,
     /// The store poison detection counts in (memory when `None`).
     pub(crate) count_store: Option<Arc<dyn DynFailureCountStore>>,
-    pub(crate) drops: Arc<DropLog>,
+    /// The keys a `drop` action has logged, so each is logged once.
+    pub(crate) drops: Arc<ForgetfulMap<String, ()>>,
     pub(crate) stored: StoredKinds,
 }
 
@@ -57,12 +57,6 @@ pub(crate) struct StoredKinds(u16);
 
 impl StoredKinds {
     pub(crate) const ALL: StoredKinds = StoredKinds(u16::MAX);
-
-    /// Every kind but a refusal that never reached the dependency
-    /// ([`Shed`](FailureKind::Shed)): what [`DeadLetterLayer::new`](crate::DeadLetterLayer::new) stores.
-    pub(crate) fn all_but_refusals() -> Self {
-        Self::ALL.with(FailureKind::Shed, false)
-    }
 
     /// The same set with `kind` in it (`yes`) or not.
     pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
@@ -85,31 +79,10 @@ impl StoredKinds {
     }
 }
 
-/// The keys a `drop` action has already logged, so each is logged once.
-///
-/// Bounded: past `CAPACITY` keys it starts over, logging each key once more,
-/// rather than growing with an unbounded key set.
-#[derive(Debug, Default)]
-pub(crate) struct DropLog {
-    seen: Mutex<HashSet<String>>,
-}
-
-impl DropLog {
-    const CAPACITY: usize = 4096;
-
-    /// `true` the first time `key` is seen.
-    fn first_time(&self, key: &str) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(key) {
-            return false;
-        }
-        if seen.len() >= Self::CAPACITY {
-            seen.clear();
-        }
-        seen.insert(key.to_owned());
-        true
-    }
-}
+/// How many keys a `drop` action remembers having logged, and how many
+/// labels remember their last "store is full" warning: past it they start
+/// over, logging each once more.
+pub(crate) const LOGGED_KEYS: usize = 4096;
 
 /// How often a label warns that its store is full: once per interval, the
 /// other refusals are logged at `debug` (the metric counts every one).
@@ -117,23 +90,9 @@ const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Each label's limit on "store is full" warnings. Process-wide, by label:
 /// layers sharing a label share a queue, and one warning tells about all of
-/// them. Bounded like [`DropLog`]; only a refusal (a full store) looks here.
-static FULL_WARNINGS: LazyLock<Mutex<HashMap<Box<str>, Arc<LogLimit>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// The warning limit of `label`.
-fn full_warning_limit(label: &str) -> Arc<LogLimit> {
-    let mut limits = FULL_WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(limit) = limits.get(label) {
-        return Arc::clone(limit);
-    }
-    if limits.len() >= DropLog::CAPACITY {
-        limits.clear();
-    }
-    let limit = Arc::new(LogLimit::new(FULL_WARNING_INTERVAL));
-    limits.insert(label.into(), Arc::clone(&limit));
-    limit
-}
+/// them. Only a refusal (a full store) looks here.
+static FULL_WARNINGS: LazyLock<ForgetfulMap<Box<str>, Arc<LogLimit>>> =
+    LazyLock::new(|| ForgetfulMap::new(LOGGED_KEYS));
 
 impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St, C, Cap>>) -> Self {
@@ -203,25 +162,17 @@ where
         // count store's decision: the body streams through, recorded on the
         // way, and is read back only if the call fails.
         let (request, pending) = shared.capture.capture(request);
-        let admission = match shared.admit(&pending) {
+        let decision = match shared.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
                 return ResponseFuture::boxed(async move { Err(shared.stop(stop, pending).await) });
             }
-            admission => admission,
-        };
-        let decision = match admission {
             Admission::Now(Decision::Process(counted)) => {
                 // The inner future is made where the response future holds
                 // it: made first and moved in, a stack's future (a few
                 // hundred bytes) would be copied once more per call.
-                return ResponseFuture::calling_with(
-                    || self.inner.call(request),
-                    shared,
-                    pending,
-                    counted,
-                );
+                let call = || self.inner.call(request);
+                return ResponseFuture::calling(call, shared, pending, counted);
             }
-            Admission::Now(Decision::Stop(_)) => unreachable!("returned above"),
             Admission::Later(decision) => decision,
         };
         // The count store has to be waited for, and a service that acts in
@@ -243,8 +194,7 @@ where
                     return Err(shared.stop(stop, pending).await);
                 }
             };
-            let call = tallied!(inner.call(request));
-            ResponseFuture::calling(call, shared, pending, counted).await
+            ResponseFuture::calling(|| inner.call(request), shared, pending, counted).await
         })
     }
 }
@@ -313,15 +263,9 @@ where
                 (Err(error), chain, None)
             }
         };
-        let record = pending.finish(BODY_WAIT, attempts).await;
-        let failure = Failed {
-            kind: classified.kind,
-            refusal: Failed::refusal(classified),
-            error,
-            responded: result.is_ok(),
-            status,
-        };
-        self.on_failure(record, failure, result, counted).await
+        let failure = Failed::new(classified, error, result.is_ok(), status);
+        self.on_failure(pending, attempts, failure, result, counted)
+            .await
     }
 
     /// Forgets a message's poison count (after a success, or once it was
@@ -398,9 +342,10 @@ where
     }
 
     /// A call failed: count it towards poison detection, or dispose of it.
-    pub(crate) async fn on_failure<T>(
+    pub(crate) async fn on_failure<T, R: BodyRecording>(
         &self,
-        record: RequestRecord,
+        pending: PendingRecord<R>,
+        attempts: Attempts,
         failure: Failed,
         result: Result<T, BoxError>,
         counted: Option<Counted>,
@@ -418,6 +363,7 @@ where
         // that matches it whole.
         self.redactor.redact_errors(&mut error);
         let error = clip_chain(error);
+        let record = pending.finish(BODY_WAIT, attempts).await;
         let now = SystemTime::now();
         let counted = self.poison.as_ref().zip(counted);
         if let Some((poison, counted)) = &counted {
@@ -467,7 +413,6 @@ where
         // `error` comes redacted and bounded (`on_failure`).
         DeadLetterEntry {
             id: EntryId::generate(SystemTime::now()),
-            label: self.label.to_string(),
             message_id: record.message_id,
             method: record.method,
             uri: record.uri.map(|uri| self.redactor.redact_uri(&uri)),
@@ -475,15 +420,9 @@ where
             body: self.redactor.redact_body(record.body),
             body_truncated: record.body_truncated,
             body_len: record.body_len,
-            error,
-            kind,
             attempts,
             first_failed_at,
-            last_failed_at,
-            replays: Vec::new(),
-            failed_replays: 0,
-            replay_server_errors: 0,
-            replay_key_pinned: false,
+            ..DeadLetterEntry::new(&*self.label, kind, error, last_failed_at)
         }
     }
 
@@ -542,7 +481,9 @@ where
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(STORE_FULL_TOTAL, "label" => label.to_owned())
                             .increment(1);
-                        if let Some(held_back) = full_warning_limit(label).check() {
+                        let new = || (label.into(), Arc::new(LogLimit::new(FULL_WARNING_INTERVAL)));
+                        let (limit, _) = FULL_WARNINGS.get_or_insert(label, new);
+                        if let Some(held_back) = limit.check() {
                             tracing::warn!(
                                 entry_id = %id, label, kind, error = %error,
                                 since_last_warning = held_back,
@@ -570,7 +511,7 @@ where
                     "dead-lettered a failed call"
                 );
             }
-            Action::Drop if self.drops.first_time(key) => {
+            Action::Drop if self.drops.get_or_insert(key, || (key.to_owned(), ())).1 => {
                 tracing::warn!(
                     label,
                     key,
@@ -605,9 +546,19 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
-    /// `failure`, when it is a refusal.
-    pub(crate) fn refusal(failure: Failure) -> Option<Failure> {
-        (failure.kind == FailureKind::Shed).then_some(failure)
+    pub(crate) fn new(
+        failure: Failure,
+        error: Vec<String>,
+        responded: bool,
+        status: Option<u16>,
+    ) -> Self {
+        Failed {
+            kind: failure.kind,
+            refusal: (failure.kind == FailureKind::Shed).then_some(failure),
+            error,
+            responded,
+            status,
+        }
     }
 }
 
