@@ -76,16 +76,13 @@ impl FromStr for EntryId {
     type Err = ParseEntryIdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error = || ParseEntryIdError {
-            input: s.to_owned(),
-            prefix: false,
-        };
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(error());
+        match s.parse::<EntryIdPrefix>() {
+            Ok(prefix) if prefix.digits == 32 => Ok(EntryId(prefix.low)),
+            _ => Err(ParseEntryIdError {
+                input: s.to_owned(),
+                prefix: false,
+            }),
         }
-        u128::from_str_radix(s, 16)
-            .map(EntryId)
-            .map_err(|_| error())
     }
 }
 

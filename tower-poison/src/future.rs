@@ -144,7 +144,7 @@ where
                             Err(_) => shared.classifier.classify(result.as_ref()),
                         },
                     };
-                    match shared.verdict(outcome, &counted) {
+                    match shared.settings.verdict(outcome, &counted) {
                         Verdict::HandBack => {
                             return Poll::Ready(
                                 result.map(|res| shared.capture.hand_back(res, None)),
@@ -206,7 +206,7 @@ where
             attempts,
             ..
         } = *self;
-        let failure = match (end, shared.verdict(outcome, &counted)) {
+        let failure = match (end, shared.settings.verdict(outcome, &counted)) {
             // The caller went away (nothing is known of the call), or there
             // is nothing to do.
             (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
@@ -214,7 +214,7 @@ where
             }
             (_, Verdict::Succeeded) => {
                 return detach(Box::pin(async move {
-                    shared.forget(counted).await;
+                    shared.settings.forget(counted).await;
                     Ok(())
                 }));
             }
@@ -226,6 +226,7 @@ where
         };
         detach(Box::pin(async move {
             shared
+                .settings
                 .on_failure(pending, attempts, failure, Ok(()), counted)
                 .await
         }))

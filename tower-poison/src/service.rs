@@ -17,7 +17,7 @@ use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::observability::{ForgetfulMap, DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
-use crate::redact::Redactor;
+use crate::redact::{path_and_query, Redactor};
 use crate::replay::REPLAY_HEADER;
 use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
@@ -36,9 +36,16 @@ pub struct DeadLetter<S, St, C, Cap> {
 /// a copy through an `Arc`.
 #[derive(Clone)]
 pub(crate) struct Shared<St, C, Cap> {
-    pub(crate) store: St,
     pub(crate) classifier: C,
     pub(crate) capture: Cap,
+    pub(crate) settings: Settings<St>,
+}
+
+/// The settings that keep their type while the layer is built (its
+/// classifier and capture change it): what is done with a failed call.
+#[derive(Clone)]
+pub(crate) struct Settings<St> {
+    pub(crate) store: St,
     pub(crate) label: Arc<str>,
     pub(crate) action: Action,
     pub(crate) redactor: Redactor,
@@ -128,9 +135,9 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetter")
             .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("label", &self.shared.label)
-            .field("action", &self.shared.action)
+            .field("store", &self.shared.settings.store)
+            .field("label", &self.shared.settings.label)
+            .field("action", &self.shared.settings.action)
             .finish_non_exhaustive()
     }
 }
@@ -162,9 +169,11 @@ where
         // count store's decision: the body streams through, recorded on the
         // way, and is read back only if the call fails.
         let (request, pending) = shared.capture.capture(request);
-        let decision = match shared.admit(&pending) {
+        let decision = match shared.settings.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
-                return ResponseFuture::boxed(async move { Err(shared.stop(stop, pending).await) });
+                return ResponseFuture::boxed(async move {
+                    Err(shared.settings.stop(stop, pending).await)
+                });
             }
             Admission::Now(Decision::Process(counted)) => {
                 // The inner future is made where the response future holds
@@ -191,7 +200,7 @@ where
                     // copy could be reading it. The service goes too,
                     // with whatever its readiness reserved.
                     drop((request, inner));
-                    return Err(shared.stop(stop, pending).await);
+                    return Err(shared.settings.stop(stop, pending).await);
                 }
             };
             ResponseFuture::calling(|| inner.call(request), shared, pending, counted).await
@@ -212,7 +221,7 @@ pub(crate) enum Verdict {
     Failed(Failure),
 }
 
-impl<St, C, Cap> Shared<St, C, Cap> {
+impl<St> Settings<St> {
     /// What a call's `outcome` asks of the layer, the call `counted` as it is.
     pub(crate) fn verdict(&self, outcome: Outcome, counted: &Option<Counted>) -> Verdict {
         match outcome {
@@ -248,7 +257,7 @@ where
             Verdict::Failed(failure) => failure,
             Verdict::HandBack => return result,
             Verdict::Succeeded => {
-                self.forget(counted).await;
+                self.settings.forget(counted).await;
                 return result;
             }
         };
@@ -264,10 +273,13 @@ where
             }
         };
         let failure = Failed::new(classified, error, result.is_ok(), status);
-        self.on_failure(pending, attempts, failure, result, counted)
+        self.settings
+            .on_failure(pending, attempts, failure, result, counted)
             .await
     }
+}
 
+impl<St: DeadLetterStore> Settings<St> {
     /// Forgets a message's poison count (after a success, or once it was
     /// disposed of): its count starts over.
     pub(crate) async fn forget(&self, counted: Option<Counted>) {
@@ -275,12 +287,7 @@ where
             poison.forget(counted).await;
         }
     }
-}
 
-impl<St, C, Cap> Shared<St, C, Cap>
-where
-    St: DeadLetterStore,
-{
     /// Poison detection's decision on the delivery `pending` describes.
     pub(crate) fn admit<R>(&self, pending: &PendingRecord<R>) -> Admission {
         match &self.poison {
@@ -472,7 +479,7 @@ where
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let uri = entry.uri.as_deref().unwrap_or_default();
-                let path = crate::redact::path_of(uri).to_owned();
+                let path = path_and_query(uri).0.to_owned();
                 match self.store.put_with_depth(entry).await {
                     Ok(Some(depth)) => {
                         metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
@@ -566,24 +573,15 @@ impl Failed {
 /// reproduces it: the label, the method, the path and query (a replay goes to
 /// another host), the body, and whether it was cut short.
 fn same_request(stored: &DeadLetterEntry, replayed: &DeadLetterEntry) -> bool {
-    fn path_and_query(uri: Option<&str>) -> Option<String> {
-        let uri = uri?.split('#').next().unwrap_or_default();
-        let rest = match uri.find("://") {
-            Some(at) => {
-                let after = &uri[at + 3..];
-                after.find(['/', '?']).map_or("", |start| &after[start..])
-            }
-            None => uri,
-        };
-        Some(match rest.strip_prefix('?') {
-            Some(query) => format!("/?{query}"),
-            None if rest.is_empty() => "/".to_owned(),
-            None => rest.to_owned(),
-        })
+    fn target(uri: &Option<String>) -> Option<(&str, &str)> {
+        match path_and_query(uri.as_deref()?) {
+            ("", query) => Some(("/", query)),
+            parts => Some(parts),
+        }
     }
     stored.label == replayed.label
         && stored.method == replayed.method
-        && path_and_query(stored.uri.as_deref()) == path_and_query(replayed.uri.as_deref())
+        && target(&stored.uri) == target(&replayed.uri)
         && stored.body == replayed.body
         && stored.body_truncated == replayed.body_truncated
 }
