@@ -291,7 +291,7 @@ impl<St: DeadLetterStore> Settings<St> {
     /// Poison detection's decision on the delivery `pending` describes.
     pub(crate) fn admit<R>(&self, pending: &PendingRecord<R>) -> Admission {
         match &self.poison {
-            Some(poison) => poison.admit(pending.message_id(), pending.delivery()),
+            Some(poison) => poison.admit(pending.message_id.as_deref(), pending.delivery),
             None => Admission::Now(Decision::Process(None)),
         }
     }

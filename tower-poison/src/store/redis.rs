@@ -42,11 +42,8 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// cannot overshoot a [limit](RedisDeadLetterStoreBuilder::max_entries). A
 /// replaced entry keeps its place in the ids, so a page cursor stays valid
 /// while entries are rewritten or removed. `purge` and `stats` walk the ids
-/// a page at a time, never loading the whole queue. (A queue written before
-/// label counts has none for its older entries: the gauge counts only the
-/// entries written since; `stats` scans, so its `by_label` is exact. Queues
-/// of earlier layouts are not read: drain them with the version that wrote
-/// them.)
+/// a page at a time, never loading the whole queue. Queues of earlier
+/// layouts are not read: drain them with the version that wrote them.
 ///
 /// # Durability
 ///
