@@ -1,47 +1,24 @@
-//! `tower-poison`: inspect, replay and purge a dead-letter store.
-//!
-//! ```text
-//! tower-poison --store dlq.redb list [--kind poison] [--label orders] [--limit 50]
-//! tower-poison --store redis://redis.internal:6379 --stream orders:dlq list
-//! tower-poison --store dlq.redb show ID          # or a unique prefix of it: show 0190c3
-//! tower-poison --store dlq.redb remove ID
-//! tower-poison --store dlq.redb stats
-//! tower-poison --store dlq.redb replay ID --to http://orders.internal:8080
-//! tower-poison --store dlq.redb replay --all --to http://orders.internal:8080 --rate 5
-//! tower-poison --store dlq.redb purge --older-than 7d --yes
-//! ```
-//!
-//! Every command prints a table for people by default and JSON with `--json`
-//! (times as epoch milliseconds and, in `*_rfc3339` fields, as RFC 3339 UTC).
-//! Exit status: 0 on success, 1 on an error (the store cannot be opened, an
-//! entry does not exist), 2 on a usage error, 3 when `replay` left entries
-//! that failed again.
+//! `tower-poison`: inspect, replay and purge a dead-letter store. The
+//! README gives the commands, the output formats and the exit statuses.
 
 #![forbid(unsafe_code)]
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::ExitCode;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use http::header::{HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use http::Uri;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
+use tower::timeout::Timeout;
 use tower_classify::duration::{format_duration, parse_duration};
 use tower_classify::{BoxError, FailureKind, HttpClassifier};
 use tower_poison::replay::{http_request, ReplayOutcome, Replayer};
 use tower_poison::store::{DeadLetterStore, ListQuery, PurgeFilter, RedbStore};
 use tower_poison::{DeadLetterEntry, EntryId, EntryIdPrefix, HttpCapture};
-use tower_service::Service;
 
 /// Inspect, replay and purge a tower-poison dead-letter store: a redb file or
 /// a Redis queue.
@@ -185,21 +162,12 @@ fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     Ok((name, value))
 }
 
-/// An error for the operator, printed with its causes.
-struct Failure(BoxError);
-
-impl<E: Into<BoxError>> From<E> for Failure {
-    fn from(error: E) -> Self {
-        Failure(error.into())
-    }
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
-        Err(Failure(error)) => {
+        Err(error) => {
             let chain = tower_poison::error_chain(&*error);
             eprintln!("error: {}", chain.join(": "));
             ExitCode::from(1)
@@ -207,7 +175,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
     let Some(location) = cli.store.clone() else {
         return Err(
             "no store given: pass --store PATH or --store redis://HOST:PORT (or set TOWER_POISON_STORE)"
@@ -229,7 +197,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
 }
 
 #[cfg(feature = "redis")]
-async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
+async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, BoxError> {
     let store = tower_poison::store::RedisDeadLetterStore::builder()
         .connect(url, cli.stream.clone())
         .await?;
@@ -237,7 +205,7 @@ async fn run_redis(cli: Cli, url: &str) -> Result<ExitCode, Failure> {
 }
 
 #[cfg(not(feature = "redis"))]
-async fn run_redis(_cli: Cli, url: &str) -> Result<ExitCode, Failure> {
+async fn run_redis(_cli: Cli, url: &str) -> Result<ExitCode, BoxError> {
     Err(format!(
         "{url} is a Redis store, and this tower-poison was built without the `redis` feature \
          (cargo install tower-poison-cli --features redis)"
@@ -245,24 +213,28 @@ async fn run_redis(_cli: Cli, url: &str) -> Result<ExitCode, Failure> {
     .into())
 }
 
-async fn dispatch(store: &impl DeadLetterStore, cli: Cli) -> Result<ExitCode, Failure> {
-    let now = SystemTime::now();
+/// What every command needs: the store, `--json`, and when the command began.
+struct Ctx<'a, St> {
+    store: &'a St,
+    json: bool,
+    now: SystemTime,
+}
+
+async fn dispatch(store: &impl DeadLetterStore, cli: Cli) -> Result<ExitCode, BoxError> {
+    let (json, now) = (cli.json, SystemTime::now());
+    let cx = &Ctx { store, json, now };
     match cli.command {
-        Command::List(args) => list(store, args, cli.json, now).await,
-        Command::Show { id } => show(store, resolve(store, id).await?, cli.json, now).await,
-        Command::Remove { id } => remove(store, resolve(store, id).await?, cli.json).await,
-        Command::Stats => stats(store, cli.json, now).await,
-        Command::Replay(args) => replay_command(store, args, cli.json).await,
-        Command::Purge { older_than, yes } => purge(store, older_than, yes, cli.json, now).await,
+        Command::List(args) => list(cx, args).await,
+        Command::Show { id } => show(cx, resolve(store, id).await?).await,
+        Command::Remove { id } => remove(cx, resolve(store, id).await?).await,
+        Command::Stats => stats(cx).await,
+        Command::Replay(args) => replay_command(cx, args).await,
+        Command::Purge { older_than, yes } => purge(cx, older_than, yes).await,
     }
 }
 
-async fn list(
-    store: &impl DeadLetterStore,
-    args: ListArgs,
-    json: bool,
-    now: SystemTime,
-) -> Result<ExitCode, Failure> {
+async fn list(cx: &Ctx<'_, impl DeadLetterStore>, args: ListArgs) -> Result<ExitCode, BoxError> {
+    let Ctx { store, json, now } = *cx;
     let query = ListQuery {
         limit: args.limit,
         after: args.after,
@@ -316,7 +288,7 @@ const AMBIGUOUS_SHOWN: usize = 5;
 /// The entry id `prefix` stands for: a whole id as it is (whether or not it
 /// is stored; the command reports a missing entry), a shorter prefix only
 /// when exactly one stored id starts with it.
-async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<EntryId, Failure> {
+async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<EntryId, BoxError> {
     // A whole id is the one id its range holds.
     let (first, last) = prefix.range();
     if first == last {
@@ -342,15 +314,11 @@ async fn resolve(store: &impl DeadLetterStore, prefix: EntryIdPrefix) -> Result<
     .into())
 }
 
-async fn remove(
-    store: &impl DeadLetterStore,
-    id: EntryId,
-    json: bool,
-) -> Result<ExitCode, Failure> {
-    if !store.remove(id).await? {
+async fn remove(cx: &Ctx<'_, impl DeadLetterStore>, id: EntryId) -> Result<ExitCode, BoxError> {
+    if !cx.store.remove(id).await? {
         return Err(format!("no entry {id}").into());
     }
-    if json {
+    if cx.json {
         println!("{}", json!({"removed": id.to_string()}));
     } else {
         println!("removed {id}");
@@ -358,19 +326,12 @@ async fn remove(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn show(
-    store: &impl DeadLetterStore,
-    id: EntryId,
-    json: bool,
-    now: SystemTime,
-) -> Result<ExitCode, Failure> {
-    let Some(e) = store.get(id).await? else {
-        return Err(format!("no entry {id}").into());
-    };
-    if json {
+async fn show(cx: &Ctx<'_, impl DeadLetterStore>, id: EntryId) -> Result<ExitCode, BoxError> {
+    let e = cx.store.get(id).await?.ok_or(format!("no entry {id}"))?;
+    if cx.json {
         println!("{}", serde_json::to_string_pretty(&entry_json(&e))?);
     } else {
-        print_entry(&e, now);
+        print_entry(&e, cx.now);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -401,14 +362,11 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     }
     if e.failed_replays > 0 {
         let shown = e.replays.len() as u64;
-        if shown < e.failed_replays {
-            println!(
-                "replays         {} failed (the latest {shown} below)",
-                e.failed_replays
-            );
-        } else {
-            println!("replays         {} failed", e.failed_replays);
-        }
+        let latest = match shown < e.failed_replays {
+            true => format!(" (the latest {shown} below)"),
+            false => String::new(),
+        };
+        field("replays", &format!("{} failed{latest}", e.failed_replays));
         for replay in &e.replays {
             let status = replay
                 .status
@@ -438,11 +396,8 @@ fn print_entry(e: &DeadLetterEntry, now: SystemTime) {
     }
 }
 
-async fn stats(
-    store: &impl DeadLetterStore,
-    json: bool,
-    now: SystemTime,
-) -> Result<ExitCode, Failure> {
+async fn stats(cx: &Ctx<'_, impl DeadLetterStore>) -> Result<ExitCode, BoxError> {
+    let Ctx { store, json, now } = *cx;
     let stats = store.stats(now).await?;
     if json {
         let oldest = stats
@@ -478,34 +433,11 @@ async fn stats(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The HTTP client with a per-request timeout, as a `Service`.
-#[derive(Clone)]
-struct ReplayClient {
-    client: Client<HttpConnector, Full<Bytes>>,
-    timeout: Duration,
-}
-
-impl Service<Request<Full<Bytes>>> for ReplayClient {
-    type Response = Response<Incoming>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
-        let call = self.client.request(request);
-        let timeout = self.timeout;
-        Box::pin(async move { Ok(tokio::time::timeout(timeout, call).await??) })
-    }
-}
-
 async fn replay_command(
-    store: &impl DeadLetterStore,
+    cx: &Ctx<'_, impl DeadLetterStore>,
     args: ReplayArgs,
-    json: bool,
-) -> Result<ExitCode, Failure> {
+) -> Result<ExitCode, BoxError> {
+    let Ctx { store, json, .. } = *cx;
     if args.to.scheme().is_none() || args.to.authority().is_none() {
         return Err(format!(
             "--to {} must be an absolute URL (http://host:port)",
@@ -535,10 +467,8 @@ async fn replay_command(
             all_ids(store, query).await?
         }
     };
-    let mut client = ReplayClient {
-        client: Client::builder(TokioExecutor::new()).build_http(),
-        timeout: args.timeout,
-    };
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut client = Timeout::new(client, args.timeout);
     let replayer = Replayer::new(store)
         .lease(args.lease)
         .describe(HttpCapture::default());
@@ -594,19 +524,16 @@ async fn replay_command(
             failed += 1;
         }
         if !json {
-            let extra = match (detail.get("error"), detail.get("attempts")) {
-                (Some(error), Some(attempts)) => {
-                    format!(" (attempts {attempts}: {})", error.as_str().unwrap_or(""))
-                }
-                (Some(error), None) => format!(" ({})", error.as_str().unwrap_or("")),
-                _ => String::new(),
-            };
-            println!("{id} {status}{extra}");
+            let extra = detail["error"]
+                .as_str()
+                .map(|error| match detail.get("attempts") {
+                    Some(attempts) => format!(" (attempts {attempts}: {error})"),
+                    None => format!(" ({error})"),
+                });
+            println!("{id} {status}{}", extra.unwrap_or_default());
         }
-        let mut row = json!({"id": id.to_string(), "result": status});
-        if let (Some(row), Some(detail)) = (row.as_object_mut(), detail.as_object()) {
-            row.extend(detail.clone());
-        }
+        let mut row = detail;
+        (row["id"], row["result"]) = (json!(id.to_string()), json!(status));
         results.push(row);
     }
     if json {
@@ -615,38 +542,33 @@ async fn replay_command(
     } else {
         println!("{delivered} delivered, {failed} failed");
     }
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(3)
-    })
+    // 3: some entries failed again.
+    Ok(ExitCode::from(if failed == 0 { 0 } else { 3 }))
 }
 
 async fn purge(
-    store: &impl DeadLetterStore,
+    cx: &Ctx<'_, impl DeadLetterStore>,
     older_than: Option<Duration>,
     yes: bool,
-    json: bool,
-    now: SystemTime,
-) -> Result<ExitCode, Failure> {
-    let filter = match older_than {
-        Some(age) => PurgeFilter::older_than(age, now),
-        None => PurgeFilter::default(),
-    };
-    let (count, done) = if yes {
-        (store.purge(filter).await?, true)
+) -> Result<ExitCode, BoxError> {
+    let Ctx { store, json, now } = *cx;
+    let filter = older_than.map_or_else(PurgeFilter::default, |age| {
+        PurgeFilter::older_than(age, now)
+    });
+    let count = if yes {
+        store.purge(filter).await?
     } else {
         let query = ListQuery {
             failed_before: filter.failed_before,
             ..ListQuery::default()
         };
-        (all_ids(store, query).await?.len() as u64, false)
+        all_ids(store, query).await?.len() as u64
     };
     if json {
-        let out =
-            json!({"purged": if done { count } else { 0 }, "matching": count, "dry_run": !done});
+        let purged = if yes { count } else { 0 };
+        let out = json!({"purged": purged, "matching": count, "dry_run": !yes});
         println!("{}", serde_json::to_string_pretty(&out)?);
-    } else if done {
+    } else if yes {
         println!("purged {count} entries");
     } else {
         println!("would purge {count} entries; run again with --yes to remove them");
@@ -658,7 +580,7 @@ async fn purge(
 async fn all_ids(
     store: &impl DeadLetterStore,
     mut query: ListQuery,
-) -> Result<Vec<EntryId>, Failure> {
+) -> Result<Vec<EntryId>, BoxError> {
     query.limit = 1000;
     let mut ids = Vec::new();
     loop {
@@ -702,45 +624,20 @@ fn epoch_millis(time: SystemTime) -> u64 {
     })
 }
 
-/// `time` in RFC 3339, UTC, to the millisecond: `2024-02-29T23:59:59.000Z`.
-///
-/// The stores keep milliseconds, so nothing finer is lost; a time before the
-/// Unix epoch prints as the epoch (the stores cannot hold one).
+/// `time` in RFC 3339, UTC, to the millisecond: `2024-02-29T23:59:59.000Z`,
+/// from `httpdate`'s IMF-fixdate (`Thu, 29 Feb 2024 23:59:59 GMT`). A time
+/// before the Unix epoch prints as the epoch (the stores cannot hold one).
 fn rfc3339(time: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
     let millis = epoch_millis(time);
-    let (secs, millis) = (millis / 1000, millis % 1000);
-    let (days, secs_of_day) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        secs_of_day / 3600,
-        secs_of_day / 60 % 60,
-        secs_of_day % 60
-    )
-}
-
-/// The proleptic Gregorian date `days` days after 1970-01-01, by Howard
-/// Hinnant's `civil_from_days` (<https://howardhinnant.github.io/date_algorithms.html>):
-/// the calendar is counted in 400-year eras of 146,097 days, each era's
-/// years starting on 1 March so that the leap day falls at the end.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    // Days since 0000-03-01, the start of an era.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    // Months from March: 0 = March, ..., 11 = February.
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
+    let http = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(millis));
+    let [_, day, month, year, clock, ..] = http.split(' ').collect::<Vec<_>>()[..] else {
+        unreachable!("an IMF-fixdate has six fields: {http}")
     };
-    let year = era * 400 + year_of_era + u64::from(month <= 2);
-    (year, month, day)
+    let month = MONTHS.iter().position(|m| *m == month).unwrap_or(0) + 1;
+    format!("{year}-{month:02}-{day}T{clock}.{:03}Z", millis % 1000)
 }
 
 /// An age for people: whole seconds (`"3d2h"`, `"0s"`).

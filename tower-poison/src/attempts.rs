@@ -6,12 +6,14 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use pin_project_lite::pin_project;
 use tower_classify::attempts::{self, AttemptTally, TallyScope};
 use tower_layer::Layer;
 use tower_service::Service;
+
+use crate::store::{millis_since_epoch, time_from_millis};
 
 /// A shared attempt count, carried in a request's extensions, for stacks
 /// where the attempts run on another task than the dead-letter layer.
@@ -45,8 +47,7 @@ impl AttemptCounter {
 
     /// Notes that an attempt finished at `now` (only the first is kept).
     pub(crate) fn record_done(&self, now: SystemTime) {
-        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let millis = (since.as_millis() as u64).max(1);
+        let millis = millis_since_epoch(now).max(1);
         let first_done = &self.inner.first_done;
         let _ = first_done.compare_exchange(0, millis, Ordering::Relaxed, Ordering::Relaxed);
     }
@@ -60,7 +61,7 @@ impl AttemptCounter {
     pub(crate) fn first_done(&self) -> Option<SystemTime> {
         match self.inner.first_done.load(Ordering::Relaxed) {
             0 => None,
-            millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),
+            millis => Some(time_from_millis(millis)),
         }
     }
 
@@ -86,16 +87,6 @@ pub(crate) struct Attempts {
     /// after it.
     pub(crate) first_done: Option<SystemTime>,
 }
-
-/// Calls the inner service of a dead-letter call with a fresh tally
-/// current (the first attempt of a retry layer below is made there).
-macro_rules! tallied {
-    ($call:expr) => {{
-        let scope = tower_classify::attempts::TallyScope::calling(Default::default());
-        $crate::attempts::Tallied::in_scope($call, scope)
-    }};
-}
-pub(crate) use tallied;
 
 pin_project! {
     /// A dead-letter call's inner future, polled with its tally current;

@@ -113,8 +113,10 @@ pub trait DescribeResponse<Res> {
 /// buffer) and the body's recording `R`: nothing is formatted, redacted or
 /// turned into text unless the call fails.
 pub struct PendingRecord<R = ()> {
-    message_id: Option<String>,
-    delivery: Option<u32>,
+    /// The message id poison detection counts by.
+    pub(crate) message_id: Option<String>,
+    /// Which delivery of the message this is, when the request says.
+    pub(crate) delivery: Option<u32>,
     kept: Kept<R>,
 }
 
@@ -221,18 +223,6 @@ impl PendingRecord {
             delivery: record.delivery,
             kept: Kept::Record(Box::new(record)),
         }
-    }
-}
-
-impl<R> PendingRecord<R> {
-    /// The message id poison detection counts by.
-    pub(crate) fn message_id(&self) -> Option<&str> {
-        self.message_id.as_deref()
-    }
-
-    /// Which delivery of the message this is, when the request says.
-    pub(crate) fn delivery(&self) -> Option<u32> {
-        self.delivery
     }
 }
 

@@ -76,16 +76,13 @@ impl FromStr for EntryId {
     type Err = ParseEntryIdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error = || ParseEntryIdError {
-            input: s.to_owned(),
-            prefix: false,
-        };
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(error());
+        match s.parse::<EntryIdPrefix>() {
+            Ok(prefix) if prefix.digits == 32 => Ok(EntryId(prefix.low)),
+            _ => Err(ParseEntryIdError {
+                input: s.to_owned(),
+                prefix: false,
+            }),
         }
-        u128::from_str_radix(s, 16)
-            .map(EntryId)
-            .map_err(|_| error())
     }
 }
 
@@ -223,11 +220,9 @@ pub struct DeadLetterEntry {
     /// was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_len: Option<u64>,
-    /// The error and its `source()` chain, outermost first, one message per
-    /// level, cut to 8 levels of at most 512 bytes (at a character
-    /// boundary, `…` appended), so an upstream error that quotes a whole
-    /// response body cannot fill the store. A
-    /// response classified as a failure is described in one line.
+    /// The error and its `source()` chain, outermost first, cut to 8 levels
+    /// of at most 512 bytes (`…` appended), so an error quoting a whole body
+    /// cannot fill the store; a response classified as a failure, in one line.
     pub error: Vec<String>,
     /// How the failure was classified.
     #[serde(with = "kind_serde")]
@@ -242,24 +237,19 @@ pub struct DeadLetterEntry {
     /// When the last attempt failed, a failed replay's included.
     #[serde(with = "time_serde")]
     pub last_failed_at: SystemTime,
-    /// The latest failed replays, oldest first: at most
-    /// 16 of them, so that an entry replayed again and
-    /// again stays bounded in size. [`failed_replays`](Self::failed_replays)
+    /// The latest 16 failed replays, oldest first, so that an entry replayed
+    /// again and again stays bounded; [`failed_replays`](Self::failed_replays)
     /// counts them all.
-    ///
-    /// Entries stored before there was a history decode with an empty one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replays: Vec<ReplayRecord>,
     /// How many replays of this entry failed, including those no longer in
     /// [`replays`](Self::replays).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_replays: u64,
-    /// How many replays of this entry a server answered with a server error
-    /// of its own (a 5xx other than 502 and 504) while the key was free to
-    /// move. [`http_request`](crate::replay::http_request) puts it in the
-    /// `Idempotency-Key` it makes: a server's idempotency guard may keep a
-    /// 5xx under the key it answered, so the next replay needs a new key to
-    /// be run at all.
+    /// How many replays a server answered with a 5xx of its own (not 502 or
+    /// 504) while the key was free to move: the `n` of the `Idempotency-Key`
+    /// [`http_request`](crate::replay::http_request) makes, since a guard may
+    /// keep a 5xx under the key it answered.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replay_server_errors: u64,
     /// The key no longer moves: a replay under it may have been applied (the
@@ -274,13 +264,9 @@ fn is_zero(count: &u64) -> bool {
     *count == 0
 }
 
-/// How many failed replays an entry keeps in
-/// [`DeadLetterEntry::replays`]: the latest 16.
-///
-/// Enough to see whether a cause changed between replays (a 503 that became
-/// a 422), small enough that a replay loop left running cannot grow an entry
-/// past a few kilobytes: each record's error chain is cut to
-/// [`ERROR_LEVELS`] levels of at most [`ERROR_BYTES`] bytes.
+/// How many failed replays an entry keeps: enough to see a cause change (a
+/// 503 that became a 422), few enough that a replay loop left running keeps
+/// an entry to a few kilobytes.
 pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 
 /// The bounds of an entry's [`error`](DeadLetterEntry::error) (and a
@@ -288,16 +274,13 @@ pub(crate) const REPLAY_HISTORY_LIMIT: usize = 16;
 pub(crate) const ERROR_LEVELS: usize = 8;
 pub(crate) const ERROR_BYTES: usize = 512;
 
-/// What a failed replay's answer says about the idempotency key of the next
-/// replay (see [`DeadLetterEntry::note_replay_answer`]).
+/// What a failed replay's answer says about the next replay's idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub(crate) enum ReplayAnswer {
-    /// A server error of the server's own: the key moves on (see
-    /// [`DeadLetterEntry::replay_server_errors`]).
+    /// A server error of the server's own: the key moves on.
     ServerError,
-    /// No answer from the server itself: the key is pinned (see
-    /// [`DeadLetterEntry::replay_key_pinned`]).
+    /// No answer from the server itself: the key is pinned.
     Unknown,
     /// Any other answer: a client error, an `in use` conflict, a call
     /// refused before it was sent.
@@ -305,12 +288,10 @@ pub(crate) enum ReplayAnswer {
 }
 
 impl ReplayAnswer {
-    /// The answer of a replay whose failure is of `kind`: one that got a
-    /// response (`responded`), with HTTP status `status` when it was read,
-    /// or one that got an error instead. Only a read 5xx status is a
-    /// [`ServerError`](Self::ServerError), so a replayer that reads none
-    /// never moves the key (see
-    /// [`Replayer::describe`](crate::replay::Replayer::describe)).
+    /// The answer of a replay that failed with `kind`, having got a response
+    /// (`responded`, its `status` if read) or an error. Only a read 5xx is a
+    /// [`ServerError`](Self::ServerError): a replayer that reads no status
+    /// never moves the key.
     pub(crate) fn new(responded: bool, status: Option<u16>, kind: FailureKind) -> Self {
         match kind {
             // Refused before it was sent: nothing ran.
@@ -407,36 +388,9 @@ fn clip_message(mut message: String, max: usize) -> String {
 
 impl DeadLetterEntry {
     /// An entry for a call labelled `label` that failed once, at
-    /// `failed_at`, with a failure of `kind` described by `error` (outermost
-    /// first; cut as the [`error`](Self::error) field says).
-    ///
-    /// The id is generated for `failed_at`; there is no request (method,
-    /// URI, headers, message id) and an empty body until you set those
-    /// fields, which are public. A dead-letter layer builds its entries
-    /// itself: this is for stores, tests and tools that make entries of
-    /// their own.
-    ///
-    /// ```
-    /// use std::time::SystemTime;
-    /// use tower_classify::FailureKind;
-    /// use tower_poison::{DeadLetterEntry, StoredHeader};
-    ///
-    /// let mut entry = DeadLetterEntry::new(
-    ///     "orders",
-    ///     FailureKind::ServerError,
-    ///     vec!["HTTP 503 Service Unavailable".into()],
-    ///     SystemTime::now(),
-    /// );
-    /// entry.method = Some("POST".into());
-    /// entry.uri = Some("http://orders.internal/orders".into());
-    /// entry.headers.push(StoredHeader {
-    ///     name: "content-type".into(),
-    ///     value: "application/json".into(),
-    /// });
-    /// entry.body = r#"{"sku":42}"#.into();
-    /// entry.attempts = 3;
-    /// assert_eq!(entry.first_failed_at, entry.last_failed_at);
-    /// ```
+    /// `failed_at`, with a failure of `kind` described by `error` (cut as the
+    /// [`error`](Self::error) field says), for stores, tests and tools: the
+    /// request fields are public, and empty until set.
     pub fn new(
         label: impl Into<String>,
         kind: FailureKind,
@@ -470,11 +424,9 @@ impl DeadLetterEntry {
         now.duration_since(self.first_failed_at).unwrap_or_default()
     }
 
-    /// Adds a failed replay that made `attempts` attempts (one for a
-    /// [`Replayer`](crate::replay::Replayer); a retrying service's layer may
-    /// count more) to the entry's history; the original failure's fields stay
-    /// as they are, and the key's state is left to
-    /// [`note_replay_answer`](Self::note_replay_answer).
+    /// Adds a failed replay of `attempts` attempts (a retrying service's
+    /// layer may count more than one) to the history; the original failure's
+    /// fields stay.
     pub(crate) fn record_replay(&mut self, mut record: ReplayRecord, attempts: u32) {
         self.attempts = self.attempts.saturating_add(attempts.max(1));
         self.last_failed_at = self.last_failed_at.max(record.at);

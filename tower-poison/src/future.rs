@@ -9,10 +9,11 @@ use std::task::{ready, Context, Poll};
 
 use http::HeaderMap;
 use pin_project_lite::pin_project;
+use tower_classify::attempts::TallyScope;
 use tower_classify::{BoxError, Classify, GrpcClassifier, Outcome, StreamEnd};
 
-use crate::attempts::{tallied, Attempts, Tallied};
-use crate::capture::{BodyRecording, DescribeResponse, PendingRecord, BODY_WAIT};
+use crate::attempts::{Attempts, Tallied};
+use crate::capture::{BodyRecording, DescribeResponse, PendingRecord};
 use crate::entry::error_chain;
 use crate::open::{detach, OpenCall, SettleAtEnd, Write};
 use crate::poison::Counted;
@@ -57,34 +58,22 @@ pin_project! {
 }
 
 impl<F, Res, St, C, Cap, R> ResponseFuture<F, Res, St, C, Cap, R> {
-    pub(crate) fn calling(
-        call: Tallied<F>,
-        shared: Arc<Shared<St, C, Cap>>,
-        pending: PendingRecord<R>,
-        counted: Option<Counted>,
-    ) -> Self {
-        ResponseFuture {
-            state: State::Calling {
-                call,
-                shared,
-                pending: Some(pending),
-                counted,
-            },
-        }
-    }
-
-    /// [`calling`](Self::calling), with the inner future made by `call`
-    /// inside the tally scope, in place.
+    /// The inner service's call, its future made by `call` inside the
+    /// tally scope, in place.
     #[inline]
-    pub(crate) fn calling_with(
+    pub(crate) fn calling(
         call: impl FnOnce() -> F,
         shared: Arc<Shared<St, C, Cap>>,
         pending: PendingRecord<R>,
         counted: Option<Counted>,
     ) -> Self {
+        // A retry layer below makes its first attempt in `call`: with a
+        // fresh tally current.
+        let scope = TallyScope::calling(Default::default());
+        let call = Tallied::in_scope(call(), scope);
         ResponseFuture {
             state: State::Calling {
-                call: tallied!(call()),
+                call,
                 shared,
                 pending: Some(pending),
                 counted,
@@ -155,7 +144,7 @@ where
                             Err(_) => shared.classifier.classify(result.as_ref()),
                         },
                     };
-                    match shared.verdict(outcome, &counted) {
+                    match shared.settings.verdict(outcome, &counted) {
                         Verdict::HandBack => {
                             return Poll::Ready(
                                 result.map(|res| shared.capture.hand_back(res, None)),
@@ -217,7 +206,7 @@ where
             attempts,
             ..
         } = *self;
-        let failure = match (end, shared.verdict(outcome, &counted)) {
+        let failure = match (end, shared.settings.verdict(outcome, &counted)) {
             // The caller went away (nothing is known of the call), or there
             // is nothing to do.
             (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
@@ -225,22 +214,21 @@ where
             }
             (_, Verdict::Succeeded) => {
                 return detach(Box::pin(async move {
-                    shared.forget(counted).await;
+                    shared.settings.forget(counted).await;
                     Ok(())
                 }));
             }
-            (_, Verdict::Failed(failure)) => Failed {
-                kind: failure.kind,
-                refusal: Failed::refusal(failure),
-                error: describe(end),
-                // The head came; a body error means the rest did not.
-                responded: !matches!(end, StreamEnd::Error(_)),
-                status: None,
-            },
+            // The head came; a body error means the rest did not.
+            (_, Verdict::Failed(failure)) => {
+                let responded = !matches!(end, StreamEnd::Error(_));
+                Failed::new(failure, describe(end), responded, None)
+            }
         };
         detach(Box::pin(async move {
-            let record = pending.finish(BODY_WAIT, attempts).await;
-            shared.on_failure(record, failure, Ok(()), counted).await
+            shared
+                .settings
+                .on_failure(pending, attempts, failure, Ok(()), counted)
+                .await
         }))
     }
 }

@@ -8,9 +8,10 @@ use tower_layer::Layer;
 use crate::action::Action;
 use crate::capture::HttpCapture;
 use crate::counts::{DeliveryCount, FailureCountStore};
+use crate::observability::ForgetfulMap;
 use crate::poison::{PoisonCounting, PoisonPolicy};
 use crate::redact::Redactor;
-use crate::service::{DeadLetter, DropLog, Shared, StoredKinds};
+use crate::service::{DeadLetter, Settings, Shared, StoredKinds, LOGGED_KEYS};
 
 /// The failure kinds [`DeadLetterLayer::for_server`] stores: what an operator
 /// must act on. A server's `4xx` answers (a scanner's `404`, a client's
@@ -88,16 +89,18 @@ impl<St> DeadLetterLayer<St> {
         crate::observability::describe_metrics();
         DeadLetterLayer {
             shared: Shared {
-                store,
                 classifier: HttpClassifier::new(),
                 capture: HttpCapture::default(),
-                label: Arc::from("default"),
-                action: Action::Dlq,
-                redactor: Redactor::default(),
-                poison: None,
-                count_store: None,
-                drops: Arc::new(DropLog::default()),
-                stored: StoredKinds::all_but_refusals(),
+                settings: Settings {
+                    store,
+                    label: Arc::from("default"),
+                    action: Action::Dlq,
+                    redactor: Redactor::default(),
+                    poison: None,
+                    count_store: None,
+                    drops: Arc::new(ForgetfulMap::new(LOGGED_KEYS)),
+                    stored: StoredKinds::ALL.with(FailureKind::Shed, false),
+                },
             },
         }
     }
@@ -144,13 +147,13 @@ impl<St, C> DeadLetterLayer<St, C, HttpCapture> {
 impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// Names the service or route in every entry (and metric label).
     pub fn label(mut self, label: impl Into<Arc<str>>) -> Self {
-        self.shared.label = label.into();
+        self.shared.settings.label = label.into();
         self
     }
 
     /// What to do with a call that finally failed (default [`Action::Dlq`]).
     pub fn action(mut self, action: Action) -> Self {
-        self.shared.action = action;
+        self.shared.settings.action = action;
         self
     }
 
@@ -160,7 +163,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// [`store_refusals`](Self::store_refusals)): a client's layer loses
     /// nothing that failed; see [`for_server`](DeadLetterLayer::for_server).
     pub fn store_kinds(mut self, kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        self.shared.stored = StoredKinds::of(kinds);
+        self.shared.settings.stored = StoredKinds::of(kinds);
         self
     }
 
@@ -174,7 +177,7 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// The [crate docs](crate#quick-example) say why they are not stored by
     /// default, and when to store them.
     pub fn store_refusals(mut self, yes: bool) -> Self {
-        self.shared.stored = self.shared.stored.with(FailureKind::Shed, yes);
+        self.shared.settings.stored = self.shared.settings.stored.with(FailureKind::Shed, yes);
         self
     }
 
@@ -183,28 +186,16 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// are in every `Redactor`. An error-text hook sees each message
     /// whole, before the message is cut to its bound (see
     /// [`DeadLetterEntry::error`](crate::DeadLetterEntry::error)).
-    ///
-    /// ```
-    /// use tower_poison::store::MemoryStore;
-    /// use tower_poison::{DeadLetterLayer, Redactor};
-    ///
-    /// let redactor = Redactor::default()
-    ///     .with_header("x-tenant-token".parse().unwrap())
-    ///     .with_name("ssn")
-    ///     .with_error_hook(|line| *line = line.replace("tenant-7", "[tenant]"));
-    /// let layer = DeadLetterLayer::new(MemoryStore::new(1_000)).redactor(redactor);
-    /// # let _ = layer;
-    /// ```
     pub fn redactor(mut self, redactor: Redactor) -> Self {
-        self.shared.redactor = redactor;
+        self.shared.settings.redactor = redactor;
         self
     }
 
     /// Turns on poison-message detection (see [`PoisonPolicy`]), counting
     /// in memory unless a [`count_store`](Self::count_store) is set.
     pub fn poison(mut self, policy: PoisonPolicy) -> Self {
-        let store = self.shared.count_store.clone();
-        self.shared.poison = Some(Arc::new(PoisonCounting::new(policy, store)));
+        let store = self.shared.settings.count_store.clone();
+        self.shared.settings.poison = Some(Arc::new(PoisonCounting::new(policy, store)));
         self
     }
 
@@ -217,10 +208,10 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// [`poison`](Self::poison); without it, it has no effect.
     pub fn count_store<F: FailureCountStore>(mut self, store: F) -> Self {
         let store: Arc<dyn crate::counts::DynFailureCountStore> = Arc::new(store);
-        self.shared.count_store = Some(Arc::clone(&store));
-        if let Some(poison) = &self.shared.poison {
+        self.shared.settings.count_store = Some(Arc::clone(&store));
+        if let Some(poison) = &self.shared.settings.poison {
             let policy = poison.policy();
-            self.shared.poison = Some(Arc::new(PoisonCounting::new(policy, Some(store))));
+            self.shared.settings.poison = Some(Arc::new(PoisonCounting::new(policy, Some(store))));
         }
         self
     }
@@ -232,48 +223,23 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// comes in the trailers is then judged by this classifier where its
     /// response body ends (see [`OpenCall`](crate::OpenCall)).
     pub fn classifier<C2>(self, classifier: C2) -> DeadLetterLayer<St, C2, Cap> {
-        self.with_parts(|_| classifier, |capture| capture)
+        let shared = Shared {
+            classifier,
+            capture: self.shared.capture,
+            settings: self.shared.settings,
+        };
+        DeadLetterLayer { shared }
     }
 
     /// Uses `capture` to describe requests, for example
     /// [`describe_fn`](crate::describe_fn) for queue messages.
     pub fn capture<Cap2>(self, capture: Cap2) -> DeadLetterLayer<St, C, Cap2> {
-        self.with_parts(|classifier| classifier, |_| capture)
-    }
-
-    /// The same layer with its classifier and capture passed through
-    /// `classifier` and `capture`.
-    fn with_parts<C2, Cap2>(
-        self,
-        classifier: impl FnOnce(C) -> C2,
-        capture: impl FnOnce(Cap) -> Cap2,
-    ) -> DeadLetterLayer<St, C2, Cap2> {
-        let Shared {
-            store,
-            classifier: old_classifier,
-            capture: old_capture,
-            label,
-            action,
-            redactor,
-            poison,
-            count_store,
-            drops,
-            stored,
-        } = self.shared;
-        DeadLetterLayer {
-            shared: Shared {
-                store,
-                classifier: classifier(old_classifier),
-                capture: capture(old_capture),
-                label,
-                action,
-                redactor,
-                poison,
-                count_store,
-                drops,
-                stored,
-            },
-        }
+        let shared = Shared {
+            classifier: self.shared.classifier,
+            capture,
+            settings: self.shared.settings,
+        };
+        DeadLetterLayer { shared }
     }
 }
 
@@ -293,14 +259,14 @@ where
 impl<St: fmt::Debug, C: fmt::Debug, Cap: fmt::Debug> fmt::Debug for DeadLetterLayer<St, C, Cap> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetterLayer")
-            .field("store", &self.shared.store)
+            .field("store", &self.shared.settings.store)
             .field("classifier", &self.shared.classifier)
             .field("capture", &self.shared.capture)
-            .field("label", &self.shared.label)
-            .field("action", &self.shared.action)
-            .field("redactor", &self.shared.redactor)
-            .field("poison", &self.shared.poison)
-            .field("stored", &self.shared.stored)
+            .field("label", &self.shared.settings.label)
+            .field("action", &self.shared.settings.action)
+            .field("redactor", &self.shared.settings.redactor)
+            .field("poison", &self.shared.settings.poison)
+            .field("stored", &self.shared.settings.stored)
             .finish()
     }
 }

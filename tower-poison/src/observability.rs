@@ -1,5 +1,10 @@
 //! The metrics the layer emits, and their descriptions.
 
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Mutex, MutexGuard};
+
 /// Failed calls the action disposed of, by `action`, `kind` and `label`.
 pub(crate) const DEAD_LETTERED_TOTAL: &str = "tower_poison_dead_lettered_total";
 
@@ -34,18 +39,14 @@ pub(crate) fn replayed(label: &str, outcome: &'static str) {
 /// # The depth gauge
 ///
 /// The depth is per label: layers with different labels sharing one store
-/// each report their own. Every store here keeps a count per label, updated
-/// with the entries themselves (the memory store under its lock, redb in the
-/// write transaction, Redis in the put and remove scripts, in a
-/// `tower-poison:{NAME}:label-depths` hash), so `remove` and `purge` count
-/// too, and a label leaves the count with its last entry, so the counts never
-/// hold more labels than the store holds entries. A redb file from before
-/// label counts is counted when it is opened; a Redis queue from before them
-/// counts only the entries written since (the gauge never goes below zero;
-/// the CLI's `stats`, which scans, reports exact `by_label` counts). A store
-/// of your own reports a label's depth by implementing
-/// [`put_with_depth`](crate::store::DeadLetterStore::put_with_depth); the
-/// provided one reports none, and the layer then sets no gauge.
+/// each report their own. Every store here counts each label's entries with
+/// the entries themselves (a redb file from before it counted labels is
+/// counted when opened; a Redis queue's older entries are not, so its gauge
+/// counts those written since, while the CLI's `stats` scans), so `remove`
+/// and `purge` count too, and a label leaves with its last entry. A store of
+/// your own reports a depth through
+/// [`put_with_depth`](crate::store::DeadLetterStore::put_with_depth); without
+/// it the layer sets no gauge.
 pub fn describe_metrics() {
     metrics::describe_counter!(
         DEAD_LETTERED_TOTAL,
@@ -69,4 +70,51 @@ pub fn describe_metrics() {
         "Dead-letter replays finished, by outcome (delivered: removed, failed: kept with the \
          failure added, gone: removed by someone else meanwhile)"
     );
+}
+
+/// A map that starts over rather than hold more than `capacity` keys, for
+/// what may be forgotten at the cost of a repeated log line or a generic
+/// error text: a flood of distinct keys costs a refill, never memory.
+#[derive(Debug)]
+pub(crate) struct ForgetfulMap<K, V> {
+    capacity: usize,
+    map: Mutex<HashMap<K, V>>,
+}
+
+impl<K: Hash + Eq, V: Clone> ForgetfulMap<K, V> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        let map = Mutex::new(HashMap::new());
+        ForgetfulMap { capacity, map }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<K, V>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets `key`'s value, emptying the map first when it is full.
+    pub(crate) fn insert(&self, key: K, value: V) {
+        let mut map = self.lock();
+        if map.len() >= self.capacity && !map.contains_key(&key) {
+            map.clear();
+        }
+        map.insert(key, value);
+    }
+
+    /// `key`'s value, or the one `make` makes when it has none, with `true`.
+    pub(crate) fn get_or_insert<Q>(&self, key: &Q, make: impl FnOnce() -> (K, V)) -> (V, bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut map = self.lock();
+        if let Some(value) = map.get(key) {
+            return (value.clone(), false);
+        }
+        if map.len() >= self.capacity {
+            map.clear();
+        }
+        let (key, value) = make();
+        map.insert(key, value.clone());
+        (value, true)
+    }
 }

@@ -1,10 +1,9 @@
 //! Poison-message detection for consumers of redelivering queues.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::SystemTime;
 
@@ -12,6 +11,7 @@ use tower_classify::{BoxError, ConfigError};
 
 use crate::counts::{DeliveryTally, DynFailureCountStore, MemoryFailureCounts, MessageKey};
 use crate::error::CountStoreFailed;
+use crate::observability::ForgetfulMap;
 use crate::store::StoreError;
 
 /// How poison detection counts deliveries of a message.
@@ -81,7 +81,8 @@ impl PoisonPolicy {
 pub(crate) struct PoisonCounting {
     policy: PoisonPolicy,
     store: Counts,
-    last: LastFailures,
+    /// Bounded: losing one only makes a diverted entry's error text generic.
+    last: ForgetfulMap<MessageKey, LastFailure>,
 }
 
 /// Where a layer counts: its own memory (answered in place, no runtime or
@@ -132,29 +133,6 @@ pub(crate) struct LastFailure {
     pub(crate) at: SystemTime,
 }
 
-/// A bounded map of [`LastFailure`]s. Past its capacity it starts over:
-/// losing one only makes a diverted entry's error text generic, so a
-/// flood of failing ids costs a refill, never memory.
-#[derive(Debug)]
-struct LastFailures {
-    capacity: usize,
-    map: Mutex<HashMap<MessageKey, LastFailure>>,
-}
-
-impl LastFailures {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<MessageKey, LastFailure>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn note(&self, key: &MessageKey, failure: LastFailure) {
-        let mut map = self.map();
-        if map.len() >= self.capacity && !map.contains_key(key) {
-            map.clear();
-        }
-        map.insert(key.clone(), failure);
-    }
-}
-
 impl PoisonCounting {
     pub(crate) fn new(policy: PoisonPolicy, store: Option<Arc<dyn DynFailureCountStore>>) -> Self {
         let store = match store {
@@ -165,10 +143,7 @@ impl PoisonCounting {
         PoisonCounting {
             policy,
             store,
-            last: LastFailures {
-                capacity: policy.capacity,
-                map: Mutex::new(HashMap::new()),
-            },
+            last: ForgetfulMap::new(policy.capacity),
         }
     }
 
@@ -255,14 +230,14 @@ impl PoisonCounting {
 
     /// What this process saw of `key`'s last failure.
     pub(crate) fn last(&self, key: &MessageKey) -> Option<LastFailure> {
-        self.last.map().get(key).cloned()
+        self.last.lock().get(key).cloned()
     }
 
     /// A delivery under the limit failed: keep its error for the entry
     /// written if the message is diverted later.
     pub(crate) fn note_failure(&self, key: &MessageKey, error: Vec<String>) {
         let at = SystemTime::now();
-        self.last.note(key, LastFailure { error, at });
+        self.last.insert(key.clone(), LastFailure { error, at });
     }
 
     /// The message succeeded or was disposed of: its count starts over. A
@@ -270,7 +245,7 @@ impl PoisonCounting {
     /// handled, and a stale count only matters if its id comes back (the
     /// Redis and redb stores bound how long or how many they keep).
     pub(crate) async fn forget(&self, counted: Counted) {
-        self.last.map().remove(&counted.key);
+        self.last.lock().remove(&counted.key);
         if !counted.in_store {
             return;
         }
@@ -367,7 +342,7 @@ mod tests {
         for i in 0..1_000 {
             let key = MessageKey::new(&format!("m-{i}"));
             poison.note_failure(&key, vec!["boom".into()]);
-            assert!(poison.last.map().len() <= 10);
+            assert!(poison.last.lock().len() <= 10);
         }
     }
 }

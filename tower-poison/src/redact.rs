@@ -378,16 +378,19 @@ fn authority_start(uri: &str) -> Option<usize> {
     is_scheme.then_some(scheme_end + 3)
 }
 
-/// The path of a stored URI, for a log line: no query, no userinfo.
-pub(crate) fn path_of(uri: &str) -> &str {
-    let without_query = uri.split(['?', '#']).next().unwrap_or_default();
-    match authority_start(without_query) {
+/// The path and the query (from its `?`) of a stored URI, without its
+/// fragment, scheme, userinfo or authority.
+pub(crate) fn path_and_query(uri: &str) -> (&str, &str) {
+    let uri = uri.split('#').next().unwrap_or_default();
+    let (before_query, query) = uri.split_at(uri.find('?').unwrap_or(uri.len()));
+    let path = match authority_start(before_query) {
         Some(start) => {
-            let rest = &without_query[start..];
+            let rest = &before_query[start..];
             rest.find('/').map_or("/", |at| &rest[at..])
         }
-        None => without_query,
-    }
+        None => before_query,
+    };
+    (path, query)
 }
 
 #[cfg(test)]
@@ -436,9 +439,12 @@ mod tests {
         for (uri, expected) in cases {
             assert_eq!(redactor.redact_uri(uri), expected, "{uri}");
         }
-        assert_eq!(path_of("https://u:SECRET@host/p/q?token=SECRET"), "/p/q");
-        assert_eq!(path_of("/p?token=SECRET"), "/p");
-        assert_eq!(path_of("/v1//a?b"), "/v1//a");
+        assert_eq!(
+            path_and_query("https://u:SECRET@host/p/q?token=SECRET").0,
+            "/p/q"
+        );
+        assert_eq!(path_and_query("/p?token=SECRET").0, "/p");
+        assert_eq!(path_and_query("/v1//a?b").0, "/v1//a");
     }
 
     #[test]
@@ -479,7 +485,7 @@ mod tests {
         ) {
             let redactor = Redactor::default();
             let _ = redactor.redact_uri(&prefix);
-            let _ = path_of(&prefix);
+            let _ = path_and_query(&prefix);
             let _ = redactor.redact_body(Bytes::from(junk));
             let uri = format!("https://h/{}?a=1&token={secret}", prefix.replace(['?', '#', '&'], ""));
             proptest::prop_assert!(!redactor.redact_uri(&uri).contains(&secret));

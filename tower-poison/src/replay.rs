@@ -8,48 +8,39 @@
 //!
 //! # Delivered once
 //!
-//! Two operators replaying the same entry, or a replay loop running on two
-//! machines, must not send it twice. Before sending, a replay *claims* the
-//! entry in the store ([`DeadLetterStore::claim`]) for a lease (five minutes
-//! by default, [`Replayer::lease`]); a second replay of a claimed entry sends
-//! nothing and answers [`ReplayOutcome::InProgress`]. After a success the
-//! replay removes the entry (and so its claim); after a failure it updates
-//! the entry and then gives its claim back with the claim's
-//! [`ClaimToken`](crate::store::ClaimToken). The token is what makes the
-//! claim its own: a replay whose lease ran out mid-call cannot end the claim
-//! of the replay that took over, and a dead-letter layer recording the
-//! failure in the service (below) updates the entry without freeing it for
-//! another replayer while this one is still finishing.
+//! Two operators, or two machines, replaying one entry must not send it
+//! twice. A replay first *claims* the entry ([`DeadLetterStore::claim`]) for
+//! a lease ([`Replayer::lease`], five minutes by default); a replay of a
+//! claimed entry sends nothing and answers [`ReplayOutcome::InProgress`]. A
+//! success removes the entry, and so its claim; a failure updates the entry,
+//! then releases the claim with its [`ClaimToken`](crate::store::ClaimToken),
+//! so a replay whose lease ran out mid-call cannot end the claim of the one
+//! that took over, and a layer recording the failure in the service does not
+//! free the entry for another replayer.
 //!
-//! A crash between sending and removing leaves the entry claimed until the
-//! lease runs out, and then a later replay sends it again. For that case
-//! [`http_request`] sends an `Idempotency-Key` made of the entry id and the
-//! number of replays a server answered with a 5xx of its own (`<id>-<n>`)
-//! when the request carried none, so a server that honours idempotency keys
-//! does not run the request twice: it answers the second delivery from the
-//! first (or refuses it while the first is running). Once a replay got no
-//! answer from the server itself (a timeout, a lost connection, a gateway's
-//! 502 or 504) the key never moves again, since that replay may have been
-//! applied ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)).
-//! The same goes for a replayer that crashed
-//! after sending: it records nothing, but the store tells the next claim
-//! that the claim before it lapsed unreleased
-//! ([`Claim::Claimed`]`{ previous_claim_lapsed: true, .. }`), and the
-//! replay pins the key before it sends. It records the pin with its own
-//! answer; when it cannot (the request cannot be built, the update fails)
-//! it leaves its claim to lapse in turn, so the next replay is told again.
+//! A replayer that crashes after sending leaves the entry claimed until the
+//! lease ends, and a later replay sends it again. So [`http_request`] sends
+//! an `Idempotency-Key`, when the request had none, of the entry id and the
+//! number of replays a server answered with a 5xx of its own (`<id>-<n>`): a
+//! server that honours keys answers a second delivery from the first. Once a
+//! replay got no answer from the server itself (a timeout, a lost
+//! connection, a gateway's 502 or 504) the key never moves again
+//! ([`replay_key_pinned`](crate::DeadLetterEntry::replay_key_pinned)), nor
+//! after a claim that lapsed unreleased
+//! ([`Claim::Claimed`]`{ previous_claim_lapsed: true, .. }`): the replay pins
+//! the key before it sends, and when it cannot record the pin (the request
+//! cannot be built, the update fails) it lets its own claim lapse, so the
+//! next replay is told again.
 //!
 //! # A replay that fails again
 //!
 //! [`http_request`] also marks the request with [`REPLAY_HEADER`] (the entry
-//! id). A [`DeadLetter`](crate::DeadLetter) layer in the service that receives
-//! it recognises the mark: when the replayed call fails there too, and its
-//! store holds that entry under the same label *for the same request*
-//! (method, path and query, body), the failure is added to the entry's
-//! history (attempts, last failure, error) instead of becoming a second
-//! entry. Anything a caller could send with a copied mark is some other
-//! request, and is stored as a new entry: the mark can neither hide a failure
-//! nor rewrite an entry's request, so ids need not be secret.
+//! id). A [`DeadLetter`](crate::DeadLetter) layer whose store holds that
+//! entry under the same label, *for the same request* (method, path and
+//! query, body), adds a failure of the call to the entry's history instead of
+//! storing a second entry. Anything else carrying a copied mark is stored as
+//! a new entry: the mark can neither hide a failure nor rewrite an entry's
+//! request, so ids need not be secret.
 //!
 //! # Replay history
 //!

@@ -1,6 +1,5 @@
-use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -8,7 +7,7 @@ use tower_classify::{BoxError, Classify, Failure, FailureKind, LogLimit, Outcome
 use tower_service::Service;
 
 use crate::action::Action;
-use crate::attempts::{tallied, Attempts};
+use crate::attempts::Attempts;
 use crate::capture::{
     BodyRecording, CaptureRequest, DescribeResponse, PendingRecord, RequestRecord, BODY_WAIT,
 };
@@ -16,9 +15,9 @@ use crate::counts::DynFailureCountStore;
 use crate::entry::{clip_chain, error_chain, DeadLetterEntry, EntryId, ReplayAnswer, ReplayRecord};
 use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
-use crate::observability::{DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
+use crate::observability::{ForgetfulMap, DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
-use crate::redact::Redactor;
+use crate::redact::{path_and_query, Redactor};
 use crate::replay::REPLAY_HEADER;
 use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
@@ -37,16 +36,24 @@ pub struct DeadLetter<S, St, C, Cap> {
 /// a copy through an `Arc`.
 #[derive(Clone)]
 pub(crate) struct Shared<St, C, Cap> {
-    pub(crate) store: St,
     pub(crate) classifier: C,
     pub(crate) capture: Cap,
+    pub(crate) settings: Settings<St>,
+}
+
+/// The settings that keep their type while the layer is built (its
+/// classifier and capture change it): what is done with a failed call.
+#[derive(Clone)]
+pub(crate) struct Settings<St> {
+    pub(crate) store: St,
     pub(crate) label: Arc<str>,
     pub(crate) action: Action,
     pub(crate) redactor: Redactor,
     pub(crate) poison: Option<Arc<PoisonCounting>>,
     /// The store poison detection counts in (memory when `None`).
     pub(crate) count_store: Option<Arc<dyn DynFailureCountStore>>,
-    pub(crate) drops: Arc<DropLog>,
+    /// The keys a `drop` action has logged, so each is logged once.
+    pub(crate) drops: Arc<ForgetfulMap<String, ()>>,
     pub(crate) stored: StoredKinds,
 }
 
@@ -57,12 +64,6 @@ pub(crate) struct StoredKinds(u16);
 
 impl StoredKinds {
     pub(crate) const ALL: StoredKinds = StoredKinds(u16::MAX);
-
-    /// Every kind but a refusal that never reached the dependency
-    /// ([`Shed`](FailureKind::Shed)): what [`DeadLetterLayer::new`](crate::DeadLetterLayer::new) stores.
-    pub(crate) fn all_but_refusals() -> Self {
-        Self::ALL.with(FailureKind::Shed, false)
-    }
 
     /// The same set with `kind` in it (`yes`) or not.
     pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
@@ -85,31 +86,10 @@ impl StoredKinds {
     }
 }
 
-/// The keys a `drop` action has already logged, so each is logged once.
-///
-/// Bounded: past `CAPACITY` keys it starts over, logging each key once more,
-/// rather than growing with an unbounded key set.
-#[derive(Debug, Default)]
-pub(crate) struct DropLog {
-    seen: Mutex<HashSet<String>>,
-}
-
-impl DropLog {
-    const CAPACITY: usize = 4096;
-
-    /// `true` the first time `key` is seen.
-    fn first_time(&self, key: &str) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(key) {
-            return false;
-        }
-        if seen.len() >= Self::CAPACITY {
-            seen.clear();
-        }
-        seen.insert(key.to_owned());
-        true
-    }
-}
+/// How many keys a `drop` action remembers having logged, and how many
+/// labels remember their last "store is full" warning: past it they start
+/// over, logging each once more.
+pub(crate) const LOGGED_KEYS: usize = 4096;
 
 /// How often a label warns that its store is full: once per interval, the
 /// other refusals are logged at `debug` (the metric counts every one).
@@ -117,23 +97,9 @@ const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Each label's limit on "store is full" warnings. Process-wide, by label:
 /// layers sharing a label share a queue, and one warning tells about all of
-/// them. Bounded like [`DropLog`]; only a refusal (a full store) looks here.
-static FULL_WARNINGS: LazyLock<Mutex<HashMap<Box<str>, Arc<LogLimit>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// The warning limit of `label`.
-fn full_warning_limit(label: &str) -> Arc<LogLimit> {
-    let mut limits = FULL_WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(limit) = limits.get(label) {
-        return Arc::clone(limit);
-    }
-    if limits.len() >= DropLog::CAPACITY {
-        limits.clear();
-    }
-    let limit = Arc::new(LogLimit::new(FULL_WARNING_INTERVAL));
-    limits.insert(label.into(), Arc::clone(&limit));
-    limit
-}
+/// them. Only a refusal (a full store) looks here.
+static FULL_WARNINGS: LazyLock<ForgetfulMap<Box<str>, Arc<LogLimit>>> =
+    LazyLock::new(|| ForgetfulMap::new(LOGGED_KEYS));
 
 impl<S, St, C, Cap> DeadLetter<S, St, C, Cap> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St, C, Cap>>) -> Self {
@@ -169,9 +135,9 @@ impl<S: fmt::Debug, St: fmt::Debug, C, Cap> fmt::Debug for DeadLetter<S, St, C, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetter")
             .field("inner", &self.inner)
-            .field("store", &self.shared.store)
-            .field("label", &self.shared.label)
-            .field("action", &self.shared.action)
+            .field("store", &self.shared.settings.store)
+            .field("label", &self.shared.settings.label)
+            .field("action", &self.shared.settings.action)
             .finish_non_exhaustive()
     }
 }
@@ -203,25 +169,19 @@ where
         // count store's decision: the body streams through, recorded on the
         // way, and is read back only if the call fails.
         let (request, pending) = shared.capture.capture(request);
-        let admission = match shared.admit(&pending) {
+        let decision = match shared.settings.admit(&pending) {
             Admission::Now(Decision::Stop(stop)) => {
-                return ResponseFuture::boxed(async move { Err(shared.stop(stop, pending).await) });
+                return ResponseFuture::boxed(async move {
+                    Err(shared.settings.stop(stop, pending).await)
+                });
             }
-            admission => admission,
-        };
-        let decision = match admission {
             Admission::Now(Decision::Process(counted)) => {
                 // The inner future is made where the response future holds
                 // it: made first and moved in, a stack's future (a few
                 // hundred bytes) would be copied once more per call.
-                return ResponseFuture::calling_with(
-                    || self.inner.call(request),
-                    shared,
-                    pending,
-                    counted,
-                );
+                let call = || self.inner.call(request);
+                return ResponseFuture::calling(call, shared, pending, counted);
             }
-            Admission::Now(Decision::Stop(_)) => unreachable!("returned above"),
             Admission::Later(decision) => decision,
         };
         // The count store has to be waited for, and a service that acts in
@@ -240,11 +200,10 @@ where
                     // copy could be reading it. The service goes too,
                     // with whatever its readiness reserved.
                     drop((request, inner));
-                    return Err(shared.stop(stop, pending).await);
+                    return Err(shared.settings.stop(stop, pending).await);
                 }
             };
-            let call = tallied!(inner.call(request));
-            ResponseFuture::calling(call, shared, pending, counted).await
+            ResponseFuture::calling(|| inner.call(request), shared, pending, counted).await
         })
     }
 }
@@ -262,7 +221,7 @@ pub(crate) enum Verdict {
     Failed(Failure),
 }
 
-impl<St, C, Cap> Shared<St, C, Cap> {
+impl<St> Settings<St> {
     /// What a call's `outcome` asks of the layer, the call `counted` as it is.
     pub(crate) fn verdict(&self, outcome: Outcome, counted: &Option<Counted>) -> Verdict {
         match outcome {
@@ -298,7 +257,7 @@ where
             Verdict::Failed(failure) => failure,
             Verdict::HandBack => return result,
             Verdict::Succeeded => {
-                self.forget(counted).await;
+                self.settings.forget(counted).await;
                 return result;
             }
         };
@@ -313,17 +272,14 @@ where
                 (Err(error), chain, None)
             }
         };
-        let record = pending.finish(BODY_WAIT, attempts).await;
-        let failure = Failed {
-            kind: classified.kind,
-            refusal: Failed::refusal(classified),
-            error,
-            responded: result.is_ok(),
-            status,
-        };
-        self.on_failure(record, failure, result, counted).await
+        let failure = Failed::new(classified, error, result.is_ok(), status);
+        self.settings
+            .on_failure(pending, attempts, failure, result, counted)
+            .await
     }
+}
 
+impl<St: DeadLetterStore> Settings<St> {
     /// Forgets a message's poison count (after a success, or once it was
     /// disposed of): its count starts over.
     pub(crate) async fn forget(&self, counted: Option<Counted>) {
@@ -331,16 +287,11 @@ where
             poison.forget(counted).await;
         }
     }
-}
 
-impl<St, C, Cap> Shared<St, C, Cap>
-where
-    St: DeadLetterStore,
-{
     /// Poison detection's decision on the delivery `pending` describes.
     pub(crate) fn admit<R>(&self, pending: &PendingRecord<R>) -> Admission {
         match &self.poison {
-            Some(poison) => poison.admit(pending.message_id(), pending.delivery()),
+            Some(poison) => poison.admit(pending.message_id.as_deref(), pending.delivery),
             None => Admission::Now(Decision::Process(None)),
         }
     }
@@ -398,9 +349,10 @@ where
     }
 
     /// A call failed: count it towards poison detection, or dispose of it.
-    pub(crate) async fn on_failure<T>(
+    pub(crate) async fn on_failure<T, R: BodyRecording>(
         &self,
-        record: RequestRecord,
+        pending: PendingRecord<R>,
+        attempts: Attempts,
         failure: Failed,
         result: Result<T, BoxError>,
         counted: Option<Counted>,
@@ -418,6 +370,7 @@ where
         // that matches it whole.
         self.redactor.redact_errors(&mut error);
         let error = clip_chain(error);
+        let record = pending.finish(BODY_WAIT, attempts).await;
         let now = SystemTime::now();
         let counted = self.poison.as_ref().zip(counted);
         if let Some((poison, counted)) = &counted {
@@ -467,7 +420,6 @@ where
         // `error` comes redacted and bounded (`on_failure`).
         DeadLetterEntry {
             id: EntryId::generate(SystemTime::now()),
-            label: self.label.to_string(),
             message_id: record.message_id,
             method: record.method,
             uri: record.uri.map(|uri| self.redactor.redact_uri(&uri)),
@@ -475,15 +427,9 @@ where
             body: self.redactor.redact_body(record.body),
             body_truncated: record.body_truncated,
             body_len: record.body_len,
-            error,
-            kind,
             attempts,
             first_failed_at,
-            last_failed_at,
-            replays: Vec::new(),
-            failed_replays: 0,
-            replay_server_errors: 0,
-            replay_key_pinned: false,
+            ..DeadLetterEntry::new(&*self.label, kind, error, last_failed_at)
         }
     }
 
@@ -533,7 +479,7 @@ where
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let uri = entry.uri.as_deref().unwrap_or_default();
-                let path = crate::redact::path_of(uri).to_owned();
+                let path = path_and_query(uri).0.to_owned();
                 match self.store.put_with_depth(entry).await {
                     Ok(Some(depth)) => {
                         metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
@@ -542,7 +488,9 @@ where
                     Err(error) if error.kind() == StoreErrorKind::Full => {
                         metrics::counter!(STORE_FULL_TOTAL, "label" => label.to_owned())
                             .increment(1);
-                        if let Some(held_back) = full_warning_limit(label).check() {
+                        let new = || (label.into(), Arc::new(LogLimit::new(FULL_WARNING_INTERVAL)));
+                        let (limit, _) = FULL_WARNINGS.get_or_insert(label, new);
+                        if let Some(held_back) = limit.check() {
                             tracing::warn!(
                                 entry_id = %id, label, kind, error = %error,
                                 since_last_warning = held_back,
@@ -570,7 +518,7 @@ where
                     "dead-lettered a failed call"
                 );
             }
-            Action::Drop if self.drops.first_time(key) => {
+            Action::Drop if self.drops.get_or_insert(key, || (key.to_owned(), ())).1 => {
                 tracing::warn!(
                     label,
                     key,
@@ -605,9 +553,19 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
-    /// `failure`, when it is a refusal.
-    pub(crate) fn refusal(failure: Failure) -> Option<Failure> {
-        (failure.kind == FailureKind::Shed).then_some(failure)
+    pub(crate) fn new(
+        failure: Failure,
+        error: Vec<String>,
+        responded: bool,
+        status: Option<u16>,
+    ) -> Self {
+        Failed {
+            kind: failure.kind,
+            refusal: (failure.kind == FailureKind::Shed).then_some(failure),
+            error,
+            responded,
+            status,
+        }
     }
 }
 
@@ -615,24 +573,15 @@ impl Failed {
 /// reproduces it: the label, the method, the path and query (a replay goes to
 /// another host), the body, and whether it was cut short.
 fn same_request(stored: &DeadLetterEntry, replayed: &DeadLetterEntry) -> bool {
-    fn path_and_query(uri: Option<&str>) -> Option<String> {
-        let uri = uri?.split('#').next().unwrap_or_default();
-        let rest = match uri.find("://") {
-            Some(at) => {
-                let after = &uri[at + 3..];
-                after.find(['/', '?']).map_or("", |start| &after[start..])
-            }
-            None => uri,
-        };
-        Some(match rest.strip_prefix('?') {
-            Some(query) => format!("/?{query}"),
-            None if rest.is_empty() => "/".to_owned(),
-            None => rest.to_owned(),
-        })
+    fn target(uri: &Option<String>) -> Option<(&str, &str)> {
+        match path_and_query(uri.as_deref()?) {
+            ("", query) => Some(("/", query)),
+            parts => Some(parts),
+        }
     }
     stored.label == replayed.label
         && stored.method == replayed.method
-        && path_and_query(stored.uri.as_deref()) == path_and_query(replayed.uri.as_deref())
+        && target(&stored.uri) == target(&replayed.uri)
         && stored.body == replayed.body
         && stored.body_truncated == replayed.body_truncated
 }

@@ -18,13 +18,8 @@
 //! the count been taken when a failure was *returned*, a message that kills
 //! every worker it reaches would be redelivered forever.
 //!
-//! # Hostile message ids
-//!
-//! Message ids come from whoever publishes to the queue. A store never sees
-//! one directly: it sees a [`MessageKey`], the id itself when it is short
-//! printable ASCII, or its SHA-256 digest otherwise, so a key (and a Redis key
-//! built from it) is at most 131 bytes (`id:` and 128 bytes; a digest
-//! key, `sha256:` and 64 hex digits, is shorter).
+//! Message ids come from whoever publishes to the queue, so a store never
+//! sees one directly but its bounded [`MessageKey`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -135,14 +130,7 @@ impl MessageKey {
 
 /// The SHA-256 of `bytes` in lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
-        hex.push(char::from(HEX[usize::from(byte >> 4)]));
-        hex.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    hex
+    format!("{:x}", Sha256::digest(bytes))
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

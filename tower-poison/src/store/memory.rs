@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    LabelDepths, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
+    lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    LabelDepths, ListQuery, Page, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
+use crate::entry::{DeadLetterEntry, EntryId};
 
 /// A bounded dead-letter store in memory.
 ///
@@ -108,36 +108,7 @@ impl DeadLetterStore for MemoryStore {
         let state = self.state();
         let start = query.after.map_or(Bound::Unbounded, Bound::Excluded);
         let range = state.entries.range((start, Bound::Unbounded));
-        let limit = query.limit.max(1);
-        let mut page = Vec::new();
-        let mut next = None;
-        for entry in range.map(|(_, entry)| entry) {
-            if page.len() == limit {
-                next = page.last().map(|e: &DeadLetterEntry| e.id);
-                break;
-            }
-            if query.matches(entry) {
-                page.push(entry.clone());
-            }
-        }
-        Ok(Page::new(page, next))
-    }
-
-    async fn match_prefix(
-        &self,
-        prefix: EntryIdPrefix,
-        limit: usize,
-    ) -> Result<PrefixMatches, StoreError> {
-        let (low, high) = prefix.range();
-        let state = self.state();
-        let mut matches = PrefixMatches::default();
-        for id in state.entries.range(low..=high).map(|(id, _)| *id) {
-            matches.count += 1;
-            if matches.ids.len() < limit {
-                matches.ids.push(id);
-            }
-        }
-        Ok(matches)
+        page_of(&query, range.map(|(_, entry)| Ok(entry.clone())))
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {

@@ -157,11 +157,15 @@ pub trait DeadLetterStore: Clone + Send + Sync + 'static {
     /// How many entries the store holds.
     fn depth(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// How long ago the oldest entry first failed (`None` when empty).
+    /// How long ago the oldest entry first failed (`None` when empty); the
+    /// provided implementation reads [`stats`](Self::stats), since ids come
+    /// from many clocks and the first is not necessarily the oldest.
     fn oldest_age(
         &self,
         now: SystemTime,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        async move { Ok(self.stats(now).await?.oldest_age) }
+    }
 
     /// Depth, oldest age and counts by failure kind and label, by paging
     /// through [`list`](Self::list).
@@ -232,10 +236,9 @@ impl ClaimToken {
     }
 }
 
-/// The latest instant the stores write, in milliseconds since the Unix
-/// epoch: the end of the year 9999. A `SystemTime` on every platform, exact
-/// in Lua's doubles and accepted by Redis's `PX`, so no lease can wrap,
-/// panic or be refused.
+/// The latest instant the stores write, in milliseconds since the epoch: the
+/// end of 9999, a `SystemTime` everywhere, exact in Lua's doubles and valid
+/// for Redis's `PX`, so no lease can wrap, panic or be refused.
 pub(crate) const MAX_MILLIS: u64 = 253_402_300_799_999;
 
 /// `duration` in whole milliseconds, saturating at [`MAX_MILLIS`].
@@ -256,16 +259,14 @@ pub(crate) fn time_from_millis(millis: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(millis.min(MAX_MILLIS))
 }
 
-/// The entry stored as `bytes` ([`DeadLetterEntry::to_bytes`]); bytes that
-/// are not one are a corrupt store.
+/// The entry stored as `bytes`; bytes that are not one are a corrupt store.
 #[cfg_attr(not(any(feature = "redb", feature = "redis")), allow(dead_code))]
 pub(crate) fn decode(bytes: &[u8]) -> Result<DeadLetterEntry, StoreError> {
     DeadLetterEntry::from_bytes(bytes)
         .map_err(|e| StoreError::corrupt("cannot decode a stored dead-letter entry", e))
 }
 
-/// When a lease of `lease` taken at `now` ends, in milliseconds since the
-/// Unix epoch, saturating at [`MAX_MILLIS`].
+/// When a lease of `lease` taken at `now` ends, as [`millis_since_epoch`].
 pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
     millis_since_epoch(now)
         .saturating_add(saturating_millis(lease))
@@ -274,14 +275,6 @@ pub(crate) fn lease_end(now: SystemTime, lease: Duration) -> u64 {
 
 /// Which entries [`DeadLetterStore::list`] returns: set the fields you need
 /// over [`ListQuery::default`]'s.
-///
-/// ```
-/// use tower_classify::FailureKind;
-/// use tower_poison::store::ListQuery;
-///
-/// let poison = ListQuery { kind: Some(FailureKind::Poison), limit: 20, ..ListQuery::default() };
-/// assert_eq!((poison.limit, poison.after), (20, None));
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
     /// Only entries with an id greater than this (the previous page's
@@ -318,6 +311,27 @@ impl ListQuery {
             && self.label.as_ref().is_none_or(|l| &entry.label == l)
             && self.failed_before.is_none_or(|b| entry.first_failed_at < b)
     }
+}
+
+/// The page of `query` from `entries`: every entry after the query's
+/// cursor, in id order.
+pub(crate) fn page_of<I>(query: &ListQuery, entries: I) -> Result<Page, StoreError>
+where
+    I: IntoIterator<Item = Result<DeadLetterEntry, StoreError>>,
+{
+    let limit = query.limit.max(1);
+    let mut page = Vec::new();
+    for entry in entries {
+        if page.len() == limit {
+            let next = page.last().map(|e: &DeadLetterEntry| e.id);
+            return Ok(Page::new(page, next));
+        }
+        let entry = entry?;
+        if query.matches(&entry) {
+            page.push(entry);
+        }
+    }
+    Ok(Page::new(page, None))
 }
 
 /// One page of [`DeadLetterStore::list`].

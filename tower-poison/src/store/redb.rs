@@ -9,12 +9,13 @@ use std::time::{Duration, SystemTime};
 
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    decode, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
+    decode, lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken,
+    DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
@@ -282,12 +283,34 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
     StoreError::backend("dead-letter store failed", error.into())
 }
 
-/// Takes `size` off the byte counter in `meta`.
-fn subtract_bytes(meta: &mut redb::Table<'_, &str, u64>, size: u64) -> Result<(), StoreError> {
-    let bytes = meta.get(ENTRY_BYTES).map_err(backend)?;
-    let bytes = bytes.map_or(0, |v| v.value()).saturating_sub(size);
-    meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
-    Ok(())
+/// Ends the claims and takes the label counts and bytes of the entries
+/// `txn` removed (each its key, label and size), commits, and takes them off
+/// `depth`; returns how many there were.
+fn forget_removed(
+    txn: WriteTransaction,
+    depth: &AtomicU64,
+    gone: &[(u128, Option<String>, usize)],
+) -> Result<u64, StoreError> {
+    {
+        let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
+        let mut labels = txn.open_table(LABELS).map_err(backend)?;
+        let mut meta = txn.open_table(META).map_err(backend)?;
+        let mut bytes = meta
+            .get(ENTRY_BYTES)
+            .map_err(backend)?
+            .map_or(0, |v| v.value());
+        for (key, label, size) in gone {
+            claims.remove(*key).map_err(backend)?;
+            if let Some(label) = label {
+                add_label(&mut labels, label, -1)?;
+            }
+            bytes = bytes.saturating_sub(*size as u64);
+        }
+        meta.insert(ENTRY_BYTES, bytes).map_err(backend)?;
+    }
+    txn.commit().map_err(backend)?;
+    subtract_depth(depth, gone.len() as u64);
+    Ok(gone.len() as u64)
 }
 
 /// Adds `delta` (+1 or -1) to `label`'s count in `labels`; returns the
@@ -474,21 +497,11 @@ impl DeadLetterStore for RedbStore {
             let Some(start) = query.after.map_or(Some(0), |a| a.as_u128().checked_add(1)) else {
                 return Ok(Page::new(Vec::new(), None));
             };
-            let limit = query.limit.max(1);
-            let mut entries = Vec::new();
-            let mut next = None;
-            for item in table.range(start..).map_err(backend)? {
-                let (_, value) = item.map_err(backend)?;
-                if entries.len() == limit {
-                    next = entries.last().map(|e: &DeadLetterEntry| e.id);
-                    break;
-                }
-                let entry = decode(value.value())?;
-                if query.matches(&entry) {
-                    entries.push(entry);
-                }
-            }
-            Ok(Page::new(entries, next))
+            let range = table.range(start..).map_err(backend)?;
+            page_of(
+                &query,
+                range.map(|item| decode(item.map_err(backend)?.1.value())),
+            )
         })
         .await
     }
@@ -521,26 +534,11 @@ impl DeadLetterStore for RedbStore {
         let depth = Arc::clone(&self.inner.depth);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
-            let removed = {
-                let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
-                let mut meta = txn.open_table(META).map_err(backend)?;
-                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
-                let mut labels = txn.open_table(LABELS).map_err(backend)?;
-                claims.remove(id.as_u128()).map_err(backend)?;
-                let old = entries.remove(id.as_u128()).map_err(backend)?;
-                if let Some(old) = &old {
-                    if let Some(label) = label_of(old.value()) {
-                        add_label(&mut labels, &label, -1)?;
-                    }
-                    subtract_bytes(&mut meta, old.value().len() as u64)?;
-                }
-                old.is_some()
-            };
-            txn.commit().map_err(backend)?;
-            if removed {
-                subtract_depth(&depth, 1);
-            }
-            Ok(removed)
+            let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
+            let old = entries.remove(id.as_u128()).map_err(backend)?;
+            let gone = old.map(|old| (id.as_u128(), label_of(old.value()), old.value().len()));
+            drop(entries);
+            Ok(forget_removed(txn, &depth, gone.as_slice())? > 0)
         })
         .await
     }
@@ -550,38 +548,20 @@ impl DeadLetterStore for RedbStore {
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let mut gone = Vec::new();
-            let mut gone_labels = Vec::new();
-            let mut bytes = 0u64;
-            {
-                let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
-                // An entry that does not decode is kept: purge removes by age,
-                // and an unreadable entry's age is unknown.
-                entries
-                    .retain(|key, value| {
-                        let entry = DeadLetterEntry::from_bytes(value).ok();
-                        let matches = entry.as_ref().is_some_and(|entry| filter.matches(entry));
-                        if let Some(entry) = entry.filter(|_| matches) {
-                            gone_labels.push(entry.label);
-                            gone.push(key);
-                            bytes = bytes.saturating_add(value.len() as u64);
-                        }
-                        !matches
-                    })
-                    .map_err(backend)?;
-                let mut claims = txn.open_table(CLAIMS).map_err(backend)?;
-                for key in &gone {
-                    claims.remove(*key).map_err(backend)?;
-                }
-                let mut labels = txn.open_table(LABELS).map_err(backend)?;
-                for label in &gone_labels {
-                    add_label(&mut labels, label, -1)?;
-                }
-                subtract_bytes(&mut txn.open_table(META).map_err(backend)?, bytes)?;
-            }
-            txn.commit().map_err(backend)?;
-            let removed = gone.len() as u64;
-            subtract_depth(&depth, removed);
-            Ok(removed)
+            let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
+            // An entry that does not decode is kept: purge removes by age,
+            // and an unreadable entry's age is unknown.
+            let purged = entries.retain(|key, value| {
+                let entry = DeadLetterEntry::from_bytes(value).ok();
+                let Some(entry) = entry.filter(|entry| filter.matches(entry)) else {
+                    return true;
+                };
+                gone.push((key, Some(entry.label), value.len()));
+                false
+            });
+            purged.map_err(backend)?;
+            drop(entries);
+            forget_removed(txn, &depth, &gone)
         })
         .await
     }
@@ -657,10 +637,6 @@ impl DeadLetterStore for RedbStore {
 
     async fn depth(&self) -> Result<u64, StoreError> {
         Ok(self.inner.depth.load(Ordering::Relaxed))
-    }
-
-    async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        Ok(self.stats(now).await?.oldest_age)
     }
 }
 

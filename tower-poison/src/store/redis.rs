@@ -42,11 +42,8 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// cannot overshoot a [limit](RedisDeadLetterStoreBuilder::max_entries). A
 /// replaced entry keeps its place in the ids, so a page cursor stays valid
 /// while entries are rewritten or removed. `purge` and `stats` walk the ids
-/// a page at a time, never loading the whole queue. (A queue written before
-/// label counts has none for its older entries: the gauge counts only the
-/// entries written since; `stats` scans, so its `by_label` is exact. Queues
-/// of earlier layouts are not read: drain them with the version that wrote
-/// them.)
+/// a page at a time, never loading the whole queue. Queues of earlier
+/// layouts are not read: drain them with the version that wrote them.
 ///
 /// # Durability
 ///
@@ -565,12 +562,6 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let mut cmd = redis::cmd("HLEN");
         self.query(cmd.arg(&self.shared.keys.entries), "count the entries")
             .await
-    }
-
-    async fn oldest_age(&self, now: SystemTime) -> Result<Option<Duration>, StoreError> {
-        // Ids come from many nodes' clocks: the first is not necessarily
-        // the oldest failure.
-        Ok(self.stats(now).await?.oldest_age)
     }
 }
 
