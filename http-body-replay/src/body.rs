@@ -511,15 +511,27 @@ where
     }
 }
 
+// Sizes and flags only: a request's `Debug` shows its body, and the
+// recorded bytes are the caller's payload.
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let limit = match &self.inner {
-            Inner::Ended { limit } => *limit,
-            Inner::Reading(reader) => reader.shared.limit,
+        let reader = match &self.inner {
+            Inner::Ended { limit } => {
+                return f
+                    .debug_struct("ReplayBody")
+                    .field("limit", limit)
+                    .field("ended", &true)
+                    .finish_non_exhaustive()
+            }
+            Inner::Reading(reader) => reader,
         };
+        let state = reader.shared.lock();
         f.debug_struct("ReplayBody")
-            .field("limit", &limit)
-            .field("recording", &self.recording())
-            .finish_non_exhaustive()
+            .field("limit", &reader.shared.limit)
+            .field("bytes_read", &state.bytes_read)
+            .field("recording", &state.recording)
+            .field("ended", &state.ended)
+            .field("yielded", &reader.yielded)
+            .finish()
     }
 }
