@@ -22,6 +22,10 @@ pub struct RequestHead {
     /// the name's and the value's bytes.
     bytes: Box<[u8]>,
     method_end: u32,
+    /// The end of the scheme (before its `://`), or `method_end` without one.
+    scheme_end: u32,
+    /// The end of the authority, or where it would start without one.
+    authority_end: u32,
     uri_end: u32,
     version: Version,
     /// `false` when the head did not fit in `u32::MAX` bytes and its headers
@@ -79,9 +83,15 @@ impl RequestHead {
                 bytes.extend_from_slice(b"://");
             }
         }
+        // Before the "://".
+        let scheme_end = match scheme {
+            None => method_end,
+            Some(_) => bytes.len() as u32 - 3,
+        };
         if let Some(authority) = authority {
             bytes.extend_from_slice(authority.as_bytes());
         }
+        let authority_end = bytes.len() as u32;
         bytes.extend_from_slice(path_and_query.as_bytes());
         let uri_end = bytes.len() as u32;
         if complete {
@@ -101,6 +111,8 @@ impl RequestHead {
             // Exact capacity: no reallocation.
             bytes: bytes.into_boxed_slice(),
             method_end,
+            scheme_end,
+            authority_end,
             uri_end,
             version,
             complete,
@@ -148,7 +160,7 @@ impl RequestHead {
         }
         let mut request = Request::new(body);
         *request.method_mut() = Method::from_bytes(self.method().as_bytes()).ok()?;
-        *request.uri_mut() = Uri::try_from(self.uri()).ok()?;
+        *request.uri_mut() = self.rebuild_uri()?;
         *request.version_mut() = self.version;
         let headers = request.headers_mut();
         for header in self.headers() {
@@ -158,6 +170,26 @@ impl RequestHead {
             headers.append(name, value);
         }
         Some(request)
+    }
+
+    fn rebuild_uri(&self) -> Option<Uri> {
+        let mut parts = http::uri::Parts::default();
+        let scheme = &self.bytes[self.method_end as usize..self.scheme_end as usize];
+        let authority_start = if scheme.is_empty() {
+            self.scheme_end as usize
+        } else {
+            parts.scheme = Some(Scheme::try_from(scheme).ok()?);
+            self.scheme_end as usize + 3
+        };
+        let authority = &self.bytes[authority_start..self.authority_end as usize];
+        if !authority.is_empty() {
+            parts.authority = Some(Authority::try_from(authority).ok()?);
+        }
+        let path_and_query = &self.bytes[self.authority_end as usize..self.uri_end as usize];
+        if !path_and_query.is_empty() {
+            parts.path_and_query = Some(PathAndQuery::try_from(path_and_query).ok()?);
+        }
+        Uri::from_parts(parts).ok()
     }
 
     fn str(&self, start: u32, end: u32) -> &str {
