@@ -624,20 +624,45 @@ fn epoch_millis(time: SystemTime) -> u64 {
     })
 }
 
-/// `time` in RFC 3339, UTC, to the millisecond: `2024-02-29T23:59:59.000Z`,
-/// from `httpdate`'s IMF-fixdate (`Thu, 29 Feb 2024 23:59:59 GMT`). A time
-/// before the Unix epoch prints as the epoch (the stores cannot hold one).
+/// `time` in RFC 3339, UTC, to the millisecond: `2024-02-29T23:59:59.000Z`.
+///
+/// The stores keep milliseconds, so nothing finer is lost; a time before the
+/// Unix epoch prints as the epoch (the stores cannot hold one).
 fn rfc3339(time: SystemTime) -> String {
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
     let millis = epoch_millis(time);
-    let http = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(millis));
-    let [_, day, month, year, clock, ..] = http.split(' ').collect::<Vec<_>>()[..] else {
-        unreachable!("an IMF-fixdate has six fields: {http}")
+    let (secs, millis) = (millis / 1000, millis % 1000);
+    let (days, secs_of_day) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        secs_of_day / 3600,
+        secs_of_day / 60 % 60,
+        secs_of_day % 60
+    )
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01, by Howard
+/// Hinnant's `civil_from_days` (<https://howardhinnant.github.io/date_algorithms.html>):
+/// the calendar is counted in 400-year eras of 146,097 days, each era's
+/// years starting on 1 March so that the leap day falls at the end.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Days since 0000-03-01, the start of an era.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months from March: 0 = March, ..., 11 = February.
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
     };
-    let month = MONTHS.iter().position(|m| *m == month).unwrap_or(0) + 1;
-    format!("{year}-{month:02}-{day}T{clock}.{:03}Z", millis % 1000)
+    let year = era * 400 + year_of_era + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// An age for people: whole seconds (`"3d2h"`, `"0s"`).
@@ -708,6 +733,10 @@ mod tests {
             rfc3339(UNIX_EPOCH - Duration::from_secs(1)),
             "1970-01-01T00:00:00.000Z"
         );
+        // Past the stores' cap (a bad clock, a hand-made entry): printed,
+        // not a panic.
+        assert_eq!(rfc3339(at(253_402_300_800_000)), "10000-01-01T00:00:00.000Z");
+        assert!(rfc3339(at(u64::MAX)).ends_with(".615Z"));
     }
 
     /// The fields of `httpdate`'s IMF-fixdate (`Sun, 06 Nov 1994 08:49:37
