@@ -22,14 +22,9 @@ pub(crate) struct Cold<Res> {
     // while `Waiting`, while `Readying` the last moment a retry may
     // start (`arm_readiness`).
     timer: Option<Pin<Box<Sleep>>>,
-    // How the attempt before the one in flight failed, for the error
-    // that may end the loop; kept only when the call has a deadline.
-    pub(crate) previous: Option<PreviousFailure>,
-    // The answer of the attempt being retried, kept whole instead of
-    // `previous` while that attempt may still be streaming the request's
-    // body (see `Replay::still_streaming`). Boxed: a response would grow
-    // the cold state of every call with a limit or spans.
-    pub(crate) last: Option<Box<Result<Res, BoxError>>>,
+    // What is kept of the attempt being retried: one field, so that the
+    // whole answer and its head can never be of two attempts.
+    pub(crate) answer: Option<Answer<Res>>,
     // How the attempt being retried failed, for a give-up that comes
     // before the retry is sent.
     pub(crate) retried: Option<Failure>,
@@ -42,12 +37,23 @@ impl<Res> Default for Cold<Res> {
         Cold {
             retry: RetryState::default(),
             timer: None,
-            previous: None,
-            last: None,
+            answer: None,
             retried: None,
             spans: None,
         }
     }
+}
+
+/// What is kept of the answer of the attempt being retried.
+pub(crate) enum Answer<Res> {
+    /// The whole answer, while that attempt may still be streaming the
+    /// request's body (see `Replay::still_streaming`): if the retry loses
+    /// the body, it is the call's answer. Boxed: a response would grow the
+    /// cold state of every call with a limit or spans.
+    Whole(Box<Result<Res, BoxError>>),
+    /// Its head or error, for the `DeadlineExceeded` that may end the
+    /// loop; kept only when the call has a deadline.
+    Head(PreviousFailure),
 }
 
 /// Which limit the timer enforces on the attempt in flight.
@@ -64,37 +70,50 @@ pub(crate) enum Limit {
 const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 impl<Res> Cold<Res> {
-    /// Lets go of the answer kept whole (its body, and the connection that
-    /// may hold), keeping what an error ending the loop needs of it
-    /// (`previous`, only when the call has a deadline): once the request's
-    /// body can no longer be lost, or when the deadline ends the call.
-    pub(crate) fn settle_last(&mut self, report: &impl StopReport<Res>) {
-        if let Some(last) = self.last.take() {
-            self.keep_previous(*last, report);
-        }
-    }
-
-    /// Keeps of the answer of the attempt being retried what an error
-    /// ending the loop needs (only when the call has a deadline): a
-    /// response's head, or the error.
-    pub(crate) fn keep_previous(
+    /// Keeps `answer`, of the attempt being retried, in place of what was
+    /// kept of the attempt before it: whole while the request's body may
+    /// still be lost under it (`streaming`), else only what an error ending
+    /// the loop needs (a response's head, or the error; only when the call
+    /// has a deadline).
+    pub(crate) fn keep_answer(
         &mut self,
         answer: Result<Res, BoxError>,
+        streaming: bool,
         report: &impl StopReport<Res>,
     ) {
-        if self.retry.deadline.is_none() {
-            return;
-        }
-        let failure = self.retried.expect("an answer is kept for a retry");
-        let (error, head) = match answer {
-            Ok(response) => (None, report.keep_head(response)),
-            Err(error) => (Some(error), None),
+        self.answer = if streaming {
+            Some(Answer::Whole(Box::new(answer)))
+        } else if self.retry.deadline.is_none() {
+            None
+        } else {
+            let failure = self.retried.expect("an answer is kept for a retry");
+            let (error, head) = match answer {
+                Ok(response) => (None, report.keep_head(response)),
+                Err(error) => (Some(error), None),
+            };
+            Some(Answer::Head(PreviousFailure {
+                failure,
+                error,
+                head,
+            }))
         };
-        self.previous = Some(PreviousFailure {
-            failure,
-            error,
-            head,
-        });
+    }
+
+    /// Whether the answer of the attempt being retried is kept whole.
+    pub(crate) fn keeps_whole(&self) -> bool {
+        matches!(self.answer, Some(Answer::Whole(_)))
+    }
+
+    /// Lets go of the answer kept whole (its body, and the connection that
+    /// may hold), keeping only its head: once the request's body can no
+    /// longer be lost, or when the deadline ends the call.
+    pub(crate) fn settle(&mut self, report: &impl StopReport<Res>) {
+        if let Some(Answer::Whole(answer)) = self
+            .answer
+            .take_if(|answer| matches!(answer, Answer::Whole(_)))
+        {
+            self.keep_answer(*answer, false, report);
+        }
     }
 
     /// Arms the timer for an attempt starting now and says what it enforces.
@@ -231,13 +250,17 @@ where
     R: StopReport<Res>,
 {
     let reason = StopReason::Deadline;
-    cold.settle_last(&policy.replay);
+    cold.settle(&policy.replay);
     cold.end_span(attempts, Some(failure), Some(reason));
     policy.telemetry.gave_up(reason, attempts, failure);
     policy.listeners.gave_up(attempts, reason, failure);
+    let previous = match cold.answer.take() {
+        Some(Answer::Head(previous)) => Some(previous),
+        _ => None,
+    };
     Box::new(DeadlineExceeded::new(
         cold.retry.deadline_total,
         attempts,
-        cold.previous.take(),
+        previous,
     ))
 }

@@ -12,7 +12,7 @@ use tower_classify::duration::format_duration;
 use tower_classify::{BoxError, Classify, Failure, FailureKind, Outcome};
 use tower_service::Service;
 
-use crate::cold::{deadline_exceeded, in_span, Cold, Limit};
+use crate::cold::{deadline_exceeded, in_span, Answer, Cold, Limit};
 use crate::error::{BudgetExhausted, WaitTooLong};
 use crate::events::{RetryEvent, RetryStopped, StopReason};
 use crate::policy::{too_little_left, Decision, Policy, Stop};
@@ -231,7 +231,7 @@ where
                     // asked now, before readiness reserves what a retry
                     // would use (a slot, a connection) for one that
                     // cannot be made.
-                    if cold.last.is_some() {
+                    if cold.keeps_whole() {
                         let kept = this.kept.as_ref().expect("a retry has something kept");
                         if !policy.replay.can_replay(kept) {
                             break not_replayable(policy, cold, *this.attempts, None);
@@ -239,7 +239,7 @@ where
                         // Ended (or let go) during the sleep: nothing left
                         // to keep the answer for while readiness is awaited.
                         if !policy.replay.still_streaming(kept) {
-                            cold.settle_last(&policy.replay);
+                            cold.settle(&policy.replay);
                         }
                     }
                     // The same timer now bounds the wait for readiness.
@@ -252,7 +252,7 @@ where
                     let cold = this.cold.as_mut().expect("a retry has cold state");
                     match ready {
                         Poll::Ready(Err(err)) => {
-                            cold.last = None;
+                            cold.answer = None;
                             let failure = Failure::new(FailureKind::ServerError);
                             cold.end_span(*this.attempts, Some(failure), None);
                             break Err(err.into());
@@ -293,7 +293,7 @@ where
                     // The answer being retried stays whole while the retry
                     // runs only if the body may yet be lost under it.
                     if !still_streaming {
-                        cold.settle_last(&policy.replay);
+                        cold.settle(&policy.replay);
                     }
                     *this.attempts += 1;
                     if *this.attempts > policy.max_retries {
@@ -360,7 +360,7 @@ where
         // A retry whose copy of the body was lost to the attempt before it,
         // still streaming the upload: the answer of that attempt, kept for
         // this, is the call's.
-        if cold.last.is_some()
+        if cold.keeps_whole()
             && matches!(&result, Err(AttemptError::Inner(err)) if lost_its_body(err))
         {
             break not_replayable(policy, cold, attempts, None);
@@ -407,20 +407,18 @@ where
         cold.retried = Some(failure);
         // Kept whole while the body may still outgrow its recording under
         // the attempt that failed (it is then the call's answer); else
-        // only for the `DeadlineExceeded` that may end the loop, which
-        // only a deadline can: a response's body is dropped here, its head
-        // kept.
-        cold.previous = None;
-        let answer = result.map_err(AttemptError::into_box);
+        // only for the `DeadlineExceeded` that may end the loop: a
+        // response's body is dropped here, its head kept. Either replaces
+        // what was kept of the attempt before.
         let still_streaming = this
             .kept
             .as_ref()
             .is_some_and(|kept| report.still_streaming(kept));
-        if still_streaming {
-            cold.last = Some(Box::new(answer));
-        } else {
-            cold.keep_previous(answer, report);
-        }
+        cold.keep_answer(
+            result.map_err(AttemptError::into_box),
+            still_streaming,
+            report,
+        );
         if wait.is_zero() {
             // No sleep: straight to readiness, with the timer (if any)
             // bounding the wait for it.
@@ -438,7 +436,7 @@ where
 /// Ends the call after `attempts` attempts when the request could not be
 /// sent again: the body outgrew its recording before the retry could be
 /// sent, or under the retry, which says nothing of the request. The answer
-/// kept whole while the body streamed (`cold.last`, the answer of the
+/// kept whole while the body streamed (`Answer::Whole`, the answer of the
 /// attempt being retried) is handed back as a failure not retried, else
 /// `replay_error`. Marked [`NotReplayable`](StopReason::NotReplayable), as
 /// for a request found not replayable when the retry is decided: the
@@ -456,12 +454,12 @@ where
     let failure = cold.retried.expect("a retry follows a failure");
     cold.end_span(attempts, Some(failure), Some(reason));
     let marked = policy.listeners.gave_up(attempts, reason, failure);
-    match cold.last.take() {
-        Some(last) => {
+    match cold.answer.take() {
+        Some(Answer::Whole(last)) => {
             let result = (*last).map_err(AttemptError::Inner);
             stopped(Stop::HandBack(reason), marked, result, &policy.replay)
         }
-        None => Err(replay_error.expect("an answer was kept, or the replay failed")),
+        _ => Err(replay_error.expect("an answer was kept, or the replay failed")),
     }
 }
 

@@ -1271,3 +1271,82 @@ async fn item_5_no_retry_carries_the_refusal_token() {
         ]
     );
 }
+
+/// A retry sent while the upload still streams, whose own answer comes
+/// once the body is recorded whole: that answer, not the first one, is the
+/// attempt being retried. The first answer (its body, its connection) is let
+/// go then, and a deadline ending the call later names the second answer's
+/// head, not the first's.
+#[tokio::test(start_paused = true)]
+async fn a_retry_answering_after_the_upload_ended_replaces_the_kept_answer() {
+    let first_dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tracked = first_dropped.clone();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = tower::service_fn(move |request: Request<Streamed>| {
+        let attempt = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let tracked = tracked.clone();
+        async move {
+            let mut body = request.into_body();
+            let answer = |body| {
+                Response::builder()
+                    .status(503)
+                    .header("x-attempt", attempt)
+                    .body(body)
+                    .unwrap()
+            };
+            match attempt {
+                1 => {
+                    // Answered early; the upload goes on under it.
+                    body.frame().await.unwrap()?;
+                    tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
+                    Ok::<_, BoxError>(answer(Some(Tracked(tracked))))
+                }
+                // Sent while the upload streams; answers once it ended.
+                2 => {
+                    body.collect().await?;
+                    Ok(answer(None))
+                }
+                // A server that never answers: the deadline ends the call.
+                _ => std::future::pending().await,
+            }
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(ReplayBodyLayer::new(16))
+        .layer(
+            RetryLayer::http_builder()
+                .backoff(Backoff::fixed(Duration::from_millis(100)).with_jitter(Jitter::None))
+                .no_budget()
+                .deadline(S(1))
+                .build()
+                .unwrap(),
+        )
+        .service(inner);
+    let (mut upload, original) = Upload::new(4);
+    let call = tokio::spawn(service.oneshot(Request::put("/").body(original).unwrap()));
+    upload.send_data(Bytes::from("ab")).await.unwrap();
+    // The first answer at 0 ms, the retry sent at 100 ms, the upload ended
+    // at 150 ms, the retry's answer then, the next retry at 250 ms.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    upload.send_data(Bytes::from("cd")).await.unwrap();
+    drop(upload);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let dropped_in_backoff = first_dropped.load(std::sync::atomic::Ordering::SeqCst);
+    let Err(error) = call.await.unwrap() else {
+        panic!("the deadline ends the call")
+    };
+    let exceeded = error
+        .downcast_ref::<tower_retry_budget::error::DeadlineExceeded>()
+        .unwrap_or_else(|| panic!("not the deadline: {error}"));
+    assert_eq!(exceeded.attempts(), 3);
+    let head = exceeded.response_head().expect("the last answer's head");
+    let parts = head.downcast_ref::<http::response::Parts>().unwrap();
+    assert_eq!(
+        (
+            parts.headers["x-attempt"].to_str().unwrap(),
+            dropped_in_backoff
+        ),
+        ("2", true),
+        "(the head the deadline names, the first answer let go once the retry answered)"
+    );
+}
