@@ -735,7 +735,10 @@ mod tests {
         );
         // Past the stores' cap (a bad clock, a hand-made entry): printed,
         // not a panic.
-        assert_eq!(rfc3339(at(253_402_300_800_000)), "10000-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(at(253_402_300_800_000)),
+            "10000-01-01T00:00:00.000Z"
+        );
         assert!(rfc3339(at(u64::MAX)).ends_with(".615Z"));
     }
 
