@@ -573,11 +573,20 @@ impl Failed {
 /// reproduces it: the label, the method, the path and query (a replay goes to
 /// another host), the body, and whether it was cut short.
 fn same_request(stored: &DeadLetterEntry, replayed: &DeadLetterEntry) -> bool {
+    // What follows `scheme://authority` in an absolute URI, else all of it:
+    // an origin-form path may start with `//` (it names no host), and a
+    // query may hold `://`, so only a `://` before any `/` or `?` counts.
     fn target(uri: &Option<String>) -> Option<(&str, &str)> {
-        match path_and_query(uri.as_deref()?) {
-            ("", query) => Some(("/", query)),
-            parts => Some(parts),
-        }
+        let uri = uri.as_deref()?.split('#').next().unwrap_or_default();
+        let rest = match uri.find("://") {
+            Some(at) if !uri[..at].contains(['/', '?']) => {
+                let after = &uri[at + 3..];
+                after.find(['/', '?']).map_or("", |start| &after[start..])
+            }
+            _ => uri,
+        };
+        let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+        Some((if path.is_empty() { "/" } else { path }, query))
     }
     stored.label == replayed.label
         && stored.method == replayed.method
@@ -630,6 +639,18 @@ mod tests {
             &entry("http://a", ""),
             &entry("http://b/", "")
         ));
+        // A query holding a URL, and an origin-form path that starts with
+        // `//`, are the request's own: not a scheme, not a host.
+        let callback = entry("http://orders.internal/hook?cb=https://x/y", "{}");
+        assert!(same_request(
+            &callback,
+            &entry("/hook?cb=https://x/y", "{}")
+        ));
+        let double = entry("//x/orders/7", "{}");
+        assert!(same_request(
+            &double,
+            &entry("http://other//x/orders/7", "{}")
+        ));
     }
 
     #[test]
@@ -638,6 +659,8 @@ mod tests {
         let different = [
             entry("http://orders.internal/orders/8?notify=false", "{}"),
             entry("http://orders.internal/orders/7?notify=true", "{}"),
+            entry("//junk/orders/7?notify=false", "{}"),
+            entry("/y?notify=false&cb=http://orders.internal/orders/7", "{}"),
             entry(
                 "http://orders.internal/orders/7?notify=false",
                 "{\"qty\":9}",
