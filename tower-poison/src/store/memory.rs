@@ -1,5 +1,6 @@
 //! The bounded in-memory store.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,9 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use super::{
     lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken, DeadLetterStore,
-    LabelDepths, ListQuery, Page, PurgeFilter, StoreError, StoreErrorKind,
+    LabelDepths, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
-use crate::entry::{DeadLetterEntry, EntryId};
+use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 /// A bounded dead-letter store in memory.
 ///
@@ -108,7 +109,25 @@ impl DeadLetterStore for MemoryStore {
         let state = self.state();
         let start = query.after.map_or(Bound::Unbounded, Bound::Excluded);
         let range = state.entries.range((start, Bound::Unbounded));
-        page_of(&query, range.map(|(_, entry)| Ok(entry.clone())))
+        page_of(&query, range.map(|(_, entry)| Ok(Cow::Borrowed(entry))))
+    }
+
+    // The ids in range, under one lock, without cloning an entry.
+    async fn match_prefix(
+        &self,
+        prefix: EntryIdPrefix,
+        limit: usize,
+    ) -> Result<PrefixMatches, StoreError> {
+        let (low, high) = prefix.range();
+        let state = self.state();
+        let mut matches = PrefixMatches::default();
+        for id in state.entries.range(low..=high).map(|(id, _)| *id) {
+            matches.count += 1;
+            if matches.ids.len() < limit {
+                matches.ids.push(id);
+            }
+        }
+        Ok(matches)
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {

@@ -11,6 +11,7 @@
 //! always succeeds; `remove` and `purge` give their bytes back; `u64::MAX`
 //! lifts a limit.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -314,10 +315,10 @@ impl ListQuery {
 }
 
 /// The page of `query` from `entries`: every entry after the query's
-/// cursor, in id order.
-pub(crate) fn page_of<I>(query: &ListQuery, entries: I) -> Result<Page, StoreError>
+/// cursor, in id order. Borrowed entries are cloned only when they match.
+pub(crate) fn page_of<'a, I>(query: &ListQuery, entries: I) -> Result<Page, StoreError>
 where
-    I: IntoIterator<Item = Result<DeadLetterEntry, StoreError>>,
+    I: IntoIterator<Item = Result<Cow<'a, DeadLetterEntry>, StoreError>>,
 {
     let limit = query.limit.max(1);
     let mut page = Vec::new();
@@ -328,7 +329,7 @@ where
         }
         let entry = entry?;
         if query.matches(&entry) {
-            page.push(entry);
+            page.push(entry.into_owned());
         }
     }
     Ok(Page::new(page, None))

@@ -1,5 +1,6 @@
 //! The default durable store, on redb.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -500,7 +501,7 @@ impl DeadLetterStore for RedbStore {
             let range = table.range(start..).map_err(backend)?;
             page_of(
                 &query,
-                range.map(|item| decode(item.map_err(backend)?.1.value())),
+                range.map(|item| decode(item.map_err(backend)?.1.value()).map(Cow::Owned)),
             )
         })
         .await
