@@ -330,6 +330,9 @@ where
             let outcome = classify(&policy.classifier, &result);
             (result, outcome)
         };
+        // The attempt is over: what its future holds (a connection, a
+        // concurrency permit) goes now, before the listeners hear of it.
+        this.state.set(State::Done);
         let failure = match outcome {
             Outcome::Failure(failure) => failure,
             // The success path: nothing to decide.

@@ -1079,3 +1079,54 @@ async fn item_15_waiting_out_a_refusal_spends_no_budget() {
     );
     assert_eq!(inner.count(), 1, "a real failure still needs the budget");
 }
+
+/// A finished attempt's future goes (with what it holds: a connection, a
+/// concurrency permit) before the listeners hear how the call ended, as it
+/// does before a retry's sleep.
+#[tokio::test]
+async fn a_finished_attempt_is_dropped_before_the_listeners_hear_of_it() {
+    /// An attempt's future that counts its drop, as a permit would free.
+    struct Holding(Option<Result<&'static str, BoxError>>, Arc<AtomicU32>);
+    impl std::future::Future for Holding {
+        type Output = Result<&'static str, BoxError>;
+        fn poll(mut self: std::pin::Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(self.0.take().expect("polled once"))
+        }
+    }
+    impl Drop for Holding {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    for succeed_on in [2, u32::MAX] {
+        let (calls, dropped) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let hear = |heard: &Arc<Mutex<Vec<u32>>>, dropped: &Arc<AtomicU32>| {
+            let (heard, dropped) = (heard.clone(), dropped.clone());
+            move || heard.lock().unwrap().push(dropped.load(Ordering::SeqCst))
+        };
+        let (on_give_up, on_recovered) = (hear(&heard, &dropped), hear(&heard, &dropped));
+        let layer = RetryLayer::builder()
+            .backoff(Backoff::none())
+            .max_retries(1)
+            .no_budget()
+            .on_give_up(move |_| on_give_up())
+            .on_success_after_retries(move |_| on_recovered())
+            .build()
+            .unwrap();
+        let service = tower::service_fn({
+            let (calls, dropped) = (calls.clone(), dropped.clone());
+            move |_: &'static str| {
+                let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let result = if call == succeed_on {
+                    Ok("done")
+                } else {
+                    Err(io::Error::from(io::ErrorKind::ConnectionReset).into())
+                };
+                Holding(Some(result), dropped.clone())
+            }
+        });
+        let _ = layer.layer(service).oneshot("hello").await;
+        assert_eq!(*heard.lock().unwrap(), [2], "succeed on {succeed_on}");
+    }
+}
