@@ -390,7 +390,7 @@ fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Durat
     let classified = std::iter::successors(Some(error), |&err| next_in_chain(err))
         .find_map(|err| err.downcast_ref::<Classified>())?;
     classified
-        .answer_wait()
+        .answer_wait
         .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 
