@@ -356,10 +356,7 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     // An unrecognised error is `UNKNOWN` unless `unknown_as` chose: the
     // default's `Rejected` means "do not retry blindly", not "your request
     // is wrong" (`INVALID_ARGUMENT`).
-    let chosen = classifier
-        .recognised(error)
-        .or_else(|| classifier.chosen_unknown());
-    let (outcome, code) = match chosen {
+    let (outcome, code) = match classifier.decided(error) {
         Some(outcome) => (outcome, status_code(&outcome)),
         None => (DEFAULT_UNKNOWN, 2),
     };
