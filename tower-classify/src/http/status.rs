@@ -124,27 +124,22 @@ impl HttpClassifier {
     }
 
     fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
-        let code = status.as_u16();
-        if let Some(retryable) = self
-            .custom
-            .as_ref()
-            .and_then(|custom| custom.retryable.as_ref())
-        {
-            if retryable.contains(status) {
-                return Some(match code {
-                    429 => FailureKind::RateLimited,
-                    408 => FailureKind::Timeout,
-                    _ => FailureKind::ServerError,
-                });
-            }
-            return (code >= 400).then_some(FailureKind::Rejected);
-        }
-        match code {
+        let kind = match status.as_u16() {
             408 => Some(FailureKind::Timeout),
             429 => Some(FailureKind::RateLimited),
             500.. => Some(FailureKind::ServerError),
             400..=499 => Some(FailureKind::Rejected),
             _ => None,
+        };
+        match self.custom.as_ref().and_then(|c| c.retryable.as_ref()) {
+            None => kind,
+            // In the set, 408 and 429 keep their kind and any other status
+            // is a server error; out of it, every failing one is rejected.
+            Some(set) if set.contains(status) => match kind {
+                Some(FailureKind::Timeout | FailureKind::RateLimited) => kind,
+                _ => Some(FailureKind::ServerError),
+            },
+            Some(_) => kind.and(Some(FailureKind::Rejected)),
         }
     }
 }
