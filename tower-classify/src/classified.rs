@@ -27,7 +27,10 @@ pub struct Classified {
     failure: Failure,
     message: Cow<'static, str>,
     source: Option<BoxError>,
-    answer_wait: Option<Duration>,
+    /// The wait an answer to a remote caller states, when it is not the
+    /// hint's (see [`with_answer_wait`](Self::with_answer_wait)).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) answer_wait: Option<Duration>,
 }
 
 impl Classified {
@@ -80,13 +83,6 @@ impl Classified {
     /// The classification this error carries.
     pub fn failure(&self) -> Failure {
         self.failure
-    }
-
-    /// The wait an answer to a remote caller states, when it is not the
-    /// hint's (see [`with_answer_wait`](Self::with_answer_wait)).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn answer_wait(&self) -> Option<Duration> {
-        self.answer_wait
     }
 }
 

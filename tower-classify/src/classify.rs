@@ -9,23 +9,8 @@ use crate::settle::StreamEnd;
 
 /// Decides what one call's result, its response *or* its error, means
 /// ([crate docs](crate#what-it-decides)). Every layer calls it once per
-/// attempt, so it must be cheap.
-///
-// How a call settles past its head is the `http` feature's: its types and
-// `classify_end` come with it, and the docs link them only where they exist.
-#[cfg_attr(
-    feature = "http",
-    doc = r#"
-# When a call is over
-
-A streamed response may settle its call only where its body ends (gRPC
-puts `grpc-status` in the trailers of a `200`). A layer that must know
-asks [`classify_head`](Self::classify_head); on `None` it wraps the body
-in a [`SettleBody`](crate::SettleBody), which asks
-[`classify_end`](Self::classify_end) once, where the body ends. Both are
-provided, and the combinators, `&C` and `Arc<C>` pass them on.
-"#
-)]
+/// attempt, so it must be cheap. A streamed response may settle its call
+/// only where its body ends ([crate docs](crate#what-it-reads)).
 pub trait Classify<Res, E> {
     /// Classifies one result.
     fn classify(&self, result: Result<&Res, &E>) -> Outcome;

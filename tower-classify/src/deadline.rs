@@ -33,7 +33,9 @@ impl Deadline {
     /// The deadline `timeout` from now (saturating far in the future).
     pub fn after(timeout: Duration) -> Self {
         let now = Instant::now();
-        Deadline(now.checked_add(timeout).unwrap_or_else(|| far_future(now)))
+        // About 30 years: later than any call lives, and representable.
+        let far_future = || now + Duration::from_secs(30 * 365 * 86_400);
+        Deadline(now.checked_add(timeout).unwrap_or_else(far_future))
     }
 
     /// The instant.
@@ -73,11 +75,6 @@ impl Deadline {
             .and_then(parse_grpc_timeout)
             .map(Deadline::after)
     }
-}
-
-fn far_future(now: Instant) -> Instant {
-    // About 30 years: later than any call lives, and representable.
-    now + Duration::from_secs(30 * 365 * 86_400)
 }
 
 /// The `grpc-timeout` request header.

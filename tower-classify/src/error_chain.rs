@@ -145,7 +145,10 @@ impl Unknown {
 impl fmt::Debug for ErrorChainClassifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ErrorChainClassifier")
-            .field("unknown", &self.unknown())
+            .field(
+                "unknown",
+                &self.unknown.map_or(DEFAULT_UNKNOWN, Unknown::outcome),
+            )
             .finish()
     }
 }
@@ -171,27 +174,19 @@ impl ErrorChainClassifier {
 
     /// Classifies one error and its chain.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
-        self.recognised(error).unwrap_or(self.unknown())
+        self.decided(error).unwrap_or(DEFAULT_UNKNOWN)
     }
 
-    /// What an error nothing recognises means.
-    pub(crate) const fn unknown(&self) -> Outcome {
-        match self.unknown {
-            Some(unknown) => unknown.outcome(),
-            None => DEFAULT_UNKNOWN,
-        }
-    }
-
-    /// What [`unknown_as`](Self::unknown_as) chose an error nothing
-    /// recognises to mean; `None` when it was not called.
-    #[cfg(feature = "http")]
-    pub(crate) fn chosen_unknown(&self) -> Option<Outcome> {
-        self.unknown.map(Unknown::outcome)
+    /// What the chain, else [`unknown_as`](Self::unknown_as), says `error`
+    /// means; `None` for an error nothing recognises under the default.
+    pub(crate) fn decided(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
+        let chosen = || self.unknown.map(Unknown::outcome);
+        self.recognised(error).or_else(chosen)
     }
 
     /// What [`classify_error`](Self::classify_error) finds in the chain, if
     /// anything.
-    pub(crate) fn recognised(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
+    fn recognised(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
         let mut deepest = None;
         // A wrapper that knows the request was never sent (a connect error)
         // knows more than the I/O error beneath it about *that*.

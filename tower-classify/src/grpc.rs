@@ -29,9 +29,8 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// | `RESOURCE_EXHAUSTED` (8) | [`RateLimited`](FailureKind::RateLimited) |
 /// | every other code | [`Rejected`](FailureKind::Rejected) |
 ///
-/// `classify` reads the `grpc-status` *header*; a `200` whose status comes
-/// in the trailers is left open by [`classify_head`](Classify::classify_head)
-/// and judged by [`classify_end`](Classify::classify_end). A non-200 without
+/// A `200` whose status comes in the trailers is judged where its body
+/// ends ([crate docs](crate#what-it-reads)); a non-200 without
 /// `grpc-status` is classified as HTTP. `grpc-retry-pushback-ms` is the
 /// [hint](crate::hint::parse_grpc_pushback); a [`Failure`] in the
 /// extensions decides, as for [`HttpClassifier`].

@@ -6,12 +6,8 @@ use crate::error::ConfigError;
 use crate::outcome::FailureKind;
 
 /// A non-empty set of the transient failure classes: `http_5xx`,
-/// `rate_limited`, `connection`, `timeout`, and `not_sent`.
-///
-/// `connection` covers every connection failure, [`FailureKind::NotSent`]
-/// included; `not_sent` alone is the narrower class of failures where the
-/// request provably never reached the server, the only connection failures
-/// after which a non-idempotent request is safe to resend.
+/// `rate_limited`, `connection` (which includes [`FailureKind::NotSent`]),
+/// `timeout`, and `not_sent`.
 ///
 /// Two sets are equal when they hold the same kinds ([crate
 /// docs](crate#classifiers)). An empty set is a configuration error, not
@@ -70,7 +66,10 @@ impl RetryOn {
         let kinds = names.into_iter().map(|name| {
             let name = name.as_ref();
             let refusal = || refused(format_args!("unknown class `{name}`"), "one of");
-            Self::kind_named(name).ok_or_else(refusal)
+            let kind = CLASSES.iter().find(|(_, n)| *n == name).map(|(k, _)| *k);
+            // `server_error` is accepted for `http_5xx`.
+            let alias = (name == "server_error").then_some(FailureKind::ServerError);
+            kind.or(alias).ok_or_else(refusal)
         });
         Self::new(kinds.collect::<Result<Vec<_>, _>>()?)
     }
@@ -90,13 +89,6 @@ impl RetryOn {
             .iter()
             .filter(move |(kind, _)| self.contains(*kind))
             .map(|(_, name)| *name)
-    }
-
-    fn kind_named(name: &str) -> Option<FailureKind> {
-        if name == "server_error" {
-            return Some(FailureKind::ServerError);
-        }
-        CLASSES.iter().find(|(_, n)| *n == name).map(|(k, _)| *k)
     }
 
     fn from_bits(mut bits: u8) -> Result<Self, ConfigError> {

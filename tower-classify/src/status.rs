@@ -356,10 +356,7 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     // An unrecognised error is `UNKNOWN` unless `unknown_as` chose: the
     // default's `Rejected` means "do not retry blindly", not "your request
     // is wrong" (`INVALID_ARGUMENT`).
-    let chosen = classifier
-        .recognised(error)
-        .or_else(|| classifier.chosen_unknown());
-    let (outcome, code) = match chosen {
+    let (outcome, code) = match classifier.decided(error) {
         Some(outcome) => (outcome, status_code(&outcome)),
         None => (DEFAULT_UNKNOWN, 2),
     };
@@ -390,7 +387,7 @@ fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Durat
     let classified = std::iter::successors(Some(error), |&err| next_in_chain(err))
         .find_map(|err| err.downcast_ref::<Classified>())?;
     classified
-        .answer_wait()
+        .answer_wait
         .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 

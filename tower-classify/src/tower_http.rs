@@ -1,18 +1,12 @@
-//! An adapter from tower-http's [`ClassifyResponse`] (feature `tower-http`).
+//! An adapter from tower-http's [`ClassifyResponse`] (feature `tower-http`):
+//! tower-http decides *whether* a response failed, a map *how* (a retry must
+//! tell a 503 from a 404).
 //!
-//! A service that already classifies responses for tower-http's `Trace`
-//! layer can reuse that classifier here. tower-http decides *whether* a
-//! response failed; this crate also needs to know *how* (a retry must tell a
-//! 503 from a 404), so you say what each of its failure classes means.
-//! [`from_server_errors`] does that for tower-http's own
-//! [`ServerErrorsAsFailures`].
-//!
-//! Two limits come from tower-http's trait rather than from the adapter: a
-//! response its classifier can only judge at the end of the stream
-//! (`RequiresEos`, gRPC trailers) counts as a success here — judge trailers
-//! with a [`GrpcClassifier`](crate::GrpcClassifier)'s
-//! [`classify_end`](crate::Classify::classify_end) — and it sees errors only through `Display`, so errors are classified by
-//! this crate's [`ErrorChainClassifier`], which walks their `source()` chain.
+//! Two limits come from tower-http's trait: a response it can only judge at
+//! the end of the stream (`RequiresEos`, gRPC trailers) counts as a success
+//! here (judge trailers with [`GrpcClassifier`](crate::GrpcClassifier)), and
+//! it sees errors only through `Display`, so errors are classified by
+//! [`ErrorChainClassifier`], which walks their `source()` chain.
 
 use std::fmt;
 

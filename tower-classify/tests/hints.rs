@@ -206,6 +206,13 @@ fn backoff_from_header_units() {
         read(WaitUnit::EpochMs, "1e300"),
         Some(Duration::from_millis(u64::MAX))
     );
+    // Finite, yet past `f64` once scaled to milliseconds: a relative wait
+    // reads as none, an instant as the longest wait.
+    assert_eq!(read(WaitUnit::Seconds, "1e308"), None);
+    assert_eq!(
+        read(WaitUnit::EpochS, "1e308"),
+        Some(Duration::from_millis(u64::MAX))
+    );
     assert_eq!(read(WaitUnit::Rfc3339, "2026-13-01T00:00:00Z"), None);
     // A missing header is no hint.
     assert_eq!(

@@ -93,6 +93,17 @@ fn status_and_body_path_rule() {
         string_number.as_failure().unwrap().kind,
         FailureKind::RateLimited
     );
+    // And the reverse, as numbers; two texts compare as text.
+    for (body, throttled) in [
+        (r#"{"error":{"code":" 17 "}}"#, true),
+        (r#"{"error":{"code":4.0}}"#, true),
+        (r#"{"error":{"code":"4.0"}}"#, false),
+        (r#"{"error":{"code":"x"}}"#, false),
+    ] {
+        let outcome = classify(&classifier, json_response(400, body));
+        let kind = outcome.as_failure().unwrap().kind;
+        assert_eq!(kind == FailureKind::RateLimited, throttled, "{body}");
+    }
     assert_eq!(
         classify(&classifier, json_response(400, r#"{"error":{"code":100}}"#)),
         Outcome::failure(FailureKind::Rejected)

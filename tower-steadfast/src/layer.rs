@@ -1,6 +1,5 @@
 //! The stack a configuration builds, and the builders of its layers.
 
-use std::fmt;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -22,25 +21,21 @@ pub type ResilienceService<S, St> = DeadLetter<
     HttpCapture,
 >;
 
-/// The whole stack as one [`Layer`], outermost first:
-///
-/// ```text
-/// DeadLetter → CircuitBreaker → Retry → service
-/// ```
+/// The whole stack as one [`Layer`] (see [`ResilienceService`]).
 ///
 /// The dead-letter layer stores a call its retries gave up on once, with its
 /// attempt count; the breaker counts one failure per call, after its
 /// retries. Clones share the breaker, the retry budget, the poison counts
 /// and the store; two [`ResilienceConfig::layer`] calls share only the store.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ResilienceLayer<St> {
     dead_letter: DeadLetterLayer<St>,
     breaker: CircuitBreakerLayer<HttpClassifier>,
-    retry: RetryLayer<HttpClassifier, HttpReplay>,
+    pub(crate) retry: RetryLayer<HttpClassifier, HttpReplay>,
     /// The retry layer's events counted for the admin page; `None` for one
     /// built elsewhere.
     #[cfg(feature = "admin-page")]
-    retry_counts: Option<std::sync::Arc<crate::admin_page::RetryCounts>>,
+    pub(crate) retry_counts: Option<std::sync::Arc<crate::admin_page::RetryCounts>>,
 }
 
 impl<St> ResilienceLayer<St> {
@@ -63,27 +58,6 @@ impl<St> ResilienceLayer<St> {
     /// The breaker's operator handle: its state, forcing it open or closed.
     pub fn breaker_handle(&self) -> BreakerHandle {
         self.breaker.handle()
-    }
-
-    /// The retry layer's name (its metrics label).
-    #[cfg(feature = "admin-page")]
-    pub(crate) fn retry_name(&self) -> &str {
-        self.retry.name()
-    }
-
-    #[cfg(feature = "admin-page")]
-    pub(crate) fn retry_counts(&self) -> Option<&std::sync::Arc<crate::admin_page::RetryCounts>> {
-        self.retry_counts.as_ref()
-    }
-}
-
-impl<St: fmt::Debug> fmt::Debug for ResilienceLayer<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResilienceLayer")
-            .field("dead_letter", &self.dead_letter)
-            .field("breaker", &self.breaker)
-            .field("retry", &self.retry)
-            .finish()
     }
 }
 

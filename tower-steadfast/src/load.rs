@@ -174,14 +174,6 @@ fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
         let classes = "a list of classes such as [http_5xx, timeout]";
         return Err(refuse(path, classes, value));
     };
-    if items.is_empty() {
-        // The parser refuses this too; here it also says how to get every class.
-        let error = RetryOn::from_names(Vec::<&str>::new()).unwrap_err();
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!("{}; leave the key out to retry every class", error.reason()),
-        ));
-    }
     // Each item alone, so the parser's refusal names it; a value that is
     // not text is read as its description, which names no class.
     let names = items.iter().enumerate().map(|(i, item)| {
@@ -191,7 +183,12 @@ fn retry_on(value: &Value, path: &str) -> Result<RetryOn, ConfigError> {
         RetryOn::from_names([&text]).map(|_| text).map_err(error)
     });
     let names = names.collect::<Result<Vec<_>, _>>()?;
-    Ok(RetryOn::from_names(names).expect("every name was read and the list is not empty"))
+    // Only an empty list is left to refuse: the refusal also says how to
+    // get every class.
+    RetryOn::from_names(names).map_err(|error| {
+        let problem = format!("{}; leave the key out to retry every class", error.reason());
+        ConfigError::new(path.to_owned(), problem)
+    })
 }
 
 fn circuit_breaker(value: &Value, path: &str) -> Result<CircuitBreakerSection, ConfigError> {

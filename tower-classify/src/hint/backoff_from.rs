@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, HeaderName};
 use serde_json::Value;
 
-use super::instant::{epoch_ms, parse_rfc3339, relative, wait_until};
+use super::instant::{epoch_ms, parse_rfc3339, wait_until};
 use super::json_path::JsonPath;
 use super::parse_http_date;
 use crate::error::ConfigError;
@@ -36,31 +36,38 @@ impl WaitUnit {
     /// `Date`, or the local clock); an instant in the past is zero. `None` when
     /// the value is missing, negative or unreadable.
     pub(crate) fn wait(self, value: &Value, base: SystemTime) -> Option<Duration> {
-        if self == WaitUnit::Rfc3339 {
-            let at = parse_rfc3339(value.as_str()?)?;
-            return Some(wait_until(at, epoch_ms(base)));
-        }
-        let number = match value {
-            Value::Number(number) => number.as_f64()?,
-            Value::String(text) => text.trim().parse::<f64>().ok()?,
-            _ => return None,
-        };
         let (unit_ms, absolute) = match self {
+            WaitUnit::Rfc3339 => {
+                let at = parse_rfc3339(value.as_str()?)?;
+                return Some(wait_until(at, epoch_ms(base)));
+            }
             WaitUnit::Seconds => (1_000.0, false),
             WaitUnit::Ms => (1.0, false),
             WaitUnit::Minutes => (60_000.0, false),
             WaitUnit::EpochS => (1_000.0, true),
             WaitUnit::EpochMs => (1.0, true),
-            WaitUnit::Rfc3339 => unreachable!("handled above"),
         };
-        if !absolute {
-            return relative(number, unit_ms);
+        let number = json_number(value)?;
+        // `as` saturates: an absurd instant or wait is a very long wait (a
+        // relative one that is not finite, or negative, is none).
+        let ms = number * unit_ms;
+        if absolute {
+            number
+                .is_finite()
+                .then(|| wait_until(ms.ceil() as i128, epoch_ms(base)))
+        } else {
+            (ms.is_finite() && ms >= 0.0).then(|| Duration::from_millis(ms.ceil() as u64))
         }
-        // `as` saturates, so an absurd instant is a very long wait.
-        let at = number
-            .is_finite()
-            .then(|| (number * unit_ms).ceil() as i128)?;
-        Some(wait_until(at, epoch_ms(base)))
+    }
+}
+
+/// A JSON number, or a string holding one: configuration formats and APIs
+/// often cannot say which one they meant.
+pub(crate) fn json_number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(number) => number.as_f64(),
+        Value::String(text) => text.trim().parse().ok(),
+        _ => None,
     }
 }
 

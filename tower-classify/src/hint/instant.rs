@@ -24,17 +24,6 @@ pub(crate) fn wait_until(at_ms: i128, base_ms: i128) -> Duration {
     }
 }
 
-/// A non-negative, finite number of `unit_ms` milliseconds as a `Duration`,
-/// saturating at `u64::MAX` milliseconds; `None` for negative or non-finite input.
-pub(crate) fn relative(value: f64, unit_ms: f64) -> Option<Duration> {
-    let ms = value * unit_ms;
-    if !ms.is_finite() || ms < 0.0 {
-        return None;
-    }
-    // `as` saturates for floats too large for a u64.
-    Some(Duration::from_millis(ms.ceil() as u64))
-}
-
 /// Reads an RFC 3339 timestamp (`2026-10-21T07:28:00Z`,
 /// `2026-10-21t07:28:00.5+02:00`) as milliseconds since the epoch.
 pub(crate) fn parse_rfc3339(text: &str) -> Option<i128> {

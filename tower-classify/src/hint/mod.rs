@@ -11,7 +11,7 @@ mod instant;
 mod json_path;
 mod retry_after;
 
-pub(crate) use self::backoff_from::header_name;
+pub(crate) use self::backoff_from::{header_name, json_number};
 pub use self::backoff_from::{BackoffFrom, WaitUnit};
 pub use self::json_path::JsonPath;
 pub(crate) use self::retry_after::{decimal, parse_http_date};

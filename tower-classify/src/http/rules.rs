@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::status::StatusSet;
 use crate::error::ConfigError;
-use crate::hint::{header_name, BackoffFrom, JsonPath};
+use crate::hint::{header_name, json_number, BackoffFrom, JsonPath};
 use crate::outcome::{Failure, FailureKind, RetryHint};
 
 /// Turns a response an API uses to signal throttling (a 400 with
@@ -119,13 +119,11 @@ impl ResponseRule {
 }
 
 /// JSON equality that also lets a configured `"17"` match a body's `17` (and
-/// the reverse): configuration formats often cannot say which one they meant.
+/// the reverse), read as [`json_number`] reads a wait.
 fn json_equals(found: &Value, want: &Value) -> bool {
     match (found, want) {
-        (Value::Number(n), Value::String(s)) | (Value::String(s), Value::Number(n)) => {
-            s.trim().parse::<f64>().ok() == n.as_f64()
-        }
-        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (Value::Number(_), Value::Number(_) | Value::String(_))
+        | (Value::String(_), Value::Number(_)) => json_number(found) == json_number(want),
         _ => found == want,
     }
 }

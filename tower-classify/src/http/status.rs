@@ -36,10 +36,6 @@ use crate::outcome::{Failure, FailureKind, Outcome, RetryHint};
 /// use tower_classify::{BoxError, Classify, FailureKind, HttpClassifier, Outcome};
 ///
 /// let classifier = HttpClassifier::new();
-/// let unavailable = Response::builder().status(503).header("retry-after", "2").body(()).unwrap();
-/// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&unavailable));
-/// assert_eq!(outcome.as_failure().unwrap().kind, FailureKind::ServerError);
-///
 /// let not_found = Response::builder().status(StatusCode::NOT_FOUND).body(()).unwrap();
 /// let outcome = Classify::<_, BoxError>::classify(&classifier, Ok(&not_found));
 /// assert_eq!(outcome, Outcome::failure(FailureKind::Rejected));
@@ -128,27 +124,22 @@ impl HttpClassifier {
     }
 
     fn status_kind(&self, status: StatusCode) -> Option<FailureKind> {
-        let code = status.as_u16();
-        if let Some(retryable) = self
-            .custom
-            .as_ref()
-            .and_then(|custom| custom.retryable.as_ref())
-        {
-            if retryable.contains(status) {
-                return Some(match code {
-                    429 => FailureKind::RateLimited,
-                    408 => FailureKind::Timeout,
-                    _ => FailureKind::ServerError,
-                });
-            }
-            return (code >= 400).then_some(FailureKind::Rejected);
-        }
-        match code {
+        let kind = match status.as_u16() {
             408 => Some(FailureKind::Timeout),
             429 => Some(FailureKind::RateLimited),
             500.. => Some(FailureKind::ServerError),
             400..=499 => Some(FailureKind::Rejected),
             _ => None,
+        };
+        match self.custom.as_ref().and_then(|c| c.retryable.as_ref()) {
+            None => kind,
+            // In the set, 408 and 429 keep their kind and any other status
+            // is a server error; out of it, every failing one is rejected.
+            Some(set) if set.contains(status) => match kind {
+                Some(FailureKind::Timeout | FailureKind::RateLimited) => kind,
+                _ => Some(FailureKind::ServerError),
+            },
+            Some(_) => kind.and(Some(FailureKind::Rejected)),
         }
     }
 }
@@ -223,10 +214,7 @@ impl StatusSet {
 
     /// `true` when `status` is in the set.
     pub(crate) const fn contains(&self, status: StatusCode) -> bool {
-        self.has(status.as_u16())
-    }
-
-    const fn has(&self, code: u16) -> bool {
+        let code = status.as_u16();
         self.bits[code as usize / 64] & (1 << (code % 64)) != 0
     }
 
@@ -237,7 +225,8 @@ impl StatusSet {
 
     /// The codes in the set, ascending.
     fn iter(&self) -> impl Iterator<Item = u16> + '_ {
-        (100u16..1000).filter(move |code| self.has(*code))
+        let has = |code| StatusCode::from_u16(code).is_ok_and(|status| self.contains(status));
+        (100u16..1000).filter(move |&code| has(code))
     }
 }
 

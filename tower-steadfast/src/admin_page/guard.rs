@@ -10,11 +10,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::routes::error;
 
-/// Refuses a request that changes something (any method but `GET` and
-/// `HEAD`) when a browser says it comes from another site: an `Origin` whose
-/// host is not the one it was sent to, or `Sec-Fetch-Site: cross-site`. The
-/// host it was sent to is the `Host` header, or, over HTTP/2, where browsers
-/// send `:authority` instead, the request URI's authority.
+/// Refuses a write (any method but `GET` and `HEAD`) a browser says comes
+/// from another site, as [`AdminPage`](super::AdminPage) states.
 ///
 /// The bearer token alone already stops a forged form post (a browser never
 /// adds it by itself); this check is the second lock, so that a page on

@@ -130,7 +130,7 @@ impl AdminPage {
         self.shared.breakers.push(stack.breaker_handle());
         self.shared
             .retries
-            .push((stack.retry_name().to_owned(), stack.retry_counts().cloned()));
+            .push((stack.retry.name().to_owned(), stack.retry_counts.clone()));
         self
     }
 
