@@ -10,7 +10,8 @@ use crate::settle::StreamEnd;
 /// Decides what one call's result, its response *or* its error, means
 /// ([crate docs](crate#what-it-decides)). Every layer calls it once per
 /// attempt, so it must be cheap. A streamed response may settle its call
-/// only where its body ends ([crate docs](crate#what-it-reads)).
+/// only where its body ends ([crate docs](crate#what-it-reads)). The
+/// combinators, `&C` and `Arc<C>` pass every method on.
 pub trait Classify<Res, E> {
     /// Classifies one result.
     fn classify(&self, result: Result<&Res, &E>) -> Outcome;

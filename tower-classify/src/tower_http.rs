@@ -4,7 +4,8 @@
 //!
 //! Two limits come from tower-http's trait: a response it can only judge at
 //! the end of the stream (`RequiresEos`, gRPC trailers) counts as a success
-//! here (judge trailers with [`GrpcClassifier`](crate::GrpcClassifier)), and
+//! here (judge trailers with [`GrpcClassifier`](crate::GrpcClassifier)'s
+//! `classify_end`), and
 //! it sees errors only through `Display`, so errors are classified by
 //! [`ErrorChainClassifier`], which walks their `source()` chain.
 

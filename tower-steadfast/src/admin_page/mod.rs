@@ -58,8 +58,8 @@ fn breaker(
 ///   the token in the tab's `sessionStorage`, never in a URL.
 /// - Writes are `POST`s with a JSON body, refused with `403` when the
 ///   browser says they come from another site (an `Origin` that is not the
-///   `Host`, or over HTTP/2 the `:authority`, or `Sec-Fetch-Site:
-///   cross-site`). Behind a reverse proxy, pass
+///   `Host`, or with no `Host` header the URI's authority, as HTTP/2's
+///   `:authority` arrives, or `Sec-Fetch-Site: cross-site`). Behind a reverse proxy, pass
 ///   the browser's `Host` on, or every write from the page is refused.
 /// - The server puts no stored value into HTML; the script writes every
 ///   value as text, never markup, under a content security policy that
