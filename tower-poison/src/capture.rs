@@ -140,17 +140,7 @@ enum Kept<R> {
 /// Sealed: the layer reads recordings through methods of its own.
 pub trait BodyRecording: sealed::Finish + Send + Sync + 'static {}
 
-/// A request described up front (see [`describe_fn`]) has no recording:
-/// its [`RequestRecord`] already holds the body.
-impl BodyRecording for () {}
-
-impl<B> BodyRecording for ReplayBody<B>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<tower_classify::BoxError>,
-{
-}
+impl<T: sealed::Finish + Send + Sync + 'static> BodyRecording for T {}
 
 pub(crate) mod sealed {
     use std::future::Future;

@@ -116,22 +116,20 @@ not_kept_error! {
     /// The dead-letter store is at its limits (entries or bytes), so it refused
     /// a call's entry and the call fails with this error.
     ///
-    /// Nothing was evicted to make room: every entry the layer acknowledged
-    /// before is still in the store. The call is *not* dead-lettered, so a queue
-    /// consumer should not acknowledge its message (let the queue redeliver it,
-    /// once an operator has replayed or purged the store). Like [`StoreFailed`],
-    /// [`source`](Error::source) is the [`StoreError`] (of kind
-    /// [`Full`](StoreErrorKind::Full)) and the call's own error is kept in
-    /// [`original`](Self::original).
+    /// Nothing was evicted to make room, and the call is *not*
+    /// dead-lettered: as for [`StoreFailed`], a queue consumer should not
+    /// acknowledge its message (let the queue redeliver it once an operator
+    /// has replayed or purged the store), and the call's own error is kept
+    /// in [`original`](Self::original).
     ///
-    /// A refusal that never reached the dependency (an open circuit's,
-    /// stored under [`store_refusals`](crate::DeadLetterLayer::store_refusals))
-    /// stays a refusal: [`source`](Error::source) is then a [`Classified`]
-    /// with the refusal's classification (kind [`Shed`](FailureKind::Shed)
-    /// and its wait), so a retry layer, a breaker or an
-    /// `HttpStatusLayer` around this one answers it as the refusal it was
-    /// (`503` with `Retry-After`), not as a rejected request. The
-    /// [`StoreError`] is still [`store_error`](Self::store_error).
+    /// [`source`](Error::source) is the [`StoreError`] (of kind
+    /// [`Full`](StoreErrorKind::Full)), except for a refusal that never
+    /// reached the dependency (an open circuit's, stored under
+    /// [`store_refusals`](crate::DeadLetterLayer::store_refusals)): then a
+    /// [`Classified`] with the refusal's classification (kind
+    /// [`Shed`](FailureKind::Shed) and its wait), so outer layers answer it
+    /// as the refusal it was (`503` with `Retry-After`), not as a rejected
+    /// request.
     StoreFull,
     "The store's error (what limit was reached).",
     "dead-letter store is full, entry {} not kept"

@@ -28,12 +28,9 @@ pin_project! {
     /// Response future of [`DeadLetter`](crate::DeadLetter).
     ///
     /// A call that succeeds is the inner future and a classification of its
-    /// result, in place: no allocation, no store (an HTTP response's body
-    /// goes back in a [`SettleBody`](tower_classify::SettleBody) that only
-    /// passes frames through, unless the classifier left the call open). Only the steps that need
-    /// the store (a failure to write, a poison message to divert) or a count
-    /// store (a delivery count to wait for, a success's count to forget with
-    /// poison detection on) run in a boxed future, made when they begin.
+    /// result, in place: no allocation, no store. Only the steps that need
+    /// the store or a count store run in a boxed future, made when they
+    /// begin.
     pub struct ResponseFuture<F, Res, St, C, Cap, R> {
         #[pin]
         state: State<F, Res, St, C, Cap, R>,
@@ -144,22 +141,23 @@ where
                             Err(_) => shared.classifier.classify(result.as_ref()),
                         },
                     };
-                    match shared.settings.verdict(outcome, &counted) {
+                    let failed = match shared.settings.verdict(outcome, &counted) {
                         Verdict::HandBack => {
                             return Poll::Ready(
                                 result.map(|res| shared.capture.hand_back(res, None)),
                             )
                         }
-                        verdict => {
-                            let shared = Arc::clone(shared);
-                            let pending = pending.take().expect("polled after it ended");
-                            async move {
-                                let result = shared
-                                    .settle(result, verdict, pending, counted, attempts)
-                                    .await;
-                                result.map(|res| shared.capture.hand_back(res, None))
-                            }
-                        }
+                        Verdict::Succeeded => None,
+                        Verdict::Failed(failure) => Some(shared.failed(failure, &result)),
+                    };
+                    let shared = Arc::clone(shared);
+                    let pending = pending.take().expect("polled after it ended");
+                    async move {
+                        let settings = &shared.settings;
+                        let result = settings
+                            .settle(result, failed, pending, counted, attempts)
+                            .await;
+                        result.map(|res| shared.capture.hand_back(res, None))
                     }
                 }
             };
@@ -206,28 +204,23 @@ where
             attempts,
             ..
         } = *self;
-        let failure = match (end, shared.settings.verdict(outcome, &counted)) {
+        let failed = match (end, shared.settings.verdict(outcome, &counted)) {
             // The caller went away (nothing is known of the call), or there
             // is nothing to do.
             (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
                 return Box::pin(std::future::ready(Ok(())))
             }
-            (_, Verdict::Succeeded) => {
-                return detach(Box::pin(async move {
-                    shared.settings.forget(counted).await;
-                    Ok(())
-                }));
-            }
+            (_, Verdict::Succeeded) => None,
             // The head came; a body error means the rest did not.
             (_, Verdict::Failed(failure)) => {
                 let responded = !matches!(end, StreamEnd::Error(_));
-                Failed::new(failure, describe(end), responded, None)
+                Some(Failed::new(failure, describe(end), responded, None))
             }
         };
         detach(Box::pin(async move {
-            shared
-                .settings
-                .on_failure(pending, attempts, failure, Ok(()), counted)
+            let settings = &shared.settings;
+            settings
+                .settle(Ok(()), failed, pending, counted, attempts)
                 .await
         }))
     }

@@ -18,33 +18,27 @@ use crate::store::StoreError;
 ///
 /// A queue (SQS, Pub/Sub, RabbitMQ, Redis Streams, a Kafka consumer with
 /// retries) delivers a failed message again. The layer counts deliveries per
-/// message id (from
-/// [`RequestRecord::message_id`](crate::RequestRecord::message_id)); once a
-/// message has been delivered `max_attempts` times without success, it is not
-/// given to the inner service again: its next delivery goes to the
-/// dead-letter store (or the configured action) and the caller gets a
+/// message id ([`RequestRecord::message_id`](crate::RequestRecord::message_id));
+/// once a message has been delivered `max_attempts` times without success,
+/// its next delivery goes to the action (the store, by default) instead of
+/// the inner service, and the caller gets a
 /// [`PoisonMessage`](crate::error::PoisonMessage) error, which tells a
 /// consumer to acknowledge it.
 ///
-/// While a message is under the limit, its failures are returned to the
-/// caller and *not* stored, so the queue's redelivery is the retry and the
-/// store gets one entry per message, not one per delivery. A failure
-/// classified [`Poison`](tower_classify::FailureKind::Poison) is stored at once. A success
-/// forgets the message's count.
+/// Under the limit, failures are returned to the caller and *not* stored:
+/// the queue's redelivery is the retry, and the store gets one entry per
+/// message. A failure classified
+/// [`Poison`](tower_classify::FailureKind::Poison) is stored at once. A
+/// success forgets the count, which comes from the queue or a count store
+/// (the [`counts`](crate::counts) module), by default
+/// [`MemoryFailureCounts`] with this policy's [`capacity`](Self::capacity).
 ///
-/// The count comes from the queue or a count store, as the [`counts`](crate::counts)
-/// module states; by default [`MemoryFailureCounts`] with this policy's
-/// [`capacity`](Self::capacity).
-///
-/// Whatever the store, a diverted message never reaches the inner service:
-/// not its future, and not its `call` either, where hyper's `SendRequest`
-/// and tonic's `Channel` send a request and `RateLimit` spends its permit. A
-/// store that answers at once (memory, or a count from the request) is
-/// consulted before the inner service is called, in place. A store that
-/// waits (Redis, redb) is awaited first, and the inner service is called
-/// only after it decided: the layer takes the service it made ready along
-/// and leaves a clone in its place, as tower's `Retry` and users of
-/// `Buffer` do, which is why the layer's services need `S: Clone`.
+/// A diverted message never reaches the inner service: not its future, nor
+/// its `call` (where hyper's `SendRequest` sends and `RateLimit` spends a
+/// permit). A store that answers at once (memory, a count from the request)
+/// decides before the inner service is called. One that waits (Redis, redb)
+/// is awaited first, with the service made ready taken along and a clone
+/// left in its place, as tower's `Retry` does: hence `S: Clone`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     max_attempts: u32,

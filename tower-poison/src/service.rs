@@ -236,50 +236,44 @@ impl<St> Settings<St> {
     }
 }
 
-impl<St, C, Cap> Shared<St, C, Cap>
-where
-    St: DeadLetterStore,
-{
-    /// Acts on a call's classified result: forgets a success's poison
-    /// count, or disposes of a failure.
-    pub(crate) async fn settle<Res, R: BodyRecording>(
-        &self,
-        result: Result<Res, BoxError>,
-        verdict: Verdict,
-        pending: PendingRecord<R>,
-        counted: Option<Counted>,
-        attempts: Attempts,
-    ) -> Result<Res, BoxError>
+impl<St, C, Cap> Shared<St, C, Cap> {
+    /// A call's `failure` as its entry records it: the error's chain, or
+    /// the response described in one line.
+    pub(crate) fn failed<Res>(&self, failure: Failure, result: &Result<Res, BoxError>) -> Failed
     where
         Cap: DescribeResponse<Res>,
     {
-        let classified = match verdict {
-            Verdict::Failed(failure) => failure,
-            Verdict::HandBack => return result,
-            Verdict::Succeeded => {
-                self.settings.forget(counted).await;
-                return result;
-            }
-        };
-        let (result, error, status) = match result {
+        match result {
             Ok(response) => {
-                let text = self.capture.describe_response(&response);
-                let status = self.capture.status_code(&response);
-                (Ok(response), vec![text], status)
+                let text = vec![self.capture.describe_response(response)];
+                Failed::new(failure, text, true, self.capture.status_code(response))
             }
-            Err(error) => {
-                let chain = error_chain(&*error);
-                (Err(error), chain, None)
-            }
-        };
-        let failure = Failed::new(classified, error, result.is_ok(), status);
-        self.settings
-            .on_failure(pending, attempts, failure, result, counted)
-            .await
+            Err(error) => Failed::new(failure, error_chain(&**error), false, None),
+        }
     }
 }
 
 impl<St: DeadLetterStore> Settings<St> {
+    /// Acts on a call the classifier settled: disposes of its `failed`, or,
+    /// when it succeeded (`None`), forgets its poison count.
+    pub(crate) async fn settle<T, R: BodyRecording>(
+        &self,
+        result: Result<T, BoxError>,
+        failed: Option<Failed>,
+        pending: PendingRecord<R>,
+        counted: Option<Counted>,
+        attempts: Attempts,
+    ) -> Result<T, BoxError> {
+        let Some(failed) = failed else {
+            // The request's record (and its copy of the body) is not needed.
+            drop(pending);
+            self.forget(counted).await;
+            return result;
+        };
+        self.on_failure(pending, attempts, failed, result, counted)
+            .await
+    }
+
     /// Forgets a message's poison count (after a success, or once it was
     /// disposed of): its count starts over.
     pub(crate) async fn forget(&self, counted: Option<Counted>) {

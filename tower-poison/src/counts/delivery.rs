@@ -4,19 +4,9 @@ use http::header::HeaderName;
 use http::{Extensions, HeaderMap, HeaderValue};
 
 /// Which delivery of its message a request is (1 for the first), as counted
-/// by the queue; insert it into a request's extensions.
-///
-/// For consumers that read the count from the queue's client library, for
-/// example the times-delivered field of Redis Streams' `XPENDING` (or the
-/// count `XCLAIM` raised) or SQS's `ApproximateReceiveCount` attribute:
-///
-/// ```
-/// use tower_poison::DeliveryAttempt;
-///
-/// let mut request = http::Request::new(());
-/// // XPENDING reported this entry delivered 3 times, this one included.
-/// request.extensions_mut().insert(DeliveryAttempt(3));
-/// ```
+/// by the queue, for a consumer that reads the count from the queue's
+/// client (Redis Streams' `XPENDING` times-delivered, SQS's
+/// `ApproximateReceiveCount`): `request.extensions_mut().insert(DeliveryAttempt(3))`.
 ///
 /// [`HttpCapture`](crate::HttpCapture) reads it from every request, before
 /// any [`DeliveryCount`] header; with [`describe_fn`](crate::describe_fn),
@@ -25,13 +15,10 @@ use http::{Extensions, HeaderMap, HeaderValue};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DeliveryAttempt(pub u32);
 
-/// Reads a queue's delivery count from a request header.
-///
-/// When the request carries a count, it is authoritative: poison detection
-/// uses it and no [`FailureCountStore`](super::FailureCountStore) is asked,
-/// so deliveries to other consumers and deliveries whose worker crashed are
-/// counted by the queue itself. A request without a readable count falls
-/// back to the layer's count store.
+/// Reads a queue's delivery count from a request header: where it finds
+/// one, poison detection believes it and asks no
+/// [`FailureCountStore`](super::FailureCountStore); a request without a
+/// readable count falls back to the store.
 ///
 /// Two conventions exist, and each reader knows its own:
 ///
@@ -83,35 +70,26 @@ pub struct DeliveryCount {
 }
 
 impl DeliveryCount {
-    /// SQS's `ApproximateReceiveCount`, as an Elastic Beanstalk worker
-    /// environment's daemon (`sqsd`) forwards it in the
-    /// `X-Aws-Sqsd-Receive-Count` header: the number of times the message
-    /// was received, `1` on its first delivery (SQS documents the count as
-    /// approximate). A consumer reading the attribute itself can forward it
-    /// under this name, or insert a [`DeliveryAttempt`].
+    /// SQS's `ApproximateReceiveCount` (approximate, SQS says), as an
+    /// Elastic Beanstalk worker's daemon (`sqsd`) forwards it in
+    /// `X-Aws-Sqsd-Receive-Count`: `1` on the first delivery.
     pub fn sqs() -> Self {
         Self::deliveries(HeaderName::from_static("x-aws-sqsd-receive-count"))
     }
 
-    /// RabbitMQ's `x-delivery-count` header, set by quorum queues (and by
-    /// classic queues from RabbitMQ 4.3). It counts *re*deliveries: absent
-    /// on the first delivery, `1` on the second. Since RabbitMQ 4.3 it
-    /// counts only returns RabbitMQ takes for failures — `basic.reject` with
-    /// requeue, a consumer's channel or connection closing with the message
-    /// unacknowledged — and not `basic.nack` with requeue (the separate
-    /// `x-acquired-count` counts every return). Reject a failed message, so
-    /// the count moves. On a queue that never sets the header every
-    /// delivery reads as the first: use a count store there instead.
+    /// RabbitMQ's `x-delivery-count` header (quorum queues, and classic
+    /// queues from 4.3): absent on the first delivery, `1` on the second.
+    /// Since 4.3 it counts only returns taken as failures (`basic.reject`
+    /// with requeue, a channel or connection closing unacknowledged), not
+    /// `basic.nack` with requeue: reject a failed message. On a queue that
+    /// never sets it every delivery reads as the first: use a count store.
     pub fn rabbitmq() -> Self {
         Self::redeliveries(HeaderName::from_static("x-delivery-count"))
     }
 
-    /// A Redis Streams delivery counter forwarded by the consumer in the
-    /// `x-redis-stream-delivery-count` header (a name of this crate's; Redis
-    /// has no HTTP transport): the times-delivered field `XPENDING` reports,
-    /// `1` on the first `XREADGROUP` delivery and raised by each `XCLAIM`.
-    /// A consumer calling the service directly can insert a
-    /// [`DeliveryAttempt`] instead.
+    /// A Redis Streams times-delivered count (`XPENDING`'s: `1` on the first
+    /// `XREADGROUP` delivery, raised by each `XCLAIM`) that the consumer
+    /// forwards in `x-redis-stream-delivery-count`, a name of this crate's.
     pub fn redis_streams() -> Self {
         Self::deliveries(HeaderName::from_static("x-redis-stream-delivery-count"))
     }

@@ -1,6 +1,6 @@
 //! The default count store: bounded, in this process's memory.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::{ready, Future};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,10 +37,9 @@ struct Inner {
 #[derive(Debug, Default)]
 struct State {
     counts: HashMap<MessageKey, Count>,
-    /// Keys in the order they were first counted, with the sequence number
-    /// they were counted under; a key forgotten and counted again gets a new
-    /// number, so stale positions are recognised and skipped.
-    order: VecDeque<(MessageKey, u64)>,
+    /// Keys by the sequence number they were first counted under: the
+    /// eviction order, oldest first.
+    order: BTreeMap<u64, MessageKey>,
     next_seq: u64,
 }
 
@@ -80,12 +79,10 @@ impl MemoryFailureCounts {
             return DeliveryTally::new(count.deliveries, count.first);
         }
         while state.counts.len() >= capacity {
-            let Some((oldest, seq)) = state.order.pop_front() else {
+            let Some((_, oldest)) = state.order.pop_first() else {
                 break;
             };
-            if state.counts.get(&oldest).is_some_and(|c| c.seq == seq) {
-                state.counts.remove(&oldest);
-            }
+            state.counts.remove(&oldest);
         }
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -95,18 +92,15 @@ impl MemoryFailureCounts {
             seq,
         };
         state.counts.insert(key.clone(), count);
-        state.order.push_back((key.clone(), seq));
-        // Forgotten keys leave stale positions behind; rebuild the order
-        // when they outnumber the live ones so it stays bounded too.
-        if state.order.len() > 2 * capacity {
-            let State { counts, order, .. } = &mut *state;
-            order.retain(|(key, seq)| counts.get(key).is_some_and(|c| c.seq == *seq));
-        }
+        state.order.insert(seq, key.clone());
         DeliveryTally::new(1, now)
     }
 
     pub(crate) fn forget_now(&self, key: &MessageKey) {
-        self.state().counts.remove(key);
+        let mut state = self.state();
+        if let Some(count) = state.counts.remove(key) {
+            state.order.remove(&count.seq);
+        }
     }
 
     /// Deliveries counted for `key`, if it is remembered.

@@ -1,25 +1,18 @@
-//! Where poison detection counts a message's deliveries.
-//!
-//! [`PoisonPolicy`](crate::PoisonPolicy) diverts a message once it has been
-//! delivered `max_attempts` times without success, counted by the queue when
+//! Where poison detection counts a message's deliveries: by the queue when
 //! the request carries its count ([`DeliveryCount`], [`DeliveryAttempt`]:
-//! authoritative, no store asked), else by a [`FailureCountStore`]:
-//! [`MemoryFailureCounts`] (the default, one process), [`RedbFailureCounts`]
-//! (feature `redb`, survives a restart) or [`RedisFailureCounts`] (feature
-//! `redis`, shared by a fleet of consumers).
+//! authoritative, no store asked), else in a [`FailureCountStore`]:
+//! [`MemoryFailureCounts`] (the default), [`RedbFailureCounts`] (feature
+//! `redb`, survives a restart) or [`RedisFailureCounts`] (feature `redis`,
+//! shared by a fleet).
 //!
 //! # Why a delivery is counted before it runs
 //!
 //! A store counts a delivery *when it begins*, before the inner service
 //! sees the message, and forgets the message when a delivery succeeds. A
-//! message that crashes its worker (a panic that aborts, an OOM kill, a
-//! cancelled future) therefore still counts: the next delivery, on this
-//! consumer or another one sharing the store, sees the earlier count. Had
-//! the count been taken when a failure was *returned*, a message that kills
-//! every worker it reaches would be redelivered forever.
-//!
-//! Message ids come from whoever publishes to the queue, so a store never
-//! sees one directly but its bounded [`MessageKey`].
+//! message that crashes its worker (an abort, an OOM kill) therefore still
+//! counts: counted when a failure was *returned*, a message that kills
+//! every worker it reaches would be redelivered forever. Stores never see
+//! a publisher's id, only its bounded [`MessageKey`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,18 +38,12 @@ pub use self::redis::{RedisFailureCounts, RedisFailureCountsBuilder};
 
 /// Counts deliveries per message, for poison detection.
 ///
-/// Implementations are cheap to clone and share their counts between
-/// clones; every method returns a `Send` future. Each store bounds what it
-/// keeps (see each implementation), so a flood of distinct failing ids
-/// cannot exhaust it.
-///
-/// A store that fails ([`StoreError`]) makes the layer fail the delivery
-/// with [`CountStoreFailed`](crate::error::CountStoreFailed) *without*
-/// calling the inner service: the consumer does not acknowledge it, so the
-/// queue delivers it again once the store is back. A message is never
-/// processed uncounted, nor acknowledged unprocessed. A store that cannot
-/// [`forget`](Self::forget) a message after a success only logs a warning:
-/// the success stands.
+/// Implementations are cheap to clone, share their counts between clones,
+/// and bound what they keep. A store that fails ([`StoreError`]) makes the
+/// layer fail the delivery with
+/// [`CountStoreFailed`](crate::error::CountStoreFailed) *without* calling
+/// the inner service, so a message is never processed uncounted; one that
+/// cannot [`forget`](Self::forget) after a success only logs a warning.
 pub trait FailureCountStore: Clone + Send + Sync + 'static {
     /// Counts one delivery of `key` that is about to be processed; the tally
     /// includes it. `now` is the delivery's time, kept as the first

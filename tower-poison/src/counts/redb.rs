@@ -9,6 +9,7 @@ use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefi
 use tower_classify::ConfigError;
 
 use super::{DeliveryTally, FailureCountStore, MessageKey};
+use crate::store::redb::blocking;
 use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 
 /// Counts by message key: (deliveries, first delivery in ms since the epoch,
@@ -20,26 +21,19 @@ const COUNTS: TableDefinition<'_, &str, (u32, u64, u64)> =
 const ORDER: TableDefinition<'_, u64, &str> = TableDefinition::new("poison_delivery_order");
 
 /// Delivery counts in a redb file, for consumers whose counts must survive a
-/// crash or a restart of the process.
+/// crash or a restart.
 ///
-/// Each counted delivery is committed with [`Durability::Immediate`] (an
-/// `fsync`) *before* the inner service sees the message, so a message that
-/// kills its worker is counted on the next start; that is one `fsync` per
-/// delivery of a message with an id. The file is locked by redb: one process
-/// opens it, and the services of every layer in that process share it
-/// through clones (use [`RedisFailureCounts`](super::RedisFailureCounts) to
-/// share counts between processes). Keep it in a file of its own, apart from
-/// the dead-letter [`RedbStore`](crate::store::RedbStore).
+/// Each counted delivery is committed with [`Durability::Immediate`] (one
+/// `fsync` per delivery of a message with an id) *before* the inner service
+/// sees the message, so a message that kills its worker is counted on the
+/// next start. redb locks the file to one process, whose layers share it
+/// through clones (to share counts between processes, use
+/// [`RedisFailureCounts`](super::RedisFailureCounts)). Keep it in a file of
+/// its own, apart from the dead-letter [`RedbStore`](crate::store::RedbStore).
 ///
-/// # Bound
-///
-/// At most [`capacity`](RedbFailureCountsBuilder::capacity) keys (default
-/// 100 000): counting a new key in a full store forgets the key first counted
-/// longest ago (a second table orders keys by when they were first counted,
-/// so finding it is a lookup, not a scan). Keys are
-/// [`MessageKey`]s, at most 131 bytes, so the file is
-/// bounded too.
-///
+/// At most [`capacity`](RedbFailureCountsBuilder::capacity) keys, each at
+/// most 131 bytes: counting a new key in a full store forgets the key first
+/// counted longest ago (found by a lookup in a second table, not a scan).
 /// Blocking work runs in [`tokio::task::spawn_blocking`].
 #[derive(Clone)]
 pub struct RedbFailureCounts {
@@ -47,7 +41,7 @@ pub struct RedbFailureCounts {
 }
 
 struct Inner {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
     capacity: u64,
 }
@@ -95,7 +89,7 @@ impl RedbFailureCountsBuilder {
         txn.commit().map_err(backend)?;
         Ok(RedbFailureCounts {
             inner: Arc::new(Inner {
-                db,
+                db: Arc::new(db),
                 path,
                 capacity: self.capacity,
             }),
@@ -109,25 +103,22 @@ impl RedbFailureCounts {
     pub const fn builder() -> RedbFailureCountsBuilder {
         RedbFailureCountsBuilder::new()
     }
-
-    async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
-    {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| StoreError::backend("delivery count task failed", e))?
-    }
 }
+
+/// What a panicked blocking task is reported as.
+const TASK: &str = "delivery count task failed";
 
 fn backend(error: impl Into<redb::Error>) -> StoreError {
     StoreError::backend("delivery count store failed", error.into())
 }
 
-fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, StoreError> {
-    let mut txn = inner.db.begin_write().map_err(backend)?;
+fn count(
+    db: &Database,
+    capacity: u64,
+    key: &str,
+    now: SystemTime,
+) -> Result<DeliveryTally, StoreError> {
+    let mut txn = db.begin_write().map_err(backend)?;
     txn.set_durability(Durability::Immediate).map_err(backend)?;
     let (deliveries, first) = {
         let mut counts = txn.open_table(COUNTS).map_err(backend)?;
@@ -142,7 +133,7 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
                 (deliveries, first)
             }
             None => {
-                while counts.len().map_err(backend)? >= inner.capacity {
+                while counts.len().map_err(backend)? >= capacity {
                     let Some((_, oldest)) = order.pop_first().map_err(backend)? else {
                         break;
                     };
@@ -161,8 +152,8 @@ fn count(inner: &Inner, key: &str, now: SystemTime) -> Result<DeliveryTally, Sto
     Ok(DeliveryTally::new(deliveries, time_from_millis(first)))
 }
 
-fn forget(inner: &Inner, key: &str) -> Result<(), StoreError> {
-    let mut txn = inner.db.begin_write().map_err(backend)?;
+fn forget(db: &Database, key: &str) -> Result<(), StoreError> {
+    let mut txn = db.begin_write().map_err(backend)?;
     // Losing a forget in a crash costs at most one early diversion of a
     // message id that comes back; not worth an fsync per success.
     txn.set_durability(Durability::None).map_err(backend)?;
@@ -184,12 +175,16 @@ impl FailureCountStore for RedbFailureCounts {
         now: SystemTime,
     ) -> Result<DeliveryTally, StoreError> {
         let key = key.as_str().to_owned();
-        self.blocking(move |inner| count(inner, &key, now)).await
+        let capacity = self.inner.capacity;
+        blocking(&self.inner.db, TASK, move |db| {
+            count(db, capacity, &key, now)
+        })
+        .await
     }
 
     async fn forget(&self, key: &MessageKey) -> Result<(), StoreError> {
         let key = key.as_str().to_owned();
-        self.blocking(move |inner| forget(inner, &key)).await
+        blocking(&self.inner.db, TASK, move |db| forget(db, &key)).await
     }
 }
 

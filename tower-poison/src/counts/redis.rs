@@ -13,45 +13,29 @@ use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 
 /// Delivery counts in Redis, shared by every consumer of a queue: a fleet of
 /// N consumers diverts a poison message after `max_attempts` deliveries in
-/// total, not N × `max_attempts`, and a delivery whose worker crashed still
-/// counts.
+/// total, not N × `max_attempts`.
 ///
 /// # Layout
 ///
 /// One hash per message, `tower-poison:{<queue>}:failures:<key>`, with the
-/// fields `n` (deliveries) and `first` (the first delivery, ms since the
-/// epoch). `<key>` is the message's [`MessageKey`] (at most
-/// 131 bytes, never the raw id); `<queue>` is the queue
-/// name given at connect, kept when it is at most 64 bytes of printable
-/// ASCII without braces or colons, and replaced by its SHA-256 otherwise. The braces make the queue a
-/// hash tag: on Redis Cluster every count of a queue lives in one slot.
-///
-/// Counting is one Lua script — `HINCRBY`, `HSETNX` of the first time and
-/// `PEXPIRE` — so a delivery costs one round trip and the increment and its
-/// expiry are atomic. A success is one `DEL`.
+/// fields `n` (deliveries) and `first` (ms since the epoch). `<key>` is the
+/// [`MessageKey`]; `<queue>` is the queue name given at connect when it is at
+/// most 64 bytes of printable ASCII without braces or colons, else its
+/// SHA-256. The braces make it a hash tag: on Redis Cluster a queue's counts
+/// share one slot. Counting is one Lua script (`HINCRBY`, `HSETNX` of the
+/// first time, `PEXPIRE`): one round trip, the increment and its expiry
+/// atomic. A success is one `DEL`.
 ///
 /// # Bound
 ///
 /// Every count expires [`ttl`](RedisFailureCountsBuilder::ttl) after the
-/// message's latest delivery (default 14 days, SQS's longest retention): a
-/// message that stops arriving is forgotten, and Redis's `maxmemory` policy
-/// bounds the rest. The TTL is converted to milliseconds saturating at 100
-/// years, so no value can overflow Redis's expiry arithmetic.
-///
-/// The number of count keys is bounded by the TTL, not by a cap: a flood of
-/// distinct failing ids leaves one key each for `ttl`. Keep the counts in a
-/// Redis database (or instance) of their own with an eviction policy
-/// (`volatile-ttl` evicts the counts nearest expiry), and the dead-letter
+/// message's latest delivery: the number of keys is bounded by the TTL, not
+/// a cap. Keep the counts in a Redis database (or instance) of their own
+/// with an eviction policy (`volatile-ttl`), and the dead-letter
 /// [`RedisDeadLetterStore`](crate::store::RedisDeadLetterStore) in one with
 /// `maxmemory-policy noeviction`: under memory pressure a count may then be
-/// forgotten (a message gets more deliveries), but an acknowledged dead
-/// letter or the store's byte counter never is.
-///
-/// # Failures
-///
-/// While Redis is unreachable, counting fails with
-/// [`CountStoreFailed`](crate::error::CountStoreFailed); a count that cannot
-/// be *forgotten* after a success is only logged (`warn`).
+/// forgotten (a message gets more deliveries), but never a dead letter or
+/// the store's byte counter.
 ///
 /// # Example
 ///
@@ -118,8 +102,8 @@ impl RedisFailureCountsBuilder {
     }
 
     /// Forgets a message's count `ttl` after its latest delivery (default
-    /// 14 days; at least 1 ms; longer than 100 years is treated as 100
-    /// years).
+    /// 14 days, SQS's longest retention; at least 1 ms; longer than 100
+    /// years is treated as 100 years, so Redis's expiry cannot overflow).
     pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl.as_millis() == 0 {
             return Err(ConfigError::new(

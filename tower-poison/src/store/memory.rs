@@ -12,22 +12,15 @@ use super::{
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
-/// A bounded dead-letter store in memory.
+/// A bounded dead-letter store in memory, shared by clones.
 ///
-/// It holds at most `capacity` entries. When full it *refuses* a new entry
-/// with a [`StoreErrorKind::Full`] error (so the call fails, visibly) instead
-/// of evicting an older one: dead letters are evidence, and dropping the
-/// oldest silently is exactly the loss a dead-letter queue exists to prevent.
-/// Replacing an existing id always succeeds.
-///
-/// It counts entries, not bytes: each is at most the layer's body limit, the
-/// request's headers and its error chain (cut to 8 levels of at most 512
-/// bytes), plus its replay history.
-///
+/// It holds at most `capacity` entries and, when full, *refuses* a new one
+/// with [`StoreErrorKind::Full`] rather than evict (the [`store`](super)
+/// module's limits); replacing an existing id always succeeds. It counts
+/// entries, not bytes: each is at most the layer's body limit, the
+/// request's headers, its bounded error chain and its replay history.
 /// [Claims](DeadLetterStore::claim) are kept under the same lock as the
 /// entries, so a claim and a put or remove of the same id never interleave.
-///
-/// Clones share the same entries.
 ///
 /// ```
 /// # tokio_test::block_on(async {

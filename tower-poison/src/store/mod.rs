@@ -22,7 +22,7 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 
 mod memory;
 #[cfg(feature = "redb")]
-mod redb;
+pub(crate) mod redb;
 #[cfg(feature = "redis")]
 mod redis;
 

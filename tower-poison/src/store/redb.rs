@@ -48,44 +48,32 @@ const UNTOKENED_CLAIMS: TableDefinition<'_, u128, u64> = TableDefinition::new("d
 
 /// The default dead-letter store: one redb file on local disk.
 ///
-/// # Durability
-///
-/// [`put`](DeadLetterStore::put) returns only after the write transaction
-/// holding the entry has committed with [`Durability::Immediate`] (`fsync`),
-/// so an acknowledged entry survives a crash or `SIGKILL`, and the file
-/// opens cleanly again.
-///
-/// # Limits
-///
-/// See [`max_entries`](RedbStoreBuilder::max_entries) and
-/// [`max_bytes`](RedbStoreBuilder::max_bytes). The byte count lives in the
-/// file, updated in the same transaction as the entries, so it survives a
-/// restart and never drifts from what is stored.
+/// [`put`](DeadLetterStore::put) returns only after the transaction holding
+/// the entry has committed with [`Durability::Immediate`] (`fsync`), so an
+/// acknowledged entry survives a crash or `SIGKILL`. The byte count for
+/// [`max_bytes`](RedbStoreBuilder::max_bytes) lives in the file, updated in
+/// the same transactions as the entries, so it never drifts.
 ///
 /// # Group commit
 ///
-/// Writes go to one writer thread, which writes up to
-/// [`max_batch`](RedbStoreBuilder::max_batch) waiting entries in *one*
-/// transaction and acknowledges each after that commit. A lone entry is
-/// never held back waiting for company; under bursts many entries share one
-/// `fsync` (`BENCHMARKS.md` measures it). When the disk falls behind, `put`
+/// One writer thread writes up to [`max_batch`](RedbStoreBuilder::max_batch)
+/// waiting entries in *one* transaction and acknowledges each after that
+/// commit: a lone entry never waits for company, and under bursts many
+/// share one `fsync` (`BENCHMARKS.md`). When the disk falls behind, `put`
 /// waits asynchronously for room in the writer's bounded queue
 /// ([`max_pending_writes`](RedbStoreBuilder::max_pending_writes)).
 ///
-/// # Claims
-///
-/// A claim and a release each check and write in one durable write
-/// transaction: two claims of one entry never both succeed, and a replayer
-/// killed after sending leaves its claim in the file for the next process
-/// to find lapsed.
+/// A claim and a release each check and write in one durable transaction,
+/// so a replayer killed after sending leaves its claim in the file for the
+/// next process to find lapsed.
 ///
 /// # Threads
 ///
-/// Blocking disk work never runs on the async executor (the writer thread,
-/// or [`tokio::task::spawn_blocking`]), so the store must be used inside a
-/// tokio runtime. Clones share the database; dropping the last one stops
-/// the writer after its current batch. redb locks the file: one process at
-/// a time may open it, so stop the service before pointing the CLI at it.
+/// Disk work never runs on the async executor (the writer thread, or
+/// [`tokio::task::spawn_blocking`]): use the store inside a tokio runtime.
+/// Clones share the database; dropping the last one stops the writer after
+/// its batch. redb locks the file to one process: stop the service before
+/// pointing the CLI at it.
 #[derive(Clone)]
 pub struct RedbStore {
     inner: Arc<Inner>,
@@ -273,11 +261,24 @@ impl RedbStore {
         T: Send + 'static,
         F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || f(&inner.db))
-            .await
-            .map_err(|e| StoreError::backend("dead-letter store task failed", e))?
+        blocking(&self.inner.db, "dead-letter store task failed", f).await
     }
+}
+
+/// Runs `f` on `db` in `spawn_blocking`, off the executor; `task` names a
+/// task that panicked.
+pub(crate) async fn blocking<T, F>(
+    db: &Arc<Database>,
+    task: &'static str,
+    f: F,
+) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+{
+    let db = Arc::clone(db);
+    let done = tokio::task::spawn_blocking(move || f(&db)).await;
+    done.map_err(|e| StoreError::backend(task, e))?
 }
 
 fn backend(error: impl Into<redb::Error>) -> StoreError {

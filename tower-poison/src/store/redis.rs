@@ -34,38 +34,32 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// | `tower-poison:{NAME}:claim:<id>` | string | a [claim](DeadLetterStore::claim) on entry `<id>`: its [token](crate::store::ClaimToken), expiring with the lease (`PX`) |
 /// | `tower-poison:{NAME}:unreleased-claims` | hash | each entry id → the token of its latest claim, until that claim is released or the entry removed: a claim key gone while its token is still here lapsed unreleased |
 ///
-/// A name must not be empty or start with `}` (either would leave the hash
-/// tag empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
+/// A name must not be empty or start with `}` (the hash tag would be
+/// empty); [`connect`](RedisDeadLetterStoreBuilder::connect) refuses it.
 ///
-/// Every write is one Lua script, so the entries, their ids, the byte count,
-/// the label counts and the claims never disagree, and nodes writing at once
+/// Every write is one Lua script, so the entries, their ids, the byte and
+/// label counts and the claims never disagree, and nodes writing at once
 /// cannot overshoot a [limit](RedisDeadLetterStoreBuilder::max_entries). A
-/// replaced entry keeps its place in the ids, so a page cursor stays valid
-/// while entries are rewritten or removed. `purge` and `stats` walk the ids
-/// a page at a time, never loading the whole queue. Queues of earlier
+/// replaced entry keeps its place in the ids, so a page cursor stays valid.
+/// `purge` and `stats` walk the ids a page at a time. Queues of earlier
 /// layouts are not read: drain them with the version that wrote them.
 ///
 /// # Durability
 ///
 /// `put` returns once Redis has applied the write: with `appendonly yes`
-/// and `appendfsync always` every acknowledged entry survives a Redis
-/// crash; with the default `everysec` up to a second of entries can be
-/// lost. A write Redis does not acknowledge fails the call with
-/// [`StoreFailed`](crate::StoreFailed), and the connection manager
-/// reconnects in the background (see
-/// [`RedisConnectOptions`](crate::store::RedisConnectOptions)); passwords in
-/// URLs never appear in messages. Give the queue a database with
-/// `maxmemory-policy noeviction`, so memory pressure never evicts an
-/// acknowledged entry or the byte counter.
+/// and `appendfsync always` an acknowledged entry survives a Redis crash
+/// (with `everysec`, up to a second of entries can be lost). A write Redis
+/// does not acknowledge fails with [`StoreFailed`](crate::StoreFailed)
+/// (whose text never shows a URL's password) while the connection
+/// reconnects in the background. Give the queue a database with
+/// `maxmemory-policy noeviction`.
 ///
 /// # Claims
 ///
 /// A claim takes the claim key with `SET … NX PX <lease>`, so the lease runs
-/// on Redis's own clock (the nodes' clocks never meet);
-/// [`Held::until`](crate::Claim::Held) is the caller's `now` plus the key's
-/// `PTTL`. The token is also noted in `unreleased-claims` until a release
-/// or the entry's removal: a claim that finds it there with no claim key
-/// follows one that lapsed unreleased.
+/// on Redis's clock; [`Held::until`](crate::Claim::Held) is the caller's
+/// `now` plus the key's `PTTL`. A token left in `unreleased-claims` with no
+/// claim key marks a claim that lapsed unreleased.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_poison::store::StoreError> {
@@ -326,29 +320,31 @@ impl RedisDeadLetterStore {
         result.map_err(|e| self.failed(what, e))
     }
 
-    /// Up to `count` ids greater than `after` (all, from the first, when
-    /// `None`), in id order.
-    async fn ids_after(
+    /// The JSON of up to `count` entries after id `after` (from the first
+    /// when `None`), in id order, one removed between the two reads left
+    /// out; `after` moves to the last id read, and `true` says none are left.
+    async fn scan(
         &self,
-        after: Option<&str>,
+        after: &mut Option<String>,
         count: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        let min = after.map_or_else(|| "-".to_owned(), |after| format!("({after}"));
+    ) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+        let min = after
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |a| format!("({a}"));
         let mut cmd = redis::cmd("ZRANGEBYLEX");
         cmd.arg(&self.shared.keys.ids).arg(min).arg("+");
-        self.query(cmd.arg("LIMIT").arg(0).arg(count), "read the entry ids")
-            .await
-    }
-
-    /// The JSON of each of `ids` (`None` for one removed since it was
-    /// listed).
-    async fn fetch(&self, ids: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
+        let ids: Vec<String> = self
+            .query(cmd.arg("LIMIT").arg(0).arg(count), "read the entry ids")
+            .await?;
+        let exhausted = ids.len() < count;
+        let Some(last) = ids.last().cloned() else {
+            return Ok((Vec::new(), exhausted));
+        };
         let mut cmd = redis::cmd("HMGET");
-        self.query(cmd.arg(&self.shared.keys.entries).arg(ids), "read entries")
-            .await
+        cmd.arg(&self.shared.keys.entries).arg(&ids);
+        let found: Vec<Option<Vec<u8>>> = self.query(&cmd, "read entries").await?;
+        *after = Some(last);
+        Ok((found.into_iter().flatten().collect(), exhausted))
     }
 
     /// Removes `entries` (id, and the JSON each must still have, or empty
@@ -421,13 +417,8 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let mut after = query.after.map(|id| id.to_string());
         let mut entries = Vec::new();
         loop {
-            let ids = self.ids_after(after.as_deref(), batch).await?;
-            let exhausted = ids.len() < batch;
-            let found = self.fetch(&ids).await?;
-            for (id, json) in ids.into_iter().zip(found) {
-                after = Some(id);
-                // Removed between the two reads.
-                let Some(json) = json else { continue };
+            let (found, exhausted) = self.scan(&mut after, batch).await?;
+            for json in found {
                 if entries.len() == limit {
                     let next = entries.last().map(|e: &DeadLetterEntry| e.id);
                     return Ok(Page::new(entries, next));
@@ -482,10 +473,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
         let (mut removed, mut after) = (0, None);
         loop {
-            let ids = self.ids_after(after.as_deref(), SCAN_PAGE).await?;
-            let found = self.fetch(&ids).await?;
+            let (found, exhausted) = self.scan(&mut after, SCAN_PAGE).await?;
             let mut matching: Vec<(EntryId, &[u8])> = Vec::new();
-            for json in found.iter().flatten() {
+            for json in &found {
                 let entry = decode(json)?;
                 if filter.matches(&entry) {
                     // Only an entry unchanged since it was read goes, unless
@@ -498,10 +488,9 @@ impl DeadLetterStore for RedisDeadLetterStore {
             if !matching.is_empty() {
                 removed += self.remove_all(&matching).await?;
             }
-            if ids.len() < SCAN_PAGE {
+            if exhausted {
                 return Ok(removed);
             }
-            after = ids.into_iter().last();
         }
     }
 
