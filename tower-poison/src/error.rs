@@ -129,7 +129,8 @@ not_kept_error! {
     /// [`Classified`] with the refusal's classification (kind
     /// [`Shed`](FailureKind::Shed) and its wait), so outer layers answer it
     /// as the refusal it was (`503` with `Retry-After`), not as a rejected
-    /// request.
+    /// request; the [`StoreError`] is then still
+    /// [`store_error`](Self::store_error).
     StoreFull,
     "The store's error (what limit was reached).",
     "dead-letter store is full, entry {} not kept"

@@ -204,23 +204,31 @@ where
             attempts,
             ..
         } = *self;
-        let failed = match (end, shared.settings.verdict(outcome, &counted)) {
+        let failure = match (end, shared.settings.verdict(outcome, &counted)) {
             // The caller went away (nothing is known of the call), or there
             // is nothing to do.
             (StreamEnd::Dropped, _) | (_, Verdict::HandBack) => {
                 return Box::pin(std::future::ready(Ok(())))
             }
-            (_, Verdict::Succeeded) => None,
+            // A success boxes only the forget, not the failure path's
+            // larger future (this is every counted gRPC call that works).
+            (_, Verdict::Succeeded) => {
+                drop(pending);
+                return detach(Box::pin(async move {
+                    shared.settings.forget(counted).await;
+                    Ok(())
+                }));
+            }
             // The head came; a body error means the rest did not.
             (_, Verdict::Failed(failure)) => {
                 let responded = !matches!(end, StreamEnd::Error(_));
-                Some(Failed::new(failure, describe(end), responded, None))
+                Failed::new(failure, describe(end), responded, None)
             }
         };
         detach(Box::pin(async move {
-            let settings = &shared.settings;
-            settings
-                .settle(Ok(()), failed, pending, counted, attempts)
+            shared
+                .settings
+                .on_failure(pending, attempts, failure, Ok(()), counted)
                 .await
         }))
     }

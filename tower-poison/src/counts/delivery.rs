@@ -5,8 +5,16 @@ use http::{Extensions, HeaderMap, HeaderValue};
 
 /// Which delivery of its message a request is (1 for the first), as counted
 /// by the queue, for a consumer that reads the count from the queue's
-/// client (Redis Streams' `XPENDING` times-delivered, SQS's
-/// `ApproximateReceiveCount`): `request.extensions_mut().insert(DeliveryAttempt(3))`.
+/// client (Redis Streams' `XPENDING` times-delivered or the count `XCLAIM`
+/// raised, SQS's `ApproximateReceiveCount`):
+///
+/// ```
+/// use tower_poison::DeliveryAttempt;
+///
+/// let mut request = http::Request::new(());
+/// // XPENDING reported this entry delivered 3 times, this one included.
+/// request.extensions_mut().insert(DeliveryAttempt(3));
+/// ```
 ///
 /// [`HttpCapture`](crate::HttpCapture) reads it from every request, before
 /// any [`DeliveryCount`] header; with [`describe_fn`](crate::describe_fn),
@@ -81,7 +89,8 @@ impl DeliveryCount {
     /// queues from 4.3): absent on the first delivery, `1` on the second.
     /// Since 4.3 it counts only returns taken as failures (`basic.reject`
     /// with requeue, a channel or connection closing unacknowledged), not
-    /// `basic.nack` with requeue: reject a failed message. On a queue that
+    /// `basic.nack` with requeue (the separate `x-acquired-count` counts
+    /// every return): reject a failed message. On a queue that
     /// never sets it every delivery reads as the first: use a count store.
     pub fn rabbitmq() -> Self {
         Self::redeliveries(HeaderName::from_static("x-delivery-count"))

@@ -9,10 +9,12 @@
 //!
 //! A store counts a delivery *when it begins*, before the inner service
 //! sees the message, and forgets the message when a delivery succeeds. A
-//! message that crashes its worker (an abort, an OOM kill) therefore still
-//! counts: counted when a failure was *returned*, a message that kills
-//! every worker it reaches would be redelivered forever. Stores never see
-//! a publisher's id, only its bounded [`MessageKey`].
+//! message that crashes its worker (an abort, an OOM kill, a cancelled
+//! future) therefore still counts: the next delivery, on this consumer or
+//! another sharing the store, sees the earlier count. Were a delivery
+//! counted only when it *returned* a failure, a message that kills every
+//! worker it reaches would be redelivered forever. Stores never see a
+//! publisher's id, only its bounded [`MessageKey`].
 
 use std::future::Future;
 use std::pin::Pin;

@@ -29,9 +29,11 @@ use crate::store::{millis_since_epoch, time_from_millis, StoreError};
 /// # Bound
 ///
 /// Every count expires [`ttl`](RedisFailureCountsBuilder::ttl) after the
-/// message's latest delivery: the number of keys is bounded by the TTL, not
-/// a cap. Keep the counts in a Redis database (or instance) of their own
-/// with an eviction policy (`volatile-ttl`), and the dead-letter
+/// message's latest delivery, so a message that stops arriving is
+/// forgotten: the number of keys is bounded by the TTL, not a cap (a flood
+/// of distinct failing ids leaves one key each for `ttl`). Keep the counts
+/// in a Redis database (or instance) of their own with an eviction policy
+/// (`volatile-ttl` evicts the counts nearest expiry), and the dead-letter
 /// [`RedisDeadLetterStore`](crate::store::RedisDeadLetterStore) in one with
 /// `maxmemory-policy noeviction`: under memory pressure a count may then be
 /// forgotten (a message gets more deliveries), but never a dead letter or

@@ -50,8 +50,9 @@ use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
 /// and `appendfsync always` an acknowledged entry survives a Redis crash
 /// (with `everysec`, up to a second of entries can be lost). A write Redis
 /// does not acknowledge fails with [`StoreFailed`](crate::StoreFailed)
-/// (whose text never shows a URL's password) while the connection
-/// reconnects in the background. Give the queue a database with
+/// while the connection reconnects in the background (see
+/// [`RedisConnectOptions`](crate::store::RedisConnectOptions)); no message
+/// shows a URL's password. Give the queue a database with
 /// `maxmemory-policy noeviction`.
 ///
 /// # Claims
