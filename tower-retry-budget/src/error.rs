@@ -295,25 +295,14 @@ pub struct DeadlineExceeded {
     head: Option<ResponseHead>,
 }
 
-/// The failure of the attempt before the one in flight, kept for the error
-/// that may end the loop.
-#[derive(Debug)]
-pub(crate) struct PreviousFailure {
-    pub(crate) failure: Failure,
-    pub(crate) error: Option<BoxError>,
-    pub(crate) head: Option<ResponseHead>,
-}
-
 impl DeadlineExceeded {
     pub(crate) fn new(
         deadline: Duration,
         attempts: u32,
-        previous: Option<PreviousFailure>,
+        previous: Option<Failure>,
+        cause: Option<BoxError>,
+        head: Option<ResponseHead>,
     ) -> Self {
-        let (failure, cause, head) = match previous {
-            Some(previous) => (Some(previous.failure), previous.error, previous.head),
-            None => (None, None, None),
-        };
         DeadlineExceeded {
             deadline,
             attempts,
@@ -322,7 +311,7 @@ impl DeadlineExceeded {
                 "retry deadline exceeded",
                 cause,
             ),
-            previous: failure,
+            previous,
             head,
         }
     }
@@ -426,7 +415,7 @@ mod tests {
             err.to_string(),
             "server asked to wait 2h, longer than max_wait 1h"
         );
-        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3, None);
+        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3, None, None, None);
         assert_eq!(
             deadline.to_string(),
             "retry deadline of 4s exceeded after 3 attempts"

@@ -299,7 +299,9 @@ where
                 // Every attempt still in flight is dropped now, not when the
                 // caller drops this future.
                 future.set(None);
-                Poll::Ready(Err(Box::new(DeadlineExceeded::new(total, attempts, None))))
+                Poll::Ready(Err(Box::new(DeadlineExceeded::new(
+                    total, attempts, None, None, None,
+                ))))
             }
         }
     }
