@@ -143,21 +143,9 @@ impl TpsBudget {
 
     #[cold]
     fn rotate_to(&self, now: u64) {
-        let mut seen = self.generation.load(Ordering::Acquire);
-        loop {
-            if now <= seen {
-                return;
-            }
-            match self.generation.compare_exchange_weak(
-                seen,
-                now,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => seen = actual,
-            }
-        }
+        let Ok(seen) = advance(&self.generation, now) else {
+            return;
+        };
         self.window_end.store(
             now.saturating_add(1).saturating_mul(self.window_nanos),
             Ordering::Release,
@@ -195,6 +183,20 @@ impl TpsBudget {
             .fold(self.uncommitted(), i64::saturating_add)
             .saturating_add(self.reserve)
     }
+}
+
+/// Moves `generation` forward to `to` unless it is there already: `Ok`
+/// with the generation it left, for the one caller that moved it; else
+/// `Err` with the generation found (`to` or later).
+pub(crate) fn advance(generation: &AtomicU64, to: u64) -> Result<u64, u64> {
+    let mut seen = generation.load(Ordering::Acquire);
+    while seen < to {
+        match generation.compare_exchange_weak(seen, to, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(seen),
+            Err(actual) => seen = actual,
+        }
+    }
+    Err(seen)
 }
 
 impl Budget for TpsBudget {
