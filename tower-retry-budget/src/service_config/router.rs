@@ -149,18 +149,10 @@ impl<S> Layer<S> for ServiceConfigLayer {
 }
 
 /// The service of a [`ServiceConfigLayer`].
+#[derive(Clone)]
 pub struct PerMethod<S> {
     inner: S,
     routes: Arc<Routes>,
-}
-
-impl<S: Clone> Clone for PerMethod<S> {
-    fn clone(&self) -> Self {
-        PerMethod {
-            inner: self.inner.clone(),
-            routes: Arc::clone(&self.routes),
-        }
-    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for PerMethod<S> {
