@@ -17,11 +17,9 @@
 //! | [`DeadlineExceeded`] | `timeout` | `DoNotRetry` |
 //! | [`FailedSuccess`] | the response's failure kind (e.g. `rate_limited`) | `DoNotRetry` |
 //!
-//! A spent budget is **not** `Shed` ("says nothing about the dependency"):
-//! it ran out *because the dependency kept failing*, and a breaker outside
-//! that read it as `Shed` would never open during the very outage the budget
-//! detected. `DoNotRetry` keeps an outer retry layer from retrying it. The
-//! last attempt's error, if any, is the `Classified`'s own source.
+//! A spent budget is **not** `Shed`: it ran out *because the dependency kept
+//! failing*, and a breaker outside must count it. The last attempt's error,
+//! if any, is the `Classified`'s own source.
 
 use std::any::Any;
 use std::error::Error;

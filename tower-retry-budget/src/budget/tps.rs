@@ -21,9 +21,6 @@ const UNIT: i64 = 1_000_000;
 /// Finagle's retry budget: retries may add `retry_percent` of the requests
 /// deposited in the last `ttl`, plus `min_per_sec` retries per second.
 ///
-/// The defaults (`TpsBudget::default()`) are Finagle's and tower's: a 10 s
-/// ttl, a floor of 10 retries per second and 20 %.
-///
 /// Every deposit counts for `ttl` to `ttl + ttl/10` (the windows are a tenth
 /// of the ttl, as tower's are), whatever the traffic, busy or idle.
 ///
@@ -235,7 +232,7 @@ impl TpsBudget {
 }
 
 impl Default for TpsBudget {
-    /// 10 s ttl, 10 retries per second, 20 %.
+    /// Finagle's and tower's: 10 s ttl, 10 retries per second, 20 %.
     fn default() -> Self {
         TpsBudget::new(Duration::from_secs(10), 10, 0.2).expect("valid defaults")
     }
