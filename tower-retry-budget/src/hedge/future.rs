@@ -233,7 +233,6 @@ where
                 }
             }
 
-            // The next hedge, if one may still be sent.
             let Some((service, kept)) = hedging.next.as_mut() else {
                 return Poll::Pending;
             };

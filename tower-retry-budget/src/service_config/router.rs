@@ -206,8 +206,6 @@ where
                 }
                 Kind::Hedge {
                     future: Some(layer.call_on(&mut self.inner, request)),
-                    // The earlier of the method's timeout and the caller's
-                    // deadline ends the call, as a retried method's does.
                     until: until.map(|until| (until, until.saturating_duration_since(now))),
                     timer: None,
                 }
