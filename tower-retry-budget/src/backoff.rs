@@ -17,12 +17,9 @@
 //!
 //! # The cap comes before jitter
 //!
-//! `max_delay` caps the computed delay, *then* jitter is applied (a per-sleep
-//! cap, before jitter). With full, equal and 50–100 % jitter a
-//! sleep therefore never exceeds `max_delay`; with `[0.5, 1.5)` jitter it may
-//! reach 1.5 × `max_delay`, which is what that form promises. Decorrelated
-//! jitter is its own growth model (AWS's "decorrelated jitter": each sleep is
-//! uniform in `[initial_delay, 3 × previous sleep]`), capped at `max_delay`.
+//! `max_delay` caps the computed delay, *then* jitter is applied: with
+//! `[0.5, 1.5)` jitter a sleep may reach 1.5 × `max_delay`, with the other
+//! kinds never more than `max_delay`.
 
 use std::fmt;
 use std::str::FromStr;

@@ -13,12 +13,6 @@
 //!   reading it carries on, and its result, whatever it is, goes back to the
 //!   caller as it is; a `Content-Length` above the limit records nothing.
 //!
-//! The retry layer asks the body whether it can be replayed *after* the
-//! attempt ([`TryCloneBody::can_replay`]), so whether a request is retried
-//! depends on what the attempt actually read, not on a guess made before.
-//! An answer that came while the body still streamed is the caller's if the
-//! body then outgrows its limit ([`Replay::still_streaming`](crate::replay::Replay::still_streaming)).
-//!
 //! A [`DeadLetterLayer`](https://docs.rs/tower-poison) above the retry layer
 //! already hands the services below it a `ReplayBody`; the retry layer
 //! replays that one, and no `ReplayBodyLayer` is needed.
@@ -126,12 +120,10 @@ pub trait TryCloneBody: Sized {
         true
     }
 
-    /// Whether [`can_replay`](Self::can_replay) may yet turn `false`: a
-    /// copy made earlier (the one a failed attempt was sent) may still be
-    /// reading the body from its source. A [`ReplayBody`] says `true`
-    /// while a copy that read from the original is alive
-    /// ([`ReplayBody::copies_reading`]) and the original has not ended,
-    /// recorded whole; in-memory bodies never do.
+    /// Whether [`can_replay`](Self::can_replay) may yet turn `false`, a
+    /// copy made earlier still reading the body from its source: for a
+    /// [`ReplayBody`], while a copy that read from the original is alive
+    /// and the original has not ended, recorded whole.
     fn still_streaming(&self) -> bool {
         false
     }
@@ -173,11 +165,9 @@ impl<B> TryCloneBody for ReplayBody<B> {
     }
 
     fn still_streaming(&self) -> bool {
-        // Only a copy that read from the original can go on reading it: an
-        // idle copy (a dead-letter layer's above) never does. Most failed
-        // attempts drop theirs, and the count spares the snapshot. Asked
-        // only after a failed attempt, the snapshot's copy of the recorded
-        // frames (refcounts, one list) is no cost on that path.
+        // An idle copy (a dead-letter layer's above) never reads from the
+        // original; most failed attempts drop theirs, and the count, asked
+        // first, spares them the recording's snapshot.
         self.copies_reading() > 0 && self.can_replay() && !self.recording().is_complete()
     }
 }

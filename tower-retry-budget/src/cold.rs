@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower_classify::{BoxError, Failure};
 
-use crate::error::{DeadlineExceeded, PreviousFailure};
+use crate::error::{DeadlineExceeded, ResponseHead};
 use crate::events::StopReason;
 use crate::policy::{Policy, RetryState};
 use crate::replay::StopReport;
@@ -26,7 +26,7 @@ pub(crate) struct Cold<Res> {
     // whole answer and its head can never be of two attempts.
     pub(crate) answer: Option<Answer<Res>>,
     // How the attempt being retried failed, for a give-up that comes
-    // before the retry is sent.
+    // before the retry is sent and for `DeadlineExceeded`.
     pub(crate) retried: Option<Failure>,
     pub(crate) spans: Option<CallSpans>,
 }
@@ -51,9 +51,12 @@ pub(crate) enum Answer<Res> {
     /// the body, it is the call's answer. Boxed: a response would grow the
     /// cold state of every call with a limit or spans.
     Whole(Box<Result<Res, BoxError>>),
-    /// Its head or error, for the `DeadlineExceeded` that may end the
-    /// loop; kept only when the call has a deadline.
-    Head(PreviousFailure),
+    /// Its error or its response's head, for the `DeadlineExceeded` that
+    /// may end the loop; kept only when the call has a deadline.
+    Head {
+        error: Option<BoxError>,
+        head: Option<ResponseHead>,
+    },
 }
 
 /// Which limit the timer enforces on the attempt in flight.
@@ -86,16 +89,11 @@ impl<Res> Cold<Res> {
         } else if self.retry.deadline.is_none() {
             None
         } else {
-            let failure = self.retried.expect("an answer is kept for a retry");
             let (error, head) = match answer {
                 Ok(response) => (None, report.keep_head(response)),
                 Err(error) => (Some(error), None),
             };
-            Some(Answer::Head(PreviousFailure {
-                failure,
-                error,
-                head,
-            }))
+            Some(Answer::Head { error, head })
         };
     }
 
@@ -254,13 +252,16 @@ where
     cold.end_span(attempts, Some(failure), Some(reason));
     policy.telemetry.gave_up(reason, attempts, failure);
     policy.listeners.gave_up(attempts, reason, failure);
-    let previous = match cold.answer.take() {
-        Some(Answer::Head(previous)) => Some(previous),
-        _ => None,
+    // With a deadline, what is kept of a retried attempt is its head.
+    let (error, head) = match cold.answer.take() {
+        Some(Answer::Head { error, head }) => (error, head),
+        _ => (None, None),
     };
     Box::new(DeadlineExceeded::new(
         cold.retry.deadline_total,
         attempts,
-        previous,
+        cold.retried,
+        error,
+        head,
     ))
 }

@@ -17,11 +17,9 @@
 //! | [`DeadlineExceeded`] | `timeout` | `DoNotRetry` |
 //! | [`FailedSuccess`] | the response's failure kind (e.g. `rate_limited`) | `DoNotRetry` |
 //!
-//! A spent budget is **not** `Shed` ("says nothing about the dependency"):
-//! it ran out *because the dependency kept failing*, and a breaker outside
-//! that read it as `Shed` would never open during the very outage the budget
-//! detected. `DoNotRetry` keeps an outer retry layer from retrying it. The
-//! last attempt's error, if any, is the `Classified`'s own source.
+//! A spent budget is **not** `Shed`: it ran out *because the dependency kept
+//! failing*, and a breaker outside must count it. The last attempt's error,
+//! if any, is the `Classified`'s own source.
 
 use std::any::Any;
 use std::error::Error;
@@ -295,25 +293,14 @@ pub struct DeadlineExceeded {
     head: Option<ResponseHead>,
 }
 
-/// The failure of the attempt before the one in flight, kept for the error
-/// that may end the loop.
-#[derive(Debug)]
-pub(crate) struct PreviousFailure {
-    pub(crate) failure: Failure,
-    pub(crate) error: Option<BoxError>,
-    pub(crate) head: Option<ResponseHead>,
-}
-
 impl DeadlineExceeded {
     pub(crate) fn new(
         deadline: Duration,
         attempts: u32,
-        previous: Option<PreviousFailure>,
+        previous: Option<Failure>,
+        cause: Option<BoxError>,
+        head: Option<ResponseHead>,
     ) -> Self {
-        let (failure, cause, head) = match previous {
-            Some(previous) => (Some(previous.failure), previous.error, previous.head),
-            None => (None, None, None),
-        };
         DeadlineExceeded {
             deadline,
             attempts,
@@ -322,7 +309,7 @@ impl DeadlineExceeded {
                 "retry deadline exceeded",
                 cause,
             ),
-            previous: failure,
+            previous,
             head,
         }
     }
@@ -426,7 +413,7 @@ mod tests {
             err.to_string(),
             "server asked to wait 2h, longer than max_wait 1h"
         );
-        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3, None);
+        let deadline = DeadlineExceeded::new(Duration::from_secs(4), 3, None, None, None);
         assert_eq!(
             deadline.to_string(),
             "retry deadline of 4s exceeded after 3 attempts"

@@ -204,7 +204,6 @@ where
                 StateProj::Called { future } => {
                     let polled = in_span(this.cold, |spans| &spans.attempt, || future.poll(cx));
                     match polled {
-                        // Boxed before it is classified, as in `poll`.
                         Poll::Ready(result) => result.map_err(|e| AttemptError::Inner(e.into())),
                         // As `tokio::time::Timeout` does: the attempt first, then its limit.
                         Poll::Pending if *this.limit == Limit::None => return Poll::Pending,
@@ -214,7 +213,6 @@ where
                             // The attempt is abandoned: drop it now.
                             this.state.set(State::Done);
                             if *this.limit == Limit::Deadline {
-                                // The attempt in flight ran out of time.
                                 let failure = Failure::new(FailureKind::Timeout);
                                 let err = deadline_exceeded(policy, cold, *this.attempts, failure);
                                 break Err(err);
@@ -335,7 +333,6 @@ where
         this.state.set(State::Done);
         let failure = match outcome {
             Outcome::Failure(failure) => failure,
-            // The success path: nothing to decide.
             Outcome::Success | Outcome::Ignored => {
                 if let Some(cold) = this.cold.as_ref() {
                     if let Some(spans) = &cold.spans {
@@ -408,11 +405,6 @@ where
         }
         policy.listeners.retried(&event);
         cold.retried = Some(failure);
-        // Kept whole while the body may still outgrow its recording under
-        // the attempt that failed (it is then the call's answer); else
-        // only for the `DeadlineExceeded` that may end the loop: a
-        // response's body is dropped here, its head kept. Either replaces
-        // what was kept of the attempt before.
         let still_streaming = this
             .kept
             .as_ref()

@@ -74,8 +74,6 @@ pub use self::service::Retry;
 /// `since_last_warning`, the number of give-ups it stands for, so an outage
 /// shows without a line per call.
 ///
-/// A [hedge layer](crate::hedge::HedgeLayer) reports under its own name.
-///
 /// # What a hedge layer reports
 ///
 /// Everything carries the layer's [name](crate::hedge::HedgeBuilder::name), the

@@ -24,12 +24,6 @@ const GOOGLE_BACKOFF: Backoff = Backoff::exponential(Duration::from_secs(1))
 /// `Idempotency-Key` header. Google's delays are stated without jitter, so
 /// the preset has none; add it with `.backoff(...)` if many clients share
 /// a dependency. Every setting can be changed before `build()`.
-///
-/// ```
-/// use tower_retry_budget::presets::default_retry;
-/// let layer = default_retry().build().unwrap();
-/// # let _ = layer;
-/// ```
 pub fn default_retry() -> RetryBuilder<HttpClassifier, HttpReplay> {
     let classifier = HttpClassifier::new().retryable_statuses([
         StatusCode::TOO_MANY_REQUESTS,

@@ -31,9 +31,7 @@ pub trait Replay<Req> {
     /// The request to send as attempt `previous_attempts + 1`, made from
     /// `kept`, or why it can no longer be made (a streamed body that
     /// outgrew its recording since [`can_replay`](Self::can_replay) was
-    /// asked): the call then ends with the failed answer kept while the
-    /// body streamed (see [`still_streaming`](Self::still_streaming)), or
-    /// with that error if none was.
+    /// asked; see [`still_streaming`](Self::still_streaming)).
     fn replay(&self, kept: &Self::Kept, previous_attempts: u32) -> Result<Req, BoxError>;
 
     /// Whether a request can still be made from `kept`. Asked after each
@@ -105,11 +103,8 @@ pub trait StopReport<Res> {
 }
 
 /// Whether an attempt failed because its copy of the request body could
-/// not be sent whole: another attempt read the body past what is kept (a
-/// streamed upload outgrew the recording limit, or declared more than it
-/// from the start), or the body failed under another attempt. That says
-/// nothing about the request: the answer of the attempt reading the body
-/// is the one to give.
+/// not be sent whole (another attempt read it past the recording, or it
+/// failed under another attempt), which says nothing about the request.
 #[cfg(feature = "http")]
 pub(crate) fn lost_its_body(error: &BoxError) -> bool {
     use http_body_replay::{ReplayError, ReplayErrorKind};
@@ -219,14 +214,9 @@ mod http_replay {
             self
         }
 
-        /// Writes what is left of the loop's deadline (the earliest of the
-        /// layer's, the caller's [`Deadline`] and the `grpc-timeout` the
-        /// request came with, as tonic's `set_timeout` writes it) as
-        /// `grpc-timeout` on every attempt, just before it is sent, in
-        /// gRPC's wire format rounded down (default `false`). A request
-        /// with no deadline keeps its own header, if any.
-        ///
-        /// [`Deadline`]: tower_classify::deadline::Deadline
+        /// Writes what is left of the loop's deadline as `grpc-timeout` on
+        /// every attempt, rounded down (default `false`); see the crate
+        /// docs' *Deadlines*. A request with no deadline keeps its header.
         pub fn grpc_timeout(mut self, yes: bool) -> Self {
             self.grpc_timeout = yes;
             self
@@ -288,10 +278,8 @@ mod http_replay {
                 .ok_or("the request's head could not be copied for a retry")?;
             *copy.extensions_mut() = kept.extensions.clone();
             // A refusal of a retry proves nothing about the attempts before
-            // it, which may have reached the service: no retry carries the
-            // token that lets a refusal say so (see `RefusalToken`). Removed
-            // here, not when the request is kept, so a call that succeeds at
-            // once pays nothing for it.
+            // it. Removed here, not when the request is kept, so a call that
+            // succeeds at once pays nothing for it.
             copy.extensions_mut().remove::<RefusalToken>();
             if let Some(name) = &self.attempt_header {
                 copy.headers_mut()
@@ -343,8 +331,6 @@ mod http_replay {
             mut response: Response<B>,
             stopped: RetryStopped,
         ) -> Result<Response<B>, BoxError> {
-            // A gRPC answer is `200` whatever its status, which the gRPC
-            // client reads from it: it goes back as it is.
             if response.status().is_success() && !GrpcClassifier::is_grpc(&response) {
                 let head = ResponseHead::new(response.into_parts().0);
                 return Err(Box::new(FailedSuccess::new(stopped, head)));

@@ -46,8 +46,8 @@ pub(crate) fn describe_retry_metrics() {
     metrics::describe_histogram!(name, Unit::Seconds, description);
 }
 
-/// The layer's name and its rate limit on give-up warnings, shared by every
-/// call through the layer.
+/// A layer's name and its rate limit on give-up warnings, shared by every
+/// call through the layer; a hedge layer's methods are in `hedge`.
 pub(crate) struct Telemetry {
     name: Arc<str>,
     give_up_warning: LogLimit,

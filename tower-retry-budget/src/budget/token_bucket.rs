@@ -28,11 +28,9 @@ const MILLI: u64 = 1000;
 ///   calls; the layer credits every request, which throttles slightly later
 ///   under partial failure.)
 /// - as a gRPC service config's throttle (feature `grpc-service-config`,
-///   `ServiceConfig::retry_throttle`), it is counted as A6 counts: the
-///   service config's classifier sees each attempt's status (a success
-///   adds, a retryable failure takes), and the layers only ask it before
-///   each retry or hedge. Give such a bucket to the service config's layers
-///   only, one per server, shared by all its methods.
+///   `ServiceConfig::retry_throttle`), the config's classifier counts each
+///   attempt as A6 does and the layers only ask it before each retry or
+///   hedge. Give such a bucket to those layers only, one per server.
 ///
 /// ```
 /// use tower_retry_budget::budget::{Budget, TokenBucketBudget};

@@ -21,9 +21,6 @@ const UNIT: i64 = 1_000_000;
 /// Finagle's retry budget: retries may add `retry_percent` of the requests
 /// deposited in the last `ttl`, plus `min_per_sec` retries per second.
 ///
-/// The defaults (`TpsBudget::default()`) are Finagle's and tower's: a 10 s
-/// ttl, a floor of 10 retries per second and 20 %.
-///
 /// Every deposit counts for `ttl` to `ttl + ttl/10` (the windows are a tenth
 /// of the ttl, as tower's are), whatever the traffic, busy or idle.
 ///
@@ -143,21 +140,9 @@ impl TpsBudget {
 
     #[cold]
     fn rotate_to(&self, now: u64) {
-        let mut seen = self.generation.load(Ordering::Acquire);
-        loop {
-            if now <= seen {
-                return;
-            }
-            match self.generation.compare_exchange_weak(
-                seen,
-                now,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => seen = actual,
-            }
-        }
+        let Ok(seen) = advance(&self.generation, now) else {
+            return;
+        };
         self.window_end.store(
             now.saturating_add(1).saturating_mul(self.window_nanos),
             Ordering::Release,
@@ -197,6 +182,20 @@ impl TpsBudget {
     }
 }
 
+/// Moves `generation` forward to `to` unless it is there already: `Ok`
+/// with the generation it left, for the one caller that moved it; else
+/// `Err` with the generation found (`to` or later).
+pub(crate) fn advance(generation: &AtomicU64, to: u64) -> Result<u64, u64> {
+    let mut seen = generation.load(Ordering::Acquire);
+    while seen < to {
+        match generation.compare_exchange_weak(seen, to, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(seen),
+            Err(actual) => seen = actual,
+        }
+    }
+    Err(seen)
+}
+
 impl Budget for TpsBudget {
     /// Adds one request's share: the coarse clock's reading, a comparison
     /// with the window's end, and one relaxed add.
@@ -233,7 +232,7 @@ impl TpsBudget {
 }
 
 impl Default for TpsBudget {
-    /// 10 s ttl, 10 retries per second, 20 %.
+    /// Finagle's and tower's: 10 s ttl, 10 retries per second, 20 %.
     fn default() -> Self {
         TpsBudget::new(Duration::from_secs(10), 10, 0.2).expect("valid defaults")
     }

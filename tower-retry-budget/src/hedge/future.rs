@@ -165,7 +165,9 @@ where
         let mut this = self.project();
         let policy = &**this.policy;
         if let Some(left) = this.expired.take() {
-            return Poll::Ready(Err(Box::new(DeadlineExceeded::new(left, 0, None))));
+            return Poll::Ready(Err(Box::new(DeadlineExceeded::new(
+                left, 0, None, None, None,
+            ))));
         }
         let Some(hedging) = this.hedging.as_mut() else {
             // No hedge for this call: the first attempt's answer is the call's.
@@ -231,7 +233,6 @@ where
                 }
             }
 
-            // The next hedge, if one may still be sent.
             let Some((service, kept)) = hedging.next.as_mut() else {
                 return Poll::Pending;
             };

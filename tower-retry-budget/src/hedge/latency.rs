@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::budget::advance;
+
 /// Sub-buckets per power of two: 32, so a bucket spans at most 1/32 (3.1 %)
 /// of its lower bound, and a percentile interpolated inside one is closer.
 const SUB_BITS: u32 = 5;
@@ -132,28 +134,18 @@ impl LatencyWindow {
     pub(crate) fn record(&self, latency: Duration, now: Instant) {
         let now_nanos = now.saturating_duration_since(self.start).as_nanos() as u64;
         let epoch = now_nanos / self.slice_nanos;
-        let mut current = self.epoch.load(Ordering::Relaxed);
-        let mut rotated = false;
-        while epoch > current {
-            match self.epoch.compare_exchange_weak(
-                current,
-                epoch,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    // Clear the slices that fell out of the window (all of
-                    // them after a long quiet spell).
-                    for stale in (current + 1..=epoch).rev().take(SLICES) {
-                        self.slices[(stale % SLICES as u64) as usize].clear();
-                    }
-                    rotated = true;
-                    break;
+        let (current, rotated) = match advance(&self.epoch, epoch) {
+            Ok(previous) => {
+                // Clear the slices that fell out of the window (all of
+                // them after a long quiet spell).
+                for stale in (previous + 1..=epoch).rev().take(SLICES) {
+                    self.slices[(stale % SLICES as u64) as usize].clear();
                 }
-                Err(actual) => current = actual,
+                (epoch, true)
             }
-        }
-        let slice = &self.slices[(epoch.max(current) % SLICES as u64) as usize];
+            Err(current) => (current, false),
+        };
+        let slice = &self.slices[(current % SLICES as u64) as usize];
         let micros = latency.as_micros().min(u128::from(u64::MAX)) as u64;
         slice.counts[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
         slice.total.fetch_add(1, Ordering::Relaxed);

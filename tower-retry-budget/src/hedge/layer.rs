@@ -7,10 +7,10 @@ use tower_layer::Layer;
 
 use super::policy::{DelaySource, HedgePolicy};
 use super::service::Hedge;
-use super::telemetry::HedgeTelemetry;
 use crate::budget::{Budget, TpsBudget};
 use crate::hedge::latency::LatencyWindow;
 use crate::replay::CloneRequest;
+use crate::telemetry::Telemetry;
 
 /// The most attempts a hedged call may have in flight, as gRFC A6 caps
 /// `maxAttempts`.
@@ -342,7 +342,7 @@ impl<C, R> HedgeBuilder<C, R> {
                 own_budget: own,
                 shared: s.shared,
                 min_attempt_time: s.min_attempt_time,
-                telemetry: HedgeTelemetry::new(s.name),
+                telemetry: Telemetry::new(s.name),
             }),
         })
     }

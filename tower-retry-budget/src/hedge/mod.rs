@@ -27,9 +27,8 @@
 //!
 //! Fixed ([`delay`](HedgeBuilder::delay)), or by default the percentile
 //! `1 − max_extra_load` (p95 for 5 %, as Finagle's backup requests choose)
-//! of recent latencies, read from a lock-free windowed histogram (30 s in
-//! three slices, 3 % buckets). Until it holds
-//! [`min_samples`](HedgeBuilder::min_samples) latencies, no hedge is sent.
+//! of recent latencies (3 % buckets), once the window holds
+//! [`min_samples`](HedgeBuilder::min_samples) of them.
 //!
 //! Only **first attempts** are recorded: their latency when they answer
 //! with a success, or, when a hedge won, how long they had run (a lower
@@ -57,9 +56,8 @@
 //! `Idempotency-Key` or the builder is given
 //! [`.map_replay(|replay| replay.retry_non_idempotent(true))`](crate::replay::HttpReplay::retry_non_idempotent),
 //! and a streamed body is hedged only while its
-//! [`ReplayBody`](crate::body::ReplayBody) recording holds it. A hedge is
-//! not sent when less than [`min_attempt_time`](HedgeBuilder::min_attempt_time)
-//! is left before the caller's [`Deadline`](tower_classify::deadline::Deadline).
+//! [`ReplayBody`](crate::body::ReplayBody) recording holds it, and not
+//! when the caller's deadline is [too close](HedgeBuilder::min_attempt_time).
 //!
 //! ```
 //! use std::time::Duration;

@@ -5,9 +5,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::latency::LatencyWindow;
-use super::telemetry::HedgeTelemetry;
 use crate::budget::{Budget, TpsBudget};
 use crate::policy::too_little_left;
+use crate::telemetry::Telemetry;
 
 /// Where a call's hedge delay comes from.
 pub(crate) enum DelaySource {
@@ -40,7 +40,7 @@ pub(crate) struct HedgePolicy<C, R> {
     pub(crate) own_budget: Option<TpsBudget>,
     pub(crate) shared: Vec<Arc<dyn Budget + Send + Sync>>,
     pub(crate) min_attempt_time: Duration,
-    pub(crate) telemetry: HedgeTelemetry,
+    pub(crate) telemetry: Telemetry,
 }
 
 impl<C: fmt::Debug, R: fmt::Debug> fmt::Debug for HedgePolicy<C, R> {

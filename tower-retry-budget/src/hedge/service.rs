@@ -96,10 +96,8 @@ where
         return ResponseFuture::expired(left, Arc::clone(policy));
     }
     policy.deposit();
-    // Its attempts are a dead-letter call's only when that layer calls this
-    // one and no reporting layer above claimed the call; claimed before the
-    // first attempt, so that a reporting layer below does not report too
-    // (see `tower_classify::attempts`).
+    // Claimed before the first attempt, as `Retry` claims it (see
+    // `tower_classify::attempts`).
     let reports = tower_classify::attempts::claim_reports();
     // A hedge needs a delay (a percentile one is unknown until the
     // window has enough samples) and what it is made from, kept now:

@@ -8,6 +8,7 @@ use tracing::field::Empty;
 use tracing::Span;
 
 use super::policy::Refusal;
+use crate::telemetry::Telemetry;
 
 const SENT: (&str, &str) = (
     "tower_hedge_sent_total",
@@ -39,20 +40,8 @@ pub(crate) fn describe_metrics() {
     metrics::describe_gauge!(DELAY.0, Unit::Seconds, DELAY.1);
 }
 
-#[derive(Debug)]
-pub(crate) struct HedgeTelemetry {
-    name: Arc<str>,
-}
-
-impl HedgeTelemetry {
-    pub(crate) fn new(name: Arc<str>) -> Self {
-        HedgeTelemetry { name }
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
+// A hedge layer's events: its name is the `hedge` label of each metric.
+impl Telemetry {
     /// The span of hedge `attempt` (2 or more), which the inner service
     /// runs in; disabled (and free) when no subscriber takes `debug`.
     pub(crate) fn hedge_span(&self, attempt: u32, delay: Duration) -> Span {
@@ -61,7 +50,7 @@ impl HedgeTelemetry {
         }
         tracing::debug_span!(
             "hedge_attempt",
-            hedge = %self.name,
+            hedge = %self.name(),
             attempt,
             "http.request.resend_count" = attempt - 1,
             delay = %tower_classify::duration::format_duration(delay),
@@ -70,28 +59,28 @@ impl HedgeTelemetry {
     }
 
     pub(crate) fn sent(&self, attempt: u32) {
-        metrics::counter!(SENT.0, "hedge" => Arc::clone(&self.name)).increment(1);
-        tracing::debug!(hedge = %self.name, attempt, "hedge sent");
+        metrics::counter!(SENT.0, "hedge" => Arc::clone(self.name())).increment(1);
+        tracing::debug!(hedge = %self.name(), attempt, "hedge sent");
     }
 
     pub(crate) fn won(&self, attempt: u32) {
-        metrics::counter!(WON.0, "hedge" => Arc::clone(&self.name)).increment(1);
-        tracing::debug!(hedge = %self.name, attempt, "hedge won");
+        metrics::counter!(WON.0, "hedge" => Arc::clone(self.name())).increment(1);
+        tracing::debug!(hedge = %self.name(), attempt, "hedge won");
     }
 
     pub(crate) fn cancelled(&self, attempts: u64) {
-        metrics::counter!(CANCELLED.0, "hedge" => Arc::clone(&self.name)).increment(attempts);
+        metrics::counter!(CANCELLED.0, "hedge" => Arc::clone(self.name())).increment(attempts);
     }
 
     pub(crate) fn refused(&self, attempt: u32, reason: Refusal) {
         let reason = reason.as_str();
-        metrics::counter!(REFUSED.0, "hedge" => Arc::clone(&self.name), "reason" => reason)
+        metrics::counter!(REFUSED.0, "hedge" => Arc::clone(self.name()), "reason" => reason)
             .increment(1);
-        tracing::debug!(hedge = %self.name, attempt, reason, "hedge not sent");
+        tracing::debug!(hedge = %self.name(), attempt, reason, "hedge not sent");
     }
 
     pub(crate) fn delay_changed(&self, delay: Option<Duration>) {
         let seconds = delay.map_or(f64::NAN, |delay| delay.as_secs_f64());
-        metrics::gauge!(DELAY.0, "hedge" => Arc::clone(&self.name)).set(seconds);
+        metrics::gauge!(DELAY.0, "hedge" => Arc::clone(self.name())).set(seconds);
     }
 }

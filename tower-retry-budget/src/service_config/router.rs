@@ -149,18 +149,10 @@ impl<S> Layer<S> for ServiceConfigLayer {
 }
 
 /// The service of a [`ServiceConfigLayer`].
+#[derive(Clone)]
 pub struct PerMethod<S> {
     inner: S,
     routes: Arc<Routes>,
-}
-
-impl<S: Clone> Clone for PerMethod<S> {
-    fn clone(&self) -> Self {
-        PerMethod {
-            inner: self.inner.clone(),
-            routes: Arc::clone(&self.routes),
-        }
-    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for PerMethod<S> {
@@ -214,8 +206,6 @@ where
                 }
                 Kind::Hedge {
                     future: Some(layer.call_on(&mut self.inner, request)),
-                    // The earlier of the method's timeout and the caller's
-                    // deadline ends the call, as a retried method's does.
                     until: until.map(|until| (until, until.saturating_duration_since(now))),
                     timer: None,
                 }
@@ -299,7 +289,9 @@ where
                 // Every attempt still in flight is dropped now, not when the
                 // caller drops this future.
                 future.set(None);
-                Poll::Ready(Err(Box::new(DeadlineExceeded::new(total, attempts, None))))
+                Poll::Ready(Err(Box::new(DeadlineExceeded::new(
+                    total, attempts, None, None, None,
+                ))))
             }
         }
     }

@@ -105,13 +105,8 @@ impl fmt::Debug for StatusCodes {
 /// The names, smallest code first, separated by `, `.
 impl fmt::Display for StatusCodes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, name) in self.iter().filter_map(status_code_name).enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(name)?;
-        }
-        Ok(())
+        let names: Vec<_> = self.iter().filter_map(status_code_name).collect();
+        f.write_str(&names.join(", "))
     }
 }
 
