@@ -123,7 +123,8 @@ pub trait TryCloneBody: Sized {
     /// Whether [`can_replay`](Self::can_replay) may yet turn `false`, a
     /// copy made earlier still reading the body from its source: for a
     /// [`ReplayBody`], while a copy that read from the original is alive
-    /// and the original has not ended, recorded whole.
+    /// and the original has not ended, recorded whole. In-memory bodies
+    /// never are.
     fn still_streaming(&self) -> bool {
         false
     }

@@ -31,7 +31,9 @@ pub trait Replay<Req> {
     /// The request to send as attempt `previous_attempts + 1`, made from
     /// `kept`, or why it can no longer be made (a streamed body that
     /// outgrew its recording since [`can_replay`](Self::can_replay) was
-    /// asked; see [`still_streaming`](Self::still_streaming)).
+    /// asked): the call then ends with the failed answer kept while the
+    /// body streamed (see [`still_streaming`](Self::still_streaming)), or
+    /// with that error if none was.
     fn replay(&self, kept: &Self::Kept, previous_attempts: u32) -> Result<Req, BoxError>;
 
     /// Whether a request can still be made from `kept`. Asked after each

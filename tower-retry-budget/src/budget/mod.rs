@@ -1,8 +1,11 @@
 //! Retry budgets: how many retries the whole client may send.
 //!
 //! `max_retries` bounds one request; a budget caps the retries of every
-//! request together at a share of recent traffic (the crate docs'
-//! *Budgets* says why, and what the per-budget floor means for a fleet).
+//! request together at a share of recent traffic, with a floor per second so
+//! that a quiet client can still retry (the crate docs' *Budgets* says what
+//! that floor means for a fleet). Callers that retry too multiply the
+//! factors: without a budget a small outage becomes a retry storm (SRE book
+//! chapter 22).
 //! When it is spent the retry layer stops at once rather than sleep (see
 //! [`BudgetExhausted`](crate::error::BudgetExhausted)).
 //!
