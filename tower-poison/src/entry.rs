@@ -210,7 +210,7 @@ pub struct DeadLetterEntry {
     #[serde(default)]
     pub headers: Vec<StoredHeader>,
     /// The request body, up to the layer's limit.
-    #[serde(with = "body_serde")]
+    #[serde(with = "tower_store_support::bytes_text")]
     pub body: Bytes,
     /// `true` when [`body`](Self::body) is not the whole request body: the
     /// body was larger than the layer's limit (nothing of it is kept), or
@@ -508,51 +508,6 @@ mod time_serde {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
         Ok(UNIX_EPOCH + Duration::from_millis(u64::deserialize(d)?))
-    }
-}
-
-/// A body is stored as text when it is UTF-8 (the common JSON case, readable
-/// in `show --json`), and as hex otherwise.
-pub(crate) mod body_serde {
-    use super::*;
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    enum Stored {
-        Utf8(String),
-        Hex(String),
-    }
-
-    pub(crate) fn serialize<S: Serializer>(body: &Bytes, s: S) -> Result<S::Ok, S::Error> {
-        match std::str::from_utf8(body) {
-            Ok(text) => Stored::Utf8(text.to_owned()),
-            Err(_) => Stored::Hex(body.iter().map(|b| format!("{b:02x}")).collect()),
-        }
-        .serialize(s)
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        match Stored::deserialize(d)? {
-            Stored::Utf8(text) => Ok(Bytes::from(text)),
-            Stored::Hex(hex) => {
-                if hex.len() % 2 != 0 {
-                    return Err(serde::de::Error::custom("odd number of hex digits"));
-                }
-                // Checked first so that every pair below is two ASCII bytes:
-                // slicing a stored string that holds multi-byte UTF-8 at a
-                // byte offset would panic, and `from_str_radix` alone takes
-                // a sign (`+f`).
-                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(serde::de::Error::custom("a hex body holds a non-hex digit"));
-                }
-                (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-                    .collect::<Result<Vec<u8>, _>>()
-                    .map(Bytes::from)
-                    .map_err(serde::de::Error::custom)
-            }
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod bytes_text;
 mod error;
 #[cfg(feature = "redis")]
 mod redis;

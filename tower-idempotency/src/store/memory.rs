@@ -159,10 +159,8 @@ fn expiry(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl State {
-    fn remove(&mut self, key: &str) {
-        let Some(slot) = self.slots.remove(key) else {
-            return;
-        };
+    fn remove(&mut self, key: &str) -> Option<Record> {
+        let slot = self.slots.remove(key)?;
         self.bytes -= slot.size;
         if matches!(slot.record, Record::InFlight(_)) {
             self.claims -= 1;
@@ -171,6 +169,7 @@ impl State {
         } else {
             self.completed.remove(&slot.seq);
         }
+        Some(slot.record)
     }
 
     /// The live slot for `key`, dropping it if it has expired.
@@ -258,10 +257,12 @@ impl State {
         self.slots.insert(key, slot);
     }
 
-    /// The live in-flight slot of `claim`.
-    fn held(&mut self, key: &str, claim: &ClaimToken, now: Instant) -> Option<&mut Slot> {
-        self.live(key, now)
-            .filter(|slot| slot.record.is_held_by(claim))
+    /// Takes out the live in-flight record of `claim`, if it is there.
+    fn take_held(&mut self, key: &str, claim: &ClaimToken, now: Instant) -> Option<Record> {
+        if !self.live(key, now)?.record.is_held_by(claim) {
+            return None;
+        }
+        self.remove(key)
     }
 }
 
@@ -304,12 +305,11 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        if state.held(key, claim, now).is_none() {
-            return Ok(false);
-        }
         // The claim makes way for its outcome: gone from the map, it is
         // never evicted making room.
-        state.remove(key);
+        if state.take_held(key, claim, now).is_none() {
+            return Ok(false);
+        }
         let mut record = Record::completed(fingerprint, completion);
         let record_size = size(key, &record);
         if !state.make_room(1, record_size, now) {
@@ -333,30 +333,18 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.next_seq += 1;
-        let seq = state.next_seq;
-        let Some(slot) = state.held(key, claim, now) else {
+        let Some(record) = state.take_held(key, claim, now) else {
             return Ok(false);
         };
-        slot.expires_at = expiry(now, in_flight_ttl);
-        let claimed = std::mem::replace(&mut slot.seq, seq);
-        // Last in line: the claims ahead of it lapse first.
-        let key = state
-            .in_flight
-            .remove(&claimed)
-            .expect("a claim is in its order");
-        state.in_flight.insert(seq, key);
+        // Back in, last in line: the claims ahead of it lapse first.
+        state.insert(key, record, expiry(now, in_flight_ttl));
         Ok(true)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        if state.held(key, claim, now).is_none() {
-            return Ok(false);
-        }
-        state.remove(key);
-        Ok(true)
+        Ok(state.take_held(key, claim, now).is_some())
     }
 }
 

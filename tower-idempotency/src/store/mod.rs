@@ -206,7 +206,7 @@ pub struct StoredResponse {
     /// The headers, in order.
     pub headers: Vec<StoredResponseHeader>,
     /// The whole body.
-    #[serde(with = "bytes_text")]
+    #[serde(with = "tower_store_support::bytes_text")]
     pub body: Bytes,
     /// The trailers that ended the body (gRPC's `grpc-status`), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -219,7 +219,7 @@ pub struct StoredResponseHeader {
     /// The header name, lowercase.
     pub name: String,
     /// The value's bytes.
-    #[serde(with = "bytes_text")]
+    #[serde(with = "tower_store_support::bytes_text")]
     pub value: Bytes,
 }
 
@@ -379,47 +379,6 @@ pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
             _ => None,
         })
         .collect()
-}
-
-/// Bytes as JSON text: the UTF-8 string when they are one (most bodies),
-/// else hex. Readable in `redis-cli`, exact for any bytes.
-mod bytes_text {
-    use bytes::Bytes;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    /// Borrowed to write, owned to read.
-    #[derive(Serialize, Deserialize)]
-    #[serde(rename_all = "snake_case")]
-    enum Text<S> {
-        Utf8(S),
-        Hex(String),
-    }
-
-    pub(super) fn serialize<S: Serializer>(
-        bytes: &Bytes,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => Text::Utf8(text),
-            Err(_) => {
-                let mut hex = String::with_capacity(bytes.len() * 2);
-                super::push_hex(&mut hex, bytes);
-                Text::Hex(hex)
-            }
-        }
-        .serialize(serializer)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Bytes, D::Error> {
-        match Text::<String>::deserialize(deserializer)? {
-            Text::Utf8(text) => Ok(Bytes::from(text)),
-            Text::Hex(hex) => super::unhex(&hex)
-                .map(Bytes::from)
-                .ok_or_else(|| serde::de::Error::custom("invalid hex digits")),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{RedisError, Script, ToRedisArgs};
+use redis::{FromRedisValue, Script, ToRedisArgs};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{bounded, Claim, ClaimToken, Completion, IdempotencyStore, NotKept, Record};
@@ -12,13 +12,10 @@ use crate::StoreError;
 
 /// An idempotency store every node of a fleet shares, on Redis.
 ///
-/// Each key is one Redis string, `PREFIX{TAG}KEY` (see
-/// [`redis_key`](Self::redis_key)), holding a small JSON record. `TAG`, a
-/// hash of the idempotency key, is the key's
-/// [hash tag](https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags),
-/// so the scripts below run on Redis Cluster and keys spread evenly over the
-/// slots whatever clients send. (A prefix that itself contains `{` would
-/// make *its* tag the key's, putting every key in one slot.)
+/// Each key is one Redis string, named by [`redis_key`](Self::redis_key),
+/// holding a small JSON record. Its hash tag spreads the keys over a Redis
+/// Cluster's slots (a `{` in the prefix would make *that* the tag, putting
+/// every key in one slot).
 ///
 /// A claim is one round trip, `SET key {in flight, owner token,
 /// fingerprint} NX PX in_flight_ttl` in a script that returns the record
@@ -174,30 +171,28 @@ impl RedisIdempotencyStore {
         redis_key
     }
 
-    /// Runs an owner-only script on `key`: ARGV[1] is `claim`'s in-flight
-    /// record, `args` follow. `true` when it returned 1.
-    async fn as_owner(
+    /// Runs `script` on `key`: ARGV[1] is `claim`'s in-flight record, `args`
+    /// follow; a failure is reported as failing to do `what`. The owner-only
+    /// scripts return 1 when they acted.
+    async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         key: &str,
         claim: &ClaimToken,
         args: impl ToRedisArgs,
         what: &str,
-    ) -> Result<bool, StoreError> {
-        let done: u64 = script
+    ) -> Result<T, StoreError> {
+        script
             .key(self.redis_key(key))
             .arg(encode(&Record::InFlight(claim.clone())))
             .arg(args)
             .invoke_async(&mut self.connection.clone())
             .await
-            .map_err(|e| self.failed(what, e))?;
-        Ok(done == 1)
-    }
-
-    fn failed(&self, what: &str, error: RedisError) -> StoreError {
-        let url = &self.shared.url;
-        let message = format!("redis idempotency store at {url} failed to {what}");
-        StoreError::backend(message, error)
+            .map_err(|error| {
+                let url = &self.shared.url;
+                let message = format!("redis idempotency store at {url} failed to {what}");
+                StoreError::backend(message, error)
+            })
     }
 }
 
@@ -222,13 +217,10 @@ impl IdempotencyStore for RedisIdempotencyStore {
         in_flight_ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let claim = ClaimToken::new(fingerprint);
-        let existing: Option<Vec<u8>> = CLAIM_SCRIPT
-            .key(self.redis_key(key))
-            .arg(encode(&Record::InFlight(claim.clone())))
-            .arg(millis(in_flight_ttl))
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| self.failed("claim a key", e))?;
+        let args = millis(in_flight_ttl);
+        let existing: Option<Vec<u8>> = self
+            .run(&CLAIM_SCRIPT, key, &claim, args, "claim a key")
+            .await?;
         let cap = self.shared.max_record_bytes;
         match existing {
             None => Ok(Claim::Acquired(claim)),
@@ -271,8 +263,10 @@ impl IdempotencyStore for RedisIdempotencyStore {
             completed = encode(&Record::completed(fingerprint, not_kept));
         }
         let args = (completed, millis(ttl));
-        self.as_owner(&COMPLETE_SCRIPT, key, claim, args, "record an outcome")
-            .await
+        let done: u64 = self
+            .run(&COMPLETE_SCRIPT, key, claim, args, "record an outcome")
+            .await?;
+        Ok(done == 1)
     }
 
     async fn extend(
@@ -282,14 +276,18 @@ impl IdempotencyStore for RedisIdempotencyStore {
         in_flight_ttl: Duration,
     ) -> Result<bool, StoreError> {
         let args = millis(in_flight_ttl);
-        self.as_owner(&EXTEND_SCRIPT, key, claim, args, "extend a claim")
-            .await
+        let done: u64 = self
+            .run(&EXTEND_SCRIPT, key, claim, args, "extend a claim")
+            .await?;
+        Ok(done == 1)
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
         let no_args: Option<u64> = None;
-        self.as_owner(&RELEASE_SCRIPT, key, claim, no_args, "release a key")
-            .await
+        let done: u64 = self
+            .run(&RELEASE_SCRIPT, key, claim, no_args, "release a key")
+            .await?;
+        Ok(done == 1)
     }
 }
 
