@@ -161,9 +161,11 @@ impl EvictionQueues {
         self.len
     }
 
-    /// Adds a new breaker at the closed queue's tail; returns its node, which
-    /// names it to [`unpark`](Self::unpark).
-    pub(crate) fn insert(&mut self, breaker: Arc<Breaker>, now: u64) -> usize {
+    /// Adds a new breaker at the closed queue's tail, noting its node in
+    /// the breaker.
+    pub(crate) fn insert(&mut self, breaker: Arc<Breaker>, now: u64) {
+        let id = self.free.pop().unwrap_or(self.nodes.len());
+        breaker.node.store(id, Ordering::Relaxed);
         let node = Node {
             breaker: Some(breaker),
             prev: NIL,
@@ -171,47 +173,41 @@ impl EvictionQueues {
             queue: Queue::Free,
             joined: now,
         };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.nodes[id] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        };
+        match self.nodes.get_mut(id) {
+            Some(slot) => *slot = node,
+            None => self.nodes.push(node),
+        }
         self.len += 1;
         self.push(id, Queue::Closed, now);
-        id
     }
 
     /// Puts a breaker an operator no longer forces back in line, as if just
-    /// used. A no-op unless `node` still holds `breaker` and it is parked.
-    pub(crate) fn unpark(&mut self, node: usize, breaker: &Arc<Breaker>, now: u64) {
-        if let Some((Queue::Parked, _)) = self.holding(node, breaker) {
-            self.push(node, Queue::Closed, now);
+    /// used. A no-op unless it is parked.
+    pub(crate) fn unpark(&mut self, breaker: &Arc<Breaker>, now: u64) {
+        if let Some((id, Queue::Parked, _)) = self.holding(breaker) {
+            self.push(id, Queue::Closed, now);
         }
     }
 
     /// Moves a breaker that posted a [`EvictionNotices::post_closed`] notice from the open
     /// queue back to the closed one, keeping its join time. A no-op unless
-    /// `node` still holds `breaker`, queued as open, and it is closed now.
-    pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
-        if let Some((Queue::Open, joined)) = self.holding(node, breaker) {
+    /// it is queued as open and closed now.
+    pub(crate) fn closed_again(&mut self, breaker: &Arc<Breaker>) {
+        if let Some((id, Queue::Open, joined)) = self.holding(breaker) {
             if breaker.state() == State::Closed {
-                self.unlink(node);
-                self.push(node, Queue::Closed, joined);
+                self.unlink(id);
+                self.push(id, Queue::Closed, joined);
             }
         }
     }
 
-    /// The queue and join time of `node`, if it still holds `breaker` (a
-    /// node is reused once its breaker is evicted).
-    fn holding(&self, node: usize, breaker: &Arc<Breaker>) -> Option<(Queue, u64)> {
-        let entry = self.nodes.get(node)?;
+    /// The node, queue and join time of `breaker`, if its node still holds
+    /// it (a node is reused once its breaker is evicted).
+    fn holding(&self, breaker: &Arc<Breaker>) -> Option<(usize, Queue, u64)> {
+        let id = breaker.node.load(Ordering::Relaxed);
+        let entry = self.nodes.get(id)?;
         let held = entry.breaker.as_ref()?;
-        Arc::ptr_eq(held, breaker).then_some((entry.queue, entry.joined))
+        Arc::ptr_eq(held, breaker).then_some((id, entry.queue, entry.joined))
     }
 
     /// Chooses and removes a victim; see the module docs.

@@ -11,6 +11,7 @@ mod admission;
 mod record;
 
 use std::fmt;
+use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,6 +133,8 @@ pub(crate) struct Breaker {
     pub(crate) open_used: StdAtomicU64,
     /// A notice is posted and not yet read.
     pub(crate) notice_posted: StdAtomicBool,
+    /// Its node in the eviction queues, written under the insert lock.
+    pub(crate) node: StdAtomicUsize,
 }
 
 impl fmt::Debug for Breaker {
@@ -199,6 +202,7 @@ impl Breaker {
             last_used: StdAtomicU64::new(0),
             open_used: StdAtomicU64::new(0),
             notice_posted: StdAtomicBool::new(false),
+            node: StdAtomicUsize::new(usize::MAX),
         }
     }
 
