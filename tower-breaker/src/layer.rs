@@ -14,7 +14,7 @@ use crate::keyed::KeyedCircuitBreakerLayer;
 use crate::policy::{ensure, Policy};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
-use crate::settings::Settings;
+use crate::settings::{Callbacks, Settings};
 use crate::share::{BreakerRef, Share};
 use crate::state::{CallEvent, Mode, StateChange};
 use crate::word::MAX_PROBES;
@@ -178,8 +178,8 @@ impl Builder {
                 slow_call_rate: None,
                 mode: Mode::Enforce,
                 pending_when_open: false,
-                on_state_change: Vec::new(),
-                on_call: Vec::new(),
+                on_state_change: Callbacks(Vec::new()),
+                on_call: Callbacks(Vec::new()),
                 max_breakers: 1_000,
                 metrics_label: MetricsLabel::layer_name(),
             },
@@ -329,7 +329,7 @@ impl Builder {
     where
         F: Fn(&StateChange<'_>) + Send + Sync + 'static,
     {
-        self.settings.on_state_change.push(Arc::new(callback));
+        self.settings.on_state_change.0.push(Arc::new(callback));
         self
     }
 
@@ -342,7 +342,7 @@ impl Builder {
     where
         F: Fn(&CallEvent<'_>) + Send + Sync + 'static,
     {
-        self.settings.on_call.push(Arc::new(callback));
+        self.settings.on_call.0.push(Arc::new(callback));
         self
     }
 

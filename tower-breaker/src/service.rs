@@ -34,10 +34,8 @@ use crate::share::BreakerRef;
 /// and whether a response is judged at its head or where its body ends.
 ///
 /// While the breaker refuses calls, `poll_ready` is ready at once without
-/// polling the inner service ([crate docs](crate#with-axum)): a dependency
-/// that is down often has a client that is not ready either. The call that
-/// follows is then refused, even if the circuit half-opened in between,
-/// because the inner service was not made ready for it.
+/// polling the inner service ([crate docs](crate#with-axum)), and the call
+/// that follows is refused, even if the circuit half-opened in between.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
 /// refusal decided by `poll_ready`.
@@ -175,17 +173,12 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
             // change between the two looks is not missed.
             let mut changed = Box::pin(Arc::clone(notify).notified_owned());
             changed.as_mut().enable();
-            self.waiting = match self.breaker().readiness() {
+            let until = match self.breaker().readiness() {
                 Readiness::Ready => return Poll::Ready(()),
-                Readiness::Until(at) => Some(Box::new(Wait {
-                    changed,
-                    until: Some(Box::pin(tokio::time::sleep_until(at))),
-                })),
-                Readiness::Change => Some(Box::new(Wait {
-                    changed,
-                    until: None,
-                })),
+                Readiness::Until(at) => Some(Box::pin(tokio::time::sleep_until(at))),
+                Readiness::Change => None,
             };
+            self.waiting = Some(Box::new(Wait { changed, until }));
         }
     }
 }

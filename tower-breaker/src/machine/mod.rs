@@ -177,7 +177,7 @@ impl Breaker {
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
             slow_apart: settings.slow_call_rate.is_some(),
-            call_listeners: !settings.on_call.is_empty(),
+            call_listeners: !settings.on_call.0.is_empty(),
             pending_when_open: settings.pending_when_open,
             throttle,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
@@ -244,7 +244,7 @@ impl Breaker {
             kind,
             elapsed,
         };
-        for callback in &self.settings.on_call {
+        for callback in &self.settings.on_call.0 {
             callback(&event);
         }
     }
@@ -392,7 +392,7 @@ impl Breaker {
             to,
             open_for,
         };
-        for callback in &self.settings.on_state_change {
+        for callback in &self.settings.on_state_change.0 {
             callback(&change);
         }
         self.wake_waiters();
