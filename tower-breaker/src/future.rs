@@ -265,7 +265,9 @@ impl<C> Recorder<C> {
                     permit,
                     elapsed: started.map(|started| started.elapsed()),
                     classifier,
-                    judge: judge_end::<C, B>,
+                    judge: |classifier, end| {
+                        Classify::<Response<B>, BoxError>::classify_end(classifier, end)
+                    },
                 };
                 return response.map(|body| SettleBody::new(body, open));
             }
@@ -273,15 +275,6 @@ impl<C> Recorder<C> {
         self.complete(outcome);
         response.map(SettleBody::settled)
     }
-}
-
-/// `classifier`'s judgement of how a body of a `Response<B>` ended.
-#[cfg(feature = "http")]
-fn judge_end<C, B>(classifier: &C, end: StreamEnd<'_>) -> Outcome
-where
-    C: Classify<Response<B>, BoxError>,
-{
-    classifier.classify_end(end)
 }
 
 #[cfg(test)]

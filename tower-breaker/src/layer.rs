@@ -11,7 +11,7 @@ use crate::admin::BreakerHandle;
 use crate::answer::Plain;
 use crate::instruments::{describe_metrics, EvictionCounters, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
-use crate::policy::{ensure, Policy};
+use crate::policy::{ensure, ensure_factor, ensure_share, Policy};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
 use crate::settings::{Callbacks, Settings};
@@ -378,11 +378,7 @@ impl Builder {
         ensure((1..=MAX_PROBES).contains(&s.probes), "probes", probes)?;
         if let Some(rate) = s.slow_call_rate {
             let field = "slow_call_rate";
-            ensure(
-                rate > 0.0 && rate <= 1.0,
-                field,
-                format!("must be in (0, 1], got {rate}"),
-            )?;
+            ensure_share(rate, field)?;
             ensure(
                 s.slow_call_threshold.is_some(),
                 field,
@@ -405,12 +401,8 @@ impl Builder {
             "max_recovery_timeout",
             "must not be shorter than recovery_timeout",
         )?;
-        let (multiplier, jitter) = (s.recovery_multiplier, s.recovery_jitter);
-        ensure(
-            multiplier >= 1.0 && multiplier.is_finite(),
-            "recovery_multiplier",
-            format!("must be a finite number of at least 1, got {multiplier}"),
-        )?;
+        let jitter = s.recovery_jitter;
+        ensure_factor(s.recovery_multiplier, "recovery_multiplier")?;
         ensure(
             (0.0..1.0).contains(&jitter),
             "recovery_jitter",
