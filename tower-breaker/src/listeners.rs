@@ -90,38 +90,32 @@ impl Listeners {
                 }
             }
         }
+        let (from, to_name) = (from.as_str(), to.as_str());
         match (to, by_operator) {
             (State::Open | State::ForcedOpen, false) => breaker_event!(
                 warn,
                 breaker,
-                from = from.as_str(),
-                to = to.as_str(),
+                from,
+                to = to_name,
                 open_for = ?open_for,
                 "circuit breaker opened"
-            ),
-            (_, false) => breaker_event!(
-                info,
-                breaker,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state changed"
             ),
             // An operator's decision is worth a line whatever it is; opening
             // still warns, since it sheds the dependency's whole traffic.
             (State::ForcedOpen, true) => breaker_event!(
                 warn,
                 breaker,
-                from = from.as_str(),
-                to = to.as_str(),
+                from,
+                to = to_name,
                 "circuit breaker forced open by an operator"
             ),
-            (_, true) => breaker_event!(
-                info,
-                breaker,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state set by an operator"
-            ),
+            _ => {
+                let message = match by_operator {
+                    false => "circuit breaker state changed",
+                    true => "circuit breaker state set by an operator",
+                };
+                breaker_event!(info, breaker, from, to = to_name, "{message}")
+            }
         }
     }
 

@@ -25,7 +25,6 @@ use crate::future::{Recorder, ResponseFuture};
 use crate::machine::{Breaker, Readiness};
 #[cfg(feature = "http")]
 use crate::open::OpenCall;
-use crate::permit::Permit;
 use crate::share::BreakerRef;
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
@@ -90,19 +89,6 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         self.breaker.breaker()
     }
 
-    /// Admits or refuses one call. `Ok(None)` in disabled mode.
-    #[inline]
-    fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
-        if self.refuse_next {
-            self.refuse_next = false;
-            return Err(self.breaker().rejection());
-        }
-        if self.breaker().disabled {
-            return Ok(None);
-        }
-        Breaker::admit(&self.breaker).map(Some)
-    }
-
     /// `call` for every answer: the inner service's call with a recorder,
     /// or the refusal that `refused` makes of the breaker's and the
     /// request's.
@@ -116,11 +102,14 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         S: Service<Req>,
         C: Clone,
     {
-        match self.admit() {
-            Ok(permit) => {
-                let recorder = permit.map(|p| Recorder::new(p, self.classifier.clone()));
-                ResponseFuture::called(self.inner.call(req), recorder)
-            }
+        let admitted = if self.refuse_next {
+            self.refuse_next = false;
+            Err(self.breaker().rejection())
+        } else {
+            Recorder::admit(&self.breaker, &self.classifier)
+        };
+        match admitted {
+            Ok(recorder) => ResponseFuture::called(self.inner.call(req), recorder),
             Err(open) => ResponseFuture::rejected(refused(open, &req)),
         }
     }
