@@ -353,10 +353,9 @@ impl Registry {
         to: State,
     ) {
         // Under the insert lock, which every eviction holds: a breaker found
-        // in the map is still there when its state changes, and once it is
-        // forced no eviction takes it. Forcing outside the lock let an
-        // eviction between the lookup and the force lose the breaker, and the
-        // key came back unforced.
+        // in the map is still there when its state changes (else an eviction
+        // in between could lose it, and the key come back unforced), and
+        // once it is forced no eviction takes it.
         let now = self.clock.load(Ordering::Relaxed);
         if !to.is_forced() && !breakers.is_empty() {
             // A reset breaker can be evicted again: new keys are kept again.
