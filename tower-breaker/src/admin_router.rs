@@ -8,7 +8,7 @@ use axum::extract::{Query, Request, State as Extract};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -57,10 +57,22 @@ impl BreakerHandle {
         let routes = Router::new()
             .route("/breakers", get(list))
             .route("/breakers/one", get(one))
-            .route("/breakers/reset", post(reset))
+            .route(
+                "/breakers/reset",
+                keyed(BreakerHandle::reset, |key| json!({"reset": [key]})),
+            )
             .route("/breakers/reset-all", post(reset_all))
-            .route("/breakers/force-open", post(force_open))
-            .route("/breakers/force-closed", post(force_closed))
+            .route(
+                "/breakers/force-open",
+                keyed(BreakerHandle::force_open, |key| json!({"forced_open": key})),
+            )
+            .route(
+                "/breakers/force-closed",
+                keyed(
+                    BreakerHandle::force_closed,
+                    |key| json!({"forced_closed": key}),
+                ),
+            )
             .fallback(|| async { StatusCode::NOT_FOUND })
             .with_state(self.clone());
         require_token(routes, token)
@@ -174,31 +186,34 @@ fn not_found(key: &str) -> Response {
 /// A request body naming a breaker, as axum extracts it.
 type KeyRequest = Result<Json<KeyBody>, JsonRejection>;
 
-/// Applies `apply` to the breaker `body` names and answers `answer` of its
-/// key; `404` when there is none, and the request refused when it names none.
-fn with_key(
-    body: KeyRequest,
-    apply: impl FnOnce(&str) -> bool,
-    answer: impl FnOnce(String) -> Value,
-) -> Response {
-    let key = match body {
-        Ok(Json(KeyBody { key: Some(key) })) => key,
-        Ok(Json(KeyBody { key: None })) => {
-            let why = json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"});
-            return (StatusCode::BAD_REQUEST, Json(why)).into_response();
-        }
-        // A missing or wrong content type is 415, a body that does not parse
-        // 400 or 422: axum's own status, with its reason.
-        Err(rejection) => {
-            let why = json!({"code": "BAD_BODY", "message": rejection.body_text()});
-            return (rejection.status(), Json(why)).into_response();
+/// A `POST` route applying `apply` to the breaker its body names and
+/// answering `answer` of its key; `404` when there is none, and the request
+/// refused when it names none.
+fn keyed(
+    apply: fn(&BreakerHandle, &str) -> bool,
+    answer: fn(String) -> Value,
+) -> MethodRouter<BreakerHandle> {
+    let handler = move |Extract(handle): Extract<BreakerHandle>, body: KeyRequest| async move {
+        let key = match body {
+            Ok(Json(KeyBody { key: Some(key) })) => key,
+            Ok(Json(KeyBody { key: None })) => {
+                let why = json!({"code": "KEY_REQUIRED", "message": "the body must name a `key`"});
+                return (StatusCode::BAD_REQUEST, Json(why)).into_response();
+            }
+            // A missing or wrong content type is 415, a body that does not parse
+            // 400 or 422: axum's own status, with its reason.
+            Err(rejection) => {
+                let why = json!({"code": "BAD_BODY", "message": rejection.body_text()});
+                return (rejection.status(), Json(why)).into_response();
+            }
+        };
+        if apply(&handle, &key) {
+            Json(answer(key)).into_response()
+        } else {
+            not_found(&key)
         }
     };
-    if apply(&key) {
-        Json(answer(key)).into_response()
-    } else {
-        not_found(&key)
-    }
+    post(handler)
 }
 
 async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQuery>) -> Response {
@@ -208,28 +223,8 @@ async fn one(Extract(handle): Extract<BreakerHandle>, Query(query): Query<KeyQue
     }
 }
 
-async fn reset(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
-    with_key(body, |key| handle.reset(key), |key| json!({"reset": [key]}))
-}
-
 async fn reset_all(Extract(handle): Extract<BreakerHandle>) -> Response {
     Json(json!({"reset_all": handle.reset_all()})).into_response()
-}
-
-async fn force_open(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
-    with_key(
-        body,
-        |key| handle.force_open(key),
-        |key| json!({"forced_open": key}),
-    )
-}
-
-async fn force_closed(Extract(handle): Extract<BreakerHandle>, body: KeyRequest) -> Response {
-    with_key(
-        body,
-        |key| handle.force_closed(key),
-        |key| json!({"forced_closed": key}),
-    )
 }
 
 #[cfg(test)]

@@ -64,17 +64,12 @@ pub struct Plain;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Http503;
 
-/// For HTTP and gRPC clients: a refused call fails with a
-/// [`CircuitOpen`](crate::CircuitOpen) error, and a call whose response head
-/// leaves it open is judged where its body ends.
-///
-/// A gRPC server answers most failures with a `200` head and reports the
-/// status in the trailers, after the body. A breaker that judges only the
-/// head sees every such call succeed, so it never opens. Here each response
-/// body comes back in a [`SettleBody`](tower_classify::SettleBody); when the
-/// classifier's [`classify_head`](tower_classify::Classify::classify_head)
-/// leaves the call open, the body holds the call's place in the breaker
-/// until it ends, and the classifier's
+/// For HTTP and gRPC clients (whose servers report most failures in the
+/// trailers): a refused call fails with a [`CircuitOpen`](crate::CircuitOpen)
+/// error, and each response body comes back in a
+/// [`SettleBody`](tower_classify::SettleBody); when the classifier's
+/// [`classify_head`](tower_classify::Classify::classify_head) leaves the call
+/// open, the body holds the call's place in the breaker until it ends, and
 /// [`classify_end`](tower_classify::Classify::classify_end) judges the end.
 ///
 /// # Rules

@@ -1,45 +1,30 @@
 //! Which breaker a new key replaces when the registry is full, in the order
 //! the [crate docs](crate#keyed-breakers) give.
 //!
-//! # How
+//! Two queues, *closed* and *open*, are intrusive doubly linked lists over a
+//! slab (O(1) moves). A call for a known key does not take their lock (that
+//! would cost every call): it only stamps its breaker with the registry's
+//! coarse clock, bumped once per new key. A victim is sought at the closed
+//! queue's head: one stamped since it joined goes to the tail again with a
+//! fresh join time (the second chance of CLOCK page replacement, which
+//! approximates LRU); one open or half-open now moves to the open queue; one
+//! an operator forced is *parked*, in no queue, until a reset; else it is the
+//! victim.
 //!
-//! Two queues of breakers, *closed* and *open*, are intrusive doubly linked
-//! lists over a slab, so joining, leaving and moving between them is O(1).
-//! A breaker joins the closed queue's tail when it is created. A call for an
-//! existing key does not touch the queues (that would need their lock on
-//! every call): it only stamps the breaker with the registry's coarse clock
-//! (bumped once per new key). When a victim is needed, the head of the closed
-//! queue is examined:
+//! Among open breakers the order is exact: one that is not closed is stamped
+//! from one sequence on every use and when it opens
+//! ([`EvictionNotices::stamp`]), off the closed fast path. Only when the
+//! closed queue is empty is the open queue scanned whole for the lowest
+//! stamp; the breaker put in the victim's place is closed and the next
+//! victim, so another scan needs another breaker to open first.
 //!
-//! - stamped since it joined: it was used, so it goes to the tail again with
-//!   a fresh join time (second chance, as in the CLOCK page-replacement
-//!   algorithm, which approximates LRU);
-//! - open or half-open now: it moves to the open queue;
-//! - forced by an operator: it is *parked*, in no queue, until a reset (the
-//!   admin handle tells the registry, which puts it back);
-//! - otherwise it is the victim.
-//!
-//! The coarse clock cannot order two uses between the same two new keys, so
-//! among closed breakers the choice is approximate. Among open ones it is
-//! exact: a breaker that is not closed is stamped on every use, and when it
-//! opens, from one sequence ([`EvictionNotices::stamp`]); those calls are
-//! refused or probes, off the closed fast path, so the shared counter costs
-//! the success path nothing. Only when the closed queue is empty is the open
-//! queue read, whole, for the lowest stamp. That scan is O(open breakers),
-//! but it is paid for: the breaker inserted in the victim's place is closed
-//! and is the next victim, so another scan needs another breaker to open
-//! first.
-//!
-//! A breaker in the open queue that closes again (its probes succeeded, or
-//! an operator reset it) posts a notice ([`EvictionNotices::post_closed`]),
-//! and the queues move it back before the next victim is chosen: the open
-//! queue is never read while a closed breaker waits in it. Every step of the
-//! closed queue's examination but the last consumes something that happened
-//! since the breaker's previous step — a use, a state change, a force — so
-//! the work per new key is O(1) amortised over the calls and state changes
-//! it follows, whatever `max_breakers` is. State changes that race the
-//! examination cannot make it loop: after `2 × len` steps, breakers are no
-//! longer moved or given a second chance.
+//! A breaker that closes again posts a notice
+//! ([`EvictionNotices::post_closed`]) and is moved back before the next
+//! victim is chosen. Every step of an examination but the last consumes a
+//! use, state change or force since the breaker's previous step, so the work
+//! per new key is O(1) amortised whatever `max_breakers` is; after `2 × len`
+//! steps breakers are no longer moved or given a second chance, so racing
+//! state changes cannot make it loop.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -161,9 +146,11 @@ impl EvictionQueues {
         self.len
     }
 
-    /// Adds a new breaker at the closed queue's tail; returns its node, which
-    /// names it to [`unpark`](Self::unpark).
-    pub(crate) fn insert(&mut self, breaker: Arc<Breaker>, now: u64) -> usize {
+    /// Adds a new breaker at the closed queue's tail, noting its node in
+    /// the breaker.
+    pub(crate) fn insert(&mut self, breaker: Arc<Breaker>, now: u64) {
+        let id = self.free.pop().unwrap_or(self.nodes.len());
+        breaker.node.store(id, Ordering::Relaxed);
         let node = Node {
             breaker: Some(breaker),
             prev: NIL,
@@ -171,47 +158,41 @@ impl EvictionQueues {
             queue: Queue::Free,
             joined: now,
         };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.nodes[id] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        };
+        match self.nodes.get_mut(id) {
+            Some(slot) => *slot = node,
+            None => self.nodes.push(node),
+        }
         self.len += 1;
         self.push(id, Queue::Closed, now);
-        id
     }
 
     /// Puts a breaker an operator no longer forces back in line, as if just
-    /// used. A no-op unless `node` still holds `breaker` and it is parked.
-    pub(crate) fn unpark(&mut self, node: usize, breaker: &Arc<Breaker>, now: u64) {
-        if let Some((Queue::Parked, _)) = self.holding(node, breaker) {
-            self.push(node, Queue::Closed, now);
+    /// used. A no-op unless it is parked.
+    pub(crate) fn unpark(&mut self, breaker: &Arc<Breaker>, now: u64) {
+        if let Some((id, Queue::Parked, _)) = self.holding(breaker) {
+            self.push(id, Queue::Closed, now);
         }
     }
 
     /// Moves a breaker that posted a [`EvictionNotices::post_closed`] notice from the open
     /// queue back to the closed one, keeping its join time. A no-op unless
-    /// `node` still holds `breaker`, queued as open, and it is closed now.
-    pub(crate) fn closed_again(&mut self, node: usize, breaker: &Arc<Breaker>) {
-        if let Some((Queue::Open, joined)) = self.holding(node, breaker) {
+    /// it is queued as open and closed now.
+    pub(crate) fn closed_again(&mut self, breaker: &Arc<Breaker>) {
+        if let Some((id, Queue::Open, joined)) = self.holding(breaker) {
             if breaker.state() == State::Closed {
-                self.unlink(node);
-                self.push(node, Queue::Closed, joined);
+                self.unlink(id);
+                self.push(id, Queue::Closed, joined);
             }
         }
     }
 
-    /// The queue and join time of `node`, if it still holds `breaker` (a
-    /// node is reused once its breaker is evicted).
-    fn holding(&self, node: usize, breaker: &Arc<Breaker>) -> Option<(Queue, u64)> {
-        let entry = self.nodes.get(node)?;
+    /// The node, queue and join time of `breaker`, if its node still holds
+    /// it (a node is reused once its breaker is evicted).
+    fn holding(&self, breaker: &Arc<Breaker>) -> Option<(usize, Queue, u64)> {
+        let id = breaker.node.load(Ordering::Relaxed);
+        let entry = self.nodes.get(id)?;
         let held = entry.breaker.as_ref()?;
-        Arc::ptr_eq(held, breaker).then_some((entry.queue, entry.joined))
+        Arc::ptr_eq(held, breaker).then_some((id, entry.queue, entry.joined))
     }
 
     /// Chooses and removes a victim; see the module docs.

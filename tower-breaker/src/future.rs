@@ -20,9 +20,11 @@ use crate::answer::Plain;
 #[cfg(feature = "http")]
 use crate::answer::{open_response, Http503, HttpError};
 use crate::error::CircuitOpen;
+use crate::machine::Breaker;
 #[cfg(feature = "http")]
 use crate::open::OpenCall;
 use crate::permit::Permit;
+use crate::share::BreakerRef;
 
 pin_project! {
     /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) and
@@ -207,19 +209,28 @@ impl<C> fmt::Debug for Recorder<C> {
 }
 
 impl<C> Recorder<C> {
+    /// The recorder of a call `breaker` admits (`None` when it is
+    /// disabled), or the refusal.
     #[inline]
-    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
+    pub(crate) fn admit(breaker: &BreakerRef, classifier: &C) -> Result<Option<Self>, CircuitOpen>
+    where
+        C: Clone,
+    {
+        if breaker.breaker().disabled {
+            return Ok(None);
+        }
+        let permit = Breaker::admit(breaker)?;
         // The clock is read only when a slow-call threshold or a per-call
         // callback needs it, keeping the default closed path free of clock
         // reads.
         let breaker = permit.breaker();
         let started =
             (breaker.slow_call_threshold.is_some() || breaker.call_listeners).then(Instant::now);
-        Recorder {
+        Ok(Some(Recorder {
             permit,
-            classifier,
+            classifier: classifier.clone(),
             started,
-        }
+        }))
     }
 
     #[inline]
@@ -265,7 +276,9 @@ impl<C> Recorder<C> {
                     permit,
                     elapsed: started.map(|started| started.elapsed()),
                     classifier,
-                    judge: judge_end::<C, B>,
+                    judge: |classifier, end| {
+                        Classify::<Response<B>, BoxError>::classify_end(classifier, end)
+                    },
                 };
                 return response.map(|body| SettleBody::new(body, open));
             }
@@ -273,15 +286,6 @@ impl<C> Recorder<C> {
         self.complete(outcome);
         response.map(SettleBody::settled)
     }
-}
-
-/// `classifier`'s judgement of how a body of a `Response<B>` ended.
-#[cfg(feature = "http")]
-fn judge_end<C, B>(classifier: &C, end: StreamEnd<'_>) -> Outcome
-where
-    C: Classify<Response<B>, BoxError>,
-{
-    classifier.classify_end(end)
 }
 
 #[cfg(test)]

@@ -39,9 +39,7 @@ use metrics::{Counter, SharedString, Unit};
 /// A plain (unkeyed) breaker's key is the layer's name: every choice labels
 /// it with the name.
 #[derive(Clone)]
-pub struct MetricsLabel {
-    rule: LabelRule,
-}
+pub struct MetricsLabel(LabelRule);
 
 /// A key's label, as [`MetricsLabel::mapped`] computes it.
 type LabelMapper = Arc<dyn Fn(&str) -> Cow<'static, str> + Send + Sync>;
@@ -56,18 +54,14 @@ enum LabelRule {
 impl MetricsLabel {
     /// Every breaker of the layer is labelled with the layer's name (the default).
     pub fn layer_name() -> Self {
-        MetricsLabel {
-            rule: LabelRule::LayerName,
-        }
+        MetricsLabel(LabelRule::LayerName)
     }
 
     /// Each breaker is labelled with its key. See the cardinality rule above:
     /// only for keys from a bounded, trusted set, or with an exporter that
     /// expires idle series.
     pub fn key() -> Self {
-        MetricsLabel {
-            rule: LabelRule::Key,
-        }
+        MetricsLabel(LabelRule::Key)
     }
 
     /// Each breaker is labelled with `map(key)`, called once when the breaker
@@ -78,16 +72,14 @@ impl MetricsLabel {
         F: Fn(&str) -> L + Send + Sync + 'static,
         L: Into<Cow<'static, str>>,
     {
-        MetricsLabel {
-            rule: LabelRule::Mapped(Arc::new(move |key| map(key).into())),
-        }
+        MetricsLabel(LabelRule::Mapped(Arc::new(move |key| map(key).into())))
     }
 
     /// The label value for the breaker of `key` in the layer named `name`,
     /// and whether that label is the breaker's own (no other breaker can
     /// share it).
     pub(crate) fn label_for(&self, name: &Arc<str>, key: &Arc<str>) -> (SharedString, bool) {
-        match &self.rule {
+        match &self.0 {
             LabelRule::LayerName => (SharedString::from(Arc::clone(name)), false),
             LabelRule::Key => (SharedString::from(Arc::clone(key)), true),
             LabelRule::Mapped(map) => (SharedString::from(map(key)), false),
@@ -103,7 +95,7 @@ impl Default for MetricsLabel {
 
 impl fmt::Debug for MetricsLabel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.rule {
+        f.write_str(match self.0 {
             LabelRule::LayerName => "MetricsLabel::layer_name()",
             LabelRule::Key => "MetricsLabel::key()",
             LabelRule::Mapped(_) => "MetricsLabel::mapped(..)",

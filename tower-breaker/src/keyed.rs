@@ -10,7 +10,6 @@ use tower_service::Service;
 
 use crate::admin::BreakerHandle;
 use crate::future::{Recorder, ResponseFuture};
-use crate::machine::Breaker;
 use crate::registry::Registry;
 use crate::share::BreakerRef;
 
@@ -141,15 +140,9 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key_fn)(&req);
-        let breaker = self.registry.breaker(key.as_ref());
-        if breaker.disabled {
-            return ResponseFuture::called(self.inner.call(req), None);
-        }
-        match Breaker::admit(&BreakerRef(breaker)) {
-            Ok(permit) => {
-                let recorder = Recorder::new(permit, self.classifier.clone());
-                ResponseFuture::called(self.inner.call(req), Some(recorder))
-            }
+        let breaker = BreakerRef(self.registry.breaker(key.as_ref()));
+        match Recorder::admit(&breaker, &self.classifier) {
+            Ok(recorder) => ResponseFuture::called(self.inner.call(req), recorder),
             Err(open) => ResponseFuture::rejected(open),
         }
     }

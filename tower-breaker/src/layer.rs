@@ -11,10 +11,10 @@ use crate::admin::BreakerHandle;
 use crate::answer::Plain;
 use crate::instruments::{describe_metrics, EvictionCounters, MetricsLabel};
 use crate::keyed::KeyedCircuitBreakerLayer;
-use crate::policy::{ensure, Policy};
+use crate::policy::{ensure, ensure_factor, ensure_share, Policy};
 use crate::registry::Registry;
 use crate::service::CircuitBreaker;
-use crate::settings::Settings;
+use crate::settings::{Callbacks, Settings};
 use crate::share::{BreakerRef, Share};
 use crate::state::{CallEvent, Mode, StateChange};
 use crate::word::MAX_PROBES;
@@ -178,8 +178,8 @@ impl Builder {
                 slow_call_rate: None,
                 mode: Mode::Enforce,
                 pending_when_open: false,
-                on_state_change: Vec::new(),
-                on_call: Vec::new(),
+                on_state_change: Callbacks(Vec::new()),
+                on_call: Callbacks(Vec::new()),
                 max_breakers: 1_000,
                 metrics_label: MetricsLabel::layer_name(),
             },
@@ -329,7 +329,7 @@ impl Builder {
     where
         F: Fn(&StateChange<'_>) + Send + Sync + 'static,
     {
-        self.settings.on_state_change.push(Arc::new(callback));
+        self.settings.on_state_change.0.push(Arc::new(callback));
         self
     }
 
@@ -342,7 +342,7 @@ impl Builder {
     where
         F: Fn(&CallEvent<'_>) + Send + Sync + 'static,
     {
-        self.settings.on_call.push(Arc::new(callback));
+        self.settings.on_call.0.push(Arc::new(callback));
         self
     }
 
@@ -378,11 +378,7 @@ impl Builder {
         ensure((1..=MAX_PROBES).contains(&s.probes), "probes", probes)?;
         if let Some(rate) = s.slow_call_rate {
             let field = "slow_call_rate";
-            ensure(
-                rate > 0.0 && rate <= 1.0,
-                field,
-                format!("must be in (0, 1], got {rate}"),
-            )?;
+            ensure_share(rate, field)?;
             ensure(
                 s.slow_call_threshold.is_some(),
                 field,
@@ -405,12 +401,8 @@ impl Builder {
             "max_recovery_timeout",
             "must not be shorter than recovery_timeout",
         )?;
-        let (multiplier, jitter) = (s.recovery_multiplier, s.recovery_jitter);
-        ensure(
-            multiplier >= 1.0 && multiplier.is_finite(),
-            "recovery_multiplier",
-            format!("must be a finite number of at least 1, got {multiplier}"),
-        )?;
+        let jitter = s.recovery_jitter;
+        ensure_factor(s.recovery_multiplier, "recovery_multiplier")?;
         ensure(
             (0.0..1.0).contains(&jitter),
             "recovery_jitter",

@@ -11,8 +11,8 @@ use metrics::{Counter, Gauge, SharedString};
 
 use crate::events::breaker_event;
 use crate::eviction::EvictionNotices;
-use crate::machine::{Breaker, Observer, Report, Transition};
-use crate::state::State;
+use crate::machine::{Breaker, Observer, Report};
+use crate::state::{State, StateChange};
 
 /// A breaker's listeners.
 pub(crate) struct Listeners {
@@ -68,13 +68,10 @@ impl Listeners {
         }
     }
 
-    fn changed(&self, breaker: &Breaker, transition: Transition) {
-        let Transition {
-            from,
-            to,
-            open_for,
-            by_operator,
-        } = transition;
+    fn changed(&self, breaker: &Breaker, change: StateChange<'_>, by_operator: bool) {
+        let StateChange {
+            from, to, open_for, ..
+        } = change;
         if to == State::Open {
             self.opened.increment(1);
             // The call whose failure opened it used it last.
@@ -90,38 +87,32 @@ impl Listeners {
                 }
             }
         }
+        let (from, to_name) = (from.as_str(), to.as_str());
         match (to, by_operator) {
             (State::Open | State::ForcedOpen, false) => breaker_event!(
                 warn,
                 breaker,
-                from = from.as_str(),
-                to = to.as_str(),
+                from,
+                to = to_name,
                 open_for = ?open_for,
                 "circuit breaker opened"
-            ),
-            (_, false) => breaker_event!(
-                info,
-                breaker,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state changed"
             ),
             // An operator's decision is worth a line whatever it is; opening
             // still warns, since it sheds the dependency's whole traffic.
             (State::ForcedOpen, true) => breaker_event!(
                 warn,
                 breaker,
-                from = from.as_str(),
-                to = to.as_str(),
+                from,
+                to = to_name,
                 "circuit breaker forced open by an operator"
             ),
-            (_, true) => breaker_event!(
-                info,
-                breaker,
-                from = from.as_str(),
-                to = to.as_str(),
-                "circuit breaker state set by an operator"
-            ),
+            _ => {
+                let message = match by_operator {
+                    false => "circuit breaker state changed",
+                    true => "circuit breaker state set by an operator",
+                };
+                breaker_event!(info, breaker, from, to = to_name, "{message}")
+            }
         }
     }
 
@@ -152,9 +143,12 @@ impl Listeners {
 }
 
 impl Observer for Listeners {
-    fn report(&self, breaker: &Breaker, report: Report) {
+    fn report(&self, breaker: &Breaker, report: Report<'_>) {
         match report {
-            Report::Changed(transition) => self.changed(breaker, transition),
+            Report::Changed {
+                change,
+                by_operator,
+            } => self.changed(breaker, change, by_operator),
             Report::ProbeAdmitted { probe } => breaker_event!(
                 debug,
                 breaker,

@@ -103,11 +103,7 @@ impl Policy {
                 window,
             } => {
                 let field = "failure_rate.minimum_calls";
-                ensure(
-                    rate > 0.0 && rate <= 1.0,
-                    "failure_rate.rate",
-                    format!("must be in (0, 1], got {rate}"),
-                )?;
+                ensure_share(rate, "failure_rate.rate")?;
                 ensure(minimum_calls > 0, field, "must be at least 1")?;
                 window.validate().map_err(|e| e.within("failure_rate"))?;
                 match window {
@@ -120,11 +116,7 @@ impl Policy {
                 }
             }
             Policy::AdaptiveThrottle { k, window } => {
-                ensure(
-                    k >= 1.0 && k.is_finite(),
-                    "adaptive_throttle.k",
-                    format!("must be a finite number of at least 1, got {k}"),
-                )?;
+                ensure_factor(k, "adaptive_throttle.k")?;
                 window.validate().map_err(|e| e.within("adaptive_throttle"))
             }
         }
@@ -142,6 +134,18 @@ pub(crate) fn ensure(
     } else {
         Err(ConfigError::new(field, reason))
     }
+}
+
+/// [`ensure`] that `share` is in `(0, 1]`.
+pub(crate) fn ensure_share(share: f64, field: &'static str) -> Result<(), ConfigError> {
+    let reason = format!("must be in (0, 1], got {share}");
+    ensure(share > 0.0 && share <= 1.0, field, reason)
+}
+
+/// [`ensure`] that `factor` is a finite number of at least 1.
+pub(crate) fn ensure_factor(factor: f64, field: &'static str) -> Result<(), ConfigError> {
+    let reason = format!("must be a finite number of at least 1, got {factor}");
+    ensure(factor >= 1.0 && factor.is_finite(), field, reason)
 }
 
 /// The calls a [`Policy::FailureRate`] or [`Policy::AdaptiveThrottle`] is

@@ -29,20 +29,8 @@ use crate::state::State;
 /// enough that listing every breaker stays cheap.
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Arc<str>, Entry>;
-
-struct Entry {
-    /// The breaker, as a keyed call's permit holds it.
-    share: Arc<Share>,
-    /// Its node in the eviction queues.
-    node: usize,
-}
-
-impl Entry {
-    fn found(&self) -> (Arc<Breaker>, usize) {
-        (Arc::clone(&self.share.breaker), self.node)
-    }
-}
+/// Each key's breaker, as a keyed call's permit holds it.
+type Shard = HashMap<Arc<str>, Arc<Share>>;
 
 /// The breakers of one layer, by key. A plain layer's registry holds its one
 /// breaker (under the layer's name) so the admin handle treats both alike.
@@ -145,15 +133,12 @@ impl Registry {
         now: u64,
         shard: usize,
     ) -> Arc<Share> {
-        let node = queues.insert(Arc::clone(&breaker), now);
+        queues.insert(Arc::clone(&breaker), now);
         // Before the breaker is visible: nothing can have changed its state.
         breaker.publish();
         let share = Arc::new(Share::new(breaker));
-        let entry = Entry {
-            share: Arc::clone(&share),
-            node,
-        };
-        self.write(shard).insert(Arc::clone(&share.key), entry);
+        self.write(shard)
+            .insert(Arc::clone(&share.key), Arc::clone(&share));
         share
     }
 
@@ -184,10 +169,7 @@ impl Registry {
     /// The breaker for `key`, created (and a victim evicted) when new.
     pub(crate) fn breaker(&self, key: &str) -> Arc<Share> {
         let shard = self.shard_of(key);
-        let found = self
-            .read(shard)
-            .get(key)
-            .map(|entry| Arc::clone(&entry.share));
+        let found = self.read(shard).get(key).cloned();
         match found {
             Some(breaker) => {
                 self.touch(&breaker);
@@ -232,9 +214,8 @@ impl Registry {
         let mut queues = self.lock_queues();
         // Every insert holds `queues`: what this read finds stays true until
         // it is released.
-        if let Some(entry) = self.read(shard).get(&key) {
+        if let Some(existing) = self.read(shard).get(&key).cloned() {
             // Another call inserted the key while this one built a breaker.
-            let existing = Arc::clone(&entry.share);
             drop(queues);
             self.touch(&existing);
             return existing;
@@ -322,10 +303,10 @@ impl Registry {
     /// Moves the breakers that closed again back to the closed queue.
     fn read_closed_notices(&self, queues: &mut EvictionQueues) {
         for key in self.notices.take_closed() {
-            if let Some(entry) = self.read(self.shard_of(&key)).get(&key) {
+            if let Some(share) = self.read(self.shard_of(&key)).get(&key) {
                 // Cleared first: closing again after this posts again.
-                entry.share.notice_posted.store(false, Ordering::Relaxed);
-                queues.closed_again(entry.node, &entry.share.breaker);
+                share.notice_posted.store(false, Ordering::Relaxed);
+                queues.closed_again(&share.breaker);
             }
         }
     }
@@ -333,17 +314,15 @@ impl Registry {
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Breaker>> {
         self.read(self.shard_of(key))
             .get(key)
-            .map(|entry| Arc::clone(&entry.share.breaker))
+            .map(|share| Arc::clone(&share.breaker))
     }
 
+    /// Every breaker, shard by shard.
     pub(crate) fn all(&self) -> Vec<Arc<Breaker>> {
-        self.each(|entry| Arc::clone(&entry.share.breaker))
-    }
-
-    /// `f` of every entry, shard by shard.
-    fn each<T>(&self, f: impl Fn(&Entry) -> T) -> Vec<T> {
+        let breakers =
+            |shard: &Shard| -> Vec<_> { shard.values().map(|s| Arc::clone(&s.breaker)).collect() };
         (0..SHARDS)
-            .flat_map(|shard| self.read(shard).values().map(&f).collect::<Vec<_>>())
+            .flat_map(|shard| breakers(&self.read(shard)))
             .collect()
     }
 
@@ -351,8 +330,7 @@ impl Registry {
     /// is none. A breaker leaving a forced state may be evicted again.
     pub(crate) fn force(&self, key: &str, to: State) -> bool {
         let queues = self.lock_queues();
-        let found = self.read(self.shard_of(key)).get(key).map(Entry::found);
-        let Some(found) = found else {
+        let Some(found) = self.get(key) else {
             return false;
         };
         self.force_all(queues, &[found], to);
@@ -362,7 +340,7 @@ impl Registry {
     /// Resets every breaker; returns how many.
     pub(crate) fn reset_all(&self) -> usize {
         let queues = self.lock_queues();
-        let all = self.each(Entry::found);
+        let all = self.all();
         self.force_all(queues, &all, State::Closed);
         all.len()
     }
@@ -371,14 +349,13 @@ impl Registry {
     fn force_all(
         &self,
         mut queues: MutexGuard<'_, EvictionQueues>,
-        breakers: &[(Arc<Breaker>, usize)],
+        breakers: &[Arc<Breaker>],
         to: State,
     ) {
         // Under the insert lock, which every eviction holds: a breaker found
-        // in the map is still there when its state changes, and once it is
-        // forced no eviction takes it. Forcing outside the lock let an
-        // eviction between the lookup and the force lose the breaker, and the
-        // key came back unforced.
+        // in the map is still there when its state changes (else an eviction
+        // in between could lose it, and the key come back unforced), and
+        // once it is forced no eviction takes it.
         let now = self.clock.load(Ordering::Relaxed);
         if !to.is_forced() && !breakers.is_empty() {
             // A reset breaker can be evicted again: new keys are kept again.
@@ -386,10 +363,10 @@ impl Registry {
         }
         let left: Vec<State> = breakers
             .iter()
-            .map(|(breaker, node)| {
+            .map(|breaker| {
                 let from = breaker.set_forced(to);
                 if !to.is_forced() {
-                    queues.unpark(*node, breaker, now);
+                    queues.unpark(breaker, now);
                 }
                 from
             })
@@ -397,7 +374,7 @@ impl Registry {
         // Announced outside it: the state-change callbacks may call the
         // service again, and a new key would wait on this lock.
         drop(queues);
-        for ((breaker, _), from) in breakers.iter().zip(left) {
+        for (breaker, from) in breakers.iter().zip(left) {
             breaker.announce_forced(from, to);
         }
     }

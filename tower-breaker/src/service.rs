@@ -25,7 +25,6 @@ use crate::future::{Recorder, ResponseFuture};
 use crate::machine::{Breaker, Readiness};
 #[cfg(feature = "http")]
 use crate::open::OpenCall;
-use crate::permit::Permit;
 use crate::share::BreakerRef;
 
 /// A service guarded by a circuit breaker; see [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
@@ -34,10 +33,8 @@ use crate::share::BreakerRef;
 /// and whether a response is judged at its head or where its body ends.
 ///
 /// While the breaker refuses calls, `poll_ready` is ready at once without
-/// polling the inner service ([crate docs](crate#with-axum)): a dependency
-/// that is down often has a client that is not ready either. The call that
-/// follows is then refused, even if the circuit half-opened in between,
-/// because the inner service was not made ready for it.
+/// polling the inner service ([crate docs](crate#with-axum)), and the call
+/// that follows is refused, even if the circuit half-opened in between.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
 /// refusal decided by `poll_ready`.
@@ -92,19 +89,6 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         self.breaker.breaker()
     }
 
-    /// Admits or refuses one call. `Ok(None)` in disabled mode.
-    #[inline]
-    fn admit(&mut self) -> Result<Option<Permit>, CircuitOpen> {
-        if self.refuse_next {
-            self.refuse_next = false;
-            return Err(self.breaker().rejection());
-        }
-        if self.breaker().disabled {
-            return Ok(None);
-        }
-        Breaker::admit(&self.breaker).map(Some)
-    }
-
     /// `call` for every answer: the inner service's call with a recorder,
     /// or the refusal that `refused` makes of the breaker's and the
     /// request's.
@@ -118,11 +102,14 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
         S: Service<Req>,
         C: Clone,
     {
-        match self.admit() {
-            Ok(permit) => {
-                let recorder = permit.map(|p| Recorder::new(p, self.classifier.clone()));
-                ResponseFuture::called(self.inner.call(req), recorder)
-            }
+        let admitted = if self.refuse_next {
+            self.refuse_next = false;
+            Err(self.breaker().rejection())
+        } else {
+            Recorder::admit(&self.breaker, &self.classifier)
+        };
+        match admitted {
+            Ok(recorder) => ResponseFuture::called(self.inner.call(req), recorder),
             Err(open) => ResponseFuture::rejected(refused(open, &req)),
         }
     }
@@ -175,17 +162,12 @@ impl<S, C, A> CircuitBreaker<S, C, A> {
             // change between the two looks is not missed.
             let mut changed = Box::pin(Arc::clone(notify).notified_owned());
             changed.as_mut().enable();
-            self.waiting = match self.breaker().readiness() {
+            let until = match self.breaker().readiness() {
                 Readiness::Ready => return Poll::Ready(()),
-                Readiness::Until(at) => Some(Box::new(Wait {
-                    changed,
-                    until: Some(Box::pin(tokio::time::sleep_until(at))),
-                })),
-                Readiness::Change => Some(Box::new(Wait {
-                    changed,
-                    until: None,
-                })),
+                Readiness::Until(at) => Some(Box::pin(tokio::time::sleep_until(at))),
+                Readiness::Change => None,
             };
+            self.waiting = Some(Box::new(Wait { changed, until }));
         }
     }
 }

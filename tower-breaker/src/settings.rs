@@ -9,7 +9,7 @@ use crate::policy::Policy;
 use crate::state::{CallCallback, Callback, Mode};
 
 /// Everything configured, shared by every breaker a layer creates.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub(crate) name: Arc<str>,
     pub(crate) policy: Policy,
@@ -24,33 +24,24 @@ pub(crate) struct Settings {
     pub(crate) slow_call_rate: Option<f64>,
     pub(crate) mode: Mode,
     pub(crate) pending_when_open: bool,
-    pub(crate) on_state_change: Vec<Callback>,
-    pub(crate) on_call: Vec<CallCallback>,
+    pub(crate) on_state_change: Callbacks<Callback>,
+    pub(crate) on_call: Callbacks<CallCallback>,
     pub(crate) max_breakers: usize,
     pub(crate) metrics_label: MetricsLabel,
 }
 
-impl fmt::Debug for Settings {
+/// Callbacks in the order they were added; `Debug` shows how many.
+pub(crate) struct Callbacks<F: ?Sized>(pub(crate) Vec<Arc<F>>);
+
+impl<F: ?Sized> Clone for Callbacks<F> {
+    fn clone(&self) -> Self {
+        Callbacks(self.0.clone())
+    }
+}
+
+impl<F: ?Sized> fmt::Debug for Callbacks<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("name", &self.name)
-            .field("policy", &self.policy)
-            .field("recovery_timeout", &self.recovery_timeout)
-            .field("max_recovery_timeout", &self.max_recovery_timeout)
-            .field("recovery_multiplier", &self.recovery_multiplier)
-            .field("recovery_jitter", &self.recovery_jitter)
-            .field("probes", &self.probes)
-            .field("probe_timeout", &self.probe_timeout)
-            .field("slow_start", &self.slow_start)
-            .field("slow_call_threshold", &self.slow_call_threshold)
-            .field("slow_call_rate", &self.slow_call_rate)
-            .field("mode", &self.mode)
-            .field("pending_when_open", &self.pending_when_open)
-            .field("on_state_change", &self.on_state_change.len())
-            .field("on_call", &self.on_call.len())
-            .field("max_breakers", &self.max_breakers)
-            .field("metrics_label", &self.metrics_label)
-            .finish()
+        fmt::Debug::fmt(&self.0.len(), f)
     }
 }
 

@@ -3,30 +3,19 @@
 //!
 //! # Why a share per thread
 //!
-//! A call needs two references to its breaker that live past it: axum and
-//! tonic clone the service for each request, and the response future holds
-//! the call's permit (tower's futures are `'static`). Each reference made
-//! and dropped is an atomic read-modify-write of a reference count. If every
-//! reference counted on the breaker's own `Arc`, two threads calling one
-//! breaker would write one cache line four times a call each, and the line
-//! would move between their cores on every write: most of a call's cost.
+//! Axum and tonic clone the service per request, and a response future holds
+//! its permit: two references made and dropped per call. Counted on the
+//! breaker's own `Arc`, two threads calling one breaker would bounce that
+//! cache line between their cores four times a call: most of a call's cost.
+//! So a layer's [`Share`] holds a table of further shares, one per thread
+//! (up to a bound), each an `Arc` of its own holding the breaker's `Arc`; a
+//! reference made on a thread counts on that thread's share. The shares do
+//! not point back to the table, so nothing outlives the layer, its services
+//! and their calls.
 //!
-//! So a layer holds a [`Share`] with a table of further shares, one per
-//! thread (up to a bound), each an `Arc` of its own that holds the breaker's
-//! `Arc`. A reference made on a thread (the per-request clone of a service,
-//! a permit) counts on that thread's share, on lines no other thread writes;
-//! the breaker's count moves once per thread, when its share is made. The
-//! layer and the services it builds keep the table; the shares do not point
-//! back to it, so nothing is kept alive once the layer, its services and
-//! their calls are gone.
-//!
-//! What this covers: references made from a layer's service, as axum's
-//! router makes them (it keeps the service the layer built and clones it per
-//! request, on the serving thread). A clone made on one thread and then
-//! cloned on others (a per-connection clone made where connections are
-//! accepted) holds the first thread's share, without the table, and its
-//! clones count there from every thread, as every reference did before the
-//! shares.
+//! A clone made on one thread and then cloned on others (a per-connection
+//! clone made where connections are accepted) holds the first thread's
+//! share, without the table: its clones count there from every thread.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};

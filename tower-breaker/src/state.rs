@@ -2,7 +2,6 @@
 //! and the events its callbacks receive ([`StateChange`], [`CallEvent`]).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A breaker's state.
@@ -96,7 +95,7 @@ pub struct StateChange<'a> {
     pub open_for: Option<Duration>,
 }
 
-pub(crate) type Callback = Arc<dyn Fn(&StateChange<'_>) + Send + Sync>;
+pub(crate) type Callback = dyn Fn(&StateChange<'_>) + Send + Sync;
 
 /// One call's result as the breaker saw it, as given to the
 /// [per-call callbacks](crate::Builder::on_call).
@@ -130,4 +129,4 @@ pub enum CallKind {
     Rejected(Option<Duration>),
 }
 
-pub(crate) type CallCallback = Arc<dyn Fn(&CallEvent<'_>) + Send + Sync>;
+pub(crate) type CallCallback = dyn Fn(&CallEvent<'_>) + Send + Sync;

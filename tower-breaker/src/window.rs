@@ -56,10 +56,6 @@ impl WindowState {
             WindowState::Time(w) => w.reset(),
         }
     }
-
-    pub(crate) fn needs_clock(&self) -> bool {
-        matches!(self, WindowState::Time(_))
-    }
 }
 
 /// A ring of the last `n` results, two bits each (failed, slow), 32 to a

@@ -11,6 +11,7 @@ mod admission;
 mod record;
 
 use std::fmt;
+use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,9 +31,13 @@ pub(crate) use self::admission::Readiness;
 
 /// What a breaker's machine reports, to the one [`Observer`] it owns.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Report {
-    /// A transition, by the machine or by an operator.
-    Changed(Transition),
+pub(crate) enum Report<'a> {
+    /// A transition, by the machine or (`by_operator`) an operator's reset
+    /// or force.
+    Changed {
+        change: StateChange<'a>,
+        by_operator: bool,
+    },
     /// A half-open probe slot was claimed: the `probe`-th of the period.
     ProbeAdmitted { probe: u64 },
     /// The half-open probes did not all answer by their deadline: the
@@ -48,22 +53,11 @@ pub(crate) enum Report {
     LetGo,
 }
 
-/// One state change as the machine reports it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Transition {
-    pub(crate) from: State,
-    pub(crate) to: State,
-    /// For an opening: how long it stays open.
-    pub(crate) open_for: Option<Duration>,
-    /// An operator's reset or force rather than the machine's own step.
-    pub(crate) by_operator: bool,
-}
-
 /// Whoever listens to a breaker (`listeners.rs`). The machine decides and
 /// reports; it names none of its listeners, and they read it, never the
 /// other way round. Never told of an admitted closed call.
 pub(crate) trait Observer: Send + Sync {
-    fn report(&self, breaker: &Breaker, report: Report);
+    fn report(&self, breaker: &Breaker, report: Report<'_>);
 }
 
 /// One breaker's live state. Every clone of a service (and, for a plain
@@ -132,6 +126,8 @@ pub(crate) struct Breaker {
     pub(crate) open_used: StdAtomicU64,
     /// A notice is posted and not yet read.
     pub(crate) notice_posted: StdAtomicBool,
+    /// Its node in the eviction queues, written under the insert lock.
+    pub(crate) node: StdAtomicUsize,
 }
 
 impl fmt::Debug for Breaker {
@@ -164,9 +160,7 @@ impl Breaker {
         };
         let closed = Word::new(State::Closed, 0, Slots::NONE);
         let base = Instant::now();
-        let coarse_clock = window
-            .as_ref()
-            .is_some_and(WindowState::needs_clock)
+        let coarse_clock = matches!(window, Some(WindowState::Time(_)))
             .then(|| CoarseClock::new(base, Duration::from_millis(1)));
         Breaker {
             key,
@@ -174,7 +168,7 @@ impl Breaker {
             disabled: settings.mode == Mode::Disabled,
             slow_call_threshold: settings.slow_call_threshold,
             slow_apart: settings.slow_call_rate.is_some(),
-            call_listeners: !settings.on_call.is_empty(),
+            call_listeners: !settings.on_call.0.is_empty(),
             pending_when_open: settings.pending_when_open,
             throttle,
             changed: settings.pending_when_open.then(|| Arc::new(Notify::new())),
@@ -199,6 +193,7 @@ impl Breaker {
             last_used: StdAtomicU64::new(0),
             open_used: StdAtomicU64::new(0),
             notice_posted: StdAtomicBool::new(false),
+            node: StdAtomicUsize::new(usize::MAX),
         }
     }
 
@@ -240,7 +235,7 @@ impl Breaker {
             kind,
             elapsed,
         };
-        for callback in &self.settings.on_call {
+        for callback in &self.settings.on_call.0 {
             callback(&event);
         }
     }
@@ -374,21 +369,18 @@ impl Breaker {
         if to == State::Open {
             self.opened.fetch_add(1, Ordering::Relaxed);
         }
-        let transition = Transition {
+        let change = StateChange {
+            key: &self.key,
             from,
             to,
             open_for,
+        };
+        let report = Report::Changed {
+            change,
             by_operator,
         };
-        self.observer.report(self, Report::Changed(transition));
-        let key = &*self.key;
-        let change = StateChange {
-            key,
-            from,
-            to,
-            open_for,
-        };
-        for callback in &self.settings.on_state_change {
+        self.observer.report(self, report);
+        for callback in &self.settings.on_state_change.0 {
             callback(&change);
         }
         self.wake_waiters();
