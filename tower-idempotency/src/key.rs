@@ -5,7 +5,7 @@ use http::{HeaderValue, Method, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::rejection::Rejection;
-use crate::store::{push_hex, unhex};
+use tower_store_support::bytes_text::{push_hex, unhex};
 
 /// The longest `Idempotency-Key` accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;

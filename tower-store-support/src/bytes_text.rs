@@ -19,8 +19,6 @@
 //! assert_eq!(serde_json::to_string(&raw).unwrap(), r#"{"body":{"hex":"ff00"}}"#);
 //! ```
 
-use std::fmt::Write as _;
-
 use bytes::Bytes;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -28,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// Borrowed to write, owned to read.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Text<S> {
+enum Stored<S> {
     Utf8(S),
     Hex(String),
 }
@@ -36,13 +34,11 @@ enum Text<S> {
 /// Writes `bytes` as `{"utf8": …}` or `{"hex": …}`.
 pub fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
     match std::str::from_utf8(bytes) {
-        Ok(text) => Text::Utf8(text),
+        Ok(text) => Stored::Utf8(text),
         Err(_) => {
             let mut hex = String::with_capacity(bytes.len() * 2);
-            for byte in bytes.iter() {
-                let _ = write!(hex, "{byte:02x}");
-            }
-            Text::Hex(hex)
+            push_hex(&mut hex, bytes);
+            Stored::Hex(hex)
         }
     }
     .serialize(serializer)
@@ -50,23 +46,41 @@ pub fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S
 
 /// Reads what [`serialize`] writes.
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
-    let hex = match Text::<String>::deserialize(deserializer)? {
-        Text::Utf8(text) => return Ok(Bytes::from(text)),
-        Text::Hex(hex) => hex,
+    let hex = match Stored::<String>::deserialize(deserializer)? {
+        Stored::Utf8(text) => return Ok(Bytes::from(text)),
+        Stored::Hex(hex) => hex,
     };
     if hex.len() % 2 != 0 {
         return Err(D::Error::custom("odd number of hex digits"));
     }
+    unhex(&hex)
+        .map(Bytes::from)
+        .ok_or_else(|| D::Error::custom("a hex body holds a non-hex digit"))
+}
+
+/// Appends `bytes` to `text` in lowercase hex, as [`serialize`] writes them.
+pub fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)] as char);
+        text.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+}
+
+/// The bytes `hex` spells, two hex digits each in either case; `None` if it
+/// spells none (an odd length, a sign, any other character).
+pub fn unhex(hex: &str) -> Option<Vec<u8>> {
     // Digit by digit on bytes: a multi-byte character or a sign (`+f`) is
     // refused, where slicing pairs of a `str` could panic and
     // `from_str_radix` would take the sign.
     let digit = |d: u8| char::from(d).to_digit(16);
     hex.as_bytes()
         .chunks(2)
-        .map(|pair| Some((digit(pair[0])? << 4 | digit(pair[1])?) as u8))
-        .collect::<Option<Vec<u8>>>()
-        .map(Bytes::from)
-        .ok_or_else(|| D::Error::custom("a hex body holds a non-hex digit"))
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? << 4 | digit(*low)?) as u8),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -360,27 +360,6 @@ pub(crate) fn bounded(ttl: Duration) -> Duration {
     ttl.min(MAX_TTL)
 }
 
-/// Appends `bytes` to `text` in lowercase hex.
-pub(crate) fn push_hex(text: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for byte in bytes {
-        text.push(DIGITS[usize::from(byte >> 4)] as char);
-        text.push(DIGITS[usize::from(byte & 0xf)] as char);
-    }
-}
-
-/// The bytes `hex` spells, two hex digits each; `None` if it spells none.
-pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
-    let digit = |d: u8| char::from(d).to_digit(16);
-    let pairs = hex.as_bytes().chunks(2);
-    pairs
-        .map(|pair| match pair {
-            [high, low] => Some((digit(*high)? << 4 | digit(*low)?) as u8),
-            _ => None,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

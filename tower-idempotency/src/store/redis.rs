@@ -165,7 +165,7 @@ impl RedisIdempotencyStore {
         let mut redis_key = String::with_capacity(self.shared.prefix.len() + 18 + key.len());
         redis_key.push_str(&self.shared.prefix);
         redis_key.push('{');
-        super::push_hex(&mut redis_key, &digest[..8]);
+        tower_store_support::bytes_text::push_hex(&mut redis_key, &digest[..8]);
         redis_key.push('}');
         redis_key.push_str(key);
         redis_key
