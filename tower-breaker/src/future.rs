@@ -220,6 +220,8 @@ impl<C> Recorder<C> {
             return Ok(None);
         }
         let permit = Breaker::admit(breaker)?;
+        // Cloned before the clock is read, so a call's time is its own.
+        let classifier = classifier.clone();
         // The clock is read only when a slow-call threshold or a per-call
         // callback needs it, keeping the default closed path free of clock
         // reads.
@@ -228,7 +230,7 @@ impl<C> Recorder<C> {
             (breaker.slow_call_threshold.is_some() || breaker.call_listeners).then(Instant::now);
         Ok(Some(Recorder {
             permit,
-            classifier: classifier.clone(),
+            classifier,
             started,
         }))
     }

@@ -33,8 +33,10 @@ use crate::share::BreakerRef;
 /// and whether a response is judged at its head or where its body ends.
 ///
 /// While the breaker refuses calls, `poll_ready` is ready at once without
-/// polling the inner service ([crate docs](crate#with-axum)), and the call
-/// that follows is refused, even if the circuit half-opened in between.
+/// polling the inner service ([crate docs](crate#with-axum)): a dependency
+/// that is down often has a client that is not ready either. The call that
+/// follows is then refused, even if the circuit half-opened in between,
+/// because the inner service was not made ready for it.
 ///
 /// Clones share the breaker; a clone inherits neither a pending wait nor a
 /// refusal decided by `poll_ready`.
