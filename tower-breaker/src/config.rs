@@ -134,25 +134,27 @@ fn default_throttle_k() -> f64 {
     2.0
 }
 
+/// The builder's defaults, so each is written once.
 impl Default for BreakerConfig {
     fn default() -> Self {
+        let defaults = Builder::new().settings;
         BreakerConfig {
             name: None,
-            mode: Mode::default(),
+            mode: defaults.mode,
             failure_threshold: None,
             failure_rate: None,
             adaptive_throttle: None,
             recovery_timeout: None,
             max_recovery_timeout: None,
-            recovery_multiplier: 2.0,
+            recovery_multiplier: defaults.recovery_multiplier,
             recovery_jitter: None,
-            probes: 1,
-            probe_timeout: Duration::from_secs(60),
+            probes: defaults.probes,
+            probe_timeout: defaults.probe_timeout,
             slow_start: None,
             slow_call_threshold: None,
             slow_call_rate: None,
-            pending_when_open: false,
-            max_breakers: 1_000,
+            pending_when_open: defaults.pending_when_open,
+            max_breakers: defaults.max_breakers,
             metrics_label_per_key: false,
         }
     }

@@ -127,7 +127,7 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
 /// | open period | a fixed `waitDurationInOpenState` (60 s) / `BreakDuration` (5 s), exponential on request | 250 ms, doubling per failed probe up to 500 ms, jittered; fixed on request | a dependency that is back is seen within half a second |
 #[derive(Clone)]
 pub struct Builder {
-    settings: Settings,
+    pub(crate) settings: Settings,
     /// The user set the open period: it is fixed unless a maximum is set too.
     recovery_timeout_set: bool,
     /// The user set the maximum open period.
