@@ -35,7 +35,7 @@ use tower_classify::{ConfigError, HttpClassifier};
 use crate::action::Action;
 use crate::capture::DEFAULT_BODY_LIMIT;
 use crate::counts::DeliveryCount;
-use crate::layer::DeadLetterLayer;
+use crate::layer::{DeadLetterLayer, DEFAULT_LABEL};
 use crate::poison::PoisonPolicy;
 use crate::redact::Redactor;
 
@@ -69,8 +69,8 @@ pub struct DeadLetterConfig {
 impl Default for DeadLetterConfig {
     fn default() -> Self {
         DeadLetterConfig {
-            label: "default".to_owned(),
-            action: Action::Dlq,
+            label: DEFAULT_LABEL.to_owned(),
+            action: Action::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             redact_headers: Vec::new(),
             message_id_header: None,

@@ -13,6 +13,9 @@ use crate::poison::{PoisonCounting, PoisonPolicy};
 use crate::redact::Redactor;
 use crate::service::{DeadLetter, Settings, Shared, StoredKinds, LOGGED_KEYS};
 
+/// The label of a layer's entries unless [`label`](DeadLetterLayer::label) sets one.
+pub(crate) const DEFAULT_LABEL: &str = "default";
+
 /// The failure kinds [`DeadLetterLayer::for_server`] stores: what an operator
 /// must act on. A server's `4xx` answers (a scanner's `404`, a client's
 /// invalid request) and its own load shedding (an open circuit) are the
@@ -93,8 +96,8 @@ impl<St> DeadLetterLayer<St> {
                 capture: HttpCapture::default(),
                 settings: Settings {
                     store,
-                    label: Arc::from("default"),
-                    action: Action::Dlq,
+                    label: Arc::from(DEFAULT_LABEL),
+                    action: Action::default(),
                     redactor: Redactor::default(),
                     poison: None,
                     count_store: None,
