@@ -60,7 +60,7 @@ impl HedgeLayer<tower_classify::HttpClassifier, crate::replay::HttpReplay> {
 
 impl<C, R> HedgeLayer<C, R> {
     /// The settings, as the layer's services and their calls share them.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "grpc-service-config"))]
     pub(crate) fn shared(&self) -> &Arc<HedgePolicy<C, R>> {
         &self.policy
     }

@@ -30,7 +30,7 @@
 //!   `retry_builder`: build its [`HedgeLayer`](crate::hedge::HedgeLayer)
 //!   with [`MethodConfig::hedge_builder`].
 //! - A6's jitter was `random(0, backoff)` until its 2024 revision; that is
-//!   [`Jitter::Full`](crate::backoff::Jitter::Full).
+//!   [`Jitter::Full`].
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
