@@ -62,7 +62,7 @@ impl<C: fmt::Debug, A: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C, A> {
 impl<C> CircuitBreakerLayer<C> {
     /// A breaker with every default of the [`Builder`].
     pub fn new(classifier: C) -> Self {
-        Builder::new()
+        Builder::default()
             .build(classifier)
             .expect("the default configuration is valid")
     }
@@ -88,7 +88,7 @@ impl<C, A> CircuitBreakerLayer<C, A> {
 impl CircuitBreakerLayer<()> {
     /// A [`Builder`]; the classifier is given to [`Builder::build`].
     pub fn builder() -> Builder {
-        Builder::new()
+        Builder::default()
     }
 }
 
@@ -146,20 +146,6 @@ impl fmt::Debug for Builder {
 
 impl Default for Builder {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Builder {
-    /// The first open period of the default schedule.
-    const FIRST_OPEN_PERIOD: Duration = Duration::from_millis(250);
-    /// The longest open period of the default schedule.
-    const LONGEST_OPEN_PERIOD: Duration = Duration::from_millis(500);
-    /// The default schedule's jitter.
-    const OPEN_PERIOD_JITTER: f64 = 0.2;
-
-    /// The defaults ([`CircuitBreakerLayer::builder`], `Builder::default()`).
-    pub(crate) fn new() -> Self {
         Builder {
             recovery_timeout_set: false,
             max_recovery_timeout_set: false,
@@ -185,6 +171,15 @@ impl Builder {
             },
         }
     }
+}
+
+impl Builder {
+    /// The first open period of the default schedule.
+    const FIRST_OPEN_PERIOD: Duration = Duration::from_millis(250);
+    /// The longest open period of the default schedule.
+    const LONGEST_OPEN_PERIOD: Duration = Duration::from_millis(500);
+    /// The default schedule's jitter.
+    const OPEN_PERIOD_JITTER: f64 = 0.2;
 
     /// The breaker's name in logs, metrics labels (`breaker="…"`) and the
     /// admin handle (default `"default"`). Keyed breakers use their keys in
