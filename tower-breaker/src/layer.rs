@@ -125,7 +125,7 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
 /// | counts after opening | kept until the next transition | reset when the breaker opens, and again just before it closes | a failure that lands while the breaker closes again never meets stale counts, nor do the results that calls of the last closed period wrote just after it opened |
 /// | a refused call | `CallNotPermittedException` | a `CircuitOpen` error carrying the remaining open time and when to come back (classified `Shed`), or a `503` with `Retry-After` | a retry layer around it can wait it out, the callers spread over a ramp, and an HTTP caller gets an answer |
 /// | open period | a fixed `waitDurationInOpenState` (60 s) / `BreakDuration` (5 s), exponential on request | 250 ms, doubling per failed probe up to 500 ms, jittered; fixed on request | a dependency that is back is seen within half a second |
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Builder {
     pub(crate) settings: Settings,
     /// The user set the open period: it is fixed unless a maximum is set too.
@@ -134,14 +134,6 @@ pub struct Builder {
     max_recovery_timeout_set: bool,
     /// The user set the jitter.
     recovery_jitter_set: bool,
-}
-
-impl fmt::Debug for Builder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("settings", &self.settings)
-            .finish()
-    }
 }
 
 impl Default for Builder {
