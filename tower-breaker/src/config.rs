@@ -137,7 +137,7 @@ fn default_throttle_k() -> f64 {
 /// The builder's defaults, so each is written once.
 impl Default for BreakerConfig {
     fn default() -> Self {
-        let defaults = Builder::new().settings;
+        let defaults = Builder::default().settings;
         BreakerConfig {
             name: None,
             mode: defaults.mode,
@@ -215,41 +215,32 @@ impl BreakerConfig {
                 return Err(ConfigError::new(field, reason));
             }
         };
-        let mut builder = Builder::new()
+        let label = self.metrics_label_per_key.then(MetricsLabel::key);
+        Ok(Builder::default()
             .mode(self.mode)
             .recovery_multiplier(self.recovery_multiplier)
             .probes(self.probes)
             .probe_timeout(self.probe_timeout)
             .pending_when_open(self.pending_when_open)
-            .max_breakers(self.max_breakers);
-        if self.metrics_label_per_key {
-            builder = builder.metrics_label(MetricsLabel::key());
-        }
-        builder = given(builder, self.name.as_deref(), |builder, name| {
-            builder.name(name)
-        });
-        builder = given(builder, policy, Builder::policy);
-        builder = given(builder, self.recovery_timeout, Builder::recovery_timeout);
-        builder = given(builder, self.recovery_jitter, Builder::recovery_jitter);
-        builder = given(
-            builder,
-            self.max_recovery_timeout,
-            Builder::max_recovery_timeout,
-        );
-        builder = given(builder, self.slow_start, Builder::slow_start);
-        builder = given(
-            builder,
-            self.slow_call_threshold,
-            Builder::slow_call_threshold,
-        );
-        Ok(given(builder, self.slow_call_rate, Builder::slow_call_rate))
+            .max_breakers(self.max_breakers)
+            .given(label, Builder::metrics_label)
+            .given(self.name.as_deref(), Builder::name)
+            .given(policy, Builder::policy)
+            .given(self.recovery_timeout, Builder::recovery_timeout)
+            .given(self.recovery_jitter, Builder::recovery_jitter)
+            .given(self.max_recovery_timeout, Builder::max_recovery_timeout)
+            .given(self.slow_start, Builder::slow_start)
+            .given(self.slow_call_threshold, Builder::slow_call_threshold)
+            .given(self.slow_call_rate, Builder::slow_call_rate))
     }
 }
 
-/// `builder`, then `set` to `value` when the file gives one.
-fn given<T>(builder: Builder, value: Option<T>, set: fn(Builder, T) -> Builder) -> Builder {
-    match value {
-        Some(value) => set(builder, value),
-        None => builder,
+impl Builder {
+    /// `self`, then `set` to `value` when the file gives one.
+    fn given<T>(self, value: Option<T>, set: fn(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => set(self, value),
+            None => self,
+        }
     }
 }

@@ -62,7 +62,7 @@ impl<C: fmt::Debug, A: fmt::Debug> fmt::Debug for CircuitBreakerLayer<C, A> {
 impl<C> CircuitBreakerLayer<C> {
     /// A breaker with every default of the [`Builder`].
     pub fn new(classifier: C) -> Self {
-        Builder::new()
+        Builder::default()
             .build(classifier)
             .expect("the default configuration is valid")
     }
@@ -88,7 +88,7 @@ impl<C, A> CircuitBreakerLayer<C, A> {
 impl CircuitBreakerLayer<()> {
     /// A [`Builder`]; the classifier is given to [`Builder::build`].
     pub fn builder() -> Builder {
-        Builder::new()
+        Builder::default()
     }
 }
 
@@ -125,7 +125,7 @@ impl<S, C: Clone, A: Clone> Layer<S> for CircuitBreakerLayer<C, A> {
 /// | counts after opening | kept until the next transition | reset when the breaker opens, and again just before it closes | a failure that lands while the breaker closes again never meets stale counts, nor do the results that calls of the last closed period wrote just after it opened |
 /// | a refused call | `CallNotPermittedException` | a `CircuitOpen` error carrying the remaining open time and when to come back (classified `Shed`), or a `503` with `Retry-After` | a retry layer around it can wait it out, the callers spread over a ramp, and an HTTP caller gets an answer |
 /// | open period | a fixed `waitDurationInOpenState` (60 s) / `BreakDuration` (5 s), exponential on request | 250 ms, doubling per failed probe up to 500 ms, jittered; fixed on request | a dependency that is back is seen within half a second |
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Builder {
     pub(crate) settings: Settings,
     /// The user set the open period: it is fixed unless a maximum is set too.
@@ -136,30 +136,8 @@ pub struct Builder {
     recovery_jitter_set: bool,
 }
 
-impl fmt::Debug for Builder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
 impl Default for Builder {
     fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Builder {
-    /// The first open period of the default schedule.
-    const FIRST_OPEN_PERIOD: Duration = Duration::from_millis(250);
-    /// The longest open period of the default schedule.
-    const LONGEST_OPEN_PERIOD: Duration = Duration::from_millis(500);
-    /// The default schedule's jitter.
-    const OPEN_PERIOD_JITTER: f64 = 0.2;
-
-    /// The defaults ([`CircuitBreakerLayer::builder`], `Builder::default()`).
-    pub(crate) fn new() -> Self {
         Builder {
             recovery_timeout_set: false,
             max_recovery_timeout_set: false,
@@ -185,6 +163,15 @@ impl Builder {
             },
         }
     }
+}
+
+impl Builder {
+    /// The first open period of the default schedule.
+    const FIRST_OPEN_PERIOD: Duration = Duration::from_millis(250);
+    /// The longest open period of the default schedule.
+    const LONGEST_OPEN_PERIOD: Duration = Duration::from_millis(500);
+    /// The default schedule's jitter.
+    const OPEN_PERIOD_JITTER: f64 = 0.2;
 
     /// The breaker's name in logs, metrics labels (`breaker="…"`) and the
     /// admin handle (default `"default"`). Keyed breakers use their keys in

@@ -390,7 +390,7 @@ mod tests {
     use crate::layer::Builder;
 
     fn registry(max: usize) -> Arc<Registry> {
-        let settings = Builder::new().max_breakers(max).into_settings();
+        let settings = Builder::default().max_breakers(max).into_settings();
         let evictions = EvictionCounters::register(&settings.name);
         Arc::new(Registry::new(Arc::new(settings), evictions))
     }

@@ -26,16 +26,12 @@ use crate::store::StoreError;
 /// calls the inner service.
 #[derive(Clone)]
 pub struct MemoryFailureCounts {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    capacity: usize,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 #[derive(Debug, Default)]
 struct State {
+    capacity: usize,
     counts: HashMap<MessageKey, Count>,
     /// Keys by the sequence number they were first counted under: the
     /// eviction order, oldest first.
@@ -59,26 +55,26 @@ impl MemoryFailureCounts {
         if capacity == 0 {
             return Err(ConfigError::new("poison.capacity", "must be at least 1"));
         }
+        let state = State {
+            capacity,
+            ..State::default()
+        };
         Ok(MemoryFailureCounts {
-            inner: Arc::new(Inner {
-                capacity,
-                state: Mutex::new(State::default()),
-            }),
+            state: Arc::new(Mutex::new(state)),
         })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn count_now(&self, key: &MessageKey, now: SystemTime) -> DeliveryTally {
-        let capacity = self.inner.capacity;
         let mut state = self.state();
         if let Some(count) = state.counts.get_mut(key) {
             count.deliveries = count.deliveries.saturating_add(1);
             return DeliveryTally::new(count.deliveries, count.first);
         }
-        while state.counts.len() >= capacity {
+        while state.counts.len() >= state.capacity {
             let Some((_, oldest)) = state.order.pop_first() else {
                 break;
             };
@@ -139,9 +135,10 @@ impl FailureCountStore for MemoryFailureCounts {
 
 impl fmt::Debug for MemoryFailureCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
         f.debug_struct("MemoryFailureCounts")
-            .field("capacity", &self.inner.capacity)
-            .field("tracked", &self.state().counts.len())
+            .field("capacity", &state.capacity)
+            .field("tracked", &state.counts.len())
             .finish()
     }
 }
