@@ -30,7 +30,7 @@
 //!   `retry_builder`: build its [`HedgeLayer`](crate::hedge::HedgeLayer)
 //!   with [`MethodConfig::hedge_builder`].
 //! - A6's jitter was `random(0, backoff)` until its 2024 revision; that is
-//!   [`Jitter::Full`](crate::backoff::Jitter::Full).
+//!   [`Jitter::Full`].
 //!
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
@@ -85,16 +85,15 @@ impl RetryPolicyConfig {
             .with_jitter(A6_JITTER))
     }
 
-    /// The classifier retrying exactly the policy's `retryableStatusCodes`.
-    pub(crate) fn classifier(&self) -> GrpcRetryClassifier {
-        GrpcRetryClassifier::new(self.retryable_status_codes)
-    }
-
     /// A builder with this policy and nothing else of the method config
     /// (no deadline, no throttle); see the [module docs](self).
     #[cfg(test)]
     pub(crate) fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
-        Ok(grpc_builder(self.classifier(), self.max_attempts).backoff(self.backoff()?))
+        Ok(grpc_builder(
+            GrpcRetryClassifier::new(self.retryable_status_codes),
+            self.max_attempts,
+        )
+        .backoff(self.backoff()?))
     }
 }
 
@@ -128,7 +127,7 @@ impl MethodConfig {
             Some(policy) => {
                 let backoff = policy.backoff().map_err(|err| err.within("retryPolicy"))?;
                 grpc_builder(
-                    policy.classifier().with_throttle(throttle),
+                    GrpcRetryClassifier::new(policy.retryable_status_codes).with_throttle(throttle),
                     policy.max_attempts,
                 )
                 .backoff(backoff)
