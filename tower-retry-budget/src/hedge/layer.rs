@@ -93,12 +93,6 @@ enum DelayChoice {
     Fixed(Duration),
 }
 
-#[derive(Clone)]
-enum OwnBudget {
-    ExtraLoad,
-    None,
-}
-
 /// Builds a [`HedgeLayer`]. Every setting has a documented default;
 /// [`build`](Self::build) checks them and names the field it refuses.
 ///
@@ -129,7 +123,8 @@ struct Settings {
     min_delay: Duration,
     max_extra_load: f64,
     min_hedges_per_sec: u32,
-    own_budget: OwnBudget,
+    /// Whether the layer has a budget of its own (`max_extra_load`).
+    own_budget: bool,
     shared: Vec<Arc<dyn Budget + Send + Sync>>,
     min_attempt_time: Duration,
     name: Arc<str>,
@@ -163,7 +158,7 @@ impl<C, R> HedgeBuilder<C, R> {
                 min_delay: Duration::from_millis(1),
                 max_extra_load: 0.05,
                 min_hedges_per_sec: 1,
-                own_budget: OwnBudget::ExtraLoad,
+                own_budget: true,
                 shared: Vec::new(),
                 min_attempt_time: Duration::ZERO,
                 name: Arc::from("default"),
@@ -253,7 +248,7 @@ impl<C, R> HedgeBuilder<C, R> {
     pub fn max_extra_load(self, fraction: f64) -> Self {
         self.set(|s| {
             s.max_extra_load = fraction;
-            s.own_budget = OwnBudget::ExtraLoad;
+            s.own_budget = true;
         })
     }
 
@@ -268,7 +263,7 @@ impl<C, R> HedgeBuilder<C, R> {
     /// retry throttling limits). [`max_extra_load`](Self::max_extra_load)
     /// undoes it.
     pub fn no_budget(self) -> Self {
-        self.set(|s| s.own_budget = OwnBudget::None)
+        self.set(|s| s.own_budget = false)
     }
 
     /// Also asks `budget` before each hedge (each call adds one). A hedge
@@ -307,17 +302,17 @@ impl<C, R> HedgeBuilder<C, R> {
             )),
             (_, None) => unreachable!("only a fixed delay has no percentile"),
         };
-        let own = match s.own_budget {
-            OwnBudget::ExtraLoad => Some(
+        let own = s
+            .own_budget
+            .then(|| {
                 TpsBudget::new(
                     Duration::from_secs(10),
                     s.min_hedges_per_sec,
                     s.max_extra_load,
                 )
-                .map_err(|error| error.within("max_extra_load"))?,
-            ),
-            OwnBudget::None => None,
-        };
+            })
+            .transpose()
+            .map_err(|error| error.within("max_extra_load"))?;
         Ok(HedgeLayer {
             policy: Arc::new(HedgePolicy {
                 classifier: self.classifier,

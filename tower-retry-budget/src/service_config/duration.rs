@@ -37,14 +37,10 @@ pub(crate) fn parse_proto_duration(input: &str) -> Result<Duration, &'static str
     if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
         return Err("the seconds are not a decimal number");
     }
-    // At most 24 bytes in all, so `whole` has at most 23 digits: summing
-    // them in a u128 cannot overflow, and the range check follows.
-    let secs = whole
-        .bytes()
-        .fold(0u128, |acc, digit| acc * 10 + u128::from(digit - b'0'));
-    if secs > u128::from(MAX_PROTO_DURATION_SECS) {
-        return Err("it is longer than 315576000000 seconds, protobuf's limit");
-    }
+    // Digits only, so a failed parse is an overflow: too long too.
+    let secs = (whole.parse::<u64>().ok())
+        .filter(|secs| *secs <= MAX_PROTO_DURATION_SECS)
+        .ok_or("it is longer than 315576000000 seconds, protobuf's limit")?;
     let nanos = match fraction {
         None => 0,
         Some(fraction) => {
@@ -63,7 +59,7 @@ pub(crate) fn parse_proto_duration(input: &str) -> Result<Duration, &'static str
     if negative && (secs != 0 || nanos != 0) {
         return Err("it is negative");
     }
-    Ok(Duration::new(secs as u64, nanos))
+    Ok(Duration::new(secs, nanos))
 }
 
 /// Writes `duration` as protobuf's JSON encoders do: 0, 3, 6 or 9
