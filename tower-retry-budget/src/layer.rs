@@ -28,7 +28,7 @@ pub const MAX_RETRIES_LIMIT: u32 = 16;
 /// budget counts the traffic of all of them together.
 #[derive(Debug)]
 pub struct RetryLayer<C = ErrorChainClassifier, R = CloneRequest> {
-    policy: Arc<Policy<C, R>>,
+    pub(crate) policy: Arc<Policy<C, R>>,
 }
 
 impl<C, R> Clone for RetryLayer<C, R> {
@@ -81,26 +81,6 @@ impl<C, R> RetryLayer<C, R> {
     /// The layer's name in metrics labels, events and spans.
     pub fn name(&self) -> &str {
         self.policy.telemetry.name()
-    }
-}
-
-#[cfg(feature = "grpc-service-config")]
-impl<C, R> RetryLayer<C, R> {
-    /// The call [`Retry::call`] makes, on the per-method router's
-    /// service made ready for it, without building a layer's service around
-    /// a clone that its call would clone again.
-    pub(crate) fn call_on<S, Req>(
-        &self,
-        service: &mut S,
-        request: Req,
-    ) -> crate::future::ResponseFuture<S, Req, C, R>
-    where
-        S: tower_service::Service<Req> + Clone,
-        S::Error: Into<tower_classify::BoxError>,
-        C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
-        R: crate::replay::Replay<Req> + crate::replay::StopReport<S::Response>,
-    {
-        crate::service::start(&self.policy, service, request)
     }
 }
 
@@ -362,30 +342,24 @@ impl<C, R> RetryBuilder<C, R> {
     /// The loop's deadline, once every setting is checked.
     fn resolve_deadline(&self) -> Result<Option<Duration>, ConfigError> {
         let s = &self.settings;
-        if s.max_retries > MAX_RETRIES_LIMIT {
-            return Err(ConfigError::new(
-                "max_retries",
-                format!(
-                    "{} is above the limit of {MAX_RETRIES_LIMIT}",
-                    s.max_retries
-                ),
-            ));
-        }
+        let retries = s.max_retries;
+        ensure(retries <= MAX_RETRIES_LIMIT, "max_retries", || {
+            format!("{retries} is above the limit of {MAX_RETRIES_LIMIT}")
+        })?;
         s.backoff.validate().map_err(|e| e.within("backoff"))?;
-        if s.attempt_timeout == Some(Duration::ZERO) {
-            return Err(ConfigError::new(
-                "attempt_timeout",
-                "must be more than zero",
-            ));
-        }
+        ensure(
+            s.attempt_timeout != Some(Duration::ZERO),
+            "attempt_timeout",
+            || "must be more than zero".into(),
+        )?;
         let deadline = match s.deadline {
             Deadline::None => None,
             Deadline::Fixed(d) => Some(d),
             Deadline::FromAttemptTimeout(t) => Some(t.saturating_mul(s.max_retries + 1)),
         };
-        if deadline == Some(Duration::ZERO) {
-            return Err(ConfigError::new("deadline", "must be more than zero"));
-        }
+        ensure(deadline != Some(Duration::ZERO), "deadline", || {
+            "must be more than zero".into()
+        })?;
         if let Some(deadline) = deadline.filter(|deadline| *deadline <= s.min_attempt_time) {
             // No attempt, the first included, would ever be sent.
             return Err(ConfigError::new(
@@ -431,5 +405,18 @@ impl<C, R> RetryBuilder<C, R> {
                 telemetry: Telemetry::new(s.name),
             }),
         })
+    }
+}
+
+/// `Ok` when `ok`, else the error refusing `field` for `reason()`.
+pub(crate) fn ensure(
+    ok: bool,
+    field: &'static str,
+    reason: impl FnOnce() -> String,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(field, reason()))
     }
 }

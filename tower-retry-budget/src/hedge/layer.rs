@@ -9,12 +9,16 @@ use super::policy::{DelaySource, HedgePolicy};
 use super::service::Hedge;
 use crate::budget::{Budget, TpsBudget};
 use crate::hedge::latency::LatencyWindow;
+use crate::layer::ensure;
 use crate::replay::CloneRequest;
 use crate::telemetry::Telemetry;
 
 /// The most attempts a hedged call may have in flight, as gRFC A6 caps
 /// `maxAttempts`.
 const MAX_HEDGE_ATTEMPTS: u32 = 5;
+
+/// The longest fixed delay and least delay a builder takes.
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(3600);
 
 /// Sends a hedge (a second copy of a request) when the first attempt is
 /// slow; see the [module docs](crate::hedge).
@@ -24,7 +28,7 @@ const MAX_HEDGE_ATTEMPTS: u32 = 5;
 /// clone of the layer and every service it makes share them.
 #[derive(Debug)]
 pub struct HedgeLayer<C = ErrorChainClassifier, R = CloneRequest> {
-    policy: Arc<HedgePolicy<C, R>>,
+    pub(crate) policy: Arc<HedgePolicy<C, R>>,
 }
 
 impl<C, R> Clone for HedgeLayer<C, R> {
@@ -73,25 +77,6 @@ impl<C, R> HedgeLayer<C, R> {
     }
 }
 
-#[cfg(feature = "grpc-service-config")]
-impl<C, R> HedgeLayer<C, R> {
-    /// The call [`Hedge::call`] makes, on the per-method router's service
-    /// made ready for it (see [`RetryLayer`](crate::RetryLayer)'s).
-    pub(crate) fn call_on<S, Req>(
-        &self,
-        service: &mut S,
-        request: Req,
-    ) -> super::future::ResponseFuture<S, Req, C, R>
-    where
-        S: tower_service::Service<Req> + Clone,
-        S::Error: Into<tower_classify::BoxError>,
-        C: tower_classify::Classify<S::Response, tower_classify::BoxError>,
-        R: crate::replay::Replay<Req>,
-    {
-        super::service::start(&self.policy, service, request)
-    }
-}
-
 impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
     type Service = Hedge<S, C, R>;
 
@@ -106,12 +91,6 @@ enum DelayChoice {
     FromExtraLoad,
     Percentile(f64),
     Fixed(Duration),
-}
-
-#[derive(Clone)]
-enum OwnBudget {
-    ExtraLoad,
-    None,
 }
 
 /// Builds a [`HedgeLayer`]. Every setting has a documented default;
@@ -144,7 +123,8 @@ struct Settings {
     min_delay: Duration,
     max_extra_load: f64,
     min_hedges_per_sec: u32,
-    own_budget: OwnBudget,
+    /// Whether the layer has a budget of its own (`max_extra_load`).
+    own_budget: bool,
     shared: Vec<Arc<dyn Budget + Send + Sync>>,
     min_attempt_time: Duration,
     name: Arc<str>,
@@ -178,7 +158,7 @@ impl<C, R> HedgeBuilder<C, R> {
                 min_delay: Duration::from_millis(1),
                 max_extra_load: 0.05,
                 min_hedges_per_sec: 1,
-                own_budget: OwnBudget::ExtraLoad,
+                own_budget: true,
                 shared: Vec::new(),
                 min_attempt_time: Duration::ZERO,
                 name: Arc::from("default"),
@@ -268,7 +248,7 @@ impl<C, R> HedgeBuilder<C, R> {
     pub fn max_extra_load(self, fraction: f64) -> Self {
         self.set(|s| {
             s.max_extra_load = fraction;
-            s.own_budget = OwnBudget::ExtraLoad;
+            s.own_budget = true;
         })
     }
 
@@ -283,7 +263,7 @@ impl<C, R> HedgeBuilder<C, R> {
     /// retry throttling limits). [`max_extra_load`](Self::max_extra_load)
     /// undoes it.
     pub fn no_budget(self) -> Self {
-        self.set(|s| s.own_budget = OwnBudget::None)
+        self.set(|s| s.own_budget = false)
     }
 
     /// Also asks `budget` before each hedge (each call adds one). A hedge
@@ -322,17 +302,17 @@ impl<C, R> HedgeBuilder<C, R> {
             )),
             (_, None) => unreachable!("only a fixed delay has no percentile"),
         };
-        let own = match s.own_budget {
-            OwnBudget::ExtraLoad => Some(
+        let own = s
+            .own_budget
+            .then(|| {
                 TpsBudget::new(
                     Duration::from_secs(10),
                     s.min_hedges_per_sec,
                     s.max_extra_load,
                 )
-                .map_err(|error| error.within("max_extra_load"))?,
-            ),
-            OwnBudget::None => None,
-        };
+            })
+            .transpose()
+            .map_err(|error| error.within("max_extra_load"))?;
         Ok(HedgeLayer {
             policy: Arc::new(HedgePolicy {
                 classifier: self.classifier,
@@ -359,58 +339,41 @@ impl Settings {
 
     /// Checks the settings as [`HedgeBuilder::build`] does.
     fn check(&self) -> Result<(), ConfigError> {
-        if !(2..=MAX_HEDGE_ATTEMPTS).contains(&self.max_attempts) {
-            return Err(ConfigError::new(
-                "max_attempts",
-                format!(
-                    "{} must be between 2 and {MAX_HEDGE_ATTEMPTS}",
-                    self.max_attempts
-                ),
-            ));
-        }
-        if !(self.max_extra_load.is_finite()
-            && self.max_extra_load > 0.0
-            && self.max_extra_load <= 1.0)
-        {
-            return Err(ConfigError::new(
-                "max_extra_load",
-                format!("{} must be more than 0 and at most 1", self.max_extra_load),
-            ));
-        }
-        if self.min_hedges_per_sec > 1000 {
-            return Err(ConfigError::new(
-                "min_hedges_per_sec",
-                format!("{} is above 1000", self.min_hedges_per_sec),
-            ));
-        }
+        let attempts = self.max_attempts;
+        ensure(
+            (2..=MAX_HEDGE_ATTEMPTS).contains(&attempts),
+            "max_attempts",
+            || format!("{attempts} must be between 2 and {MAX_HEDGE_ATTEMPTS}"),
+        )?;
+        let load = self.max_extra_load;
+        ensure(
+            load.is_finite() && load > 0.0 && load <= 1.0,
+            "max_extra_load",
+            || format!("{load} must be more than 0 and at most 1"),
+        )?;
+        let hedges = self.min_hedges_per_sec;
+        ensure(hedges <= 1000, "min_hedges_per_sec", || {
+            format!("{hedges} is above 1000")
+        })?;
         if let Some(p) = self.percentile_value() {
-            if !(p.is_finite() && p > 0.0 && p < 1.0) {
-                return Err(ConfigError::new(
-                    "percentile",
-                    format!("{p} must be between 0 and 1 (0.95 is p95)"),
-                ));
-            }
+            ensure(p.is_finite() && p > 0.0 && p < 1.0, "percentile", || {
+                format!("{p} must be between 0 and 1 (0.95 is p95)")
+            })?;
         }
         if let DelayChoice::Fixed(delay) = self.delay {
-            if delay > Duration::from_secs(3600) {
-                return Err(ConfigError::new("delay", "must be at most 1 h"));
-            }
+            ensure(delay <= MAX_DELAY, "delay", || "must be at most 1 h".into())?;
         }
-        if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&self.window) {
-            return Err(ConfigError::new(
-                "window",
-                format!("{:?} must be between 1s and 10min", self.window),
-            ));
-        }
-        if !(1..=1_000_000).contains(&self.min_samples) {
-            return Err(ConfigError::new(
-                "min_samples",
-                format!("{} must be between 1 and 1000000", self.min_samples),
-            ));
-        }
-        if self.min_delay > Duration::from_secs(3600) {
-            return Err(ConfigError::new("min_delay", "must be at most 1 h"));
-        }
-        Ok(())
+        let window = self.window;
+        let window_range = Duration::from_secs(1)..=Duration::from_secs(600);
+        ensure(window_range.contains(&window), "window", || {
+            format!("{window:?} must be between 1s and 10min")
+        })?;
+        let samples = self.min_samples;
+        ensure((1..=1_000_000).contains(&samples), "min_samples", || {
+            format!("{samples} must be between 1 and 1000000")
+        })?;
+        ensure(self.min_delay <= MAX_DELAY, "min_delay", || {
+            "must be at most 1 h".into()
+        })
     }
 }

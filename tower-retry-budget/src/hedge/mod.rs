@@ -95,9 +95,9 @@
 
 mod future;
 mod latency;
-mod layer;
+pub(crate) mod layer;
 mod policy;
-mod service;
+pub(crate) mod service;
 mod telemetry;
 
 pub use self::future::ResponseFuture;

@@ -32,18 +32,14 @@
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::retry::grpc_replay;
 use super::{GrpcRetryClassifier, MethodConfig};
 use crate::budget::token_bucket::AskOnly;
 use crate::budget::TokenBucketBudget;
+use crate::hedge::layer::MAX_DELAY;
 use crate::hedge::HedgeBuilder;
 use crate::replay::HttpReplay;
-
-/// The longest hedging delay the layer takes; a longer `hedgingDelay` is
-/// read as this.
-const MAX_HEDGING_DELAY: Duration = Duration::from_secs(3600);
 
 impl MethodConfig {
     /// A hedging builder for the calls this method config applies to, when
@@ -71,10 +67,10 @@ impl MethodConfig {
     ) -> Option<HedgeBuilder<GrpcRetryClassifier, HttpReplay>> {
         let policy = self.hedging_policy()?;
         let classifier =
-            GrpcRetryClassifier::new(policy.non_fatal_status_codes()).with_throttle(throttle);
+            GrpcRetryClassifier::new(policy.non_fatal_status_codes).with_throttle(throttle);
         let builder = HedgeBuilder::new(classifier, grpc_replay())
-            .max_attempts(policy.max_attempts())
-            .delay(policy.hedging_delay().min(MAX_HEDGING_DELAY));
+            .max_attempts(policy.max_attempts)
+            .delay(policy.hedging_delay.min(MAX_DELAY));
         Some(match throttle {
             Some(throttle) => builder
                 .no_budget()

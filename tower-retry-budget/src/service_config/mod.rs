@@ -169,8 +169,8 @@ impl ServiceConfig {
     pub fn retry_throttle(&self) -> Option<std::sync::Arc<TokenBucketBudget>> {
         self.retry_throttling.as_ref().map(|config| {
             std::sync::Arc::new(TokenBucketBudget::with_thousandths(
-                config.max_tokens(),
-                u64::from(config.token_ratio_thousandths()),
+                config.max_tokens,
+                u64::from(config.token_ratio_thousandths),
             ))
         })
     }
@@ -239,6 +239,7 @@ impl ServiceConfig {
 /// One `methodConfig` entry: the names it applies to and its settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MethodConfig {
+    /// An entry without names applies to no call (gRPC skips it).
     names: Vec<MethodName>,
     policy: Option<Policy>,
     timeout: Option<Duration>,
@@ -252,12 +253,6 @@ enum Policy {
 }
 
 impl MethodConfig {
-    /// The names this config applies to. An entry without names applies to
-    /// no call (gRPC skips it).
-    pub(crate) fn names(&self) -> &[MethodName] {
-        &self.names
-    }
-
     /// The retry policy, if this config has one.
     pub(crate) fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
         match &self.policy {
@@ -291,20 +286,10 @@ impl MethodConfig {
 /// methods. An empty `service` is the default name, which has no method.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MethodName {
+    /// `package.Service`; empty for the default name.
     service: String,
+    /// `None` for a name that covers the whole service.
     method: Option<String>,
-}
-
-impl MethodName {
-    /// The service, `package.Service`; empty for the default name.
-    pub(crate) fn service(&self) -> &str {
-        &self.service
-    }
-
-    /// The method; `None` for a name that covers the whole service.
-    pub(crate) fn method(&self) -> Option<&str> {
-        self.method.as_deref()
-    }
 }
 
 impl std::fmt::Display for MethodName {
@@ -320,6 +305,8 @@ impl std::fmt::Display for MethodName {
 /// A validated `retryPolicy`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RetryPolicyConfig {
+    /// Attempts in all, the first included: 2–5 (a larger `maxAttempts`
+    /// is read as `MAX_ATTEMPTS_LIMIT`).
     max_attempts: u32,
     initial_backoff: Duration,
     max_backoff: Duration,
@@ -327,80 +314,23 @@ pub(crate) struct RetryPolicyConfig {
     retryable_status_codes: StatusCodes,
 }
 
-impl RetryPolicyConfig {
-    /// Attempts in all, the first included: 2–5 (a larger `maxAttempts`
-    /// is read as `MAX_ATTEMPTS_LIMIT`).
-    #[cfg(test)]
-    pub(crate) fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The backoff before the first retry (before jitter).
-    #[cfg(test)]
-    pub(crate) fn initial_backoff(&self) -> Duration {
-        self.initial_backoff
-    }
-
-    /// The cap on the backoff (before jitter).
-    #[cfg(test)]
-    pub(crate) fn max_backoff(&self) -> Duration {
-        self.max_backoff
-    }
-
-    /// The backoff's growth factor per retry.
-    #[cfg(test)]
-    pub(crate) fn backoff_multiplier(&self) -> f64 {
-        self.backoff_multiplier
-    }
-
-    /// The status codes that are retried.
-    #[cfg(test)]
-    pub(crate) fn retryable_status_codes(&self) -> StatusCodes {
-        self.retryable_status_codes
-    }
-}
-
 /// A validated `hedgingPolicy`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HedgingPolicyConfig {
-    max_attempts: u32,
-    hedging_delay: Duration,
-    non_fatal_status_codes: StatusCodes,
-}
-
-impl HedgingPolicyConfig {
     /// Attempts in all, the original included: 2–5.
-    pub(crate) fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
+    max_attempts: u32,
     /// The delay between hedged attempts (zero: all at once).
-    pub(crate) fn hedging_delay(&self) -> Duration {
-        self.hedging_delay
-    }
-
+    hedging_delay: Duration,
     /// The codes after which the other hedged attempts go on (may be empty).
-    pub(crate) fn non_fatal_status_codes(&self) -> StatusCodes {
-        self.non_fatal_status_codes
-    }
+    non_fatal_status_codes: StatusCodes,
 }
 
 /// A validated `retryThrottling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RetryThrottlingConfig {
-    max_tokens: u32,
-    token_ratio_thousandths: u32,
-}
-
-impl RetryThrottlingConfig {
     /// The size of the token bucket, 1–1000.
-    pub(crate) fn max_tokens(&self) -> u32 {
-        self.max_tokens
-    }
-
+    max_tokens: u32,
     /// The tokens a success adds, in thousandths (A6 keeps three decimals:
     /// `0.1` is 100).
-    pub(crate) fn token_ratio_thousandths(&self) -> u32 {
-        self.token_ratio_thousandths
-    }
+    token_ratio_thousandths: u32,
 }

@@ -195,7 +195,10 @@ fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     let Some(text) = value.as_str() else {
         return refuse(path, "must be a duration string such as \"0.1s\"");
     };
-    parse_proto_duration(text).or_else(|err| refuse(path, format!("{text:?}: {err}")))
+    parse_proto_duration(text).or_else(|reason| {
+        let hint = "write a decimal number of seconds followed by `s`, e.g. \"0.1s\"";
+        refuse(path, format!("{text:?}: {reason} ({hint})"))
+    })
 }
 
 fn status_codes(value: &Value, path: &str) -> Result<StatusCodes, ConfigError> {

@@ -85,16 +85,15 @@ impl RetryPolicyConfig {
             .with_jitter(A6_JITTER))
     }
 
-    /// The classifier retrying exactly the policy's `retryableStatusCodes`.
-    pub(crate) fn classifier(&self) -> GrpcRetryClassifier {
-        GrpcRetryClassifier::new(self.retryable_status_codes)
-    }
-
     /// A builder with this policy and nothing else of the method config
     /// (no deadline, no throttle); see the [module docs](self).
     #[cfg(test)]
     pub(crate) fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
-        Ok(grpc_builder(self.classifier(), self.max_attempts).backoff(self.backoff()?))
+        Ok(grpc_builder(
+            GrpcRetryClassifier::new(self.retryable_status_codes),
+            self.max_attempts,
+        )
+        .backoff(self.backoff()?))
     }
 }
 
@@ -124,20 +123,15 @@ impl MethodConfig {
         &self,
         throttle: Option<&Arc<TokenBucketBudget>>,
     ) -> Result<RetryBuilder<GrpcRetryClassifier, HttpReplay>, ConfigError> {
-        let mut builder = match self.retry_policy() {
-            Some(policy) => {
-                let backoff = policy.backoff().map_err(|err| err.within("retryPolicy"))?;
-                grpc_builder(
-                    policy.classifier().with_throttle(throttle),
-                    policy.max_attempts,
-                )
-                .backoff(backoff)
-            }
-            None => grpc_builder(
-                GrpcRetryClassifier::new(StatusCodes::EMPTY).with_throttle(throttle),
-                1,
-            ),
-        };
+        let policy = self.retry_policy();
+        let codes = policy.map_or(StatusCodes::EMPTY, |policy| policy.retryable_status_codes);
+        let mut builder = grpc_builder(
+            GrpcRetryClassifier::new(codes).with_throttle(throttle),
+            policy.map_or(1, |policy| policy.max_attempts),
+        );
+        if let Some(policy) = policy {
+            builder = builder.backoff(policy.backoff().map_err(|err| err.within("retryPolicy"))?);
+        }
         if let Some(timeout) = self.timeout {
             builder = builder.deadline(timeout);
         }

@@ -106,15 +106,14 @@ impl ServiceConfig {
         for (entry, method) in self.method_configs.iter().enumerate() {
             let path = format!("methodConfig[{entry}]");
             let within = |error: ConfigError| error.within(&path);
-            let name =
-                method
-                    .names()
-                    .first()
-                    .map_or_else(String::new, |name| match name.method() {
-                        Some(m) => format!("{}/{m}", name.service()),
-                        None if name.service().is_empty() => String::from("default"),
-                        None => name.service().to_owned(),
-                    });
+            let name = method
+                .names
+                .first()
+                .map_or_else(String::new, |name| match &name.method {
+                    Some(m) => format!("{}/{m}", name.service),
+                    None if name.service.is_empty() => String::from("default"),
+                    None => name.service.clone(),
+                });
             let layer = match method.hedge_builder(throttle.as_ref()) {
                 Some(hedge) => MethodLayer::Hedge(hedge.name(name).build().map_err(within)?),
                 None => MethodLayer::Retry(
@@ -188,7 +187,7 @@ where
                 future: self.inner.call(request),
             },
             Some(MethodLayer::Retry(layer)) => Kind::Retry {
-                future: layer.call_on(&mut self.inner, request),
+                future: crate::service::start(&layer.policy, &mut self.inner, request),
             },
             Some(MethodLayer::Hedge(layer)) => {
                 // The method's timeout (which the hedge layer does not keep
@@ -205,7 +204,11 @@ where
                     request.extensions_mut().insert(Deadline::at(until));
                 }
                 Kind::Hedge {
-                    future: Some(layer.call_on(&mut self.inner, request)),
+                    future: Some(crate::hedge::service::start(
+                        &layer.policy,
+                        &mut self.inner,
+                        request,
+                    )),
                     until: until.map(|until| (until, until.saturating_duration_since(now))),
                     timer: None,
                 }

@@ -39,11 +39,11 @@ fn a6_retry_policy_example() {
     let config = config("a6_retry_policy.json");
     let method = config.method_config("/example.Service/Any").unwrap();
     let retry = method.retry_policy().unwrap();
-    assert_eq!(retry.max_attempts(), 4);
-    assert_eq!(retry.initial_backoff(), MS(100));
-    assert_eq!(retry.max_backoff(), Duration::from_secs(1));
-    assert_eq!(retry.backoff_multiplier(), 2.0);
-    assert_eq!(retry.retryable_status_codes(), codes(&[14]));
+    assert_eq!(retry.max_attempts, 4);
+    assert_eq!(retry.initial_backoff, MS(100));
+    assert_eq!(retry.max_backoff, Duration::from_secs(1));
+    assert_eq!(retry.backoff_multiplier, 2.0);
+    assert_eq!(retry.retryable_status_codes, codes(&[14]));
     assert!(method.hedging_policy().is_none());
     assert_eq!(method.timeout(), None);
     assert!(config.retry_throttling().is_none());
@@ -53,15 +53,15 @@ fn a6_retry_policy_example() {
 fn a6_hedging_policy_examples() {
     let spaced = config("a6_hedging_policy.json");
     let hedging = spaced.method_configs()[0].hedging_policy().unwrap();
-    assert_eq!(hedging.max_attempts(), 4);
-    assert_eq!(hedging.hedging_delay(), MS(500));
-    assert_eq!(hedging.non_fatal_status_codes(), codes(&[14, 13, 10]));
+    assert_eq!(hedging.max_attempts, 4);
+    assert_eq!(hedging.hedging_delay, MS(500));
+    assert_eq!(hedging.non_fatal_status_codes, codes(&[14, 13, 10]));
     assert!(spaced.method_configs()[0].retry_policy().is_none());
 
     let at_once = config("a6_hedging_all_at_once.json");
     let hedging = at_once.method_configs()[0].hedging_policy().unwrap();
-    assert_eq!(hedging.hedging_delay(), Duration::ZERO);
-    assert_eq!(hedging.max_attempts(), 4);
+    assert_eq!(hedging.hedging_delay, Duration::ZERO);
+    assert_eq!(hedging.max_attempts, 4);
 
     // Both fields but maxAttempts are optional; an empty list is allowed.
     let bare = ServiceConfig::from_json(
@@ -70,16 +70,16 @@ fn a6_hedging_policy_examples() {
     )
     .unwrap();
     let hedging = bare.method_configs()[0].hedging_policy().unwrap();
-    assert_eq!(hedging.hedging_delay(), Duration::ZERO);
-    assert!(hedging.non_fatal_status_codes().is_empty());
+    assert_eq!(hedging.hedging_delay, Duration::ZERO);
+    assert!(hedging.non_fatal_status_codes.is_empty());
 }
 
 #[test]
 fn a6_throttling_example_and_the_half_rule() {
     let config = config("a6_retry_throttling.json");
     let throttling = config.retry_throttling().unwrap();
-    assert_eq!(throttling.max_tokens(), 10);
-    assert_eq!(throttling.token_ratio_thousandths(), 100);
+    assert_eq!(throttling.max_tokens, 10);
+    assert_eq!(throttling.token_ratio_thousandths, 100);
     assert!(config.method_configs().is_empty());
 
     // A6: "If token_count is less than or equal to the threshold, defined to
@@ -108,25 +108,23 @@ fn a6_integration_example_with_every_field() {
     let method = config.method_config("/example.Greeter/SayHello").unwrap();
     let retry = method.retry_policy().unwrap();
     assert_eq!(
-        retry.max_attempts(),
-        5,
+        retry.max_attempts, 5,
         "maxAttempts 10 is read as 5, not refused"
     );
-    assert_eq!(retry.initial_backoff(), MS(500));
-    assert_eq!(retry.max_backoff(), Duration::from_secs(30));
-    assert_eq!(retry.backoff_multiplier(), 1.5);
+    assert_eq!(retry.initial_backoff, MS(500));
+    assert_eq!(retry.max_backoff, Duration::from_secs(30));
+    assert_eq!(retry.backoff_multiplier, 1.5);
     assert_eq!(
-        retry.retryable_status_codes(),
+        retry.retryable_status_codes,
         codes(&[14, 8, 10]),
         "a number, a lower-case and a mixed-case name"
     );
     assert_eq!(method.timeout(), Some(Duration::new(1, 340_012)));
     assert_eq!(method.wait_for_ready(), Some(true));
     let throttling = config.retry_throttling().unwrap();
-    assert_eq!(throttling.max_tokens(), 100);
+    assert_eq!(throttling.max_tokens, 100);
     assert_eq!(
-        throttling.token_ratio_thousandths(),
-        546,
+        throttling.token_ratio_thousandths, 546,
         "0.5466 is cut to 0.546"
     );
     assert!(config.method_config("/example.Greeter/Other").is_none());
@@ -146,7 +144,7 @@ fn max_attempts_above_five_is_five_however_large() {
             config.method_configs()[0]
                 .retry_policy()
                 .unwrap()
-                .max_attempts(),
+                .max_attempts,
             5,
             "{attempts}"
         );
@@ -156,7 +154,7 @@ fn max_attempts_above_five_is_five_however_large() {
             config.method_configs()[0]
                 .hedging_policy()
                 .unwrap()
-                .max_attempts(),
+                .max_attempts,
             5,
             "{attempts}"
         );
@@ -201,14 +199,14 @@ fn exact_method_then_service_then_default() {
         Some(Duration::from_secs(1))
     );
     // An entry without names applies to no call.
-    assert!(config.method_configs()[4].names().is_empty());
+    assert!(config.method_configs()[4].names.is_empty());
     assert_eq!(
         config.method_configs()[4].timeout(),
         Some(Duration::from_secs(9))
     );
     let default = config.default_method_config().unwrap();
-    assert_eq!(default.names()[0].service(), "");
-    assert_eq!(default.names()[0].method(), None);
+    assert_eq!(default.names[0].service, "");
+    assert_eq!(default.names[0].method, None);
 }
 
 #[test]
@@ -301,6 +299,18 @@ fn the_fields_the_task_names_are_refused() {
 }
 
 #[test]
+fn a_bad_duration_is_refused_with_its_text_why_and_how_to_write_one() {
+    let err = ServiceConfig::from_json(r#"{"methodConfig": [{"name": [{}], "timeout": "1m"}]}"#)
+        .unwrap_err();
+    assert_eq!(err.field(), "methodConfig[0].timeout");
+    assert_eq!(
+        err.reason(),
+        "\"1m\": it does not end in `s` \
+         (write a decimal number of seconds followed by `s`, e.g. \"0.1s\")"
+    );
+}
+
+#[test]
 fn broken_json_is_refused_at_the_root() {
     let err = ServiceConfig::from_json(r#"{"methodConfig": [}"#).unwrap_err();
     assert_eq!(err.field(), "serviceConfig");
@@ -337,10 +347,10 @@ fn fields_outside_a6_are_ignored() {
         config.method_configs()[0]
             .retry_policy()
             .unwrap()
-            .max_attempts(),
+            .max_attempts,
         2
     );
-    assert_eq!(config.retry_throttling().unwrap().max_tokens(), 1000);
+    assert_eq!(config.retry_throttling().unwrap().max_tokens, 1000);
     // `null` is the same as absent, as in proto3 JSON.
     let config =
         ServiceConfig::from_json(r#"{"methodConfig": null, "retryThrottling": null}"#).unwrap();
@@ -778,7 +788,7 @@ fn method_configs_become_builders() {
             "backoffMultiplier": 0.5, "retryableStatusCodes": [14]}"#,
     );
     let method = &shrinking.method_configs()[0];
-    assert_eq!(method.retry_policy().unwrap().backoff_multiplier(), 0.5);
+    assert_eq!(method.retry_policy().unwrap().backoff_multiplier, 0.5);
     let err = method.retry_builder(None).unwrap_err();
     assert_eq!(err.field(), "retryPolicy.backoffMultiplier");
     assert_eq!(
