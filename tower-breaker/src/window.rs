@@ -889,8 +889,7 @@ mod tests {
 
 /// Loom models of the windows' lock-free records (run with the crate's
 /// loom model, see `tests/loom.rs`): every interleaving of the records.
-#[cfg(test)]
-#[cfg(breaker_loom)]
+#[cfg(all(test, breaker_loom))]
 mod loom_models {
     use loom::sync::Arc;
     use loom::thread;

@@ -38,7 +38,9 @@ pub(crate) fn parse_proto_duration(input: &str) -> Result<Duration, &'static str
         return Err("the seconds are not a decimal number");
     }
     // Digits only, so a failed parse is an overflow: too long too.
-    let secs = (whole.parse::<u64>().ok())
+    let secs = whole
+        .parse::<u64>()
+        .ok()
         .filter(|secs| *secs <= MAX_PROTO_DURATION_SECS)
         .ok_or("it is longer than 315576000000 seconds, protobuf's limit")?;
     let nanos = match fraction {
