@@ -362,7 +362,7 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     };
     // A wait told to remote callers (an open circuit's time left) takes the
     // place of the hint meant for a retry layer in this process.
-    let hint = match answer_wait(error, &outcome) {
+    let hint = match answer_wait(error) {
         Some(wait) => Some(RetryHint::After(wait)),
         None => outcome.as_failure().and_then(|failure| failure.hint),
     };
@@ -380,15 +380,12 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     }
 }
 
-/// The [answer wait](Classified::with_answer_wait) of the `Classified` in
-/// `error`'s chain that decided `outcome` (the first one, as the
-/// classifier reads it), unless the classifier made something else of it.
-fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Duration> {
-    let classified = std::iter::successors(Some(error), |&err| next_in_chain(err))
-        .find_map(|err| err.downcast_ref::<Classified>())?;
-    classified
+/// The [answer wait](Classified::with_answer_wait) of the first
+/// `Classified` in `error`'s chain: the one that decided its outcome.
+fn answer_wait(error: &(dyn Error + 'static)) -> Option<Duration> {
+    std::iter::successors(Some(error), |&err| next_in_chain(err))
+        .find_map(|err| err.downcast_ref::<Classified>())?
         .answer_wait
-        .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 
 /// `text` as a `grpc-message`: percent-encoded as gRPC does (every byte
