@@ -180,13 +180,6 @@ impl ErrorChainClassifier {
     /// What the chain, else [`unknown_as`](Self::unknown_as), says `error`
     /// means; `None` for an error nothing recognises under the default.
     pub(crate) fn decided(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
-        let chosen = || self.unknown.map(Unknown::outcome);
-        self.recognised(error).or_else(chosen)
-    }
-
-    /// What [`classify_error`](Self::classify_error) finds in the chain, if
-    /// anything.
-    fn recognised(&self, error: &(dyn Error + 'static)) -> Option<Outcome> {
         let mut deepest = None;
         // A wrapper that knows the request was never sent (a connect error)
         // knows more than the I/O error beneath it about *that*.
@@ -208,7 +201,8 @@ impl ErrorChainClassifier {
             }
             other => other,
         };
-        deepest.map(Outcome::failure)
+        let chosen = || self.unknown.map(Unknown::outcome);
+        deepest.map(Outcome::failure).or_else(chosen)
     }
 }
 

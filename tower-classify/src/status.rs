@@ -325,29 +325,35 @@ where
     }
 }
 
-/// The gRPC status code for an error's classification.
-fn status_code(outcome: &Outcome) -> u32 {
+/// The gRPC status code and the HTTP status (gRPC's own mapping; 499 is
+/// "client closed request") answering an error's classification.
+fn statuses(outcome: &Outcome) -> (u32, StatusCode) {
     match outcome {
-        Outcome::Ignored => 1,
-        Outcome::Success => 2,
+        Outcome::Ignored => (1, StatusCode::from_u16(499).expect("499 is a valid status")),
+        Outcome::Success => UNKNOWN,
         Outcome::Failure(failure) => match failure.kind {
             FailureKind::Shed
             | FailureKind::ServerError
             | FailureKind::Connection
-            | FailureKind::NotSent => 14,
-            FailureKind::RateLimited => 8,
-            FailureKind::Timeout => 4,
+            | FailureKind::NotSent => (14, StatusCode::SERVICE_UNAVAILABLE),
+            FailureKind::RateLimited => (8, StatusCode::TOO_MANY_REQUESTS),
+            FailureKind::Timeout => (4, StatusCode::GATEWAY_TIMEOUT),
             // The request is wrong: a client's classifier reads the code
             // back as rejected, so a run of bad requests trips no breaker.
-            FailureKind::Poison | FailureKind::Rejected => 3,
+            FailureKind::Poison | FailureKind::Rejected => (3, StatusCode::BAD_REQUEST),
         },
     }
 }
 
-/// An error as both layers answer it; `pushback` `-1`: do not retry.
+/// `UNKNOWN`, as tonic answers an error it does not know: a server error.
+const UNKNOWN: (u32, StatusCode) = (2, StatusCode::INTERNAL_SERVER_ERROR);
+
+/// An error as both layers answer it: its gRPC `code` and HTTP `status`;
+/// `pushback` `-1`: do not retry.
 struct Answer {
     outcome: Outcome,
     code: u32,
+    status: StatusCode,
     pushback: Option<i64>,
 }
 
@@ -356,13 +362,13 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     // An unrecognised error is `UNKNOWN` unless `unknown_as` chose: the
     // default's `Rejected` means "do not retry blindly", not "your request
     // is wrong" (`INVALID_ARGUMENT`).
-    let (outcome, code) = match classifier.decided(error) {
-        Some(outcome) => (outcome, status_code(&outcome)),
-        None => (DEFAULT_UNKNOWN, 2),
+    let (outcome, (code, status)) = match classifier.decided(error) {
+        Some(outcome) => (outcome, statuses(&outcome)),
+        None => (DEFAULT_UNKNOWN, UNKNOWN),
     };
     // A wait told to remote callers (an open circuit's time left) takes the
     // place of the hint meant for a retry layer in this process.
-    let hint = match answer_wait(error, &outcome) {
+    let hint = match answer_wait(error) {
         Some(wait) => Some(RetryHint::After(wait)),
         None => outcome.as_failure().and_then(|failure| failure.hint),
     };
@@ -376,19 +382,17 @@ fn answer(error: &(dyn Error + 'static), classifier: &ErrorChainClassifier) -> A
     Answer {
         outcome,
         code,
+        status,
         pushback,
     }
 }
 
-/// The [answer wait](Classified::with_answer_wait) of the `Classified` in
-/// `error`'s chain that decided `outcome` (the first one, as the
-/// classifier reads it), unless the classifier made something else of it.
-fn answer_wait(error: &(dyn Error + 'static), outcome: &Outcome) -> Option<Duration> {
-    let classified = std::iter::successors(Some(error), |&err| next_in_chain(err))
-        .find_map(|err| err.downcast_ref::<Classified>())?;
-    classified
+/// The [answer wait](Classified::with_answer_wait) of the first
+/// `Classified` in `error`'s chain: the one that decided its outcome.
+fn answer_wait(error: &(dyn Error + 'static)) -> Option<Duration> {
+    std::iter::successors(Some(error), |&err| next_in_chain(err))
+        .find_map(|err| err.downcast_ref::<Classified>())?
         .answer_wait
-        .filter(|_| outcome.as_failure() == Some(&classified.failure()))
 }
 
 /// `text` as a `grpc-message`: percent-encoded as gRPC does (every byte
@@ -513,7 +517,7 @@ impl Problem {
 
     fn of(error: &(dyn Error + 'static), settings: &Settings) -> Self {
         let answer = answer(error, &settings.classifier);
-        let mut problem = Problem::new(http_status(answer.code));
+        let mut problem = Problem::new(answer.status);
         if let Some(millis) = answer.pushback.and_then(|ms| u64::try_from(ms).ok()) {
             problem = problem.retry_after(Duration::from_millis(millis));
         }
@@ -542,18 +546,6 @@ impl Problem {
             response.extensions_mut().insert(failure);
         }
         response
-    }
-}
-
-/// gRPC's own HTTP mapping; 499 is "client closed request".
-fn http_status(code: u32) -> StatusCode {
-    match code {
-        14 => StatusCode::SERVICE_UNAVAILABLE,
-        8 => StatusCode::TOO_MANY_REQUESTS,
-        4 => StatusCode::GATEWAY_TIMEOUT,
-        3 => StatusCode::BAD_REQUEST,
-        1 => StatusCode::from_u16(499).expect("499 is a valid status"),
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

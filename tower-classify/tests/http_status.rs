@@ -130,6 +130,20 @@ async fn the_classifier_and_details_are_the_layers_to_choose() {
     );
 }
 
+/// The two outcomes that are not failures: ignored is 499 "client closed
+/// request", a success an error cannot be and is answered as `UNKNOWN`'s 500;
+/// neither carries a failure.
+#[tokio::test]
+async fn an_error_made_ignored_or_a_success_answers_499_or_500() {
+    for (outcome, status) in [(Outcome::Ignored, 499), (Outcome::Success, 500)] {
+        let classifier = ErrorChainClassifier::new().unknown_as(outcome);
+        let layer = HttpStatusLayer::new().classifier(classifier);
+        let response = answer_with(layer, "gone".into()).await;
+        assert_eq!(response.status(), status, "{outcome:?}");
+        assert!(response.extensions().get::<Failure>().is_none());
+    }
+}
+
 #[tokio::test]
 async fn a_refusal_keeps_the_token_it_carries() {
     let token = RefusalToken::issue();
