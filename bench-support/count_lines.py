@@ -3,10 +3,11 @@
 #     python3 bench-support/count_lines.py <crate dir> [N]
 #
 # Counts every line of the crate's src/**/*.rs except tests.rs files and the
-# items under #[cfg(test)] or #[cfg(all(test, ...))], wherever in a file they
-# sit: an item's end is found by matching braces over the code with strings,
-# raw strings, chars and comments blanked. Prints the total, then the N
-# biggest files. Doc comments count: they are source a maintainer reads.
+# items under #[cfg(test)], #[cfg(doctest)] or #[cfg(all(test, ...))],
+# wherever in a file they sit: an item's end is found by matching braces over
+# the code with strings, raw strings, chars and comments blanked. Prints the
+# total, then the N biggest files. Doc comments count: they are source a
+# maintainer reads.
 import os,sys,re
 root=sys.argv[1] if len(sys.argv)>1 else '.'
 def blank(src):
@@ -38,7 +39,7 @@ def count(path):
     if raw and raw[-1]=='': raw=raw[:-1]
     n=0;i=0
     while i<len(raw):
-        if re.match(r'#\[cfg\((test|all\((test\b|[^)]*,\s*test\b)[^)]*\))\)\]', raw[i].strip()):
+        if re.match(r'#\[cfg\((test|doctest|all\((test\b|[^)]*,\s*test\b)[^)]*\))\)\]', raw[i].strip()):
             j=i+1
             while j<len(raw) and raw[j].strip().startswith('#['): j+=1
             depth=0;started=False

@@ -52,6 +52,7 @@ pub use self::policy::{Policy, Window};
 pub use self::service::CircuitBreaker;
 pub use self::state::{CallEvent, CallKind, Mode, State, StateChange};
 
+#[cfg(doctest)]
 /// Which public types are `#[non_exhaustive]`, and the checks that they
 /// stay so (each `compile_fail` block must fail; the last block is the
 /// control written the allowed way).

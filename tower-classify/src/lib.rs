@@ -60,6 +60,7 @@ pub use self::retry_on::RetryOn;
 #[cfg(feature = "http")]
 pub use self::settle::{OnEnd, SettleBody, StreamEnd};
 
+#[cfg(doctest)]
 /// Checks that [`FailureKind`], [`RetryHint`] and [`Failure`] (which will
 /// grow) stay `#[non_exhaustive]`, as the `backoff_from` readers and the
 /// configuration types are; the last block is the allowed control.
