@@ -190,11 +190,21 @@ impl State {
 
     /// Drops the expired claims, or completed records, oldest first.
     fn drop_expired(&mut self, claims: bool, now: Instant) {
-        while let Some((_, key)) = self.order(claims).first_key_value() {
-            let key = Arc::clone(key);
-            if self.slots[&key].expires_at > now {
+        loop {
+            // Borrows the fields, not `self`, so the key is cloned only
+            // when it is dropped (this runs on every claim).
+            let order = if claims {
+                &self.in_flight
+            } else {
+                &self.completed
+            };
+            let Some((_, key)) = order.first_key_value() else {
+                return;
+            };
+            if self.slots[&**key].expires_at > now {
                 return;
             }
+            let key = Arc::clone(key);
             self.remove(&key);
         }
     }

@@ -311,7 +311,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// What a store keeps under a key. Redis keeps its JSON; the in-flight form
-/// is compared byte for byte by the owner-only scripts, so it must encode the
+/// is compared byte for byte by the owner-only script, so it must encode the
 /// same way every time (serde_json's output for a struct is deterministic).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -363,7 +363,7 @@ pub(crate) fn bounded(ttl: Duration) -> Duration {
 mod tests {
     use super::*;
 
-    /// The owner-only scripts compare the in-flight record byte for byte,
+    /// The owner-only script compares the in-flight record byte for byte,
     /// so nodes of one fleet must write it alike, across versions too.
     #[test]
     fn the_in_flight_record_encodes_as_it_always_has() {
