@@ -64,7 +64,7 @@ const LOST: u8 = 1;
 const FAILED: u8 = 2;
 
 struct State<B> {
-    /// `None` once it ended or failed.
+    /// `None` once it ended, or failed (`FAILED` tells which).
     original: Option<B>,
     /// Every data frame read from the original while `recording`.
     recorded: Recorded,
@@ -74,7 +74,6 @@ struct State<B> {
     frames_read: usize,
     bytes_read: u64,
     trailers: Option<HeaderMap>,
-    ended: bool,
     /// Copies waiting for the original to move. The original keeps only
     /// the waker of the copy that polled it last, so every step forward
     /// (and every copy going away) wakes the others.
@@ -168,7 +167,6 @@ impl<B: Body + Unpin> ReplayBody<B> {
                 frames_read: 0,
                 bytes_read: 0,
                 trailers: None,
-                ended: false,
                 waiting: Vec::new(),
             }),
         });
@@ -229,7 +227,7 @@ impl<B> ReplayBody<B> {
             data: state.recorded.to_vec(),
             bytes_read: state.bytes_read,
             trailers: state.trailers.clone(),
-            complete: state.ended && state.recording,
+            complete: state.original.is_none() && !reader.shared.failed() && state.recording,
             released: !state.recording,
         }
     }
@@ -372,7 +370,6 @@ where
                 Poll::Pending
             }
             Poll::Ready(None) => {
-                state.ended = true;
                 state.original = None;
                 state.wake_others(self.id, &shared.has_waiters);
                 self.finished = true;
@@ -427,12 +424,7 @@ where
             return true;
         }
         let state = self.shared.lock();
-        let at_end = state.ended
-            || (!self.shared.failed()
-                && state
-                    .original
-                    .as_ref()
-                    .is_some_and(|original| original.is_end_stream()));
+        let at_end = !self.shared.failed() && state.original.as_ref().is_none_or(B::is_end_stream);
         at_end
             && self.frame >= state.frames_read
             && (self.trailers_yielded || state.trailers.is_none())
@@ -530,7 +522,10 @@ impl<B> fmt::Debug for ReplayBody<B> {
             .field("limit", &reader.shared.limit)
             .field("bytes_read", &state.bytes_read)
             .field("recording", &state.recording)
-            .field("ended", &state.ended)
+            .field(
+                "ended",
+                &(state.original.is_none() && !reader.shared.failed()),
+            )
             .field("yielded", &reader.yielded)
             .finish()
     }

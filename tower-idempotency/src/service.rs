@@ -93,7 +93,7 @@ pub struct IdempotencyGuard<S, St, C> {
 struct Shared<St, C> {
     store: St,
     classifier: C,
-    config: Arc<Config>,
+    config: Config,
 }
 
 impl<S, St, C> IdempotencyGuard<S, St, C> {
@@ -103,7 +103,7 @@ impl<S, St, C> IdempotencyGuard<S, St, C> {
             shared: Arc::new(Shared {
                 store,
                 classifier,
-                config: Arc::new(config),
+                config,
             }),
         }
     }
@@ -204,17 +204,12 @@ where
     ResB: Body<Data = Bytes>,
     ResB::Error: Into<BoxError>,
     St: IdempotencyStore,
-    C: Classify<Response<ResB>, S::Error>,
+    C: Classify<Response<ResB>, S::Error> + Send + Sync + 'static,
 {
     let config = &shared.config;
     let name = &config.name;
     let head = key::head(&parts.method, &parts.uri);
-    let claiming = run_claim(
-        shared.store.clone(),
-        Arc::clone(config),
-        key.clone(),
-        head.clone(),
-    );
+    let claiming = run_claim(Arc::clone(&shared), key.clone(), head.clone());
     let mut held = match claiming.await {
         Some(Ok(Ok(held))) => held,
         // The first request's handler may still be reading its body: only
@@ -275,16 +270,14 @@ where
         Outcome::Failure(failure) => config.release_on_transient && failure.kind.is_transient(),
         Outcome::Success | Outcome::Ignored => false,
     };
-    if release {
-        held.release().await;
-        return result.map(|response| response.map(GuardBody::new));
-    }
     let (parts, body) = match result {
-        Ok(response) => response.into_parts(),
-        Err(error) => {
-            held.complete(Completion::NotKept(NotKept::ServiceError))
-                .await;
-            return Err(error);
+        Ok(response) if !release => response.into_parts(),
+        result => {
+            // Released, or the service failed: answered as the inner
+            // service answered.
+            let failed = (!release).then_some(Completion::NotKept(NotKept::ServiceError));
+            held.settle(failed).await;
+            return result.map(|response| response.map(GuardBody::new));
         }
     };
     let limit = config.response_body_limit;
@@ -303,11 +296,11 @@ where
     } else if declared.unwrap_or(0).max(body.size_hint().lower()) > limit as u64 {
         Completion::NotKept(NotKept::TooLarge)
     } else {
-        let record = Box::new(move |completion| held.complete(completion));
+        let record = Box::new(move |completion| held.settle(Some(completion)));
         let body = GuardBody::recorded(body, Recorder::new(record, &parts, declared, limit));
         return Ok(Response::from_parts(parts, body));
     };
-    held.complete(settled).await;
+    held.settle(Some(settled)).await;
     Ok(Response::from_parts(parts, GuardBody::new(body)))
 }
 
@@ -351,8 +344,7 @@ where
         Completion::NotKept(reason) => reject(name, Rejection::NotKept(reason)),
         Completion::Response(response) => {
             count(name, "replayed");
-            let trailers = response.trailer_map();
-            let mut replay = response.to_response(|body| GuardBody::replay(body, trailers));
+            let mut replay = response.to_response(GuardBody::replay);
             replay
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -379,12 +371,14 @@ fn count(name: &Arc<str>, outcome: &'static str) {
 /// A key this call claimed, until its outcome is written: through the
 /// handler, then inside the response body until it ends. Dropped before
 /// [`start`](Self::start) (the call went away before its handler could
-/// run), it frees the key; dropped after without [`complete`](Self::complete)
-/// or [`release`](Self::release) (the call or its response body was
-/// dropped), it records [`NotKept::Cancelled`], in a spawned task either way.
-struct Held<St: IdempotencyStore> {
-    held: Option<(St, String, ClaimToken)>,
-    config: Arc<Config>,
+/// run), it frees the key; dropped after without being
+/// [settled](Self::settle) (the call or its response body was dropped), it
+/// records [`NotKept::Cancelled`], in a spawned task either way.
+struct Held<St: IdempotencyStore, C: Send + Sync + 'static> {
+    shared: Arc<Shared<St, C>>,
+    key: String,
+    /// `None` once settled.
+    claim: Option<ClaimToken>,
     /// The fingerprint's head; the body part is read from `body` when the
     /// outcome is written.
     head: String,
@@ -400,7 +394,7 @@ struct Keeper {
     settled: Arc<AtomicBool>,
 }
 
-impl<St: IdempotencyStore> Held<St> {
+impl<St: IdempotencyStore, C: Send + Sync + 'static> Held<St, C> {
     /// The handler may run from now on: a keeper task extends the claim
     /// while it is held, even while nobody polls it. Returns what the
     /// handler reads of the request body, for the fingerprint.
@@ -409,26 +403,21 @@ impl<St: IdempotencyStore> Held<St> {
         self.body = Some(Arc::clone(&hash));
         // Outside a runtime nothing extends the claim: it lapses after the
         // in-flight TTL.
-        if let (Some(held), Ok(runtime)) = (&self.held, tokio::runtime::Handle::try_current()) {
+        if let (Some(claim), Ok(runtime)) = (&self.claim, tokio::runtime::Handle::try_current()) {
             let settled = Arc::new(AtomicBool::new(false));
-            let keeper = keep(held.clone(), Arc::clone(&self.config), Arc::clone(&settled));
-            let task = runtime.spawn(keeper);
+            let (shared, key) = (Arc::clone(&self.shared), self.key.clone());
+            let task = runtime.spawn(keep(shared, key, claim.clone(), Arc::clone(&settled)));
             self.keeper = Some(Keeper { task, settled });
         }
         hash
     }
 
-    /// Frees the key, the write running to its end as
-    /// [`complete`](Self::complete)'s does.
-    fn release(mut self) -> Write {
-        self.finish(None).expect("held until settled")
-    }
-
-    /// Records `completion`. The write runs to its end even if the caller
-    /// goes away while it is under way (the handler ran; a write cut short
-    /// would leave the claim to lapse and a repeat to run again).
-    fn complete(mut self, completion: Completion) -> Write {
-        self.finish(Some(completion)).expect("held until settled")
+    /// Records `completion`, or frees the key for `None`. The write runs to
+    /// its end even if the caller goes away while it is under way (the
+    /// handler ran; a write cut short would leave the claim to lapse and a
+    /// repeat to run again).
+    fn settle(mut self, completion: Option<Completion>) -> Write {
+        self.finish(completion).expect("held until settled")
     }
 
     /// Settles the claim, once: records `completion` with the request's
@@ -439,40 +428,27 @@ impl<St: IdempotencyStore> Held<St> {
             keeper.settled.store(true, Ordering::Release);
             keeper.task.abort();
         }
-        let (store, key, claim) = self.held.take()?;
-        let config = Arc::clone(&self.config);
-        let name = &config.name;
+        let claim = self.claim.take()?;
+        let (shared, key) = (Arc::clone(&self.shared), std::mem::take(&mut self.key));
         let Some(completion) = completion else {
-            return Some(Write::new(async move {
-                let name = &config.name;
-                match store.release(&key, &claim).await {
-                    Ok(true) => count(name, "released"),
-                    Ok(false) => count(name, "lapsed"),
-                    Err(error) => tracing::error!(
-                        idempotency = %name,
-                        key,
-                        error = chain(&error),
-                        "idempotency store failed to release a key; it lapses after the in-flight TTL"
-                    ),
-                }
-            }));
+            return Some(Write::new(write(shared, key, claim, None)));
         };
         if completion == Completion::NotKept(NotKept::TooLarge) {
             tracing::warn!(
-                idempotency = %name,
+                idempotency = %shared.config.name,
                 key,
-                limit = config.response_body_limit,
+                limit = shared.config.response_body_limit,
                 "response too large to store for replay; repeats of its key get 409"
             );
         }
         let part = self.body.as_ref().map(|hash| hash.part());
         let fingerprint = key::fingerprint(&self.head, part.as_ref());
-        let write = record_outcome(store, config, key, claim, fingerprint, completion);
+        let write = write(shared, key, claim, Some((fingerprint, completion)));
         Some(Write::new(write))
     }
 }
 
-impl<St: IdempotencyStore> Drop for Held<St> {
+impl<St: IdempotencyStore, C: Send + Sync + 'static> Drop for Held<St, C> {
     fn drop(&mut self) {
         let cancelled = self.body.is_some();
         let cancelled = cancelled.then_some(Completion::NotKept(NotKept::Cancelled));
@@ -482,27 +458,28 @@ impl<St: IdempotencyStore> Drop for Held<St> {
     }
 }
 
+/// The key held, or what another request left under it.
+type Claimed<St, C> = Result<Result<Held<St, C>, Claim>, StoreError>;
+
 /// Claims `key`, to the end even if the call goes away meanwhile (see
 /// [`RunToEnd`]): a claim cut short could be applied in the store with no
 /// one left to know, holding the key for the whole in-flight TTL. A key
 /// acquired for a call that is gone is freed by the dropped [`Held`]; a key
 /// not acquired comes back as the [`Claim`] found.
-fn run_claim<St: IdempotencyStore>(
-    store: St,
-    config: Arc<Config>,
+fn run_claim<St: IdempotencyStore, C: Send + Sync + 'static>(
+    shared: Arc<Shared<St, C>>,
     key: String,
     head: String,
-) -> RunToEnd<Result<Result<Held<St>, Claim>, StoreError>> {
+) -> RunToEnd<Claimed<St, C>> {
     RunToEnd::new(async move {
         // The body part is not known until the handler has read the body.
         let fingerprint = key::fingerprint(&head, None);
-        match store
-            .claim(&key, &fingerprint, config.in_flight_ttl)
-            .await?
-        {
+        let (store, in_flight_ttl) = (&shared.store, shared.config.in_flight_ttl);
+        match store.claim(&key, &fingerprint, in_flight_ttl).await? {
             Claim::Acquired(token) => Ok(Ok(Held {
-                held: Some((store, key, token)),
-                config,
+                shared,
+                key,
+                claim: Some(token),
                 head,
                 body: None,
                 keeper: None,
@@ -514,16 +491,17 @@ fn run_claim<St: IdempotencyStore>(
 
 /// Extends `claim` every third of the in-flight TTL until aborted, or until
 /// the claim is found gone.
-async fn keep<St: IdempotencyStore>(
-    (store, key, claim): (St, String, ClaimToken),
-    config: Arc<Config>,
+async fn keep<St: IdempotencyStore, C>(
+    shared: Arc<Shared<St, C>>,
+    key: String,
+    claim: ClaimToken,
     settled: Arc<AtomicBool>,
 ) {
-    let (name, in_flight_ttl) = (&config.name, config.in_flight_ttl);
+    let (name, in_flight_ttl) = (&shared.config.name, shared.config.in_flight_ttl);
     let period = bounded(in_flight_ttl) / 3;
     loop {
         tokio::time::sleep(period).await;
-        match store.extend(&key, &claim, in_flight_ttl).await {
+        match shared.store.extend(&key, &claim, in_flight_ttl).await {
             Ok(true) => {}
             Ok(false) => {
                 if !settled.load(Ordering::Acquire) {
@@ -545,20 +523,33 @@ async fn keep<St: IdempotencyStore>(
     }
 }
 
-/// Writes what a guarded call came to, and counts and logs how that went.
-async fn record_outcome<St: IdempotencyStore>(
-    store: St,
-    config: Arc<Config>,
+/// Writes what a guarded call came to (its fingerprint and completion, or
+/// `None` to free the key), and counts and logs how that went.
+async fn write<St: IdempotencyStore, C>(
+    shared: Arc<Shared<St, C>>,
     key: String,
     claim: ClaimToken,
-    fingerprint: String,
-    completion: Completion,
+    outcome: Option<(String, Completion)>,
 ) {
-    let (name, ttl) = (&config.name, config.ttl);
+    let (store, name) = (&shared.store, &shared.config.name);
+    let Some((fingerprint, completion)) = outcome else {
+        match store.release(&key, &claim).await {
+            Ok(true) => count(name, "released"),
+            Ok(false) => count(name, "lapsed"),
+            Err(error) => tracing::error!(
+                idempotency = %name,
+                key,
+                error = chain(&error),
+                "idempotency store failed to release a key; it lapses after the in-flight TTL"
+            ),
+        }
+        return;
+    };
     let outcome = match &completion {
         Completion::Response(_) => "stored",
         Completion::NotKept(reason) => reason.as_str(),
     };
+    let ttl = shared.config.ttl;
     match store
         .complete(&key, &claim, &fingerprint, completion, ttl)
         .await

@@ -53,9 +53,7 @@ struct State {
     /// they lapse in, to drop lapsed claims when full.
     in_flight: BTreeMap<u64, Arc<str>>,
     bytes: usize,
-    /// How many of the records are claims in flight, and their bytes: what
-    /// no eviction can free.
-    claims: usize,
+    /// The bytes of the claims in flight: what no eviction can free.
     claim_bytes: usize,
     next_seq: u64,
     max_entries: usize,
@@ -80,7 +78,6 @@ impl MemoryIdempotencyStore {
                 completed: BTreeMap::new(),
                 in_flight: BTreeMap::new(),
                 bytes: 0,
-                claims: 0,
                 claim_bytes: 0,
                 next_seq: 0,
                 max_entries: max_entries.max(1),
@@ -159,17 +156,24 @@ fn expiry(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl State {
-    fn remove(&mut self, key: &str) -> Option<Record> {
-        let slot = self.slots.remove(key)?;
-        self.bytes -= slot.size;
-        if matches!(slot.record, Record::InFlight(_)) {
-            self.claims -= 1;
-            self.claim_bytes -= slot.size;
-            self.in_flight.remove(&slot.seq);
+    /// The order keys of claims in flight, or of completed records, are in.
+    fn order(&mut self, in_flight: bool) -> &mut BTreeMap<u64, Arc<str>> {
+        if in_flight {
+            &mut self.in_flight
         } else {
-            self.completed.remove(&slot.seq);
+            &mut self.completed
         }
-        Some(slot.record)
+    }
+
+    fn remove(&mut self, key: &str) -> Option<(Arc<str>, Record)> {
+        let (key, slot) = self.slots.remove_entry(key)?;
+        let in_flight = matches!(slot.record, Record::InFlight(_));
+        self.bytes -= slot.size;
+        if in_flight {
+            self.claim_bytes -= slot.size;
+        }
+        self.order(in_flight).remove(&slot.seq);
+        Some((key, slot.record))
     }
 
     /// The live slot for `key`, dropping it if it has expired.
@@ -187,12 +191,14 @@ impl State {
     /// Drops the expired claims, or completed records, oldest first.
     fn drop_expired(&mut self, claims: bool, now: Instant) {
         loop {
-            let index = if claims {
+            // Borrows the fields, not `self`, so the key is cloned only
+            // when it is dropped (this runs on every claim).
+            let order = if claims {
                 &self.in_flight
             } else {
                 &self.completed
             };
-            let Some((_, key)) = index.first_key_value() else {
+            let Some((_, key)) = order.first_key_value() else {
                 return;
             };
             if self.slots[&**key].expires_at > now {
@@ -217,16 +223,15 @@ impl State {
             return true;
         }
         self.drop_expired(true, now);
-        if self.claims + entries > self.max_entries
+        if self.in_flight.len() + entries > self.max_entries
             || self.claim_bytes.saturating_add(bytes) > self.max_bytes
         {
             return false;
         }
         while !self.fits(entries, bytes) {
-            let Some((_, key)) = self.completed.first_key_value() else {
+            let Some((_, key)) = self.completed.pop_first() else {
                 return false;
             };
-            let key = Arc::clone(key);
             self.remove(&key);
             metrics::counter!(crate::observability::EVICTED_TOTAL).increment(1);
         }
@@ -235,19 +240,16 @@ impl State {
 
     /// Holds `record` under `key` until `expires_at`, once room was made
     /// for it, last in its order.
-    fn insert(&mut self, key: &str, record: Record, expires_at: Instant) {
-        let size = size(key, &record);
+    fn insert(&mut self, key: Arc<str>, record: Record, expires_at: Instant) {
+        let size = size(&key, &record);
+        let in_flight = matches!(record, Record::InFlight(_));
         self.bytes += size;
-        let index = if matches!(record, Record::InFlight(_)) {
-            self.claims += 1;
+        if in_flight {
             self.claim_bytes += size;
-            &mut self.in_flight
-        } else {
-            &mut self.completed
-        };
+        }
         self.next_seq += 1;
-        let (key, seq): (Arc<str>, _) = (Arc::from(key), self.next_seq);
-        index.insert(seq, Arc::clone(&key));
+        let seq = self.next_seq;
+        self.order(in_flight).insert(seq, Arc::clone(&key));
         let slot = Slot {
             record,
             expires_at,
@@ -257,8 +259,14 @@ impl State {
         self.slots.insert(key, slot);
     }
 
-    /// Takes out the live in-flight record of `claim`, if it is there.
-    fn take_held(&mut self, key: &str, claim: &ClaimToken, now: Instant) -> Option<Record> {
+    /// Takes out the live in-flight record of `claim`, with its key (for
+    /// `insert` to move back in, not allocate again), if it is there.
+    fn take_held(
+        &mut self,
+        key: &str,
+        claim: &ClaimToken,
+        now: Instant,
+    ) -> Option<(Arc<str>, Record)> {
         if !self.live(key, now)?.record.is_held_by(claim) {
             return None;
         }
@@ -291,7 +299,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                 ),
             ));
         }
-        state.insert(key, record, expiry(now, in_flight_ttl));
+        state.insert(Arc::from(key), record, expiry(now, in_flight_ttl));
         Ok(Claim::Acquired(claim))
     }
 
@@ -307,9 +315,9 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         let mut state = self.lock();
         // The claim makes way for its outcome: gone from the map, it is
         // never evicted making room.
-        if state.take_held(key, claim, now).is_none() {
+        let Some((held, _)) = state.take_held(key, claim, now) else {
             return Ok(false);
-        }
+        };
         let mut record = Record::completed(fingerprint, completion);
         let record_size = size(key, &record);
         if !state.make_room(1, record_size, now) {
@@ -321,7 +329,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             );
             record = Record::completed(fingerprint, Completion::NotKept(NotKept::TooLarge));
         }
-        state.insert(key, record, expiry(now, ttl));
+        state.insert(held, record, expiry(now, ttl));
         Ok(true)
     }
 
@@ -333,11 +341,11 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let Some(record) = state.take_held(key, claim, now) else {
+        let Some((held, record)) = state.take_held(key, claim, now) else {
             return Ok(false);
         };
         // Back in, last in line: the claims ahead of it lapse first.
-        state.insert(key, record, expiry(now, in_flight_ttl));
+        state.insert(held, record, expiry(now, in_flight_ttl));
         Ok(true)
     }
 
@@ -598,7 +606,6 @@ mod tests {
                         .filter(|s| matches!(s.record, Record::InFlight(_)))
                         .map(|s| s.size)
                         .collect();
-                    proptest::prop_assert_eq!(state.claims, claims.len());
                     proptest::prop_assert_eq!(state.claim_bytes, claims.iter().sum::<usize>());
                     // Each record is in its order, once.
                     proptest::prop_assert_eq!(state.in_flight.len(), claims.len());
@@ -620,6 +627,19 @@ mod tests {
         let state = store.lock();
         assert!(state.in_flight.is_empty() && state.completed.is_empty());
         assert_eq!((state.slots.len(), state.bytes), (0, 0));
+    }
+
+    /// A heartbeat, and the completion after it, move the key's allocation
+    /// back in rather than make a new one.
+    #[tokio::test(start_paused = true)]
+    async fn extending_and_completing_keep_the_key_allocation() {
+        let store = MemoryIdempotencyStore::new(10);
+        let claim = acquire(&store, "k").await;
+        let first = Arc::downgrade(store.lock().slots.get_key_value("k").unwrap().0);
+        assert!(store.extend("k", &claim, TTL).await.unwrap());
+        finish(&store, "k", &claim, 2).await;
+        // Alive still: the key in the map is that allocation.
+        assert!(first.upgrade().is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -242,21 +242,20 @@ impl StoredResponse {
         self
     }
 
-    /// The response again, with body type `B`. A header that no longer
+    /// The response again, its body made by `body` of the bytes and the
+    /// trailers that ended them, if any. A header or trailer that no longer
     /// parses (the store was edited by hand) is skipped, and so is any past
     /// the most a header map holds: a hostile record never panics.
-    pub(crate) fn to_response<B>(&self, body: impl FnOnce(Bytes) -> B) -> Response<B> {
-        let mut response = Response::new(body(self.body.clone()));
+    pub(crate) fn to_response<B>(
+        &self,
+        body: impl FnOnce(Bytes, Option<HeaderMap>) -> B,
+    ) -> Response<B> {
+        let trailers = (!self.trailers.is_empty()).then(|| header_map(&self.trailers));
+        let mut response = Response::new(body(self.body.clone(), trailers));
         *response.status_mut() =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         *response.headers_mut() = header_map(&self.headers);
         response
-    }
-
-    /// The trailers, if the body was ended by any (skipped as headers are
-    /// in [`to_response`](Self::to_response)).
-    pub(crate) fn trailer_map(&self) -> Option<HeaderMap> {
-        (!self.trailers.is_empty()).then(|| header_map(&self.trailers))
     }
 
     /// The bytes this response occupies: body, header and trailer names and
@@ -312,7 +311,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// What a store keeps under a key. Redis keeps its JSON; the in-flight form
-/// is compared byte for byte by the owner-only scripts, so it must encode the
+/// is compared byte for byte by the owner-only script, so it must encode the
 /// same way every time (serde_json's output for a struct is deterministic).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -364,7 +363,7 @@ pub(crate) fn bounded(ttl: Duration) -> Duration {
 mod tests {
     use super::*;
 
-    /// The owner-only scripts compare the in-flight record byte for byte,
+    /// The owner-only script compares the in-flight record byte for byte,
     /// so nodes of one fleet must write it alike, across versions too.
     #[test]
     fn the_in_flight_record_encodes_as_it_always_has() {
@@ -403,7 +402,7 @@ mod tests {
         else {
             panic!("a completed record decodes as one");
         };
-        let response = stored.to_response(|b| b);
+        let response = stored.to_response(|b, _| b);
         assert_eq!(response.status(), StatusCode::ACCEPTED);
         assert_eq!(*response.body(), body);
         let set_cookie: Vec<_> = response.headers().get_all("set-cookie").iter().collect();
@@ -431,7 +430,7 @@ mod tests {
             body: Bytes::new(),
             trailers: Vec::new(),
         };
-        let response = hostile.to_response(|b| b);
+        let response = hostile.to_response(|b, _| b);
         assert!(response.headers().len() < 40_000);
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
 
@@ -441,11 +440,12 @@ mod tests {
             .with_trailers(&trailers);
         let json = serde_json::to_string(&stored).unwrap();
         let back: StoredResponse = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.trailer_map(), Some(trailers));
+        let trailers_of = |stored: &StoredResponse| stored.to_response(|_, t| t).into_body();
+        assert_eq!(trailers_of(&back), Some(trailers));
         let plain = StoredResponse::new(StatusCode::OK, &HeaderMap::new(), "x".into());
         let json = serde_json::to_string(&plain).unwrap();
         assert!(!json.contains("trailers"), "{json}");
-        assert_eq!(plain.trailer_map(), None);
+        assert_eq!(trailers_of(&plain), None);
     }
 
     proptest::proptest! {

@@ -21,10 +21,10 @@ use crate::StoreError;
 /// fingerprint} NX PX in_flight_ttl` in a script that returns the record
 /// already there, so two nodes can never both hold a key. Completing (the
 /// outcome and the final fingerprint, `PX ttl`), extending (`PEXPIRE`) and
-/// releasing (`DEL`) are Lua scripts that act *only if* the key still holds
-/// the caller's in-flight record: a claim that lapsed and was taken over by
-/// another node is left alone. Every key expires; a record is at most
-/// [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes).
+/// releasing (`DEL`) go through one Lua script that acts *only if* the key
+/// still holds the caller's in-flight record: a claim that lapsed and was
+/// taken over by another node is left alone. Every key expires; a record is
+/// at most [`max_record_bytes`](RedisIdempotencyStoreBuilder::max_record_bytes).
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), tower_idempotency::StoreError> {
@@ -119,33 +119,17 @@ return redis.call('GET', KEYS[1])
 ";
 
 /// KEYS = key; ARGV = the owner's in-flight record (as claimed, with the
-/// claim's fingerprint), completed record (with the final fingerprint), TTL
-/// (ms). Returns 1 when recorded.
-const COMPLETE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-";
-
-/// KEYS = key; ARGV = the owner's in-flight record, in-flight TTL (ms).
-/// Returns 1 when extended.
-const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-";
-
-/// KEYS = key; ARGV = the owner's in-flight record. Returns 1 when released.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+/// claim's fingerprint), then a command and its arguments after the key
+/// (`SET` of the completed record, `PEXPIRE`, `DEL`). Runs the command and
+/// returns 1 only if the key still holds that record.
+const OWNER_ONLY: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call(ARGV[2], KEYS[1], unpack(ARGV, 3))
+return 1
 ";
 
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
-static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE));
-static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND));
-static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static OWNER_ONLY_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(OWNER_ONLY));
 
 impl RedisIdempotencyStore {
     /// A builder: its [`connect`](RedisIdempotencyStoreBuilder::connect)
@@ -172,8 +156,7 @@ impl RedisIdempotencyStore {
     }
 
     /// Runs `script` on `key`: ARGV[1] is `claim`'s in-flight record, `args`
-    /// follow; a failure is reported as failing to do `what`. The owner-only
-    /// scripts return 1 when they acted.
+    /// follow; a failure is reported as failing to do `what`.
     async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -193,6 +176,21 @@ impl RedisIdempotencyStore {
                 let message = format!("redis idempotency store at {url} failed to {what}");
                 StoreError::backend(message, error)
             })
+    }
+
+    /// Runs `command` on `key` only if it still holds `claim`'s in-flight
+    /// record; whether it ran.
+    async fn owner_only(
+        &self,
+        key: &str,
+        claim: &ClaimToken,
+        command: impl ToRedisArgs,
+        what: &str,
+    ) -> Result<bool, StoreError> {
+        let done: u64 = self
+            .run(&OWNER_ONLY_SCRIPT, key, claim, command, what)
+            .await?;
+        Ok(done == 1)
     }
 }
 
@@ -262,11 +260,9 @@ impl IdempotencyStore for RedisIdempotencyStore {
             let not_kept = Completion::NotKept(NotKept::TooLarge);
             completed = encode(&Record::completed(fingerprint, not_kept));
         }
-        let args = (completed, millis(ttl));
-        let done: u64 = self
-            .run(&COMPLETE_SCRIPT, key, claim, args, "record an outcome")
-            .await?;
-        Ok(done == 1)
+        let command = ("SET", completed, "PX", millis(ttl));
+        self.owner_only(key, claim, command, "record an outcome")
+            .await
     }
 
     async fn extend(
@@ -275,19 +271,12 @@ impl IdempotencyStore for RedisIdempotencyStore {
         claim: &ClaimToken,
         in_flight_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let args = millis(in_flight_ttl);
-        let done: u64 = self
-            .run(&EXTEND_SCRIPT, key, claim, args, "extend a claim")
-            .await?;
-        Ok(done == 1)
+        let command = ("PEXPIRE", millis(in_flight_ttl));
+        self.owner_only(key, claim, command, "extend a claim").await
     }
 
     async fn release(&self, key: &str, claim: &ClaimToken) -> Result<bool, StoreError> {
-        let no_args: Option<u64> = None;
-        let done: u64 = self
-            .run(&RELEASE_SCRIPT, key, claim, no_args, "release a key")
-            .await?;
-        Ok(done == 1)
+        self.owner_only(key, claim, "DEL", "release a key").await
     }
 }
 
