@@ -17,7 +17,7 @@ use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::observability::{ForgetfulMap, DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
-use crate::redact::{path_and_query, Redactor};
+use crate::redact::{uri_path, Redactor};
 use crate::replay::REPLAY_HEADER;
 use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
@@ -445,7 +445,7 @@ impl<St: DeadLetterStore> Settings<St> {
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let uri = entry.uri.as_deref().unwrap_or_default();
-                let path = path_and_query(uri).0.to_owned();
+                let path = uri_path(uri).to_owned();
                 match self.store.put_with_depth(entry).await {
                     Ok(Some(depth)) => {
                         metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
