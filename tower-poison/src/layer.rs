@@ -167,7 +167,14 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// [`store_refusals`](Self::store_refusals)): a client's layer loses
     /// nothing that failed; see [`for_server`](DeadLetterLayer::for_server).
     pub fn store_kinds(mut self, kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        self.shared.settings.stored = kinds.into_iter().collect();
+        // Each kind once, so the set stays as small as the kinds are few.
+        let stored = &mut self.shared.settings.stored;
+        stored.clear();
+        for kind in kinds {
+            if !stored.contains(&kind) {
+                stored.push(kind);
+            }
+        }
         self
     }
 

@@ -419,7 +419,7 @@ impl DeadLetterStore for RedisDeadLetterStore {
         let mut page = Vec::new();
         loop {
             let (found, exhausted) = self.scan(&mut after, batch).await?;
-            let found = found.iter().map(|json| decode(json).map(Cow::Owned));
+            let found = found.into_iter().map(|json| decode(&json).map(Cow::Owned));
             if let Some(full) = fill_page(&query, &mut page, found)? {
                 return Ok(full);
             }
