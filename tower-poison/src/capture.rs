@@ -50,21 +50,13 @@ pub struct RequestRecord {
 }
 
 /// Records what a dead-letter entry needs from a request, and hands on the
-/// request for the inner service.
+/// request for the inner service: [`HttpCapture`] for `http::Request<B>`
+/// (the default), [`describe_fn`] for any other request type.
 ///
 /// The layer needs the request's data *after* the inner service has
-/// consumed the request, so it keeps what it needs first, without waiting
-/// for anything. Implementations:
-///
-/// - [`HttpCapture`] for `http::Request<B>` (the default): keeps the head and
-///   hands the inner service the body as a [`ReplayBody`], which records it as
-///   the service reads it; the record reads that recording only if the call
-///   fails.
-/// - [`describe_fn`] for any other request type, such as a queue message: a
-///   closure describes the message, which passes through unchanged.
-///
-/// A capture of one's own returns [`PendingRecord::ready`] with the record
-/// it made up front.
+/// consumed the request, so a capture keeps what it needs first, without
+/// waiting for anything; one of your own returns [`PendingRecord::ready`]
+/// with the record it made up front.
 pub trait CaptureRequest<Req> {
     /// The request the inner service receives.
     type Request;

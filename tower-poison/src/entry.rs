@@ -340,22 +340,22 @@ pub struct ReplayRecord {
 
 impl ReplayRecord {
     /// A replay that failed at `at` with a failure of `kind`, described by
-    /// `error` (cut, as an entry's [`error`](DeadLetterEntry::error) is).
-    pub(crate) fn new(at: SystemTime, kind: FailureKind, error: Vec<String>) -> Self {
+    /// `error` (cut, as an entry's [`error`](DeadLetterEntry::error) is),
+    /// with the response's HTTP `status` when there was one.
+    pub(crate) fn new(
+        at: SystemTime,
+        kind: FailureKind,
+        error: Vec<String>,
+        status: Option<u16>,
+    ) -> Self {
         let error = clip_chain(error);
         ReplayRecord {
             at,
             attempt: 0,
             kind,
-            status: None,
+            status,
             error,
         }
-    }
-
-    /// The same record for a response with HTTP status `status`.
-    pub(crate) fn with_status(mut self, status: Option<u16>) -> Self {
-        self.status = status;
-        self
     }
 
     /// The error chain in one line, levels joined with `": "`.
@@ -587,8 +587,12 @@ mod tests {
         let mut stored = entry(b"{}");
         let original = stored.clone();
         let at = stored.last_failed_at + Duration::from_secs(60);
-        let record = ReplayRecord::new(at, FailureKind::RateLimited, vec!["HTTP 429".into()])
-            .with_status(Some(429));
+        let record = ReplayRecord::new(
+            at,
+            FailureKind::RateLimited,
+            vec!["HTTP 429".into()],
+            Some(429),
+        );
         stored.record_replay(record, 1);
         assert_eq!(
             (&stored.error, stored.kind, stored.first_failed_at),
@@ -600,7 +604,7 @@ mod tests {
         assert_eq!(stored.replays[0].attempt, stored.attempts);
         assert_eq!(stored.replays[0].status, Some(429));
         // A record from a clock behind never moves the last failure back.
-        let early = ReplayRecord::new(UNIX_EPOCH, FailureKind::Timeout, vec![]);
+        let early = ReplayRecord::new(UNIX_EPOCH, FailureKind::Timeout, vec![], None);
         stored.record_replay(early, 2);
         assert_eq!(stored.last_failed_at, at);
         assert_eq!(stored.attempts, original.attempts + 3);
@@ -615,7 +619,7 @@ mod tests {
         for n in 0..total {
             let at = stored.first_failed_at + Duration::from_secs(u64::from(n));
             stored.record_replay(
-                ReplayRecord::new(at, FailureKind::ServerError, vec![format!("try {n}")]),
+                ReplayRecord::new(at, FailureKind::ServerError, vec![format!("try {n}")], None),
                 1,
             );
         }
@@ -664,13 +668,13 @@ mod tests {
     fn a_record_bounds_its_error_chain() {
         let long = "é".repeat(ERROR_BYTES);
         let chain: Vec<String> = (0..ERROR_LEVELS + 5).map(|_| long.clone()).collect();
-        let record = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, chain);
+        let record = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, chain, None);
         assert_eq!(record.error.len(), ERROR_LEVELS);
         for message in &record.error {
             assert!(message.len() <= ERROR_BYTES, "{}", message.len());
             assert!(message.ends_with('…'));
         }
-        let short = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, vec!["reset".into()]);
+        let short = ReplayRecord::new(UNIX_EPOCH, FailureKind::NotSent, vec!["reset".into()], None);
         assert_eq!(short.error, ["reset"]);
     }
 
@@ -716,7 +720,7 @@ mod tests {
         assert_eq!(all.range().1, EntryId::from_u128(u128::MAX));
     }
 
-    /// A failed replay as [`ReplayRecord::new`] and `with_status` make it,
+    /// A failed replay as [`ReplayRecord::new`] makes it,
     /// from generated parts.
     fn replay() -> impl proptest::strategy::Strategy<Value = (ReplayRecord, u32)> {
         use proptest::prelude::*;
@@ -729,8 +733,7 @@ mod tests {
         )
             .prop_map(|(millis, kind, status, error, attempts)| {
                 let at = UNIX_EPOCH + Duration::from_millis(millis);
-                let record = ReplayRecord::new(at, FailureKind::ALL[kind], error.clone())
-                    .with_status(status);
+                let record = ReplayRecord::new(at, FailureKind::ALL[kind], error.clone(), status);
                 (record, attempts)
             })
     }

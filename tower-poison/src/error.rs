@@ -10,15 +10,17 @@ use crate::entry::EntryId;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The error a call fails with when its entry could not be kept: [`StoreFull`]
-/// when the store is at its limits, [`StoreFailed`] otherwise. `refusal` is
-/// the call's classification when it was a refusal that never reached the
-/// dependency, which the error keeps.
+/// when the store is at its limits, [`StoreFailed`] otherwise. It keeps the
+/// call's classification `failure` when that was a refusal that never
+/// reached the dependency ([`Shed`](FailureKind::Shed)): what the entry
+/// still stands for.
 pub(crate) fn not_kept(
     entry_id: EntryId,
     store: StoreError,
     original: Option<BoxError>,
-    refusal: Option<Failure>,
+    failure: Option<Failure>,
 ) -> BoxError {
+    let refusal = failure.filter(|failure| failure.kind == FailureKind::Shed);
     let refusal = refusal.map(|failure| Classified::new(failure, "refused call not kept"));
     match store.kind() {
         StoreErrorKind::Full => StoreFull::new(entry_id, store, original, refusal).into(),

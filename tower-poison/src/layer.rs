@@ -11,7 +11,7 @@ use crate::counts::{DeliveryCount, FailureCountStore};
 use crate::observability::ForgetfulMap;
 use crate::poison::{PoisonCounting, PoisonPolicy};
 use crate::redact::Redactor;
-use crate::service::{DeadLetter, Settings, Shared, StoredKinds, LOGGED_KEYS};
+use crate::service::{DeadLetter, Settings, Shared, LOGGED_KEYS};
 
 /// The label of a layer's entries unless [`label`](DeadLetterLayer::label) sets one.
 pub(crate) const DEFAULT_LABEL: &str = "default";
@@ -102,10 +102,11 @@ impl<St> DeadLetterLayer<St> {
                     poison: None,
                     count_store: None,
                     drops: Arc::new(ForgetfulMap::new(LOGGED_KEYS)),
-                    stored: StoredKinds::ALL.with(FailureKind::Shed, false),
+                    stored: FailureKind::ALL.into(),
                 },
             },
         }
+        .store_refusals(false)
     }
 
     /// A layer for a server: [`new`](Self::new), storing only the failures
@@ -166,7 +167,14 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// [`store_refusals`](Self::store_refusals)): a client's layer loses
     /// nothing that failed; see [`for_server`](DeadLetterLayer::for_server).
     pub fn store_kinds(mut self, kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        self.shared.settings.stored = StoredKinds::of(kinds);
+        // Each kind once, so the set stays as small as the kinds are few.
+        let stored = &mut self.shared.settings.stored;
+        stored.clear();
+        for kind in kinds {
+            if !stored.contains(&kind) {
+                stored.push(kind);
+            }
+        }
         self
     }
 
@@ -180,7 +188,11 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// The [crate docs](crate#quick-example) say why they are not stored by
     /// default, and when to store them.
     pub fn store_refusals(mut self, yes: bool) -> Self {
-        self.shared.settings.stored = self.shared.settings.stored.with(FailureKind::Shed, yes);
+        let stored = &mut self.shared.settings.stored;
+        stored.retain(|kind| *kind != FailureKind::Shed);
+        if yes {
+            stored.push(FailureKind::Shed);
+        }
         self
     }
 
@@ -210,13 +222,11 @@ impl<St, C, Cap> DeadLetterLayer<St, C, Cap> {
     /// message ids are unique only within a queue. Set before or after
     /// [`poison`](Self::poison); without it, it has no effect.
     pub fn count_store<F: FailureCountStore>(mut self, store: F) -> Self {
-        let store: Arc<dyn crate::counts::DynFailureCountStore> = Arc::new(store);
-        self.shared.settings.count_store = Some(Arc::clone(&store));
-        if let Some(poison) = &self.shared.settings.poison {
-            let policy = poison.policy();
-            self.shared.settings.poison = Some(Arc::new(PoisonCounting::new(policy, Some(store))));
+        self.shared.settings.count_store = Some(Arc::new(store));
+        match self.shared.settings.poison.as_ref().map(|p| p.policy()) {
+            Some(policy) => self.poison(policy),
+            None => self,
         }
-        self
     }
 
     /// Uses `classifier` to decide which results are failures.

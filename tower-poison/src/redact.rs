@@ -163,32 +163,16 @@ impl Redactor {
     /// `uri` without its userinfo and with the values of sensitive query
     /// parameters replaced.
     pub(crate) fn redact_uri(&self, uri: &str) -> String {
-        let (before_fragment, fragment) = uri.split_at(uri.find('#').unwrap_or(uri.len()));
-        let (before_query, query) = match before_fragment.split_once('?') {
-            Some((before, query)) => (before, Some(query)),
-            None => (before_fragment, None),
-        };
+        let [scheme, authority, path, query, fragment] = split_uri(uri);
         let mut out = String::with_capacity(uri.len());
-        // The authority follows `scheme://` (or a leading `//`); its
-        // userinfo ends at the last `@`.
-        match authority_start(before_query) {
-            Some(authority_start) => {
-                let rest = &before_query[authority_start..];
-                let authority_len = rest.find('/').unwrap_or(rest.len());
-                let authority = &rest[..authority_len];
-                out.push_str(&before_query[..authority_start]);
-                match authority.rfind('@') {
-                    Some(at) => {
-                        out.push_str(REDACTED);
-                        out.push_str(&authority[at..]);
-                    }
-                    None => out.push_str(authority),
-                }
-                out.push_str(&rest[authority_len..]);
-            }
-            None => out.push_str(before_query),
+        out.push_str(scheme);
+        // The userinfo ends at the authority's last `@`.
+        match authority.rfind('@') {
+            Some(at) => out.extend([REDACTED, &authority[at..]]),
+            None => out.push_str(authority),
         }
-        if let Some(query) = query {
+        out.push_str(path);
+        if let Some(query) = query.strip_prefix('?') {
             out.push('?');
             for (i, pair) in query.split('&').enumerate() {
                 if i > 0 {
@@ -378,19 +362,30 @@ fn authority_start(uri: &str) -> Option<usize> {
     is_scheme.then_some(scheme_end + 3)
 }
 
-/// The path and the query (from its `?`) of a stored URI, without its
-/// fragment, scheme, userinfo or authority.
-pub(crate) fn path_and_query(uri: &str) -> (&str, &str) {
-    let uri = uri.split('#').next().unwrap_or_default();
-    let (before_query, query) = uri.split_at(uri.find('?').unwrap_or(uri.len()));
-    let path = match authority_start(before_query) {
-        Some(start) => {
-            let rest = &before_query[start..];
-            rest.find('/').map_or("/", |at| &rest[at..])
-        }
-        None => before_query,
+/// The path of a stored URI, without its scheme, userinfo, authority,
+/// query or fragment.
+pub(crate) fn uri_path(uri: &str) -> &str {
+    let [scheme, _, path, ..] = split_uri(uri);
+    if path.is_empty() && !scheme.is_empty() {
+        "/"
+    } else {
+        path
+    }
+}
+
+/// A stored URI's parts: `scheme://` (or a leading `//`), the authority
+/// (both empty for a path), the path, the query from its `?` and the
+/// fragment from its `#`.
+fn split_uri(uri: &str) -> [&str; 5] {
+    let (uri, fragment) = uri.split_at(uri.find('#').unwrap_or(uri.len()));
+    let (uri, query) = uri.split_at(uri.find('?').unwrap_or(uri.len()));
+    let (scheme, rest) = uri.split_at(authority_start(uri).unwrap_or(0));
+    let authority_len = match scheme {
+        "" => 0,
+        _ => rest.find('/').unwrap_or(rest.len()),
     };
-    (path, query)
+    let (authority, path) = rest.split_at(authority_len);
+    [scheme, authority, path, query, fragment]
 }
 
 #[cfg(test)]
@@ -435,16 +430,23 @@ mod tests {
                 "/go/https://u:p@elsewhere?sig=[redacted]",
             ),
             ("//u:SECRET@host/p", "//[redacted]@host/p"),
+            ("", ""),
+            ("a?", "a?"),
+            (
+                "http://u@h?token=SECRET#f?token=x",
+                "http://[redacted]@h?token=[redacted]#f?token=x",
+            ),
+            ("//h?token=SECRET&&", "//h?token=[redacted]&&"),
         ];
         for (uri, expected) in cases {
             assert_eq!(redactor.redact_uri(uri), expected, "{uri}");
         }
-        assert_eq!(
-            path_and_query("https://u:SECRET@host/p/q?token=SECRET").0,
-            "/p/q"
-        );
-        assert_eq!(path_and_query("/p?token=SECRET").0, "/p");
-        assert_eq!(path_and_query("/v1//a?b").0, "/v1//a");
+        assert_eq!(uri_path("https://u:SECRET@host/p/q?token=SECRET"), "/p/q");
+        assert_eq!(uri_path("/p?token=SECRET"), "/p");
+        assert_eq!(uri_path("/v1//a?b"), "/v1//a");
+        assert_eq!(uri_path("http://u@h?x#f"), "/");
+        assert_eq!(uri_path("//h/p#f/g"), "/p");
+        assert_eq!(uri_path("?q"), "");
     }
 
     #[test]
@@ -485,7 +487,7 @@ mod tests {
         ) {
             let redactor = Redactor::default();
             let _ = redactor.redact_uri(&prefix);
-            let _ = path_and_query(&prefix);
+            let _ = uri_path(&prefix);
             let _ = redactor.redact_body(Bytes::from(junk));
             let uri = format!("https://h/{}?a=1&token={secret}", prefix.replace(['?', '#', '&'], ""));
             proptest::prop_assert!(!redactor.redact_uri(&uri).contains(&secret));

@@ -324,7 +324,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
         };
         let (record, answer) = match &result {
             Err(error) => (
-                ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error)),
+                ReplayRecord::new(SystemTime::now(), failure.kind, error_chain(&**error), None),
                 match sent {
                     true => ReplayAnswer::new(false, None, failure.kind),
                     // The service was not ready: nothing left.
@@ -340,8 +340,7 @@ impl<'a, St: DeadLetterStore, D> Replayer<'a, St, D> {
                 };
                 let status = self.describe.status_code(response);
                 (
-                    ReplayRecord::new(SystemTime::now(), failure.kind, vec![line])
-                        .with_status(status),
+                    ReplayRecord::new(SystemTime::now(), failure.kind, vec![line], status),
                     ReplayAnswer::new(true, status, failure.kind),
                 )
             }

@@ -17,7 +17,7 @@ use crate::error::{not_kept, PoisonMessage};
 use crate::future::ResponseFuture;
 use crate::observability::{ForgetfulMap, DEAD_LETTERED_TOTAL, DLQ_DEPTH, STORE_FULL_TOTAL};
 use crate::poison::{Admission, Counted, Decision, PoisonCounting, Stop};
-use crate::redact::{path_and_query, Redactor};
+use crate::redact::{uri_path, Redactor};
 use crate::replay::REPLAY_HEADER;
 use crate::store::{DeadLetterStore, StoreError, StoreErrorKind};
 
@@ -54,36 +54,8 @@ pub(crate) struct Settings<St> {
     pub(crate) count_store: Option<Arc<dyn DynFailureCountStore>>,
     /// The keys a `drop` action has logged, so each is logged once.
     pub(crate) drops: Arc<ForgetfulMap<String, ()>>,
-    pub(crate) stored: StoredKinds,
-}
-
-/// The failure kinds a layer stores, as a bit per kind of
-/// [`FailureKind::ALL`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StoredKinds(u16);
-
-impl StoredKinds {
-    pub(crate) const ALL: StoredKinds = StoredKinds(u16::MAX);
-
-    /// The same set with `kind` in it (`yes`) or not.
-    pub(crate) fn with(self, kind: FailureKind, yes: bool) -> Self {
-        let bit = Self::bit(kind);
-        StoredKinds(if yes { self.0 | bit } else { self.0 & !bit })
-    }
-
-    fn bit(kind: FailureKind) -> u16 {
-        let index = FailureKind::ALL.iter().position(|k| *k == kind);
-        index.map_or(0, |index| 1 << index)
-    }
-
-    pub(crate) fn of(kinds: impl IntoIterator<Item = FailureKind>) -> Self {
-        let bits = kinds.into_iter().fold(0, |bits, k| bits | Self::bit(k));
-        StoredKinds(bits)
-    }
-
-    pub(crate) fn contains(self, kind: FailureKind) -> bool {
-        self.0 & Self::bit(kind) != 0
-    }
+    /// The failure kinds this layer stores.
+    pub(crate) stored: Vec<FailureKind>,
 }
 
 /// How many keys a `drop` action remembers having logged, and how many
@@ -225,7 +197,7 @@ impl<St> Settings<St> {
     /// What a call's `outcome` asks of the layer, the call `counted` as it is.
     pub(crate) fn verdict(&self, outcome: Outcome, counted: &Option<Counted>) -> Verdict {
         match outcome {
-            Outcome::Failure(failure) if self.stored.contains(failure.kind) => {
+            Outcome::Failure(failure) if self.stored.contains(&failure.kind) => {
                 Verdict::Failed(failure)
             }
             Outcome::Success | Outcome::Ignored if self.poison.is_some() && counted.is_some() => {
@@ -347,17 +319,17 @@ impl<St: DeadLetterStore> Settings<St> {
         &self,
         pending: PendingRecord<R>,
         attempts: Attempts,
-        failure: Failed,
+        failed: Failed,
         result: Result<T, BoxError>,
         counted: Option<Counted>,
     ) -> Result<T, BoxError> {
         let Failed {
-            kind,
-            refusal,
+            failure,
             mut error,
             responded,
             status,
-        } = failure;
+        } = failed;
+        let kind = failure.kind;
         // Redacted, then bounded, before it is kept anywhere (the entry,
         // the poison detector's last failures): an error can quote a whole
         // body, and cut first, a secret across the cut would escape a hook
@@ -396,7 +368,7 @@ impl<St: DeadLetterStore> Settings<St> {
                 }
                 result
             }
-            Err(store) => Err(not_kept(entry_id, store, result.err(), refusal)),
+            Err(store) => Err(not_kept(entry_id, store, result.err(), Some(failure))),
         }
     }
 
@@ -454,8 +426,8 @@ impl<St: DeadLetterStore> Settings<St> {
         };
         match self.store.get(original).await {
             Ok(Some(mut stored)) if same_request(&stored, &entry) => {
-                let record = ReplayRecord::new(entry.last_failed_at, entry.kind, entry.error)
-                    .with_status(status);
+                let record =
+                    ReplayRecord::new(entry.last_failed_at, entry.kind, entry.error, status);
                 stored.record_replay(record, entry.attempts);
                 stored.note_replay_answer(ReplayAnswer::new(responded, status, entry.kind));
                 stored
@@ -473,7 +445,7 @@ impl<St: DeadLetterStore> Settings<St> {
                 // The path only: a query or userinfo may carry what the
                 // store keeps redacted, and logs travel further.
                 let uri = entry.uri.as_deref().unwrap_or_default();
-                let path = path_and_query(uri).0.to_owned();
+                let path = uri_path(uri).to_owned();
                 match self.store.put_with_depth(entry).await {
                     Ok(Some(depth)) => {
                         metrics::gauge!(DLQ_DEPTH, "label" => label.to_owned()).set(depth as f64);
@@ -535,11 +507,7 @@ impl<St: DeadLetterStore> Settings<St> {
 /// HTTP status when there was one.
 #[derive(Debug)]
 pub(crate) struct Failed {
-    pub(crate) kind: FailureKind,
-    /// The whole classification of a refusal that never reached the
-    /// dependency ([`Shed`](FailureKind::Shed)): what an entry it could not
-    /// keep still stands for.
-    pub(crate) refusal: Option<Failure>,
+    pub(crate) failure: Failure,
     pub(crate) error: Vec<String>,
     /// Whether the call got a response (rather than an error).
     pub(crate) responded: bool,
@@ -554,8 +522,7 @@ impl Failed {
         status: Option<u16>,
     ) -> Self {
         Failed {
-            kind: failure.kind,
-            refusal: (failure.kind == FailureKind::Shed).then_some(failure),
+            failure,
             error,
             responded,
             status,

@@ -314,25 +314,28 @@ impl ListQuery {
     }
 }
 
-/// The page of `query` from `entries`: every entry after the query's
-/// cursor, in id order. Borrowed entries are cloned only when they match.
-pub(crate) fn page_of<'a, I>(query: &ListQuery, entries: I) -> Result<Page, StoreError>
+/// Adds to `page` the entries of `entries` (those after the query's cursor,
+/// in id order) that `query` matches; the page once it is full and another
+/// entry follows. Borrowed entries are cloned only when they match.
+pub(crate) fn fill_page<'a, I>(
+    query: &ListQuery,
+    page: &mut Vec<DeadLetterEntry>,
+    entries: I,
+) -> Result<Option<Page>, StoreError>
 where
     I: IntoIterator<Item = Result<Cow<'a, DeadLetterEntry>, StoreError>>,
 {
-    let limit = query.limit.max(1);
-    let mut page = Vec::new();
     for entry in entries {
-        if page.len() == limit {
+        if page.len() == query.limit.max(1) {
             let next = page.last().map(|e: &DeadLetterEntry| e.id);
-            return Ok(Page::new(page, next));
+            return Ok(Some(Page::new(std::mem::take(page), next)));
         }
         let entry = entry?;
         if query.matches(&entry) {
             page.push(entry.into_owned());
         }
     }
-    Ok(Page::new(page, None))
+    Ok(None)
 }
 
 /// One page of [`DeadLetterStore::list`].

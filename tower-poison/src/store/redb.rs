@@ -15,7 +15,7 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    decode, lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken,
+    decode, fill_page, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken,
     DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
@@ -80,12 +80,8 @@ pub struct RedbStore {
 }
 
 struct Inner {
-    db: Arc<Database>,
-    /// The number of entries, so `depth` needs no transaction (redb's file
-    /// lock keeps other processes out); see `Writer::write_batch`.
-    depth: Arc<AtomicU64>,
-    path: PathBuf,
-    writer: Option<mpsc::Sender<Put>>,
+    writer: Arc<Writer>,
+    queue: Option<mpsc::Sender<Put>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -192,26 +188,23 @@ impl RedbStoreBuilder {
         let db = Database::create(&path).map_err(|e| StoreError::backend(what, e))?;
         let depth = prepare(&db)?;
 
-        let db = Arc::new(db);
-        let depth = Arc::new(AtomicU64::new(depth));
-        let (writer, queue) = mpsc::channel(self.max_pending_writes);
-        let writing = Writer {
-            db: Arc::clone(&db),
-            depth: Arc::clone(&depth),
-            path: path.clone(),
+        let writer = Arc::new(Writer {
+            db: Arc::new(db),
+            depth: AtomicU64::new(depth),
+            path,
             limits: self.limits,
             max_batch: self.max_batch,
-        };
+        });
+        let (queue, queued) = mpsc::channel(self.max_pending_writes);
+        let writing = Arc::clone(&writer);
         let thread = std::thread::Builder::new()
             .name("tower-poison-redb".into())
-            .spawn(move || writing.run(queue))
+            .spawn(move || writing.run(queued))
             .map_err(|e| StoreError::backend("cannot start the dead-letter writer thread", e))?;
         Ok(RedbStore {
             inner: Arc::new(Inner {
-                db,
-                depth,
-                path,
-                writer: Some(writer),
+                writer,
+                queue: Some(queue),
                 thread: Some(thread),
             }),
         })
@@ -261,7 +254,7 @@ impl RedbStore {
         T: Send + 'static,
         F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     {
-        blocking(&self.inner.db, "dead-letter store task failed", f).await
+        blocking(&self.inner.writer.db, "dead-letter store task failed", f).await
     }
 }
 
@@ -349,10 +342,13 @@ fn subtract_depth(depth: &AtomicU64, count: u64) {
     });
 }
 
-/// The writer thread's side of the store.
+/// The database and what the writer thread writes to it with, shared with
+/// the store's clones.
 struct Writer {
     db: Arc<Database>,
-    depth: Arc<AtomicU64>,
+    /// The number of entries, so `depth` needs no transaction (redb's file
+    /// lock keeps other processes out); see `Writer::write_batch`.
+    depth: AtomicU64,
     path: PathBuf,
     limits: Limits,
     max_batch: usize,
@@ -362,7 +358,7 @@ impl Writer {
     /// Takes what is queued (up to `max_batch`), commits it in one durable
     /// transaction, then acknowledges every entry of the batch. Ends when
     /// every sender is gone and the queue is drained.
-    fn run(self, mut queue: mpsc::Receiver<Put>) {
+    fn run(self: Arc<Self>, mut queue: mpsc::Receiver<Put>) {
         while let Some(first) = queue.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < self.max_batch {
@@ -476,8 +472,8 @@ impl DeadLetterStore for RedbStore {
             || StoreError::new(StoreErrorKind::Backend, "dead-letter store writer stopped");
         // Waits for room in the writer's queue: the back-pressure that keeps
         // a slow disk from growing memory.
-        let writer = self.inner.writer.as_ref().ok_or_else(closed)?;
-        writer.send(put).await.map_err(|_| closed())?;
+        let queue = self.inner.queue.as_ref().ok_or_else(closed)?;
+        queue.send(put).await.map_err(|_| closed())?;
         acked.await.map_err(|_| closed())?.map(Some)
     }
 
@@ -500,10 +496,10 @@ impl DeadLetterStore for RedbStore {
                 return Ok(Page::new(Vec::new(), None));
             };
             let range = table.range(start..).map_err(backend)?;
-            page_of(
-                &query,
-                range.map(|item| decode(item.map_err(backend)?.1.value()).map(Cow::Owned)),
-            )
+            let range = range.map(|item| decode(item.map_err(backend)?.1.value()).map(Cow::Owned));
+            let mut page = Vec::new();
+            let full = fill_page(&query, &mut page, range)?;
+            Ok(full.unwrap_or_else(|| Page::new(page, None)))
         })
         .await
     }
@@ -533,20 +529,20 @@ impl DeadLetterStore for RedbStore {
     }
 
     async fn remove(&self, id: EntryId) -> Result<bool, StoreError> {
-        let depth = Arc::clone(&self.inner.depth);
+        let writer = Arc::clone(&self.inner.writer);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let mut entries = txn.open_table(ENTRIES).map_err(backend)?;
             let old = entries.remove(id.as_u128()).map_err(backend)?;
             let gone = old.map(|old| (id.as_u128(), label_of(old.value()), old.value().len()));
             drop(entries);
-            Ok(forget_removed(txn, &depth, gone.as_slice())? > 0)
+            Ok(forget_removed(txn, &writer.depth, gone.as_slice())? > 0)
         })
         .await
     }
 
     async fn purge(&self, filter: PurgeFilter) -> Result<u64, StoreError> {
-        let depth = Arc::clone(&self.inner.depth);
+        let writer = Arc::clone(&self.inner.writer);
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(backend)?;
             let mut gone = Vec::new();
@@ -563,7 +559,7 @@ impl DeadLetterStore for RedbStore {
             });
             purged.map_err(backend)?;
             drop(entries);
-            forget_removed(txn, &depth, &gone)
+            forget_removed(txn, &writer.depth, &gone)
         })
         .await
     }
@@ -638,7 +634,7 @@ impl DeadLetterStore for RedbStore {
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        Ok(self.inner.depth.load(Ordering::Relaxed))
+        Ok(self.inner.writer.depth.load(Ordering::Relaxed))
     }
 }
 
@@ -647,7 +643,7 @@ impl Drop for Inner {
         // Closing the queue ends the writer loop; joining makes sure the file
         // lock is released when the last clone is gone, so the same process
         // can open the store again.
-        drop(self.writer.take());
+        drop(self.queue.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -657,7 +653,7 @@ impl Drop for Inner {
 impl fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedbStore")
-            .field("path", &self.inner.path)
+            .field("path", &self.inner.writer.path)
             .finish_non_exhaustive()
     }
 }
@@ -705,7 +701,7 @@ mod tests {
         store.put(b.clone()).await.unwrap();
         assert_eq!(store.depth().await.unwrap(), 2);
         // As if the removals overtook the writer's count.
-        store.inner.depth.store(0, Ordering::Relaxed);
+        store.inner.writer.depth.store(0, Ordering::Relaxed);
         assert!(store.remove(a.id).await.unwrap());
         assert_eq!(store.depth().await.unwrap(), 0);
         assert_eq!(store.purge(PurgeFilter::default()).await.unwrap(), 1);
@@ -725,7 +721,7 @@ mod tests {
             .max_batch(1)
             .open(&path)
             .unwrap();
-        let stall = store.inner.db.begin_write().unwrap();
+        let stall = store.inner.writer.db.begin_write().unwrap();
 
         let puts: Vec<_> = (0..6)
             .map(|_| {
@@ -735,7 +731,7 @@ mod tests {
                 tokio::spawn(async move { store.put(e).await.map(|()| id) })
             })
             .collect();
-        let writer = store.inner.writer.clone().unwrap();
+        let writer = store.inner.queue.clone().unwrap();
         // The writer takes at most one entry before it blocks on the write
         // lock, so two are queued and at least three puts wait for room.
         for _ in 0..1_000 {

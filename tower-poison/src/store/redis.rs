@@ -1,5 +1,6 @@
 //! The dead-letter store for fleets of nodes: one Redis queue they share.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
@@ -8,7 +9,7 @@ use redis::{RedisError, Script};
 use tower_store_support::{redact_url, RedisConnectOptions, RedisConnection};
 
 use super::{
-    decode, millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken,
+    decode, fill_page, millis_since_epoch, saturating_millis, time_from_millis, Claim, ClaimToken,
     DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
     MAX_MILLIS,
 };
@@ -412,25 +413,18 @@ impl DeadLetterStore for RedisDeadLetterStore {
     }
 
     async fn list(&self, query: ListQuery) -> Result<Page, StoreError> {
-        let limit = query.limit.max(1);
         // One id past the page, so a full page knows whether more follow.
-        let batch = limit.saturating_add(1).min(LIST_BATCH);
+        let batch = query.limit.max(1).saturating_add(1).min(LIST_BATCH);
         let mut after = query.after.map(|id| id.to_string());
-        let mut entries = Vec::new();
+        let mut page = Vec::new();
         loop {
             let (found, exhausted) = self.scan(&mut after, batch).await?;
-            for json in found {
-                if entries.len() == limit {
-                    let next = entries.last().map(|e: &DeadLetterEntry| e.id);
-                    return Ok(Page::new(entries, next));
-                }
-                let entry = decode(&json)?;
-                if query.matches(&entry) {
-                    entries.push(entry);
-                }
+            let found = found.into_iter().map(|json| decode(&json).map(Cow::Owned));
+            if let Some(full) = fill_page(&query, &mut page, found)? {
+                return Ok(full);
             }
             if exhausted {
-                return Ok(Page::new(entries, None));
+                return Ok(Page::new(page, None));
             }
         }
     }
