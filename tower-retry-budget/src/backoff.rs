@@ -57,16 +57,13 @@ impl FromStr for BackoffKind {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "none" => Ok(BackoffKind::None),
-            "fixed" => Ok(BackoffKind::Fixed),
-            "linear" => Ok(BackoffKind::Linear),
-            "exponential" => Ok(BackoffKind::Exponential),
-            other => Err(ConfigError::new(
+        let kinds = [Self::None, Self::Fixed, Self::Linear, Self::Exponential];
+        kinds.into_iter().find(|kind| kind.as_str() == s).ok_or_else(|| {
+            ConfigError::new(
                 "kind",
-                format!("unknown backoff `{other}`; expected `none`, `fixed`, `linear` or `exponential`"),
-            )),
-        }
+                format!("unknown backoff `{s}`; expected `none`, `fixed`, `linear` or `exponential`"),
+            )
+        })
     }
 }
 
@@ -438,6 +435,16 @@ mod tests {
         assert_eq!(err.field(), "multiplier");
         assert_eq!("2..1".parse::<Jitter>().unwrap_err().field(), "jitter");
         assert_eq!("sometimes".parse::<Jitter>().unwrap_err().field(), "jitter");
+    }
+
+    #[test]
+    fn kind_names_round_trip() {
+        use BackoffKind::{Exponential, Fixed, Linear};
+        for kind in [BackoffKind::None, Fixed, Linear, Exponential] {
+            assert_eq!(kind.as_str().parse::<BackoffKind>().unwrap(), kind);
+        }
+        assert_eq!("Linear".parse::<BackoffKind>().unwrap_err().field(), "kind");
+        assert_eq!("".parse::<BackoffKind>().unwrap_err().field(), "kind");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use tower_classify::{ConfigError, HttpClassifier, RetryOn};
 
 use crate::backoff::{Backoff, BackoffKind, Jitter};
 use crate::budget::{TokenBucketBudget, TpsBudget};
-use crate::layer::{RetryBuilder, MAX_RETRIES_LIMIT};
+use crate::layer::{ensure, RetryBuilder, MAX_RETRIES_LIMIT};
 use crate::replay::HttpReplay;
 
 /// The retry settings of one layer. Every field is optional; what is left
@@ -211,52 +211,34 @@ impl RetryConfig {
         &self,
         mut builder: RetryBuilder<C, R>,
     ) -> Result<RetryBuilder<C, R>, ConfigError> {
-        match (self.max_retries, self.max_attempts) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "max_attempts",
-                    "set either `max_retries` or `max_attempts`, not both",
-                ))
-            }
-            (Some(n), None) => builder = builder.max_retries(n),
-            (None, Some(n)) if n == 0 || n > MAX_RETRIES_LIMIT + 1 => {
-                return Err(ConfigError::new(
-                    "max_attempts",
-                    format!(
-                        "{n} must be between 1 (no retry) and {}",
-                        MAX_RETRIES_LIMIT + 1
-                    ),
-                ))
-            }
-            (None, Some(n)) => builder = builder.max_retries(n - 1),
-            (None, None) => {}
+        if let Some(retries) = self.max_retries {
+            ensure(self.max_attempts.is_none(), "max_attempts", || {
+                "set either `max_retries` or `max_attempts`, not both".into()
+            })?;
+            builder = builder.max_retries(retries);
+        }
+        if let Some(n) = self.max_attempts {
+            let most = MAX_RETRIES_LIMIT + 1;
+            ensure((1..=most).contains(&n), "max_attempts", || {
+                format!("{n} must be between 1 (no retry) and {most}")
+            })?;
+            builder = builder.max_retries(n - 1);
         }
         builder = builder.backoff(self.backoff.to_backoff()?);
-        match (
-            self.deadline_from_attempt_timeout,
-            self.attempt_timeout,
-            self.deadline,
-        ) {
-            (true, _, Some(_)) => {
-                return Err(ConfigError::new(
-                    "deadline",
-                    "set `deadline` or `deadline_from_attempt_timeout`, not both",
-                ))
+        if self.deadline_from_attempt_timeout {
+            ensure(self.deadline.is_none(), "deadline", || {
+                "set `deadline` or `deadline_from_attempt_timeout`, not both".into()
+            })?;
+            let timeout = self.attempt_timeout.ok_or_else(|| {
+                ConfigError::new("deadline_from_attempt_timeout", "needs `attempt_timeout`")
+            })?;
+            builder = builder.deadline_from_timeout(timeout);
+        } else {
+            if let Some(timeout) = self.attempt_timeout {
+                builder = builder.attempt_timeout(timeout);
             }
-            (true, None, None) => {
-                return Err(ConfigError::new(
-                    "deadline_from_attempt_timeout",
-                    "needs `attempt_timeout`",
-                ))
-            }
-            (true, Some(timeout), None) => builder = builder.deadline_from_timeout(timeout),
-            (false, timeout, deadline) => {
-                if let Some(timeout) = timeout {
-                    builder = builder.attempt_timeout(timeout);
-                }
-                if let Some(deadline) = deadline {
-                    builder = builder.deadline(deadline);
-                }
+            if let Some(deadline) = self.deadline {
+                builder = builder.deadline(deadline);
             }
         }
         if let Some(max_wait) = self.max_wait {

@@ -59,17 +59,14 @@ impl TokenBucketBudget {
                 format!("{max_tokens} must be between 1 and 1000"),
             ));
         }
-        // A6 keeps three decimals and drops the rest. `floor` of a product
-        // in floating point can land a thousandth low (0.29 × 1000 =
-        // 289.99…), hence the nudge.
-        let ratio = (token_ratio * MILLI as f64 + 1e-9).floor();
-        if !(token_ratio.is_finite() && (1.0..=1_000_000.0).contains(&ratio)) {
+        let ratio = thousandths(token_ratio);
+        if !(1..=1_000_000).contains(&ratio) {
             return Err(ConfigError::new(
                 "token_ratio",
                 format!("{token_ratio} must be between 0.001 and 1000"),
             ));
         }
-        Ok(Self::with_thousandths(max_tokens, ratio as u64))
+        Ok(Self::with_thousandths(max_tokens, ratio))
     }
 
     /// A full bucket whose ratio is already in thousandths (a validated
@@ -121,6 +118,26 @@ impl TokenBucketBudget {
     }
 }
 
+/// `ratio` in thousandths with the digits past the third decimal dropped,
+/// as A6 reads a `tokenRatio`; 0 unless `ratio` is a positive number. Cut
+/// on the shortest decimal digits that read back as `ratio` (which, for a
+/// ratio written with up to 15 significant digits, are the digits written),
+/// not in floating point, where `0.29 × 1000` is `289.99…`.
+pub(crate) fn thousandths(ratio: f64) -> u64 {
+    if !(ratio.is_finite() && ratio > 0.0) {
+        return 0;
+    }
+    // `Display` writes those digits, and never an exponent.
+    let text = ratio.to_string();
+    let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
+    let fraction = fraction.bytes().chain(std::iter::repeat(b'0')).take(3);
+    whole.bytes().chain(fraction).fold(0, |value: u64, digit| {
+        value
+            .saturating_mul(10)
+            .saturating_add(u64::from(digit - b'0'))
+    })
+}
+
 impl Budget for TokenBucketBudget {
     fn deposit(&self) {
         self.record_success();
@@ -168,7 +185,17 @@ mod tests {
         assert_eq!(ratio(0.5466), 546);
         assert_eq!(ratio(0.29), 290);
         assert_eq!(ratio(0.1), 100);
-        for refused in [0.0009, 0.0, -1.0, f64::NAN, f64::INFINITY, 1000.001] {
+        // Cut on its digits: 0.000999… is 0, not a floating-point 0.001.
+        assert_eq!(thousandths(0.0009999999999), 0);
+        for refused in [
+            0.0009,
+            0.0009999999999,
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1000.001,
+        ] {
             let error = TokenBucketBudget::new(10, refused).unwrap_err();
             assert_eq!(error.field(), "token_ratio", "{refused}");
         }

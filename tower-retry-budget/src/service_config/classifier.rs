@@ -107,10 +107,6 @@ impl GrpcRetryClassifier {
                 throttle.record_failure();
             }
         }
-        self.code_outcome(code, pushback)
-    }
-
-    fn code_outcome(&self, code: u32, pushback: Option<RetryHint>) -> Outcome {
         if code == 0 {
             return Outcome::Success;
         }
@@ -138,19 +134,15 @@ impl GrpcRetryClassifier {
         let pushback = headers
             .get(GRPC_RETRY_PUSHBACK_MS)
             .map(|value| parse_grpc_pushback(value.as_bytes()));
-        match GrpcClassifier::status_code(headers) {
-            Some(code) => self.classify_code(code, pushback),
-            None if status == StatusCode::OK => {
-                // Headers without a status: the status comes in the
-                // trailers, and the call is committed (A6 "When Retries are
-                // Valid"). Counted as the success it is so far.
-                if let Some(throttle) = &self.throttle {
-                    throttle.record_success();
-                }
-                Outcome::Success
-            }
-            None => self.classify_code(http_status_code(status), pushback),
-        }
+        let code = match GrpcClassifier::status_code(headers) {
+            Some(code) => code,
+            // Headers without a status: the status comes in the trailers,
+            // and the call is committed (A6 "When Retries are Valid").
+            // Counted as the success it is so far.
+            None if status == StatusCode::OK => 0,
+            None => http_status_code(status),
+        };
+        self.classify_code(code, pushback)
     }
 
     fn classify_failed_call(&self, outcome: Outcome) -> Outcome {

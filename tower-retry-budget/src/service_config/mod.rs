@@ -88,17 +88,19 @@ pub struct ServiceConfig {
 }
 
 /// Where each name points: `service → (whole-service entry, method → entry)`
-/// and the default entry, as indices into `method_configs`.
+/// and the default entry, each as the method config's index and the name's
+/// position in it (to name both places of a duplicate; a method's is `Some`
+/// once filled).
 #[derive(Debug, Clone, Default, PartialEq)]
 struct NameIndex {
     services: HashMap<String, ServiceEntries>,
-    default: Option<usize>,
+    default: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ServiceEntries {
-    whole_service: Option<usize>,
-    methods: HashMap<String, usize>,
+    whole_service: Option<(usize, usize)>,
+    methods: HashMap<String, Option<(usize, usize)>>,
 }
 
 impl ServiceConfig {
@@ -115,11 +117,19 @@ impl ServiceConfig {
         retry_throttling: Option<RetryThrottlingConfig>,
     ) -> Result<Self, ConfigError> {
         let mut index = NameIndex::default();
-        // Where each name was first seen, to name both places of a duplicate.
-        let mut seen: HashMap<&MethodName, (usize, usize)> = HashMap::new();
         for (entry, config) in method_configs.iter().enumerate() {
             for (position, name) in config.names.iter().enumerate() {
-                if let Some((first_entry, first_position)) = seen.insert(name, (entry, position)) {
+                let slot = match (&name.service[..], &name.method) {
+                    ("", _) => &mut index.default,
+                    (service, method) => {
+                        let service = index.services.entry(service.to_owned()).or_default();
+                        match method {
+                            None => &mut service.whole_service,
+                            Some(method) => service.methods.entry(method.clone()).or_default(),
+                        }
+                    }
+                };
+                if let Some((first_entry, first_position)) = slot.replace((entry, position)) {
                     return Err(ConfigError::new(
                         format!("methodConfig[{entry}].name[{position}]"),
                         format!(
@@ -127,17 +137,6 @@ impl ServiceConfig {
                              each name may appear once in a service config"
                         ),
                     ));
-                }
-                if name.service.is_empty() {
-                    index.default = Some(entry);
-                    continue;
-                }
-                let service = index.services.entry(name.service.clone()).or_default();
-                match &name.method {
-                    None => service.whole_service = Some(entry),
-                    Some(method) => {
-                        service.methods.insert(method.clone(), entry);
-                    }
                 }
             }
         }
@@ -210,7 +209,7 @@ impl ServiceConfig {
             .filter(|(_, method)| !method.contains('/'));
         match named {
             Some((service, method)) => self.entry_for(service, method),
-            None => self.index.default,
+            None => self.index.default.map(|(entry, _)| entry),
         }
     }
 
@@ -224,15 +223,16 @@ impl ServiceConfig {
     fn entry_for(&self, service: &str, method: &str) -> Option<usize> {
         let entries = self.index.services.get(service);
         entries
-            .and_then(|entries| entries.methods.get(method).copied())
+            .and_then(|entries| entries.methods.get(method).copied().flatten())
             .or_else(|| entries.and_then(|entries| entries.whole_service))
             .or(self.index.default)
+            .map(|(entry, _)| entry)
     }
 
     /// The default method config (a name without `service`), if any.
     #[cfg(test)]
     pub(crate) fn default_method_config(&self) -> Option<&MethodConfig> {
-        self.method_configs.get(self.index.default?)
+        self.method_configs.get(self.index.default?.0)
     }
 }
 
@@ -284,7 +284,7 @@ impl MethodConfig {
 
 /// One `name` of a method config: a service and, optionally, one of its
 /// methods. An empty `service` is the default name, which has no method.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct MethodName {
     /// `package.Service`; empty for the default name.
     service: String,

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 use tower_classify::ConfigError;
+
+use crate::budget::token_bucket::thousandths;
 
 use super::duration::parse_proto_duration;
 use super::status::{status_code_from_name, StatusCodes, STATUS_CODE_NAMES};
@@ -136,27 +138,26 @@ fn retry_throttling(value: &Value, path: &str) -> Result<RetryThrottlingConfig, 
         tokens if tokens > 0.0 && tokens <= 1000.0 => Ok(tokens as u32),
         tokens => refuse(path, format!("{tokens} must be in (0, 1000]")),
     })?;
-    let thousandths = required(throttling, path, "tokenRatio", |value, path| {
+    let token_ratio = required(throttling, path, "tokenRatio", |value, path| {
         let Value::Number(ratio) = value else {
             return refuse(path, "must be a number");
         };
-        if !(ratio.as_f64().is_some_and(|ratio| ratio > 0.0)) {
+        let Some(positive) = ratio.as_f64().filter(|ratio| *ratio > 0.0) else {
             return refuse(path, format!("{ratio} must be more than zero"));
-        }
-        match truncated_thousandths(ratio) {
-            None => refuse(path, format!("{ratio} is not a decimal number")),
-            Some(0) => refuse(
+        };
+        match thousandths(positive) {
+            0 => refuse(
                 path,
                 format!(
                     "{ratio} is 0 once cut to three decimals, as A6 reads it; use at least 0.001"
                 ),
             ),
-            Some(thousandths) => Ok(thousandths),
+            cut => Ok(cut),
         }
     })?;
     Ok(RetryThrottlingConfig {
         max_tokens,
-        token_ratio_thousandths: thousandths.min(MAX_TOKEN_RATIO_THOUSANDTHS) as u32,
+        token_ratio_thousandths: token_ratio.min(MAX_TOKEN_RATIO_THOUSANDTHS) as u32,
     })
 }
 
@@ -238,43 +239,6 @@ fn status_codes(value: &Value, path: &str) -> Result<StatusCodes, ConfigError> {
     Ok(set)
 }
 
-/// `floor(ratio × 1000)`, computed on the number's decimal digits rather
-/// than in floating point, where `0.29 × 1000` is `289.99…`. The digits
-/// are those of the shortest form that reads back as the same `f64`, which
-/// for any ratio written with up to 15 significant digits is the ratio as
-/// written. `None` for a form that is not a plain decimal (cannot happen for
-/// a JSON number).
-fn truncated_thousandths(ratio: &Number) -> Option<u64> {
-    let text = ratio.to_string();
-    let (mantissa, exponent) = match text.split_once(['e', 'E']) {
-        Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().ok()?),
-        None => (&text[..], 0),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    if !whole
-        .bytes()
-        .chain(fraction.bytes())
-        .all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    // Keep the digits up to the third after the decimal point.
-    let keep = whole.len() as i64 + exponent.clamp(-1000, 1000) + 3;
-    if keep <= 0 {
-        return Some(0);
-    }
-    let digits = whole.bytes().chain(fraction.bytes());
-    let kept = digits.clone().count().min(keep as usize);
-    let mut value = digits.take(kept).fold(0u64, |acc, digit| {
-        acc.saturating_mul(10)
-            .saturating_add(u64::from(digit - b'0'))
-    });
-    for _ in kept as i64..keep.min(40) {
-        value = value.saturating_mul(10);
-    }
-    Some(value)
-}
-
 /// The value of `key`, `None` when absent or `null` (the same in proto3 JSON).
 fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     object.get(key).filter(|value| !value.is_null())
@@ -337,23 +301,27 @@ fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, Co
 mod tests {
     use super::*;
 
-    fn thousandths(json: &str) -> Option<u64> {
-        match serde_json::from_str::<Value>(json).unwrap() {
-            Value::Number(number) => truncated_thousandths(&number),
-            _ => unreachable!(),
-        }
+    fn cut(json: &str) -> u64 {
+        thousandths(
+            serde_json::from_str::<Value>(json)
+                .unwrap()
+                .as_f64()
+                .unwrap(),
+        )
     }
 
     #[test]
     fn token_ratio_keeps_three_decimals_by_cutting() {
-        assert_eq!(thousandths("0.5466"), Some(546), "A6's own example");
-        assert_eq!(thousandths("0.1"), Some(100));
-        assert_eq!(thousandths("0.29"), Some(290), "no floating-point 289.99…");
-        assert_eq!(thousandths("0.0019"), Some(1));
-        assert_eq!(thousandths("0.0009"), Some(0));
-        assert_eq!(thousandths("1e-7"), Some(0));
-        assert_eq!(thousandths("2"), Some(2000));
-        assert_eq!(thousandths("1.5e2"), Some(150_000));
-        assert_eq!(thousandths("1e300"), Some(u64::MAX));
+        assert_eq!(cut("0.5466"), 546, "A6's own example");
+        assert_eq!(cut("0.1"), 100);
+        assert_eq!(cut("0.29"), 290, "no floating-point 289.99…");
+        assert_eq!(cut("0.0019"), 1);
+        assert_eq!(cut("0.0009"), 0);
+        assert_eq!(cut("1e-7"), 0);
+        assert_eq!(cut("2"), 2000);
+        assert_eq!(cut("1.5e2"), 150_000);
+        assert_eq!(cut("1e300"), u64::MAX);
+        assert_eq!(cut("18446744073709551615"), u64::MAX);
+        assert_eq!(cut("-0.5"), 0);
     }
 }

@@ -61,9 +61,6 @@ pub(crate) const A6_JITTER: Jitter = Jitter::Proportional {
     high: 1.2,
 };
 
-/// The builder these conversions return.
-pub(crate) type GrpcRetryBuilder = RetryBuilder<GrpcRetryClassifier, HttpReplay>;
-
 impl RetryPolicyConfig {
     /// The policy's backoff: exponential from `initialBackoff` by
     /// `backoffMultiplier`, capped at `maxBackoff`, then A6's jitter, `[0.8, 1.2)`.
@@ -83,17 +80,6 @@ impl RetryPolicyConfig {
             .with_multiplier(self.backoff_multiplier)
             .with_max_delay(self.max_backoff)
             .with_jitter(A6_JITTER))
-    }
-
-    /// A builder with this policy and nothing else of the method config
-    /// (no deadline, no throttle); see the [module docs](self).
-    #[cfg(test)]
-    pub(crate) fn retry_builder(&self) -> Result<GrpcRetryBuilder, ConfigError> {
-        Ok(grpc_builder(
-            GrpcRetryClassifier::new(self.retryable_status_codes),
-            self.max_attempts,
-        )
-        .backoff(self.backoff()?))
     }
 }
 
@@ -125,10 +111,10 @@ impl MethodConfig {
     ) -> Result<RetryBuilder<GrpcRetryClassifier, HttpReplay>, ConfigError> {
         let policy = self.retry_policy();
         let codes = policy.map_or(StatusCodes::EMPTY, |policy| policy.retryable_status_codes);
-        let mut builder = grpc_builder(
-            GrpcRetryClassifier::new(codes).with_throttle(throttle),
-            policy.map_or(1, |policy| policy.max_attempts),
-        );
+        let classifier = GrpcRetryClassifier::new(codes).with_throttle(throttle);
+        let mut builder = RetryBuilder::new(classifier, grpc_replay())
+            .max_retries(policy.map_or(1, |policy| policy.max_attempts) - 1)
+            .restart_backoff_after_hint(true);
         if let Some(policy) = policy {
             builder = builder.backoff(policy.backoff().map_err(|err| err.within("retryPolicy"))?);
         }
@@ -140,10 +126,4 @@ impl MethodConfig {
         }
         Ok(builder)
     }
-}
-
-fn grpc_builder(classifier: GrpcRetryClassifier, max_attempts: u32) -> GrpcRetryBuilder {
-    RetryBuilder::new(classifier, grpc_replay())
-        .max_retries(max_attempts - 1)
-        .restart_backoff_after_hint(true)
 }

@@ -489,8 +489,13 @@ fn retry_policy_layer(
         r#"{{"maxAttempts": {attempts}, "initialBackoff": "0.1s", "maxBackoff": "1s",
             "backoffMultiplier": 2, "retryableStatusCodes": {codes}}}"#
     ));
-    let policy = config.method_configs()[0].retry_policy().unwrap();
-    policy.retry_builder().unwrap().no_budget().build().unwrap()
+    let method = &config.method_configs()[0];
+    method
+        .retry_builder(None)
+        .unwrap()
+        .no_budget()
+        .build()
+        .unwrap()
 }
 
 fn paused_runtime() -> tokio::runtime::Runtime {
@@ -538,9 +543,8 @@ async fn map_replay_keeps_what_the_method_config_set_on_the_replay() {
         r#"{"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
             "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
     );
-    let policy = config.method_configs()[0].retry_policy().unwrap();
-    let layer = policy
-        .retry_builder()
+    let layer = config.method_configs()[0]
+        .retry_builder(None)
         .unwrap()
         .no_budget()
         .map_replay(|replay| replay.grpc_timeout(true))
@@ -795,7 +799,7 @@ fn method_configs_become_builders() {
         method
             .retry_policy()
             .unwrap()
-            .retry_builder()
+            .backoff()
             .unwrap_err()
             .field(),
         "backoffMultiplier"
