@@ -5,6 +5,9 @@
 //! `redb`, survives a restart) or [`RedisFailureCounts`] (feature `redis`,
 //! shared by a fleet).
 //!
+//! [`RedbFailureCounts`]: https://docs.rs/tower-poison/latest/tower_poison/counts/struct.RedbFailureCounts.html
+//! [`RedisFailureCounts`]: https://docs.rs/tower-poison/latest/tower_poison/counts/struct.RedisFailureCounts.html
+//!
 //! # Why a delivery is counted before it runs
 //!
 //! A store counts a delivery *when it begins*, before the inner service

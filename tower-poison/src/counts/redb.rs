@@ -28,13 +28,15 @@ const ORDER: TableDefinition<'_, u64, &str> = TableDefinition::new("poison_deliv
 /// sees the message, so a message that kills its worker is counted on the
 /// next start. redb locks the file to one process, whose layers share it
 /// through clones (to share counts between processes, use
-/// [`RedisFailureCounts`](super::RedisFailureCounts)). Keep it in a file of
-/// its own, apart from the dead-letter [`RedbStore`](crate::store::RedbStore).
+/// [`RedisFailureCounts`]). Keep it in a file of its own, apart from the
+/// dead-letter [`RedbStore`](crate::store::RedbStore).
 ///
 /// At most [`capacity`](RedbFailureCountsBuilder::capacity) keys, each at
 /// most 131 bytes: counting a new key in a full store forgets the key first
 /// counted longest ago (found by a lookup in a second table, not a scan).
 /// Blocking work runs in [`tokio::task::spawn_blocking`].
+///
+/// [`RedisFailureCounts`]: https://docs.rs/tower-poison/latest/tower_poison/counts/struct.RedisFailureCounts.html
 #[derive(Clone)]
 pub struct RedbFailureCounts {
     inner: Arc<Inner>,
