@@ -42,8 +42,6 @@ pub(crate) struct EvictionQueues {
     free: Vec<usize>,
     closed: List,
     open: List,
-    /// Breakers held (queued or parked).
-    len: usize,
 }
 
 struct Node {
@@ -138,12 +136,12 @@ impl EvictionQueues {
             free: Vec::new(),
             closed: List::EMPTY,
             open: List::EMPTY,
-            len: 0,
         }
     }
 
+    /// Breakers held (queued or parked): every slot not free.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.nodes.len() - self.free.len()
     }
 
     /// Adds a new breaker at the closed queue's tail, noting its node in
@@ -162,7 +160,6 @@ impl EvictionQueues {
             Some(slot) => *slot = node,
             None => self.nodes.push(node),
         }
-        self.len += 1;
         self.push(id, Queue::Closed, now);
     }
 
@@ -199,7 +196,7 @@ impl EvictionQueues {
     pub(crate) fn evict(&mut self, now: u64) -> Victim {
         // Past this many steps, stop moving breakers between queues and
         // giving second chances: each step then parks or evicts.
-        let mut patience = self.len.saturating_mul(2).saturating_add(2);
+        let mut patience = self.len().saturating_mul(2).saturating_add(2);
         loop {
             let patient = patience > 0;
             patience = patience.saturating_sub(1);
@@ -330,7 +327,6 @@ impl EvictionQueues {
         node.queue = Queue::Free;
         let breaker = node.breaker.take().expect("a held node has a breaker");
         self.free.push(id);
-        self.len -= 1;
         breaker
     }
 }

@@ -15,7 +15,6 @@ pub mod answer;
 #[cfg(feature = "serde")]
 mod config;
 mod error;
-mod events;
 mod eviction;
 pub mod future;
 mod instruments;

@@ -7,14 +7,19 @@ use std::time::Duration;
 use tower_classify::Outcome;
 
 use crate::error::CircuitOpen;
-use crate::machine::Breaker;
+use crate::machine::{Admission, Breaker};
 use crate::share::BreakerRef;
 
 impl Breaker {
     /// Admits a call or refuses it. The closed path is one atomic load.
     #[inline]
     pub(crate) fn admit(holder: &BreakerRef) -> Result<Permit, CircuitOpen> {
-        let admission = holder.breaker().admission()?;
+        let word = holder.breaker().load();
+        let admission = if word.is_closed() {
+            Admission::new(word.epoch(), false)
+        } else {
+            holder.breaker().admit_slow(word)?
+        };
         Ok(Permit {
             breaker: holder.clone(),
             bits: admission.epoch << 2 | u64::from(admission.probe) << 1,

@@ -16,10 +16,9 @@ use std::time::Duration;
 use metrics::SharedString;
 use tower_classify::LogLimit;
 
-use crate::events::breaker_event;
 use crate::eviction::{EvictionNotices, EvictionQueues, Victim};
 use crate::instruments::EvictionCounters;
-use crate::listeners::Listeners;
+use crate::listeners::{breaker_event, Listeners};
 use crate::machine::Breaker;
 use crate::settings::Settings;
 use crate::share::Share;

@@ -38,7 +38,7 @@ pub(crate) enum Readiness {
     Change,
 }
 
-/// A call admitted by [`Breaker::admission`]: the epoch it was admitted in,
+/// A call admitted by `Breaker::admit`: the epoch it was admitted in,
 /// and whether it holds a probe slot. A `Permit` (`permit.rs`) keeps it
 /// until the call's result is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,24 +49,16 @@ pub(crate) struct Admission {
 
 impl Admission {
     #[inline]
-    const fn new(epoch: u64, probe: bool) -> Self {
+    pub(crate) const fn new(epoch: u64, probe: bool) -> Self {
         Admission { epoch, probe }
     }
 }
 
 impl Breaker {
-    /// Admits a call or refuses it. The closed path is one atomic load.
-    #[inline]
-    pub(crate) fn admission(&self) -> Result<Admission, CircuitOpen> {
-        let word = self.load();
-        if word.is_closed() {
-            return Ok(Admission::new(word.epoch(), false));
-        }
-        self.admit_slow(word)
-    }
-
+    /// The admission of a call that found `word` not plainly closed (the
+    /// closed path is `Breaker::admit`'s one load).
     #[cold]
-    fn admit_slow(&self, mut word: Word) -> Result<Admission, CircuitOpen> {
+    pub(crate) fn admit_slow(&self, mut word: Word) -> Result<Admission, CircuitOpen> {
         if word.is_throttling() {
             return self.admit_throttled(word);
         }
@@ -79,15 +71,12 @@ impl Breaker {
                 State::Closed | State::ForcedClosed => {
                     return Ok(Admission::new(word.epoch(), false))
                 }
-                State::ForcedOpen => return self.refuse(word),
+                State::ForcedOpen => return self.refuse_until(word, None, None),
                 State::Open | State::HalfOpen => {
                     let opening = word.state() == State::Open;
                     let probes = u64::from(self.settings.probes);
                     if opening {
-                        let until = self.open_until.load(Ordering::Acquire);
-                        let at = self.offset(now);
-                        if at < until {
-                            let (remaining, retry_after) = self.release_after(until, at);
+                        if let Some((remaining, retry_after)) = self.open_refusal(now) {
                             return self.refuse_until(word, Some(remaining), retry_after);
                         }
                     } else if word.claimed() >= probes {
@@ -95,7 +84,7 @@ impl Breaker {
                             word = self.load();
                             continue;
                         }
-                        return self.refuse(word);
+                        return self.refuse_until(word, None, None);
                     }
                     // Past the recovery timeout, this caller turns the breaker
                     // half-open and takes the first slot in one CAS.
@@ -150,7 +139,7 @@ impl Breaker {
                     window.record(true, false, self.window_now(false));
                 }
             }
-            return self.refuse(word);
+            return self.refuse_until(word, None, None);
         }
         Ok(Admission::new(word.epoch(), false))
     }
@@ -195,14 +184,9 @@ impl Breaker {
         ((requests - k * accepts) / (requests + 1.0)).max(0.0)
     }
 
-    /// Refuses a call where no open period says when to come back: forced
-    /// open, every probe slot taken, throttled.
-    fn refuse(&self, word: Word) -> Result<Admission, CircuitOpen> {
-        self.refuse_until(word, None, None)
-    }
-
-    /// [`refuse`](Self::refuse), telling the caller to come back after
-    /// `retry_after`.
+    /// Refuses a call, telling the caller the `remaining` open time and to
+    /// come back after `retry_after` (neither where no open period says:
+    /// forced open, every probe slot taken, throttled).
     fn refuse_until(
         &self,
         word: Word,
@@ -222,14 +206,19 @@ impl Breaker {
     /// [`CircuitOpen::failure`] describes.
     pub(crate) fn rejection(&self) -> CircuitOpen {
         if self.load().state() == State::Open {
-            let until = self.open_until.load(Ordering::Acquire);
-            let at = self.offset(Instant::now());
-            if at < until {
-                let (remaining, retry_after) = self.release_after(until, at);
+            if let Some((remaining, retry_after)) = self.open_refusal(Instant::now()) {
                 return self.refusal(Some(remaining), retry_after);
             }
         }
         self.refusal(None, None)
+    }
+
+    /// While the open period runs at `now`: a refusal's remaining time and
+    /// when it should come back ([`release_after`](Self::release_after)).
+    fn open_refusal(&self, now: Instant) -> Option<(Duration, Option<Duration>)> {
+        let until = self.open_until.load(Ordering::Acquire);
+        let at = self.offset(now);
+        (at < until).then(|| self.release_after(until, at))
     }
 
     /// The time left of the open period ending at `until` for a call

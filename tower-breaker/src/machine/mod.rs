@@ -27,7 +27,7 @@ use crate::window::{Tally, WindowState};
 use crate::word::{Slots, Word};
 use tower_classify::CoarseClock;
 
-pub(crate) use self::admission::Readiness;
+pub(crate) use self::admission::{Admission, Readiness};
 
 /// What a breaker's machine reports, to the one [`Observer`] it owns.
 #[derive(Debug, Clone, Copy, PartialEq)]
