@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    fill_page, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken, DeadLetterStore,
+    lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken, DeadLetterStore,
     LabelDepths, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
@@ -102,9 +102,7 @@ impl DeadLetterStore for MemoryStore {
         let state = self.state();
         let start = query.after.map_or(Bound::Unbounded, Bound::Excluded);
         let range = state.entries.range((start, Bound::Unbounded));
-        let mut page = Vec::new();
-        let full = fill_page(&query, &mut page, range.map(|(_, e)| Ok(Cow::Borrowed(e))))?;
-        Ok(full.unwrap_or_else(|| Page::new(page, None)))
+        page_of(&query, range.map(|(_, e)| Ok(Cow::Borrowed(e))))
     }
 
     // The ids in range, under one lock, without cloning an entry.

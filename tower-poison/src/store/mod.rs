@@ -338,6 +338,17 @@ where
     Ok(None)
 }
 
+/// The page of `query` from `entries`, all the store has after the cursor
+/// ([`fill_page`] for a store that reads them in one pass).
+pub(crate) fn page_of<'a, I>(query: &ListQuery, entries: I) -> Result<Page, StoreError>
+where
+    I: IntoIterator<Item = Result<Cow<'a, DeadLetterEntry>, StoreError>>,
+{
+    let mut page = Vec::new();
+    let full = fill_page(query, &mut page, entries)?;
+    Ok(full.unwrap_or_else(|| Page::new(page, None)))
+}
+
 /// One page of [`DeadLetterStore::list`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

@@ -15,7 +15,7 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    decode, fill_page, lease_end, millis_since_epoch, time_from_millis, Claim, ClaimToken,
+    decode, lease_end, millis_since_epoch, page_of, time_from_millis, Claim, ClaimToken,
     DeadLetterStore, ListQuery, Page, PrefixMatches, PurgeFilter, StoreError, StoreErrorKind,
 };
 use crate::entry::{DeadLetterEntry, EntryId, EntryIdPrefix};
@@ -497,9 +497,7 @@ impl DeadLetterStore for RedbStore {
             };
             let range = table.range(start..).map_err(backend)?;
             let range = range.map(|item| decode(item.map_err(backend)?.1.value()).map(Cow::Owned));
-            let mut page = Vec::new();
-            let full = fill_page(&query, &mut page, range)?;
-            Ok(full.unwrap_or_else(|| Page::new(page, None)))
+            page_of(&query, range)
         })
         .await
     }
